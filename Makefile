@@ -1,0 +1,36 @@
+# kvc - top-level entry points. `make check` and `make demo` install what they need.
+BUILD ?= build
+GENERATOR ?= Ninja
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build check demo docs clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	@$(MAKE) --no-print-directory deps
+	cmake -S . -B $(BUILD) -G $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+configure: $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Every test: lit (compiler) and ctest (unit tests, runtime); fails on any failure.
+check: build
+	cmake --build $(BUILD) --target check-kvc
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# Regenerates the ODS reference in docs/ from the .td files.
+docs: configure
+	cmake --build $(BUILD) --target kvc-update-docs
+
+demo: build
+	@bash scripts/demo.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,98 @@
+//===- TargetDesc.h - Hardware descriptions ---------------------*- C++ -*-===//
+//
+// A `TargetDesc` is what the planner knows about a machine: the compute
+// device, the host, the host<->device link, the storage tiers and per-core
+// codec throughputs. It is read from the JSON files in targets/ (schema in
+// docs/targets.md) and, later, written by `kvc-run calibrate`. Units are SI:
+// GB/s means 1e9 bytes per second, latencies are microseconds.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_DESC_TARGETDESC_H
+#define KVC_RUNTIME_DESC_TARGETDESC_H
+
+#include "kvc/Runtime/Base/Status.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvc {
+
+/// The schema identifier every target file carries.
+inline constexpr const char *kTargetSchema = "kvc-target/1";
+
+/// The device that computes (recompute, projection, decode kernels).
+struct ComputeDesc {
+  enum class Kind { GPU, CPU };
+  Kind kind = Kind::GPU;
+  std::string name;
+  double denseTflops = 0;   ///< Dense bf16 (GPU) or fp32 (CPU) TFLOP/s.
+  double memGBs = 0;        ///< Device memory bandwidth, GB/s.
+  double memGiB = 0;        ///< Device memory capacity, GiB.
+  double restoreShare = 1;  ///< Share of compute restoration may use, (0, 1].
+};
+
+/// The host that runs IO and codec threads.
+struct HostDesc {
+  int64_t cores = 0;
+  double dramGiB = 0;
+  double nicGBs = 0; ///< Network bandwidth to other nodes (transfer plans).
+};
+
+/// The host<->device link (PCIe; a memcpy for a CPU target).
+struct LinkDesc {
+  double h2dGBs = 0;
+  double d2hGBs = 0;
+  double latencyUs = 0;
+};
+
+/// A storage tier chunks can be read from and written to.
+struct TierDesc {
+  enum class Kind { DRAM, Disk, Remote };
+  std::string name;
+  Kind kind = Kind::DRAM;
+  double readGBs = 0;
+  double writeGBs = 0;
+  double latencyUs = 0; ///< Per request.
+  int64_t lanes = 1;    ///< Independent devices or connections.
+};
+
+/// Per-core throughput of one codec stage, in GB/s of uncompressed data.
+struct CodecRateDesc {
+  enum class Stage { Deflate, Zstd, Lz4, Quant, Hadamard };
+  Stage stage = Stage::Deflate;
+  double encodeGBs = 0;
+  double decodeGBs = 0;
+};
+
+struct TargetDesc {
+  std::string name;
+  std::string description;
+  ComputeDesc compute;
+  HostDesc host;
+  LinkDesc link;
+  std::vector<TierDesc> tiers;
+  std::vector<CodecRateDesc> codecs;
+
+  /// Checks positivity, ranges and unique tier names.
+  Status validate() const;
+  /// Returns the tier named `name`, or null.
+  const TierDesc *findTier(std::string_view name) const;
+};
+
+const char *computeKindName(ComputeDesc::Kind kind);
+const char *tierKindName(TierDesc::Kind kind);
+const char *codecStageName(CodecRateDesc::Stage stage);
+
+/// Parses a target description (schema "kvc-target/1").
+StatusOr<TargetDesc> parseTargetDesc(std::string_view json);
+/// Reads and parses `path`.
+StatusOr<TargetDesc> loadTargetDesc(const std::string &path);
+/// Serializes `target` in the same schema, pretty-printed.
+std::string printTargetDesc(const TargetDesc &target);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_DESC_TARGETDESC_H

@@ -1,0 +1,53 @@
+//===- Json.h - Field readers shared by the description parsers -*- C++ -*-===//
+//
+// Private to lib/Runtime/Desc. Each reader names the offending field by its
+// JSON path ("tiers[1].read_gbs") so that a bad file gets an actionable error.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_LIB_RUNTIME_DESC_JSON_H
+#define KVC_LIB_RUNTIME_DESC_JSON_H
+
+#include "kvc/Runtime/Base/Status.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kvc::json_detail {
+
+using Json = nlohmann::json;
+
+/// Whether a field must be present.
+enum class Presence { Required, Optional };
+
+/// "a.b" or "b" when `path` is empty.
+std::string fieldPath(const std::string &path, std::string_view key);
+
+/// Parses `text`; `what` names the document in the error.
+StatusOr<Json> parseJson(std::string_view text, std::string_view what);
+/// Reads a whole file into `out`.
+Status readFile(const std::string &path, std::string &out);
+
+/// Checks that `value` is an object.
+Status expectObject(const Json &value, const std::string &path);
+
+/// Readers: a missing or null optional field leaves `out` unchanged.
+Status readInt(const Json &obj, const std::string &path, std::string_view key,
+               int64_t &out, Presence presence);
+Status readNumber(const Json &obj, const std::string &path,
+                  std::string_view key, double &out, Presence presence);
+Status readString(const Json &obj, const std::string &path,
+                  std::string_view key, std::string &out, Presence presence);
+Status readBool(const Json &obj, const std::string &path, std::string_view key,
+                bool &out, Presence presence);
+
+/// Fails unless `value > 0` (`value >= 0` when `allowZero`).
+Status checkPositive(double value, const std::string &path,
+                     bool allowZero = false);
+
+} // namespace kvc::json_detail
+
+#endif // KVC_LIB_RUNTIME_DESC_JSON_H

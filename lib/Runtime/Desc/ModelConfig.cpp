@@ -1,0 +1,205 @@
+//===- ModelConfig.cpp - Llama-family model descriptions ------------------===//
+
+#include "kvc/Runtime/Desc/ModelConfig.h"
+
+#include "Json.h"
+
+#include <filesystem>
+
+namespace kvc {
+
+using namespace json_detail;
+
+const char *dtypeName(DType dtype) {
+  switch (dtype) {
+  case DType::BF16:
+    return "bf16";
+  case DType::F16:
+    return "f16";
+  case DType::F32:
+    return "f32";
+  }
+  return "unknown";
+}
+
+int64_t dtypeBytes(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+Status ModelConfig::validate() const {
+  struct {
+    const char *field;
+    int64_t value;
+  } sizes[] = {{"num_hidden_layers", numLayers},
+               {"hidden_size", hiddenSize},
+               {"num_attention_heads", numHeads},
+               {"num_key_value_heads", numKvHeads},
+               {"head_dim", headDim},
+               {"intermediate_size", intermediateSize},
+               {"vocab_size", vocabSize},
+               {"max_position_embeddings", maxPositions}};
+  for (const auto &size : sizes)
+    if (size.value <= 0)
+      return invalidArgument(std::string(size.field) +
+                             ": expected a positive integer, got " +
+                             std::to_string(size.value));
+  if (numHeads % numKvHeads != 0)
+    return invalidArgument("num_key_value_heads: " +
+                           std::to_string(numKvHeads) +
+                           " does not divide num_attention_heads " +
+                           std::to_string(numHeads));
+  if (numHeads * headDim != hiddenSize)
+    return invalidArgument(
+        "head_dim: num_attention_heads * head_dim = " +
+        std::to_string(numHeads) + " * " + std::to_string(headDim) +
+        " differs from hidden_size " + std::to_string(hiddenSize));
+  KVC_RETURN_IF_ERROR(checkPositive(ropeTheta, "rope_theta"));
+  KVC_RETURN_IF_ERROR(checkPositive(rmsNormEps, "rms_norm_eps"));
+  return Status::ok();
+}
+
+namespace {
+
+Status parseDType(const Json &obj, ModelConfig &config) {
+  // Transformers >= 4.56 writes `dtype`; older releases `torch_dtype`.
+  const char *key = obj.contains("dtype") ? "dtype" : "torch_dtype";
+  std::string name;
+  KVC_RETURN_IF_ERROR(readString(obj, "", key, name, Presence::Required));
+  if (name == "bfloat16")
+    config.dtype = DType::BF16;
+  else if (name == "float16")
+    config.dtype = DType::F16;
+  else if (name == "float32")
+    config.dtype = DType::F32;
+  else
+    return invalidArgument(std::string(key) + ": unknown dtype \"" + name +
+                           "\" (expected bfloat16, float16 or float32)");
+  return Status::ok();
+}
+
+Status parseRopeScaling(const Json &obj, ModelConfig &config) {
+  auto it = obj.find("rope_scaling");
+  if (it == obj.end() || it->is_null())
+    return Status::ok();
+  KVC_RETURN_IF_ERROR(expectObject(*it, "rope_scaling"));
+  const Json &scaling = *it;
+  std::string type;
+  const char *typeKey = scaling.contains("rope_type") ? "rope_type" : "type";
+  KVC_RETURN_IF_ERROR(
+      readString(scaling, "rope_scaling", typeKey, type, Presence::Required));
+  RopeScaling &rope = config.ropeScaling;
+  KVC_RETURN_IF_ERROR(readNumber(scaling, "rope_scaling", "factor",
+                                 rope.factor, Presence::Required));
+  if (type == "default") {
+    rope.kind = RopeScaling::Kind::None;
+  } else if (type == "linear") {
+    rope.kind = RopeScaling::Kind::Linear;
+  } else if (type == "llama3") {
+    rope.kind = RopeScaling::Kind::Llama3;
+    KVC_RETURN_IF_ERROR(readNumber(scaling, "rope_scaling", "low_freq_factor",
+                                   rope.lowFreqFactor, Presence::Required));
+    KVC_RETURN_IF_ERROR(readNumber(scaling, "rope_scaling", "high_freq_factor",
+                                   rope.highFreqFactor, Presence::Required));
+    KVC_RETURN_IF_ERROR(readInt(scaling, "rope_scaling",
+                                "original_max_position_embeddings",
+                                rope.originalMaxPositions,
+                                Presence::Required));
+  } else {
+    return unimplemented("rope_scaling." + std::string(typeKey) + ": \"" +
+                         type +
+                         "\" is not supported (kvc implements linear and "
+                         "llama3)");
+  }
+  return checkPositive(rope.factor, "rope_scaling.factor");
+}
+
+/// Rejects architecture features that the Llama data path does not model.
+Status rejectUnsupported(const Json &obj) {
+  std::string act = "silu";
+  KVC_RETURN_IF_ERROR(readString(obj, "", "hidden_act", act,
+                                 Presence::Optional));
+  if (act != "silu")
+    return unimplemented("hidden_act: \"" + act +
+                         "\" is not supported (Llama-family models use silu)");
+  for (const char *key : {"attention_bias", "mlp_bias"}) {
+    bool bias = false;
+    KVC_RETURN_IF_ERROR(readBool(obj, "", key, bias, Presence::Optional));
+    if (bias)
+      return unimplemented(std::string(key) +
+                           ": biased projections are not supported");
+  }
+  int64_t window = 0;
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, "", "sliding_window", window, Presence::Optional));
+  if (window != 0)
+    return unimplemented("sliding_window: sliding-window attention is not "
+                         "supported");
+  return Status::ok();
+}
+
+} // namespace
+
+StatusOr<ModelConfig> parseModelConfig(std::string_view text,
+                                       std::string_view defaultName) {
+  StatusOr<Json> parsed = parseJson(text, "config.json");
+  if (!parsed.isOk())
+    return parsed.status();
+  const Json &obj = *parsed;
+  KVC_RETURN_IF_ERROR(expectObject(obj, ""));
+
+  ModelConfig config;
+  config.name = std::string(defaultName);
+  KVC_RETURN_IF_ERROR(
+      readString(obj, "", "_name_or_path", config.name, Presence::Optional));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, "", "model_type", config.modelType, Presence::Required));
+  if (config.modelType != "llama" && config.modelType != "mistral")
+    return unimplemented("model_type: \"" + config.modelType +
+                         "\" is not a supported Llama-family model (expected "
+                         "llama or mistral)");
+  KVC_RETURN_IF_ERROR(rejectUnsupported(obj));
+
+  struct {
+    const char *key;
+    int64_t *out;
+  } required[] = {{"num_hidden_layers", &config.numLayers},
+                  {"hidden_size", &config.hiddenSize},
+                  {"num_attention_heads", &config.numHeads},
+                  {"intermediate_size", &config.intermediateSize},
+                  {"vocab_size", &config.vocabSize},
+                  {"max_position_embeddings", &config.maxPositions}};
+  for (const auto &field : required)
+    KVC_RETURN_IF_ERROR(
+        readInt(obj, "", field.key, *field.out, Presence::Required));
+
+  config.numKvHeads = config.numHeads;
+  KVC_RETURN_IF_ERROR(readInt(obj, "", "num_key_value_heads",
+                              config.numKvHeads, Presence::Optional));
+  if (config.numHeads > 0)
+    config.headDim = config.hiddenSize / config.numHeads;
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, "", "head_dim", config.headDim, Presence::Optional));
+  config.rmsNormEps = 1e-6; // LlamaConfig's default.
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, "", "rope_theta", config.ropeTheta, Presence::Optional));
+  KVC_RETURN_IF_ERROR(readNumber(obj, "", "rms_norm_eps", config.rmsNormEps,
+                                 Presence::Optional));
+  KVC_RETURN_IF_ERROR(readBool(obj, "", "tie_word_embeddings",
+                               config.tieWordEmbeddings, Presence::Optional));
+  KVC_RETURN_IF_ERROR(parseDType(obj, config));
+  KVC_RETURN_IF_ERROR(parseRopeScaling(obj, config));
+  KVC_RETURN_IF_ERROR(config.validate());
+  return config;
+}
+
+StatusOr<ModelConfig> loadModelConfig(const std::string &path) {
+  std::string text;
+  KVC_RETURN_IF_ERROR(readFile(path, text));
+  std::filesystem::path dir =
+      std::filesystem::absolute(std::filesystem::path(path)).parent_path();
+  StatusOr<ModelConfig> config =
+      parseModelConfig(text, dir.filename().string());
+  if (!config.isOk())
+    return config.status().withContext(path);
+  return config;
+}
+
+} // namespace kvc

@@ -1,0 +1,142 @@
+//===- ModelConfigTest.cpp - Tests for config.json parsing ----------------===//
+
+#include "kvc/Runtime/Desc/ModelConfig.h"
+
+#include <gtest/gtest.h>
+
+using namespace kvc;
+
+namespace {
+
+std::string inputPath(const char *name) {
+  return std::string(KVC_SOURCE_DIR) + "/test/Inputs/" + name;
+}
+
+/// A minimal valid config with `extra` appended; a repeated key overrides the
+/// earlier one (the last duplicate wins when parsing).
+std::string config(const std::string &extra) {
+  return R"({"model_type": "llama", "num_hidden_layers": 4,
+    "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "intermediate_size": 688, "vocab_size": 1000,
+    "max_position_embeddings": 4096, "torch_dtype": "bfloat16", )" +
+         extra + "}";
+}
+
+TEST(ModelConfig, Llama2_7B) {
+  StatusOr<ModelConfig> model = loadModelConfig(inputPath("llama-2-7b/config.json"));
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ(model->numLayers, 32);
+  EXPECT_EQ(model->hiddenSize, 4096);
+  EXPECT_EQ(model->numHeads, 32);
+  EXPECT_EQ(model->numKvHeads, 32);
+  EXPECT_EQ(model->headDim, 128);
+  EXPECT_EQ(model->intermediateSize, 11008);
+  EXPECT_EQ(model->dtype, DType::F16);
+  EXPECT_DOUBLE_EQ(model->ropeTheta, 10000.0);
+  EXPECT_EQ(model->kvBytesPerTokenLayer(), 2 * 32 * 128 * 2);
+  EXPECT_EQ(model->name, "meta-llama/Llama-2-7b-hf");
+}
+
+TEST(ModelConfig, Llama31_8B_GQA) {
+  StatusOr<ModelConfig> model =
+      loadModelConfig(inputPath("llama-3.1-8b/config.json"));
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ(model->numKvHeads, 8);
+  EXPECT_EQ(model->headDim, 128);
+  EXPECT_EQ(model->dtype, DType::BF16);
+  EXPECT_DOUBLE_EQ(model->ropeTheta, 500000.0);
+  EXPECT_EQ(model->ropeScaling.kind, RopeScaling::Kind::Llama3);
+  EXPECT_DOUBLE_EQ(model->ropeScaling.factor, 8.0);
+  EXPECT_EQ(model->ropeScaling.originalMaxPositions, 8192);
+  // With 8 of 32 KV heads, K+V is half the hidden state (MHA: twice it).
+  EXPECT_EQ(model->hiddenBytesPerTokenLayer(), 2 * model->kvBytesPerTokenLayer());
+}
+
+TEST(ModelConfig, DefaultsFromMissingOptionalFields) {
+  StatusOr<ModelConfig> model = parseModelConfig(
+      R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+          "num_attention_heads": 4, "intermediate_size": 128,
+          "vocab_size": 10, "max_position_embeddings": 128,
+          "dtype": "float32"})",
+      "tiny");
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ(model->name, "tiny");
+  EXPECT_EQ(model->numKvHeads, 4);
+  EXPECT_EQ(model->headDim, 16);
+  EXPECT_EQ(model->dtype, DType::F32);
+  EXPECT_DOUBLE_EQ(model->ropeTheta, 10000.0);
+}
+
+struct BadConfig {
+  const char *name;
+  std::string json;
+  StatusCode code;
+  const char *message;
+};
+
+class ModelConfigErrors : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(ModelConfigErrors, RejectedWithFieldName) {
+  const BadConfig &bad = GetParam();
+  StatusOr<ModelConfig> model = parseModelConfig(bad.json, "m");
+  ASSERT_FALSE(model.isOk());
+  EXPECT_EQ(model.status().code(), bad.code) << model.status().toString();
+  EXPECT_NE(model.status().message().find(bad.message), std::string::npos)
+      << model.status().toString();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ModelConfig, ModelConfigErrors,
+    ::testing::Values(
+        BadConfig{"NotJson", "{\"model_type\": ", StatusCode::InvalidArgument,
+                  "config.json: parse error"},
+        BadConfig{"NotObject", "[1, 2]", StatusCode::InvalidArgument,
+                  "expected a JSON object"},
+        BadConfig{"MissingLayers",
+                  R"({"model_type": "llama", "hidden_size": 64})",
+                  StatusCode::InvalidArgument,
+                  "num_hidden_layers: missing required field"},
+        BadConfig{"WrongType", config(R"("num_hidden_layers": "32")"),
+                  StatusCode::InvalidArgument,
+                  "num_hidden_layers: expected an integer, got string"},
+        BadConfig{"UnknownModelType", config(R"("model_type": "gpt2")"),
+                  StatusCode::Unimplemented, "model_type: \"gpt2\""},
+        BadConfig{"UnknownDType", config(R"("torch_dtype": "int8")"),
+                  StatusCode::InvalidArgument, "unknown dtype \"int8\""},
+        BadConfig{"KvHeadsDoNotDivide",
+                  config(R"("num_key_value_heads": 3)"),
+                  StatusCode::InvalidArgument,
+                  "num_key_value_heads: 3 does not divide"},
+        BadConfig{"HeadDimMismatch", config(R"("head_dim": 64)"),
+                  StatusCode::InvalidArgument, "head_dim: num_attention_heads"},
+        BadConfig{"ZeroLayers", config(R"("num_hidden_layers": 0)"),
+                  StatusCode::InvalidArgument,
+                  "num_hidden_layers: expected a positive integer"},
+        BadConfig{"Bias", config(R"("attention_bias": true)"),
+                  StatusCode::Unimplemented, "attention_bias"},
+        BadConfig{"Gelu", config(R"("hidden_act": "gelu")"),
+                  StatusCode::Unimplemented, "hidden_act"},
+        BadConfig{"SlidingWindow", config(R"("sliding_window": 4096)"),
+                  StatusCode::Unimplemented, "sliding_window"},
+        BadConfig{"UnknownRopeScaling",
+                  config(R"("rope_scaling": {"type": "yarn", "factor": 4})"),
+                  StatusCode::Unimplemented, "rope_scaling.type: \"yarn\""}),
+    [](const ::testing::TestParamInfo<BadConfig> &info) {
+      return std::string(info.param.name);
+    });
+
+TEST(ModelConfig, MalformedFile) {
+  StatusOr<ModelConfig> model =
+      loadModelConfig(inputPath("malformed/config.json"));
+  ASSERT_FALSE(model.isOk());
+  EXPECT_NE(model.status().message().find("malformed/config.json"),
+            std::string::npos);
+}
+
+TEST(ModelConfig, MissingFile) {
+  StatusOr<ModelConfig> model = loadModelConfig(inputPath("nope/config.json"));
+  ASSERT_FALSE(model.isOk());
+  EXPECT_EQ(model.status().code(), StatusCode::NotFound);
+}
+
+} // namespace

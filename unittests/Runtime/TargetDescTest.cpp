@@ -1,0 +1,116 @@
+//===- TargetDescTest.cpp - Tests for hardware descriptions ---------------===//
+
+#include "kvc/Runtime/Desc/TargetDesc.h"
+
+#include <gtest/gtest.h>
+
+using namespace kvc;
+
+namespace {
+
+std::string targetPath(const std::string &name) {
+  return std::string(KVC_SOURCE_DIR) + "/targets/" + name + ".json";
+}
+
+class ShippedTargets : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(ShippedTargets, ParseValidateAndRoundTrip) {
+  StatusOr<TargetDesc> target = loadTargetDesc(targetPath(GetParam()));
+  ASSERT_TRUE(target.isOk()) << target.status().toString();
+  EXPECT_EQ(target->name, GetParam());
+  EXPECT_FALSE(target->tiers.empty());
+  EXPECT_NE(target->findTier("dram"), nullptr);
+  // Printing and re-parsing yields the same description.
+  StatusOr<TargetDesc> again = parseTargetDesc(printTargetDesc(*target));
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(printTargetDesc(*again), printTargetDesc(*target));
+}
+
+INSTANTIATE_TEST_SUITE_P(Targets, ShippedTargets,
+                         ::testing::Values("a100-40gb", "a100-80gb",
+                                           "h100-sxm", "h200", "l40s",
+                                           "cpu-2core"));
+
+TEST(TargetDesc, A100HasFourSsdLanes) {
+  StatusOr<TargetDesc> target = loadTargetDesc(targetPath("a100-40gb"));
+  ASSERT_TRUE(target.isOk()) << target.status().toString();
+  const TierDesc *ssd = target->findTier("ssd");
+  ASSERT_NE(ssd, nullptr);
+  EXPECT_EQ(ssd->kind, TierDesc::Kind::Disk);
+  EXPECT_EQ(ssd->lanes, 4);
+  EXPECT_DOUBLE_EQ(target->compute.denseTflops, 312);
+  EXPECT_EQ(target->findTier("tape"), nullptr);
+}
+
+/// A valid description with `field` (a JSON pointer) replaced by `value`.
+std::string mutated(const char *pointer, const char *value) {
+  StatusOr<TargetDesc> base = loadTargetDesc(targetPath("cpu-2core"));
+  EXPECT_TRUE(base.isOk());
+  std::string text = printTargetDesc(*base);
+  // Splice by textual replacement of the first occurrence of the key line.
+  std::string key = std::string("\"") + pointer + "\": ";
+  std::size_t at = text.find(key);
+  EXPECT_NE(at, std::string::npos) << pointer;
+  std::size_t end = text.find_first_of(",\n", at);
+  return text.substr(0, at + key.size()) + value + text.substr(end);
+}
+
+struct BadTarget {
+  const char *name;
+  std::string json;
+  const char *message;
+};
+
+class TargetErrors : public ::testing::TestWithParam<BadTarget> {};
+
+TEST_P(TargetErrors, RejectedWithFieldName) {
+  StatusOr<TargetDesc> target = parseTargetDesc(GetParam().json);
+  ASSERT_FALSE(target.isOk());
+  EXPECT_EQ(target.status().code(), StatusCode::InvalidArgument);
+  EXPECT_NE(target.status().message().find(GetParam().message),
+            std::string::npos)
+      << target.status().toString();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TargetDesc, TargetErrors,
+    ::testing::Values(
+        BadTarget{"Truncated", "{\"schema\": \"kvc-target/1\"",
+                  "target: parse error"},
+        BadTarget{"WrongSchema", mutated("schema", "\"kvc-target/9\""),
+                  "schema: unknown schema"},
+        BadTarget{"NegativeBandwidth", mutated("read_gbs", "-1"),
+                  "tiers[0].read_gbs: expected a positive number"},
+        BadTarget{"ShareAboveOne", mutated("restore_share", "1.5"),
+                  "compute.restore_share: expected a share in (0, 1]"},
+        BadTarget{"UnknownTierKind", mutated("kind", "\"quantum\""),
+                  "compute.kind: unknown value \"quantum\""},
+        BadTarget{"CoresAsString", mutated("cores", "\"two\""),
+                  "host.cores: expected an integer"},
+        BadTarget{"ZeroLanes", mutated("lanes", "0"),
+                  "tiers[0].lanes: expected a positive integer"}),
+    [](const ::testing::TestParamInfo<BadTarget> &info) {
+      return std::string(info.param.name);
+    });
+
+TEST(TargetDesc, DuplicateTierNames) {
+  StatusOr<TargetDesc> target = loadTargetDesc(targetPath("cpu-2core"));
+  ASSERT_TRUE(target.isOk());
+  target->tiers[1].name = "dram";
+  Status status = target->validate();
+  EXPECT_EQ(status.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(status.message().find("tiers[1].name: duplicate tier \"dram\""),
+            std::string::npos)
+      << status.toString();
+}
+
+TEST(TargetDesc, MissingSection) {
+  StatusOr<TargetDesc> target = parseTargetDesc(
+      R"({"schema": "kvc-target/1", "name": "x", "compute": {}})");
+  ASSERT_FALSE(target.isOk());
+  EXPECT_NE(target.status().message().find("compute.kind: missing required"),
+            std::string::npos)
+      << target.status().toString();
+}
+
+} // namespace

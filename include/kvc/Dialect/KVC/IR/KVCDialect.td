@@ -1,0 +1,48 @@
+//===- KVCDialect.td - The kvc dialect ---------------------*- tablegen -*-===//
+
+#ifndef KVC_DIALECT_KVC_IR_KVCDIALECT_TD
+#define KVC_DIALECT_KVC_IR_KVCDIALECT_TD
+
+include "mlir/IR/OpBase.td"
+
+def KVC_Dialect : Dialect {
+  let name = "kvc";
+  let cppNamespace = "::mlir::kvc";
+  let summary = "KV-cache movement plans: restore, save and transfer";
+  let description = [{
+    The `kvc` dialect expresses how an LLM server makes a request's KV cache
+    resident on the device, saves it, or moves it between nodes. It has four
+    levels, each lowered into the next by passes:
+
+    * **intent** (`kvc.restore`, `kvc.save`, `kvc.transfer`): what must
+      happen, with the stored sources and the service budgets;
+    * **strategy** (`kvc.plan` of `kvc.segment`): a method (compute, load KV,
+      load hidden states) per token range x layer range;
+    * **dataflow** (`kvc.fetch`, `kvc.decompress`, `kvc.dequant`, ...): per
+      chunk steps with typed `!kvc.chunk` values that carry form, ranges,
+      memory space and encoding;
+    * **exec** (`kvc.task`, `kvc.kernel`): resource assignment, dependencies
+      and fused device kernels.
+
+    Ranges are half-open and written `a to b` (as `affine.for` bounds), so
+    `tokens 0 to 4096` is tokens `[0, 4096)`. A module describes its model
+    and machine with the discardable attributes `kvc.model` (a `#kvc.model`)
+    and `kvc.target` (a `#kvc.target`); verifiers check ranges, tiers and
+    shapes against them when present.
+  }];
+  let useDefaultAttributePrinterParser = 1;
+  let useDefaultTypePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
+  let extraClassDeclaration = [{
+    /// The discardable attribute names that carry descriptions on a module.
+    static constexpr ::llvm::StringLiteral kModelAttrName = "kvc.model";
+    static constexpr ::llvm::StringLiteral kTargetAttrName = "kvc.target";
+
+  private:
+    void registerAttributes();
+    void registerTypes();
+  public:
+  }];
+}
+
+#endif // KVC_DIALECT_KVC_IR_KVCDIALECT_TD

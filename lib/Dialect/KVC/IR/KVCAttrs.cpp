@@ -1,0 +1,345 @@
+//===- KVCAttrs.cpp - Attributes of the kvc dialect -----------------------===//
+
+#include "kvc/Dialect/KVC/IR/KVCAttrs.h"
+
+#include "kvc/Dialect/KVC/IR/KVCDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "llvm/ADT/SmallSet.h"
+#include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/MathExtras.h"
+
+#include <charconv>
+#include <string>
+
+using namespace mlir;
+using namespace mlir::kvc;
+
+#include "kvc/Dialect/KVC/IR/KVCEnums.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "kvc/Dialect/KVC/IR/KVCAttrs.cpp.inc"
+
+void KVCDialect::registerAttributes() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "kvc/Dialect/KVC/IR/KVCAttrs.cpp.inc"
+      >();
+}
+
+//===----------------------------------------------------------------------===//
+// Parameter parsers and printers
+//===----------------------------------------------------------------------===//
+
+FailureOr<llvm::APFloat> mlir::kvc::parseF64(AsmParser &parser) {
+  // Whole numbers may be written without a dot (`rope_theta = 10000`).
+  int64_t integer;
+  OptionalParseResult parsedInteger = parser.parseOptionalInteger(integer);
+  if (parsedInteger.has_value()) {
+    if (failed(*parsedInteger))
+      return failure();
+    return llvm::APFloat(static_cast<double>(integer));
+  }
+  double value;
+  if (parser.parseFloat(value))
+    return failure();
+  return llvm::APFloat(value);
+}
+
+void mlir::kvc::printF64(AsmPrinter &printer, const llvm::APFloat &value) {
+  // The shortest decimal that reads back as the same double.
+  char buffer[32];
+  std::to_chars_result result = std::to_chars(
+      buffer, buffer + sizeof(buffer), value.convertToDouble());
+  std::string text(buffer, result.ptr);
+  // MLIR's float literals need a dot before an exponent: 1e-05 -> 1.0e-05.
+  size_t exponent = text.find('e');
+  if (exponent != std::string::npos && text.find('.') == std::string::npos)
+    text.insert(exponent, ".0");
+  printer << text;
+}
+
+FailureOr<RangeAttr> mlir::kvc::parseRangeBody(AsmParser &parser) {
+  int64_t begin, end;
+  if (parser.parseInteger(begin) || parser.parseKeyword("to") ||
+      parser.parseInteger(end))
+    return failure();
+  return RangeAttr::get(parser.getContext(), begin, end);
+}
+
+void mlir::kvc::printRangeBody(AsmPrinter &printer, RangeAttr range) {
+  printer << range.getBegin() << " to " << range.getEnd();
+}
+
+ParseResult mlir::kvc::parseRange(OpAsmParser &parser, RangeAttr &range) {
+  FailureOr<RangeAttr> parsed = parseRangeBody(parser);
+  if (failed(parsed))
+    return failure();
+  range = *parsed;
+  return success();
+}
+
+void mlir::kvc::printRange(OpAsmPrinter &printer, Operation *,
+                           RangeAttr range) {
+  printRangeBody(printer, range);
+}
+
+LogicalResult
+mlir::kvc::verifyRange(function_ref<InFlightDiagnostic()> emitError,
+                       StringRef field, RangeAttr range, int64_t limit,
+                       StringRef limitName) {
+  int64_t begin = range.getBegin(), end = range.getEnd();
+  if (begin < 0)
+    return emitError() << field << " range " << begin << " to " << end
+                       << " starts below 0";
+  if (end == begin)
+    return emitError() << field << " range " << begin << " to " << end
+                       << " is empty";
+  if (end < begin)
+    return emitError() << field << " range " << begin << " to " << end
+                       << " is reversed";
+  if (limit > 0 && end > limit)
+    return emitError() << field << " range " << begin << " to " << end
+                       << " exceeds the model's " << limitName << " ("
+                       << limit << ")";
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Verifiers
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Fails with "`field` must be positive" unless `value > 0`.
+LogicalResult requirePositive(function_ref<InFlightDiagnostic()> emitError,
+                              StringRef field, double value) {
+  if (value > 0)
+    return success();
+  return emitError() << field << " must be positive, got " << value;
+}
+} // namespace
+
+LogicalResult ModelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                StringRef name, int64_t layers, int64_t hidden,
+                                int64_t heads, int64_t kvHeads, int64_t headDim,
+                                int64_t ffn, int64_t vocab,
+                                int64_t maxPositions, llvm::APFloat ropeTheta,
+                                Type dtype, StringRef fingerprint) {
+  std::pair<StringRef, int64_t> sizes[] = {
+      {"layers", layers}, {"hidden", hidden},     {"heads", heads},
+      {"kv_heads", kvHeads}, {"head_dim", headDim}, {"ffn", ffn},
+      {"vocab", vocab},   {"max_positions", maxPositions}};
+  for (auto [field, value] : sizes)
+    if (failed(requirePositive(emitError, field, value)))
+      return failure();
+  if (heads % kvHeads != 0)
+    return emitError() << "kv_heads (" << kvHeads
+                       << ") must divide heads (" << heads << ")";
+  if (heads * headDim != hidden)
+    return emitError() << "heads * head_dim (" << heads << " * " << headDim
+                       << ") must equal hidden (" << hidden << ")";
+  if (failed(requirePositive(emitError, "rope_theta",
+                             ropeTheta.convertToDouble())))
+    return failure();
+  if (!dtype.isBF16() && !dtype.isF16() && !dtype.isF32())
+    return emitError() << "dtype must be bf16, f16 or f32, got " << dtype;
+  return success();
+}
+
+int64_t ModelAttr::getElementBytes() const {
+  return getDtype().getIntOrFloatBitWidth() / 8;
+}
+
+LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                  ComputeKind, StringRef,
+                                  llvm::APFloat denseTflops,
+                                  llvm::APFloat memGbs, llvm::APFloat memGib,
+                                  llvm::APFloat restoreShare) {
+  if (failed(requirePositive(emitError, "dense_tflops",
+                             denseTflops.convertToDouble())) ||
+      failed(requirePositive(emitError, "mem_gbs", memGbs.convertToDouble())) ||
+      failed(requirePositive(emitError, "mem_gib", memGib.convertToDouble())))
+    return failure();
+  double share = restoreShare.convertToDouble();
+  if (!(share > 0 && share <= 1))
+    return emitError() << "restore_share must lie in (0, 1], got " << share;
+  return success();
+}
+
+LogicalResult HostAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               int64_t cores, llvm::APFloat dramGib,
+                               llvm::APFloat nicGbs) {
+  if (failed(requirePositive(emitError, "cores", cores)) ||
+      failed(requirePositive(emitError, "dram_gib", dramGib.convertToDouble())))
+    return failure();
+  if (nicGbs.convertToDouble() < 0)
+    return emitError() << "nic_gbs must not be negative";
+  return success();
+}
+
+LogicalResult LinkAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               llvm::APFloat h2dGbs, llvm::APFloat d2hGbs,
+                               llvm::APFloat latencyUs) {
+  if (failed(requirePositive(emitError, "h2d_gbs", h2dGbs.convertToDouble())) ||
+      failed(requirePositive(emitError, "d2h_gbs", d2hGbs.convertToDouble())))
+    return failure();
+  if (latencyUs.convertToDouble() < 0)
+    return emitError() << "latency_us must not be negative";
+  return success();
+}
+
+LogicalResult TierAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                               StringRef name, TierKind, llvm::APFloat readGbs,
+                               llvm::APFloat writeGbs, llvm::APFloat latencyUs,
+                               int64_t lanes) {
+  if (name.empty())
+    return emitError() << "tier name must not be empty";
+  if (failed(requirePositive(emitError, "read_gbs", readGbs.convertToDouble())) ||
+      failed(requirePositive(emitError, "write_gbs",
+                             writeGbs.convertToDouble())) ||
+      failed(requirePositive(emitError, "lanes", lanes)))
+    return failure();
+  if (latencyUs.convertToDouble() < 0)
+    return emitError() << "latency_us must not be negative";
+  return success();
+}
+
+LogicalResult
+CodecRateAttr::verify(function_ref<InFlightDiagnostic()> emitError, CodecStage,
+                      llvm::APFloat encodeGbs, llvm::APFloat decodeGbs) {
+  if (failed(requirePositive(emitError, "encode_gbs",
+                             encodeGbs.convertToDouble())) ||
+      failed(requirePositive(emitError, "decode_gbs",
+                             decodeGbs.convertToDouble())))
+    return failure();
+  return success();
+}
+
+LogicalResult TargetAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 StringRef name, ComputeAttr, HostAttr,
+                                 LinkAttr, ArrayAttr tiers, ArrayAttr codecs) {
+  if (name.empty())
+    return emitError() << "target name must not be empty";
+  if (tiers.empty())
+    return emitError() << "a target needs at least one tier";
+  llvm::StringSet<> names;
+  for (Attribute attr : tiers) {
+    auto tier = llvm::dyn_cast<TierAttr>(attr);
+    if (!tier)
+      return emitError() << "tiers must hold #kvc.tier attributes, got "
+                         << attr;
+    if (!names.insert(tier.getName()).second)
+      return emitError() << "duplicate tier \"" << tier.getName() << "\"";
+  }
+  llvm::SmallSet<CodecStage, 8> stages;
+  for (Attribute attr : codecs) {
+    auto rate = llvm::dyn_cast<CodecRateAttr>(attr);
+    if (!rate)
+      return emitError() << "codecs must hold #kvc.codec_rate attributes, got "
+                         << attr;
+    if (!stages.insert(rate.getStage()).second)
+      return emitError() << "duplicate codec stage "
+                         << stringifyCodecStage(rate.getStage());
+  }
+  return success();
+}
+
+TierAttr TargetAttr::findTier(StringRef name) const {
+  for (Attribute attr : getTiers())
+    if (auto tier = llvm::dyn_cast<TierAttr>(attr); tier && tier.getName() == name)
+      return tier;
+  return {};
+}
+
+CodecRateAttr TargetAttr::findCodecRate(CodecStage stage) const {
+  for (Attribute attr : getCodecs())
+    if (auto rate = llvm::dyn_cast<CodecRateAttr>(attr); rate && rate.getStage() == stage)
+      return rate;
+  return {};
+}
+
+//===----------------------------------------------------------------------===//
+// CodecAttr
+//===----------------------------------------------------------------------===//
+
+static constexpr int64_t kDefaultGroup = 32;
+
+LogicalResult CodecAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                Transform transform, Quant quant,
+                                QuantAxis keyAxis, QuantAxis valueAxis,
+                                int64_t group, Lossless lossless) {
+  if (transform == Transform::none && quant == Quant::none &&
+      lossless == Lossless::none)
+    return emitError() << "codec does nothing: raw data carries no codec";
+  if (quant == Quant::none) {
+    if (keyAxis != QuantAxis::channel || valueAxis != QuantAxis::token ||
+        group != kDefaultGroup)
+      return emitError() << "key_axis, value_axis and group need quant";
+    return success();
+  }
+  if (group <= 0 || !llvm::isPowerOf2_64(group))
+    return emitError() << "group must be a positive power of two, got "
+                       << group;
+  return success();
+}
+
+int64_t CodecAttr::getBits() const {
+  switch (getQuant()) {
+  case Quant::none:
+    return 16;
+  case Quant::int8:
+    return 8;
+  case Quant::int4:
+    return 4;
+  case Quant::int2:
+    return 2;
+  }
+  llvm_unreachable("unknown quantization");
+}
+
+CodecAttr CodecAttr::getOrRaw(MLIRContext *context, Transform transform,
+                              Quant quant, QuantAxis keyAxis,
+                              QuantAxis valueAxis, int64_t group,
+                              Lossless lossless) {
+  if (transform == Transform::none && quant == Quant::none &&
+      lossless == Lossless::none)
+    return {};
+  if (quant == Quant::none) {
+    keyAxis = QuantAxis::channel;
+    valueAxis = QuantAxis::token;
+    group = kDefaultGroup;
+  }
+  return get(context, transform, quant, keyAxis, valueAxis, group, lossless);
+}
+
+CodecAttr CodecAttr::withTransform(Transform transform) const {
+  return getOrRaw(getContext(), transform, getQuant(), getKeyAxis(),
+                  getValueAxis(), getGroup(), getLossless());
+}
+
+CodecAttr CodecAttr::withQuant(Quant quant) const {
+  return getOrRaw(getContext(), getTransform(), quant, getKeyAxis(),
+                  getValueAxis(), getGroup(), getLossless());
+}
+
+CodecAttr CodecAttr::withLossless(Lossless lossless) const {
+  return getOrRaw(getContext(), getTransform(), getQuant(), getKeyAxis(),
+                  getValueAxis(), getGroup(), lossless);
+}
+
+//===----------------------------------------------------------------------===//
+// SourceAttr
+//===----------------------------------------------------------------------===//
+
+LogicalResult SourceAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 StringRef tier, Form, CodecAttr,
+                                 RangeAttr tokens, RangeAttr layers) {
+  if (tier.empty())
+    return emitError() << "source tier must not be empty";
+  if (failed(verifyRange(emitError, "tokens", tokens)) ||
+      failed(verifyRange(emitError, "layers", layers)))
+    return failure();
+  return success();
+}

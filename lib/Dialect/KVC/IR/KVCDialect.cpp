@@ -1,0 +1,63 @@
+//===- KVCDialect.cpp - The kvc dialect -----------------------------------===//
+
+#include "kvc/Dialect/KVC/IR/KVCDialect.h"
+
+#include "kvc/Dialect/KVC/IR/KVCOps.h"
+
+#include "mlir/IR/OpImplementation.h"
+
+using namespace mlir;
+using namespace mlir::kvc;
+
+#include "kvc/Dialect/KVC/IR/KVCDialect.cpp.inc"
+
+namespace {
+/// Prints long descriptions once, at the top, as `#model`, `#target`, `#src`.
+struct KVCOpAsmDialectInterface : public OpAsmDialectInterface {
+  using OpAsmDialectInterface::OpAsmDialectInterface;
+
+  AliasResult getAlias(Attribute attr, raw_ostream &os) const override {
+    if (isa<ModelAttr>(attr)) {
+      os << "model";
+      return AliasResult::FinalAlias;
+    }
+    if (isa<TargetAttr>(attr)) {
+      os << "target";
+      return AliasResult::FinalAlias;
+    }
+    if (isa<SourceAttr>(attr)) {
+      os << "src";
+      return AliasResult::FinalAlias;
+    }
+    return AliasResult::NoAlias;
+  }
+};
+} // namespace
+
+void KVCDialect::initialize() {
+  registerAttributes();
+  registerTypes();
+  addOperations<
+#define GET_OP_LIST
+#include "kvc/Dialect/KVC/IR/KVCOps.cpp.inc"
+      >();
+  addInterfaces<KVCOpAsmDialectInterface>();
+}
+
+LogicalResult KVCDialect::verifyOperationAttribute(Operation *op,
+                                                   NamedAttribute attr) {
+  StringRef name = attr.getName().getValue();
+  if (name == kModelAttrName) {
+    if (!isa<ModelAttr>(attr.getValue()))
+      return op->emitError("'") << name << "' expects a #kvc.model, got "
+                                << attr.getValue();
+    return success();
+  }
+  if (name == kTargetAttrName) {
+    if (!isa<TargetAttr>(attr.getValue()))
+      return op->emitError("'") << name << "' expects a #kvc.target, got "
+                                << attr.getValue();
+    return success();
+  }
+  return op->emitError("unknown kvc attribute '") << name << "'";
+}

@@ -1,0 +1,53 @@
+//===- kvc-opt.cpp - The kvc optimizer driver -----------------------------===//
+//
+// mlir-opt for kvc: the kvc dialect and passes, plus only the upstream
+// dialects and passes that kvc's GPU lowering needs (gpu -> NVVM -> PTX).
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Dialect/KVC/IR/KVCDialect.h"
+#include "kvc/Transforms/Passes.h"
+
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
+#include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
+#include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Target/LLVM/NVVM/Target.h"
+#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
+#include "mlir/Tools/mlir-opt/MlirOptMain.h"
+#include "mlir/Transforms/Passes.h"
+
+int main(int argc, char **argv) {
+  mlir::DialectRegistry registry;
+  registry.insert<mlir::kvc::KVCDialect, mlir::arith::ArithDialect,
+                  mlir::cf::ControlFlowDialect, mlir::func::FuncDialect,
+                  mlir::gpu::GPUDialect, mlir::LLVM::LLVMDialect,
+                  mlir::memref::MemRefDialect, mlir::NVVM::NVVMDialect,
+                  mlir::scf::SCFDialect>();
+  // Without the target interface, nvvm-attach-target silently crashes.
+  mlir::NVVM::registerNVVMTargetInterfaceExternalModels(registry);
+  mlir::registerGPUDialectTranslation(registry);
+  mlir::registerLLVMDialectTranslation(registry);
+  mlir::registerNVVMDialectTranslation(registry);
+
+  mlir::kvc::registerKVCPasses();
+  mlir::registerCanonicalizerPass();
+  mlir::registerCSEPass();
+  mlir::registerGPUPasses();
+  mlir::registerPass([] { return mlir::createConvertGpuOpsToNVVMOps(); });
+  mlir::registerPass([] { return mlir::createConvertSCFToCFPass(); });
+  mlir::registerPass([] { return mlir::createReconcileUnrealizedCastsPass(); });
+
+  return mlir::asMainReturnCode(
+      mlir::MlirOptMain(argc, argv, "kvc optimizer driver\n", registry));
+}

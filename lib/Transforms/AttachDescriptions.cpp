@@ -33,11 +33,11 @@ LogicalResult attachDescription(ModuleOp module, StringRef passArg,
                                 const std::string &path, StringRef attrName,
                                 LoadFn load, ConvertFn convert) {
   if (path.empty())
-    return module.emitError() << passArg << " needs a path: --" << passArg
-                              << "=FILE.json";
+    return emitError(module.getLoc())
+           << passArg << " needs a path: --" << passArg << "=FILE.json";
   auto desc = load(path);
   if (!desc.isOk())
-    return module.emitError() << desc.status().message();
+    return emitError(module.getLoc()) << desc.status().message();
   module->setAttr(attrName, convert(module.getContext(), *desc));
   return success();
 }

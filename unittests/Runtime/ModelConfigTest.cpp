@@ -8,6 +8,10 @@ using namespace kvc;
 
 namespace {
 
+std::string modelPath(const char *name) {
+  return std::string(KVC_SOURCE_DIR) + "/examples/models/" + name;
+}
+
 std::string inputPath(const char *name) {
   return std::string(KVC_SOURCE_DIR) + "/test/Inputs/" + name;
 }
@@ -23,7 +27,7 @@ std::string config(const std::string &extra) {
 }
 
 TEST(ModelConfig, Llama2_7B) {
-  StatusOr<ModelConfig> model = loadModelConfig(inputPath("llama-2-7b/config.json"));
+  StatusOr<ModelConfig> model = loadModelConfig(modelPath("llama-2-7b/config.json"));
   ASSERT_TRUE(model.isOk()) << model.status().toString();
   EXPECT_EQ(model->numLayers, 32);
   EXPECT_EQ(model->hiddenSize, 4096);
@@ -39,7 +43,7 @@ TEST(ModelConfig, Llama2_7B) {
 
 TEST(ModelConfig, Llama31_8B_GQA) {
   StatusOr<ModelConfig> model =
-      loadModelConfig(inputPath("llama-3.1-8b/config.json"));
+      loadModelConfig(modelPath("llama-3.1-8b/config.json"));
   ASSERT_TRUE(model.isOk()) << model.status().toString();
   EXPECT_EQ(model->numKvHeads, 8);
   EXPECT_EQ(model->headDim, 128);
@@ -89,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
     ModelConfig, ModelConfigErrors,
     ::testing::Values(
         BadConfig{"NotJson", "{\"model_type\": ", StatusCode::InvalidArgument,
-                  "config.json: parse error"},
+                  "invalid JSON: parse error"},
         BadConfig{"NotObject", "[1, 2]", StatusCode::InvalidArgument,
                   "expected a JSON object"},
         BadConfig{"MissingLayers",

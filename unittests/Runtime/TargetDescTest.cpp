@@ -76,7 +76,7 @@ INSTANTIATE_TEST_SUITE_P(
     TargetDesc, TargetErrors,
     ::testing::Values(
         BadTarget{"Truncated", "{\"schema\": \"kvc-target/1\"",
-                  "target: parse error"},
+                  "invalid JSON: parse error"},
         BadTarget{"WrongSchema", mutated("schema", "\"kvc-target/9\""),
                   "schema: unknown schema"},
         BadTarget{"NegativeBandwidth", mutated("read_gbs", "-1"),

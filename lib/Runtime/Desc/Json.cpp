@@ -2,6 +2,8 @@
 
 #include "Json.h"
 
+#include "kvc/Runtime/Base/Format.h"
+
 #include <fstream>
 #include <sstream>
 
@@ -13,7 +15,7 @@ std::string fieldPath(const std::string &path, std::string_view key) {
   return path + "." + std::string(key);
 }
 
-StatusOr<Json> parseJson(std::string_view text, std::string_view what) {
+StatusOr<Json> parseJson(std::string_view text) {
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const Json::parse_error &e) {
@@ -22,7 +24,7 @@ StatusOr<Json> parseJson(std::string_view text, std::string_view what) {
     std::size_t pos = message.find("] ");
     if (pos != std::string::npos)
       message = message.substr(pos + 2);
-    return invalidArgument(std::string(what) + ": " + message);
+    return invalidArgument("invalid JSON: " + message);
   }
 }
 
@@ -106,7 +108,7 @@ Status checkPositive(double value, const std::string &path, bool allowZero) {
     return Status::ok();
   return invalidArgument(path + ": expected a " +
                          (allowZero ? "non-negative" : "positive") +
-                         " number, got " + std::to_string(value));
+                         " number, got " + formatNumber(value));
 }
 
 } // namespace kvc::json_detail

@@ -26,8 +26,8 @@ enum class Presence { Required, Optional };
 /// "a.b" or "b" when `path` is empty.
 std::string fieldPath(const std::string &path, std::string_view key);
 
-/// Parses `text`; `what` names the document in the error.
-StatusOr<Json> parseJson(std::string_view text, std::string_view what);
+/// Parses `text`; errors read "invalid JSON: parse error at line ...".
+StatusOr<Json> parseJson(std::string_view text);
 /// Reads a whole file into `out`.
 Status readFile(const std::string &path, std::string &out);
 

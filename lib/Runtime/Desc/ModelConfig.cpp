@@ -139,7 +139,7 @@ Status rejectUnsupported(const Json &obj) {
 
 StatusOr<ModelConfig> parseModelConfig(std::string_view text,
                                        std::string_view defaultName) {
-  StatusOr<Json> parsed = parseJson(text, "config.json");
+  StatusOr<Json> parsed = parseJson(text);
   if (!parsed.isOk())
     return parsed.status();
   const Json &obj = *parsed;

@@ -4,6 +4,8 @@
 
 #include "Json.h"
 
+#include "kvc/Runtime/Base/Format.h"
+
 #include <functional>
 #include <set>
 
@@ -156,7 +158,7 @@ Status TargetDesc::validate() const {
   KVC_RETURN_IF_ERROR(checkPositive(compute.memGiB, "compute.mem_gib"));
   if (!(compute.restoreShare > 0 && compute.restoreShare <= 1))
     return invalidArgument("compute.restore_share: expected a share in (0, 1], "
-                           "got " + std::to_string(compute.restoreShare));
+                           "got " + formatNumber(compute.restoreShare));
   if (host.cores <= 0)
     return invalidArgument("host.cores: expected a positive integer, got " +
                            std::to_string(host.cores));
@@ -203,7 +205,7 @@ const TierDesc *TargetDesc::findTier(std::string_view tierName) const {
 }
 
 StatusOr<TargetDesc> parseTargetDesc(std::string_view text) {
-  StatusOr<Json> parsed = parseJson(text, "target");
+  StatusOr<Json> parsed = parseJson(text);
   if (!parsed.isOk())
     return parsed.status();
   const Json &obj = *parsed;

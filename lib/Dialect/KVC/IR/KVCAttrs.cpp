@@ -3,6 +3,7 @@
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h"
 
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
+#include "kvc/Runtime/Base/Format.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -11,8 +12,6 @@
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/MathExtras.h"
 
-#include <charconv>
-#include <string>
 
 using namespace mlir;
 using namespace mlir::kvc;
@@ -35,7 +34,7 @@ void KVCDialect::registerAttributes() {
 
 FailureOr<llvm::APFloat> mlir::kvc::parseF64(AsmParser &parser) {
   // Whole numbers may be written without a dot (`rope_theta = 10000`).
-  int64_t integer;
+  int64_t integer = 0;
   OptionalParseResult parsedInteger = parser.parseOptionalInteger(integer);
   if (parsedInteger.has_value()) {
     if (failed(*parsedInteger))
@@ -48,17 +47,17 @@ FailureOr<llvm::APFloat> mlir::kvc::parseF64(AsmParser &parser) {
   return llvm::APFloat(value);
 }
 
-void mlir::kvc::printF64(AsmPrinter &printer, const llvm::APFloat &value) {
-  // The shortest decimal that reads back as the same double.
-  char buffer[32];
-  std::to_chars_result result = std::to_chars(
-      buffer, buffer + sizeof(buffer), value.convertToDouble());
-  std::string text(buffer, result.ptr);
+std::string mlir::kvc::formatF64(double value) {
+  std::string text = ::kvc::formatNumber(value);
   // MLIR's float literals need a dot before an exponent: 1e-05 -> 1.0e-05.
   size_t exponent = text.find('e');
   if (exponent != std::string::npos && text.find('.') == std::string::npos)
     text.insert(exponent, ".0");
-  printer << text;
+  return text;
+}
+
+void mlir::kvc::printF64(AsmPrinter &printer, const llvm::APFloat &value) {
+  printer << formatF64(value.convertToDouble());
 }
 
 FailureOr<RangeAttr> mlir::kvc::parseRangeBody(AsmParser &parser) {
@@ -117,7 +116,7 @@ LogicalResult requirePositive(function_ref<InFlightDiagnostic()> emitError,
                               StringRef field, double value) {
   if (value > 0)
     return success();
-  return emitError() << field << " must be positive, got " << value;
+  return emitError() << field << " must be positive, got " << formatF64(value);
 }
 } // namespace
 
@@ -164,7 +163,8 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return failure();
   double share = restoreShare.convertToDouble();
   if (!(share > 0 && share <= 1))
-    return emitError() << "restore_share must lie in (0, 1], got " << share;
+    return emitError() << "restore_share must lie in (0, 1], got "
+                       << formatF64(share);
   return success();
 }
 

@@ -568,10 +568,11 @@ LogicalResult verifyYield(Operation *op, Region &body, TypeRange types) {
 } // namespace
 
 LogicalResult TaskOp::verifyRegions() {
-  if (getLane() < 0)
-    return emitOpError("lane must not be negative, got ") << getLane();
-  if (std::optional<int64_t> slot = getSlot(); slot && *slot < 0)
-    return emitOpError("slot must not be negative, got ") << *slot;
+  // I64Attr getters return uint64_t; read the signed value.
+  if (int64_t lane = getLaneAttr().getInt(); lane < 0)
+    return emitOpError("lane must not be negative, got ") << lane;
+  if (IntegerAttr slot = getSlotAttr(); slot && slot.getInt() < 0)
+    return emitOpError("slot must not be negative, got ") << slot.getInt();
   if (failed(verifyYield(*this, getBody(), getValues().getTypes())))
     return failure();
   Resource resource = getResource();

@@ -22,6 +22,9 @@ class CodecAttr;
 
 namespace mlir::kvc {
 
+/// The shortest text that parses back to `value` as an MLIR float or integer.
+std::string formatF64(double value);
+
 /// Parameter parsers and printers used by the ODS formats.
 FailureOr<llvm::APFloat> parseF64(AsmParser &parser);
 void printF64(AsmPrinter &printer, const llvm::APFloat &value);

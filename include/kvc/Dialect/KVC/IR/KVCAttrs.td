@@ -48,7 +48,7 @@ def KVC_RangeAttr : KVC_Attr<"Range", "range"> {
     naming the field (`tokens`, `layers`) in their diagnostics.
 
     ```mlir
-    module attributes {example = #kvc.range<0 to 4096>} {}
+    module attributes {doc.example = #kvc.range<0 to 4096>} {}
     ```
   }];
   let parameters = (ins "int64_t":$begin, "int64_t":$end);
@@ -243,7 +243,7 @@ def KVC_CodecAttr : KVC_Attr<"Codec", "codec"> {
     Quantization parameters are only written when `quant` is set.
 
     ```mlir
-    module attributes {example = #kvc.codec<transform = hadamard,
+    module attributes {doc.example = #kvc.codec<transform = hadamard,
         quant = int4, key_axis = channel, value_axis = token, group = 64,
         lossless = deflate>} {}
     ```
@@ -282,7 +282,7 @@ def KVC_SourceAttr : KVC_Attr<"Source", "source"> {
     for raw data).
 
     ```mlir
-    module attributes {example = #kvc.source<tier = "ssd", form = hidden,
+    module attributes {doc.example = #kvc.source<tier = "ssd", form = hidden,
         codec = <quant = int8, lossless = zstd>, tokens = 0 to 4096,
         layers = 0 to 32>} {}
     ```

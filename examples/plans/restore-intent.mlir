@@ -1,0 +1,11 @@
+// A chat request whose 4K-token history is stored twice: hidden states on
+// the local disk and int8+deflate KV in host DRAM. The planner (issue 3)
+// turns this intent into a kvc.plan.
+kvc.restore @chat tokens 0 to 4096 from [
+    #kvc.source<tier = "disk", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
+    #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                tokens = 0 to 4096, layers = 0 to 32>]
+    {slo_ms = 500.0, max_error = 0.01}
+
+// After the prefill of a shared document, save KV and hidden states.
+kvc.save @doc tokens 0 to 4096 kv hidden to "disk" codec <quant = int8, lossless = zstd>

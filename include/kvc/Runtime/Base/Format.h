@@ -1,0 +1,16 @@
+//===- Format.h - Number formatting for messages and files ------*- C++ -*-===//
+
+#ifndef KVC_RUNTIME_BASE_FORMAT_H
+#define KVC_RUNTIME_BASE_FORMAT_H
+
+#include <string>
+
+namespace kvc {
+
+/// The shortest decimal text that reads back as `value`: whole numbers as
+/// integers ("500000"), others shortest round-trip ("27.6", "1e-05").
+std::string formatNumber(double value);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_BASE_FORMAT_H

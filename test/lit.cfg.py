@@ -1,0 +1,30 @@
+# -*- Python -*-
+# lit configuration of the kvc regression tests.
+
+import os
+
+import lit.formats
+from lit.llvm import llvm_config
+
+config.name = "KVC"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".test"]
+config.excludes = ["Inputs", "CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.kvc_obj_root, "test")
+
+llvm_config.with_system_environment(["HOME", "TMP", "TEMP"])
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+llvm_config.use_default_substitutions()
+
+config.substitutions.append(("%kvc_src", config.kvc_src_root))
+config.substitutions.append(("%kvc_obj", config.kvc_obj_root))
+config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "Inputs")))
+config.substitutions.append(("%python", config.python_executable))
+
+llvm_config.add_tool_substitutions(
+    ["kvc-opt", "not"], [config.kvc_tools_dir, config.llvm_tools_dir])
+
+if config.ptxas and os.path.exists(config.ptxas):
+    config.available_features.add("ptxas")
+    config.substitutions.append(("%ptxas", config.ptxas))

@@ -20,62 +20,57 @@ using namespace mlir::kvc;
 
 namespace {
 
-/// Lets `--kvc-foo=PATH` stand for `--kvc-foo=path=PATH`.
-std::string withPathKey(StringRef options) {
-  if (!options.empty() && !options.contains('='))
-    return ("path=" + options).str();
-  return options.str();
-}
+/// The body of both passes: reads the file at the `path` option through
+/// `DerivedT::load`, converts it with `DerivedT::convert` and attaches it to
+/// the module as `DerivedT::kAttrName`.
+template <typename DerivedT, template <typename> class GeneratedBaseT>
+struct AttachDescriptionPass : public GeneratedBaseT<DerivedT> {
+  using GeneratedBaseT<DerivedT>::GeneratedBaseT;
 
-/// Loads `path` with `load` and attaches `convert(value)` as `attrName`.
-template <typename LoadFn, typename ConvertFn>
-LogicalResult attachDescription(ModuleOp module, StringRef passArg,
-                                const std::string &path, StringRef attrName,
-                                LoadFn load, ConvertFn convert) {
-  if (path.empty())
-    return emitError(module.getLoc())
-           << passArg << " needs a path: --" << passArg << "=FILE.json";
-  auto desc = load(path);
-  if (!desc.isOk())
-    return emitError(module.getLoc()) << desc.status().message();
-  module->setAttr(attrName, convert(module.getContext(), *desc));
-  return success();
-}
-
-struct KVCImportModelPass
-    : public mlir::kvc::impl::KVCImportModelPassBase<KVCImportModelPass> {
-  using Base::Base;
-
+  /// Lets `--kvc-foo=PATH` stand for `--kvc-foo=path=PATH`.
   LogicalResult initializeOptions(
       StringRef options,
       function_ref<LogicalResult(const Twine &)> errorHandler) override {
-    return Base::initializeOptions(withPathKey(options), errorHandler);
+    std::string withKey = options.str();
+    if (!options.empty() && !options.contains('='))
+      withKey = "path=" + withKey;
+    return Pass::initializeOptions(withKey, errorHandler);
   }
 
   void runOnOperation() override {
-    if (failed(attachDescription(getOperation(), getArgument(), path,
-                                 KVCDialect::kModelAttrName,
-                                 ::kvc::loadModelConfig, getModelAttr)))
-      signalPassFailure();
+    ModuleOp module = this->getOperation();
+    StringRef arg = this->getArgument();
+    if (this->path.empty()) {
+      emitError(module.getLoc())
+          << arg << " needs a path: --" << arg << "=FILE.json";
+      return this->signalPassFailure();
+    }
+    auto desc = DerivedT::load(this->path);
+    if (!desc.isOk()) {
+      emitError(module.getLoc()) << desc.status().message();
+      return this->signalPassFailure();
+    }
+    module->setAttr(DerivedT::kAttrName,
+                    DerivedT::convert(module.getContext(), *desc));
   }
 };
 
+struct KVCImportModelPass
+    : public AttachDescriptionPass<KVCImportModelPass,
+                                   mlir::kvc::impl::KVCImportModelPassBase> {
+  using AttachDescriptionPass::AttachDescriptionPass;
+  static constexpr StringLiteral kAttrName = KVCDialect::kModelAttrName;
+  static constexpr auto load = ::kvc::loadModelConfig;
+  static constexpr auto convert = getModelAttr;
+};
+
 struct KVCAttachTargetPass
-    : public mlir::kvc::impl::KVCAttachTargetPassBase<KVCAttachTargetPass> {
-  using Base::Base;
-
-  LogicalResult initializeOptions(
-      StringRef options,
-      function_ref<LogicalResult(const Twine &)> errorHandler) override {
-    return Base::initializeOptions(withPathKey(options), errorHandler);
-  }
-
-  void runOnOperation() override {
-    if (failed(attachDescription(getOperation(), getArgument(), path,
-                                 KVCDialect::kTargetAttrName,
-                                 ::kvc::loadTargetDesc, getTargetAttr)))
-      signalPassFailure();
-  }
+    : public AttachDescriptionPass<KVCAttachTargetPass,
+                                   mlir::kvc::impl::KVCAttachTargetPassBase> {
+  using AttachDescriptionPass::AttachDescriptionPass;
+  static constexpr StringLiteral kAttrName = KVCDialect::kTargetAttrName;
+  static constexpr auto load = ::kvc::loadTargetDesc;
+  static constexpr auto convert = getTargetAttr;
 };
 
 } // namespace

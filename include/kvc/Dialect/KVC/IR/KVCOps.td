@@ -607,7 +607,20 @@ def KVC_YieldOp : KVC_Op<"yield", [Pure, ReturnLike, Terminator,
                                    ParentOneOf<["TaskOp", "KernelOp"]>]> {
   let summary = "Returns values from a task or kernel body";
   let description = [{
-    Implicit when it returns nothing. See `kvc.task` for an example.
+    Ends a `kvc.task` or `kvc.kernel` body with the values it returns;
+    implicit when there are none.
+
+    ```mlir
+    func.func @example(%h: !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>) {
+      %done, %kv = kvc.task on compute[0] {
+        %p = kvc.project %h
+            : !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>
+            -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+        kvc.yield %p : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+      } : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+      return
+    }
+    ```
   }];
   let arguments = (ins Variadic<AnyType>:$values);
   let builders = [OpBuilder<(ins), [{ /* nothing to yield */ }]>];

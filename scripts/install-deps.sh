@@ -12,6 +12,8 @@ PACKAGES=(
   llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
   # Tests and benchmarks.
   libgtest-dev libbenchmark-dev
+  # Runtime libraries.
+  nlohmann-json3-dev
 )
 
 missing=()

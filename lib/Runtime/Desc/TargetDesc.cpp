@@ -99,6 +99,10 @@ Status parseCompute(const Json &obj, const std::string &path, ComputeDesc &c) {
       readNumber(obj, path, "mem_gbs", c.memGBs, Presence::Required));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "mem_gib", c.memGiB, Presence::Required));
+  KVC_RETURN_IF_ERROR(readNumber(obj, path, "gemm_peak_fraction",
+                                 c.gemmPeakFraction, Presence::Optional));
+  KVC_RETURN_IF_ERROR(readNumber(obj, path, "gemm_half_tokens",
+                                 c.gemmHalfTokens, Presence::Optional));
   return readNumber(obj, path, "restore_share", c.restoreShare,
                     Presence::Optional);
 }
@@ -159,6 +163,12 @@ Status TargetDesc::validate() const {
   if (!(compute.restoreShare > 0 && compute.restoreShare <= 1))
     return invalidArgument("compute.restore_share: expected a share in (0, 1], "
                            "got " + formatNumber(compute.restoreShare));
+  if (!(compute.gemmPeakFraction > 0 && compute.gemmPeakFraction <= 1))
+    return invalidArgument("compute.gemm_peak_fraction: expected a share in "
+                           "(0, 1], got " +
+                           formatNumber(compute.gemmPeakFraction));
+  KVC_RETURN_IF_ERROR(
+      checkPositive(compute.gemmHalfTokens, "compute.gemm_half_tokens", true));
   if (host.cores <= 0)
     return invalidArgument("host.cores: expected a positive integer, got " +
                            std::to_string(host.cores));
@@ -272,7 +282,9 @@ std::string printTargetDesc(const TargetDesc &target) {
                     {"dense_tflops", c.denseTflops},
                     {"mem_gbs", c.memGBs},
                     {"mem_gib", c.memGiB},
-                    {"restore_share", c.restoreShare}};
+                    {"restore_share", c.restoreShare},
+                    {"gemm_peak_fraction", c.gemmPeakFraction},
+                    {"gemm_half_tokens", c.gemmHalfTokens}};
   obj["host"] = {{"cores", target.host.cores},
                  {"dram_gib", target.host.dramGiB},
                  {"nic_gbs", target.host.nicGBs}};

@@ -32,6 +32,10 @@ struct ComputeDesc {
   double memGBs = 0;        ///< Device memory bandwidth, GB/s.
   double memGiB = 0;        ///< Device memory capacity, GiB.
   double restoreShare = 1;  ///< Share of compute restoration may use, (0, 1].
+  /// GEMM efficiency: a GEMM of m rows reaches
+  /// gemmPeakFraction * m / (m + gemmHalfTokens) of the dense rate.
+  double gemmPeakFraction = 0.75;
+  double gemmHalfTokens = 128;
 };
 
 /// The host that runs IO and codec threads.

@@ -1,0 +1,97 @@
+//===- CostModel.h - Seconds for each step of a plan ------------*- C++ -*-===//
+//
+// The cost model turns (model, target, step, block) into seconds.
+//
+// Compute. A chunked prefill of tokens [a, b) through one layer costs the
+// linear FLOPs 2 * tokens * (QKV + O + 3 MLP matrices) plus causal attention
+// 4 * heads * head_dim * sum_{p=a}^{b-1} (p + 1), so later chunks cost more
+// (Cake §4). Projecting hidden states to K and V costs
+// 2 * tokens * hidden * 2 * kv_heads * head_dim (HCache). FLOPs run at
+//   dense_tflops * restore_share * gemm_peak_fraction * m / (m + gemm_half_tokens)
+// for a GEMM of m rows: small chunks run below peak (Cake Table 4).
+//
+// Data. Raw bytes are tokens * layers * (K+V or hidden) * element size.
+// Quantization keeps bits/16 of them plus one 16-bit scale and zero per
+// group; a lossless coder multiplies by its profiled ratio. Reads cost
+// latency + bytes / per-lane bandwidth of the tier, copies latency + bytes /
+// link bandwidth, host decoding raw bytes / (per-core rate * cores) for the
+// lossless stage, device decoding (dequant, untransform) memory traffic at
+// device bandwidth (or the per-core rates on a CPU target).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_PLANNING_COSTMODEL_H
+#define KVC_PLANNING_COSTMODEL_H
+
+#include "kvc/Planning/CodecProfile.h"
+#include "kvc/Planning/Plan.h"
+#include "kvc/Runtime/Desc/ModelConfig.h"
+#include "kvc/Runtime/Desc/TargetDesc.h"
+
+namespace kvc::planning {
+
+class CostModel {
+public:
+  CostModel(ModelConfig model, TargetDesc target, CodecProfile profile);
+
+  const ModelConfig &model() const { return model_; }
+  const TargetDesc &target() const { return target_; }
+  const CodecProfile &profile() const { return profile_; }
+
+  //===--- FLOPs ----------------------------------------------------------===//
+
+  /// Linear-layer FLOPs of one token through one layer.
+  double linearFlopsPerTokenLayer() const { return linearFlops_; }
+  /// Causal attention FLOPs of tokens [t0, t1) in one layer.
+  double attentionFlops(int64_t t0, int64_t t1) const;
+  /// FLOPs to recompute tokens [t0, t1) through `layers` layers.
+  double prefillFlops(int64_t t0, int64_t t1, int64_t layers) const;
+  /// FLOPs to project `tokens` x `layers` hidden states to K and V.
+  double projectFlops(int64_t tokens, int64_t layers) const;
+
+  //===--- Seconds on the compute device ----------------------------------===//
+
+  /// Fraction of peak a GEMM of `rows` rows reaches.
+  double gemmEfficiency(int64_t rows) const;
+  /// Seconds for `flops` in GEMMs of `rows` rows.
+  double computeSeconds(double flops, int64_t rows) const;
+  /// Seconds to dequantize/untransform (per `codec`) and scatter `rawBytes`
+  /// of decoded output on the device.
+  double deviceDecodeSeconds(const CodecSpec &codec, double rawBytes) const;
+
+  //===--- Bytes ----------------------------------------------------------===//
+
+  double rawBytes(Form form, int64_t tokens, int64_t layers) const;
+  /// Bytes after quantization (what crosses the link when the device
+  /// dequantizes).
+  double quantizedBytes(Form form, const CodecSpec &codec, int64_t tokens,
+                        int64_t layers) const;
+  /// Bytes as stored (after the lossless coder).
+  double storedBytes(Form form, const CodecSpec &codec, int64_t tokens,
+                     int64_t layers) const;
+
+  //===--- Seconds on the host and the link --------------------------------===//
+
+  /// One request of `bytes` on one lane of `tier`.
+  double readSeconds(const TierDesc &tier, double bytes) const;
+  /// Lossless decoding of a chunk whose decoded (quantized) size is
+  /// `quantizedBytes`, spread over every host core.
+  double hostDecodeSeconds(const CodecSpec &codec, double quantizedBytes) const;
+  /// Host encoding (save and transfer paths) of `rawBytes`.
+  double hostEncodeSeconds(const CodecSpec &codec, double rawBytes) const;
+  double h2dSeconds(double bytes) const;
+
+private:
+  /// Per-core rate of a stage from the target, or the profile's override.
+  double stageRate(CodecStageKind stage, bool decode) const;
+
+  ModelConfig model_;
+  TargetDesc target_;
+  CodecProfile profile_;
+  double linearFlops_ = 0;
+  double peakFlops_ = 0; ///< dense * share * peak fraction, FLOP/s.
+};
+
+} // namespace kvc::planning
+
+#endif // KVC_PLANNING_COSTMODEL_H

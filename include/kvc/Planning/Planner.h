@@ -1,0 +1,150 @@
+//===- Planner.h - Choosing how to restore a request's KV -------*- C++ -*-===//
+//
+// The planner searches one discretized space that contains every strategy of
+// the four papers and their combinations:
+//
+//   tokens [0, m)       x layers [0, L)  compute          (Cake's front)
+//   tokens [m, T)       x layers [0, k)  compute | load KV (HCache's complement)
+//   tokens [m, T)       x layers [k, L)  load hidden | load KV
+//
+// with m on the chunk grid, k in [0, L] and a choice among the stored
+// sources of each form (codecs). Compute-only is m = T; KV-only and
+// hidden-only are m = k = 0; Cake is k = 0 with KV loads; HCache is m = 0
+// with hidden loads. Each point gets an O(1) analytic estimate (per-resource
+// busy time plus pipeline fill, from prefix sums over the chunk grid); the
+// best candidates are then timed with the simulator, improved by a local
+// search in (m, k) and compared with the simulated baselines, so the chosen
+// plan is never slower than any baseline by the simulator.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_PLANNING_PLANNER_H
+#define KVC_PLANNING_PLANNER_H
+
+#include "kvc/Planning/CostModel.h"
+#include "kvc/Planning/Simulator.h"
+
+#include <optional>
+#include <vector>
+
+namespace kvc::planning {
+
+struct PlanOptions {
+  /// Tokens per chunk; 0 chooses from the target (see chunkTokens()).
+  int64_t chunkTokens = 0;
+  /// Host staging memory for fetched chunks (ShadowServe's bounded buffers).
+  int64_t stagingBytes = int64_t(256) << 20;
+  /// Analytic candidates the search times with the simulator.
+  int candidates = 4;
+};
+
+/// What one simulated job is, for reports and traces.
+struct JobInfo {
+  enum class Stage { Compute, Fetch, Decode, Copy, Device };
+  Stage stage = Stage::Compute;
+  int chunk = -1;
+  double bytes = 0; ///< Bytes read from the tier (fetch) or copied.
+  double flops = 0;
+};
+
+const char *stageName(JobInfo::Stage stage);
+
+/// A plan timed by the simulator.
+struct Evaluation {
+  Plan plan;
+  double seconds = 0;  ///< Simulated makespan.
+  double estimate = 0; ///< Analytic estimate the search ranked it by.
+  std::vector<std::string> resources;
+  std::vector<double> busy; ///< Per resource, seconds summed over lanes.
+  double bytesRead = 0;
+  double flops = 0;
+  int64_t peakStagingBytes = 0;
+};
+
+/// A point of the search space.
+struct Candidate {
+  int64_t merge = 0;   ///< m, in chunks: tokens [0, m*chunk) are computed.
+  int64_t split = 0;   ///< k: layers [0, k) use `lower`, [k, L) use `upper`.
+  Method lower = Method::Compute;
+  int lowerSource = -1;
+  Method upper = Method::LoadHidden;
+  int upperSource = -1;
+};
+
+class Planner {
+public:
+  Planner(const CostModel &cost, Request request, PlanOptions options = {});
+
+  /// Checks the request against the model and target: tiers exist, sources
+  /// hold the whole request's tokens and lie inside the model.
+  Status validate() const;
+
+  const CostModel &cost() const { return cost_; }
+  const Request &request() const { return request_; }
+  int64_t chunkTokens() const { return chunk_; }
+  int64_t numChunks() const { return numChunks_; }
+  /// Layers per load chunk: a chunk's staging is at most a quarter of the
+  /// budget, so four chunks are in flight.
+  int64_t layerGroup() const { return layerGroup_; }
+
+  /// The job graph of `plan` (and what each job is, when `info` is given).
+  JobGraph buildJobs(const Plan &plan,
+                     std::vector<JobInfo> *info = nullptr) const;
+  /// Times `plan` with the simulator.
+  Evaluation evaluate(const Plan &plan) const;
+
+  Plan makePlan(const Candidate &candidate) const;
+  double estimate(const Candidate &candidate) const;
+
+  /// Baselines; null when the request stores nothing of that kind.
+  Evaluation computeOnly() const;
+  std::optional<Evaluation> kvOnly() const;
+  std::optional<Evaluation> hiddenOnly() const;
+  /// Cake: compute the front, load KV for the back (k = 0), best m.
+  std::optional<Evaluation> cake() const;
+  /// HCache: hidden states for layers [k, L), the complement for [0, k).
+  std::optional<Evaluation> hcache() const;
+  /// Every baseline that applies, in the order above.
+  std::vector<Evaluation> baselines() const;
+  /// The joint plan: never slower than any baseline.
+  Evaluation joint() const;
+  /// The best point of the space by simulating all of it (for tests).
+  Evaluation exhaustive() const;
+  /// The analytic part of the joint search alone: the point of the whole
+  /// space with the lowest estimate.
+  Candidate bestEstimate() const;
+
+private:
+  using Filter = bool (*)(const Candidate &);
+  /// Calls `fn` on every candidate the sources allow that passes `filter`.
+  template <typename Fn> void forEachCandidate(Filter filter, Fn fn) const;
+  /// Every candidate the request's sources allow that passes `filter`.
+  std::vector<Candidate> enumerate(Filter filter) const;
+  /// Ranks by estimate, simulates the best, refines locally in (m, k).
+  std::optional<Evaluation> search(Filter filter, const char *strategy) const;
+  bool usable(int source, Form form, int64_t l0, int64_t l1) const;
+  Evaluation evaluateCandidate(const Candidate &candidate,
+                               const char *strategy) const;
+
+  const CostModel &cost_;
+  Request request_;
+  PlanOptions options_;
+  int64_t chunk_ = 0;
+  int64_t numChunks_ = 0;
+  int64_t layerGroup_ = 1;
+  /// Seconds to recompute chunks [0, i) through one layer.
+  std::vector<double> computePrefix_;
+  /// Per source: whether it may be loaded at all, and the seconds each
+  /// resource spends per token x layer loading it (all are linear in both).
+  struct LoadCost {
+    bool ok = false;
+    int tier = 0; ///< Index into the target's tiers.
+    double fetch = 0, decode = 0, copy = 0, device = 0;
+    double fetchLatency = 0, copyLatency = 0; ///< Per chunk.
+  };
+  std::vector<LoadCost> loadCosts_;
+};
+
+} // namespace kvc::planning
+
+#endif // KVC_PLANNING_PLANNER_H

@@ -1,0 +1,73 @@
+//===- Simulator.h - Makespan of a plan on a machine ------------*- C++ -*-===//
+//
+// A discrete-event list scheduler over a job graph. Resources have lanes (the
+// four SSDs of a tier, the copy engine, the compute stream); a job runs on one
+// lane of its resource once its dependencies have finished, and may hold
+// staging memory from its start until another job finishes (a fetched chunk
+// occupies host buffers until its copy to the device is done, as in
+// ShadowServe). Among ready jobs a free lane takes the one of highest
+// priority, so pipelines drain before new chunks enter them. The result is
+// the makespan, every job's start and finish, each resource's busy time and
+// the peak staging memory. Every planning pass, the report and the tests
+// time plans with this one simulator.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_PLANNING_SIMULATOR_H
+#define KVC_PLANNING_SIMULATOR_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvc::planning {
+
+struct SimJob {
+  int resource = 0;
+  double seconds = 0;
+  int priority = 0;          ///< Higher runs first among ready jobs.
+  int64_t stagingBytes = 0;  ///< Held from this job's start...
+  int releasedBy = -1;       ///< ...until this job finishes (-1: own finish).
+};
+
+/// Jobs and their dependencies; a job may only depend on earlier jobs.
+class JobGraph {
+public:
+  /// Adds a resource with `lanes` parallel lanes; returns its index.
+  int addResource(std::string name, int lanes);
+  /// Adds a job; `deps` must name earlier jobs. Returns its index.
+  int addJob(const SimJob &job, const std::vector<int> &deps = {});
+  void addDependency(int job, int dep);
+
+  int numJobs() const { return static_cast<int>(jobs_.size()); }
+  int numResources() const { return static_cast<int>(resources_.size()); }
+  const SimJob &job(int index) const { return jobs_[index]; }
+  SimJob &job(int index) { return jobs_[index]; }
+  const std::string &resourceName(int r) const { return resources_[r].name; }
+  int lanes(int r) const { return resources_[r].lanes; }
+  const std::vector<int> &deps(int job) const { return deps_[job]; }
+
+private:
+  struct Resource {
+    std::string name;
+    int lanes;
+  };
+  std::vector<Resource> resources_;
+  std::vector<SimJob> jobs_;
+  std::vector<std::vector<int>> deps_;
+};
+
+struct SimResult {
+  double makespan = 0;
+  std::vector<double> start, finish; ///< Per job.
+  std::vector<double> busy;          ///< Per resource, summed over lanes.
+  int64_t peakStagingBytes = 0;
+};
+
+/// Schedules every job; staging above `stagingBudget` bytes waits (a single
+/// job larger than the budget runs alone).
+SimResult simulate(const JobGraph &graph, int64_t stagingBudget);
+
+} // namespace kvc::planning
+
+#endif // KVC_PLANNING_SIMULATOR_H

@@ -1,0 +1,52 @@
+//===- CodecSpec.h - One point of the codec strategy space ------*- C++ -*-===//
+//
+// KVServe's modular codec space: an orthogonal transform, integer
+// quantization (with the scale axis of K and of V and a group size, as KIVI),
+// then a lossless coder. The runtime's codecs, the planner's profile table and
+// the dialect's #kvc.codec all describe a codec with these fields.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_DESC_CODECSPEC_H
+#define KVC_RUNTIME_DESC_CODECSPEC_H
+
+#include <cstdint>
+#include <string>
+
+namespace kvc {
+
+struct CodecSpec {
+  enum class Transform { None, Hadamard };
+  enum class Quant { None, Int8, Int4, Int2 };
+  enum class Axis { Token, Channel };
+  enum class Lossless { None, Deflate, Zstd, Lz4 };
+
+  Transform transform = Transform::None;
+  Quant quant = Quant::None;
+  Axis keyAxis = Axis::Channel; ///< KIVI: keys per channel...
+  Axis valueAxis = Axis::Token; ///< ...values per token.
+  int64_t group = 32;
+  Lossless lossless = Lossless::None;
+
+  /// No stage applied: the bytes are plain elements.
+  bool isRaw() const {
+    return transform == Transform::None && quant == Quant::None &&
+           lossless == Lossless::None;
+  }
+  /// Bits per element after quantization (16 when unquantized).
+  int bits() const;
+  /// "raw", or the applied stages joined by '+': "hadamard+int4/g64+deflate".
+  std::string str() const;
+
+  bool operator==(const CodecSpec &other) const;
+  bool operator!=(const CodecSpec &other) const { return !(*this == other); }
+};
+
+const char *transformName(CodecSpec::Transform transform);
+const char *quantName(CodecSpec::Quant quant);
+const char *axisName(CodecSpec::Axis axis);
+const char *losslessName(CodecSpec::Lossless lossless);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_DESC_CODECSPEC_H

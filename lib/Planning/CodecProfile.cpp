@@ -1,0 +1,213 @@
+//===- CodecProfile.cpp - What each codec costs and loses -----------------===//
+
+#include "kvc/Planning/CodecProfile.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+namespace kvc::planning {
+
+namespace {
+
+using Json = nlohmann::json;
+
+/// Lossless ratio on data of `bits` per element: high bytes of bf16 and
+/// narrow integers compress less as the entropy per bit rises.
+double losslessFactor(CodecSpec::Lossless coder, int bits) {
+  //                        raw bf16, int8, int4, int2
+  static const double deflate[] = {0.80, 0.82, 0.90, 0.94};
+  static const double zstd[] = {0.78, 0.80, 0.88, 0.92};
+  static const double lz4[] = {0.92, 0.95, 0.98, 1.00};
+  int row = bits == 16 ? 0 : bits == 8 ? 1 : bits == 4 ? 2 : 3;
+  switch (coder) {
+  case CodecSpec::Lossless::None:
+    return 1.0;
+  case CodecSpec::Lossless::Deflate:
+    return deflate[row];
+  case CodecSpec::Lossless::Zstd:
+    return zstd[row];
+  case CodecSpec::Lossless::Lz4:
+    return lz4[row];
+  }
+  return 1.0;
+}
+
+/// Relative L2 error of asymmetric group quantization, rising with the group
+/// size; a Hadamard rotation spreads outliers and lowers it.
+double quantError(const CodecSpec &codec) {
+  double error = 0;
+  double groupFactor = codec.group <= 32 ? 1.0 : codec.group <= 64 ? 1.3 : 1.75;
+  switch (codec.quant) {
+  case CodecSpec::Quant::None:
+    return 0;
+  case CodecSpec::Quant::Int8:
+    error = 0.005;
+    break;
+  case CodecSpec::Quant::Int4:
+    error = 0.045;
+    break;
+  case CodecSpec::Quant::Int2:
+    error = 0.20;
+    break;
+  }
+  error *= groupFactor;
+  if (codec.transform == CodecSpec::Transform::Hadamard)
+    error *= codec.quant == CodecSpec::Quant::Int8 ? 0.8 : 0.6;
+  return error;
+}
+
+/// Maps `name` back through CodecSpec's name function of enum `E`, whose
+/// enumerators are 0 .. count-1.
+template <typename E>
+bool lookupName(const char *(*nameOf)(E), int count, const std::string &name,
+                E &out) {
+  for (int i = 0; i < count; ++i)
+    if (name == nameOf(static_cast<E>(i))) {
+      out = static_cast<E>(i);
+      return true;
+    }
+  return false;
+}
+
+} // namespace
+
+CodecProfileEntry estimateCodec(const CodecSpec &codec) {
+  CodecProfileEntry entry;
+  entry.codec = codec;
+  double quantized = codec.quant == CodecSpec::Quant::None
+                         ? 1.0
+                         : codec.bits() / 16.0 + 2.0 / codec.group;
+  entry.ratio = quantized * losslessFactor(codec.lossless, codec.bits());
+  entry.quality = quantError(codec);
+  return entry;
+}
+
+CodecProfile CodecProfile::defaults() {
+  std::vector<CodecProfileEntry> entries;
+  using C = CodecSpec;
+  for (C::Transform transform : {C::Transform::None, C::Transform::Hadamard})
+    for (C::Quant quant :
+         {C::Quant::None, C::Quant::Int8, C::Quant::Int4, C::Quant::Int2})
+      for (int64_t group : {32, 64, 128})
+        for (C::Lossless lossless : {C::Lossless::None, C::Lossless::Deflate,
+                                     C::Lossless::Zstd, C::Lossless::Lz4}) {
+          // A rotation only helps quantization; unquantized data has one group.
+          if (quant == C::Quant::None &&
+              (transform != C::Transform::None || group != 32))
+            continue;
+          C codec;
+          codec.transform = transform;
+          codec.quant = quant;
+          codec.group = group;
+          codec.lossless = lossless;
+          if (!codec.isRaw())
+            entries.push_back(estimateCodec(codec));
+        }
+  return CodecProfile(std::move(entries));
+}
+
+const CodecProfileEntry *CodecProfile::find(const CodecSpec &codec) const {
+  for (const CodecProfileEntry &entry : entries_)
+    if (entry.codec == codec)
+      return &entry;
+  return nullptr;
+}
+
+double CodecProfile::ratio(const CodecSpec &codec) const {
+  if (codec.isRaw())
+    return 1.0;
+  const CodecProfileEntry *entry = find(codec);
+  return entry ? entry->ratio : estimateCodec(codec).ratio;
+}
+
+double CodecProfile::quality(const CodecSpec &codec) const {
+  if (codec.isRaw())
+    return 0.0;
+  const CodecProfileEntry *entry = find(codec);
+  return entry ? entry->quality : estimateCodec(codec).quality;
+}
+
+StatusOr<CodecProfile> CodecProfile::parse(std::string_view text) {
+  Json doc;
+  try {
+    doc = Json::parse(text.begin(), text.end());
+  } catch (const Json::exception &e) {
+    return invalidArgument(std::string("invalid JSON: ") + e.what());
+  }
+  if (!doc.is_object() || doc.value("schema", "") != kCodecProfileSchema)
+    return invalidArgument(std::string("schema: expected \"") +
+                           kCodecProfileSchema + "\"");
+  if (!doc.contains("entries") || !doc["entries"].is_array())
+    return invalidArgument("entries: missing required array");
+  std::vector<CodecProfileEntry> entries;
+  for (size_t i = 0; i < doc["entries"].size(); ++i) {
+    const Json &e = doc["entries"][i];
+    std::string path = "entries[" + std::to_string(i) + "]";
+    CodecProfileEntry entry;
+    try {
+      bool ok =
+          lookupName(transformName, 2, e.value("transform", "none"),
+                     entry.codec.transform) &&
+          lookupName(quantName, 4, e.value("quant", "none"),
+                     entry.codec.quant) &&
+          lookupName(axisName, 2, e.value("key_axis", "channel"),
+                     entry.codec.keyAxis) &&
+          lookupName(axisName, 2, e.value("value_axis", "token"),
+                     entry.codec.valueAxis) &&
+          lookupName(losslessName, 4, e.value("lossless", "none"),
+                     entry.codec.lossless);
+      if (!ok)
+        return invalidArgument(path + ": unknown codec stage name");
+      entry.codec.group = e.value("group", int64_t(32));
+      entry.ratio = e.at("ratio").get<double>();
+      entry.quality = e.at("quality").get<double>();
+      entry.encodeGBs = e.value("encode_gbs", 0.0);
+      entry.decodeGBs = e.value("decode_gbs", 0.0);
+    } catch (const Json::exception &ex) {
+      return invalidArgument(path + ": " + ex.what());
+    }
+    if (!(entry.ratio > 0) || entry.quality < 0 || entry.encodeGBs < 0 ||
+        entry.decodeGBs < 0)
+      return invalidArgument(path + ": ratio must be positive and quality and "
+                                    "rates non-negative");
+    entries.push_back(entry);
+  }
+  return CodecProfile(std::move(entries));
+}
+
+StatusOr<CodecProfile> CodecProfile::load(const std::string &path) {
+  std::ifstream in(path);
+  if (!in)
+    return notFound(path + ": cannot open file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  StatusOr<CodecProfile> profile = parse(buffer.str());
+  if (!profile.isOk())
+    return profile.status().withContext(path);
+  return profile;
+}
+
+std::string CodecProfile::print() const {
+  Json entries = Json::array();
+  for (const CodecProfileEntry &e : entries_) {
+    Json j = {{"transform", transformName(e.codec.transform)},
+              {"quant", quantName(e.codec.quant)},
+              {"key_axis", axisName(e.codec.keyAxis)},
+              {"value_axis", axisName(e.codec.valueAxis)},
+              {"group", e.codec.group},
+              {"lossless", losslessName(e.codec.lossless)},
+              {"ratio", e.ratio},
+              {"quality", e.quality}};
+    if (e.encodeGBs > 0)
+      j["encode_gbs"] = e.encodeGBs;
+    if (e.decodeGBs > 0)
+      j["decode_gbs"] = e.decodeGBs;
+    entries.push_back(std::move(j));
+  }
+  return Json{{"schema", kCodecProfileSchema}, {"entries", entries}}.dump(2) +
+         "\n";
+}
+
+} // namespace kvc::planning

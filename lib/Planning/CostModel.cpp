@@ -1,0 +1,179 @@
+//===- CostModel.cpp - Seconds for each step of a plan --------------------===//
+
+#include "kvc/Planning/CostModel.h"
+
+#include <cmath>
+
+namespace kvc::planning {
+
+namespace {
+/// Per-core rates used when neither the profile nor the target lists a
+/// stage: ShadowServe Table 1 (deflate, lz4 decode), lzbench (encoders, zstd).
+double defaultRate(CodecStageKind stage, bool decode) {
+  switch (stage) {
+  case CodecStageKind::Deflate:
+    return decode ? 0.3125 : 0.12;
+  case CodecStageKind::Zstd:
+    return decode ? 1.38 : 0.51;
+  case CodecStageKind::Lz4:
+    return decode ? 2.325 : 0.78;
+  case CodecStageKind::Quant:
+    return 4.0;
+  case CodecStageKind::Hadamard:
+    return 2.0;
+  }
+  return 1.0;
+}
+
+CodecStageKind losslessStage(CodecSpec::Lossless lossless) {
+  switch (lossless) {
+  case CodecSpec::Lossless::Zstd:
+    return CodecStageKind::Zstd;
+  case CodecSpec::Lossless::Lz4:
+    return CodecStageKind::Lz4;
+  default:
+    return CodecStageKind::Deflate;
+  }
+}
+
+/// Quantized bytes per raw byte: bits/16 plus a 16-bit scale and zero per
+/// group.
+double quantRatio(const CodecSpec &codec) {
+  if (codec.quant == CodecSpec::Quant::None)
+    return 1.0;
+  return codec.bits() / 16.0 + 2.0 / double(codec.group);
+}
+
+/// Sum of (p + 1) for p in [0, n): n (n + 1) / 2.
+double triangle(int64_t n) { return 0.5 * double(n) * double(n + 1); }
+} // namespace
+
+CostModel::CostModel(ModelConfig model, TargetDesc target,
+                     CodecProfile profile)
+    : model_(std::move(model)), target_(std::move(target)),
+      profile_(std::move(profile)) {
+  double hidden = double(model_.hiddenSize);
+  double qDim = double(model_.numHeads * model_.headDim);
+  double kvDim = double(model_.numKvHeads * model_.headDim);
+  double ffn = double(model_.intermediateSize);
+  // Q, K, V, O projections and the three SwiGLU matrices.
+  linearFlops_ =
+      2.0 * (hidden * qDim + 2.0 * hidden * kvDim + qDim * hidden +
+             3.0 * hidden * ffn);
+  const ComputeDesc &c = target_.compute;
+  peakFlops_ = c.denseTflops * 1e12 * c.restoreShare * c.gemmPeakFraction;
+}
+
+double CostModel::attentionFlops(int64_t t0, int64_t t1) const {
+  double perKey = 4.0 * double(model_.numHeads * model_.headDim);
+  return perKey * (triangle(t1) - triangle(t0));
+}
+
+double CostModel::prefillFlops(int64_t t0, int64_t t1, int64_t layers) const {
+  return double(layers) *
+         (linearFlops_ * double(t1 - t0) + attentionFlops(t0, t1));
+}
+
+double CostModel::projectFlops(int64_t tokens, int64_t layers) const {
+  return 2.0 * double(tokens) * double(layers) * double(model_.hiddenSize) *
+         2.0 * double(model_.numKvHeads * model_.headDim);
+}
+
+double CostModel::gemmEfficiency(int64_t rows) const {
+  double half = target_.compute.gemmHalfTokens;
+  return double(rows) / (double(rows) + half);
+}
+
+double CostModel::computeSeconds(double flops, int64_t rows) const {
+  if (flops <= 0)
+    return 0;
+  return flops / (peakFlops_ * gemmEfficiency(rows));
+}
+
+double CostModel::deviceDecodeSeconds(const CodecSpec &codec,
+                                      double rawBytes) const {
+  const ComputeDesc &c = target_.compute;
+  double memBandwidth = c.memGBs * 1e9;
+  double scatter = 2.0 * rawBytes / memBandwidth; // Read + write the cache.
+  if (c.kind == ComputeDesc::Kind::CPU) {
+    double cores = double(target_.host.cores);
+    double seconds = scatter;
+    if (codec.quant != CodecSpec::Quant::None)
+      seconds += rawBytes / (stageRate(CodecStageKind::Quant, true) * 1e9 * cores);
+    if (codec.transform != CodecSpec::Transform::None)
+      seconds +=
+          rawBytes / (stageRate(CodecStageKind::Hadamard, true) * 1e9 * cores);
+    return seconds;
+  }
+  double traffic = 0;
+  if (codec.quant != CodecSpec::Quant::None)
+    traffic += rawBytes * (1.0 + codec.bits() / 16.0);
+  if (codec.transform != CodecSpec::Transform::None)
+    traffic += 2.0 * rawBytes;
+  return scatter + traffic / memBandwidth;
+}
+
+double CostModel::rawBytes(Form form, int64_t tokens, int64_t layers) const {
+  double perTokenLayer = form == Form::KV
+                             ? double(model_.kvBytesPerTokenLayer())
+                             : double(model_.hiddenBytesPerTokenLayer());
+  return double(tokens) * double(layers) * perTokenLayer;
+}
+
+double CostModel::quantizedBytes(Form form, const CodecSpec &codec,
+                                 int64_t tokens, int64_t layers) const {
+  return rawBytes(form, tokens, layers) * quantRatio(codec);
+}
+
+double CostModel::storedBytes(Form form, const CodecSpec &codec,
+                              int64_t tokens, int64_t layers) const {
+  return rawBytes(form, tokens, layers) * profile_.ratio(codec);
+}
+
+double CostModel::readSeconds(const TierDesc &tier, double bytes) const {
+  double laneBandwidth = tier.readGBs * 1e9 / double(tier.lanes);
+  return tier.latencyUs * 1e-6 + bytes / laneBandwidth;
+}
+
+double CostModel::stageRate(CodecStageKind stage, bool decode) const {
+  for (const CodecRateDesc &rate : target_.codecs)
+    if (rate.stage == stage)
+      return decode ? rate.decodeGBs : rate.encodeGBs;
+  return defaultRate(stage, decode);
+}
+
+double CostModel::hostDecodeSeconds(const CodecSpec &codec,
+                                    double quantizedBytes) const {
+  if (codec.lossless == CodecSpec::Lossless::None)
+    return 0;
+  const CodecProfileEntry *entry = profile_.find(codec);
+  double rate = entry && entry->decodeGBs > 0
+                    ? entry->decodeGBs
+                    : stageRate(losslessStage(codec.lossless), true);
+  return quantizedBytes / (rate * 1e9 * double(target_.host.cores));
+}
+
+double CostModel::hostEncodeSeconds(const CodecSpec &codec,
+                                    double rawBytes) const {
+  double cores = double(target_.host.cores);
+  double seconds = 0;
+  if (codec.transform != CodecSpec::Transform::None)
+    seconds += rawBytes / (stageRate(CodecStageKind::Hadamard, false) * 1e9);
+  if (codec.quant != CodecSpec::Quant::None)
+    seconds += rawBytes / (stageRate(CodecStageKind::Quant, false) * 1e9);
+  if (codec.lossless != CodecSpec::Lossless::None) {
+    double quantized = rawBytes * quantRatio(codec);
+    const CodecProfileEntry *entry = profile_.find(codec);
+    double rate = entry && entry->encodeGBs > 0
+                      ? entry->encodeGBs
+                      : stageRate(losslessStage(codec.lossless), false);
+    seconds += quantized / (rate * 1e9);
+  }
+  return seconds / cores;
+}
+
+double CostModel::h2dSeconds(double bytes) const {
+  return target_.link.latencyUs * 1e-6 + bytes / (target_.link.h2dGBs * 1e9);
+}
+
+} // namespace kvc::planning

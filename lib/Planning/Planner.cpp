@@ -1,0 +1,550 @@
+//===- Planner.cpp - Choosing how to restore a request's KV ---------------===//
+
+#include "kvc/Planning/Planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <tuple>
+
+namespace kvc::planning {
+
+const char *stageName(JobInfo::Stage stage) {
+  switch (stage) {
+  case JobInfo::Stage::Compute:
+    return "compute";
+  case JobInfo::Stage::Fetch:
+    return "fetch";
+  case JobInfo::Stage::Decode:
+    return "decode";
+  case JobInfo::Stage::Copy:
+    return "copy";
+  case JobInfo::Stage::Device:
+    return "device";
+  }
+  return "unknown";
+}
+
+namespace {
+/// Smallest power of two >= `value`.
+int64_t powerOfTwoAtLeast(double value) {
+  int64_t p = 1;
+  while (double(p) < value)
+    p *= 2;
+  return p;
+}
+
+/// Largest number of chunks the merge-point grid has.
+constexpr int64_t kMaxChunks = 64;
+
+Form formOf(Method method) {
+  return method == Method::LoadKV ? Form::KV : Form::Hidden;
+}
+} // namespace
+
+Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
+    : cost_(cost), request_(std::move(request)), options_(options) {
+  int64_t tokens = std::max<int64_t>(request_.tokens, 1);
+  if (options_.chunkTokens > 0) {
+    chunk_ = options_.chunkTokens;
+  } else {
+    // Chunks large enough for efficient GEMMs (4x the half-efficiency
+    // size), and few enough to keep the grid at kMaxChunks.
+    chunk_ = std::clamp<int64_t>(
+        powerOfTwoAtLeast(4 * cost_.target().compute.gemmHalfTokens), 256,
+        2048);
+    while ((tokens + chunk_ - 1) / chunk_ > kMaxChunks)
+      chunk_ *= 2;
+  }
+  numChunks_ = (tokens + chunk_ - 1) / chunk_;
+  const ModelConfig &model = cost_.model();
+  double perLayer = 2.0 * double(chunk_) *
+                    double(std::max(model.kvBytesPerTokenLayer(),
+                                    model.hiddenBytesPerTokenLayer()));
+  layerGroup_ = std::clamp<int64_t>(
+      int64_t(double(options_.stagingBytes) / 4.0 / perLayer), 1,
+      std::max<int64_t>(model.numLayers, 1));
+
+  const TargetDesc &target = cost_.target();
+  for (const Source &source : request_.sources) {
+    LoadCost c;
+    const TierDesc *tier = target.findTier(source.tier);
+    c.ok = tier && source.box.t0 <= 0 && source.box.t1 >= request_.tokens &&
+           cost_.profile().quality(source.codec) <= request_.maxError;
+    if (tier) {
+      c.tier = int(tier - target.tiers.data());
+      double stored = cost_.storedBytes(source.form, source.codec, 1, 1);
+      double quantized = cost_.quantizedBytes(source.form, source.codec, 1, 1);
+      double raw = cost_.rawBytes(source.form, 1, 1);
+      c.fetch = stored / (tier->readGBs * 1e9);
+      c.fetchLatency = tier->latencyUs * 1e-6 / double(tier->lanes);
+      c.decode = cost_.hostDecodeSeconds(source.codec, quantized);
+      c.copy = quantized / (target.link.h2dGBs * 1e9);
+      c.copyLatency = target.link.latencyUs * 1e-6;
+      c.device = cost_.deviceDecodeSeconds(source.codec, raw);
+      if (source.form == Form::Hidden)
+        c.device += cost_.computeSeconds(cost_.projectFlops(1, 1), chunk_);
+    }
+    loadCosts_.push_back(c);
+  }
+  computePrefix_.assign(numChunks_ + 1, 0.0);
+  for (int64_t i = 0; i < numChunks_; ++i) {
+    int64_t t0 = i * chunk_, t1 = std::min(tokens, t0 + chunk_);
+    computePrefix_[i + 1] =
+        computePrefix_[i] +
+        cost_.computeSeconds(cost_.prefillFlops(t0, t1, 1), t1 - t0);
+  }
+}
+
+Status Planner::validate() const {
+  const ModelConfig &model = cost_.model();
+  if (request_.tokens <= 0)
+    return invalidArgument("the request restores no tokens");
+  if (request_.tokens > model.maxPositions)
+    return invalidArgument("the request's " + std::to_string(request_.tokens) +
+                           " tokens exceed the model's context of " +
+                           std::to_string(model.maxPositions));
+  for (size_t i = 0; i < request_.sources.size(); ++i) {
+    const Source &s = request_.sources[i];
+    std::string name =
+        "source " + std::to_string(i) + " (" + formName(s.form) + " in \"" +
+        s.tier + "\")";
+    if (!cost_.target().findTier(s.tier))
+      return invalidArgument(name + ": target \"" + cost_.target().name +
+                             "\" has no tier \"" + s.tier + "\"");
+    if (s.box.l0 < 0 || s.box.l1 > model.numLayers || s.box.empty())
+      return invalidArgument(name + ": layers " + std::to_string(s.box.l0) +
+                             " to " + std::to_string(s.box.l1) +
+                             " are not layers of the model");
+    if (s.box.t0 > 0 || s.box.t1 < request_.tokens)
+      return invalidArgument(
+          name + " holds tokens " + std::to_string(s.box.t0) + " to " +
+          std::to_string(s.box.t1) + ", which do not cover the request's 0 to " +
+          std::to_string(request_.tokens));
+  }
+  return Status::ok();
+}
+
+bool Planner::usable(int source, Form form, int64_t l0, int64_t l1) const {
+  const Source &s = request_.sources[source];
+  return loadCosts_[source].ok && s.form == form && s.box.l0 <= l0 &&
+         l1 <= s.box.l1;
+}
+
+//===----------------------------------------------------------------------===//
+// Candidates
+//===----------------------------------------------------------------------===//
+
+Plan Planner::makePlan(const Candidate &c) const {
+  Plan plan;
+  const int64_t tokens = request_.tokens, layers = cost_.model().numLayers;
+  const int64_t merge = std::min(tokens, c.merge * chunk_);
+  if (merge > 0)
+    plan.segments.push_back({Method::Compute, Box{0, merge, 0, layers}, -1});
+  if (merge < tokens) {
+    if (c.split > 0)
+      plan.segments.push_back(
+          {c.lower, Box{merge, tokens, 0, c.split}, c.lowerSource});
+    if (c.split < layers)
+      plan.segments.push_back(
+          {c.upper, Box{merge, tokens, c.split, layers}, c.upperSource});
+  }
+  return plan;
+}
+
+double Planner::estimate(const Candidate &c) const {
+  const int64_t tokens = request_.tokens, layers = cost_.model().numLayers;
+  const int64_t m = std::min(c.merge, numChunks_);
+  const double rest = double(tokens - std::min(tokens, m * chunk_));
+  const double blocks = double(numChunks_ - m);
+  double compute = computePrefix_[m] * double(layers);
+  double decode = 0, copy = 0, fill = 0;
+  // IO seconds per tier; a request reads at most two sources.
+  int tiers[2] = {-1, -1};
+  double io[2] = {0, 0};
+
+  auto addLoad = [&](int source, int64_t numLayers) {
+    const LoadCost &lc = loadCosts_[source];
+    double chunks =
+        blocks * double((numLayers + layerGroup_ - 1) / layerGroup_);
+    double volume = rest * double(numLayers);
+    double fetch = chunks * lc.fetchLatency + volume * lc.fetch;
+    double dec = volume * lc.decode;
+    double cp = chunks * lc.copyLatency + volume * lc.copy;
+    double dev = volume * lc.device;
+    int slot = tiers[0] < 0 || tiers[0] == lc.tier ? 0 : 1;
+    tiers[slot] = lc.tier;
+    io[slot] += fetch;
+    decode += dec;
+    copy += cp;
+    compute += dev;
+    // Pipeline fill: one chunk passes every stage but the bottleneck alone.
+    double lanes = double(cost_.target().tiers[lc.tier].lanes);
+    double stages[] = {fetch * lanes / chunks, dec / chunks, cp / chunks,
+                       dev / chunks};
+    double sum = stages[0] + stages[1] + stages[2] + stages[3];
+    double peak = std::max({stages[0], stages[1], stages[2], stages[3]});
+    fill = std::max(fill, sum - peak);
+  };
+
+  if (rest > 0) {
+    if (c.split > 0) {
+      if (c.lower == Method::Compute)
+        compute += (computePrefix_[numChunks_] - computePrefix_[m]) *
+                   double(c.split);
+      else
+        addLoad(c.lowerSource, c.split);
+    }
+    if (c.split < layers)
+      addLoad(c.upperSource, layers - c.split);
+  }
+  return std::max({compute, decode, copy, io[0], io[1]}) + fill;
+}
+
+template <typename Fn>
+void Planner::forEachCandidate(Filter filter, Fn fn) const {
+  const int64_t layers = cost_.model().numLayers;
+  const int numSources = static_cast<int>(request_.sources.size());
+  auto consider = [&](const Candidate &c) {
+    if (filter(c))
+      fn(c);
+  };
+  // m = n: compute everything.
+  consider(Candidate{numChunks_, 0, Method::Compute, -1, Method::Compute, -1});
+  for (int64_t m = 0; m < numChunks_; ++m) {
+    for (int64_t k = 0; k <= layers; ++k) {
+      // Lower part [0, k): compute or a KV source (nothing when k == 0; and
+      // computing all L layers is the m = n point).
+      auto forEachLower = [&](auto &&body) {
+        if (k == 0 || k < layers)
+          body(Method::Compute, -1);
+        if (k > 0)
+          for (int s = 0; s < numSources; ++s)
+            if (usable(s, Form::KV, 0, k))
+              body(Method::LoadKV, s);
+      };
+      // Upper part [k, L): a hidden or KV source (nothing when k == L).
+      auto forEachUpper = [&](auto &&body) {
+        if (k == layers) {
+          body(Method::Compute, -1);
+          return;
+        }
+        for (int s = 0; s < numSources; ++s) {
+          if (usable(s, Form::Hidden, k, layers))
+            body(Method::LoadHidden, s);
+          if (usable(s, Form::KV, k, layers))
+            body(Method::LoadKV, s);
+        }
+      };
+      forEachLower([&](Method lower, int ls) {
+        forEachUpper([&](Method upper, int us) {
+          // KV from one source on both sides is the k = 0 point.
+          if (k > 0 && lower == Method::LoadKV && upper == Method::LoadKV &&
+              ls == us)
+            return;
+          consider(Candidate{m, k, lower, ls, upper, us});
+        });
+      });
+    }
+  }
+}
+
+std::vector<Candidate> Planner::enumerate(Filter filter) const {
+  std::vector<Candidate> out;
+  forEachCandidate(filter, [&](const Candidate &c) { out.push_back(c); });
+  return out;
+}
+
+//===----------------------------------------------------------------------===//
+// Simulation
+//===----------------------------------------------------------------------===//
+
+JobGraph Planner::buildJobs(const Plan &plan,
+                            std::vector<JobInfo> *info) const {
+  JobGraph graph;
+  std::vector<JobInfo> localInfo;
+  std::vector<JobInfo> &jobs = info ? *info : localInfo;
+  jobs.clear();
+  const int compute = graph.addResource("compute", 1);
+  const int copy = graph.addResource("h2d", 1);
+  const int decode = graph.addResource("decode", 1);
+  std::map<std::string, int> ioResources;
+  auto ioResource = [&](const std::string &tier) {
+    auto it = ioResources.find(tier);
+    if (it != ioResources.end())
+      return it->second;
+    const TierDesc *desc = cost_.target().findTier(tier);
+    int r = graph.addResource("io:" + tier, desc ? int(desc->lanes) : 1);
+    ioResources[tier] = r;
+    return r;
+  };
+  auto add = [&](const SimJob &job, JobInfo what, std::vector<int> deps) {
+    jobs.push_back(what);
+    return graph.addJob(job, deps);
+  };
+
+  /// fetch -> decode -> copy -> device for `form` of `box` from `source`;
+  /// returns the device job. `projectFlops` is the device's GEMM work.
+  auto addLoad = [&](int chunk, const Source &source, Form form,
+                     const Box &box, double projectFlops) {
+    const TierDesc &tier = *cost_.target().findTier(source.tier);
+    double stored =
+        cost_.storedBytes(form, source.codec, box.tokens(), box.layers());
+    double quantized =
+        cost_.quantizedBytes(form, source.codec, box.tokens(), box.layers());
+    double raw = cost_.rawBytes(form, box.tokens(), box.layers());
+    int fetch = add({ioResource(source.tier), cost_.readSeconds(tier, stored),
+                     1, int64_t(stored + quantized), -1},
+                    {JobInfo::Stage::Fetch, chunk, stored, 0}, {});
+    int last = fetch;
+    if (source.codec.lossless != CodecSpec::Lossless::None)
+      last = add({decode, cost_.hostDecodeSeconds(source.codec, quantized), 2},
+                 {JobInfo::Stage::Decode, chunk, quantized, 0}, {last});
+    last = add({copy, cost_.h2dSeconds(quantized), 3},
+               {JobInfo::Stage::Copy, chunk, quantized, 0}, {last});
+    graph.job(fetch).releasedBy = last;
+    double seconds = cost_.deviceDecodeSeconds(source.codec, raw) +
+                     cost_.computeSeconds(projectFlops, box.tokens());
+    return add({compute, seconds, 4},
+               {JobInfo::Stage::Device, chunk, raw, projectFlops}, {last});
+  };
+
+  std::vector<Chunk> chunks = chunkPlan(plan, chunk_, layerGroup_);
+  std::stable_sort(chunks.begin(), chunks.end(),
+                   [](const Chunk &a, const Chunk &b) {
+                     return std::tie(a.box.t0, a.box.l0) <
+                            std::tie(b.box.t0, b.box.l0);
+                   });
+  std::vector<int> final(chunks.size(), -1);
+  CodecSpec raw;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk &c = chunks[i];
+    int chunk = static_cast<int>(i);
+    if (c.method != Method::Compute) {
+      const Source &source = request_.sources[c.source];
+      Form form = formOf(c.method);
+      double flops = form == Form::Hidden
+                         ? cost_.projectFlops(c.box.tokens(), c.box.layers())
+                         : 0;
+      final[i] = addLoad(chunk, source, form, c.box, flops);
+      continue;
+    }
+    // Attention needs the KV of every earlier token in these layers.
+    std::vector<int> deps;
+    int hiddenFrom = -1;
+    for (size_t j = 0; j < i; ++j) {
+      const Box &b = chunks[j].box;
+      bool overlap = b.l0 < c.box.l1 && c.box.l0 < b.l1;
+      if (b.t0 < c.box.t0 && overlap)
+        deps.push_back(final[j]);
+      if (b.t0 == c.box.t0 && b.t1 == c.box.t1 && b.l1 == c.box.l0 &&
+          chunks[j].method == Method::Compute)
+        hiddenFrom = final[j];
+    }
+    if (c.box.l0 > 0) {
+      if (hiddenFrom < 0 && c.source >= 0)
+        hiddenFrom = addLoad(chunk, request_.sources[c.source], Form::Hidden,
+                             Box{c.box.t0, c.box.t1, c.box.l0, c.box.l0 + 1},
+                             0);
+      if (hiddenFrom >= 0)
+        deps.push_back(hiddenFrom);
+    }
+    double flops = cost_.prefillFlops(c.box.t0, c.box.t1, c.box.layers());
+    double bytes = cost_.rawBytes(Form::KV, c.box.tokens(), c.box.layers());
+    double seconds = cost_.computeSeconds(flops, c.box.tokens()) +
+                     cost_.deviceDecodeSeconds(raw, bytes);
+    final[i] = add({compute, seconds, 0},
+                   {JobInfo::Stage::Compute, chunk, 0, flops}, deps);
+  }
+  return graph;
+}
+
+Evaluation Planner::evaluate(const Plan &plan) const {
+  std::vector<JobInfo> info;
+  JobGraph graph = buildJobs(plan, &info);
+  SimResult sim = simulate(graph, options_.stagingBytes);
+  Evaluation e;
+  e.plan = plan;
+  e.seconds = sim.makespan;
+  e.busy = sim.busy;
+  e.peakStagingBytes = sim.peakStagingBytes;
+  for (int r = 0; r < graph.numResources(); ++r)
+    e.resources.push_back(graph.resourceName(r));
+  for (const JobInfo &job : info) {
+    if (job.stage == JobInfo::Stage::Fetch)
+      e.bytesRead += job.bytes;
+    e.flops += job.flops;
+  }
+  return e;
+}
+
+Evaluation Planner::evaluateCandidate(const Candidate &c,
+                                      const char *strategy) const {
+  Plan plan = makePlan(c);
+  plan.strategy = strategy;
+  Evaluation e = evaluate(plan);
+  e.estimate = estimate(c);
+  return e;
+}
+
+//===----------------------------------------------------------------------===//
+// Search
+//===----------------------------------------------------------------------===//
+
+std::optional<Evaluation> Planner::search(Filter filter,
+                                          const char *strategy) const {
+  std::vector<Candidate> all = enumerate(filter);
+  if (all.empty())
+    return std::nullopt;
+  std::vector<std::pair<double, size_t>> ranked;
+  ranked.reserve(all.size());
+  for (size_t i = 0; i < all.size(); ++i)
+    ranked.push_back({estimate(all[i]), i});
+  size_t keep = std::min<size_t>(ranked.size(), std::max(1, options_.candidates));
+  std::partial_sort(ranked.begin(), ranked.begin() + keep, ranked.end());
+
+  auto key = [](const Candidate &c) {
+    return std::make_tuple(c.merge, c.split, int(c.lower), c.lowerSource,
+                           int(c.upper), c.upperSource);
+  };
+  std::set<decltype(key(all[0]))> seen;
+  std::optional<Evaluation> best;
+  Candidate bestCandidate;
+  auto tryCandidate = [&](const Candidate &c) {
+    if (!seen.insert(key(c)).second)
+      return false;
+    Evaluation e = evaluateCandidate(c, strategy);
+    if (best && e.seconds >= best->seconds)
+      return false;
+    best = std::move(e);
+    bestCandidate = c;
+    return true;
+  };
+  for (size_t i = 0; i < keep; ++i)
+    tryCandidate(all[ranked[i].second]);
+
+  // Local search around the best simulated point.
+  const int64_t layers = cost_.model().numLayers;
+  for (int step = 0; step < 8; ++step) {
+    Candidate center = bestCandidate;
+    bool improved = false;
+    for (auto [dm, dk] : {std::pair<int64_t, int64_t>{-1, 0}, {1, 0},
+                          {0, -1}, {0, 1}}) {
+      Candidate n = center;
+      n.merge += dm;
+      n.split += dk;
+      if (n.merge < 0 || n.merge > numChunks_ || n.split < 0 ||
+          n.split > layers || !filter(n))
+        continue;
+      if (n.merge == numChunks_)
+        n = Candidate{numChunks_, 0, Method::Compute, -1, Method::Compute, -1};
+      // The neighbour must still be a valid point of the space.
+      if (n.merge < numChunks_) {
+        if (n.split > 0 && n.lower != Method::Compute &&
+            !usable(n.lowerSource, Form::KV, 0, n.split))
+          continue;
+        if (n.split < layers &&
+            (n.upperSource < 0 ||
+             !usable(n.upperSource, formOf(n.upper), n.split, layers)))
+          continue;
+        if (n.split == layers && n.lower == Method::Compute)
+          continue;
+      }
+      improved |= tryCandidate(n);
+    }
+    if (!improved)
+      break;
+  }
+  return best;
+}
+
+Evaluation Planner::computeOnly() const {
+  return evaluateCandidate(
+      Candidate{numChunks_, 0, Method::Compute, -1, Method::Compute, -1},
+      "compute");
+}
+
+std::optional<Evaluation> Planner::kvOnly() const {
+  return search(
+      [](const Candidate &c) {
+        return c.merge == 0 && c.split == 0 && c.upper == Method::LoadKV;
+      },
+      "kv");
+}
+
+std::optional<Evaluation> Planner::hiddenOnly() const {
+  return search(
+      [](const Candidate &c) {
+        return c.merge == 0 && c.split == 0 && c.upper == Method::LoadHidden;
+      },
+      "hidden");
+}
+
+std::optional<Evaluation> Planner::cake() const {
+  bool anyKV = false;
+  for (int s = 0; s < int(request_.sources.size()); ++s)
+    anyKV |= usable(s, Form::KV, 0, cost_.model().numLayers);
+  if (!anyKV)
+    return std::nullopt;
+  return search(
+      [](const Candidate &c) {
+        // Cake falls back to computing everything (m = n) when loading
+        // does not pay.
+        return c.split == 0 &&
+               (c.upper == Method::LoadKV || c.upper == Method::Compute);
+      },
+      "cake");
+}
+
+std::optional<Evaluation> Planner::hcache() const {
+  return search(
+      [](const Candidate &c) {
+        return c.merge == 0 && c.upper == Method::LoadHidden;
+      },
+      "hcache");
+}
+
+std::vector<Evaluation> Planner::baselines() const {
+  std::vector<Evaluation> out{computeOnly()};
+  for (auto e : {kvOnly(), hiddenOnly(), cake(), hcache()})
+    if (e)
+      out.push_back(std::move(*e));
+  return out;
+}
+
+Evaluation Planner::joint() const {
+  Evaluation best = *search([](const Candidate &) { return true; }, "joint");
+  for (Evaluation &baseline : baselines())
+    if (baseline.seconds < best.seconds) {
+      best = std::move(baseline);
+      best.plan.strategy = "joint";
+    }
+  return best;
+}
+
+Candidate Planner::bestEstimate() const {
+  Candidate best{numChunks_, 0, Method::Compute, -1, Method::Compute, -1};
+  double bestSeconds = estimate(best);
+  forEachCandidate([](const Candidate &) { return true; },
+                   [&](const Candidate &c) {
+                     double seconds = estimate(c);
+                     if (seconds < bestSeconds) {
+                       bestSeconds = seconds;
+                       best = c;
+                     }
+                   });
+  return best;
+}
+
+Evaluation Planner::exhaustive() const {
+  std::optional<Evaluation> best;
+  for (const Candidate &c : enumerate([](const Candidate &) { return true; })) {
+    Evaluation e = evaluateCandidate(c, "exhaustive");
+    if (!best || e.seconds < best->seconds)
+      best = std::move(e);
+  }
+  return *best;
+}
+
+} // namespace kvc::planning

@@ -1,0 +1,134 @@
+//===- Simulator.cpp - Makespan of a plan on a machine --------------------===//
+
+#include "kvc/Planning/Simulator.h"
+
+#include <algorithm>
+#include <cassert>
+#include <queue>
+
+namespace kvc::planning {
+
+int JobGraph::addResource(std::string name, int lanes) {
+  resources_.push_back({std::move(name), std::max(1, lanes)});
+  return numResources() - 1;
+}
+
+int JobGraph::addJob(const SimJob &job, const std::vector<int> &deps) {
+  jobs_.push_back(job);
+  deps_.push_back(deps);
+  int index = numJobs() - 1;
+  for (int dep : deps) {
+    (void)dep;
+    assert(dep >= 0 && dep < index && "a job depends on an earlier job");
+  }
+  return index;
+}
+
+void JobGraph::addDependency(int job, int dep) {
+  assert(dep < job && "a job depends on an earlier job");
+  deps_[job].push_back(dep);
+}
+
+SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
+  const int n = graph.numJobs();
+  const int numResources = graph.numResources();
+  SimResult result;
+  result.start.assign(n, 0.0);
+  result.finish.assign(n, 0.0);
+  result.busy.assign(numResources, 0.0);
+
+  // Dependents (CSR) and remaining dependency counts.
+  std::vector<int> remaining(n, 0), offsets(n + 1, 0);
+  for (int j = 0; j < n; ++j) {
+    remaining[j] = static_cast<int>(graph.deps(j).size());
+    for (int dep : graph.deps(j))
+      ++offsets[dep + 1];
+  }
+  for (int j = 0; j < n; ++j)
+    offsets[j + 1] += offsets[j];
+  std::vector<int> dependents(offsets[n]);
+  {
+    std::vector<int> fill(offsets.begin(), offsets.end() - 1);
+    for (int j = 0; j < n; ++j)
+      for (int dep : graph.deps(j))
+        dependents[fill[dep]++] = j;
+  }
+
+  // Ready jobs per resource, a max-heap on (priority, -index).
+  auto lower = [&](int a, int b) {
+    int pa = graph.job(a).priority, pb = graph.job(b).priority;
+    return pa != pb ? pa < pb : a > b;
+  };
+  std::vector<std::vector<int>> ready(numResources);
+  auto pushReady = [&](int j) {
+    std::vector<int> &heap = ready[graph.job(j).resource];
+    heap.push_back(j);
+    std::push_heap(heap.begin(), heap.end(), lower);
+  };
+  std::vector<int> freeLanes(numResources);
+  for (int r = 0; r < numResources; ++r)
+    freeLanes[r] = graph.lanes(r);
+
+  // Staging held, and what each job's finish releases.
+  int64_t held = 0;
+  std::vector<int64_t> releases(n, 0);
+
+  using Event = std::pair<double, int>; // (finish time, job)
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
+  double now = 0;
+  int done = 0;
+
+  for (int j = 0; j < n; ++j)
+    if (remaining[j] == 0)
+      pushReady(j);
+
+  auto dispatch = [&] {
+    for (int r = 0; r < numResources; ++r) {
+      std::vector<int> &heap = ready[r];
+      while (freeLanes[r] > 0 && !heap.empty()) {
+        int j = heap.front();
+        const SimJob &job = graph.job(j);
+        // Staging is taken in priority order: a job that does not fit
+        // waits, and so does the rest of its resource's queue.
+        if (job.stagingBytes > 0 && held > 0 &&
+            held + job.stagingBytes > stagingBudget)
+          break;
+        std::pop_heap(heap.begin(), heap.end(), lower);
+        heap.pop_back();
+        --freeLanes[r];
+        held += job.stagingBytes;
+        result.peakStagingBytes = std::max(result.peakStagingBytes, held);
+        releases[job.releasedBy >= 0 ? job.releasedBy : j] += job.stagingBytes;
+        result.start[j] = now;
+        result.finish[j] = now + job.seconds;
+        result.busy[r] += job.seconds;
+        events.push({result.finish[j], j});
+      }
+    }
+  };
+
+  dispatch();
+  while (!events.empty()) {
+    // Finish every job that ends at this instant before dispatching again.
+    now = events.top().first;
+    while (!events.empty() && events.top().first == now) {
+      int j = events.top().second;
+      events.pop();
+      ++done;
+      ++freeLanes[graph.job(j).resource];
+      held -= releases[j];
+      for (int k = offsets[j]; k < offsets[j + 1]; ++k) {
+        int dependent = dependents[k];
+        if (--remaining[dependent] == 0)
+          pushReady(dependent);
+      }
+    }
+    dispatch();
+  }
+  assert(done == n && "every job runs: the graph is acyclic");
+  (void)done;
+  result.makespan = now;
+  return result;
+}
+
+} // namespace kvc::planning

@@ -1,0 +1,79 @@
+//===- CodecSpec.cpp - One point of the codec strategy space --------------===//
+
+#include "kvc/Runtime/Desc/CodecSpec.h"
+
+namespace kvc {
+
+int CodecSpec::bits() const {
+  switch (quant) {
+  case Quant::None:
+    return 16;
+  case Quant::Int8:
+    return 8;
+  case Quant::Int4:
+    return 4;
+  case Quant::Int2:
+    return 2;
+  }
+  return 16;
+}
+
+std::string CodecSpec::str() const {
+  if (isRaw())
+    return "raw";
+  std::string text;
+  auto append = [&](const std::string &part) {
+    text += text.empty() ? part : "+" + part;
+  };
+  if (transform != Transform::None)
+    append(transformName(transform));
+  if (quant != Quant::None)
+    append(std::string(quantName(quant)) + "/g" + std::to_string(group));
+  if (lossless != Lossless::None)
+    append(losslessName(lossless));
+  return text;
+}
+
+bool CodecSpec::operator==(const CodecSpec &o) const {
+  return transform == o.transform && quant == o.quant &&
+         keyAxis == o.keyAxis && valueAxis == o.valueAxis &&
+         group == o.group && lossless == o.lossless;
+}
+
+const char *transformName(CodecSpec::Transform transform) {
+  return transform == CodecSpec::Transform::Hadamard ? "hadamard" : "none";
+}
+
+const char *quantName(CodecSpec::Quant quant) {
+  switch (quant) {
+  case CodecSpec::Quant::None:
+    return "none";
+  case CodecSpec::Quant::Int8:
+    return "int8";
+  case CodecSpec::Quant::Int4:
+    return "int4";
+  case CodecSpec::Quant::Int2:
+    return "int2";
+  }
+  return "none";
+}
+
+const char *axisName(CodecSpec::Axis axis) {
+  return axis == CodecSpec::Axis::Token ? "token" : "channel";
+}
+
+const char *losslessName(CodecSpec::Lossless lossless) {
+  switch (lossless) {
+  case CodecSpec::Lossless::None:
+    return "none";
+  case CodecSpec::Lossless::Deflate:
+    return "deflate";
+  case CodecSpec::Lossless::Zstd:
+    return "zstd";
+  case CodecSpec::Lossless::Lz4:
+    return "lz4";
+  }
+  return "none";
+}
+
+} // namespace kvc

@@ -153,7 +153,7 @@ Plan Planner::makePlan(const Candidate &c) const {
   return plan;
 }
 
-double Planner::estimate(const Candidate &c) const {
+double Planner::estimate(const Candidate &c, double *fillOut) const {
   const int64_t tokens = request_.tokens, layers = cost_.model().numLayers;
   const int64_t m = std::min(c.merge, numChunks_);
   const double rest = double(tokens - std::min(tokens, m * chunk_));
@@ -169,7 +169,12 @@ double Planner::estimate(const Candidate &c) const {
     double chunks =
         blocks * double((numLayers + layerGroup_ - 1) / layerGroup_);
     double volume = rest * double(numLayers);
-    double fetch = chunks * lc.fetchLatency + volume * lc.fetch;
+    // Chunks spread over the tier's lanes; fewer chunks than lanes leave
+    // lanes idle.
+    double lanes = double(cost_.target().tiers[lc.tier].lanes);
+    double perFetch =
+        lc.fetchLatency * lanes + volume * lc.fetch * lanes / chunks;
+    double fetch = std::ceil(chunks / lanes) * perFetch;
     double dec = volume * lc.decode;
     double cp = chunks * lc.copyLatency + volume * lc.copy;
     double dev = volume * lc.device;
@@ -180,9 +185,7 @@ double Planner::estimate(const Candidate &c) const {
     copy += cp;
     compute += dev;
     // Pipeline fill: one chunk passes every stage but the bottleneck alone.
-    double lanes = double(cost_.target().tiers[lc.tier].lanes);
-    double stages[] = {fetch * lanes / chunks, dec / chunks, cp / chunks,
-                       dev / chunks};
+    double stages[] = {perFetch, dec / chunks, cp / chunks, dev / chunks};
     double sum = stages[0] + stages[1] + stages[2] + stages[3];
     double peak = std::max({stages[0], stages[1], stages[2], stages[3]});
     fill = std::max(fill, sum - peak);
@@ -199,6 +202,8 @@ double Planner::estimate(const Candidate &c) const {
     if (c.split < layers)
       addLoad(c.upperSource, layers - c.split);
   }
+  if (fillOut)
+    *fillOut = fill;
   return std::max({compute, decode, copy, io[0], io[1]}) + fill;
 }
 
@@ -369,6 +374,7 @@ Evaluation Planner::evaluate(const Plan &plan) const {
   e.seconds = sim.makespan;
   e.busy = sim.busy;
   e.peakStagingBytes = sim.peakStagingBytes;
+  e.jobs = graph.numJobs();
   for (int r = 0; r < graph.numResources(); ++r)
     e.resources.push_back(graph.resourceName(r));
   for (const JobInfo &job : info) {
@@ -394,67 +400,162 @@ Evaluation Planner::evaluateCandidate(const Candidate &c,
 
 std::optional<Evaluation> Planner::search(Filter filter,
                                           const char *strategy) const {
-  std::vector<Candidate> all = enumerate(filter);
-  if (all.empty())
+  // Seeds: the best estimates overall, and the best of every structure
+  // (methods and sources, and whether m is 0, interior or n), so that an
+  // estimate error in one structure cannot hide another.
+  auto structure = [&](const Candidate &c) {
+    int mClass = c.merge == 0 ? 0 : c.merge == numChunks_ ? 2 : 1;
+    return std::make_tuple(mClass, int(c.lower), c.lowerSource, int(c.upper),
+                           c.upperSource);
+  };
+  std::vector<std::pair<double, Candidate>> top;
+  std::map<decltype(structure(Candidate{})), std::pair<double, Candidate>>
+      perStructure;
+  const size_t keep = std::max(1, options_.candidates);
+  forEachCandidate(filter, [&](const Candidate &c) {
+    double e = estimate(c);
+    auto [it, inserted] = perStructure.try_emplace(structure(c), e, c);
+    if (!inserted && e < it->second.first)
+      it->second = {e, c};
+    if (top.size() < keep || e < top.back().first) {
+      top.insert(std::upper_bound(top.begin(), top.end(), e,
+                                  [](double v, const auto &p) {
+                                    return v < p.first;
+                                  }),
+                 {e, c});
+      if (top.size() > keep)
+        top.pop_back();
+    }
+  });
+  if (top.empty())
     return std::nullopt;
-  std::vector<std::pair<double, size_t>> ranked;
-  ranked.reserve(all.size());
-  for (size_t i = 0; i < all.size(); ++i)
-    ranked.push_back({estimate(all[i]), i});
-  size_t keep = std::min<size_t>(ranked.size(), std::max(1, options_.candidates));
-  std::partial_sort(ranked.begin(), ranked.begin() + keep, ranked.end());
 
   auto key = [](const Candidate &c) {
     return std::make_tuple(c.merge, c.split, int(c.lower), c.lowerSource,
                            int(c.upper), c.upperSource);
   };
-  std::set<decltype(key(all[0]))> seen;
+  // Simulated points, and a budget of simulations that follows how unsure
+  // the estimates are: the pipeline fill is what they approximate, so when
+  // it is a sliver of the restore time (long requests, costly to simulate)
+  // a few simulations suffice, and short requests (cheap) get many.
+  std::map<decltype(key(Candidate{})), double> seconds;
   std::optional<Evaluation> best;
-  Candidate bestCandidate;
-  auto tryCandidate = [&](const Candidate &c) {
-    if (!seen.insert(key(c)).second)
-      return false;
+  double fill = 0, bestEstimate = estimate(top.front().second, &fill);
+  double unsure = bestEstimate > 0 ? fill / bestEstimate : 1.0;
+  int64_t simulations =
+      std::clamp<int64_t>(int64_t(8 + 4000 * unsure), 8, 400);
+  int64_t jobBudget = 0; // Set from the first simulation's size.
+  auto simulateOnce = [&](const Candidate &c) -> double {
+    auto it = seconds.find(key(c));
+    if (it != seconds.end())
+      return it->second;
     Evaluation e = evaluateCandidate(c, strategy);
-    if (best && e.seconds >= best->seconds)
+    if (seconds.empty())
+      jobBudget = simulations * int64_t(e.jobs);
+    jobBudget -= e.jobs;
+    seconds[key(c)] = e.seconds;
+    double result = e.seconds;
+    if (!best || e.seconds < best->seconds)
+      best = std::move(e);
+    return result;
+  };
+  for (const auto &[e, c] : top)
+    simulateOnce(c);
+  for (const auto &[s, entry] : perStructure)
+    simulateOnce(entry.second);
+
+  const int64_t layers = cost_.model().numLayers;
+  // Normalizes `n` into `out`: no lower part at k = 0, no upper part at
+  // k = L, nothing but compute at m = n. False when it is not a point of
+  // the space.
+  auto valid = [&](Candidate n, Candidate &out) {
+    if (n.merge < 0 || n.merge > numChunks_ || n.split < 0 ||
+        n.split > layers)
       return false;
-    best = std::move(e);
-    bestCandidate = c;
+    if (n.split == 0)
+      n.lower = Method::Compute, n.lowerSource = -1;
+    if (n.split == layers)
+      n.upper = Method::Compute, n.upperSource = -1;
+    if (n.merge == numChunks_)
+      n = Candidate{numChunks_, 0, Method::Compute, -1, Method::Compute, -1};
+    if (n.merge < numChunks_) {
+      if (n.split > 0 && n.lower != Method::Compute &&
+          !usable(n.lowerSource, Form::KV, 0, n.split))
+        return false;
+      if (n.split < layers &&
+          (n.upper == Method::Compute ||
+           !usable(n.upperSource, formOf(n.upper), n.split, layers)))
+        return false;
+      if (n.split == layers && n.lower == Method::Compute)
+        return false;
+    }
+    if (!filter(n))
+      return false;
+    out = n;
     return true;
   };
-  for (size_t i = 0; i < keep; ++i)
-    tryCandidate(all[ranked[i].second]);
 
-  // Local search around the best simulated point.
-  const int64_t layers = cost_.model().numLayers;
-  for (int step = 0; step < 8; ++step) {
-    Candidate center = bestCandidate;
-    bool improved = false;
-    for (auto [dm, dk] : {std::pair<int64_t, int64_t>{-1, 0}, {1, 0},
-                          {0, -1}, {0, 1}}) {
-      Candidate n = center;
-      n.merge += dm;
-      n.split += dk;
-      if (n.merge < 0 || n.merge > numChunks_ || n.split < 0 ||
-          n.split > layers || !filter(n))
-        continue;
-      if (n.merge == numChunks_)
-        n = Candidate{numChunks_, 0, Method::Compute, -1, Method::Compute, -1};
-      // The neighbour must still be a valid point of the space.
-      if (n.merge < numChunks_) {
-        if (n.split > 0 && n.lower != Method::Compute &&
-            !usable(n.lowerSource, Form::KV, 0, n.split))
-          continue;
-        if (n.split < layers &&
-            (n.upperSource < 0 ||
-             !usable(n.upperSource, formOf(n.upper), n.split, layers)))
-          continue;
-        if (n.split == layers && n.lower == Method::Compute)
-          continue;
+  // Coordinate descent by simulation from each seed, best first, while the
+  // budget lasts: scan k, then
+  // m, then m along the ridge where compute and IO balance (k re-chosen by
+  // estimate for each m), each coarsely (eight strides) and then finely
+  // around the best stride.
+  std::vector<std::pair<double, Candidate>> ranked;
+  for (const auto &[k, v] : seconds)
+    ranked.push_back({v, Candidate{std::get<0>(k), std::get<1>(k),
+                                   Method(std::get<2>(k)), std::get<3>(k),
+                                   Method(std::get<4>(k)), std::get<5>(k)}});
+  std::sort(ranked.begin(), ranked.end(),
+            [](const auto &a, const auto &b) { return a.first < b.first; });
+  for (size_t start = 0; start < ranked.size() && jobBudget > 0; ++start) {
+    Candidate center = ranked[start].second;
+    double centerSeconds = ranked[start].first;
+    for (int round = 0; round < 3 && jobBudget > 0; ++round) {
+      bool improved = false;
+      for (int axis = 0; axis < 3 && jobBudget > 0; ++axis) {
+        int64_t limit = axis == 0 ? layers : numChunks_;
+        int64_t stride = std::max<int64_t>(1, (limit + 1) / 8);
+        auto at = [&](int64_t v, Candidate &out) {
+          Candidate n = center;
+          (axis == 0 ? n.split : n.merge) = v;
+          if (axis < 2)
+            return valid(n, out);
+          bool found = false;
+          double bestEstimate = 0;
+          for (int64_t k = 0; k <= layers; ++k) {
+            Candidate r = n, normalized;
+            r.split = k;
+            if (!valid(r, normalized))
+              continue;
+            double e = estimate(normalized);
+            if (!found || e < bestEstimate)
+              found = true, bestEstimate = e, out = normalized;
+          }
+          return found;
+        };
+        auto scan = [&](int64_t lo, int64_t hi, int64_t step) {
+          for (int64_t v = lo; v <= hi && jobBudget > 0; v += step) {
+            Candidate n;
+            if (!at(v, n))
+              continue;
+            double t = simulateOnce(n);
+            if (t < centerSeconds) {
+              centerSeconds = t;
+              center = n;
+              improved = true;
+            }
+          }
+        };
+        scan(0, limit, stride);
+        int64_t v = axis == 0 ? center.split : center.merge;
+        if (center.merge == numChunks_ && axis > 0)
+          v = numChunks_;
+        scan(std::max<int64_t>(0, v - stride + 1),
+             std::min(limit, v + stride - 1), 1);
       }
-      improved |= tryCandidate(n);
+      if (!improved)
+        break;
     }
-    if (!improved)
-      break;
   }
   return best;
 }

@@ -59,6 +59,7 @@ struct Evaluation {
   double bytesRead = 0;
   double flops = 0;
   int64_t peakStagingBytes = 0;
+  int jobs = 0; ///< Simulated jobs.
 };
 
 /// A point of the search space.
@@ -94,7 +95,9 @@ public:
   Evaluation evaluate(const Plan &plan) const;
 
   Plan makePlan(const Candidate &candidate) const;
-  double estimate(const Candidate &candidate) const;
+  /// The analytic estimate of `candidate`; `fill` receives its pipeline-fill
+  /// part, the part the estimate is least sure of.
+  double estimate(const Candidate &candidate, double *fill = nullptr) const;
 
   /// Baselines; null when the request stores nothing of that kind.
   Evaluation computeOnly() const;

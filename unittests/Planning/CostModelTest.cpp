@@ -1,0 +1,131 @@
+//===- CostModelTest.cpp - Tests for the cost model -----------------------===//
+
+#include "kvc/Planning/CostModel.h"
+
+#include <gtest/gtest.h>
+
+using namespace kvc;
+using namespace kvc::planning;
+
+namespace {
+
+ModelConfig llama2_7b() {
+  StatusOr<ModelConfig> m = loadModelConfig(
+      std::string(KVC_SOURCE_DIR) + "/examples/models/llama-2-7b/config.json");
+  EXPECT_TRUE(m.isOk());
+  return *m;
+}
+
+TargetDesc target(const char *name) {
+  StatusOr<TargetDesc> t = loadTargetDesc(std::string(KVC_SOURCE_DIR) +
+                                          "/targets/" + name + ".json");
+  EXPECT_TRUE(t.isOk());
+  return *t;
+}
+
+TEST(CostModel, LinearFlopsMatchParameterCount) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  // Per layer: 4 * 4096^2 attention weights + 3 * 4096 * 11008 MLP weights,
+  // two FLOPs per weight per token.
+  double weights = 4.0 * 4096 * 4096 + 3.0 * 4096 * 11008;
+  EXPECT_DOUBLE_EQ(cost.linearFlopsPerTokenLayer(), 2.0 * weights);
+}
+
+TEST(CostModel, AttentionGrowsWithPosition) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  // Same chunk size, later position: more keys to attend to.
+  EXPECT_GT(cost.attentionFlops(3584, 4096), cost.attentionFlops(0, 512));
+  // One token at position p attends to p + 1 keys: 4 * 32 * 128 * (p + 1).
+  EXPECT_DOUBLE_EQ(cost.attentionFlops(9, 10), 4.0 * 32 * 128 * 10);
+  // Ranges add up.
+  EXPECT_DOUBLE_EQ(cost.attentionFlops(0, 100) + cost.attentionFlops(100, 300),
+                   cost.attentionFlops(0, 300));
+}
+
+TEST(CostModel, ProjectionIsSeveralTimesCheaperThanRecompute) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  double recompute = cost.prefillFlops(0, 1024, 1);
+  double project = cost.projectFlops(1024, 1);
+  // HCache §3.2: about 6x fewer FLOPs (K and V projections only).
+  EXPECT_GT(recompute / project, 6.0);
+}
+
+TEST(CostModel, SmallChunksRunBelowPeak) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  EXPECT_LT(cost.gemmEfficiency(64), cost.gemmEfficiency(512));
+  EXPECT_LT(cost.gemmEfficiency(512), 1.0);
+  double flops = 1e12;
+  EXPECT_GT(cost.computeSeconds(flops, 64), cost.computeSeconds(flops, 2048));
+}
+
+TEST(CostModel, BytesFollowFormAndCodec) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  // MHA: K+V is twice the hidden state.
+  EXPECT_DOUBLE_EQ(cost.rawBytes(Form::KV, 10, 2),
+                   2 * cost.rawBytes(Form::Hidden, 10, 2));
+  CodecSpec int4;
+  int4.quant = CodecSpec::Quant::Int4;
+  int4.group = 32;
+  // 4 of 16 bits plus a 32-bit scale/zero pair per 32 elements.
+  EXPECT_DOUBLE_EQ(cost.quantizedBytes(Form::KV, int4, 10, 2),
+                   cost.rawBytes(Form::KV, 10, 2) * (0.25 + 2.0 / 32));
+  CodecSpec deflate = int4;
+  deflate.lossless = CodecSpec::Lossless::Deflate;
+  EXPECT_LT(cost.storedBytes(Form::KV, deflate, 10, 2),
+            cost.quantizedBytes(Form::KV, int4, 10, 2));
+}
+
+TEST(CostModel, RestoreShareSlowsCompute) {
+  TargetDesc full = target("h100-sxm");
+  TargetDesc eighth = full;
+  eighth.compute.restoreShare = 0.125;
+  CostModel a(llama2_7b(), full, CodecProfile::defaults());
+  CostModel b(llama2_7b(), eighth, CodecProfile::defaults());
+  EXPECT_DOUBLE_EQ(b.computeSeconds(1e12, 512), 8 * a.computeSeconds(1e12, 512));
+}
+
+TEST(CostModel, ReadsUseLaneBandwidthAndLatency) {
+  TargetDesc t = target("a100-40gb");
+  CostModel cost(llama2_7b(), t, CodecProfile::defaults());
+  const TierDesc &ssd = *t.findTier("ssd");
+  // One request on one of four lanes: 1/4 of the aggregate bandwidth.
+  double bytes = 1e9;
+  EXPECT_NEAR(cost.readSeconds(ssd, bytes),
+              80e-6 + bytes / (27.6e9 / 4), 1e-12);
+}
+
+TEST(CostModel, HostDecodeUsesEveryCore) {
+  TargetDesc t = target("a100-40gb");
+  CostModel cost(llama2_7b(), t, CodecProfile::defaults());
+  CodecSpec deflate;
+  deflate.lossless = CodecSpec::Lossless::Deflate;
+  // ShadowServe Table 1: 2.5 Gbps per core; 96 cores.
+  EXPECT_NEAR(cost.hostDecodeSeconds(deflate, 0.3125e9 * 96), 1.0, 1e-9);
+  EXPECT_EQ(cost.hostDecodeSeconds(CodecSpec(), 1e9), 0.0);
+}
+
+TEST(CodecProfile, DefaultsCoverTheSpaceAndRoundTrip) {
+  CodecProfile profile = CodecProfile::defaults();
+  EXPECT_GT(profile.entries().size(), 60u);
+  CodecSpec c;
+  c.quant = CodecSpec::Quant::Int8;
+  c.lossless = CodecSpec::Lossless::Zstd;
+  ASSERT_NE(profile.find(c), nullptr);
+  EXPECT_LT(profile.ratio(c), 0.6);
+  EXPECT_GT(profile.quality(c), 0.0);
+  EXPECT_EQ(profile.quality(CodecSpec()), 0.0);
+  StatusOr<CodecProfile> again = CodecProfile::parse(profile.print());
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(again->print(), profile.print());
+}
+
+TEST(CodecProfile, RejectsBadProfiles) {
+  EXPECT_FALSE(CodecProfile::parse("{}").isOk());
+  StatusOr<CodecProfile> bad = CodecProfile::parse(
+      R"({"schema": "kvc-codec-profile/1", "entries": [{"quant": "int3",
+          "ratio": 0.5, "quality": 0.1}]})");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("entries[0]"), std::string::npos);
+}
+
+} // namespace

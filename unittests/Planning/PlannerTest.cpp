@@ -1,0 +1,310 @@
+//===- PlannerTest.cpp - Tests for plans and the joint planner ------------===//
+
+#include "kvc/Planning/Planner.h"
+
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <random>
+
+using namespace kvc;
+using namespace kvc::planning;
+
+namespace {
+
+TargetDesc target(const std::string &name) {
+  StatusOr<TargetDesc> t = loadTargetDesc(std::string(KVC_SOURCE_DIR) +
+                                          "/targets/" + name + ".json");
+  EXPECT_TRUE(t.isOk()) << name;
+  return *t;
+}
+
+ModelConfig model(int64_t layers, int64_t heads, int64_t kvHeads,
+                  int64_t headDim) {
+  ModelConfig m;
+  m.name = "m";
+  m.numLayers = layers;
+  m.numHeads = heads;
+  m.numKvHeads = kvHeads;
+  m.headDim = headDim;
+  m.hiddenSize = heads * headDim;
+  m.intermediateSize = m.hiddenSize * 8 / 3 / 256 * 256;
+  m.vocabSize = 32000;
+  m.maxPositions = 1 << 20;
+  m.dtype = DType::BF16;
+  EXPECT_TRUE(m.validate().isOk()) << m.validate().toString();
+  return m;
+}
+
+Source source(const char *tier, Form form, int64_t tokens, int64_t layers,
+              CodecSpec codec = {}) {
+  return Source{tier, form, codec, Box{0, tokens, 0, layers}};
+}
+
+//===----------------------------------------------------------------------===//
+// Plans
+//===----------------------------------------------------------------------===//
+
+TEST(Plan, ChunksFollowTheTokenGridAndLayerGroups) {
+  Plan plan;
+  plan.segments.push_back({Method::Compute, Box{0, 700, 0, 4}, -1});
+  plan.segments.push_back({Method::LoadKV, Box{700, 1024, 0, 4}, 0});
+  std::vector<Chunk> chunks = chunkPlan(plan, 512, 3);
+  // Compute: [0,512) [512,700) over all 4 layers; load: [700,1024) in layer
+  // groups [0,3) [3,4).
+  ASSERT_EQ(chunks.size(), 4u);
+  EXPECT_EQ(chunks[1].box.t1, 700);
+  EXPECT_EQ(chunks[1].box.l1, 4);
+  EXPECT_EQ(chunks[2].box.t0, 700);
+  EXPECT_EQ(chunks[2].box.l1, 3);
+  EXPECT_EQ(chunks[3].box.l0, 3);
+}
+
+TEST(Plan, VerifyFindsGapsOverlapsAndBadSources) {
+  Request request;
+  request.tokens = 1024;
+  request.sources.push_back(source("ssd", Form::Hidden, 1024, 8));
+  Plan gap;
+  gap.segments.push_back({Method::Compute, Box{0, 512, 0, 8}, -1});
+  EXPECT_NE(verifyPlan(gap, request, 8).message().find("uncovered"),
+            std::string::npos);
+  Plan overlap = gap;
+  overlap.segments.push_back({Method::Compute, Box{256, 1024, 0, 8}, -1});
+  EXPECT_NE(verifyPlan(overlap, request, 8).message().find("twice"),
+            std::string::npos);
+  Plan wrongForm;
+  wrongForm.segments.push_back({Method::LoadKV, Box{0, 1024, 0, 8}, 0});
+  EXPECT_NE(verifyPlan(wrongForm, request, 8).message().find("kv"),
+            std::string::npos);
+  Plan good;
+  good.segments.push_back({Method::Compute, Box{0, 1024, 0, 2}, -1});
+  good.segments.push_back({Method::LoadHidden, Box{0, 1024, 2, 8}, 0});
+  EXPECT_TRUE(verifyPlan(good, request, 8).isOk());
+}
+
+//===----------------------------------------------------------------------===//
+// Decisions whose answer is clear by hand
+//===----------------------------------------------------------------------===//
+
+/// A target whose remote tier reads `gbs` GB/s.
+TargetDesc withRemoteBandwidth(double gbs) {
+  TargetDesc t = target("a100-80gb");
+  for (TierDesc &tier : t.tiers)
+    if (tier.name == "remote") {
+      tier.readGBs = gbs;
+      tier.lanes = 1;
+    }
+  return t;
+}
+
+TEST(Planner, FastIOLoadsEverything) {
+  // Storage and link 20x faster than needed to match compute.
+  ModelConfig m = model(32, 32, 32, 128);
+  TargetDesc t = withRemoteBandwidth(1000);
+  t.link.h2dGBs = 1000;
+  CostModel cost(m, t, CodecProfile::defaults());
+  Request r;
+  r.tokens = 8192;
+  r.sources.push_back(source("remote", Form::KV, 8192, 32));
+  Planner planner(cost, r);
+  Evaluation cake = *planner.cake();
+  ASSERT_EQ(cake.plan.segments.size(), 1u);
+  EXPECT_EQ(cake.plan.segments[0].method, Method::LoadKV);
+}
+
+TEST(Planner, HopelessIOFallsBackToCompute) {
+  // Cake Table 5's 0.99x: with almost no bandwidth, mixing only adds cost.
+  ModelConfig m = model(32, 32, 32, 128);
+  CostModel cost(m, withRemoteBandwidth(0.01), CodecProfile::defaults());
+  Request r;
+  r.tokens = 4096;
+  r.sources.push_back(source("remote", Form::KV, 4096, 32));
+  Planner planner(cost, r);
+  Evaluation cake = *planner.cake();
+  ASSERT_EQ(cake.plan.segments.size(), 1u);
+  EXPECT_EQ(cake.plan.segments[0].method, Method::Compute);
+  EXPECT_LE(cake.seconds, planner.computeOnly().seconds);
+}
+
+TEST(Planner, GQAShiftsTheMergePointTowardLoading) {
+  // Same shape but 8 instead of 32 KV heads: 4x less KV to load per token,
+  // so Cake computes fewer tokens.
+  auto merge = [](int64_t kvHeads) {
+    ModelConfig m = model(32, 32, kvHeads, 128);
+    CostModel cost(m, withRemoteBandwidth(4), CodecProfile::defaults());
+    Request r;
+    r.tokens = 16384;
+    r.sources.push_back(source("remote", Form::KV, 16384, 32));
+    Planner planner(cost, r);
+    Evaluation cake = *planner.cake();
+    EXPECT_EQ(cake.plan.segments.size(), 2u);
+    return cake.plan.segments[0].box.t1;
+  };
+  EXPECT_LT(merge(8), merge(32));
+}
+
+TEST(Planner, HCacheComplementsWithKVWhenComputeBound) {
+  // Plenty of IO and a small share of compute: projecting every layer is
+  // the bottleneck, so some layers load KV instead (HCache §4.1.2).
+  ModelConfig m = model(32, 32, 32, 128);
+  TargetDesc t = withRemoteBandwidth(50);
+  t.compute.restoreShare = 0.05;
+  CostModel cost(m, t, CodecProfile::defaults());
+  Request r;
+  r.tokens = 4096;
+  r.sources.push_back(source("remote", Form::Hidden, 4096, 32));
+  r.sources.push_back(source("remote", Form::KV, 4096, 32));
+  Planner planner(cost, r);
+  Evaluation hcache = *planner.hcache();
+  ASSERT_EQ(hcache.plan.segments.size(), 2u);
+  EXPECT_EQ(hcache.plan.segments[0].method, Method::LoadKV);
+  EXPECT_EQ(hcache.plan.segments[1].method, Method::LoadHidden);
+  EXPECT_LT(hcache.seconds, planner.hiddenOnly()->seconds);
+}
+
+TEST(Planner, HCacheComplementsWithRecomputeWhenIOBound) {
+  ModelConfig m = model(32, 32, 32, 128);
+  CostModel cost(m, withRemoteBandwidth(2), CodecProfile::defaults());
+  Request r;
+  r.tokens = 4096;
+  r.sources.push_back(source("remote", Form::Hidden, 4096, 32));
+  r.sources.push_back(source("remote", Form::KV, 4096, 32));
+  Planner planner(cost, r);
+  Evaluation hcache = *planner.hcache();
+  ASSERT_EQ(hcache.plan.segments.size(), 2u);
+  EXPECT_EQ(hcache.plan.segments[0].method, Method::Compute);
+  EXPECT_EQ(hcache.plan.segments[0].box.l0, 0);
+}
+
+TEST(Planner, QualityBudgetExcludesLossySources) {
+  ModelConfig m = model(16, 16, 16, 128);
+  CostModel cost(m, withRemoteBandwidth(4), CodecProfile::defaults());
+  CodecSpec int2;
+  int2.quant = CodecSpec::Quant::Int2;
+  Request r;
+  r.tokens = 4096;
+  r.sources.push_back(source("remote", Form::KV, 4096, 16, int2));
+  r.maxError = 0.01;
+  Planner planner(cost, r);
+  EXPECT_FALSE(planner.kvOnly().has_value());
+  EXPECT_EQ(planner.joint().plan.segments[0].method, Method::Compute);
+}
+
+TEST(Planner, ValidateNamesMissingTiersAndShortSources) {
+  ModelConfig m = model(16, 16, 16, 128);
+  CostModel cost(m, target("a100-40gb"), CodecProfile::defaults());
+  Request r;
+  r.tokens = 4096;
+  r.sources.push_back(source("tape", Form::KV, 4096, 16));
+  Status missing = Planner(cost, r).validate();
+  EXPECT_NE(missing.message().find("has no tier \"tape\""), std::string::npos)
+      << missing.toString();
+  r.sources[0] = source("ssd", Form::KV, 2048, 16);
+  Status shortSource = Planner(cost, r).validate();
+  EXPECT_NE(shortSource.message().find("do not cover the request's 0 to 4096"),
+            std::string::npos)
+      << shortSource.toString();
+}
+
+//===----------------------------------------------------------------------===//
+// Property: over random requests the joint plan is never slower than a
+// baseline and within 1% of an exhaustive search of the same space.
+//===----------------------------------------------------------------------===//
+
+TEST(Planner, JointIsNeverSlowerAndNearExhaustive) {
+  std::mt19937_64 rng(20261121);
+  auto pick = [&](auto... values) {
+    std::vector<std::common_type_t<decltype(values)...>> all{values...};
+    return all[std::uniform_int_distribution<size_t>(0, all.size() - 1)(rng)];
+  };
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  const std::vector<std::string> targets = {"a100-40gb", "a100-80gb",
+                                            "h100-sxm", "h200", "l40s"};
+  CodecSpec int8z, int4d, h4;
+  int8z.quant = CodecSpec::Quant::Int8;
+  int8z.lossless = CodecSpec::Lossless::Zstd;
+  int4d.quant = CodecSpec::Quant::Int4;
+  int4d.lossless = CodecSpec::Lossless::Deflate;
+  h4.transform = CodecSpec::Transform::Hadamard;
+  h4.quant = CodecSpec::Quant::Int4;
+  h4.group = 64;
+
+  int cases = 0, mixed = 0;
+  double worst = 0;
+  for (int i = 0; i < 500; ++i) {
+    int64_t heads = pick(8, 16, 32, 40, 64);
+    int64_t kvHeads = std::min<int64_t>(heads, pick(1, 4, 8, 64));
+    while (heads % kvHeads)
+      --kvHeads;
+    ModelConfig m = model(pick(8, 16, 24, 32, 40), heads, kvHeads,
+                          pick(64, 128));
+    TargetDesc t = target(pick(targets[0], targets[1], targets[2],
+                               targets[3], targets[4]));
+    t.compute.restoreShare = pick(0.125, 0.25, 0.5, 0.875, 1.0);
+    for (TierDesc &tier : t.tiers)
+      tier.readGBs *= uniform(0.05, 4.0);
+    Request r;
+    r.tokens = int64_t(std::exp(uniform(std::log(1024.0), std::log(131072.0))));
+    const char *tiers[] = {"dram", "ssd", "remote"};
+    if (uniform(0, 1) < 0.8)
+      r.sources.push_back(source(tiers[rng() % 3], Form::KV, r.tokens,
+                                 m.numLayers,
+                                 pick(CodecSpec(), int8z, int4d, h4)));
+    if (uniform(0, 1) < 0.7)
+      r.sources.push_back(source(tiers[rng() % 3], Form::Hidden, r.tokens,
+                                 m.numLayers, pick(CodecSpec(), int8z)));
+    if (uniform(0, 1) < 0.3)
+      r.maxError = 0.02;
+    CostModel cost(m, t, CodecProfile::defaults());
+    // A grid of 8 chunks keeps the exhaustive search affordable.
+    PlanOptions options;
+    options.chunkTokens = (r.tokens + 7) / 8;
+    options.stagingBytes = int64_t(1) << 40;
+    Planner planner(cost, r, options);
+    ASSERT_TRUE(planner.validate().isOk()) << planner.validate().toString();
+
+    Evaluation joint = planner.joint();
+    ASSERT_TRUE(verifyPlan(joint.plan, r, m.numLayers).isOk());
+    for (const Evaluation &baseline : planner.baselines())
+      ASSERT_LE(joint.seconds, baseline.seconds)
+          << "case " << i << ": joint slower than " << baseline.plan.strategy;
+    Evaluation best = planner.exhaustive();
+    double gap = joint.seconds / best.seconds - 1;
+    worst = std::max(worst, gap);
+    auto describe = [](const Plan &plan) {
+      std::string text;
+      for (const Segment &s : plan.segments)
+        text += std::string(" ") + methodName(s.method) + "[" +
+                std::to_string(s.box.t0) + "," + std::to_string(s.box.t1) +
+                ")x[" + std::to_string(s.box.l0) + "," +
+                std::to_string(s.box.l1) + ")@" + std::to_string(s.source);
+      return text;
+    };
+    auto busy = [](const Evaluation &e) {
+      std::string text;
+      for (size_t r = 0; r < e.resources.size(); ++r)
+        text += " " + e.resources[r] + "=" + std::to_string(e.busy[r]);
+      return text;
+    };
+    if (gap > 0.01)
+      std::cerr << "busy joint:" << busy(joint) << "\nbusy best:" << busy(best)
+                << "\nchunk " << planner.chunkTokens() << " group "
+                << planner.layerGroup() << "\n";
+    ASSERT_LE(gap, 0.01) << "case " << i << ": joint " << joint.seconds
+                         << " s" << describe(joint.plan) << " (estimate "
+                         << joint.estimate << ") vs exhaustive "
+                         << best.seconds << " s" << describe(best.plan)
+                         << " (estimate " << best.estimate << ")";
+    ++cases;
+    mixed += joint.plan.segments.size() > 1;
+  }
+  EXPECT_EQ(cases, 500);
+  // The space is exercised: many optimal plans mix methods.
+  EXPECT_GT(mixed, 100);
+  std::cout << "joint vs exhaustive over 500 cases: worst gap "
+            << worst * 100 << "%, " << mixed << " mixed plans\n";
+}
+
+} // namespace

@@ -92,25 +92,36 @@ double CostModel::computeSeconds(double flops, int64_t rows) const {
 
 double CostModel::deviceDecodeSeconds(const CodecSpec &codec,
                                       double rawBytes) const {
+  return dequantSeconds(codec, rawBytes) + untransformSeconds(codec, rawBytes) +
+         scatterSeconds(rawBytes);
+}
+
+double CostModel::dequantSeconds(const CodecSpec &codec,
+                                 double rawBytes) const {
+  if (codec.quant == CodecSpec::Quant::None)
+    return 0;
   const ComputeDesc &c = target_.compute;
-  double memBandwidth = c.memGBs * 1e9;
-  double scatter = 2.0 * rawBytes / memBandwidth; // Read + write the cache.
-  if (c.kind == ComputeDesc::Kind::CPU) {
-    double cores = double(target_.host.cores);
-    double seconds = scatter;
-    if (codec.quant != CodecSpec::Quant::None)
-      seconds += rawBytes / (stageRate(CodecStageKind::Quant, true) * 1e9 * cores);
-    if (codec.transform != CodecSpec::Transform::None)
-      seconds +=
-          rawBytes / (stageRate(CodecStageKind::Hadamard, true) * 1e9 * cores);
-    return seconds;
-  }
-  double traffic = 0;
-  if (codec.quant != CodecSpec::Quant::None)
-    traffic += rawBytes * (1.0 + codec.bits() / 16.0);
-  if (codec.transform != CodecSpec::Transform::None)
-    traffic += 2.0 * rawBytes;
-  return scatter + traffic / memBandwidth;
+  if (c.kind == ComputeDesc::Kind::CPU)
+    return rawBytes / (stageRate(CodecStageKind::Quant, true) * 1e9 *
+                       double(target_.host.cores));
+  // Read the integers, write the elements.
+  return rawBytes * (1.0 + codec.bits() / 16.0) / (c.memGBs * 1e9);
+}
+
+double CostModel::untransformSeconds(const CodecSpec &codec,
+                                     double rawBytes) const {
+  if (codec.transform == CodecSpec::Transform::None)
+    return 0;
+  const ComputeDesc &c = target_.compute;
+  if (c.kind == ComputeDesc::Kind::CPU)
+    return rawBytes / (stageRate(CodecStageKind::Hadamard, true) * 1e9 *
+                       double(target_.host.cores));
+  return 2.0 * rawBytes / (c.memGBs * 1e9);
+}
+
+double CostModel::scatterSeconds(double rawBytes) const {
+  // Read the chunk, write the cache blocks.
+  return 2.0 * rawBytes / (target_.compute.memGBs * 1e9);
 }
 
 double CostModel::rawBytes(Form form, int64_t tokens, int64_t layers) const {
@@ -128,6 +139,13 @@ double CostModel::quantizedBytes(Form form, const CodecSpec &codec,
 double CostModel::storedBytes(Form form, const CodecSpec &codec,
                               int64_t tokens, int64_t layers) const {
   return rawBytes(form, tokens, layers) * profile_.ratio(codec);
+}
+
+double CostModel::encodedBytes(Form form, const CodecSpec &codec,
+                               int64_t tokens, int64_t layers) const {
+  if (codec.lossless != CodecSpec::Lossless::None)
+    return storedBytes(form, codec, tokens, layers);
+  return quantizedBytes(form, codec, tokens, layers);
 }
 
 double CostModel::readSeconds(const TierDesc &tier, double bytes) const {
@@ -174,6 +192,20 @@ double CostModel::hostEncodeSeconds(const CodecSpec &codec,
 
 double CostModel::h2dSeconds(double bytes) const {
   return target_.link.latencyUs * 1e-6 + bytes / (target_.link.h2dGBs * 1e9);
+}
+
+double CostModel::d2hSeconds(double bytes) const {
+  return target_.link.latencyUs * 1e-6 + bytes / (target_.link.d2hGBs * 1e9);
+}
+
+double CostModel::writeSeconds(const TierDesc &tier, double bytes) const {
+  double laneBandwidth = tier.writeGBs * 1e9 / double(tier.lanes);
+  return tier.latencyUs * 1e-6 + bytes / laneBandwidth;
+}
+
+double CostModel::networkSeconds(double bytes) const {
+  double nic = target_.host.nicGBs;
+  return nic > 0 ? bytes / (nic * 1e9) : 0;
 }
 
 } // namespace kvc::planning

@@ -265,6 +265,14 @@ std::vector<Candidate> Planner::enumerate(Filter filter) const {
 // Simulation
 //===----------------------------------------------------------------------===//
 
+std::vector<Chunk> Planner::chunks(const Plan &plan) const {
+  std::vector<Chunk> out = chunkPlan(plan, chunk_, layerGroup_);
+  std::stable_sort(out.begin(), out.end(), [](const Chunk &a, const Chunk &b) {
+    return std::tie(a.box.t0, a.box.l0) < std::tie(b.box.t0, b.box.l0);
+  });
+  return out;
+}
+
 JobGraph Planner::buildJobs(const Plan &plan,
                             std::vector<JobInfo> *info) const {
   JobGraph graph;
@@ -315,12 +323,7 @@ JobGraph Planner::buildJobs(const Plan &plan,
                {JobInfo::Stage::Device, chunk, raw, projectFlops}, {last});
   };
 
-  std::vector<Chunk> chunks = chunkPlan(plan, chunk_, layerGroup_);
-  std::stable_sort(chunks.begin(), chunks.end(),
-                   [](const Chunk &a, const Chunk &b) {
-                     return std::tie(a.box.t0, a.box.l0) <
-                            std::tie(b.box.t0, b.box.l0);
-                   });
+  std::vector<Chunk> chunks = this->chunks(plan);
   std::vector<int> final(chunks.size(), -1);
   CodecSpec raw;
   for (size_t i = 0; i < chunks.size(); ++i) {

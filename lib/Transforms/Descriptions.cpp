@@ -1,4 +1,4 @@
-//===- Descriptions.cpp - Model and target descriptions as attributes -----===//
+//===- Descriptions.cpp - Descriptions as attributes and back -------------===//
 
 #include "kvc/Transforms/Descriptions.h"
 
@@ -16,6 +16,15 @@ E symbolize(std::optional<E> (*symbolizeFn)(StringRef), const char *name) {
   return *value;
 }
 
+/// The inverse: the runtime enumerator whose name is `name`.
+template <typename E>
+E fromName(const char *(*nameOf)(E), int count, StringRef name) {
+  for (int i = 0; i < count; ++i)
+    if (name == nameOf(static_cast<E>(i)))
+      return static_cast<E>(i);
+  llvm_unreachable("schema and dialect enums out of sync");
+}
+
 Type getElementType(MLIRContext *context, ::kvc::DType dtype) {
   Builder b(context);
   switch (dtype) {
@@ -30,6 +39,7 @@ Type getElementType(MLIRContext *context, ::kvc::DType dtype) {
 }
 
 llvm::APFloat f64(double value) { return llvm::APFloat(value); }
+double f64(const llvm::APFloat &value) { return value.convertToDouble(); }
 } // namespace
 
 ModelAttr mlir::kvc::getModelAttr(MLIRContext *context,
@@ -43,6 +53,26 @@ ModelAttr mlir::kvc::getModelAttr(MLIRContext *context,
                         /*fingerprint=*/"");
 }
 
+::kvc::ModelConfig mlir::kvc::getModelConfig(ModelAttr model) {
+  ::kvc::ModelConfig config;
+  config.name = model.getName().str();
+  config.modelType = "llama";
+  config.numLayers = model.getLayers();
+  config.hiddenSize = model.getHidden();
+  config.numHeads = model.getHeads();
+  config.numKvHeads = model.getKvHeads();
+  config.headDim = model.getHeadDim();
+  config.intermediateSize = model.getFfn();
+  config.vocabSize = model.getVocab();
+  config.maxPositions = model.getMaxPositions();
+  config.ropeTheta = f64(model.getRopeTheta());
+  Type dtype = model.getDtype();
+  config.dtype = dtype.isBF16()  ? ::kvc::DType::BF16
+                 : dtype.isF16() ? ::kvc::DType::F16
+                                 : ::kvc::DType::F32;
+  return config;
+}
+
 TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
                                     const ::kvc::TargetDesc &target) {
   const ::kvc::ComputeDesc &c = target.compute;
@@ -51,7 +81,7 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
       symbolize<ComputeKind>(symbolizeComputeKind,
                              ::kvc::computeKindName(c.kind)),
       c.name, f64(c.denseTflops), f64(c.memGBs), f64(c.memGiB),
-      f64(c.restoreShare));
+      f64(c.restoreShare), f64(c.gemmPeakFraction), f64(c.gemmHalfTokens));
   auto host = HostAttr::get(context, target.host.cores,
                             f64(target.host.dramGiB), f64(target.host.nicGBs));
   auto link = LinkAttr::get(context, f64(target.link.h2dGBs),
@@ -72,4 +102,73 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
   return TargetAttr::get(context, target.name, compute, host, link,
                          ArrayAttr::get(context, tiers),
                          ArrayAttr::get(context, codecs));
+}
+
+::kvc::TargetDesc mlir::kvc::getTargetDesc(TargetAttr target) {
+  ::kvc::TargetDesc desc;
+  desc.name = target.getName().str();
+  ComputeAttr c = target.getCompute();
+  desc.compute.kind = fromName(::kvc::computeKindName, 2,
+                               stringifyComputeKind(c.getKind()));
+  desc.compute.name = c.getName().str();
+  desc.compute.denseTflops = f64(c.getDenseTflops());
+  desc.compute.memGBs = f64(c.getMemGbs());
+  desc.compute.memGiB = f64(c.getMemGib());
+  desc.compute.restoreShare = f64(c.getRestoreShare());
+  desc.compute.gemmPeakFraction = f64(c.getGemmPeakFraction());
+  desc.compute.gemmHalfTokens = f64(c.getGemmHalfTokens());
+  HostAttr h = target.getHost();
+  desc.host = {h.getCores(), f64(h.getDramGib()), f64(h.getNicGbs())};
+  LinkAttr l = target.getLink();
+  desc.link = {f64(l.getH2dGbs()), f64(l.getD2hGbs()), f64(l.getLatencyUs())};
+  for (Attribute attr : target.getTiers()) {
+    auto t = cast<TierAttr>(attr);
+    desc.tiers.push_back(
+        {t.getName().str(),
+         fromName(::kvc::tierKindName, 3, stringifyTierKind(t.getKind())),
+         f64(t.getReadGbs()), f64(t.getWriteGbs()), f64(t.getLatencyUs()),
+         t.getLanes()});
+  }
+  for (Attribute attr : target.getCodecs()) {
+    auto r = cast<CodecRateAttr>(attr);
+    desc.codecs.push_back(
+        {fromName(::kvc::codecStageName, 5, stringifyCodecStage(r.getStage())),
+         f64(r.getEncodeGbs()), f64(r.getDecodeGbs())});
+  }
+  return desc;
+}
+
+CodecAttr mlir::kvc::getCodecAttr(MLIRContext *context,
+                                  const ::kvc::CodecSpec &codec) {
+  using S = ::kvc::CodecSpec;
+  return CodecAttr::getOrRaw(
+      context,
+      symbolize<Transform>(symbolizeTransform,
+                           ::kvc::transformName(codec.transform)),
+      symbolize<Quant>(symbolizeQuant, ::kvc::quantName(codec.quant)),
+      codec.keyAxis == S::Axis::Token ? QuantAxis::token : QuantAxis::channel,
+      codec.valueAxis == S::Axis::Token ? QuantAxis::token
+                                        : QuantAxis::channel,
+      codec.group,
+      symbolize<Lossless>(symbolizeLossless,
+                          ::kvc::losslessName(codec.lossless)));
+}
+
+::kvc::CodecSpec mlir::kvc::getCodecSpec(CodecAttr codec) {
+  ::kvc::CodecSpec spec;
+  if (!codec)
+    return spec;
+  using S = ::kvc::CodecSpec;
+  spec.transform = fromName(::kvc::transformName, 2,
+                            stringifyTransform(codec.getTransform()));
+  spec.quant = fromName(::kvc::quantName, 4, stringifyQuant(codec.getQuant()));
+  spec.keyAxis = codec.getKeyAxis() == QuantAxis::token ? S::Axis::Token
+                                                        : S::Axis::Channel;
+  spec.valueAxis = codec.getValueAxis() == QuantAxis::token
+                       ? S::Axis::Token
+                       : S::Axis::Channel;
+  spec.group = codec.getGroup();
+  spec.lossless = fromName(::kvc::losslessName, 4,
+                           stringifyLossless(codec.getLossless()));
+  return spec;
 }

@@ -41,6 +41,7 @@ int main(int argc, char **argv) {
   mlir::registerNVVMDialectTranslation(registry);
 
   mlir::kvc::registerKVCPasses();
+  mlir::kvc::registerKVCPipelines();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::registerGPUPasses();

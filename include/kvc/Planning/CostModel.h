@@ -56,8 +56,14 @@ public:
   /// Seconds for `flops` in GEMMs of `rows` rows.
   double computeSeconds(double flops, int64_t rows) const;
   /// Seconds to dequantize/untransform (per `codec`) and scatter `rawBytes`
-  /// of decoded output on the device.
+  /// of decoded output on the device: the sum of the three below.
   double deviceDecodeSeconds(const CodecSpec &codec, double rawBytes) const;
+  /// Dequantizing `codec`'s quantization into `rawBytes` on the device.
+  double dequantSeconds(const CodecSpec &codec, double rawBytes) const;
+  /// Undoing `codec`'s transform on `rawBytes` on the device.
+  double untransformSeconds(const CodecSpec &codec, double rawBytes) const;
+  /// Writing `rawBytes` of KV into the paged cache.
+  double scatterSeconds(double rawBytes) const;
 
   //===--- Bytes ----------------------------------------------------------===//
 
@@ -69,6 +75,10 @@ public:
   /// Bytes as stored (after the lossless coder).
   double storedBytes(Form form, const CodecSpec &codec, int64_t tokens,
                      int64_t layers) const;
+  /// Bytes of data in the state `codec` leaves it: stored bytes while the
+  /// lossless coder applies, quantized bytes after, raw bytes when raw.
+  double encodedBytes(Form form, const CodecSpec &codec, int64_t tokens,
+                      int64_t layers) const;
 
   //===--- Seconds on the host and the link --------------------------------===//
 
@@ -80,6 +90,11 @@ public:
   /// Host encoding (save and transfer paths) of `rawBytes`.
   double hostEncodeSeconds(const CodecSpec &codec, double rawBytes) const;
   double h2dSeconds(double bytes) const;
+  double d2hSeconds(double bytes) const;
+  /// One write of `bytes` on one lane of `tier`.
+  double writeSeconds(const TierDesc &tier, double bytes) const;
+  /// Sending `bytes` over the host NIC (transfer plans).
+  double networkSeconds(double bytes) const;
 
 private:
   /// Per-core rate of a stage from the target, or the profile's override.

@@ -88,6 +88,9 @@ public:
   /// budget, so four chunks are in flight.
   int64_t layerGroup() const { return layerGroup_; }
 
+  /// `plan`'s chunks in the order they are simulated and expanded: by first
+  /// token, then first layer, so that every chunk's prefix comes before it.
+  std::vector<Chunk> chunks(const Plan &plan) const;
   /// The job graph of `plan` (and what each job is, when `info` is given).
   JobGraph buildJobs(const Plan &plan,
                      std::vector<JobInfo> *info = nullptr) const;

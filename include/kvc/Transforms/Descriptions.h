@@ -1,8 +1,9 @@
-//===- Descriptions.h - Model and target descriptions as attributes -*- C++ -*-===//
+//===- Descriptions.h - Descriptions as attributes and back -----*- C++ -*-===//
 //
-// Converts the runtime's parsed descriptions (kvc/Runtime/Desc) into the
-// dialect's #kvc.model and #kvc.target, so that config.json and the target
-// schema have one parser each, shared by compiler and runtime.
+// Converts between the runtime's parsed descriptions (kvc/Runtime/Desc), which
+// the planning library consumes, and the dialect's attributes, so that
+// config.json and the target schema have one parser each and the planner one
+// input format.
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,6 +11,7 @@
 #define KVC_TRANSFORMS_DESCRIPTIONS_H
 
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h"
+#include "kvc/Runtime/Desc/CodecSpec.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
 
@@ -17,10 +19,18 @@ namespace mlir::kvc {
 
 /// Returns the #kvc.model of `config` (already validated by its parser).
 ModelAttr getModelAttr(MLIRContext *context, const ::kvc::ModelConfig &config);
+/// Returns the architecture a #kvc.model describes.
+::kvc::ModelConfig getModelConfig(ModelAttr model);
 
 /// Returns the #kvc.target of `target` (already validated by its parser).
 TargetAttr getTargetAttr(MLIRContext *context,
                          const ::kvc::TargetDesc &target);
+/// Returns the machine a #kvc.target describes.
+::kvc::TargetDesc getTargetDesc(TargetAttr target);
+
+/// Codecs: a null CodecAttr is raw data.
+CodecAttr getCodecAttr(MLIRContext *context, const ::kvc::CodecSpec &codec);
+::kvc::CodecSpec getCodecSpec(CodecAttr codec);
 
 } // namespace mlir::kvc
 

@@ -5,6 +5,7 @@
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassOptions.h"
 
 namespace mlir::kvc {
 
@@ -13,6 +14,32 @@ namespace mlir::kvc {
 
 #define GEN_PASS_REGISTRATION
 #include "kvc/Transforms/Passes.h.inc"
+
+/// Options of kvc-restore-pipeline, passed to each of its passes.
+struct RestorePipelineOptions
+    : public PassPipelineOptions<RestorePipelineOptions> {
+  PassOptions::Option<std::string> codecProfile{
+      *this, "codec-profile",
+      llvm::cl::desc("Codec profile JSON; empty for the built-in estimate")};
+  PassOptions::Option<int64_t> chunkTokens{
+      *this, "chunk-tokens",
+      llvm::cl::desc("Tokens per chunk; 0 chooses from the target"),
+      llvm::cl::init(0)};
+  PassOptions::Option<int64_t> stagingMiB{
+      *this, "staging-mib", llvm::cl::desc("Host staging memory, MiB"),
+      llvm::cl::init(256)};
+  PassOptions::Option<bool> report{
+      *this, "report",
+      llvm::cl::desc("Print the baselines beside the chosen plan"),
+      llvm::cl::init(false)};
+};
+
+/// kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate.
+void buildRestorePipeline(OpPassManager &pm,
+                          const RestorePipelineOptions &options);
+
+/// Registers kvc-restore-pipeline.
+void registerKVCPipelines();
 
 } // namespace mlir::kvc
 

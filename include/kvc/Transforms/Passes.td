@@ -67,4 +67,93 @@ def KVCAttachTargetPass : Pass<"kvc-attach-target", "::mlir::ModuleOp"> {
   ];
 }
 
+//===----------------------------------------------------------------------===//
+// Planning
+//===----------------------------------------------------------------------===//
+
+/// Options every pass that consults the cost model takes.
+defvar KVC_CostModelOptions = [
+  Option<"codecProfile", "codec-profile", "std::string", /*default=*/"\"\"",
+         "Codec profile (kvc-codec-profile/1 JSON); empty for the built-in "
+         "estimate">,
+  Option<"chunkTokens", "chunk-tokens", "int64_t", /*default=*/"0",
+         "Tokens per chunk; 0 chooses from the target">,
+  Option<"stagingMiB", "staging-mib", "int64_t", /*default=*/"256",
+         "Host staging memory for fetched chunks, MiB">,
+];
+
+def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
+  let summary = "Chooses codecs under latency, SLO and quality budgets (KVServe)";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = KVC_CostModelOptions;
+}
+
+def KVCChooseMergePointPass : Pass<"kvc-choose-merge-point", "::mlir::ModuleOp"> {
+  let summary = "Plans restores the Cake way: compute the front, load KV for the back";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = KVC_CostModelOptions;
+}
+
+def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
+  let summary = "Plans restores the HCache way: hidden states for most layers, a complement for the rest";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = KVC_CostModelOptions;
+}
+
+def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
+  let summary = "Plans restores jointly over tokens, layers and codecs";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = !listconcat(KVC_CostModelOptions, [
+    Option<"report", "report", "bool", /*default=*/"false",
+           "Print every baseline beside the chosen plan as a remark">,
+  ]);
+}
+
+def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
+  let summary = "Expands plan segments into per-chunk dataflow";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = KVC_CostModelOptions;
+}
+
+def KVCFusePass : Pass<"kvc-fuse", "::mlir::ModuleOp"> {
+  let summary = "Fuses chains of elementwise device steps into kvc.kernel";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+}
+
+def KVCSchedulePass : Pass<"kvc-schedule", "::mlir::ModuleOp"> {
+  let summary = "Assigns steps to resources and staging slots as kvc.task";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = KVC_CostModelOptions;
+}
+
+def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
+  let summary = "Attaches simulated times to plans and their steps";
+  let description = [{
+    PLACEHOLDER
+  }];
+  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let options = KVC_CostModelOptions;
+}
+
 #endif // KVC_TRANSFORMS_PASSES_TD

@@ -155,7 +155,9 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   ComputeKind, StringRef,
                                   llvm::APFloat denseTflops,
                                   llvm::APFloat memGbs, llvm::APFloat memGib,
-                                  llvm::APFloat restoreShare) {
+                                  llvm::APFloat restoreShare,
+                                  llvm::APFloat gemmPeakFraction,
+                                  llvm::APFloat gemmHalfTokens) {
   if (failed(requirePositive(emitError, "dense_tflops",
                              denseTflops.convertToDouble())) ||
       failed(requirePositive(emitError, "mem_gbs", memGbs.convertToDouble())) ||
@@ -165,6 +167,12 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!(share > 0 && share <= 1))
     return emitError() << "restore_share must lie in (0, 1], got "
                        << formatF64(share);
+  double peak = gemmPeakFraction.convertToDouble();
+  if (!(peak > 0 && peak <= 1))
+    return emitError() << "gemm_peak_fraction must lie in (0, 1], got "
+                       << formatF64(peak);
+  if (gemmHalfTokens.convertToDouble() < 0)
+    return emitError() << "gemm_half_tokens must not be negative";
   return success();
 }
 

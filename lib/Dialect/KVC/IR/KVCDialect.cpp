@@ -59,5 +59,14 @@ LogicalResult KVCDialect::verifyOperationAttribute(Operation *op,
                                 << attr.getValue();
     return success();
   }
+  if (name == kTimeAttrName) {
+    auto times = dyn_cast<DenseI64ArrayAttr>(attr.getValue());
+    if (!times || times.size() != 2 || times[0] < 0 || times[0] > times[1])
+      return op->emitError("'")
+             << name << "' expects array<i64: start, finish> with 0 <= start "
+                        "<= finish, got "
+             << attr.getValue();
+    return success();
+  }
   return op->emitError("unknown kvc attribute '") << name << "'";
 }

@@ -23,10 +23,12 @@ class KVC_Attr<string name, string attrMnemonic, list<Trait> traits = []>
 //===----------------------------------------------------------------------===//
 
 /// A real number printed in its shortest round-trip form (`12.5`, `1e-05`).
-class KVC_F64Parameter<string desc>
+class KVC_F64Parameter<string desc, string default = "">
     : APFloatParameter<desc> {
   let parser = "::mlir::kvc::parseF64($_parser)";
   let printer = "::mlir::kvc::printF64($_printer, $_self)";
+  let defaultValue = !if(!empty(default), "",
+                         "::llvm::APFloat(" # default # ")");
 }
 
 /// A half-open range printed as `a to b`.
@@ -124,7 +126,9 @@ def KVC_ComputeAttr : KVC_Attr<"Compute", "compute"> {
   let description = [{
     Dense bf16 (GPU) or fp32 (CPU) rate in TFLOP/s, memory bandwidth in GB/s
     and capacity in GiB, and the share of the device a restore may use
-    (Cake's GPU utilization), in (0, 1].
+    (Cake's GPU utilization), in (0, 1]. A GEMM of m rows reaches
+    `gemm_peak_fraction * m / (m + gemm_half_tokens)` of the dense rate
+    (defaults 0.75 and 128).
   }];
   let parameters = (ins
     EnumParameter<KVC_ComputeKind>:$kind,
@@ -132,7 +136,9 @@ def KVC_ComputeAttr : KVC_Attr<"Compute", "compute"> {
     KVC_F64Parameter<"TFLOP/s">:$dense_tflops,
     KVC_F64Parameter<"GB/s">:$mem_gbs,
     KVC_F64Parameter<"GiB">:$mem_gib,
-    KVC_F64Parameter<"share in (0, 1]">:$restore_share
+    KVC_F64Parameter<"share in (0, 1]">:$restore_share,
+    KVC_F64Parameter<"share of peak large GEMMs reach", "0.75">:$gemm_peak_fraction,
+    KVC_F64Parameter<"rows at half efficiency", "128.0">:$gemm_half_tokens
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

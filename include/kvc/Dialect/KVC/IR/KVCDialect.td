@@ -28,7 +28,8 @@ def KVC_Dialect : Dialect {
     `tokens 0 to 4096` is tokens `[0, 4096)`. A module describes its model
     and machine with the discardable attributes `kvc.model` (a `#kvc.model`)
     and `kvc.target` (a `#kvc.target`); verifiers check ranges, tiers and
-    shapes against them when present.
+    shapes against them when present. `kvc-estimate` marks each step or task
+    with `kvc.time_ns = array<i64: start, finish>`, its simulated times.
   }];
   let useDefaultAttributePrinterParser = 1;
   let useDefaultTypePrinterParser = 1;
@@ -37,6 +38,8 @@ def KVC_Dialect : Dialect {
     /// The discardable attribute names that carry descriptions on a module.
     static constexpr ::llvm::StringLiteral kModelAttrName = "kvc.model";
     static constexpr ::llvm::StringLiteral kTargetAttrName = "kvc.target";
+    /// `kvc-estimate`'s simulated [start, finish] of a step, nanoseconds.
+    static constexpr ::llvm::StringLiteral kTimeAttrName = "kvc.time_ns";
 
   private:
     void registerAttributes();

@@ -122,7 +122,8 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     `kvc.segment`s; after `kvc-expand`, dataflow ops whose `kvc.scatter`s
     write the cache; after `kvc-schedule`, tasks. At every level the
     segments (or the scattered chunks) must tile the plan exactly: no
-    overlap and no gap.
+    overlap and no gap. Planning passes record the `strategy` that chose the
+    plan and `kvc-estimate` its simulated time, `predicted_ms`.
 
     ```mlir
     kvc.plan @cake tokens 0 to 512 layers 0 to 2 {
@@ -152,7 +153,9 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
-                       KVC_RangeAttr:$layers);
+                       KVC_RangeAttr:$layers,
+                       OptionalAttr<StrAttr>:$strategy,
+                       OptionalAttr<F64Attr>:$predicted_ms);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) `layers` custom<Range>($layers)

@@ -1,0 +1,202 @@
+//===- Estimate.cpp - kvc-estimate: simulated times on plans --------------===//
+//
+// Times every plan with the planning library's simulator. A strategy-level
+// plan is simulated as the planner simulates it (by chunks of its segments);
+// a dataflow or exec plan is turned into a job graph step by step — one job
+// per top-level step, kernel or task, its cost from the cost model, its
+// dependencies from the values and tokens it uses, fetches holding staging
+// memory until their chunk's copy to the device ends. The plan gets
+// `predicted_ms`, each step `kvc.time_ns = array<i64: start, finish>`.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanningSupport.h"
+
+#include "kvc/Transforms/Descriptions.h"
+#include "kvc/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+#include <cmath>
+
+namespace mlir::kvc {
+#define GEN_PASS_DEF_KVCESTIMATEPASS
+#include "kvc/Transforms/Passes.h.inc"
+} // namespace mlir::kvc
+
+using namespace mlir;
+using namespace mlir::kvc;
+namespace planning = ::kvc::planning;
+
+namespace {
+
+/// The fetch inside `step` (a fetch, or a task holding one), or null.
+FetchOp findFetch(Operation *step) {
+  if (auto fetch = dyn_cast<FetchOp>(step))
+    return fetch;
+  FetchOp found;
+  step->walk([&](FetchOp fetch) { found = fetch; });
+  return found;
+}
+
+/// True when `step` copies a chunk to the device.
+bool copiesToDevice(Operation *step) {
+  bool found = isa<TransferToDeviceOp>(step);
+  step->walk([&](TransferToDeviceOp) { found = true; });
+  return found;
+}
+
+/// The values a step reads from other steps: its operands, and for a task
+/// also the values its body uses from outside.
+SmallVector<Value> stepInputs(Operation *step) {
+  SmallVector<Value> inputs(step->getOperands());
+  if (isa<TaskOp>(step))
+    step->walk([&](Operation *inner) {
+      for (Value operand : inner->getOperands())
+        if (!step->isAncestor(operand.getParentRegion()->getParentOp()) &&
+            !llvm::is_contained(inputs, operand))
+          inputs.push_back(operand);
+    });
+  return inputs;
+}
+
+/// The resource a step runs on, named as Planner::buildJobs names them.
+std::string resourceName(Operation *step) {
+  Resource resource;
+  if (auto task = dyn_cast<TaskOp>(step))
+    resource = task.getResource();
+  else
+    resource = getResource(step);
+  switch (resource) {
+  case Resource::io:
+    if (FetchOp fetch = findFetch(step))
+      return ("io:" + fetch.getSource().getTier()).str();
+    return "io";
+  case Resource::decode:
+    return "decode";
+  case Resource::h2d:
+    return "h2d";
+  case Resource::d2h:
+    return "d2h";
+  case Resource::compute:
+    return "compute";
+  case Resource::net:
+    return "net";
+  }
+  llvm_unreachable("unknown resource");
+}
+
+struct KVCEstimatePass
+    : public mlir::kvc::impl::KVCEstimatePassBase<KVCEstimatePass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    SmallVector<PlanOp> plans;
+    getOperation().walk([&](PlanOp plan) { plans.push_back(plan); });
+    if (plans.empty())
+      return;
+    FailureOr<PlanningContext> context = getPlanningContext(
+        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
+    if (failed(context))
+      return signalPassFailure();
+    for (PlanOp plan : plans) {
+      std::optional<double> seconds =
+          plan.getBody().getOps<SegmentOp>().empty()
+              ? estimateSteps(plan, *context)
+              : estimateSegments(plan, *context);
+      if (!seconds)
+        return signalPassFailure();
+      // Microsecond resolution is all a prediction carries.
+      plan.setPredictedMsAttr(
+          OpBuilder(plan).getF64FloatAttr(std::round(*seconds * 1e6) / 1e3));
+    }
+  }
+
+  std::optional<double> estimateSegments(PlanOp plan,
+                                         const PlanningContext &context) {
+    auto segmentPlan = getSegmentPlan(plan, context.layers);
+    if (failed(segmentPlan))
+      return std::nullopt;
+    planning::Planner planner(*context.cost, segmentPlan->first,
+                              context.options);
+    if (::kvc::Status status = planner.validate(); !status.isOk()) {
+      plan.emitOpError() << status.message();
+      return std::nullopt;
+    }
+    return planner.evaluate(segmentPlan->second).seconds;
+  }
+
+  std::optional<double> estimateSteps(PlanOp plan,
+                                      const PlanningContext &context) {
+    const planning::CostModel &cost = *context.cost;
+    planning::JobGraph graph;
+    llvm::StringMap<int> resources;
+    llvm::DenseMap<Operation *, int> jobOf;
+    // Values still staged on the host, and the fetch job holding them.
+    llvm::DenseMap<Value, int> stagedBy;
+    SmallVector<Operation *> steps;
+    for (Operation &step : plan.getBody().front())
+      steps.push_back(&step);
+
+    for (Operation *step : steps) {
+      std::string name = resourceName(step);
+      auto [it, inserted] = resources.try_emplace(name, 0);
+      if (inserted) {
+        int lanes = 1;
+        if (FetchOp fetch = findFetch(step))
+          if (const ::kvc::TierDesc *tier =
+                  cost.target().findTier(fetch.getSource().getTier().str()))
+            lanes = int(tier->lanes);
+        it->second = graph.addResource(name, lanes);
+      }
+      StepCost c = getStepCost(step, cost);
+      planning::SimJob job{it->second, c.seconds, c.priority};
+      std::vector<int> deps;
+      int holder = -1;
+      for (Value operand : stepInputs(step)) {
+        if (Operation *def = operand.getDefiningOp())
+          if (auto found = jobOf.find(def); found != jobOf.end() &&
+                                            !llvm::is_contained(deps, found->second))
+            deps.push_back(found->second);
+        if (auto staged = stagedBy.find(operand); staged != stagedBy.end())
+          holder = staged->second;
+      }
+      if (FetchOp fetch = findFetch(step)) {
+        ChunkType chunk = fetch.getResult().getType();
+        auto form = chunk.getForm() == Form::kv ? planning::Form::KV
+                                                : planning::Form::Hidden;
+        int64_t tokens = chunk.getTokens().size();
+        int64_t layers = chunk.getLayers().size();
+        ::kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());
+        job.stagingBytes =
+            int64_t(cost.storedBytes(form, codec, tokens, layers) +
+                    cost.quantizedBytes(form, codec, tokens, layers));
+      }
+      int index = graph.addJob(job, deps);
+      jobOf[step] = index;
+      if (job.stagingBytes > 0)
+        holder = index;
+      if (holder >= 0) {
+        if (copiesToDevice(step))
+          graph.job(holder).releasedBy = index; // The copy frees the buffers.
+        else
+          for (Value result : step->getResults())
+            stagedBy[result] = holder;
+      }
+    }
+
+    planning::SimResult sim =
+        planning::simulate(graph, context.options.stagingBytes);
+    for (Operation *step : steps) {
+      int j = jobOf[step];
+      step->setAttr(KVCDialect::kTimeAttrName,
+                    DenseI64ArrayAttr::get(
+                        plan.getContext(),
+                        {int64_t(std::llround(sim.start[j] * 1e9)),
+                         int64_t(std::llround(sim.finish[j] * 1e9))}));
+    }
+    return sim.makespan;
+  }
+};
+
+} // namespace

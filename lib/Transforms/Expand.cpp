@@ -1,0 +1,164 @@
+//===- Expand.cpp - kvc-expand: plan segments to per-chunk dataflow -------===//
+//
+// Splits every segment of a strategy-level plan into the chunks the planner
+// simulated (token blocks, and layer groups for loads) and emits each chunk's
+// dataflow: loads fetch on the host, decompress there, cross the link still
+// quantized, and are dequantized, untransformed, projected (hidden states)
+// and scattered on the device; computed chunks run a chunked prefill after
+// the chunks that hold their earlier tokens.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanningSupport.h"
+
+#include "kvc/Transforms/Descriptions.h"
+#include "kvc/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::kvc {
+#define GEN_PASS_DEF_KVCEXPANDPASS
+#include "kvc/Transforms/Passes.h.inc"
+} // namespace mlir::kvc
+
+using namespace mlir;
+using namespace mlir::kvc;
+namespace planning = ::kvc::planning;
+
+namespace {
+
+class ChunkEmitter {
+public:
+  ChunkEmitter(OpBuilder &builder, Location loc, Type elementType)
+      : b(builder), loc(loc), elementType(elementType) {}
+
+  /// fetch -> [decompress] -> transfer_to_device -> [dequant] ->
+  /// [untransform]: raw data of `box` on the device.
+  Value load(const planning::Source &source, Form form,
+             const planning::Box &box) {
+    MLIRContext *ctx = b.getContext();
+    RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
+    RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
+    planning::Source stored = source;
+    stored.form = form == Form::kv ? planning::Form::KV : planning::Form::Hidden;
+    SourceAttr sourceAttr = getSourceAttr(ctx, stored);
+    CodecAttr codec = sourceAttr.getCodec();
+    auto type = ChunkType::get(ctx, form, elementType, tokens, layers,
+                               Space::host, codec);
+    Value value = b.create<FetchOp>(loc, type, sourceAttr, tokens, layers);
+    if (codec && codec.getLossless() != Lossless::none) {
+      codec = codec.withLossless(Lossless::none);
+      value = b.create<DecompressOp>(loc, type.withCodec(codec), value);
+    }
+    type = cast<ChunkType>(value.getType()).withSpace(Space::device);
+    value = b.create<TransferToDeviceOp>(loc, type, value);
+    if (codec && codec.getQuant() != Quant::none) {
+      codec = codec.withQuant(Quant::none);
+      value = b.create<DequantOp>(loc, type.withCodec(codec), value);
+    }
+    if (codec && codec.getTransform() != Transform::none) {
+      value = b.create<UntransformOp>(loc, type.withCodec({}), value);
+    }
+    return value;
+  }
+
+  /// Hidden states to K and V.
+  Value project(Value hidden) {
+    auto type = cast<ChunkType>(hidden.getType());
+    auto kv = ChunkType::get(b.getContext(), Form::kv, elementType,
+                             type.getTokens(), type.getLayers(), Space::device,
+                             {});
+    return b.create<ProjectOp>(loc, kv, hidden);
+  }
+
+  Value compute(const planning::Box &box, Value hidden, ValueRange prefix) {
+    MLIRContext *ctx = b.getContext();
+    RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
+    RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
+    auto type = ChunkType::get(ctx, Form::kv, elementType, tokens, layers,
+                               Space::device, {});
+    return b.create<ChunkComputeOp>(loc, type, tokens, layers, hidden, prefix);
+  }
+
+  void scatter(Value kv) { b.create<ScatterOp>(loc, kv); }
+
+private:
+  OpBuilder &b;
+  Location loc;
+  Type elementType;
+};
+
+struct KVCExpandPass
+    : public mlir::kvc::impl::KVCExpandPassBase<KVCExpandPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    SmallVector<PlanOp> plans;
+    getOperation().walk([&](PlanOp plan) {
+      if (!plan.getBody().getOps<SegmentOp>().empty())
+        plans.push_back(plan);
+    });
+    if (plans.empty())
+      return;
+    FailureOr<PlanningContext> context = getPlanningContext(
+        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
+    if (failed(context))
+      return signalPassFailure();
+    for (PlanOp plan : plans)
+      if (failed(expand(plan, *context)))
+        return signalPassFailure();
+  }
+
+  LogicalResult expand(PlanOp plan, const PlanningContext &context) {
+    auto segmentPlan = getSegmentPlan(plan, context.layers);
+    if (failed(segmentPlan))
+      return failure();
+    const auto &[request, strategy] = *segmentPlan;
+    planning::Planner planner(*context.cost, request, context.options);
+    std::vector<planning::Chunk> chunks = planner.chunks(strategy);
+
+    Block &body = plan.getBody().front();
+    for (Operation &op : llvm::make_early_inc_range(body))
+      op.erase();
+    OpBuilder builder = OpBuilder::atBlockEnd(&body);
+    ChunkEmitter emit(builder, plan.getLoc(), context.elementType);
+
+    // The raw KV on the device each chunk ends with, for later prefixes.
+    std::vector<Value> kv(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const planning::Chunk &c = chunks[i];
+      if (c.method != planning::Method::Compute) {
+        const planning::Source &source = request.sources[c.source];
+        bool hidden = c.method == planning::Method::LoadHidden;
+        Value value = emit.load(source, hidden ? Form::hidden : Form::kv, c.box);
+        kv[i] = hidden ? emit.project(value) : value;
+        emit.scatter(kv[i]);
+        continue;
+      }
+      // Attention reads every earlier token of these layers.
+      SmallVector<Value> prefix;
+      for (size_t j = 0; j < i; ++j) {
+        const planning::Box &b = chunks[j].box;
+        if (b.t0 < c.box.t0 && b.l0 < c.box.l1 && c.box.l0 < b.l1)
+          prefix.push_back(kv[j]);
+      }
+      Value hidden;
+      if (c.box.l0 > 0) {
+        if (c.source < 0)
+          return plan.emitOpError("computes layers ")
+                 << c.box.l0 << " to " << c.box.l1 << " of tokens " << c.box.t0
+                 << " to " << c.box.t1
+                 << " without a hidden-state source; kvc-expand needs one "
+                    "(or a compute segment starting at layer 0)";
+        hidden = emit.load(request.sources[c.source], Form::hidden,
+                           planning::Box{c.box.t0, c.box.t1, c.box.l0,
+                                         c.box.l0 + 1});
+      }
+      kv[i] = emit.compute(c.box, hidden, prefix);
+      emit.scatter(kv[i]);
+    }
+    return success();
+  }
+};
+
+} // namespace

@@ -1,0 +1,176 @@
+//===- PlanRestore.cpp - kvc-choose-merge-point, -partition-layers, -plan -===//
+//
+// The three restore planners share everything but the strategy: each turns
+// every kvc.restore of the module into a kvc.plan of the same name, chosen by
+// the planning library for the module's model and target.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanningSupport.h"
+
+#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+#include <cmath>
+#include "llvm/Support/Format.h"
+
+namespace mlir::kvc {
+#define GEN_PASS_DEF_KVCCHOOSEMERGEPOINTPASS
+#define GEN_PASS_DEF_KVCPARTITIONLAYERSPASS
+#define GEN_PASS_DEF_KVCPLANPASS
+#include "kvc/Transforms/Passes.h.inc"
+} // namespace mlir::kvc
+
+using namespace mlir;
+using namespace mlir::kvc;
+namespace planning = ::kvc::planning;
+
+namespace {
+
+/// "12.3 ms".
+std::string ms(double seconds) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::format("%.3f ms", seconds * 1e3);
+  return text;
+}
+
+/// The report of kvc-plan{report}: one line per baseline and for the chosen
+/// plan, with busy time per resource, bytes, FLOPs and the chosen plan's
+/// speedup over each line.
+std::string formatReport(const planning::Planner &planner,
+                         const std::vector<planning::Evaluation> &rows) {
+  std::vector<std::string> resources;
+  for (const planning::Evaluation &e : rows)
+    for (const std::string &r : e.resources)
+      if (llvm::find(resources, r) == resources.end())
+        resources.push_back(r);
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  const planning::Evaluation &chosen = rows.back();
+  const char *strategy = "strategy", *makespan = "makespan";
+  const char *read = "read GB", *tflop = "TFLOP", *speedup = "speedup";
+  os << llvm::format("%-9s %12s", strategy, makespan);
+  for (const std::string &r : resources)
+    os << llvm::format(" %12s", r.c_str());
+  os << llvm::format(" %10s %10s %8s\n", read, tflop, speedup);
+  for (const planning::Evaluation &e : rows) {
+    os << llvm::format("%-9s %12s", e.plan.strategy.c_str(),
+                       ms(e.seconds).c_str());
+    for (const std::string &r : resources) {
+      double busy = 0;
+      for (size_t i = 0; i < e.resources.size(); ++i)
+        if (e.resources[i] == r)
+          busy = e.busy[i];
+      os << llvm::format(" %12s", ms(busy).c_str());
+    }
+    os << llvm::format(" %10.3f %10.3f %7.2fx\n", e.bytesRead / 1e9,
+                       e.flops / 1e12, e.seconds / chosen.seconds);
+  }
+  os << "chunks of " << planner.chunkTokens() << " tokens, loads in groups of "
+     << planner.layerGroup() << " layers";
+  return text;
+}
+
+/// Shared body: plan every kvc.restore with `DerivedT::choose`.
+template <typename DerivedT, template <typename> class GeneratedBaseT>
+struct PlanRestorePass : public GeneratedBaseT<DerivedT> {
+  using GeneratedBaseT<DerivedT>::GeneratedBaseT;
+
+  void runOnOperation() override {
+    ModuleOp module = this->getOperation();
+    SmallVector<RestoreOp> restores(module.getOps<RestoreOp>());
+    if (restores.empty())
+      return;
+    FailureOr<PlanningContext> context = getPlanningContext(
+        module, this->getArgument(), this->codecProfile, this->chunkTokens,
+        this->stagingMiB);
+    if (failed(context))
+      return this->signalPassFailure();
+
+    for (RestoreOp restore : restores) {
+      planning::Request request = getRequest(restore);
+      planning::Planner planner(*context->cost, request, context->options);
+      if (::kvc::Status status = planner.validate(); !status.isOk()) {
+        restore.emitOpError() << status.message();
+        return this->signalPassFailure();
+      }
+      planning::Evaluation chosen =
+          static_cast<DerivedT *>(this)->choose(planner, restore);
+      if (chosen.seconds > request.sloSeconds)
+        mlir::emitWarning(restore.getLoc()) << "the best " << chosen.plan.strategy
+                              << " plan takes " << ms(chosen.seconds)
+                              << ", more than slo_ms = "
+                              << ::kvc::formatNumber(request.sloSeconds * 1e3);
+
+      OpBuilder builder(restore);
+      PlanOp plan = buildPlanOp(builder, restore.getLoc(),
+                                restore.getSymName(), request, chosen.plan,
+                                context->layers);
+      plan.setPredictedMsAttr(
+          builder.getF64FloatAttr(std::round(chosen.seconds * 1e6) / 1e3));
+      static_cast<DerivedT *>(this)->emitReport(planner, chosen, plan);
+      restore.erase();
+    }
+  }
+
+  /// No report unless a pass asks for one.
+  void emitReport(const planning::Planner &, const planning::Evaluation &,
+              PlanOp) {}
+};
+
+struct KVCChooseMergePointPass
+    : public PlanRestorePass<KVCChooseMergePointPass,
+                             mlir::kvc::impl::KVCChooseMergePointPassBase> {
+  using PlanRestorePass::PlanRestorePass;
+
+  planning::Evaluation choose(const planning::Planner &planner,
+                              RestoreOp restore) {
+    if (std::optional<planning::Evaluation> cake = planner.cake())
+      return *cake;
+    mlir::emitRemark(restore.getLoc(), "no usable KV source: computing every token");
+    return planner.computeOnly();
+  }
+};
+
+struct KVCPartitionLayersPass
+    : public PlanRestorePass<KVCPartitionLayersPass,
+                             mlir::kvc::impl::KVCPartitionLayersPassBase> {
+  using PlanRestorePass::PlanRestorePass;
+
+  planning::Evaluation choose(const planning::Planner &planner,
+                              RestoreOp restore) {
+    if (std::optional<planning::Evaluation> hcache = planner.hcache())
+      return *hcache;
+    mlir::emitRemark(restore.getLoc(), "no usable hidden-state source: using the best plan "
+                       "without one");
+    planning::Evaluation best = planner.computeOnly();
+    if (std::optional<planning::Evaluation> kv = planner.kvOnly();
+        kv && kv->seconds < best.seconds)
+      best = *kv;
+    return best;
+  }
+};
+
+struct KVCPlanPass
+    : public PlanRestorePass<KVCPlanPass, mlir::kvc::impl::KVCPlanPassBase> {
+  using PlanRestorePass::PlanRestorePass;
+
+  planning::Evaluation choose(const planning::Planner &planner, RestoreOp) {
+    return planner.joint();
+  }
+
+  void emitReport(const planning::Planner &planner,
+                  const planning::Evaluation &chosen, PlanOp plan) {
+    if (!report)
+      return;
+    std::vector<planning::Evaluation> rows = planner.baselines();
+    rows.push_back(chosen);
+    mlir::emitRemark(plan.getLoc()) << "kvc-plan @" << plan.getSymName() << ":\n"
+                      << formatReport(planner, rows);
+  }
+};
+
+} // namespace

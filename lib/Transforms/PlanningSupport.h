@@ -1,0 +1,72 @@
+//===- PlanningSupport.h - What the planning passes share -------*- C++ -*-===//
+//
+// Private to lib/Transforms. Builds the planning library's inputs from a
+// module (model, target, codec profile, requests), turns its plans back into
+// IR, and defines the one mapping from dataflow steps to resources, costs and
+// simulator jobs that kvc-schedule and kvc-estimate share.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H
+#define KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H
+
+#include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Planning/Planner.h"
+
+#include <memory>
+#include <optional>
+
+namespace mlir::kvc {
+
+/// The planning library's view of a module.
+struct PlanningContext {
+  std::unique_ptr<::kvc::planning::CostModel> cost;
+  ::kvc::planning::PlanOptions options;
+  int64_t layers = 0;
+  Type elementType;
+};
+
+/// Builds the cost model from the `kvc.model` and `kvc.target` around `op`
+/// and the codec profile at `profilePath` (built-in when empty). Reports
+/// what is missing on `op` and fails.
+FailureOr<PlanningContext>
+getPlanningContext(Operation *op, StringRef passArgument,
+                   StringRef profilePath, int64_t chunkTokens,
+                   int64_t stagingMiB);
+
+::kvc::planning::Source getSource(SourceAttr source);
+SourceAttr getSourceAttr(MLIRContext *context,
+                         const ::kvc::planning::Source &source);
+
+/// The request of a `kvc.restore`.
+::kvc::planning::Request getRequest(RestoreOp restore);
+
+/// The request a segment-level plan loads from (its segments' sources) and
+/// the plan itself; fails (with a diagnostic) on plans not starting at
+/// token 0 or covering only some layers.
+FailureOr<std::pair<::kvc::planning::Request, ::kvc::planning::Plan>>
+getSegmentPlan(PlanOp plan, int64_t layers);
+
+/// Creates `kvc.plan @name` holding `plan`'s segments.
+PlanOp buildPlanOp(OpBuilder &builder, Location loc, StringRef name,
+                   const ::kvc::planning::Request &request,
+                   const ::kvc::planning::Plan &plan, int64_t layers);
+
+/// The resource that runs a dataflow step (or a kernel, on compute).
+Resource getResource(Operation *step);
+
+/// A step's simulator job: its duration and pipeline priority (as
+/// Planner::buildJobs assigns them: fetch 1, decode 2, copy 3, device 4,
+/// chunk compute 0).
+struct StepCost {
+  double seconds = 0;
+  int priority = 0;
+  double bytesRead = 0;
+  double flops = 0;
+};
+StepCost getStepCost(Operation *step,
+                     const ::kvc::planning::CostModel &cost);
+
+} // namespace mlir::kvc
+
+#endif // KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H

@@ -1,0 +1,143 @@
+//===- Schedule.cpp - kvc-schedule: steps to tasks, slots and rounds ------===//
+//
+// Wraps every top-level step of a dataflow plan in a kvc.task on the resource
+// that runs it: fetches on the lanes of their tier (round robin, like
+// HCache's striping), host decoding on the decode pool, copies on the copy
+// engine, everything else on the compute stream. Tasks wait for the tasks
+// whose values they use.
+//
+// Staging memory is bounded (ShadowServe): each fetch takes one of
+// floor(budget / largest fetch) buffer slots, holding it until its chunk's
+// copy to the device has finished; a fetch that reuses a slot waits for that
+// copy. A request larger than the budget so runs in rounds.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PlanningSupport.h"
+
+#include "kvc/Transforms/Descriptions.h"
+#include "kvc/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace mlir::kvc {
+#define GEN_PASS_DEF_KVCSCHEDULEPASS
+#include "kvc/Transforms/Passes.h.inc"
+} // namespace mlir::kvc
+
+using namespace mlir;
+using namespace mlir::kvc;
+
+namespace {
+
+struct KVCSchedulePass
+    : public mlir::kvc::impl::KVCSchedulePassBase<KVCSchedulePass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    SmallVector<PlanOp> plans;
+    getOperation().walk([&](PlanOp plan) {
+      bool dataflow = plan.getBody().getOps<SegmentOp>().empty() &&
+                      plan.getBody().getOps<TaskOp>().empty() &&
+                      !plan.getBody().front().empty();
+      if (dataflow)
+        plans.push_back(plan);
+    });
+    if (plans.empty())
+      return;
+    FailureOr<PlanningContext> context = getPlanningContext(
+        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
+    if (failed(context))
+      return signalPassFailure();
+    for (PlanOp plan : plans)
+      schedule(plan, *context);
+  }
+
+  /// Host bytes a fetch holds: the fetched chunk and its decoded copy.
+  static double stagingBytes(FetchOp fetch,
+                             const ::kvc::planning::CostModel &cost) {
+    ChunkType c = fetch.getResult().getType();
+    auto form = c.getForm() == Form::kv ? ::kvc::planning::Form::KV
+                                        : ::kvc::planning::Form::Hidden;
+    ::kvc::CodecSpec codec = getCodecSpec(c.getCodec());
+    int64_t tokens = c.getTokens().size(), layers = c.getLayers().size();
+    return cost.storedBytes(form, codec, tokens, layers) +
+           cost.quantizedBytes(form, codec, tokens, layers);
+  }
+
+  void schedule(PlanOp plan, const PlanningContext &context) {
+    const ::kvc::planning::CostModel &cost = *context.cost;
+    Block &body = plan.getBody().front();
+    SmallVector<Operation *> steps =
+        llvm::map_to_vector(body, [](Operation &op) { return &op; });
+
+    double largestFetch = 1;
+    for (Operation *step : steps)
+      if (auto fetch = dyn_cast<FetchOp>(step))
+        largestFetch = std::max(largestFetch, stagingBytes(fetch, cost));
+    int64_t slots = std::max<int64_t>(
+        1, int64_t(double(context.options.stagingBytes) / largestFetch));
+
+    // The task that defines each value, the lanes handed out per tier, and
+    // per slot the copy task that frees it.
+    llvm::DenseMap<Value, TaskOp> definingTask;
+    llvm::StringMap<int64_t> nextLane;
+    SmallVector<Value> slotFreedBy(slots);
+    llvm::DenseMap<Value, int64_t> slotOfValue; // Host chunks in a slot.
+    int64_t nextSlot = 0;
+
+    OpBuilder builder(plan.getContext());
+    for (Operation *step : steps) {
+      Resource resource = getResource(step);
+      int64_t lane = 0;
+      if (auto fetch = dyn_cast<FetchOp>(step)) {
+        StringRef tier = fetch.getSource().getTier();
+        const ::kvc::TierDesc *desc = cost.target().findTier(tier.str());
+        lane = nextLane[tier]++ % (desc ? desc->lanes : 1);
+      }
+      SmallVector<Value> deps;
+      for (Value operand : step->getOperands())
+        if (TaskOp task = definingTask.lookup(operand))
+          if (!llvm::is_contained(deps, task.getDone()))
+            deps.push_back(task.getDone());
+      IntegerAttr slotAttr;
+      std::optional<int64_t> slot;
+      if (isa<FetchOp>(step)) {
+        slot = nextSlot++ % slots;
+        slotAttr = builder.getI64IntegerAttr(*slot);
+        if (Value freedBy = slotFreedBy[*slot])
+          if (!llvm::is_contained(deps, freedBy))
+            deps.push_back(freedBy);
+      } else if (step->getNumOperands() == 1) {
+        // Host chunks derived from a fetch stay in its slot.
+        auto it = slotOfValue.find(step->getOperand(0));
+        if (it != slotOfValue.end())
+          slot = it->second;
+      }
+
+      builder.setInsertionPoint(step);
+      auto task = builder.create<TaskOp>(
+          step->getLoc(), TokenType::get(plan.getContext()),
+          step->getResultTypes(), resource, uint64_t(lane),
+          deps, slotAttr);
+      Block *taskBody = builder.createBlock(&task.getBody());
+      step->moveBefore(taskBody, taskBody->end());
+      builder.setInsertionPointToEnd(taskBody);
+      builder.create<YieldOp>(step->getLoc(), step->getResults());
+      for (auto [value, result] :
+           llvm::zip(step->getResults(), task.getValues())) {
+        value.replaceUsesWithIf(result, [&](OpOperand &use) {
+          return use.getOwner()->getParentOp() != task.getOperation();
+        });
+        definingTask[result] = task;
+        if (slot && cast<ChunkType>(result.getType()).getSpace() == Space::host)
+          slotOfValue[result] = *slot;
+      }
+      // A copy to the device frees its chunk's slot.
+      if (isa<TransferToDeviceOp>(step) && slot)
+        slotFreedBy[*slot] = task.getDone();
+    }
+  }
+};
+
+} // namespace

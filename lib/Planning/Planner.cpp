@@ -375,7 +375,8 @@ Evaluation Planner::evaluate(const Plan &plan) const {
   Evaluation e;
   e.plan = plan;
   e.seconds = sim.makespan;
-  e.busy = sim.busy;
+  for (int r = 0; r < graph.numResources(); ++r)
+    e.busy.push_back(sim.busy[r] / graph.lanes(r));
   e.peakStagingBytes = sim.peakStagingBytes;
   e.jobs = graph.numJobs();
   for (int r = 0; r < graph.numResources(); ++r)

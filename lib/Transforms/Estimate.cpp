@@ -6,7 +6,7 @@
 // per top-level step, kernel or task, its cost from the cost model, its
 // dependencies from the values and tokens it uses, fetches holding staging
 // memory until their chunk's copy to the device ends. The plan gets
-// `predicted_ms`, each step `kvc.time_ns = array<i64: start, finish>`.
+// `predicted` microseconds, each step `kvc.time_ns = array<i64: start, finish>`.
 //
 //===----------------------------------------------------------------------===//
 
@@ -106,9 +106,8 @@ struct KVCEstimatePass
               : estimateSegments(plan, *context);
       if (!seconds)
         return signalPassFailure();
-      // Microsecond resolution is all a prediction carries.
-      plan.setPredictedMsAttr(
-          OpBuilder(plan).getF64FloatAttr(std::round(*seconds * 1e6) / 1e3));
+      plan.setPredictedUsAttr(
+          OpBuilder(plan).getI64IntegerAttr(std::llround(*seconds * 1e6)));
     }
   }
 

@@ -109,8 +109,8 @@ struct PlanRestorePass : public GeneratedBaseT<DerivedT> {
       PlanOp plan = buildPlanOp(builder, restore.getLoc(),
                                 restore.getSymName(), request, chosen.plan,
                                 context->layers);
-      plan.setPredictedMsAttr(
-          builder.getF64FloatAttr(std::round(chosen.seconds * 1e6) / 1e3));
+      plan.setPredictedUsAttr(
+          builder.getI64IntegerAttr(std::llround(chosen.seconds * 1e6)));
       static_cast<DerivedT *>(this)->emitReport(planner, chosen, plan);
       restore.erase();
     }

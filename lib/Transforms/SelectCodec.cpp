@@ -2,7 +2,8 @@
 //
 // KVServe's selection. For a save or transfer without a codec, every codec
 // of the profile (and raw data) is a candidate; a candidate is feasible when
-// its error is within `max_error` and its latency within `slo_ms`, where
+// its error is within `max_error` (0 when absent: lossless only) and its
+// latency within `slo_ms`, where
 // latency is KVServe's model: encoding on the host, the encoded bytes over
 // the tier's write bandwidth (save) or the NIC (transfer), and decoding at
 // the other end. The fastest feasible codec wins; when none is feasible the
@@ -113,7 +114,9 @@ struct KVCSelectCodecPass
       return op->emitOpError("target \"")
              << cost.target().name << "\" has no network (host.nic_gbs)";
     double slo = optionalDouble(sloAttr, kInf) * 1e-3;
-    double maxError = optionalDouble(errorAttr, kInf);
+    // Without a stated budget nothing lossy is chosen: a server must ask
+    // for approximate KV.
+    double maxError = optionalDouble(errorAttr, 0.0);
     std::vector<planning::CodecProfileEntry> candidates{
         planning::CodecProfileEntry{}}; // Raw data.
     for (const planning::CodecProfileEntry &e : cost.profile().entries())
@@ -140,12 +143,12 @@ struct KVCSelectCodecPass
       if (fastestAccurate)
         diag << "the fastest within the error budget ("
              << fastestAccurate->codec.str() << ") takes "
-             << ::kvc::formatNumber(accurateSeconds * 1e3) << " ms";
+             << ::kvc::formatSignificant(accurateSeconds * 1e3) << " ms";
       else
         diag << "every codec adds more error";
       diag << "; the fastest overall (" << fastest->codec.str() << ") takes "
-           << ::kvc::formatNumber(fastestSeconds * 1e3) << " ms and adds "
-           << ::kvc::formatNumber(cost.profile().quality(fastest->codec))
+           << ::kvc::formatSignificant(fastestSeconds * 1e3) << " ms and adds "
+           << ::kvc::formatSignificant(cost.profile().quality(fastest->codec))
            << " error";
       return diag;
     }
@@ -175,7 +178,7 @@ struct KVCSelectCodecPass
       if (cost.profile().quality(s.codec) > request.maxError) {
         mlir::emitRemark(restore.getLoc(), "dropping source ")
             << i << " (" << s.codec.str() << "): its error "
-            << ::kvc::formatNumber(cost.profile().quality(s.codec))
+            << ::kvc::formatSignificant(cost.profile().quality(s.codec))
             << " exceeds max_error";
         continue;
       }

@@ -55,7 +55,7 @@ struct Evaluation {
   double seconds = 0;  ///< Simulated makespan.
   double estimate = 0; ///< Analytic estimate the search ranked it by.
   std::vector<std::string> resources;
-  std::vector<double> busy; ///< Per resource, seconds summed over lanes.
+  std::vector<double> busy; ///< Per resource, busy seconds per lane.
   double bytesRead = 0;
   double flops = 0;
   int64_t peakStagingBytes = 0;

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 
 namespace kvc {
 
@@ -15,6 +16,12 @@ std::string formatNumber(double value) {
   std::to_chars_result result =
       std::to_chars(buffer, buffer + sizeof(buffer), value);
   return std::string(buffer, result.ptr);
+}
+
+std::string formatSignificant(double value, int digits) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.*g", digits, value);
+  return buffer;
 }
 
 } // namespace kvc

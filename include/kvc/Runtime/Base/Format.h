@@ -11,6 +11,9 @@ namespace kvc {
 /// integers ("500000"), others shortest round-trip ("27.6", "1e-05").
 std::string formatNumber(double value);
 
+/// `value` with at most `digits` significant digits ("94.2", "0.35").
+std::string formatSignificant(double value, int digits = 3);
+
 } // namespace kvc
 
 #endif // KVC_RUNTIME_BASE_FORMAT_H

@@ -123,7 +123,7 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     write the cache; after `kvc-schedule`, tasks. At every level the
     segments (or the scattered chunks) must tile the plan exactly: no
     overlap and no gap. Planning passes record the `strategy` that chose the
-    plan and `kvc-estimate` its simulated time, `predicted_ms`.
+    plan and `kvc-estimate` its simulated time in microseconds.
 
     ```mlir
     kvc.plan @cake tokens 0 to 512 layers 0 to 2 {
@@ -155,10 +155,11 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
                        KVC_RangeAttr:$layers,
                        OptionalAttr<StrAttr>:$strategy,
-                       OptionalAttr<F64Attr>:$predicted_ms);
+                       OptionalAttr<I64Attr>:$predicted_us);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) `layers` custom<Range>($layers)
+    (`strategy` $strategy^)? (`predicted` $predicted_us^ `us`)?
     attr-dict-with-keyword $body
   }];
   let hasRegionVerifier = 1;

@@ -1,0 +1,25 @@
+// RUN: kvc-opt %s --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-partition-layers | FileCheck %s --check-prefix=A100
+// RUN: sed s/ssd/net/g %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers | FileCheck %s --check-prefix=IOBOUND
+// RUN: sed -e s/ssd/net/g -e '/form = hidden/d' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers 2>&1 | FileCheck %s --check-prefix=NOHIDDEN
+
+// Tests that on HCache's testbed (Llama-2-7B on an A100-40GB with four SSDs),
+// where projecting hidden states is the bottleneck, a few layers load KV to
+// fill the bubble (HCache Table 3 reports 31 H + 1 KV).
+// A100-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
+// A100-NEXT:    kvc.segment load_kv tokens 0 to 4096 layers 0 to 3 from #[[KV:.+]]
+// A100-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 3 to 32 from #[[HIDDEN:.+]]
+
+// Tests that when IO is the bottleneck the complement is recomputing the
+// first layers from tokens.
+// IOBOUND-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
+// IOBOUND-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 9
+// IOBOUND-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 9 to 32 from
+
+// Tests that without hidden states the pass says so and uses the best plan
+// it has.
+// NOHIDDEN: remark: no usable hidden-state source: using the best plan without one
+// NOHIDDEN-LABEL: kvc.plan @chat
+// NOHIDDEN-SAME:    strategy "compute"
+kvc.restore @chat tokens 0 to 4096 from [
+    #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
+    #kvc.source<tier = "ssd", form = kv, tokens = 0 to 4096, layers = 0 to 32>]

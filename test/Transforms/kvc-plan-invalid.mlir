@@ -1,0 +1,18 @@
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan --verify-diagnostics
+// RUN: not kvc-opt %s --split-input-file --kvc-plan 2>&1 | FileCheck %s --check-prefix=NOMODEL
+// RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-plan 2>&1 | FileCheck %s --check-prefix=NOTARGET
+
+// NOMODEL: error: kvc-plan needs the model: attach one with --kvc-import-model=PATH/config.json
+// NOTARGET: error: kvc-plan needs the machine: attach one with --kvc-attach-target=targets/NAME.json
+
+// Tests that planning rejects requests it cannot serve, naming the problem.
+
+// expected-error @+1 {{'kvc.restore' op names tier "nvme", which target "a100-40gb" does not have}}
+kvc.restore @r tokens 0 to 4096 from [
+    #kvc.source<tier = "nvme", form = kv, tokens = 0 to 4096, layers = 0 to 32>]
+
+// -----
+
+// expected-error @+1 {{source 0 (hidden in "ssd") holds tokens 0 to 2048, which do not cover the request's 0 to 4096}}
+kvc.restore @r tokens 0 to 4096 from [
+    #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 2048, layers = 0 to 32>]

@@ -1,0 +1,45 @@
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan | FileCheck %s
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=report=true 2>&1 | FileCheck %s --check-prefix=REPORT
+
+// Tests that the joint planner mixes methods no single paper does: here
+// recomputing the first layers from tokens and loading int8 KV, compressed
+// with deflate, for the rest.
+// CHECK-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "joint"
+// CHECK-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 3
+// CHECK-NEXT:    kvc.segment load_kv tokens 0 to 4096 layers 3 to 32 from #[[KV:.+]]
+// CHECK-NEXT:  }
+
+// Tests that the report shows every baseline beside the chosen plan, with
+// busy time per resource, bytes read, FLOPs, and the chosen plan's speedup.
+// REPORT:      remark: kvc-plan @chat:
+// REPORT-NEXT: strategy makespan compute h2d decode io:dram io:ssd read GB TFLOP speedup
+// REPORT-NEXT: compute {{[0-9.]+}} ms {{.*}} 0.000 57.451 {{[0-9.]+}}x
+// REPORT-NEXT: kv
+// REPORT-NEXT: hidden
+// REPORT-NEXT: cake
+// REPORT-NEXT: hcache
+// REPORT-NEXT: joint {{[0-9.]+}} ms {{.*}} 1.00x
+// REPORT-NEXT: chunks of 512 tokens, loads in groups of 4 layers
+kvc.restore @chat tokens 0 to 4096 from [
+    #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
+    #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                tokens = 0 to 4096, layers = 0 to 32>]
+
+// -----
+
+// Tests that a quality budget excludes lossy sources: with int8 KV off the
+// table, the plan is HCache's.
+// CHECK-LABEL: kvc.plan @strict tokens 0 to 4096 layers 0 to 32 strategy "joint"
+// CHECK-NOT:     load_kv
+// CHECK:         kvc.segment load_hidden
+kvc.restore @strict tokens 0 to 4096 from [
+    #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
+    #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                tokens = 0 to 4096, layers = 0 to 32>]
+    {max_error = 0.001}
+
+// -----
+
+// Tests that a plan slower than the request's SLO is reported.
+// REPORT: warning: the best joint plan takes {{[0-9.]+}} ms, more than slo_ms = 1
+kvc.restore @hurry tokens 0 to 4096 from [] {slo_ms = 1.0}

@@ -1,0 +1,61 @@
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand | FileCheck %s
+
+#hidden = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 1024, layers = 0 to 4>
+#kv = #kvc.source<tier = "dram", form = kv,
+                  codec = <transform = hadamard, quant = int4, lossless = deflate>,
+                  tokens = 0 to 1024, layers = 0 to 4>
+
+// Tests that each segment becomes per-chunk dataflow on the 512-token grid:
+// loads are decompressed on the host, cross the link still quantized, and
+// are dequantized, untransformed (KV) or projected (hidden states) and
+// scattered on the device.
+// CHECK-LABEL: kvc.plan @joint tokens 0 to 1024 layers 0 to 4 {
+// CHECK:         %[[C:.+]] = kvc.chunk_compute tokens 0 to 512 layers 0 to 4 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 4, device>
+// CHECK-NEXT:    kvc.scatter %[[C]]
+// CHECK-NEXT:    %[[F:.+]] = kvc.fetch #{{.+}} tokens 512 to 1024 layers 0 to 1 : !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 1, host, codec <transform = hadamard, quant = int4, lossless = deflate>>
+// CHECK-NEXT:    %[[D:.+]] = kvc.decompress %[[F]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 1, host, codec <transform = hadamard, quant = int4>>
+// CHECK-NEXT:    %[[G:.+]] = kvc.transfer_to_device %[[D]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+// CHECK-NEXT:    %[[Q:.+]] = kvc.dequant %[[G]]
+// CHECK-NEXT:    %[[U:.+]] = kvc.untransform %[[Q]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 1, device>
+// CHECK-NEXT:    kvc.scatter %[[U]]
+// CHECK-NEXT:    %[[H:.+]] = kvc.fetch #{{.+}} tokens 512 to 1024 layers 1 to 4 : !kvc.chunk<hidden x f16, tokens 512 to 1024, layers 1 to 4, host>
+// CHECK-NEXT:    %[[HD:.+]] = kvc.transfer_to_device %[[H]]
+// CHECK-NEXT:    %[[P:.+]] = kvc.project %[[HD]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 512 to 1024, layers 1 to 4, device>
+// CHECK-NEXT:    kvc.scatter %[[P]]
+// CHECK-NEXT:  }
+kvc.plan @joint tokens 0 to 1024 layers 0 to 4 {
+  kvc.segment compute tokens 0 to 512 layers 0 to 4
+  kvc.segment load_kv tokens 512 to 1024 layers 0 to 1 from #kv
+  kvc.segment load_hidden tokens 512 to 1024 layers 1 to 4 from #hidden
+}
+
+// -----
+
+#kv = #kvc.source<tier = "dram", form = kv, tokens = 0 to 1536, layers = 0 to 4>
+
+// Tests that a computed chunk runs after every chunk holding its earlier
+// tokens, whether computed or loaded.
+// CHECK-LABEL: kvc.plan @compute_after_load
+// CHECK:         %[[L:.+]] = kvc.transfer_to_device
+// CHECK:         kvc.scatter %[[L]]
+// CHECK:         %[[C1:.+]] = kvc.chunk_compute tokens 512 to 1024 layers 0 to 4 after(%[[L]] : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 4, device>)
+// CHECK:         %[[C2:.+]] = kvc.chunk_compute tokens 1024 to 1536 layers 0 to 4 after(%[[L]], %[[C1]] : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 4, device>, !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 4, device>)
+kvc.plan @compute_after_load tokens 0 to 1536 layers 0 to 4 {
+  kvc.segment load_kv tokens 0 to 512 layers 0 to 4 from #kv
+  kvc.segment compute tokens 512 to 1536 layers 0 to 4
+}
+
+// -----
+
+#hidden = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 512, layers = 0 to 4>
+
+// Tests that a compute segment above layer 0 reads the hidden states entering
+// its first layer from its source.
+// CHECK-LABEL: kvc.plan @compute_from_hidden
+// CHECK:         %[[H:.+]] = kvc.fetch #{{.+}} tokens 0 to 512 layers 2 to 3 : !kvc.chunk<hidden x f16
+// CHECK-NEXT:    %[[HD:.+]] = kvc.transfer_to_device %[[H]]
+// CHECK-NEXT:    %[[C:.+]] = kvc.chunk_compute tokens 0 to 512 layers 2 to 4 from %[[HD]]
+kvc.plan @compute_from_hidden tokens 0 to 512 layers 0 to 4 {
+  kvc.segment load_hidden tokens 0 to 512 layers 0 to 2 from #hidden
+  kvc.segment compute tokens 0 to 512 layers 2 to 4 from #hidden
+}

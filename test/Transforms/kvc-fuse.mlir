@@ -1,0 +1,72 @@
+// RUN: kvc-opt %s --kvc-fuse | FileCheck %s
+
+// Tests that a chain of elementwise device steps, each feeding only the next,
+// becomes one kernel named after its steps, and that host and copy steps
+// stay outside.
+// CHECK-LABEL: func.func @dequant_chain
+// CHECK-SAME:    (%[[IN:.+]]: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>)
+// CHECK:         %[[D:.+]] = kvc.decompress %[[IN]]
+// CHECK-NEXT:    %[[G:.+]] = kvc.transfer_to_device %[[D]]
+// CHECK-NEXT:    kvc.kernel "dequant_untransform_scatter"(%[[G]]) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>) -> () {
+// CHECK-NEXT:    ^bb0(%[[ARG:.+]]: !kvc.chunk<{{.*}}>):
+// CHECK-NEXT:      %[[Q:.+]] = kvc.dequant %[[ARG]]
+// CHECK-NEXT:      %[[U:.+]] = kvc.untransform %[[Q]]
+// CHECK-NEXT:      kvc.scatter %[[U]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    return
+func.func @dequant_chain(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>) {
+  %d = kvc.decompress %c
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4>>
+  %g = kvc.transfer_to_device %d
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>
+  %q = kvc.dequant %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+  %u = kvc.untransform %q
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  return
+}
+
+// Tests that a value the chain produces for a step outside it becomes the
+// kernel's result, and that the chain ends there.
+// CHECK-LABEL: func.func @escaping
+// CHECK:         %[[KV:.+]] = kvc.kernel "dequant_untransform"(%{{.+}}) : (!kvc.chunk<{{.*}}>) -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device> {
+// CHECK:           kvc.yield %{{.+}} : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+// CHECK:         kvc.scatter %[[KV]]
+// CHECK:         kvc.chunk_compute tokens 64 to 128 layers 0 to 2 after(%[[KV]] :
+func.func @escaping(%g: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int8>>) {
+  %q = kvc.dequant %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int8>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+  %u = kvc.untransform %q
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %c = kvc.chunk_compute tokens 64 to 128 layers 0 to 2
+      after(%u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>)
+      : !kvc.chunk<kv x bf16, tokens 64 to 128, layers 0 to 2, device>
+  kvc.scatter %c : !kvc.chunk<kv x bf16, tokens 64 to 128, layers 0 to 2, device>
+  return
+}
+
+// Tests that projecting hidden states and scattering them fuse, and that a
+// lone step is left alone.
+// CHECK-LABEL: func.func @project
+// CHECK:         kvc.kernel "project_scatter"
+// CHECK:         %[[C:.+]] = kvc.chunk_compute
+// CHECK-NEXT:    kvc.scatter %[[C]]
+func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
+  %p = kvc.project %h
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %c = kvc.chunk_compute tokens 0 to 64 layers 1 to 4 from %h
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 1 to 4, device>
+  kvc.scatter %c : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 1 to 4, device>
+  return
+}

@@ -85,7 +85,29 @@ defvar KVC_CostModelOptions = [
 def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
   let summary = "Chooses codecs under latency, SLO and quality budgets (KVServe)";
   let description = [{
-    PLACEHOLDER
+    KVServe's codec selection. A `kvc.save` or `kvc.transfer` without a
+    codec gets the fastest codec of the profile (transform x quantization x
+    lossless coder, or raw data) whose error is within `max_error` (0 when
+    absent: lossless codecs only) and whose latency is within `slo_ms`.
+    Latency follows KVServe's model: host encoding, the encoded bytes over
+    the tier's write bandwidth (save) or the NIC (transfer), and decoding.
+    When no codec is feasible the op is rejected, naming the fastest codec
+    within the error budget and the fastest overall. For a `kvc.restore`
+    that stores the same data in several encodings, sources beyond the error
+    budget or slower to load than another encoding are dropped, with a
+    remark each. The profile is the built-in estimate unless
+    `codec-profile` names a measured one (docs/planning.md).
+
+    Before (on a target whose network tier writes at 0.05 GB/s):
+    ```mlir
+    kvc.save @doc tokens 0 to 4096 kv to "net" {max_error = 0.05}
+    ```
+    After:
+    ```mlir
+    kvc.save @doc tokens 0 to 4096 kv to "net"
+        codec <transform = hadamard, quant = int4, group = 128, lossless = zstd>
+        {max_error = 0.05}
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = KVC_CostModelOptions;
@@ -94,7 +116,30 @@ def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
 def KVCChooseMergePointPass : Pass<"kvc-choose-merge-point", "::mlir::ModuleOp"> {
   let summary = "Plans restores the Cake way: compute the front, load KV for the back";
   let description = [{
-    PLACEHOLDER
+    Cake's split of tokens: recompute tokens `[0, m)` from the front while
+    KV for `[m, T)` loads from the back, with `m` on the chunk grid where
+    both finish together by the simulator. Later tokens cost more to compute
+    (attention grows with position), so the meeting point is chosen over the
+    whole grid rather than by a closed form. Unlike Cake, it falls back to a
+    single resource when mixing would be slower (m = T when loading is
+    hopeless, m = 0 when it is fast). Each `kvc.restore` becomes a
+    `kvc.plan` of the same name; without a usable KV source every token is
+    computed and a remark says so.
+
+    Before (Llama-2-7B on a machine whose link loads all KV in about the time
+    recomputing it takes):
+    ```mlir
+    kvc.restore @chat tokens 0 to 4096 from [
+        #kvc.source<tier = "net", form = kv, tokens = 0 to 4096, layers = 0 to 32>]
+    ```
+    After:
+    ```mlir
+    kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "cake" predicted 159916 us {
+      kvc.segment compute tokens 0 to 2048 layers 0 to 32
+      kvc.segment load_kv tokens 2048 to 4096 layers 0 to 32
+          from #kvc.source<tier = "net", form = kv, tokens = 0 to 4096, layers = 0 to 32>
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = KVC_CostModelOptions;
@@ -103,7 +148,30 @@ def KVCChooseMergePointPass : Pass<"kvc-choose-merge-point", "::mlir::ModuleOp">
 def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
   let summary = "Plans restores the HCache way: hidden states for most layers, a complement for the rest";
   let description = [{
-    PLACEHOLDER
+    HCache's split of layers: hidden states for layers `[k, L)`, projected to
+    K and V on the device, and a complement for `[0, k)`: KV loads when
+    projection (compute) is the bottleneck, recomputing the first layers from
+    tokens when IO is. HCache solves for k in closed form (§4.1.2) from
+    per-layer times; this pass chooses the complement and k with the
+    simulator, which also sees pipeline fill, lanes and staging limits.
+    Without a usable hidden-state source it uses the best plan without one
+    and says so in a remark.
+
+    Before (Llama-2-7B on HCache's A100-40GB with four SSDs):
+    ```mlir
+    kvc.restore @chat tokens 0 to 4096 from [
+        #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
+        #kvc.source<tier = "ssd", form = kv, tokens = 0 to 4096, layers = 0 to 32>]
+    ```
+    After:
+    ```mlir
+    kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache" predicted 47448 us {
+      kvc.segment load_kv tokens 0 to 4096 layers 0 to 3
+          from #kvc.source<tier = "ssd", form = kv, tokens = 0 to 4096, layers = 0 to 32>
+      kvc.segment load_hidden tokens 0 to 4096 layers 3 to 32
+          from #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = KVC_CostModelOptions;
@@ -112,7 +180,34 @@ def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
 def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
   let summary = "Plans restores jointly over tokens, layers and codecs";
   let description = [{
-    PLACEHOLDER
+    The joint planner: tokens x layers x codecs together. It searches plans
+    of the form compute `[0, m)` for every layer, then for `[m, T)` a
+    complement (compute or KV load) for layers `[0, k)` and hidden states or
+    KV for `[k, L)`, choosing among the stored encodings of each form. This
+    space holds compute-only, KV-only, hidden-only, Cake and HCache; the
+    chosen plan is never slower, by the simulator, than the best of them
+    (docs/planning.md describes the search). `report` prints, as a remark,
+    one line per baseline and for the chosen plan: makespan, busy time per
+    resource and lane, bytes read, FLOPs, and the chosen plan's speedup over
+    each. A plan slower than the request's `slo_ms` is reported as a warning.
+
+    Before (Llama-2-7B on an A100-40GB, hidden states on the SSDs and int8
+    KV in host DRAM):
+    ```mlir
+    kvc.restore @chat tokens 0 to 4096 from [
+        #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
+        #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                    tokens = 0 to 4096, layers = 0 to 32>]
+    ```
+    After:
+    ```mlir
+    kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "joint" predicted 37729 us {
+      kvc.segment compute tokens 0 to 4096 layers 0 to 3
+      kvc.segment load_kv tokens 0 to 4096 layers 3 to 32
+          from #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                           tokens = 0 to 4096, layers = 0 to 32>
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = !listconcat(KVC_CostModelOptions, [
@@ -124,7 +219,42 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
 def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
   let summary = "Expands plan segments into per-chunk dataflow";
   let description = [{
-    PLACEHOLDER
+    Splits every segment into the chunks the planner simulated (token blocks
+    of `chunk-tokens`, chosen from the target's GEMM efficiency when 0, and
+    for loads layer groups that fit a quarter of the staging budget) and
+    emits each chunk's dataflow. Loads fetch on the host, decompress there,
+    cross the link still quantized, then dequantize, untransform, project
+    (hidden states) and scatter on the device. Computed chunks run a chunked
+    prefill after every chunk holding their earlier tokens, reading the
+    hidden states entering their first layer from the segment's source when
+    they start above layer 0.
+
+    Before:
+    ```mlir
+    kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
+      kvc.segment compute tokens 0 to 512 layers 0 to 4
+      kvc.segment load_hidden tokens 512 to 1024 layers 0 to 4
+          from #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 1024, layers = 0 to 4>
+    }
+    ```
+    After:
+    ```mlir
+    kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
+      %0 = kvc.chunk_compute tokens 0 to 512 layers 0 to 4
+          : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 4, device>
+      kvc.scatter %0 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 4, device>
+      %1 = kvc.fetch #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 1024, layers = 0 to 4>
+          tokens 512 to 1024 layers 0 to 4
+          : !kvc.chunk<hidden x f16, tokens 512 to 1024, layers 0 to 4, host>
+      %2 = kvc.transfer_to_device %1
+          : !kvc.chunk<hidden x f16, tokens 512 to 1024, layers 0 to 4, host>
+          -> !kvc.chunk<hidden x f16, tokens 512 to 1024, layers 0 to 4, device>
+      %3 = kvc.project %2
+          : !kvc.chunk<hidden x f16, tokens 512 to 1024, layers 0 to 4, device>
+          -> !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 4, device>
+      kvc.scatter %3 : !kvc.chunk<kv x f16, tokens 512 to 1024, layers 0 to 4, device>
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = KVC_CostModelOptions;
@@ -133,7 +263,36 @@ def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
 def KVCFusePass : Pass<"kvc-fuse", "::mlir::ModuleOp"> {
   let summary = "Fuses chains of elementwise device steps into kvc.kernel";
   let description = [{
-    PLACEHOLDER
+    Folds maximal chains of fusible steps on device chunks, each feeding only
+    the next, into one `kvc.kernel` named after its steps (dequant ->
+    untransform -> scatter, project -> scatter, ...). A value the chain
+    produces for a step outside it (a prefix of a later chunk compute)
+    becomes the kernel's result. Host decoding and copies stay outside.
+
+    Before:
+    ```mlir
+    func.func @f(%g: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int4>>) {
+      %q = kvc.dequant %g
+          : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int4>>
+          -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      kvc.scatter %q : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      return
+    }
+    ```
+    After:
+    ```mlir
+    func.func @f(%g: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int4>>) {
+      kvc.kernel "dequant_scatter"(%g)
+          : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int4>>) -> () {
+      ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int4>>):
+        %q = kvc.dequant %in
+            : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int4>>
+            -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+        kvc.scatter %q : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      }
+      return
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
 }
@@ -141,7 +300,46 @@ def KVCFusePass : Pass<"kvc-fuse", "::mlir::ModuleOp"> {
 def KVCSchedulePass : Pass<"kvc-schedule", "::mlir::ModuleOp"> {
   let summary = "Assigns steps to resources and staging slots as kvc.task";
   let description = [{
-    PLACEHOLDER
+    Wraps every top-level step of a dataflow plan in a `kvc.task` on the
+    resource that runs it: fetches on the lanes of their tier in turn (as
+    HCache stripes chunks over SSDs), host decoding on the decode pool,
+    copies on the copy engine, kernels and computes on the compute stream.
+    A task runs after the tasks whose values it uses. Staging memory is
+    bounded as in ShadowServe: each fetch takes one of
+    floor(staging budget / largest fetch) buffer slots until its chunk's copy
+    to the device has finished; a fetch reusing a slot waits for that copy,
+    so a request larger than the budget runs in rounds.
+
+    Before:
+    ```mlir
+    kvc.plan @p tokens 0 to 512 layers 0 to 1 {
+      %0 = kvc.fetch #kvc.source<tier = "dram", form = kv, tokens = 0 to 512, layers = 0 to 1>
+          tokens 0 to 512 layers 0 to 1 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, host>
+      %1 = kvc.transfer_to_device %0
+          : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, host>
+          -> !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, device>
+      kvc.scatter %1 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, device>
+    }
+    ```
+    After:
+    ```mlir
+    kvc.plan @p tokens 0 to 512 layers 0 to 1 {
+      %done, %values = kvc.task on io[0] slot 0 {
+        %0 = kvc.fetch #kvc.source<tier = "dram", form = kv, tokens = 0 to 512, layers = 0 to 1>
+            tokens 0 to 512 layers 0 to 1 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, host>
+        kvc.yield %0 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, host>
+      } : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, host>
+      %done_0, %values_1 = kvc.task on h2d[0] after %done {
+        %0 = kvc.transfer_to_device %values
+            : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, host>
+            -> !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, device>
+        kvc.yield %0 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, device>
+      } : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, device>
+      %done_2 = kvc.task on compute[0] after %done_0 {
+        kvc.scatter %values_1 : !kvc.chunk<kv x f16, tokens 0 to 512, layers 0 to 1, device>
+      }
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = KVC_CostModelOptions;
@@ -150,7 +348,31 @@ def KVCSchedulePass : Pass<"kvc-schedule", "::mlir::ModuleOp"> {
 def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
   let summary = "Attaches simulated times to plans and their steps";
   let description = [{
-    PLACEHOLDER
+    Times every plan with the planning library's simulator and records it:
+    `predicted N us` on the plan and `kvc.time_ns = array<i64: start,
+    finish>` on each step or task. A strategy-level plan is simulated as
+    the planner simulates it, by chunks of its segments; a dataflow or exec
+    plan step by step, each step's cost from the cost model, its
+    dependencies from the values and tokens it uses, and fetches holding
+    staging memory until their chunk's copy ends. The levels agree: a plan
+    predicts the same time before and after kvc-expand and kvc-schedule.
+
+    Before:
+    ```mlir
+    kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
+      kvc.segment load_kv tokens 0 to 1024 layers 0 to 4
+          from #kvc.source<tier = "ssd", form = kv, codec = <quant = int8, lossless = zstd>,
+                           tokens = 0 to 1024, layers = 0 to 4>
+    }
+    ```
+    After (a four-layer model on an A100-40GB):
+    ```mlir
+    kvc.plan @p tokens 0 to 1024 layers 0 to 4 predicted 3686 us {
+      kvc.segment load_kv tokens 0 to 1024 layers 0 to 4
+          from #kvc.source<tier = "ssd", form = kv, codec = <quant = int8, lossless = zstd>,
+                           tokens = 0 to 1024, layers = 0 to 4>
+    }
+    ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
   let options = KVC_CostModelOptions;

@@ -83,8 +83,13 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
       c.copy = quantized / (target.link.h2dGBs * 1e9);
       c.copyLatency = target.link.latencyUs * 1e-6;
       c.device = cost_.deviceDecodeSeconds(source.codec, raw);
-      if (source.form == Form::Hidden)
-        c.device += cost_.computeSeconds(cost_.projectFlops(1, 1), chunk_);
+      c.stored = stored;
+      c.quantized = quantized;
+      c.raw = raw;
+      if (source.form == Form::Hidden) {
+        c.projectFlops = cost_.projectFlops(1, 1);
+        c.device += cost_.computeSeconds(c.projectFlops, chunk_);
+      }
     }
     loadCosts_.push_back(c);
   }
@@ -292,35 +297,39 @@ JobGraph Planner::buildJobs(const Plan &plan,
     ioResources[tier] = r;
     return r;
   };
-  auto add = [&](const SimJob &job, JobInfo what, std::vector<int> deps) {
+  auto add = [&](const SimJob &job, JobInfo what,
+                 std::initializer_list<int> deps) {
     jobs.push_back(what);
     return graph.addJob(job, deps);
   };
 
-  /// fetch -> decode -> copy -> device for `form` of `box` from `source`;
-  /// returns the device job. `projectFlops` is the device's GEMM work.
-  auto addLoad = [&](int chunk, const Source &source, Form form,
-                     const Box &box, double projectFlops) {
-    const TierDesc &tier = *cost_.target().findTier(source.tier);
-    double stored =
-        cost_.storedBytes(form, source.codec, box.tokens(), box.layers());
-    double quantized =
-        cost_.quantizedBytes(form, source.codec, box.tokens(), box.layers());
-    double raw = cost_.rawBytes(form, box.tokens(), box.layers());
-    int fetch = add({ioResource(source.tier), cost_.readSeconds(tier, stored),
-                     1, int64_t(stored + quantized), -1},
-                    {JobInfo::Stage::Fetch, chunk, stored, 0}, {});
+  /// fetch -> decode -> copy -> device for the data of `box` in `source`;
+  /// returns the device job. Costs are linear in tokens x layers, so they
+  /// come from the source's per-token-layer LoadCost.
+  auto addLoad = [&](int chunk, int sourceIndex, const Box &box,
+                     bool project) {
+    const Source &source = request_.sources[sourceIndex];
+    const LoadCost &lc = loadCosts_[sourceIndex];
+    const TierDesc &tier = cost_.target().tiers[lc.tier];
+    double volume = double(box.tokens()) * double(box.layers());
+    double stored = lc.stored * volume, quantized = lc.quantized * volume;
+    int fetch =
+        add({ioResource(source.tier), lc.fetchLatency * double(tier.lanes) +
+                                          volume * lc.fetch * double(tier.lanes),
+             1, int64_t(stored + quantized), -1},
+            {JobInfo::Stage::Fetch, chunk, stored, 0}, {});
     int last = fetch;
     if (source.codec.lossless != CodecSpec::Lossless::None)
-      last = add({decode, cost_.hostDecodeSeconds(source.codec, quantized), 2},
+      last = add({decode, volume * lc.decode, 2},
                  {JobInfo::Stage::Decode, chunk, quantized, 0}, {last});
-    last = add({copy, cost_.h2dSeconds(quantized), 3},
+    last = add({copy, lc.copyLatency + volume * lc.copy, 3},
                {JobInfo::Stage::Copy, chunk, quantized, 0}, {last});
     graph.job(fetch).releasedBy = last;
-    double seconds = cost_.deviceDecodeSeconds(source.codec, raw) +
-                     cost_.computeSeconds(projectFlops, box.tokens());
+    double flops = project ? lc.projectFlops * volume : 0;
+    double seconds = cost_.deviceDecodeSeconds(source.codec, lc.raw * volume) +
+                     cost_.computeSeconds(flops, box.tokens());
     return add({compute, seconds, 4},
-               {JobInfo::Stage::Device, chunk, raw, projectFlops}, {last});
+               {JobInfo::Stage::Device, chunk, lc.raw * volume, flops}, {last});
   };
 
   std::vector<Chunk> chunks = this->chunks(plan);
@@ -330,12 +339,7 @@ JobGraph Planner::buildJobs(const Plan &plan,
     const Chunk &c = chunks[i];
     int chunk = static_cast<int>(i);
     if (c.method != Method::Compute) {
-      const Source &source = request_.sources[c.source];
-      Form form = formOf(c.method);
-      double flops = form == Form::Hidden
-                         ? cost_.projectFlops(c.box.tokens(), c.box.layers())
-                         : 0;
-      final[i] = addLoad(chunk, source, form, c.box, flops);
+      final[i] = addLoad(chunk, c.source, c.box, c.method == Method::LoadHidden);
       continue;
     }
     // Attention needs the KV of every earlier token in these layers.
@@ -352,9 +356,9 @@ JobGraph Planner::buildJobs(const Plan &plan,
     }
     if (c.box.l0 > 0) {
       if (hiddenFrom < 0 && c.source >= 0)
-        hiddenFrom = addLoad(chunk, request_.sources[c.source], Form::Hidden,
+        hiddenFrom = addLoad(chunk, c.source,
                              Box{c.box.t0, c.box.t1, c.box.l0, c.box.l0 + 1},
-                             0);
+                             /*project=*/false);
       if (hiddenFrom >= 0)
         deps.push_back(hiddenFrom);
     }
@@ -362,8 +366,8 @@ JobGraph Planner::buildJobs(const Plan &plan,
     double bytes = cost_.rawBytes(Form::KV, c.box.tokens(), c.box.layers());
     double seconds = cost_.computeSeconds(flops, c.box.tokens()) +
                      cost_.deviceDecodeSeconds(raw, bytes);
-    final[i] = add({compute, seconds, 0},
-                   {JobInfo::Stage::Compute, chunk, 0, flops}, deps);
+    jobs.push_back({JobInfo::Stage::Compute, chunk, 0, flops});
+    final[i] = graph.addJob({compute, seconds, 0}, deps);
   }
   return graph;
 }
@@ -447,7 +451,7 @@ std::optional<Evaluation> Planner::search(Filter filter,
   double fill = 0, bestEstimate = estimate(top.front().second, &fill);
   double unsure = bestEstimate > 0 ? fill / bestEstimate : 1.0;
   int64_t simulations =
-      std::clamp<int64_t>(int64_t(8 + 4000 * unsure), 8, 400);
+      std::clamp<int64_t>(int64_t(8 + 1000 * unsure), 8, 400);
   int64_t jobBudget = 0; // Set from the first simulation's size.
   auto simulateOnce = [&](const Candidate &c) -> double {
     auto it = seconds.find(key(c));
@@ -465,8 +469,12 @@ std::optional<Evaluation> Planner::search(Filter filter,
   };
   for (const auto &[e, c] : top)
     simulateOnce(c);
+  // Other structures only when their estimate is within the estimates' own
+  // uncertainty of the best.
+  double margin = 1.0 + std::max(0.02, 4.0 * unsure);
   for (const auto &[s, entry] : perStructure)
-    simulateOnce(entry.second);
+    if (entry.first <= bestEstimate * margin)
+      simulateOnce(entry.second);
 
   const int64_t layers = cost_.model().numLayers;
   // Normalizes `n` into `out`: no lower part at k = 0, no upper part at

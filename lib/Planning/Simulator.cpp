@@ -13,20 +13,28 @@ int JobGraph::addResource(std::string name, int lanes) {
   return numResources() - 1;
 }
 
-int JobGraph::addJob(const SimJob &job, const std::vector<int> &deps) {
-  jobs_.push_back(job);
-  deps_.push_back(deps);
-  int index = numJobs() - 1;
-  for (int dep : deps) {
-    (void)dep;
+namespace {
+template <typename Range>
+int addJobImpl(std::vector<SimJob> &jobs, std::vector<int> &deps,
+               std::vector<int> &depStart, const SimJob &job,
+               const Range &jobDeps) {
+  int index = static_cast<int>(jobs.size());
+  jobs.push_back(job);
+  for (int dep : jobDeps) {
     assert(dep >= 0 && dep < index && "a job depends on an earlier job");
+    deps.push_back(dep);
   }
+  depStart.push_back(static_cast<int>(deps.size()));
   return index;
 }
+} // namespace
 
-void JobGraph::addDependency(int job, int dep) {
-  assert(dep < job && "a job depends on an earlier job");
-  deps_[job].push_back(dep);
+int JobGraph::addJob(const SimJob &job, const std::vector<int> &deps) {
+  return addJobImpl(jobs_, deps_, depStart_, job, deps);
+}
+
+int JobGraph::addJob(const SimJob &job, std::initializer_list<int> deps) {
+  return addJobImpl(jobs_, deps_, depStart_, job, deps);
 }
 
 SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
@@ -40,9 +48,9 @@ SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
   // Dependents (CSR) and remaining dependency counts.
   std::vector<int> remaining(n, 0), offsets(n + 1, 0);
   for (int j = 0; j < n; ++j) {
-    remaining[j] = static_cast<int>(graph.deps(j).size());
-    for (int dep : graph.deps(j))
-      ++offsets[dep + 1];
+    remaining[j] = static_cast<int>(graph.depsEnd(j) - graph.depsBegin(j));
+    for (const int *dep = graph.depsBegin(j); dep != graph.depsEnd(j); ++dep)
+      ++offsets[*dep + 1];
   }
   for (int j = 0; j < n; ++j)
     offsets[j + 1] += offsets[j];
@@ -50,8 +58,8 @@ SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
   {
     std::vector<int> fill(offsets.begin(), offsets.end() - 1);
     for (int j = 0; j < n; ++j)
-      for (int dep : graph.deps(j))
-        dependents[fill[dep]++] = j;
+      for (const int *dep = graph.depsBegin(j); dep != graph.depsEnd(j); ++dep)
+        dependents[fill[*dep]++] = j;
   }
 
   // Ready jobs per resource, a max-heap on (priority, -index).

@@ -147,6 +147,8 @@ private:
     int tier = 0; ///< Index into the target's tiers.
     double fetch = 0, decode = 0, copy = 0, device = 0;
     double fetchLatency = 0, copyLatency = 0; ///< Per chunk.
+    double stored = 0, quantized = 0, raw = 0; ///< Bytes per token x layer.
+    double projectFlops = 0;                   ///< Per token x layer.
   };
   std::vector<LoadCost> loadCosts_;
 };

@@ -17,6 +17,7 @@
 #define KVC_PLANNING_SIMULATOR_H
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,7 @@ public:
   int addResource(std::string name, int lanes);
   /// Adds a job; `deps` must name earlier jobs. Returns its index.
   int addJob(const SimJob &job, const std::vector<int> &deps = {});
-  void addDependency(int job, int dep);
+  int addJob(const SimJob &job, std::initializer_list<int> deps);
 
   int numJobs() const { return static_cast<int>(jobs_.size()); }
   int numResources() const { return static_cast<int>(resources_.size()); }
@@ -45,7 +46,11 @@ public:
   SimJob &job(int index) { return jobs_[index]; }
   const std::string &resourceName(int r) const { return resources_[r].name; }
   int lanes(int r) const { return resources_[r].lanes; }
-  const std::vector<int> &deps(int job) const { return deps_[job]; }
+  /// The jobs `job` waits for.
+  const int *depsBegin(int job) const { return deps_.data() + depStart_[job]; }
+  const int *depsEnd(int job) const {
+    return deps_.data() + depStart_[job + 1];
+  }
 
 private:
   struct Resource {
@@ -54,7 +59,9 @@ private:
   };
   std::vector<Resource> resources_;
   std::vector<SimJob> jobs_;
-  std::vector<std::vector<int>> deps_;
+  /// Dependencies of job j: deps_[depStart_[j] .. depStart_[j + 1]).
+  std::vector<int> deps_;
+  std::vector<int> depStart_{0};
 };
 
 struct SimResult {

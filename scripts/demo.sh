@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # scripts/demo.sh [BUILD_DIR] - kvc's main job, as far as it exists today:
-# describe a model and a machine, then verify and print the example plans
-# (intent, strategy and dataflow levels) against them. Planning (choosing a
-# plan) and running plans arrive with the planning and runtime issues.
+# describe a model and a machine, verify and print the example plans
+# (intent, strategy and dataflow levels) against them, and plan a restore
+# jointly, printing every baseline beside the chosen plan. Running plans
+# arrives with the runtime issues.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -21,6 +22,17 @@ for plan in examples/plans/*.mlir; do
   "$OPT" "$plan" --kvc-import-model="$MODEL" --kvc-attach-target="$TARGET" |
     grep -v -e '^#model = ' -e '^#target = '
 done
+
+banner "Planning the chat restore jointly on an A100-40GB (kvc-restore-pipeline)"
+printf '%s\n' \
+  'kvc.restore @chat tokens 0 to 4096 from [' \
+  '  #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,' \
+  '  #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,' \
+  '              tokens = 0 to 4096, layers = 0 to 32>]' |
+  "$OPT" --kvc-import-model="$MODEL" --kvc-attach-target=targets/a100-40gb.json \
+    --kvc-restore-pipeline=report=true -o "${TMPDIR:-/tmp}/kvc-demo-plan.mlir"
+echo "(scheduled tasks with predicted times: ${TMPDIR:-/tmp}/kvc-demo-plan.mlir," \
+     "$(grep -c 'kvc.task' "${TMPDIR:-/tmp}/kvc-demo-plan.mlir") tasks)"
 
 banner "A plan that cannot run is rejected with the offending range"
 printf '%s\n' \

@@ -52,19 +52,19 @@ std::string formatReport(const planning::Planner &planner,
   const planning::Evaluation &chosen = rows.back();
   const char *strategy = "strategy", *makespan = "makespan";
   const char *read = "read GB", *tflop = "TFLOP", *speedup = "speedup";
-  os << llvm::format("%-9s %12s", strategy, makespan);
+  os << llvm::format("%-9s %14s", strategy, makespan);
   for (const std::string &r : resources)
-    os << llvm::format(" %12s", r.c_str());
+    os << llvm::format(" %14s", r.c_str());
   os << llvm::format(" %10s %10s %8s\n", read, tflop, speedup);
   for (const planning::Evaluation &e : rows) {
-    os << llvm::format("%-9s %12s", e.plan.strategy.c_str(),
+    os << llvm::format("%-9s %14s", e.plan.strategy.c_str(),
                        ms(e.seconds).c_str());
     for (const std::string &r : resources) {
       double busy = 0;
       for (size_t i = 0; i < e.resources.size(); ++i)
         if (e.resources[i] == r)
           busy = e.busy[i];
-      os << llvm::format(" %12s", ms(busy).c_str());
+      os << llvm::format(" %14s", ms(busy).c_str());
     }
     os << llvm::format(" %10.3f %10.3f %7.2fx\n", e.bytesRead / 1e9,
                        e.flops / 1e12, e.seconds / chosen.seconds);

@@ -2,6 +2,8 @@
 
 #include "kvc/Planning/CodecProfile.h"
 
+#include "kvc/Runtime/Base/EnumNames.h"
+
 #include <nlohmann/json.hpp>
 
 #include <fstream>
@@ -58,17 +60,14 @@ double quantError(const CodecSpec &codec) {
   return error;
 }
 
-/// Maps `name` back through CodecSpec's name function of enum `E`, whose
-/// enumerators are 0 .. count-1.
+/// Maps `name` back through CodecSpec's name function of enum `E`.
 template <typename E>
 bool lookupName(const char *(*nameOf)(E), int count, const std::string &name,
                 E &out) {
-  for (int i = 0; i < count; ++i)
-    if (name == nameOf(static_cast<E>(i))) {
-      out = static_cast<E>(i);
-      return true;
-    }
-  return false;
+  std::optional<E> value = enumFromName(nameOf, count, name);
+  if (value)
+    out = *value;
+  return value.has_value();
 }
 
 } // namespace

@@ -2,6 +2,8 @@
 
 #include "kvc/Transforms/Descriptions.h"
 
+#include "kvc/Runtime/Base/EnumNames.h"
+
 #include "mlir/IR/Builders.h"
 
 using namespace mlir;
@@ -19,10 +21,9 @@ E symbolize(std::optional<E> (*symbolizeFn)(StringRef), const char *name) {
 /// The inverse: the runtime enumerator whose name is `name`.
 template <typename E>
 E fromName(const char *(*nameOf)(E), int count, StringRef name) {
-  for (int i = 0; i < count; ++i)
-    if (name == nameOf(static_cast<E>(i)))
-      return static_cast<E>(i);
-  llvm_unreachable("schema and dialect enums out of sync");
+  std::optional<E> value = ::kvc::enumFromName(nameOf, count, name);
+  assert(value && "schema and dialect enums out of sync");
+  return *value;
 }
 
 Type getElementType(MLIRContext *context, ::kvc::DType dtype) {

@@ -91,24 +91,20 @@ struct KVCEstimatePass
   using Base::Base;
 
   void runOnOperation() override {
-    SmallVector<PlanOp> plans;
-    getOperation().walk([&](PlanOp plan) { plans.push_back(plan); });
-    if (plans.empty())
-      return;
-    FailureOr<PlanningContext> context = getPlanningContext(
-        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
-    if (failed(context))
-      return signalPassFailure();
-    for (PlanOp plan : plans) {
-      std::optional<double> seconds =
-          plan.getBody().getOps<SegmentOp>().empty()
-              ? estimateSteps(plan, *context)
-              : estimateSegments(plan, *context);
+    auto estimate = [&](PlanOp plan, const PlanningContext &context) {
+      std::optional<double> seconds = holdsSegments(plan)
+                                          ? estimateSegments(plan, context)
+                                          : estimateSteps(plan, context);
       if (!seconds)
-        return signalPassFailure();
+        return failure();
       plan.setPredictedUsAttr(
           OpBuilder(plan).getI64IntegerAttr(std::llround(*seconds * 1e6)));
-    }
+      return success();
+    };
+    if (failed(forEachPlan(getOperation(), getArgument(), codecProfile,
+                           chunkTokens, stagingMiB,
+                           [](PlanOp) { return true; }, estimate)))
+      signalPassFailure();
   }
 
   std::optional<double> estimateSegments(PlanOp plan,

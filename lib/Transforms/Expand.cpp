@@ -93,20 +93,13 @@ struct KVCExpandPass
   using Base::Base;
 
   void runOnOperation() override {
-    SmallVector<PlanOp> plans;
-    getOperation().walk([&](PlanOp plan) {
-      if (!plan.getBody().getOps<SegmentOp>().empty())
-        plans.push_back(plan);
-    });
-    if (plans.empty())
-      return;
-    FailureOr<PlanningContext> context = getPlanningContext(
-        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
-    if (failed(context))
-      return signalPassFailure();
-    for (PlanOp plan : plans)
-      if (failed(expand(plan, *context)))
-        return signalPassFailure();
+    if (failed(forEachPlan(
+            getOperation(), getArgument(), codecProfile, chunkTokens,
+            stagingMiB, holdsSegments,
+            [&](PlanOp plan, const PlanningContext &context) {
+              return expand(plan, context);
+            })))
+      signalPassFailure();
   }
 
   LogicalResult expand(PlanOp plan, const PlanningContext &context) {

@@ -43,6 +43,31 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
   return context;
 }
 
+LogicalResult mlir::kvc::forEachPlan(
+    ModuleOp module, StringRef passArgument, StringRef profilePath,
+    int64_t chunkTokens, int64_t stagingMiB, function_ref<bool(PlanOp)> select,
+    function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn) {
+  SmallVector<PlanOp> plans;
+  module.walk([&](PlanOp plan) {
+    if (select(plan))
+      plans.push_back(plan);
+  });
+  if (plans.empty())
+    return success();
+  FailureOr<PlanningContext> context = getPlanningContext(
+      module, passArgument, profilePath, chunkTokens, stagingMiB);
+  if (failed(context))
+    return failure();
+  for (PlanOp plan : plans)
+    if (failed(fn(plan, *context)))
+      return failure();
+  return success();
+}
+
+bool mlir::kvc::holdsSegments(PlanOp plan) {
+  return !plan.getBody().getOps<SegmentOp>().empty();
+}
+
 planning::Source mlir::kvc::getSource(SourceAttr source) {
   planning::Source out;
   out.tier = source.getTier().str();

@@ -34,6 +34,18 @@ getPlanningContext(Operation *op, StringRef passArgument,
                    StringRef profilePath, int64_t chunkTokens,
                    int64_t stagingMiB);
 
+/// Calls `fn` on every plan of `module` that `select` accepts, with the
+/// planning context built once (only when some plan is selected). Fails at
+/// the first failure.
+LogicalResult
+forEachPlan(ModuleOp module, StringRef passArgument, StringRef profilePath,
+            int64_t chunkTokens, int64_t stagingMiB,
+            function_ref<bool(PlanOp)> select,
+            function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn);
+
+/// True for a strategy-level plan (one holding segments).
+bool holdsSegments(PlanOp plan);
+
 ::kvc::planning::Source getSource(SourceAttr source);
 SourceAttr getSourceAttr(MLIRContext *context,
                          const ::kvc::planning::Source &source);

@@ -35,22 +35,18 @@ struct KVCSchedulePass
   using Base::Base;
 
   void runOnOperation() override {
-    SmallVector<PlanOp> plans;
-    getOperation().walk([&](PlanOp plan) {
-      bool dataflow = plan.getBody().getOps<SegmentOp>().empty() &&
-                      plan.getBody().getOps<TaskOp>().empty() &&
-                      !plan.getBody().front().empty();
-      if (dataflow)
-        plans.push_back(plan);
-    });
-    if (plans.empty())
-      return;
-    FailureOr<PlanningContext> context = getPlanningContext(
-        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
-    if (failed(context))
-      return signalPassFailure();
-    for (PlanOp plan : plans)
-      schedule(plan, *context);
+    // Dataflow-level plans: no segments, no tasks yet.
+    auto dataflow = [](PlanOp plan) {
+      return !holdsSegments(plan) && plan.getBody().getOps<TaskOp>().empty() &&
+             !plan.getBody().front().empty();
+    };
+    if (failed(forEachPlan(getOperation(), getArgument(), codecProfile,
+                           chunkTokens, stagingMiB, dataflow,
+                           [&](PlanOp plan, const PlanningContext &context) {
+                             schedule(plan, context);
+                             return success();
+                           })))
+      signalPassFailure();
   }
 
   /// Host bytes a fetch holds: the fetched chunk and its decoded copy.

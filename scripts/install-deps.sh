@@ -12,8 +12,10 @@ PACKAGES=(
   llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
   # Tests and benchmarks.
   libgtest-dev libbenchmark-dev
-  # Runtime libraries.
-  nlohmann-json3-dev
+  # Runtime libraries: JSON, BLAS, hashing, codecs, the Redis tier.
+  nlohmann-json3-dev libopenblas-dev libssl-dev
+  zlib1g-dev libdeflate-dev libzstd-dev liblz4-dev
+  libhiredis-dev redis-server
 )
 
 missing=()

@@ -89,6 +89,7 @@ public:
   const T *operator->() const { return &value(); }
   T &operator*() & { return value(); }
   const T &operator*() const & { return value(); }
+  T &&operator*() && { return std::move(*this).value(); }
 
 private:
   std::variant<Status, T> state_;

@@ -1,0 +1,99 @@
+//===- GenModel.cpp - Small random models in checkpoint format ------------===//
+
+#include "kvc/Runtime/Model/GenModel.h"
+
+#include "kvc/Runtime/Model/Safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+namespace kvc {
+
+Status generateModel(const std::string &dir, const GenModelOptions &o) {
+  ModelConfig check;
+  check.modelType = "llama";
+  check.numLayers = o.layers;
+  check.hiddenSize = o.hidden;
+  check.numHeads = o.heads;
+  check.numKvHeads = o.kvHeads;
+  check.headDim = o.heads > 0 ? o.hidden / o.heads : 0;
+  check.intermediateSize = o.ffn;
+  check.vocabSize = o.vocab;
+  check.maxPositions = o.maxPositions;
+  check.ropeTheta = o.ropeTheta;
+  check.dtype = o.dtype;
+  KVC_RETURN_IF_ERROR(check.validate());
+  if (o.hidden % o.heads)
+    return invalidArgument("hidden (" + std::to_string(o.hidden) +
+                           ") must be a multiple of heads (" +
+                           std::to_string(o.heads) + ")");
+
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error)
+    return Status(StatusCode::Unavailable, dir + ": " + error.message());
+
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  TensorMap tensors;
+  auto random = [&](const std::string &name, std::vector<int64_t> shape) {
+    Tensor t{shape, {}};
+    t.data.resize(t.numel());
+    for (float &x : t.data)
+      x = normal(rng);
+    tensors[name] = std::move(t);
+  };
+  auto ones = [&](const std::string &name, int64_t size) {
+    tensors[name] = Tensor{{size}, std::vector<float>(size, 1.0f)};
+  };
+  const int64_t h = o.hidden, d = o.hidden / o.heads;
+  random("model.embed_tokens.weight", {o.vocab, h});
+  for (int64_t l = 0; l < o.layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    ones(p + "input_layernorm.weight", h);
+    random(p + "self_attn.q_proj.weight", {o.heads * d, h});
+    random(p + "self_attn.k_proj.weight", {o.kvHeads * d, h});
+    random(p + "self_attn.v_proj.weight", {o.kvHeads * d, h});
+    random(p + "self_attn.o_proj.weight", {h, o.heads * d});
+    ones(p + "post_attention_layernorm.weight", h);
+    random(p + "mlp.gate_proj.weight", {o.ffn, h});
+    random(p + "mlp.up_proj.weight", {o.ffn, h});
+    random(p + "mlp.down_proj.weight", {h, o.ffn});
+  }
+  ones("model.norm.weight", h);
+  random("lm_head.weight", {o.vocab, h});
+
+  const char *dtypeName = o.dtype == DType::BF16  ? "bfloat16"
+                          : o.dtype == DType::F16 ? "float16"
+                                                  : "float32";
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                           {"model_type", "llama"},
+                           {"hidden_act", "silu"},
+                           {"num_hidden_layers", o.layers},
+                           {"hidden_size", h},
+                           {"num_attention_heads", o.heads},
+                           {"num_key_value_heads", o.kvHeads},
+                           {"head_dim", d},
+                           {"intermediate_size", o.ffn},
+                           {"vocab_size", o.vocab},
+                           {"max_position_embeddings", o.maxPositions},
+                           {"rope_theta", o.ropeTheta},
+                           {"rms_norm_eps", 1e-5},
+                           {"tie_word_embeddings", false},
+                           {"torch_dtype", dtypeName},
+                           {"kvc_generator_seed", o.seed}};
+  std::filesystem::path root(dir);
+  {
+    std::ofstream out(root / "config.json");
+    out << config.dump(2) << "\n";
+    if (!out)
+      return Status(StatusCode::Unavailable, dir + ": cannot write config.json");
+  }
+  return writeSafetensors((root / "model.safetensors").string(), tensors,
+                          o.dtype);
+}
+
+} // namespace kvc

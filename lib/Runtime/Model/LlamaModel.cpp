@@ -1,0 +1,259 @@
+//===- LlamaModel.cpp - The CPU reference model ---------------------------===//
+
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include "kvc/Runtime/Base/Sha256.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+namespace kvc {
+
+namespace {
+
+/// y[n][out] = x[n][in] * W[out][in]^T.
+void linear(const float *x, const std::vector<float> &w, int64_t n,
+            int64_t in, int64_t out, float *y) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out),
+              int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
+}
+
+/// Moves tensor `name` out of `tensors` after checking its shape.
+Status take(TensorMap &tensors, const std::string &name,
+            std::vector<int64_t> shape, std::vector<float> &out) {
+  auto it = tensors.find(name);
+  if (it == tensors.end())
+    return invalidArgument("checkpoint has no tensor " + name);
+  if (it->second.shape != shape) {
+    auto str = [](const std::vector<int64_t> &s) {
+      std::string text = "[";
+      for (size_t i = 0; i < s.size(); ++i)
+        text += (i ? ", " : "") + std::to_string(s[i]);
+      return text + "]";
+    };
+    return invalidArgument("tensor " + name + " has shape " +
+                           str(it->second.shape) + ", config.json implies " +
+                           str(shape));
+  }
+  out = std::move(it->second.data);
+  return Status::ok();
+}
+
+/// RoPE frequencies with the config's scaling (HF's rope_init functions).
+std::vector<float> ropeFrequencies(const ModelConfig &c) {
+  int64_t half = c.headDim / 2;
+  std::vector<float> inv(half);
+  const double pi = 3.14159265358979323846;
+  for (int64_t i = 0; i < half; ++i) {
+    double f = 1.0 / std::pow(c.ropeTheta, double(2 * i) / double(c.headDim));
+    const RopeScaling &s = c.ropeScaling;
+    if (s.kind == RopeScaling::Kind::Linear) {
+      f /= s.factor;
+    } else if (s.kind == RopeScaling::Kind::Llama3) {
+      double lowWavelen = double(s.originalMaxPositions) / s.lowFreqFactor;
+      double highWavelen = double(s.originalMaxPositions) / s.highFreqFactor;
+      double wavelen = 2 * pi / f;
+      if (wavelen > lowWavelen) {
+        f /= s.factor;
+      } else if (wavelen >= highWavelen) {
+        double smooth =
+            (double(s.originalMaxPositions) / wavelen - s.lowFreqFactor) /
+            (s.highFreqFactor - s.lowFreqFactor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+    inv[i] = float(f);
+  }
+  return inv;
+}
+
+} // namespace
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir) {
+  StatusOr<ModelConfig> config =
+      loadModelConfig((std::filesystem::path(dir) / "config.json").string());
+  if (!config.isOk())
+    return config.status();
+  std::string weightsDigest;
+  StatusOr<TensorMap> tensors = loadSafetensors(dir, &weightsDigest);
+  if (!tensors.isOk())
+    return tensors.status();
+
+  std::unique_ptr<LlamaModel> model(new LlamaModel());
+  ModelConfig &c = model->config_;
+  c = *config;
+  const int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,
+                kv = c.numKvHeads * c.headDim, f = c.intermediateSize;
+  TensorMap &t = *tensors;
+  KVC_RETURN_IF_ERROR(
+      take(t, "model.embed_tokens.weight", {c.vocabSize, h}, model->embed_));
+  model->layers_.resize(c.numLayers);
+  for (int64_t l = 0; l < c.numLayers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer &L = model->layers_[l];
+    KVC_RETURN_IF_ERROR(take(t, p + "input_layernorm.weight", {h}, L.attnNorm));
+    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.q_proj.weight", {q, h}, L.q));
+    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.k_proj.weight", {kv, h}, L.k));
+    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.v_proj.weight", {kv, h}, L.v));
+    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.o_proj.weight", {h, q}, L.o));
+    KVC_RETURN_IF_ERROR(
+        take(t, p + "post_attention_layernorm.weight", {h}, L.mlpNorm));
+    KVC_RETURN_IF_ERROR(take(t, p + "mlp.gate_proj.weight", {f, h}, L.gate));
+    KVC_RETURN_IF_ERROR(take(t, p + "mlp.up_proj.weight", {f, h}, L.up));
+    KVC_RETURN_IF_ERROR(take(t, p + "mlp.down_proj.weight", {h, f}, L.down));
+  }
+  model->invFreq_ = ropeFrequencies(c);
+  Sha256 hash;
+  hash.update(c.modelType)
+      .update(uint64_t(c.numLayers))
+      .update(uint64_t(c.hiddenSize))
+      .update(uint64_t(c.numHeads))
+      .update(uint64_t(c.numKvHeads))
+      .update(uint64_t(c.headDim))
+      .update(uint64_t(c.intermediateSize))
+      .update(std::to_string(c.ropeTheta))
+      .update(weightsDigest);
+  model->fingerprint_ = toHex(hash.finish());
+  return model;
+}
+
+LlamaModel::Cache LlamaModel::newCache() const {
+  Cache cache;
+  cache.k.resize(config_.numLayers);
+  cache.v.resize(config_.numLayers);
+  return cache;
+}
+
+void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,
+                         int64_t n, float *out) const {
+  const int64_t h = config_.hiddenSize;
+  for (int64_t i = 0; i < n; ++i) {
+    const float *row = x + i * h;
+    double sum = 0;
+    for (int64_t j = 0; j < h; ++j)
+      sum += double(row[j]) * row[j];
+    float scale = float(1.0 / std::sqrt(sum / double(h) + config_.rmsNormEps));
+    for (int64_t j = 0; j < h; ++j)
+      out[i * h + j] = row[j] * scale * weight[j];
+  }
+}
+
+void LlamaModel::rope(float *x, int64_t n, int64_t heads,
+                      int64_t position) const {
+  const int64_t d = config_.headDim, half = d / 2;
+  for (int64_t i = 0; i < n; ++i) {
+    double pos = double(position + i);
+    for (int64_t j = 0; j < half; ++j) {
+      double angle = pos * double(invFreq_[j]);
+      float c = float(std::cos(angle)), s = float(std::sin(angle));
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        float *head = x + (i * heads + hd) * d;
+        float a = head[j], b = head[j + half];
+        head[j] = a * c - b * s;
+        head[j + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
+                         int64_t position, float *k, float *v) const {
+  const Layer &L = layers_[layer];
+  const int64_t h = config_.hiddenSize;
+  std::vector<float> normed(n * h);
+  rmsNorm(hidden, L.attnNorm, n, normed.data());
+  linear(normed.data(), L.k, n, h, kvDim(), k);
+  linear(normed.data(), L.v, n, h, kvDim(), v);
+  rope(k, n, config_.numKvHeads, position);
+}
+
+Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
+                           const LayerCallback &onLayer) const {
+  const ModelConfig &c = config_;
+  if (n <= 0)
+    return Status::ok();
+  const int64_t pos0 = cache.tokens, total = pos0 + n;
+  if (total > c.maxPositions)
+    return invalidArgument("prefilling to " + std::to_string(total) +
+                           " tokens exceeds the model's context of " +
+                           std::to_string(c.maxPositions));
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= c.vocabSize)
+      return invalidArgument("token " + std::to_string(tokens[i]) +
+                             " is outside the vocabulary of " +
+                             std::to_string(c.vocabSize));
+  const int64_t h = c.hiddenSize, d = c.headDim, heads = c.numHeads,
+                kvHeads = c.numKvHeads, kv = kvDim(), q = heads * d,
+                f = c.intermediateSize, group = heads / kvHeads;
+
+  std::vector<float> x(n * h), normed(n * h), qs(n * q), k(n * kv),
+      v(n * kv), attn(n * q), tmp(n * h), gate(n * f), up(n * f),
+      scores(n * total);
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(&embed_[int64_t(tokens[i]) * h], h, &x[i * h]);
+
+  const float scale = 1.0f / std::sqrt(float(d));
+  for (int64_t l = 0; l < c.numLayers; ++l) {
+    const Layer &L = layers_[l];
+    rmsNorm(x.data(), L.attnNorm, n, normed.data());
+    linear(normed.data(), L.q, n, h, q, qs.data());
+    linear(normed.data(), L.k, n, h, kv, k.data());
+    linear(normed.data(), L.v, n, h, kv, v.data());
+    rope(qs.data(), n, heads, pos0);
+    rope(k.data(), n, kvHeads, pos0);
+    if (onLayer)
+      onLayer({l, pos0, n, x.data(), k.data(), v.data()});
+    std::vector<float> &K = cache.k[l], &V = cache.v[l];
+    K.insert(K.end(), k.begin(), k.end());
+    V.insert(V.end(), v.begin(), v.end());
+
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      int64_t kvh = hd / group;
+      // scores[n][total] = Q_h K_kvh^T / sqrt(d), causal.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(total),
+                  int(d), scale, qs.data() + hd * d, int(q),
+                  K.data() + kvh * d, int(kv), 0.0f, scores.data(),
+                  int(total));
+      for (int64_t i = 0; i < n; ++i) {
+        float *row = scores.data() + i * total;
+        int64_t visible = pos0 + i + 1;
+        float peak = *std::max_element(row, row + visible);
+        double sum = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          row[j] = std::exp(row[j] - peak);
+          sum += row[j];
+        }
+        float inv = float(1.0 / sum);
+        for (int64_t j = 0; j < visible; ++j)
+          row[j] *= inv;
+        std::fill(row + visible, row + total, 0.0f);
+      }
+      // attn_h[n][d] = P V_kvh.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(d),
+                  int(total), 1.0f, scores.data(), int(total),
+                  V.data() + kvh * d, int(kv), 0.0f, attn.data() + hd * d,
+                  int(q));
+    }
+    linear(attn.data(), L.o, n, q, h, tmp.data());
+    for (int64_t i = 0; i < n * h; ++i)
+      x[i] += tmp[i];
+
+    rmsNorm(x.data(), L.mlpNorm, n, normed.data());
+    linear(normed.data(), L.gate, n, h, f, gate.data());
+    linear(normed.data(), L.up, n, h, f, up.data());
+    for (int64_t i = 0; i < n * f; ++i) {
+      float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+    }
+    linear(gate.data(), L.down, n, f, h, tmp.data());
+    for (int64_t i = 0; i < n * h; ++i)
+      x[i] += tmp[i];
+  }
+  cache.tokens = total;
+  return Status::ok();
+}
+
+} // namespace kvc

@@ -1,0 +1,201 @@
+//===- Safetensors.cpp - Hugging Face safetensors files -------------------===//
+
+#include "kvc/Runtime/Model/Safetensors.h"
+
+#include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Base/Sha256.h"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace kvc {
+
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+struct DTypeInfo {
+  const char *name;
+  DType dtype;
+  int64_t bytes;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {"BF16", DType::BF16, 2}, {"F16", DType::F16, 2}, {"F32", DType::F32, 4}};
+
+Status dataLoss(const std::string &message) {
+  return Status(StatusCode::DataLoss, message);
+}
+
+StatusOr<std::string> readAll(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return notFound(path + ": cannot open file");
+  std::string bytes((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+  return bytes;
+}
+
+/// Parses one file's tensors into `out`, hashing them into `hash`.
+Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
+  StatusOr<std::string> file = readAll(path);
+  if (!file.isOk())
+    return file.status();
+  const std::string &bytes = *file;
+  if (bytes.size() < 8)
+    return dataLoss(path + ": shorter than a safetensors header");
+  uint64_t headerSize = 0;
+  for (int i = 0; i < 8; ++i)
+    headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+  if (headerSize > bytes.size() - 8)
+    return dataLoss(path + ": header length " + std::to_string(headerSize) +
+                    " exceeds the file");
+  Json header;
+  try {
+    header = Json::parse(bytes.begin() + 8, bytes.begin() + 8 + headerSize);
+  } catch (const Json::exception &e) {
+    return dataLoss(path + ": bad header: " + e.what());
+  }
+  if (!header.is_object())
+    return dataLoss(path + ": header is not a JSON object");
+  const uint64_t dataStart = 8 + headerSize;
+  const uint64_t dataSize = bytes.size() - dataStart;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string &name = it.key();
+    if (name == "__metadata__")
+      continue;
+    const Json &entry = it.value();
+    try {
+      std::string dtypeName = entry.at("dtype").get<std::string>();
+      const DTypeInfo *info = nullptr;
+      for (const DTypeInfo &d : kDTypes)
+        if (dtypeName == d.name)
+          info = &d;
+      if (!info)
+        return unimplemented(path + ": tensor " + name + " has dtype " +
+                             dtypeName + " (kvc reads BF16, F16, F32)");
+      Tensor tensor;
+      tensor.shape = entry.at("shape").get<std::vector<int64_t>>();
+      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offsets.size() != 2 || offsets[0] > offsets[1] ||
+          offsets[1] > dataSize)
+        return dataLoss(path + ": tensor " + name +
+                        " has offsets outside the file");
+      int64_t numel = tensor.numel();
+      if (numel < 0 ||
+          uint64_t(numel * info->bytes) != offsets[1] - offsets[0])
+        return dataLoss(path + ": tensor " + name +
+                        " size does not match its shape and dtype");
+      const char *src = bytes.data() + dataStart + offsets[0];
+      tensor.data.resize(numel);
+      for (int64_t i = 0; i < numel; ++i) {
+        if (info->dtype == DType::F32) {
+          std::memcpy(&tensor.data[i], src + 4 * i, 4);
+        } else {
+          uint16_t bits;
+          std::memcpy(&bits, src + 2 * i, 2);
+          tensor.data[i] = info->dtype == DType::BF16 ? bf16ToFloat(bits)
+                                                      : f16ToFloat(bits);
+        }
+      }
+      hash.update(name).update(dtypeName);
+      for (int64_t d : tensor.shape)
+        hash.update(uint64_t(d));
+      hash.update(src, offsets[1] - offsets[0]);
+      out[name] = std::move(tensor);
+    } catch (const Json::exception &e) {
+      return dataLoss(path + ": tensor " + name + ": " + e.what());
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+StatusOr<TensorMap> loadSafetensors(const std::string &dir,
+                                    std::string *digest) {
+  TensorMap tensors;
+  Sha256 hash;
+  fs::path single = fs::path(dir) / "model.safetensors";
+  fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(single)) {
+    KVC_RETURN_IF_ERROR(loadFile(single.string(), tensors, hash));
+  } else if (fs::exists(index)) {
+    StatusOr<std::string> text = readAll(index.string());
+    if (!text.isOk())
+      return text.status();
+    std::set<std::string> shards;
+    try {
+      Json map = Json::parse(*text).at("weight_map");
+      for (auto it = map.begin(); it != map.end(); ++it)
+        shards.insert(it.value().get<std::string>());
+    } catch (const Json::exception &e) {
+      return dataLoss(index.string() + ": " + e.what());
+    }
+    for (const std::string &shard : shards) {
+      if (shard.find('/') != std::string::npos)
+        return dataLoss(index.string() + ": shard " + shard +
+                        " is not in the checkpoint directory");
+      KVC_RETURN_IF_ERROR(
+          loadFile((fs::path(dir) / shard).string(), tensors, hash));
+    }
+  } else {
+    return notFound(dir + ": no model.safetensors or "
+                          "model.safetensors.index.json");
+  }
+  if (digest)
+    *digest = toHex(hash.finish());
+  return tensors;
+}
+
+Status writeSafetensors(const std::string &path, const TensorMap &tensors,
+                        DType dtype) {
+  const char *dtypeName = dtype == DType::BF16  ? "BF16"
+                          : dtype == DType::F16 ? "F16"
+                                                : "F32";
+  int64_t elementBytes = dtypeBytes(dtype);
+  Json header = Json::object();
+  uint64_t offset = 0;
+  for (const auto &[name, tensor] : tensors) {
+    uint64_t size = uint64_t(tensor.numel() * elementBytes);
+    header[name] = {{"dtype", dtypeName},
+                    {"shape", tensor.shape},
+                    {"data_offsets", {offset, offset + size}}};
+    offset += size;
+  }
+  std::string headerText = header.dump();
+  while ((8 + headerText.size()) % 8)
+    headerText += ' '; // Align the data, as the reference writer does.
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out)
+      return Status(StatusCode::Unavailable, tmp + ": cannot create file");
+    uint64_t size = headerText.size();
+    for (int i = 0; i < 8; ++i)
+      out.put(char(size >> (8 * i)));
+    out << headerText;
+    for (const auto &[name, tensor] : tensors)
+      for (float value : tensor.data) {
+        if (dtype == DType::F32) {
+          out.write(reinterpret_cast<const char *>(&value), 4);
+        } else {
+          uint16_t bits =
+              dtype == DType::BF16 ? floatToBf16(value) : floatToF16(value);
+          out.write(reinterpret_cast<const char *>(&bits), 2);
+        }
+      }
+    if (!out)
+      return Status(StatusCode::Unavailable, tmp + ": write failed");
+  }
+  std::error_code error;
+  fs::rename(tmp, path, error);
+  if (error)
+    return Status(StatusCode::Unavailable, path + ": " + error.message());
+  return Status::ok();
+}
+
+} // namespace kvc

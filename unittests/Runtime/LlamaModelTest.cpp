@@ -1,0 +1,174 @@
+//===- LlamaModelTest.cpp - Tests for the reference model -----------------===//
+
+#include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+using namespace kvc;
+
+namespace {
+
+/// A small random model, generated once per test binary.
+const std::string &modelDir() {
+  static std::string dir = [] {
+    std::string d = testing::TempDir() + "/kvc-llama-model-test";
+    GenModelOptions o;
+    o.layers = 3;
+    o.hidden = 128;
+    o.heads = 4;
+    o.kvHeads = 2;
+    o.ffn = 256;
+    o.vocab = 512;
+    o.seed = 7;
+    Status s = generateModel(d, o);
+    EXPECT_TRUE(s.isOk()) << s.toString();
+    return d;
+  }();
+  return dir;
+}
+
+std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> out(n);
+  for (int32_t &t : out)
+    t = int32_t(rng() % 512);
+  return out;
+}
+
+/// Max |a - b| / max(|b|).
+double relativeMaxError(const std::vector<float> &a,
+                        const std::vector<float> &b) {
+  double err = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, double(std::fabs(b[i])));
+  }
+  return err / scale;
+}
+
+TEST(LlamaModel, LoadsGeneratedModel) {
+  StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(modelDir());
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ((*model)->config().numLayers, 3);
+  EXPECT_EQ((*model)->kvDim(), 64);
+  EXPECT_EQ((*model)->fingerprint().size(), 64u);
+}
+
+TEST(LlamaModel, FingerprintDependsOnWeights) {
+  std::string other = testing::TempDir() + "/kvc-llama-model-other";
+  GenModelOptions o;
+  o.layers = 3;
+  o.hidden = 128;
+  o.heads = 4;
+  o.kvHeads = 2;
+  o.ffn = 256;
+  o.vocab = 512;
+  o.seed = 8; // Same shape, other weights.
+  ASSERT_TRUE(generateModel(other, o).isOk());
+  auto a = LlamaModel::load(modelDir());
+  auto b = LlamaModel::load(other);
+  ASSERT_TRUE(a.isOk() && b.isOk());
+  EXPECT_NE((*a)->fingerprint(), (*b)->fingerprint());
+  auto again = LlamaModel::load(modelDir());
+  EXPECT_EQ((*a)->fingerprint(), (*again)->fingerprint());
+}
+
+TEST(LlamaModel, ChunkedPrefillMatchesOneShot) {
+  auto model = std::move(*LlamaModel::load(modelDir()));
+  std::vector<int32_t> t = tokens(96, 1);
+  LlamaModel::Cache whole = model->newCache();
+  ASSERT_TRUE(model->prefill(whole, t.data(), 96).isOk());
+  LlamaModel::Cache chunked = model->newCache();
+  for (int64_t i = 0; i < 96; i += 32)
+    ASSERT_TRUE(model->prefill(chunked, t.data() + i, 32).isOk());
+  for (int64_t l = 0; l < 3; ++l) {
+    EXPECT_LT(relativeMaxError(chunked.k[l], whole.k[l]), 1e-5);
+    EXPECT_LT(relativeMaxError(chunked.v[l], whole.v[l]), 1e-5);
+  }
+}
+
+TEST(LlamaModel, ProjectingHiddenStatesReproducesKV) {
+  auto model = std::move(*LlamaModel::load(modelDir()));
+  std::vector<int32_t> t = tokens(64, 2);
+  LlamaModel::Cache cache = model->newCache();
+  const int64_t h = model->config().hiddenSize, kv = model->kvDim();
+  std::vector<std::vector<float>> hidden(3);
+  ASSERT_TRUE(model
+                  ->prefill(cache, t.data(), 64,
+                            [&](const LayerSnapshot &s) {
+                              hidden[s.layer].assign(s.hidden,
+                                                     s.hidden + s.tokens * h);
+                            })
+                  .isOk());
+  for (int64_t l = 0; l < 3; ++l) {
+    // Stored as bf16, as the save path stores them.
+    for (float &x : hidden[l])
+      x = bf16ToFloat(floatToBf16(x));
+    std::vector<float> k(64 * kv), v(64 * kv);
+    model->project(l, hidden[l].data(), 64, 0, k.data(), v.data());
+    // Within bf16 rounding of the exact K and V.
+    EXPECT_LT(relativeMaxError(k, cache.k[l]), 1.0 / 128) << "layer " << l;
+    EXPECT_LT(relativeMaxError(v, cache.v[l]), 1.0 / 128) << "layer " << l;
+  }
+}
+
+TEST(LlamaModel, RejectsTokensOutsideVocabAndContext) {
+  auto model = std::move(*LlamaModel::load(modelDir()));
+  LlamaModel::Cache cache = model->newCache();
+  int32_t bad = 512;
+  Status s = model->prefill(cache, &bad, 1);
+  EXPECT_EQ(s.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(s.message().find("outside the vocabulary"), std::string::npos);
+}
+
+TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
+  std::string dir = testing::TempDir() + "/kvc-llama-model-broken";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(modelDir() + "/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  TensorMap tensors = *loadSafetensors(modelDir());
+  tensors.erase("model.layers.1.mlp.up_proj.weight");
+  ASSERT_TRUE(
+      writeSafetensors(dir + "/model.safetensors", tensors, DType::BF16).isOk());
+  auto missing = LlamaModel::load(dir);
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_NE(missing.status().message().find("model.layers.1.mlp.up_proj"),
+            std::string::npos);
+  tensors["model.layers.1.mlp.up_proj.weight"] = Tensor{{3, 3}, std::vector<float>(9)};
+  ASSERT_TRUE(
+      writeSafetensors(dir + "/model.safetensors", tensors, DType::BF16).isOk());
+  auto misshapen = LlamaModel::load(dir);
+  ASSERT_FALSE(misshapen.isOk());
+  EXPECT_NE(misshapen.status().message().find("has shape [3, 3]"),
+            std::string::npos);
+}
+
+TEST(Safetensors, RejectsTruncatedFiles) {
+  std::string dir = testing::TempDir() + "/kvc-safetensors-truncated";
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(modelDir() + "/model.safetensors",
+                             dir + "/model.safetensors",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto size = std::filesystem::file_size(dir + "/model.safetensors");
+  std::filesystem::resize_file(dir + "/model.safetensors", size - 100);
+  auto loaded = loadSafetensors(dir);
+  ASSERT_FALSE(loaded.isOk());
+  EXPECT_EQ(loaded.status().code(), StatusCode::DataLoss);
+}
+
+TEST(Half, RoundTripsAndRounds) {
+  for (float x : {0.0f, 1.0f, -2.5f, 3.14159f, 65504.0f, 1e-3f}) {
+    EXPECT_NEAR(bf16ToFloat(floatToBf16(x)), x, std::fabs(x) / 128 + 1e-30);
+    EXPECT_NEAR(f16ToFloat(floatToF16(x)), x, std::fabs(x) / 1024 + 1e-7);
+  }
+  EXPECT_EQ(floatToBf16(1.0f), 0x3F80);
+  EXPECT_EQ(floatToF16(1.0f), 0x3C00);
+}
+
+} // namespace

@@ -35,7 +35,7 @@ std::string Status::toString() const {
 Status Status::withContext(const std::string &context) const {
   if (isOk())
     return *this;
-  return Status(code_, context + ": " + message_);
+  return Status(code_, context + ": " + message_, detail_);
 }
 
 } // namespace kvc

@@ -2,9 +2,24 @@
 
 #include "kvc/Runtime/Desc/CodecSpec.h"
 
+#include <algorithm>
+
 namespace kvc {
 
+int CodecSpec::bitsOfLayer(int64_t layer, int64_t layers) const {
+  if (quant == Quant::None || layerBits.empty() || layers <= 0)
+    return bits();
+  size_t group = size_t(layer * int64_t(layerBits.size()) / layers);
+  return layerBits[std::min(group, layerBits.size() - 1)];
+}
+
 int CodecSpec::bits() const {
+  if (quant != Quant::None && !layerBits.empty()) {
+    int sum = 0;
+    for (int b : layerBits)
+      sum += b;
+    return sum / int(layerBits.size());
+  }
   switch (quant) {
   case Quant::None:
     return 16;
@@ -27,8 +42,15 @@ std::string CodecSpec::str() const {
   };
   if (transform != Transform::None)
     append(transformName(transform));
-  if (quant != Quant::None)
-    append(std::string(quantName(quant)) + "/g" + std::to_string(group));
+  if (quant != Quant::None) {
+    std::string q = std::string(quantName(quant)) + "/g" + std::to_string(group);
+    if (!layerBits.empty()) {
+      q += "/bins";
+      for (size_t i = 0; i < layerBits.size(); ++i)
+        q += (i ? "-" : "") + std::to_string(layerBits[i]);
+    }
+    append(q);
+  }
   if (lossless != Lossless::None)
     append(losslessName(lossless));
   return text;
@@ -37,7 +59,8 @@ std::string CodecSpec::str() const {
 bool CodecSpec::operator==(const CodecSpec &o) const {
   return transform == o.transform && quant == o.quant &&
          keyAxis == o.keyAxis && valueAxis == o.valueAxis &&
-         group == o.group && lossless == o.lossless;
+         group == o.group && lossless == o.lossless &&
+         layerBits == o.layerBits;
 }
 
 const char *transformName(CodecSpec::Transform transform) {

@@ -36,14 +36,16 @@ const char *statusCodeName(StatusCode code);
 class [[nodiscard]] Status {
 public:
   Status() = default;
-  Status(StatusCode code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  Status(StatusCode code, std::string message, int detail = 0)
+      : code_(code), detail_(detail), message_(std::move(message)) {}
 
   static Status ok() { return Status(); }
 
   bool isOk() const { return code_ == StatusCode::Ok; }
   explicit operator bool() const { return isOk(); }
   StatusCode code() const { return code_; }
+  /// A component-defined refinement of the code (e.g. kvc::ChunkFault).
+  int detail() const { return detail_; }
   const std::string &message() const { return message_; }
 
   /// "invalid_argument: tiers[1].read_gbs: expected a positive number".
@@ -54,6 +56,7 @@ public:
 
 private:
   StatusCode code_ = StatusCode::Ok;
+  int detail_ = 0;
   std::string message_;
 };
 

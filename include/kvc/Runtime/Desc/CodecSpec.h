@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvc {
 
@@ -27,14 +28,21 @@ struct CodecSpec {
   Axis valueAxis = Axis::Token; ///< ...values per token.
   int64_t group = 32;
   Lossless lossless = Lossless::None;
+  /// CacheGen's layer-group bins: when not empty, the layers are split into
+  /// as many equal groups, group i quantized to layerBits[i] bits (8, 4 or
+  /// 2), overriding `quant`'s width (which must still be set).
+  std::vector<int> layerBits;
 
   /// No stage applied: the bytes are plain elements.
   bool isRaw() const {
     return transform == Transform::None && quant == Quant::None &&
            lossless == Lossless::None;
   }
-  /// Bits per element after quantization (16 when unquantized).
+  /// Bits per element after quantization (16 when unquantized; the mean
+  /// over layers with layer-group bins).
   int bits() const;
+  /// Bits of layer `layer` of `layers`.
+  int bitsOfLayer(int64_t layer, int64_t layers) const;
   /// "raw", or the applied stages joined by '+': "hadamard+int4/g64+deflate".
   std::string str() const;
 

@@ -1,0 +1,81 @@
+//===- ChunkCodec.h - Encoding KV and hidden-state chunks -------*- C++ -*-===//
+//
+// A chunk's values are matrices of `tokens` x `width`, layer-major: for KV,
+// K then V of each layer (width = kv_heads * head_dim); for hidden states,
+// one matrix per layer (width = hidden). Encoding composes KVServe's stages,
+// each its own unit:
+//
+//   transform (orthonormal Hadamard over blocks of head_dim)
+//   -> quantization (asymmetric int8/int4/int2; per-token groups along the
+//      channels or per-channel groups along the tokens, K and V on their own
+//      axes as KIVI; an fp16 scale and minimum per group; layer-group bins as
+//      CacheGen)
+//   -> lossless coder (deflate via libdeflate, zstd, lz4)
+//
+// Unquantized values are stored in the model's dtype. Decoding knows every
+// size in advance from the shape and the codec, so truncated or corrupt
+// input is an error (DataLoss), never a crash or a short buffer.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_CODEC_CHUNKCODEC_H
+#define KVC_RUNTIME_CODEC_CHUNKCODEC_H
+
+#include "kvc/Runtime/Base/Status.h"
+#include "kvc/Runtime/Desc/CodecSpec.h"
+#include "kvc/Runtime/Desc/ModelConfig.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kvc {
+
+enum class ChunkForm { KV, Hidden };
+
+const char *chunkFormName(ChunkForm form);
+
+struct ChunkShape {
+  ChunkForm form = ChunkForm::KV;
+  int64_t tokens = 0;
+  int64_t layers = 0;
+  int64_t width = 0;    ///< kv_heads * head_dim, or hidden.
+  int64_t headDim = 0;  ///< Hadamard block of KV rows.
+  int64_t firstLayer = 0; ///< Model layer of the chunk's first layer (bins).
+  int64_t modelLayers = 0; ///< All layers of the model (bins).
+
+  int64_t matricesPerLayer() const { return form == ChunkForm::KV ? 2 : 1; }
+  int64_t matrices() const { return layers * matricesPerLayer(); }
+  int64_t numel() const { return matrices() * tokens * width; }
+};
+
+/// The shape of `form` over `tokens` x [firstLayer, firstLayer + layers).
+ChunkShape chunkShape(const ModelConfig &model, ChunkForm form, int64_t tokens,
+                      int64_t firstLayer, int64_t layers);
+
+/// Checks that `codec` applies to `shape` (Hadamard blocks a power of two,
+/// supported bins).
+Status checkCodec(const CodecSpec &codec, const ChunkShape &shape);
+
+/// Encodes `shape.numel()` values.
+StatusOr<std::string> encodeChunk(const float *values, const ChunkShape &shape,
+                                  const CodecSpec &codec, DType storage);
+
+/// Decodes into `out` (shape.numel() floats); DataLoss on malformed input.
+Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
+                   const CodecSpec &codec, DType storage, float *out);
+
+//===--- Stages, exposed for tests and benchmarks ------------------------===//
+
+/// In place, over consecutive blocks of `block` values (a power of two).
+void hadamard(float *values, int64_t count, int64_t block);
+
+/// The lossless stage alone.
+StatusOr<std::string> compressBytes(std::string_view raw,
+                                    CodecSpec::Lossless coder);
+Status decompressBytes(std::string_view packed, CodecSpec::Lossless coder,
+                       std::string &out, size_t expectedSize);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_CODEC_CHUNKCODEC_H

@@ -3,6 +3,7 @@
 #include "kvc/Runtime/Desc/CodecSpec.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace kvc {
 
@@ -61,6 +62,79 @@ bool CodecSpec::operator==(const CodecSpec &o) const {
          keyAxis == o.keyAxis && valueAxis == o.valueAxis &&
          group == o.group && lossless == o.lossless &&
          layerBits == o.layerBits;
+}
+
+StatusOr<CodecSpec> parseCodecSpec(const std::string &text) {
+  using Transform = CodecSpec::Transform;
+  using Quant = CodecSpec::Quant;
+  using Axis = CodecSpec::Axis;
+  using Lossless = CodecSpec::Lossless;
+  CodecSpec codec;
+  if (text == "raw" || text.empty())
+    return codec;
+  auto bad = [&](const std::string &why) {
+    return invalidArgument("codec \"" + text + "\": " + why);
+  };
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t end = text.find('+', at);
+    std::string part = text.substr(at, end - at);
+    if (part == "hadamard") {
+      codec.transform = Transform::Hadamard;
+    } else if (part == "deflate") {
+      codec.lossless = Lossless::Deflate;
+    } else if (part == "zstd") {
+      codec.lossless = Lossless::Zstd;
+    } else if (part == "lz4") {
+      codec.lossless = Lossless::Lz4;
+    } else if (part.rfind("int", 0) == 0) {
+      size_t slash = part.find('/');
+      std::string width = part.substr(0, slash);
+      if (width == "int8")
+        codec.quant = Quant::Int8;
+      else if (width == "int4")
+        codec.quant = Quant::Int4;
+      else if (width == "int2")
+        codec.quant = Quant::Int2;
+      else
+        return bad("unknown quantization " + width);
+      while (slash != std::string::npos) {
+        size_t next = part.find('/', slash + 1);
+        std::string option = part.substr(slash + 1, next - slash - 1);
+        if (option.size() > 1 && option[0] == 'g') {
+          codec.group = std::atoll(option.c_str() + 1);
+          if (codec.group <= 0)
+            return bad("bad group " + option);
+        } else if (option.rfind("bins", 0) == 0) {
+          std::string bins = option.substr(4);
+          size_t b = 0;
+          while (b < bins.size()) {
+            size_t dash = bins.find('-', b);
+            int bitsValue = std::atoi(bins.substr(b, dash - b).c_str());
+            if (bitsValue != 2 && bitsValue != 4 && bitsValue != 8)
+              return bad("bins must be 2, 4 or 8 bits");
+            codec.layerBits.push_back(bitsValue);
+            if (dash == std::string::npos)
+              break;
+            b = dash + 1;
+          }
+        } else if (option == "k=token" || option == "k=channel") {
+          codec.keyAxis = option[2] == 't' ? Axis::Token : Axis::Channel;
+        } else if (option == "v=token" || option == "v=channel") {
+          codec.valueAxis = option[2] == 't' ? Axis::Token : Axis::Channel;
+        } else {
+          return bad("unknown option " + option);
+        }
+        slash = next;
+      }
+    } else {
+      return bad("unknown stage \"" + part + "\"");
+    }
+    if (end == std::string::npos)
+      break;
+    at = end + 1;
+  }
+  return codec;
 }
 
 const char *transformName(CodecSpec::Transform transform) {

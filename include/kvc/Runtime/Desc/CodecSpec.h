@@ -10,6 +10,8 @@
 #ifndef KVC_RUNTIME_DESC_CODECSPEC_H
 #define KVC_RUNTIME_DESC_CODECSPEC_H
 
+#include "kvc/Runtime/Base/Status.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,6 +51,10 @@ struct CodecSpec {
   bool operator==(const CodecSpec &other) const;
   bool operator!=(const CodecSpec &other) const { return !(*this == other); }
 };
+
+/// Parses what CodecSpec::str() prints, plus axis options: "raw", "int8",
+/// "hadamard+int4/g64+zstd", "int4/k=channel/v=token", "int4/bins8-4-2".
+StatusOr<CodecSpec> parseCodecSpec(const std::string &text);
 
 const char *transformName(CodecSpec::Transform transform);
 const char *quantName(CodecSpec::Quant quant);

@@ -1,0 +1,48 @@
+//===- Saver.h - Saving a context's KV and hidden states --------*- C++ -*-===//
+//
+// HCache's two-stage saving. The prefill runs on the caller's thread; each
+// layer's K, V and hidden states are copied into host buffers (stage one,
+// a memcpy), and background writer threads encode complete objects (a token
+// chunk x a layer group) and write them to the store (stage two), so the
+// prefill never waits on the store. The buffers are bounded: when writers
+// fall behind, the copy waits for room (back-pressure) rather than growing
+// memory. Saving is idempotent: objects already stored are skipped.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_SAVE_SAVER_H
+#define KVC_RUNTIME_SAVE_SAVER_H
+
+#include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
+
+#include <vector>
+
+namespace kvc {
+
+struct SaveOptions {
+  std::vector<ChunkForm> forms = {ChunkForm::KV, ChunkForm::Hidden};
+  CodecSpec codec;
+  int writers = 2;
+  /// Host buffers for objects waiting to be written (default 256 MiB).
+  size_t bufferBytes = size_t(256) << 20;
+  /// Run the prefill without saving anything (the baseline for overhead).
+  bool dryRun = false;
+};
+
+struct SaveStats {
+  double prefillSeconds = 0; ///< The prefill itself, copies included.
+  double totalSeconds = 0;   ///< Until the last object is written.
+  double stallSeconds = 0;   ///< Time the prefill waited for buffer room.
+  int64_t written = 0, skipped = 0;
+  size_t peakBufferedBytes = 0;
+};
+
+/// Prefills `tokens` and saves the chosen forms to `store`.
+StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
+                                const std::vector<int32_t> &tokens,
+                                const SaveOptions &options);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_SAVE_SAVER_H

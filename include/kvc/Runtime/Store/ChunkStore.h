@@ -1,0 +1,77 @@
+//===- ChunkStore.h - Encoded, checked chunks on a tier ---------*- C++ -*-===//
+//
+// The store of one model for one tenant: chunk keys from the token prefix,
+// the layout (tokens per chunk, layers per object), and the codec, over any
+// tier. Writing is idempotent (a chunk already stored is not written again);
+// reading checks every header against what was asked for and decodes.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_STORE_CHUNKSTORE_H
+#define KVC_RUNTIME_STORE_CHUNKSTORE_H
+
+#include "kvc/Runtime/Store/ChunkFormat.h"
+#include "kvc/Runtime/Store/Tier.h"
+
+#include <memory>
+
+namespace kvc {
+
+struct StoreLayout {
+  int64_t chunkTokens = 256; ///< Tokens per prefix chunk.
+  int64_t layerGroup = 4;    ///< Layers per stored object (layer-major).
+};
+
+/// One stored object: a form over a token chunk and a layer group.
+struct ChunkRef {
+  Digest key{};
+  ChunkForm form = ChunkForm::KV;
+  int64_t tokenBegin = 0, tokenEnd = 0;
+  int64_t layerBegin = 0, layerEnd = 0;
+  std::string name() const {
+    return chunkObjectName(key, form, layerBegin, layerEnd);
+  }
+};
+
+class ChunkStore {
+public:
+  ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
+             std::string fingerprint, std::string salt, StoreLayout layout);
+
+  Tier &tier() { return *tier_; }
+  const StoreLayout &layout() const { return layout_; }
+  const ModelConfig &model() const { return model_; }
+  const PrefixKeys &keys() const { return keys_; }
+
+  /// Every object of `form` for `tokens`, in token then layer order.
+  std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count,
+                             ChunkForm form) const;
+
+  /// Encodes `values` (the ref's chunkShape) with `codec` and writes them,
+  /// unless the object already exists; `written` tells which.
+  Status put(const ChunkRef &ref, const float *values, const CodecSpec &codec,
+             bool *written = nullptr);
+
+  /// Reads, checks and decodes `ref` into `out`; `codec` receives the codec
+  /// it was stored with. Errors carry a ChunkFault.
+  Status get(const ChunkRef &ref, float *out, CodecSpec *codec = nullptr);
+
+  /// Checks and decodes bytes already read for `ref`.
+  Status decode(const ChunkRef &ref, std::string_view bytes, float *out,
+                CodecSpec *codec = nullptr) const;
+
+  ChunkShape shape(const ChunkRef &ref) const;
+
+private:
+  ChunkHeader expected(const ChunkRef &ref) const;
+
+  std::shared_ptr<Tier> tier_;
+  ModelConfig model_;
+  Digest fingerprint_;
+  PrefixKeys keys_;
+  StoreLayout layout_;
+};
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_STORE_CHUNKSTORE_H

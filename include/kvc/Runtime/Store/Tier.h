@@ -1,0 +1,52 @@
+//===- Tier.h - Storage tiers behind one interface --------------*- C++ -*-===//
+//
+// A tier stores opaque objects by name: host DRAM (`mem://`, capacity-bounded
+// LRU), local disk (`file:///DIR`, atomic writes through a temporary file and
+// rename), or a Redis server (`redis://HOST:PORT[/DB]`, binary-safe,
+// pipelined reads, timeouts). Any URL may end in `?gbps=N` to throttle the
+// tier to N gigabits per second (shared by all its users), as the Cake paper
+// emulated 7-100 Gbps links; `mem://` also takes `capacity_mb=N`. Tiers are
+// safe to use from many threads. Errors are values: an unreachable server is
+// Unavailable (ChunkFault::Unavailable), a missing object NotFound.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_STORE_TIER_H
+#define KVC_RUNTIME_STORE_TIER_H
+
+#include "kvc/Runtime/Base/Status.h"
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvc {
+
+class Tier {
+public:
+  virtual ~Tier();
+
+  /// "file:///tmp/kv", for messages.
+  virtual const std::string &url() const = 0;
+
+  /// Stores `bytes` under `name`, replacing what was there; readers never
+  /// see a partial object.
+  virtual Status put(const std::string &name, std::string_view bytes) = 0;
+  /// Reads `name` into `buffer` (reusing its capacity).
+  virtual Status get(const std::string &name, std::string &buffer) = 0;
+  /// Reads several objects, pipelined where the tier can; one Status each.
+  virtual std::vector<Status> getMany(const std::vector<std::string> &names,
+                                      std::vector<std::string> &buffers);
+  virtual StatusOr<bool> exists(const std::string &name) = 0;
+  virtual Status remove(const std::string &name) = 0;
+  /// Names starting with `prefix`, sorted.
+  virtual StatusOr<std::vector<std::string>> list(const std::string &prefix) = 0;
+};
+
+/// Opens the tier a URL names.
+StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_STORE_TIER_H

@@ -1,0 +1,95 @@
+//===- ChunkStore.cpp - Encoded, checked chunks on a tier -----------------===//
+
+#include "kvc/Runtime/Store/ChunkStore.h"
+
+namespace kvc {
+
+ChunkStore::ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
+                       std::string fingerprint, std::string salt,
+                       StoreLayout layout)
+    : tier_(std::move(tier)), model_(std::move(model)),
+      fingerprint_(digestFromHex(fingerprint)),
+      keys_(fingerprint, std::move(salt), layout.chunkTokens),
+      layout_(layout) {}
+
+std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
+                                       ChunkForm form) const {
+  std::vector<ChunkRef> out;
+  std::vector<Digest> keys = keys_.keys(tokens, count);
+  for (size_t c = 0; c < keys.size(); ++c) {
+    int64_t t0 = int64_t(c) * layout_.chunkTokens;
+    int64_t t1 = std::min(count, t0 + layout_.chunkTokens);
+    for (int64_t l0 = 0; l0 < model_.numLayers; l0 += layout_.layerGroup)
+      out.push_back({keys[c], form, t0, t1, l0,
+                     std::min(model_.numLayers, l0 + layout_.layerGroup)});
+  }
+  return out;
+}
+
+ChunkShape ChunkStore::shape(const ChunkRef &ref) const {
+  return chunkShape(model_, ref.form, ref.tokenEnd - ref.tokenBegin,
+                    ref.layerBegin, ref.layerEnd - ref.layerBegin);
+}
+
+ChunkHeader ChunkStore::expected(const ChunkRef &ref) const {
+  ChunkHeader h;
+  h.form = ref.form;
+  h.dtype = model_.dtype;
+  h.tokenBegin = ref.tokenBegin;
+  h.tokenEnd = ref.tokenEnd;
+  h.layerBegin = ref.layerBegin;
+  h.layerEnd = ref.layerEnd;
+  h.fingerprint = fingerprint_;
+  h.key = ref.key;
+  return h;
+}
+
+Status ChunkStore::put(const ChunkRef &ref, const float *values,
+                       const CodecSpec &codec, bool *written) {
+  if (written)
+    *written = false;
+  StatusOr<bool> present = tier_->exists(ref.name());
+  if (!present.isOk())
+    return present.status();
+  if (*present)
+    return Status::ok();
+  StatusOr<std::string> payload =
+      encodeChunk(values, shape(ref), codec, model_.dtype);
+  if (!payload.isOk())
+    return payload.status();
+  ChunkHeader header = expected(ref);
+  header.codec = codec;
+  KVC_RETURN_IF_ERROR(tier_->put(ref.name(), packChunk(header, *payload)));
+  if (written)
+    *written = true;
+  return Status::ok();
+}
+
+Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
+                          float *out, CodecSpec *codec) const {
+  auto unpacked = unpackChunk(bytes);
+  if (!unpacked.isOk())
+    return unpacked.status().withContext(ref.name());
+  const auto &[header, payload] = *unpacked;
+  KVC_RETURN_IF_ERROR(checkChunk(header, expected(ref)).withContext(ref.name()));
+  if (header.dtype != model_.dtype)
+    return chunkError(ChunkFault::WrongModel,
+                      ref.name() + ": chunk stores " + dtypeName(header.dtype) +
+                          ", the model " + dtypeName(model_.dtype));
+  Status decoded = decodeChunk(payload, shape(ref), header.codec,
+                               header.dtype, out);
+  if (!decoded.isOk())
+    return chunkError(ChunkFault::Corrupt,
+                      ref.name() + ": " + decoded.message());
+  if (codec)
+    *codec = header.codec;
+  return Status::ok();
+}
+
+Status ChunkStore::get(const ChunkRef &ref, float *out, CodecSpec *codec) {
+  std::string bytes;
+  KVC_RETURN_IF_ERROR(tier_->get(ref.name(), bytes));
+  return decode(ref, bytes, out, codec);
+}
+
+} // namespace kvc

@@ -1,0 +1,345 @@
+//===- Tier.cpp - mem:// and file:// tiers, throttling, URLs --------------===//
+
+#include "kvc/Runtime/Store/Tier.h"
+
+#include "RedisTier.h"
+
+#include "kvc/Runtime/Store/ChunkFormat.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+#include <unordered_map>
+
+namespace kvc {
+
+Tier::~Tier() = default;
+
+std::vector<Status> Tier::getMany(const std::vector<std::string> &names,
+                                  std::vector<std::string> &buffers) {
+  buffers.resize(names.size());
+  std::vector<Status> out;
+  for (size_t i = 0; i < names.size(); ++i)
+    out.push_back(get(names[i], buffers[i]));
+  return out;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+Status missing(const std::string &url, const std::string &name) {
+  return chunkError(ChunkFault::Missing, url + ": no object " + name);
+}
+
+/// Host DRAM, bounded by `capacity` bytes; the least recently used objects
+/// are evicted to make room.
+class MemTier final : public Tier {
+public:
+  MemTier(std::string url, size_t capacity)
+      : url_(std::move(url)), capacity_(capacity) {}
+
+  const std::string &url() const override { return url_; }
+
+  Status put(const std::string &name, std::string_view bytes) override {
+    if (bytes.size() > capacity_)
+      return Status(StatusCode::FailedPrecondition,
+                    url_ + ": object of " + std::to_string(bytes.size()) +
+                        " bytes exceeds the tier's capacity");
+    std::lock_guard<std::mutex> lock(mutex_);
+    eraseLocked(name);
+    while (used_ + bytes.size() > capacity_ && !lru_.empty())
+      eraseLocked(lru_.back());
+    lru_.push_front(name);
+    objects_[name] = {std::string(bytes), lru_.begin()};
+    used_ += bytes.size();
+    return Status::ok();
+  }
+
+  Status get(const std::string &name, std::string &buffer) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(name);
+    if (it == objects_.end())
+      return missing(url_, name);
+    lru_.splice(lru_.begin(), lru_, it->second.position);
+    buffer.assign(it->second.bytes);
+    return Status::ok();
+  }
+
+  StatusOr<bool> exists(const std::string &name) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return objects_.count(name) > 0;
+  }
+
+  Status remove(const std::string &name) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    eraseLocked(name);
+    return Status::ok();
+  }
+
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> names;
+    for (const auto &[name, object] : objects_)
+      if (name.compare(0, prefix.size(), prefix) == 0)
+        names.push_back(name);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+private:
+  void eraseLocked(const std::string &name) {
+    auto it = objects_.find(name);
+    if (it == objects_.end())
+      return;
+    used_ -= it->second.bytes.size();
+    lru_.erase(it->second.position);
+    objects_.erase(it);
+  }
+
+  struct Object {
+    std::string bytes;
+    std::list<std::string>::iterator position;
+  };
+  std::string url_;
+  size_t capacity_;
+  size_t used_ = 0;
+  std::mutex mutex_;
+  std::list<std::string> lru_;
+  std::unordered_map<std::string, Object> objects_;
+};
+
+/// Local disk: one file per object under a root directory. Writes go to a
+/// temporary file that is renamed into place, so a crash never leaves half
+/// an object visible; reads need no locks and run in parallel.
+class FileTier final : public Tier {
+public:
+  FileTier(std::string url, fs::path root)
+      : url_(std::move(url)), root_(std::move(root)) {}
+
+  const std::string &url() const override { return url_; }
+
+  Status put(const std::string &name, std::string_view bytes) override {
+    fs::path path = root_ / name;
+    std::error_code error;
+    fs::create_directories(path.parent_path(), error);
+    if (error)
+      return unavailable(path.parent_path().string() + ": " + error.message());
+    fs::path tmp = path;
+    tmp += ".tmp." + std::to_string(::getpid()) + "." +
+           std::to_string(counter_++);
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), std::streamsize(bytes.size()));
+      out.flush();
+      if (!out) {
+        fs::remove(tmp, error);
+        return unavailable(tmp.string() + ": write failed (disk full?)");
+      }
+    }
+    fs::rename(tmp, path, error);
+    if (error) {
+      fs::remove(tmp, error);
+      return unavailable(path.string() + ": " + error.message());
+    }
+    return Status::ok();
+  }
+
+  Status get(const std::string &name, std::string &buffer) override {
+    fs::path path = root_ / name;
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in)
+      return missing(url_, name);
+    std::streamsize size = in.tellg();
+    in.seekg(0);
+    buffer.resize(size_t(size));
+    if (!in.read(buffer.data(), size))
+      return chunkError(ChunkFault::Truncated, path.string() + ": short read");
+    return Status::ok();
+  }
+
+  StatusOr<bool> exists(const std::string &name) override {
+    std::error_code error;
+    return fs::exists(root_ / name, error);
+  }
+
+  Status remove(const std::string &name) override {
+    std::error_code error;
+    fs::remove(root_ / name, error);
+    if (error)
+      return unavailable((root_ / name).string() + ": " + error.message());
+    return Status::ok();
+  }
+
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
+    std::vector<std::string> names;
+    std::error_code error;
+    if (!fs::exists(root_, error))
+      return names;
+    for (auto it = fs::recursive_directory_iterator(root_, error);
+         it != fs::recursive_directory_iterator(); it.increment(error)) {
+      if (error)
+        return unavailable(root_.string() + ": " + error.message());
+      if (!it->is_regular_file())
+        continue;
+      std::string name = fs::relative(it->path(), root_).generic_string();
+      if (name.find(".tmp.") == std::string::npos &&
+          name.compare(0, prefix.size(), prefix) == 0)
+        names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+private:
+  Status unavailable(std::string message) {
+    return chunkError(ChunkFault::Unavailable, url_ + ": " + message);
+  }
+
+  std::string url_;
+  fs::path root_;
+  std::atomic<uint64_t> counter_{0};
+};
+
+/// Throttles another tier to `gbps` gigabits per second: every transfer
+/// reserves its share of a single timeline, so concurrent users share the
+/// bandwidth as they would share a link.
+class ThrottledTier final : public Tier {
+public:
+  ThrottledTier(std::unique_ptr<Tier> inner, double gbps, std::string url)
+      : inner_(std::move(inner)), bytesPerSecond_(gbps * 1e9 / 8),
+        url_(std::move(url)) {}
+
+  const std::string &url() const override { return url_; }
+
+  Status put(const std::string &name, std::string_view bytes) override {
+    wait(bytes.size());
+    return inner_->put(name, bytes);
+  }
+  Status get(const std::string &name, std::string &buffer) override {
+    Status status = inner_->get(name, buffer);
+    if (status.isOk())
+      wait(buffer.size());
+    return status;
+  }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    std::vector<Status> out = inner_->getMany(names, buffers);
+    size_t total = 0;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i].isOk())
+        total += buffers[i].size();
+    wait(total);
+    return out;
+  }
+  StatusOr<bool> exists(const std::string &name) override {
+    return inner_->exists(name);
+  }
+  Status remove(const std::string &name) override {
+    return inner_->remove(name);
+  }
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
+    return inner_->list(prefix);
+  }
+
+private:
+  void wait(size_t bytes) {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point until;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Clock::time_point now = Clock::now();
+      next_ = std::max(next_, now) +
+              std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(double(bytes) /
+                                                bytesPerSecond_));
+      until = next_;
+    }
+    std::this_thread::sleep_until(until);
+  }
+
+  std::unique_ptr<Tier> inner_;
+  double bytesPerSecond_;
+  std::string url_;
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point next_{};
+};
+
+/// "a=1&b=2" -> map.
+std::map<std::string, std::string> parseQuery(const std::string &query) {
+  std::map<std::string, std::string> out;
+  size_t at = 0;
+  while (at < query.size()) {
+    size_t end = query.find('&', at);
+    std::string item = query.substr(at, end - at);
+    size_t eq = item.find('=');
+    out[item.substr(0, eq)] = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (end == std::string::npos)
+      break;
+    at = end + 1;
+  }
+  return out;
+}
+
+} // namespace
+
+StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url) {
+  size_t q = url.find('?');
+  std::string base = url.substr(0, q);
+  std::map<std::string, std::string> query =
+      q == std::string::npos ? std::map<std::string, std::string>{}
+                             : parseQuery(url.substr(q + 1));
+  auto number = [&](const char *key, double &out) -> Status {
+    auto it = query.find(key);
+    if (it == query.end())
+      return Status::ok();
+    char *end = nullptr;
+    out = std::strtod(it->second.c_str(), &end);
+    if (end == it->second.c_str() || *end || !(out > 0))
+      return invalidArgument(url + ": " + key + " must be a positive number");
+    query.erase(it);
+    return Status::ok();
+  };
+  double gbps = 0, capacityMb = 1024;
+  KVC_RETURN_IF_ERROR(number("gbps", gbps));
+  KVC_RETURN_IF_ERROR(number("capacity_mb", capacityMb));
+  if (!query.empty())
+    return invalidArgument(url + ": unknown option " + query.begin()->first);
+
+  std::unique_ptr<Tier> tier;
+  if (base.rfind("mem://", 0) == 0) {
+    tier = std::make_unique<MemTier>(url, size_t(capacityMb * (1 << 20)));
+  } else if (base.rfind("file://", 0) == 0) {
+    std::string dir = base.substr(7);
+    if (dir.empty() || dir[0] != '/')
+      return invalidArgument(url + ": file URLs need an absolute path, as "
+                                   "file:///tmp/kv");
+    std::error_code error;
+    fs::create_directories(dir, error);
+    if (error)
+      return chunkError(ChunkFault::Unavailable,
+                        url + ": cannot create " + dir + ": " + error.message());
+    tier = std::make_unique<FileTier>(url, fs::path(dir));
+  } else if (base.rfind("redis://", 0) == 0) {
+    StatusOr<std::unique_ptr<Tier>> redis = openRedisTier(url, base.substr(8));
+    if (!redis.isOk())
+      return redis.status();
+    tier = std::move(*redis);
+  } else {
+    return invalidArgument(url + ": unknown tier (expected mem://, "
+                                 "file:///DIR or redis://HOST:PORT[/DB])");
+  }
+  if (gbps > 0)
+    return std::unique_ptr<Tier>(
+        std::make_unique<ThrottledTier>(std::move(tier), gbps, url));
+  return tier;
+}
+
+} // namespace kvc

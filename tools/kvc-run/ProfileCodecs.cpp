@@ -1,0 +1,154 @@
+//===- ProfileCodecs.cpp - kvc-run profile-codecs -------------------------===//
+
+#include "ProfileCodecs.h"
+
+#include "kvc/Planning/CodecProfile.h"
+#include "kvc/Runtime/Codec/ChunkCodec.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+namespace kvc {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Seconds per call of `fn`, over enough calls to take ~50 ms.
+template <typename Fn> double timeIt(Fn fn) {
+  int calls = 0;
+  Clock::time_point start = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < 0.05);
+  return elapsed / calls;
+}
+
+double relativeL2(const std::vector<float> &a, const std::vector<float> &b) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double d = double(a[i]) - double(b[i]);
+    err += d * d;
+    norm += double(b[i]) * double(b[i]);
+  }
+  return norm > 0 ? std::sqrt(err / norm) : 0;
+}
+
+/// Attention outputs of head 0 of every layer for `queries` sample queries.
+std::vector<float> attention(const std::vector<float> &kv, int64_t tokens,
+                             int64_t layers, int64_t width, int64_t headDim,
+                             const std::vector<float> &queries) {
+  int64_t nq = int64_t(queries.size()) / headDim;
+  std::vector<float> out;
+  std::vector<double> p(tokens);
+  for (int64_t l = 0; l < layers; ++l) {
+    const float *k = kv.data() + (2 * l) * tokens * width;
+    const float *v = kv.data() + (2 * l + 1) * tokens * width;
+    for (int64_t q = 0; q < nq; ++q) {
+      const float *qv = queries.data() + q * headDim;
+      double peak = -1e300, sum = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        double s = 0;
+        for (int64_t d = 0; d < headDim; ++d)
+          s += double(qv[d]) * k[t * width + d];
+        p[t] = s / std::sqrt(double(headDim));
+        peak = std::max(peak, p[t]);
+      }
+      for (int64_t t = 0; t < tokens; ++t)
+        sum += (p[t] = std::exp(p[t] - peak));
+      for (int64_t d = 0; d < headDim; ++d) {
+        double o = 0;
+        for (int64_t t = 0; t < tokens; ++t)
+          o += p[t] / sum * v[t * width + d];
+        out.push_back(float(o));
+      }
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
+                       const std::string &outPath) {
+  const ModelConfig &c = model.config();
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(tokens);
+  for (int32_t &t : ids)
+    t = int32_t(rng() % uint64_t(c.vocabSize));
+  // KV of every layer as one chunk, layer-major (K then V per layer).
+  ChunkShape shape = chunkShape(c, ChunkForm::KV, tokens, 0, c.numLayers);
+  std::vector<float> kv;
+  kv.reserve(shape.numel());
+  LlamaModel::Cache cache = model.newCache();
+  KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
+  for (int64_t l = 0; l < c.numLayers; ++l) {
+    kv.insert(kv.end(), cache.k[l].begin(), cache.k[l].end());
+    kv.insert(kv.end(), cache.v[l].begin(), cache.v[l].end());
+  }
+  // Queries like the keys: K rows of other tokens.
+  std::vector<float> queries;
+  for (int q = 0; q < 8; ++q) {
+    int64_t t = int64_t(rng() % uint64_t(tokens));
+    queries.insert(queries.end(), &cache.k[0][t * model.kvDim()],
+                   &cache.k[0][t * model.kvDim()] + c.headDim);
+  }
+  std::vector<float> reference = attention(kv, tokens, c.numLayers,
+                                           model.kvDim(), c.headDim, queries);
+  const double rawBytes = double(shape.numel()) * dtypeBytes(c.dtype);
+
+  std::printf("%-28s %8s %9s %9s %10s %10s\n", "codec", "ratio", "K,V err",
+              "attn err", "enc GB/s", "dec GB/s");
+  std::vector<planning::CodecProfileEntry> entries;
+  std::vector<float> decoded(shape.numel());
+  for (const planning::CodecProfileEntry &candidate :
+       planning::CodecProfile::defaults().entries()) {
+    const CodecSpec &codec = candidate.codec;
+    if (!checkCodec(codec, shape).isOk())
+      continue;
+    StatusOr<std::string> encoded = encodeChunk(kv.data(), shape, codec, c.dtype);
+    if (!encoded.isOk())
+      return encoded.status();
+    KVC_RETURN_IF_ERROR(
+        decodeChunk(*encoded, shape, codec, c.dtype, decoded.data()));
+    planning::CodecProfileEntry entry;
+    entry.codec = codec;
+    entry.ratio = double(encoded->size()) / rawBytes;
+    entry.quality = relativeL2(decoded, kv);
+    double attnError =
+        relativeL2(attention(decoded, tokens, c.numLayers, model.kvDim(),
+                             c.headDim, queries),
+                   reference);
+    if (codec.lossless != CodecSpec::Lossless::None) {
+      // The lossless stage alone, on the bytes it sees: one core.
+      CodecSpec inner = codec;
+      inner.lossless = CodecSpec::Lossless::None;
+      std::string plain = *encodeChunk(kv.data(), shape, inner, c.dtype);
+      std::string packed, unpacked;
+      double enc = timeIt([&] { packed = *compressBytes(plain, codec.lossless); });
+      double dec = timeIt([&] {
+        (void)decompressBytes(packed, codec.lossless, unpacked, plain.size());
+      });
+      entry.encodeGBs = double(plain.size()) / enc / 1e9;
+      entry.decodeGBs = double(plain.size()) / dec / 1e9;
+    }
+    std::printf("%-28s %8.3f %9.4f %9.4f %10.2f %10.2f\n",
+                codec.str().c_str(), entry.ratio, entry.quality, attnError,
+                entry.encodeGBs, entry.decodeGBs);
+    entries.push_back(entry);
+  }
+  std::ofstream out(outPath);
+  out << planning::CodecProfile(entries).print();
+  if (!out)
+    return Status(StatusCode::Unavailable, outPath + ": cannot write profile");
+  std::printf("wrote %zu entries to %s\n", entries.size(), outPath.c_str());
+  return Status::ok();
+}
+
+} // namespace kvc

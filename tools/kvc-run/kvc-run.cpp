@@ -1,0 +1,240 @@
+//===- kvc-run.cpp - The kvc runtime as a command -------------------------===//
+//
+//   kvc-run gen-model --out DIR [--layers N --hidden N --heads N --kv-heads N
+//                     --ffn N --vocab N --max-positions N --dtype bf16|f16|f32
+//                     --seed S]
+//   kvc-run save --model DIR --store URL (--tokens FILE | --random-tokens N
+//                [--seed S]) [--forms kv,hidden] [--codec SPEC]
+//                [--chunk-tokens N] [--layer-group N] [--writers N]
+//                [--buffer-mb N] [--tenant SALT] [--dry-run]
+//   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
+//
+// Links no LLVM or MLIR.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ProfileCodecs.h"
+
+#include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Save/Saver.h"
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+using namespace kvc;
+
+namespace {
+
+/// `--key value` and `--flag` options after the command.
+class Args {
+public:
+  static StatusOr<Args> parse(int argc, char **argv, int first) {
+    Args args;
+    for (int i = first; i < argc; ++i) {
+      std::string key = argv[i];
+      if (key.rfind("--", 0) != 0)
+        return invalidArgument("unexpected argument " + key);
+      key = key.substr(2);
+      if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+        args.values_[key] = argv[++i];
+      else
+        args.values_[key] = "";
+    }
+    return args;
+  }
+  bool has(const std::string &key) {
+    used_.push_back(key);
+    return values_.count(key);
+  }
+  std::string get(const std::string &key, const std::string &fallback = "") {
+    used_.push_back(key);
+    auto it = values_.find(key);
+    return it == values_.end() ? fallback : it->second;
+  }
+  StatusOr<int64_t> integer(const std::string &key, int64_t fallback) {
+    std::string text = get(key);
+    if (text.empty())
+      return fallback;
+    char *end = nullptr;
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (*end)
+      return invalidArgument("--" + key + " expects an integer, got " + text);
+    return int64_t(v);
+  }
+  StatusOr<std::string> required(const std::string &key) {
+    if (!has(key))
+      return invalidArgument("missing --" + key);
+    return get(key);
+  }
+  /// Fails on options no one asked for (typos).
+  Status checkUnused() const {
+    for (const auto &[key, value] : values_)
+      if (std::find(used_.begin(), used_.end(), key) == used_.end())
+        return invalidArgument("unknown option --" + key);
+    return Status::ok();
+  }
+
+private:
+  std::map<std::string, std::string> values_;
+  std::vector<std::string> used_;
+};
+
+#define TRY_ASSIGN(var, expr)                                                  \
+  auto var##Or = (expr);                                                       \
+  if (!var##Or.isOk())                                                         \
+    return var##Or.status();                                                   \
+  auto var = std::move(*var##Or)
+
+StatusOr<DType> parseDType(const std::string &name) {
+  if (name == "bf16")
+    return DType::BF16;
+  if (name == "f16")
+    return DType::F16;
+  if (name == "f32")
+    return DType::F32;
+  return invalidArgument("--dtype expects bf16, f16 or f32, got " + name);
+}
+
+Status genModel(Args &args) {
+  GenModelOptions o;
+  TRY_ASSIGN(out, args.required("out"));
+  TRY_ASSIGN(layers, args.integer("layers", o.layers));
+  TRY_ASSIGN(hidden, args.integer("hidden", o.hidden));
+  TRY_ASSIGN(heads, args.integer("heads", o.heads));
+  TRY_ASSIGN(kvHeads, args.integer("kv-heads", o.kvHeads));
+  TRY_ASSIGN(ffn, args.integer("ffn", o.ffn));
+  TRY_ASSIGN(vocab, args.integer("vocab", o.vocab));
+  TRY_ASSIGN(maxPositions, args.integer("max-positions", o.maxPositions));
+  TRY_ASSIGN(seed, args.integer("seed", 0));
+  TRY_ASSIGN(dtype, parseDType(args.get("dtype", "bf16")));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  o.layers = layers, o.hidden = hidden, o.heads = heads, o.kvHeads = kvHeads;
+  o.ffn = ffn, o.vocab = vocab, o.maxPositions = maxPositions;
+  o.seed = uint64_t(seed), o.dtype = dtype;
+  KVC_RETURN_IF_ERROR(generateModel(out, o));
+  std::printf("wrote a %lld-layer model (hidden %lld, %lld heads, %lld KV "
+              "heads, %s) to %s\n",
+              (long long)o.layers, (long long)o.hidden, (long long)o.heads,
+              (long long)o.kvHeads, dtypeName(o.dtype), out.c_str());
+  return Status::ok();
+}
+
+/// Tokens from --tokens FILE (whitespace-separated ids) or --random-tokens.
+StatusOr<std::vector<int32_t>> requestTokens(Args &args,
+                                             const ModelConfig &model) {
+  std::vector<int32_t> tokens;
+  if (args.has("tokens")) {
+    std::ifstream in(args.get("tokens"));
+    if (!in)
+      return notFound(args.get("tokens") + ": cannot open token file");
+    long long t;
+    while (in >> t)
+      tokens.push_back(int32_t(t));
+    return tokens;
+  }
+  TRY_ASSIGN(count, args.integer("random-tokens", 0));
+  TRY_ASSIGN(seed, args.integer("seed", 0));
+  if (count <= 0)
+    return invalidArgument("give --tokens FILE or --random-tokens N");
+  std::mt19937_64 rng{uint64_t(seed)};
+  for (int64_t i = 0; i < count; ++i)
+    tokens.push_back(int32_t(rng() % uint64_t(model.vocabSize)));
+  return tokens;
+}
+
+Status save(Args &args) {
+  TRY_ASSIGN(modelDir, args.required("model"));
+  TRY_ASSIGN(url, args.required("store"));
+  TRY_ASSIGN(model, LlamaModel::load(modelDir));
+  TRY_ASSIGN(tokens, requestTokens(args, model->config()));
+  SaveOptions options;
+  options.forms.clear();
+  std::stringstream forms(args.get("forms", "kv,hidden"));
+  for (std::string form; std::getline(forms, form, ',');) {
+    if (form == "kv")
+      options.forms.push_back(ChunkForm::KV);
+    else if (form == "hidden")
+      options.forms.push_back(ChunkForm::Hidden);
+    else
+      return invalidArgument("--forms expects kv and/or hidden, got " + form);
+  }
+  TRY_ASSIGN(codec, parseCodecSpec(args.get("codec", "raw")));
+  options.codec = codec;
+  StoreLayout layout;
+  TRY_ASSIGN(chunkTokens, args.integer("chunk-tokens", layout.chunkTokens));
+  TRY_ASSIGN(layerGroup, args.integer("layer-group", layout.layerGroup));
+  TRY_ASSIGN(writers, args.integer("writers", options.writers));
+  TRY_ASSIGN(bufferMb, args.integer("buffer-mb", 256));
+  if (chunkTokens <= 0 || layerGroup <= 0 || writers <= 0 || bufferMb <= 0)
+    return invalidArgument("--chunk-tokens, --layer-group, --writers and "
+                           "--buffer-mb must be positive");
+  layout.chunkTokens = chunkTokens, layout.layerGroup = layerGroup;
+  options.writers = int(writers);
+  options.bufferBytes = size_t(bufferMb) << 20;
+  options.dryRun = args.has("dry-run");
+  std::string tenant = args.get("tenant");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  TRY_ASSIGN(tier, openTier(url));
+  ChunkStore store(std::move(tier), model->config(), model->fingerprint(),
+                   tenant, layout);
+  TRY_ASSIGN(stats, saveContext(*model, store, tokens, options));
+  std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
+              "objects written, %lld already stored; prefill %.3f s, total "
+              "%.3f s, waited %.3f s for buffers, peak buffers %.1f MiB\n",
+              tokens.size(), model->fingerprint().c_str(), url.c_str(),
+              options.codec.str().c_str(), (long long)stats.written,
+              (long long)stats.skipped, stats.prefillSeconds,
+              stats.totalSeconds, stats.stallSeconds,
+              double(stats.peakBufferedBytes) / (1 << 20));
+  return Status::ok();
+}
+
+Status profileCodecs(Args &args) {
+  TRY_ASSIGN(modelDir, args.required("model"));
+  TRY_ASSIGN(out, args.required("out"));
+  TRY_ASSIGN(count, args.integer("tokens", 1024));
+  TRY_ASSIGN(seed, args.integer("seed", 0));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  TRY_ASSIGN(model, LlamaModel::load(modelDir));
+  return runCodecProfile(*model, count, uint64_t(seed), out);
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: kvc-run gen-model|save|profile-codecs [options]\n"
+               "(see the header of tools/kvc-run/kvc-run.cpp)\n");
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage();
+    return 2;
+  }
+  std::string command = argv[1];
+  StatusOr<Args> args = Args::parse(argc, argv, 2);
+  Status status = args.status();
+  if (args.isOk()) {
+    if (command == "gen-model")
+      status = genModel(*args);
+    else if (command == "save")
+      status = save(*args);
+    else if (command == "profile-codecs")
+      status = profileCodecs(*args);
+    else {
+      usage();
+      return 2;
+    }
+  }
+  if (!status.isOk()) {
+    std::fprintf(stderr, "kvc-run %s: %s\n", command.c_str(),
+                 status.toString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,191 @@
+//===- CodecTest.cpp - Round trips and robustness of the chunk codecs -----===//
+
+#include "kvc/Planning/CodecProfile.h"
+#include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+using namespace kvc;
+
+namespace {
+
+/// KV and hidden states of a real (random-weight) model, 96 tokens, 4 layers.
+struct Sample {
+  ModelConfig config;
+  std::vector<float> kv, hidden;
+  ChunkShape kvShape, hiddenShape;
+};
+
+const Sample &sample() {
+  static Sample s = [] {
+    std::string dir = testing::TempDir() + "/kvc-codec-test-model";
+    GenModelOptions o;
+    o.layers = 4;
+    o.hidden = 256;
+    o.heads = 8;
+    o.kvHeads = 2;
+    o.ffn = 512;
+    o.vocab = 512;
+    o.seed = 3;
+    EXPECT_TRUE(generateModel(dir, o).isOk());
+    auto model = std::move(*LlamaModel::load(dir));
+    Sample out;
+    out.config = model->config();
+    std::mt19937_64 rng(5);
+    std::vector<int32_t> tokens(96);
+    for (int32_t &t : tokens)
+      t = int32_t(rng() % 512);
+    LlamaModel::Cache cache = model->newCache();
+    std::vector<std::vector<float>> hidden(4);
+    EXPECT_TRUE(model
+                    ->prefill(cache, tokens.data(), 96,
+                              [&](const LayerSnapshot &snap) {
+                                hidden[snap.layer].assign(
+                                    snap.hidden, snap.hidden + 96 * 256);
+                              })
+                    .isOk());
+    for (int l = 0; l < 4; ++l) {
+      out.kv.insert(out.kv.end(), cache.k[l].begin(), cache.k[l].end());
+      out.kv.insert(out.kv.end(), cache.v[l].begin(), cache.v[l].end());
+      out.hidden.insert(out.hidden.end(), hidden[l].begin(), hidden[l].end());
+    }
+    out.kvShape = chunkShape(out.config, ChunkForm::KV, 96, 0, 4);
+    out.hiddenShape = chunkShape(out.config, ChunkForm::Hidden, 96, 0, 4);
+    return out;
+  }();
+  return s;
+}
+
+double relativeL2(const std::vector<float> &a, const std::vector<float> &b) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return std::sqrt(err / norm);
+}
+
+/// Every composition of the planner's codec space.
+class EveryCodec
+    : public ::testing::TestWithParam<planning::CodecProfileEntry> {};
+
+TEST_P(EveryCodec, RoundTripsWithinItsStatedBound) {
+  const Sample &s = sample();
+  const planning::CodecProfileEntry &entry = GetParam();
+  for (auto [values, shape] : {std::pair{&s.kv, s.kvShape},
+                               std::pair{&s.hidden, s.hiddenShape}}) {
+    StatusOr<std::string> bytes =
+        encodeChunk(values->data(), shape, entry.codec, DType::BF16);
+    ASSERT_TRUE(bytes.isOk()) << bytes.status().toString();
+    std::vector<float> out(shape.numel());
+    Status decoded =
+        decodeChunk(*bytes, shape, entry.codec, DType::BF16, out.data());
+    ASSERT_TRUE(decoded.isOk()) << decoded.toString();
+    double error = relativeL2(out, *values);
+    if (entry.codec.quant == CodecSpec::Quant::None) {
+      // Lossless up to bf16 storage.
+      EXPECT_LT(error, 1.0 / 256) << entry.codec.str();
+    } else {
+      // The profile's stated error bounds the measured one.
+      EXPECT_LE(error, entry.quality) << entry.codec.str() << " on "
+                                      << chunkFormName(shape.form);
+    }
+    // Truncation is always detected (every size is known in advance).
+    for (size_t cut : {size_t(0), bytes->size() / 2, bytes->size() - 1}) {
+      Status truncated = decodeChunk(std::string_view(*bytes).substr(0, cut),
+                                     shape, entry.codec, DType::BF16,
+                                     out.data());
+      EXPECT_EQ(truncated.code(), StatusCode::DataLoss) << entry.codec.str();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, EveryCodec,
+    ::testing::ValuesIn(planning::CodecProfile::defaults().entries()),
+    [](const ::testing::TestParamInfo<planning::CodecProfileEntry> &info) {
+      std::string name = info.param.codec.str();
+      for (char &c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c)))
+          c = '_';
+      return name;
+    });
+
+TEST(Codec, CorruptionNeverCrashes) {
+  const Sample &s = sample();
+  std::mt19937_64 rng(9);
+  for (const char *spec : {"int4+deflate", "hadamard+int8/g64+zstd", "int2+lz4",
+                           "deflate", "int4/bins8-4-2"}) {
+    CodecSpec codec = *parseCodecSpec(spec);
+    std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, DType::BF16);
+    std::vector<float> out(s.kvShape.numel());
+    for (int trial = 0; trial < 200; ++trial) {
+      std::string corrupt = bytes;
+      for (int flips = 0; flips < 4; ++flips)
+        corrupt[rng() % corrupt.size()] ^= char(1 + rng() % 255);
+      // Either an error or some values: never a crash or an overrun.
+      (void)decodeChunk(corrupt, s.kvShape, codec, DType::BF16, out.data());
+    }
+  }
+}
+
+TEST(Codec, KIVIAxesAndBinsChangeTheEncoding) {
+  const Sample &s = sample();
+  CodecSpec perChannelK = *parseCodecSpec("int4/k=channel/v=token");
+  CodecSpec perTokenK = *parseCodecSpec("int4/k=token/v=token");
+  std::vector<float> a(s.kvShape.numel()), b(s.kvShape.numel());
+  ASSERT_TRUE(decodeChunk(*encodeChunk(s.kv.data(), s.kvShape, perChannelK,
+                                       DType::BF16),
+                          s.kvShape, perChannelK, DType::BF16, a.data())
+                  .isOk());
+  ASSERT_TRUE(decodeChunk(*encodeChunk(s.kv.data(), s.kvShape, perTokenK,
+                                       DType::BF16),
+                          s.kvShape, perTokenK, DType::BF16, b.data())
+                  .isOk());
+  EXPECT_NE(relativeL2(a, s.kv), relativeL2(b, s.kv));
+  // CacheGen bins: 8 bits for the first half of the layers, 2 for the rest;
+  // the error lands in the later layers.
+  CodecSpec bins = *parseCodecSpec("int4/bins8-2");
+  std::vector<float> c(s.kvShape.numel());
+  std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, bins, DType::BF16);
+  ASSERT_TRUE(decodeChunk(bytes, s.kvShape, bins, DType::BF16, c.data()).isOk());
+  size_t half = c.size() / 2;
+  std::vector<float> early(c.begin(), c.begin() + half),
+      late(c.begin() + half, c.end()),
+      earlyRef(s.kv.begin(), s.kv.begin() + half),
+      lateRef(s.kv.begin() + half, s.kv.end());
+  EXPECT_LT(relativeL2(early, earlyRef) * 10, relativeL2(late, lateRef));
+}
+
+TEST(Codec, HadamardIsItsOwnInverse) {
+  std::vector<float> x(256), y;
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> normal;
+  for (float &v : x)
+    v = normal(rng);
+  y = x;
+  hadamard(y.data(), 256, 64);
+  EXPECT_GT(relativeL2(y, x), 0.1);
+  hadamard(y.data(), 256, 64);
+  EXPECT_LT(relativeL2(y, x), 1e-6);
+}
+
+TEST(Codec, SpecsParseAndPrint) {
+  for (const char *spec : {"raw", "int8/g32", "hadamard+int4/g64+zstd",
+                           "int2/g128+lz4", "deflate", "int4/g32/bins8-4-2"}) {
+    StatusOr<CodecSpec> codec = parseCodecSpec(spec);
+    ASSERT_TRUE(codec.isOk()) << spec;
+    EXPECT_EQ(codec->str(), spec);
+  }
+  EXPECT_FALSE(parseCodecSpec("int3").isOk());
+  EXPECT_FALSE(parseCodecSpec("int4/bins8-3").isOk());
+  EXPECT_FALSE(parseCodecSpec("gzip").isOk());
+}
+
+} // namespace

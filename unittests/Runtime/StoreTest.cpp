@@ -1,0 +1,410 @@
+//===- StoreTest.cpp - Tiers, chunk checks and the save path --------------===//
+
+#include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Save/Saver.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <random>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace kvc;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+//===----------------------------------------------------------------------===//
+// A redis-server of the test's own on loopback.
+//===----------------------------------------------------------------------===//
+
+class RedisServer {
+public:
+  RedisServer() {
+    if (system("command -v redis-server >/dev/null 2>&1") != 0)
+      return;
+    port_ = 20000 + int(getpid() % 20000);
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::string port = std::to_string(port_);
+      execlp("redis-server", "redis-server", "--port", port.c_str(),
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--loglevel", "warning", nullptr);
+      _exit(127);
+    }
+    // Wait until it answers.
+    for (int i = 0; i < 100; ++i) {
+      if (openTier(url()).isOk())
+        return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    stop();
+  }
+  ~RedisServer() { stop(); }
+  bool running() const { return pid_ > 0; }
+  std::string url() const {
+    return "redis://127.0.0.1:" + std::to_string(port_);
+  }
+  void stop() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
+private:
+  int port_ = 0;
+  pid_t pid_ = -1;
+};
+
+RedisServer &redis() {
+  static RedisServer server;
+  return server;
+}
+
+//===----------------------------------------------------------------------===//
+// Tiers
+//===----------------------------------------------------------------------===//
+
+std::string tempDir(const std::string &name) {
+  std::string dir = testing::TempDir() + "/kvc-store-test-" + name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+class EveryTier : public ::testing::TestWithParam<std::string> {
+protected:
+  std::unique_ptr<Tier> open() {
+    std::string kind = GetParam();
+    std::string url = kind == "mem"    ? "mem://"
+                      : kind == "file" ? "file://" + tempDir("tier")
+                                       : redis().url();
+    if (kind == "redis" && !redis().running())
+      return nullptr;
+    StatusOr<std::unique_ptr<Tier>> tier = openTier(url);
+    EXPECT_TRUE(tier.isOk()) << tier.status().toString();
+    return tier.isOk() ? std::move(*tier) : nullptr;
+  }
+};
+
+TEST_P(EveryTier, PutGetListRemove) {
+  std::unique_ptr<Tier> tier = open();
+  if (!tier)
+    GTEST_SKIP() << "redis-server is not installed";
+  std::string binary("a\0b\xff", 4);
+  ASSERT_TRUE(tier->put("p1/kv/0-4", binary).isOk());
+  ASSERT_TRUE(tier->put("p1/hidden/0-4", "hidden").isOk());
+  ASSERT_TRUE(tier->put("p2/kv/0-4", "other").isOk());
+  std::string buffer;
+  ASSERT_TRUE(tier->get("p1/kv/0-4", buffer).isOk());
+  EXPECT_EQ(buffer, binary); // Binary-safe.
+  EXPECT_TRUE(*tier->exists("p2/kv/0-4"));
+  EXPECT_EQ(*tier->list("p1/"),
+            (std::vector<std::string>{"p1/hidden/0-4", "p1/kv/0-4"}));
+  std::vector<std::string> buffers;
+  std::vector<Status> many =
+      tier->getMany({"p1/kv/0-4", "nope", "p2/kv/0-4"}, buffers);
+  EXPECT_TRUE(many[0].isOk());
+  EXPECT_EQ(chunkFault(many[1]), ChunkFault::Missing);
+  EXPECT_EQ(buffers[2], "other");
+  ASSERT_TRUE(tier->remove("p2/kv/0-4").isOk());
+  Status gone = tier->get("p2/kv/0-4", buffer);
+  EXPECT_EQ(gone.code(), StatusCode::NotFound);
+  EXPECT_EQ(chunkFault(gone), ChunkFault::Missing);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, EveryTier,
+                         ::testing::Values("mem", "file", "redis"));
+
+TEST(MemTier, EvictsLeastRecentlyUsed) {
+  auto tier = std::move(*openTier("mem://?capacity_mb=0.000016")); // 16 bytes.
+  ASSERT_TRUE(tier->put("a", "12345678").isOk());
+  ASSERT_TRUE(tier->put("b", "12345678").isOk());
+  std::string buffer;
+  ASSERT_TRUE(tier->get("a", buffer).isOk()); // a is now the most recent.
+  ASSERT_TRUE(tier->put("c", "12345678").isOk());
+  EXPECT_TRUE(*tier->exists("a"));
+  EXPECT_FALSE(*tier->exists("b"));
+  EXPECT_FALSE(tier->put("big", std::string(64, 'x')).isOk());
+}
+
+TEST(FileTier, WritesAtomically) {
+  std::string dir = tempDir("atomic");
+  auto tier = std::move(*openTier("file://" + dir));
+  ASSERT_TRUE(tier->put("k/kv/0-1", std::string(1 << 20, 'x')).isOk());
+  // No temporary file is left, and listing never shows one.
+  for (const auto &entry : fs::recursive_directory_iterator(dir))
+    EXPECT_EQ(entry.path().string().find(".tmp."), std::string::npos);
+  // Concurrent readers and a writer replacing the object: readers see
+  // either the old or the new object in full.
+  std::atomic<bool> torn{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 20; ++i)
+      (void)tier->put("k/kv/0-1", std::string(1 << 20, char('a' + i % 2)));
+  });
+  std::thread reader([&] {
+    std::string buffer;
+    for (int i = 0; i < 50; ++i)
+      if (tier->get("k/kv/0-1", buffer).isOk() &&
+          (buffer.size() != (1 << 20) ||
+           buffer.find_first_not_of(buffer[0]) != std::string::npos))
+        torn = true;
+  });
+  writer.join();
+  reader.join();
+  EXPECT_FALSE(torn);
+}
+
+TEST(Tiers, BadURLsAndUnreachableServers) {
+  EXPECT_EQ(openTier("s3://bucket").status().code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(openTier("file://relative/dir").status().code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(openTier("mem://?gbps=-1").status().code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(openTier("mem://?speed=1").status().code(),
+            StatusCode::InvalidArgument);
+  // Nothing listens on port 1.
+  StatusOr<std::unique_ptr<Tier>> down = openTier("redis://127.0.0.1:1");
+  ASSERT_FALSE(down.isOk());
+  EXPECT_EQ(down.status().code(), StatusCode::Unavailable);
+  EXPECT_EQ(chunkFault(down.status()), ChunkFault::Unavailable);
+  EXPECT_NE(down.status().message().find("cannot connect to redis"),
+            std::string::npos);
+}
+
+TEST(Tiers, ThrottleLimitsBandwidth) {
+  // 8 MiB at 0.5 Gbps (62.5 MB/s) takes at least 0.13 s.
+  auto tier = std::move(*openTier("mem://?gbps=0.5"));
+  std::string payload(1 << 20, 'x');
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 8; ++i)
+    ASSERT_TRUE(tier->put("o" + std::to_string(i), payload).isOk());
+  double seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+  EXPECT_GT(seconds, 8.0 * (1 << 20) / 62.5e6 * 0.95);
+}
+
+//===----------------------------------------------------------------------===//
+// Keys and checked chunks
+//===----------------------------------------------------------------------===//
+
+TEST(PrefixKeys, SharedPrefixesShareKeysAndTenantsNever) {
+  std::vector<int32_t> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i)
+    a[i] = b[i] = i % 97;
+  b[700] = 5; // Diverges in the third chunk of 256.
+  PrefixKeys keys("f00d", "", 256), tenant("f00d", "acme", 256),
+      model("beef", "", 256);
+  std::vector<Digest> ka = keys.keys(a.data(), 1000),
+                      kb = keys.keys(b.data(), 1000);
+  ASSERT_EQ(ka.size(), 4u);
+  EXPECT_EQ(ka[0], kb[0]);
+  EXPECT_EQ(ka[1], kb[1]);
+  EXPECT_NE(ka[2], kb[2]);
+  EXPECT_NE(ka[3], kb[3]); // Chained: everything after differs.
+  EXPECT_NE(tenant.keys(a.data(), 256)[0], ka[0]);
+  EXPECT_NE(model.keys(a.data(), 256)[0], ka[0]);
+  // Stable across processes: no seed enters it.
+  EXPECT_EQ(toHex(keys.keys(a.data(), 3)[0]),
+            toHex(PrefixKeys("f00d", "", 256).keys(a.data(), 3)[0]));
+}
+
+/// A small model and a store on `url` for it.
+struct Fixture {
+  std::string modelDir;
+  std::unique_ptr<LlamaModel> model;
+  std::vector<int32_t> tokens;
+
+  explicit Fixture(uint64_t seed = 11) {
+    modelDir = testing::TempDir() + "/kvc-store-model-" + std::to_string(seed);
+    GenModelOptions o;
+    o.layers = 4;
+    o.hidden = 128;
+    o.heads = 4;
+    o.kvHeads = 2;
+    o.ffn = 256;
+    o.vocab = 512;
+    o.seed = seed;
+    EXPECT_TRUE(generateModel(modelDir, o).isOk());
+    model = std::move(*LlamaModel::load(modelDir));
+    std::mt19937_64 rng(3);
+    tokens.resize(300);
+    for (int32_t &t : tokens)
+      t = int32_t(rng() % 512);
+  }
+
+  ChunkStore store(std::shared_ptr<Tier> tier, const std::string &salt = "") {
+    StoreLayout layout;
+    layout.chunkTokens = 128;
+    layout.layerGroup = 2;
+    return ChunkStore(std::move(tier), model->config(), model->fingerprint(),
+                      salt, layout);
+  }
+};
+
+TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
+  Fixture f;
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
+  ChunkStore store = f.store(tier);
+  SaveOptions options;
+  StatusOr<SaveStats> first = saveContext(*f.model, store, f.tokens, options);
+  ASSERT_TRUE(first.isOk()) << first.status().toString();
+  // 3 token chunks x 2 layer groups x 2 forms.
+  EXPECT_EQ(first->written, 12);
+  StatusOr<SaveStats> second = saveContext(*f.model, store, f.tokens, options);
+  ASSERT_TRUE(second.isOk());
+  EXPECT_EQ(second->written, 0);
+  EXPECT_EQ(second->skipped, 12);
+
+  // Saved hidden states projected with W_k, W_v (+RoPE) reproduce the saved
+  // K and V within bf16 rounding.
+  const int64_t kv = f.model->kvDim(), h = f.model->config().hiddenSize;
+  for (const ChunkRef &hidden :
+       store.refs(f.tokens.data(), 300, ChunkForm::Hidden)) {
+    ChunkRef kvRef = hidden;
+    kvRef.form = ChunkForm::KV;
+    std::vector<float> hs(store.shape(hidden).numel()),
+        saved(store.shape(kvRef).numel());
+    ASSERT_TRUE(store.get(hidden, hs.data()).isOk());
+    ASSERT_TRUE(store.get(kvRef, saved.data()).isOk());
+    int64_t n = hidden.tokenEnd - hidden.tokenBegin;
+    for (int64_t l = 0; l < hidden.layerEnd - hidden.layerBegin; ++l) {
+      std::vector<float> k(n * kv), v(n * kv);
+      f.model->project(hidden.layerBegin + l, hs.data() + l * n * h, n,
+                       hidden.tokenBegin, k.data(), v.data());
+      const float *sk = saved.data() + (2 * l) * n * kv;
+      const float *sv = sk + n * kv;
+      double err = 0, scale = 0;
+      for (int64_t i = 0; i < n * kv; ++i) {
+        err = std::max({err, double(std::fabs(k[i] - sk[i])),
+                        double(std::fabs(v[i] - sv[i]))});
+        scale = std::max({scale, double(std::fabs(sk[i])),
+                          double(std::fabs(sv[i]))});
+      }
+      EXPECT_LT(err / scale, 2.0 / 128) << hidden.name() << " layer " << l;
+    }
+  }
+}
+
+/// Writes one KV chunk and returns its ref and the store.
+TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
+  Fixture f, other(12); // Same shape, other weights.
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
+  ChunkStore store = f.store(tier);
+  ASSERT_TRUE(saveContext(*f.model, store, f.tokens, {}).isOk());
+  ChunkRef ref = store.refs(f.tokens.data(), 300, ChunkForm::KV)[0];
+  std::vector<float> out(store.shape(ref).numel());
+  ASSERT_TRUE(store.get(ref, out.data()).isOk());
+  std::string good;
+  ASSERT_TRUE(tier->get(ref.name(), good).isOk());
+
+  auto faultAfter = [&](const std::string &bytes) {
+    EXPECT_TRUE(tier->put(ref.name(), bytes).isOk());
+    Status s = store.get(ref, out.data());
+    EXPECT_FALSE(s.isOk());
+    return chunkFault(s);
+  };
+  std::string flipped = good;
+  flipped[good.size() / 2] ^= 0x40;
+  EXPECT_EQ(faultAfter(flipped), ChunkFault::Corrupt);
+  std::string header = good;
+  header[20] ^= 1;
+  EXPECT_EQ(faultAfter(header), ChunkFault::Corrupt);
+  EXPECT_EQ(faultAfter(good.substr(0, good.size() - 10)),
+            ChunkFault::Truncated);
+  EXPECT_EQ(faultAfter(good.substr(0, 50)), ChunkFault::Truncated);
+  EXPECT_EQ(faultAfter("not a chunk at all, but long enough to have a header "
+                       "of one hundred and thirty six bytes if you count "
+                       "every character of it slowly and carefully..."),
+            ChunkFault::Corrupt);
+
+  // Another model's chunk under this key.
+  std::shared_ptr<Tier> otherTier = std::move(*openTier("mem://"));
+  ChunkStore otherStore = other.store(otherTier);
+  ASSERT_TRUE(saveContext(*other.model, otherStore, other.tokens, {}).isOk());
+  ChunkRef otherRef = otherStore.refs(other.tokens.data(), 300, ChunkForm::KV)[0];
+  std::string foreign;
+  ASSERT_TRUE(otherTier->get(otherRef.name(), foreign).isOk());
+  EXPECT_EQ(faultAfter(foreign), ChunkFault::WrongModel);
+
+  // The same data saved for another tenant, filed under this key.
+  std::shared_ptr<Tier> tenantTier = std::move(*openTier("mem://"));
+  ChunkStore tenantStore = f.store(tenantTier, "tenant-b");
+  ASSERT_TRUE(saveContext(*f.model, tenantStore, f.tokens, {}).isOk());
+  ChunkRef tenantRef = tenantStore.refs(f.tokens.data(), 300, ChunkForm::KV)[0];
+  EXPECT_NE(tenantRef.name(), ref.name());
+  std::string misfiled;
+  ASSERT_TRUE(tenantTier->get(tenantRef.name(), misfiled).isOk());
+  EXPECT_EQ(faultAfter(misfiled), ChunkFault::WrongKey);
+
+  // Another layer group of the same prefix.
+  ChunkRef neighbour = store.refs(f.tokens.data(), 300, ChunkForm::KV)[1];
+  std::string wrongRange;
+  ASSERT_TRUE(tier->get(neighbour.name(), wrongRange).isOk());
+  EXPECT_EQ(faultAfter(wrongRange), ChunkFault::WrongRange);
+
+  ASSERT_TRUE(tier->remove(ref.name()).isOk());
+  EXPECT_EQ(chunkFault(store.get(ref, out.data())), ChunkFault::Missing);
+}
+
+TEST(ChunkStore, RedisTierStoresChunks) {
+  if (!redis().running())
+    GTEST_SKIP() << "redis-server is not installed";
+  Fixture f;
+  std::shared_ptr<Tier> tier = std::move(*openTier(redis().url() + "/1"));
+  ChunkStore store = f.store(tier, "redis-test");
+  SaveOptions options;
+  options.codec = *parseCodecSpec("int8+zstd");
+  ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
+  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, ChunkForm::KV);
+  std::vector<std::string> names, buffers;
+  for (const ChunkRef &r : refs)
+    names.push_back(r.name());
+  std::vector<Status> got = tier->getMany(names, buffers);
+  for (size_t i = 0; i < refs.size(); ++i) {
+    ASSERT_TRUE(got[i].isOk()) << got[i].toString();
+    std::vector<float> out(store.shape(refs[i]).numel());
+    CodecSpec codec;
+    ASSERT_TRUE(store.decode(refs[i], buffers[i], out.data(), &codec).isOk());
+    EXPECT_EQ(codec.str(), "int8/g32+zstd");
+  }
+}
+
+TEST(Saver, BoundsItsBuffersAndAppliesBackPressure) {
+  Fixture f;
+  // A store slower than the prefill: 0.01 Gbps.
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://?gbps=0.01"));
+  ChunkStore store = f.store(tier);
+  SaveOptions options;
+  options.forms = {ChunkForm::KV};
+  options.writers = 1;
+  // One object of 128 tokens x 2 layers x K,V x 64 floats = 128 KiB.
+  options.bufferBytes = 200 << 10;
+  StatusOr<SaveStats> stats = saveContext(*f.model, store, f.tokens, options);
+  ASSERT_TRUE(stats.isOk()) << stats.status().toString();
+  EXPECT_LE(stats->peakBufferedBytes, options.bufferBytes);
+  EXPECT_GT(stats->stallSeconds, 0.0); // The prefill waited for the store.
+  EXPECT_EQ(stats->written, 6);
+}
+
+TEST(Saver, ReportsAnUnwritableStore) {
+  Fixture f;
+  std::shared_ptr<Tier> tier =
+      std::move(*openTier("mem://?capacity_mb=0.00001")); // 10 bytes.
+  ChunkStore store = f.store(tier);
+  StatusOr<SaveStats> stats = saveContext(*f.model, store, f.tokens, {});
+  ASSERT_FALSE(stats.isOk());
+  EXPECT_NE(stats.status().message().find("exceeds the tier's capacity"),
+            std::string::npos);
+}
+
+} // namespace

@@ -189,3 +189,28 @@ TEST(Codec, SpecsParseAndPrint) {
 }
 
 } // namespace
+
+namespace {
+
+TEST(Codec, DequantizeToBf16MatchesDecode) {
+  const Sample &s = sample();
+  for (const char *spec : {"int8", "int4", "int2/g64", "int4/k=token+zstd",
+                           "int4/bins8-2", "hadamard+int4", "deflate"}) {
+    CodecSpec codec = *parseCodecSpec(spec);
+    std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, DType::BF16);
+    std::vector<float> ref(s.kvShape.numel());
+    ASSERT_TRUE(
+        decodeChunk(bytes, s.kvShape, codec, DType::BF16, ref.data()).isOk());
+    std::vector<uint16_t> fast(s.kvShape.numel());
+    ASSERT_TRUE(dequantizeToBf16(bytes, s.kvShape, codec, fast.data()).isOk());
+    for (size_t i = 0; i < ref.size(); ++i)
+      ASSERT_EQ(fast[i], floatToBf16(ref[i])) << spec << " at " << i;
+    EXPECT_EQ(dequantizeToBf16(std::string_view(bytes).substr(1), s.kvShape,
+                               codec, fast.data())
+                  .code(),
+              StatusCode::DataLoss)
+        << spec;
+  }
+}
+
+} // namespace

@@ -379,4 +379,126 @@ Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
   return Status::ok();
 }
 
+namespace {
+
+/// bf16 of `x`, round to nearest even (finite inputs), branch-free so loops
+/// vectorize.
+inline uint16_t toBf16(float x) {
+  uint32_t w;
+  std::memcpy(&w, &x, 4);
+  return uint16_t((w + 0x7FFF + ((w >> 16) & 1)) >> 16);
+}
+
+/// Dequantizes one group of `count` values of `bits` bits starting at value
+/// index `first` of `packed`, writing out[i * stride].
+template <int Bits>
+void dequantGroup(const uint8_t *packed, int64_t first, int64_t count,
+                  float scale, float minimum, uint16_t *out, int64_t stride) {
+  constexpr int perByte = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  int64_t i = 0;
+  // Leading values that share a byte with the previous group.
+  for (; i < count && (first + i) % perByte; ++i) {
+    int64_t n = first + i;
+    uint32_t v = (packed[n / perByte] >> ((n % perByte) * Bits)) & mask;
+    out[i * stride] = toBf16(minimum + scale * float(v));
+  }
+  const uint8_t *bytes = packed + (first + i) / perByte;
+  int64_t whole = (count - i) / perByte;
+  for (int64_t b = 0; b < whole; ++b) {
+    uint32_t byte = bytes[b];
+    for (int k = 0; k < perByte; ++k)
+      out[(i + b * perByte + k) * stride] =
+          toBf16(minimum + scale * float((byte >> (k * Bits)) & mask));
+  }
+  for (i += whole * perByte; i < count; ++i) {
+    int64_t n = first + i;
+    uint32_t v = (packed[n / perByte] >> ((n % perByte) * Bits)) & mask;
+    out[i * stride] = toBf16(minimum + scale * float(v));
+  }
+}
+
+template <int Bits>
+void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
+                       const ChunkShape &shape, CodecSpec::Axis axis,
+                       uint16_t *out) {
+  const uint8_t *packed = src + 4 * g.count;
+  const int64_t rows = shape.tokens, cols = shape.width;
+  int64_t group = 0, n = 0;
+  auto params = [&](int64_t k, float &scale, float &minimum) {
+    uint16_t sc, mn;
+    std::memcpy(&sc, src + 4 * k, 2);
+    std::memcpy(&mn, src + 4 * k + 2, 2);
+    scale = f16ToFloat(sc);
+    minimum = f16ToFloat(mn);
+  };
+  float scale, minimum;
+  if (axis == CodecSpec::Axis::Token) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c0 = 0; c0 < cols; c0 += g.size, ++group) {
+        int64_t count = std::min(g.size, cols - c0);
+        params(group, scale, minimum);
+        dequantGroup<Bits>(packed, n, count, scale, minimum,
+                           out + r * cols + c0, 1);
+        n += count;
+      }
+  } else {
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r0 = 0; r0 < rows; r0 += g.size, ++group) {
+        int64_t count = std::min(g.size, rows - r0);
+        params(group, scale, minimum);
+        dequantGroup<Bits>(packed, n, count, scale, minimum,
+                           out + r0 * cols + c, cols);
+        n += count;
+      }
+  }
+}
+
+} // namespace
+
+Status dequantizeToBf16(std::string_view bytes, const ChunkShape &shape,
+                        const CodecSpec &codec, uint16_t *out) {
+  if (codec.quant == CodecSpec::Quant::None ||
+      codec.transform != CodecSpec::Transform::None) {
+    std::vector<float> values(shape.numel());
+    KVC_RETURN_IF_ERROR(
+        decodeChunk(bytes, shape, codec, DType::BF16, values.data()));
+    for (int64_t i = 0; i < shape.numel(); ++i)
+      out[i] = floatToBf16(values[i]);
+    return Status::ok();
+  }
+  KVC_RETURN_IF_ERROR(checkCodec(codec, shape));
+  std::string inflated;
+  std::string_view inner = bytes;
+  const int64_t expected = innerBytes(codec, shape, DType::BF16);
+  if (codec.lossless != CodecSpec::Lossless::None) {
+    KVC_RETURN_IF_ERROR(
+        decompressBytes(bytes, codec.lossless, inflated, size_t(expected)));
+    inner = inflated;
+  } else if (int64_t(bytes.size()) != expected) {
+    return dataLoss("payload of " + std::to_string(bytes.size()) +
+                    " bytes, expected " + std::to_string(expected));
+  }
+  const uint8_t *src = reinterpret_cast<const uint8_t *>(inner.data());
+  const int64_t perMatrix = shape.tokens * shape.width;
+  for (int64_t m = 0; m < shape.matrices(); ++m) {
+    CodecSpec::Axis axis = matrixAxis(codec, shape, m);
+    Grouping g = grouping(codec, shape, axis);
+    uint16_t *dst = out + m * perMatrix;
+    switch (matrixBits(codec, shape, m)) {
+    case 8:
+      dequantMatrixBf16<8>(src, g, shape, axis, dst);
+      break;
+    case 4:
+      dequantMatrixBf16<4>(src, g, shape, axis, dst);
+      break;
+    default:
+      dequantMatrixBf16<2>(src, g, shape, axis, dst);
+      break;
+    }
+    src += quantizedMatrixBytes(codec, shape, m);
+  }
+  return Status::ok();
+}
+
 } // namespace kvc

@@ -65,6 +65,12 @@ StatusOr<std::string> encodeChunk(const float *values, const ChunkShape &shape,
 Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
                    const CodecSpec &codec, DType storage, float *out);
 
+/// Decodes straight to bf16 (what the paged cache holds). The quantized,
+/// untransformed case, the executor's hot path, runs a vectorizable loop
+/// per group; other codecs decode to fp32 first.
+Status dequantizeToBf16(std::string_view bytes, const ChunkShape &shape,
+                        const CodecSpec &codec, uint16_t *out);
+
 //===--- Stages, exposed for tests and benchmarks ------------------------===//
 
 /// In place, over consecutive blocks of `block` values (a power of two).

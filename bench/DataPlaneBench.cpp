@@ -1,0 +1,259 @@
+//===- DataPlaneBench.cpp - Codecs, tiers and the save path ---------------===//
+//
+// Each target is measured beside its reference in the same run:
+//
+//   build/bench/kvc-dataplane-bench --benchmark_repetitions=5 \
+//       --benchmark_report_aggregates_only=true
+//
+// Inflate/*        deflate decode of int4 KV, libdeflate vs zlib (one core)
+// Dequant/*        int4 and int8 to bf16, output bytes per second (one core)
+// ColdRead/*       4 MiB objects of the file tier vs plain 1 MiB read()s
+//                  (dd's loop) of the same files, page cache dropped first
+// RedisGetMany     pipelined GETs of 1 MiB objects from a loopback server
+// Prefill/*        prefill alone, and with KV + hidden saved to a store
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Save/Saver.h"
+#include "kvc/Runtime/Store/Tier.h"
+
+#include <benchmark/benchmark.h>
+#include <zlib.h>
+
+#include <csignal>
+#include <fcntl.h>
+#include <filesystem>
+#include <libdeflate.h>
+#include <random>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+using namespace kvc;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A generated model and its KV for 2048 tokens.
+struct Data {
+  std::string modelDir;
+  std::unique_ptr<LlamaModel> model;
+  std::vector<int32_t> tokens;
+  std::vector<float> kv;
+  ChunkShape shape;
+};
+
+Data &data() {
+  static Data d = [] {
+    Data out;
+    out.modelDir = fs::temp_directory_path() / "kvc-dataplane-bench-model";
+    GenModelOptions o;
+    o.layers = 4;
+    o.hidden = 512;
+    o.heads = 8;
+    o.kvHeads = 4;
+    o.ffn = 1024;
+    o.vocab = 1024;
+    o.seed = 1;
+    (void)generateModel(out.modelDir, o);
+    out.model = std::move(*LlamaModel::load(out.modelDir));
+    std::mt19937_64 rng(2);
+    out.tokens.resize(2048);
+    for (int32_t &t : out.tokens)
+      t = int32_t(rng() % 1024);
+    LlamaModel::Cache cache = out.model->newCache();
+    (void)out.model->prefill(cache, out.tokens.data(), 2048);
+    for (int l = 0; l < 4; ++l) {
+      out.kv.insert(out.kv.end(), cache.k[l].begin(), cache.k[l].end());
+      out.kv.insert(out.kv.end(), cache.v[l].begin(), cache.v[l].end());
+    }
+    out.shape = chunkShape(out.model->config(), ChunkForm::KV, 2048, 0, 4);
+    return out;
+  }();
+  return d;
+}
+
+/// The int4 KV bytes a deflate stage sees.
+const std::string &int4Bytes() {
+  static std::string bytes = *encodeChunk(
+      data().kv.data(), data().shape, *parseCodecSpec("int4"), DType::BF16);
+  return bytes;
+}
+
+void InflateLibdeflate(benchmark::State &state) {
+  const std::string &plain = int4Bytes();
+  libdeflate_compressor *c = libdeflate_alloc_compressor(6);
+  std::string packed(libdeflate_zlib_compress_bound(c, plain.size()), '\0');
+  packed.resize(libdeflate_zlib_compress(c, plain.data(), plain.size(),
+                                         packed.data(), packed.size()));
+  libdeflate_free_compressor(c);
+  libdeflate_decompressor *d = libdeflate_alloc_decompressor();
+  std::string out(plain.size(), '\0');
+  for (auto _ : state)
+    libdeflate_zlib_decompress(d, packed.data(), packed.size(), out.data(),
+                               out.size(), nullptr);
+  libdeflate_free_decompressor(d);
+  state.SetBytesProcessed(int64_t(state.iterations()) * plain.size());
+  state.counters["ratio"] = double(packed.size()) / plain.size();
+}
+BENCHMARK(InflateLibdeflate)->Name("Inflate/libdeflate");
+
+void InflateZlib(benchmark::State &state) {
+  const std::string &plain = int4Bytes();
+  uLongf size = compressBound(plain.size());
+  std::string packed(size, '\0');
+  compress2(reinterpret_cast<Bytef *>(packed.data()), &size,
+            reinterpret_cast<const Bytef *>(plain.data()), plain.size(), 6);
+  packed.resize(size);
+  std::string out(plain.size(), '\0');
+  for (auto _ : state) {
+    uLongf outSize = out.size();
+    uncompress(reinterpret_cast<Bytef *>(out.data()), &outSize,
+               reinterpret_cast<const Bytef *>(packed.data()), packed.size());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * plain.size());
+}
+BENCHMARK(InflateZlib)->Name("Inflate/zlib");
+
+void Dequant(benchmark::State &state, const char *spec) {
+  CodecSpec codec = *parseCodecSpec(spec);
+  const Data &d = data();
+  std::string bytes = *encodeChunk(d.kv.data(), d.shape, codec, DType::BF16);
+  std::vector<uint16_t> out(d.shape.numel());
+  for (auto _ : state)
+    (void)dequantizeToBf16(bytes, d.shape, codec, out.data());
+  state.SetBytesProcessed(int64_t(state.iterations()) * out.size() * 2);
+}
+BENCHMARK_CAPTURE(Dequant, int4, "int4")->Name("Dequant/int4");
+BENCHMARK_CAPTURE(Dequant, int8, "int8")->Name("Dequant/int8");
+
+/// 64 files of 4 MiB on the file tier.
+const fs::path &coldDir() {
+  static fs::path dir = [] {
+    fs::path root = fs::temp_directory_path() / "kvc-dataplane-bench-cold";
+    fs::remove_all(root);
+    auto tier = std::move(*openTier("file://" + root.string()));
+    std::string payload(4 << 20, 'k');
+    for (int i = 0; i < 64; ++i)
+      (void)tier->put("obj/" + std::to_string(i), payload);
+    return root;
+  }();
+  return dir;
+}
+
+void dropCache(const fs::path &dir) {
+  for (const auto &entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file()) {
+      int fd = ::open(entry.path().c_str(), O_RDONLY);
+      fdatasync(fd);
+      posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      ::close(fd);
+    }
+}
+
+void ColdReadTier(benchmark::State &state) {
+  auto tier = std::move(*openTier("file://" + coldDir().string()));
+  std::string buffer;
+  for (auto _ : state) {
+    state.PauseTiming();
+    dropCache(coldDir());
+    state.ResumeTiming();
+    for (int i = 0; i < 64; ++i)
+      (void)tier->get("obj/" + std::to_string(i), buffer);
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * 64 * (4 << 20));
+}
+BENCHMARK(ColdReadTier)->Name("ColdRead/file-tier")->Unit(benchmark::kMillisecond);
+
+void ColdReadPlain(benchmark::State &state) {
+  std::vector<char> block(1 << 20);
+  for (auto _ : state) {
+    state.PauseTiming();
+    dropCache(coldDir());
+    state.ResumeTiming();
+    for (int i = 0; i < 64; ++i) {
+      int fd = ::open((coldDir() / "obj" / std::to_string(i)).c_str(), O_RDONLY);
+      while (::read(fd, block.data(), block.size()) > 0) {
+      }
+      ::close(fd);
+    }
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * 64 * (4 << 20));
+}
+BENCHMARK(ColdReadPlain)->Name("ColdRead/dd-loop")->Unit(benchmark::kMillisecond);
+
+void RedisGetMany(benchmark::State &state) {
+  int port = 21000 + int(getpid() % 10000);
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string p = std::to_string(port);
+    execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind",
+           "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel",
+           "warning", nullptr);
+    _exit(127);
+  }
+  std::string url = "redis://127.0.0.1:" + std::to_string(port);
+  std::unique_ptr<Tier> tier;
+  for (int i = 0; i < 100 && !tier; ++i) {
+    auto opened = openTier(url);
+    if (opened.isOk())
+      tier = std::move(*opened);
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!tier) {
+    state.SkipWithError("redis-server did not start");
+  } else {
+    std::string payload(1 << 20, 'r');
+    std::vector<std::string> names;
+    for (int i = 0; i < 64; ++i) {
+      names.push_back("obj/" + std::to_string(i));
+      (void)tier->put(names.back(), payload);
+    }
+    std::vector<std::string> buffers;
+    for (auto _ : state)
+      tier->getMany(names, buffers);
+    state.SetBytesProcessed(int64_t(state.iterations()) * 64 * (1 << 20));
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+}
+BENCHMARK(RedisGetMany)->Unit(benchmark::kMillisecond);
+
+void Prefill(benchmark::State &state, bool saving) {
+  Data &d = data();
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://?capacity_mb=4096"));
+  SaveOptions options;
+  options.dryRun = !saving;
+  options.writers = 1;
+  double stall = 0;
+  size_t peak = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    ChunkStore store(tier, d.model->config(), d.model->fingerprint(),
+                     "bench-" + std::to_string(state.iterations()), {});
+    state.ResumeTiming();
+    SaveStats stats = *saveContext(*d.model, store, d.tokens, options);
+    state.SetIterationTime(stats.prefillSeconds);
+    stall += stats.stallSeconds;
+    peak = std::max(peak, stats.peakBufferedBytes);
+  }
+  state.counters["stall_s"] = stall / double(state.iterations());
+  state.counters["peak_buffer_MiB"] = double(peak) / (1 << 20);
+}
+BENCHMARK_CAPTURE(Prefill, off, false)
+    ->Name("Prefill/saving-off")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(Prefill, on, true)
+    ->Name("Prefill/saving-on")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+} // namespace
+
+BENCHMARK_MAIN();

@@ -89,26 +89,26 @@ int64_t quantizedMatrixBytes(const CodecSpec &codec, const ChunkShape &shape,
                                    matrixBits(codec, shape, m));
 }
 
-/// Index of element `i` (the i-th value in group order) in the matrix.
+/// The groups of a matrix. Values are packed row-major in both layouts (so
+/// a row decodes with one contiguous loop); groups differ: per-token groups
+/// are `size` consecutive channels of a row, per-channel groups `size`
+/// consecutive tokens of a channel, numbered block-major (token block, then
+/// channel).
 struct GroupWalk {
   const ChunkShape &shape;
   CodecSpec::Axis axis;
   int64_t size;
-  /// Calls fn(group, row-major index) for every value, group by group.
+  int64_t groupOf(int64_t r, int64_t c) const {
+    int64_t cols = shape.width;
+    if (axis == CodecSpec::Axis::Token)
+      return r * ((cols + size - 1) / size) + c / size;
+    return (r / size) * cols + c;
+  }
+  /// Calls fn(group, row-major index) for every value in packed order.
   template <typename Fn> void forEach(Fn fn) const {
-    int64_t rows = shape.tokens, cols = shape.width;
-    int64_t group = 0;
-    if (axis == CodecSpec::Axis::Token) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c0 = 0; c0 < cols; c0 += size, ++group)
-          for (int64_t c = c0; c < std::min(cols, c0 + size); ++c)
-            fn(group, r * cols + c);
-    } else {
-      for (int64_t c = 0; c < cols; ++c)
-        for (int64_t r0 = 0; r0 < rows; r0 += size, ++group)
-          for (int64_t r = r0; r < std::min(rows, r0 + size); ++r)
-            fn(group, r * cols + c);
-    }
+    for (int64_t r = 0; r < shape.tokens; ++r)
+      for (int64_t c = 0; c < shape.width; ++c)
+        fn(groupOf(r, c), r * shape.width + c);
   }
 };
 
@@ -389,68 +389,56 @@ inline uint16_t toBf16(float x) {
   return uint16_t((w + 0x7FFF + ((w >> 16) & 1)) >> 16);
 }
 
-/// Dequantizes one group of `count` values of `bits` bits starting at value
-/// index `first` of `packed`, writing out[i * stride].
-template <int Bits>
-void dequantGroup(const uint8_t *packed, int64_t first, int64_t count,
-                  float scale, float minimum, uint16_t *out, int64_t stride) {
-  constexpr int perByte = 8 / Bits;
-  constexpr uint32_t mask = (1u << Bits) - 1;
-  int64_t i = 0;
-  // Leading values that share a byte with the previous group.
-  for (; i < count && (first + i) % perByte; ++i) {
-    int64_t n = first + i;
-    uint32_t v = (packed[n / perByte] >> ((n % perByte) * Bits)) & mask;
-    out[i * stride] = toBf16(minimum + scale * float(v));
-  }
-  const uint8_t *bytes = packed + (first + i) / perByte;
-  int64_t whole = (count - i) / perByte;
-  for (int64_t b = 0; b < whole; ++b) {
-    uint32_t byte = bytes[b];
-    for (int k = 0; k < perByte; ++k)
-      out[(i + b * perByte + k) * stride] =
-          toBf16(minimum + scale * float((byte >> (k * Bits)) & mask));
-  }
-  for (i += whole * perByte; i < count; ++i) {
-    int64_t n = first + i;
-    uint32_t v = (packed[n / perByte] >> ((n % perByte) * Bits)) & mask;
-    out[i * stride] = toBf16(minimum + scale * float(v));
-  }
-}
-
 template <int Bits>
 void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
                        const ChunkShape &shape, CodecSpec::Axis axis,
                        uint16_t *out) {
-  const uint8_t *packed = src + 4 * g.count;
   const int64_t rows = shape.tokens, cols = shape.width;
-  int64_t group = 0, n = 0;
-  auto params = [&](int64_t k, float &scale, float &minimum) {
-    uint16_t sc, mn;
-    std::memcpy(&sc, src + 4 * k, 2);
-    std::memcpy(&mn, src + 4 * k + 2, 2);
-    scale = f16ToFloat(sc);
-    minimum = f16ToFloat(mn);
+  constexpr int perByte = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  const uint8_t *packed = src + 4 * g.count;
+  GroupWalk walk{shape, axis, g.size};
+  std::vector<float> scale(cols), minimum(cols);
+  std::vector<uint8_t> q(cols + perByte);
+  // Expands the parameters of row r's groups to one per column: per
+  // group for per-token groups, per column for per-channel ones.
+  auto loadParams = [&](int64_t r) {
+    for (int64_t c0 = 0; c0 < cols;) {
+      int64_t k = walk.groupOf(r, c0);
+      uint16_t sc, mn;
+      std::memcpy(&sc, src + 4 * k, 2);
+      std::memcpy(&mn, src + 4 * k + 2, 2);
+      float s = f16ToFloat(sc), m = f16ToFloat(mn);
+      int64_t span = axis == CodecSpec::Axis::Token
+                         ? std::min(g.size, cols - c0)
+                         : 1;
+      std::fill_n(scale.data() + c0, span, s);
+      std::fill_n(minimum.data() + c0, span, m);
+      c0 += span;
+    }
   };
-  float scale, minimum;
-  if (axis == CodecSpec::Axis::Token) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c0 = 0; c0 < cols; c0 += g.size, ++group) {
-        int64_t count = std::min(g.size, cols - c0);
-        params(group, scale, minimum);
-        dequantGroup<Bits>(packed, n, count, scale, minimum,
-                           out + r * cols + c0, 1);
-        n += count;
-      }
-  } else {
-    for (int64_t c = 0; c < cols; ++c)
-      for (int64_t r0 = 0; r0 < rows; r0 += g.size, ++group) {
-        int64_t count = std::min(g.size, rows - r0);
-        params(group, scale, minimum);
-        dequantGroup<Bits>(packed, n, count, scale, minimum,
-                           out + r0 * cols + c, cols);
-        n += count;
-      }
+  for (int64_t r = 0; r < rows; ++r) {
+    // Per-token groups change every row, per-channel ones every block.
+    if (axis == CodecSpec::Axis::Token || r % g.size == 0)
+      loadParams(r);
+    int64_t n0 = r * cols;
+    int64_t c = 0;
+    for (; c < cols && (n0 + c) % perByte; ++c)
+      q[c] = (packed[(n0 + c) / perByte] >> (((n0 + c) % perByte) * Bits)) &
+             mask;
+    const uint8_t *bytes = packed + (n0 + c) / perByte;
+    int64_t whole = (cols - c) / perByte;
+    for (int64_t b = 0; b < whole; ++b)
+      for (int k = 0; k < perByte; ++k)
+        q[c + b * perByte + k] = (bytes[b] >> (k * Bits)) & mask;
+    for (c += whole * perByte; c < cols; ++c)
+      q[c] = (packed[(n0 + c) / perByte] >> (((n0 + c) % perByte) * Bits)) &
+             mask;
+    uint16_t *row = out + r * cols;
+    const float *sc = scale.data(), *mn = minimum.data();
+    const uint8_t *qs = q.data();
+    for (int64_t i = 0; i < cols; ++i)
+      row[i] = toBf16(mn[i] + sc[i] * float(qs[i]));
   }
 }
 

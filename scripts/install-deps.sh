@@ -14,7 +14,7 @@ PACKAGES=(
   libgtest-dev libbenchmark-dev
   # Runtime libraries: JSON, BLAS, hashing, codecs, the Redis tier.
   nlohmann-json3-dev libopenblas-dev libssl-dev
-  zlib1g-dev libdeflate-dev libzstd-dev liblz4-dev
+  zlib1g-dev libdeflate-dev libisal-dev libzstd-dev liblz4-dev
   libhiredis-dev redis-server
 )
 

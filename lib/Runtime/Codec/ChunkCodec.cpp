@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <memory>
 #include <vector>
 
@@ -41,6 +44,9 @@ Status dataLoss(const std::string &message) {
 }
 
 bool isPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+
+/// Deflate's Huffman coding must save this share of the bytes to be kept.
+constexpr double kMinDeflateGain = 0.15;
 
 /// The Hadamard block of a matrix row.
 int64_t hadamardBlock(const ChunkShape &shape) {
@@ -259,14 +265,21 @@ StatusOr<std::string> compressBytes(std::string_view raw,
   case CodecSpec::Lossless::None:
     return std::string(raw);
   case CodecSpec::Lossless::Deflate: {
-    std::unique_ptr<libdeflate_compressor, void (*)(libdeflate_compressor *)>
-        c(libdeflate_alloc_compressor(1), libdeflate_free_compressor);
-    out.resize(libdeflate_deflate_compress_bound(c.get(), raw.size()));
-    size_t n = libdeflate_deflate_compress(c.get(), raw.data(), raw.size(),
-                                           out.data(), out.size());
-    if (n == 0)
-      return Status(StatusCode::Internal, "deflate failed");
-    out.resize(n);
+    // Level 1; when Huffman coding saves under kMinDeflateGain, stored
+    // blocks instead (still deflate, decoded at memory speed): on
+    // near-random quantized data the coding is not worth its decode time.
+    for (int level : {1, 0}) {
+      std::unique_ptr<libdeflate_compressor, void (*)(libdeflate_compressor *)>
+          c(libdeflate_alloc_compressor(level), libdeflate_free_compressor);
+      out.resize(libdeflate_deflate_compress_bound(c.get(), raw.size()));
+      size_t n = libdeflate_deflate_compress(c.get(), raw.data(), raw.size(),
+                                             out.data(), out.size());
+      if (n == 0)
+        return Status(StatusCode::Internal, "deflate failed");
+      out.resize(n);
+      if (double(n) <= (1.0 - kMinDeflateGain) * double(raw.size()))
+        break;
+    }
     return out;
   }
   case CodecSpec::Lossless::Zstd: {
@@ -389,56 +402,198 @@ inline uint16_t toBf16(float x) {
   return uint16_t((w + 0x7FFF + ((w >> 16) & 1)) >> 16);
 }
 
+/// out[i] = bf16(m + s * q[i]) for i < n, with scalar or per-value
+/// parameters. The AVX2 versions run where the CPU has AVX2 and FMA; the
+/// portable loop everywhere else.
+template <bool PerValue>
+void affineToBf16Portable(const uint8_t *q, int64_t n, const float *s,
+                          const float *m, uint16_t *out) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = toBf16(m[PerValue ? i : 0] + s[PerValue ? i : 0] * float(q[i]));
+}
+
+#if defined(__x86_64__)
+/// bf16 bits of 8 floats, round to nearest even, in 32-bit lanes.
+__attribute__((target("avx2,fma"))) inline __m256i roundToBf16(__m256 x) {
+  __m256i w = _mm256_castps_si256(x);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(w, 16),
+                                 _mm256_set1_epi32(1));
+  return _mm256_srli_epi32(
+      _mm256_add_epi32(w, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb)),
+      16);
+}
+
+template <bool PerValue>
+__attribute__((target("avx2,fma"))) void
+affineToBf16Avx2(const uint8_t *q, int64_t n, const float *s, const float *m,
+                 uint16_t *out) {
+  __m256 scale = _mm256_set1_ps(s[0]), minimum = _mm256_set1_ps(m[0]);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + i));
+    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    __m256 hi =
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    if (PerValue) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(s + i), lo, _mm256_loadu_ps(m + i));
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(s + i + 8), hi,
+                           _mm256_loadu_ps(m + i + 8));
+    } else {
+      lo = _mm256_fmadd_ps(scale, lo, minimum);
+      hi = _mm256_fmadd_ps(scale, hi, minimum);
+    }
+    // Pack two halves of 8 x 32 bits into 16 x 16 bits, in order.
+    __m256i packed = _mm256_packus_epi32(roundToBf16(lo), roundToBf16(hi));
+    packed = _mm256_permute4x64_epi64(packed, 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), packed);
+  }
+  if (PerValue)
+    affineToBf16Portable<true>(q + i, n - i, s + i, m + i, out + i);
+  else
+    affineToBf16Portable<false>(q + i, n - i, s, m, out + i);
+}
+
+bool hasAvx2() {
+  static const bool yes =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized in their own code.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+/// The same with 16 lanes.
+template <bool PerValue>
+__attribute__((target("avx512f"))) void
+affineToBf16Avx512(const uint8_t *q, int64_t n, const float *s, const float *m,
+                   uint16_t *out) {
+  __m512 scale = _mm512_set1_ps(s[0]), minimum = _mm512_set1_ps(m[0]);
+  const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + i));
+    __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+    x = PerValue ? _mm512_fmadd_ps(_mm512_loadu_ps(s + i), x,
+                                   _mm512_loadu_ps(m + i))
+                 : _mm512_fmadd_ps(scale, x, minimum);
+    __m512i w = _mm512_castps_si512(x);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(w, 16), one);
+    __m512i bf16 =
+        _mm512_srli_epi32(_mm512_add_epi32(w, _mm512_add_epi32(bias, lsb)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i),
+                        _mm512_cvtepi32_epi16(bf16));
+  }
+  if (PerValue)
+    affineToBf16Portable<true>(q + i, n - i, s + i, m + i, out + i);
+  else
+    affineToBf16Portable<false>(q + i, n - i, s, m, out + i);
+}
+
+#pragma GCC diagnostic pop
+
+bool hasAvx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+#endif
+
+using AffineFn = void (*)(const uint8_t *, int64_t, const float *,
+                          const float *, uint16_t *);
+
+/// The best affine kernel for this CPU, chosen once.
+template <bool PerValue> AffineFn affineToBf16() {
+#if defined(__x86_64__)
+  if (hasAvx512())
+    return affineToBf16Avx512<PerValue>;
+  if (hasAvx2())
+    return affineToBf16Avx2<PerValue>;
+#endif
+  return affineToBf16Portable<PerValue>;
+}
+
+/// Unpacks `count` values of `Bits` bits starting at value index `first`.
+template <int Bits>
+void unpack(const uint8_t *packed, int64_t first, int64_t count, uint8_t *q) {
+  constexpr int perByte = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  int64_t c = 0;
+  for (; c < count && (first + c) % perByte; ++c)
+    q[c] = (packed[(first + c) / perByte] >> (((first + c) % perByte) * Bits)) &
+           mask;
+  const uint8_t *bytes = packed + (first + c) / perByte;
+  int64_t whole = (count - c) / perByte;
+  int64_t b = 0;
+#if defined(__x86_64__)
+  if constexpr (Bits == 4) {
+    // 16 bytes -> 32 nibbles, low nibble first (SSE2, always present).
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (; b + 16 <= whole; b += 16) {
+      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(bytes + b));
+      __m128i lo = _mm_and_si128(v, low);
+      __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(q + c + 2 * b),
+                       _mm_unpacklo_epi8(lo, hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(q + c + 2 * b + 16),
+                       _mm_unpackhi_epi8(lo, hi));
+    }
+  }
+#endif
+  for (; b < whole; ++b)
+    for (int k = 0; k < perByte; ++k)
+      q[c + b * perByte + k] = (bytes[b] >> (k * Bits)) & mask;
+  for (c += whole * perByte; c < count; ++c)
+    q[c] = (packed[(first + c) / perByte] >> (((first + c) % perByte) * Bits)) &
+           mask;
+}
+
+/// The values of row `r` as bytes: the packed row itself for 8 bits.
+template <int Bits>
+const uint8_t *rowValues(const uint8_t *packed, int64_t r, int64_t cols,
+                         uint8_t *scratch) {
+  if constexpr (Bits == 8)
+    return packed + r * cols;
+  unpack<Bits>(packed, r * cols, cols, scratch);
+  return scratch;
+}
+
 template <int Bits>
 void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
                        const ChunkShape &shape, CodecSpec::Axis axis,
                        uint16_t *out) {
   const int64_t rows = shape.tokens, cols = shape.width;
-  constexpr int perByte = 8 / Bits;
-  constexpr uint32_t mask = (1u << Bits) - 1;
   const uint8_t *packed = src + 4 * g.count;
-  GroupWalk walk{shape, axis, g.size};
-  std::vector<float> scale(cols), minimum(cols);
-  std::vector<uint8_t> q(cols + perByte);
-  // Expands the parameters of row r's groups to one per column: per
-  // group for per-token groups, per column for per-channel ones.
-  auto loadParams = [&](int64_t r) {
-    for (int64_t c0 = 0; c0 < cols;) {
-      int64_t k = walk.groupOf(r, c0);
-      uint16_t sc, mn;
-      std::memcpy(&sc, src + 4 * k, 2);
-      std::memcpy(&mn, src + 4 * k + 2, 2);
-      float s = f16ToFloat(sc), m = f16ToFloat(mn);
-      int64_t span = axis == CodecSpec::Axis::Token
-                         ? std::min(g.size, cols - c0)
-                         : 1;
-      std::fill_n(scale.data() + c0, span, s);
-      std::fill_n(minimum.data() + c0, span, m);
-      c0 += span;
-    }
+  auto param = [&](int64_t k, float &scale, float &minimum) {
+    uint16_t sc, mn;
+    std::memcpy(&sc, src + 4 * k, 2);
+    std::memcpy(&mn, src + 4 * k + 2, 2);
+    scale = f16ToFloat(sc);
+    minimum = f16ToFloat(mn);
   };
+  std::vector<uint8_t> q(cols);
+  static const AffineFn perGroup = affineToBf16<false>();
+  static const AffineFn perValue = affineToBf16<true>();
+  if (axis == CodecSpec::Axis::Token) {
+    // One scale and minimum per run of `g.size` values of a row.
+    int64_t perRow = (cols + g.size - 1) / g.size;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t *values = rowValues<Bits>(packed, r, cols, q.data());
+      for (int64_t j = 0; j < perRow; ++j) {
+        float scale, minimum;
+        param(r * perRow + j, scale, minimum);
+        int64_t c0 = j * g.size, n = std::min(g.size, cols - c0);
+        perGroup(values + c0, n, &scale, &minimum, out + r * cols + c0);
+      }
+    }
+    return;
+  }
+  // One scale and minimum per column, shared by a block of `g.size` rows.
+  std::vector<float> scale(cols), minimum(cols);
   for (int64_t r = 0; r < rows; ++r) {
-    // Per-token groups change every row, per-channel ones every block.
-    if (axis == CodecSpec::Axis::Token || r % g.size == 0)
-      loadParams(r);
-    int64_t n0 = r * cols;
-    int64_t c = 0;
-    for (; c < cols && (n0 + c) % perByte; ++c)
-      q[c] = (packed[(n0 + c) / perByte] >> (((n0 + c) % perByte) * Bits)) &
-             mask;
-    const uint8_t *bytes = packed + (n0 + c) / perByte;
-    int64_t whole = (cols - c) / perByte;
-    for (int64_t b = 0; b < whole; ++b)
-      for (int k = 0; k < perByte; ++k)
-        q[c + b * perByte + k] = (bytes[b] >> (k * Bits)) & mask;
-    for (c += whole * perByte; c < cols; ++c)
-      q[c] = (packed[(n0 + c) / perByte] >> (((n0 + c) % perByte) * Bits)) &
-             mask;
-    uint16_t *row = out + r * cols;
-    const float *sc = scale.data(), *mn = minimum.data();
-    const uint8_t *qs = q.data();
-    for (int64_t i = 0; i < cols; ++i)
-      row[i] = toBf16(mn[i] + sc[i] * float(qs[i]));
+    if (r % g.size == 0)
+      for (int64_t c = 0; c < cols; ++c)
+        param((r / g.size) * cols + c, scale[c], minimum[c]);
+    perValue(rowValues<Bits>(packed, r, cols, q.data()), cols, scale.data(),
+             minimum.data(), out + r * cols);
   }
 }
 

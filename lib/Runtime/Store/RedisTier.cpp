@@ -139,6 +139,9 @@ private:
                          std::to_string(port_) + ": " + why);
     }
     redisSetTimeout(context_, commandTimeout);
+    // Keep the reply buffer between multi-megabyte replies instead of
+    // shrinking it after each (hiredis' default frees above 16 KiB).
+    context_->reader->maxbuf = 0;
     if (db_ != 0) {
       auto *reply = static_cast<redisReply *>(
           redisCommand(context_, "SELECT %d", db_));

@@ -15,6 +15,10 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <unordered_map>
 
@@ -154,13 +158,30 @@ public:
 
   Status get(const std::string &name, std::string &buffer) override {
     fs::path path = root_ / name;
-    std::ifstream in(path, std::ios::binary | std::ios::ate);
-    if (!in)
-      return missing(url_, name);
-    std::streamsize size = in.tellg();
-    in.seekg(0);
-    buffer.resize(size_t(size));
-    if (!in.read(buffer.data(), size))
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      return errno == ENOENT ? missing(url_, name)
+                             : unavailable(path.string() + ": " +
+                                           std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      return unavailable(path.string() + ": " + std::strerror(errno));
+    }
+    // One object is read whole and once: tell the kernel to read ahead.
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    buffer.resize(size_t(st.st_size));
+    size_t done = 0;
+    while (done < buffer.size()) {
+      ssize_t n = ::read(fd, buffer.data() + done, buffer.size() - done);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      done += size_t(n);
+    }
+    ::close(fd);
+    if (done != buffer.size())
       return chunkError(ChunkFault::Truncated, path.string() + ": short read");
     return Status::ok();
   }

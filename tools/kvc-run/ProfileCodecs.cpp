@@ -107,8 +107,8 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
               "attn err", "enc GB/s", "dec GB/s");
   std::vector<planning::CodecProfileEntry> entries;
   std::vector<float> decoded(shape.numel());
-  for (const planning::CodecProfileEntry &candidate :
-       planning::CodecProfile::defaults().entries()) {
+  const planning::CodecProfile space = planning::CodecProfile::defaults();
+  for (const planning::CodecProfileEntry &candidate : space.entries()) {
     const CodecSpec &codec = candidate.codec;
     if (!checkCodec(codec, shape).isOk())
       continue;

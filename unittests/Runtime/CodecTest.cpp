@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <random>
 
@@ -24,7 +26,8 @@ struct Sample {
 
 const Sample &sample() {
   static Sample s = [] {
-    std::string dir = testing::TempDir() + "/kvc-codec-test-model";
+    std::string dir = testing::TempDir() + "/kvc-codec-test-model-" +
+                      std::to_string(getpid());
     GenModelOptions o;
     o.layers = 4;
     o.hidden = 256;

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -17,7 +19,8 @@ namespace {
 /// A small random model, generated once per test binary.
 const std::string &modelDir() {
   static std::string dir = [] {
-    std::string d = testing::TempDir() + "/kvc-llama-model-test";
+    std::string d = testing::TempDir() + "/kvc-llama-model-test-" +
+                    std::to_string(getpid());
     GenModelOptions o;
     o.layers = 3;
     o.hidden = 128;
@@ -61,7 +64,8 @@ TEST(LlamaModel, LoadsGeneratedModel) {
 }
 
 TEST(LlamaModel, FingerprintDependsOnWeights) {
-  std::string other = testing::TempDir() + "/kvc-llama-model-other";
+  std::string other = testing::TempDir() + "/kvc-llama-model-other-" +
+                      std::to_string(getpid());
   GenModelOptions o;
   o.layers = 3;
   o.hidden = 128;
@@ -128,7 +132,8 @@ TEST(LlamaModel, RejectsTokensOutsideVocabAndContext) {
 }
 
 TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
-  std::string dir = testing::TempDir() + "/kvc-llama-model-broken";
+  std::string dir = testing::TempDir() + "/kvc-llama-model-broken-" +
+                    std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(modelDir() + "/config.json", dir + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
@@ -150,7 +155,8 @@ TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
 }
 
 TEST(Safetensors, RejectsTruncatedFiles) {
-  std::string dir = testing::TempDir() + "/kvc-safetensors-truncated";
+  std::string dir = testing::TempDir() + "/kvc-safetensors-truncated-" +
+                    std::to_string(getpid());
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(modelDir() + "/model.safetensors",
                              dir + "/model.safetensors",

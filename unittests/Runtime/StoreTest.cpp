@@ -74,7 +74,8 @@ RedisServer &redis() {
 //===----------------------------------------------------------------------===//
 
 std::string tempDir(const std::string &name) {
-  std::string dir = testing::TempDir() + "/kvc-store-test-" + name;
+  std::string dir = testing::TempDir() + "/kvc-store-test-" + name + "-" +
+                    std::to_string(getpid());
   fs::remove_all(dir);
   return dir;
 }
@@ -225,7 +226,8 @@ struct Fixture {
   std::vector<int32_t> tokens;
 
   explicit Fixture(uint64_t seed = 11) {
-    modelDir = testing::TempDir() + "/kvc-store-model-" + std::to_string(seed);
+    modelDir = testing::TempDir() + "/kvc-store-model-" +
+               std::to_string(seed) + "-" + std::to_string(getpid());
     GenModelOptions o;
     o.layers = 4;
     o.hidden = 128;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <set>
 
@@ -169,7 +170,7 @@ Status writeSafetensors(const std::string &path, const TensorMap &tensors,
   std::string headerText = header.dump();
   while ((8 + headerText.size()) % 8)
     headerText += ' '; // Align the data, as the reference writer does.
-  std::string tmp = path + ".tmp";
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out)

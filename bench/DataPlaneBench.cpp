@@ -245,7 +245,7 @@ void RedisGetMany(benchmark::State &state) {
     std::string p = std::to_string(port);
     execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind",
            "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel",
-           "warning", nullptr);
+           "warning", "--io-threads", "2", nullptr);
     _exit(127);
   }
   std::string url = "redis://127.0.0.1:" + std::to_string(port);

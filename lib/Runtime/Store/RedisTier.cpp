@@ -23,6 +23,40 @@ namespace {
 
 using ReplyPtr = std::unique_ptr<redisReply, void (*)(void *)>;
 
+/// Reply functions that copy each bulk string straight into its caller's
+/// buffer, skipping hiredis' own copy of multi-megabyte values.
+struct DirectTarget {
+  std::vector<std::string> *buffers = nullptr;
+  size_t index = 0;
+  std::string error;
+};
+struct DirectReply {
+  int type;
+};
+
+void *directString(const redisReadTask *task, char *str, size_t len) {
+  auto *target = static_cast<DirectTarget *>(task->privdata);
+  if (task->type == REDIS_REPLY_STRING && !task->parent)
+    (*target->buffers)[target->index].assign(str, len);
+  else if (task->type == REDIS_REPLY_ERROR)
+    target->error.assign(str, len);
+  return new DirectReply{task->type};
+}
+void *directArray(const redisReadTask *task, int) {
+  return new DirectReply{task->type};
+}
+void *directInteger(const redisReadTask *task, long long) {
+  return new DirectReply{task->type};
+}
+void *directNil(const redisReadTask *) {
+  // The task of a nil bulk string still says "string".
+  return new DirectReply{REDIS_REPLY_NIL};
+}
+void directFree(void *reply) { delete static_cast<DirectReply *>(reply); }
+
+redisReplyObjectFunctions kDirectFunctions = {
+    directString, directArray, directInteger, directNil, directFree};
+
 class RedisTier final : public Tier {
 public:
   RedisTier(std::string url, std::string host, int port, int db)
@@ -68,17 +102,36 @@ public:
     }
     for (const std::string &name : names)
       redisAppendCommand(context_, "GET %b", name.data(), name.size());
+    DirectTarget target;
+    target.buffers = &buffers;
+    redisReplyObjectFunctions *saved = context_->reader->fn;
+    context_->reader->fn = &kDirectFunctions;
+    context_->reader->privdata = &target;
+    auto restore = [&] {
+      context_->reader->fn = saved;
+      context_->reader->privdata = nullptr;
+    };
     for (size_t i = 0; i < names.size(); ++i) {
+      target.index = i;
       void *raw = nullptr;
       if (redisGetReply(context_, &raw) != REDIS_OK) {
+        restore();
         Status lost = lostConnection();
         for (size_t j = i; j < names.size(); ++j)
           out[j] = lost;
         return out;
       }
-      ReplyPtr reply(static_cast<redisReply *>(raw), freeReplyObject);
-      out[i] = takeString(*reply, names[i], buffers[i]);
+      auto *reply = static_cast<DirectReply *>(raw);
+      if (reply->type == REDIS_REPLY_NIL)
+        out[i] = chunkError(ChunkFault::Missing,
+                            url_ + ": no object " + names[i]);
+      else if (reply->type == REDIS_REPLY_ERROR)
+        out[i] = unavailable("redis error: " + target.error);
+      else if (reply->type != REDIS_REPLY_STRING)
+        out[i] = unavailable("unexpected reply to GET " + names[i]);
+      directFree(reply);
     }
+    restore();
     return out;
   }
 

@@ -4,6 +4,7 @@
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Codec/CodecQuality.h"
 
 #include <chrono>
 #include <cmath>
@@ -28,49 +29,6 @@ template <typename Fn> double timeIt(Fn fn) {
     elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   } while (elapsed < 0.05);
   return elapsed / calls;
-}
-
-double relativeL2(const std::vector<float> &a, const std::vector<float> &b) {
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double d = double(a[i]) - double(b[i]);
-    err += d * d;
-    norm += double(b[i]) * double(b[i]);
-  }
-  return norm > 0 ? std::sqrt(err / norm) : 0;
-}
-
-/// Attention outputs of head 0 of every layer for `queries` sample queries.
-std::vector<float> attention(const std::vector<float> &kv, int64_t tokens,
-                             int64_t layers, int64_t width, int64_t headDim,
-                             const std::vector<float> &queries) {
-  int64_t nq = int64_t(queries.size()) / headDim;
-  std::vector<float> out;
-  std::vector<double> p(tokens);
-  for (int64_t l = 0; l < layers; ++l) {
-    const float *k = kv.data() + (2 * l) * tokens * width;
-    const float *v = kv.data() + (2 * l + 1) * tokens * width;
-    for (int64_t q = 0; q < nq; ++q) {
-      const float *qv = queries.data() + q * headDim;
-      double peak = -1e300, sum = 0;
-      for (int64_t t = 0; t < tokens; ++t) {
-        double s = 0;
-        for (int64_t d = 0; d < headDim; ++d)
-          s += double(qv[d]) * k[t * width + d];
-        p[t] = s / std::sqrt(double(headDim));
-        peak = std::max(peak, p[t]);
-      }
-      for (int64_t t = 0; t < tokens; ++t)
-        sum += (p[t] = std::exp(p[t] - peak));
-      for (int64_t d = 0; d < headDim; ++d) {
-        double o = 0;
-        for (int64_t t = 0; t < tokens; ++t)
-          o += p[t] / sum * v[t * width + d];
-        out.push_back(float(o));
-      }
-    }
-  }
-  return out;
 }
 
 } // namespace
@@ -99,8 +57,7 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
     queries.insert(queries.end(), &cache.k[0][t * model.kvDim()],
                    &cache.k[0][t * model.kvDim()] + c.headDim);
   }
-  std::vector<float> reference = attention(kv, tokens, c.numLayers,
-                                           model.kvDim(), c.headDim, queries);
+  std::vector<float> reference = sampleAttention(kv, shape, queries);
   const double rawBytes = double(shape.numel()) * dtypeBytes(c.dtype);
 
   std::printf("%-28s %8s %9s %9s %10s %10s\n", "codec", "ratio", "K,V err",
@@ -122,9 +79,7 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
     entry.ratio = double(encoded->size()) / rawBytes;
     entry.quality = relativeL2(decoded, kv);
     double attnError =
-        relativeL2(attention(decoded, tokens, c.numLayers, model.kvDim(),
-                             c.headDim, queries),
-                   reference);
+        relativeL2(sampleAttention(decoded, shape, queries), reference);
     if (codec.lossless != CodecSpec::Lossless::None) {
       // The lossless stage alone, on the bytes it sees: one core.
       CodecSpec inner = codec;

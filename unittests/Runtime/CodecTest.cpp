@@ -3,6 +3,7 @@
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Codec/CodecQuality.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
@@ -65,15 +66,6 @@ const Sample &sample() {
   return s;
 }
 
-double relativeL2(const std::vector<float> &a, const std::vector<float> &b) {
-  double err = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return std::sqrt(err / norm);
-}
-
 /// Every composition of the planner's codec space.
 class EveryCodec
     : public ::testing::TestWithParam<planning::CodecProfileEntry> {};
@@ -95,9 +87,20 @@ TEST_P(EveryCodec, RoundTripsWithinItsStatedBound) {
       // Lossless up to bf16 storage.
       EXPECT_LT(error, 1.0 / 256) << entry.codec.str();
     } else {
-      // The profile's stated error bounds the measured one.
+      // The profile's stated error bounds the measured one, and attention
+      // outputs for sample queries (keys of the chunk) change less.
       EXPECT_LE(error, entry.quality) << entry.codec.str() << " on "
                                       << chunkFormName(shape.form);
+      if (shape.form == ChunkForm::KV) {
+        std::vector<float> queries;
+        for (int64_t t : {3, 40, 77})
+          queries.insert(queries.end(), values->begin() + t * shape.width,
+                         values->begin() + t * shape.width + shape.headDim);
+        double attention =
+            relativeL2(sampleAttention(out, shape, queries),
+                       sampleAttention(*values, shape, queries));
+        EXPECT_LE(attention, entry.quality) << entry.codec.str();
+      }
     }
     // Truncation is always detected (every size is known in advance).
     for (size_t cut : {size_t(0), bytes->size() / 2, bytes->size() - 1}) {

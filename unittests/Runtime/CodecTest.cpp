@@ -7,6 +7,8 @@
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
+#include "TestModel.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -27,17 +29,8 @@ struct Sample {
 
 const Sample &sample() {
   static Sample s = [] {
-    std::string dir = testing::TempDir() + "/kvc-codec-test-model-" +
-                      std::to_string(getpid());
-    GenModelOptions o;
-    o.layers = 4;
-    o.hidden = 256;
-    o.heads = 8;
-    o.kvHeads = 2;
-    o.ffn = 512;
-    o.vocab = 512;
-    o.seed = 3;
-    EXPECT_TRUE(generateModel(dir, o).isOk());
+    std::string dir =
+        kvc::test::generateTestModel("codec-test-model", 3, 4, 256);
     auto model = std::move(*LlamaModel::load(dir));
     Sample out;
     out.config = model->config();

@@ -4,6 +4,8 @@
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
+#include "TestModel.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -18,21 +20,8 @@ namespace {
 
 /// A small random model, generated once per test binary.
 const std::string &modelDir() {
-  static std::string dir = [] {
-    std::string d = testing::TempDir() + "/kvc-llama-model-test-" +
-                    std::to_string(getpid());
-    GenModelOptions o;
-    o.layers = 3;
-    o.hidden = 128;
-    o.heads = 4;
-    o.kvHeads = 2;
-    o.ffn = 256;
-    o.vocab = 512;
-    o.seed = 7;
-    Status s = generateModel(d, o);
-    EXPECT_TRUE(s.isOk()) << s.toString();
-    return d;
-  }();
+  static std::string dir =
+      kvc::test::generateTestModel("llama-model-test", 7, 3);
   return dir;
 }
 
@@ -64,17 +53,8 @@ TEST(LlamaModel, LoadsGeneratedModel) {
 }
 
 TEST(LlamaModel, FingerprintDependsOnWeights) {
-  std::string other = testing::TempDir() + "/kvc-llama-model-other-" +
-                      std::to_string(getpid());
-  GenModelOptions o;
-  o.layers = 3;
-  o.hidden = 128;
-  o.heads = 4;
-  o.kvHeads = 2;
-  o.ffn = 256;
-  o.vocab = 512;
-  o.seed = 8; // Same shape, other weights.
-  ASSERT_TRUE(generateModel(other, o).isOk());
+  // Same shape, other weights.
+  std::string other = kvc::test::generateTestModel("llama-model-other", 8, 3);
   auto a = LlamaModel::load(modelDir());
   auto b = LlamaModel::load(other);
   ASSERT_TRUE(a.isOk() && b.isOk());

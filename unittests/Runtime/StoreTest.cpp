@@ -4,6 +4,8 @@
 #include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include "TestModel.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -226,17 +228,8 @@ struct Fixture {
   std::vector<int32_t> tokens;
 
   explicit Fixture(uint64_t seed = 11) {
-    modelDir = testing::TempDir() + "/kvc-store-model-" +
-               std::to_string(seed) + "-" + std::to_string(getpid());
-    GenModelOptions o;
-    o.layers = 4;
-    o.hidden = 128;
-    o.heads = 4;
-    o.kvHeads = 2;
-    o.ffn = 256;
-    o.vocab = 512;
-    o.seed = seed;
-    EXPECT_TRUE(generateModel(modelDir, o).isOk());
+    modelDir = kvc::test::generateTestModel(
+        "store-model-" + std::to_string(seed), seed);
     model = std::move(*LlamaModel::load(modelDir));
     std::mt19937_64 rng(3);
     tokens.resize(300);

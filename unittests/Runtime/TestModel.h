@@ -1,0 +1,43 @@
+//===- TestModel.h - Small random models for runtime tests ------*- C++ -*-===//
+
+#ifndef KVC_UNITTESTS_RUNTIME_TESTMODEL_H
+#define KVC_UNITTESTS_RUNTIME_TESTMODEL_H
+
+#include "kvc/Runtime/Model/GenModel.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <unistd.h>
+
+namespace kvc::test {
+
+/// A temporary directory of this test process (tests run in parallel
+/// processes and must not share files).
+inline std::string tempPath(const std::string &name) {
+  return ::testing::TempDir() + "/kvc-" + name + "-" +
+         std::to_string(::getpid());
+}
+
+/// Writes a random Llama model with `layers` layers, `hidden` hidden size
+/// (4 heads of which 2 KV heads when hidden <= 128, else 8 and 2), seeded
+/// with `seed`, to a per-process directory named `name`; returns it.
+inline std::string generateTestModel(const std::string &name, uint64_t seed,
+                                     int64_t layers = 4, int64_t hidden = 128) {
+  GenModelOptions o;
+  o.layers = layers;
+  o.hidden = hidden;
+  o.heads = hidden <= 128 ? 4 : 8;
+  o.kvHeads = 2;
+  o.ffn = 2 * hidden;
+  o.vocab = 512;
+  o.seed = seed;
+  std::string dir = tempPath(name);
+  Status status = generateModel(dir, o);
+  EXPECT_TRUE(status.isOk()) << status.toString();
+  return dir;
+}
+
+} // namespace kvc::test
+
+#endif // KVC_UNITTESTS_RUNTIME_TESTMODEL_H

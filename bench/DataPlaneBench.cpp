@@ -113,6 +113,25 @@ void InflateKvcStored(benchmark::State &state) {
 }
 BENCHMARK(InflateKvcStored)->Name("Inflate/kvc-stored");
 
+/// zlib on the very stream kvc stores (stored blocks).
+void InflateZlibStored(benchmark::State &state) {
+  const std::string &plain = int4Bytes();
+  std::string packed = *compressBytes(plain, CodecSpec::Lossless::Deflate);
+  std::string out(plain.size(), '\0');
+  for (auto _ : state) {
+    z_stream z{};
+    inflateInit2(&z, -15);
+    z.next_in = reinterpret_cast<Bytef *>(packed.data());
+    z.avail_in = uInt(packed.size());
+    z.next_out = reinterpret_cast<Bytef *>(out.data());
+    z.avail_out = uInt(out.size());
+    inflate(&z, Z_FINISH);
+    inflateEnd(&z);
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * plain.size());
+}
+BENCHMARK(InflateZlibStored)->Name("Inflate/zlib-stored");
+
 void InflateLibdeflate(benchmark::State &state) {
   const std::string &plain = int4Bytes(), &packed = deflated();
   libdeflate_decompressor *d = libdeflate_alloc_decompressor();

@@ -23,7 +23,7 @@ config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "I
 config.substitutions.append(("%python", config.python_executable))
 
 llvm_config.add_tool_substitutions(
-    ["kvc-opt", "not"], [config.kvc_tools_dir, config.llvm_tools_dir])
+    ["kvc-opt", "kvc-run", "not"], [config.kvc_tools_dir, config.llvm_tools_dir])
 
 if config.ptxas and os.path.exists(config.ptxas):
     config.available_features.add("ptxas")

@@ -46,20 +46,6 @@ bool copiesToDevice(Operation *step) {
   return found;
 }
 
-/// The values a step reads from other steps: its operands, and for a task
-/// also the values its body uses from outside.
-SmallVector<Value> stepInputs(Operation *step) {
-  SmallVector<Value> inputs(step->getOperands());
-  if (isa<TaskOp>(step))
-    step->walk([&](Operation *inner) {
-      for (Value operand : inner->getOperands())
-        if (!step->isAncestor(operand.getParentRegion()->getParentOp()) &&
-            !llvm::is_contained(inputs, operand))
-          inputs.push_back(operand);
-    });
-  return inputs;
-}
-
 /// The resource a step runs on, named as Planner::buildJobs names them.
 std::string resourceName(Operation *step) {
   Resource resource;

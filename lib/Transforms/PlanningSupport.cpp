@@ -299,3 +299,15 @@ StepCost mlir::kvc::getStepCost(Operation *step,
       })
       .Default([&](Operation *) { return StepCost{}; });
 }
+
+SmallVector<Value> mlir::kvc::stepInputs(Operation *step) {
+  SmallVector<Value> inputs(step->getOperands());
+  if (isa<TaskOp>(step))
+    step->walk([&](Operation *inner) {
+      for (Value operand : inner->getOperands())
+        if (!step->isAncestor(operand.getParentRegion()->getParentOp()) &&
+            !llvm::is_contained(inputs, operand))
+          inputs.push_back(operand);
+    });
+  return inputs;
+}

@@ -67,6 +67,10 @@ PlanOp buildPlanOp(OpBuilder &builder, Location loc, StringRef name,
 /// The resource that runs a dataflow step (or a kernel, on compute).
 Resource getResource(Operation *step);
 
+/// The values a step reads from other steps: its operands, and for a task
+/// also the values its body uses from outside.
+SmallVector<Value> stepInputs(Operation *step);
+
 /// A step's simulator job: its duration and pipeline priority (as
 /// Planner::buildJobs assigns them: fetch 1, decode 2, copy 3, device 4,
 /// chunk compute 0).

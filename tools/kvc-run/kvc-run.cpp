@@ -8,6 +8,7 @@
 //                [--chunk-tokens N] [--layer-group N] [--writers N]
 //                [--buffer-mb N] [--tenant SALT] [--dry-run]
 //   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
+//   kvc-run inspect-bundle --bundle FILE
 //
 // Links no LLVM or MLIR.
 //
@@ -15,6 +16,7 @@
 
 #include "ProfileCodecs.h"
 
+#include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Save/Saver.h"
@@ -203,9 +205,47 @@ Status profileCodecs(Args &args) {
   return runCodecProfile(*model, count, uint64_t(seed), out);
 }
 
+/// Validates a plan bundle and summarizes each plan: its tasks per resource
+/// and lanes, staging slots and predicted makespan.
+Status inspectBundle(Args &args) {
+  TRY_ASSIGN(path, args.required("bundle"));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  TRY_ASSIGN(bundle, readPlanBundle(path));
+  std::printf("bundle version %lld, model %s: %zu plan(s)\n",
+              (long long)bundle.version,
+              bundle.modelFingerprint.empty()
+                  ? "(no fingerprint)"
+                  : bundle.modelFingerprint.c_str(),
+              bundle.plans.size());
+  for (const BundlePlan &plan : bundle.plans) {
+    std::printf("plan %s: tokens %lld to %lld, layers %lld to %lld, %zu "
+                "tasks, %lld staging slots",
+                plan.name.c_str(), (long long)plan.tokens.begin,
+                (long long)plan.tokens.end, (long long)plan.layers.begin,
+                (long long)plan.layers.end, plan.tasks.size(),
+                (long long)plan.stagingSlots);
+    if (plan.predictedUs)
+      std::printf(", predicted %lld us", (long long)*plan.predictedUs);
+    std::printf("\n");
+    // Tasks and lanes per resource, in the order of BundleResource.
+    std::map<BundleResource, std::pair<int64_t, int64_t>> use;
+    for (const BundleTask &task : plan.tasks) {
+      auto &[tasks, lanes] = use[task.resource];
+      ++tasks;
+      lanes = std::max(lanes, task.lane + 1);
+    }
+    for (const auto &[resource, counts] : use)
+      std::printf("  %-8s %lld tasks on %lld lane(s)\n",
+                  bundleResourceName(resource), (long long)counts.first,
+                  (long long)counts.second);
+  }
+  return Status::ok();
+}
+
 void usage() {
   std::fprintf(stderr,
-               "usage: kvc-run gen-model|save|profile-codecs [options]\n"
+               "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle "
+               "[options]\n"
                "(see the header of tools/kvc-run/kvc-run.cpp)\n");
 }
 
@@ -226,6 +266,8 @@ int main(int argc, char **argv) {
       status = save(*args);
     else if (command == "profile-codecs")
       status = profileCodecs(*args);
+    else if (command == "inspect-bundle")
+      status = inspectBundle(*args);
     else {
       usage();
       return 2;

@@ -377,4 +377,46 @@ def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
   let options = KVC_CostModelOptions;
 }
 
+//===----------------------------------------------------------------------===//
+// Output
+//===----------------------------------------------------------------------===//
+
+def KVCEmitBundlePass : Pass<"kvc-emit-bundle", "::mlir::ModuleOp"> {
+  let summary = "Writes the scheduled plans as a plan bundle for the runtime";
+  let description = [{
+    Serializes every exec-level plan of the module (every `kvc.plan` whose
+    body is `kvc.task`s, as `kvc-schedule` leaves it) into one plan bundle,
+    the versioned JSON the runtime executes (format in docs/plan-bundle.md):
+    per task its resource and lane, the tasks it waits for, the tasks whose
+    values it reads, its staging slot, its fused kernel and its steps with
+    their chunk's form, token and layer ranges, codec and tier; per plan the
+    predicted makespan and per task the predicted times when `kvc-estimate`
+    has run. A plan that still holds segments or bare steps fails the pass.
+    The IR is left unchanged. `file=-` writes to stdout.
+
+    For example, `--kvc-emit-bundle=file=-` on the plan after `kvc-schedule`
+    in the example above prints (abridged; one task shown):
+    ```
+    {"format": "kvc-plan-bundle", "version": 1, "model_fingerprint": "",
+     "plans": [
+      {"name": "p", "tokens": [0, 512], "layers": [0, 1], "staging_slots": 1,
+       "tasks": [
+        {"id": 0, "resource": "io", "lane": 0, "after": [], "inputs": [],
+         "slot": 0, "steps": [
+          {"op": "fetch", "form": "kv", "tokens": [0, 512], "layers": [0, 1],
+           "codec": "raw", "tier": "dram"}
+         ]
+        }
+       ]
+      }
+     ]
+    }
+    ```
+  }];
+  let options = [
+    Option<"file", "file", "std::string", /*default=*/"\"-\"",
+           "Where to write the bundle (- for stdout)">,
+  ];
+}
+
 #endif // KVC_TRANSFORMS_PASSES_TD

@@ -47,8 +47,6 @@ Status expectObject(const Json &value, const std::string &path) {
                          ": expected a JSON object");
 }
 
-namespace {
-/// Finds `key` in `obj`; null when missing (or JSON null) and optional.
 StatusOr<const Json *> lookup(const Json &obj, const std::string &path,
                               std::string_view key, Presence presence) {
   auto it = obj.find(std::string(key));
@@ -60,6 +58,7 @@ StatusOr<const Json *> lookup(const Json &obj, const std::string &path,
   return &*it;
 }
 
+namespace {
 /// Reads `key` as a T when `(value.*isType)()` holds.
 template <typename T>
 Status readField(const Json &obj, const std::string &path, std::string_view key,
@@ -95,6 +94,19 @@ Status readString(const Json &obj, const std::string &path,
                   std::string_view key, std::string &out, Presence presence) {
   return readField(obj, path, key, out, presence, &Json::is_string,
                    "a string");
+}
+
+Status readArray(const Json &obj, const std::string &path,
+                 std::string_view key, const Json *&out, Presence presence) {
+  static const Json empty = Json::array();
+  StatusOr<const Json *> field = lookup(obj, path, key, presence);
+  if (!field.isOk())
+    return field.status();
+  out = *field ? *field : &empty;
+  if (!out->is_array())
+    return invalidArgument(fieldPath(path, key) + ": expected an array, got " +
+                           out->type_name());
+  return Status::ok();
 }
 
 Status readBool(const Json &obj, const std::string &path, std::string_view key,

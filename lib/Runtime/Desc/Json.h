@@ -1,7 +1,8 @@
 //===- Json.h - Field readers shared by the description parsers -*- C++ -*-===//
 //
-// Private to lib/Runtime/Desc. Each reader names the offending field by its
-// JSON path ("tiers[1].read_gbs") so that a bad file gets an actionable error.
+// Private to lib/Runtime (the description and bundle parsers). Each reader
+// names the offending field by its JSON path ("tiers[1].read_gbs") so that a
+// bad file gets an actionable error.
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +35,10 @@ Status readFile(const std::string &path, std::string &out);
 /// Checks that `value` is an object.
 Status expectObject(const Json &value, const std::string &path);
 
+/// Finds `key` in `obj`; null when missing (or JSON null) and optional.
+StatusOr<const Json *> lookup(const Json &obj, const std::string &path,
+                              std::string_view key, Presence presence);
+
 /// Readers: a missing or null optional field leaves `out` unchanged.
 Status readInt(const Json &obj, const std::string &path, std::string_view key,
                int64_t &out, Presence presence);
@@ -41,6 +46,9 @@ Status readNumber(const Json &obj, const std::string &path,
                   std::string_view key, double &out, Presence presence);
 Status readString(const Json &obj, const std::string &path,
                   std::string_view key, std::string &out, Presence presence);
+/// Reads an array; a missing optional one reads as an empty array.
+Status readArray(const Json &obj, const std::string &path,
+                 std::string_view key, const Json *&out, Presence presence);
 Status readBool(const Json &obj, const std::string &path, std::string_view key,
                 bool &out, Presence presence);
 

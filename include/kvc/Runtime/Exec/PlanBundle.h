@@ -1,0 +1,115 @@
+//===- PlanBundle.h - The serialized exec-level plan ------------*- C++ -*-===//
+//
+// A plan bundle is what the compiler hands the runtime: the exec-level IR of
+// one or more plans (after kvc-schedule) as versioned JSON — tasks on
+// resource lanes, their dependencies, the tasks whose values they read, the
+// staging slot each one fills, and the dataflow steps each one runs with
+// their chunk ranges and codecs. The format is specified in
+// docs/plan-bundle.md; `kvc-opt --kvc-emit-bundle=file=F` writes it.
+//
+// Reading validates everything the executor relies on, so that a bundle
+// that parses is safe to run: known version, task ids dense and in order,
+// references to existing tasks, an acyclic graph, every value read by a task
+// written by one of its (transitive) dependencies, staging slots in range
+// and never refilled while a task still reads them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_EXEC_PLANBUNDLE_H
+#define KVC_RUNTIME_EXEC_PLANBUNDLE_H
+
+#include "kvc/Runtime/Base/Status.h"
+#include "kvc/Runtime/Desc/CodecSpec.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvc {
+
+/// The bundle format version this runtime reads and the compiler writes.
+inline constexpr int64_t kPlanBundleVersion = 1;
+
+/// A half-open range [begin, end).
+struct BundleRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const BundleRange &o) const {
+    return begin == o.begin && end == o.end;
+  }
+};
+
+/// The resources a task can run on (the dialect's #kvc.resource).
+enum class BundleResource { IO, Decode, H2D, D2H, Compute, Net };
+const char *bundleResourceName(BundleResource resource);
+
+/// One dataflow step inside a task.
+struct BundleStep {
+  /// The op name without the dialect prefix: "fetch", "decompress",
+  /// "dequant", "untransform", "transfer_to_device", "project",
+  /// "chunk_compute", "scatter", ...
+  std::string op;
+  /// "kv" or "hidden".
+  std::string form;
+  BundleRange tokens;
+  BundleRange layers;
+  /// The codec of the chunk the step consumes (of the stored chunk for a
+  /// fetch).
+  CodecSpec codec;
+  /// The store tier a fetch reads; empty for other steps.
+  std::string tier;
+};
+
+struct BundleTask {
+  int64_t id = 0;
+  BundleResource resource = BundleResource::Compute;
+  int64_t lane = 0;
+  /// Tasks that must finish first.
+  std::vector<int64_t> after;
+  /// Tasks whose values this task reads.
+  std::vector<int64_t> inputs;
+  /// The staging slot this task's result fills, if any.
+  std::optional<int64_t> slot;
+  /// The fused kernel the task launches ("" when it runs plain steps).
+  std::string kernel;
+  std::vector<BundleStep> steps;
+  /// The compiler's predicted [start, finish] in ns, when estimated.
+  std::optional<std::pair<int64_t, int64_t>> predictedNs;
+};
+
+struct BundlePlan {
+  std::string name;
+  BundleRange tokens;
+  BundleRange layers;
+  /// The compiler's predicted makespan, when estimated.
+  std::optional<int64_t> predictedUs;
+  /// Number of staging slots (1 + the largest slot used; 0 when none).
+  int64_t stagingSlots = 0;
+  std::vector<BundleTask> tasks;
+};
+
+struct PlanBundle {
+  int64_t version = kPlanBundleVersion;
+  /// The model's weights fingerprint the plan was compiled for ("" when the
+  /// model carried none).
+  std::string modelFingerprint;
+  std::vector<BundlePlan> plans;
+
+  const BundlePlan *findPlan(std::string_view name) const;
+};
+
+/// Parses and validates a bundle. Errors name the offending field by JSON
+/// path ("plans[0].tasks[3].after[1]: task 7 does not exist").
+StatusOr<PlanBundle> parsePlanBundle(std::string_view json);
+/// Reads, parses and validates the bundle at `path`.
+StatusOr<PlanBundle> readPlanBundle(const std::string &path);
+
+/// The semantic checks parsePlanBundle runs, for bundles built in memory.
+Status validatePlanBundle(const PlanBundle &bundle);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_EXEC_PLANBUNDLE_H

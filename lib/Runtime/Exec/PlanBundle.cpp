@@ -1,0 +1,371 @@
+//===- PlanBundle.cpp - Reading and validating plan bundles ---------------===//
+
+#include "kvc/Runtime/Exec/PlanBundle.h"
+
+#include "../Desc/Json.h"
+
+#include "kvc/Runtime/Base/EnumNames.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace kvc {
+
+using namespace json_detail;
+
+const char *bundleResourceName(BundleResource resource) {
+  switch (resource) {
+  case BundleResource::IO:
+    return "io";
+  case BundleResource::Decode:
+    return "decode";
+  case BundleResource::H2D:
+    return "h2d";
+  case BundleResource::D2H:
+    return "d2h";
+  case BundleResource::Compute:
+    return "compute";
+  case BundleResource::Net:
+    return "net";
+  }
+  return "unknown";
+}
+
+const BundlePlan *PlanBundle::findPlan(std::string_view name) const {
+  for (const BundlePlan &plan : plans)
+    if (plan.name == name)
+      return &plan;
+  return nullptr;
+}
+
+namespace {
+
+std::string indexPath(const std::string &path, std::size_t index) {
+  return path + "[" + std::to_string(index) + "]";
+}
+
+Status readIntArray(const Json &obj, const std::string &path,
+                    std::string_view key, std::vector<int64_t> &out,
+                    Presence presence) {
+  const Json *array;
+  KVC_RETURN_IF_ERROR(readArray(obj, path, key, array, presence));
+  for (std::size_t i = 0; i < array->size(); ++i) {
+    const Json &value = (*array)[i];
+    if (!value.is_number_integer())
+      return invalidArgument(indexPath(fieldPath(path, key), i) +
+                             ": expected an integer");
+    out.push_back(value.get<int64_t>());
+  }
+  return Status::ok();
+}
+
+/// Reads `[begin, end]` with 0 <= begin < end.
+Status readRange(const Json &obj, const std::string &path,
+                 std::string_view key, BundleRange &out) {
+  std::vector<int64_t> bounds;
+  KVC_RETURN_IF_ERROR(
+      readIntArray(obj, path, key, bounds, Presence::Required));
+  if (bounds.size() != 2 || bounds[0] < 0 || bounds[1] <= bounds[0])
+    return invalidArgument(fieldPath(path, key) +
+                           ": expected [begin, end] with 0 <= begin < end");
+  out = {bounds[0], bounds[1]};
+  return Status::ok();
+}
+
+Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
+  KVC_RETURN_IF_ERROR(expectObject(obj, path));
+  KVC_RETURN_IF_ERROR(readString(obj, path, "op", step.op, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "form", step.form, Presence::Required));
+  if (step.form != "kv" && step.form != "hidden")
+    return invalidArgument(fieldPath(path, "form") +
+                           ": expected \"kv\" or \"hidden\"");
+  KVC_RETURN_IF_ERROR(readRange(obj, path, "tokens", step.tokens));
+  KVC_RETURN_IF_ERROR(readRange(obj, path, "layers", step.layers));
+  std::string codec = "raw";
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "codec", codec, Presence::Optional));
+  StatusOr<CodecSpec> spec = parseCodecSpec(codec);
+  if (!spec)
+    return spec.status().withContext(fieldPath(path, "codec"));
+  step.codec = *spec;
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "tier", step.tier, Presence::Optional));
+  if (step.op == "fetch" && step.tier.empty())
+    return invalidArgument(fieldPath(path, "tier") +
+                           ": a fetch must name its tier");
+  return Status::ok();
+}
+
+Status parseTask(const Json &obj, const std::string &path, BundleTask &task) {
+  KVC_RETURN_IF_ERROR(expectObject(obj, path));
+  KVC_RETURN_IF_ERROR(readInt(obj, path, "id", task.id, Presence::Required));
+  std::string resource;
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "resource", resource, Presence::Required));
+  std::optional<BundleResource> kind = enumFromName<BundleResource>(
+      bundleResourceName, int(BundleResource::Net) + 1, resource);
+  if (!kind)
+    return invalidArgument(fieldPath(path, "resource") +
+                           ": unknown resource \"" + resource +
+                           "\" (expected io, decode, h2d, d2h, compute, net)");
+  task.resource = *kind;
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, path, "lane", task.lane, Presence::Required));
+  if (task.lane < 0)
+    return invalidArgument(fieldPath(path, "lane") + ": must be >= 0");
+  KVC_RETURN_IF_ERROR(
+      readIntArray(obj, path, "after", task.after, Presence::Optional));
+  KVC_RETURN_IF_ERROR(
+      readIntArray(obj, path, "inputs", task.inputs, Presence::Optional));
+  int64_t slot = INT64_MIN; // Absent.
+  KVC_RETURN_IF_ERROR(readInt(obj, path, "slot", slot, Presence::Optional));
+  if (slot != INT64_MIN)
+    task.slot = slot;
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "kernel", task.kernel, Presence::Optional));
+  std::vector<int64_t> predicted;
+  KVC_RETURN_IF_ERROR(readIntArray(obj, path, "predicted_ns", predicted,
+                                   Presence::Optional));
+  if (!predicted.empty()) {
+    if (predicted.size() != 2 || predicted[0] < 0 ||
+        predicted[1] < predicted[0])
+      return invalidArgument(fieldPath(path, "predicted_ns") +
+                             ": expected [start, finish] with start <= finish");
+    task.predictedNs = std::make_pair(predicted[0], predicted[1]);
+  }
+  const Json *steps;
+  KVC_RETURN_IF_ERROR(readArray(obj, path, "steps", steps, Presence::Required));
+  if (steps->empty())
+    return invalidArgument(fieldPath(path, "steps") + ": a task runs steps");
+  for (std::size_t i = 0; i < steps->size(); ++i) {
+    task.steps.emplace_back();
+    KVC_RETURN_IF_ERROR(parseStep((*steps)[i],
+                                  indexPath(fieldPath(path, "steps"), i),
+                                  task.steps.back()));
+  }
+  return Status::ok();
+}
+
+Status parsePlan(const Json &obj, const std::string &path, BundlePlan &plan) {
+  KVC_RETURN_IF_ERROR(expectObject(obj, path));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "name", plan.name, Presence::Required));
+  KVC_RETURN_IF_ERROR(readRange(obj, path, "tokens", plan.tokens));
+  KVC_RETURN_IF_ERROR(readRange(obj, path, "layers", plan.layers));
+  int64_t predicted = -1;
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, path, "predicted_us", predicted, Presence::Optional));
+  if (predicted >= 0)
+    plan.predictedUs = predicted;
+  KVC_RETURN_IF_ERROR(readInt(obj, path, "staging_slots", plan.stagingSlots,
+                              Presence::Required));
+  const Json *tasks;
+  KVC_RETURN_IF_ERROR(readArray(obj, path, "tasks", tasks, Presence::Required));
+  for (std::size_t i = 0; i < tasks->size(); ++i) {
+    plan.tasks.emplace_back();
+    KVC_RETURN_IF_ERROR(parseTask((*tasks)[i],
+                                  indexPath(fieldPath(path, "tasks"), i),
+                                  plan.tasks.back()));
+  }
+  return Status::ok();
+}
+
+/// Bit sets of the transitive dependencies of every task.
+class Ancestors {
+public:
+  explicit Ancestors(std::size_t n) : words_((n + 63) / 64), bits_(n * words_) {}
+  bool has(int64_t task, int64_t ancestor) const {
+    return bits_[task * words_ + ancestor / 64] >> (ancestor % 64) & 1;
+  }
+  /// Adds `dep` and its ancestors to `task`'s.
+  void addDependency(int64_t task, int64_t dep) {
+    for (std::size_t w = 0; w < words_; ++w)
+      bits_[task * words_ + w] |= bits_[dep * words_ + w];
+    bits_[task * words_ + dep / 64] |= uint64_t(1) << (dep % 64);
+  }
+
+private:
+  std::size_t words_;
+  std::vector<uint64_t> bits_;
+};
+
+Status validatePlan(const BundlePlan &plan, const std::string &path) {
+  if (plan.name.empty())
+    return invalidArgument(fieldPath(path, "name") + ": must not be empty");
+  if (plan.stagingSlots < 0)
+    return invalidArgument(fieldPath(path, "staging_slots") +
+                           ": must be >= 0");
+  const std::size_t n = plan.tasks.size();
+  const std::string tasksPath = fieldPath(path, "tasks");
+
+  // Ids, references, ranges and slots of each task on its own.
+  for (std::size_t i = 0; i < n; ++i) {
+    const BundleTask &task = plan.tasks[i];
+    std::string taskPath = indexPath(tasksPath, i);
+    if (task.id != int64_t(i))
+      return invalidArgument(fieldPath(taskPath, "id") + ": expected " +
+                             std::to_string(i) + " (ids number the tasks in "
+                             "order), got " + std::to_string(task.id));
+    auto checkRefs = [&](const std::vector<int64_t> &refs,
+                         const char *key) -> Status {
+      for (std::size_t r = 0; r < refs.size(); ++r)
+        if (refs[r] < 0 || refs[r] >= int64_t(n) || refs[r] == int64_t(i))
+          return invalidArgument(
+              indexPath(fieldPath(taskPath, key), r) + ": task " +
+              std::to_string(refs[r]) +
+              (refs[r] == int64_t(i) ? " is the task itself"
+                                     : " does not exist"));
+      return Status::ok();
+    };
+    KVC_RETURN_IF_ERROR(checkRefs(task.after, "after"));
+    KVC_RETURN_IF_ERROR(checkRefs(task.inputs, "inputs"));
+    if (task.slot && (*task.slot < 0 || *task.slot >= plan.stagingSlots))
+      return invalidArgument(fieldPath(taskPath, "slot") + ": slot " +
+                             std::to_string(*task.slot) +
+                             " is outside the plan's " +
+                             std::to_string(plan.stagingSlots) +
+                             " staging slots");
+    for (std::size_t s = 0; s < task.steps.size(); ++s) {
+      const BundleStep &step = task.steps[s];
+      std::string stepPath = indexPath(fieldPath(taskPath, "steps"), s);
+      if (step.tokens.begin < plan.tokens.begin ||
+          step.tokens.end > plan.tokens.end)
+        return invalidArgument(fieldPath(stepPath, "tokens") +
+                               ": outside the plan's tokens");
+      if (step.layers.begin < plan.layers.begin ||
+          step.layers.end > plan.layers.end)
+        return invalidArgument(fieldPath(stepPath, "layers") +
+                               ": outside the plan's layers");
+    }
+  }
+
+  // A topological order (Kahn); what is left over lies on a cycle.
+  std::vector<std::vector<int64_t>> users(n);
+  std::vector<int64_t> pending(n, 0);
+  for (std::size_t i = 0; i < n; ++i)
+    for (int64_t dep : plan.tasks[i].after) {
+      users[dep].push_back(int64_t(i));
+      ++pending[i];
+    }
+  std::vector<int64_t> order;
+  for (std::size_t i = 0; i < n; ++i)
+    if (pending[i] == 0)
+      order.push_back(int64_t(i));
+  for (std::size_t next = 0; next < order.size(); ++next)
+    for (int64_t user : users[order[next]])
+      if (--pending[user] == 0)
+        order.push_back(user);
+  if (order.size() != n) {
+    auto onCycle = std::find_if(pending.begin(), pending.end(),
+                                [](int64_t p) { return p > 0; });
+    return invalidArgument(path + ": the task graph has a cycle through task " +
+                           std::to_string(onCycle - pending.begin()));
+  }
+
+  Ancestors ancestors(n);
+  for (int64_t task : order)
+    for (int64_t dep : plan.tasks[task].after)
+      ancestors.addDependency(task, dep);
+
+  // Every value read was written by a task that finished first.
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::vector<int64_t> &inputs = plan.tasks[i].inputs;
+    for (std::size_t r = 0; r < inputs.size(); ++r)
+      if (!ancestors.has(int64_t(i), inputs[r]))
+        return invalidArgument(
+            indexPath(fieldPath(indexPath(tasksPath, i), "inputs"), r) +
+            ": reads the value of task " + std::to_string(inputs[r]) +
+            " before it is written (task " + std::to_string(inputs[r]) +
+            " is not among its dependencies)");
+  }
+
+  // A slot is refilled only after every reader of its previous contents.
+  std::vector<std::vector<int64_t>> readers(n);
+  for (std::size_t i = 0; i < n; ++i)
+    for (int64_t input : plan.tasks[i].inputs)
+      readers[input].push_back(int64_t(i));
+  std::vector<std::vector<int64_t>> fillers(plan.stagingSlots);
+  for (int64_t task : order)
+    if (plan.tasks[task].slot)
+      fillers[*plan.tasks[task].slot].push_back(task);
+  for (int64_t slot = 0; slot < plan.stagingSlots; ++slot) {
+    const std::vector<int64_t> &f = fillers[slot];
+    for (std::size_t k = 1; k < f.size(); ++k) {
+      int64_t previous = f[k - 1], next = f[k];
+      if (!ancestors.has(next, previous))
+        return invalidArgument(
+            path + ": tasks " + std::to_string(previous) + " and " +
+            std::to_string(next) + " may fill staging slot " +
+            std::to_string(slot) + " at the same time");
+      for (int64_t reader : readers[previous])
+        if (reader != next && !ancestors.has(next, reader))
+          return invalidArgument(
+              path + ": task " + std::to_string(next) +
+              " refills staging slot " + std::to_string(slot) +
+              " while task " + std::to_string(reader) +
+              " may still read it");
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+Status validatePlanBundle(const PlanBundle &bundle) {
+  if (bundle.version != kPlanBundleVersion)
+    return invalidArgument("version: unsupported plan bundle version " +
+                           std::to_string(bundle.version) + " (this runtime "
+                           "reads version " +
+                           std::to_string(kPlanBundleVersion) + ")");
+  for (std::size_t i = 0; i < bundle.plans.size(); ++i) {
+    KVC_RETURN_IF_ERROR(validatePlan(bundle.plans[i], indexPath("plans", i)));
+    for (std::size_t j = 0; j < i; ++j)
+      if (bundle.plans[j].name == bundle.plans[i].name)
+        return invalidArgument(indexPath("plans", i) + ".name: plan \"" +
+                               bundle.plans[i].name + "\" appears twice");
+  }
+  return Status::ok();
+}
+
+StatusOr<PlanBundle> parsePlanBundle(std::string_view text) {
+  StatusOr<Json> json = parseJson(text);
+  if (!json)
+    return json.status();
+  const Json &root = *json;
+  KVC_RETURN_IF_ERROR(expectObject(root, ""));
+  std::string format;
+  KVC_RETURN_IF_ERROR(
+      readString(root, "", "format", format, Presence::Required));
+  if (format != "kvc-plan-bundle")
+    return invalidArgument("format: expected \"kvc-plan-bundle\", got \"" +
+                           format + "\"");
+  PlanBundle bundle;
+  KVC_RETURN_IF_ERROR(
+      readInt(root, "", "version", bundle.version, Presence::Required));
+  // Check the version before the fields, whose meaning it fixes.
+  if (bundle.version != kPlanBundleVersion)
+    return validatePlanBundle(bundle);
+  KVC_RETURN_IF_ERROR(readString(root, "", "model_fingerprint",
+                                 bundle.modelFingerprint, Presence::Optional));
+  const Json *plans;
+  KVC_RETURN_IF_ERROR(readArray(root, "", "plans", plans, Presence::Required));
+  for (std::size_t i = 0; i < plans->size(); ++i) {
+    bundle.plans.emplace_back();
+    KVC_RETURN_IF_ERROR(
+        parsePlan((*plans)[i], indexPath("plans", i), bundle.plans.back()));
+  }
+  KVC_RETURN_IF_ERROR(validatePlanBundle(bundle));
+  return bundle;
+}
+
+StatusOr<PlanBundle> readPlanBundle(const std::string &path) {
+  std::string text;
+  KVC_RETURN_IF_ERROR(readFile(path, text));
+  StatusOr<PlanBundle> bundle = parsePlanBundle(text);
+  if (!bundle)
+    return bundle.status().withContext(path);
+  return bundle;
+}
+
+} // namespace kvc

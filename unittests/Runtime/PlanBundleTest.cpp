@@ -1,0 +1,219 @@
+//===- PlanBundleTest.cpp - Plan bundle reading and validation ------------===//
+
+#include "kvc/Runtime/Exec/PlanBundle.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+
+using namespace kvc;
+using Json = nlohmann::json;
+
+namespace {
+
+/// One KV chunk per round through a single staging slot: fetch, decompress,
+/// copy, then the fused dequant-scatter kernel; the second fetch refills the
+/// slot after the first chunk's copy.
+Json validBundle() {
+  auto step = [](const char *op, int64_t begin, int64_t end,
+                 const char *codec) {
+    Json s = {{"op", op},         {"form", "kv"},
+              {"tokens", {begin, end}}, {"layers", {0, 4}},
+              {"codec", codec}};
+    if (std::string(op) == "fetch")
+      s["tier"] = "ssd";
+    return s;
+  };
+  Json tasks = Json::array();
+  for (int64_t chunk = 0; chunk < 2; ++chunk) {
+    int64_t base = chunk * 4, begin = chunk * 512, end = begin + 512;
+    Json fetch = {{"id", base},
+                  {"resource", "io"},
+                  {"lane", chunk},
+                  {"slot", 0},
+                  {"steps", {step("fetch", begin, end, "int8+zstd")}}};
+    if (chunk > 0)
+      fetch["after"] = {base - 2};
+    tasks.push_back(fetch);
+    tasks.push_back({{"id", base + 1},
+                     {"resource", "decode"},
+                     {"lane", 0},
+                     {"after", {base}},
+                     {"inputs", {base}},
+                     {"steps", {step("decompress", begin, end, "int8+zstd")}}});
+    tasks.push_back({{"id", base + 2},
+                     {"resource", "h2d"},
+                     {"lane", 0},
+                     {"after", {base + 1}},
+                     {"inputs", {base + 1}},
+                     {"steps", {step("transfer_to_device", begin, end, "int8")}}});
+    tasks.push_back({{"id", base + 3},
+                     {"resource", "compute"},
+                     {"lane", 0},
+                     {"after", {base + 2}},
+                     {"inputs", {base + 2}},
+                     {"kernel", "dequant_scatter"},
+                     {"predicted_ns", {100, 200}},
+                     {"steps",
+                      {step("dequant", begin, end, "int8"),
+                       step("scatter", begin, end, "raw")}}});
+  }
+  return {{"format", "kvc-plan-bundle"},
+          {"version", 1},
+          {"model_fingerprint", "abc123"},
+          {"plans",
+           {{{"name", "p"},
+             {"tokens", {0, 1024}},
+             {"layers", {0, 4}},
+             {"predicted_us", 42},
+             {"staging_slots", 1},
+             {"tasks", tasks}}}}};
+}
+
+/// The error parsing `bundle` after `edit` gives ("" when it parses).
+std::string errorAfter(const std::function<void(Json &)> &edit) {
+  Json bundle = validBundle();
+  edit(bundle);
+  StatusOr<PlanBundle> parsed = parsePlanBundle(bundle.dump());
+  return parsed ? "" : parsed.status().message();
+}
+
+Json &task(Json &bundle, int index) {
+  return bundle["plans"][0]["tasks"][index];
+}
+
+TEST(PlanBundleTest, ReadsEveryField) {
+  StatusOr<PlanBundle> parsed = parsePlanBundle(validBundle().dump());
+  ASSERT_TRUE(parsed) << parsed.status().toString();
+  EXPECT_EQ(parsed->modelFingerprint, "abc123");
+  const BundlePlan *plan = parsed->findPlan("p");
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(parsed->findPlan("q"), nullptr);
+  EXPECT_EQ(plan->tokens, (BundleRange{0, 1024}));
+  EXPECT_EQ(plan->predictedUs, 42);
+  EXPECT_EQ(plan->stagingSlots, 1);
+  ASSERT_EQ(plan->tasks.size(), 8u);
+  const BundleTask &fetch = plan->tasks[4];
+  EXPECT_EQ(fetch.resource, BundleResource::IO);
+  EXPECT_EQ(fetch.lane, 1);
+  EXPECT_EQ(fetch.slot, 0);
+  EXPECT_EQ(fetch.after, std::vector<int64_t>{2});
+  EXPECT_EQ(fetch.steps[0].tier, "ssd");
+  EXPECT_EQ(fetch.steps[0].codec.str(), "int8/g32+zstd");
+  EXPECT_EQ(fetch.steps[0].tokens, (BundleRange{512, 1024}));
+  const BundleTask &kernel = plan->tasks[3];
+  EXPECT_EQ(kernel.kernel, "dequant_scatter");
+  EXPECT_FALSE(kernel.slot.has_value());
+  ASSERT_EQ(kernel.steps.size(), 2u);
+  EXPECT_EQ(kernel.steps[1].op, "scatter");
+  EXPECT_TRUE(kernel.steps[1].codec.isRaw());
+  EXPECT_EQ(kernel.predictedNs, std::make_pair(int64_t(100), int64_t(200)));
+}
+
+TEST(PlanBundleTest, RejectsMalformedAndTruncatedText) {
+  std::string text = validBundle().dump();
+  for (std::size_t cut : {std::size_t(0), std::size_t(1), text.size() / 2,
+                          text.size() - 1}) {
+    StatusOr<PlanBundle> parsed = parsePlanBundle(text.substr(0, cut));
+    ASSERT_FALSE(parsed) << "cut at " << cut;
+    EXPECT_NE(parsed.status().message().find("invalid JSON"),
+              std::string::npos);
+  }
+  EXPECT_EQ(errorAfter([](Json &b) { b = Json::array(); }),
+            "document: expected a JSON object");
+  EXPECT_EQ(errorAfter([](Json &b) { b["format"] = "other"; }),
+            "format: expected \"kvc-plan-bundle\", got \"other\"");
+  EXPECT_EQ(errorAfter([](Json &b) { b["plans"][0].erase("tasks"); }),
+            "plans[0].tasks: missing required field");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 1)["steps"] = Json::array(); }),
+            "plans[0].tasks[1].steps: a task runs steps");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 1)["after"] = "0"; }),
+            "plans[0].tasks[1].after: expected an array, got string");
+}
+
+TEST(PlanBundleTest, RejectsUnknownVersion) {
+  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 2; }),
+            "version: unsupported plan bundle version 2 (this runtime reads "
+            "version 1)");
+}
+
+TEST(PlanBundleTest, RejectsBadFields) {
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["resource"] = "gpu"; }),
+            "plans[0].tasks[0].resource: unknown resource \"gpu\" (expected "
+            "io, decode, h2d, d2h, compute, net)");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["lane"] = -1; }),
+            "plans[0].tasks[0].lane: must be >= 0");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["steps"][0]["form"] = "x"; }),
+            "plans[0].tasks[0].steps[0].form: expected \"kv\" or \"hidden\"");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["steps"][0].erase("tier"); }),
+            "plans[0].tasks[0].steps[0].tier: a fetch must name its tier");
+  EXPECT_EQ(
+      errorAfter([](Json &b) { task(b, 0)["steps"][0]["tokens"] = {5, 5}; }),
+      "plans[0].tasks[0].steps[0].tokens: expected [begin, end] with 0 <= "
+      "begin < end");
+  EXPECT_EQ(
+      errorAfter([](Json &b) { task(b, 0)["steps"][0]["layers"] = {0, 8}; }),
+      "plans[0].tasks[0].steps[0].layers: outside the plan's layers");
+  EXPECT_NE(
+      errorAfter([](Json &b) { task(b, 0)["steps"][0]["codec"] = "int3"; })
+          .find("plans[0].tasks[0].steps[0].codec: "),
+      std::string::npos);
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 3)["predicted_ns"] = {9, 1}; }),
+            "plans[0].tasks[3].predicted_ns: expected [start, finish] with "
+            "start <= finish");
+}
+
+TEST(PlanBundleTest, RejectsBadTaskReferences) {
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 1)["id"] = 7; }),
+            "plans[0].tasks[1].id: expected 1 (ids number the tasks in "
+            "order), got 7");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 1)["after"] = {0, 9}; }),
+            "plans[0].tasks[1].after[1]: task 9 does not exist");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 1)["inputs"] = {1}; }),
+            "plans[0].tasks[1].inputs[0]: task 1 is the task itself");
+  EXPECT_EQ(errorAfter([](Json &b) { b["plans"][1] = b["plans"][0]; }),
+            "plans[1].name: plan \"p\" appears twice");
+}
+
+TEST(PlanBundleTest, RejectsCycles) {
+  // 0 -> 1 -> 2 -> 0.
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["after"] = {2}; }),
+            "plans[0]: the task graph has a cycle through task 0");
+}
+
+TEST(PlanBundleTest, RejectsValuesReadBeforeWritten) {
+  // The copy reads the decoded chunk without waiting for the decoding.
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 2).erase("after"); }),
+            "plans[0].tasks[2].inputs[0]: reads the value of task 1 before "
+            "it is written (task 1 is not among its dependencies)");
+}
+
+TEST(PlanBundleTest, RejectsUnsafeStagingSlotReuse) {
+  // The second fetch refills slot 0 while the first chunk is still decoding.
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 4)["after"] = {0}; }),
+            "plans[0]: task 4 refills staging slot 0 while task 1 may still "
+            "read it");
+  // Or without waiting for anything.
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 4).erase("after"); }),
+            "plans[0]: tasks 0 and 4 may fill staging slot 0 at the same "
+            "time");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 4)["slot"] = 1; }),
+            "plans[0].tasks[4].slot: slot 1 is outside the plan's 1 staging "
+            "slots");
+  // Two slots make the concurrent fill legal.
+  EXPECT_EQ(errorAfter([](Json &b) {
+              task(b, 4).erase("after");
+              task(b, 4)["slot"] = 1;
+              b["plans"][0]["staging_slots"] = 2;
+            }),
+            "");
+}
+
+TEST(PlanBundleTest, ReadsFilesAndNamesThemInErrors) {
+  StatusOr<PlanBundle> missing = readPlanBundle("/nonexistent/plan.json");
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.status().code(), StatusCode::NotFound);
+}
+
+} // namespace

@@ -1,0 +1,124 @@
+//===- PagedKVCache.cpp - The restore target, in vLLM's layout ------------===//
+
+#include "kvc/Runtime/Exec/PagedKVCache.h"
+
+#include "kvc/Runtime/Base/Half.h"
+
+#include <new>
+
+namespace kvc {
+
+StatusOr<std::unique_ptr<PagedKVCache>>
+PagedKVCache::create(const PagedCacheConfig &config) {
+  if (config.layers <= 0 || config.numKvHeads <= 0 || config.headDim <= 0 ||
+      config.blockSize <= 0 || config.numBlocks <= 0)
+    return invalidArgument("paged cache: layers, kv heads, head dim, block "
+                           "size and block count must be positive");
+  if (config.numBlocks > INT32_MAX)
+    return invalidArgument("paged cache: at most 2^31-1 blocks");
+  std::unique_ptr<PagedKVCache> cache(new PagedKVCache(config));
+  const int64_t perLayer = config.numBlocks * config.blockSize *
+                           config.numKvHeads * config.headDim;
+  try {
+    cache->keys_.assign(config.layers, std::vector<uint16_t>(perLayer));
+    cache->values_.assign(config.layers, std::vector<uint16_t>(perLayer));
+  } catch (const std::bad_alloc &) {
+    return Status(StatusCode::Unavailable,
+                  "paged cache: cannot allocate " +
+                      std::to_string(4 * config.layers * perLayer) + " bytes");
+  }
+  // Hand out low block numbers first.
+  for (int64_t b = config.numBlocks - 1; b >= 0; --b)
+    cache->free_.push_back(int32_t(b));
+  return cache;
+}
+
+int64_t PagedKVCache::bytes() const {
+  return 2 * config_.layers * config_.numBlocks * config_.blockSize * kvDim() *
+         int64_t(sizeof(uint16_t));
+}
+
+StatusOr<BlockTable> PagedKVCache::allocate(int64_t tokens) {
+  if (tokens < 0)
+    return invalidArgument("paged cache: negative token count");
+  const int64_t needed = (tokens + config_.blockSize - 1) / config_.blockSize;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (needed > int64_t(free_.size()))
+    return Status(StatusCode::Unavailable,
+                  "paged cache: " + std::to_string(tokens) + " tokens need " +
+                      std::to_string(needed) + " blocks, " +
+                      std::to_string(free_.size()) + " are free");
+  BlockTable table;
+  table.blocks.assign(free_.end() - needed, free_.end());
+  free_.resize(free_.size() - needed);
+  return table;
+}
+
+void PagedKVCache::release(BlockTable &table) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_.insert(free_.end(), table.blocks.rbegin(), table.blocks.rend());
+  table.blocks.clear();
+}
+
+int64_t PagedKVCache::freeBlocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return int64_t(free_.size());
+}
+
+Status PagedKVCache::checkRange(const BlockTable &table, int64_t layer,
+                                int64_t first, int64_t n) const {
+  if (layer < 0 || layer >= config_.layers)
+    return invalidArgument("paged cache: layer " + std::to_string(layer) +
+                           " out of range");
+  if (first < 0 || n < 0 || first + n > table.capacity(config_.blockSize))
+    return invalidArgument(
+        "paged cache: tokens " + std::to_string(first) + " to " +
+        std::to_string(first + n) + " exceed the block table's " +
+        std::to_string(table.capacity(config_.blockSize)) + " tokens");
+  for (int32_t block : table.blocks)
+    if (block < 0 || block >= config_.numBlocks)
+      return invalidArgument("paged cache: block " + std::to_string(block) +
+                             " does not exist");
+  return Status::ok();
+}
+
+int64_t PagedKVCache::slotOf(const BlockTable &table, int64_t token) const {
+  return int64_t(table.blocks[token / config_.blockSize]) * config_.blockSize +
+         token % config_.blockSize;
+}
+
+Status PagedKVCache::write(const BlockTable &table, int64_t layer,
+                           int64_t first, int64_t n, const float *k,
+                           const float *v) {
+  KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
+  const int64_t dim = kvDim();
+  uint16_t *keys = keys_[layer].data();
+  uint16_t *values = values_[layer].data();
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t slot = slotOf(table, first + t);
+    for (int64_t i = 0; i < dim; ++i) {
+      keys[slot * dim + i] = floatToBf16(k[t * dim + i]);
+      values[slot * dim + i] = floatToBf16(v[t * dim + i]);
+    }
+  }
+  return Status::ok();
+}
+
+Status PagedKVCache::read(const BlockTable &table, int64_t layer,
+                          int64_t first, int64_t n, float *k,
+                          float *v) const {
+  KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
+  const int64_t dim = kvDim();
+  const uint16_t *keys = keys_[layer].data();
+  const uint16_t *values = values_[layer].data();
+  for (int64_t t = 0; t < n; ++t) {
+    int64_t slot = slotOf(table, first + t);
+    for (int64_t i = 0; i < dim; ++i) {
+      k[t * dim + i] = bf16ToFloat(keys[slot * dim + i]);
+      v[t * dim + i] = bf16ToFloat(values[slot * dim + i]);
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace kvc

@@ -1,0 +1,136 @@
+//===- PagedKVCacheTest.cpp - The vLLM-layout restore target --------------===//
+
+#include "kvc/Runtime/Exec/PagedKVCache.h"
+
+#include "kvc/Runtime/Base/Half.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+using namespace kvc;
+
+namespace {
+
+PagedCacheConfig smallConfig() {
+  PagedCacheConfig config;
+  config.layers = 2;
+  config.numKvHeads = 2;
+  config.headDim = 4;
+  config.blockSize = 4;
+  config.numBlocks = 8;
+  return config;
+}
+
+/// Distinct values per (token, channel), exact in bf16 for small tags.
+std::vector<float> pattern(int64_t first, int64_t n, int64_t dim, float tag) {
+  std::vector<float> out(n * dim);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < dim; ++i)
+      out[t * dim + i] = tag + float(first + t) + float(i) / 8;
+  return out;
+}
+
+TEST(PagedKVCacheTest, WritesThroughTheBlockTableInVllmLayout) {
+  auto cache = PagedKVCache::create(smallConfig());
+  ASSERT_TRUE(cache) << cache.status().toString();
+  PagedKVCache &c = **cache;
+  EXPECT_EQ(c.bytes(), 2 * 2 * 8 * 4 * 8 * 2);
+  StatusOr<BlockTable> table = c.allocate(10); // 3 blocks.
+  ASSERT_TRUE(table);
+  ASSERT_EQ(table->blocks.size(), 3u);
+  EXPECT_EQ(c.freeBlocks(), 5);
+  // Scatter the table over the cache to test the indirection.
+  table->blocks = {5, 1, 6};
+
+  const int64_t dim = c.kvDim();
+  // Two chunks written separately, as two restore tasks would.
+  std::vector<float> k0 = pattern(0, 6, dim, 0), v0 = pattern(0, 6, dim, 16);
+  std::vector<float> k1 = pattern(6, 4, dim, 0), v1 = pattern(6, 4, dim, 16);
+  ASSERT_TRUE(c.write(*table, 1, 0, 6, k0.data(), v0.data()).isOk());
+  ASSERT_TRUE(c.write(*table, 1, 6, 4, k1.data(), v1.data()).isOk());
+
+  // Token 9 lives in logical block 2 = physical block 6, row 1; head 1,
+  // channel 2 is element [6][1][1][2] of [num_blocks, block_size, heads, dim].
+  int64_t index = ((6 * 4 + 1) * 2 + 1) * 4 + 2;
+  EXPECT_EQ(bf16ToFloat(c.keyCache(1)[index]), 9 + float(1 * 4 + 2) / 8);
+  EXPECT_EQ(bf16ToFloat(c.valueCache(1)[index]), 25 + float(1 * 4 + 2) / 8);
+  // Layer 0 is untouched.
+  EXPECT_EQ(c.keyCache(0)[index], 0);
+
+  std::vector<float> k(10 * dim), v(10 * dim);
+  ASSERT_TRUE(c.read(*table, 1, 0, 10, k.data(), v.data()).isOk());
+  std::vector<float> kAll = pattern(0, 10, dim, 0);
+  std::vector<float> vAll = pattern(0, 10, dim, 16);
+  EXPECT_EQ(k, kAll);
+  EXPECT_EQ(v, vAll);
+}
+
+TEST(PagedKVCacheTest, RoundsToBf16) {
+  auto cache = PagedKVCache::create(smallConfig());
+  ASSERT_TRUE(cache);
+  BlockTable table = *(*cache)->allocate(1);
+  std::vector<float> k(8, 1.0f + 1.0f / 1024), v(8, -3.14159f), outK(8), outV(8);
+  ASSERT_TRUE((*cache)->write(table, 0, 0, 1, k.data(), v.data()).isOk());
+  ASSERT_TRUE((*cache)->read(table, 0, 0, 1, outK.data(), outV.data()).isOk());
+  EXPECT_EQ(outK[0], bf16ToFloat(floatToBf16(k[0])));
+  EXPECT_NE(outK[0], k[0]);
+  EXPECT_NEAR(outV[3], v[3], 0.0125);
+}
+
+TEST(PagedKVCacheTest, RejectsOutOfRangeAccess) {
+  auto cache = PagedKVCache::create(smallConfig());
+  ASSERT_TRUE(cache);
+  PagedKVCache &c = **cache;
+  BlockTable table = *c.allocate(5); // 2 blocks: 8 tokens.
+  std::vector<float> k(16 * c.kvDim()), v(16 * c.kvDim());
+  EXPECT_EQ(c.write(table, 2, 0, 1, k.data(), v.data()).message(),
+            "paged cache: layer 2 out of range");
+  EXPECT_EQ(c.write(table, 0, 6, 3, k.data(), v.data()).message(),
+            "paged cache: tokens 6 to 9 exceed the block table's 8 tokens");
+  table.blocks[1] = 99;
+  EXPECT_EQ(c.read(table, 0, 0, 1, k.data(), v.data()).message(),
+            "paged cache: block 99 does not exist");
+  EXPECT_FALSE(PagedKVCache::create(PagedCacheConfig{}));
+}
+
+TEST(PagedKVCacheTest, AllocationIsAllOrNothingAndThreadSafe) {
+  auto cache = PagedKVCache::create(smallConfig());
+  ASSERT_TRUE(cache);
+  PagedKVCache &c = **cache;
+  StatusOr<BlockTable> tooBig = c.allocate(33);
+  ASSERT_FALSE(tooBig);
+  EXPECT_EQ(tooBig.status().code(), StatusCode::Unavailable);
+  EXPECT_EQ(c.freeBlocks(), 8);
+
+  // Eight threads each take and return one block many times: no block is
+  // ever held twice.
+  std::vector<std::thread> threads;
+  std::vector<int> holders(8, 0);
+  std::mutex m;
+  bool doubleHeld = false;
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&] {
+      for (int round = 0; round < 1000; ++round) {
+        StatusOr<BlockTable> table = c.allocate(1);
+        if (!table)
+          continue;
+        int32_t block = table->blocks[0];
+        {
+          std::lock_guard<std::mutex> lock(m);
+          doubleHeld |= holders[block]++ > 0;
+        }
+        {
+          std::lock_guard<std::mutex> lock(m);
+          --holders[block];
+        }
+        c.release(*table);
+      }
+    });
+  for (std::thread &t : threads)
+    t.join();
+  EXPECT_FALSE(doubleHeld);
+  EXPECT_EQ(c.freeBlocks(), 8);
+}
+
+} // namespace

@@ -2,6 +2,8 @@
 
 #include "kvc/Runtime/Exec/PlanBundle.h"
 
+#include "GraphOrder.h"
+
 #include "../Desc/Json.h"
 
 #include "kvc/Runtime/Base/EnumNames.h"
@@ -240,28 +242,14 @@ Status validatePlan(const BundlePlan &plan, const std::string &path) {
     }
   }
 
-  // A topological order (Kahn); what is left over lies on a cycle.
-  std::vector<std::vector<int64_t>> users(n);
-  std::vector<int64_t> pending(n, 0);
-  for (std::size_t i = 0; i < n; ++i)
-    for (int64_t dep : plan.tasks[i].after) {
-      users[dep].push_back(int64_t(i));
-      ++pending[i];
-    }
-  std::vector<int64_t> order;
-  for (std::size_t i = 0; i < n; ++i)
-    if (pending[i] == 0)
-      order.push_back(int64_t(i));
-  for (std::size_t next = 0; next < order.size(); ++next)
-    for (int64_t user : users[order[next]])
-      if (--pending[user] == 0)
-        order.push_back(user);
-  if (order.size() != n) {
-    auto onCycle = std::find_if(pending.begin(), pending.end(),
-                                [](int64_t p) { return p > 0; });
+  int64_t onCycle = 0;
+  std::vector<int64_t> order = exec_detail::topologicalOrder(
+      int64_t(n), [&](int64_t i) -> const std::vector<int64_t> & {
+        return plan.tasks[i].after;
+      }, &onCycle);
+  if (order.size() != n)
     return invalidArgument(path + ": the task graph has a cycle through task " +
-                           std::to_string(onCycle - pending.begin()));
-  }
+                           std::to_string(onCycle));
 
   Ancestors ancestors(n);
   for (int64_t task : order)

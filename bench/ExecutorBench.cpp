@@ -1,0 +1,91 @@
+//===- ExecutorBench.cpp - Scheduling overhead of task graph runs ---------===//
+//
+// How much a run adds to its tasks' work (docs/executor.md):
+//   Schedule/empty/N      N independent empty tasks on one worker: the
+//                         per-task cost of dependency release, queueing and
+//                         timing (reported as us_per_task).
+//   Schedule/chain/N      the same as a dependency chain: every task is
+//                         released by the one before it.
+//   Efficiency/W/N        N tasks of 20 us busy work on W workers, chunked
+//                         as pipelines of 4; reports overhead_pct =
+//                         makespan / (sum of work / W) - 1.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Runtime/Exec/TaskGraph.h"
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+
+using namespace kvc;
+
+namespace {
+
+void spin(double seconds) {
+  auto end = std::chrono::steady_clock::now() +
+             std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+void scheduleBench(benchmark::State &state, bool chain) {
+  auto pools = ResourcePools::create({{"compute", 1}});
+  const int64_t n = state.range(0);
+  TaskGraph graph;
+  for (int64_t i = 0; i < n; ++i) {
+    GraphTask task{"t", "compute", {}, [](int) { return Status::ok(); }};
+    if (chain && i > 0)
+      task.after = {i - 1};
+    graph.add(std::move(task));
+  }
+  for (auto _ : state) {
+    RunResult result = runGraph(**pools, graph);
+    if (!result.status.isOk())
+      state.SkipWithError(result.status.message().c_str());
+  }
+  state.counters["us_per_task"] = benchmark::Counter(
+      double(n) * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
+                            benchmark::Counter::kInvert);
+}
+
+void BM_ScheduleEmpty(benchmark::State &state) { scheduleBench(state, false); }
+void BM_ScheduleChain(benchmark::State &state) { scheduleBench(state, true); }
+
+void BM_Efficiency(benchmark::State &state) {
+  const int workers = int(state.range(0));
+  const int64_t n = state.range(1);
+  constexpr double kWork = 20e-6;
+  auto pools = ResourcePools::create({{"compute", workers}});
+  TaskGraph graph;
+  for (int64_t i = 0; i < n; ++i) {
+    GraphTask task{"t", "compute", {}, [](int) {
+                     spin(kWork);
+                     return Status::ok();
+                   }};
+    if (i % 4 != 0)
+      task.after = {i - 1}; // Pipelines of four dependent steps.
+    graph.add(std::move(task));
+  }
+  double overhead = 0;
+  for (auto _ : state) {
+    RunResult result = runGraph(**pools, graph);
+    double work = 0;
+    for (const TaskTiming &t : result.timings)
+      work += t.end - t.start;
+    overhead = result.makespan / (work / workers) - 1;
+  }
+  state.counters["overhead_pct"] = overhead * 100;
+}
+
+} // namespace
+
+BENCHMARK(BM_ScheduleEmpty)->Arg(4096)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScheduleChain)->Arg(4096)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Efficiency)
+    ->Args({1, 4096})
+    ->Args({2, 4096})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+BENCHMARK_MAIN();

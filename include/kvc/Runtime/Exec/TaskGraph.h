@@ -1,0 +1,128 @@
+//===- TaskGraph.h - Running task graphs on shared resource pools -*- C++ -*-===//
+//
+// The executor's engine, independent of what tasks do. A plan becomes a
+// TaskGraph: tasks, each on a named resource ("io:ssd", "decode", "h2d",
+// "compute"), with the tasks it waits for. ResourcePools owns one pool of
+// worker threads per resource — as many workers as the resource has lanes —
+// shared by every run in the process, as a server shares its SSD queues and
+// decode threads among requests. A run releases a task to its resource's
+// queue when the last of its dependencies finishes; workers never wait on
+// other tasks, so runs cannot deadlock one another, and a queue serves runs
+// in the order their tasks became ready.
+//
+// Ownership: the pools outlive every run (they are joined on destruction,
+// after draining); a run owns its graph and its bookkeeping and blocks its
+// caller until every task has finished or been skipped. Errors are values:
+// the first failing task's Status is the run's, and once a task has failed
+// the run's tasks not yet started are skipped (those running finish). Tasks that can
+// recover (a corrupt chunk recomputed) do so inside their function and
+// succeed.
+//
+// Every run records each task's start and end on a steady clock, giving the
+// measured makespan, the busy time of each resource and a Chrome trace
+// (chrome://tracing, Perfetto) with one lane per resource worker.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_EXEC_TASKGRAPH_H
+#define KVC_RUNTIME_EXEC_TASKGRAPH_H
+
+#include "kvc/Runtime/Base/Status.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kvc {
+
+/// One unit of work; `worker` is the index of the worker running it within
+/// its resource (0 .. lanes-1), for tasks that keep per-worker scratch.
+using TaskFn = std::function<Status(int worker)>;
+
+struct GraphTask {
+  std::string name;     ///< Shown in traces ("fetch 1536:1792").
+  std::string resource; ///< A resource of the pools.
+  std::vector<int64_t> after;
+  TaskFn fn;
+};
+
+/// Tasks in any order whose `after` edges form a DAG (a validated plan
+/// bundle guarantees it; run() checks it again).
+struct TaskGraph {
+  std::vector<GraphTask> tasks;
+  int64_t add(GraphTask task) {
+    tasks.push_back(std::move(task));
+    return int64_t(tasks.size()) - 1;
+  }
+};
+
+/// Worker pools, one per resource; thread-safe; shared by concurrent runs.
+class ResourcePools {
+public:
+  /// `lanes`: workers per resource name; each must be positive.
+  static StatusOr<std::unique_ptr<ResourcePools>>
+  create(const std::map<std::string, int> &lanes);
+  ~ResourcePools();
+
+  ResourcePools(const ResourcePools &) = delete;
+  ResourcePools &operator=(const ResourcePools &) = delete;
+
+  bool has(const std::string &resource) const {
+    return pools_.count(resource) != 0;
+  }
+  int lanes(const std::string &resource) const;
+
+  /// Queues `job` on `resource`'s workers (which must exist).
+  void submit(const std::string &resource, std::function<void(int)> job);
+
+private:
+  struct Pool {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<std::function<void(int)>> queue;
+    std::vector<std::thread> workers;
+    bool stopping = false;
+  };
+  ResourcePools() = default;
+  static void work(Pool &pool, int worker);
+
+  std::map<std::string, std::unique_ptr<Pool>> pools_;
+};
+
+/// One task's measured interval, seconds from the run's start.
+struct TaskTiming {
+  double start = 0;
+  double end = 0;
+  int worker = 0;
+  bool ran = false; ///< False when skipped after a failure.
+};
+
+struct RunResult {
+  Status status;
+  double makespan = 0; ///< Seconds from the run's start to its last task.
+  std::vector<TaskTiming> timings;
+  /// Seconds each resource spent running this run's tasks (summed over its
+  /// workers).
+  std::map<std::string, double> busy;
+};
+
+/// Runs `graph` on `pools`, blocking until it is done. Fails before running
+/// anything when a task names a missing resource, a missing task or the
+/// graph has a cycle.
+RunResult runGraph(ResourcePools &pools, const TaskGraph &graph);
+
+/// Writes a run as a Chrome trace (JSON array format): one thread per
+/// resource worker, one complete event per task that ran.
+Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
+                        const std::string &path);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_EXEC_TASKGRAPH_H

@@ -1,0 +1,269 @@
+//===- TaskGraph.cpp - Running task graphs on shared resource pools -------===//
+
+#include "kvc/Runtime/Exec/TaskGraph.h"
+
+#include "GraphOrder.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <fstream>
+
+namespace kvc {
+
+//===----------------------------------------------------------------------===//
+// ResourcePools
+//===----------------------------------------------------------------------===//
+
+StatusOr<std::unique_ptr<ResourcePools>>
+ResourcePools::create(const std::map<std::string, int> &lanes) {
+  std::unique_ptr<ResourcePools> pools(new ResourcePools());
+  for (const auto &[name, count] : lanes) {
+    if (count <= 0 || count > 1024)
+      return invalidArgument("resource \"" + name + "\": " +
+                             std::to_string(count) +
+                             " workers (expected 1 to 1024)");
+    auto pool = std::make_unique<Pool>();
+    for (int worker = 0; worker < count; ++worker)
+      pool->workers.emplace_back(&ResourcePools::work, std::ref(*pool),
+                                 worker);
+    pools->pools_.emplace(name, std::move(pool));
+  }
+  return pools;
+}
+
+ResourcePools::~ResourcePools() {
+  for (auto &[name, pool] : pools_) {
+    {
+      std::lock_guard<std::mutex> lock(pool->mutex);
+      pool->stopping = true;
+    }
+    pool->ready.notify_all();
+    for (std::thread &worker : pool->workers)
+      worker.join();
+  }
+}
+
+int ResourcePools::lanes(const std::string &resource) const {
+  auto it = pools_.find(resource);
+  return it == pools_.end() ? 0 : int(it->second->workers.size());
+}
+
+void ResourcePools::submit(const std::string &resource,
+                           std::function<void(int)> job) {
+  Pool &pool = *pools_.at(resource);
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.queue.push_back(std::move(job));
+  }
+  pool.ready.notify_one();
+}
+
+void ResourcePools::work(Pool &pool, int worker) {
+  for (;;) {
+    std::function<void(int)> job;
+    {
+      std::unique_lock<std::mutex> lock(pool.mutex);
+      pool.ready.wait(lock,
+                      [&] { return pool.stopping || !pool.queue.empty(); });
+      if (pool.queue.empty())
+        return; // Stopping, and drained.
+      job = std::move(pool.queue.front());
+      pool.queue.pop_front();
+    }
+    job(worker);
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Runs
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The bookkeeping of one run, shared with the jobs in the pools (a worker
+/// may still hold it for an instant after the caller has been woken).
+struct RunState {
+  RunState(ResourcePools &pools, const TaskGraph &graph)
+      : pools(pools), graph(graph), pending(graph.tasks.size(), 0),
+        users(graph.tasks.size()), timings(graph.tasks.size()),
+        remaining(int64_t(graph.tasks.size())) {}
+
+  /// Submits the ready tasks, or skips them (and whatever they make ready)
+  /// once the run has failed.
+  void release(std::vector<int64_t> ready,
+               const std::shared_ptr<RunState> &self) {
+    while (!ready.empty()) {
+      int64_t task = ready.back();
+      ready.pop_back();
+      bool skip;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        skip = !status.isOk();
+      }
+      if (!skip) {
+        pools.submit(graph.tasks[task].resource,
+                     [self, task](int worker) { self->run(task, worker, self); });
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      finishLocked(task, ready);
+    }
+  }
+
+  void run(int64_t task, int worker, const std::shared_ptr<RunState> &self) {
+    double start = seconds();
+    Status result = graph.tasks[task].fn ? graph.tasks[task].fn(worker)
+                                         : Status::ok();
+    double end = seconds();
+    std::vector<int64_t> ready;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      timings[task] = TaskTiming{start, end, worker, true};
+      if (!result.isOk() && status.isOk())
+        status = result.withContext(graph.tasks[task].name);
+      finishLocked(task, ready);
+    }
+    release(std::move(ready), self);
+  }
+
+  /// Marks `task` done and appends the tasks it makes ready to `ready`.
+  void finishLocked(int64_t task, std::vector<int64_t> &ready) {
+    for (int64_t user : users[task])
+      if (--pending[user] == 0)
+        ready.push_back(user);
+    if (--remaining == 0)
+      done.notify_all();
+  }
+
+  double seconds() const {
+    return std::chrono::duration<double>(Clock::now() - begin).count();
+  }
+
+  ResourcePools &pools;
+  const TaskGraph &graph;
+  Clock::time_point begin = Clock::now();
+  std::mutex mutex;
+  std::condition_variable done;
+  std::vector<int64_t> pending;
+  std::vector<std::vector<int64_t>> users;
+  std::vector<TaskTiming> timings;
+  int64_t remaining;
+  Status status;
+};
+
+Status checkGraph(const ResourcePools &pools, const TaskGraph &graph) {
+  const int64_t n = int64_t(graph.tasks.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const GraphTask &task = graph.tasks[i];
+    if (!pools.has(task.resource))
+      return invalidArgument("task " + std::to_string(i) + " (" + task.name +
+                             "): no workers for resource \"" + task.resource +
+                             "\"");
+    for (int64_t dep : task.after)
+      if (dep < 0 || dep >= n || dep == i)
+        return invalidArgument("task " + std::to_string(i) + " (" +
+                               task.name + "): bad dependency " +
+                               std::to_string(dep));
+  }
+  int64_t onCycle = 0;
+  if (int64_t(exec_detail::topologicalOrder(
+                  n,
+                  [&](int64_t i) -> const std::vector<int64_t> & {
+                    return graph.tasks[i].after;
+                  },
+                  &onCycle)
+                  .size()) != n)
+    return invalidArgument("the task graph has a cycle through task " +
+                           std::to_string(onCycle));
+  return Status::ok();
+}
+
+} // namespace
+
+RunResult runGraph(ResourcePools &pools, const TaskGraph &graph) {
+  RunResult result;
+  result.status = checkGraph(pools, graph);
+  if (!result.status.isOk())
+    return result;
+
+  auto state = std::make_shared<RunState>(pools, graph);
+  std::vector<int64_t> ready;
+  for (int64_t i = 0; i < int64_t(graph.tasks.size()); ++i) {
+    for (int64_t dep : graph.tasks[i].after) {
+      state->users[dep].push_back(i);
+      ++state->pending[i];
+    }
+  }
+  for (int64_t i = int64_t(graph.tasks.size()) - 1; i >= 0; --i)
+    if (state->pending[i] == 0)
+      ready.push_back(i); // Released from the back: task order.
+  if (!graph.tasks.empty())
+    state->release(std::move(ready), state);
+
+  std::unique_lock<std::mutex> lock(state->mutex);
+  state->done.wait(lock, [&] { return state->remaining == 0; });
+  result.status = state->status;
+  result.timings = state->timings;
+  for (std::size_t i = 0; i < graph.tasks.size(); ++i) {
+    const TaskTiming &t = result.timings[i];
+    if (!t.ran)
+      continue;
+    result.makespan = std::max(result.makespan, t.end);
+    result.busy[graph.tasks[i].resource] += t.end - t.start;
+  }
+  return result;
+}
+
+Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
+                        const std::string &path) {
+  using Json = nlohmann::json;
+  Json events = Json::array();
+  // One trace thread per (resource, worker), named, in resource order.
+  std::map<std::pair<std::string, int>, int> threads;
+  for (std::size_t i = 0; i < graph.tasks.size(); ++i)
+    if (result.timings[i].ran)
+      threads.emplace(std::make_pair(graph.tasks[i].resource,
+                                     result.timings[i].worker),
+                      0);
+  int tid = 0;
+  for (auto &[key, id] : threads) {
+    id = ++tid;
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", 1},
+                      {"tid", id},
+                      {"args", {{"name", key.first + "/" +
+                                             std::to_string(key.second)}}}});
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", 1},
+                      {"tid", id},
+                      {"args", {{"sort_index", id}}}});
+  }
+  for (std::size_t i = 0; i < graph.tasks.size(); ++i) {
+    const TaskTiming &t = result.timings[i];
+    if (!t.ran)
+      continue;
+    const GraphTask &task = graph.tasks[i];
+    events.push_back({{"ph", "X"},
+                      {"name", task.name},
+                      {"cat", task.resource},
+                      {"pid", 1},
+                      {"tid", threads[{task.resource, t.worker}]},
+                      {"ts", t.start * 1e6},
+                      {"dur", (t.end - t.start) * 1e6},
+                      {"args", {{"task", i}}}});
+  }
+  std::ofstream out(path);
+  if (!out)
+    return notFound(path + ": cannot create the trace file");
+  out << events.dump() << "\n";
+  if (!out)
+    return Status(StatusCode::DataLoss, path + ": write error");
+  return Status::ok();
+}
+
+} // namespace kvc

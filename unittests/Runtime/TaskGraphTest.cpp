@@ -1,0 +1,178 @@
+//===- TaskGraphTest.cpp - Task graphs on shared resource pools -----------===//
+
+#include "kvc/Runtime/Exec/TaskGraph.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <set>
+#include <thread>
+
+using namespace kvc;
+
+namespace {
+
+std::unique_ptr<ResourcePools> makePools() {
+  auto pools = ResourcePools::create({{"io", 2}, {"decode", 1}, {"compute", 1}});
+  EXPECT_TRUE(pools) << pools.status().toString();
+  return std::move(pools).value();
+}
+
+/// A chain per chunk: fetch (io) -> decode -> scatter (compute), each task
+/// appending its id to a log under a lock.
+TaskGraph chunkPipelines(int chunks, std::vector<int64_t> &log,
+                         std::mutex &m) {
+  TaskGraph graph;
+  for (int c = 0; c < chunks; ++c) {
+    int64_t prev = -1;
+    for (const char *resource : {"io", "decode", "compute"}) {
+      int64_t id = int64_t(graph.tasks.size());
+      GraphTask task{std::string(resource) + " " + std::to_string(c), resource,
+                     {}, [id, &log, &m](int) {
+                       std::lock_guard<std::mutex> lock(m);
+                       log.push_back(id);
+                       return Status::ok();
+                     }};
+      if (prev >= 0)
+        task.after = {prev};
+      prev = graph.add(std::move(task));
+    }
+  }
+  return graph;
+}
+
+TEST(TaskGraphTest, RunsEveryTaskAfterItsDependencies) {
+  auto pools = makePools();
+  std::vector<int64_t> log;
+  std::mutex m;
+  TaskGraph graph = chunkPipelines(16, log, m);
+  RunResult result = runGraph(*pools, graph);
+  ASSERT_TRUE(result.status.isOk()) << result.status.toString();
+  ASSERT_EQ(log.size(), graph.tasks.size());
+  std::vector<int64_t> position(log.size());
+  for (std::size_t i = 0; i < log.size(); ++i)
+    position[log[i]] = int64_t(i);
+  for (std::size_t i = 0; i < graph.tasks.size(); ++i) {
+    ASSERT_TRUE(result.timings[i].ran);
+    for (int64_t dep : graph.tasks[i].after) {
+      EXPECT_LT(position[dep], position[i]);
+      EXPECT_LE(result.timings[dep].end, result.timings[i].start);
+    }
+  }
+  EXPECT_EQ(result.busy.size(), 3u);
+  EXPECT_GT(result.makespan, 0);
+}
+
+TEST(TaskGraphTest, RunsIndependentTasksOnAResourcesLanesAtOnce) {
+  auto pools = makePools();
+  // Two io tasks that can finish only if both run at the same time (the io
+  // pool has two workers); each gives up after 10 s rather than hang.
+  std::atomic<int> arrived{0};
+  auto meet = [&](int) {
+    ++arrived;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 2)
+      if (std::chrono::steady_clock::now() > deadline)
+        return Status(StatusCode::Internal, "the other lane never ran");
+    return Status::ok();
+  };
+  TaskGraph graph;
+  graph.add({"a", "io", {}, meet});
+  graph.add({"b", "io", {}, meet});
+  RunResult result = runGraph(*pools, graph);
+  EXPECT_TRUE(result.status.isOk()) << result.status.toString();
+  EXPECT_NE(result.timings[0].worker, result.timings[1].worker);
+}
+
+TEST(TaskGraphTest, StopsAtTheFirstFailure) {
+  auto pools = makePools();
+  std::atomic<int> ran{0};
+  TaskGraph graph;
+  int64_t bad = graph.add({"fetch 0", "io", {}, [](int) {
+                             return Status(StatusCode::DataLoss, "bad chunk");
+                           }});
+  graph.add({"decode 0", "decode", {bad}, [&](int) {
+               ++ran;
+               return Status::ok();
+             }});
+  RunResult result = runGraph(*pools, graph);
+  EXPECT_EQ(result.status.code(), StatusCode::DataLoss);
+  EXPECT_EQ(result.status.message(), "fetch 0: bad chunk");
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_FALSE(result.timings[1].ran);
+}
+
+TEST(TaskGraphTest, RejectsBadGraphsBeforeRunningAnything) {
+  auto pools = makePools();
+  std::atomic<int> ran{0};
+  auto count = [&](int) {
+    ++ran;
+    return Status::ok();
+  };
+  TaskGraph cycle;
+  cycle.add({"a", "io", {1}, count});
+  cycle.add({"b", "io", {0}, count});
+  EXPECT_EQ(runGraph(*pools, cycle).status.message(),
+            "the task graph has a cycle through task 0");
+  TaskGraph unknown;
+  unknown.add({"a", "gpu", {}, count});
+  EXPECT_EQ(runGraph(*pools, unknown).status.message(),
+            "task 0 (a): no workers for resource \"gpu\"");
+  TaskGraph dangling;
+  dangling.add({"a", "io", {3}, count});
+  EXPECT_EQ(runGraph(*pools, dangling).status.message(),
+            "task 0 (a): bad dependency 3");
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_FALSE(ResourcePools::create({{"io", 0}}));
+}
+
+TEST(TaskGraphTest, ConcurrentRunsShareThePools) {
+  auto pools = makePools();
+  constexpr int kRuns = 8;
+  std::vector<std::thread> threads;
+  std::vector<std::vector<int64_t>> logs(kRuns);
+  std::vector<std::mutex> locks(kRuns);
+  std::vector<bool> ok(kRuns, false);
+  for (int r = 0; r < kRuns; ++r)
+    threads.emplace_back([&, r] {
+      TaskGraph graph = chunkPipelines(32, logs[r], locks[r]);
+      RunResult result = runGraph(*pools, graph);
+      ok[r] = result.status.isOk() && logs[r].size() == graph.tasks.size();
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (int r = 0; r < kRuns; ++r)
+    EXPECT_TRUE(ok[r]) << "run " << r;
+}
+
+TEST(TaskGraphTest, WritesAChromeTraceWithALanePerWorker) {
+  auto pools = makePools();
+  std::vector<int64_t> log;
+  std::mutex m;
+  TaskGraph graph = chunkPipelines(4, log, m);
+  RunResult result = runGraph(*pools, graph);
+  ASSERT_TRUE(result.status.isOk());
+  std::string path = ::testing::TempDir() + "/kvc-trace.json";
+  ASSERT_TRUE(writeChromeTrace(graph, result, path).isOk());
+  std::ifstream in(path);
+  nlohmann::json trace = nlohmann::json::parse(in);
+  int complete = 0;
+  std::set<std::string> lanes;
+  for (const auto &event : trace) {
+    if (event["ph"] == "X") {
+      ++complete;
+      EXPECT_GE(event["dur"].get<double>(), 0);
+    } else if (event["name"] == "thread_name") {
+      lanes.insert(event["args"]["name"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(complete, 12);
+  EXPECT_TRUE(lanes.count("decode/0"));
+  EXPECT_TRUE(lanes.count("compute/0"));
+  EXPECT_FALSE(writeChromeTrace(graph, result, "/nonexistent/t.json").isOk());
+}
+
+} // namespace

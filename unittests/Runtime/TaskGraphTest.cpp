@@ -135,7 +135,7 @@ TEST(TaskGraphTest, ConcurrentRunsShareThePools) {
   std::vector<std::thread> threads;
   std::vector<std::vector<int64_t>> logs(kRuns);
   std::vector<std::mutex> locks(kRuns);
-  std::vector<bool> ok(kRuns, false);
+  std::vector<char> ok(kRuns, 0); // Not vector<bool>: threads write it.
   for (int r = 0; r < kRuns; ++r)
     threads.emplace_back([&, r] {
       TaskGraph graph = chunkPipelines(32, logs[r], locks[r]);

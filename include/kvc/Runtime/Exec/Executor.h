@@ -1,0 +1,84 @@
+//===- Executor.h - Running compiled restore plans --------------*- C++ -*-===//
+//
+// Executes one plan of a plan bundle for one request on the CPU backend: the
+// plan's tasks become a TaskGraph on shared ResourcePools (lanes per store
+// tier "io:<tier>", "decode", "h2d", "compute"), and each task's steps run
+// on the values its input tasks produced:
+//
+//   fetch               reads the stored objects covering the step's box
+//   decompress          checks and decodes them (format, lossless stage,
+//                       dequantization and inverse transform: ChunkStore)
+//   dequant, untransform, transfer_to_device
+//                       nothing left to do on the CPU backend
+//   project             hidden states -> K, V for each layer (HCache)
+//   chunk_compute       prefill of the box's tokens through every layer
+//   scatter             writes the box's K and V into the paged cache
+//
+// A chunk whose objects are missing, corrupt, truncated or from another
+// model is not scattered; its box is recomputed after the graph (one
+// prefill up to its last token, exact in fp32), reported as a fallback
+// event, and the run still yields the exact cache. Any other error fails
+// the run.
+//
+// Compute chunks cover every layer; the run keeps one exact (fp32) prefill
+// state that compute chunks and fallbacks extend, so chunks computed in any
+// order are exact. What this first version
+// leaves out (see docs/executor.md): staging slots are not yet preallocated
+// (values are allocated per chunk), the merge point is the compiler's (no
+// dynamic Cake mode), and compute segments above layer 0 are refused.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_EXEC_EXECUTOR_H
+#define KVC_RUNTIME_EXEC_EXECUTOR_H
+
+#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvc {
+
+/// What one restore reads and writes.
+struct RestoreTarget {
+  const LlamaModel *model = nullptr;
+  /// Stores by tier name (the `tier` of the plan's fetches).
+  std::map<std::string, ChunkStore *> stores;
+  const std::vector<int32_t> *tokens = nullptr;
+  PagedKVCache *cache = nullptr;
+  const BlockTable *table = nullptr;
+};
+
+struct RestoreOptions {
+  /// Writes a Chrome trace of the run here when not empty.
+  std::string tracePath;
+};
+
+struct RestoreMetrics {
+  double makespanSeconds = 0; ///< The graph plus any fallback recompute.
+  double fallbackSeconds = 0;
+  std::map<std::string, double> busySeconds;
+  std::map<std::string, int64_t> bytesRead; ///< Per tier.
+  double flops = 0;
+  /// One line per chunk recomputed instead of loaded, with why.
+  std::vector<std::string> fallbacks;
+  std::optional<double> predictedSeconds;
+};
+
+/// The resources and lanes a plan's tasks need (for ResourcePools::create).
+std::map<std::string, int> planResources(const BundlePlan &plan);
+
+/// Restores `target.tokens` into `target.cache` by running `plan`.
+StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
+                                 const RestoreTarget &target,
+                                 const RestoreOptions &options = {});
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_EXEC_EXECUTOR_H

@@ -1,0 +1,388 @@
+//===- Executor.cpp - Running compiled restore plans ----------------------===//
+
+#include "kvc/Runtime/Exec/Executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+namespace kvc {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The resource a task runs on: io tasks on their tier's lanes.
+std::string resourceOf(const BundleTask &task) {
+  if (task.resource == BundleResource::IO)
+    for (const BundleStep &step : task.steps)
+      if (step.op == "fetch")
+        return "io:" + step.tier;
+  return bundleResourceName(task.resource);
+}
+
+ChunkForm formOf(const BundleStep &step) {
+  return step.form == "kv" ? ChunkForm::KV : ChunkForm::Hidden;
+}
+
+/// A chunk on its way through a chain of tasks. Layout of `data`: per layer
+/// of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's input
+/// hidden states ([tokens][hidden]).
+struct ChunkValue {
+  ChunkForm form = ChunkForm::KV;
+  BundleRange tokens, layers;
+  std::string tier;
+  std::vector<std::pair<ChunkRef, std::string>> objects;
+  std::vector<float> data;
+  /// Why the chunk will be recomputed instead ("" while it is fine).
+  std::string fault;
+};
+
+/// True for errors a recompute recovers from: the chunk is missing, damaged,
+/// another model's, or its tier is unreachable.
+bool recoverable(const Status &status) {
+  switch (status.code()) {
+  case StatusCode::NotFound:
+  case StatusCode::DataLoss:
+  case StatusCode::FailedPrecondition:
+  case StatusCode::Unavailable:
+    return true;
+  default:
+    return false;
+  }
+}
+
+class Run {
+public:
+  Run(const BundlePlan &plan, const RestoreTarget &target)
+      : plan_(plan), target_(target), model_(*target.model),
+        config_(model_.config()), computeCache_(model_.newCache()) {}
+
+  StatusOr<TaskGraph> build() {
+    if (!target_.model || !target_.tokens || !target_.cache || !target_.table)
+      return invalidArgument("restore: model, tokens, cache and block table "
+                             "are required");
+    const int64_t n = int64_t(target_.tokens->size());
+    if (plan_.tokens.begin != 0 || plan_.tokens.end != n)
+      return invalidArgument(
+          "restore: plan " + plan_.name + " covers tokens " +
+          std::to_string(plan_.tokens.begin) + " to " +
+          std::to_string(plan_.tokens.end) + ", the request has " +
+          std::to_string(n));
+    if (plan_.layers.begin != 0 || plan_.layers.end != config_.numLayers)
+      return invalidArgument("restore: plan " + plan_.name +
+                             " does not cover the model's " +
+                             std::to_string(config_.numLayers) + " layers");
+    values_.resize(plan_.tasks.size());
+    TaskGraph graph;
+    for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
+      const BundleTask &task = plan_.tasks[i];
+      const BundleStep &first = task.steps.front();
+      if (first.op == "fetch" || first.op == "chunk_compute") {
+        auto value = std::make_shared<ChunkValue>();
+        value->form = formOf(first);
+        value->tokens = first.tokens;
+        value->layers = first.layers;
+        value->tier = first.tier;
+        values_[i] = value;
+      } else if (!task.inputs.empty()) {
+        values_[i] = values_[task.inputs.front()];
+      } else {
+        return invalidArgument("restore: task " + std::to_string(i) +
+                               " starts with " + first.op +
+                               " but reads no chunk");
+      }
+      for (const BundleStep &step : task.steps) {
+        if (step.op == "fetch") {
+          auto store = target_.stores.find(step.tier);
+          if (store == target_.stores.end())
+            return invalidArgument("restore: no store for tier \"" +
+                                   step.tier + "\"");
+          refs(step.tier, formOf(step)); // Computed once, here.
+        }
+        if (step.op == "chunk_compute" &&
+            (step.layers.begin != 0 || step.layers.end != config_.numLayers))
+          return unimplemented("restore: chunk_compute over layers " +
+                               std::to_string(step.layers.begin) + " to " +
+                               std::to_string(step.layers.end) +
+                               " (only whole-model compute is supported)");
+      }
+      std::string name = task.steps.size() == 1 ? first.op : task.kernel;
+      if (name.empty())
+        name = first.op + "+" + std::to_string(task.steps.size() - 1);
+      name += " " + std::to_string(first.tokens.begin) + ":" +
+              std::to_string(first.tokens.end);
+      graph.add({name, resourceOf(task), task.after,
+                 [this, i](int) { return runTask(i); }});
+    }
+    return graph;
+  }
+
+  /// Recomputes the chunks that could not be loaded.
+  Status recoverFallbacks(RestoreMetrics &metrics) {
+    std::vector<std::shared_ptr<ChunkValue>> failed;
+    for (const auto &value : values_)
+      if (value && !value->fault.empty() &&
+          std::find(failed.begin(), failed.end(), value) == failed.end())
+        failed.push_back(value);
+    if (failed.empty())
+      return Status::ok();
+    Clock::time_point start = Clock::now();
+    int64_t end = 0;
+    for (const auto &value : failed)
+      end = std::max(end, value->tokens.end);
+    // Extend the compute stream's exact prefix state to the last failed
+    // token, then write each failed box from it.
+    std::lock_guard<std::mutex> lock(computeMutex_);
+    KVC_RETURN_IF_ERROR(prefillToLocked(end));
+    const int64_t kv = model_.kvDim();
+    for (const auto &value : failed) {
+      for (int64_t layer = value->layers.begin; layer < value->layers.end;
+           ++layer)
+        KVC_RETURN_IF_ERROR(target_.cache->write(
+            *target_.table, layer, value->tokens.begin, value->tokens.size(),
+            computeCache_.k[layer].data() + value->tokens.begin * kv,
+            computeCache_.v[layer].data() + value->tokens.begin * kv));
+      metrics.fallbacks.push_back(
+          std::string(chunkFormName(value->form)) + " tokens " +
+          std::to_string(value->tokens.begin) + " to " +
+          std::to_string(value->tokens.end) + ", layers " +
+          std::to_string(value->layers.begin) + " to " +
+          std::to_string(value->layers.end) + " recomputed: " + value->fault);
+    }
+    metrics.fallbackSeconds =
+        std::chrono::duration<double>(Clock::now() - start).count();
+    return Status::ok();
+  }
+
+  double flops() const { return flops_; }
+  const std::map<std::string, int64_t> &bytesRead() const {
+    return bytesRead_;
+  }
+
+private:
+  const std::vector<ChunkRef> &refs(const std::string &tier, ChunkForm form) {
+    auto key = std::make_pair(tier, form);
+    auto it = refs_.find(key);
+    if (it == refs_.end())
+      it = refs_
+               .emplace(key, target_.stores.at(tier)->refs(
+                                 target_.tokens->data(),
+                                 int64_t(target_.tokens->size()), form))
+               .first;
+    return it->second;
+  }
+
+  Status runTask(std::size_t index) {
+    const BundleTask &task = plan_.tasks[index];
+    ChunkValue &value = *values_[index];
+    for (const BundleStep &step : task.steps) {
+      if (!value.fault.empty())
+        return Status::ok(); // To be recomputed after the graph.
+      Status status = runStep(step, value);
+      if (!status.isOk()) {
+        if (!recoverable(status))
+          return status;
+        value.fault = status.toString();
+      }
+    }
+    return Status::ok();
+  }
+
+  Status runStep(const BundleStep &step, ChunkValue &value) {
+    if (step.op == "fetch")
+      return fetch(value);
+    if (step.op == "decompress")
+      return decode(value);
+    if (step.op == "project")
+      return project(value);
+    if (step.op == "chunk_compute")
+      return compute(value);
+    if (step.op == "scatter")
+      return scatter(value);
+    if (step.op == "dequant" || step.op == "untransform" ||
+        step.op == "transfer_to_device")
+      return Status::ok(); // Done by decompress on the CPU backend.
+    return unimplemented("restore: step " + step.op +
+                         " has no CPU implementation");
+  }
+
+  static bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
+    return ref.tokenBegin < value.tokens.end &&
+           value.tokens.begin < ref.tokenEnd &&
+           ref.layerBegin < value.layers.end &&
+           value.layers.begin < ref.layerEnd;
+  }
+
+  Status fetch(ChunkValue &value) {
+    ChunkStore &store = *target_.stores.at(value.tier);
+    int64_t bytes = 0;
+    for (const ChunkRef &ref : refs(value.tier, value.form)) {
+      if (!overlaps(ref, value))
+        continue;
+      value.objects.emplace_back(ref, std::string());
+      KVC_RETURN_IF_ERROR(
+          store.tier().get(ref.name(), value.objects.back().second));
+      bytes += int64_t(value.objects.back().second.size());
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    bytesRead_[value.tier] += bytes;
+    return Status::ok();
+  }
+
+  int64_t width(ChunkForm form) const {
+    return form == ChunkForm::KV ? model_.kvDim() : config_.hiddenSize;
+  }
+
+  Status decode(ChunkValue &value) {
+    ChunkStore &store = *target_.stores.at(value.tier);
+    const int64_t w = width(value.form);
+    const int64_t mats = value.form == ChunkForm::KV ? 2 : 1;
+    const int64_t tokens = value.tokens.size();
+    value.data.assign(value.layers.size() * mats * tokens * w, 0.0f);
+    std::vector<float> object;
+    for (auto &[ref, bytes] : value.objects) {
+      object.resize(store.shape(ref).numel());
+      KVC_RETURN_IF_ERROR(store.decode(ref, bytes, object.data()));
+      // Copy the rows of the object inside the value's box.
+      const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
+      const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
+      const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
+      const int64_t l0 = std::max(ref.layerBegin, value.layers.begin);
+      const int64_t l1 = std::min(ref.layerEnd, value.layers.end);
+      for (int64_t l = l0; l < l1; ++l)
+        for (int64_t m = 0; m < mats; ++m)
+          std::memcpy(
+              value.data.data() +
+                  (((l - value.layers.begin) * mats + m) * tokens +
+                   (t0 - value.tokens.begin)) * w,
+              object.data() + (((l - ref.layerBegin) * mats + m) * refTokens +
+                               (t0 - ref.tokenBegin)) * w,
+              size_t((t1 - t0) * w) * sizeof(float));
+      bytes = std::string(); // The staged bytes are no longer needed.
+    }
+    if (value.objects.empty())
+      return notFound("no stored object covers the chunk");
+    value.objects.clear();
+    return Status::ok();
+  }
+
+  Status project(ChunkValue &value) {
+    if (value.form != ChunkForm::Hidden)
+      return Status(StatusCode::Internal, "restore: project of a KV chunk");
+    const int64_t tokens = value.tokens.size();
+    const int64_t h = config_.hiddenSize, kv = model_.kvDim();
+    std::vector<float> out(value.layers.size() * 2 * tokens * kv);
+    for (int64_t l = 0; l < value.layers.size(); ++l)
+      model_.project(value.layers.begin + l,
+                     value.data.data() + l * tokens * h, tokens,
+                     value.tokens.begin, out.data() + (2 * l) * tokens * kv,
+                     out.data() + (2 * l + 1) * tokens * kv);
+    value.data = std::move(out);
+    value.form = ChunkForm::KV;
+    addFlops(2.0 * tokens * value.layers.size() * 2 * h * kv);
+    return Status::ok();
+  }
+
+  /// Runs the compute stream's prefill up to token `end`; the caller holds
+  /// computeMutex_.
+  Status prefillToLocked(int64_t end) {
+    int64_t begin = computeCache_.tokens;
+    if (end <= begin)
+      return Status::ok();
+    KVC_RETURN_IF_ERROR(model_.prefill(
+        computeCache_, target_.tokens->data() + begin, end - begin));
+    const double h = double(config_.hiddenSize);
+    addFlops(2.0 * double(end - begin) * double(config_.numLayers) *
+             (2 * h * h + 2 * h * double(model_.kvDim()) +
+              3 * h * double(config_.intermediateSize)));
+    return Status::ok();
+  }
+
+  /// Copies the box's KV from the compute stream, prefilling up to its end
+  /// first (chunks computed out of order are still exact).
+  Status compute(ChunkValue &value) {
+    std::lock_guard<std::mutex> lock(computeMutex_);
+    KVC_RETURN_IF_ERROR(prefillToLocked(value.tokens.end));
+    const int64_t kv = model_.kvDim(), tokens = value.tokens.size();
+    value.data.resize(config_.numLayers * 2 * tokens * kv);
+    for (int64_t l = 0; l < config_.numLayers; ++l) {
+      std::memcpy(value.data.data() + (2 * l) * tokens * kv,
+                  computeCache_.k[l].data() + value.tokens.begin * kv,
+                  size_t(tokens * kv) * sizeof(float));
+      std::memcpy(value.data.data() + (2 * l + 1) * tokens * kv,
+                  computeCache_.v[l].data() + value.tokens.begin * kv,
+                  size_t(tokens * kv) * sizeof(float));
+    }
+    value.form = ChunkForm::KV;
+    return Status::ok();
+  }
+
+  Status scatter(ChunkValue &value) {
+    if (value.form != ChunkForm::KV)
+      return Status(StatusCode::Internal,
+                    "restore: scatter of hidden states (missing project)");
+    const int64_t kv = model_.kvDim(), tokens = value.tokens.size();
+    for (int64_t l = 0; l < value.layers.size(); ++l)
+      KVC_RETURN_IF_ERROR(target_.cache->write(
+          *target_.table, value.layers.begin + l, value.tokens.begin, tokens,
+          value.data.data() + (2 * l) * tokens * kv,
+          value.data.data() + (2 * l + 1) * tokens * kv));
+    value.data = {};
+    return Status::ok();
+  }
+
+  void addFlops(double flops) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flops_ += flops;
+  }
+
+  const BundlePlan &plan_;
+  const RestoreTarget &target_;
+  const LlamaModel &model_;
+  const ModelConfig &config_;
+  std::vector<std::shared_ptr<ChunkValue>> values_;
+  std::map<std::pair<std::string, ChunkForm>, std::vector<ChunkRef>> refs_;
+  std::mutex computeMutex_;
+  LlamaModel::Cache computeCache_;
+  std::mutex mutex_; ///< Guards the counters below.
+  double flops_ = 0;
+  std::map<std::string, int64_t> bytesRead_;
+};
+
+} // namespace
+
+std::map<std::string, int> planResources(const BundlePlan &plan) {
+  std::map<std::string, int> lanes;
+  for (const BundleTask &task : plan.tasks) {
+    int &count = lanes[resourceOf(task)];
+    count = std::max(count, int(task.lane) + 1);
+  }
+  return lanes;
+}
+
+StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
+                                 const RestoreTarget &target,
+                                 const RestoreOptions &options) {
+  Run run(plan, target);
+  StatusOr<TaskGraph> graph = run.build();
+  if (!graph)
+    return graph.status();
+  RunResult result = runGraph(pools, *graph);
+  if (!result.status.isOk())
+    return result.status;
+  RestoreMetrics metrics;
+  KVC_RETURN_IF_ERROR(run.recoverFallbacks(metrics));
+  metrics.makespanSeconds = result.makespan + metrics.fallbackSeconds;
+  metrics.busySeconds = result.busy;
+  metrics.bytesRead = run.bytesRead();
+  metrics.flops = run.flops();
+  if (plan.predictedUs)
+    metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
+  if (!options.tracePath.empty())
+    KVC_RETURN_IF_ERROR(writeChromeTrace(*graph, result, options.tracePath));
+  return metrics;
+}
+
+} // namespace kvc

@@ -1,0 +1,336 @@
+//===- ExecutorTest.cpp - Restores that must equal a full prefill ---------===//
+
+#include "kvc/Runtime/Exec/Executor.h"
+
+#include "kvc/Runtime/Save/Saver.h"
+#include "TestModel.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+using namespace kvc;
+
+namespace {
+
+constexpr int64_t kTokens = 300;
+
+/// How a test plan restores the request: compute tokens [0, merge), load
+/// the rest; loads read hidden states for layers [0, hiddenLayers) and KV
+/// for the others (HCache's split); chunks of `chunk` tokens.
+struct Split {
+  int64_t merge = 0;
+  int64_t hiddenLayers = 0;
+  int64_t chunk = 64;
+};
+
+BundleStep step(const char *op, const char *form, int64_t t0, int64_t t1,
+                int64_t l0, int64_t l1, const char *tier = "") {
+  BundleStep s;
+  s.op = op;
+  s.form = form;
+  s.tokens = {t0, t1};
+  s.layers = {l0, l1};
+  s.tier = tier;
+  return s;
+}
+
+/// A scheduled plan as kvc-schedule shapes it: per loaded chunk, fetch on
+/// alternating io lanes -> decompress -> copy -> (project +) scatter; per
+/// computed chunk, one compute task.
+BundlePlan makePlan(const Split &split, int64_t layers) {
+  BundlePlan plan;
+  plan.name = "test";
+  plan.tokens = {0, kTokens};
+  plan.layers = {0, layers};
+  auto add = [&](BundleResource resource, int64_t lane,
+                 std::vector<BundleStep> steps, std::vector<int64_t> after) {
+    BundleTask task;
+    task.id = int64_t(plan.tasks.size());
+    task.resource = resource;
+    task.lane = lane;
+    task.after = after;
+    task.inputs = after;
+    task.steps = std::move(steps);
+    plan.tasks.push_back(std::move(task));
+    return plan.tasks.back().id;
+  };
+  int64_t lane = 0;
+  for (int64_t t0 = 0; t0 < kTokens; t0 += split.chunk) {
+    int64_t t1 = std::min(kTokens, t0 + split.chunk);
+    if (t1 <= split.merge) {
+      add(BundleResource::Compute, 0,
+          {step("chunk_compute", "kv", t0, t1, 0, layers),
+           step("scatter", "kv", t0, t1, 0, layers)},
+          {});
+      continue;
+    }
+    t0 = std::max(t0, split.merge);
+    for (bool hidden : {true, false}) {
+      int64_t l0 = hidden ? 0 : split.hiddenLayers;
+      int64_t l1 = hidden ? split.hiddenLayers : layers;
+      if (l0 == l1)
+        continue;
+      const char *form = hidden ? "hidden" : "kv";
+      int64_t f = add(BundleResource::IO, lane++ % 2,
+                      {step("fetch", form, t0, t1, l0, l1, "dram")}, {});
+      int64_t d = add(BundleResource::Decode, 0,
+                      {step("decompress", form, t0, t1, l0, l1)}, {f});
+      int64_t c = add(BundleResource::H2D, 0,
+                      {step("transfer_to_device", form, t0, t1, l0, l1)}, {d});
+      std::vector<BundleStep> last;
+      if (hidden)
+        last.push_back(step("project", "hidden", t0, t1, l0, l1));
+      last.push_back(step("scatter", "kv", t0, t1, l0, l1));
+      add(BundleResource::Compute, 0, std::move(last), {c});
+    }
+  }
+  return plan;
+}
+
+class ExecutorTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    auto model = LlamaModel::load(test::generateTestModel("exec", 7));
+    ASSERT_TRUE(model) << model.status().toString();
+    model_ = std::move(model).value();
+    tokens_.resize(kTokens);
+    for (int64_t i = 0; i < kTokens; ++i)
+      tokens_[i] = int32_t((i * 37 + 11) % model_->config().vocabSize);
+    tier_ = std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
+    store_ = makeStore(*model_);
+    ASSERT_TRUE(saveContext(*model_, *store_, tokens_, {}).isOk());
+    reference_ = model_->newCache();
+    ASSERT_TRUE(
+        model_->prefill(reference_, tokens_.data(), kTokens).isOk());
+    PagedCacheConfig config;
+    config.layers = model_->config().numLayers;
+    config.numKvHeads = model_->config().numKvHeads;
+    config.headDim = model_->config().headDim;
+    config.numBlocks = 8 * ((kTokens + 15) / 16);
+    cache_ = std::move(PagedKVCache::create(config).value());
+    pools_ = std::move(ResourcePools::create({{"io:dram", 2},
+                                              {"decode", 2},
+                                              {"h2d", 1},
+                                              {"compute", 1}})
+                           .value());
+  }
+
+  std::unique_ptr<ChunkStore> makeStore(const LlamaModel &model) {
+    StoreLayout layout;
+    layout.chunkTokens = 64;
+    layout.layerGroup = 2;
+    return std::make_unique<ChunkStore>(tier_, model.config(),
+                                        model.fingerprint(), "", layout);
+  }
+
+  StatusOr<RestoreMetrics> run(const BundlePlan &plan, BlockTable &table,
+                               ChunkStore *store = nullptr) {
+    EXPECT_TRUE(validatePlanBundle(PlanBundle{1, "", {plan}}).isOk());
+    RestoreTarget target;
+    target.model = model_.get();
+    target.stores["dram"] = store ? store : store_.get();
+    target.tokens = &tokens_;
+    target.cache = cache_.get();
+    target.table = &table;
+    return restore(*pools_, plan, target);
+  }
+
+  /// Largest error of the restored cache against the full prefill, relative
+  /// to the largest |K| or |V| of the reference.
+  double relativeError(const BlockTable &table) {
+    const int64_t kv = model_->kvDim();
+    std::vector<float> k(kTokens * kv), v(kTokens * kv);
+    double maxError = 0, maxValue = 0;
+    for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+      EXPECT_TRUE(cache_->read(table, l, 0, kTokens, k.data(), v.data()).isOk());
+      for (int64_t i = 0; i < kTokens * kv; ++i) {
+        maxError = std::max({maxError, double(std::abs(k[i] - reference_.k[l][i])),
+                             double(std::abs(v[i] - reference_.v[l][i]))});
+        maxValue = std::max({maxValue, double(std::abs(reference_.k[l][i])),
+                             double(std::abs(reference_.v[l][i]))});
+      }
+    }
+    return maxError / maxValue;
+  }
+
+  /// A restore with `split` is exact: within bf16 rounding (2^-8 relative)
+  /// of the full prefill.
+  void expectExact(const Split &split, int64_t expectedFallbacks = 0) {
+    BlockTable table = *cache_->allocate(kTokens);
+    StatusOr<RestoreMetrics> metrics =
+        run(makePlan(split, model_->config().numLayers), table);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_EQ(int64_t(metrics->fallbacks.size()), expectedFallbacks);
+    EXPECT_LT(relativeError(table), 1.0 / 128);
+    cache_->release(table);
+  }
+
+  std::unique_ptr<LlamaModel> model_;
+  std::vector<int32_t> tokens_;
+  std::shared_ptr<Tier> tier_;
+  std::unique_ptr<ChunkStore> store_;
+  LlamaModel::Cache reference_;
+  std::unique_ptr<PagedKVCache> cache_;
+  std::unique_ptr<ResourcePools> pools_;
+};
+
+TEST_F(ExecutorTest, EveryStrategyEqualsAFullPrefill) {
+  const int64_t layers = model_->config().numLayers;
+  expectExact({/*merge=*/kTokens, 0, 64});         // compute
+  expectExact({0, 0, 64});                         // kv
+  expectExact({0, layers, 64});                    // hidden
+  expectExact({128, 0, 64});                       // cake
+  expectExact({0, layers / 2, 64});                // hcache
+  expectExact({128, layers / 2, 64});              // joint
+  expectExact({96, 1, 96});                        // chunks off the store grid
+}
+
+TEST_F(ExecutorTest, ReportsMetrics) {
+  BlockTable table = *cache_->allocate(kTokens);
+  BundlePlan plan = makePlan({128, 2, 64}, model_->config().numLayers);
+  plan.predictedUs = 1234;
+  StatusOr<RestoreMetrics> metrics = run(plan, table);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_GT(metrics->makespanSeconds, 0);
+  EXPECT_GT(metrics->bytesRead["dram"], 0);
+  EXPECT_GT(metrics->flops, 0);
+  EXPECT_GT(metrics->busySeconds["compute"], 0);
+  EXPECT_GT(metrics->busySeconds["io:dram"], 0);
+  ASSERT_TRUE(metrics->predictedSeconds.has_value());
+  EXPECT_DOUBLE_EQ(*metrics->predictedSeconds, 1234e-6);
+}
+
+/// The object name of the stored KV chunk holding token 200, layers 2-3.
+std::string victim(ChunkStore &store, const std::vector<int32_t> &tokens) {
+  for (const ChunkRef &ref :
+       store.refs(tokens.data(), int64_t(tokens.size()), ChunkForm::KV))
+    if (ref.tokenBegin <= 200 && 200 < ref.tokenEnd && ref.layerBegin == 2)
+      return ref.name();
+  ADD_FAILURE() << "no such chunk";
+  return "";
+}
+
+TEST_F(ExecutorTest, DeletedChunkIsRecomputedAndReported) {
+  ASSERT_TRUE(tier_->remove(victim(*store_, tokens_)).isOk());
+  expectExact({0, 0, 64}, /*expectedFallbacks=*/1);
+}
+
+TEST_F(ExecutorTest, CorruptedByteIsRecomputedAndReported) {
+  std::string name = victim(*store_, tokens_), bytes;
+  ASSERT_TRUE(tier_->get(name, bytes).isOk());
+  bytes[bytes.size() / 2] ^= 0x10;
+  ASSERT_TRUE(tier_->put(name, bytes).isOk());
+  expectExact({0, 0, 64}, 1);
+}
+
+TEST_F(ExecutorTest, ChunkOfAnotherModelIsRecomputedAndReported) {
+  // Another model's chunk for the same tokens, filed under this model's
+  // name for it.
+  auto other = LlamaModel::load(test::generateTestModel("exec-other", 8));
+  ASSERT_TRUE(other);
+  auto otherTier = std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
+  StoreLayout layout;
+  layout.chunkTokens = 64;
+  layout.layerGroup = 2;
+  ChunkStore otherStore(otherTier, (*other)->config(), (*other)->fingerprint(),
+                        "", layout);
+  ASSERT_TRUE(saveContext(**other, otherStore, tokens_, {}).isOk());
+  std::string bytes;
+  ASSERT_TRUE(otherTier->get(victim(otherStore, tokens_), bytes).isOk());
+  ASSERT_TRUE(tier_->put(victim(*store_, tokens_), bytes).isOk());
+
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<RestoreMetrics> metrics =
+      run(makePlan({0, 0, 64}, model_->config().numLayers), table);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  ASSERT_EQ(metrics->fallbacks.size(), 1u);
+  // The plan's chunk holding the bad object is recomputed as a whole.
+  EXPECT_NE(metrics->fallbacks[0].find("kv tokens 192 to 256, layers 0 to 4 "
+                                       "recomputed: failed_precondition: "),
+            std::string::npos)
+      << metrics->fallbacks[0];
+  EXPECT_NE(metrics->fallbacks[0].find("chunk was saved by model "),
+            std::string::npos)
+      << metrics->fallbacks[0];
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+/// A tier that cannot be reached, as a store whose server is down.
+class DownTier : public Tier {
+public:
+  const std::string &url() const override { return url_; }
+  Status put(const std::string &, std::string_view) override { return down(); }
+  Status get(const std::string &, std::string &) override { return down(); }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &) override {
+    return std::vector<Status>(names.size(), down());
+  }
+  StatusOr<bool> exists(const std::string &) override { return down(); }
+  Status remove(const std::string &) override { return down(); }
+  StatusOr<std::vector<std::string>> list(const std::string &) override {
+    return down();
+  }
+
+private:
+  static Status down() {
+    return Status(StatusCode::Unavailable, "redis://10.0.0.1:6379: connection "
+                                           "refused");
+  }
+  std::string url_ = "redis://10.0.0.1:6379";
+};
+
+TEST_F(ExecutorTest, UnreachableStoreFallsBackToCompute) {
+  tier_ = std::make_shared<DownTier>();
+  std::unique_ptr<ChunkStore> down = makeStore(*model_);
+  BlockTable table = *cache_->allocate(kTokens);
+  BundlePlan plan = makePlan({0, 0, 64}, model_->config().numLayers);
+  StatusOr<RestoreMetrics> metrics = run(plan, table, down.get());
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  // Every loaded chunk (5 token chunks x 1 KV box) is recomputed, and says
+  // why.
+  ASSERT_EQ(metrics->fallbacks.size(), 5u);
+  EXPECT_NE(metrics->fallbacks[0].find("unavailable: redis://10.0.0.1:6379: "
+                                       "connection refused"),
+            std::string::npos)
+      << metrics->fallbacks[0];
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+TEST_F(ExecutorTest, ConcurrentRestoresAreAllExact) {
+  const int64_t layers = model_->config().numLayers;
+  std::vector<Split> splits = {{kTokens, 0, 64}, {0, 0, 64},
+                               {0, layers, 64},  {128, 0, 64},
+                               {0, 2, 64},       {128, 2, 64},
+                               {96, 1, 96},      {64, 3, 32}};
+  std::vector<BlockTable> tables;
+  for (std::size_t i = 0; i < splits.size(); ++i)
+    tables.push_back(*cache_->allocate(kTokens));
+  std::vector<Status> results(splits.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < splits.size(); ++i)
+    threads.emplace_back([&, i] {
+      StatusOr<RestoreMetrics> metrics =
+          run(makePlan(splits[i], layers), tables[i]);
+      results[i] = metrics.status();
+    });
+  for (std::thread &t : threads)
+    t.join();
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    EXPECT_TRUE(results[i].isOk()) << i << ": " << results[i].toString();
+    EXPECT_LT(relativeError(tables[i]), 1.0 / 128) << "restore " << i;
+  }
+}
+
+TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {
+  BlockTable table = *cache_->allocate(kTokens);
+  BundlePlan plan = makePlan({0, 0, 64}, model_->config().numLayers);
+  plan.tokens.end = 512;
+  StatusOr<RestoreMetrics> metrics = run(plan, table);
+  ASSERT_FALSE(metrics);
+  EXPECT_EQ(metrics.status().message(),
+            "restore: plan test covers tokens 0 to 512, the request has 300");
+}
+
+} // namespace

@@ -35,13 +35,13 @@ void writeRange(llvm::json::OStream &json, StringRef key, int64_t begin,
   });
 }
 
-/// The chunk a step works on: the one it consumes, or for a step consuming
-/// none (a fetch, a chunk compute) the one it produces.
+/// The chunk a step works on: the one it produces for the steps that create
+/// chunks (a fetch; a chunk compute, whose operands are the prefix it
+/// attends to), else the one it consumes.
 ChunkType stepChunk(Operation *step) {
+  if (isa<FetchOp, ChunkComputeOp>(step))
+    return dyn_cast<ChunkType>(step->getResult(0).getType());
   for (Type type : step->getOperandTypes())
-    if (auto chunk = dyn_cast<ChunkType>(type))
-      return chunk;
-  for (Type type : step->getResultTypes())
     if (auto chunk = dyn_cast<ChunkType>(type))
       return chunk;
   return {};

@@ -9,6 +9,11 @@
 //                [--buffer-mb N] [--tenant SALT] [--dry-run]
 //   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
 //   kvc-run inspect-bundle --bundle FILE
+//   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
+//                   [--seed S]) --bundle FILE [--plan NAME] [--verify]
+//                   [--max-error X] [--trace FILE] [--chunk-tokens N]
+//                   [--layer-group N] [--tenant SALT]
+//     (every tier the plan fetches from is read from --store)
 //
 // Links no LLVM or MLIR.
 //
@@ -16,7 +21,7 @@
 
 #include "ProfileCodecs.h"
 
-#include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Save/Saver.h"
@@ -101,6 +106,23 @@ StatusOr<DType> parseDType(const std::string &name) {
   return invalidArgument("--dtype expects bf16, f16 or f32, got " + name);
 }
 
+/// The store of --store URL for `model`, laid out by --chunk-tokens and
+/// --layer-group and salted by --tenant (save and restore must agree).
+StatusOr<std::unique_ptr<ChunkStore>> openStore(Args &args,
+                                                const LlamaModel &model) {
+  TRY_ASSIGN(url, args.required("store"));
+  StoreLayout layout;
+  TRY_ASSIGN(chunkTokens, args.integer("chunk-tokens", layout.chunkTokens));
+  TRY_ASSIGN(layerGroup, args.integer("layer-group", layout.layerGroup));
+  if (chunkTokens <= 0 || layerGroup <= 0)
+    return invalidArgument("--chunk-tokens and --layer-group must be positive");
+  layout.chunkTokens = chunkTokens, layout.layerGroup = layerGroup;
+  TRY_ASSIGN(tier, openTier(url));
+  return std::make_unique<ChunkStore>(std::move(tier), model.config(),
+                                      model.fingerprint(), args.get("tenant"),
+                                      layout);
+}
+
 Status genModel(Args &args) {
   GenModelOptions o;
   TRY_ASSIGN(out, args.required("out"));
@@ -150,7 +172,6 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
 
 Status save(Args &args) {
   TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(url, args.required("store"));
   TRY_ASSIGN(model, LlamaModel::load(modelDir));
   TRY_ASSIGN(tokens, requestTokens(args, model->config()));
   SaveOptions options;
@@ -166,28 +187,20 @@ Status save(Args &args) {
   }
   TRY_ASSIGN(codec, parseCodecSpec(args.get("codec", "raw")));
   options.codec = codec;
-  StoreLayout layout;
-  TRY_ASSIGN(chunkTokens, args.integer("chunk-tokens", layout.chunkTokens));
-  TRY_ASSIGN(layerGroup, args.integer("layer-group", layout.layerGroup));
   TRY_ASSIGN(writers, args.integer("writers", options.writers));
   TRY_ASSIGN(bufferMb, args.integer("buffer-mb", 256));
-  if (chunkTokens <= 0 || layerGroup <= 0 || writers <= 0 || bufferMb <= 0)
-    return invalidArgument("--chunk-tokens, --layer-group, --writers and "
-                           "--buffer-mb must be positive");
-  layout.chunkTokens = chunkTokens, layout.layerGroup = layerGroup;
+  if (writers <= 0 || bufferMb <= 0)
+    return invalidArgument("--writers and --buffer-mb must be positive");
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
-  std::string tenant = args.get("tenant");
+  TRY_ASSIGN(store, openStore(args, *model));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(tier, openTier(url));
-  ChunkStore store(std::move(tier), model->config(), model->fingerprint(),
-                   tenant, layout);
-  TRY_ASSIGN(stats, saveContext(*model, store, tokens, options));
+  TRY_ASSIGN(stats, saveContext(*model, *store, tokens, options));
   std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
               "objects written, %lld already stored; prefill %.3f s, total "
               "%.3f s, waited %.3f s for buffers, peak buffers %.1f MiB\n",
-              tokens.size(), model->fingerprint().c_str(), url.c_str(),
+              tokens.size(), model->fingerprint().c_str(), store->tier().url().c_str(),
               options.codec.str().c_str(), (long long)stats.written,
               (long long)stats.skipped, stats.prefillSeconds,
               stats.totalSeconds, stats.stallSeconds,
@@ -242,10 +255,92 @@ Status inspectBundle(Args &args) {
   return Status::ok();
 }
 
+/// Restores a request by running one plan of a bundle into a paged cache;
+/// prints measured beside predicted, and with --verify the error against a
+/// full prefill (failing above --max-error, by default bf16 rounding).
+Status restoreCommand(Args &args) {
+  TRY_ASSIGN(modelDir, args.required("model"));
+  TRY_ASSIGN(bundlePath, args.required("bundle"));
+  TRY_ASSIGN(model, LlamaModel::load(modelDir));
+  TRY_ASSIGN(tokens, requestTokens(args, model->config()));
+  TRY_ASSIGN(store, openStore(args, *model));
+  std::string planName = args.get("plan");
+  bool verify = args.has("verify");
+  std::string maxErrorText = args.get("max-error", "0.0078125");
+  double maxError = std::strtod(maxErrorText.c_str(), nullptr);
+  RestoreOptions options;
+  options.tracePath = args.get("trace");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  if (!(maxError > 0))
+    return invalidArgument("--max-error expects a positive number, got " +
+                           maxErrorText);
+
+  TRY_ASSIGN(bundle, readPlanBundle(bundlePath));
+  if (!bundle.modelFingerprint.empty() &&
+      bundle.modelFingerprint != model->fingerprint())
+    return Status(StatusCode::FailedPrecondition,
+                  bundlePath + " was compiled for model " +
+                      bundle.modelFingerprint.substr(0, 16) + ", not " +
+                      model->fingerprint().substr(0, 16));
+  const BundlePlan *plan = planName.empty() && bundle.plans.size() == 1
+                               ? &bundle.plans.front()
+                               : bundle.findPlan(planName);
+  if (!plan)
+    return invalidArgument(planName.empty()
+                               ? bundlePath + " holds several plans: name "
+                                              "one with --plan"
+                               : bundlePath + " has no plan " + planName);
+
+  PagedCacheConfig config;
+  config.layers = model->config().numLayers;
+  config.numKvHeads = model->config().numKvHeads;
+  config.headDim = model->config().headDim;
+  config.numBlocks = (int64_t(tokens.size()) + config.blockSize - 1) /
+                     config.blockSize;
+  TRY_ASSIGN(cache, PagedKVCache::create(config));
+  TRY_ASSIGN(table, cache->allocate(int64_t(tokens.size())));
+  TRY_ASSIGN(pools, ResourcePools::create(planResources(*plan)));
+  RestoreTarget target;
+  target.model = model.get();
+  for (const BundleTask &task : plan->tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.op == "fetch")
+        target.stores[step.tier] = store.get();
+  target.tokens = &tokens;
+  target.cache = cache.get();
+  target.table = &table;
+  TRY_ASSIGN(metrics, restore(*pools, *plan, target, options));
+
+  std::printf("restored %zu tokens with plan %s: %.3f ms measured", tokens.size(),
+              plan->name.c_str(), metrics.makespanSeconds * 1e3);
+  if (metrics.predictedSeconds)
+    std::printf(", %.3f ms predicted", *metrics.predictedSeconds * 1e3);
+  std::printf(", %.3f GFLOP\n", metrics.flops * 1e-9);
+  for (const auto &[resource, seconds] : metrics.busySeconds)
+    std::printf("  busy %-10s %.3f ms\n", resource.c_str(), seconds * 1e3);
+  for (const auto &[tier, bytes] : metrics.bytesRead)
+    std::printf("  read %-10s %.3f MB\n", tier.c_str(), double(bytes) * 1e-6);
+  for (const std::string &event : metrics.fallbacks)
+    std::printf("  fallback: %s\n", event.c_str());
+  if (!options.tracePath.empty())
+    std::printf("  trace: %s\n", options.tracePath.c_str());
+  if (!verify)
+    return Status::ok();
+  TRY_ASSIGN(error, restoreError(*model, tokens, *cache, table));
+  std::printf("verify: max error %.3g relative to a full prefill (bound "
+              "%.3g): %s\n",
+              error, maxError, error <= maxError ? "ok" : "FAILED");
+  if (error > maxError)
+    return Status(StatusCode::DataLoss,
+                  "the restored cache differs from a full prefill by more "
+                  "than --max-error");
+  return Status::ok();
+}
+
 void usage() {
   std::fprintf(stderr,
-               "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle "
-               "[options]\n"
+               "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle|"
+               "restore [options]\n"
                "(see the header of tools/kvc-run/kvc-run.cpp)\n");
 }
 
@@ -268,6 +363,8 @@ int main(int argc, char **argv) {
       status = profileCodecs(*args);
     else if (command == "inspect-bundle")
       status = inspectBundle(*args);
+    else if (command == "restore")
+      status = restoreCommand(*args);
     else {
       usage();
       return 2;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 
@@ -195,6 +196,11 @@ private:
       return fetch(value);
     if (step.op == "decompress")
       return decode(value);
+    // Steps after a fetch of a raw chunk may find it not yet decoded (the
+    // compiler emits no decompress for raw data): decode it first.
+    if ((step.op == "project" || step.op == "scatter") &&
+        !value.objects.empty())
+      KVC_RETURN_IF_ERROR(decode(value));
     if (step.op == "project")
       return project(value);
     if (step.op == "chunk_compute")
@@ -226,6 +232,8 @@ private:
           store.tier().get(ref.name(), value.objects.back().second));
       bytes += int64_t(value.objects.back().second.size());
     }
+    if (value.objects.empty())
+      return notFound("no stored object covers the chunk");
     std::lock_guard<std::mutex> lock(mutex_);
     bytesRead_[value.tier] += bytes;
     return Status::ok();
@@ -262,15 +270,16 @@ private:
               size_t((t1 - t0) * w) * sizeof(float));
       bytes = std::string(); // The staged bytes are no longer needed.
     }
-    if (value.objects.empty())
-      return notFound("no stored object covers the chunk");
     value.objects.clear();
     return Status::ok();
   }
 
   Status project(ChunkValue &value) {
-    if (value.form != ChunkForm::Hidden)
-      return Status(StatusCode::Internal, "restore: project of a KV chunk");
+    if (value.form != ChunkForm::Hidden ||
+        int64_t(value.data.size()) !=
+            value.layers.size() * value.tokens.size() * config_.hiddenSize)
+      return Status(StatusCode::Internal,
+                    "restore: project of a chunk that holds no hidden states");
     const int64_t tokens = value.tokens.size();
     const int64_t h = config_.hiddenSize, kv = model_.kvDim();
     std::vector<float> out(value.layers.size() * 2 * tokens * kv);
@@ -324,6 +333,10 @@ private:
       return Status(StatusCode::Internal,
                     "restore: scatter of hidden states (missing project)");
     const int64_t kv = model_.kvDim(), tokens = value.tokens.size();
+    if (int64_t(value.data.size()) != value.layers.size() * 2 * tokens * kv)
+      return Status(StatusCode::Internal,
+                    "restore: scatter of a chunk that holds no KV (a plan "
+                    "step is missing before it)");
     for (int64_t l = 0; l < value.layers.size(); ++l)
       KVC_RETURN_IF_ERROR(target_.cache->write(
           *target_.table, value.layers.begin + l, value.tokens.begin, tokens,
@@ -383,6 +396,28 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   if (!options.tracePath.empty())
     KVC_RETURN_IF_ERROR(writeChromeTrace(*graph, result, options.tracePath));
   return metrics;
+}
+
+StatusOr<double> restoreError(const LlamaModel &model,
+                              const std::vector<int32_t> &tokens,
+                              const PagedKVCache &cache,
+                              const BlockTable &table) {
+  LlamaModel::Cache reference = model.newCache();
+  const int64_t n = int64_t(tokens.size());
+  KVC_RETURN_IF_ERROR(model.prefill(reference, tokens.data(), n));
+  const int64_t kv = model.kvDim();
+  std::vector<float> k(n * kv), v(n * kv);
+  double maxError = 0, maxValue = 0;
+  for (int64_t l = 0; l < model.config().numLayers; ++l) {
+    KVC_RETURN_IF_ERROR(cache.read(table, l, 0, n, k.data(), v.data()));
+    for (int64_t i = 0; i < n * kv; ++i) {
+      maxError = std::max({maxError, double(std::abs(k[i] - reference.k[l][i])),
+                           double(std::abs(v[i] - reference.v[l][i]))});
+      maxValue = std::max({maxValue, double(std::abs(reference.k[l][i])),
+                           double(std::abs(reference.v[l][i]))});
+    }
+  }
+  return maxValue > 0 ? maxError / maxValue : maxError;
 }
 
 } // namespace kvc

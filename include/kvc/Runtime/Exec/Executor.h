@@ -79,6 +79,14 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,
                                  const RestoreOptions &options = {});
 
+/// Verification: the largest |restored - full prefill| over every layer's K
+/// and V for `tokens`, relative to the largest |K| or |V| of the prefill. A
+/// lossless restore stays within bf16 rounding (2^-8).
+StatusOr<double> restoreError(const LlamaModel &model,
+                              const std::vector<int32_t> &tokens,
+                              const PagedKVCache &cache,
+                              const BlockTable &table);
+
 } // namespace kvc
 
 #endif // KVC_RUNTIME_EXEC_EXECUTOR_H

@@ -1,0 +1,53 @@
+// RUN: rm -rf %t && mkdir -p %t
+// RUN: kvc-run gen-model --out %t/model --layers 4 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 512 --seed 1
+// RUN: kvc-run save --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --forms kv,hidden
+// RUN: kvc-opt %s --kvc-import-model=%t/model/config.json --kvc-attach-target=%kvc_src/targets/cpu-2core.json --kvc-expand=chunk-tokens=128 --kvc-fuse --kvc-schedule --kvc-estimate --kvc-emit-bundle=file=%t/plans.json -o /dev/null
+// RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan compute --verify | FileCheck %s --check-prefix=COMPUTE
+// RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify --trace %t/trace.json | FileCheck %s --check-prefix=CAKE
+// RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan hcache --verify | FileCheck %s --check-prefix=HCACHE
+
+// Tests that plans compiled by kvc-opt run in the runtime and restore the
+// exact cache (within bf16 rounding of a full prefill) with each method:
+// recompute, Cake's token split (compute the front, load KV for the rest)
+// and HCache's layer split (hidden states projected for three layers, KV for
+// the fourth); the plans' 128-token chunks straddle the store's 256-token
+// objects.
+// COMPUTE: restored 1024 tokens with plan compute: {{.*}} ms measured, {{.*}} ms predicted
+// COMPUTE: verify: max error {{.*}}: ok
+// CAKE: busy io:dram
+// CAKE: read dram
+// CAKE: trace: {{.*}}trace.json
+// CAKE: verify: max error {{.*}}: ok
+// HCACHE-NOT: fallback
+// HCACHE: verify: max error {{.*}}: ok
+
+// Tests that deleted objects (every stored KV chunk) are recomputed and
+// reported, and that the cache is still exact.
+// RUN: rm %t/store/*/kv/0-4*
+// RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=FALLBACK
+// FALLBACK: fallback: kv tokens 384 to 512, layers 0 to 4 recomputed: not_found
+// FALLBACK: verify: max error {{.*}}: ok
+
+// Tests that a truncated bundle, a missing plan and a request of another
+// length are refused with clear errors.
+// RUN: head -c 100 %t/plans.json > %t/truncated.json
+// RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --bundle %t/truncated.json 2>&1 | FileCheck %s --check-prefix=TRUNCATED
+// TRUNCATED: kvc-run restore: invalid_argument: {{.*}}truncated.json: invalid JSON: parse error
+// RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --bundle %t/plans.json 2>&1 | FileCheck %s --check-prefix=NOPLAN
+// NOPLAN: holds several plans: name one with --plan
+// RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 512 --bundle %t/plans.json --plan cake 2>&1 | FileCheck %s --check-prefix=LENGTH
+// LENGTH: restore: plan cake covers tokens 0 to 1024, the request has 512
+
+#kv = #kvc.source<tier = "dram", form = kv, tokens = 0 to 1024, layers = 0 to 4>
+#hid = #kvc.source<tier = "dram", form = hidden, tokens = 0 to 1024, layers = 0 to 4>
+kvc.plan @compute tokens 0 to 1024 layers 0 to 4 {
+  kvc.segment compute tokens 0 to 1024 layers 0 to 4
+}
+kvc.plan @cake tokens 0 to 1024 layers 0 to 4 {
+  kvc.segment compute tokens 0 to 384 layers 0 to 4
+  kvc.segment load_kv tokens 384 to 1024 layers 0 to 4 from #kv
+}
+kvc.plan @hcache tokens 0 to 1024 layers 0 to 4 {
+  kvc.segment load_hidden tokens 0 to 1024 layers 0 to 3 from #hid
+  kvc.segment load_kv tokens 0 to 1024 layers 3 to 4 from #kv
+}

@@ -9,6 +9,8 @@
 //                [--buffer-mb N] [--tenant SALT] [--dry-run]
 //   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
 //   kvc-run inspect-bundle --bundle FILE
+//   kvc-run calibrate --model DIR --base TARGET.json --out FILE
+//                     [--scratch DIR]
 //   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
 //                   [--seed S]) --bundle FILE [--plan NAME] [--verify]
 //                   [--max-error X] [--trace FILE] [--chunk-tokens N]
@@ -19,6 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Calibrate.h"
 #include "ProfileCodecs.h"
 
 #include "kvc/Runtime/Exec/Executor.h"
@@ -337,10 +340,28 @@ Status restoreCommand(Args &args) {
   return Status::ok();
 }
 
+/// Measures this machine into a target description the planner accepts.
+Status calibrateCommand(Args &args) {
+  TRY_ASSIGN(modelDir, args.required("model"));
+  TRY_ASSIGN(basePath, args.required("base"));
+  TRY_ASSIGN(out, args.required("out"));
+  std::string scratch = args.get("scratch", "/tmp");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  TRY_ASSIGN(model, LlamaModel::load(modelDir));
+  TRY_ASSIGN(base, loadTargetDesc(basePath));
+  TRY_ASSIGN(target, calibrate(*model, base, scratch));
+  std::ofstream file(out);
+  file << printTargetDesc(target);
+  if (!file)
+    return notFound(out + ": cannot write the target description");
+  std::printf("wrote %s\n", out.c_str());
+  return Status::ok();
+}
+
 void usage() {
   std::fprintf(stderr,
                "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle|"
-               "restore [options]\n"
+               "restore|calibrate [options]\n"
                "(see the header of tools/kvc-run/kvc-run.cpp)\n");
 }
 
@@ -365,6 +386,8 @@ int main(int argc, char **argv) {
       status = inspectBundle(*args);
     else if (command == "restore")
       status = restoreCommand(*args);
+    else if (command == "calibrate")
+      status = calibrateCommand(*args);
     else {
       usage();
       return 2;

@@ -1,0 +1,149 @@
+//===- Calibrate.cpp - kvc-run calibrate ----------------------------------===//
+
+#include "Calibrate.h"
+
+#include "kvc/Planning/CostModel.h"
+#include "kvc/Runtime/Store/Tier.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+namespace kvc {
+
+namespace {
+
+/// The fastest of `repeats` runs of `fn`, in seconds.
+double bestOf(int repeats, const std::function<void()> &fn) {
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    auto start = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start)
+                              .count());
+  }
+  return best;
+}
+
+/// Fits rate(m) = peak * m / (m + half) by least squares on
+/// 1 / rate = 1 / peak + (half / peak) / m.
+std::pair<double, double> fitRate(const std::vector<double> &rows,
+                                  const std::vector<double> &rates) {
+  double n = double(rows.size()), sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    double x = 1.0 / rows[i], y = 1.0 / rates[i];
+    sx += x, sy += y, sxx += x * x, sxy += x * y;
+  }
+  double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  double intercept = (sy - slope * sx) / n;
+  if (!(intercept > 0)) // Rates still rising at the largest chunk.
+    return {*std::max_element(rates.begin(), rates.end()), 0.0};
+  double peak = 1.0 / intercept;
+  return {peak, std::max(0.0, slope * peak)};
+}
+
+StatusOr<double> tierReadGBs(const std::string &url) {
+  auto tier = openTier(url);
+  if (!tier)
+    return tier.status();
+  constexpr int kObjects = 32;
+  constexpr size_t kBytes = size_t(1) << 20;
+  std::string payload(kBytes, '\0');
+  for (size_t i = 0; i < kBytes; ++i)
+    payload[i] = char(i * 131 + 7);
+  for (int i = 0; i < kObjects; ++i)
+    KVC_RETURN_IF_ERROR(
+        (*tier)->put("calibrate-" + std::to_string(i), payload));
+  std::string buffer;
+  Status status;
+  double seconds = bestOf(3, [&] {
+    for (int i = 0; i < kObjects && status.isOk(); ++i)
+      status = (*tier)->get("calibrate-" + std::to_string(i), buffer);
+  });
+  KVC_RETURN_IF_ERROR(status);
+  for (int i = 0; i < kObjects; ++i)
+    (void)(*tier)->remove("calibrate-" + std::to_string(i));
+  return double(kObjects * kBytes) / seconds / 1e9;
+}
+
+} // namespace
+
+StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
+                               const std::string &scratchDir) {
+  const ModelConfig &config = model.config();
+  planning::CostModel cost(config, target, planning::CodecProfile::defaults());
+
+  // Compute: the prefill rate of the model per chunk size.
+  std::vector<double> rows, rates;
+  std::printf("%-28s %12s\n", "prefill chunk (tokens)", "GFLOP/s");
+  for (int64_t m : {16, 32, 64, 128, 256, 512}) {
+    if (m > config.maxPositions)
+      break;
+    std::vector<int32_t> tokens(m);
+    for (int64_t i = 0; i < m; ++i)
+      tokens[i] = int32_t((i * 7919) % config.vocabSize);
+    Status status;
+    double seconds = bestOf(3, [&] {
+      LlamaModel::Cache cache = model.newCache();
+      status = model.prefill(cache, tokens.data(), m);
+    });
+    KVC_RETURN_IF_ERROR(status);
+    double rate = cost.prefillFlops(0, m, config.numLayers) / seconds;
+    rows.push_back(double(m));
+    rates.push_back(rate);
+    std::printf("%-28lld %12.2f\n", (long long)m, rate / 1e9);
+  }
+  auto [peak, half] = fitRate(rows, rates);
+  ComputeDesc &c = target.compute;
+  c.kind = ComputeDesc::Kind::CPU;
+  c.denseTflops = peak / (1e12 * c.gemmPeakFraction * c.restoreShare);
+  c.gemmHalfTokens = half;
+  std::printf("fit: peak %.2f GFLOP/s, half rate at %.0f tokens\n",
+              peak / 1e9, half);
+
+  // Copy bandwidth: memory and the (host-to-host) link.
+  {
+    std::vector<char> from(size_t(256) << 20, 1), to(from.size());
+    double seconds =
+        bestOf(3, [&] { std::memcpy(to.data(), from.data(), from.size()); });
+    double gbs = double(from.size()) / seconds / 1e9;
+    std::printf("copy bandwidth: %.2f GB/s\n", gbs);
+    c.memGBs = gbs;
+    target.link.h2dGBs = target.link.d2hGBs = gbs;
+  }
+
+  // Tiers.
+  for (TierDesc &tier : target.tiers) {
+    std::string url;
+    if (tier.kind == TierDesc::Kind::DRAM)
+      url = "mem://";
+    else if (tier.kind == TierDesc::Kind::Disk)
+      url = "file://" + scratchDir + "/kvc-calibrate-" + tier.name;
+    if (url.empty()) {
+      std::printf("tier %s: %.2f GB/s (kept: remote tiers are not measured)\n",
+                  tier.name.c_str(), tier.readGBs);
+      continue;
+    }
+    StatusOr<double> gbs = tierReadGBs(url);
+    if (!gbs)
+      return gbs.status().withContext("tier " + tier.name);
+    tier.readGBs = *gbs;
+    std::printf("tier %s (%s): %.2f GB/s read\n", tier.name.c_str(),
+                url.c_str(), *gbs);
+    if (tier.kind == TierDesc::Kind::Disk) {
+      std::error_code ignored;
+      std::filesystem::remove_all(scratchDir + "/kvc-calibrate-" + tier.name,
+                                  ignored);
+    }
+  }
+  target.description = "calibrated by kvc-run calibrate from " + target.name;
+  target.name += "-calibrated";
+  KVC_RETURN_IF_ERROR(target.validate());
+  return target;
+}
+
+} // namespace kvc

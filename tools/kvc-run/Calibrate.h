@@ -1,0 +1,28 @@
+//===- Calibrate.h - kvc-run calibrate ---------------------------*- C++ -*-===//
+
+#ifndef KVC_TOOLS_KVC_RUN_CALIBRATE_H
+#define KVC_TOOLS_KVC_RUN_CALIBRATE_H
+
+#include "kvc/Runtime/Desc/TargetDesc.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+namespace kvc {
+
+/// Measures this machine and returns `base` with the measured values in
+/// place, for the CPU backend:
+///   - compute: prefill rate of `model` at several chunk sizes, fitted to the
+///     cost model's rate(m) = peak * m / (m + half) (dense_tflops,
+///     gemm_half_tokens; gemm_peak_fraction and restore_share kept);
+///   - memory and link: single-thread copy bandwidth (the CPU backend's
+///     "device" is host memory);
+///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
+///     file:// under `scratchDir` (warm page cache) for disk tiers; remote
+///     tiers keep `base`'s values.
+/// Codec rates keep `base`'s values (kvc-run profile-codecs measures them).
+/// Prints each measurement.
+StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc base,
+                               const std::string &scratchDir);
+
+} // namespace kvc
+
+#endif // KVC_TOOLS_KVC_RUN_CALIBRATE_H

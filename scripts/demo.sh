@@ -79,12 +79,14 @@ PLANS
   -o /dev/null
 "$RUN" inspect-bundle --bundle "$WORK/plans.json"
 
-for plan in compute cake hcache; do
-  banner "Restoring with plan $plan and verifying against a full prefill"
-  "$RUN" restore --model "$WORK/model" --store "file://$WORK/store" \
-    --random-tokens $TOKENS --seed 7 --bundle "$WORK/plans.json" \
-    --plan "$plan" --verify --trace "$WORK/$plan-trace.json"
-done
-echo "(Chrome traces of the runs: $WORK/*-trace.json. Predictions come from the" \
+banner "Restoring with every plan, verifying each against a full prefill (kvc-run compare)"
+"$RUN" compare --model "$WORK/model" --store "file://$WORK/store" \
+  --random-tokens $TOKENS --seed 7 --bundle "$WORK/plans.json"
+
+banner "One restore in detail: the Cake plan, with a Chrome trace"
+"$RUN" restore --model "$WORK/model" --store "file://$WORK/store" \
+  --random-tokens $TOKENS --seed 7 --bundle "$WORK/plans.json" \
+  --plan cake --verify --trace "$WORK/cake-trace.json"
+echo "(Chrome trace: $WORK/cake-trace.json. Predictions come from the" \
      "calibrated target; the cost model still underestimates long-context" \
      "attention on the CPU backend, see docs/executor.md.)"

@@ -21,6 +21,15 @@
 // HCACHE-NOT: fallback
 // HCACHE: verify: max error {{.*}}: ok
 
+// Tests that compare runs and verifies every plan of the bundle and prints
+// one table with the speedup of each plan over every other.
+// RUN: kvc-run compare --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json | FileCheck %s --check-prefix=COMPARE
+// COMPARE:      plan       predicted ms  measured ms    read MB     GFLOP fallbk  max error vs compute    vs cake  vs hcache
+// COMPARE-NEXT: compute {{.*}} 0 {{.*}}      1.00x
+// COMPARE-NEXT: cake {{.*}} 0 {{.*}}      1.00x
+// COMPARE-NEXT: hcache {{.*}} 0 {{.*}}      1.00x
+// COMPARE-NEXT: verify: every plan within 0.00781 of a full prefill: ok
+
 // Tests that deleted objects (every stored KV chunk) are recomputed and
 // reported, and that the cache is still exact.
 // RUN: rm %t/store/*/kv/0-4*

@@ -9,6 +9,9 @@
 //                [--buffer-mb N] [--tenant SALT] [--dry-run]
 //   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
 //   kvc-run inspect-bundle --bundle FILE
+//   kvc-run compare --model DIR --store URL (--tokens FILE | --random-tokens N
+//                   [--seed S]) --bundle FILE [--max-error X] [...]
+//     (runs and verifies every plan of the bundle; one table)
 //   kvc-run calibrate --model DIR --base TARGET.json --out FILE
 //                     [--scratch DIR]
 //   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
@@ -32,6 +35,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -258,26 +262,29 @@ Status inspectBundle(Args &args) {
   return Status::ok();
 }
 
-/// Restores a request by running one plan of a bundle into a paged cache;
-/// prints measured beside predicted, and with --verify the error against a
-/// full prefill (failing above --max-error, by default bf16 rounding).
-Status restoreCommand(Args &args) {
+/// What restore and compare share: the model, the request, the store and a
+/// bundle compiled for the model.
+struct RestoreSetup {
+  std::unique_ptr<LlamaModel> model;
+  std::vector<int32_t> tokens;
+  std::unique_ptr<ChunkStore> store;
+  std::string bundlePath;
+  PlanBundle bundle;
+  double maxError = 0;
+};
+
+StatusOr<RestoreSetup> loadRestoreSetup(Args &args) {
+  RestoreSetup setup;
   TRY_ASSIGN(modelDir, args.required("model"));
   TRY_ASSIGN(bundlePath, args.required("bundle"));
   TRY_ASSIGN(model, LlamaModel::load(modelDir));
   TRY_ASSIGN(tokens, requestTokens(args, model->config()));
   TRY_ASSIGN(store, openStore(args, *model));
-  std::string planName = args.get("plan");
-  bool verify = args.has("verify");
   std::string maxErrorText = args.get("max-error", "0.0078125");
-  double maxError = std::strtod(maxErrorText.c_str(), nullptr);
-  RestoreOptions options;
-  options.tracePath = args.get("trace");
-  KVC_RETURN_IF_ERROR(args.checkUnused());
-  if (!(maxError > 0))
+  setup.maxError = std::strtod(maxErrorText.c_str(), nullptr);
+  if (!(setup.maxError > 0))
     return invalidArgument("--max-error expects a positive number, got " +
                            maxErrorText);
-
   TRY_ASSIGN(bundle, readPlanBundle(bundlePath));
   if (!bundle.modelFingerprint.empty() &&
       bundle.modelFingerprint != model->fingerprint())
@@ -285,37 +292,83 @@ Status restoreCommand(Args &args) {
                   bundlePath + " was compiled for model " +
                       bundle.modelFingerprint.substr(0, 16) + ", not " +
                       model->fingerprint().substr(0, 16));
+  setup.model = std::move(model);
+  setup.tokens = std::move(tokens);
+  setup.store = std::move(store);
+  setup.bundlePath = bundlePath;
+  setup.bundle = std::move(bundle);
+  return setup;
+}
+
+struct PlanRun {
+  RestoreMetrics metrics;
+  std::optional<double> error; ///< Relative to a full prefill, if verified.
+};
+
+/// Restores the request with `plan` into a fresh paged cache.
+StatusOr<PlanRun> runPlan(const RestoreSetup &setup, const BundlePlan &plan,
+                          const RestoreOptions &options, bool verify) {
+  const ModelConfig &model = setup.model->config();
+  PagedCacheConfig config;
+  config.layers = model.numLayers;
+  config.numKvHeads = model.numKvHeads;
+  config.headDim = model.headDim;
+  config.numBlocks = (int64_t(setup.tokens.size()) + config.blockSize - 1) /
+                     config.blockSize;
+  TRY_ASSIGN(cache, PagedKVCache::create(config));
+  TRY_ASSIGN(table, cache->allocate(int64_t(setup.tokens.size())));
+  TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
+  RestoreTarget target;
+  target.model = setup.model.get();
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.op == "fetch")
+        target.stores[step.tier] = setup.store.get();
+  target.tokens = &setup.tokens;
+  target.cache = cache.get();
+  target.table = &table;
+  PlanRun run;
+  TRY_ASSIGN(metrics, restore(*pools, plan, target, options));
+  run.metrics = std::move(metrics);
+  if (verify) {
+    TRY_ASSIGN(error, restoreError(*setup.model, setup.tokens, *cache, table));
+    run.error = error;
+  }
+  return run;
+}
+
+Status checkError(const RestoreSetup &setup, const PlanRun &run) {
+  if (run.error && *run.error > setup.maxError)
+    return Status(StatusCode::DataLoss,
+                  "the restored cache differs from a full prefill by more "
+                  "than --max-error");
+  return Status::ok();
+}
+
+/// Restores a request by running one plan of a bundle into a paged cache;
+/// prints measured beside predicted, and with --verify the error against a
+/// full prefill (failing above --max-error, by default bf16 rounding).
+Status restoreCommand(Args &args) {
+  TRY_ASSIGN(setup, loadRestoreSetup(args));
+  std::string planName = args.get("plan");
+  bool verify = args.has("verify");
+  RestoreOptions options;
+  options.tracePath = args.get("trace");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  const PlanBundle &bundle = setup.bundle;
   const BundlePlan *plan = planName.empty() && bundle.plans.size() == 1
                                ? &bundle.plans.front()
                                : bundle.findPlan(planName);
   if (!plan)
     return invalidArgument(planName.empty()
-                               ? bundlePath + " holds several plans: name "
-                                              "one with --plan"
-                               : bundlePath + " has no plan " + planName);
-
-  PagedCacheConfig config;
-  config.layers = model->config().numLayers;
-  config.numKvHeads = model->config().numKvHeads;
-  config.headDim = model->config().headDim;
-  config.numBlocks = (int64_t(tokens.size()) + config.blockSize - 1) /
-                     config.blockSize;
-  TRY_ASSIGN(cache, PagedKVCache::create(config));
-  TRY_ASSIGN(table, cache->allocate(int64_t(tokens.size())));
-  TRY_ASSIGN(pools, ResourcePools::create(planResources(*plan)));
-  RestoreTarget target;
-  target.model = model.get();
-  for (const BundleTask &task : plan->tasks)
-    for (const BundleStep &step : task.steps)
-      if (step.op == "fetch")
-        target.stores[step.tier] = store.get();
-  target.tokens = &tokens;
-  target.cache = cache.get();
-  target.table = &table;
-  TRY_ASSIGN(metrics, restore(*pools, *plan, target, options));
-
-  std::printf("restored %zu tokens with plan %s: %.3f ms measured", tokens.size(),
-              plan->name.c_str(), metrics.makespanSeconds * 1e3);
+                               ? setup.bundlePath + " holds several plans: "
+                                                    "name one with --plan"
+                               : setup.bundlePath + " has no plan " + planName);
+  TRY_ASSIGN(run, runPlan(setup, *plan, options, verify));
+  const RestoreMetrics &metrics = run.metrics;
+  std::printf("restored %zu tokens with plan %s: %.3f ms measured",
+              setup.tokens.size(), plan->name.c_str(),
+              metrics.makespanSeconds * 1e3);
   if (metrics.predictedSeconds)
     std::printf(", %.3f ms predicted", *metrics.predictedSeconds * 1e3);
   std::printf(", %.3f GFLOP\n", metrics.flops * 1e-9);
@@ -327,17 +380,55 @@ Status restoreCommand(Args &args) {
     std::printf("  fallback: %s\n", event.c_str());
   if (!options.tracePath.empty())
     std::printf("  trace: %s\n", options.tracePath.c_str());
-  if (!verify)
-    return Status::ok();
-  TRY_ASSIGN(error, restoreError(*model, tokens, *cache, table));
-  std::printf("verify: max error %.3g relative to a full prefill (bound "
-              "%.3g): %s\n",
-              error, maxError, error <= maxError ? "ok" : "FAILED");
-  if (error > maxError)
-    return Status(StatusCode::DataLoss,
-                  "the restored cache differs from a full prefill by more "
-                  "than --max-error");
-  return Status::ok();
+  if (run.error)
+    std::printf("verify: max error %.3g relative to a full prefill (bound "
+                "%.3g): %s\n",
+                *run.error, setup.maxError,
+                *run.error <= setup.maxError ? "ok" : "FAILED");
+  return checkError(setup, run);
+}
+
+/// Restores the request with every plan of a bundle, verifies each, and
+/// prints one table: predicted and measured time, bytes read, FLOPs,
+/// fallbacks, error, and the measured speedup over every other plan.
+Status compareCommand(Args &args) {
+  TRY_ASSIGN(setup, loadRestoreSetup(args));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  std::vector<PlanRun> runs;
+  for (const BundlePlan &plan : setup.bundle.plans) {
+    TRY_ASSIGN(run, runPlan(setup, plan, {}, /*verify=*/true));
+    runs.push_back(std::move(run));
+  }
+  const std::vector<BundlePlan> &plans = setup.bundle.plans;
+  std::printf("%-10s %12s %12s %10s %9s %6s %10s", "plan", "predicted ms",
+              "measured ms", "read MB", "GFLOP", "fallbk", "max error");
+  for (const BundlePlan &base : plans)
+    std::printf(" %10s", ("vs " + base.name).substr(0, 10).c_str());
+  std::printf("\n");
+  Status worst;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const RestoreMetrics &m = runs[i].metrics;
+    int64_t bytes = 0;
+    for (const auto &[tier, b] : m.bytesRead)
+      bytes += b;
+    char predicted[32] = "-";
+    if (m.predictedSeconds)
+      std::snprintf(predicted, sizeof(predicted), "%.3f",
+                    *m.predictedSeconds * 1e3);
+    std::printf("%-10s %12s %12.3f %10.3f %9.3f %6zu %10.3g",
+                plans[i].name.c_str(), predicted,
+                m.makespanSeconds * 1e3, double(bytes) * 1e-6, m.flops * 1e-9,
+                m.fallbacks.size(), *runs[i].error);
+    for (const PlanRun &base : runs)
+      std::printf(" %9.2fx",
+                  base.metrics.makespanSeconds / m.makespanSeconds);
+    std::printf("\n");
+    if (worst.isOk())
+      worst = checkError(setup, runs[i]).withContext("plan " + plans[i].name);
+  }
+  std::printf("verify: every plan within %.3g of a full prefill: %s\n",
+              setup.maxError, worst.isOk() ? "ok" : "FAILED");
+  return worst;
 }
 
 /// Measures this machine into a target description the planner accepts.
@@ -361,7 +452,7 @@ Status calibrateCommand(Args &args) {
 void usage() {
   std::fprintf(stderr,
                "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle|"
-               "restore|calibrate [options]\n"
+               "restore|compare|calibrate [options]\n"
                "(see the header of tools/kvc-run/kvc-run.cpp)\n");
 }
 
@@ -388,6 +479,8 @@ int main(int argc, char **argv) {
       status = restoreCommand(*args);
     else if (command == "calibrate")
       status = calibrateCommand(*args);
+    else if (command == "compare")
+      status = compareCommand(*args);
     else {
       usage();
       return 2;

@@ -331,6 +331,21 @@ TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {
   ASSERT_FALSE(metrics);
   EXPECT_EQ(metrics.status().message(),
             "restore: plan test covers tokens 0 to 512, the request has 300");
+
+  // A plan that would leave part of the cache unwritten, or write part of
+  // it twice, is refused before it runs.
+  BundlePlan gappy = makePlan({0, 0, 64}, model_->config().numLayers);
+  gappy.tasks.back().steps.back().tokens.end -= 4; // Last scatter: 256..296.
+  EXPECT_EQ(run(gappy, table).status().message(),
+            "restore: plan test leaves tokens 296 to 300 of layer 0 unwritten");
+  BundlePlan twice = makePlan({0, 0, 64}, model_->config().numLayers);
+  twice.tasks.back().steps.back().tokens.begin -= 8;
+  EXPECT_EQ(run(twice, table).status().message(),
+            "restore: plan test writes tokens 248 to 256 of layer 0 twice");
+
+  RestoreTarget empty;
+  EXPECT_EQ(restore(*pools_, plan, empty).status().message(),
+            "restore: model, tokens, cache and block table are required");
 }
 
 } // namespace

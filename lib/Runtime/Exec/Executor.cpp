@@ -61,9 +61,6 @@ public:
         config_(model_.config()), computeCache_(model_.newCache()) {}
 
   StatusOr<TaskGraph> build() {
-    if (!target_.model || !target_.tokens || !target_.cache || !target_.table)
-      return invalidArgument("restore: model, tokens, cache and block table "
-                             "are required");
     const int64_t n = int64_t(target_.tokens->size());
     if (plan_.tokens.begin != 0 || plan_.tokens.end != n)
       return invalidArgument(
@@ -75,6 +72,7 @@ public:
       return invalidArgument("restore: plan " + plan_.name +
                              " does not cover the model's " +
                              std::to_string(config_.numLayers) + " layers");
+    KVC_RETURN_IF_ERROR(checkCoverage(n));
     values_.resize(plan_.tasks.size());
     TaskGraph graph;
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
@@ -118,6 +116,46 @@ public:
                  [this, i](int) { return runTask(i); }});
     }
     return graph;
+  }
+
+  /// Fails unless the plan's scatters write every (token, layer) of the
+  /// request exactly once: a plan that leaves part of the cache unwritten
+  /// must not pass for a restore.
+  Status checkCoverage(int64_t tokens) const {
+    std::vector<std::vector<BundleRange>> perLayer(config_.numLayers);
+    for (const BundleTask &task : plan_.tasks)
+      for (const BundleStep &step : task.steps)
+        if (step.op == "scatter")
+          for (int64_t l = step.layers.begin; l < step.layers.end; ++l)
+            perLayer[l].push_back(step.tokens);
+    for (int64_t l = 0; l < config_.numLayers; ++l) {
+      std::vector<BundleRange> &ranges = perLayer[l];
+      std::sort(ranges.begin(), ranges.end(),
+                [](const BundleRange &a, const BundleRange &b) {
+                  return a.begin < b.begin;
+                });
+      auto gap = [&](int64_t from, int64_t to) {
+        return invalidArgument("restore: plan " + plan_.name +
+                               " leaves tokens " + std::to_string(from) +
+                               " to " + std::to_string(to) + " of layer " +
+                               std::to_string(l) + " unwritten");
+      };
+      int64_t covered = 0;
+      for (const BundleRange &r : ranges) {
+        if (r.begin < covered)
+          return invalidArgument(
+              "restore: plan " + plan_.name + " writes tokens " +
+              std::to_string(r.begin) + " to " +
+              std::to_string(std::min(covered, r.end)) + " of layer " +
+              std::to_string(l) + " twice");
+        if (r.begin > covered)
+          return gap(covered, r.begin);
+        covered = r.end;
+      }
+      if (covered < tokens)
+        return gap(covered, tokens);
+    }
+    return Status::ok();
   }
 
   /// Recomputes the chunks that could not be loaded.
@@ -201,6 +239,11 @@ private:
     if ((step.op == "project" || step.op == "scatter") &&
         !value.objects.empty())
       KVC_RETURN_IF_ERROR(decode(value));
+    if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
+      return unimplemented("restore: step " + step.op + " over tokens " +
+                           std::to_string(step.tokens.begin) + " to " +
+                           std::to_string(step.tokens.end) +
+                           " works on part of its chunk");
     if (step.op == "project")
       return project(value);
     if (step.op == "chunk_compute")
@@ -378,6 +421,9 @@ std::map<std::string, int> planResources(const BundlePlan &plan) {
 StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,
                                  const RestoreOptions &options) {
+  if (!target.model || !target.tokens || !target.cache || !target.table)
+    return invalidArgument("restore: model, tokens, cache and block table are "
+                           "required");
   Run run(plan, target);
   StatusOr<TaskGraph> graph = run.build();
   if (!graph)

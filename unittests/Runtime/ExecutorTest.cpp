@@ -1,5 +1,6 @@
 //===- ExecutorTest.cpp - Restores that must equal a full prefill ---------===//
 
+#include "kvc/Runtime/Exec/DynamicCake.h"
 #include "kvc/Runtime/Exec/Executor.h"
 
 #include "kvc/Runtime/Save/Saver.h"
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <thread>
 
 using namespace kvc;
@@ -346,6 +348,99 @@ TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {
   RestoreTarget empty;
   EXPECT_EQ(restore(*pools_, plan, empty).status().message(),
             "restore: model, tokens, cache and block table are required");
+}
+
+//===----------------------------------------------------------------------===//
+// Dynamic Cake
+//===----------------------------------------------------------------------===//
+
+/// A tier that answers every read `delay` late, as a congested store does.
+class SlowTier : public Tier {
+public:
+  SlowTier(std::shared_ptr<Tier> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  const std::string &url() const override { return inner_->url(); }
+  Status put(const std::string &name, std::string_view bytes) override {
+    return inner_->put(name, bytes);
+  }
+  Status get(const std::string &name, std::string &buffer) override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->get(name, buffer);
+  }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->getMany(names, buffers);
+  }
+  StatusOr<bool> exists(const std::string &name) override {
+    return inner_->exists(name);
+  }
+  Status remove(const std::string &name) override {
+    return inner_->remove(name);
+  }
+  StatusOr<std::vector<std::string>> list(const std::string &p) override {
+    return inner_->list(p);
+  }
+
+private:
+  std::shared_ptr<Tier> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+class DynamicCakeTest : public ExecutorTest {
+protected:
+  StatusOr<DynamicCakeResult> runCake(ChunkStore &store, BlockTable &table) {
+    RestoreTarget target;
+    target.model = model_.get();
+    target.stores["dram"] = &store;
+    target.tokens = &tokens_;
+    target.cache = cache_.get();
+    target.table = &table;
+    DynamicCakeOptions options;
+    options.predictedMergeToken = 128;
+    return restoreDynamicCake(*pools_, target, options);
+  }
+};
+
+TEST_F(DynamicCakeTest, SidesMeetAndTheCacheIsExact) {
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  ASSERT_TRUE(result) << result.status().toString();
+  // 300 tokens in 64-token store chunks: 5 chunks, each computed or loaded.
+  EXPECT_EQ(result->chunksComputed + result->chunksLoaded, 5);
+  EXPECT_GE(result->mergeToken, 0);
+  EXPECT_LE(result->mergeToken, kTokens);
+  EXPECT_TRUE(result->metrics.fallbacks.empty());
+  EXPECT_EQ(result->predictedMergeToken, 128);
+  EXPECT_GT(result->metrics.bytesRead["dram"] + result->chunksComputed, 0);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
+  // Every read takes 200 ms: each loading lane gets through the chunk it
+  // claimed first while compute takes the rest.
+  tier_ = std::make_shared<SlowTier>(tier_, std::chrono::milliseconds(200));
+  std::unique_ptr<ChunkStore> slow = makeStore(*model_);
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<DynamicCakeResult> result = runCake(*slow, table);
+  ASSERT_TRUE(result) << result.status().toString();
+  EXPECT_LE(result->chunksLoaded, 2); // One per io lane at most.
+  EXPECT_GE(result->mergeToken, 192);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+TEST_F(DynamicCakeTest, UnloadableChunksAreRecomputed) {
+  // Every KV object gone: the loaders hand every chunk they claim back.
+  for (const ChunkRef &ref :
+       store_->refs(tokens_.data(), kTokens, ChunkForm::KV))
+    ASSERT_TRUE(tier_->remove(ref.name()).isOk());
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  ASSERT_TRUE(result) << result.status().toString();
+  EXPECT_EQ(result->chunksLoaded, 0);
+  EXPECT_EQ(int64_t(result->metrics.fallbacks.size()),
+            5 - result->chunksComputed);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
 }
 
 } // namespace

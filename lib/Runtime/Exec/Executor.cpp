@@ -40,9 +40,9 @@ struct ChunkValue {
   std::string fault;
 };
 
-/// True for errors a recompute recovers from: the chunk is missing, damaged,
-/// another model's, or its tier is unreachable.
-bool recoverable(const Status &status) {
+} // namespace
+
+bool recoverableByRecompute(const Status &status) {
   switch (status.code()) {
   case StatusCode::NotFound:
   case StatusCode::DataLoss:
@@ -53,6 +53,8 @@ bool recoverable(const Status &status) {
     return false;
   }
 }
+
+namespace {
 
 class Run {
 public:
@@ -221,7 +223,7 @@ private:
         return Status::ok(); // To be recomputed after the graph.
       Status status = runStep(step, value);
       if (!status.isOk()) {
-        if (!recoverable(status))
+        if (!recoverableByRecompute(status))
           return status;
         value.fault = status.toString();
       }

@@ -71,6 +71,10 @@ struct RestoreMetrics {
   std::optional<double> predictedSeconds;
 };
 
+/// True for the errors a recompute recovers from: a chunk missing, damaged,
+/// another model's or filed under another key, or its tier unreachable.
+bool recoverableByRecompute(const Status &status);
+
 /// The resources and lanes a plan's tasks need (for ResourcePools::create).
 std::map<std::string, int> planResources(const BundlePlan &plan);
 

@@ -1,0 +1,52 @@
+//===- DynamicCake.h - Cake's run-time merge point ---------------*- C++ -*-===//
+//
+// Cake's dynamic mode: computation walks forward from the first chunk and
+// loading walks back from the last; each side claims its next chunk only
+// while the two have not met, so the merge point lands wherever the
+// machine's compute rate and bandwidth put it on this run — a slower store
+// or a busier GPU moves it without replanning. The compiler's merge point
+// (when given) is reported beside the one the run found.
+//
+// Compute runs on the pools' "compute" worker (prefill is sequential: each
+// chunk attends to the ones before it); loads run on the workers of
+// "io:<tier>", each fetching, checking and decoding a whole chunk (every
+// layer group) and scattering it. A chunk that cannot be loaded (missing,
+// corrupt, another model's, tier down) is handed back to the compute side
+// (recomputed, reported), so the cache is always exact.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_EXEC_DYNAMICCAKE_H
+#define KVC_RUNTIME_EXEC_DYNAMICCAKE_H
+
+#include "kvc/Runtime/Exec/Executor.h"
+
+namespace kvc {
+
+struct DynamicCakeOptions {
+  /// The tier loads read (a key of RestoreTarget::stores).
+  std::string tier = "dram";
+  /// The compiler's merge point, reported beside the measured one.
+  std::optional<int64_t> predictedMergeToken;
+};
+
+struct DynamicCakeResult {
+  RestoreMetrics metrics;
+  /// Tokens [0, mergeToken) were computed, the rest loaded (or recomputed
+  /// after a failed load, listed in metrics.fallbacks).
+  int64_t mergeToken = 0;
+  /// The compiler's merge point, when given (DynamicCakeOptions).
+  std::optional<int64_t> predictedMergeToken;
+  int64_t chunksComputed = 0;
+  int64_t chunksLoaded = 0;
+};
+
+/// Restores `target.tokens` with Cake's two-sided walk over the store's
+/// chunks. `pools` needs "compute" and "io:<tier>" workers.
+StatusOr<DynamicCakeResult> restoreDynamicCake(ResourcePools &pools,
+                                               const RestoreTarget &target,
+                                               const DynamicCakeOptions &options);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_EXEC_DYNAMICCAKE_H

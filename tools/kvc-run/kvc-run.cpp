@@ -12,6 +12,10 @@
 //   kvc-run compare --model DIR --store URL (--tokens FILE | --random-tokens N
 //                   [--seed S]) --bundle FILE [--max-error X] [...]
 //     (runs and verifies every plan of the bundle; one table)
+//   kvc-run cake --model DIR --store URL (--tokens FILE | --random-tokens N
+//                [--seed S]) [--io-lanes N] [--predicted-merge T] [--verify]
+//                [--max-error X] [...]
+//     (Cake's dynamic mode: the merge point is found at run time)
 //   kvc-run calibrate --model DIR --base TARGET.json --out FILE
 //                     [--scratch DIR]
 //   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
@@ -27,6 +31,7 @@
 #include "Calibrate.h"
 #include "ProfileCodecs.h"
 
+#include "kvc/Runtime/Exec/DynamicCake.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
@@ -262,6 +267,40 @@ Status inspectBundle(Args &args) {
   return Status::ok();
 }
 
+/// --max-error: the verification bound, relative to a full prefill's largest
+/// |K| or |V| (default 2^-7: twice bf16 rounding).
+StatusOr<double> maxErrorOption(Args &args) {
+  std::string text = args.get("max-error", "0.0078125");
+  double value = std::strtod(text.c_str(), nullptr);
+  if (!(value > 0))
+    return invalidArgument("--max-error expects a positive number, got " +
+                           text);
+  return value;
+}
+
+/// A paged cache just large enough for `tokens` tokens of `model`.
+StatusOr<std::unique_ptr<PagedKVCache>> cacheFor(const ModelConfig &model,
+                                                 int64_t tokens) {
+  PagedCacheConfig config;
+  config.layers = model.numLayers;
+  config.numKvHeads = model.numKvHeads;
+  config.headDim = model.headDim;
+  config.numBlocks = (tokens + config.blockSize - 1) / config.blockSize;
+  return PagedKVCache::create(config);
+}
+
+/// Prints a verification and fails above the bound.
+Status reportVerification(double error, double maxError) {
+  std::printf("verify: max error %.3g relative to a full prefill (bound "
+              "%.3g): %s\n",
+              error, maxError, error <= maxError ? "ok" : "FAILED");
+  if (error > maxError)
+    return Status(StatusCode::DataLoss,
+                  "the restored cache differs from a full prefill by more "
+                  "than --max-error");
+  return Status::ok();
+}
+
 /// What restore and compare share: the model, the request, the store and a
 /// bundle compiled for the model.
 struct RestoreSetup {
@@ -280,11 +319,8 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args) {
   TRY_ASSIGN(model, LlamaModel::load(modelDir));
   TRY_ASSIGN(tokens, requestTokens(args, model->config()));
   TRY_ASSIGN(store, openStore(args, *model));
-  std::string maxErrorText = args.get("max-error", "0.0078125");
-  setup.maxError = std::strtod(maxErrorText.c_str(), nullptr);
-  if (!(setup.maxError > 0))
-    return invalidArgument("--max-error expects a positive number, got " +
-                           maxErrorText);
+  TRY_ASSIGN(maxError, maxErrorOption(args));
+  setup.maxError = maxError;
   TRY_ASSIGN(bundle, readPlanBundle(bundlePath));
   if (!bundle.modelFingerprint.empty() &&
       bundle.modelFingerprint != model->fingerprint())
@@ -308,14 +344,8 @@ struct PlanRun {
 /// Restores the request with `plan` into a fresh paged cache.
 StatusOr<PlanRun> runPlan(const RestoreSetup &setup, const BundlePlan &plan,
                           const RestoreOptions &options, bool verify) {
-  const ModelConfig &model = setup.model->config();
-  PagedCacheConfig config;
-  config.layers = model.numLayers;
-  config.numKvHeads = model.numKvHeads;
-  config.headDim = model.headDim;
-  config.numBlocks = (int64_t(setup.tokens.size()) + config.blockSize - 1) /
-                     config.blockSize;
-  TRY_ASSIGN(cache, PagedKVCache::create(config));
+  TRY_ASSIGN(cache, cacheFor(setup.model->config(),
+                             int64_t(setup.tokens.size())));
   TRY_ASSIGN(table, cache->allocate(int64_t(setup.tokens.size())));
   TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
   RestoreTarget target;
@@ -381,11 +411,8 @@ Status restoreCommand(Args &args) {
   if (!options.tracePath.empty())
     std::printf("  trace: %s\n", options.tracePath.c_str());
   if (run.error)
-    std::printf("verify: max error %.3g relative to a full prefill (bound "
-                "%.3g): %s\n",
-                *run.error, setup.maxError,
-                *run.error <= setup.maxError ? "ok" : "FAILED");
-  return checkError(setup, run);
+    return reportVerification(*run.error, setup.maxError);
+  return Status::ok();
 }
 
 /// Restores the request with every plan of a bundle, verifies each, and
@@ -431,6 +458,49 @@ Status compareCommand(Args &args) {
   return worst;
 }
 
+/// Restores with Cake's dynamic mode: compute from the front, KV loads from
+/// the back of the store's chunks, meeting where this run's rates put them.
+Status cakeCommand(Args &args) {
+  TRY_ASSIGN(modelDir, args.required("model"));
+  TRY_ASSIGN(model, LlamaModel::load(modelDir));
+  TRY_ASSIGN(tokens, requestTokens(args, model->config()));
+  TRY_ASSIGN(store, openStore(args, *model));
+  TRY_ASSIGN(lanes, args.integer("io-lanes", 2));
+  TRY_ASSIGN(predicted, args.integer("predicted-merge", -1));
+  bool verify = args.has("verify");
+  TRY_ASSIGN(maxError, maxErrorOption(args));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  TRY_ASSIGN(cache, cacheFor(model->config(), int64_t(tokens.size())));
+  TRY_ASSIGN(table, cache->allocate(int64_t(tokens.size())));
+  TRY_ASSIGN(pools, ResourcePools::create(
+                        {{"compute", 1}, {"io:store", int(lanes)}}));
+  RestoreTarget target;
+  target.model = model.get();
+  target.stores["store"] = store.get();
+  target.tokens = &tokens;
+  target.cache = cache.get();
+  target.table = &table;
+  DynamicCakeOptions options;
+  options.tier = "store";
+  if (predicted >= 0)
+    options.predictedMergeToken = predicted;
+  TRY_ASSIGN(result, restoreDynamicCake(*pools, target, options));
+  std::printf("restored %zu tokens with dynamic Cake: %.3f ms; computed %lld "
+              "chunks, loaded %lld; merge point at token %lld",
+              tokens.size(), result.metrics.makespanSeconds * 1e3,
+              (long long)result.chunksComputed, (long long)result.chunksLoaded,
+              (long long)result.mergeToken);
+  if (result.predictedMergeToken)
+    std::printf(" (compiler: %lld)", (long long)*result.predictedMergeToken);
+  std::printf("\n");
+  for (const std::string &event : result.metrics.fallbacks)
+    std::printf("  fallback: %s\n", event.c_str());
+  if (!verify)
+    return Status::ok();
+  TRY_ASSIGN(error, restoreError(*model, tokens, *cache, table));
+  return reportVerification(error, maxError);
+}
+
 /// Measures this machine into a target description the planner accepts.
 Status calibrateCommand(Args &args) {
   TRY_ASSIGN(modelDir, args.required("model"));
@@ -452,7 +522,7 @@ Status calibrateCommand(Args &args) {
 void usage() {
   std::fprintf(stderr,
                "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle|"
-               "restore|compare|calibrate [options]\n"
+               "restore|compare|cake|calibrate [options]\n"
                "(see the header of tools/kvc-run/kvc-run.cpp)\n");
 }
 
@@ -481,6 +551,8 @@ int main(int argc, char **argv) {
       status = calibrateCommand(*args);
     else if (command == "compare")
       status = compareCommand(*args);
+    else if (command == "cake")
+      status = cakeCommand(*args);
     else {
       usage();
       return 2;

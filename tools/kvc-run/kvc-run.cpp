@@ -406,6 +406,9 @@ Status restoreCommand(Args &args) {
     std::printf("  busy %-10s %.3f ms\n", resource.c_str(), seconds * 1e3);
   for (const auto &[tier, bytes] : metrics.bytesRead)
     std::printf("  read %-10s %.3f MB\n", tier.c_str(), double(bytes) * 1e-6);
+  std::printf("  staging  %.3f MB in %lld slot(s)\n",
+              double(metrics.stagingBytes) * 1e-6,
+              (long long)plan->stagingSlots);
   for (const std::string &event : metrics.fallbacks)
     std::printf("  fallback: %s\n", event.c_str());
   if (!options.tracePath.empty())

@@ -3,6 +3,7 @@
 #include "kvc/Runtime/Exec/Executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -27,6 +28,16 @@ ChunkForm formOf(const BundleStep &step) {
   return step.form == "kv" ? ChunkForm::KV : ChunkForm::Hidden;
 }
 
+/// A staging slot: host buffers for one chunk in flight, allocated on first
+/// use and reused by every chunk the plan routes through the slot (the
+/// plan's staging budget bounds their number). `busy` guards against a plan
+/// that would refill a slot before its chunk has been copied out.
+struct StagingSlot {
+  std::atomic<bool> busy{false};
+  std::vector<std::pair<ChunkRef, std::string>> objects;
+  std::vector<float> data;
+};
+
 /// A chunk on its way through a chain of tasks. Layout of `data`: per layer
 /// of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's input
 /// hidden states ([tokens][hidden]).
@@ -34,8 +45,14 @@ struct ChunkValue {
   ChunkForm form = ChunkForm::KV;
   BundleRange tokens, layers;
   std::string tier;
+  /// The stored objects as read (`objects[0, objectCount)`) and whether
+  /// they still await decoding into `data`.
   std::vector<std::pair<ChunkRef, std::string>> objects;
+  std::size_t objectCount = 0;
+  bool encoded = false;
   std::vector<float> data;
+  /// The staging slot whose buffers `objects` and `data` are while held.
+  StagingSlot *slot = nullptr;
   /// Why the chunk will be recomputed instead ("" while it is fine).
   std::string fault;
 };
@@ -76,6 +93,7 @@ public:
                              std::to_string(config_.numLayers) + " layers");
     KVC_RETURN_IF_ERROR(checkCoverage(n));
     values_.resize(plan_.tasks.size());
+    slots_ = std::make_unique<StagingSlot[]>(plan_.stagingSlots);
     TaskGraph graph;
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
       const BundleTask &task = plan_.tasks[i];
@@ -198,6 +216,18 @@ public:
   }
 
   double flops() const { return flops_; }
+
+  /// Bytes of host staging buffers the slots hold (they only grow, so this
+  /// is their peak).
+  int64_t stagingBytes() const {
+    int64_t bytes = 0;
+    for (int64_t s = 0; s < plan_.stagingSlots; ++s) {
+      for (const auto &object : slots_[s].objects)
+        bytes += int64_t(object.second.capacity());
+      bytes += int64_t(slots_[s].data.capacity() * sizeof(float));
+    }
+    return bytes;
+  }
   const std::map<std::string, int64_t> &bytesRead() const {
     return bytesRead_;
   }
@@ -221,26 +251,34 @@ private:
     for (const BundleStep &step : task.steps) {
       if (!value.fault.empty())
         return Status::ok(); // To be recomputed after the graph.
-      Status status = runStep(step, value);
+      Status status = runStep(step, value, task.slot);
       if (!status.isOk()) {
         if (!recoverableByRecompute(status))
           return status;
         value.fault = status.toString();
+        releaseSlot(value, /*keepData=*/false);
       }
     }
     return Status::ok();
   }
 
-  Status runStep(const BundleStep &step, ChunkValue &value) {
+  Status runStep(const BundleStep &step, ChunkValue &value,
+                 std::optional<int64_t> slot) {
     if (step.op == "fetch")
-      return fetch(value);
+      return fetch(value, slot);
     if (step.op == "decompress")
       return decode(value);
     // Steps after a fetch of a raw chunk may find it not yet decoded (the
     // compiler emits no decompress for raw data): decode it first.
-    if ((step.op == "project" || step.op == "scatter") &&
-        !value.objects.empty())
+    if ((step.op == "project" || step.op == "scatter" ||
+         step.op == "transfer_to_device") &&
+        value.encoded)
       KVC_RETURN_IF_ERROR(decode(value));
+    // The copy to the "device" frees the staging slot, as an H2D copy does.
+    if (step.op == "transfer_to_device") {
+      releaseSlot(value, /*keepData=*/true);
+      return Status::ok();
+    }
     if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
       return unimplemented("restore: step " + step.op + " over tokens " +
                            std::to_string(step.tokens.begin) + " to " +
@@ -252,8 +290,7 @@ private:
       return compute(value);
     if (step.op == "scatter")
       return scatter(value);
-    if (step.op == "dequant" || step.op == "untransform" ||
-        step.op == "transfer_to_device")
+    if (step.op == "dequant" || step.op == "untransform")
       return Status::ok(); // Done by decompress on the CPU backend.
     return unimplemented("restore: step " + step.op +
                          " has no CPU implementation");
@@ -266,22 +303,53 @@ private:
            value.layers.begin < ref.layerEnd;
   }
 
-  Status fetch(ChunkValue &value) {
+  Status fetch(ChunkValue &value, std::optional<int64_t> slot) {
+    if (slot) {
+      StagingSlot &staging = slots_[*slot];
+      if (staging.busy.exchange(true))
+        return Status(StatusCode::Internal,
+                      "restore: staging slot " + std::to_string(*slot) +
+                          " refilled before its chunk was copied out");
+      value.slot = &staging;
+      value.objects.swap(staging.objects);
+      value.data.swap(staging.data);
+    }
     ChunkStore &store = *target_.stores.at(value.tier);
     int64_t bytes = 0;
+    value.objectCount = 0;
     for (const ChunkRef &ref : refs(value.tier, value.form)) {
       if (!overlaps(ref, value))
         continue;
-      value.objects.emplace_back(ref, std::string());
-      KVC_RETURN_IF_ERROR(
-          store.tier().get(ref.name(), value.objects.back().second));
-      bytes += int64_t(value.objects.back().second.size());
+      if (value.objectCount == value.objects.size())
+        value.objects.emplace_back();
+      auto &[stored, buffer] = value.objects[value.objectCount++];
+      stored = ref;
+      KVC_RETURN_IF_ERROR(store.tier().get(ref.name(), buffer));
+      bytes += int64_t(buffer.size());
     }
-    if (value.objects.empty())
+    if (value.objectCount == 0)
       return notFound("no stored object covers the chunk");
+    value.encoded = true;
     std::lock_guard<std::mutex> lock(mutex_);
     bytesRead_[value.tier] += bytes;
     return Status::ok();
+  }
+
+  /// Gives a held slot's buffers back; with `keepData` the decoded chunk is
+  /// first copied out (the CPU backend's host-to-device copy).
+  void releaseSlot(ChunkValue &value, bool keepData) {
+    if (!value.slot)
+      return;
+    std::vector<float> device;
+    if (keepData)
+      device = value.data;
+    value.objects.swap(value.slot->objects);
+    value.data.swap(value.slot->data);
+    value.objects.clear();
+    value.objectCount = 0;
+    value.data = std::move(device);
+    value.slot->busy.store(false);
+    value.slot = nullptr;
   }
 
   int64_t width(ChunkForm form) const {
@@ -295,7 +363,8 @@ private:
     const int64_t tokens = value.tokens.size();
     value.data.assign(value.layers.size() * mats * tokens * w, 0.0f);
     std::vector<float> object;
-    for (auto &[ref, bytes] : value.objects) {
+    for (std::size_t o = 0; o < value.objectCount; ++o) {
+      auto &[ref, bytes] = value.objects[o];
       object.resize(store.shape(ref).numel());
       KVC_RETURN_IF_ERROR(store.decode(ref, bytes, object.data()));
       // Copy the rows of the object inside the value's box.
@@ -313,9 +382,10 @@ private:
               object.data() + (((l - ref.layerBegin) * mats + m) * refTokens +
                                (t0 - ref.tokenBegin)) * w,
               size_t((t1 - t0) * w) * sizeof(float));
-      bytes = std::string(); // The staged bytes are no longer needed.
+      if (!value.slot)
+        bytes = std::string(); // Unstaged bytes are not kept for reuse.
     }
-    value.objects.clear();
+    value.encoded = false;
     return Status::ok();
   }
 
@@ -387,7 +457,10 @@ private:
           *target_.table, value.layers.begin + l, value.tokens.begin, tokens,
           value.data.data() + (2 * l) * tokens * kv,
           value.data.data() + (2 * l + 1) * tokens * kv));
-    value.data = {};
+    if (value.slot)
+      releaseSlot(value, /*keepData=*/false);
+    else
+      value.data = {};
     return Status::ok();
   }
 
@@ -401,6 +474,7 @@ private:
   const LlamaModel &model_;
   const ModelConfig &config_;
   std::vector<std::shared_ptr<ChunkValue>> values_;
+  std::unique_ptr<StagingSlot[]> slots_;
   std::map<std::pair<std::string, ChunkForm>, std::vector<ChunkRef>> refs_;
   std::mutex computeMutex_;
   LlamaModel::Cache computeCache_;
@@ -439,6 +513,7 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   metrics.busySeconds = result.busy;
   metrics.bytesRead = run.bytesRead();
   metrics.flops = run.flops();
+  metrics.stagingBytes = run.stagingBytes();
   if (plan.predictedUs)
     metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
   if (!options.tracePath.empty())

@@ -22,10 +22,10 @@
 //
 // Compute chunks cover every layer; the run keeps one exact (fp32) prefill
 // state that compute chunks and fallbacks extend, so chunks computed in any
-// order are exact. What this first version
-// leaves out (see docs/executor.md): staging slots are not yet preallocated
-// (values are allocated per chunk), the merge point is the compiler's (no
-// dynamic Cake mode), and compute segments above layer 0 are refused.
+// order are exact. Fetches that carry a staging slot read and decode into
+// that slot's buffers, reused across chunks and rounds (ShadowServe's
+// bounded staging); the copy to the device (on the CPU backend, a copy out
+// of the slot) frees it. Compute segments above layer 0 are refused.
 //
 //===----------------------------------------------------------------------===//
 
@@ -66,6 +66,10 @@ struct RestoreMetrics {
   std::map<std::string, double> busySeconds;
   std::map<std::string, int64_t> bytesRead; ///< Per tier.
   double flops = 0;
+  /// Host staging buffers held by the plan's slots: allocated on first use,
+  /// reused by every later chunk through the slot, so bounded by the slot
+  /// count times the largest chunk, whatever the context length.
+  int64_t stagingBytes = 0;
   /// One line per chunk recomputed instead of loaded, with why.
   std::vector<std::string> fallbacks;
   std::optional<double> predictedSeconds;

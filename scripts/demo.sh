@@ -88,5 +88,4 @@ banner "One restore in detail: the Cake plan, with a Chrome trace"
   --random-tokens $TOKENS --seed 7 --bundle "$WORK/plans.json" \
   --plan cake --verify --trace "$WORK/cake-trace.json"
 echo "(Chrome trace: $WORK/cake-trace.json. Predictions come from the" \
-     "calibrated target; the cost model still underestimates long-context" \
-     "attention on the CPU backend, see docs/executor.md.)"
+     "calibrated target; how close they come is in docs/results.md.)"

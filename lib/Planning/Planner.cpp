@@ -98,7 +98,7 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
     int64_t t0 = i * chunk_, t1 = std::min(tokens, t0 + chunk_);
     computePrefix_[i + 1] =
         computePrefix_[i] +
-        cost_.computeSeconds(cost_.prefillFlops(t0, t1, 1), t1 - t0);
+        cost_.prefillSeconds(t0, t1, 1);
   }
 }
 
@@ -364,7 +364,7 @@ JobGraph Planner::buildJobs(const Plan &plan,
     }
     double flops = cost_.prefillFlops(c.box.t0, c.box.t1, c.box.layers());
     double bytes = cost_.rawBytes(Form::KV, c.box.tokens(), c.box.layers());
-    double seconds = cost_.computeSeconds(flops, c.box.tokens()) +
+    double seconds = cost_.prefillSeconds(c.box.t0, c.box.t1, c.box.layers()) +
                      cost_.deviceDecodeSeconds(raw, bytes);
     jobs.push_back({JobInfo::Stage::Compute, chunk, 0, flops});
     final[i] = graph.addJob({compute, seconds, 0}, deps);

@@ -82,7 +82,8 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
       symbolize<ComputeKind>(symbolizeComputeKind,
                              ::kvc::computeKindName(c.kind)),
       c.name, f64(c.denseTflops), f64(c.memGBs), f64(c.memGiB),
-      f64(c.restoreShare), f64(c.gemmPeakFraction), f64(c.gemmHalfTokens));
+      f64(c.restoreShare), f64(c.gemmPeakFraction), f64(c.gemmHalfTokens),
+      f64(c.attentionTflops));
   auto host = HostAttr::get(context, target.host.cores,
                             f64(target.host.dramGiB), f64(target.host.nicGBs));
   auto link = LinkAttr::get(context, f64(target.link.h2dGBs),
@@ -118,6 +119,7 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
   desc.compute.restoreShare = f64(c.getRestoreShare());
   desc.compute.gemmPeakFraction = f64(c.getGemmPeakFraction());
   desc.compute.gemmHalfTokens = f64(c.getGemmHalfTokens());
+  desc.compute.attentionTflops = f64(c.getAttentionTflops());
   HostAttr h = target.getHost();
   desc.host = {h.getCores(), f64(h.getDramGib()), f64(h.getNicGbs())};
   LinkAttr l = target.getLink();

@@ -246,7 +246,9 @@ StepCost mlir::kvc::getStepCost(Operation *step,
         RangeAttr t = op.getTokens();
         double flops = cost.prefillFlops(t.getBegin(), t.getEnd(),
                                          op.getLayers().size());
-        return StepCost{cost.computeSeconds(flops, t.size()), 0, 0, flops};
+        return StepCost{
+            cost.prefillSeconds(t.getBegin(), t.getEnd(), op.getLayers().size()),
+            0, 0, flops};
       })
       .Case<KernelOp, TaskOp>([&](Operation *op) {
         // A fused body or a task costs what its steps cost.

@@ -105,6 +105,44 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   std::printf("fit: peak %.2f GFLOP/s, half rate at %.0f tokens\n",
               peak / 1e9, half);
 
+  // Attention: the same 64-token chunk at a long prefix and at none; the
+  // difference in time is the extra attention work.
+  const int64_t chunk = 64;
+  const int64_t prefix =
+      std::min<int64_t>(1024, config.maxPositions - chunk);
+  if (prefix >= 4 * chunk) {
+    std::vector<int32_t> tokens(prefix + chunk);
+    for (int64_t i = 0; i < prefix + chunk; ++i)
+      tokens[i] = int32_t((i * 7919) % config.vocabSize);
+    LlamaModel::Cache base = model.newCache();
+    KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
+    Status status;
+    auto chunkAt = [&](int64_t position) {
+      return bestOf(3, [&] {
+        LlamaModel::Cache cache = base;
+        cache.tokens = position;
+        for (auto *kv : {&cache.k, &cache.v})
+          for (std::vector<float> &layer : *kv)
+            layer.resize(position * model.kvDim());
+        status = model.prefill(cache, tokens.data() + position, chunk);
+      });
+    };
+    double late = chunkAt(prefix);
+    KVC_RETURN_IF_ERROR(status);
+    double early = chunkAt(0);
+    KVC_RETURN_IF_ERROR(status);
+    double extra = double(config.numLayers) *
+                   (cost.attentionFlops(prefix, prefix + chunk) -
+                    cost.attentionFlops(0, chunk));
+    if (late > early) {
+      c.attentionTflops = extra / (late - early) / (1e12 * c.restoreShare);
+      std::printf("attention: %.2f GFLOP/s (a %lld-token chunk after %lld "
+                  "tokens: %.2f ms, at 0: %.2f ms)\n",
+                  c.attentionTflops * 1e3, (long long)chunk,
+                  (long long)prefix, late * 1e3, early * 1e3);
+    }
+  }
+
   // Copy bandwidth: memory and the (host-to-host) link.
   {
     std::vector<char> from(size_t(256) << 20, 1), to(from.size());

@@ -50,6 +50,27 @@ TEST(CostModel, ProjectionIsSeveralTimesCheaperThanRecompute) {
   EXPECT_GT(recompute / project, 6.0);
 }
 
+TEST(CostModel, AttentionRunsAtItsOwnRateWhenTheTargetGivesOne) {
+  TargetDesc t = target("cpu-2core");
+  CostModel gemmRate(llama2_7b(), t, CodecProfile::defaults());
+  // Without an attention rate, prefill is priced as one GEMM workload.
+  EXPECT_DOUBLE_EQ(gemmRate.prefillSeconds(1024, 1280, 32),
+                   gemmRate.computeSeconds(
+                       gemmRate.prefillFlops(1024, 1280, 32), 256));
+  // With one, the attention FLOPs move to it and the projections stay.
+  t.compute.attentionTflops = 0.01;
+  CostModel own(llama2_7b(), t, CodecProfile::defaults());
+  double attention = 32 * own.attentionFlops(1024, 1280);
+  double linear = own.prefillFlops(1024, 1280, 32) - attention;
+  EXPECT_NEAR(own.prefillSeconds(1024, 1280, 32),
+              own.computeSeconds(linear, 256) + attention / 0.01e12,
+              1e-9 * own.prefillSeconds(1024, 1280, 32));
+  // A later chunk costs more than an earlier one by its attention alone.
+  EXPECT_GT(own.prefillSeconds(1024, 1280, 32) - own.prefillSeconds(0, 256, 32),
+            gemmRate.prefillSeconds(1024, 1280, 32) -
+                gemmRate.prefillSeconds(0, 256, 32));
+}
+
 TEST(CostModel, SmallChunksRunBelowPeak) {
   CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
   EXPECT_LT(cost.gemmEfficiency(64), cost.gemmEfficiency(512));

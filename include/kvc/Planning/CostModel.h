@@ -55,6 +55,10 @@ public:
   double gemmEfficiency(int64_t rows) const;
   /// Seconds for `flops` in GEMMs of `rows` rows.
   double computeSeconds(double flops, int64_t rows) const;
+  /// Time to prefill tokens [t0, t1) through `layers` layers: projections at
+  /// the GEMM rate, attention at the target's attention rate (the GEMM rate
+  /// when it gives none).
+  double prefillSeconds(int64_t t0, int64_t t1, int64_t layers) const;
   /// Seconds to dequantize/untransform (per `codec`) and scatter `rawBytes`
   /// of decoded output on the device: the sum of the three below.
   double deviceDecodeSeconds(const CodecSpec &codec, double rawBytes) const;

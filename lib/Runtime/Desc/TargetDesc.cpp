@@ -103,6 +103,8 @@ Status parseCompute(const Json &obj, const std::string &path, ComputeDesc &c) {
                                  c.gemmPeakFraction, Presence::Optional));
   KVC_RETURN_IF_ERROR(readNumber(obj, path, "gemm_half_tokens",
                                  c.gemmHalfTokens, Presence::Optional));
+  KVC_RETURN_IF_ERROR(readNumber(obj, path, "attention_tflops",
+                                 c.attentionTflops, Presence::Optional));
   return readNumber(obj, path, "restore_share", c.restoreShare,
                     Presence::Optional);
 }
@@ -169,6 +171,8 @@ Status TargetDesc::validate() const {
                            formatNumber(compute.gemmPeakFraction));
   KVC_RETURN_IF_ERROR(
       checkPositive(compute.gemmHalfTokens, "compute.gemm_half_tokens", true));
+  KVC_RETURN_IF_ERROR(checkPositive(compute.attentionTflops,
+                                    "compute.attention_tflops", true));
   if (host.cores <= 0)
     return invalidArgument("host.cores: expected a positive integer, got " +
                            std::to_string(host.cores));
@@ -285,6 +289,8 @@ std::string printTargetDesc(const TargetDesc &target) {
                     {"restore_share", c.restoreShare},
                     {"gemm_peak_fraction", c.gemmPeakFraction},
                     {"gemm_half_tokens", c.gemmHalfTokens}};
+  if (c.attentionTflops > 0)
+    obj["compute"]["attention_tflops"] = c.attentionTflops;
   obj["host"] = {{"cores", target.host.cores},
                  {"dram_gib", target.host.dramGiB},
                  {"nic_gbs", target.host.nicGBs}};

@@ -112,6 +112,16 @@ module attributes {kvc.target = #kvc.target<name = "t",
 
 // -----
 
+// expected-error @+3 {{attention_tflops must not be negative}}
+// expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = cpu, name = "c", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1, attention_tflops = -1>,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>]>} {}
+
+// -----
+
 // expected-error @+1 {{read_gbs must be positive, got 0}}
 module attributes {kvc.example = #kvc.tier<name = "ssd", kind = disk, read_gbs = 0, write_gbs = 1, latency_us = 1>} {}
 

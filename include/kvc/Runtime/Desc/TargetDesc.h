@@ -36,6 +36,8 @@ struct ComputeDesc {
   /// gemmPeakFraction * m / (m + gemmHalfTokens) of the dense rate.
   double gemmPeakFraction = 0.75;
   double gemmHalfTokens = 128;
+  /// Rate of attention FLOPs; 0 prices them like GEMMs.
+  double attentionTflops = 0;
 };
 
 /// The host that runs IO and codec threads.

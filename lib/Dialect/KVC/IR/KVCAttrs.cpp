@@ -157,7 +157,8 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                   llvm::APFloat memGbs, llvm::APFloat memGib,
                                   llvm::APFloat restoreShare,
                                   llvm::APFloat gemmPeakFraction,
-                                  llvm::APFloat gemmHalfTokens) {
+                                  llvm::APFloat gemmHalfTokens,
+                                  llvm::APFloat attentionTflops) {
   if (failed(requirePositive(emitError, "dense_tflops",
                              denseTflops.convertToDouble())) ||
       failed(requirePositive(emitError, "mem_gbs", memGbs.convertToDouble())) ||
@@ -173,6 +174,8 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                        << formatF64(peak);
   if (gemmHalfTokens.convertToDouble() < 0)
     return emitError() << "gemm_half_tokens must not be negative";
+  if (attentionTflops.convertToDouble() < 0)
+    return emitError() << "attention_tflops must not be negative";
   return success();
 }
 

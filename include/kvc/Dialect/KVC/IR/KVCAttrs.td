@@ -128,7 +128,10 @@ def KVC_ComputeAttr : KVC_Attr<"Compute", "compute"> {
     and capacity in GiB, and the share of the device a restore may use
     (Cake's GPU utilization), in (0, 1]. A GEMM of m rows reaches
     `gemm_peak_fraction * m / (m + gemm_half_tokens)` of the dense rate
-    (defaults 0.75 and 128).
+    (defaults 0.75 and 128). `attention_tflops`, when positive, is the rate
+    of the attention FLOPs (scores and weighted values), which on backends
+    without fused attention kernels is far below the GEMM rate; 0 (the
+    default) prices them like GEMMs.
   }];
   let parameters = (ins
     EnumParameter<KVC_ComputeKind>:$kind,
@@ -138,7 +141,8 @@ def KVC_ComputeAttr : KVC_Attr<"Compute", "compute"> {
     KVC_F64Parameter<"GiB">:$mem_gib,
     KVC_F64Parameter<"share in (0, 1]">:$restore_share,
     KVC_F64Parameter<"share of peak large GEMMs reach", "0.75">:$gemm_peak_fraction,
-    KVC_F64Parameter<"rows at half efficiency", "128.0">:$gemm_half_tokens
+    KVC_F64Parameter<"rows at half efficiency", "128.0">:$gemm_half_tokens,
+    KVC_F64Parameter<"attention TFLOP/s (0: as GEMMs)", "0.0">:$attention_tflops
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

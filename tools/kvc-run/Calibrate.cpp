@@ -1,6 +1,9 @@
 //===- Calibrate.cpp - kvc-run calibrate ----------------------------------===//
 
 #include "Calibrate.h"
+#include "Timing.h"
+
+#include "kvc/Runtime/Codec/ChunkCodec.h"
 
 #include "kvc/Planning/CostModel.h"
 #include "kvc/Runtime/Store/Tier.h"
@@ -10,24 +13,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 
 namespace kvc {
 
 namespace {
-
-/// The fastest of `repeats` runs of `fn`, in seconds.
-double bestOf(int repeats, const std::function<void()> &fn) {
-  double best = 1e300;
-  for (int i = 0; i < repeats; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - start)
-                              .count());
-  }
-  return best;
-}
 
 /// Fits rate(m) = peak * m / (m + half) by least squares on
 /// 1 / rate = 1 / peak + (half / peak) / m.
@@ -140,7 +129,14 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
                   "tokens: %.2f ms, at 0: %.2f ms)\n",
                   c.attentionTflops * 1e3, (long long)chunk,
                   (long long)prefix, late * 1e3, early * 1e3);
+    } else {
+      std::printf("attention: not measurable (a chunk after %lld tokens was "
+                  "no slower); priced as GEMMs\n",
+                  (long long)prefix);
     }
+  } else {
+    std::printf("attention: priced as GEMMs (the model's context is too "
+                "short to measure it)\n");
   }
 
   // Copy bandwidth: memory and the (host-to-host) link.
@@ -178,6 +174,70 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
                                   ignored);
     }
   }
+  // Codec stages, per core, on this model's KV: the lossless coders on its
+  // int8-quantized bytes, quantization on the raw chunk.
+  {
+    const int64_t tokens = std::min<int64_t>(256, config.maxPositions);
+    std::vector<int32_t> ids(tokens);
+    for (int64_t i = 0; i < tokens; ++i)
+      ids[i] = int32_t((i * 7919) % config.vocabSize);
+    LlamaModel::Cache cache = model.newCache();
+    KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
+    ChunkShape shape =
+        chunkShape(config, ChunkForm::KV, tokens, 0, config.numLayers);
+    std::vector<float> kv;
+    for (int64_t l = 0; l < config.numLayers; ++l) {
+      kv.insert(kv.end(), cache.k[l].begin(), cache.k[l].end());
+      kv.insert(kv.end(), cache.v[l].begin(), cache.v[l].end());
+    }
+    const double rawBytes = double(shape.numel()) * dtypeBytes(config.dtype);
+    auto rateOf = [&](CodecRateDesc::Stage stage) -> CodecRateDesc & {
+      for (CodecRateDesc &rate : target.codecs)
+        if (rate.stage == stage)
+          return rate;
+      target.codecs.push_back(CodecRateDesc{stage, 0, 0});
+      return target.codecs.back();
+    };
+    CodecSpec int8;
+    int8.quant = CodecSpec::Quant::Int8;
+    StatusOr<std::string> quantized =
+        encodeChunk(kv.data(), shape, int8, config.dtype);
+    if (!quantized)
+      return quantized.status();
+    std::vector<float> decoded(shape.numel());
+    CodecRateDesc &quant = rateOf(CodecRateDesc::Stage::Quant);
+    quant.encodeGBs = rawBytes / timeIt([&] {
+                        (void)encodeChunk(kv.data(), shape, int8, config.dtype);
+                      }) / 1e9;
+    quant.decodeGBs = rawBytes / timeIt([&] {
+                        (void)decodeChunk(*quantized, shape, int8,
+                                          config.dtype, decoded.data());
+                      }) / 1e9;
+    std::printf("codec quant (int8, decoded to fp32 as the CPU backend does): "
+                "encode %.2f, decode %.2f GB/s per core\n",
+                quant.encodeGBs, quant.decodeGBs);
+    const std::pair<CodecRateDesc::Stage, CodecSpec::Lossless> coders[] = {
+        {CodecRateDesc::Stage::Deflate, CodecSpec::Lossless::Deflate},
+        {CodecRateDesc::Stage::Zstd, CodecSpec::Lossless::Zstd},
+        {CodecRateDesc::Stage::Lz4, CodecSpec::Lossless::Lz4}};
+    for (const auto &[stage, coder] : coders) {
+      std::string packed, unpacked;
+      double enc = timeIt([&] {
+        StatusOr<std::string> out = compressBytes(*quantized, coder);
+        if (out)
+          packed = std::move(*out);
+      });
+      double dec = timeIt([&] {
+        (void)decompressBytes(packed, coder, unpacked, quantized->size());
+      });
+      CodecRateDesc &rate = rateOf(stage);
+      rate.encodeGBs = double(quantized->size()) / enc / 1e9;
+      rate.decodeGBs = double(quantized->size()) / dec / 1e9;
+      std::printf("codec %s: encode %.2f, decode %.2f GB/s per core\n",
+                  codecStageName(stage), rate.encodeGBs, rate.decodeGBs);
+    }
+  }
+
   target.description = "calibrated by kvc-run calibrate from " + target.name;
   target.name += "-calibrated";
   KVC_RETURN_IF_ERROR(target.validate());

@@ -18,7 +18,9 @@ namespace kvc {
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
 ///     file:// under `scratchDir` (warm page cache) for disk tiers; remote
 ///     tiers keep `base`'s values.
-/// Codec rates keep `base`'s values (kvc-run profile-codecs measures them).
+///   - codecs: per-core rates of quantization (int8) and of the deflate,
+///     zstd and lz4 stages on this model's quantized KV (Hadamard keeps
+///     `base`'s rate).
 /// Prints each measurement.
 StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc base,
                                const std::string &scratchDir);

@@ -1,6 +1,7 @@
 //===- ProfileCodecs.cpp - kvc-run profile-codecs -------------------------===//
 
 #include "ProfileCodecs.h"
+#include "Timing.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
@@ -17,19 +18,6 @@ namespace kvc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-/// Seconds per call of `fn`, over enough calls to take ~50 ms.
-template <typename Fn> double timeIt(Fn fn) {
-  int calls = 0;
-  Clock::time_point start = Clock::now();
-  double elapsed = 0;
-  do {
-    fn();
-    ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  } while (elapsed < 0.05);
-  return elapsed / calls;
-}
 
 } // namespace
 

@@ -1,0 +1,41 @@
+//===- Timing.h - Timing helpers of kvc-run's measurements -------*- C++ -*-===//
+
+#ifndef KVC_TOOLS_KVC_RUN_TIMING_H
+#define KVC_TOOLS_KVC_RUN_TIMING_H
+
+#include <algorithm>
+#include <chrono>
+
+namespace kvc {
+
+/// Seconds per call of `fn`, over enough calls to take ~50 ms.
+template <typename Fn> double timeIt(Fn fn) {
+  using Clock = std::chrono::steady_clock;
+  int calls = 0;
+  Clock::time_point start = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < 0.05);
+  return elapsed / calls;
+}
+
+/// The fastest of `repeats` runs of `fn`, in seconds (for calls too long to
+/// repeat for 50 ms).
+template <typename Fn> double bestOf(int repeats, Fn fn) {
+  using Clock = std::chrono::steady_clock;
+  double best = 1e300;
+  for (int i = 0; i < repeats; ++i) {
+    Clock::time_point start = Clock::now();
+    fn();
+    best = std::min(
+        best, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return best;
+}
+
+} // namespace kvc
+
+#endif // KVC_TOOLS_KVC_RUN_TIMING_H

@@ -2,6 +2,10 @@
 
 #include "kvc/Runtime/Exec/DynamicCake.h"
 
+#include "PrefillState.h"
+
+#include "kvc/Runtime/Base/Clock.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -11,19 +15,13 @@ namespace kvc {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 /// The shared state of one walk: which chunks each side has claimed.
 class Walk {
 public:
   Walk(const RestoreTarget &target, ChunkStore &store,
        std::vector<std::vector<ChunkRef>> chunks)
       : target_(target), model_(*target.model), store_(store),
-        chunks_(std::move(chunks)), cache_(model_.newCache()),
+        chunks_(std::move(chunks)), prefill_(model_, *target.tokens),
         back_(int64_t(chunks_.size()) - 1) {}
 
   /// The compute side: claims chunks from the front until the sides meet,
@@ -49,7 +47,7 @@ public:
     lock.unlock();
     for (int64_t chunk : failed)
       KVC_RETURN_IF_ERROR(computeThrough(chunk));
-    addBusy("compute", since(start));
+    addBusy("compute", secondsSince(start));
     return Status::ok();
   }
 
@@ -82,7 +80,7 @@ public:
                            " to " + std::to_string(ref.tokenEnd) +
                            " recomputed: " + status.toString());
     }
-    addBusy("io:" + tier, since(start));
+    addBusy("io:" + tier, secondsSince(start));
     std::lock_guard<std::mutex> lock(mutex_);
     if (--activeLoaders_ == 0)
       done_.notify_all();
@@ -99,32 +97,16 @@ public:
     out.metrics.fallbacks = fallbacks_;
     out.metrics.busySeconds = busy_;
     out.metrics.bytesRead = bytes_;
-    out.metrics.flops = flops_;
+    out.metrics.flops = prefill_.flops();
   }
 
 private:
-  /// Prefills up to the end of `chunk` (the prefix first, if a loader
-  /// handed chunks back) and writes the chunk's KV.
+  /// Writes the chunk's KV from the walk's prefill state (extending it
+  /// through the chunk, and any chunks loaders handed back before it).
   Status computeThrough(int64_t chunk) {
     const ChunkRef &ref = chunks_[chunk].front();
-    int64_t begin = cache_.tokens;
-    if (ref.tokenEnd > begin) {
-      KVC_RETURN_IF_ERROR(model_.prefill(cache_, target_.tokens->data() + begin,
-                                         ref.tokenEnd - begin));
-      const ModelConfig &c = model_.config();
-      double h = double(c.hiddenSize);
-      std::lock_guard<std::mutex> lock(mutex_);
-      flops_ += 2.0 * double(ref.tokenEnd - begin) * double(c.numLayers) *
-                (2 * h * h + 2 * h * double(model_.kvDim()) +
-                 3 * h * double(c.intermediateSize));
-    }
-    const int64_t kv = model_.kvDim(), n = ref.tokenEnd - ref.tokenBegin;
-    for (int64_t l = 0; l < model_.config().numLayers; ++l)
-      KVC_RETURN_IF_ERROR(target_.cache->write(
-          *target_.table, l, ref.tokenBegin, n,
-          cache_.k[l].data() + ref.tokenBegin * kv,
-          cache_.v[l].data() + ref.tokenBegin * kv));
-    return Status::ok();
+    return prefill_.writeTo(*target_.cache, *target_.table, ref.tokenBegin,
+                            ref.tokenEnd, 0, model_.config().numLayers);
   }
 
   /// Reads, checks and decodes every layer group of `chunk`, and only then
@@ -167,7 +149,7 @@ private:
   ChunkStore &store_;
   /// Per chunk, its KV objects (one per layer group).
   std::vector<std::vector<ChunkRef>> chunks_;
-  LlamaModel::Cache cache_; ///< Touched by the compute side only.
+  exec_detail::PrefillState prefill_;
 
   std::mutex mutex_;
   std::condition_variable done_;
@@ -179,7 +161,6 @@ private:
   std::vector<std::string> fallbacks_;
   std::map<std::string, double> busy_;
   std::map<std::string, int64_t> bytes_;
-  double flops_ = 0;
 };
 
 } // namespace
@@ -248,7 +229,7 @@ restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
   DynamicCakeResult result;
   walk.finish(result);
   result.predictedMergeToken = options.predictedMergeToken;
-  result.metrics.makespanSeconds = since(start);
+  result.metrics.makespanSeconds = secondsSince(start);
   return result;
 }
 

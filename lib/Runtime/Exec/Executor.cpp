@@ -2,6 +2,10 @@
 
 #include "kvc/Runtime/Exec/Executor.h"
 
+#include "PrefillState.h"
+
+#include "kvc/Runtime/Base/Clock.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -12,8 +16,6 @@
 namespace kvc {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 /// The resource a task runs on: io tasks on their tier's lanes.
 std::string resourceOf(const BundleTask &task) {
@@ -77,7 +79,7 @@ class Run {
 public:
   Run(const BundlePlan &plan, const RestoreTarget &target)
       : plan_(plan), target_(target), model_(*target.model),
-        config_(model_.config()), computeCache_(model_.newCache()) {}
+        config_(model_.config()), prefill_(model_, *target.tokens) {}
 
   StatusOr<TaskGraph> build() {
     const int64_t n = int64_t(target_.tokens->size());
@@ -188,21 +190,12 @@ public:
     if (failed.empty())
       return Status::ok();
     Clock::time_point start = Clock::now();
-    int64_t end = 0;
-    for (const auto &value : failed)
-      end = std::max(end, value->tokens.end);
-    // Extend the compute stream's exact prefix state to the last failed
-    // token, then write each failed box from it.
-    std::lock_guard<std::mutex> lock(computeMutex_);
-    KVC_RETURN_IF_ERROR(prefillToLocked(end));
-    const int64_t kv = model_.kvDim();
+    // Each failed box from the run's exact prefill state, extended as far as
+    // the boxes need.
     for (const auto &value : failed) {
-      for (int64_t layer = value->layers.begin; layer < value->layers.end;
-           ++layer)
-        KVC_RETURN_IF_ERROR(target_.cache->write(
-            *target_.table, layer, value->tokens.begin, value->tokens.size(),
-            computeCache_.k[layer].data() + value->tokens.begin * kv,
-            computeCache_.v[layer].data() + value->tokens.begin * kv));
+      KVC_RETURN_IF_ERROR(prefill_.writeTo(
+          *target_.cache, *target_.table, value->tokens.begin,
+          value->tokens.end, value->layers.begin, value->layers.end));
       metrics.fallbacks.push_back(
           std::string(chunkFormName(value->form)) + " tokens " +
           std::to_string(value->tokens.begin) + " to " +
@@ -210,12 +203,11 @@ public:
           std::to_string(value->layers.begin) + " to " +
           std::to_string(value->layers.end) + " recomputed: " + value->fault);
     }
-    metrics.fallbackSeconds =
-        std::chrono::duration<double>(Clock::now() - start).count();
+    metrics.fallbackSeconds = secondsSince(start);
     return Status::ok();
   }
 
-  double flops() const { return flops_; }
+  double flops() const { return flops_ + prefill_.flops(); }
 
   /// Bytes of host staging buffers the slots hold (they only grow, so this
   /// is their peak).
@@ -409,36 +401,11 @@ private:
     return Status::ok();
   }
 
-  /// Runs the compute stream's prefill up to token `end`; the caller holds
-  /// computeMutex_.
-  Status prefillToLocked(int64_t end) {
-    int64_t begin = computeCache_.tokens;
-    if (end <= begin)
-      return Status::ok();
-    KVC_RETURN_IF_ERROR(model_.prefill(
-        computeCache_, target_.tokens->data() + begin, end - begin));
-    const double h = double(config_.hiddenSize);
-    addFlops(2.0 * double(end - begin) * double(config_.numLayers) *
-             (2 * h * h + 2 * h * double(model_.kvDim()) +
-              3 * h * double(config_.intermediateSize)));
-    return Status::ok();
-  }
-
-  /// Copies the box's KV from the compute stream, prefilling up to its end
-  /// first (chunks computed out of order are still exact).
+  /// Copies the box's KV from the run's prefill state, extending it to the
+  /// box's end first (chunks computed out of order are still exact).
   Status compute(ChunkValue &value) {
-    std::lock_guard<std::mutex> lock(computeMutex_);
-    KVC_RETURN_IF_ERROR(prefillToLocked(value.tokens.end));
-    const int64_t kv = model_.kvDim(), tokens = value.tokens.size();
-    value.data.resize(config_.numLayers * 2 * tokens * kv);
-    for (int64_t l = 0; l < config_.numLayers; ++l) {
-      std::memcpy(value.data.data() + (2 * l) * tokens * kv,
-                  computeCache_.k[l].data() + value.tokens.begin * kv,
-                  size_t(tokens * kv) * sizeof(float));
-      std::memcpy(value.data.data() + (2 * l + 1) * tokens * kv,
-                  computeCache_.v[l].data() + value.tokens.begin * kv,
-                  size_t(tokens * kv) * sizeof(float));
-    }
+    KVC_RETURN_IF_ERROR(
+        prefill_.copyTo(value.tokens.begin, value.tokens.end, value.data));
     value.form = ChunkForm::KV;
     return Status::ok();
   }
@@ -476,8 +443,7 @@ private:
   std::vector<std::shared_ptr<ChunkValue>> values_;
   std::unique_ptr<StagingSlot[]> slots_;
   std::map<std::pair<std::string, ChunkForm>, std::vector<ChunkRef>> refs_;
-  std::mutex computeMutex_;
-  LlamaModel::Cache computeCache_;
+  exec_detail::PrefillState prefill_;
   std::mutex mutex_; ///< Guards the counters below.
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;

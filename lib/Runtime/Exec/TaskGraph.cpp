@@ -4,6 +4,8 @@
 
 #include "GraphOrder.h"
 
+#include "kvc/Runtime/Base/Clock.h"
+
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -81,8 +83,6 @@ void ResourcePools::work(Pool &pool, int worker) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 /// The bookkeeping of one run, shared with the jobs in the pools (a worker
 /// may still hold it for an instant after the caller has been woken).
 struct RunState {
@@ -139,7 +139,7 @@ struct RunState {
   }
 
   double seconds() const {
-    return std::chrono::duration<double>(Clock::now() - begin).count();
+    return secondsSince(begin);
   }
 
   ResourcePools &pools;

@@ -2,6 +2,8 @@
 
 #include "kvc/Runtime/Save/Saver.h"
 
+#include "kvc/Runtime/Base/Clock.h"
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -11,12 +13,6 @@
 namespace kvc {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 struct Job {
   ChunkRef ref;
@@ -36,7 +32,7 @@ public:
     room_.wait(lock, [&] {
       return held_ == 0 || held_ + job.bytes() <= budget_;
     });
-    double waited = since(start);
+    double waited = secondsSince(start);
     held_ += job.bytes();
     peak_ = std::max(peak_, held_);
     jobs_.push_back(std::move(job));
@@ -150,11 +146,11 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
       }
     });
   }
-  stats.prefillSeconds = since(start);
+  stats.prefillSeconds = secondsSince(start);
   queue.close();
   for (std::thread &t : writers)
     t.join();
-  stats.totalSeconds = since(start);
+  stats.totalSeconds = secondsSince(start);
   stats.peakBufferedBytes = queue.peak();
   KVC_RETURN_IF_ERROR(prefill);
   KVC_RETURN_IF_ERROR(firstError);

@@ -1,0 +1,88 @@
+//===- PrefillState.h - The exact prefill a restore extends -----*- C++ -*-===//
+//
+// Private to lib/Runtime/Exec. Both restore paths (compiled plans and
+// Cake's dynamic mode) keep one fp32 prefill of the request that compute
+// chunks and fallback recomputes extend as far as they need, so a box is
+// exact whatever order chunks are computed or recovered in. Thread-safe.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_LIB_RUNTIME_EXEC_PREFILLSTATE_H
+#define KVC_LIB_RUNTIME_EXEC_PREFILLSTATE_H
+
+#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include <cstring>
+#include <mutex>
+
+namespace kvc::exec_detail {
+
+class PrefillState {
+public:
+  PrefillState(const LlamaModel &model, const std::vector<int32_t> &tokens)
+      : model_(model), tokens_(tokens), cache_(model.newCache()) {}
+
+  /// Writes K and V of tokens [t0, t1), layers [l0, l1) into `cache`.
+  Status writeTo(PagedKVCache &cache, const BlockTable &table, int64_t t0,
+                 int64_t t1, int64_t l0, int64_t l1) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    KVC_RETURN_IF_ERROR(extendLocked(t1));
+    const int64_t kv = model_.kvDim();
+    for (int64_t l = l0; l < l1; ++l)
+      KVC_RETURN_IF_ERROR(cache.write(table, l, t0, t1 - t0,
+                                      cache_.k[l].data() + t0 * kv,
+                                      cache_.v[l].data() + t0 * kv));
+    return Status::ok();
+  }
+
+  /// Copies K and V of tokens [t0, t1) of every layer into `out`, laid out
+  /// per layer as K then V ([t1 - t0][kvDim] each).
+  Status copyTo(int64_t t0, int64_t t1, std::vector<float> &out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    KVC_RETURN_IF_ERROR(extendLocked(t1));
+    const int64_t kv = model_.kvDim(), n = t1 - t0;
+    const int64_t layers = model_.config().numLayers;
+    out.resize(layers * 2 * n * kv);
+    for (int64_t l = 0; l < layers; ++l) {
+      std::memcpy(out.data() + (2 * l) * n * kv, cache_.k[l].data() + t0 * kv,
+                  size_t(n * kv) * sizeof(float));
+      std::memcpy(out.data() + (2 * l + 1) * n * kv,
+                  cache_.v[l].data() + t0 * kv,
+                  size_t(n * kv) * sizeof(float));
+    }
+    return Status::ok();
+  }
+
+  /// FLOPs of the projections and MLPs prefilled so far (attention left
+  /// out, as the executor's other FLOP counts do).
+  double flops() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return flops_;
+  }
+
+private:
+  Status extendLocked(int64_t end) {
+    const int64_t begin = cache_.tokens;
+    if (end <= begin)
+      return Status::ok();
+    KVC_RETURN_IF_ERROR(
+        model_.prefill(cache_, tokens_.data() + begin, end - begin));
+    const ModelConfig &c = model_.config();
+    const double h = double(c.hiddenSize);
+    flops_ += 2.0 * double(end - begin) * double(c.numLayers) *
+              (2 * h * h + 2 * h * double(model_.kvDim()) +
+               3 * h * double(c.intermediateSize));
+    return Status::ok();
+  }
+
+  const LlamaModel &model_;
+  const std::vector<int32_t> &tokens_;
+  mutable std::mutex mutex_;
+  LlamaModel::Cache cache_;
+  double flops_ = 0;
+};
+
+} // namespace kvc::exec_detail
+
+#endif // KVC_LIB_RUNTIME_EXEC_PREFILLSTATE_H

@@ -5,7 +5,9 @@
 # jointly, printing every baseline beside the chosen plan, and then run
 # compiled plans for a small generated model: save a context's KV and hidden
 # states to a local store, compile recompute, Cake and HCache plans for it,
-# restore each into a paged cache and verify it against a full prefill.
+# restore each into a paged cache and verify it against a full prefill, and
+# compare every strategy, planned in-process, at emulated link bandwidths
+# around this machine's balance point.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -50,17 +52,19 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 banner "Generating a small model and saving a $TOKENS-token context (KV and hidden states)"
 "$RUN" gen-model --out "$WORK/model" --layers 4 --hidden 256 --heads 8 \
   --kv-heads 2 --ffn 512 --vocab 1024 --seed 1
-"$RUN" save --model "$WORK/model" --store "file://$WORK/store" \
-  --random-tokens $TOKENS --seed 7 --forms kv,hidden
+# One object per layer and chunk, so a plan reads exactly the layers it loads.
+STORE=(--store "file://$WORK/store" --layer-group 1)
+REQUEST=(--model "$WORK/model" --random-tokens $TOKENS --seed 7)
+"$RUN" save "${REQUEST[@]}" "${STORE[@]}" --forms kv,hidden
 
 banner "Calibrating this machine (kvc-run calibrate) from $TARGET"
 "$RUN" calibrate --model "$WORK/model" --base "$TARGET" --out "$WORK/target.json" \
   --scratch "$WORK"
 
-banner "Compiling recompute, Cake and HCache plans for it (kvc-emit-bundle)"
+banner "Compiling recompute, Cake and HCache plans with kvc-opt (kvc-emit-bundle)"
 cat > "$WORK/plans.mlir" <<PLANS
-#kv = #kvc.source<tier = "dram", form = kv, tokens = 0 to $TOKENS, layers = 0 to 4>
-#hid = #kvc.source<tier = "dram", form = hidden, tokens = 0 to $TOKENS, layers = 0 to 4>
+#kv = #kvc.source<tier = "disk", form = kv, tokens = 0 to $TOKENS, layers = 0 to 4>
+#hid = #kvc.source<tier = "disk", form = hidden, tokens = 0 to $TOKENS, layers = 0 to 4>
 kvc.plan @compute tokens 0 to $TOKENS layers 0 to 4 {
   kvc.segment compute tokens 0 to $TOKENS layers 0 to 4
 }
@@ -77,15 +81,23 @@ PLANS
   --kvc-attach-target="$WORK/target.json" --kvc-expand=chunk-tokens=256 --kvc-fuse \
   --kvc-schedule --kvc-estimate --kvc-emit-bundle=file="$WORK/plans.json" \
   -o /dev/null
-"$RUN" inspect-bundle --bundle "$WORK/plans.json"
+"$RUN" inspect-bundle --bundle "$WORK/plans.json" | tee "$WORK/plans.txt"
 
-banner "Restoring with every plan, verifying each against a full prefill (kvc-run compare)"
-"$RUN" compare --model "$WORK/model" --store "file://$WORK/store" \
-  --random-tokens $TOKENS --seed 7 --bundle "$WORK/plans.json"
-
-banner "One restore in detail: the Cake plan, with a Chrome trace"
-"$RUN" restore --model "$WORK/model" --store "file://$WORK/store" \
-  --random-tokens $TOKENS --seed 7 --bundle "$WORK/plans.json" \
+banner "One restore in detail: the compiled Cake plan, with a Chrome trace"
+"$RUN" restore "${REQUEST[@]}" "${STORE[@]}" --bundle "$WORK/plans.json" \
   --plan cake --verify --trace "$WORK/cake-trace.json"
-echo "(Chrome trace: $WORK/cake-trace.json. Predictions come from the" \
-     "calibrated target; how close they come is in docs/results.md.)"
+echo "(Chrome trace: $WORK/cake-trace.json; open it in chrome://tracing or Perfetto.)"
+
+# The balance point: the link bandwidth at which loading all of the KV takes
+# as long as recomputing it (the compute plan's predicted time).
+COMPUTE_US=$(sed -n 's/^plan compute: .*predicted \([0-9]*\) us$/\1/p' "$WORK/plans.txt")
+KV_BYTES=$((TOKENS * 4 * 2 * 2 * 32 * 2)) # tokens x layers x K,V x kv heads x head dim x bf16
+BALANCE=$(awk -v b="$KV_BYTES" -v us="$COMPUTE_US" 'BEGIN { printf "%.4f", b * 8 / (us * 1e3) }')
+for SCALE in 0.5 1 2; do
+  GBPS=$(awk -v b="$BALANCE" -v s="$SCALE" 'BEGIN { printf "%.4f", b * s }')
+  banner "Every strategy, planned in-process, at $GBPS Gbps (${SCALE}x this machine's balance point of $BALANCE Gbps)"
+  "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store?gbps=$GBPS" \
+    --layer-group 1 --strategy --target "$WORK/target.json" --repeat 3
+done
+echo "(predicted times come from the calibrated target; docs/results.md" \
+     "explains how close they come and why)"

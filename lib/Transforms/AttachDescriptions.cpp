@@ -61,7 +61,10 @@ struct KVCImportModelPass
   using AttachDescriptionPass::AttachDescriptionPass;
   static constexpr StringLiteral kAttrName = KVCDialect::kModelAttrName;
   static constexpr auto load = ::kvc::loadModelConfig;
-  static constexpr auto convert = getModelAttr;
+  static ModelAttr convert(MLIRContext *context,
+                           const ::kvc::ModelConfig &config) {
+    return getModelAttr(context, config);
+  }
 };
 
 struct KVCAttachTargetPass

@@ -44,14 +44,14 @@ double f64(const llvm::APFloat &value) { return value.convertToDouble(); }
 } // namespace
 
 ModelAttr mlir::kvc::getModelAttr(MLIRContext *context,
-                                  const ::kvc::ModelConfig &config) {
+                                  const ::kvc::ModelConfig &config,
+                                  StringRef fingerprint) {
   return ModelAttr::get(context, config.name, config.numLayers,
                         config.hiddenSize, config.numHeads, config.numKvHeads,
                         config.headDim, config.intermediateSize,
                         config.vocabSize, config.maxPositions,
                         f64(config.ropeTheta),
-                        getElementType(context, config.dtype),
-                        /*fingerprint=*/"");
+                        getElementType(context, config.dtype), fingerprint);
 }
 
 ::kvc::ModelConfig mlir::kvc::getModelConfig(ModelAttr model) {

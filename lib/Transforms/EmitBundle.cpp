@@ -11,6 +11,7 @@
 
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Transforms/Descriptions.h"
+#include "kvc/Transforms/EmitBundle.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/Support/FileUtilities.h"
@@ -142,45 +143,55 @@ LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan) {
   return result;
 }
 
+} // namespace
+
+LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
+  // Check every plan before writing anything.
+  SmallVector<PlanOp> plans(module.getOps<PlanOp>());
+  for (PlanOp plan : plans)
+    for (Operation &op : plan.getBody().front())
+      if (!isa<TaskOp>(op))
+        return plan.emitOpError("is not scheduled (holds '")
+               << op.getName() << "'); run kvc-schedule before kvc-emit-bundle";
+
+  std::string buffer;
+  llvm::raw_string_ostream os(buffer);
+  LogicalResult result = success();
+  {
+    llvm::json::OStream json(os, /*IndentSize=*/1);
+    json.object([&] {
+      json.attribute("format", "kvc-plan-bundle");
+      json.attribute("version", ::kvc::kPlanBundleVersion);
+      StringRef fingerprint;
+      if (auto model =
+              module->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName))
+        fingerprint = model.getFingerprint();
+      json.attribute("model_fingerprint", fingerprint);
+      json.attributeArray("plans", [&] {
+        for (PlanOp plan : plans)
+          if (failed(writePlan(json, plan)))
+            result = failure();
+      });
+    });
+  }
+  if (failed(result))
+    return failure();
+  out << buffer << "\n";
+  return success();
+}
+
+namespace {
+
 struct KVCEmitBundlePass
     : public mlir::kvc::impl::KVCEmitBundlePassBase<KVCEmitBundlePass> {
   using Base::Base;
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    // Check every plan before writing anything.
-    SmallVector<PlanOp> plans(module.getOps<PlanOp>());
-    for (PlanOp plan : plans)
-      for (Operation &op : plan.getBody().front())
-        if (!isa<TaskOp>(op)) {
-          plan.emitOpError("is not scheduled (holds '")
-              << op.getName() << "'); run kvc-schedule before kvc-emit-bundle";
-          return signalPassFailure();
-        }
-
     std::string buffer;
     llvm::raw_string_ostream os(buffer);
-    LogicalResult result = success();
-    {
-      llvm::json::OStream json(os, /*IndentSize=*/1);
-      json.object([&] {
-        json.attribute("format", "kvc-plan-bundle");
-        json.attribute("version", ::kvc::kPlanBundleVersion);
-        StringRef fingerprint;
-        if (auto model = module->getAttrOfType<ModelAttr>(
-                KVCDialect::kModelAttrName))
-          fingerprint = model.getFingerprint();
-        json.attribute("model_fingerprint", fingerprint);
-        json.attributeArray("plans", [&] {
-          for (PlanOp plan : plans)
-            if (failed(writePlan(json, plan)))
-              result = failure();
-        });
-      });
-    }
-    if (failed(result))
+    if (failed(writePlanBundle(module, os)))
       return signalPassFailure();
-    os << "\n";
 
     std::string error;
     std::unique_ptr<llvm::ToolOutputFile> out = openOutputFile(file, &error);

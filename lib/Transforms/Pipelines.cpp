@@ -15,6 +15,7 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   plan.chunkTokens = options.chunkTokens;
   plan.stagingMiB = options.stagingMiB;
   plan.report = options.report;
+  plan.strategy = options.strategy;
   pm.addPass(createKVCPlanPass(plan));
   KVCExpandPassOptions expand{options.codecProfile, options.chunkTokens,
                               options.stagingMiB};

@@ -97,8 +97,11 @@ struct PlanRestorePass : public GeneratedBaseT<DerivedT> {
         restore.emitOpError() << status.message();
         return this->signalPassFailure();
       }
-      planning::Evaluation chosen =
+      std::optional<planning::Evaluation> best =
           static_cast<DerivedT *>(this)->choose(planner, restore);
+      if (!best)
+        return this->signalPassFailure();
+      const planning::Evaluation &chosen = *best;
       if (chosen.seconds > request.sloSeconds)
         mlir::emitWarning(restore.getLoc()) << "the best " << chosen.plan.strategy
                               << " plan takes " << ms(chosen.seconds)
@@ -126,8 +129,8 @@ struct KVCChooseMergePointPass
                              mlir::kvc::impl::KVCChooseMergePointPassBase> {
   using PlanRestorePass::PlanRestorePass;
 
-  planning::Evaluation choose(const planning::Planner &planner,
-                              RestoreOp restore) {
+  std::optional<planning::Evaluation> choose(const planning::Planner &planner,
+                                             RestoreOp restore) {
     if (std::optional<planning::Evaluation> cake = planner.cake())
       return *cake;
     mlir::emitRemark(restore.getLoc(), "no usable KV source: computing every token");
@@ -140,8 +143,8 @@ struct KVCPartitionLayersPass
                              mlir::kvc::impl::KVCPartitionLayersPassBase> {
   using PlanRestorePass::PlanRestorePass;
 
-  planning::Evaluation choose(const planning::Planner &planner,
-                              RestoreOp restore) {
+  std::optional<planning::Evaluation> choose(const planning::Planner &planner,
+                                             RestoreOp restore) {
     if (std::optional<planning::Evaluation> hcache = planner.hcache())
       return *hcache;
     mlir::emitRemark(restore.getLoc(), "no usable hidden-state source: using the best plan "
@@ -158,8 +161,35 @@ struct KVCPlanPass
     : public PlanRestorePass<KVCPlanPass, mlir::kvc::impl::KVCPlanPassBase> {
   using PlanRestorePass::PlanRestorePass;
 
-  planning::Evaluation choose(const planning::Planner &planner, RestoreOp) {
-    return planner.joint();
+  /// The joint plan, or the baseline `strategy` names; fails (with a
+  /// diagnostic) when the request stores nothing that baseline loads.
+  std::optional<planning::Evaluation> choose(const planning::Planner &planner,
+                                             RestoreOp restore) {
+    StringRef name = strategy;
+    if (name == "joint")
+      return planner.joint();
+    if (name == "compute")
+      return planner.computeOnly();
+    std::optional<planning::Evaluation> baseline;
+    StringRef needs = "KV";
+    if (name == "kv") {
+      baseline = planner.kvOnly();
+    } else if (name == "cake") {
+      baseline = planner.cake();
+    } else if (name == "hidden") {
+      baseline = planner.hiddenOnly(), needs = "hidden-state";
+    } else if (name == "hcache") {
+      baseline = planner.hcache(), needs = "hidden-state";
+    } else {
+      restore.emitOpError() << "cannot be planned with strategy \"" << name
+                            << "\" (expected joint, compute, kv, hidden, "
+                               "cake or hcache)";
+      return std::nullopt;
+    }
+    if (!baseline)
+      restore.emitOpError() << "has no usable " << needs
+                            << " source for strategy \"" << name << "\"";
+    return baseline;
   }
 
   void emitReport(const planning::Planner &planner,

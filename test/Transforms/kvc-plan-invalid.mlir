@@ -1,9 +1,12 @@
 // RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan --verify-diagnostics
 // RUN: not kvc-opt %s --split-input-file --kvc-plan 2>&1 | FileCheck %s --check-prefix=NOMODEL
 // RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-plan 2>&1 | FileCheck %s --check-prefix=NOTARGET
+// RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=hcache 2>&1 | FileCheck %s --check-prefix=STRATEGY
+// RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=magic 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 
 // NOMODEL: error: kvc-plan needs the model: attach one with --kvc-import-model=PATH/config.json
 // NOTARGET: error: kvc-plan needs the machine: attach one with --kvc-attach-target=targets/NAME.json
+// UNKNOWN: error: 'kvc.restore' op cannot be planned with strategy "magic" (expected joint, compute, kv, hidden, cake or hcache)
 
 // Tests that planning rejects requests it cannot serve, naming the problem.
 
@@ -16,3 +19,10 @@ kvc.restore @r tokens 0 to 4096 from [
 // expected-error @+1 {{source 0 (hidden in "ssd") holds tokens 0 to 2048, which do not cover the request's 0 to 4096}}
 kvc.restore @r tokens 0 to 4096 from [
     #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 2048, layers = 0 to 32>]
+
+// -----
+
+// Tests that a baseline strategy needs a source of the form it loads.
+// STRATEGY: error: 'kvc.restore' op has no usable hidden-state source for strategy "hcache"
+kvc.restore @kv_only tokens 0 to 4096 from [
+    #kvc.source<tier = "dram", form = kv, tokens = 0 to 4096, layers = 0 to 32>]

@@ -10,8 +10,10 @@
 //   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
 //   kvc-run inspect-bundle --bundle FILE
 //   kvc-run compare --model DIR --store URL (--tokens FILE | --random-tokens N
-//                   [--seed S]) --bundle FILE [--max-error X] [...]
-//     (runs and verifies every plan of the bundle; one table)
+//                   [--seed S]) (--bundle FILE | [--strategy LIST]
+//                   --target FILE [--tier NAME]) [--repeat N]
+//                   [--max-error X] [...]
+//     (runs and verifies every plan; one table, median of --repeat runs)
 //   kvc-run cake --model DIR --store URL (--tokens FILE | --random-tokens N
 //                [--seed S]) [--io-lanes N] [--predicted-merge T] [--verify]
 //                [--max-error X] [...]
@@ -19,12 +21,20 @@
 //   kvc-run calibrate --model DIR --base TARGET.json --out FILE
 //                     [--scratch DIR]
 //   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
-//                   [--seed S]) --bundle FILE [--plan NAME] [--verify]
+//                   [--seed S]) (--bundle FILE [--plan NAME] |
+//                   --strategy S --target FILE [--tier NAME]) [--verify]
 //                   [--max-error X] [--trace FILE] [--chunk-tokens N]
-//                   [--layer-group N] [--tenant SALT]
+//                   [--layer-group N] [--tenant SALT] [--staging-mib N]
 //     (every tier the plan fetches from is read from --store)
 //
-// Links no LLVM or MLIR.
+// Plans come from a bundle compiled by kvc-opt, or with --strategy
+// (compute|kv|hidden|cake|hcache|joint; compare takes a list, by default all
+// the store allows) from the compiler in-process: the request and what the
+// store holds for it become a kvc.restore planned for --target, whose tier
+// for the store (--tier, else the first of the URL's kind) reads at the
+// store's ?gbps= throttle when there is one. Without the compiler
+// (KVC_BUILD_COMPILER=OFF) kvc-run links no LLVM or MLIR and --strategy is
+// refused.
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,6 +46,10 @@
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Save/Saver.h"
+
+#ifdef KVC_RUN_WITH_COMPILER
+#include "kvc/Transforms/CompileRestore.h"
+#endif
 
 #include <cstdio>
 #include <fstream>
@@ -306,38 +320,158 @@ Status reportVerification(double error, double maxError) {
   return checkVerification(error, maxError);
 }
 
-/// What restore and compare share: the model, the request, the store and a
-/// bundle compiled for the model.
+/// What restore and compare share: the model, the request, the store and
+/// plans for them (from a bundle, or compiled in-process).
 struct RestoreSetup {
   std::unique_ptr<LlamaModel> model;
   std::vector<int32_t> tokens;
   std::unique_ptr<ChunkStore> store;
-  std::string bundlePath;
+  std::string planSource; ///< The bundle's path, or "--strategy", for messages.
   PlanBundle bundle;
   double maxError = 0;
+  /// A full prefill of the request, computed on the first verification.
+  std::optional<LlamaModel::Cache> reference;
 };
 
-StatusOr<RestoreSetup> loadRestoreSetup(Args &args) {
+/// The tier of `target` that the store at `url` is: --tier NAME, else the
+/// first tier of the URL's kind. A throttled store caps its read bandwidth.
+StatusOr<TierDesc *> storeTier(Args &args, TargetDesc &target,
+                               const Tier &store) {
+  const std::string &url = store.url();
+  std::string name = args.get("tier");
+  TierDesc::Kind kind = url.rfind("mem://", 0) == 0    ? TierDesc::Kind::DRAM
+                        : url.rfind("file://", 0) == 0 ? TierDesc::Kind::Disk
+                                                       : TierDesc::Kind::Remote;
+  for (TierDesc &tier : target.tiers) {
+    if (name.empty() ? tier.kind != kind : tier.name != name)
+      continue;
+    if (double gbs = store.throttleGBs(); gbs > 0)
+      tier.readGBs = std::min(tier.readGBs, gbs);
+    return &tier;
+  }
+  return invalidArgument(
+      "target " + target.name + " has no " +
+      (name.empty() ? std::string("tier of the kind of ") + url
+                    : "tier " + name) +
+      " (name one with --tier)");
+}
+
+/// What `store` holds for the request, as the planner's sources on `tier`.
+StatusOr<std::vector<planning::Source>>
+storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
+              const std::string &tier) {
+  std::vector<planning::Source> sources;
+  const int64_t n = int64_t(tokens.size());
+  for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
+    TRY_ASSIGN(extent, store.stored(tokens.data(), n, form));
+    const char *name = chunkFormName(form);
+    if (extent.tokens < n) {
+      std::printf("store: %s for tokens 0 to %lld of %lld (not planned)\n",
+                  name, (long long)extent.tokens, (long long)n);
+      continue;
+    }
+    std::printf("store: %s for every token, codec %s\n", name,
+                extent.codec.str().c_str());
+    planning::Source source;
+    source.tier = tier;
+    source.form = form == ChunkForm::KV ? planning::Form::KV
+                                        : planning::Form::Hidden;
+    source.codec = extent.codec;
+    source.box = {0, n, 0, store.model().numLayers};
+    sources.push_back(source);
+  }
+  return sources;
+}
+
+/// --strategy: plans the request in-process for --target, one plan per
+/// strategy; `all` takes every strategy the store's sources allow.
+StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
+                                       ChunkStore &store,
+                                       const std::vector<int32_t> &tokens,
+                                       const std::string &list) {
+#ifdef KVC_RUN_WITH_COMPILER
+  TRY_ASSIGN(targetPath, args.required("target"));
+  TRY_ASSIGN(target, loadTargetDesc(targetPath));
+  TRY_ASSIGN(stagingMiB, args.integer("staging-mib", 256));
+  TRY_ASSIGN(tier, storeTier(args, target, store.tier()));
+  std::printf("planning for %s: the store is tier %s at %.3g GB/s\n",
+              target.name.c_str(), tier->name.c_str(), tier->readGBs);
+  planning::Request request;
+  request.tokens = int64_t(tokens.size());
+  TRY_ASSIGN(sources, storedSources(store, tokens, tier->name));
+  request.sources = std::move(sources);
+  CompileRestoreOptions options;
+  options.chunkTokens = store.layout().chunkTokens;
+  options.stagingMiB = stagingMiB;
+  options.strategies.clear();
+  auto stores = [&](planning::Form form) {
+    for (const planning::Source &source : request.sources)
+      if (source.form == form)
+        return true;
+    return false;
+  };
+  if (list == "all") {
+    bool kv = stores(planning::Form::KV);
+    bool hidden = stores(planning::Form::Hidden);
+    options.strategies.push_back("compute");
+    if (kv)
+      options.strategies.push_back("kv");
+    if (hidden)
+      options.strategies.push_back("hidden");
+    if (kv)
+      options.strategies.push_back("cake");
+    if (hidden)
+      options.strategies.push_back("hcache");
+    options.strategies.push_back("joint");
+  } else {
+    std::stringstream names(list);
+    for (std::string name; std::getline(names, name, ',');)
+      options.strategies.push_back(name);
+  }
+  return compileRestore(model.config(), model.fingerprint(), target, request,
+                        options);
+#else
+  (void)model, (void)store, (void)tokens, (void)list;
+  return unimplemented("--strategy plans with the compiler, which this "
+                       "kvc-run was built without (KVC_BUILD_COMPILER=OFF); "
+                       "compile a bundle with kvc-opt and pass --bundle");
+#endif
+}
+
+/// `defaultStrategy` is what --strategy means when given without a value.
+StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
+                                        const std::string &defaultStrategy) {
   RestoreSetup setup;
   TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(bundlePath, args.required("bundle"));
   TRY_ASSIGN(model, LlamaModel::load(modelDir));
   TRY_ASSIGN(tokens, requestTokens(args, model->config()));
   TRY_ASSIGN(store, openStore(args, *model));
   TRY_ASSIGN(maxError, maxErrorOption(args));
   setup.maxError = maxError;
-  TRY_ASSIGN(bundle, readPlanBundle(bundlePath));
-  if (!bundle.modelFingerprint.empty() &&
-      bundle.modelFingerprint != model->fingerprint())
+  if (args.has("bundle") == args.has("strategy"))
+    return invalidArgument("give either --bundle FILE or --strategy");
+  if (args.has("strategy")) {
+    setup.planSource = "--strategy";
+    TRY_ASSIGN(bundle,
+               compileStrategies(args, *model, *store, tokens,
+                                 args.get("strategy").empty()
+                                     ? defaultStrategy
+                                     : args.get("strategy")));
+    setup.bundle = std::move(bundle);
+  } else {
+    setup.planSource = args.get("bundle");
+    TRY_ASSIGN(bundle, readPlanBundle(setup.planSource));
+    setup.bundle = std::move(bundle);
+  }
+  const std::string &compiledFor = setup.bundle.modelFingerprint;
+  if (!compiledFor.empty() && compiledFor != model->fingerprint())
     return Status(StatusCode::FailedPrecondition,
-                  bundlePath + " was compiled for model " +
-                      bundle.modelFingerprint.substr(0, 16) + ", not " +
+                  setup.planSource + " was compiled for model " +
+                      compiledFor.substr(0, 16) + ", not " +
                       model->fingerprint().substr(0, 16));
   setup.model = std::move(model);
   setup.tokens = std::move(tokens);
   setup.store = std::move(store);
-  setup.bundlePath = bundlePath;
-  setup.bundle = std::move(bundle);
   return setup;
 }
 
@@ -347,7 +481,7 @@ struct PlanRun {
 };
 
 /// Restores the request with `plan` into a fresh paged cache.
-StatusOr<PlanRun> runPlan(const RestoreSetup &setup, const BundlePlan &plan,
+StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
                           const RestoreOptions &options, bool verify) {
   TRY_ASSIGN(cache, cacheFor(setup.model->config(),
                              int64_t(setup.tokens.size())));
@@ -366,7 +500,14 @@ StatusOr<PlanRun> runPlan(const RestoreSetup &setup, const BundlePlan &plan,
   TRY_ASSIGN(metrics, restore(*pools, plan, target, options));
   run.metrics = std::move(metrics);
   if (verify) {
-    TRY_ASSIGN(error, restoreError(*setup.model, setup.tokens, *cache, table));
+    const int64_t n = int64_t(setup.tokens.size());
+    if (!setup.reference) {
+      setup.reference = setup.model->newCache();
+      KVC_RETURN_IF_ERROR(
+          setup.model->prefill(*setup.reference, setup.tokens.data(), n));
+    }
+    TRY_ASSIGN(error,
+               restoreError(*setup.model, *setup.reference, n, *cache, table));
     run.error = error;
   }
   return run;
@@ -376,7 +517,7 @@ StatusOr<PlanRun> runPlan(const RestoreSetup &setup, const BundlePlan &plan,
 /// prints measured beside predicted, and with --verify the error against a
 /// full prefill (failing above --max-error, by default bf16 rounding).
 Status restoreCommand(Args &args) {
-  TRY_ASSIGN(setup, loadRestoreSetup(args));
+  TRY_ASSIGN(setup, loadRestoreSetup(args, "joint"));
   std::string planName = args.get("plan");
   bool verify = args.has("verify");
   RestoreOptions options;
@@ -388,9 +529,9 @@ Status restoreCommand(Args &args) {
                                : bundle.findPlan(planName);
   if (!plan)
     return invalidArgument(planName.empty()
-                               ? setup.bundlePath + " holds several plans: "
+                               ? setup.planSource + " holds several plans: "
                                                     "name one with --plan"
-                               : setup.bundlePath + " has no plan " + planName);
+                               : setup.planSource + " has no plan " + planName);
   TRY_ASSIGN(run, runPlan(setup, *plan, options, verify));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
@@ -419,12 +560,28 @@ Status restoreCommand(Args &args) {
 /// prints one table: predicted and measured time, bytes read, FLOPs,
 /// fallbacks, error, and the measured speedup over every other plan.
 Status compareCommand(Args &args) {
-  TRY_ASSIGN(setup, loadRestoreSetup(args));
+  TRY_ASSIGN(setup, loadRestoreSetup(args, "all"));
+  TRY_ASSIGN(repeat, args.integer("repeat", 1));
+  if (repeat <= 0)
+    return invalidArgument("--repeat must be positive");
   KVC_RETURN_IF_ERROR(args.checkUnused());
+  // Each plan `repeat` times, round robin so that a noisy stretch of the
+  // machine does not land on one plan; the run of median makespan is shown.
+  std::vector<std::vector<PlanRun>> all(setup.bundle.plans.size());
+  for (int64_t r = 0; r < repeat; ++r)
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      TRY_ASSIGN(run, runPlan(setup, setup.bundle.plans[i], {},
+                              /*verify=*/r == 0));
+      if (r > 0)
+        run.error = all[i].front().error;
+      all[i].push_back(std::move(run));
+    }
   std::vector<PlanRun> runs;
-  for (const BundlePlan &plan : setup.bundle.plans) {
-    TRY_ASSIGN(run, runPlan(setup, plan, {}, /*verify=*/true));
-    runs.push_back(std::move(run));
+  for (std::vector<PlanRun> &plan : all) {
+    std::sort(plan.begin(), plan.end(), [](const PlanRun &a, const PlanRun &b) {
+      return a.metrics.makespanSeconds < b.metrics.makespanSeconds;
+    });
+    runs.push_back(std::move(plan[plan.size() / 2]));
   }
   const std::vector<BundlePlan> &plans = setup.bundle.plans;
   std::printf("%-10s %12s %12s %10s %9s %6s %10s", "plan", "predicted ms",

@@ -17,8 +17,10 @@
 
 namespace mlir::kvc {
 
-/// Returns the #kvc.model of `config` (already validated by its parser).
-ModelAttr getModelAttr(MLIRContext *context, const ::kvc::ModelConfig &config);
+/// Returns the #kvc.model of `config` (already validated by its parser),
+/// with the weights' `fingerprint` when known.
+ModelAttr getModelAttr(MLIRContext *context, const ::kvc::ModelConfig &config,
+                       StringRef fingerprint = "");
 /// Returns the architecture a #kvc.model describes.
 ::kvc::ModelConfig getModelConfig(ModelAttr model);
 

@@ -32,6 +32,11 @@ struct RestorePipelineOptions
       *this, "report",
       llvm::cl::desc("Print the baselines beside the chosen plan"),
       llvm::cl::init(false)};
+  PassOptions::Option<std::string> strategy{
+      *this, "strategy",
+      llvm::cl::desc("joint, or the baseline to plan: compute, kv, hidden, "
+                     "cake or hcache"),
+      llvm::cl::init("joint")};
 };
 
 /// kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate.

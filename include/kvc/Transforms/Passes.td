@@ -189,6 +189,8 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
     one line per baseline and for the chosen plan: makespan, busy time per
     resource and lane, bytes read, FLOPs, and the chosen plan's speedup over
     each. A plan slower than the request's `slo_ms` is reported as a warning.
+    `strategy` plans one baseline instead (`kvc-run compare` runs them all);
+    a request that stores nothing the baseline loads is an error.
 
     Before (Llama-2-7B on an A100-40GB, hidden states on the SSDs and int8
     KV in host DRAM):
@@ -212,6 +214,9 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
   let options = !listconcat(KVC_CostModelOptions, [
     Option<"report", "report", "bool", /*default=*/"false",
            "Print every baseline beside the chosen plan as a remark">,
+    Option<"strategy", "strategy", "std::string", /*default=*/"\"joint\"",
+           "joint, or one baseline to plan instead: compute, kv, hidden, "
+           "cake or hcache (each the best of its kind)">,
   ]);
 }
 

@@ -122,12 +122,12 @@ public:
                                    step.tier + "\"");
           refs(step.tier, formOf(step)); // Computed once, here.
         }
-        if (step.op == "chunk_compute" &&
-            (step.layers.begin != 0 || step.layers.end != config_.numLayers))
+        if (step.op == "chunk_compute" && step.layers.begin != 0)
           return unimplemented("restore: chunk_compute over layers " +
                                std::to_string(step.layers.begin) + " to " +
                                std::to_string(step.layers.end) +
-                               " (only whole-model compute is supported)");
+                               " (compute above layer 0, from loaded hidden "
+                               "states, is not supported)");
       }
       std::string name = task.steps.size() == 1 ? first.op : task.kernel;
       if (name.empty())
@@ -404,8 +404,8 @@ private:
   /// Copies the box's KV from the run's prefill state, extending it to the
   /// box's end first (chunks computed out of order are still exact).
   Status compute(ChunkValue &value) {
-    KVC_RETURN_IF_ERROR(
-        prefill_.copyTo(value.tokens.begin, value.tokens.end, value.data));
+    KVC_RETURN_IF_ERROR(prefill_.copyTo(value.tokens.begin, value.tokens.end,
+                                        value.layers.end, value.data));
     value.form = ChunkForm::KV;
     return Status::ok();
   }
@@ -494,6 +494,17 @@ StatusOr<double> restoreError(const LlamaModel &model,
   LlamaModel::Cache reference = model.newCache();
   const int64_t n = int64_t(tokens.size());
   KVC_RETURN_IF_ERROR(model.prefill(reference, tokens.data(), n));
+  return restoreError(model, reference, n, cache, table);
+}
+
+StatusOr<double> restoreError(const LlamaModel &model,
+                              const LlamaModel::Cache &reference, int64_t n,
+                              const PagedKVCache &cache,
+                              const BlockTable &table) {
+  if (reference.tokens < n)
+    return invalidArgument("restoreError: the reference holds " +
+                           std::to_string(reference.tokens) + " tokens, not " +
+                           std::to_string(n));
   const int64_t kv = model.kvDim();
   std::vector<float> k(n * kv), v(n * kv);
   double maxError = 0, maxValue = 0;

@@ -27,7 +27,7 @@ public:
   Status writeTo(PagedKVCache &cache, const BlockTable &table, int64_t t0,
                  int64_t t1, int64_t l0, int64_t l1) {
     std::lock_guard<std::mutex> lock(mutex_);
-    KVC_RETURN_IF_ERROR(extendLocked(t1));
+    KVC_RETURN_IF_ERROR(extendLocked(t1, l1));
     const int64_t kv = model_.kvDim();
     for (int64_t l = l0; l < l1; ++l)
       KVC_RETURN_IF_ERROR(cache.write(table, l, t0, t1 - t0,
@@ -36,15 +36,15 @@ public:
     return Status::ok();
   }
 
-  /// Copies K and V of tokens [t0, t1) of every layer into `out`, laid out
-  /// per layer as K then V ([t1 - t0][kvDim] each).
-  Status copyTo(int64_t t0, int64_t t1, std::vector<float> &out) {
+  /// Copies K and V of tokens [t0, t1), layers [0, l1) into `out`, laid out
+  /// per layer as K then V ([t1 - t0][kvDim] each). Only the first `l1`
+  /// layers are prefilled for tokens past those computed before.
+  Status copyTo(int64_t t0, int64_t t1, int64_t l1, std::vector<float> &out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    KVC_RETURN_IF_ERROR(extendLocked(t1));
+    KVC_RETURN_IF_ERROR(extendLocked(t1, l1));
     const int64_t kv = model_.kvDim(), n = t1 - t0;
-    const int64_t layers = model_.config().numLayers;
-    out.resize(layers * 2 * n * kv);
-    for (int64_t l = 0; l < layers; ++l) {
+    out.resize(l1 * 2 * n * kv);
+    for (int64_t l = 0; l < l1; ++l) {
       std::memcpy(out.data() + (2 * l) * n * kv, cache_.k[l].data() + t0 * kv,
                   size_t(n * kv) * sizeof(float));
       std::memcpy(out.data() + (2 * l + 1) * n * kv,
@@ -62,16 +62,27 @@ public:
   }
 
 private:
-  Status extendLocked(int64_t end) {
-    const int64_t begin = cache_.tokens;
-    if (end <= begin)
+  /// Makes layers [0, depth) hold tokens [0, end). Plans compute the first
+  /// layers of late tokens only (HCache's complement), so deeper layers may
+  /// lag; a fallback that needs one of those starts over at full depth.
+  Status extendLocked(int64_t end, int64_t depth) {
+    const int64_t kv = model_.kvDim();
+    bool lagging = false;
+    for (int64_t l = 0; l < depth; ++l)
+      lagging |= int64_t(cache_.k[l].size()) < std::min(end, cache_.tokens) * kv;
+    if (lagging) {
+      cache_ = model_.newCache();
+      depth = model_.config().numLayers;
+    } else if (end <= cache_.tokens) {
       return Status::ok();
-    KVC_RETURN_IF_ERROR(
-        model_.prefill(cache_, tokens_.data() + begin, end - begin));
+    }
+    const int64_t begin = cache_.tokens;
+    KVC_RETURN_IF_ERROR(model_.prefill(cache_, tokens_.data() + begin,
+                                       end - begin, {}, depth));
     const ModelConfig &c = model_.config();
     const double h = double(c.hiddenSize);
-    flops_ += 2.0 * double(end - begin) * double(c.numLayers) *
-              (2 * h * h + 2 * h * double(model_.kvDim()) +
+    flops_ += 2.0 * double(end - begin) * double(depth) *
+              (2 * h * h + 2 * h * double(kv) +
                3 * h * double(c.intermediateSize));
     return Status::ok();
   }

@@ -171,10 +171,22 @@ void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
 }
 
 Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
-                           const LayerCallback &onLayer) const {
+                           const LayerCallback &onLayer,
+                           int64_t layers) const {
   const ModelConfig &c = config_;
   if (n <= 0)
     return Status::ok();
+  if (layers < 0)
+    layers = c.numLayers;
+  if (layers > c.numLayers)
+    return invalidArgument("prefilling " + std::to_string(layers) +
+                           " layers of a " + std::to_string(c.numLayers) +
+                           "-layer model");
+  for (int64_t l = 0; l < layers; ++l)
+    if (int64_t(cache.k[l].size()) != cache.tokens * kvDim())
+      return Status(StatusCode::FailedPrecondition,
+                    "prefilling layer " + std::to_string(l) +
+                        ", which an earlier shallower prefill left behind");
   const int64_t pos0 = cache.tokens, total = pos0 + n;
   if (total > c.maxPositions)
     return invalidArgument("prefilling to " + std::to_string(total) +
@@ -196,7 +208,7 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
     std::copy_n(&embed_[int64_t(tokens[i]) * h], h, &x[i * h]);
 
   const float scale = 1.0f / std::sqrt(float(d));
-  for (int64_t l = 0; l < c.numLayers; ++l) {
+  for (int64_t l = 0; l < layers; ++l) {
     const Layer &L = layers_[l];
     rmsNorm(x.data(), L.attnNorm, n, normed.data());
     linear(normed.data(), L.q, n, h, q, qs.data());

@@ -86,6 +86,27 @@ Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
   return Status::ok();
 }
 
+StatusOr<StoredExtent> ChunkStore::stored(const int32_t *tokens,
+                                          int64_t count, ChunkForm form) {
+  StoredExtent extent;
+  std::vector<ChunkRef> objects = refs(tokens, count, form);
+  for (const ChunkRef &ref : objects) {
+    StatusOr<bool> exists = tier_->exists(ref.name());
+    if (!exists.isOk())
+      return exists.status();
+    if (!*exists) {
+      extent.tokens = std::min(extent.tokens, ref.tokenBegin);
+      break;
+    }
+    extent.tokens = std::max(extent.tokens, ref.tokenEnd);
+  }
+  if (extent.tokens > 0) {
+    std::vector<float> values(shape(objects.front()).numel());
+    KVC_RETURN_IF_ERROR(get(objects.front(), values.data(), &extent.codec));
+  }
+  return extent;
+}
+
 Status ChunkStore::get(const ChunkRef &ref, float *out, CodecSpec *codec) {
   std::string bytes;
   KVC_RETURN_IF_ERROR(tier_->get(ref.name(), bytes));

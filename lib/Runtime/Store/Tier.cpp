@@ -269,6 +269,7 @@ public:
   StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
     return inner_->list(prefix);
   }
+  double throttleGBs() const override { return bytesPerSecond_ * 1e-9; }
 
 private:
   void wait(size_t bytes) {

@@ -94,6 +94,12 @@ StatusOr<double> restoreError(const LlamaModel &model,
                               const std::vector<int32_t> &tokens,
                               const PagedKVCache &cache,
                               const BlockTable &table);
+/// The same against a full prefill of the request's `tokens` tokens already
+/// computed (to verify many restores of one request).
+StatusOr<double> restoreError(const LlamaModel &model,
+                              const LlamaModel::Cache &reference,
+                              int64_t tokens, const PagedKVCache &cache,
+                              const BlockTable &table);
 
 } // namespace kvc
 

@@ -55,10 +55,12 @@ public:
 
   using LayerCallback = std::function<void(const LayerSnapshot &)>;
 
-  /// Runs `n` tokens at positions cache.tokens.. through every layer,
-  /// appending their KV to `cache` and calling `onLayer` for each layer.
+  /// Runs `n` tokens at positions cache.tokens.. through every layer (or
+  /// the first `layers`), appending their KV to `cache` and calling
+  /// `onLayer` for each layer. Layers left out fall behind cache.tokens and
+  /// must not be prefilled further.
   Status prefill(Cache &cache, const int32_t *tokens, int64_t n,
-                 const LayerCallback &onLayer = {}) const;
+                 const LayerCallback &onLayer = {}, int64_t layers = -1) const;
 
   /// K (after RoPE) and V of `layer` for `n` tokens at positions
   /// position.. from the hidden states entering the layer.

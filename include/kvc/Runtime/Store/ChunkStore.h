@@ -33,6 +33,13 @@ struct ChunkRef {
   }
 };
 
+/// How much of a request a store holds in one form: every object of the
+/// chunks of tokens [0, tokens) exists, encoded with `codec`.
+struct StoredExtent {
+  int64_t tokens = 0;
+  CodecSpec codec;
+};
+
 class ChunkStore {
 public:
   ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
@@ -46,6 +53,12 @@ public:
   /// Every object of `form` for `tokens`, in token then layer order.
   std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count,
                              ChunkForm form) const;
+
+  /// The longest prefix of `tokens` whose every object of `form` exists,
+  /// and the codec its first object was stored with (what a planner may
+  /// load; a chunk that turns out corrupt is still caught when read).
+  StatusOr<StoredExtent> stored(const int32_t *tokens, int64_t count,
+                                ChunkForm form);
 
   /// Encodes `values` (the ref's chunkShape) with `codec` and writes them,
   /// unless the object already exists; `written` tells which.

@@ -42,6 +42,9 @@ public:
   virtual Status remove(const std::string &name) = 0;
   /// Names starting with `prefix`, sorted.
   virtual StatusOr<std::vector<std::string>> list(const std::string &prefix) = 0;
+  /// The bandwidth a `?gbps=N` throttle holds transfers to, in GB/s; 0 when
+  /// the tier is not throttled.
+  virtual double throttleGBs() const { return 0; }
 };
 
 /// Opens the tier a URL names.

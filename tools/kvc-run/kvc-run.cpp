@@ -41,6 +41,7 @@
 #include "Calibrate.h"
 #include "ProfileCodecs.h"
 
+#include "kvc/Planning/Plan.h"
 #include "kvc/Runtime/Exec/DynamicCake.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Model/GenModel.h"
@@ -333,6 +334,7 @@ struct RestoreSetup {
   std::optional<LlamaModel::Cache> reference;
 };
 
+#ifdef KVC_RUN_WITH_COMPILER
 /// The tier of `target` that the store at `url` is: --tier NAME, else the
 /// first tier of the URL's kind. A throttled store caps its read bandwidth.
 StatusOr<TierDesc *> storeTier(Args &args, TargetDesc &target,
@@ -382,6 +384,8 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
   }
   return sources;
 }
+
+#endif // KVC_RUN_WITH_COMPILER
 
 /// --strategy: plans the request in-process for --target, one plan per
 /// strategy; `all` takes every strategy the store's sources allow.

@@ -28,6 +28,9 @@ struct Split {
   /// Staging slots for the loads (0: none); a fetch reusing a slot waits
   /// for the copy of the chunk that used it before, as kvc-schedule orders.
   int64_t slots = 0;
+  /// Tokens [merge, end) compute layers [0, computeLayers) instead of
+  /// loading them (HCache's recompute complement); loads start above.
+  int64_t computeLayers = 0;
 };
 
 BundleStep step(const char *op, const char *form, int64_t t0, int64_t t1,
@@ -74,9 +77,16 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
       continue;
     }
     t0 = std::max(t0, split.merge);
+    const int64_t low = split.computeLayers;
+    if (low > 0)
+      add(BundleResource::Compute, 0,
+          {step("chunk_compute", "kv", t0, t1, 0, low),
+           step("scatter", "kv", t0, t1, 0, low)},
+          {});
     for (bool hidden : {true, false}) {
-      int64_t l0 = hidden ? 0 : split.hiddenLayers;
-      int64_t l1 = hidden ? split.hiddenLayers : layers;
+      int64_t split_ = std::max(low, split.hiddenLayers);
+      int64_t l0 = hidden ? low : split_;
+      int64_t l1 = hidden ? split_ : layers;
       if (l0 == l1)
         continue;
       const char *form = hidden ? "hidden" : "kv";
@@ -253,6 +263,18 @@ TEST_F(ExecutorTest, DeletedChunkIsRecomputedAndReported) {
   expectExact({0, 0, 64}, /*expectedFallbacks=*/1);
   // Through one staging slot: the failed chunk gives its slot back.
   expectExact({0, 0, 64, /*slots=*/1}, 1);
+}
+
+TEST_F(ExecutorTest, ComputingTheFirstLayersOfLateTokensIsExact) {
+  const int64_t layers = model_->config().numLayers;
+  // Layer 0 computed for every token, hidden states for the rest.
+  expectExact({0, layers, 64, 0, /*computeLayers=*/1});
+  // Cake's front, then layer 0 computed and KV for the rest.
+  expectExact({128, 0, 64, 0, 1});
+  // A KV chunk of a deeper layer lost: its fallback needs layers the plan
+  // computed only shallowly, so the prefill starts over at full depth.
+  ASSERT_TRUE(tier_->remove(victim(*store_, tokens_)).isOk());
+  expectExact({64, 2, 64, 0, 1}, /*expectedFallbacks=*/1);
 }
 
 TEST_F(ExecutorTest, CorruptedByteIsRecomputedAndReported) {

@@ -77,6 +77,25 @@ TEST(LlamaModel, ChunkedPrefillMatchesOneShot) {
   }
 }
 
+TEST(LlamaModel, ShallowPrefillMatchesTheFirstLayersAndStopsDeeperOnes) {
+  auto model = std::move(*LlamaModel::load(modelDir()));
+  std::vector<int32_t> t = tokens(64, 2);
+  LlamaModel::Cache whole = model->newCache();
+  ASSERT_TRUE(model->prefill(whole, t.data(), 64).isOk());
+  LlamaModel::Cache shallow = model->newCache();
+  ASSERT_TRUE(model->prefill(shallow, t.data(), 32).isOk());
+  ASSERT_TRUE(model->prefill(shallow, t.data() + 32, 32, {}, 2).isOk());
+  EXPECT_EQ(shallow.tokens, 64);
+  for (int64_t l = 0; l < 2; ++l)
+    EXPECT_LT(relativeMaxError(shallow.k[l], whole.k[l]), 1e-5);
+  EXPECT_EQ(int64_t(shallow.k[2].size()), 32 * model->kvDim());
+  // Layer 2 fell behind: prefilling it further would misplace its KV.
+  Status deeper = model->prefill(shallow, t.data(), 8);
+  EXPECT_EQ(deeper.code(), StatusCode::FailedPrecondition);
+  EXPECT_EQ(model->prefill(shallow, t.data(), 8, {}, 9).code(),
+            StatusCode::InvalidArgument);
+}
+
 TEST(LlamaModel, ProjectingHiddenStatesReproducesKV) {
   auto model = std::move(*LlamaModel::load(modelDir()));
   std::vector<int32_t> t = tokens(64, 2);

@@ -290,6 +290,31 @@ TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
   }
 }
 
+TEST(ChunkStore, ReportsTheStoredPrefixAndItsCodec) {
+  Fixture f;
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
+  ChunkStore store = f.store(tier);
+  StatusOr<StoredExtent> empty =
+      store.stored(f.tokens.data(), 300, ChunkForm::KV);
+  ASSERT_TRUE(empty.isOk());
+  EXPECT_EQ(empty->tokens, 0);
+  SaveOptions options;
+  options.forms = {ChunkForm::KV};
+  options.codec = *parseCodecSpec("int8");
+  ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
+  StatusOr<StoredExtent> kv = store.stored(f.tokens.data(), 300, ChunkForm::KV);
+  ASSERT_TRUE(kv.isOk());
+  EXPECT_EQ(kv->tokens, 300);
+  EXPECT_EQ(kv->codec.str(), options.codec.str());
+  EXPECT_EQ(store.stored(f.tokens.data(), 300, ChunkForm::Hidden)->tokens, 0);
+  // One layer group of the second chunk gone: only the first chunk counts.
+  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, ChunkForm::KV);
+  const ChunkRef &lost = refs[3];
+  ASSERT_TRUE(tier->remove(lost.name()).isOk());
+  EXPECT_EQ(store.stored(f.tokens.data(), 300, ChunkForm::KV)->tokens,
+            lost.tokenBegin);
+}
+
 /// Writes one KV chunk and returns its ref and the store.
 TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   Fixture f, other(12); // Same shape, other weights.

@@ -7,9 +7,12 @@
 // whose values they use.
 //
 // Staging memory is bounded (ShadowServe): each fetch takes one of
-// floor(budget / largest fetch) buffer slots, holding it until its chunk's
-// copy to the device has finished; a fetch that reuses a slot waits for that
-// copy. A request larger than the budget so runs in rounds.
+// floor(budget / largest fetch) buffer slots, holding its host buffer until
+// its chunk's copy to the device has finished and its device buffer from
+// that copy until the step that consumes the chunk on the device (the
+// scatter, or a kernel ending in one); a fetch that reuses a slot waits for
+// the copy, and a copy into a slot for that consumer. A request larger than
+// the budget so runs in rounds, on both sides of the link.
 //
 //===----------------------------------------------------------------------===//
 
@@ -78,8 +81,9 @@ struct KVCSchedulePass
     // per slot the copy task that frees it.
     llvm::DenseMap<Value, TaskOp> definingTask;
     llvm::StringMap<int64_t> nextLane;
-    SmallVector<Value> slotFreedBy(slots);
-    llvm::DenseMap<Value, int64_t> slotOfValue; // Host chunks in a slot.
+    SmallVector<Value> slotFreedBy(slots), deviceFreedBy(slots);
+    llvm::DenseMap<Value, int64_t> slotOfValue;   // Host chunks in a slot.
+    llvm::DenseMap<Value, int64_t> deviceOfValue; // Device chunks in a slot.
     int64_t nextSlot = 0;
 
     OpBuilder builder(plan.getContext());
@@ -110,6 +114,16 @@ struct KVCSchedulePass
         if (it != slotOfValue.end())
           slot = it->second;
       }
+      // A copy into a slot's device buffer waits for the step that consumed
+      // the chunk before it there.
+      if (isa<TransferToDeviceOp>(step) && slot)
+        if (Value freedBy = deviceFreedBy[*slot])
+          if (!llvm::is_contained(deps, freedBy))
+            deps.push_back(freedBy);
+      std::optional<int64_t> deviceSlot;
+      for (Value operand : step->getOperands())
+        if (auto it = deviceOfValue.find(operand); it != deviceOfValue.end())
+          deviceSlot = it->second;
 
       builder.setInsertionPoint(step);
       auto task = builder.create<TaskOp>(
@@ -126,12 +140,28 @@ struct KVCSchedulePass
           return use.getOwner()->getParentOp() != task.getOperation();
         });
         definingTask[result] = task;
-        if (slot && cast<ChunkType>(result.getType()).getSpace() == Space::host)
+        auto chunk = dyn_cast<ChunkType>(result.getType());
+        if (!chunk)
+          continue;
+        if (slot && chunk.getSpace() == Space::host)
           slotOfValue[result] = *slot;
+        // The copy fills the slot's device buffer; device steps keep it.
+        if (chunk.getSpace() == Space::device) {
+          if (isa<TransferToDeviceOp>(step) && slot)
+            deviceOfValue[result] = *slot;
+          else if (deviceSlot)
+            deviceOfValue[result] = *deviceSlot;
+        }
       }
-      // A copy to the device frees its chunk's slot.
+      // A copy to the device frees its chunk's host buffer; the step that
+      // consumes a device chunk without producing one frees its device one.
       if (isa<TransferToDeviceOp>(step) && slot)
         slotFreedBy[*slot] = task.getDone();
+      if (deviceSlot && llvm::none_of(step->getResultTypes(), [](Type type) {
+            auto chunk = dyn_cast<ChunkType>(type);
+            return chunk && chunk.getSpace() == Space::device;
+          }))
+        deviceFreedBy[*deviceSlot] = task.getDone();
     }
   }
 };

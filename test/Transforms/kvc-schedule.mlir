@@ -22,11 +22,16 @@
 // ROOMY:         %{{.+}}, %{{.+}} = kvc.task on io[1] slot 1 {
 
 // Tests that when the budget holds one chunk, the request runs in rounds:
-// the second fetch reuses slot 0 once the first chunk's copy has freed it.
+// the second fetch reuses slot 0 once the first chunk's copy has freed its
+// host buffer, and the second copy waits for the kernel that consumed the
+// first chunk from the slot's device buffer.
 // ROUNDS-LABEL: kvc.plan @p
 // ROUNDS:         kvc.task on io[0] slot 0 {
 // ROUNDS:         %[[COPY:.+]], %{{.+}} = kvc.task on h2d[0]
+// ROUNDS:         %[[SCATTER:.+]] = kvc.task on compute[0] after %[[COPY]] {
 // ROUNDS:         kvc.task on io[1] after %[[COPY]] slot 0 {
+// ROUNDS:         %[[DECODE:.+]], %{{.+}} = kvc.task on decode[0]
+// ROUNDS:         kvc.task on h2d[0] after %[[DECODE]], %[[SCATTER]] {
 kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
 }

@@ -39,6 +39,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Calibrate.h"
+#include "Memory.h"
 #include "ProfileCodecs.h"
 
 #include "kvc/Planning/Plan.h"
@@ -482,6 +483,9 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
 struct PlanRun {
   RestoreMetrics metrics;
   std::optional<double> error; ///< Relative to a full prefill, if verified.
+  /// Resident memory before the restore (model, request, empty paged cache)
+  /// and at its peak; the paged cache's size.
+  int64_t residentBefore = 0, residentPeak = 0, cacheBytes = 0;
 };
 
 /// Restores the request with `plan` into a fresh paged cache.
@@ -501,7 +505,11 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
   target.cache = cache.get();
   target.table = &table;
   PlanRun run;
+  run.cacheBytes = cache->bytes();
+  run.residentBefore = residentBytes();
+  resetPeakResident();
   TRY_ASSIGN(metrics, restore(*pools, plan, target, options));
+  run.residentPeak = peakResidentBytes();
   run.metrics = std::move(metrics);
   if (verify) {
     const int64_t n = int64_t(setup.tokens.size());
@@ -551,6 +559,11 @@ Status restoreCommand(Args &args) {
   std::printf("  staging  %.3f MB in %lld slot(s)\n",
               double(metrics.stagingBytes) * 1e-6,
               (long long)plan->stagingSlots);
+  std::printf("  memory   %.1f MB resident before the restore (paged cache "
+              "%.1f MB), peak %.1f MB: %.1f MB above\n",
+              double(run.residentBefore) * 1e-6, double(run.cacheBytes) * 1e-6,
+              double(run.residentPeak) * 1e-6,
+              double(run.residentPeak - run.residentBefore) * 1e-6);
   for (const std::string &event : metrics.fallbacks)
     std::printf("  fallback: %s\n", event.c_str());
   if (!options.tracePath.empty())

@@ -46,7 +46,8 @@ BundleStep step(const char *op, const char *form, int64_t t0, int64_t t1,
 
 /// A scheduled plan as kvc-schedule shapes it: per loaded chunk, fetch on
 /// alternating io lanes -> decompress -> copy -> (project +) scatter; per
-/// computed chunk, one compute task.
+/// computed chunk, one compute task. A fetch into a slot waits for the copy
+/// of the slot's previous chunk, a copy for its scatter.
 BundlePlan makePlan(const Split &split, int64_t layers) {
   BundlePlan plan;
   plan.name = "test";
@@ -66,7 +67,7 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
   };
   int64_t lane = 0, fetches = 0;
   plan.stagingSlots = split.slots;
-  std::vector<int64_t> lastCopy(split.slots, -1);
+  std::vector<int64_t> lastCopy(split.slots, -1), lastScatter(split.slots, -1);
   for (int64_t t0 = 0; t0 < kTokens; t0 += split.chunk) {
     int64_t t1 = std::min(kTokens, t0 + split.chunk);
     if (t1 <= split.merge) {
@@ -101,15 +102,22 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
         plan.tasks[f].slot = slot;
       int64_t d = add(BundleResource::Decode, 0,
                       {step("decompress", form, t0, t1, l0, l1)}, {f});
+      std::vector<int64_t> copyAfter = {d};
+      if (slot >= 0 && lastScatter[slot] >= 0)
+        copyAfter.push_back(lastScatter[slot]);
       int64_t c = add(BundleResource::H2D, 0,
-                      {step("transfer_to_device", form, t0, t1, l0, l1)}, {d});
+                      {step("transfer_to_device", form, t0, t1, l0, l1)},
+                      copyAfter);
+      plan.tasks[c].inputs = {d};
       if (slot >= 0)
         lastCopy[slot] = c;
       std::vector<BundleStep> last;
       if (hidden)
         last.push_back(step("project", "hidden", t0, t1, l0, l1));
       last.push_back(step("scatter", "kv", t0, t1, l0, l1));
-      add(BundleResource::Compute, 0, std::move(last), {c});
+      int64_t sc = add(BundleResource::Compute, 0, std::move(last), {c});
+      if (slot >= 0)
+        lastScatter[slot] = sc;
     }
   }
   return plan;
@@ -226,11 +234,29 @@ TEST_F(ExecutorTest, StagingSlotsAreReusedAcrossChunksAndRounds) {
                                          table);
   ASSERT_TRUE(metrics) << metrics.status().toString();
   const int64_t chunkFloats = layers * 2 * 64 * model_->kvDim();
-  // Per slot: the decoded chunk (fp32) plus its stored objects (raw bf16,
-  // whole 64-token objects, headers).
+  // Per slot: the decoded chunk (fp32) on the host and on the "device",
+  // plus its stored objects (raw bf16, whole 64-token objects, headers).
   EXPECT_GT(metrics->stagingBytes, 0);
-  EXPECT_LE(metrics->stagingBytes, 2 * (chunkFloats * 4 + chunkFloats * 2 +
+  EXPECT_LE(metrics->stagingBytes, 2 * (2 * chunkFloats * 4 + chunkFloats * 2 +
                                         4096));
+}
+
+TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {
+  // One slot; the first chunk's scatter made to wait for the second chunk's
+  // copy, which so lands in the device buffer the first still holds.
+  BundlePlan plan = makePlan({0, 0, 64, /*slots=*/1},
+                             model_->config().numLayers);
+  ASSERT_EQ(plan.tasks[3].steps.back().op, "scatter");
+  ASSERT_EQ(plan.tasks[6].steps.front().op, "transfer_to_device");
+  plan.tasks[6].after = {5};
+  plan.tasks[3].after = {2, 6};
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<RestoreMetrics> metrics = run(plan, table);
+  ASSERT_FALSE(metrics);
+  EXPECT_EQ(metrics.status().code(), StatusCode::Internal);
+  EXPECT_NE(metrics.status().message().find("refilled before its chunk was "
+                                            "scattered"),
+            std::string::npos);
 }
 
 TEST_F(ExecutorTest, ReportsMetrics) {

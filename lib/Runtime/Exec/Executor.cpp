@@ -30,14 +30,18 @@ ChunkForm formOf(const BundleStep &step) {
   return step.form == "kv" ? ChunkForm::KV : ChunkForm::Hidden;
 }
 
-/// A staging slot: host buffers for one chunk in flight, allocated on first
-/// use and reused by every chunk the plan routes through the slot (the
-/// plan's staging budget bounds their number). `busy` guards against a plan
-/// that would refill a slot before its chunk has been copied out.
+/// A staging slot: buffers for one chunk in flight, allocated on first use
+/// and reused by every chunk the plan routes through the slot (the plan's
+/// staging budget bounds their number). The host side (`objects`, `data`)
+/// is held from the fetch to the copy to the device, the device side
+/// (`device`, and `projected` for KV projected from hidden states) from
+/// that copy to the scatter. `busy` and `deviceBusy` turn a plan that would
+/// refill either side early into an error instead of a race.
 struct StagingSlot {
-  std::atomic<bool> busy{false};
+  std::atomic<bool> busy{false}, deviceBusy{false};
   std::vector<std::pair<ChunkRef, std::string>> objects;
   std::vector<float> data;
+  std::vector<float> device, projected;
 };
 
 /// A chunk on its way through a chain of tasks. Layout of `data`: per layer
@@ -53,8 +57,10 @@ struct ChunkValue {
   std::size_t objectCount = 0;
   bool encoded = false;
   std::vector<float> data;
-  /// The staging slot whose buffers `objects` and `data` are while held.
+  /// The staging slot whose host buffers `objects` and `data` are while
+  /// held, and the one whose device buffer `data` is after the copy.
   StagingSlot *slot = nullptr;
+  StagingSlot *deviceSlot = nullptr;
   /// Why the chunk will be recomputed instead ("" while it is fine).
   std::string fault;
 };
@@ -214,9 +220,12 @@ public:
   int64_t stagingBytes() const {
     int64_t bytes = 0;
     for (int64_t s = 0; s < plan_.stagingSlots; ++s) {
-      for (const auto &object : slots_[s].objects)
+      const StagingSlot &slot = slots_[s];
+      for (const auto &object : slot.objects)
         bytes += int64_t(object.second.capacity());
-      bytes += int64_t(slots_[s].data.capacity() * sizeof(float));
+      bytes += int64_t((slot.data.capacity() + slot.device.capacity() +
+                        slot.projected.capacity()) *
+                       sizeof(float));
     }
     return bytes;
   }
@@ -248,7 +257,8 @@ private:
         if (!recoverableByRecompute(status))
           return status;
         value.fault = status.toString();
-        releaseSlot(value, /*keepData=*/false);
+        releaseSlot(value);
+        releaseDevice(value);
       }
     }
     return Status::ok();
@@ -267,10 +277,8 @@ private:
         value.encoded)
       KVC_RETURN_IF_ERROR(decode(value));
     // The copy to the "device" frees the staging slot, as an H2D copy does.
-    if (step.op == "transfer_to_device") {
-      releaseSlot(value, /*keepData=*/true);
-      return Status::ok();
-    }
+    if (step.op == "transfer_to_device")
+      return copyToDevice(value);
     if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
       return unimplemented("restore: step " + step.op + " over tokens " +
                            std::to_string(step.tokens.begin) + " to " +
@@ -327,21 +335,44 @@ private:
     return Status::ok();
   }
 
-  /// Gives a held slot's buffers back; with `keepData` the decoded chunk is
-  /// first copied out (the CPU backend's host-to-device copy).
-  void releaseSlot(ChunkValue &value, bool keepData) {
+  /// Gives a held slot's host buffers back.
+  void releaseSlot(ChunkValue &value) {
     if (!value.slot)
       return;
-    std::vector<float> device;
-    if (keepData)
-      device = value.data;
     value.objects.swap(value.slot->objects);
     value.data.swap(value.slot->data);
     value.objects.clear();
     value.objectCount = 0;
-    value.data = std::move(device);
+    value.data.clear();
     value.slot->busy.store(false);
     value.slot = nullptr;
+  }
+
+  /// Gives a held slot's device buffer back.
+  void releaseDevice(ChunkValue &value) {
+    if (!value.deviceSlot)
+      return;
+    value.data.swap(value.deviceSlot->device);
+    value.data.clear();
+    value.deviceSlot->deviceBusy.store(false);
+    value.deviceSlot = nullptr;
+  }
+
+  /// The CPU backend's host-to-device copy: into the slot's device buffer
+  /// (a fresh one for chunks staged without a slot), freeing the host side.
+  Status copyToDevice(ChunkValue &value) {
+    if (!value.slot)
+      return Status::ok(); // Unstaged: the chunk's buffer is its own.
+    StagingSlot &slot = *value.slot;
+    if (slot.deviceBusy.exchange(true))
+      return Status(StatusCode::Internal,
+                    "restore: the device buffer of a staging slot was "
+                    "refilled before its chunk was scattered");
+    slot.device.assign(value.data.begin(), value.data.end());
+    releaseSlot(value);
+    value.data.swap(slot.device);
+    value.deviceSlot = &slot;
+    return Status::ok();
   }
 
   int64_t width(ChunkForm form) const {
@@ -389,13 +420,16 @@ private:
                     "restore: project of a chunk that holds no hidden states");
     const int64_t tokens = value.tokens.size();
     const int64_t h = config_.hiddenSize, kv = model_.kvDim();
-    std::vector<float> out(value.layers.size() * 2 * tokens * kv);
+    std::vector<float> unstaged;
+    std::vector<float> &out =
+        value.deviceSlot ? value.deviceSlot->projected : unstaged;
+    out.resize(value.layers.size() * 2 * tokens * kv);
     for (int64_t l = 0; l < value.layers.size(); ++l)
       model_.project(value.layers.begin + l,
                      value.data.data() + l * tokens * h, tokens,
                      value.tokens.begin, out.data() + (2 * l) * tokens * kv,
                      out.data() + (2 * l + 1) * tokens * kv);
-    value.data = std::move(out);
+    value.data.swap(out);
     value.form = ChunkForm::KV;
     addFlops(2.0 * tokens * value.layers.size() * 2 * h * kv);
     return Status::ok();
@@ -424,8 +458,10 @@ private:
           *target_.table, value.layers.begin + l, value.tokens.begin, tokens,
           value.data.data() + (2 * l) * tokens * kv,
           value.data.data() + (2 * l + 1) * tokens * kv));
-    if (value.slot)
-      releaseSlot(value, /*keepData=*/false);
+    if (value.deviceSlot)
+      releaseDevice(value);
+    else if (value.slot)
+      releaseSlot(value);
     else
       value.data = {};
     return Status::ok();

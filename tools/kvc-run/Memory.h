@@ -1,0 +1,35 @@
+//===- Memory.h - Resident memory of kvc-run ---------------------*- C++ -*-===//
+//
+// The process's resident set from Linux's /proc/self/status, and its peak
+// reset through /proc/self/clear_refs, so that one phase (a restore) can be
+// measured on its own. Elsewhere every figure reads 0.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_TOOLS_KVC_RUN_MEMORY_H
+#define KVC_TOOLS_KVC_RUN_MEMORY_H
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace kvc {
+
+/// A `Vm...:` line of /proc/self/status, in bytes.
+inline int64_t procStatusBytes(const std::string &key) {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind(key + ":", 0) == 0)
+      return std::stoll(line.substr(key.size() + 1)) * 1024; // In kB.
+  return 0;
+}
+
+inline int64_t residentBytes() { return procStatusBytes("VmRSS"); }
+inline int64_t peakResidentBytes() { return procStatusBytes("VmHWM"); }
+
+/// Starts the peak over from the current resident set.
+inline void resetPeakResident() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+} // namespace kvc
+
+#endif // KVC_TOOLS_KVC_RUN_MEMORY_H

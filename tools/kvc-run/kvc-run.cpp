@@ -405,6 +405,11 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   request.tokens = int64_t(tokens.size());
   TRY_ASSIGN(sources, storedSources(store, tokens, tier->name));
   request.sources = std::move(sources);
+  if (store.layout().layerGroup > 1 && !request.sources.empty())
+    std::printf("note: the store keeps %lld layers per object; a plan "
+                "loading part of a group reads all of it, which the "
+                "predictions do not price (save with --layer-group 1)\n",
+                (long long)store.layout().layerGroup);
   CompileRestoreOptions options;
   options.chunkTokens = store.layout().chunkTokens;
   options.stagingMiB = stagingMiB;

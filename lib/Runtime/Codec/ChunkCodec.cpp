@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #endif
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace kvc {
@@ -104,17 +105,24 @@ struct GroupWalk {
   const ChunkShape &shape;
   CodecSpec::Axis axis;
   int64_t size;
-  int64_t groupOf(int64_t r, int64_t c) const {
-    int64_t cols = shape.width;
-    if (axis == CodecSpec::Axis::Token)
-      return r * ((cols + size - 1) / size) + c / size;
-    return (r / size) * cols + c;
-  }
-  /// Calls fn(group, row-major index) for every value in packed order.
+  /// Calls fn(group, row-major index) for every value in packed order
+  /// (row-major). Token-axis groups are runs of `size` columns of a row,
+  /// channel-axis groups runs of `size` rows of a column.
   template <typename Fn> void forEach(Fn fn) const {
-    for (int64_t r = 0; r < shape.tokens; ++r)
-      for (int64_t c = 0; c < shape.width; ++c)
-        fn(groupOf(r, c), r * shape.width + c);
+    const int64_t cols = shape.width;
+    if (axis == CodecSpec::Axis::Token) {
+      const int64_t perRow = (cols + size - 1) / size;
+      for (int64_t r = 0; r < shape.tokens; ++r)
+        for (int64_t g = 0, c0 = 0; c0 < cols; ++g, c0 += size)
+          for (int64_t c = c0, end = std::min(cols, c0 + size); c < end; ++c)
+            fn(r * perRow + g, r * cols + c);
+      return;
+    }
+    for (int64_t r = 0; r < shape.tokens; ++r) {
+      const int64_t base = (r / size) * cols;
+      for (int64_t c = 0; c < cols; ++c)
+        fn(base + c, r * cols + c);
+    }
   }
 };
 
@@ -175,6 +183,26 @@ void dequantizeMatrix(const uint8_t *src, const CodecSpec &codec,
     minimum[k] = f16ToFloat(mn);
   }
   const uint8_t *packed = src + 4 * g.count;
+  // With the width a constant, the unpacking's divisions become shifts.
+  auto walk = [&](auto bitsConstant) {
+    constexpr int kBits = decltype(bitsConstant)::value;
+    constexpr int kPerByte = 8 / kBits;
+    constexpr uint32_t kMask = (1u << kBits) - 1;
+    int64_t n = 0;
+    GroupWalk{shape, axis, g.size}.forEach([&](int64_t group, int64_t i) {
+      uint32_t v = (packed[n / kPerByte] >> ((n % kPerByte) * kBits)) & kMask;
+      out[i] = minimum[group] + scale[group] * float(v);
+      ++n;
+    });
+  };
+  switch (bits) {
+  case 8:
+    return walk(std::integral_constant<int, 8>{});
+  case 4:
+    return walk(std::integral_constant<int, 4>{});
+  case 2:
+    return walk(std::integral_constant<int, 2>{});
+  }
   int64_t n = 0;
   GroupWalk{shape, axis, g.size}.forEach([&](int64_t group, int64_t i) {
     uint32_t v = (packed[n / perByte] >> ((n % perByte) * bits)) & mask;

@@ -113,21 +113,25 @@ void InflateKvcStored(benchmark::State &state) {
 }
 BENCHMARK(InflateKvcStored)->Name("Inflate/kvc-stored");
 
+/// zlib's inflate of a raw deflate stream into `out` (sized to fit).
+void zlibInflate(const std::string &packed, std::string &out) {
+  z_stream z{};
+  inflateInit2(&z, -15); // Raw deflate.
+  z.next_in = reinterpret_cast<Bytef *>(const_cast<char *>(packed.data()));
+  z.avail_in = uInt(packed.size());
+  z.next_out = reinterpret_cast<Bytef *>(out.data());
+  z.avail_out = uInt(out.size());
+  inflate(&z, Z_FINISH);
+  inflateEnd(&z);
+}
+
 /// zlib on the very stream kvc stores (stored blocks).
 void InflateZlibStored(benchmark::State &state) {
   const std::string &plain = int4Bytes();
   std::string packed = *compressBytes(plain, CodecSpec::Lossless::Deflate);
   std::string out(plain.size(), '\0');
-  for (auto _ : state) {
-    z_stream z{};
-    inflateInit2(&z, -15);
-    z.next_in = reinterpret_cast<Bytef *>(packed.data());
-    z.avail_in = uInt(packed.size());
-    z.next_out = reinterpret_cast<Bytef *>(out.data());
-    z.avail_out = uInt(out.size());
-    inflate(&z, Z_FINISH);
-    inflateEnd(&z);
-  }
+  for (auto _ : state)
+    zlibInflate(packed, out);
   state.SetBytesProcessed(int64_t(state.iterations()) * plain.size());
 }
 BENCHMARK(InflateZlibStored)->Name("Inflate/zlib-stored");
@@ -165,16 +169,8 @@ BENCHMARK(InflateIsal)->Name("Inflate/isa-l");
 void InflateZlib(benchmark::State &state) {
   const std::string &plain = int4Bytes(), &packed = deflated();
   std::string out(plain.size(), '\0');
-  for (auto _ : state) {
-    z_stream z{};
-    inflateInit2(&z, -15); // Raw deflate.
-    z.next_in = reinterpret_cast<Bytef *>(const_cast<char *>(packed.data()));
-    z.avail_in = uInt(packed.size());
-    z.next_out = reinterpret_cast<Bytef *>(out.data());
-    z.avail_out = uInt(out.size());
-    inflate(&z, Z_FINISH);
-    inflateEnd(&z);
-  }
+  for (auto _ : state)
+    zlibInflate(packed, out);
   state.SetBytesProcessed(int64_t(state.iterations()) * plain.size());
 }
 BENCHMARK(InflateZlib)->Name("Inflate/zlib");

@@ -414,25 +414,21 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   options.chunkTokens = store.layout().chunkTokens;
   options.stagingMiB = stagingMiB;
   options.strategies.clear();
-  auto stores = [&](planning::Form form) {
-    for (const planning::Source &source : request.sources)
-      if (source.form == form)
-        return true;
-    return false;
-  };
   if (list == "all") {
-    bool kv = stores(planning::Form::KV);
-    bool hidden = stores(planning::Form::Hidden);
-    options.strategies.push_back("compute");
-    if (kv)
-      options.strategies.push_back("kv");
-    if (hidden)
-      options.strategies.push_back("hidden");
-    if (kv)
-      options.strategies.push_back("cake");
-    if (hidden)
-      options.strategies.push_back("hcache");
-    options.strategies.push_back("joint");
+    // Every strategy whose loads the store's sources allow.
+    auto stores = [&](planning::Form form) {
+      return std::any_of(
+          request.sources.begin(), request.sources.end(),
+          [&](const planning::Source &source) { return source.form == form; });
+    };
+    const std::optional<planning::Form> kv = planning::Form::KV,
+                                        hidden = planning::Form::Hidden;
+    const std::pair<const char *, std::optional<planning::Form>> all[] = {
+        {"compute", std::nullopt}, {"kv", kv},         {"hidden", hidden},
+        {"cake", kv},              {"hcache", hidden}, {"joint", std::nullopt}};
+    for (const auto &[name, needs] : all)
+      if (!needs || stores(*needs))
+        options.strategies.push_back(name);
   } else {
     std::stringstream names(list);
     for (std::string name; std::getline(names, name, ',');)

@@ -41,6 +41,16 @@ Source source(const char *tier, Form form, int64_t tokens, int64_t layers,
   return Source{tier, form, codec, Box{0, tokens, 0, layers}};
 }
 
+/// A request for `tokens` tokens of a 32-layer model, each of `forms`
+/// stored for all of them on the "remote" tier.
+Request remoteRequest(int64_t tokens, std::initializer_list<Form> forms) {
+  Request r;
+  r.tokens = tokens;
+  for (Form form : forms)
+    r.sources.push_back(source("remote", form, tokens, 32));
+  return r;
+}
+
 //===----------------------------------------------------------------------===//
 // Plans
 //===----------------------------------------------------------------------===//
@@ -103,9 +113,7 @@ TEST(Planner, FastIOLoadsEverything) {
   TargetDesc t = withRemoteBandwidth(1000);
   t.link.h2dGBs = 1000;
   CostModel cost(m, t, CodecProfile::defaults());
-  Request r;
-  r.tokens = 8192;
-  r.sources.push_back(source("remote", Form::KV, 8192, 32));
+  Request r = remoteRequest(8192, {Form::KV});
   Planner planner(cost, r);
   Evaluation cake = *planner.cake();
   ASSERT_EQ(cake.plan.segments.size(), 1u);
@@ -116,9 +124,7 @@ TEST(Planner, HopelessIOFallsBackToCompute) {
   // Cake Table 5's 0.99x: with almost no bandwidth, mixing only adds cost.
   ModelConfig m = model(32, 32, 32, 128);
   CostModel cost(m, withRemoteBandwidth(0.01), CodecProfile::defaults());
-  Request r;
-  r.tokens = 4096;
-  r.sources.push_back(source("remote", Form::KV, 4096, 32));
+  Request r = remoteRequest(4096, {Form::KV});
   Planner planner(cost, r);
   Evaluation cake = *planner.cake();
   ASSERT_EQ(cake.plan.segments.size(), 1u);
@@ -132,9 +138,7 @@ TEST(Planner, GQAShiftsTheMergePointTowardLoading) {
   auto merge = [](int64_t kvHeads) {
     ModelConfig m = model(32, 32, kvHeads, 128);
     CostModel cost(m, withRemoteBandwidth(4), CodecProfile::defaults());
-    Request r;
-    r.tokens = 16384;
-    r.sources.push_back(source("remote", Form::KV, 16384, 32));
+    Request r = remoteRequest(16384, {Form::KV});
     Planner planner(cost, r);
     Evaluation cake = *planner.cake();
     EXPECT_EQ(cake.plan.segments.size(), 2u);
@@ -150,10 +154,7 @@ TEST(Planner, HCacheComplementsWithKVWhenComputeBound) {
   TargetDesc t = withRemoteBandwidth(50);
   t.compute.restoreShare = 0.05;
   CostModel cost(m, t, CodecProfile::defaults());
-  Request r;
-  r.tokens = 4096;
-  r.sources.push_back(source("remote", Form::Hidden, 4096, 32));
-  r.sources.push_back(source("remote", Form::KV, 4096, 32));
+  Request r = remoteRequest(4096, {Form::Hidden, Form::KV});
   Planner planner(cost, r);
   Evaluation hcache = *planner.hcache();
   ASSERT_EQ(hcache.plan.segments.size(), 2u);
@@ -165,10 +166,7 @@ TEST(Planner, HCacheComplementsWithKVWhenComputeBound) {
 TEST(Planner, HCacheComplementsWithRecomputeWhenIOBound) {
   ModelConfig m = model(32, 32, 32, 128);
   CostModel cost(m, withRemoteBandwidth(2), CodecProfile::defaults());
-  Request r;
-  r.tokens = 4096;
-  r.sources.push_back(source("remote", Form::Hidden, 4096, 32));
-  r.sources.push_back(source("remote", Form::KV, 4096, 32));
+  Request r = remoteRequest(4096, {Form::Hidden, Form::KV});
   Planner planner(cost, r);
   Evaluation hcache = *planner.hcache();
   ASSERT_EQ(hcache.plan.segments.size(), 2u);

@@ -9,6 +9,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #if defined(__x86_64__)
@@ -171,9 +172,7 @@ void dequantizeMatrix(const uint8_t *src, const CodecSpec &codec,
                       const ChunkShape &shape, int64_t m, float *out) {
   CodecSpec::Axis axis = matrixAxis(codec, shape, m);
   Grouping g = grouping(codec, shape, axis);
-  int bits = matrixBits(codec, shape, m);
-  const uint32_t mask = (1u << bits) - 1;
-  const int perByte = 8 / bits;
+  const int bits = matrixBits(codec, shape, m);
   std::vector<float> scale(g.count), minimum(g.count);
   for (int64_t k = 0; k < g.count; ++k) {
     uint16_t sc, mn;
@@ -195,20 +194,14 @@ void dequantizeMatrix(const uint8_t *src, const CodecSpec &codec,
       ++n;
     });
   };
-  switch (bits) {
-  case 8:
-    return walk(std::integral_constant<int, 8>{});
-  case 4:
-    return walk(std::integral_constant<int, 4>{});
-  case 2:
-    return walk(std::integral_constant<int, 2>{});
-  }
-  int64_t n = 0;
-  GroupWalk{shape, axis, g.size}.forEach([&](int64_t group, int64_t i) {
-    uint32_t v = (packed[n / perByte] >> ((n % perByte) * bits)) & mask;
-    out[i] = minimum[group] + scale[group] * float(v);
-    ++n;
-  });
+  // checkCodec admits 8, 4 and 2 bits only.
+  assert(bits == 8 || bits == 4 || bits == 2);
+  if (bits == 8)
+    walk(std::integral_constant<int, 8>{});
+  else if (bits == 4)
+    walk(std::integral_constant<int, 4>{});
+  else
+    walk(std::integral_constant<int, 2>{});
 }
 
 void storeElements(const float *x, int64_t n, DType dtype, std::string &out) {

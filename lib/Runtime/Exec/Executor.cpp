@@ -358,8 +358,9 @@ private:
     value.deviceSlot = nullptr;
   }
 
-  /// The CPU backend's host-to-device copy: into the slot's device buffer
-  /// (a fresh one for chunks staged without a slot), freeing the host side.
+  /// The CPU backend's host-to-device copy: into the slot's device buffer,
+  /// freeing the host side (a chunk staged without a slot keeps its own
+  /// buffer).
   Status copyToDevice(ChunkValue &value) {
     if (!value.slot)
       return Status::ok(); // Unstaged: the chunk's buffer is its own.

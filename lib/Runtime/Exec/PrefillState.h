@@ -13,6 +13,7 @@
 #include "kvc/Runtime/Exec/PagedKVCache.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -67,9 +68,10 @@ private:
   /// lag; a fallback that needs one of those starts over at full depth.
   Status extendLocked(int64_t end, int64_t depth) {
     const int64_t kv = model_.kvDim();
+    const int64_t needed = std::min(end, cache_.tokens) * kv;
     bool lagging = false;
     for (int64_t l = 0; l < depth; ++l)
-      lagging |= int64_t(cache_.k[l].size()) < std::min(end, cache_.tokens) * kv;
+      lagging |= int64_t(cache_.k[l].size()) < needed;
     if (lagging) {
       cache_ = model_.newCache();
       depth = model_.config().numLayers;

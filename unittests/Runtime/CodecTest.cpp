@@ -212,4 +212,38 @@ TEST(Codec, DequantizeToBf16MatchesDecode) {
   }
 }
 
+// Widths and groups that leave rows and groups starting inside a byte, or
+// with fewer than 16 values left: every path of the vector kernels.
+TEST(Codec, DequantizeToBf16MatchesDecodeOnAwkwardShapes) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (int64_t width : {1, 7, 23, 40, 100}) {
+    ChunkShape shape;
+    shape.tokens = 37;
+    shape.layers = 2;
+    shape.width = width;
+    shape.headDim = width;
+    shape.modelLayers = 2;
+    std::vector<float> values(shape.numel());
+    for (float &v : values)
+      v = normal(rng);
+    for (const char *spec : {"int8/g24", "int4/g24", "int2/g20", "int4/g7",
+                             "int2/g5/k=token", "int4/g33/v=channel", "int4/g17",
+                             "int2/g18"}) {
+      StatusOr<CodecSpec> parsed = parseCodecSpec(spec);
+      ASSERT_TRUE(parsed.isOk()) << spec;
+      CodecSpec codec = *parsed;
+      std::string bytes = *encodeChunk(values.data(), shape, codec, DType::BF16);
+      std::vector<float> ref(shape.numel());
+      ASSERT_TRUE(
+          decodeChunk(bytes, shape, codec, DType::BF16, ref.data()).isOk());
+      std::vector<uint16_t> fast(shape.numel());
+      ASSERT_TRUE(dequantizeToBf16(bytes, shape, codec, fast.data()).isOk());
+      for (size_t i = 0; i < ref.size(); ++i)
+        ASSERT_EQ(fast[i], floatToBf16(ref[i]))
+            << spec << " width " << width << " at " << i;
+    }
+  }
+}
+
 } // namespace

@@ -126,6 +126,42 @@ TEST_P(EveryTier, PutGetListRemove) {
 INSTANTIATE_TEST_SUITE_P(Tiers, EveryTier,
                          ::testing::Values("mem", "file", "redis"));
 
+TEST(RedisTier, PipelinedGetsReadEveryKindOfReply) {
+  if (!redis().running() ||
+      system("command -v redis-cli >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "redis-server or redis-cli is not installed";
+  std::shared_ptr<Tier> tier = std::move(*openTier(redis().url() + "/2"));
+  // Larger than the reply header buffer and the socket buffers.
+  std::string large(3 << 20, '\0');
+  for (size_t i = 0; i < large.size(); ++i)
+    large[i] = char(i * 2654435761u >> 13);
+  ASSERT_TRUE(tier->put("large", large).isOk());
+  ASSERT_TRUE(tier->put("empty", "").isOk());
+  ASSERT_TRUE(tier->put("crlf", "\r\n$5\r\n").isOk());
+  std::string port = redis().url().substr(redis().url().rfind(':') + 1);
+  ASSERT_EQ(system(("redis-cli -p " + port +
+                    " -n 2 rpush a-list x >/dev/null").c_str()),
+            0);
+  std::vector<std::string> buffers(5, "stale");
+  std::vector<Status> got = tier->getMany(
+      {"large", "a-list", "empty", "missing", "crlf"}, buffers);
+  ASSERT_TRUE(got[0].isOk()) << got[0].toString();
+  EXPECT_EQ(buffers[0], large);
+  // A reply of the wrong type is this object's error, not the stream's.
+  EXPECT_EQ(chunkFault(got[1]), ChunkFault::Unavailable);
+  EXPECT_NE(got[1].message().find("WRONGTYPE"), std::string::npos)
+      << got[1].toString();
+  ASSERT_TRUE(got[2].isOk());
+  EXPECT_EQ(buffers[2], "");
+  EXPECT_EQ(chunkFault(got[3]), ChunkFault::Missing);
+  ASSERT_TRUE(got[4].isOk());
+  EXPECT_EQ(buffers[4], "\r\n$5\r\n");
+  // The connection is still in step: a plain GET follows.
+  std::string buffer;
+  ASSERT_TRUE(tier->get("crlf", buffer).isOk());
+  EXPECT_EQ(buffer, buffers[4]);
+}
+
 TEST(MemTier, EvictsLeastRecentlyUsed) {
   auto tier = std::move(*openTier("mem://?capacity_mb=0.000016")); // 16 bytes.
   ASSERT_TRUE(tier->put("a", "12345678").isOk());

@@ -85,6 +85,44 @@ Grouping grouping(const CodecSpec &codec, const ChunkShape &shape,
   return {size, across * ((along + size - 1) / size)};
 }
 
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) void halfsToFloatsF16c(const uint16_t *in,
+                                                       int64_t n, float *out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i *>(in + i))));
+  for (; i < n; ++i)
+    out[i] = f16ToFloat(in[i]);
+}
+#endif
+
+/// The scales and minimums of a matrix's `count` groups, stored as pairs of
+/// f16 at `src` (F16C where the CPU has it: the portable conversion costs
+/// as much as dequantizing a group of int4 values).
+struct QuantParams {
+  std::vector<float> scale, minimum;
+
+  QuantParams(const uint8_t *src, int64_t count)
+      : scale(count), minimum(count) {
+    std::vector<uint16_t> halfs(2 * count);
+    std::memcpy(halfs.data(), src, 4 * count);
+    std::vector<float> pairs(2 * count);
+#if defined(__x86_64__)
+    static const bool f16c = __builtin_cpu_supports("f16c");
+    if (f16c)
+      halfsToFloatsF16c(halfs.data(), 2 * count, pairs.data());
+    else
+#endif
+      for (int64_t i = 0; i < 2 * count; ++i)
+        pairs[i] = f16ToFloat(halfs[i]);
+    for (int64_t k = 0; k < count; ++k) {
+      scale[k] = pairs[2 * k];
+      minimum[k] = pairs[2 * k + 1];
+    }
+  }
+};
+
 int64_t packedBytes(int64_t values, int bits) {
   return (values * bits + 7) / 8;
 }
@@ -173,14 +211,8 @@ void dequantizeMatrix(const uint8_t *src, const CodecSpec &codec,
   CodecSpec::Axis axis = matrixAxis(codec, shape, m);
   Grouping g = grouping(codec, shape, axis);
   const int bits = matrixBits(codec, shape, m);
-  std::vector<float> scale(g.count), minimum(g.count);
-  for (int64_t k = 0; k < g.count; ++k) {
-    uint16_t sc, mn;
-    std::memcpy(&sc, src + 4 * k, 2);
-    std::memcpy(&mn, src + 4 * k + 2, 2);
-    scale[k] = f16ToFloat(sc);
-    minimum[k] = f16ToFloat(mn);
-  }
+  const QuantParams params(src, g.count);
+  const std::vector<float> &scale = params.scale, &minimum = params.minimum;
   const uint8_t *packed = src + 4 * g.count;
   // With the width a constant, the unpacking's divisions become shifts.
   auto walk = [&](auto bitsConstant) {
@@ -423,17 +455,78 @@ inline uint16_t toBf16(float x) {
   return uint16_t((w + 0x7FFF + ((w >> 16) & 1)) >> 16);
 }
 
-/// out[i] = bf16(m + s * q[i]) for i < n, with scalar or per-value
-/// parameters. The AVX2 versions run where the CPU has AVX2 and FMA; the
-/// portable loop everywhere else.
-template <bool PerValue>
-void affineToBf16Portable(const uint8_t *q, int64_t n, const float *s,
-                          const float *m, uint16_t *out) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = toBf16(m[PerValue ? i : 0] + s[PerValue ? i : 0] * float(q[i]));
+/// Unpacks `count` values of `Bits` bits starting at value index `first`.
+template <int Bits>
+void unpack(const uint8_t *packed, int64_t first, int64_t count, uint8_t *q) {
+  constexpr int perByte = 8 / Bits;
+  constexpr uint32_t mask = (1u << Bits) - 1;
+  for (int64_t c = 0; c < count; ++c)
+    q[c] = (packed[(first + c) / perByte] >> (((first + c) % perByte) * Bits)) &
+           mask;
+}
+
+/// The scales and minimums of a run of values: one pair per value (K,
+/// quantized per channel) or one per `group` consecutive values (V, per
+/// token).
+struct Affine {
+  const float *scale, *minimum;
+  int64_t group; // 0: per value.
+  int64_t param(int64_t i) const { return group ? i / group : i; }
+};
+
+/// out[i] = bf16(minimum + scale * q[i]) for i in [from, to), q[i] being the
+/// i-th value of `Bits` bits packed low bits first from `packed`.
+template <int Bits>
+void affineToBf16Range(const uint8_t *packed, int64_t from, int64_t to,
+                       const Affine &p, uint16_t *out) {
+  uint8_t q[16];
+  for (int64_t i = from; i < to; i += 16) {
+    int64_t count = std::min<int64_t>(16, to - i);
+    unpack<Bits>(packed, i, count, q);
+    for (int64_t c = 0; c < count; ++c) {
+      int64_t k = p.param(i + c);
+      out[i + c] = toBf16(p.minimum[k] + p.scale[k] * float(q[c]));
+    }
+  }
+}
+
+/// The same over [0, n): the kernel where the CPU lacks AVX2 and FMA.
+template <int Bits, bool PerValue>
+void affineToBf16Portable(const uint8_t *packed, int64_t n, const Affine &p,
+                          uint16_t *out) {
+  affineToBf16Range<Bits>(packed, 0, n, p, out);
 }
 
 #if defined(__x86_64__)
+/// The 16 values of `Bits` bits that start at `packed`, one per byte, in
+/// order (SSE2, always present).
+template <int Bits> inline __m128i load16(const uint8_t *packed) {
+  if constexpr (Bits == 8)
+    return _mm_loadu_si128(reinterpret_cast<const __m128i *>(packed));
+  if constexpr (Bits == 4) {
+    __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(packed));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    return _mm_unpacklo_epi8(_mm_and_si128(v, low),
+                             _mm_and_si128(_mm_srli_epi16(v, 4), low));
+  }
+  // Bits == 2: value k of byte j sits at bits 2k..2k+1.
+  uint32_t word;
+  std::memcpy(&word, packed, 4);
+  __m128i v = _mm_cvtsi32_si128(int(word));
+  const __m128i low = _mm_set1_epi8(0x03);
+  __m128i v0 = _mm_and_si128(v, low);
+  __m128i v1 = _mm_and_si128(_mm_srli_epi16(v, 2), low);
+  __m128i v2 = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+  __m128i v3 = _mm_and_si128(_mm_srli_epi16(v, 6), low);
+  return _mm_unpacklo_epi16(_mm_unpacklo_epi8(v0, v1),
+                            _mm_unpacklo_epi8(v2, v3));
+}
+
+/// The vector kernels walk the run a group at a time (the whole run when
+/// parameters are per value), 16 values per step, and leave each group's
+/// last few values to the portable loop. Values must start on a byte, and so
+/// must every group.
+
 /// bf16 bits of 8 floats, round to nearest even, in 32-bit lanes.
 __attribute__((target("avx2,fma"))) inline __m256i roundToBf16(__m256 x) {
   __m256i w = _mm256_castps_si256(x);
@@ -444,34 +537,37 @@ __attribute__((target("avx2,fma"))) inline __m256i roundToBf16(__m256 x) {
       16);
 }
 
-template <bool PerValue>
+template <int Bits, bool PerValue>
 __attribute__((target("avx2,fma"))) void
-affineToBf16Avx2(const uint8_t *q, int64_t n, const float *s, const float *m,
+affineToBf16Avx2(const uint8_t *packed, int64_t n, const Affine &p,
                  uint16_t *out) {
-  __m256 scale = _mm256_set1_ps(s[0]), minimum = _mm256_set1_ps(m[0]);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + i));
-    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-    __m256 hi =
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    if (PerValue) {
-      lo = _mm256_fmadd_ps(_mm256_loadu_ps(s + i), lo, _mm256_loadu_ps(m + i));
-      hi = _mm256_fmadd_ps(_mm256_loadu_ps(s + i + 8), hi,
-                           _mm256_loadu_ps(m + i + 8));
-    } else {
-      lo = _mm256_fmadd_ps(scale, lo, minimum);
-      hi = _mm256_fmadd_ps(scale, hi, minimum);
+  const int64_t group = PerValue ? n : p.group;
+  for (int64_t g0 = 0, k = 0; g0 < n; g0 += group, ++k) {
+    const int64_t end = std::min(n, g0 + group);
+    const __m256 scale = _mm256_set1_ps(p.scale[k]),
+                 minimum = _mm256_set1_ps(p.minimum[k]);
+    int64_t i = g0;
+    for (; i + 16 <= end; i += 16) {
+      __m128i bytes = load16<Bits>(packed + i * Bits / 8);
+      __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+      __m256 hi =
+          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+      if (PerValue) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(p.scale + i), lo,
+                             _mm256_loadu_ps(p.minimum + i));
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(p.scale + i + 8), hi,
+                             _mm256_loadu_ps(p.minimum + i + 8));
+      } else {
+        lo = _mm256_fmadd_ps(scale, lo, minimum);
+        hi = _mm256_fmadd_ps(scale, hi, minimum);
+      }
+      // Pack two halves of 8 x 32 bits into 16 x 16 bits, in order.
+      __m256i bf16 = _mm256_packus_epi32(roundToBf16(lo), roundToBf16(hi));
+      bf16 = _mm256_permute4x64_epi64(bf16, 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), bf16);
     }
-    // Pack two halves of 8 x 32 bits into 16 x 16 bits, in order.
-    __m256i packed = _mm256_packus_epi32(roundToBf16(lo), roundToBf16(hi));
-    packed = _mm256_permute4x64_epi64(packed, 0xD8);
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), packed);
+    affineToBf16Range<Bits>(packed, i, end, p, out);
   }
-  if (PerValue)
-    affineToBf16Portable<true>(q + i, n - i, s + i, m + i, out + i);
-  else
-    affineToBf16Portable<false>(q + i, n - i, s, m, out + i);
 }
 
 bool hasAvx2() {
@@ -484,30 +580,32 @@ bool hasAvx2() {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 /// The same with 16 lanes.
-template <bool PerValue>
+template <int Bits, bool PerValue>
 __attribute__((target("avx512f"))) void
-affineToBf16Avx512(const uint8_t *q, int64_t n, const float *s, const float *m,
+affineToBf16Avx512(const uint8_t *packed, int64_t n, const Affine &p,
                    uint16_t *out) {
-  __m512 scale = _mm512_set1_ps(s[0]), minimum = _mm512_set1_ps(m[0]);
   const __m512i bias = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i *>(q + i));
-    __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-    x = PerValue ? _mm512_fmadd_ps(_mm512_loadu_ps(s + i), x,
-                                   _mm512_loadu_ps(m + i))
-                 : _mm512_fmadd_ps(scale, x, minimum);
-    __m512i w = _mm512_castps_si512(x);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(w, 16), one);
-    __m512i bf16 =
-        _mm512_srli_epi32(_mm512_add_epi32(w, _mm512_add_epi32(bias, lsb)), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i),
-                        _mm512_cvtepi32_epi16(bf16));
+  const int64_t group = PerValue ? n : p.group;
+  for (int64_t g0 = 0, k = 0; g0 < n; g0 += group, ++k) {
+    const int64_t end = std::min(n, g0 + group);
+    const __m512 scale = _mm512_set1_ps(p.scale[k]),
+                 minimum = _mm512_set1_ps(p.minimum[k]);
+    int64_t i = g0;
+    for (; i + 16 <= end; i += 16) {
+      __m512 x = _mm512_cvtepi32_ps(
+          _mm512_cvtepu8_epi32(load16<Bits>(packed + i * Bits / 8)));
+      x = PerValue ? _mm512_fmadd_ps(_mm512_loadu_ps(p.scale + i), x,
+                                     _mm512_loadu_ps(p.minimum + i))
+                   : _mm512_fmadd_ps(scale, x, minimum);
+      __m512i w = _mm512_castps_si512(x);
+      __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(w, 16), one);
+      __m512i bf16 = _mm512_srli_epi32(
+          _mm512_add_epi32(w, _mm512_add_epi32(bias, lsb)), 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i),
+                          _mm512_cvtepi32_epi16(bf16));
+    }
+    affineToBf16Range<Bits>(packed, i, end, p, out);
   }
-  if (PerValue)
-    affineToBf16Portable<true>(q + i, n - i, s + i, m + i, out + i);
-  else
-    affineToBf16Portable<false>(q + i, n - i, s, m, out + i);
 }
 
 #pragma GCC diagnostic pop
@@ -518,64 +616,42 @@ bool hasAvx512() {
 }
 #endif
 
-using AffineFn = void (*)(const uint8_t *, int64_t, const float *,
-                          const float *, uint16_t *);
+using AffineFn = void (*)(const uint8_t *, int64_t, const Affine &,
+                          uint16_t *);
 
 /// The best affine kernel for this CPU, chosen once.
-template <bool PerValue> AffineFn affineToBf16() {
+template <int Bits, bool PerValue> AffineFn affineToBf16() {
 #if defined(__x86_64__)
   if (hasAvx512())
-    return affineToBf16Avx512<PerValue>;
+    return affineToBf16Avx512<Bits, PerValue>;
   if (hasAvx2())
-    return affineToBf16Avx2<PerValue>;
+    return affineToBf16Avx2<Bits, PerValue>;
 #endif
-  return affineToBf16Portable<PerValue>;
+  return affineToBf16Portable<Bits, PerValue>;
 }
 
-/// Unpacks `count` values of `Bits` bits starting at value index `first`.
-template <int Bits>
-void unpack(const uint8_t *packed, int64_t first, int64_t count, uint8_t *q) {
-  constexpr int perByte = 8 / Bits;
-  constexpr uint32_t mask = (1u << Bits) - 1;
-  int64_t c = 0;
-  for (; c < count && (first + c) % perByte; ++c)
-    q[c] = (packed[(first + c) / perByte] >> (((first + c) % perByte) * Bits)) &
-           mask;
-  const uint8_t *bytes = packed + (first + c) / perByte;
-  int64_t whole = (count - c) / perByte;
-  int64_t b = 0;
-#if defined(__x86_64__)
-  if constexpr (Bits == 4) {
-    // 16 bytes -> 32 nibbles, low nibble first (SSE2, always present).
-    const __m128i low = _mm_set1_epi8(0x0F);
-    for (; b + 16 <= whole; b += 16) {
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i *>(bytes + b));
-      __m128i lo = _mm_and_si128(v, low);
-      __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-      _mm_storeu_si128(reinterpret_cast<__m128i *>(q + c + 2 * b),
-                       _mm_unpacklo_epi8(lo, hi));
-      _mm_storeu_si128(reinterpret_cast<__m128i *>(q + c + 2 * b + 16),
-                       _mm_unpackhi_epi8(lo, hi));
-    }
+/// Dequantizes runs of `Bits`-bit values to bf16 with the kernel for this
+/// CPU. Runs, or groups, that start inside a byte are unpacked into bytes
+/// first and take the 8-bit kernel.
+template <int Bits, bool PerValue> class AffineKernel {
+public:
+  explicit AffineKernel(int64_t maxRun)
+      : aligned_(affineToBf16<Bits, PerValue>()),
+        bytes_(affineToBf16<8, PerValue>()), q_(Bits == 8 ? 0 : maxRun) {}
+
+  /// Values [first, first + n) of `packed` into `out`.
+  void operator()(const uint8_t *packed, int64_t first, int64_t n,
+                  const Affine &p, uint16_t *out) {
+    if (first * Bits % 8 == 0 && p.group * Bits % 8 == 0)
+      return aligned_(packed + first * Bits / 8, n, p, out);
+    unpack<Bits>(packed, first, n, q_.data());
+    bytes_(q_.data(), n, p, out);
   }
-#endif
-  for (; b < whole; ++b)
-    for (int k = 0; k < perByte; ++k)
-      q[c + b * perByte + k] = (bytes[b] >> (k * Bits)) & mask;
-  for (c += whole * perByte; c < count; ++c)
-    q[c] = (packed[(first + c) / perByte] >> (((first + c) % perByte) * Bits)) &
-           mask;
-}
 
-/// The values of row `r` as bytes: the packed row itself for 8 bits.
-template <int Bits>
-const uint8_t *rowValues(const uint8_t *packed, int64_t r, int64_t cols,
-                         uint8_t *scratch) {
-  if constexpr (Bits == 8)
-    return packed + r * cols;
-  unpack<Bits>(packed, r * cols, cols, scratch);
-  return scratch;
-}
+private:
+  AffineFn aligned_, bytes_;
+  std::vector<uint8_t> q_;
+};
 
 template <int Bits>
 void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
@@ -583,38 +659,25 @@ void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
                        uint16_t *out) {
   const int64_t rows = shape.tokens, cols = shape.width;
   const uint8_t *packed = src + 4 * g.count;
-  auto param = [&](int64_t k, float &scale, float &minimum) {
-    uint16_t sc, mn;
-    std::memcpy(&sc, src + 4 * k, 2);
-    std::memcpy(&mn, src + 4 * k + 2, 2);
-    scale = f16ToFloat(sc);
-    minimum = f16ToFloat(mn);
-  };
-  std::vector<uint8_t> q(cols);
-  static const AffineFn perGroup = affineToBf16<false>();
-  static const AffineFn perValue = affineToBf16<true>();
+  const QuantParams params(src, g.count);
   if (axis == CodecSpec::Axis::Token) {
     // One scale and minimum per run of `g.size` values of a row.
-    int64_t perRow = (cols + g.size - 1) / g.size;
-    for (int64_t r = 0; r < rows; ++r) {
-      const uint8_t *values = rowValues<Bits>(packed, r, cols, q.data());
-      for (int64_t j = 0; j < perRow; ++j) {
-        float scale, minimum;
-        param(r * perRow + j, scale, minimum);
-        int64_t c0 = j * g.size, n = std::min(g.size, cols - c0);
-        perGroup(values + c0, n, &scale, &minimum, out + r * cols + c0);
-      }
-    }
+    AffineKernel<Bits, false> perGroup(cols);
+    const int64_t perRow = (cols + g.size - 1) / g.size;
+    for (int64_t r = 0; r < rows; ++r)
+      perGroup(packed, r * cols, cols,
+               {&params.scale[r * perRow], &params.minimum[r * perRow],
+                g.size},
+               out + r * cols);
     return;
   }
   // One scale and minimum per column, shared by a block of `g.size` rows.
-  std::vector<float> scale(cols), minimum(cols);
+  AffineKernel<Bits, true> perValue(cols);
   for (int64_t r = 0; r < rows; ++r) {
-    if (r % g.size == 0)
-      for (int64_t c = 0; c < cols; ++c)
-        param((r / g.size) * cols + c, scale[c], minimum[c]);
-    perValue(rowValues<Bits>(packed, r, cols, q.data()), cols, scale.data(),
-             minimum.data(), out + r * cols);
+    int64_t block = (r / g.size) * cols;
+    perValue(packed, r * cols, cols,
+             {&params.scale[block], &params.minimum[block], 0},
+             out + r * cols);
   }
 }
 

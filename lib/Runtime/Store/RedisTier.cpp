@@ -15,7 +15,12 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 #include <mutex>
+
+#include <unistd.h>
 
 namespace kvc {
 
@@ -23,48 +28,88 @@ namespace {
 
 using ReplyPtr = std::unique_ptr<redisReply, void (*)(void *)>;
 
-/// Reply functions that copy each bulk string straight into its caller's
-/// buffer, skipping hiredis' own copy of multi-megabyte values.
-struct DirectTarget {
-  std::vector<std::string> *buffers = nullptr;
-  size_t index = 0;
-  std::string error;
-};
-struct DirectReply {
-  int type;
-};
+/// Reads the replies to pipelined GETs from the socket into their callers'
+/// buffers. hiredis' reader copies every byte twice before a caller sees it
+/// (socket -> a 16 KiB stack buffer -> its reply buffer); here a bulk string
+/// goes from the socket to its destination in one read() of up to its whole
+/// length, and only the short reply headers pass through a small buffer.
+/// Used only between complete commands, when hiredis' reader holds nothing;
+/// any failure leaves the stream position unknown, so the caller drops the
+/// connection.
+class ReplyStream {
+public:
+  ReplyStream(int fd, const std::string &url) : fd_(fd), url_(url) {}
 
-void *directString(const redisReadTask *task, char *str, size_t len) {
-  auto *target = static_cast<DirectTarget *>(task->privdata);
-  if (task->type == REDIS_REPLY_STRING && !task->parent)
-    (*target->buffers)[target->index].assign(str, len);
-  else if (task->type == REDIS_REPLY_ERROR)
-    target->error.assign(str, len);
-  return new DirectReply{task->type};
-}
-void *directArray(const redisReadTask *task, int) {
-  return new DirectReply{task->type};
-}
-void *directInteger(const redisReadTask *task, long long) {
-  return new DirectReply{task->type};
-}
-void *directNil(const redisReadTask *) {
-  // The task of a nil bulk string still says "string".
-  return new DirectReply{REDIS_REPLY_NIL};
-}
-void directFree(void *reply) { delete static_cast<DirectReply *>(reply); }
+  /// Reads one reply header line (without its CRLF).
+  StatusOr<std::string_view> line() {
+    for (;;) {
+      const char *begin = buffer_ + pos_;
+      const void *cr = std::memchr(begin, '\r', len_ - pos_);
+      if (cr && static_cast<const char *>(cr) + 1 < buffer_ + len_) {
+        size_t n = static_cast<const char *>(cr) - begin;
+        pos_ += n + 2;
+        return std::string_view(begin, n);
+      }
+      if (pos_ == 0 && len_ == sizeof(buffer_))
+        return fail("reply header too long");
+      std::memmove(buffer_, buffer_ + pos_, len_ - pos_);
+      len_ -= pos_;
+      pos_ = 0;
+      StatusOr<size_t> n = readSome(buffer_ + len_, sizeof(buffer_) - len_);
+      if (!n.isOk())
+        return n.status();
+      len_ += *n;
+    }
+  }
 
-redisReplyObjectFunctions kDirectFunctions = {
-    directString, directArray, directInteger, directNil, directFree};
+  /// Reads exactly `size` bytes into `out`: first what is buffered, then
+  /// straight from the socket.
+  Status read(char *out, size_t size) {
+    size_t buffered = std::min(size, len_ - pos_);
+    std::memcpy(out, buffer_ + pos_, buffered);
+    pos_ += buffered;
+    for (size_t done = buffered; done < size;) {
+      StatusOr<size_t> n = readSome(out + done, size - done);
+      if (!n.isOk())
+        return n.status();
+      done += *n;
+    }
+    return Status::ok();
+  }
+
+  bool drained() const { return pos_ == len_; }
+
+private:
+  StatusOr<size_t> readSome(char *out, size_t capacity) {
+    for (;;) {
+      ssize_t n = ::read(fd_, out, capacity);
+      if (n > 0)
+        return size_t(n);
+      if (n < 0 && errno == EINTR)
+        continue;
+      std::string why = n == 0 ? "server closed the connection"
+                        : (errno == EAGAIN || errno == EWOULDBLOCK)
+                            ? "timed out waiting for redis"
+                            : std::strerror(errno);
+      return fail(why);
+    }
+  }
+
+  Status fail(const std::string &why) const {
+    return chunkError(ChunkFault::Unavailable, url_ + ": " + why);
+  }
+
+  int fd_;
+  const std::string &url_;
+  char buffer_[4096];
+  size_t pos_ = 0, len_ = 0;
+};
 
 class RedisTier final : public Tier {
 public:
   RedisTier(std::string url, std::string host, int port, int db)
       : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db) {}
-  ~RedisTier() override {
-    if (context_)
-      redisFree(context_);
-  }
+  ~RedisTier() override { disconnect(); }
 
   const std::string &url() const override { return url_; }
 
@@ -102,36 +147,26 @@ public:
     }
     for (const std::string &name : names)
       redisAppendCommand(context_, "GET %b", name.data(), name.size());
-    DirectTarget target;
-    target.buffers = &buffers;
-    redisReplyObjectFunctions *saved = context_->reader->fn;
-    context_->reader->fn = &kDirectFunctions;
-    context_->reader->privdata = &target;
-    auto restore = [&] {
-      context_->reader->fn = saved;
-      context_->reader->privdata = nullptr;
-    };
-    for (size_t i = 0; i < names.size(); ++i) {
-      target.index = i;
-      void *raw = nullptr;
-      if (redisGetReply(context_, &raw) != REDIS_OK) {
-        restore();
-        Status lost = lostConnection();
-        for (size_t j = i; j < names.size(); ++j)
-          out[j] = lost;
+    for (int done = 0; !done;)
+      if (redisBufferWrite(context_, &done) != REDIS_OK) {
+        std::fill(out.begin(), out.end(), lostConnection());
         return out;
       }
-      auto *reply = static_cast<DirectReply *>(raw);
-      if (reply->type == REDIS_REPLY_NIL)
-        out[i] = chunkError(ChunkFault::Missing,
-                            url_ + ": no object " + names[i]);
-      else if (reply->type == REDIS_REPLY_ERROR)
-        out[i] = unavailable("redis error: " + target.error);
-      else if (reply->type != REDIS_REPLY_STRING)
-        out[i] = unavailable("unexpected reply to GET " + names[i]);
-      directFree(reply);
+    ReplyStream stream(context_->fd, url_);
+    for (size_t i = 0; i < names.size(); ++i) {
+      Status read = readGetReply(stream, names[i], buffers[i], out[i]);
+      if (!read.isOk()) {
+        disconnect();
+        for (size_t j = i; j < names.size(); ++j)
+          out[j] = read;
+        return out;
+      }
     }
-    restore();
+    if (!stream.drained()) {
+      disconnect();
+      std::fill(out.begin(), out.end(),
+                unavailable("unexpected data after the replies to GET"));
+    }
     return out;
   }
 
@@ -178,6 +213,42 @@ private:
     return chunkError(ChunkFault::Unavailable, url_ + ": " + message);
   }
 
+  /// Reads the reply to one GET into `buffer`; `result` says what it was.
+  /// An error return means the stream can no longer be trusted.
+  Status readGetReply(ReplyStream &stream, const std::string &name,
+                      std::string &buffer, Status &result) {
+    StatusOr<std::string_view> header = stream.line();
+    if (!header.isOk())
+      return header.status();
+    std::string_view text = *header;
+    if (text.empty())
+      return unavailable("empty reply header");
+    if (text[0] == '-') {
+      result = unavailable("redis error: " + std::string(text.substr(1)));
+      return Status::ok();
+    }
+    if (text[0] != '$')
+      return unavailable("unexpected reply to GET " + name);
+    long long size = 0;
+    auto [end, ec] = std::from_chars(text.data() + 1,
+                                     text.data() + text.size(), size);
+    if (ec != std::errc() || end != text.data() + text.size() || size < -1)
+      return unavailable("malformed reply header to GET " + name);
+    if (size == -1) {
+      result = chunkError(ChunkFault::Missing, url_ + ": no object " + name);
+      return Status::ok();
+    }
+    if (buffer.size() != size_t(size))
+      buffer.resize(size_t(size));
+    char crlf[2];
+    KVC_RETURN_IF_ERROR(stream.read(buffer.data(), buffer.size()));
+    KVC_RETURN_IF_ERROR(stream.read(crlf, 2));
+    if (crlf[0] != '\r' || crlf[1] != '\n')
+      return unavailable("malformed reply to GET " + name);
+    result = Status::ok();
+    return Status::ok();
+  }
+
   Status connectLocked() {
     if (context_)
       return Status::ok();
@@ -185,9 +256,7 @@ private:
     context_ = redisConnectWithTimeout(host_.c_str(), port_, connectTimeout);
     if (!context_ || context_->err) {
       std::string why = context_ ? context_->errstr : "out of memory";
-      if (context_)
-        redisFree(context_);
-      context_ = nullptr;
+      disconnect();
       return unavailable("cannot connect to redis at " + host_ + ":" +
                          std::to_string(port_) + ": " + why);
     }
@@ -207,13 +276,18 @@ private:
     return Status::ok();
   }
 
-  /// Drops the connection (the next call reconnects) and reports it.
-  Status lostConnection() {
-    std::string why = context_ && context_->err ? context_->errstr
-                                                : "connection lost";
+  /// Drops the connection; the next call reconnects.
+  void disconnect() {
     if (context_)
       redisFree(context_);
     context_ = nullptr;
+  }
+
+  /// Drops the connection and reports why.
+  Status lostConnection() {
+    std::string why = context_ && context_->err ? context_->errstr
+                                                : "connection lost";
+    disconnect();
     return unavailable(why);
   }
 

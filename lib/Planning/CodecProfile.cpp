@@ -131,6 +131,14 @@ double CodecProfile::quality(const CodecSpec &codec) const {
   return entry ? entry->quality : estimateCodec(codec).quality;
 }
 
+double CodecProfile::restoreErrorBound(
+    const std::vector<CodecSpec> &codecs) const {
+  double worst = 0;
+  for (const CodecSpec &codec : codecs)
+    worst = std::max(worst, quality(codec));
+  return worst + 1.0 / 256; // bf16 rounds to within 2^-8 of each value.
+}
+
 StatusOr<CodecProfile> CodecProfile::parse(std::string_view text) {
   Json doc;
   try {

@@ -42,6 +42,7 @@
 #include "Memory.h"
 #include "ProfileCodecs.h"
 
+#include "kvc/Planning/CodecProfile.h"
 #include "kvc/Planning/Plan.h"
 #include "kvc/Runtime/Exec/DynamicCake.h"
 #include "kvc/Runtime/Exec/Executor.h"
@@ -53,6 +54,7 @@
 #include "kvc/Transforms/CompileRestore.h"
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -283,15 +285,17 @@ Status inspectBundle(Args &args) {
   return Status::ok();
 }
 
-/// --max-error: the verification bound, relative to a full prefill's largest
-/// |K| or |V| (default 2^-7: twice bf16 rounding).
-StatusOr<double> maxErrorOption(Args &args) {
-  std::string text = args.get("max-error", "0.0078125");
+/// --max-error: a bound on the largest error relative to a full prefill's
+/// largest |K| or |V|, when given.
+StatusOr<std::optional<double>> maxErrorOption(Args &args) {
+  if (!args.has("max-error"))
+    return std::optional<double>();
+  std::string text = args.get("max-error");
   double value = std::strtod(text.c_str(), nullptr);
   if (!(value > 0))
     return invalidArgument("--max-error expects a positive number, got " +
                            text);
-  return value;
+  return std::optional<double>(value);
 }
 
 /// A paged cache just large enough for `tokens` tokens of `model`.
@@ -305,21 +309,69 @@ StatusOr<std::unique_ptr<PagedKVCache>> cacheFor(const ModelConfig &model,
   return PagedKVCache::create(config);
 }
 
-/// Fails when a verified error exceeds the bound.
-Status checkVerification(double error, double maxError) {
-  if (error > maxError)
+/// What --verify holds a restore to: the relative L2 error of each layer's
+/// K and V that the codecs the plan loads allow (their stated quality plus
+/// bf16 rounding), and the largest error: --max-error when given, else
+/// twice bf16 rounding for a plan that loads nothing lossy, where one wrong
+/// value must not hide in an average.
+struct VerifyBound {
+  double relativeL2 = 0;
+  std::optional<double> max;
+  const char *maxFrom = ""; ///< What set `max`, for messages.
+};
+
+VerifyBound verifyBound(const std::vector<CodecSpec> &codecs,
+                        std::optional<double> maxError) {
+  const planning::CodecProfile &profile = planning::CodecProfile::defaults();
+  VerifyBound bound;
+  bound.relativeL2 = profile.restoreErrorBound(codecs);
+  bool lossy = std::any_of(codecs.begin(), codecs.end(),
+                           [&](const CodecSpec &codec) {
+                             return profile.quality(codec) > 0;
+                           });
+  if (maxError) {
+    bound.max = maxError;
+    bound.maxFrom = "--max-error";
+  } else if (!lossy) {
+    bound.max = 1.0 / 128;
+    bound.maxFrom = "bf16 rounding";
+  }
+  return bound;
+}
+
+/// The codecs of the chunks `plan` loads.
+std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
+  std::vector<CodecSpec> codecs;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.op == "fetch")
+        codecs.push_back(step.codec);
+  return codecs;
+}
+
+/// Fails when a verified error exceeds its bound.
+Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
+  if (error.relativeL2 > bound.relativeL2)
     return Status(StatusCode::DataLoss,
                   "the restored cache differs from a full prefill by more "
-                  "than --max-error");
+                  "than the plan's codecs allow");
+  if (bound.max && error.max > *bound.max)
+    return Status(StatusCode::DataLoss,
+                  "the restored cache differs from a full prefill by more "
+                  "than " + std::string(bound.maxFrom));
   return Status::ok();
 }
 
 /// Prints a verification and fails above the bound.
-Status reportVerification(double error, double maxError) {
-  std::printf("verify: max error %.3g relative to a full prefill (bound "
-              "%.3g): %s\n",
-              error, maxError, error <= maxError ? "ok" : "FAILED");
-  return checkVerification(error, maxError);
+Status reportVerification(const RestoreError &error,
+                          const VerifyBound &bound) {
+  Status status = checkVerification(error, bound);
+  std::printf("verify: against a full prefill, max error %.3g", error.max);
+  if (bound.max)
+    std::printf(" (bound %.3g)", *bound.max);
+  std::printf(", relative L2 %.3g (bound %.3g): %s\n", error.relativeL2,
+              bound.relativeL2, status.isOk() ? "ok" : "FAILED");
+  return status;
 }
 
 /// What restore and compare share: the model, the request, the store and
@@ -330,7 +382,7 @@ struct RestoreSetup {
   std::unique_ptr<ChunkStore> store;
   std::string planSource; ///< The bundle's path, or "--strategy", for messages.
   PlanBundle bundle;
-  double maxError = 0;
+  std::optional<double> maxError; ///< --max-error, when given.
   /// A full prefill of the request, computed on the first verification.
   std::optional<LlamaModel::Cache> reference;
 };
@@ -483,7 +535,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
 
 struct PlanRun {
   RestoreMetrics metrics;
-  std::optional<double> error; ///< Relative to a full prefill, if verified.
+  std::optional<RestoreError> error; ///< If verified.
   /// Resident memory before the restore (model, request, empty paged cache)
   /// and at its peak; the paged cache's size.
   int64_t residentBefore = 0, residentPeak = 0, cacheBytes = 0;
@@ -570,7 +622,8 @@ Status restoreCommand(Args &args) {
   if (!options.tracePath.empty())
     std::printf("  trace: %s\n", options.tracePath.c_str());
   if (run.error)
-    return reportVerification(*run.error, setup.maxError);
+    return reportVerification(*run.error,
+                              verifyBound(planCodecs(*plan), setup.maxError));
   return Status::ok();
 }
 
@@ -602,8 +655,9 @@ Status compareCommand(Args &args) {
     runs.push_back(std::move(plan[plan.size() / 2]));
   }
   const std::vector<BundlePlan> &plans = setup.bundle.plans;
-  std::printf("%-10s %12s %12s %10s %9s %6s %10s", "plan", "predicted ms",
-              "measured ms", "read MB", "GFLOP", "fallbk", "max error");
+  std::printf("%-10s %12s %12s %10s %9s %6s %10s %9s", "plan",
+              "predicted ms", "measured ms", "read MB", "GFLOP", "fallbk",
+              "max error", "L2 error");
   for (const BundlePlan &base : plans)
     std::printf(" %10s", ("vs " + base.name).substr(0, 10).c_str());
   std::printf("\n");
@@ -617,20 +671,24 @@ Status compareCommand(Args &args) {
     if (m.predictedSeconds)
       std::snprintf(predicted, sizeof(predicted), "%.3f",
                     *m.predictedSeconds * 1e3);
-    std::printf("%-10s %12s %12.3f %10.3f %9.3f %6zu %10.3g",
+    std::printf("%-10s %12s %12.3f %10.3f %9.3f %6zu %10.3g %9.3g",
                 plans[i].name.c_str(), predicted,
                 m.makespanSeconds * 1e3, double(bytes) * 1e-6, m.flops * 1e-9,
-                m.fallbacks.size(), *runs[i].error);
+                m.fallbacks.size(), runs[i].error->max,
+                runs[i].error->relativeL2);
     for (const PlanRun &base : runs)
       std::printf(" %9.2fx",
                   base.metrics.makespanSeconds / m.makespanSeconds);
     std::printf("\n");
     if (worst.isOk())
-      worst = checkVerification(*runs[i].error, setup.maxError)
+      worst = checkVerification(*runs[i].error,
+                                verifyBound(planCodecs(plans[i]),
+                                            setup.maxError))
                   .withContext("plan " + plans[i].name);
   }
-  std::printf("verify: every plan within %.3g of a full prefill: %s\n",
-              setup.maxError, worst.isOk() ? "ok" : "FAILED");
+  std::printf("verify: every plan within what its codecs allow of a full "
+              "prefill: %s\n",
+              worst.isOk() ? "ok" : "FAILED");
   return worst;
 }
 
@@ -674,7 +732,9 @@ Status cakeCommand(Args &args) {
   if (!verify)
     return Status::ok();
   TRY_ASSIGN(error, restoreError(*model, tokens, *cache, table));
-  return reportVerification(error, maxError);
+  TRY_ASSIGN(extent, store->stored(tokens.data(), int64_t(tokens.size()),
+                                   ChunkForm::KV));
+  return reportVerification(error, verifyBound({extent.codec}, maxError));
 }
 
 /// Measures this machine into a target description the planner accepts.

@@ -149,4 +149,14 @@ TEST(CodecProfile, RejectsBadProfiles) {
   EXPECT_NE(bad.status().message().find("entries[0]"), std::string::npos);
 }
 
+TEST(CodecProfile, RestoreErrorBoundIsTheWorstCodecPlusBf16Rounding) {
+  const CodecProfile &profile = CodecProfile::defaults();
+  CodecSpec raw, int8 = *parseCodecSpec("int8"), int2 = *parseCodecSpec("int2");
+  EXPECT_DOUBLE_EQ(profile.restoreErrorBound({}), 1.0 / 256);
+  EXPECT_DOUBLE_EQ(profile.restoreErrorBound({raw, raw}), 1.0 / 256);
+  EXPECT_GT(profile.quality(int2), profile.quality(int8));
+  EXPECT_DOUBLE_EQ(profile.restoreErrorBound({int8, raw, int2}),
+                   profile.quality(int2) + 1.0 / 256);
+}
+
 } // namespace

@@ -54,6 +54,12 @@ public:
   double ratio(const CodecSpec &codec) const;
   /// Relative error; raw data is 0, unlisted codecs are estimated.
   double quality(const CodecSpec &codec) const;
+  /// The relative L2 error of each layer's K and V that a restore loading
+  /// chunks stored with `codecs` may show against an exact prefill: the
+  /// largest error one of them states plus the bf16 rounding of the paged
+  /// cache. Errors of disjoint parts of a matrix never add up to more than
+  /// the largest of their relative errors.
+  double restoreErrorBound(const std::vector<CodecSpec> &codecs) const;
 
 private:
   std::vector<CodecProfileEntry> entries_;

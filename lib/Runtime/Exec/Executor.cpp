@@ -524,20 +524,20 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   return metrics;
 }
 
-StatusOr<double> restoreError(const LlamaModel &model,
-                              const std::vector<int32_t> &tokens,
-                              const PagedKVCache &cache,
-                              const BlockTable &table) {
+StatusOr<RestoreError> restoreError(const LlamaModel &model,
+                                    const std::vector<int32_t> &tokens,
+                                    const PagedKVCache &cache,
+                                    const BlockTable &table) {
   LlamaModel::Cache reference = model.newCache();
   const int64_t n = int64_t(tokens.size());
   KVC_RETURN_IF_ERROR(model.prefill(reference, tokens.data(), n));
   return restoreError(model, reference, n, cache, table);
 }
 
-StatusOr<double> restoreError(const LlamaModel &model,
-                              const LlamaModel::Cache &reference, int64_t n,
-                              const PagedKVCache &cache,
-                              const BlockTable &table) {
+StatusOr<RestoreError> restoreError(const LlamaModel &model,
+                                    const LlamaModel::Cache &reference,
+                                    int64_t n, const PagedKVCache &cache,
+                                    const BlockTable &table) {
   if (reference.tokens < n)
     return invalidArgument("restoreError: the reference holds " +
                            std::to_string(reference.tokens) + " tokens, not " +
@@ -545,16 +545,27 @@ StatusOr<double> restoreError(const LlamaModel &model,
   const int64_t kv = model.kvDim();
   std::vector<float> k(n * kv), v(n * kv);
   double maxError = 0, maxValue = 0;
+  RestoreError out;
   for (int64_t l = 0; l < model.config().numLayers; ++l) {
     KVC_RETURN_IF_ERROR(cache.read(table, l, 0, n, k.data(), v.data()));
-    for (int64_t i = 0; i < n * kv; ++i) {
-      maxError = std::max({maxError, double(std::abs(k[i] - reference.k[l][i])),
-                           double(std::abs(v[i] - reference.v[l][i]))});
-      maxValue = std::max({maxValue, double(std::abs(reference.k[l][i])),
-                           double(std::abs(reference.v[l][i]))});
+    for (auto [restored, exact] : {std::pair{&k, &reference.k[l]},
+                                   std::pair{&v, &reference.v[l]}}) {
+      double squaredError = 0, squaredValue = 0;
+      for (int64_t i = 0; i < n * kv; ++i) {
+        double error = double((*restored)[i]) - double((*exact)[i]);
+        double value = (*exact)[i];
+        maxError = std::max(maxError, std::abs(error));
+        maxValue = std::max(maxValue, std::abs(value));
+        squaredError += error * error;
+        squaredValue += value * value;
+      }
+      out.relativeL2 = std::max(
+          out.relativeL2, squaredValue > 0 ? std::sqrt(squaredError / squaredValue)
+                                           : std::sqrt(squaredError));
     }
   }
-  return maxValue > 0 ? maxError / maxValue : maxError;
+  out.max = maxValue > 0 ? maxError / maxValue : maxError;
+  return out;
 }
 
 } // namespace kvc

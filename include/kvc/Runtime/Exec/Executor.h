@@ -87,19 +87,28 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,
                                  const RestoreOptions &options = {});
 
-/// Verification: the largest |restored - full prefill| over every layer's K
-/// and V for `tokens`, relative to the largest |K| or |V| of the prefill. A
-/// lossless restore stays within bf16 rounding (2^-8).
-StatusOr<double> restoreError(const LlamaModel &model,
-                              const std::vector<int32_t> &tokens,
-                              const PagedKVCache &cache,
-                              const BlockTable &table);
+/// How far a restored cache is from a full prefill of the request.
+struct RestoreError {
+  /// The largest |restored - prefill| over every layer's K and V, relative
+  /// to the largest |K| or |V| of the prefill. A lossless restore stays
+  /// within bf16 rounding (2^-8); one wrong value anywhere shows here.
+  double max = 0;
+  /// The worst relative L2 error of one layer's K or V: the measure a lossy
+  /// codec's stated quality bounds.
+  double relativeL2 = 0;
+};
+
+/// Verification of `cache` against a full prefill of `tokens`.
+StatusOr<RestoreError> restoreError(const LlamaModel &model,
+                                    const std::vector<int32_t> &tokens,
+                                    const PagedKVCache &cache,
+                                    const BlockTable &table);
 /// The same against a full prefill of the request's `tokens` tokens already
 /// computed (to verify many restores of one request).
-StatusOr<double> restoreError(const LlamaModel &model,
-                              const LlamaModel::Cache &reference,
-                              int64_t tokens, const PagedKVCache &cache,
-                              const BlockTable &table);
+StatusOr<RestoreError> restoreError(const LlamaModel &model,
+                                    const LlamaModel::Cache &reference,
+                                    int64_t tokens, const PagedKVCache &cache,
+                                    const BlockTable &table);
 
 } // namespace kvc
 

@@ -111,6 +111,35 @@ TEST(PlanBundleTest, ReadsEveryField) {
   EXPECT_EQ(kernel.predictedNs, std::make_pair(int64_t(100), int64_t(200)));
 }
 
+TEST(PlanBundleTest, SameScheduleIgnoresNamesAndPredictionsOnly) {
+  auto planAfter = [](const std::function<void(Json &)> &edit) {
+    Json bundle = validBundle();
+    edit(bundle);
+    StatusOr<PlanBundle> parsed = parsePlanBundle(bundle.dump());
+    EXPECT_TRUE(parsed) << parsed.status().toString();
+    return parsed->plans.front();
+  };
+  BundlePlan base = planAfter([](Json &) {});
+  EXPECT_TRUE(base.sameSchedule(planAfter([](Json &b) {
+    b["plans"][0]["name"] = "joint";
+    b["plans"][0]["predicted_us"] = 7;
+    task(b, 3)["predicted_ns"] = {1, 2};
+  })));
+  EXPECT_FALSE(base.sameSchedule(
+      planAfter([](Json &b) { task(b, 4)["lane"] = 0; })));
+  EXPECT_FALSE(base.sameSchedule(planAfter(
+      [](Json &b) { task(b, 1)["steps"][0]["codec"] = "int8+lz4"; })));
+  EXPECT_FALSE(base.sameSchedule(
+      planAfter([](Json &b) { task(b, 3)["kernel"] = "other"; })));
+  EXPECT_FALSE(base.sameSchedule(planAfter([](Json &b) {
+    b["plans"][0]["tasks"].erase(7);
+    b["plans"][0]["tasks"].erase(6);
+    b["plans"][0]["tasks"].erase(5);
+    b["plans"][0]["tasks"].erase(4);
+    b["plans"][0]["tokens"] = {0, 512};
+  })));
+}
+
 TEST(PlanBundleTest, RejectsMalformedAndTruncatedText) {
   std::string text = validBundle().dump();
   for (std::size_t cut : {std::size_t(0), std::size_t(1), text.size() / 2,

@@ -33,6 +33,24 @@ const char *bundleResourceName(BundleResource resource) {
   return "unknown";
 }
 
+bool BundlePlan::sameSchedule(const BundlePlan &other) const {
+  auto sameStep = [](const BundleStep &a, const BundleStep &b) {
+    return a.op == b.op && a.form == b.form && a.tokens == b.tokens &&
+           a.layers == b.layers && a.codec == b.codec && a.tier == b.tier;
+  };
+  auto sameTask = [&](const BundleTask &a, const BundleTask &b) {
+    return a.id == b.id && a.resource == b.resource && a.lane == b.lane &&
+           a.after == b.after && a.inputs == b.inputs && a.slot == b.slot &&
+           a.kernel == b.kernel &&
+           std::equal(a.steps.begin(), a.steps.end(), b.steps.begin(),
+                      b.steps.end(), sameStep);
+  };
+  return tokens == other.tokens && layers == other.layers &&
+         stagingSlots == other.stagingSlots &&
+         std::equal(tasks.begin(), tasks.end(), other.tasks.begin(),
+                    other.tasks.end(), sameTask);
+}
+
 const BundlePlan *PlanBundle::findPlan(std::string_view name) const {
   for (const BundlePlan &plan : plans)
     if (plan.name == name)

@@ -40,6 +40,7 @@ struct BundleRange {
   bool operator==(const BundleRange &o) const {
     return begin == o.begin && end == o.end;
   }
+  bool operator!=(const BundleRange &o) const { return !(*this == o); }
 };
 
 /// The resources a task can run on (the dialect's #kvc.resource).
@@ -89,6 +90,11 @@ struct BundlePlan {
   /// Number of staging slots (1 + the largest slot used; 0 when none).
   int64_t stagingSlots = 0;
   std::vector<BundleTask> tasks;
+
+  /// Whether `other` runs the same tasks over the same chunks: the same
+  /// plan under another name (a joint plan that chose a baseline's split),
+  /// whatever the predictions say.
+  bool sameSchedule(const BundlePlan &other) const;
 };
 
 struct PlanBundle {

@@ -190,7 +190,7 @@ void Dequant(benchmark::State &state, const char *spec) {
   std::string bytes = *encodeChunk(values.data(), shape, codec, DType::BF16);
   std::vector<uint16_t> out(shape.numel());
   for (auto _ : state)
-    (void)dequantizeToBf16(bytes, shape, codec, out.data());
+    (void)decodeChunkToBf16(bytes, shape, codec, DType::BF16, out.data());
   state.SetBytesProcessed(int64_t(state.iterations()) * out.size() * 2);
 }
 // 256 tokens: one restore chunk (1 MiB of bf16, cache resident); 2048: the

@@ -191,30 +191,34 @@ TEST(Codec, SpecsParseAndPrint) {
 
 namespace {
 
-TEST(Codec, DequantizeToBf16MatchesDecode) {
+TEST(Codec, DecodeToBf16MatchesDecode) {
   const Sample &s = sample();
   for (const char *spec : {"int8", "int4", "int2/g64", "int4/k=token+zstd",
-                           "int4/bins8-2", "hadamard+int4", "deflate"}) {
-    CodecSpec codec = *parseCodecSpec(spec);
-    std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, DType::BF16);
-    std::vector<float> ref(s.kvShape.numel());
-    ASSERT_TRUE(
-        decodeChunk(bytes, s.kvShape, codec, DType::BF16, ref.data()).isOk());
-    std::vector<uint16_t> fast(s.kvShape.numel());
-    ASSERT_TRUE(dequantizeToBf16(bytes, s.kvShape, codec, fast.data()).isOk());
-    for (size_t i = 0; i < ref.size(); ++i)
-      ASSERT_EQ(fast[i], floatToBf16(ref[i])) << spec << " at " << i;
-    EXPECT_EQ(dequantizeToBf16(std::string_view(bytes).substr(1), s.kvShape,
-                               codec, fast.data())
-                  .code(),
-              StatusCode::DataLoss)
-        << spec;
-  }
+                           "int4/bins8-2", "hadamard+int4", "deflate", "raw"})
+    for (DType storage : {DType::BF16, DType::F16, DType::F32}) {
+      CodecSpec codec = *parseCodecSpec(spec);
+      std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, storage);
+      std::vector<float> ref(s.kvShape.numel());
+      ASSERT_TRUE(
+          decodeChunk(bytes, s.kvShape, codec, storage, ref.data()).isOk());
+      std::vector<uint16_t> fast(s.kvShape.numel());
+      ASSERT_TRUE(
+          decodeChunkToBf16(bytes, s.kvShape, codec, storage, fast.data())
+              .isOk());
+      for (size_t i = 0; i < ref.size(); ++i)
+        ASSERT_EQ(fast[i], floatToBf16(ref[i]))
+            << spec << " from " << dtypeName(storage) << " at " << i;
+      EXPECT_EQ(decodeChunkToBf16(std::string_view(bytes).substr(1),
+                                  s.kvShape, codec, storage, fast.data())
+                    .code(),
+                StatusCode::DataLoss)
+          << spec;
+    }
 }
 
 // Widths and groups that leave rows and groups starting inside a byte, or
 // with fewer than 16 values left: every path of the vector kernels.
-TEST(Codec, DequantizeToBf16MatchesDecodeOnAwkwardShapes) {
+TEST(Codec, DecodeToBf16MatchesDecodeOnAwkwardShapes) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   for (int64_t width : {1, 7, 23, 40, 100}) {
@@ -238,7 +242,7 @@ TEST(Codec, DequantizeToBf16MatchesDecodeOnAwkwardShapes) {
       ASSERT_TRUE(
           decodeChunk(bytes, shape, codec, DType::BF16, ref.data()).isOk());
       std::vector<uint16_t> fast(shape.numel());
-      ASSERT_TRUE(dequantizeToBf16(bytes, shape, codec, fast.data()).isOk());
+      ASSERT_TRUE(decodeChunkToBf16(bytes, shape, codec, DType::BF16, fast.data()).isOk());
       for (size_t i = 0; i < ref.size(); ++i)
         ASSERT_EQ(fast[i], floatToBf16(ref[i]))
             << spec << " width " << width << " at " << i;

@@ -21,10 +21,13 @@ inline std::string tempPath(const std::string &name) {
 
 /// Writes a random Llama model with `layers` layers, `hidden` hidden size
 /// (4 heads of which 2 KV heads when hidden <= 128, else 8 and 2), seeded
-/// with `seed`, to a per-process directory named `name`; returns it.
+/// with `seed`, in `dtype`, to a per-process directory named `name`;
+/// returns it.
 inline std::string generateTestModel(const std::string &name, uint64_t seed,
-                                     int64_t layers = 4, int64_t hidden = 128) {
+                                     int64_t layers = 4, int64_t hidden = 128,
+                                     DType dtype = DType::BF16) {
   GenModelOptions o;
+  o.dtype = dtype;
   o.layers = layers;
   o.hidden = hidden;
   o.heads = hidden <= 128 ? 4 : 8;

@@ -683,13 +683,15 @@ void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
 
 } // namespace
 
-Status dequantizeToBf16(std::string_view bytes, const ChunkShape &shape,
-                        const CodecSpec &codec, uint16_t *out) {
-  if (codec.quant == CodecSpec::Quant::None ||
-      codec.transform != CodecSpec::Transform::None) {
+Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
+                         const CodecSpec &codec, DType storage,
+                         uint16_t *out) {
+  const bool quantized = codec.quant != CodecSpec::Quant::None;
+  if (codec.transform != CodecSpec::Transform::None ||
+      (!quantized && storage != DType::BF16)) {
     std::vector<float> values(shape.numel());
     KVC_RETURN_IF_ERROR(
-        decodeChunk(bytes, shape, codec, DType::BF16, values.data()));
+        decodeChunk(bytes, shape, codec, storage, values.data()));
     for (int64_t i = 0; i < shape.numel(); ++i)
       out[i] = floatToBf16(values[i]);
     return Status::ok();
@@ -697,7 +699,7 @@ Status dequantizeToBf16(std::string_view bytes, const ChunkShape &shape,
   KVC_RETURN_IF_ERROR(checkCodec(codec, shape));
   std::string inflated;
   std::string_view inner = bytes;
-  const int64_t expected = innerBytes(codec, shape, DType::BF16);
+  const int64_t expected = innerBytes(codec, shape, storage);
   if (codec.lossless != CodecSpec::Lossless::None) {
     KVC_RETURN_IF_ERROR(
         decompressBytes(bytes, codec.lossless, inflated, size_t(expected)));
@@ -705,6 +707,10 @@ Status dequantizeToBf16(std::string_view bytes, const ChunkShape &shape,
   } else if (int64_t(bytes.size()) != expected) {
     return dataLoss("payload of " + std::to_string(bytes.size()) +
                     " bytes, expected " + std::to_string(expected));
+  }
+  if (!quantized) { // bf16 already.
+    std::memcpy(out, inner.data(), size_t(expected));
+    return Status::ok();
   }
   const uint8_t *src = reinterpret_cast<const uint8_t *>(inner.data());
   const int64_t perMatrix = shape.tokens * shape.width;

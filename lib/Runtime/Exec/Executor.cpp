@@ -5,6 +5,7 @@
 #include "PrefillState.h"
 
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Half.h"
 
 #include <algorithm>
 #include <atomic>
@@ -35,20 +36,24 @@ ChunkForm formOf(const BundleStep &step) {
 /// staging budget bounds their number). The host side (`objects`, `data`)
 /// is held from the fetch to the copy to the device, the device side
 /// (`device`, and `projected` for KV projected from hidden states) from
-/// that copy to the scatter. `busy` and `deviceBusy` turn a plan that would
-/// refill either side early into an error instead of a race.
+/// that copy to the scatter. Decoded chunks are bf16, as the paged cache
+/// is. `busy` and `deviceBusy` turn a plan that would refill either side
+/// early into an error instead of a race.
 struct StagingSlot {
   std::atomic<bool> busy{false}, deviceBusy{false};
   std::vector<std::pair<ChunkRef, std::string>> objects;
-  std::vector<float> data;
-  std::vector<float> device, projected;
+  std::vector<uint16_t> data;
+  std::vector<uint16_t> device, projected;
 };
 
-/// A chunk on its way through a chain of tasks. Layout of `data`: per layer
-/// of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's input
-/// hidden states ([tokens][hidden]).
+/// A chunk on its way through a chain of tasks. Layout of `data`: per
+/// layer of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's
+/// input hidden states ([tokens][hidden]), as elements of `dtype` in 16-bit
+/// words: bf16 for KV, as the paged cache holds it; the model's own dtype
+/// for hidden states, which the projection reads exactly.
 struct ChunkValue {
   ChunkForm form = ChunkForm::KV;
+  DType dtype = DType::BF16;
   BundleRange tokens, layers;
   std::string tier;
   /// The stored objects as read (`objects[0, objectCount)`) and whether
@@ -56,7 +61,7 @@ struct ChunkValue {
   std::vector<std::pair<ChunkRef, std::string>> objects;
   std::size_t objectCount = 0;
   bool encoded = false;
-  std::vector<float> data;
+  std::vector<uint16_t> data;
   /// The staging slot whose host buffers `objects` and `data` are while
   /// held, and the one whose device buffer `data` is after the copy.
   StagingSlot *slot = nullptr;
@@ -64,6 +69,35 @@ struct ChunkValue {
   /// Why the chunk will be recomputed instead ("" while it is fine).
   std::string fault;
 };
+
+/// 16-bit words per element of `dtype`.
+int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
+
+/// Decodes `ref`'s stored `bytes` into `out` as elements of `dtype`.
+Status decodeAs(const ChunkStore &store, const ChunkRef &ref,
+                std::string_view bytes, DType dtype, uint16_t *out) {
+  if (dtype == DType::BF16)
+    return store.decode(ref, bytes, out);
+  const int64_t n = store.shape(ref).numel();
+  std::vector<float> values(n);
+  KVC_RETURN_IF_ERROR(store.decode(ref, bytes, values.data()));
+  if (dtype == DType::F32)
+    std::memcpy(out, values.data(), size_t(n) * sizeof(float));
+  else
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = floatToF16(values[i]);
+  return Status::ok();
+}
+
+/// `n` elements of `dtype` at `words` as floats.
+void toFloats(const uint16_t *words, int64_t n, DType dtype, float *out) {
+  if (dtype == DType::F32) {
+    std::memcpy(out, words, size_t(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = dtype == DType::BF16 ? bf16ToFloat(words[i]) : f16ToFloat(words[i]);
+}
 
 } // namespace
 
@@ -225,7 +259,7 @@ public:
         bytes += int64_t(object.second.capacity());
       bytes += int64_t((slot.data.capacity() + slot.device.capacity() +
                         slot.projected.capacity()) *
-                       sizeof(float));
+                       sizeof(uint16_t));
     }
     return bytes;
   }
@@ -385,27 +419,39 @@ private:
     const int64_t w = width(value.form);
     const int64_t mats = value.form == ChunkForm::KV ? 2 : 1;
     const int64_t tokens = value.tokens.size();
-    value.data.assign(value.layers.size() * mats * tokens * w, 0.0f);
-    std::vector<float> object;
+    value.dtype = value.form == ChunkForm::KV ? DType::BF16 : config_.dtype;
+    const int64_t words = wordsPer(value.dtype);
+    value.data.resize(value.layers.size() * mats * tokens * w * words);
+    std::vector<uint16_t> object;
     for (std::size_t o = 0; o < value.objectCount; ++o) {
       auto &[ref, bytes] = value.objects[o];
-      object.resize(store.shape(ref).numel());
-      KVC_RETURN_IF_ERROR(store.decode(ref, bytes, object.data()));
-      // Copy the rows of the object inside the value's box.
       const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
-      const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
-      const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
-      const int64_t l0 = std::max(ref.layerBegin, value.layers.begin);
-      const int64_t l1 = std::min(ref.layerEnd, value.layers.end);
-      for (int64_t l = l0; l < l1; ++l)
-        for (int64_t m = 0; m < mats; ++m)
-          std::memcpy(
-              value.data.data() +
-                  (((l - value.layers.begin) * mats + m) * tokens +
-                   (t0 - value.tokens.begin)) * w,
-              object.data() + (((l - ref.layerBegin) * mats + m) * refTokens +
-                               (t0 - ref.tokenBegin)) * w,
-              size_t((t1 - t0) * w) * sizeof(float));
+      if (value.objectCount == 1 && ref.tokenBegin == value.tokens.begin &&
+          refTokens == tokens && ref.layerBegin == value.layers.begin &&
+          ref.layerEnd == value.layers.end) {
+        // The object is the chunk: decode in place.
+        KVC_RETURN_IF_ERROR(
+            decodeAs(store, ref, bytes, value.dtype, value.data.data()));
+      } else {
+        object.resize(store.shape(ref).numel() * words);
+        KVC_RETURN_IF_ERROR(
+            decodeAs(store, ref, bytes, value.dtype, object.data()));
+        // Copy the rows of the object inside the value's box.
+        const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
+        const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
+        const int64_t l0 = std::max(ref.layerBegin, value.layers.begin);
+        const int64_t l1 = std::min(ref.layerEnd, value.layers.end);
+        for (int64_t l = l0; l < l1; ++l)
+          for (int64_t m = 0; m < mats; ++m)
+            std::memcpy(
+                value.data.data() +
+                    (((l - value.layers.begin) * mats + m) * tokens +
+                     (t0 - value.tokens.begin)) * w * words,
+                object.data() +
+                    (((l - ref.layerBegin) * mats + m) * refTokens +
+                     (t0 - ref.tokenBegin)) * w * words,
+                size_t((t1 - t0) * w * words) * sizeof(uint16_t));
+      }
       if (!value.slot)
         bytes = std::string(); // Unstaged bytes are not kept for reuse.
     }
@@ -413,25 +459,38 @@ private:
     return Status::ok();
   }
 
+  /// K and V of the chunk's hidden states, layer by layer (fp32 in the
+  /// projection, bf16 out).
   Status project(ChunkValue &value) {
     if (value.form != ChunkForm::Hidden ||
-        int64_t(value.data.size()) !=
-            value.layers.size() * value.tokens.size() * config_.hiddenSize)
+        int64_t(value.data.size()) != value.layers.size() *
+                                          value.tokens.size() *
+                                          config_.hiddenSize *
+                                          wordsPer(value.dtype))
       return Status(StatusCode::Internal,
                     "restore: project of a chunk that holds no hidden states");
     const int64_t tokens = value.tokens.size();
     const int64_t h = config_.hiddenSize, kv = model_.kvDim();
-    std::vector<float> unstaged;
-    std::vector<float> &out =
+    std::vector<uint16_t> unstaged;
+    std::vector<uint16_t> &out =
         value.deviceSlot ? value.deviceSlot->projected : unstaged;
     out.resize(value.layers.size() * 2 * tokens * kv);
-    for (int64_t l = 0; l < value.layers.size(); ++l)
-      model_.project(value.layers.begin + l,
-                     value.data.data() + l * tokens * h, tokens,
-                     value.tokens.begin, out.data() + (2 * l) * tokens * kv,
-                     out.data() + (2 * l + 1) * tokens * kv);
+    std::vector<float> hidden(tokens * h), k(tokens * kv), v(tokens * kv);
+    for (int64_t l = 0; l < value.layers.size(); ++l) {
+      toFloats(value.data.data() + l * tokens * h * wordsPer(value.dtype),
+               tokens * h, value.dtype, hidden.data());
+      model_.project(value.layers.begin + l, hidden.data(), tokens,
+                     value.tokens.begin, k.data(), v.data());
+      uint16_t *kOut = out.data() + (2 * l) * tokens * kv;
+      uint16_t *vOut = kOut + tokens * kv;
+      for (int64_t i = 0; i < tokens * kv; ++i) {
+        kOut[i] = floatToBf16(k[i]);
+        vOut[i] = floatToBf16(v[i]);
+      }
+    }
     value.data.swap(out);
     value.form = ChunkForm::KV;
+    value.dtype = DType::BF16;
     addFlops(2.0 * tokens * value.layers.size() * 2 * h * kv);
     return Status::ok();
   }
@@ -442,6 +501,7 @@ private:
     KVC_RETURN_IF_ERROR(prefill_.copyTo(value.tokens.begin, value.tokens.end,
                                         value.layers.end, value.data));
     value.form = ChunkForm::KV;
+    value.dtype = DType::BF16;
     return Status::ok();
   }
 

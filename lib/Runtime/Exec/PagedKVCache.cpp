@@ -4,6 +4,7 @@
 
 #include "kvc/Runtime/Base/Half.h"
 
+#include <cstring>
 #include <new>
 
 namespace kvc {
@@ -87,21 +88,39 @@ int64_t PagedKVCache::slotOf(const BlockTable &table, int64_t token) const {
          token % config_.blockSize;
 }
 
-Status PagedKVCache::write(const BlockTable &table, int64_t layer,
-                           int64_t first, int64_t n, const float *k,
-                           const float *v) {
+template <typename T, typename StoreFn>
+Status PagedKVCache::writeRows(const BlockTable &table, int64_t layer,
+                               int64_t first, int64_t n, const T *k,
+                               const T *v, StoreFn store) {
   KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
   const int64_t dim = kvDim();
   uint16_t *keys = keys_[layer].data();
   uint16_t *values = values_[layer].data();
   for (int64_t t = 0; t < n; ++t) {
     int64_t slot = slotOf(table, first + t);
-    for (int64_t i = 0; i < dim; ++i) {
-      keys[slot * dim + i] = floatToBf16(k[t * dim + i]);
-      values[slot * dim + i] = floatToBf16(v[t * dim + i]);
-    }
+    store(keys + slot * dim, k + t * dim, dim);
+    store(values + slot * dim, v + t * dim, dim);
   }
   return Status::ok();
+}
+
+Status PagedKVCache::write(const BlockTable &table, int64_t layer,
+                           int64_t first, int64_t n, const float *k,
+                           const float *v) {
+  return writeRows(table, layer, first, n, k, v,
+                   [](uint16_t *dst, const float *src, int64_t count) {
+                     for (int64_t i = 0; i < count; ++i)
+                       dst[i] = floatToBf16(src[i]);
+                   });
+}
+
+Status PagedKVCache::write(const BlockTable &table, int64_t layer,
+                           int64_t first, int64_t n, const uint16_t *k,
+                           const uint16_t *v) {
+  return writeRows(table, layer, first, n, k, v,
+                   [](uint16_t *dst, const uint16_t *src, int64_t count) {
+                     std::memcpy(dst, src, size_t(count) * sizeof(uint16_t));
+                   });
 }
 
 Status PagedKVCache::read(const BlockTable &table, int64_t layer,

@@ -10,6 +10,7 @@
 #ifndef KVC_LIB_RUNTIME_EXEC_PREFILLSTATE_H
 #define KVC_LIB_RUNTIME_EXEC_PREFILLSTATE_H
 
+#include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Exec/PagedKVCache.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
@@ -37,21 +38,20 @@ public:
     return Status::ok();
   }
 
-  /// Copies K and V of tokens [t0, t1), layers [0, l1) into `out`, laid out
-  /// per layer as K then V ([t1 - t0][kvDim] each). Only the first `l1`
-  /// layers are prefilled for tokens past those computed before.
-  Status copyTo(int64_t t0, int64_t t1, int64_t l1, std::vector<float> &out) {
+  /// Copies K and V of tokens [t0, t1), layers [0, l1) into `out` as bf16,
+  /// laid out per layer as K then V ([t1 - t0][kvDim] each). Only the first
+  /// `l1` layers are prefilled for tokens past those computed before.
+  Status copyTo(int64_t t0, int64_t t1, int64_t l1,
+                std::vector<uint16_t> &out) {
     std::lock_guard<std::mutex> lock(mutex_);
     KVC_RETURN_IF_ERROR(extendLocked(t1, l1));
     const int64_t kv = model_.kvDim(), n = t1 - t0;
     out.resize(l1 * 2 * n * kv);
-    for (int64_t l = 0; l < l1; ++l) {
-      std::memcpy(out.data() + (2 * l) * n * kv, cache_.k[l].data() + t0 * kv,
-                  size_t(n * kv) * sizeof(float));
-      std::memcpy(out.data() + (2 * l + 1) * n * kv,
-                  cache_.v[l].data() + t0 * kv,
-                  size_t(n * kv) * sizeof(float));
-    }
+    for (int64_t l = 0; l < l1; ++l)
+      for (int64_t i = 0; i < n * kv; ++i) {
+        out[(2 * l) * n * kv + i] = floatToBf16(cache_.k[l][t0 * kv + i]);
+        out[(2 * l + 1) * n * kv + i] = floatToBf16(cache_.v[l][t0 * kv + i]);
+      }
     return Status::ok();
   }
 

@@ -65,25 +65,52 @@ Status ChunkStore::put(const ChunkRef &ref, const float *values,
   return Status::ok();
 }
 
-Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          float *out, CodecSpec *codec) const {
+namespace {
+
+/// Checks `bytes` against what `ref` should hold and decodes them with
+/// `decodeAs(payload, header)`; decoding errors are corrupt chunks.
+template <typename DecodeFn>
+Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
+                      const ChunkHeader &expected, DType modelDType,
+                      CodecSpec *codec, DecodeFn decodeAs) {
   auto unpacked = unpackChunk(bytes);
   if (!unpacked.isOk())
     return unpacked.status().withContext(ref.name());
   const auto &[header, payload] = *unpacked;
-  KVC_RETURN_IF_ERROR(checkChunk(header, expected(ref)).withContext(ref.name()));
-  if (header.dtype != model_.dtype)
+  KVC_RETURN_IF_ERROR(checkChunk(header, expected).withContext(ref.name()));
+  if (header.dtype != modelDType)
     return chunkError(ChunkFault::WrongModel,
                       ref.name() + ": chunk stores " + dtypeName(header.dtype) +
-                          ", the model " + dtypeName(model_.dtype));
-  Status decoded = decodeChunk(payload, shape(ref), header.codec,
-                               header.dtype, out);
+                          ", the model " + dtypeName(modelDType));
+  Status decoded = decodeAs(payload, header);
   if (!decoded.isOk())
     return chunkError(ChunkFault::Corrupt,
                       ref.name() + ": " + decoded.message());
   if (codec)
     *codec = header.codec;
   return Status::ok();
+}
+
+} // namespace
+
+Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
+                          float *out, CodecSpec *codec) const {
+  return checkAndDecode(
+      ref, bytes, expected(ref), model_.dtype, codec,
+      [&](std::string_view payload, const ChunkHeader &header) {
+        return decodeChunk(payload, shape(ref), header.codec, header.dtype,
+                           out);
+      });
+}
+
+Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
+                          uint16_t *out, CodecSpec *codec) const {
+  return checkAndDecode(
+      ref, bytes, expected(ref), model_.dtype, codec,
+      [&](std::string_view payload, const ChunkHeader &header) {
+        return decodeChunkToBf16(payload, shape(ref), header.codec,
+                                 header.dtype, out);
+      });
 }
 
 StatusOr<StoredExtent> ChunkStore::stored(const int32_t *tokens,

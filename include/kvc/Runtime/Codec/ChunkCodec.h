@@ -65,11 +65,12 @@ StatusOr<std::string> encodeChunk(const float *values, const ChunkShape &shape,
 Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
                    const CodecSpec &codec, DType storage, float *out);
 
-/// Decodes straight to bf16 (what the paged cache holds). The quantized,
-/// untransformed case, the executor's hot path, runs a vectorizable loop
-/// per group; other codecs decode to fp32 first.
-Status dequantizeToBf16(std::string_view bytes, const ChunkShape &shape,
-                        const CodecSpec &codec, uint16_t *out);
+/// Decodes into `out` (shape.numel() bf16 values, what the paged cache
+/// holds), equal to rounding decodeChunk's floats. The executor's hot paths
+/// go straight to bf16: quantized, untransformed chunks through a vector
+/// loop per group, raw bf16 chunks by a copy; others decode to fp32 first.
+Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
+                         const CodecSpec &codec, DType storage, uint16_t *out);
 
 //===--- Stages, exposed for tests and benchmarks ------------------------===//
 

@@ -67,6 +67,9 @@ public:
   /// first.. first+n of the request mapped by `table`.
   Status write(const BlockTable &table, int64_t layer, int64_t first,
                int64_t n, const float *k, const float *v);
+  /// The same from bf16 values, copied as they are.
+  Status write(const BlockTable &table, int64_t layer, int64_t first,
+               int64_t n, const uint16_t *k, const uint16_t *v);
   /// Reads them back as fp32 (for verification and the CPU attention).
   Status read(const BlockTable &table, int64_t layer, int64_t first,
               int64_t n, float *k, float *v) const;
@@ -84,6 +87,11 @@ private:
                     int64_t n) const;
   /// The row of `token` in a layer's cache ([num_blocks * block_size] rows).
   int64_t slotOf(const BlockTable &table, int64_t token) const;
+  /// Writes row t < n of `k` and `v` (kvDim values each) with `store(dst,
+  /// src, count)`.
+  template <typename T, typename StoreFn>
+  Status writeRows(const BlockTable &table, int64_t layer, int64_t first,
+                   int64_t n, const T *k, const T *v, StoreFn store);
 
   PagedCacheConfig config_;
   std::vector<std::vector<uint16_t>> keys_, values_;

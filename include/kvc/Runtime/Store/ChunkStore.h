@@ -72,6 +72,9 @@ public:
   /// Checks and decodes bytes already read for `ref`.
   Status decode(const ChunkRef &ref, std::string_view bytes, float *out,
                 CodecSpec *codec = nullptr) const;
+  /// The same into bf16 values (decodeChunkToBf16).
+  Status decode(const ChunkRef &ref, std::string_view bytes, uint16_t *out,
+                CodecSpec *codec = nullptr) const;
 
   ChunkShape shape(const ChunkRef &ref) const;
 

@@ -97,7 +97,7 @@ for SCALE in 0.5 1 2; do
   GBPS=$(awk -v b="$BALANCE" -v s="$SCALE" 'BEGIN { printf "%.4f", b * s }')
   banner "Every strategy, planned in-process, at $GBPS Gbps (${SCALE}x this machine's balance point of $BALANCE Gbps)"
   "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store?gbps=$GBPS" \
-    --layer-group 1 --strategy --target "$WORK/target.json" --repeat 3
+    --layer-group 1 --strategy --target "$WORK/target.json" --repeat 5
 done
 echo "(predicted times come from the calibrated target; docs/results.md" \
      "explains how close they come and why)"

@@ -55,7 +55,7 @@ public:
   Status load(const std::string &tier) {
     Clock::time_point start = Clock::now();
     Status result;
-    std::vector<float> values;
+    std::vector<uint16_t> values;
     for (;;) {
       int64_t chunk;
       {
@@ -109,30 +109,33 @@ private:
                             ref.tokenEnd, 0, model_.config().numLayers);
   }
 
-  /// Reads, checks and decodes every layer group of `chunk`, and only then
-  /// scatters it: a chunk is written whole or not at all.
+  /// Reads, checks and decodes (to bf16) every layer group of `chunk`, and
+  /// only then scatters it: a chunk is written whole or not at all.
   Status loadChunk(int64_t chunk, const std::string &tier,
-                   std::vector<float> &values) {
+                   std::vector<uint16_t> &values) {
     const int64_t kv = model_.kvDim();
-    std::vector<std::vector<float>> groups;
-    int64_t bytes = 0;
+    int64_t bytes = 0, size = 0;
     std::string stored;
+    for (const ChunkRef &ref : chunks_[chunk])
+      size += store_.shape(ref).numel();
+    values.resize(size);
+    uint16_t *group = values.data();
     for (const ChunkRef &ref : chunks_[chunk]) {
       KVC_RETURN_IF_ERROR(store_.tier().get(ref.name(), stored));
       bytes += int64_t(stored.size());
-      values.resize(store_.shape(ref).numel());
-      KVC_RETURN_IF_ERROR(store_.decode(ref, stored, values.data()));
-      groups.push_back(values);
+      KVC_RETURN_IF_ERROR(store_.decode(ref, stored, group));
+      group += store_.shape(ref).numel();
     }
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const ChunkRef &ref = chunks_[chunk][g];
+    group = values.data();
+    for (const ChunkRef &ref : chunks_[chunk]) {
       const int64_t n = ref.tokenEnd - ref.tokenBegin;
       for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
-        const float *k = groups[g].data() + (l - ref.layerBegin) * 2 * n * kv;
+        const uint16_t *k = group + (l - ref.layerBegin) * 2 * n * kv;
         KVC_RETURN_IF_ERROR(target_.cache->write(*target_.table, l,
                                                  ref.tokenBegin, n, k,
                                                  k + n * kv));
       }
+      group += store_.shape(ref).numel();
     }
     std::lock_guard<std::mutex> lock(mutex_);
     bytes_[tier] += bytes;

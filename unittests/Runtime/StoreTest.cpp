@@ -8,10 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <netinet/in.h>
 #include <random>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -160,6 +163,71 @@ TEST(RedisTier, PipelinedGetsReadEveryKindOfReply) {
   std::string buffer;
   ASSERT_TRUE(tier->get("crlf", buffer).isOk());
   EXPECT_EQ(buffer, buffers[4]);
+}
+
+/// A one-shot server on loopback that answers the first request of its one
+/// client with `reply` and closes the connection.
+class CannedServer {
+public:
+  explicit CannedServer(std::string reply) : reply_(std::move(reply)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (::bind(listener_, reinterpret_cast<sockaddr *>(&address), length) ||
+        ::listen(listener_, 1) ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr *>(&address),
+                      &length))
+      return;
+    port_ = ntohs(address.sin_port);
+    thread_ = std::thread([this] {
+      int client = ::accept(listener_, nullptr, nullptr);
+      if (client < 0)
+        return;
+      char request[4096];
+      if (::read(client, request, sizeof(request)) > 0)
+        (void)!::write(client, reply_.data(), reply_.size());
+      ::close(client);
+    });
+  }
+  ~CannedServer() {
+    ::shutdown(listener_, SHUT_RDWR);
+    if (thread_.joinable())
+      thread_.join();
+    ::close(listener_);
+  }
+  std::string url() const {
+    return "redis://127.0.0.1:" + std::to_string(port_);
+  }
+
+private:
+  std::string reply_;
+  int listener_ = -1, port_ = 0;
+  std::thread thread_;
+};
+
+// A server that lies about a value's size or hangs up in the middle of one
+// costs an Unavailable error for the objects not read, never a crash.
+TEST(RedisTier, SurvivesMalformedAndCutReplies) {
+  for (auto [reply, why] :
+       {std::pair<std::string, std::string>{"$1099511627776000\r\n",
+                                            "cannot hold a reply"},
+        {"$10\r\nabc", "server closed the connection"},
+        {"$3\r\nabcXY", "malformed reply"},
+        {"*1\r\n$1\r\na\r\n", "unexpected reply"},
+        {"$x\r\n", "malformed reply header"}}) {
+    CannedServer server(reply);
+    StatusOr<std::unique_ptr<Tier>> tier = openTier(server.url());
+    ASSERT_TRUE(tier.isOk()) << tier.status().toString();
+    std::vector<std::string> buffers;
+    std::vector<Status> got = (*tier)->getMany({"a", "b"}, buffers);
+    for (const Status &status : got) {
+      EXPECT_EQ(chunkFault(status), ChunkFault::Unavailable) << reply;
+      EXPECT_NE(status.message().find(why), std::string::npos)
+          << status.toString();
+    }
+  }
 }
 
 TEST(MemTier, EvictsLeastRecentlyUsed) {

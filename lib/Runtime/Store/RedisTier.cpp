@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <exception>
 #include <mutex>
 
 #include <unistd.h>
@@ -238,8 +239,13 @@ private:
       result = chunkError(ChunkFault::Missing, url_ + ": no object " + name);
       return Status::ok();
     }
-    if (buffer.size() != size_t(size))
-      buffer.resize(size_t(size));
+    try {
+      if (buffer.size() != size_t(size))
+        buffer.resize(size_t(size));
+    } catch (const std::exception &) { // bad_alloc or length_error.
+      return unavailable("cannot hold a reply of " + std::to_string(size) +
+                         " bytes to GET " + name);
+    }
     char crlf[2];
     KVC_RETURN_IF_ERROR(stream.read(buffer.data(), buffer.size()));
     KVC_RETURN_IF_ERROR(stream.read(crlf, 2));

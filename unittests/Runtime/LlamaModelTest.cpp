@@ -65,15 +65,23 @@ TEST(LlamaModel, FingerprintDependsOnWeights) {
 
 TEST(LlamaModel, ChunkedPrefillMatchesOneShot) {
   auto model = std::move(*LlamaModel::load(modelDir()));
-  std::vector<int32_t> t = tokens(96, 1);
-  LlamaModel::Cache whole = model->newCache();
-  ASSERT_TRUE(model->prefill(whole, t.data(), 96).isOk());
-  LlamaModel::Cache chunked = model->newCache();
-  for (int64_t i = 0; i < 96; i += 32)
-    ASSERT_TRUE(model->prefill(chunked, t.data() + i, 32).isOk());
-  for (int64_t l = 0; l < 3; ++l) {
-    EXPECT_LT(relativeMaxError(chunked.k[l], whole.k[l]), 1e-5);
-    EXPECT_LT(relativeMaxError(chunked.v[l], whole.v[l]), 1e-5);
+  // Short, and long enough that chunks straddle attention's query and key
+  // blocks.
+  for (auto [total, chunk] : {std::pair<int64_t, int64_t>{96, 32},
+                              {1100, 300}}) {
+    std::vector<int32_t> t = tokens(total, 1);
+    LlamaModel::Cache whole = model->newCache();
+    ASSERT_TRUE(model->prefill(whole, t.data(), total).isOk());
+    LlamaModel::Cache chunked = model->newCache();
+    for (int64_t i = 0; i < total; i += chunk)
+      ASSERT_TRUE(model
+                      ->prefill(chunked, t.data() + i,
+                                std::min(chunk, total - i))
+                      .isOk());
+    for (int64_t l = 0; l < 3; ++l) {
+      EXPECT_LT(relativeMaxError(chunked.k[l], whole.k[l]), 1e-5) << total;
+      EXPECT_LT(relativeMaxError(chunked.v[l], whole.v[l]), 1e-5) << total;
+    }
   }
 }
 

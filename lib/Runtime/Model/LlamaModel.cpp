@@ -3,6 +3,7 @@
 #include "kvc/Runtime/Model/LlamaModel.h"
 
 #include "kvc/Runtime/Base/Sha256.h"
+#include "kvc/Runtime/Model/Attention.h"
 
 #include <cblas.h>
 
@@ -202,8 +203,8 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
                 f = c.intermediateSize, group = heads / kvHeads;
 
   std::vector<float> x(n * h), normed(n * h), qs(n * q), k(n * kv),
-      v(n * kv), attn(n * q), tmp(n * h), gate(n * f), up(n * f),
-      scores(n * total);
+      v(n * kv), attn(n * q), tmp(n * h), gate(n * f), up(n * f);
+  CausalAttention attention(d);
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(&embed_[int64_t(tokens[i]) * h], h, &x[i * h]);
 
@@ -224,30 +225,9 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
 
     for (int64_t hd = 0; hd < heads; ++hd) {
       int64_t kvh = hd / group;
-      // scores[n][total] = Q_h K_kvh^T / sqrt(d), causal.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(total),
-                  int(d), scale, qs.data() + hd * d, int(q),
-                  K.data() + kvh * d, int(kv), 0.0f, scores.data(),
-                  int(total));
-      for (int64_t i = 0; i < n; ++i) {
-        float *row = scores.data() + i * total;
-        int64_t visible = pos0 + i + 1;
-        float peak = *std::max_element(row, row + visible);
-        double sum = 0;
-        for (int64_t j = 0; j < visible; ++j) {
-          row[j] = std::exp(row[j] - peak);
-          sum += row[j];
-        }
-        float inv = float(1.0 / sum);
-        for (int64_t j = 0; j < visible; ++j)
-          row[j] *= inv;
-        std::fill(row + visible, row + total, 0.0f);
-      }
-      // attn_h[n][d] = P V_kvh.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(d),
-                  int(total), 1.0f, scores.data(), int(total),
-                  V.data() + kvh * d, int(kv), 0.0f, attn.data() + hd * d,
-                  int(q));
+      attention.run(qs.data() + hd * d, q, K.data() + kvh * d,
+                    V.data() + kvh * d, kv, pos0, n, scale,
+                    attn.data() + hd * d, q);
     }
     linear(attn.data(), L.o, n, q, h, tmp.data());
     for (int64_t i = 0; i < n * h; ++i)

@@ -4,7 +4,7 @@
 // blocks of kQueryBlock rows against keys in blocks of kKeyBlock columns
 // aligned to position 0, with a running maximum and sum per row. The working
 // set is constant in the context length (a one-shot prefill of 32K tokens
-// would otherwise hold a 32K x 32K score matrix per head), and every query
+// would otherwise hold a 32K x 32K score matrix), and every query
 // row meets the same key blocks however the prompt is chunked, so chunked
 // and one-shot prefills agree.
 //

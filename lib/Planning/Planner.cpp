@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -64,6 +65,13 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
                                     model.hiddenBytesPerTokenLayer()));
   layerGroup_ = std::clamp<int64_t>(
       int64_t(double(options_.stagingBytes) / 4.0 / perLayer), 1,
+      std::max<int64_t>(model.numLayers, 1));
+  // Loads move whole stored objects: a multiple of every source's group.
+  int64_t objects = 1;
+  for (const Source &source : request_.sources)
+    objects = std::lcm(objects, std::max<int64_t>(source.layerGroup, 1));
+  layerGroup_ = std::min(
+      (layerGroup_ + objects - 1) / objects * objects,
       std::max<int64_t>(model.numLayers, 1));
 
   const TargetDesc &target = cost_.target();
@@ -133,8 +141,13 @@ Status Planner::validate() const {
 
 bool Planner::usable(int source, Form form, int64_t l0, int64_t l1) const {
   const Source &s = request_.sources[source];
+  // Layers [l0, l1) must be whole stored objects (the model's last group
+  // may be short): a load of part of one would read all of it.
+  const int64_t group = std::max<int64_t>(s.layerGroup, 1);
+  bool whole = l0 % group == 0 &&
+               (l1 % group == 0 || l1 == cost_.model().numLayers);
   return loadCosts_[source].ok && s.form == form && s.box.l0 <= l0 &&
-         l1 <= s.box.l1;
+         l1 <= s.box.l1 && whole;
 }
 
 //===----------------------------------------------------------------------===//

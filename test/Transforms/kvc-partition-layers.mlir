@@ -1,5 +1,7 @@
 // RUN: kvc-opt %s --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-partition-layers | FileCheck %s --check-prefix=A100
 // RUN: sed s/ssd/net/g %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers | FileCheck %s --check-prefix=IOBOUND
+// RUN: sed 's/layers = 0 to 32>/layers = 0 to 32, layer_group = 4>/' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-partition-layers | FileCheck %s --check-prefix=GROUPED
+// RUN: sed -e s/ssd/net/g -e 's/layers = 0 to 32>/layers = 0 to 32, layer_group = 4>/' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers | FileCheck %s --check-prefix=GROUPED-IOBOUND
 // RUN: sed -e s/ssd/net/g -e '/form = hidden/d' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers 2>&1 | FileCheck %s --check-prefix=NOHIDDEN
 
 // Tests that on HCache's testbed (Llama-2-7B on an A100-40GB with four SSDs),
@@ -14,6 +16,16 @@
 // IOBOUND-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
 // IOBOUND-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 9
 // IOBOUND-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 9 to 32 from
+
+// Tests that with four layers per stored object the partition moves to an
+// object boundary, as a load reads whole objects: 4 KV layers instead of 3,
+// and 8 recomputed layers instead of 9.
+// GROUPED-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
+// GROUPED-NEXT:    kvc.segment load_kv tokens 0 to 4096 layers 0 to 4 from
+// GROUPED-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 4 to 32 from
+// GROUPED-IOBOUND-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
+// GROUPED-IOBOUND-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 8
+// GROUPED-IOBOUND-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 8 to 32 from
 
 // Tests that without hidden states the pass says so and uses the best plan
 // it has.

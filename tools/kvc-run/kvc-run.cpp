@@ -425,14 +425,19 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
                   name, (long long)extent.tokens, (long long)n);
       continue;
     }
-    std::printf("store: %s for every token, codec %s\n", name,
+    std::printf("store: %s for every token, codec %s", name,
                 extent.codec.str().c_str());
+    if (store.layout().layerGroup > 1)
+      std::printf(", %lld layers per object",
+                  (long long)store.layout().layerGroup);
+    std::printf("\n");
     planning::Source source;
     source.tier = tier;
     source.form = form == ChunkForm::KV ? planning::Form::KV
                                         : planning::Form::Hidden;
     source.codec = extent.codec;
     source.box = {0, n, 0, store.model().numLayers};
+    source.layerGroup = store.layout().layerGroup;
     sources.push_back(source);
   }
   return sources;
@@ -457,11 +462,6 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   request.tokens = int64_t(tokens.size());
   TRY_ASSIGN(sources, storedSources(store, tokens, tier->name));
   request.sources = std::move(sources);
-  if (store.layout().layerGroup > 1 && !request.sources.empty())
-    std::printf("note: the store keeps %lld layers per object; a plan "
-                "loading part of a group reads all of it, which the "
-                "predictions do not price (save with --layer-group 1)\n",
-                (long long)store.layout().layerGroup);
   CompileRestoreOptions options;
   options.chunkTokens = store.layout().chunkTokens;
   options.stagingMiB = stagingMiB;

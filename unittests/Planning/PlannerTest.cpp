@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <iostream>
 #include <random>
+#include <set>
 
 using namespace kvc;
 using namespace kvc::planning;
@@ -172,6 +174,33 @@ TEST(Planner, HCacheComplementsWithRecomputeWhenIOBound) {
   ASSERT_EQ(hcache.plan.segments.size(), 2u);
   EXPECT_EQ(hcache.plan.segments[0].method, Method::Compute);
   EXPECT_EQ(hcache.plan.segments[0].box.l0, 0);
+}
+
+// Stored objects of 8 layers: loads start and end where objects do, in the
+// plan and in its chunks, where per-layer objects split elsewhere.
+TEST(Planner, LoadsReadWholeStoredObjects) {
+  ModelConfig m = model(32, 32, 32, 128);
+  TargetDesc t = withRemoteBandwidth(50);
+  t.compute.restoreShare = 0.05;
+  CostModel cost(m, t, CodecProfile::defaults());
+  auto splits = [&](int64_t group) {
+    Request r = remoteRequest(4096, {Form::Hidden, Form::KV});
+    for (Source &source : r.sources)
+      source.layerGroup = group;
+    Planner planner(cost, r);
+    std::vector<Plan> plans = {planner.hcache()->plan, planner.joint().plan};
+    std::set<int64_t> bounds;
+    for (const Plan &plan : plans)
+      for (const Chunk &chunk : planner.chunks(plan))
+        if (chunk.method != Method::Compute)
+          bounds.insert({chunk.box.l0, chunk.box.l1});
+    return bounds;
+  };
+  std::set<int64_t> perLayer = splits(1);
+  EXPECT_TRUE(std::any_of(perLayer.begin(), perLayer.end(),
+                          [](int64_t l) { return l % 8 != 0; }));
+  for (int64_t l : splits(8))
+    EXPECT_EQ(l % 8, 0) << "a load starts or ends at layer " << l;
 }
 
 TEST(Planner, QualityBudgetExcludesLossySources) {

@@ -44,6 +44,9 @@ struct Source {
   Form form = Form::KV;
   CodecSpec codec;
   Box box;
+  /// Layers per stored object, grouped from layer 0: a load reads whole
+  /// objects, so loads from this source start and end on group boundaries.
+  int64_t layerGroup = 1;
 };
 
 /// Make the KV of tokens [0, tokens) of every layer resident.

@@ -153,8 +153,10 @@ def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
     tokens when IO is. HCache solves for k in closed form (§4.1.2) from
     per-layer times; this pass chooses the complement and k with the
     simulator, which also sees pipeline fill, lanes and staging limits.
-    Without a usable hidden-state source it uses the best plan without one
-    and says so in a remark.
+    Loads begin and end where the sources' stored objects do (`layer_group`
+    of `#kvc.source`), as a load reads whole objects; every planning pass
+    keeps to that. Without a usable hidden-state source it uses the best
+    plan without one and says so in a remark.
 
     Before (Llama-2-7B on HCache's A100-40GB with four SSDs):
     ```mlir

@@ -58,6 +58,11 @@ func.func private @f(!kvc.chunk<kv x bf16, tokens 4 to 0, layers 0 to 1, host>)
 // expected-error @+1 {{layers range 3 to 3 is empty}}
 kvc.restore @r tokens 0 to 4 from [#kvc.source<tier = "ssd", form = kv, tokens = 0 to 4, layers = 3 to 3>]
 
+// -----
+
+// expected-error @+1 {{source layer_group must be at least 1, got 0}}
+kvc.restore @r tokens 0 to 4 from [#kvc.source<tier = "ssd", form = kv, tokens = 0 to 4, layers = 0 to 4, layer_group = 0>]
+
 //===----------------------------------------------------------------------===//
 // Models and targets
 //===----------------------------------------------------------------------===//

@@ -346,9 +346,13 @@ CodecAttr CodecAttr::withLossless(Lossless lossless) const {
 
 LogicalResult SourceAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  StringRef tier, Form, CodecAttr,
-                                 RangeAttr tokens, RangeAttr layers) {
+                                 RangeAttr tokens, RangeAttr layers,
+                                 int64_t layerGroup) {
   if (tier.empty())
     return emitError() << "source tier must not be empty";
+  if (layerGroup < 1)
+    return emitError() << "source layer_group must be at least 1, got "
+                       << layerGroup;
   if (failed(verifyRange(emitError, "tokens", tokens)) ||
       failed(verifyRange(emitError, "layers", layers)))
     return failure();

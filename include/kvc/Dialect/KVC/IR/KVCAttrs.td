@@ -289,12 +289,15 @@ def KVC_SourceAttr : KVC_Attr<"Source", "source"> {
   let description = [{
     A range of tokens and layers stored in a `tier` of the target, as KV or
     as hidden states (the inputs of layers), encoded with `codec` (absent
-    for raw data).
+    for raw data). Each stored object holds `layer_group` consecutive layers
+    (default 1), grouped from layer 0 (HCache's chunk-based storage keeps
+    several layers per object): a load reads whole objects, so planners only
+    split layers where objects begin.
 
     ```mlir
     module attributes {doc.example = #kvc.source<tier = "ssd", form = hidden,
         codec = <quant = int8, lossless = zstd>, tokens = 0 to 4096,
-        layers = 0 to 32>} {}
+        layers = 0 to 32, layer_group = 4>} {}
     ```
   }];
   let parameters = (ins
@@ -302,7 +305,9 @@ def KVC_SourceAttr : KVC_Attr<"Source", "source"> {
     EnumParameter<KVC_Form>:$form,
     OptionalParameter<"CodecAttr">:$codec,
     KVC_RangeParameter:$tokens,
-    KVC_RangeParameter:$layers
+    KVC_RangeParameter:$layers,
+    DefaultValuedParameter<"int64_t", "1",
+                           "layers per stored object">:$layer_group
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

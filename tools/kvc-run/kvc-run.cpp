@@ -23,9 +23,11 @@
 //   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
 //                   [--seed S]) (--bundle FILE [--plan NAME] |
 //                   --strategy S --target FILE [--tier NAME]) [--verify]
-//                   [--max-error X] [--trace FILE] [--chunk-tokens N]
-//                   [--layer-group N] [--tenant SALT] [--staging-mib N]
-//     (every tier the plan fetches from is read from --store)
+//                   [--max-error X] [--trace FILE | --dynamic]
+//                   [--chunk-tokens N] [--layer-group N] [--tenant SALT]
+//                   [--staging-mib N]
+//     (every tier the plan fetches from is read from --store; --dynamic runs
+//     a Cake-shaped plan as Cake's walk, its merge point the prediction)
 //
 // Plans come from a bundle compiled by kvc-opt, or with --strategy
 // (compute|kv|hidden|cake|hcache|joint; compare takes a list, by default all
@@ -578,6 +580,49 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
   return run;
 }
 
+/// Prints a dynamic Cake run: where the sides met, beside `predictedBy`'s
+/// merge point when there is one.
+void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
+                      const char *predictedBy) {
+  std::printf("restored %zu tokens with dynamic Cake: %.3f ms; computed %lld "
+              "chunks, loaded %lld; merge point at token %lld",
+              tokens, result.metrics.makespanSeconds * 1e3,
+              (long long)result.chunksComputed, (long long)result.chunksLoaded,
+              (long long)result.mergeToken);
+  if (result.predictedMergeToken)
+    std::printf(" (%s: %lld)", predictedBy,
+                (long long)*result.predictedMergeToken);
+  std::printf("\n");
+  for (const std::string &event : result.metrics.fallbacks)
+    std::printf("  fallback: %s\n", event.c_str());
+}
+
+/// restore --dynamic: runs a Cake-shaped plan as Cake's two-sided walk, on
+/// the plan's tier and lanes, starting from the plan's merge point as the
+/// prediction the run reports against.
+Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
+                      bool verify) {
+  TRY_ASSIGN(options, dynamicCakeOptions(plan));
+  const int64_t n = int64_t(setup.tokens.size());
+  TRY_ASSIGN(cache, cacheFor(setup.model->config(), n));
+  TRY_ASSIGN(table, cache->allocate(n));
+  TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
+  RestoreTarget target;
+  target.model = setup.model.get();
+  target.stores[options.tier] = setup.store.get();
+  target.tokens = &setup.tokens;
+  target.cache = cache.get();
+  target.table = &table;
+  TRY_ASSIGN(result, restoreDynamicCake(*pools, target, options));
+  printDynamicCake(result, setup.tokens.size(),
+                   ("plan " + plan.name).c_str());
+  if (!verify)
+    return Status::ok();
+  TRY_ASSIGN(error, restoreError(*setup.model, setup.tokens, *cache, table));
+  return reportVerification(error,
+                            verifyBound(planCodecs(plan), setup.maxError));
+}
+
 /// Restores a request by running one plan of a bundle into a paged cache;
 /// prints measured beside predicted, and with --verify the error against a
 /// full prefill (failing above --max-error, by default bf16 rounding).
@@ -585,9 +630,13 @@ Status restoreCommand(Args &args) {
   TRY_ASSIGN(setup, loadRestoreSetup(args, "joint"));
   std::string planName = args.get("plan");
   bool verify = args.has("verify");
+  bool dynamic = args.has("dynamic");
   RestoreOptions options;
   options.tracePath = args.get("trace");
   KVC_RETURN_IF_ERROR(args.checkUnused());
+  if (dynamic && !options.tracePath.empty())
+    return invalidArgument("--trace records compiled plans; --dynamic runs "
+                           "Cake's walk, which has no task graph to trace");
   const PlanBundle &bundle = setup.bundle;
   const BundlePlan *plan = planName.empty() && bundle.plans.size() == 1
                                ? &bundle.plans.front()
@@ -597,6 +646,8 @@ Status restoreCommand(Args &args) {
                                ? setup.planSource + " holds several plans: "
                                                     "name one with --plan"
                                : setup.planSource + " has no plan " + planName);
+  if (dynamic)
+    return restoreDynamic(setup, *plan, verify);
   TRY_ASSIGN(run, runPlan(setup, *plan, options, verify));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
@@ -746,16 +797,7 @@ Status cakeCommand(Args &args) {
   if (predicted >= 0)
     options.predictedMergeToken = predicted;
   TRY_ASSIGN(result, restoreDynamicCake(*pools, target, options));
-  std::printf("restored %zu tokens with dynamic Cake: %.3f ms; computed %lld "
-              "chunks, loaded %lld; merge point at token %lld",
-              tokens.size(), result.metrics.makespanSeconds * 1e3,
-              (long long)result.chunksComputed, (long long)result.chunksLoaded,
-              (long long)result.mergeToken);
-  if (result.predictedMergeToken)
-    std::printf(" (compiler: %lld)", (long long)*result.predictedMergeToken);
-  std::printf("\n");
-  for (const std::string &event : result.metrics.fallbacks)
-    std::printf("  fallback: %s\n", event.c_str());
+  printDynamicCake(result, tokens.size(), "compiler");
   if (!verify)
     return Status::ok();
   TRY_ASSIGN(error, restoreError(*model, tokens, *cache, table));

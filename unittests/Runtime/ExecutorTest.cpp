@@ -541,6 +541,32 @@ TEST_F(DynamicCakeTest, SidesMeetAndTheCacheIsExact) {
   EXPECT_LT(relativeError(table), 1.0 / 128);
 }
 
+// A compiled plan runs dynamically when it has Cake's shape: the plan's
+// merge point becomes the prediction and its tier the loads' tier.
+TEST_F(DynamicCakeTest, CompiledCakePlansConfigureTheWalk) {
+  const int64_t layers = model_->config().numLayers;
+  StatusOr<DynamicCakeOptions> cake =
+      dynamicCakeOptions(makePlan({/*merge=*/128, 0, 64}, layers));
+  ASSERT_TRUE(cake) << cake.status().toString();
+  EXPECT_EQ(cake->tier, "dram");
+  EXPECT_EQ(cake->predictedMergeToken, 128);
+  EXPECT_EQ(dynamicCakeOptions(makePlan({0, 0, 64}, layers))
+                ->predictedMergeToken,
+            0); // KV-only: Cake with nothing computed.
+  auto refusal = [&](const Split &split) {
+    StatusOr<DynamicCakeOptions> options =
+        dynamicCakeOptions(makePlan(split, layers));
+    return options ? std::string() : options.status().message();
+  };
+  EXPECT_NE(refusal({kTokens, 0, 64}).find("it loads nothing"),
+            std::string::npos);
+  EXPECT_NE(refusal({128, layers / 2, 64}).find("it loads hidden states"),
+            std::string::npos);
+  EXPECT_NE(refusal({128, 0, 64, 0, /*computeLayers=*/1})
+                .find("it computes layers 0 to 1 only"),
+            std::string::npos);
+}
+
 TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
   // Every read takes 200 ms: each loading lane gets through the chunk it
   // claimed first while compute takes the rest.

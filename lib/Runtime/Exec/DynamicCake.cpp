@@ -6,6 +6,7 @@
 
 #include "kvc/Runtime/Base/Clock.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -167,6 +168,42 @@ private:
 };
 
 } // namespace
+
+StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan) {
+  auto notCake = [&](const std::string &why) {
+    return invalidArgument("plan " + plan.name +
+                           " has no dynamic Cake mode: " + why);
+  };
+  DynamicCakeOptions options;
+  int64_t computedEnd = plan.tokens.begin, loadedBegin = plan.tokens.end;
+  bool loads = false;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps) {
+      if (step.op == "chunk_compute") {
+        if (step.layers != plan.layers)
+          return notCake("it computes layers " +
+                         std::to_string(step.layers.begin) + " to " +
+                         std::to_string(step.layers.end) + " only");
+        computedEnd = std::max(computedEnd, step.tokens.end);
+      } else if (step.op == "fetch") {
+        if (step.form != "kv")
+          return notCake("it loads hidden states");
+        if (loads && step.tier != options.tier)
+          return notCake("it loads from tiers " + options.tier + " and " +
+                         step.tier);
+        options.tier = step.tier;
+        loads = true;
+        loadedBegin = std::min(loadedBegin, step.tokens.begin);
+      }
+    }
+  if (!loads)
+    return notCake("it loads nothing");
+  if (computedEnd != loadedBegin)
+    return notCake("it computes tokens up to " + std::to_string(computedEnd) +
+                   " and loads from " + std::to_string(loadedBegin));
+  options.predictedMergeToken = loadedBegin;
+  return options;
+}
 
 StatusOr<DynamicCakeResult>
 restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,

@@ -41,6 +41,13 @@ struct DynamicCakeResult {
   int64_t chunksLoaded = 0;
 };
 
+/// The dynamic mode of a compiled Cake plan: the tier its loads read, and
+/// its merge point as the prediction the run starts from and reports
+/// against. InvalidArgument unless the plan computes a prefix of the tokens
+/// through every layer and loads the KV of every layer for the rest from
+/// one tier (Cake's shape; plans that split layers have no two-sided walk).
+StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan);
+
 /// Restores `target.tokens` with Cake's two-sided walk over the store's
 /// chunks. `pools` needs "compute" and "io:<tier>" workers.
 StatusOr<DynamicCakeResult> restoreDynamicCake(ResourcePools &pools,

@@ -18,8 +18,8 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <exception>
 #include <mutex>
+#include <new>
 
 #include <unistd.h>
 
@@ -239,10 +239,16 @@ private:
       result = chunkError(ChunkFault::Missing, url_ + ": no object " + name);
       return Status::ok();
     }
+    // A server's word is not a size to allocate: kvc's objects are chunks of
+    // megabytes, far below redis' own bulk limit (512 MiB by default).
+    constexpr long long kMaxValueBytes = 1ll << 30;
+    if (size > kMaxValueBytes)
+      return unavailable("cannot hold a reply of " + std::to_string(size) +
+                         " bytes to GET " + name + " (more than 1 GiB)");
     try {
       if (buffer.size() != size_t(size))
         buffer.resize(size_t(size));
-    } catch (const std::exception &) { // bad_alloc or length_error.
+    } catch (const std::bad_alloc &) {
       return unavailable("cannot hold a reply of " + std::to_string(size) +
                          " bytes to GET " + name);
     }

@@ -231,18 +231,21 @@ TEST(Codec, DecodeToBf16MatchesDecodeOnAwkwardShapes) {
     std::vector<float> values(shape.numel());
     for (float &v : values)
       v = normal(rng);
-    for (const char *spec : {"int8/g24", "int4/g24", "int2/g20", "int4/g7",
-                             "int2/g5/k=token", "int4/g33/v=channel", "int4/g17",
-                             "int2/g18"}) {
+    for (const char *spec :
+         {"int8/g24", "int4/g24", "int2/g20", "int4/g7", "int2/g5/k=token",
+          "int4/g33/v=channel", "int4/g17", "int2/g18"}) {
       StatusOr<CodecSpec> parsed = parseCodecSpec(spec);
       ASSERT_TRUE(parsed.isOk()) << spec;
       CodecSpec codec = *parsed;
-      std::string bytes = *encodeChunk(values.data(), shape, codec, DType::BF16);
+      std::string bytes =
+          *encodeChunk(values.data(), shape, codec, DType::BF16);
       std::vector<float> ref(shape.numel());
       ASSERT_TRUE(
           decodeChunk(bytes, shape, codec, DType::BF16, ref.data()).isOk());
       std::vector<uint16_t> fast(shape.numel());
-      ASSERT_TRUE(decodeChunkToBf16(bytes, shape, codec, DType::BF16, fast.data()).isOk());
+      ASSERT_TRUE(
+          decodeChunkToBf16(bytes, shape, codec, DType::BF16, fast.data())
+              .isOk());
       for (size_t i = 0; i < ref.size(); ++i)
         ASSERT_EQ(fast[i], floatToBf16(ref[i]))
             << spec << " width " << width << " at " << i;

@@ -96,7 +96,8 @@ void toFloats(const uint16_t *words, int64_t n, DType dtype, float *out) {
     return;
   }
   for (int64_t i = 0; i < n; ++i)
-    out[i] = dtype == DType::BF16 ? bf16ToFloat(words[i]) : f16ToFloat(words[i]);
+    out[i] =
+        dtype == DType::BF16 ? bf16ToFloat(words[i]) : f16ToFloat(words[i]);
 }
 
 } // namespace
@@ -619,9 +620,10 @@ StatusOr<RestoreError> restoreError(const LlamaModel &model,
         squaredError += error * error;
         squaredValue += value * value;
       }
-      out.relativeL2 = std::max(
-          out.relativeL2, squaredValue > 0 ? std::sqrt(squaredError / squaredValue)
-                                           : std::sqrt(squaredError));
+      double relative = squaredValue > 0
+                            ? std::sqrt(squaredError / squaredValue)
+                            : std::sqrt(squaredError);
+      out.relativeL2 = std::max(out.relativeL2, relative);
     }
   }
   out.max = maxValue > 0 ? maxError / maxValue : maxError;

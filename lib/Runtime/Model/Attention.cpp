@@ -10,8 +10,8 @@
 namespace kvc {
 
 CausalAttention::CausalAttention(int64_t headDim)
-    : d_(headDim), scores_(kQueryBlock * kKeyBlock), acc_(kQueryBlock * headDim),
-      max_(kQueryBlock), sum_(kQueryBlock) {}
+    : d_(headDim), scores_(kQueryBlock * kKeyBlock),
+      acc_(kQueryBlock * headDim), max_(kQueryBlock), sum_(kQueryBlock) {}
 
 void CausalAttention::run(const float *q, int64_t qStride, const float *k,
                           const float *v, int64_t kvStride, int64_t pos0,

@@ -1,4 +1,4 @@
-//===- Attention.h - Causal attention with a constant working set -*- C++ -*-===//
+//===- Attention.h - Causal attention, constant working set -----*- C++ -*-===//
 //
 // The CPU reference model's attention, FlashAttention-style: queries in
 // blocks of kQueryBlock rows against keys in blocks of kKeyBlock columns

@@ -165,6 +165,51 @@ TEST(RedisTier, PipelinedGetsReadEveryKindOfReply) {
   EXPECT_EQ(buffer, buffers[4]);
 }
 
+// Callers on many threads (an executor's IO lanes) share the tier: each
+// takes a connection of its own, and every reply lands with its caller.
+TEST(RedisTier, ConcurrentCallersEachGetTheirOwnObjects) {
+  if (!redis().running())
+    GTEST_SKIP() << "redis-server is not installed";
+  std::shared_ptr<Tier> tier = std::move(*openTier(redis().url() + "/3"));
+  constexpr int kThreads = 12, kObjects = 20; // More threads than connections.
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      std::vector<std::string> names;
+      for (int i = 0; i < kObjects; ++i) {
+        names.push_back("t" + std::to_string(t) + "/" + std::to_string(i));
+        std::string value(1000 + 37 * i, char('a' + t));
+        if (!tier->put(names.back(), value).isOk())
+          ++wrong[t];
+      }
+      for (int round = 0; round < 5; ++round) {
+        std::vector<std::string> buffers;
+        std::vector<Status> got = tier->getMany(names, buffers);
+        for (int i = 0; i < kObjects; ++i)
+          if (!got[i].isOk() || buffers[i] != std::string(1000 + 37 * i,
+                                                          char('a' + t)))
+            ++wrong[t];
+        std::string one;
+        if (!tier->get(names[round], one).isOk() ||
+            one != std::string(1000 + 37 * round, char('a' + t)))
+          ++wrong[t];
+      }
+    });
+  for (std::thread &thread : threads)
+    thread.join();
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(wrong[t], 0) << "thread " << t;
+  // They did not queue on one socket: the tier holds several connections
+  // (to database 3, which only this test uses).
+  if (system("command -v redis-cli >/dev/null 2>&1") == 0) {
+    std::string port = redis().url().substr(redis().url().rfind(':') + 1);
+    std::string command =
+        "test $(redis-cli -p " + port + " CLIENT LIST | grep -c ' db=3 ') -gt 1";
+    EXPECT_EQ(system(command.c_str()), 0);
+  }
+}
+
 /// A one-shot server on loopback that answers the first request of its one
 /// client with `reply` and closes the connection.
 class CannedServer {

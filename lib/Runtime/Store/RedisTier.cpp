@@ -1,10 +1,11 @@
 //===- RedisTier.cpp - The redis:// tier ----------------------------------===//
 //
-// One connection per tier, serialized by a mutex; reads of many objects are
-// pipelined (all GETs sent, then all replies read), which is what makes a
-// remote pool fast for chunked restores. Connections time out (1 s to
-// connect, 10 s per command) and are re-established after a failure, so an
-// unreachable server is an error value, not a hang.
+// A pool of connections, one per concurrent caller, so that a restore's IO
+// lanes read in parallel; reads of many objects are pipelined (all GETs
+// sent, then all replies read straight into the callers' buffers), which is
+// what makes a remote pool fast for chunked restores. Connections time out
+// (1 s to connect, 10 s per command) and are re-established after a
+// failure, so an unreachable server is an error value, not a hang.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +19,8 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <new>
 
@@ -106,21 +109,47 @@ private:
   size_t pos_ = 0, len_ = 0;
 };
 
-class RedisTier final : public Tier {
+/// One connection to the server, used by one caller at a time (the tier's
+/// pool hands it out). Commands time out (1 s to connect, 10 s each) and a
+/// failure drops the connection, which the next command re-establishes.
+class RedisConnection {
 public:
-  RedisTier(std::string url, std::string host, int port, int db)
-      : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db) {}
-  ~RedisTier() override { disconnect(); }
+  RedisConnection(const std::string &url, const std::string &host, int port,
+                  int db)
+      : url_(url), host_(host), port_(port), db_(db) {}
+  ~RedisConnection() { disconnect(); }
+  RedisConnection(const RedisConnection &) = delete;
+  RedisConnection &operator=(const RedisConnection &) = delete;
 
-  const std::string &url() const override { return url_; }
-
+  /// Connects unless connected.
   Status connect() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return connectLocked();
+    if (context_)
+      return Status::ok();
+    timeval connectTimeout{1, 0}, commandTimeout{10, 0};
+    context_ = redisConnectWithTimeout(host_.c_str(), port_, connectTimeout);
+    if (!context_ || context_->err) {
+      std::string why = context_ ? context_->errstr : "out of memory";
+      disconnect();
+      return unavailable("cannot connect to redis at " + host_ + ":" +
+                         std::to_string(port_) + ": " + why);
+    }
+    redisSetTimeout(context_, commandTimeout);
+    // Keep the reply buffer between multi-megabyte replies instead of
+    // shrinking it after each (hiredis' default frees above 16 KiB).
+    context_->reader->maxbuf = 0;
+    if (db_ != 0) {
+      auto *reply = static_cast<redisReply *>(
+          redisCommand(context_, "SELECT %d", db_));
+      bool ok = reply && reply->type != REDIS_REPLY_ERROR;
+      if (reply)
+        freeReplyObject(reply);
+      if (!ok)
+        return lostConnection();
+    }
+    return Status::ok();
   }
 
-  Status put(const std::string &name, std::string_view bytes) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+  Status put(const std::string &name, std::string_view bytes) {
     StatusOr<ReplyPtr> reply = command("SET %b %b", name.data(), name.size(),
                                        bytes.data(), bytes.size());
     if (!reply.isOk())
@@ -128,8 +157,7 @@ public:
     return Status::ok();
   }
 
-  Status get(const std::string &name, std::string &buffer) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+  Status get(const std::string &name, std::string &buffer) {
     StatusOr<ReplyPtr> reply = command("GET %b", name.data(), name.size());
     if (!reply.isOk())
       return reply.status();
@@ -137,11 +165,10 @@ public:
   }
 
   std::vector<Status> getMany(const std::vector<std::string> &names,
-                              std::vector<std::string> &buffers) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+                              std::vector<std::string> &buffers) {
     buffers.resize(names.size());
     std::vector<Status> out(names.size());
-    Status connected = connectLocked();
+    Status connected = connect();
     if (!connected.isOk()) {
       std::fill(out.begin(), out.end(), connected);
       return out;
@@ -171,22 +198,19 @@ public:
     return out;
   }
 
-  StatusOr<bool> exists(const std::string &name) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+  StatusOr<bool> exists(const std::string &name) {
     StatusOr<ReplyPtr> reply = command("EXISTS %b", name.data(), name.size());
     if (!reply.isOk())
       return reply.status();
     return (*reply)->type == REDIS_REPLY_INTEGER && (*reply)->integer > 0;
   }
 
-  Status remove(const std::string &name) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+  Status remove(const std::string &name) {
     StatusOr<ReplyPtr> reply = command("DEL %b", name.data(), name.size());
     return reply.isOk() ? Status::ok() : reply.status();
   }
 
-  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) {
     std::vector<std::string> names;
     std::string pattern = prefix + "*";
     std::string cursor = "0";
@@ -261,33 +285,6 @@ private:
     return Status::ok();
   }
 
-  Status connectLocked() {
-    if (context_)
-      return Status::ok();
-    timeval connectTimeout{1, 0}, commandTimeout{10, 0};
-    context_ = redisConnectWithTimeout(host_.c_str(), port_, connectTimeout);
-    if (!context_ || context_->err) {
-      std::string why = context_ ? context_->errstr : "out of memory";
-      disconnect();
-      return unavailable("cannot connect to redis at " + host_ + ":" +
-                         std::to_string(port_) + ": " + why);
-    }
-    redisSetTimeout(context_, commandTimeout);
-    // Keep the reply buffer between multi-megabyte replies instead of
-    // shrinking it after each (hiredis' default frees above 16 KiB).
-    context_->reader->maxbuf = 0;
-    if (db_ != 0) {
-      auto *reply = static_cast<redisReply *>(
-          redisCommand(context_, "SELECT %d", db_));
-      bool ok = reply && reply->type != REDIS_REPLY_ERROR;
-      if (reply)
-        freeReplyObject(reply);
-      if (!ok)
-        return lostConnection();
-    }
-    return Status::ok();
-  }
-
   /// Drops the connection; the next call reconnects.
   void disconnect() {
     if (context_)
@@ -305,7 +302,7 @@ private:
 
   template <typename... Args>
   StatusOr<ReplyPtr> command(const char *format, Args... args) {
-    KVC_RETURN_IF_ERROR(connectLocked());
+    KVC_RETURN_IF_ERROR(connect());
     auto *raw =
         static_cast<redisReply *>(redisCommand(context_, format, args...));
     if (!raw)
@@ -327,10 +324,89 @@ private:
     return Status::ok();
   }
 
+  const std::string &url_;
+  const std::string &host_;
+  int port_, db_;
+  redisContext *context_ = nullptr;
+};
+
+
+/// The redis:// tier: a pool of connections, one per concurrent caller (up
+/// to kMaxConnections, made as callers need them), so that an executor's IO
+/// lanes read in parallel instead of queueing on one socket.
+class RedisTier final : public Tier {
+public:
+  static constexpr std::size_t kMaxConnections = 8;
+
+  RedisTier(std::string url, std::string host, int port, int db)
+      : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db) {}
+
+  const std::string &url() const override { return url_; }
+
+  /// Connects one connection now, so that an unreachable server is an
+  /// error at open.
+  Status connect() { return Lease(*this)->connect(); }
+
+  Status put(const std::string &name, std::string_view bytes) override {
+    return Lease(*this)->put(name, bytes);
+  }
+  Status get(const std::string &name, std::string &buffer) override {
+    return Lease(*this)->get(name, buffer);
+  }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    return Lease(*this)->getMany(names, buffers);
+  }
+  StatusOr<bool> exists(const std::string &name) override {
+    return Lease(*this)->exists(name);
+  }
+  Status remove(const std::string &name) override {
+    return Lease(*this)->remove(name);
+  }
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
+    return Lease(*this)->list(prefix);
+  }
+
+private:
+  /// Exclusive use of one connection for one call.
+  class Lease {
+  public:
+    explicit Lease(RedisTier &tier) : tier_(tier) {
+      std::unique_lock<std::mutex> lock(tier_.mutex_);
+      tier_.released_.wait(lock, [&] {
+        return !tier_.idle_.empty() ||
+               tier_.connections_ < kMaxConnections;
+      });
+      if (!tier_.idle_.empty()) {
+        connection_ = std::move(tier_.idle_.back());
+        tier_.idle_.pop_back();
+        return;
+      }
+      ++tier_.connections_;
+      lock.unlock();
+      connection_ = std::make_unique<RedisConnection>(
+          tier_.url_, tier_.host_, tier_.port_, tier_.db_);
+    }
+    ~Lease() {
+      {
+        std::lock_guard<std::mutex> lock(tier_.mutex_);
+        tier_.idle_.push_back(std::move(connection_));
+      }
+      tier_.released_.notify_one();
+    }
+    RedisConnection *operator->() { return connection_.get(); }
+
+  private:
+    RedisTier &tier_;
+    std::unique_ptr<RedisConnection> connection_;
+  };
+
   std::string url_, host_;
   int port_, db_;
-  std::mutex mutex_;
-  redisContext *context_ = nullptr;
+  std::mutex mutex_; ///< Guards the pool below.
+  std::condition_variable released_;
+  std::vector<std::unique_ptr<RedisConnection>> idle_;
+  std::size_t connections_ = 0;
 };
 
 } // namespace

@@ -60,8 +60,12 @@ LogicalResult writeStep(llvm::json::OStream &json, Operation *step) {
     writeRange(json, "layers", chunk.getLayers().getBegin(),
                chunk.getLayers().getEnd());
     json.attribute("codec", getCodecSpec(chunk.getCodec()).str());
-    if (auto fetch = dyn_cast<FetchOp>(step))
+    if (auto fetch = dyn_cast<FetchOp>(step)) {
       json.attribute("tier", fetch.getSource().getTier());
+      if (auto bytes =
+              fetch->getAttrOfType<IntegerAttr>(KVCDialect::kBytesAttrName))
+        json.attribute("predicted_bytes", bytes.getInt());
+    }
   });
   return success();
 }

@@ -6,7 +6,8 @@
 // per top-level step, kernel or task, its cost from the cost model, its
 // dependencies from the values and tokens it uses, fetches holding staging
 // memory until their chunk's copy to the device ends. The plan gets
-// `predicted` microseconds, each step `kvc.time_ns = array<i64: start, finish>`.
+// `predicted` microseconds, each step `kvc.time_ns = array<i64: start, finish>`
+// and each fetch `kvc.bytes`, what it is priced to read.
 //
 //===----------------------------------------------------------------------===//
 
@@ -149,9 +150,12 @@ struct KVCEstimatePass
         int64_t tokens = chunk.getTokens().size();
         int64_t layers = chunk.getLayers().size();
         ::kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());
+        double stored = cost.storedBytes(form, codec, tokens, layers);
         job.stagingBytes =
-            int64_t(cost.storedBytes(form, codec, tokens, layers) +
-                    cost.quantizedBytes(form, codec, tokens, layers));
+            int64_t(stored + cost.quantizedBytes(form, codec, tokens, layers));
+        fetch->setAttr(KVCDialect::kBytesAttrName,
+                       OpBuilder(fetch).getI64IntegerAttr(
+                           int64_t(std::llround(stored))));
       }
       int index = graph.addJob(job, deps);
       jobOf[step] = index;

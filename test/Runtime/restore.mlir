@@ -11,11 +11,13 @@
 // recompute, Cake's token split (compute the front, load KV for the rest)
 // and HCache's layer split (hidden states projected for three layers, KV for
 // the fourth); the plans' 128-token chunks straddle the store's 256-token
-// objects.
-// COMPUTE: restored 1024 tokens with plan compute: {{.*}} ms measured, {{.*}} ms predicted
+// objects. Each measure is printed beside the plan's value: FLOPs, and the
+// busy time and bytes kvc-estimate predicted.
+// COMPUTE: restored 1024 tokens with plan compute: {{.*}} ms measured, {{.*}} ms predicted, [[GFLOP:[0-9.]+]] GFLOP (plan: [[GFLOP]])
+// COMPUTE-NEXT: busy compute {{[0-9.]+}} ms (predicted {{[0-9.]+}} ms)
 // COMPUTE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
-// CAKE: busy io:dram
-// CAKE: read dram
+// CAKE: busy io:dram {{[0-9.]+}} ms (predicted {{[0-9.]+}} ms)
+// CAKE: read dram {{[0-9.]+}} MB (predicted {{[0-9.]+}} MB)
 // CAKE: trace: {{.*}}trace.json
 // CAKE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
 // HCACHE-NOT: fallback

@@ -7,7 +7,8 @@
 
 // Tests that every task is written with its resource, lane, dependencies,
 // the tasks whose values it reads, its staging slot and its steps, and that
-// the plan and its tasks carry the estimated times.
+// the plan and its tasks carry the estimated times, its fetches the
+// estimated bytes.
 // CHECK:      "format": "kvc-plan-bundle",
 // CHECK-NEXT: "version": 1,
 // CHECK:      "name": "p",
@@ -23,7 +24,8 @@
 // CHECK:      "op": "fetch",
 // CHECK-NEXT: "form": "kv",
 // CHECK:      "codec": "int8/g32+zstd",
-// CHECK-NEXT: "tier": "ssd"
+// CHECK-NEXT: "tier": "ssd",
+// CHECK-NEXT: "predicted_bytes": {{[0-9]+}}
 // CHECK:      "id": 1,
 // CHECK-NEXT: "resource": "decode",
 // CHECK:      "after": [

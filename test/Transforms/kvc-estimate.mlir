@@ -11,13 +11,15 @@
 
 // Tests that each step gets its simulated start and finish: both fetches
 // start at once on two of the four SSD lanes; the copies queue on the one
-// copy engine.
-// DATAFLOW:      kvc.fetch {{.+}} tokens 0 to 512 {{.*}}{kvc.time_ns = array<i64: 0, 2268333>}
+// copy engine. Each fetch also gets the bytes it is priced to read, which
+// plan bundles carry and kvc-run prints beside the bytes it read.
+// DATAFLOW:      kvc.fetch {{.+}} tokens 0 to 512 {{.*}}{kvc.bytes = [[BYTES:[0-9]+]] : i64, kvc.time_ns = array<i64: 0, 2268333>}
 // DATAFLOW:      kvc.transfer_to_device {{.*}}{kvc.time_ns = array<i64: 2410802, 3010626>}
-// DATAFLOW:      kvc.fetch {{.+}} tokens 512 to 1024 {{.*}}{kvc.time_ns = array<i64: 0, 2268333>}
+// DATAFLOW:      kvc.fetch {{.+}} tokens 512 to 1024 {{.*}}{kvc.bytes = [[BYTES]] : i64, kvc.time_ns = array<i64: 0, 2268333>}
 // DATAFLOW:      kvc.transfer_to_device {{.*}}{kvc.time_ns = array<i64: 3010626, 3610450>}
 // DATAFLOW:      kvc.scatter {{.*}}{kvc.time_ns = array<i64: 3642818, 3685975>}
 // TASKS:         kvc.task on io[0] slot 0 attributes {kvc.time_ns = array<i64: 0, 2268333>}
+// TASKS-NEXT:      kvc.fetch {{.+}} {kvc.bytes = {{[0-9]+}} : i64}
 // SEGMENTS-NOT:  kvc.time_ns
 kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv

@@ -655,11 +655,24 @@ Status restoreCommand(Args &args) {
               metrics.makespanSeconds * 1e3);
   if (metrics.predictedSeconds)
     std::printf(", %.3f ms predicted", *metrics.predictedSeconds * 1e3);
-  std::printf(", %.3f GFLOP\n", metrics.flops * 1e-9);
-  for (const auto &[resource, seconds] : metrics.busySeconds)
-    std::printf("  busy %-10s %.3f ms\n", resource.c_str(), seconds * 1e3);
-  for (const auto &[tier, bytes] : metrics.bytesRead)
-    std::printf("  read %-10s %.3f MB\n", tier.c_str(), double(bytes) * 1e-6);
+  std::printf(", %.3f GFLOP (plan: %.3f)\n", metrics.flops * 1e-9,
+              metrics.plannedFlops * 1e-9);
+  // Measured, and beside it what the compiler predicted where it did.
+  auto predicted = [](const auto &map, const std::string &key, double scale,
+                      const char *unit) {
+    auto it = map.find(key);
+    if (it != map.end())
+      std::printf(" (predicted %.3f %s)", double(it->second) * scale, unit);
+    std::printf("\n");
+  };
+  for (const auto &[resource, seconds] : metrics.busySeconds) {
+    std::printf("  busy %-10s %.3f ms", resource.c_str(), seconds * 1e3);
+    predicted(metrics.predictedBusySeconds, resource, 1e3, "ms");
+  }
+  for (const auto &[tier, bytes] : metrics.bytesRead) {
+    std::printf("  read %-10s %.3f MB", tier.c_str(), double(bytes) * 1e-6);
+    predicted(metrics.predictedBytesRead, tier, 1e-6, "MB");
+  }
   std::printf("  staging  %.3f MB in %lld slot(s)\n",
               double(metrics.stagingBytes) * 1e-6,
               (long long)plan->stagingSlots);

@@ -303,7 +303,22 @@ TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {
 TEST_F(ExecutorTest, ReportsMetrics) {
   BlockTable table = *cache_->allocate(kTokens);
   BundlePlan plan = makePlan({128, 2, 64}, model_->config().numLayers);
+  // The compiler's predictions: 2 us per compute task, 3 us per fetch and
+  // 100 bytes per fetched chunk.
   plan.predictedUs = 1234;
+  int64_t computeTasks = 0, fetches = 0;
+  for (BundleTask &task : plan.tasks) {
+    if (task.resource == BundleResource::Compute) {
+      task.predictedNs = std::make_pair(int64_t(0), int64_t(2000));
+      ++computeTasks;
+    }
+    for (BundleStep &step : task.steps)
+      if (step.op == "fetch") {
+        task.predictedNs = std::make_pair(int64_t(500), int64_t(3500));
+        step.predictedBytes = 100;
+        ++fetches;
+      }
+  }
   StatusOr<RestoreMetrics> metrics = run(plan, table);
   ASSERT_TRUE(metrics) << metrics.status().toString();
   EXPECT_GT(metrics->makespanSeconds, 0);
@@ -313,6 +328,14 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   EXPECT_GT(metrics->busySeconds["io:dram"], 0);
   ASSERT_TRUE(metrics->predictedSeconds.has_value());
   EXPECT_DOUBLE_EQ(*metrics->predictedSeconds, 1234e-6);
+  EXPECT_DOUBLE_EQ(metrics->predictedBusySeconds["compute"],
+                   double(computeTasks) * 2e-6);
+  EXPECT_DOUBLE_EQ(metrics->predictedBusySeconds["io:dram"],
+                   double(fetches) * 3e-6);
+  EXPECT_EQ(metrics->predictedBytesRead["dram"], 100 * fetches);
+  // Without fallbacks the run computes exactly what the plan says.
+  EXPECT_TRUE(metrics->fallbacks.empty());
+  EXPECT_DOUBLE_EQ(metrics->plannedFlops, metrics->flops);
 }
 
 /// The object name of the stored KV chunk holding token 200, layers 2-3.

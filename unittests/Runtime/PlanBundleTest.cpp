@@ -21,8 +21,10 @@ Json validBundle() {
     Json s = {{"op", op},         {"form", "kv"},
               {"tokens", {begin, end}}, {"layers", {0, 4}},
               {"codec", codec}};
-    if (std::string(op) == "fetch")
+    if (std::string(op) == "fetch") {
       s["tier"] = "ssd";
+      s["predicted_bytes"] = 4096;
+    }
     return s;
   };
   Json tasks = Json::array();
@@ -102,6 +104,8 @@ TEST(PlanBundleTest, ReadsEveryField) {
   EXPECT_EQ(fetch.steps[0].tier, "ssd");
   EXPECT_EQ(fetch.steps[0].codec.str(), "int8/g32+zstd");
   EXPECT_EQ(fetch.steps[0].tokens, (BundleRange{512, 1024}));
+  EXPECT_EQ(fetch.steps[0].predictedBytes, 4096);
+  EXPECT_FALSE(plan->tasks[1].steps[0].predictedBytes.has_value());
   const BundleTask &kernel = plan->tasks[3];
   EXPECT_EQ(kernel.kernel, "dequant_scatter");
   EXPECT_FALSE(kernel.slot.has_value());
@@ -124,6 +128,7 @@ TEST(PlanBundleTest, SameScheduleIgnoresNamesAndPredictionsOnly) {
     b["plans"][0]["name"] = "joint";
     b["plans"][0]["predicted_us"] = 7;
     task(b, 3)["predicted_ns"] = {1, 2};
+    task(b, 0)["steps"][0]["predicted_bytes"] = 7;
   })));
   EXPECT_FALSE(base.sameSchedule(
       planAfter([](Json &b) { task(b, 4)["lane"] = 0; })));
@@ -191,6 +196,14 @@ TEST(PlanBundleTest, RejectsBadFields) {
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 3)["predicted_ns"] = {9, 1}; }),
             "plans[0].tasks[3].predicted_ns: expected [start, finish] with "
             "start <= finish");
+  EXPECT_EQ(errorAfter(
+                [](Json &b) { task(b, 0)["steps"][0]["predicted_bytes"] = -1; }),
+            "plans[0].tasks[0].steps[0].predicted_bytes: expected a fetch's "
+            "bytes, >= 0");
+  EXPECT_EQ(errorAfter(
+                [](Json &b) { task(b, 1)["steps"][0]["predicted_bytes"] = 9; }),
+            "plans[0].tasks[1].steps[0].predicted_bytes: expected a fetch's "
+            "bytes, >= 0");
 }
 
 TEST(PlanBundleTest, RejectsBadTaskReferences) {

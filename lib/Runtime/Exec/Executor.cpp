@@ -558,6 +558,37 @@ std::map<std::string, int> planResources(const BundlePlan &plan) {
   return lanes;
 }
 
+namespace {
+
+/// The plan's side of the metrics: predicted busy time and bytes where the
+/// compiler estimated them, and the FLOPs its steps take, counted as the
+/// run counts them (projections and MLPs; attention left out).
+void addPredictions(const BundlePlan &plan, const LlamaModel &model,
+                    RestoreMetrics &metrics) {
+  const ModelConfig &c = model.config();
+  const double h = double(c.hiddenSize), kv = double(model.kvDim());
+  const double perTokenLayer =
+      2.0 * (2 * h * h + 2 * h * kv + 3 * h * double(c.intermediateSize));
+  for (const BundleTask &task : plan.tasks) {
+    if (task.predictedNs)
+      metrics.predictedBusySeconds[resourceOf(task)] +=
+          double(task.predictedNs->second - task.predictedNs->first) * 1e-9;
+    for (const BundleStep &step : task.steps) {
+      const double tokens = double(step.tokens.size());
+      if (step.op == "fetch" && step.predictedBytes)
+        metrics.predictedBytesRead[step.tier] += *step.predictedBytes;
+      else if (step.op == "chunk_compute")
+        metrics.plannedFlops +=
+            perTokenLayer * tokens * double(step.layers.end);
+      else if (step.op == "project")
+        metrics.plannedFlops +=
+            2.0 * tokens * double(step.layers.size()) * 2 * h * kv;
+    }
+  }
+}
+
+} // namespace
+
 StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,
                                  const RestoreOptions &options) {
@@ -580,6 +611,7 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   metrics.stagingBytes = run.stagingBytes();
   if (plan.predictedUs)
     metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
+  addPredictions(plan, *target.model, metrics);
   if (!options.tracePath.empty())
     KVC_RETURN_IF_ERROR(writeChromeTrace(*graph, result, options.tracePath));
   return metrics;

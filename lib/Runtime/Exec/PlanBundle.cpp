@@ -114,6 +114,15 @@ Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
   if (step.op == "fetch" && step.tier.empty())
     return invalidArgument(fieldPath(path, "tier") +
                            ": a fetch must name its tier");
+  int64_t bytes = -1;
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, path, "predicted_bytes", bytes, Presence::Optional));
+  if (obj.contains("predicted_bytes")) {
+    if (bytes < 0 || step.op != "fetch")
+      return invalidArgument(fieldPath(path, "predicted_bytes") +
+                             ": expected a fetch's bytes, >= 0");
+    step.predictedBytes = bytes;
+  }
   return Status::ok();
 }
 

@@ -107,6 +107,31 @@ module attributes {kvc.modle = 1} {}
 
 // -----
 
+func.func @f() {
+  // expected-error @+1 {{'kvc.time_ns' expects array<i64: start, finish> with 0 <= start <= finish, got array<i64: 5, 2>}}
+  %f = kvc.fetch #kvc.source<tier = "ssd", form = kv, tokens = 0 to 64, layers = 0 to 2>
+      tokens 0 to 64 layers 0 to 2 {kvc.time_ns = array<i64: 5, 2>}
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'kvc.bytes' expects a non-negative i64, got -1 : i64}}
+  %f = kvc.fetch #kvc.source<tier = "ssd", form = kv, tokens = 0 to 64, layers = 0 to 2>
+      tokens 0 to 64 layers 0 to 2 {kvc.bytes = -1 : i64}
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{'kvc.bytes' belongs on kvc.fetch}}
+module attributes {kvc.bytes = 8 : i64} {}
+
+// -----
+
 // expected-error @+3 {{restore_share must lie in (0, 1], got 1.5}}
 // expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
 module attributes {kvc.target = #kvc.target<name = "t",

@@ -72,7 +72,14 @@ struct RestoreMetrics {
   int64_t stagingBytes = 0;
   /// One line per chunk recomputed instead of loaded, with why.
   std::vector<std::string> fallbacks;
+  /// The plan's predictions beside the measures above: the compiler's
+  /// makespan, busy time per resource (its tasks' predicted times) and
+  /// bytes per tier (its fetches' priced bytes), when the plan was
+  /// estimated; and the FLOPs the plan's compute and projections take.
   std::optional<double> predictedSeconds;
+  std::map<std::string, double> predictedBusySeconds;
+  std::map<std::string, int64_t> predictedBytesRead;
+  double plannedFlops = 0;
 };
 
 /// True for the errors a recompute recovers from: a chunk missing, damaged,

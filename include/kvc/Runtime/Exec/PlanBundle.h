@@ -62,6 +62,8 @@ struct BundleStep {
   CodecSpec codec;
   /// The store tier a fetch reads; empty for other steps.
   std::string tier;
+  /// The bytes the compiler priced a fetch to read, when estimated.
+  std::optional<int64_t> predictedBytes;
 };
 
 struct BundleTask {

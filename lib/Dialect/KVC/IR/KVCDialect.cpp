@@ -68,5 +68,14 @@ LogicalResult KVCDialect::verifyOperationAttribute(Operation *op,
              << attr.getValue();
     return success();
   }
+  if (name == kBytesAttrName) {
+    auto bytes = dyn_cast<IntegerAttr>(attr.getValue());
+    if (!bytes || !bytes.getType().isInteger(64) || bytes.getInt() < 0)
+      return op->emitError("'") << name << "' expects a non-negative i64, got "
+                                << attr.getValue();
+    if (!isa<FetchOp>(op))
+      return op->emitError("'") << name << "' belongs on kvc.fetch";
+    return success();
+  }
   return op->emitError("unknown kvc attribute '") << name << "'";
 }

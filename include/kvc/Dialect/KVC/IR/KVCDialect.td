@@ -29,7 +29,8 @@ def KVC_Dialect : Dialect {
     and machine with the discardable attributes `kvc.model` (a `#kvc.model`)
     and `kvc.target` (a `#kvc.target`); verifiers check ranges, tiers and
     shapes against them when present. `kvc-estimate` marks each step or task
-    with `kvc.time_ns = array<i64: start, finish>`, its simulated times.
+    with `kvc.time_ns = array<i64: start, finish>`, its simulated times, and
+    each fetch with `kvc.bytes = N : i64`, the bytes it is priced to read.
   }];
   let useDefaultAttributePrinterParser = 1;
   let useDefaultTypePrinterParser = 1;
@@ -40,6 +41,8 @@ def KVC_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kTargetAttrName = "kvc.target";
     /// `kvc-estimate`'s simulated [start, finish] of a step, nanoseconds.
     static constexpr ::llvm::StringLiteral kTimeAttrName = "kvc.time_ns";
+    /// `kvc-estimate`'s bytes a fetch reads from its tier.
+    static constexpr ::llvm::StringLiteral kBytesAttrName = "kvc.bytes";
 
   private:
     void registerAttributes();

@@ -58,6 +58,13 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
     while ((tokens + chunk_ - 1) / chunk_ > kMaxChunks)
       chunk_ *= 2;
   }
+  // Chunks of whole stored objects: every load then starts and ends where
+  // objects do (a finer chunk would read its objects more than once).
+  int64_t tokenObjects = 1;
+  for (const Source &source : request_.sources)
+    tokenObjects =
+        std::lcm(tokenObjects, std::max<int64_t>(source.tokenGroup, 1));
+  chunk_ = (chunk_ + tokenObjects - 1) / tokenObjects * tokenObjects;
   numChunks_ = (tokens + chunk_ - 1) / chunk_;
   const ModelConfig &model = cost_.model();
   double perLayer = 2.0 * double(chunk_) *

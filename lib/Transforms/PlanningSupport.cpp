@@ -76,6 +76,7 @@ planning::Source mlir::kvc::getSource(SourceAttr source) {
   out.codec = getCodecSpec(source.getCodec());
   out.box = {source.getTokens().getBegin(), source.getTokens().getEnd(),
              source.getLayers().getBegin(), source.getLayers().getEnd()};
+  out.tokenGroup = source.getTokenGroup();
   out.layerGroup = source.getLayerGroup();
   return out;
 }
@@ -88,7 +89,7 @@ SourceAttr mlir::kvc::getSourceAttr(MLIRContext *context,
       getCodecAttr(context, source.codec),
       RangeAttr::get(context, source.box.t0, source.box.t1),
       RangeAttr::get(context, source.box.l0, source.box.l1),
-      source.layerGroup);
+      source.tokenGroup, source.layerGroup);
 }
 
 planning::Request mlir::kvc::getRequest(RestoreOp restore) {

@@ -1,4 +1,5 @@
 // RUN: kvc-opt %s --split-input-file --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand | FileCheck %s
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand=chunk-tokens=128 | FileCheck %s --check-prefix=OBJECTS
 
 #hidden = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 1024, layers = 0 to 4>
 #kv = #kvc.source<tier = "dram", form = kv,
@@ -58,4 +59,23 @@ kvc.plan @compute_after_load tokens 0 to 1536 layers 0 to 4 {
 kvc.plan @compute_from_hidden tokens 0 to 512 layers 0 to 4 {
   kvc.segment load_hidden tokens 0 to 512 layers 0 to 2 from #hidden
   kvc.segment compute tokens 0 to 512 layers 2 to 4 from #hidden
+}
+
+// -----
+
+#kv = #kvc.source<tier = "dram", form = kv, tokens = 0 to 1024, layers = 0 to 4,
+                  token_group = 256, layer_group = 2>
+
+// Tests that a source's stored objects set the grain of its loads: with
+// 256-token, 2-layer objects each fetch reads whole objects, never the
+// finer 128-token chunks asked for.
+// OBJECTS-LABEL: kvc.plan @whole_objects
+// OBJECTS:         kvc.fetch #{{.+}} tokens 0 to 256 layers 0 to 4 :
+// OBJECTS:         kvc.fetch #{{.+}} tokens 256 to 512 layers 0 to 4 :
+// OBJECTS:         kvc.fetch #{{.+}} tokens 512 to 768 layers 0 to 4 :
+// OBJECTS:         kvc.fetch #{{.+}} tokens 768 to 1024 layers 0 to 4 :
+// OBJECTS-NEXT:    kvc.transfer_to_device
+// OBJECTS-NOT:     kvc.fetch
+kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
+  kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
 }

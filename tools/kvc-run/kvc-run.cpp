@@ -439,6 +439,7 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
                                         : planning::Form::Hidden;
     source.codec = extent.codec;
     source.box = {0, n, 0, store.model().numLayers};
+    source.tokenGroup = store.layout().chunkTokens;
     source.layerGroup = store.layout().layerGroup;
     sources.push_back(source);
   }

@@ -203,6 +203,25 @@ TEST(Planner, LoadsReadWholeStoredObjects) {
     EXPECT_EQ(l % 8, 0) << "a load starts or ends at layer " << l;
 }
 
+// Stored objects of 256 tokens: chunks of 128 asked for become whole
+// objects, so no load reads an object twice.
+TEST(Planner, ChunksHoldWholeStoredObjects) {
+  ModelConfig m = model(32, 32, 32, 128);
+  CostModel cost(m, withRemoteBandwidth(4), CodecProfile::defaults());
+  PlanOptions options;
+  options.chunkTokens = 128;
+  for (auto [group, expected] :
+       {std::pair<int64_t, int64_t>{1, 128}, {256, 256}}) {
+    Request r = remoteRequest(4096, {Form::KV});
+    r.sources[0].tokenGroup = group;
+    Planner planner(cost, r, options);
+    EXPECT_EQ(planner.chunkTokens(), expected);
+    for (const Chunk &chunk : planner.chunks(planner.joint().plan))
+      if (chunk.method != Method::Compute)
+        EXPECT_EQ(chunk.box.t0 % expected, 0) << chunk.box.t0;
+  }
+}
+
 TEST(Planner, QualityBudgetExcludesLossySources) {
   ModelConfig m = model(16, 16, 16, 128);
   CostModel cost(m, withRemoteBandwidth(4), CodecProfile::defaults());

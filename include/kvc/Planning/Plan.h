@@ -44,8 +44,10 @@ struct Source {
   Form form = Form::KV;
   CodecSpec codec;
   Box box;
-  /// Layers per stored object, grouped from layer 0: a load reads whole
-  /// objects, so loads from this source start and end on group boundaries.
+  /// Tokens and layers per stored object, grouped from token and layer 0:
+  /// a load reads whole objects, so loads from this source start and end on
+  /// group boundaries.
+  int64_t tokenGroup = 1;
   int64_t layerGroup = 1;
 };
 

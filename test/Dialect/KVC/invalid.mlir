@@ -60,6 +60,11 @@ kvc.restore @r tokens 0 to 4 from [#kvc.source<tier = "ssd", form = kv, tokens =
 
 // -----
 
+// expected-error @+1 {{source token_group must be at least 1, got 0}}
+kvc.restore @r tokens 0 to 4 from [#kvc.source<tier = "ssd", form = kv, tokens = 0 to 4, layers = 0 to 4, token_group = 0>]
+
+// -----
+
 // expected-error @+1 {{source layer_group must be at least 1, got 0}}
 kvc.restore @r tokens 0 to 4 from [#kvc.source<tier = "ssd", form = kv, tokens = 0 to 4, layers = 0 to 4, layer_group = 0>]
 

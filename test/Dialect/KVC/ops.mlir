@@ -3,12 +3,12 @@
 
 // Tests that every kvc op round-trips through its custom and generic forms.
 
-// CHECK-DAG: #[[HIDDEN:.+]] = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32, layer_group = 4>
+// CHECK-DAG: #[[HIDDEN:.+]] = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32, token_group = 256, layer_group = 4>
 // CHECK-DAG: #[[KV8:.+]] = #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>, tokens = 0 to 2048, layers = 0 to 32>
 // CHECK-DAG: #[[KV4:.+]] = #kvc.source<tier = "ssd", form = kv, codec = <transform = hadamard, quant = int4, group = 64, lossless = zstd>, tokens = 0 to 512, layers = 0 to 2>
 // CHECK-DAG: #[[HID2:.+]] = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 512, layers = 0 to 2>
 #hidden = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32,
-                      layer_group = 4>
+                      token_group = 256, layer_group = 4>
 #kv8 = #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
                    tokens = 0 to 2048, layers = 0 to 32>
 #kv4 = #kvc.source<tier = "ssd", form = kv,

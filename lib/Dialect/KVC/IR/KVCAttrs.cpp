@@ -347,9 +347,12 @@ CodecAttr CodecAttr::withLossless(Lossless lossless) const {
 LogicalResult SourceAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  StringRef tier, Form, CodecAttr,
                                  RangeAttr tokens, RangeAttr layers,
-                                 int64_t layerGroup) {
+                                 int64_t tokenGroup, int64_t layerGroup) {
   if (tier.empty())
     return emitError() << "source tier must not be empty";
+  if (tokenGroup < 1)
+    return emitError() << "source token_group must be at least 1, got "
+                       << tokenGroup;
   if (layerGroup < 1)
     return emitError() << "source layer_group must be at least 1, got "
                        << layerGroup;

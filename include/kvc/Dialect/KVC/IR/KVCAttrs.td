@@ -289,15 +289,16 @@ def KVC_SourceAttr : KVC_Attr<"Source", "source"> {
   let description = [{
     A range of tokens and layers stored in a `tier` of the target, as KV or
     as hidden states (the inputs of layers), encoded with `codec` (absent
-    for raw data). Each stored object holds `layer_group` consecutive layers
-    (default 1), grouped from layer 0 (HCache's chunk-based storage keeps
-    several layers per object): a load reads whole objects, so planners only
-    split layers where objects begin.
+    for raw data). Each stored object holds `token_group` consecutive tokens
+    and `layer_group` consecutive layers (default 1 each), grouped from token
+    and layer 0 (LMCache-style chunked prefixes; HCache's chunk-based storage
+    keeps several layers per object): a load reads whole objects, so planners
+    only split tokens and layers where objects begin.
 
     ```mlir
     module attributes {doc.example = #kvc.source<tier = "ssd", form = hidden,
         codec = <quant = int8, lossless = zstd>, tokens = 0 to 4096,
-        layers = 0 to 32, layer_group = 4>} {}
+        layers = 0 to 32, token_group = 256, layer_group = 4>} {}
     ```
   }];
   let parameters = (ins
@@ -306,6 +307,8 @@ def KVC_SourceAttr : KVC_Attr<"Source", "source"> {
     OptionalParameter<"CodecAttr">:$codec,
     KVC_RangeParameter:$tokens,
     KVC_RangeParameter:$layers,
+    DefaultValuedParameter<"int64_t", "1",
+                           "tokens per stored object">:$token_group,
     DefaultValuedParameter<"int64_t", "1",
                            "layers per stored object">:$layer_group
   );

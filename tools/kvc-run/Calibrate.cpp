@@ -140,6 +140,8 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
       double attention = double(config.numLayers) * cost.attentionFlops(0, m);
       double attentionSeconds =
           attention / (c.attentionTflops * 1e12 * c.restoreShare);
+      // Only where attention is the smaller share: a chunk timed faster than
+      // its attention is priced (noise on tiny chunks) keeps its whole time.
       if (attentionSeconds < 0.5 * seconds) {
         flops -= attention;
         seconds -= attentionSeconds;

@@ -300,15 +300,39 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
   return std::optional<double>(value);
 }
 
-/// A paged cache just large enough for `tokens` tokens of `model`.
-StatusOr<std::unique_ptr<PagedKVCache>> cacheFor(const ModelConfig &model,
-                                                 int64_t tokens) {
-  PagedCacheConfig config;
-  config.layers = model.numLayers;
-  config.numKvHeads = model.numKvHeads;
-  config.headDim = model.headDim;
-  config.numBlocks = (tokens + config.blockSize - 1) / config.blockSize;
-  return PagedKVCache::create(config);
+/// Where a restore writes: a paged cache just large enough for the request,
+/// its block table, and the target naming them, the model, the request's
+/// tokens and `store` as every tier in `tiers`. Held by pointer, as the
+/// target points into it.
+struct Destination {
+  std::unique_ptr<PagedKVCache> cache;
+  BlockTable table;
+  RestoreTarget target;
+};
+
+StatusOr<std::unique_ptr<Destination>>
+destinationFor(const LlamaModel &model, const std::vector<int32_t> &tokens,
+               ChunkStore &store, const std::vector<std::string> &tiers) {
+  const ModelConfig &config = model.config();
+  PagedCacheConfig cacheConfig;
+  cacheConfig.layers = config.numLayers;
+  cacheConfig.numKvHeads = config.numKvHeads;
+  cacheConfig.headDim = config.headDim;
+  const int64_t n = int64_t(tokens.size());
+  cacheConfig.numBlocks =
+      (n + cacheConfig.blockSize - 1) / cacheConfig.blockSize;
+  auto out = std::make_unique<Destination>();
+  TRY_ASSIGN(cache, PagedKVCache::create(cacheConfig));
+  out->cache = std::move(cache);
+  TRY_ASSIGN(table, out->cache->allocate(n));
+  out->table = std::move(table);
+  out->target.model = &model;
+  for (const std::string &tier : tiers)
+    out->target.stores[tier] = &store;
+  out->target.tokens = &tokens;
+  out->target.cache = out->cache.get();
+  out->target.table = &out->table;
+  return out;
 }
 
 /// What --verify holds a restore to: the relative L2 error of each layer's
@@ -547,24 +571,19 @@ struct PlanRun {
 /// Restores the request with `plan` into a fresh paged cache.
 StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
                           const RestoreOptions &options, bool verify) {
-  TRY_ASSIGN(cache, cacheFor(setup.model->config(),
-                             int64_t(setup.tokens.size())));
-  TRY_ASSIGN(table, cache->allocate(int64_t(setup.tokens.size())));
-  TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
-  RestoreTarget target;
-  target.model = setup.model.get();
+  std::vector<std::string> tiers;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps)
       if (step.op == "fetch")
-        target.stores[step.tier] = setup.store.get();
-  target.tokens = &setup.tokens;
-  target.cache = cache.get();
-  target.table = &table;
+        tiers.push_back(step.tier);
+  TRY_ASSIGN(into, destinationFor(*setup.model, setup.tokens, *setup.store,
+                                  tiers));
+  TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
   PlanRun run;
-  run.cacheBytes = cache->bytes();
+  run.cacheBytes = into->cache->bytes();
   run.residentBefore = residentBytes();
   resetPeakResident();
-  TRY_ASSIGN(metrics, restore(*pools, plan, target, options));
+  TRY_ASSIGN(metrics, restore(*pools, plan, into->target, options));
   run.residentPeak = peakResidentBytes();
   run.metrics = std::move(metrics);
   if (verify) {
@@ -574,8 +593,8 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
       KVC_RETURN_IF_ERROR(
           setup.model->prefill(*setup.reference, setup.tokens.data(), n));
     }
-    TRY_ASSIGN(error,
-               restoreError(*setup.model, *setup.reference, n, *cache, table));
+    TRY_ASSIGN(error, restoreError(*setup.model, *setup.reference, n,
+                                   *into->cache, into->table));
     run.error = error;
   }
   return run;
@@ -604,22 +623,16 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
 Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
                       bool verify) {
   TRY_ASSIGN(options, dynamicCakeOptions(plan));
-  const int64_t n = int64_t(setup.tokens.size());
-  TRY_ASSIGN(cache, cacheFor(setup.model->config(), n));
-  TRY_ASSIGN(table, cache->allocate(n));
+  TRY_ASSIGN(into, destinationFor(*setup.model, setup.tokens, *setup.store,
+                                  {options.tier}));
   TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
-  RestoreTarget target;
-  target.model = setup.model.get();
-  target.stores[options.tier] = setup.store.get();
-  target.tokens = &setup.tokens;
-  target.cache = cache.get();
-  target.table = &table;
-  TRY_ASSIGN(result, restoreDynamicCake(*pools, target, options));
+  TRY_ASSIGN(result, restoreDynamicCake(*pools, into->target, options));
   printDynamicCake(result, setup.tokens.size(),
                    ("plan " + plan.name).c_str());
   if (!verify)
     return Status::ok();
-  TRY_ASSIGN(error, restoreError(*setup.model, setup.tokens, *cache, table));
+  TRY_ASSIGN(error, restoreError(*setup.model, setup.tokens, *into->cache,
+                                 into->table));
   return reportVerification(error,
                             verifyBound(planCodecs(plan), setup.maxError));
 }
@@ -796,25 +809,18 @@ Status cakeCommand(Args &args) {
   bool verify = args.has("verify");
   TRY_ASSIGN(maxError, maxErrorOption(args));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(cache, cacheFor(model->config(), int64_t(tokens.size())));
-  TRY_ASSIGN(table, cache->allocate(int64_t(tokens.size())));
+  TRY_ASSIGN(into, destinationFor(*model, tokens, *store, {"store"}));
   TRY_ASSIGN(pools, ResourcePools::create(
                         {{"compute", 1}, {"io:store", int(lanes)}}));
-  RestoreTarget target;
-  target.model = model.get();
-  target.stores["store"] = store.get();
-  target.tokens = &tokens;
-  target.cache = cache.get();
-  target.table = &table;
   DynamicCakeOptions options;
   options.tier = "store";
   if (predicted >= 0)
     options.predictedMergeToken = predicted;
-  TRY_ASSIGN(result, restoreDynamicCake(*pools, target, options));
+  TRY_ASSIGN(result, restoreDynamicCake(*pools, into->target, options));
   printDynamicCake(result, tokens.size(), "compiler");
   if (!verify)
     return Status::ok();
-  TRY_ASSIGN(error, restoreError(*model, tokens, *cache, table));
+  TRY_ASSIGN(error, restoreError(*model, tokens, *into->cache, into->table));
   TRY_ASSIGN(extent, store->stored(tokens.data(), int64_t(tokens.size()),
                                    ChunkForm::KV));
   return reportVerification(error, verifyBound({extent.codec}, maxError));

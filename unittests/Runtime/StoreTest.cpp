@@ -56,6 +56,7 @@ public:
   std::string url() const {
     return "redis://127.0.0.1:" + std::to_string(port_);
   }
+  int port() const { return port_; }
   void stop() {
     if (pid_ > 0) {
       kill(pid_, SIGTERM);
@@ -141,7 +142,7 @@ TEST(RedisTier, PipelinedGetsReadEveryKindOfReply) {
   ASSERT_TRUE(tier->put("large", large).isOk());
   ASSERT_TRUE(tier->put("empty", "").isOk());
   ASSERT_TRUE(tier->put("crlf", "\r\n$5\r\n").isOk());
-  std::string port = redis().url().substr(redis().url().rfind(':') + 1);
+  std::string port = std::to_string(redis().port());
   ASSERT_EQ(system(("redis-cli -p " + port +
                     " -n 2 rpush a-list x >/dev/null").c_str()),
             0);
@@ -203,7 +204,7 @@ TEST(RedisTier, ConcurrentCallersEachGetTheirOwnObjects) {
   // They did not queue on one socket: the tier holds several connections
   // (to database 3, which only this test uses).
   if (system("command -v redis-cli >/dev/null 2>&1") == 0) {
-    std::string port = redis().url().substr(redis().url().rfind(':') + 1);
+    std::string port = std::to_string(redis().port());
     std::string command =
         "test $(redis-cli -p " + port + " CLIENT LIST | grep -c ' db=3 ') -gt 1";
     EXPECT_EQ(system(command.c_str()), 0);
@@ -245,6 +246,7 @@ public:
   std::string url() const {
     return "redis://127.0.0.1:" + std::to_string(port_);
   }
+  int port() const { return port_; }
 
 private:
   std::string reply_;

@@ -48,12 +48,12 @@ struct StagingSlot {
 
 /// A chunk on its way through a chain of tasks. Layout of `data`: per
 /// layer of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's
-/// input hidden states ([tokens][hidden]), as elements of `dtype` in 16-bit
-/// words: bf16 for KV, as the paged cache holds it; the model's own dtype
-/// for hidden states, which the projection reads exactly.
+/// input hidden states ([tokens][hidden]), in 16-bit words of the form's
+/// element type (Run::dtypeOf): bf16 for KV, as the paged cache holds it;
+/// the model's own dtype for hidden states, which the projection reads
+/// exactly.
 struct ChunkValue {
   ChunkForm form = ChunkForm::KV;
-  DType dtype = DType::BF16;
   BundleRange tokens, layers;
   std::string tier;
   /// The stored objects as read (`objects[0, objectCount)`) and whether
@@ -415,13 +415,18 @@ private:
     return form == ChunkForm::KV ? model_.kvDim() : config_.hiddenSize;
   }
 
+  /// The element type of a chunk of `form` once decoded.
+  DType dtypeOf(ChunkForm form) const {
+    return form == ChunkForm::KV ? DType::BF16 : config_.dtype;
+  }
+
   Status decode(ChunkValue &value) {
     ChunkStore &store = *target_.stores.at(value.tier);
     const int64_t w = width(value.form);
     const int64_t mats = value.form == ChunkForm::KV ? 2 : 1;
     const int64_t tokens = value.tokens.size();
-    value.dtype = value.form == ChunkForm::KV ? DType::BF16 : config_.dtype;
-    const int64_t words = wordsPer(value.dtype);
+    const DType dtype = dtypeOf(value.form);
+    const int64_t words = wordsPer(dtype);
     value.data.resize(value.layers.size() * mats * tokens * w * words);
     std::vector<uint16_t> object;
     for (std::size_t o = 0; o < value.objectCount; ++o) {
@@ -432,11 +437,11 @@ private:
           ref.layerEnd == value.layers.end) {
         // The object is the chunk: decode in place.
         KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, value.dtype, value.data.data()));
+            decodeAs(store, ref, bytes, dtype, value.data.data()));
       } else {
         object.resize(store.shape(ref).numel() * words);
         KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, value.dtype, object.data()));
+            decodeAs(store, ref, bytes, dtype, object.data()));
         // Copy the rows of the object inside the value's box.
         const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
         const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
@@ -463,23 +468,22 @@ private:
   /// K and V of the chunk's hidden states, layer by layer (fp32 in the
   /// projection, bf16 out).
   Status project(ChunkValue &value) {
-    if (value.form != ChunkForm::Hidden ||
-        int64_t(value.data.size()) != value.layers.size() *
-                                          value.tokens.size() *
-                                          config_.hiddenSize *
-                                          wordsPer(value.dtype))
-      return Status(StatusCode::Internal,
-                    "restore: project of a chunk that holds no hidden states");
+    const DType dtype = dtypeOf(ChunkForm::Hidden);
     const int64_t tokens = value.tokens.size();
     const int64_t h = config_.hiddenSize, kv = model_.kvDim();
+    if (value.form != ChunkForm::Hidden ||
+        int64_t(value.data.size()) !=
+            value.layers.size() * tokens * h * wordsPer(dtype))
+      return Status(StatusCode::Internal,
+                    "restore: project of a chunk that holds no hidden states");
     std::vector<uint16_t> unstaged;
     std::vector<uint16_t> &out =
         value.deviceSlot ? value.deviceSlot->projected : unstaged;
     out.resize(value.layers.size() * 2 * tokens * kv);
     std::vector<float> hidden(tokens * h), k(tokens * kv), v(tokens * kv);
     for (int64_t l = 0; l < value.layers.size(); ++l) {
-      toFloats(value.data.data() + l * tokens * h * wordsPer(value.dtype),
-               tokens * h, value.dtype, hidden.data());
+      toFloats(value.data.data() + l * tokens * h * wordsPer(dtype), tokens * h,
+               dtype, hidden.data());
       model_.project(value.layers.begin + l, hidden.data(), tokens,
                      value.tokens.begin, k.data(), v.data());
       uint16_t *kOut = out.data() + (2 * l) * tokens * kv;
@@ -491,8 +495,7 @@ private:
     }
     value.data.swap(out);
     value.form = ChunkForm::KV;
-    value.dtype = DType::BF16;
-    addFlops(2.0 * tokens * value.layers.size() * 2 * h * kv);
+    addFlops(model_.projectFlops(tokens, value.layers.size()));
     return Status::ok();
   }
 
@@ -502,7 +505,6 @@ private:
     KVC_RETURN_IF_ERROR(prefill_.copyTo(value.tokens.begin, value.tokens.end,
                                         value.layers.end, value.data));
     value.form = ChunkForm::KV;
-    value.dtype = DType::BF16;
     return Status::ok();
   }
 
@@ -565,24 +567,19 @@ namespace {
 /// run counts them (projections and MLPs; attention left out).
 void addPredictions(const BundlePlan &plan, const LlamaModel &model,
                     RestoreMetrics &metrics) {
-  const ModelConfig &c = model.config();
-  const double h = double(c.hiddenSize), kv = double(model.kvDim());
-  const double perTokenLayer =
-      2.0 * (2 * h * h + 2 * h * kv + 3 * h * double(c.intermediateSize));
   for (const BundleTask &task : plan.tasks) {
     if (task.predictedNs)
       metrics.predictedBusySeconds[resourceOf(task)] +=
           double(task.predictedNs->second - task.predictedNs->first) * 1e-9;
     for (const BundleStep &step : task.steps) {
-      const double tokens = double(step.tokens.size());
       if (step.op == "fetch" && step.predictedBytes)
         metrics.predictedBytesRead[step.tier] += *step.predictedBytes;
-      else if (step.op == "chunk_compute")
+      else if (step.op == "chunk_compute") // Layers [0, end).
         metrics.plannedFlops +=
-            perTokenLayer * tokens * double(step.layers.end);
+            model.prefillFlops(step.tokens.size(), step.layers.end);
       else if (step.op == "project")
         metrics.plannedFlops +=
-            2.0 * tokens * double(step.layers.size()) * 2 * h * kv;
+            model.projectFlops(step.tokens.size(), step.layers.size());
     }
   }
 }

@@ -81,11 +81,7 @@ private:
     const int64_t begin = cache_.tokens;
     KVC_RETURN_IF_ERROR(model_.prefill(cache_, tokens_.data() + begin,
                                        end - begin, {}, depth));
-    const ModelConfig &c = model_.config();
-    const double h = double(c.hiddenSize);
-    flops_ += 2.0 * double(end - begin) * double(depth) *
-              (2 * h * h + 2 * h * double(kv) +
-               3 * h * double(c.intermediateSize));
+    flops_ += model_.prefillFlops(end - begin, depth);
     return Status::ok();
   }
 

@@ -46,6 +46,21 @@ public:
   const std::string &fingerprint() const { return fingerprint_; }
   int64_t kvDim() const { return config_.numKvHeads * config_.headDim; }
 
+  /// FLOPs of prefilling `tokens` tokens through `layers` layers: the
+  /// projections and the MLP (attention, which grows with the position, is
+  /// left out, as in every FLOP count the runtime reports).
+  double prefillFlops(int64_t tokens, int64_t layers) const {
+    const double h = double(config_.hiddenSize), kv = double(kvDim());
+    return 2.0 * double(tokens) * double(layers) *
+           (2 * h * h + 2 * h * kv + 3 * h * double(config_.intermediateSize));
+  }
+  /// FLOPs of projecting `tokens` tokens' hidden states of `layers` layers
+  /// to K and V (HCache).
+  double projectFlops(int64_t tokens, int64_t layers) const {
+    return 2.0 * double(tokens) * double(layers) *
+           double(config_.hiddenSize) * 2 * double(kvDim());
+  }
+
   /// The KV of every layer for the tokens prefilled so far, fp32.
   struct Cache {
     int64_t tokens = 0;

@@ -600,6 +600,17 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
   return run;
 }
 
+/// Prints the chunks a restore recomputed instead of loading, and the
+/// exact context it held to do so.
+void printFallbacks(const RestoreMetrics &metrics) {
+  for (const std::string &event : metrics.fallbacks)
+    std::printf("  fallback: %s\n", event.c_str());
+  if (metrics.exactContextBytes > 0)
+    std::printf("  exact context %.3f MB (a private prefill the fallbacks "
+                "recomputed over)\n",
+                double(metrics.exactContextBytes) * 1e-6);
+}
+
 /// Prints a dynamic Cake run: where the sides met, beside `predictedBy`'s
 /// merge point when there is one.
 void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
@@ -613,8 +624,7 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
     std::printf(" (%s: %lld)", predictedBy,
                 (long long)*result.predictedMergeToken);
   std::printf("\n");
-  for (const std::string &event : result.metrics.fallbacks)
-    std::printf("  fallback: %s\n", event.c_str());
+  printFallbacks(result.metrics);
 }
 
 /// restore --dynamic: runs a Cake-shaped plan as Cake's two-sided walk, on
@@ -695,8 +705,7 @@ Status restoreCommand(Args &args) {
               double(run.residentBefore) * 1e-6, double(run.cacheBytes) * 1e-6,
               double(run.residentPeak) * 1e-6,
               double(run.residentPeak - run.residentBefore) * 1e-6);
-  for (const std::string &event : metrics.fallbacks)
-    std::printf("  fallback: %s\n", event.c_str());
+  printFallbacks(metrics);
   if (!options.tracePath.empty())
     std::printf("  trace: %s\n", options.tracePath.c_str());
   if (run.error)

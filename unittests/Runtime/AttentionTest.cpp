@@ -42,27 +42,74 @@ std::vector<float> naiveAttention(const std::vector<float> &q,
 }
 
 // Queries spanning several query blocks, after a prefix spanning several key
-// blocks, with a key count that is no multiple of either block.
+// blocks, with a key count that is no multiple of either block; two query
+// heads share each key/value head (GQA), and the source hands out key blocks
+// in scratch it overwrites, as a paged cache's does.
 TEST(CausalAttention, MatchesOneSoftmaxPerRowAcrossBlocks) {
-  const int64_t d = 16;
+  const int64_t d = 16, heads = 4, kvHeads = 2;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 300},
                          {700, 1}, {1000, 333}, {511, 129}}) {
-    std::vector<float> q(n * d), k((pos0 + n) * d), v((pos0 + n) * d);
+    std::vector<float> q(n * heads * d), k((pos0 + n) * kvHeads * d),
+        v((pos0 + n) * kvHeads * d);
     for (auto *x : {&q, &k, &v})
       for (float &value : *x)
         value = normal(rng);
-    const float scale = 1.0f / std::sqrt(float(d));
-    std::vector<float> expected = naiveAttention(q, k, v, d, pos0, n, scale);
-    std::vector<float> out(n * d);
-    CausalAttention attention(d);
-    attention.run(q.data(), d, k.data(), v.data(), d, pos0, n, scale,
-                  out.data(), d);
-    for (int64_t i = 0; i < n * d; ++i)
-      ASSERT_NEAR(out[i], expected[i], 1e-4f * (1 + std::abs(expected[i])))
-          << "pos0 " << pos0 << ", row " << i / d;
+    std::vector<float> out(n * heads * d), scratchK, scratchV;
+    int64_t blocks = 0;
+    CausalAttention attention(heads, kvHeads, d);
+    Status status = attention.run(
+        q.data(), pos0, n,
+        [&](int64_t first, int64_t count, KeyValueRows &rows) {
+          EXPECT_EQ(first % CausalAttention::kKeyBlock, 0);
+          ++blocks;
+          scratchK.assign(k.begin() + first * kvHeads * d,
+                          k.begin() + (first + count) * kvHeads * d);
+          scratchV.assign(v.begin() + first * kvHeads * d,
+                          v.begin() + (first + count) * kvHeads * d);
+          rows = {scratchK.data(), scratchV.data()};
+          return Status::ok();
+        },
+        out.data());
+    ASSERT_TRUE(status.isOk()) << status.toString();
+    EXPECT_EQ(blocks, (pos0 + n + CausalAttention::kKeyBlock - 1) /
+                          CausalAttention::kKeyBlock);
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      auto column = [&](const std::vector<float> &x, int64_t rows,
+                        int64_t stride, int64_t head) {
+        std::vector<float> out(rows * d);
+        for (int64_t i = 0; i < rows; ++i)
+          std::copy_n(x.begin() + i * stride + head * d, d,
+                      out.begin() + i * d);
+        return out;
+      };
+      std::vector<float> expected = naiveAttention(
+          column(q, n, heads * d, hd),
+          column(k, pos0 + n, kvHeads * d, hd / 2),
+          column(v, pos0 + n, kvHeads * d, hd / 2), d, pos0, n,
+          1.0f / std::sqrt(float(d)));
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < d; ++c) {
+          float got = out[i * heads * d + hd * d + c];
+          ASSERT_NEAR(got, expected[i * d + c],
+                      1e-4f * (1 + std::abs(expected[i * d + c])))
+              << "pos0 " << pos0 << ", head " << hd << ", row " << i;
+        }
+    }
   }
+}
+
+TEST(CausalAttention, ReportsTheSourcesError) {
+  CausalAttention attention(1, 1, 4);
+  std::vector<float> q(4), out(4);
+  Status status = attention.run(
+      q.data(), 0, 1,
+      [](int64_t, int64_t, KeyValueRows &) {
+        return Status(StatusCode::Internal, "no such block");
+      },
+      out.data());
+  EXPECT_EQ(status.code(), StatusCode::Internal);
 }
 
 } // namespace

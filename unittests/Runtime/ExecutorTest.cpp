@@ -214,6 +214,12 @@ protected:
         run(makePlan(split, model_->config().numLayers), table);
     ASSERT_TRUE(metrics) << metrics.status().toString();
     EXPECT_EQ(int64_t(metrics->fallbacks.size()), expectedFallbacks);
+    // Computed chunks attend over the paged cache; only recomputing a
+    // fallback needs an exact context of its own.
+    if (expectedFallbacks == 0)
+      EXPECT_EQ(metrics->exactContextBytes, 0);
+    else
+      EXPECT_GT(metrics->exactContextBytes, 0);
     EXPECT_LT(relativeError(table), 1.0 / 128);
     cache_->release(table);
   }

@@ -44,6 +44,13 @@ double relativeMaxError(const std::vector<float> &a,
   return err / scale;
 }
 
+/// Two prefills of one prompt chunked differently agree to about 1e-6 in
+/// fp32 (attention's GEMMs are shaped by the chunking), and K and V are
+/// rounded to bf16, where such a difference can land on neighbouring
+/// values: one bf16 step, at most 2^-7 of the largest value. A misplaced
+/// or missing context token moves values by far more.
+constexpr double kOneBf16Step = 1.0 / 128;
+
 TEST(LlamaModel, LoadsGeneratedModel) {
   StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(modelDir());
   ASSERT_TRUE(model.isOk()) << model.status().toString();
@@ -79,8 +86,10 @@ TEST(LlamaModel, ChunkedPrefillMatchesOneShot) {
                                 std::min(chunk, total - i))
                       .isOk());
     for (int64_t l = 0; l < 3; ++l) {
-      EXPECT_LT(relativeMaxError(chunked.k[l], whole.k[l]), 1e-5) << total;
-      EXPECT_LT(relativeMaxError(chunked.v[l], whole.v[l]), 1e-5) << total;
+      EXPECT_LE(relativeMaxError(chunked.k[l], whole.k[l]), kOneBf16Step)
+          << total;
+      EXPECT_LE(relativeMaxError(chunked.v[l], whole.v[l]), kOneBf16Step)
+          << total;
     }
   }
 }
@@ -95,7 +104,7 @@ TEST(LlamaModel, ShallowPrefillMatchesTheFirstLayersAndStopsDeeperOnes) {
   ASSERT_TRUE(model->prefill(shallow, t.data() + 32, 32, {}, 2).isOk());
   EXPECT_EQ(shallow.tokens, 64);
   for (int64_t l = 0; l < 2; ++l)
-    EXPECT_LT(relativeMaxError(shallow.k[l], whole.k[l]), 1e-5);
+    EXPECT_LE(relativeMaxError(shallow.k[l], whole.k[l]), kOneBf16Step);
   EXPECT_EQ(int64_t(shallow.k[2].size()), 32 * model->kvDim());
   // Layer 2 fell behind: prefilling it further would misplace its KV.
   Status deeper = model->prefill(shallow, t.data(), 8);

@@ -22,7 +22,7 @@ public:
   Walk(const RestoreTarget &target, ChunkStore &store,
        std::vector<std::vector<ChunkRef>> chunks)
       : target_(target), model_(*target.model), store_(store),
-        chunks_(std::move(chunks)), prefill_(model_, *target.tokens),
+        chunks_(std::move(chunks)), prefill_(model_, *target.tokens, *target.cache, *target.table),
         back_(int64_t(chunks_.size()) - 1) {}
 
   /// The compute side: claims chunks from the front until the sides meet,
@@ -99,15 +99,16 @@ public:
     out.metrics.busySeconds = busy_;
     out.metrics.bytesRead = bytes_;
     out.metrics.flops = prefill_.flops();
+    out.metrics.exactContextBytes = prefill_.exactBytes();
   }
 
 private:
-  /// Writes the chunk's KV from the walk's prefill state (extending it
-  /// through the chunk, and any chunks loaders handed back before it).
+  /// Prefills the chunk into the cache: the next from the front over the
+  /// tokens computed before it, a chunk loaders handed back exactly.
   Status computeThrough(int64_t chunk) {
     const ChunkRef &ref = chunks_[chunk].front();
-    return prefill_.writeTo(*target_.cache, *target_.table, ref.tokenBegin,
-                            ref.tokenEnd, 0, model_.config().numLayers);
+    return prefill_.compute(ref.tokenBegin, ref.tokenEnd, 0,
+                            model_.config().numLayers);
   }
 
   /// Reads, checks and decodes (to bf16) every layer group of `chunk`, and

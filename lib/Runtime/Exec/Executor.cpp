@@ -68,6 +68,11 @@ struct ChunkValue {
   StagingSlot *deviceSlot = nullptr;
   /// Why the chunk will be recomputed instead ("" while it is fine).
   std::string fault;
+  /// Computed chunks are in the paged cache already: their prefill wrote
+  /// each layer's KV there as it went, as a server's attention writes a
+  /// prefill chunk's KV into its cache, and their scatter has nothing left
+  /// to copy.
+  bool inCache = false;
 };
 
 /// 16-bit words per element of `dtype`.
@@ -120,7 +125,8 @@ class Run {
 public:
   Run(const BundlePlan &plan, const RestoreTarget &target)
       : plan_(plan), target_(target), model_(*target.model),
-        config_(model_.config()), prefill_(model_, *target.tokens) {}
+        config_(model_.config()),
+        prefill_(model_, *target.tokens, *target.cache, *target.table) {}
 
   StatusOr<TaskGraph> build() {
     const int64_t n = int64_t(target_.tokens->size());
@@ -231,12 +237,11 @@ public:
     if (failed.empty())
       return Status::ok();
     Clock::time_point start = Clock::now();
-    // Each failed box from the run's exact prefill state, extended as far as
-    // the boxes need.
     for (const auto &value : failed) {
-      KVC_RETURN_IF_ERROR(prefill_.writeTo(
-          *target_.cache, *target_.table, value->tokens.begin,
-          value->tokens.end, value->layers.begin, value->layers.end));
+      KVC_RETURN_IF_ERROR(prefill_.compute(value->tokens.begin,
+                                           value->tokens.end,
+                                           value->layers.begin,
+                                           value->layers.end));
       metrics.fallbacks.push_back(
           std::string(chunkFormName(value->form)) + " tokens " +
           std::to_string(value->tokens.begin) + " to " +
@@ -249,6 +254,7 @@ public:
   }
 
   double flops() const { return flops_ + prefill_.flops(); }
+  int64_t exactContextBytes() const { return prefill_.exactBytes(); }
 
   /// Bytes of host staging buffers the slots hold (they only grow, so this
   /// is their peak).
@@ -499,16 +505,18 @@ private:
     return Status::ok();
   }
 
-  /// Copies the box's KV from the run's prefill state, extending it to the
-  /// box's end first (chunks computed out of order are still exact).
+  /// Prefills the box's tokens through its layers into the paged cache.
   Status compute(ChunkValue &value) {
-    KVC_RETURN_IF_ERROR(prefill_.copyTo(value.tokens.begin, value.tokens.end,
-                                        value.layers.end, value.data));
+    KVC_RETURN_IF_ERROR(prefill_.compute(value.tokens.begin, value.tokens.end,
+                                         0, value.layers.end));
     value.form = ChunkForm::KV;
+    value.inCache = true;
     return Status::ok();
   }
 
   Status scatter(ChunkValue &value) {
+    if (value.inCache)
+      return Status::ok();
     if (value.form != ChunkForm::KV)
       return Status(StatusCode::Internal,
                     "restore: scatter of hidden states (missing project)");
@@ -606,6 +614,7 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   metrics.bytesRead = run.bytesRead();
   metrics.flops = run.flops();
   metrics.stagingBytes = run.stagingBytes();
+  metrics.exactContextBytes = run.exactContextBytes();
   if (plan.predictedUs)
     metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
   addPredictions(plan, *target.model, metrics);

@@ -2,8 +2,8 @@
 
 #include "kvc/Runtime/Model/LlamaModel.h"
 
+#include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Base/Sha256.h"
-#include "kvc/Runtime/Model/Attention.h"
 
 #include <cblas.h>
 
@@ -20,6 +20,12 @@ void linear(const float *x, const std::vector<float> &w, int64_t n,
             int64_t in, int64_t out, float *y) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out),
               int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
+}
+
+/// Rounds `n` values to bf16, the element type of the KV cache.
+void roundToBf16(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = bf16ToFloat(floatToBf16(x[i]));
 }
 
 /// Moves tensor `name` out of `tensors` after checking its shape.
@@ -123,9 +129,31 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir) {
 
 LlamaModel::Cache LlamaModel::newCache() const {
   Cache cache;
+  cache.dim = kvDim();
   cache.k.resize(config_.numLayers);
   cache.v.resize(config_.numLayers);
   return cache;
+}
+
+Status LlamaModel::Cache::append(int64_t layer, int64_t position, int64_t n,
+                                 const float *kRows, const float *vRows) {
+  std::vector<float> &K = k[layer], &V = v[layer];
+  if (int64_t(K.size()) != position * dim)
+    return Status(StatusCode::FailedPrecondition,
+                  "prefilling layer " + std::to_string(layer) + " at token " +
+                      std::to_string(position) + ", where it holds " +
+                      std::to_string(int64_t(K.size()) / dim));
+  K.insert(K.end(), kRows, kRows + n * dim);
+  V.insert(V.end(), vRows, vRows + n * dim);
+  return Status::ok();
+}
+
+Status LlamaModel::Cache::rows(int64_t layer, int64_t first, int64_t count,
+                               KeyValueRows &out) {
+  if (first < 0 || (first + count) * dim > int64_t(k[layer].size()))
+    return Status(StatusCode::Internal, "cache: reading tokens past its end");
+  out = {k[layer].data() + first * dim, v[layer].data() + first * dim};
+  return Status::ok();
 }
 
 void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,
@@ -169,9 +197,30 @@ void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
   linear(normed.data(), L.k, n, h, kvDim(), k);
   linear(normed.data(), L.v, n, h, kvDim(), v);
   rope(k, n, config_.numKvHeads, position);
+  roundToBf16(k, n * kvDim());
+  roundToBf16(v, n * kvDim());
 }
 
 Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
+                           const LayerCallback &onLayer,
+                           int64_t layers) const {
+  if (layers < 0)
+    layers = config_.numLayers;
+  // (Too many layers: the general prefill says so.)
+  for (int64_t l = 0; layers <= config_.numLayers && l < layers; ++l)
+    if (int64_t(cache.k[l].size()) != cache.tokens * kvDim())
+      return Status(StatusCode::FailedPrecondition,
+                    "prefilling layer " + std::to_string(l) +
+                        ", which an earlier shallower prefill left behind");
+  KVC_RETURN_IF_ERROR(
+      prefill(static_cast<KVContext &>(cache), cache.tokens, tokens, n,
+              onLayer, layers));
+  cache.tokens += std::max<int64_t>(n, 0);
+  return Status::ok();
+}
+
+Status LlamaModel::prefill(KVContext &context, int64_t position,
+                           const int32_t *tokens, int64_t n,
                            const LayerCallback &onLayer,
                            int64_t layers) const {
   const ModelConfig &c = config_;
@@ -183,12 +232,9 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
     return invalidArgument("prefilling " + std::to_string(layers) +
                            " layers of a " + std::to_string(c.numLayers) +
                            "-layer model");
-  for (int64_t l = 0; l < layers; ++l)
-    if (int64_t(cache.k[l].size()) != cache.tokens * kvDim())
-      return Status(StatusCode::FailedPrecondition,
-                    "prefilling layer " + std::to_string(l) +
-                        ", which an earlier shallower prefill left behind");
-  const int64_t pos0 = cache.tokens, total = pos0 + n;
+  const int64_t pos0 = position, total = pos0 + n;
+  if (pos0 < 0)
+    return invalidArgument("prefilling at a negative position");
   if (total > c.maxPositions)
     return invalidArgument("prefilling to " + std::to_string(total) +
                            " tokens exceeds the model's context of " +
@@ -198,17 +244,15 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
       return invalidArgument("token " + std::to_string(tokens[i]) +
                              " is outside the vocabulary of " +
                              std::to_string(c.vocabSize));
-  const int64_t h = c.hiddenSize, d = c.headDim, heads = c.numHeads,
-                kvHeads = c.numKvHeads, kv = kvDim(), q = heads * d,
-                f = c.intermediateSize, group = heads / kvHeads;
+  const int64_t h = c.hiddenSize, heads = c.numHeads, kvHeads = c.numKvHeads,
+                kv = kvDim(), q = heads * c.headDim, f = c.intermediateSize;
 
   std::vector<float> x(n * h), normed(n * h), qs(n * q), k(n * kv),
       v(n * kv), attn(n * q), tmp(n * h), gate(n * f), up(n * f);
-  CausalAttention attention(d);
+  CausalAttention attention(heads, kvHeads, c.headDim);
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(&embed_[int64_t(tokens[i]) * h], h, &x[i * h]);
 
-  const float scale = 1.0f / std::sqrt(float(d));
   for (int64_t l = 0; l < layers; ++l) {
     const Layer &L = layers_[l];
     rmsNorm(x.data(), L.attnNorm, n, normed.data());
@@ -217,18 +261,17 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
     linear(normed.data(), L.v, n, h, kv, v.data());
     rope(qs.data(), n, heads, pos0);
     rope(k.data(), n, kvHeads, pos0);
+    roundToBf16(k.data(), n * kv);
+    roundToBf16(v.data(), n * kv);
     if (onLayer)
       onLayer({l, pos0, n, x.data(), k.data(), v.data()});
-    std::vector<float> &K = cache.k[l], &V = cache.v[l];
-    K.insert(K.end(), k.begin(), k.end());
-    V.insert(V.end(), v.begin(), v.end());
-
-    for (int64_t hd = 0; hd < heads; ++hd) {
-      int64_t kvh = hd / group;
-      attention.run(qs.data() + hd * d, q, K.data() + kvh * d,
-                    V.data() + kvh * d, kv, pos0, n, scale,
-                    attn.data() + hd * d, q);
-    }
+    KVC_RETURN_IF_ERROR(context.append(l, pos0, n, k.data(), v.data()));
+    KVC_RETURN_IF_ERROR(attention.run(
+        qs.data(), pos0, n,
+        [&](int64_t first, int64_t count, KeyValueRows &rows) {
+          return context.rows(l, first, count, rows);
+        },
+        attn.data()));
     linear(attn.data(), L.o, n, q, h, tmp.data());
     for (int64_t i = 0; i < n * h; ++i)
       x[i] += tmp[i];
@@ -244,7 +287,6 @@ Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
     for (int64_t i = 0; i < n * h; ++i)
       x[i] += tmp[i];
   }
-  cache.tokens = total;
   return Status::ok();
 }
 

@@ -70,6 +70,11 @@ struct RestoreMetrics {
   /// reused by every later chunk through the slot, so bounded by the slot
   /// count times the largest chunk, whatever the context length.
   int64_t stagingBytes = 0;
+  /// Bytes of the private fp32 prefill held to recompute chunks that need
+  /// an exact context the paged cache does not have (fallbacks, compute
+  /// after loaded tokens): 0 otherwise, since computed chunks attend over
+  /// the paged cache itself.
+  int64_t exactContextBytes = 0;
   /// One line per chunk recomputed instead of loaded, with why.
   std::vector<std::string> fallbacks;
   /// The plan's predictions beside the measures above: the compiler's

@@ -8,6 +8,13 @@
 // hidden states back to K and V (HCache). It is the ground truth every
 // restore is verified against.
 //
+// K and V are rounded to bf16 where they are produced, as the paged cache
+// holds them (vLLM's kv_cache_dtype): attention reads them in that
+// precision, as a server's attention reads its cache. So a prefill that
+// attends over a restore's paged cache (KVContext) computes what one over
+// its own vectors (Cache) does, and a restore that computes part of the
+// request needs no private copy of the context.
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef KVC_RUNTIME_MODEL_LLAMAMODEL_H
@@ -15,6 +22,7 @@
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
+#include "kvc/Runtime/Model/Attention.h"
 #include "kvc/Runtime/Model/Safetensors.h"
 
 #include <functional>
@@ -32,6 +40,22 @@ struct LayerSnapshot {
   const float *hidden = nullptr; ///< [tokens][hidden]: the layer's input.
   const float *k = nullptr;      ///< [tokens][kv_heads * head_dim], RoPE'd.
   const float *v = nullptr;      ///< [tokens][kv_heads * head_dim].
+};
+
+/// Where a prefill keeps the K and V its attention reads back, layer by
+/// layer: the model's own fp32 vectors (LlamaModel::Cache), or a restore's
+/// paged cache.
+class KVContext {
+public:
+  virtual ~KVContext() = default;
+  /// Keeps K and V ([n][kvDim], bf16-representable) of `layer` for the
+  /// tokens at position..position + n.
+  virtual Status append(int64_t layer, int64_t position, int64_t n,
+                        const float *k, const float *v) = 0;
+  /// Keys and values of tokens [first, first + count) of `layer` as fp32,
+  /// valid until the next call.
+  virtual Status rows(int64_t layer, int64_t first, int64_t count,
+                      KeyValueRows &out) = 0;
 };
 
 class LlamaModel {
@@ -62,9 +86,15 @@ public:
   }
 
   /// The KV of every layer for the tokens prefilled so far, fp32.
-  struct Cache {
+  struct Cache final : KVContext {
     int64_t tokens = 0;
+    int64_t dim = 0; ///< kvDim.
     std::vector<std::vector<float>> k, v; ///< Per layer, [tokens][kvDim].
+
+    Status append(int64_t layer, int64_t position, int64_t n, const float *k,
+                  const float *v) override;
+    Status rows(int64_t layer, int64_t first, int64_t count,
+                KeyValueRows &out) override;
   };
   Cache newCache() const;
 
@@ -77,8 +107,16 @@ public:
   Status prefill(Cache &cache, const int32_t *tokens, int64_t n,
                  const LayerCallback &onLayer = {}, int64_t layers = -1) const;
 
+  /// The same over any context that holds tokens [0, position) of the
+  /// first `layers` layers: appends the new tokens' K and V to `context`
+  /// and attends over it.
+  Status prefill(KVContext &context, int64_t position, const int32_t *tokens,
+                 int64_t n, const LayerCallback &onLayer = {},
+                 int64_t layers = -1) const;
+
   /// K (after RoPE) and V of `layer` for `n` tokens at positions
-  /// position.. from the hidden states entering the layer.
+  /// position.. from the hidden states entering the layer, bf16-rounded as
+  /// a prefill's are.
   void project(int64_t layer, const float *hidden, int64_t n,
                int64_t position, float *k, float *v) const;
 

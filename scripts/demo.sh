@@ -88,6 +88,16 @@ banner "One restore in detail: the compiled Cake plan, with a Chrome trace"
   --plan cake --verify --trace "$WORK/cake-trace.json"
 echo "(Chrome trace: $WORK/cake-trace.json; open it in chrome://tracing or Perfetto.)"
 
+banner "Cake's dynamic mode: the same plan, its merge point found at run time"
+# Compiled for the calibrated disk, the plan computes tokens 0-512 and loads
+# the rest; run as Cake's two-sided walk it starts from that prediction, and
+# the sides meet where this run's link and compute put them: earlier on the
+# local store, later on a link throttled to 0.01 Gbps.
+for LINK in "" "?gbps=0.01"; do
+  "$RUN" restore "${REQUEST[@]}" --store "file://$WORK/store$LINK" --layer-group 1 \
+    --bundle "$WORK/plans.json" --plan cake --dynamic --verify
+done
+
 # The balance point: the link bandwidth at which loading all of the KV takes
 # as long as recomputing it (the compute plan's predicted time).
 COMPUTE_US=$(sed -n 's/^plan compute: .*predicted \([0-9]*\) us$/\1/p' "$WORK/plans.txt")

@@ -59,7 +59,55 @@ StatusOr<double> tierReadGBs(const std::string &url) {
   return double(kObjects * kBytes) / seconds / 1e9;
 }
 
+/// The chunk calibration measures attention with: the planner's smallest
+/// (256 tokens), or less for short-context models.
+int64_t referenceChunkTokens(const ModelConfig &config) {
+  return std::min<int64_t>(256, config.maxPositions / 8);
+}
+
+/// `n` tokens of calibration's fixed prompt.
+std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
+  std::vector<int32_t> tokens(n);
+  for (int64_t i = 0; i < n; ++i)
+    tokens[i] = int32_t((i * 7919) % config.vocabSize);
+  return tokens;
+}
+
+/// Best of 3 prefills of `chunk` tokens at `position` after `base`'s
+/// first `position` tokens.
+StatusOr<double> chunkSeconds(const LlamaModel &model,
+                              const LlamaModel::Cache &base,
+                              const std::vector<int32_t> &tokens,
+                              int64_t position, int64_t chunk) {
+  Status status;
+  double seconds = bestOf(3, [&] {
+    LlamaModel::Cache cache = base;
+    cache.tokens = position;
+    for (auto *kv : {&cache.k, &cache.v})
+      for (std::vector<float> &layer : *kv)
+        layer.resize(position * model.kvDim());
+    status = model.prefill(cache, tokens.data() + position, chunk);
+  });
+  KVC_RETURN_IF_ERROR(status);
+  return seconds;
+}
+
 } // namespace
+
+StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
+                                               const TargetDesc &target) {
+  const ModelConfig &config = model.config();
+  ReferenceChunk out;
+  out.tokens = referenceChunkTokens(config);
+  KVC_ASSIGN_OR_RETURN(seconds,
+                       chunkSeconds(model, model.newCache(),
+                                    calibrationTokens(config, out.tokens), 0,
+                                    out.tokens));
+  out.measuredSeconds = seconds;
+  planning::CostModel cost(config, target, planning::CodecProfile::defaults());
+  out.predictedSeconds = cost.prefillSeconds(0, out.tokens, config.numLayers);
+  return out;
+}
 
 StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
                                const std::string &scratchDir) {
@@ -72,31 +120,17 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   // Attention first: the same chunk at a long prefix and at none; the
   // difference in time is the extra attention work. The chunk is the
   // planner's smallest (256 tokens).
-  const int64_t chunk = std::min<int64_t>(256, config.maxPositions / 8);
+  const int64_t chunk = referenceChunkTokens(config);
   const int64_t prefix =
       std::min<int64_t>(1024, config.maxPositions - chunk);
   c.attentionTflops = 0;
   if (prefix >= 4 * chunk) {
-    std::vector<int32_t> tokens(prefix + chunk);
-    for (int64_t i = 0; i < prefix + chunk; ++i)
-      tokens[i] = int32_t((i * 7919) % config.vocabSize);
+    std::vector<int32_t> tokens = calibrationTokens(config, prefix + chunk);
     LlamaModel::Cache base = model.newCache();
     KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
-    Status status;
-    auto chunkAt = [&](int64_t position) {
-      return bestOf(3, [&] {
-        LlamaModel::Cache cache = base;
-        cache.tokens = position;
-        for (auto *kv : {&cache.k, &cache.v})
-          for (std::vector<float> &layer : *kv)
-            layer.resize(position * model.kvDim());
-        status = model.prefill(cache, tokens.data() + position, chunk);
-      });
-    };
-    double late = chunkAt(prefix);
-    KVC_RETURN_IF_ERROR(status);
-    double early = chunkAt(0);
-    KVC_RETURN_IF_ERROR(status);
+    KVC_ASSIGN_OR_RETURN(late,
+                         chunkSeconds(model, base, tokens, prefix, chunk));
+    KVC_ASSIGN_OR_RETURN(early, chunkSeconds(model, base, tokens, 0, chunk));
     double extra = double(config.numLayers) *
                    (cost.attentionFlops(prefix, prefix + chunk) -
                     cost.attentionFlops(0, chunk));

@@ -25,6 +25,18 @@ namespace kvc {
 StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc base,
                                const std::string &scratchDir);
 
+/// Calibration's reference measurement: one chunk prefilled from position
+/// 0, measured (best of 3) and as the cost model for `target` prices it.
+/// `compare` repeats it to show whether the machine still runs at the speed
+/// it was calibrated at.
+struct ReferenceChunk {
+  int64_t tokens = 0;
+  double measuredSeconds = 0;
+  double predictedSeconds = 0;
+};
+StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
+                                               const TargetDesc &target);
+
 } // namespace kvc
 
 #endif // KVC_TOOLS_KVC_RUN_CALIBRATE_H

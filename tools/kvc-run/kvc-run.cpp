@@ -122,12 +122,6 @@ private:
   std::vector<std::string> used_;
 };
 
-#define TRY_ASSIGN(var, expr)                                                  \
-  auto var##Or = (expr);                                                       \
-  if (!var##Or.isOk())                                                         \
-    return var##Or.status();                                                   \
-  auto var = std::move(*var##Or)
-
 StatusOr<DType> parseDType(const std::string &name) {
   if (name == "bf16")
     return DType::BF16;
@@ -142,14 +136,16 @@ StatusOr<DType> parseDType(const std::string &name) {
 /// --layer-group and salted by --tenant (save and restore must agree).
 StatusOr<std::unique_ptr<ChunkStore>> openStore(Args &args,
                                                 const LlamaModel &model) {
-  TRY_ASSIGN(url, args.required("store"));
+  KVC_ASSIGN_OR_RETURN(url, args.required("store"));
   StoreLayout layout;
-  TRY_ASSIGN(chunkTokens, args.integer("chunk-tokens", layout.chunkTokens));
-  TRY_ASSIGN(layerGroup, args.integer("layer-group", layout.layerGroup));
+  KVC_ASSIGN_OR_RETURN(chunkTokens,
+                       args.integer("chunk-tokens", layout.chunkTokens));
+  KVC_ASSIGN_OR_RETURN(layerGroup,
+                       args.integer("layer-group", layout.layerGroup));
   if (chunkTokens <= 0 || layerGroup <= 0)
     return invalidArgument("--chunk-tokens and --layer-group must be positive");
   layout.chunkTokens = chunkTokens, layout.layerGroup = layerGroup;
-  TRY_ASSIGN(tier, openTier(url));
+  KVC_ASSIGN_OR_RETURN(tier, openTier(url));
   return std::make_unique<ChunkStore>(std::move(tier), model.config(),
                                       model.fingerprint(), args.get("tenant"),
                                       layout);
@@ -157,16 +153,17 @@ StatusOr<std::unique_ptr<ChunkStore>> openStore(Args &args,
 
 Status genModel(Args &args) {
   GenModelOptions o;
-  TRY_ASSIGN(out, args.required("out"));
-  TRY_ASSIGN(layers, args.integer("layers", o.layers));
-  TRY_ASSIGN(hidden, args.integer("hidden", o.hidden));
-  TRY_ASSIGN(heads, args.integer("heads", o.heads));
-  TRY_ASSIGN(kvHeads, args.integer("kv-heads", o.kvHeads));
-  TRY_ASSIGN(ffn, args.integer("ffn", o.ffn));
-  TRY_ASSIGN(vocab, args.integer("vocab", o.vocab));
-  TRY_ASSIGN(maxPositions, args.integer("max-positions", o.maxPositions));
-  TRY_ASSIGN(seed, args.integer("seed", 0));
-  TRY_ASSIGN(dtype, parseDType(args.get("dtype", "bf16")));
+  KVC_ASSIGN_OR_RETURN(out, args.required("out"));
+  KVC_ASSIGN_OR_RETURN(layers, args.integer("layers", o.layers));
+  KVC_ASSIGN_OR_RETURN(hidden, args.integer("hidden", o.hidden));
+  KVC_ASSIGN_OR_RETURN(heads, args.integer("heads", o.heads));
+  KVC_ASSIGN_OR_RETURN(kvHeads, args.integer("kv-heads", o.kvHeads));
+  KVC_ASSIGN_OR_RETURN(ffn, args.integer("ffn", o.ffn));
+  KVC_ASSIGN_OR_RETURN(vocab, args.integer("vocab", o.vocab));
+  KVC_ASSIGN_OR_RETURN(maxPositions,
+                       args.integer("max-positions", o.maxPositions));
+  KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
+  KVC_ASSIGN_OR_RETURN(dtype, parseDType(args.get("dtype", "bf16")));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   o.layers = layers, o.hidden = hidden, o.heads = heads, o.kvHeads = kvHeads;
   o.ffn = ffn, o.vocab = vocab, o.maxPositions = maxPositions;
@@ -192,8 +189,8 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
       tokens.push_back(int32_t(t));
     return tokens;
   }
-  TRY_ASSIGN(count, args.integer("random-tokens", 0));
-  TRY_ASSIGN(seed, args.integer("seed", 0));
+  KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 0));
+  KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
   if (count <= 0)
     return invalidArgument("give --tokens FILE or --random-tokens N");
   std::mt19937_64 rng{uint64_t(seed)};
@@ -203,9 +200,9 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
 }
 
 Status save(Args &args) {
-  TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(model, LlamaModel::load(modelDir));
-  TRY_ASSIGN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   SaveOptions options;
   options.forms.clear();
   std::stringstream forms(args.get("forms", "kv,hidden"));
@@ -217,18 +214,18 @@ Status save(Args &args) {
     else
       return invalidArgument("--forms expects kv and/or hidden, got " + form);
   }
-  TRY_ASSIGN(codec, parseCodecSpec(args.get("codec", "raw")));
+  KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(args.get("codec", "raw")));
   options.codec = codec;
-  TRY_ASSIGN(writers, args.integer("writers", options.writers));
-  TRY_ASSIGN(bufferMb, args.integer("buffer-mb", 256));
+  KVC_ASSIGN_OR_RETURN(writers, args.integer("writers", options.writers));
+  KVC_ASSIGN_OR_RETURN(bufferMb, args.integer("buffer-mb", 256));
   if (writers <= 0 || bufferMb <= 0)
     return invalidArgument("--writers and --buffer-mb must be positive");
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
-  TRY_ASSIGN(store, openStore(args, *model));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(stats, saveContext(*model, *store, tokens, options));
+  KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));
   std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
               "objects written, %lld already stored; prefill %.3f s, total "
               "%.3f s, waited %.3f s for buffers, peak buffers %.1f MiB\n",
@@ -241,21 +238,21 @@ Status save(Args &args) {
 }
 
 Status profileCodecs(Args &args) {
-  TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(out, args.required("out"));
-  TRY_ASSIGN(count, args.integer("tokens", 1024));
-  TRY_ASSIGN(seed, args.integer("seed", 0));
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(out, args.required("out"));
+  KVC_ASSIGN_OR_RETURN(count, args.integer("tokens", 1024));
+  KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   return runCodecProfile(*model, count, uint64_t(seed), out);
 }
 
 /// Validates a plan bundle and summarizes each plan: its tasks per resource
 /// and lanes, staging slots and predicted makespan.
 Status inspectBundle(Args &args) {
-  TRY_ASSIGN(path, args.required("bundle"));
+  KVC_ASSIGN_OR_RETURN(path, args.required("bundle"));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(bundle, readPlanBundle(path));
+  KVC_ASSIGN_OR_RETURN(bundle, readPlanBundle(path));
   std::printf("bundle version %lld, model %s: %zu plan(s)\n",
               (long long)bundle.version,
               bundle.modelFingerprint.empty()
@@ -322,9 +319,9 @@ destinationFor(const LlamaModel &model, const std::vector<int32_t> &tokens,
   cacheConfig.numBlocks =
       (n + cacheConfig.blockSize - 1) / cacheConfig.blockSize;
   auto out = std::make_unique<Destination>();
-  TRY_ASSIGN(cache, PagedKVCache::create(cacheConfig));
+  KVC_ASSIGN_OR_RETURN(cache, PagedKVCache::create(cacheConfig));
   out->cache = std::move(cache);
-  TRY_ASSIGN(table, out->cache->allocate(n));
+  KVC_ASSIGN_OR_RETURN(table, out->cache->allocate(n));
   out->table = std::move(table);
   out->target.model = &model;
   for (const std::string &tier : tiers)
@@ -409,6 +406,8 @@ struct RestoreSetup {
   std::string planSource; ///< The bundle's path, or "--strategy", for messages.
   PlanBundle bundle;
   std::optional<double> maxError; ///< --max-error, when given.
+  /// The target planned for (--strategy), for compare's machine check.
+  std::optional<TargetDesc> target;
   /// A full prefill of the request, computed on the first verification.
   std::optional<LlamaModel::Cache> reference;
 };
@@ -444,7 +443,7 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
   std::vector<planning::Source> sources;
   const int64_t n = int64_t(tokens.size());
   for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
-    TRY_ASSIGN(extent, store.stored(tokens.data(), n, form));
+    KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
     const char *name = chunkFormName(form);
     if (extent.tokens < n) {
       std::printf("store: %s for tokens 0 to %lld of %lld (not planned)\n",
@@ -477,17 +476,18 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
 StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
                                        ChunkStore &store,
                                        const std::vector<int32_t> &tokens,
-                                       const std::string &list) {
+                                       const std::string &list,
+                                       std::optional<TargetDesc> &plannedFor) {
 #ifdef KVC_RUN_WITH_COMPILER
-  TRY_ASSIGN(targetPath, args.required("target"));
-  TRY_ASSIGN(target, loadTargetDesc(targetPath));
-  TRY_ASSIGN(stagingMiB, args.integer("staging-mib", 256));
-  TRY_ASSIGN(tier, storeTier(args, target, store.tier()));
+  KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
+  KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
+  KVC_ASSIGN_OR_RETURN(stagingMiB, args.integer("staging-mib", 256));
+  KVC_ASSIGN_OR_RETURN(tier, storeTier(args, target, store.tier()));
   std::printf("planning for %s: the store is tier %s at %.3g GB/s\n",
               target.name.c_str(), tier->name.c_str(), tier->readGBs);
   planning::Request request;
   request.tokens = int64_t(tokens.size());
-  TRY_ASSIGN(sources, storedSources(store, tokens, tier->name));
+  KVC_ASSIGN_OR_RETURN(sources, storedSources(store, tokens, tier->name));
   request.sources = std::move(sources);
   CompileRestoreOptions options;
   options.chunkTokens = store.layout().chunkTokens;
@@ -513,10 +513,11 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
     for (std::string name; std::getline(names, name, ',');)
       options.strategies.push_back(name);
   }
+  plannedFor = target;
   return compileRestore(model.config(), model.fingerprint(), target, request,
                         options);
 #else
-  (void)model, (void)store, (void)tokens, (void)list;
+  (void)model, (void)store, (void)tokens, (void)list, (void)plannedFor;
   return unimplemented("--strategy plans with the compiler, which this "
                        "kvc-run was built without (KVC_BUILD_COMPILER=OFF); "
                        "compile a bundle with kvc-opt and pass --bundle");
@@ -527,25 +528,25 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
 StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
                                         const std::string &defaultStrategy) {
   RestoreSetup setup;
-  TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(model, LlamaModel::load(modelDir));
-  TRY_ASSIGN(tokens, requestTokens(args, model->config()));
-  TRY_ASSIGN(store, openStore(args, *model));
-  TRY_ASSIGN(maxError, maxErrorOption(args));
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model));
+  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   setup.maxError = maxError;
   if (args.has("bundle") == args.has("strategy"))
     return invalidArgument("give either --bundle FILE or --strategy");
   if (args.has("strategy")) {
     setup.planSource = "--strategy";
-    TRY_ASSIGN(bundle,
-               compileStrategies(args, *model, *store, tokens,
-                                 args.get("strategy").empty()
-                                     ? defaultStrategy
-                                     : args.get("strategy")));
+    const std::string list = args.get("strategy").empty()
+                                 ? defaultStrategy
+                                 : args.get("strategy");
+    KVC_ASSIGN_OR_RETURN(bundle, compileStrategies(args, *model, *store,
+                                                   tokens, list, setup.target));
     setup.bundle = std::move(bundle);
   } else {
     setup.planSource = args.get("bundle");
-    TRY_ASSIGN(bundle, readPlanBundle(setup.planSource));
+    KVC_ASSIGN_OR_RETURN(bundle, readPlanBundle(setup.planSource));
     setup.bundle = std::move(bundle);
   }
   const std::string &compiledFor = setup.bundle.modelFingerprint;
@@ -576,14 +577,14 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
     for (const BundleStep &step : task.steps)
       if (step.op == "fetch")
         tiers.push_back(step.tier);
-  TRY_ASSIGN(into, destinationFor(*setup.model, setup.tokens, *setup.store,
-                                  tiers));
-  TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(
+      into, destinationFor(*setup.model, setup.tokens, *setup.store, tiers));
+  KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
   PlanRun run;
   run.cacheBytes = into->cache->bytes();
   run.residentBefore = residentBytes();
   resetPeakResident();
-  TRY_ASSIGN(metrics, restore(*pools, plan, into->target, options));
+  KVC_ASSIGN_OR_RETURN(metrics, restore(*pools, plan, into->target, options));
   run.residentPeak = peakResidentBytes();
   run.metrics = std::move(metrics);
   if (verify) {
@@ -593,8 +594,8 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
       KVC_RETURN_IF_ERROR(
           setup.model->prefill(*setup.reference, setup.tokens.data(), n));
     }
-    TRY_ASSIGN(error, restoreError(*setup.model, *setup.reference, n,
-                                   *into->cache, into->table));
+    KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, *setup.reference, n,
+                                             *into->cache, into->table));
     run.error = error;
   }
   return run;
@@ -632,17 +633,18 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
 /// prediction the run reports against.
 Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
                       bool verify) {
-  TRY_ASSIGN(options, dynamicCakeOptions(plan));
-  TRY_ASSIGN(into, destinationFor(*setup.model, setup.tokens, *setup.store,
-                                  {options.tier}));
-  TRY_ASSIGN(pools, ResourcePools::create(planResources(plan)));
-  TRY_ASSIGN(result, restoreDynamicCake(*pools, into->target, options));
+  KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
+  KVC_ASSIGN_OR_RETURN(into, destinationFor(*setup.model, setup.tokens,
+                                            *setup.store, {options.tier}));
+  KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(result,
+                       restoreDynamicCake(*pools, into->target, options));
   printDynamicCake(result, setup.tokens.size(),
                    ("plan " + plan.name).c_str());
   if (!verify)
     return Status::ok();
-  TRY_ASSIGN(error, restoreError(*setup.model, setup.tokens, *into->cache,
-                                 into->table));
+  KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.tokens,
+                                           *into->cache, into->table));
   return reportVerification(error,
                             verifyBound(planCodecs(plan), setup.maxError));
 }
@@ -651,7 +653,7 @@ Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
 /// prints measured beside predicted, and with --verify the error against a
 /// full prefill (failing above --max-error, by default bf16 rounding).
 Status restoreCommand(Args &args) {
-  TRY_ASSIGN(setup, loadRestoreSetup(args, "joint"));
+  KVC_ASSIGN_OR_RETURN(setup, loadRestoreSetup(args, "joint"));
   std::string planName = args.get("plan");
   bool verify = args.has("verify");
   bool dynamic = args.has("dynamic");
@@ -672,7 +674,7 @@ Status restoreCommand(Args &args) {
                                : setup.planSource + " has no plan " + planName);
   if (dynamic)
     return restoreDynamic(setup, *plan, verify);
-  TRY_ASSIGN(run, runPlan(setup, *plan, options, verify));
+  KVC_ASSIGN_OR_RETURN(run, runPlan(setup, *plan, options, verify));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
               setup.tokens.size(), plan->name.c_str(),
@@ -718,8 +720,8 @@ Status restoreCommand(Args &args) {
 /// prints one table: predicted and measured time, bytes read, FLOPs,
 /// fallbacks, error, and the measured speedup over every other plan.
 Status compareCommand(Args &args) {
-  TRY_ASSIGN(setup, loadRestoreSetup(args, "all"));
-  TRY_ASSIGN(repeat, args.integer("repeat", 1));
+  KVC_ASSIGN_OR_RETURN(setup, loadRestoreSetup(args, "all"));
+  KVC_ASSIGN_OR_RETURN(repeat, args.integer("repeat", 1));
   if (repeat <= 0)
     return invalidArgument("--repeat must be positive");
   KVC_RETURN_IF_ERROR(args.checkUnused());
@@ -740,6 +742,19 @@ Status compareCommand(Args &args) {
   if (!plans.empty())
     KVC_RETURN_IF_ERROR(
         runPlan(setup, plans.front(), {}, /*verify=*/false).status());
+  // How the machine runs now against the target's price for calibration's
+  // reference chunk: a shared machine's speed drifts, and predictions hold
+  // only while it does not (the rate fit across chunk sizes leaves a few
+  // percent either way on this one chunk).
+  if (setup.target) {
+    KVC_ASSIGN_OR_RETURN(probe, measureReferenceChunk(*setup.model,
+                                                      *setup.target));
+    std::printf("machine: a %lld-token chunk from position 0 took %.2f ms, "
+                "%s prices it at %.2f ms (%+.0f%%)\n",
+                (long long)probe.tokens, probe.measuredSeconds * 1e3,
+                setup.target->name.c_str(), probe.predictedSeconds * 1e3,
+                (probe.measuredSeconds / probe.predictedSeconds - 1) * 100);
+  }
   // Each plan `repeat` times, round robin so that a noisy stretch of the
   // machine does not land on one plan; the run of median makespan is shown.
   std::vector<std::vector<PlanRun>> all(plans.size());
@@ -747,7 +762,8 @@ Status compareCommand(Args &args) {
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (sameAs[i] != i)
         continue;
-      TRY_ASSIGN(run, runPlan(setup, plans[i], {}, /*verify=*/r == 0));
+      KVC_ASSIGN_OR_RETURN(run,
+                           runPlan(setup, plans[i], {}, /*verify=*/r == 0));
       if (r > 0)
         run.error = all[i].front().error;
       all[i].push_back(std::move(run));
@@ -825,42 +841,45 @@ Status compareCommand(Args &args) {
 /// Restores with Cake's dynamic mode: compute from the front, KV loads from
 /// the back of the store's chunks, meeting where this run's rates put them.
 Status cakeCommand(Args &args) {
-  TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(model, LlamaModel::load(modelDir));
-  TRY_ASSIGN(tokens, requestTokens(args, model->config()));
-  TRY_ASSIGN(store, openStore(args, *model));
-  TRY_ASSIGN(lanes, args.integer("io-lanes", 2));
-  TRY_ASSIGN(predicted, args.integer("predicted-merge", -1));
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model));
+  KVC_ASSIGN_OR_RETURN(lanes, args.integer("io-lanes", 2));
+  KVC_ASSIGN_OR_RETURN(predicted, args.integer("predicted-merge", -1));
   bool verify = args.has("verify");
-  TRY_ASSIGN(maxError, maxErrorOption(args));
+  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(into, destinationFor(*model, tokens, *store, {"store"}));
-  TRY_ASSIGN(pools, ResourcePools::create(
-                        {{"compute", 1}, {"io:store", int(lanes)}}));
+  KVC_ASSIGN_OR_RETURN(into, destinationFor(*model, tokens, *store, {"store"}));
+  KVC_ASSIGN_OR_RETURN(
+      pools, ResourcePools::create({{"compute", 1}, {"io:store", int(lanes)}}));
   DynamicCakeOptions options;
   options.tier = "store";
   if (predicted >= 0)
     options.predictedMergeToken = predicted;
-  TRY_ASSIGN(result, restoreDynamicCake(*pools, into->target, options));
+  KVC_ASSIGN_OR_RETURN(result,
+                       restoreDynamicCake(*pools, into->target, options));
   printDynamicCake(result, tokens.size(), "compiler");
   if (!verify)
     return Status::ok();
-  TRY_ASSIGN(error, restoreError(*model, tokens, *into->cache, into->table));
-  TRY_ASSIGN(extent, store->stored(tokens.data(), int64_t(tokens.size()),
-                                   ChunkForm::KV));
+  KVC_ASSIGN_OR_RETURN(error,
+                       restoreError(*model, tokens, *into->cache, into->table));
+  KVC_ASSIGN_OR_RETURN(
+      extent,
+      store->stored(tokens.data(), int64_t(tokens.size()), ChunkForm::KV));
   return reportVerification(error, verifyBound({extent.codec}, maxError));
 }
 
 /// Measures this machine into a target description the planner accepts.
 Status calibrateCommand(Args &args) {
-  TRY_ASSIGN(modelDir, args.required("model"));
-  TRY_ASSIGN(basePath, args.required("base"));
-  TRY_ASSIGN(out, args.required("out"));
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(basePath, args.required("base"));
+  KVC_ASSIGN_OR_RETURN(out, args.required("out"));
   std::string scratch = args.get("scratch", "/tmp");
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  TRY_ASSIGN(model, LlamaModel::load(modelDir));
-  TRY_ASSIGN(base, loadTargetDesc(basePath));
-  TRY_ASSIGN(target, calibrate(*model, base, scratch));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(base, loadTargetDesc(basePath));
+  KVC_ASSIGN_OR_RETURN(target, calibrate(*model, base, scratch));
   std::ofstream file(out);
   file << printTargetDesc(target);
   if (!file)

@@ -108,4 +108,12 @@ private:
       return kvcStatus_;                                                       \
   } while (false)
 
+/// Declares `var` as the value of `expr` (a StatusOr), returning from the
+/// enclosing function with its status when it failed.
+#define KVC_ASSIGN_OR_RETURN(var, expr)                                        \
+  auto var##Or = (expr);                                                       \
+  if (!var##Or.isOk())                                                         \
+    return var##Or.status();                                                   \
+  auto var = std::move(*var##Or)
+
 #endif // KVC_RUNTIME_BASE_STATUS_H

@@ -106,8 +106,13 @@ BALANCE=$(awk -v b="$KV_BYTES" -v us="$COMPUTE_US" 'BEGIN { printf "%.4f", b * 8
 for SCALE in 0.5 1 2; do
   GBPS=$(awk -v b="$BALANCE" -v s="$SCALE" 'BEGIN { printf "%.4f", b * s }')
   banner "Every strategy, planned in-process, at $GBPS Gbps (${SCALE}x this machine's balance point of $BALANCE Gbps)"
+  # This shared machine's speed drifts over minutes: each comparison is
+  # planned for a calibration taken just before it (its fit shown).
+  "$RUN" calibrate --model "$WORK/model" --base "$TARGET" \
+    --out "$WORK/target-$SCALE.json" --scratch "$WORK" > "$WORK/calibrate-$SCALE.txt"
+  sed -n 's/^fit: /calibrated: /p' "$WORK/calibrate-$SCALE.txt"
   "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store?gbps=$GBPS" \
-    --layer-group 1 --strategy --target "$WORK/target.json" --repeat 5
+    --layer-group 1 --strategy --target "$WORK/target-$SCALE.json" --repeat 5
 done
 echo "(predicted times come from the calibrated target; docs/results.md" \
      "explains how close they come and why)"

@@ -70,12 +70,19 @@ struct KVCSchedulePass
     SmallVector<Operation *> steps =
         llvm::map_to_vector(body, [](Operation &op) { return &op; });
 
+    // As many slots of the largest fetch as the budget holds, and no more
+    // than there are fetches (a plan without any needs none; sizing it by
+    // the budget alone gave a compute-only plan 2^28 one-byte slots).
     double largestFetch = 1;
+    int64_t fetches = 0;
     for (Operation *step : steps)
-      if (auto fetch = dyn_cast<FetchOp>(step))
+      if (auto fetch = dyn_cast<FetchOp>(step)) {
         largestFetch = std::max(largestFetch, stagingBytes(fetch, cost));
-    int64_t slots = std::max<int64_t>(
-        1, int64_t(double(context.options.stagingBytes) / largestFetch));
+        ++fetches;
+      }
+    int64_t slots = std::clamp<int64_t>(
+        int64_t(double(context.options.stagingBytes) / largestFetch), 1,
+        std::max<int64_t>(fetches, 1));
 
     // The task that defines each value, the lanes handed out per tier, and
     // per slot the copy task that frees it.

@@ -1,5 +1,6 @@
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-fuse --kvc-schedule | FileCheck %s --check-prefix=ROOMY
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-fuse --kvc-schedule=staging-mib=20 | FileCheck %s --check-prefix=ROUNDS
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-fuse --kvc-schedule=staging-mib=1000000 | FileCheck %s --check-prefix=NOFETCH
 
 #kv = #kvc.source<tier = "ssd", form = kv, codec = <quant = int8, lossless = zstd>,
                   tokens = 0 to 1024, layers = 0 to 4>
@@ -34,4 +35,14 @@
 // ROUNDS:         kvc.task on h2d[0] after %[[DECODE]], %[[SCATTER]] {
 kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
+}
+
+// Tests that a plan without fetches gets no staging slots however large the
+// budget (sized by the budget alone, it was once given one slot per byte).
+// NOFETCH-LABEL: kvc.plan @compute
+// NOFETCH:         kvc.task on compute[0] {
+// NOFETCH-NEXT:      kvc.chunk_compute
+// NOFETCH-NOT:     slot
+kvc.plan @compute tokens 0 to 1024 layers 0 to 4 {
+  kvc.segment compute tokens 0 to 1024 layers 0 to 4
 }

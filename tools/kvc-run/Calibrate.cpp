@@ -5,6 +5,7 @@
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 
+#include "kvc/Planning/ComputeFit.h"
 #include "kvc/Planning/CostModel.h"
 #include "kvc/Runtime/Store/Tier.h"
 
@@ -17,23 +18,6 @@
 namespace kvc {
 
 namespace {
-
-/// Fits rate(m) = peak * m / (m + half) by least squares on
-/// 1 / rate = 1 / peak + (half / peak) / m.
-std::pair<double, double> fitRate(const std::vector<double> &rows,
-                                  const std::vector<double> &rates) {
-  double n = double(rows.size()), sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    double x = 1.0 / rows[i], y = 1.0 / rates[i];
-    sx += x, sy += y, sxx += x * x, sxy += x * y;
-  }
-  double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  double intercept = (sy - slope * sx) / n;
-  if (!(intercept > 0)) // Rates still rising at the largest chunk.
-    return {*std::max_element(rates.begin(), rates.end()), 0.0};
-  double peak = 1.0 / intercept;
-  return {peak, std::max(0.0, slope * peak)};
-}
 
 StatusOr<double> tierReadGBs(const std::string &url) {
   auto tier = openTier(url);
@@ -73,23 +57,21 @@ std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
   return tokens;
 }
 
-/// Best of 3 prefills of `chunk` tokens at `position` after `base`'s
-/// first `position` tokens.
+/// Seconds of one prefill of `chunk` tokens at `position` after `base`'s
+/// first `position` tokens (copying the cache is not timed).
 StatusOr<double> chunkSeconds(const LlamaModel &model,
                               const LlamaModel::Cache &base,
                               const std::vector<int32_t> &tokens,
                               int64_t position, int64_t chunk) {
-  Status status;
-  double seconds = bestOf(3, [&] {
-    LlamaModel::Cache cache = base;
-    cache.tokens = position;
-    for (auto *kv : {&cache.k, &cache.v})
-      for (std::vector<float> &layer : *kv)
-        layer.resize(position * model.kvDim());
-    status = model.prefill(cache, tokens.data() + position, chunk);
-  });
-  KVC_RETURN_IF_ERROR(status);
-  return seconds;
+  LlamaModel::Cache cache = base;
+  cache.tokens = position;
+  for (auto *kv : {&cache.k, &cache.v})
+    for (std::vector<float> &layer : *kv)
+      layer.resize(position * model.kvDim());
+  auto start = std::chrono::steady_clock::now();
+  KVC_RETURN_IF_ERROR(model.prefill(cache, tokens.data() + position, chunk));
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 } // namespace
@@ -99,11 +81,13 @@ StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
   const ModelConfig &config = model.config();
   ReferenceChunk out;
   out.tokens = referenceChunkTokens(config);
-  KVC_ASSIGN_OR_RETURN(seconds,
-                       chunkSeconds(model, model.newCache(),
-                                    calibrationTokens(config, out.tokens), 0,
-                                    out.tokens));
-  out.measuredSeconds = seconds;
+  std::vector<int32_t> tokens = calibrationTokens(config, out.tokens);
+  out.measuredSeconds = 1e300;
+  for (int i = 0; i < 3; ++i) {
+    KVC_ASSIGN_OR_RETURN(
+        seconds, chunkSeconds(model, model.newCache(), tokens, 0, out.tokens));
+    out.measuredSeconds = std::min(out.measuredSeconds, seconds);
+  }
   planning::CostModel cost(config, target, planning::CodecProfile::defaults());
   out.predictedSeconds = cost.prefillSeconds(0, out.tokens, config.numLayers);
   return out;
@@ -117,80 +101,60 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   ComputeDesc &c = target.compute;
   c.kind = ComputeDesc::Kind::CPU;
 
-  // Attention first: the same chunk at a long prefix and at none; the
-  // difference in time is the extra attention work. The chunk is the
-  // planner's smallest (256 tokens).
+  // Prefill: chunks of 16-512 tokens from position 0 (the GEMM efficiency
+  // curve) and the reference chunk after longer and longer prefixes (its
+  // attention), timed in interleaved rounds so that a slow stretch of the
+  // machine costs one round of each rather than every timing of one, each
+  // the fastest of its rounds; then fitted jointly (ComputeFit.h).
   const int64_t chunk = referenceChunkTokens(config);
-  const int64_t prefix =
-      std::min<int64_t>(1024, config.maxPositions - chunk);
-  c.attentionTflops = 0;
-  if (prefix >= 4 * chunk) {
-    std::vector<int32_t> tokens = calibrationTokens(config, prefix + chunk);
-    LlamaModel::Cache base = model.newCache();
-    KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
-    KVC_ASSIGN_OR_RETURN(late,
-                         chunkSeconds(model, base, tokens, prefix, chunk));
-    KVC_ASSIGN_OR_RETURN(early, chunkSeconds(model, base, tokens, 0, chunk));
-    double extra = double(config.numLayers) *
-                   (cost.attentionFlops(prefix, prefix + chunk) -
-                    cost.attentionFlops(0, chunk));
-    if (late > early) {
-      c.attentionTflops = extra / (late - early) / (1e12 * c.restoreShare);
-      std::printf("attention: %.2f GFLOP/s (a %lld-token chunk after %lld "
-                  "tokens: %.2f ms, at 0: %.2f ms)\n",
-                  c.attentionTflops * 1e3, (long long)chunk,
-                  (long long)prefix, late * 1e3, early * 1e3);
-    } else {
-      std::printf("attention: not measurable (a chunk after %lld tokens was "
-                  "no slower); priced as GEMMs\n",
-                  (long long)prefix);
-    }
-  } else {
-    std::printf("attention: priced as GEMMs (the model's context is too "
-                "short to measure it)\n");
+  std::vector<planning::PrefillSample> samples;
+  for (int64_t m : {16, 32, 64, 128, 256, 512})
+    if (m <= config.maxPositions)
+      samples.push_back({0, m, 1e300});
+  for (int64_t p : {256, 512, 1024, 1536})
+    if (p >= chunk && p + chunk <= config.maxPositions)
+      samples.push_back({p, chunk, 1e300});
+  int64_t prefix = 0, longest = 0;
+  for (const planning::PrefillSample &s : samples) {
+    prefix = std::max(prefix, s.position);
+    longest = std::max(longest, s.position + s.tokens);
   }
-
-  // Then the rate of everything else per chunk size: with attention
-  // measured, its share of each chunk's time (the chunk's own causal
-  // triangle, priced as the cost model will price it) is taken out first,
-  // so that it is not counted twice — once in the dense rate, once on its
-  // own (which overpredicted every computed chunk by ~6 ms here).
-  std::vector<double> rows, rates;
-  std::printf("%-28s %12s\n", "prefill chunk (tokens)", "GFLOP/s");
-  for (int64_t m : {16, 32, 64, 128, 256, 512}) {
-    if (m > config.maxPositions)
-      break;
-    std::vector<int32_t> tokens(m);
-    for (int64_t i = 0; i < m; ++i)
-      tokens[i] = int32_t((i * 7919) % config.vocabSize);
-    Status status;
-    double seconds = bestOf(3, [&] {
-      LlamaModel::Cache cache = model.newCache();
-      status = model.prefill(cache, tokens.data(), m);
-    });
-    KVC_RETURN_IF_ERROR(status);
-    double flops = cost.prefillFlops(0, m, config.numLayers);
-    if (c.attentionTflops > 0) {
-      double attention = double(config.numLayers) * cost.attentionFlops(0, m);
-      double attentionSeconds =
-          attention / (c.attentionTflops * 1e12 * c.restoreShare);
-      // Only where attention is the smaller share: a chunk timed faster than
-      // its attention is priced (noise on tiny chunks) keeps its whole time.
-      if (attentionSeconds < 0.5 * seconds) {
-        flops -= attention;
-        seconds -= attentionSeconds;
-      }
+  std::vector<int32_t> tokens = calibrationTokens(config, longest);
+  LlamaModel::Cache base = model.newCache();
+  KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
+  constexpr int kRounds = 5;
+  for (int round = 0; round < kRounds; ++round)
+    for (planning::PrefillSample &s : samples) {
+      KVC_ASSIGN_OR_RETURN(
+          seconds, chunkSeconds(model, base, tokens, s.position, s.tokens));
+      s.seconds = std::min(s.seconds, seconds);
     }
-    double rate = flops / seconds;
-    rows.push_back(double(m));
-    rates.push_back(rate);
-    std::printf("%-28lld %12.2f\n", (long long)m, rate / 1e9);
+  planning::ComputeFit fit = planning::fitComputeRates(cost, samples);
+  fit.applyTo(c);
+  planning::CostModel fitted(config, target,
+                             planning::CodecProfile::defaults());
+  std::printf("%-16s %10s %12s %12s %6s\n", "prefill tokens", "after",
+              "GFLOP/s", "measured ms", "fit");
+  for (const planning::PrefillSample &s : samples) {
+    double predicted = fitted.prefillSeconds(s.position, s.position + s.tokens,
+                                             config.numLayers);
+    std::printf(
+        "%-16lld %10lld %12.2f %12.2f %+5.0f%%\n", (long long)s.tokens,
+        (long long)s.position,
+        cost.prefillFlops(s.position, s.position + s.tokens, config.numLayers) /
+            s.seconds / 1e9,
+        s.seconds * 1e3, (predicted / s.seconds - 1) * 100);
   }
-  auto [peak, half] = fitRate(rows, rates);
-  c.denseTflops = peak / (1e12 * c.gemmPeakFraction * c.restoreShare);
-  c.gemmHalfTokens = half;
-  std::printf("fit: peak %.2f GFLOP/s, half rate at %.0f tokens\n",
-              peak / 1e9, half);
+  if (fit.attentionFlops > 0)
+    std::printf("fit: GEMMs at %.2f GFLOP/s, half rate at %.0f tokens; "
+                "attention at %.2f GFLOP/s; every chunk within %.0f%%\n",
+                fit.denseFlops / 1e9, fit.halfTokens, fit.attentionFlops / 1e9,
+                fit.worstError * 100);
+  else
+    std::printf("fit: GEMMs at %.2f GFLOP/s, half rate at %.0f tokens; "
+                "attention priced as GEMMs (the chunks do not separate it); "
+                "every chunk within %.0f%%\n",
+                fit.denseFlops / 1e9, fit.halfTokens, fit.worstError * 100);
 
   // Copy bandwidth: memory and the (host-to-host) link.
   {
@@ -231,9 +195,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   // int8-quantized bytes, quantization on the raw chunk.
   {
     const int64_t tokens = std::min<int64_t>(256, config.maxPositions);
-    std::vector<int32_t> ids(tokens);
-    for (int64_t i = 0; i < tokens; ++i)
-      ids[i] = int32_t((i * 7919) % config.vocabSize);
+    std::vector<int32_t> ids = calibrationTokens(config, tokens);
     LlamaModel::Cache cache = model.newCache();
     KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
     ChunkShape shape =

@@ -10,9 +10,11 @@ namespace kvc {
 
 /// Measures this machine and returns `base` with the measured values in
 /// place, for the CPU backend:
-///   - compute: prefill rate of `model` at several chunk sizes, fitted to the
-///     cost model's rate(m) = peak * m / (m + half) (dense_tflops,
-///     gemm_half_tokens; gemm_peak_fraction and restore_share kept);
+///   - compute: prefills of `model` at chunk sizes of 16-512 tokens and of a
+///     256-token chunk after prefixes of up to 1536, fitted jointly to the
+///     cost model's price of them (planning::fitComputeRates: dense_tflops,
+///     gemm_half_tokens, attention_tflops; gemm_peak_fraction and
+///     restore_share kept);
 ///   - memory and link: single-thread copy bandwidth (the CPU backend's
 ///     "device" is host memory);
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from

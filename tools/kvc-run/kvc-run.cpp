@@ -742,23 +742,19 @@ Status compareCommand(Args &args) {
   if (!plans.empty())
     KVC_RETURN_IF_ERROR(
         runPlan(setup, plans.front(), {}, /*verify=*/false).status());
-  // How the machine runs now against the target's price for calibration's
-  // reference chunk: a shared machine's speed drifts, and predictions hold
-  // only while it does not (the rate fit across chunk sizes leaves a few
-  // percent either way on this one chunk).
-  if (setup.target) {
-    KVC_ASSIGN_OR_RETURN(probe, measureReferenceChunk(*setup.model,
-                                                      *setup.target));
-    std::printf("machine: a %lld-token chunk from position 0 took %.2f ms, "
-                "%s prices it at %.2f ms (%+.0f%%)\n",
-                (long long)probe.tokens, probe.measuredSeconds * 1e3,
-                setup.target->name.c_str(), probe.predictedSeconds * 1e3,
-                (probe.measuredSeconds / probe.predictedSeconds - 1) * 100);
-  }
   // Each plan `repeat` times, round robin so that a noisy stretch of the
-  // machine does not land on one plan; the run of median makespan is shown.
+  // machine does not land on one plan. Before each round (with a target),
+  // calibration's reference chunk is timed too: a shared machine's speed
+  // drifts, predictions hold only while it runs at the speed it was
+  // calibrated at, and these timings say whether it did.
   std::vector<std::vector<PlanRun>> all(plans.size());
-  for (int64_t r = 0; r < repeat; ++r)
+  std::vector<ReferenceChunk> probes;
+  for (int64_t r = 0; r < repeat; ++r) {
+    if (setup.target) {
+      KVC_ASSIGN_OR_RETURN(probe,
+                           measureReferenceChunk(*setup.model, *setup.target));
+      probes.push_back(probe);
+    }
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (sameAs[i] != i)
         continue;
@@ -768,12 +764,31 @@ Status compareCommand(Args &args) {
         run.error = all[i].front().error;
       all[i].push_back(std::move(run));
     }
+  }
+  if (!probes.empty()) {
+    auto [fast, slow] = std::minmax_element(
+        probes.begin(), probes.end(), [](const auto &a, const auto &b) {
+          return a.measuredSeconds < b.measuredSeconds;
+        });
+    double price = fast->predictedSeconds;
+    std::printf("machine: a %lld-token chunk from position 0 took %.2f ms",
+                (long long)fast->tokens, fast->measuredSeconds * 1e3);
+    if (probes.size() > 1)
+      std::printf(" to %.2f ms over the %zu rounds",
+                  slow->measuredSeconds * 1e3, probes.size());
+    std::printf(", %s prices it at %.2f ms (%+.0f%%",
+                setup.target->name.c_str(), price * 1e3,
+                (fast->measuredSeconds / price - 1) * 100);
+    if (probes.size() > 1)
+      std::printf(" to %+.0f%%", (slow->measuredSeconds / price - 1) * 100);
+    std::printf(")\n");
+  }
   // The fastest run is held against the prediction: interference on a
   // shared machine only ever slows a run down, so the fastest is the
   // closest measure of the plan itself, and it is the statistic calibrate
-  // measures the machine with (best of 3). The median, beside it, is what
-  // the speedups compare; a median far above the fastest says the machine
-  // was noisy.
+  // measures the machine with (the fastest of its rounds). The median, beside
+  // it, is what the speedups compare; a median far above the fastest says the
+  // machine was noisy.
   std::vector<PlanRun> runs;
   std::vector<double> fastest;
   for (std::size_t i = 0; i < all.size(); ++i) {

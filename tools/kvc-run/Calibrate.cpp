@@ -82,12 +82,13 @@ StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
   ReferenceChunk out;
   out.tokens = referenceChunkTokens(config);
   std::vector<int32_t> tokens = calibrationTokens(config, out.tokens);
-  out.measuredSeconds = 1e300;
+  std::vector<double> timings;
   for (int i = 0; i < 3; ++i) {
     KVC_ASSIGN_OR_RETURN(
         seconds, chunkSeconds(model, model.newCache(), tokens, 0, out.tokens));
-    out.measuredSeconds = std::min(out.measuredSeconds, seconds);
+    timings.push_back(seconds);
   }
+  out.measuredSeconds = median(timings);
   planning::CostModel cost(config, target, planning::CodecProfile::defaults());
   out.predictedSeconds = cost.prefillSeconds(0, out.tokens, config.numLayers);
   return out;
@@ -103,17 +104,18 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
 
   // Prefill: chunks of 16-512 tokens from position 0 (the GEMM efficiency
   // curve) and the reference chunk after longer and longer prefixes (its
-  // attention), timed in interleaved rounds so that a slow stretch of the
-  // machine costs one round of each rather than every timing of one, each
-  // the fastest of its rounds; then fitted jointly (ComputeFit.h).
+  // attention), timed in interleaved rounds and each taken at its median
+  // round; then fitted jointly (ComputeFit.h). The median, as `compare`
+  // takes a plan's runs: the typical timing, which neither a stall nor a
+  // burst of speed of a shared machine moves.
   const int64_t chunk = referenceChunkTokens(config);
   std::vector<planning::PrefillSample> samples;
   for (int64_t m : {16, 32, 64, 128, 256, 512})
     if (m <= config.maxPositions)
-      samples.push_back({0, m, 1e300});
+      samples.push_back({0, m, 0});
   for (int64_t p : {256, 512, 1024, 1536})
     if (p >= chunk && p + chunk <= config.maxPositions)
-      samples.push_back({p, chunk, 1e300});
+      samples.push_back({p, chunk, 0});
   int64_t prefix = 0, longest = 0;
   for (const planning::PrefillSample &s : samples) {
     prefix = std::max(prefix, s.position);
@@ -122,17 +124,22 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   std::vector<int32_t> tokens = calibrationTokens(config, longest);
   LlamaModel::Cache base = model.newCache();
   KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
-  constexpr int kRounds = 5;
+  constexpr int kRounds = 7;
+  std::vector<std::vector<double>> timings(samples.size());
   for (int round = 0; round < kRounds; ++round)
-    for (planning::PrefillSample &s : samples) {
-      KVC_ASSIGN_OR_RETURN(
-          seconds, chunkSeconds(model, base, tokens, s.position, s.tokens));
-      s.seconds = std::min(s.seconds, seconds);
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      KVC_ASSIGN_OR_RETURN(seconds, chunkSeconds(model, base, tokens,
+                                                 samples[i].position,
+                                                 samples[i].tokens));
+      timings[i].push_back(seconds);
     }
+  for (std::size_t i = 0; i < samples.size(); ++i)
+    samples[i].seconds = median(timings[i]);
   planning::ComputeFit fit = planning::fitComputeRates(cost, samples);
   fit.applyTo(c);
   planning::CostModel fitted(config, target,
                              planning::CodecProfile::defaults());
+  std::printf("prefill, median of %d rounds:\n", kRounds);
   std::printf("%-16s %10s %12s %12s %6s\n", "prefill tokens", "after",
               "GFLOP/s", "measured ms", "fit");
   for (const planning::PrefillSample &s : samples) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <vector>
 
 namespace kvc {
 
@@ -34,6 +35,13 @@ template <typename Fn> double bestOf(int repeats, Fn fn) {
         best, std::chrono::duration<double>(Clock::now() - start).count());
   }
   return best;
+}
+
+/// The median of `values` (the upper of the middle two of an even count).
+inline double median(std::vector<double> values) {
+  auto middle = values.begin() + values.size() / 2;
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
 }
 
 } // namespace kvc

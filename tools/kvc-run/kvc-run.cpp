@@ -29,6 +29,10 @@
 //     (every tier the plan fetches from is read from --store; --dynamic runs
 //     a Cake-shaped plan as Cake's walk, its merge point the prediction)
 //
+// Every command takes --compute-threads N (default 1): the threads of the
+// CPU backend's GEMMs (setComputeThreads: one core computes, the others
+// serve the host-side workers).
+//
 // Plans come from a bundle compiled by kvc-opt, or with --strategy
 // (compute|kv|hidden|cake|hcache|joint; compare takes a list, by default all
 // the store allows) from the compiler in-process: the request and what the
@@ -43,6 +47,7 @@
 #include "Calibrate.h"
 #include "Memory.h"
 #include "ProfileCodecs.h"
+#include "Timing.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Planning/Plan.h"
@@ -743,17 +748,21 @@ Status compareCommand(Args &args) {
     KVC_RETURN_IF_ERROR(
         runPlan(setup, plans.front(), {}, /*verify=*/false).status());
   // Each plan `repeat` times, round robin so that a noisy stretch of the
-  // machine does not land on one plan. Before each round (with a target),
-  // calibration's reference chunk is timed too: a shared machine's speed
-  // drifts, predictions hold only while it runs at the speed it was
-  // calibrated at, and these timings say whether it did.
+  // machine does not land on one plan. With a target, calibration's
+  // reference chunk is timed before each round too: predictions hold while
+  // the machine runs at the speed it was calibrated at, and these timings
+  // say whether it did.
   std::vector<std::vector<PlanRun>> all(plans.size());
-  std::vector<ReferenceChunk> probes;
+  std::vector<double> probes;
+  double price = 0;
+  int64_t probeTokens = 0;
   for (int64_t r = 0; r < repeat; ++r) {
     if (setup.target) {
       KVC_ASSIGN_OR_RETURN(probe,
                            measureReferenceChunk(*setup.model, *setup.target));
-      probes.push_back(probe);
+      probes.push_back(probe.measuredSeconds);
+      price = probe.predictedSeconds;
+      probeTokens = probe.tokens;
     }
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (sameAs[i] != i)
@@ -766,29 +775,20 @@ Status compareCommand(Args &args) {
     }
   }
   if (!probes.empty()) {
-    auto [fast, slow] = std::minmax_element(
-        probes.begin(), probes.end(), [](const auto &a, const auto &b) {
-          return a.measuredSeconds < b.measuredSeconds;
-        });
-    double price = fast->predictedSeconds;
+    double typical = median(probes);
     std::printf("machine: a %lld-token chunk from position 0 took %.2f ms",
-                (long long)fast->tokens, fast->measuredSeconds * 1e3);
+                (long long)probeTokens, typical * 1e3);
     if (probes.size() > 1)
-      std::printf(" to %.2f ms over the %zu rounds",
-                  slow->measuredSeconds * 1e3, probes.size());
-    std::printf(", %s prices it at %.2f ms (%+.0f%%",
+      std::printf(" at the median of %zu rounds (%.2f to %.2f)", probes.size(),
+                  *std::min_element(probes.begin(), probes.end()) * 1e3,
+                  *std::max_element(probes.begin(), probes.end()) * 1e3);
+    std::printf(", %s prices it at %.2f ms (%+.0f%%)\n",
                 setup.target->name.c_str(), price * 1e3,
-                (fast->measuredSeconds / price - 1) * 100);
-    if (probes.size() > 1)
-      std::printf(" to %+.0f%%", (slow->measuredSeconds / price - 1) * 100);
-    std::printf(")\n");
+                (typical / price - 1) * 100);
   }
-  // The fastest run is held against the prediction: interference on a
-  // shared machine only ever slows a run down, so the fastest is the
-  // closest measure of the plan itself, and it is the statistic calibrate
-  // measures the machine with (the fastest of its rounds). The median, beside
-  // it, is what the speedups compare; a median far above the fastest says the
-  // machine was noisy.
+  // The median run is held against the prediction, as calibrate takes the
+  // median of its rounds: the typical run, which neither a stall nor a burst
+  // of speed of a shared machine moves. The fastest is shown beside it.
   std::vector<PlanRun> runs;
   std::vector<double> fastest;
   for (std::size_t i = 0; i < all.size(); ++i) {
@@ -805,7 +805,7 @@ Status compareCommand(Args &args) {
     runs.push_back(std::move(plan[plan.size() / 2]));
   }
   std::printf("%-10s %12s %10s %6s %10s %10s %9s %6s %10s %9s", "plan",
-              "predicted ms", "fastest ms", "off", "median ms", "read MB",
+              "predicted ms", "median ms", "off", "fastest ms", "read MB",
               "GFLOP", "fallbk", "max error", "L2 error");
   for (const BundlePlan &base : plans)
     std::printf(" %10s", ("vs " + base.name).substr(0, 10).c_str());
@@ -821,11 +821,11 @@ Status compareCommand(Args &args) {
       std::snprintf(predicted, sizeof(predicted), "%.3f",
                     *m.predictedSeconds * 1e3);
       std::snprintf(off, sizeof(off), "%+.0f%%",
-                    (fastest[i] / *m.predictedSeconds - 1) * 100);
+                    (m.makespanSeconds / *m.predictedSeconds - 1) * 100);
     }
     std::printf("%-10s %12s %10.3f %6s %10.3f %10.3f %9.3f %6zu %10.3g %9.3g",
-                plans[i].name.c_str(), predicted, fastest[i] * 1e3, off,
-                m.makespanSeconds * 1e3, double(bytes) * 1e-6, m.flops * 1e-9,
+                plans[i].name.c_str(), predicted, m.makespanSeconds * 1e3, off,
+                fastest[i] * 1e3, double(bytes) * 1e-6, m.flops * 1e-9,
                 m.fallbacks.size(), runs[i].error->max,
                 runs[i].error->relativeL2);
     for (const PlanRun &base : runs)
@@ -844,8 +844,8 @@ Status compareCommand(Args &args) {
                   "both)\n",
                   plans[i].name.c_str(), plans[sameAs[i]].name.c_str());
   if (repeat > 1)
-    std::printf("(of %lld runs each: off is the fastest against the "
-                "prediction, speedups compare medians)\n",
+    std::printf("(of %lld runs each: off and the speedups compare the "
+                "median runs)\n",
                 (long long)repeat);
   std::printf("verify: every plan within what its codecs allow of a full "
               "prefill: %s\n",
@@ -921,6 +921,14 @@ int main(int argc, char **argv) {
   StatusOr<Args> args = Args::parse(argc, argv, 2);
   Status status = args.status();
   if (args.isOk()) {
+    StatusOr<int64_t> threads = args->integer("compute-threads", 1);
+    if (threads && *threads > 0)
+      setComputeThreads(int(*threads));
+    else
+      status = threads ? invalidArgument("--compute-threads must be positive")
+                       : threads.status();
+  }
+  if (status.isOk()) {
     if (command == "gen-model")
       status = genModel(*args);
     else if (command == "save")

@@ -70,6 +70,26 @@ TEST(LlamaModel, FingerprintDependsOnWeights) {
   EXPECT_EQ((*a)->fingerprint(), (*again)->fingerprint());
 }
 
+TEST(LlamaModel, ComputeThreadsDoNotChangeTheCache) {
+  // kvc-run computes on one core by default and a server may choose more:
+  // the restored cache must not depend on it. OpenBLAS splits a GEMM's
+  // output between threads, each element summed by one of them in one
+  // order, so the caches agree bit for bit.
+  auto model = std::move(*LlamaModel::load(modelDir()));
+  std::vector<int32_t> t = tokens(300, 5);
+  std::vector<LlamaModel::Cache> caches;
+  for (int threads : {1, 2}) {
+    setComputeThreads(threads);
+    caches.push_back(model->newCache());
+    ASSERT_TRUE(model->prefill(caches.back(), t.data(), 300).isOk());
+  }
+  setComputeThreads(1);
+  for (int64_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(caches[0].k[l], caches[1].k[l]) << l;
+    EXPECT_EQ(caches[0].v[l], caches[1].v[l]) << l;
+  }
+}
+
 TEST(LlamaModel, ChunkedPrefillMatchesOneShot) {
   auto model = std::move(*LlamaModel::load(modelDir()));
   // Short, and long enough that chunks straddle attention's query and key

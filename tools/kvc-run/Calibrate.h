@@ -28,7 +28,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc base,
                                const std::string &scratchDir);
 
 /// Calibration's reference measurement: one chunk prefilled from position
-/// 0, measured (best of 3) and as the cost model for `target` prices it.
+/// 0, measured (median of 3) and as the cost model for `target` prices it.
 /// `compare` repeats it to show whether the machine still runs at the speed
 /// it was calibrated at.
 struct ReferenceChunk {

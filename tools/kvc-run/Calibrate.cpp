@@ -104,10 +104,12 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
 
   // Prefill: chunks of 16-512 tokens from position 0 (the GEMM efficiency
   // curve) and the reference chunk after longer and longer prefixes (its
-  // attention), timed in interleaved rounds and each taken at its median
-  // round; then fitted jointly (ComputeFit.h). The median, as `compare`
-  // takes a plan's runs: the typical timing, which neither a stall nor a
-  // burst of speed of a shared machine moves.
+  // attention), timed in interleaved rounds and each taken at its fastest
+  // round; then fitted jointly (ComputeFit.h). The fastest, as `compare`
+  // takes a plan's runs: on a shared machine a co-tenant slows the GEMMs
+  // for seconds at a time (up to 1.7x here), and a median taken while that
+  // lasts for half of the rounds would calibrate some chunks slow and
+  // others fast — a fit off by 30% on this VM.
   const int64_t chunk = referenceChunkTokens(config);
   std::vector<planning::PrefillSample> samples;
   for (int64_t m : {16, 32, 64, 128, 256, 512})
@@ -134,12 +136,13 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
       timings[i].push_back(seconds);
     }
   for (std::size_t i = 0; i < samples.size(); ++i)
-    samples[i].seconds = median(timings[i]);
+    samples[i].seconds =
+        *std::min_element(timings[i].begin(), timings[i].end());
   planning::ComputeFit fit = planning::fitComputeRates(cost, samples);
   fit.applyTo(c);
   planning::CostModel fitted(config, target,
                              planning::CodecProfile::defaults());
-  std::printf("prefill, median of %d rounds:\n", kRounds);
+  std::printf("prefill, fastest of %d rounds:\n", kRounds);
   std::printf("%-16s %10s %12s %12s %6s\n", "prefill tokens", "after",
               "GFLOP/s", "measured ms", "fit");
   for (const planning::PrefillSample &s : samples) {

@@ -786,9 +786,18 @@ Status compareCommand(Args &args) {
     std::printf(", %s prices it at %.2f ms (%+.0f%%)\n",
                 setup.target->name.c_str(), price * 1e3,
                 (typical / price - 1) * 100);
+    // Not even the fastest timing reached the calibrated speed: the
+    // machine was slower throughout, and `off` measures that, not the model.
+    double quickest = *std::min_element(probes.begin(), probes.end());
+    if (quickest > 1.1 * price)
+      std::printf("(the machine never ran at the speed %s prices: its "
+                  "fastest timing was %+.0f%% over the price, so off "
+                  "measures the machine, not the cost model; calibrate "
+                  "first)\n",
+                  setup.target->name.c_str(), (quickest / price - 1) * 100);
   }
   // The fastest run is held against the prediction, as calibrate takes the
-  // fastest of its rounds: this shared machine's GEMMs run up to 1.7x
+  // fastest of its rounds: this shared machine's GEMMs run up to 2x
   // slower for seconds at a time while a co-tenant loads the host
   // (docs/results.md), and the fastest of a few runs is the one such load
   // did not slow — Python's timeit takes the minimum for the same reason.

@@ -107,7 +107,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   // attention), timed in interleaved rounds and each taken at its fastest
   // round; then fitted jointly (ComputeFit.h). The fastest, as `compare`
   // takes a plan's runs: on a shared machine a co-tenant slows the GEMMs
-  // for seconds at a time (up to 1.7x here), and a median taken while that
+  // for seconds at a time (up to 2x here), and a median taken while that
   // lasts for half of the rounds would calibrate some chunks slow and
   // others fast — a fit off by 30% on this VM.
   const int64_t chunk = referenceChunkTokens(config);

@@ -14,6 +14,11 @@
 #include "kvc/Transforms/EmitBundle.h"
 #include "kvc/Transforms/Passes.h"
 
+#include "kvc/Transforms/KernelGen.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/Utils/StaticValueUtils.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -70,8 +75,107 @@ LogicalResult writeStep(llvm::json::OStream &json, Operation *step) {
   return success();
 }
 
+/// A generated kernel with its code: kvc-lower-kernels' function after
+/// kvc-kernels-to-ptx, which left one gpu.launch_func in it.
+struct GeneratedKernel {
+  func::FuncOp func;
+  RestoreKernelSpec spec;
+  gpu::LaunchFuncOp launch;
+  gpu::BinaryOp binary;
+};
+
+/// The kernels of the module that carry PTX, by function name.
+FailureOr<llvm::StringMap<GeneratedKernel>> generatedKernels(ModuleOp module) {
+  llvm::StringMap<GeneratedKernel> kernels;
+  for (auto func : module.getOps<func::FuncOp>()) {
+    auto specAttr =
+        func->getAttrOfType<DictionaryAttr>(KVCDialect::kEntryAttrName);
+    if (!specAttr)
+      continue;
+    FailureOr<RestoreKernelSpec> spec = RestoreKernelSpec::fromAttr(specAttr);
+    if (failed(spec))
+      return func.emitOpError("has a malformed kernel specialization");
+    SmallVector<gpu::LaunchFuncOp> launches(func.getOps<gpu::LaunchFuncOp>());
+    if (launches.empty())
+      continue; // Not lowered to PTX: the bundle carries no code for it.
+    if (launches.size() != 1)
+      return func.emitOpError("launches ") << launches.size()
+                                            << " kernels; expected one";
+    auto binary = SymbolTable::lookupNearestSymbolFrom<gpu::BinaryOp>(
+        module, launches.front().getKernelModuleName());
+    if (!binary)
+      return func.emitOpError("launches a kernel with no gpu.binary; run "
+                              "kvc-kernels-to-ptx whole");
+    kernels[func.getSymName()] = {func, *spec, launches.front(), binary};
+  }
+  return kernels;
+}
+
+LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
+  gpu::LaunchFuncOp launch = kernel.launch;
+  auto object = dyn_cast<gpu::ObjectAttr>(kernel.binary.getObjects()[0]);
+  auto target = object ? dyn_cast<NVVM::NVVMTargetAttr>(object.getTarget())
+                       : NVVM::NVVMTargetAttr();
+  if (!target || object.getFormat() != gpu::CompilationTarget::Assembly)
+    return kernel.binary.emitOpError("holds no PTX for an NVVM target");
+  // The PTX text ends with a NUL byte.
+  StringRef ptx = object.getObject().getValue().rtrim('\0');
+  SmallVector<StringRef> args;
+  for (Value operand : launch.getKernelOperands()) {
+    auto arg = dyn_cast<BlockArgument>(operand);
+    if (!arg || arg.getOwner()->getParentOp() != kernel.func)
+      return launch.emitOpError("passes a value that is not an argument of "
+                                "its function; the bundle cannot name it");
+    args.push_back(restoreKernelArgNames()[arg.getArgNumber()]);
+  }
+  auto dims = [&](gpu::KernelDim3 dim3, StringRef key) -> LogicalResult {
+    SmallVector<int64_t> sizes;
+    for (Value v : {dim3.x, dim3.y, dim3.z}) {
+      std::optional<int64_t> c = getConstantIntValue(v);
+      if (!c)
+        return launch.emitOpError("has a launch size that is not a constant");
+      sizes.push_back(*c);
+    }
+    json.attributeArray(key, [&] {
+      for (int64_t size : sizes)
+        json.value(size);
+    });
+    return success();
+  };
+  const RestoreKernelSpec &spec = kernel.spec;
+  ::kvc::CodecSpec codec = getCodecSpec(spec.codec);
+  LogicalResult result = success();
+  json.object([&] {
+    json.attribute("name", kernel.func.getSymName());
+    json.attribute("function", launch.getKernelName().getValue());
+    json.attribute("arch", target.getChip());
+    if (failed(dims(launch.getGridSizeOperandValues(), "grid")) ||
+        failed(dims(launch.getBlockSizeOperandValues(), "block")))
+      result = failure();
+    json.attributeArray("args", [&] {
+      for (StringRef arg : args)
+        json.value(arg);
+    });
+    json.attribute("tokens", spec.tokens);
+    json.attribute("layers", spec.layers);
+    json.attribute("kv_heads", spec.kvHeads);
+    json.attribute("head_dim", spec.headDim);
+    json.attribute("block_size", spec.blockSize);
+    std::string storage;
+    llvm::raw_string_ostream(storage) << spec.storage;
+    json.attribute("storage", storage);
+    json.attribute("codec", codec.str());
+    json.attribute("key_axis", ::kvc::axisName(codec.keyAxis));
+    json.attribute("value_axis", ::kvc::axisName(codec.valueAxis));
+    json.attribute("payload_bytes", spec.payloadBytes());
+    json.attribute("ptx", ptx);
+  });
+  return result;
+}
+
 LogicalResult writeTask(llvm::json::OStream &json, TaskOp task, int64_t id,
-                        const llvm::DenseMap<Operation *, int64_t> &ids) {
+                        const llvm::DenseMap<Operation *, int64_t> &ids,
+                        const llvm::StringMap<GeneratedKernel> &kernels) {
   auto idsOf = [&](auto values) {
     SmallVector<int64_t> out;
     for (Value value : values)
@@ -103,6 +207,10 @@ LogicalResult writeTask(llvm::json::OStream &json, TaskOp task, int64_t id,
     for (Operation &op : task.getBody().front()) {
       if (auto kernel = dyn_cast<KernelOp>(op)) {
         json.attribute("kernel", kernel.getKernelName());
+        if (auto entry = kernel->getAttrOfType<FlatSymbolRefAttr>(
+                KVCDialect::kEntryAttrName);
+            entry && kernels.count(entry.getValue()))
+          json.attribute("entry", entry.getValue());
         for (Operation &inner : kernel.getBody().front())
           if (!isa<YieldOp>(inner))
             steps.push_back(&inner);
@@ -119,7 +227,8 @@ LogicalResult writeTask(llvm::json::OStream &json, TaskOp task, int64_t id,
   return result;
 }
 
-LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan) {
+LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan,
+                        const llvm::StringMap<GeneratedKernel> &kernels) {
   llvm::DenseMap<Operation *, int64_t> ids;
   int64_t slots = 0;
   for (Operation &op : plan.getBody().front()) {
@@ -140,7 +249,7 @@ LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan) {
     json.attribute("staging_slots", slots);
     json.attributeArray("tasks", [&] {
       for (Operation &op : plan.getBody().front())
-        if (failed(writeTask(json, cast<TaskOp>(op), ids[&op], ids)))
+        if (failed(writeTask(json, cast<TaskOp>(op), ids[&op], ids, kernels)))
           result = failure();
     });
   });
@@ -158,6 +267,11 @@ LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
         return plan.emitOpError("is not scheduled (holds '")
                << op.getName() << "'); run kvc-schedule before kvc-emit-bundle";
 
+  FailureOr<llvm::StringMap<GeneratedKernel>> kernels =
+      generatedKernels(module);
+  if (failed(kernels))
+    return failure();
+
   std::string buffer;
   llvm::raw_string_ostream os(buffer);
   LogicalResult result = success();
@@ -173,7 +287,12 @@ LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
       json.attribute("model_fingerprint", fingerprint);
       json.attributeArray("plans", [&] {
         for (PlanOp plan : plans)
-          if (failed(writePlan(json, plan)))
+          if (failed(writePlan(json, plan, *kernels)))
+            result = failure();
+      });
+      json.attributeArray("kernels", [&] {
+        for (const auto &kernel : *kernels)
+          if (failed(writeKernel(json, kernel.getValue())))
             result = failure();
       });
     });

@@ -1,5 +1,6 @@
 //===- Pipelines.cpp - kvc pass pipelines ---------------------------------===//
 
+#include "kvc/Transforms/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/Pass/PassManager.h"
@@ -27,13 +28,33 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   KVCEstimatePassOptions estimate{options.codecProfile, options.chunkTokens,
                                   options.stagingMiB};
   pm.addPass(createKVCEstimatePass(estimate));
+  if (!options.gpuChip.empty()) {
+    pm.addPass(createKVCLowerKernelsPass());
+    buildKernelsToPTXPipeline(pm, options.gpuChip);
+  }
 }
 
+namespace {
+struct KernelsToPTXOptions : public PassPipelineOptions<KernelsToPTXOptions> {
+  PassOptions::Option<std::string> chip{
+      *this, "chip", llvm::cl::desc("The GPU architecture (sm_90: H100, H200)"),
+      llvm::cl::init("sm_90")};
+};
+} // namespace
+
 void mlir::kvc::registerKVCPipelines() {
+  PassPipelineRegistration<KernelsToPTXOptions>(
+      "kvc-kernels-to-ptx",
+      "Lowers kvc-lower-kernels' functions to PTX: maps their parallel loops "
+      "to blocks and threads, outlines gpu.modules, converts them to NVVM and "
+      "serializes each into a gpu.binary holding PTX text",
+      [](OpPassManager &pm, const KernelsToPTXOptions &options) {
+        buildKernelsToPTXPipeline(pm, options.chip);
+      });
   PassPipelineRegistration<RestorePipelineOptions>(
       "kvc-restore-pipeline",
       "Plans every kvc.restore jointly and lowers it to scheduled tasks with "
       "predicted times (kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, "
-      "kvc-estimate)",
+      "kvc-estimate), and with gpu-chip its fused kernels to PTX",
       buildRestorePipeline);
 }

@@ -37,9 +37,15 @@ struct RestorePipelineOptions
       llvm::cl::desc("joint, or the baseline to plan: compute, kv, hidden, "
                      "cake or hcache"),
       llvm::cl::init("joint")};
+  PassOptions::Option<std::string> gpuChip{
+      *this, "gpu-chip",
+      llvm::cl::desc("Generate the fused kernels as PTX for this GPU "
+                     "architecture (sm_90: H100, H200); empty: none"),
+      llvm::cl::init("")};
 };
 
-/// kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate.
+/// kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate; with a GPU
+/// chip, kvc-lower-kernels and kvc-kernels-to-ptx.
 void buildRestorePipeline(OpPassManager &pm,
                           const RestorePipelineOptions &options);
 

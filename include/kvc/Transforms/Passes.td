@@ -385,6 +385,66 @@ def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Kernel generation
+//===----------------------------------------------------------------------===//
+
+def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
+  let summary = "Generates a loop-nest function for every load-side kvc.kernel";
+  let description = [{
+    Turns each load-side `kvc.kernel` — `[dequant] [untransform] scatter` on
+    a KV chunk — into a `func.func` specialized for the plan: the model's KV
+    width, the codec (quantization bits, the axis and group of K's and V's
+    scales, Hadamard over head_dim), the chunk's tokens and layers and the
+    paged cache's block size are constants. The body is two `scf.parallel`
+    loops (blocks x threads, one work item per thread) of arith, memref and
+    vector ops that decode the payload as the runtime's codecs lay it out
+    and store bf16 rows into the paged cache through the block table, with
+    16-byte vector accesses. Kernels of the same specialization share one
+    function; the kernel op names it in `kvc.entry`. The function lowers to
+    PTX with `kvc-kernels-to-ptx` and to host LLVM for CPU tests. Kernels of
+    other kinds (project -> scatter) are left alone; a load-side kernel the
+    generator cannot specialize (a still-compressed input, a width that is
+    not a multiple of 32, per-token groups not a multiple of 8) fails the
+    pass with a message on the kernel.
+
+    Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
+    ```mlir
+    kvc.kernel "dequant_scatter"(%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) -> () {
+    ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>):
+      %d = kvc.dequant %in : ... -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+      kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    }
+    ```
+    After:
+    ```mlir
+    kvc.kernel "dequant_scatter"(%c) : ... {kvc.entry = @kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16} { ... }
+    func.func @kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16(
+        %payload: memref<?xi8>, %key_cache: memref<?xi8>, %value_cache: memref<?xi8>,
+        %block_table: memref<?xi32>, %first_token: index, %first_layer: index,
+        %layer_rows: index) attributes {kvc.entry} {
+      scf.parallel (%block) = (%c0) to (%c8) step (%c1) {
+        scf.parallel (%thread) = (%c0) to (%c256) step (%c1) {
+          ... // decode 8 values, round to bf16, store 16 bytes
+        }
+      }
+      return
+    }
+    ```
+  }];
+  let options = [
+    Option<"blockSize", "block-size", "int64_t", /*default=*/"16",
+           "Tokens per block of the paged KV cache">,
+    Option<"threads", "threads", "int64_t", /*default=*/"256",
+           "Threads per block of the GPU launch">,
+  ];
+  let dependentDialects = [
+    "::mlir::kvc::KVCDialect", "::mlir::arith::ArithDialect",
+    "::mlir::func::FuncDialect", "::mlir::memref::MemRefDialect",
+    "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect"
+  ];
+}
+
+//===----------------------------------------------------------------------===//
 // Output
 //===----------------------------------------------------------------------===//
 

@@ -41,7 +41,7 @@ bool BundlePlan::sameSchedule(const BundlePlan &other) const {
   auto sameTask = [&](const BundleTask &a, const BundleTask &b) {
     return a.id == b.id && a.resource == b.resource && a.lane == b.lane &&
            a.after == b.after && a.inputs == b.inputs && a.slot == b.slot &&
-           a.kernel == b.kernel &&
+           a.kernel == b.kernel && a.entry == b.entry &&
            std::equal(a.steps.begin(), a.steps.end(), b.steps.begin(),
                       b.steps.end(), sameStep);
   };
@@ -49,6 +49,20 @@ bool BundlePlan::sameSchedule(const BundlePlan &other) const {
          stagingSlots == other.stagingSlots &&
          std::equal(tasks.begin(), tasks.end(), other.tasks.begin(),
                     other.tasks.end(), sameTask);
+}
+
+const std::vector<std::string> &bundleKernelArgNames() {
+  static const std::vector<std::string> names = {
+      "payload",     "key_cache",   "value_cache", "block_table",
+      "first_token", "first_layer", "layer_rows"};
+  return names;
+}
+
+const BundleKernel *PlanBundle::findKernel(std::string_view name) const {
+  for (const BundleKernel &kernel : kernels)
+    if (kernel.name == name)
+      return &kernel;
+  return nullptr;
 }
 
 const BundlePlan *PlanBundle::findPlan(std::string_view name) const {
@@ -153,6 +167,8 @@ Status parseTask(const Json &obj, const std::string &path, BundleTask &task) {
     task.slot = slot;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "kernel", task.kernel, Presence::Optional));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "entry", task.entry, Presence::Optional));
   std::vector<int64_t> predicted;
   KVC_RETURN_IF_ERROR(readIntArray(obj, path, "predicted_ns", predicted,
                                    Presence::Optional));
@@ -325,20 +341,160 @@ Status validatePlan(const BundlePlan &plan, const std::string &path) {
   return Status::ok();
 }
 
+/// PTX larger than this is not a kernel kvc generated.
+constexpr std::size_t kMaxPtxBytes = 16u << 20;
+
+Status readTriple(const Json &obj, const std::string &path,
+                  std::string_view key, std::array<int64_t, 3> &out) {
+  std::vector<int64_t> values;
+  KVC_RETURN_IF_ERROR(readIntArray(obj, path, key, values, Presence::Required));
+  if (values.size() != 3 || *std::min_element(values.begin(), values.end()) < 1)
+    return invalidArgument(fieldPath(path, key) +
+                           ": expected [x, y, z], each >= 1");
+  std::copy(values.begin(), values.end(), out.begin());
+  return Status::ok();
+}
+
+Status parseKernel(const Json &obj, const std::string &path,
+                   BundleKernel &kernel) {
+  KVC_RETURN_IF_ERROR(expectObject(obj, path));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "name", kernel.name, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "function", kernel.function, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "arch", kernel.arch, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "ptx", kernel.ptx, Presence::Required));
+  KVC_RETURN_IF_ERROR(readTriple(obj, path, "grid", kernel.grid));
+  KVC_RETURN_IF_ERROR(readTriple(obj, path, "block", kernel.block));
+  const Json *args;
+  KVC_RETURN_IF_ERROR(readArray(obj, path, "args", args, Presence::Required));
+  for (std::size_t i = 0; i < args->size(); ++i) {
+    if (!(*args)[i].is_string())
+      return invalidArgument(indexPath(fieldPath(path, "args"), i) +
+                             ": expected a string");
+    kernel.args.push_back((*args)[i].get<std::string>());
+  }
+  for (auto [key, field] :
+       {std::pair<const char *, int64_t *>{"tokens", &kernel.tokens},
+        {"layers", &kernel.layers},
+        {"kv_heads", &kernel.kvHeads},
+        {"head_dim", &kernel.headDim},
+        {"block_size", &kernel.blockSize},
+        {"payload_bytes", &kernel.payloadBytes}}) {
+    KVC_RETURN_IF_ERROR(readInt(obj, path, key, *field, Presence::Required));
+    if (*field < 1)
+      return invalidArgument(fieldPath(path, key) + ": must be >= 1");
+  }
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "storage", kernel.storage, Presence::Required));
+  if (kernel.storage != "bf16" && kernel.storage != "f16" &&
+      kernel.storage != "f32")
+    return invalidArgument(fieldPath(path, "storage") +
+                           ": expected \"bf16\", \"f16\" or \"f32\"");
+  std::string codec, keyAxis, valueAxis;
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "codec", codec, Presence::Required));
+  StatusOr<CodecSpec> spec = parseCodecSpec(codec);
+  if (!spec)
+    return spec.status().withContext(fieldPath(path, "codec"));
+  if (spec->lossless != CodecSpec::Lossless::None || !spec->layerBits.empty())
+    return invalidArgument(fieldPath(path, "codec") +
+                           ": a kernel decodes neither lossless stages nor "
+                           "layer-group bins");
+  kernel.codec = *spec;
+  for (auto [key, axis] : {std::pair<const char *, CodecSpec::Axis *>{
+                               "key_axis", &kernel.codec.keyAxis},
+                           {"value_axis", &kernel.codec.valueAxis}}) {
+    std::string name;
+    KVC_RETURN_IF_ERROR(readString(obj, path, key, name, Presence::Required));
+    if (name != "token" && name != "channel")
+      return invalidArgument(fieldPath(path, key) +
+                             ": expected \"token\" or \"channel\"");
+    *axis = name == "token" ? CodecSpec::Axis::Token : CodecSpec::Axis::Channel;
+  }
+  return Status::ok();
+}
+
+Status validateKernel(const BundleKernel &kernel, const std::string &path) {
+  static const char *const kArchs[] = {"sm_80", "sm_86", "sm_89", "sm_90",
+                                       "sm_90a"};
+  if (std::find(std::begin(kArchs), std::end(kArchs), kernel.arch) ==
+      std::end(kArchs))
+    return invalidArgument(path + ".arch: unknown architecture \"" +
+                           kernel.arch + "\" (expected sm_80 to sm_90a)");
+  if (kernel.ptx.empty() || kernel.ptx.size() > kMaxPtxBytes)
+    return invalidArgument(path + ".ptx: " + std::to_string(kernel.ptx.size()) +
+                           " bytes of PTX (expected 1 to " +
+                           std::to_string(kMaxPtxBytes) + ")");
+  if (kernel.ptx.find(".target " + kernel.arch) == std::string::npos)
+    return invalidArgument(path + ".ptx: does not target " + kernel.arch);
+  if (kernel.ptx.find(".entry " + kernel.function + "(") == std::string::npos)
+    return invalidArgument(path + ".ptx: has no entry \"" + kernel.function +
+                           "\"");
+  if (kernel.block[0] * kernel.block[1] * kernel.block[2] > 1024)
+    return invalidArgument(path + ".block: more than 1024 threads per block");
+  std::vector<std::string> sorted = kernel.args, expected =
+                                                     bundleKernelArgNames();
+  std::sort(sorted.begin(), sorted.end());
+  std::sort(expected.begin(), expected.end());
+  if (sorted != expected)
+    return invalidArgument(path + ".args: expected each of payload, "
+                           "key_cache, value_cache, block_table, first_token, "
+                           "first_layer, layer_rows once");
+  return Status::ok();
+}
+
+/// A task's entry names a kernel generated for its chunk.
+Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
+                     const std::string &path) {
+  const BundleKernel *kernel = bundle.findKernel(task.entry);
+  if (!kernel)
+    return invalidArgument(path + ".entry: no kernel \"" + task.entry +
+                           "\" in the bundle's kernel table");
+  const BundleStep &scatter = task.steps.back();
+  if (scatter.op != "scatter" || scatter.form != "kv" ||
+      scatter.tokens.size() != kernel->tokens ||
+      scatter.layers.size() != kernel->layers)
+    return invalidArgument(
+        path + ".entry: kernel \"" + task.entry + "\" scatters " +
+        std::to_string(kernel->tokens) + " tokens x " +
+        std::to_string(kernel->layers) +
+        " layers of KV; the task's last step does not");
+  return Status::ok();
+}
+
 } // namespace
 
 Status validatePlanBundle(const PlanBundle &bundle) {
-  if (bundle.version != kPlanBundleVersion)
+  if (bundle.version < kOldestPlanBundleVersion ||
+      bundle.version > kPlanBundleVersion)
     return invalidArgument("version: unsupported plan bundle version " +
                            std::to_string(bundle.version) + " (this runtime "
-                           "reads version " +
+                           "reads versions " +
+                           std::to_string(kOldestPlanBundleVersion) + " to " +
                            std::to_string(kPlanBundleVersion) + ")");
-  for (std::size_t i = 0; i < bundle.plans.size(); ++i) {
-    KVC_RETURN_IF_ERROR(validatePlan(bundle.plans[i], indexPath("plans", i)));
+  for (std::size_t i = 0; i < bundle.kernels.size(); ++i) {
+    std::string path = indexPath("kernels", i);
+    KVC_RETURN_IF_ERROR(validateKernel(bundle.kernels[i], path));
     for (std::size_t j = 0; j < i; ++j)
-      if (bundle.plans[j].name == bundle.plans[i].name)
+      if (bundle.kernels[j].name == bundle.kernels[i].name)
+        return invalidArgument(path + ".name: kernel \"" +
+                               bundle.kernels[i].name + "\" appears twice");
+  }
+  for (std::size_t i = 0; i < bundle.plans.size(); ++i) {
+    const BundlePlan &plan = bundle.plans[i];
+    KVC_RETURN_IF_ERROR(validatePlan(plan, indexPath("plans", i)));
+    for (std::size_t j = 0; j < i; ++j)
+      if (bundle.plans[j].name == plan.name)
         return invalidArgument(indexPath("plans", i) + ".name: plan \"" +
-                               bundle.plans[i].name + "\" appears twice");
+                               plan.name + "\" appears twice");
+    for (std::size_t t = 0; t < plan.tasks.size(); ++t)
+      if (!plan.tasks[t].entry.empty())
+        KVC_RETURN_IF_ERROR(validateEntry(
+            bundle, plan.tasks[t],
+            indexPath(indexPath("plans", i) + ".tasks", t)));
   }
   return Status::ok();
 }
@@ -359,7 +515,8 @@ StatusOr<PlanBundle> parsePlanBundle(std::string_view text) {
   KVC_RETURN_IF_ERROR(
       readInt(root, "", "version", bundle.version, Presence::Required));
   // Check the version before the fields, whose meaning it fixes.
-  if (bundle.version != kPlanBundleVersion)
+  if (bundle.version < kOldestPlanBundleVersion ||
+      bundle.version > kPlanBundleVersion)
     return validatePlanBundle(bundle);
   KVC_RETURN_IF_ERROR(readString(root, "", "model_fingerprint",
                                  bundle.modelFingerprint, Presence::Optional));
@@ -369,6 +526,16 @@ StatusOr<PlanBundle> parsePlanBundle(std::string_view text) {
     bundle.plans.emplace_back();
     KVC_RETURN_IF_ERROR(
         parsePlan((*plans)[i], indexPath("plans", i), bundle.plans.back()));
+  }
+  if (bundle.version >= 2) {
+    const Json *kernels;
+    KVC_RETURN_IF_ERROR(
+        readArray(root, "", "kernels", kernels, Presence::Optional));
+    for (std::size_t i = 0; kernels && i < kernels->size(); ++i) {
+      bundle.kernels.emplace_back();
+      KVC_RETURN_IF_ERROR(parseKernel((*kernels)[i], indexPath("kernels", i),
+                                      bundle.kernels.back()));
+    }
   }
   KVC_RETURN_IF_ERROR(validatePlanBundle(bundle));
   return bundle;

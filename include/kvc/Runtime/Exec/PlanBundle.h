@@ -21,6 +21,7 @@
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,8 +30,11 @@
 
 namespace kvc {
 
-/// The bundle format version this runtime reads and the compiler writes.
-inline constexpr int64_t kPlanBundleVersion = 1;
+/// The bundle format version the compiler writes; this runtime reads it and
+/// every version from kOldestPlanBundleVersion on (version 1 has no kernel
+/// table).
+inline constexpr int64_t kPlanBundleVersion = 2;
+inline constexpr int64_t kOldestPlanBundleVersion = 1;
 
 /// A half-open range [begin, end).
 struct BundleRange {
@@ -78,6 +82,9 @@ struct BundleTask {
   std::optional<int64_t> slot;
   /// The fused kernel the task launches ("" when it runs plain steps).
   std::string kernel;
+  /// Its generated code: the name of an entry of the bundle's kernel table
+  /// ("" when the compiler generated none for it).
+  std::string entry;
   std::vector<BundleStep> steps;
   /// The compiler's predicted [start, finish] in ns, when estimated.
   std::optional<std::pair<int64_t, int64_t>> predictedNs;
@@ -99,14 +106,49 @@ struct BundlePlan {
   bool sameSchedule(const BundlePlan &other) const;
 };
 
+/// A generated kernel (kvc-lower-kernels, kvc-kernels-to-ptx): its PTX, its
+/// launch shape and argument ABI, and what it is specialized for.
+struct BundleKernel {
+  /// The symbol tasks name in `entry`.
+  std::string name;
+  /// The PTX .entry to launch.
+  std::string function;
+  /// "sm_90", ...: the architecture the PTX targets.
+  std::string arch;
+  std::string ptx;
+  /// Blocks and threads per block, x y z: constants, the chunk being part of
+  /// the specialization.
+  std::array<int64_t, 3> grid{1, 1, 1}, block{1, 1, 1};
+  /// The kernel's parameters in order, by name (KernelGen.h): buffers
+  /// ("payload", "key_cache", "value_cache", "block_table") each pass as the
+  /// five values of an MLIR memref descriptor (base, aligned base, offset,
+  /// size, stride), integers ("first_token", "first_layer", "layer_rows") as
+  /// one 64-bit value.
+  std::vector<std::string> args;
+  /// The specialization.
+  int64_t tokens = 0, layers = 0, kvHeads = 0, headDim = 0, blockSize = 0;
+  /// "bf16", "f16" or "f32": unquantized stored values.
+  std::string storage = "bf16";
+  /// The payload's codec (no lossless stage: decompressed on the host).
+  CodecSpec codec;
+  /// Bytes of the payload the kernel reads.
+  int64_t payloadBytes = 0;
+};
+
+/// The argument names a kernel's ABI may use; each appears once.
+const std::vector<std::string> &bundleKernelArgNames();
+
 struct PlanBundle {
   int64_t version = kPlanBundleVersion;
   /// The model's weights fingerprint the plan was compiled for ("" when the
   /// model carried none).
   std::string modelFingerprint;
   std::vector<BundlePlan> plans;
+  /// Generated kernels (version 2).
+  std::vector<BundleKernel> kernels;
 
   const BundlePlan *findPlan(std::string_view name) const;
+  const BundleKernel *findKernel(std::string_view name) const;
 };
 
 /// Parses and validates a bundle. Errors name the offending field by JSON

@@ -77,5 +77,15 @@ LogicalResult KVCDialect::verifyOperationAttribute(Operation *op,
       return op->emitError("'") << name << "' belongs on kvc.fetch";
     return success();
   }
+  if (name == kEntryAttrName) {
+    if (isa<KernelOp>(op) ? isa<FlatSymbolRefAttr>(attr.getValue())
+                          : isa<DictionaryAttr>(attr.getValue()))
+      return success();
+    return op->emitError("'")
+           << name
+           << "' names the generated function on a kvc.kernel and holds "
+              "that function's specialization elsewhere, got "
+           << attr.getValue();
+  }
   return op->emitError("unknown kvc attribute '") << name << "'";
 }

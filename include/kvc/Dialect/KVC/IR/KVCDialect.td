@@ -43,6 +43,9 @@ def KVC_Dialect : Dialect {
     static constexpr ::llvm::StringLiteral kTimeAttrName = "kvc.time_ns";
     /// `kvc-estimate`'s bytes a fetch reads from its tier.
     static constexpr ::llvm::StringLiteral kBytesAttrName = "kvc.bytes";
+    /// `kvc-lower-kernels`' generated function: a symbol on the kvc.kernel
+    /// it implements; on the function, the dictionary of its specialization.
+    static constexpr ::llvm::StringLiteral kEntryAttrName = "kvc.entry";
 
   private:
     void registerAttributes();

@@ -1,0 +1,718 @@
+//===- LowerKernels.cpp - kvc-lower-kernels: fused kernels as loop nests --===//
+//
+// Each load-side kvc.kernel becomes a function (KernelGen.h) whose body is
+//
+//   scf.parallel %block = 0 to G {          // -> blockIdx.x
+//     scf.parallel %thread = 0 to T {       // -> threadIdx.x
+//       item = block * T + thread; if item < items { ... }
+//
+// One work item writes 8 bf16 values of one cache row (one 16-byte store),
+// or a whole head row under Hadamard (head_dim / 8 such stores), so a warp
+// writes consecutive 16-byte pieces of one paged block's rows. Items are
+// numbered matrix-major (layer, then K or V, then token, then the piece of
+// the row), so the payload is read in the order it is laid out and K's and
+// V's code (each specialized for its own quantization axis) runs in whole
+// warps. Every payload access loads the widest unit its statically known
+// alignment allows, up to 16 bytes, through a memref of vector elements, so
+// the NVPTX backend emits ld.global.v4.u32 and st.global.v4.u32.
+//
+// The arithmetic is the runtime's decoder, operation for operation:
+// minimum + scale * q (the product is exact: an f16 scale times an 8-bit
+// integer fits a float's mantissa), the Hadamard butterflies in the same
+// order, then the same round-to-nearest-even to bf16. So the generated code
+// equals decodeChunkToBf16 bit for bit, which the unit tests check.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Transforms/Passes.h"
+
+#include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
+#include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
+#include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
+#include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVMPass.h"
+#include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
+#include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
+#include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
+#include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
+#include "mlir/Conversion/SCFToGPU/SCFToGPUPass.h"
+#include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVMPass.h"
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/Transforms/Passes.h"
+
+#include <cmath>
+#include <numeric>
+
+namespace mlir::kvc {
+#define GEN_PASS_DEF_KVCLOWERKERNELSPASS
+#include "kvc/Transforms/Passes.h.inc"
+} // namespace mlir::kvc
+
+using namespace mlir;
+using namespace mlir::kvc;
+
+//===----------------------------------------------------------------------===//
+// RestoreKernelSpec
+//===----------------------------------------------------------------------===//
+
+bool RestoreKernelSpec::hadamard() const {
+  return codec && codec.getTransform() == Transform::hadamard;
+}
+
+int64_t RestoreKernelSpec::bits() const {
+  if (!codec)
+    return 0;
+  switch (codec.getQuant()) {
+  case Quant::none:
+    return 0;
+  case Quant::int8:
+    return 8;
+  case Quant::int4:
+    return 4;
+  case Quant::int2:
+    return 2;
+  }
+  return 0;
+}
+
+int64_t RestoreKernelSpec::valuesPerItem() const {
+  return hadamard() ? headDim : 8;
+}
+
+int64_t RestoreKernelSpec::items() const {
+  return 2 * layers * tokens * (width() / valuesPerItem());
+}
+
+namespace {
+
+int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/// The byte layout of one stored K or V matrix, as the runtime's codecs
+/// write it (ChunkCodec.cpp): the scale/minimum pairs of every group, then
+/// the values packed row-major, low bits first.
+struct MatrixLayout {
+  int64_t bits = 0;       ///< 0: unquantized, stored in the storage type.
+  bool tokenAxis = false; ///< Groups run along a token's channels.
+  int64_t size = 0;       ///< Values per group.
+  int64_t perRow = 0;     ///< Groups per token (token axis).
+  int64_t paramBytes = 0;
+  int64_t bytes = 0;
+};
+
+MatrixLayout matrixLayout(const RestoreKernelSpec &spec, bool value) {
+  MatrixLayout layout;
+  layout.bits = spec.bits();
+  const int64_t width = spec.width();
+  if (!layout.bits) {
+    layout.bytes = spec.tokens * width *
+                   int64_t(spec.storage.getIntOrFloatBitWidth() / 8);
+    return layout;
+  }
+  QuantAxis axis =
+      value ? spec.codec.getValueAxis() : spec.codec.getKeyAxis();
+  layout.tokenAxis = axis == QuantAxis::token;
+  int64_t along = layout.tokenAxis ? width : spec.tokens;
+  int64_t across = layout.tokenAxis ? spec.tokens : width;
+  layout.size = std::min(spec.codec.getGroup(), along);
+  layout.perRow = ceilDiv(width, layout.size);
+  layout.paramBytes = 4 * across * ceilDiv(along, layout.size);
+  layout.bytes =
+      layout.paramBytes + ceilDiv(spec.tokens * width * layout.bits, 8);
+  return layout;
+}
+
+/// The largest power of two up to 16 that divides every term: the alignment
+/// of an address `sum(term_i * x_i)` for any integers x_i, the base being
+/// 16-byte aligned.
+int64_t alignmentOf(std::initializer_list<int64_t> terms) {
+  int64_t align = 16;
+  for (int64_t term : terms)
+    while (term % align)
+      align /= 2;
+  return align;
+}
+
+} // namespace
+
+int64_t RestoreKernelSpec::payloadBytes() const {
+  return layers * (matrixLayout(*this, false).bytes +
+                   matrixLayout(*this, true).bytes);
+}
+
+std::string RestoreKernelSpec::symbolName() const {
+  std::string name = "kvc_restore_";
+  if (int64_t b = bits()) {
+    auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
+    name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) +
+            "_v" + axis(codec.getValueAxis()) + "_g" +
+            std::to_string(codec.getGroup()) + "_";
+  } else {
+    std::string type;
+    llvm::raw_string_ostream os(type);
+    os << storage;
+    name += "raw_" + type + "_";
+  }
+  if (hadamard())
+    name += "had_";
+  return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
+         "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) +
+         "_b" + std::to_string(blockSize);
+}
+
+DictionaryAttr RestoreKernelSpec::toAttr(MLIRContext *context) const {
+  Builder b(context);
+  SmallVector<NamedAttribute> fields = {
+      b.getNamedAttr("tokens", b.getI64IntegerAttr(tokens)),
+      b.getNamedAttr("layers", b.getI64IntegerAttr(layers)),
+      b.getNamedAttr("kv_heads", b.getI64IntegerAttr(kvHeads)),
+      b.getNamedAttr("head_dim", b.getI64IntegerAttr(headDim)),
+      b.getNamedAttr("block_size", b.getI64IntegerAttr(blockSize)),
+      b.getNamedAttr("threads", b.getI64IntegerAttr(threads)),
+      b.getNamedAttr("storage", TypeAttr::get(storage))};
+  if (codec)
+    fields.push_back(b.getNamedAttr("codec", codec));
+  return b.getDictionaryAttr(fields);
+}
+
+FailureOr<RestoreKernelSpec> RestoreKernelSpec::fromAttr(DictionaryAttr attr) {
+  RestoreKernelSpec spec;
+  for (auto [name, field] :
+       {std::pair<StringRef, int64_t *>{"tokens", &spec.tokens},
+        {"layers", &spec.layers},
+        {"kv_heads", &spec.kvHeads},
+        {"head_dim", &spec.headDim},
+        {"block_size", &spec.blockSize},
+        {"threads", &spec.threads}}) {
+    auto value = attr.getAs<IntegerAttr>(name);
+    if (!value || value.getInt() < 1)
+      return failure();
+    *field = value.getInt();
+  }
+  auto storage = attr.getAs<TypeAttr>("storage");
+  if (!storage)
+    return failure();
+  spec.storage = storage.getValue();
+  spec.codec = attr.getAs<CodecAttr>("codec");
+  if (attr.get("codec") && !spec.codec)
+    return failure();
+  return spec;
+}
+
+bool RestoreKernelSpec::isRestoreKernel(KernelOp kernel) {
+  // The chain: [dequant] [untransform] scatter, on one chunk.
+  SmallVector<Operation *> steps;
+  for (Operation &op : kernel.getBody().front())
+    if (!isa<YieldOp>(op))
+      steps.push_back(&op);
+  return !steps.empty() && isa<ScatterOp>(steps.back()) &&
+         kernel.getInputs().size() == 1 &&
+         llvm::all_of(ArrayRef(steps).drop_back(), [](Operation *op) {
+           return isa<DequantOp, UntransformOp>(op);
+         });
+}
+
+FailureOr<RestoreKernelSpec> RestoreKernelSpec::get(KernelOp kernel,
+                                                    ModelAttr model,
+                                                    int64_t blockSize,
+                                                    int64_t threads) {
+  assert(isRestoreKernel(kernel) && "not a load-side kernel");
+  auto chunk = cast<ChunkType>(kernel.getBody().getArgument(0).getType());
+  auto fail = [&](const Twine &message) -> FailureOr<RestoreKernelSpec> {
+    return kernel.emitOpError("cannot be generated: ") << message;
+  };
+  if (chunk.getForm() != Form::kv)
+    return fail("it scatters hidden states, not KV");
+  if (!model)
+    return fail("the module has no #kvc.model (run kvc-import-model)");
+  RestoreKernelSpec spec;
+  spec.tokens = chunk.getTokens().getEnd() - chunk.getTokens().getBegin();
+  spec.layers = chunk.getLayers().getEnd() - chunk.getLayers().getBegin();
+  spec.kvHeads = model.getKvHeads();
+  spec.headDim = model.getHeadDim();
+  spec.blockSize = blockSize;
+  spec.storage = chunk.getElementType();
+  spec.codec = chunk.getCodec();
+  spec.threads = threads;
+  if (spec.codec && spec.codec.getLossless() != Lossless::none)
+    return fail("its input still carries a lossless coder (decompress on "
+                "the host first)");
+  if (!spec.storage.isBF16() && !spec.storage.isF16() && !spec.storage.isF32())
+    return fail("values are stored as neither bf16, f16 nor f32");
+  if (spec.width() % 32)
+    return fail("kv_heads * head_dim = " + Twine(spec.width()) +
+                " is not a multiple of 32");
+  if (spec.hadamard() && !llvm::isPowerOf2_64(spec.headDim))
+    return fail("Hadamard over head_dim " + Twine(spec.headDim) +
+                " needs a power of two");
+  if (spec.bits()) {
+    for (bool value : {false, true}) {
+      MatrixLayout layout = matrixLayout(spec, value);
+      if (layout.tokenAxis && layout.size % 8)
+        return fail("per-token groups of " + Twine(layout.size) +
+                    " values are not a multiple of 8");
+    }
+  }
+  if (blockSize <= 0 || threads <= 0 || threads > 1024)
+    return fail("block size and threads per block must be positive (threads "
+                "at most 1024)");
+  return spec;
+}
+
+ArrayRef<StringRef> mlir::kvc::restoreKernelArgNames() {
+  static const StringRef names[] = {"payload",     "key_cache",
+                                    "value_cache", "block_table",
+                                    "first_token", "first_layer",
+                                    "layer_rows"};
+  return names;
+}
+
+//===----------------------------------------------------------------------===//
+// Code generation
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// Emits one work item's code; all helpers build at `b`'s insertion point.
+class ItemEmitter {
+public:
+  ItemEmitter(OpBuilder &b, Location loc, const RestoreKernelSpec &spec,
+              func::FuncOp func)
+      : b(b), loc(loc), spec(spec), args(func.getArguments()) {}
+
+  /// The code of item `item` (< spec.items()).
+  void emit(Value item);
+
+private:
+  Value payload() const { return args[0]; }
+  Value index(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
+  Value add(Value x, Value y) { return b.create<arith::AddIOp>(loc, x, y); }
+  Value mul(Value x, int64_t c) {
+    return c == 1 ? x : b.create<arith::MulIOp>(loc, x, index(c)).getResult();
+  }
+  Value div(Value x, int64_t c) {
+    return c == 1 ? x : b.create<arith::DivUIOp>(loc, x, index(c)).getResult();
+  }
+  Value rem(Value x, int64_t c) {
+    return b.create<arith::RemUIOp>(loc, x, index(c));
+  }
+  VectorType vec(int64_t n, Type element) {
+    return VectorType::get({n}, element);
+  }
+
+  /// `bytes` bytes of `memory` at byte `offset`, known to be a multiple of
+  /// `align`, as vector<bytes x i8>: loads of the widest unit the alignment
+  /// allows, up to 16 bytes.
+  Value loadBytes(Value memory, Value offset, int64_t bytes, int64_t align);
+  /// The 8 values of matrix `value` (K or V) of `layer` at (token, channel),
+  /// decoded to f32.
+  Value loadValues(bool value, Value layer, Value token, Value channel);
+  /// vector<8xi16> bf16 bits of 8 unquantized bf16 values, as stored.
+  Value loadRawBf16(bool value, Value layer, Value token, Value channel);
+  Value concat(ArrayRef<Value> pieces);
+  Value slice(Value vector, int64_t offset, int64_t size);
+  Value hadamard(Value row);
+  Value roundToBf16(Value values);
+  void store(bool value, Value layer, Value token, Value channel, Value bits);
+  /// The byte offset of matrix `value` of `layer` in the payload.
+  Value matrixOffset(bool value, Value layer);
+
+  OpBuilder &b;
+  Location loc;
+  const RestoreKernelSpec &spec;
+  ValueRange args;
+};
+
+Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
+                             int64_t align) {
+  const int64_t unit = std::min({align, bytes, int64_t(16)});
+  Type i8 = b.getI8Type(), i32 = b.getI32Type();
+  Type element = unit == 16  ? Type(vec(4, i32))
+                 : unit == 8 ? Type(vec(2, i32))
+                             : Type(b.getIntegerType(8 * unit));
+  Value size = div(b.create<memref::DimOp>(loc, memory, 0), unit);
+  Value view = b.create<memref::ViewOp>(
+      loc, MemRefType::get({ShapedType::kDynamic}, element), memory, index(0),
+      ValueRange{size});
+  Value first = div(offset, unit);
+  SmallVector<Value> pieces;
+  for (int64_t k = 0; k < bytes / unit; ++k) {
+    Value loaded = b.create<memref::LoadOp>(
+        loc, view, ValueRange{k ? add(first, index(k)) : first});
+    if (!isa<VectorType>(element))
+      loaded = b.create<vector::BroadcastOp>(loc, vec(1, element), loaded);
+    pieces.push_back(
+        b.create<vector::BitCastOp>(loc, vec(unit, i8), loaded));
+  }
+  return concat(pieces);
+}
+
+Value ItemEmitter::concat(ArrayRef<Value> pieces) {
+  SmallVector<Value> level(pieces);
+  while (level.size() > 1) {
+    SmallVector<Value> next;
+    for (size_t i = 0; i < level.size(); i += 2) {
+      int64_t n = cast<VectorType>(level[i].getType()).getNumElements();
+      SmallVector<int64_t> mask(2 * n);
+      std::iota(mask.begin(), mask.end(), 0);
+      next.push_back(
+          b.create<vector::ShuffleOp>(loc, level[i], level[i + 1], mask));
+    }
+    level = std::move(next);
+  }
+  return level.front();
+}
+
+Value ItemEmitter::slice(Value vector, int64_t offset, int64_t size) {
+  SmallVector<int64_t> mask(size);
+  std::iota(mask.begin(), mask.end(), offset);
+  return b.create<vector::ShuffleOp>(loc, vector, vector, mask);
+}
+
+Value ItemEmitter::matrixOffset(bool value, Value layer) {
+  MatrixLayout k = matrixLayout(spec, false), v = matrixLayout(spec, true);
+  Value offset = mul(layer, k.bytes + v.bytes);
+  return value ? add(offset, index(k.bytes)) : offset;
+}
+
+Value ItemEmitter::loadRawBf16(bool value, Value layer, Value token,
+                               Value channel) {
+  const int64_t width = spec.width();
+  MatrixLayout k = matrixLayout(spec, false);
+  Value element = add(mul(token, width), channel);
+  Value offset = add(matrixOffset(value, layer), mul(element, 2));
+  int64_t align = alignmentOf({2 * k.bytes, value ? k.bytes : 0, 2 * width,
+                               2 * spec.valuesPerItem(), 16});
+  Value bytes = loadBytes(payload(), offset, 16, align);
+  return b.create<vector::BitCastOp>(loc, vec(8, b.getI16Type()), bytes);
+}
+
+Value ItemEmitter::loadValues(bool value, Value layer, Value token,
+                              Value channel) {
+  const int64_t width = spec.width();
+  const MatrixLayout k = matrixLayout(spec, false);
+  const MatrixLayout m = matrixLayout(spec, value);
+  const int64_t layerBytes = k.bytes + matrixLayout(spec, true).bytes;
+  const int64_t kOffset = value ? k.bytes : 0;
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  Value base = matrixOffset(value, layer);
+  Value element = add(mul(token, width), channel);
+
+  if (!m.bits) { // Unquantized: 8 values of the storage type.
+    const int64_t bytes = spec.storage.getIntOrFloatBitWidth() / 8;
+    Value offset = add(base, mul(element, bytes));
+    int64_t align = alignmentOf({layerBytes, kOffset, bytes * width,
+                                 bytes * spec.valuesPerItem(), 8 * bytes});
+    Value raw = loadBytes(payload(), offset, 8 * bytes, align);
+    Value typed = b.create<vector::BitCastOp>(loc, vec(8, spec.storage), raw);
+    return spec.storage.isF32()
+               ? typed
+               : b.create<arith::ExtFOp>(loc, vec(8, f32), typed).getResult();
+  }
+
+  // The 8 integers: `m.bits` bytes of packed values, low bits first.
+  Value packedOffset =
+      add(add(base, index(m.paramBytes)), div(mul(element, m.bits), 8));
+  int64_t packedAlign =
+      alignmentOf({layerBytes, kOffset, m.paramBytes, width * m.bits / 8,
+                   spec.valuesPerItem() * m.bits / 8, m.bits});
+  Value packed = loadBytes(payload(), packedOffset, m.bits, packedAlign);
+  Value ints;
+  if (m.bits == 8) {
+    ints = b.create<arith::ExtUIOp>(loc, vec(8, i32), packed);
+  } else {
+    // One word holds the 8 values; value j sits at bits [j*bits, +bits).
+    Type word = b.getIntegerType(8 * m.bits);
+    Value w = b.create<vector::ExtractOp>(
+        loc, b.create<vector::BitCastOp>(loc, vec(1, word), packed),
+        ArrayRef<int64_t>{0});
+    if (m.bits < 4)
+      w = b.create<arith::ExtUIOp>(loc, i32, w);
+    SmallVector<int32_t> shifts;
+    for (int j = 0; j < 8; ++j)
+      shifts.push_back(int32_t(j * m.bits));
+    Value spread = b.create<vector::BroadcastOp>(loc, vec(8, i32), w);
+    Value shifted = b.create<arith::ShRUIOp>(
+        loc, spread,
+        b.create<arith::ConstantOp>(
+            loc, DenseIntElementsAttr::get(vec(8, i32), shifts)));
+    ints = b.create<arith::AndIOp>(
+        loc, shifted,
+        b.create<arith::ConstantOp>(
+            loc, DenseIntElementsAttr::get(vec(8, i32),
+                                           int32_t((1 << m.bits) - 1))));
+  }
+  Value q = b.create<arith::UIToFPOp>(loc, vec(8, f32), ints);
+
+  // Scale and minimum: f16 pairs, one per group.
+  Type f16 = b.getF16Type();
+  Value scale, minimum;
+  if (m.tokenAxis) {
+    // The 8 channels share the group token * perRow + channel / size.
+    Value group = add(mul(token, m.perRow), div(channel, m.size));
+    Value offset = add(base, mul(group, 4));
+    int64_t align = alignmentOf({layerBytes, kOffset, 4 * m.perRow, 4});
+    Value halfs = b.create<vector::BitCastOp>(
+        loc, vec(2, f16), loadBytes(payload(), offset, 4, align));
+    Value pair = b.create<arith::ExtFOp>(loc, vec(2, f32), halfs);
+    auto lane = [&](int64_t i) -> Value {
+      return b.create<vector::BroadcastOp>(
+          loc, vec(8, f32),
+          b.create<vector::ExtractOp>(loc, pair, ArrayRef<int64_t>{i}));
+    };
+    scale = lane(0);
+    minimum = lane(1);
+  } else {
+    // Each channel has its own group: (token / size) * width + channel.
+    Value group = add(mul(div(token, m.size), width), channel);
+    Value offset = add(base, mul(group, 4));
+    int64_t align = alignmentOf({layerBytes, kOffset, 4 * width,
+                                 4 * spec.valuesPerItem(), 32});
+    Value halfs = b.create<vector::BitCastOp>(
+        loc, vec(16, f16), loadBytes(payload(), offset, 32, align));
+    Value pairs = b.create<arith::ExtFOp>(loc, vec(16, f32), halfs);
+    SmallVector<int64_t> even, odd;
+    for (int64_t j = 0; j < 8; ++j) {
+      even.push_back(2 * j);
+      odd.push_back(2 * j + 1);
+    }
+    scale = b.create<vector::ShuffleOp>(loc, pairs, pairs, even);
+    minimum = b.create<vector::ShuffleOp>(loc, pairs, pairs, odd);
+  }
+  return b.create<arith::AddFOp>(loc, minimum,
+                                 b.create<arith::MulFOp>(loc, scale, q));
+}
+
+Value ItemEmitter::hadamard(Value row) {
+  // The runtime's butterflies (ChunkCodec.cpp, hadamard()): for each stage
+  // `len`, x[j], x[j + len] = x[j] + x[j + len], x[j] - x[j + len] for the
+  // j whose bit `len` is clear; then every value times 1/sqrt(n).
+  const int64_t n = spec.headDim;
+  Type f32 = b.getF32Type();
+  for (int64_t len = 1; len < n; len *= 2) {
+    SmallVector<int64_t> lowMask, highMask, merge(n);
+    for (int64_t j = 0; j < n; ++j)
+      if (!(j & len)) {
+        merge[j] = int64_t(lowMask.size());
+        merge[j + len] = n / 2 + int64_t(lowMask.size());
+        lowMask.push_back(j);
+        highMask.push_back(j + len);
+      }
+    Value low = b.create<vector::ShuffleOp>(loc, row, row, lowMask);
+    Value high = b.create<vector::ShuffleOp>(loc, row, row, highMask);
+    Value sum = b.create<arith::AddFOp>(loc, low, high);
+    Value diff = b.create<arith::SubFOp>(loc, low, high);
+    row = b.create<vector::ShuffleOp>(loc, sum, diff, merge);
+  }
+  const float norm = 1.0f / std::sqrt(float(n));
+  Value scale = b.create<arith::ConstantOp>(
+      loc, DenseElementsAttr::get(vec(n, f32), b.getF32FloatAttr(norm)));
+  return b.create<arith::MulFOp>(loc, row, scale);
+}
+
+Value ItemEmitter::roundToBf16(Value values) {
+  // floatToBf16 (Base/Half.h): round to nearest even; NaN stays quiet NaN.
+  Type i32 = b.getI32Type();
+  VectorType words = vec(8, i32);
+  auto splat = [&](int32_t v) -> Value {
+    return b.create<arith::ConstantOp>(loc,
+                                       DenseIntElementsAttr::get(words, v));
+  };
+  Value w = b.create<vector::BitCastOp>(loc, words, values);
+  Value high = b.create<arith::ShRUIOp>(loc, w, splat(16));
+  Value lsb = b.create<arith::AndIOp>(loc, high, splat(1));
+  Value rounded = b.create<arith::ShRUIOp>(
+      loc,
+      b.create<arith::AddIOp>(loc, w,
+                              b.create<arith::AddIOp>(loc, lsb, splat(0x7FFF))),
+      splat(16));
+  Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, values,
+                                      values);
+  Value quiet = b.create<arith::OrIOp>(loc, high, splat(0x40));
+  Value out = b.create<arith::SelectOp>(loc, nan, quiet, rounded);
+  return b.create<arith::TruncIOp>(loc, vec(8, b.getI16Type()), out);
+}
+
+void ItemEmitter::store(bool value, Value layer, Value token, Value channel,
+                        Value bits) {
+  // The token's row: table[t / B] * B + t % B, in layer first_layer + layer.
+  Value position = add(args[4], token);
+  Value block = b.create<arith::IndexCastOp>(
+      loc, b.getIndexType(),
+      b.create<memref::LoadOp>(loc, args[3],
+                               ValueRange{div(position, spec.blockSize)}));
+  Value slot =
+      add(mul(block, spec.blockSize), rem(position, spec.blockSize));
+  Value row = add(b.create<arith::MulIOp>(loc, add(args[5], layer), args[6]),
+                  slot);
+  Value element = add(mul(row, spec.width()), channel);
+  Value cache = value ? args[2] : args[1];
+  Type piece = vec(8, b.getI16Type());
+  Value size = div(b.create<memref::DimOp>(loc, cache, 0), 16);
+  Value view = b.create<memref::ViewOp>(
+      loc, MemRefType::get({ShapedType::kDynamic}, piece), cache, index(0),
+      ValueRange{size});
+  b.create<memref::StoreOp>(loc, bits, view, ValueRange{div(element, 8)});
+}
+
+void ItemEmitter::emit(Value item) {
+  const int64_t perItem = spec.valuesPerItem();
+  const int64_t perRow = spec.width() / perItem;
+  Value piece = rem(item, perRow);
+  Value row = div(item, perRow);
+  Value token = rem(row, spec.tokens);
+  Value matrix = div(row, spec.tokens);
+  Value layer = div(matrix, 2);
+  Value isValue = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
+                                          rem(matrix, 2), index(0));
+  auto ifOp = b.create<scf::IfOp>(loc, isValue, /*withElseRegion=*/true);
+  for (bool value : {true, false}) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(value ? ifOp.thenBlock() : ifOp.elseBlock());
+    Value first = mul(piece, perItem);
+    auto channel = [&](int64_t s) {
+      return s ? add(first, index(8 * s)) : first;
+    };
+    if (!spec.bits() && !spec.hadamard() && spec.storage.isBF16()) {
+      // Raw bf16: a 16-byte copy per item.
+      store(value, layer, token, first,
+            loadRawBf16(value, layer, token, first));
+      continue;
+    }
+    SmallVector<Value> values;
+    for (int64_t s = 0; s < perItem / 8; ++s)
+      values.push_back(loadValues(value, layer, token, channel(s)));
+    if (spec.hadamard()) {
+      Value rowValues = hadamard(concat(values));
+      for (int64_t s = 0; s < perItem / 8; ++s)
+        values[s] = slice(rowValues, 8 * s, 8);
+    }
+    for (int64_t s = 0; s < perItem / 8; ++s)
+      store(value, layer, token, channel(s), roundToBf16(values[s]));
+  }
+}
+
+} // namespace
+
+func::FuncOp mlir::kvc::buildRestoreKernel(OpBuilder &builder, Location loc,
+                                           const RestoreKernelSpec &spec) {
+  MLIRContext *ctx = builder.getContext();
+  Type bytes = MemRefType::get({ShapedType::kDynamic}, builder.getI8Type());
+  Type table = MemRefType::get({ShapedType::kDynamic}, builder.getI32Type());
+  Type index = builder.getIndexType();
+  auto func = builder.create<func::FuncOp>(
+      loc, spec.symbolName(),
+      FunctionType::get(ctx, {bytes, bytes, bytes, table, index, index, index},
+                        {}));
+  OpBuilder b = OpBuilder::atBlockBegin(func.addEntryBlock());
+  auto constant = [&](int64_t v) {
+    return b.create<arith::ConstantIndexOp>(loc, v);
+  };
+  const int64_t items = spec.items();
+  Value zero = constant(0), one = constant(1);
+  auto grid = b.create<scf::ParallelOp>(
+      loc, ValueRange{zero}, ValueRange{constant(ceilDiv(items, spec.threads))},
+      ValueRange{one});
+  b.setInsertionPoint(grid.getBody()->getTerminator());
+  auto block = b.create<scf::ParallelOp>(
+      loc, ValueRange{constant(0)}, ValueRange{constant(spec.threads)},
+      ValueRange{constant(1)});
+  b.setInsertionPoint(block.getBody()->getTerminator());
+  Value item = b.create<arith::AddIOp>(
+      loc,
+      b.create<arith::MulIOp>(loc, grid.getInductionVars()[0],
+                              constant(spec.threads)),
+      block.getInductionVars()[0]);
+  Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, item,
+                                          constant(items));
+  auto guard = b.create<scf::IfOp>(loc, inRange, /*withElseRegion=*/false);
+  b.setInsertionPointToStart(guard.thenBlock());
+  ItemEmitter(b, loc, spec, func).emit(item);
+  b.setInsertionPointToEnd(&func.getBody().front());
+  b.create<func::ReturnOp>(loc);
+  return func;
+}
+
+//===----------------------------------------------------------------------===//
+// Pipelines
+//===----------------------------------------------------------------------===//
+
+void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
+  pm.addNestedPass<func::FuncOp>(createGpuMapParallelLoopsPass());
+  pm.addNestedPass<func::FuncOp>(createParallelLoopToGpuPass());
+  pm.addNestedPass<func::FuncOp>(createLowerAffinePass());
+  // Constants move into the launch, so the kernel's parameters are the
+  // function's arguments alone (restoreKernelArgNames(), in use order).
+  pm.addPass(createGpuLauchSinkIndexComputationsPass());
+  pm.addPass(createGpuKernelOutliningPass());
+  GpuNVVMAttachTargetOptions target;
+  target.chip = chip.str();
+  target.optLevel = 3;
+  pm.addPass(createGpuNVVMAttachTarget(target));
+  OpPassManager &gpu = pm.nest<gpu::GPUModuleOp>();
+  gpu.addPass(createConvertSCFToCFPass());
+  gpu.addPass(createConvertVectorToLLVMPass());
+  gpu.addPass(createConvertGpuOpsToNVVMOps());
+  gpu.addPass(createCanonicalizerPass());
+  gpu.addPass(createCSEPass());
+  gpu.addPass(createReconcileUnrealizedCastsPass());
+  GpuModuleToBinaryPassOptions binary;
+  binary.compilationTarget = "isa";
+  pm.addPass(createGpuModuleToBinaryPass(binary));
+}
+
+void mlir::kvc::buildKernelsToLLVMPipeline(OpPassManager &pm) {
+  pm.addPass(createConvertSCFToCFPass());
+  pm.addPass(createConvertVectorToLLVMPass());
+  pm.addPass(createFinalizeMemRefToLLVMConversionPass());
+  pm.addPass(createArithToLLVMConversionPass());
+  pm.addPass(createConvertControlFlowToLLVMPass());
+  pm.addPass(createConvertFuncToLLVMPass());
+  pm.addPass(createReconcileUnrealizedCastsPass());
+}
+
+//===----------------------------------------------------------------------===//
+// kvc-lower-kernels
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+struct KVCLowerKernelsPass
+    : public mlir::kvc::impl::KVCLowerKernelsPassBase<KVCLowerKernelsPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    auto model = module->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName);
+    SymbolTable symbols(module);
+    OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
+    WalkResult result = module.walk([&](KernelOp kernel) {
+      // Only load-side chains are generated; project -> scatter kernels
+      // stay for the runtime to run step by step.
+      if (!RestoreKernelSpec::isRestoreKernel(kernel))
+        return WalkResult::advance();
+      FailureOr<RestoreKernelSpec> spec =
+          RestoreKernelSpec::get(kernel, model, blockSize, threads);
+      if (failed(spec))
+        return WalkResult::interrupt();
+      std::string name = spec->symbolName();
+      if (!symbols.lookup(name)) {
+        func::FuncOp func = buildRestoreKernel(builder, kernel.getLoc(), *spec);
+        func->setAttr(KVCDialect::kEntryAttrName,
+                      spec->toAttr(builder.getContext()));
+        symbols.insert(func);
+      }
+      kernel->setAttr(KVCDialect::kEntryAttrName,
+                      FlatSymbolRefAttr::get(builder.getContext(), name));
+      return WalkResult::advance();
+    });
+    if (result.wasInterrupted())
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -167,9 +167,12 @@ TEST(PlanBundleTest, RejectsMalformedAndTruncatedText) {
 }
 
 TEST(PlanBundleTest, RejectsUnknownVersion) {
-  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 2; }),
-            "version: unsupported plan bundle version 2 (this runtime reads "
-            "version 1)");
+  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 3; }),
+            "version: unsupported plan bundle version 3 (this runtime reads "
+            "versions 1 to 2)");
+  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 0; }),
+            "version: unsupported plan bundle version 0 (this runtime reads "
+            "versions 1 to 2)");
 }
 
 TEST(PlanBundleTest, RejectsBadFields) {

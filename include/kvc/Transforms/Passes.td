@@ -408,7 +408,7 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     pass with a message on the kernel.
 
     Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
-    ```mlir
+    ```
     kvc.kernel "dequant_scatter"(%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) -> () {
     ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>):
       %d = kvc.dequant %in : ... -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
@@ -416,7 +416,7 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     }
     ```
     After:
-    ```mlir
+    ```
     kvc.kernel "dequant_scatter"(%c) : ... {kvc.entry = @kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16} { ... }
     func.func @kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16(
         %payload: memref<?xi8>, %key_cache: memref<?xi8>, %value_cache: memref<?xi8>,

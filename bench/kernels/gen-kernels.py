@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Prints a module of load-side kvc.kernels, one per codec composition the
+planner can choose, at the chunk sizes the kernel benchmark measures.
+
+  python3 bench/kernels/gen-kernels.py > /tmp/kernels.mlir
+  kvc-opt /tmp/kernels.mlir \
+      --kvc-import-model=examples/models/llama-3.1-8b/config.json \
+      --kvc-lower-kernels --kvc-kernels-to-ptx \
+      --kvc-emit-bundle=file=kernels.json -o /dev/null
+"""
+import sys
+
+# (codec, storage): the compositions kvc-select-codec chooses among, each
+# decompressed on the host first (no lossless stage on the device).
+CODECS = [
+    (None, "bf16"),
+    ("transform = hadamard", "bf16"),
+    ("quant = int8", "bf16"),
+    ("quant = int4", "bf16"),
+    ("quant = int2", "bf16"),
+    ("transform = hadamard, quant = int8", "bf16"),
+    ("transform = hadamard, quant = int4", "bf16"),
+    ("transform = hadamard, quant = int2", "bf16"),
+    ("quant = int4, key_axis = token, value_axis = token, group = 64", "bf16"),
+]
+# (tokens, layers): launch-bound small chunks and bandwidth-bound large ones.
+SHAPES = [(16, 1), (256, 32), (1024, 32)]
+
+
+def chunk(codec, storage, tokens, layers):
+    c = f", codec <{codec}>" if codec else ""
+    return (f"!kvc.chunk<kv x {storage}, tokens 0 to {tokens}, "
+            f"layers 0 to {layers}, device{c}>")
+
+
+def main(out):
+    for i, (codec, storage) in enumerate(CODECS):
+        for tokens, layers in SHAPES:
+            src = chunk(codec, storage, tokens, layers)
+            dst = chunk(None, storage, tokens, layers)
+            out.write(f"func.func @k{i}_{tokens}_{layers}(%c: {src}) {{\n")
+            out.write(f'  kvc.kernel "restore"(%c) : ({src}) -> () {{\n')
+            out.write(f"  ^bb0(%in: {src}):\n")
+            value = "%in"
+            if codec and "quant" in codec:
+                rest = ", ".join(p for p in codec.split(", ")
+                                 if p.startswith("transform"))
+                mid = chunk(rest or None, storage, tokens, layers)
+                out.write(f"    %d = kvc.dequant %in : {src} -> {mid}\n")
+                value, src = "%d", mid
+            if codec and "hadamard" in codec:
+                out.write(f"    %u = kvc.untransform {value} : {src} -> {dst}\n")
+                value = "%u"
+            out.write(f"    kvc.scatter {value} : {dst}\n")
+            out.write("  }\n  return\n}\n")
+
+
+if __name__ == "__main__":
+    main(sys.stdout)

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""The fused restore kernels' operation written in PyTorch, eager and
+torch.compile (Triton), timed with CUDA events beside a device-to-device copy
+of the same bytes: the baseline docs/results.md compares kvc's generated
+kernels with. Same chunk shapes as bench/kernels/gen-kernels.py (Llama-3-8B
+KV: 8 heads x 128, 32 layers), the same stored layout's bytes (packed
+values low bits first, f16 scale and minimum per group; K per channel in
+groups of 32 tokens, V per token in groups of 32 channels), the same paged
+cache (16-token blocks through a shuffled block table).
+
+  python3 bench/kernels/torch-baseline.py [--tokens 256 1024]
+"""
+import argparse
+import functools
+
+import torch
+
+WIDTH, HEAD, LAYERS, BLOCK, GROUP = 1024, 128, 32, 16, 32
+
+
+def unpack(packed, bits):
+    # packed: [..., n * bits / 8] uint8 -> [..., n] float32, low bits first.
+    per = 8 // bits
+    shifts = torch.arange(0, 8, bits, device=packed.device, dtype=torch.uint8)
+    q = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return q.flatten(-2).float()
+
+
+def hadamard(x):
+    n = x.shape[-1]
+    h = x.reshape(-1, n)
+    length = 1
+    while length < n:
+        h = h.reshape(-1, n // (2 * length), 2, length)
+        a, b = h[:, :, 0], h[:, :, 1]
+        h = torch.stack((a + b, a - b), dim=2)
+        length *= 2
+    return (h.reshape(x.shape) * n ** -0.5)
+
+
+def restore(kq, kparams, vq, vparams, slots, kcache, vcache, bits, had):
+    # kq, vq: [L, T, WIDTH*bits/8]; kparams: [L, T/GROUP, WIDTH, 2] f16;
+    # vparams: [L, T, WIDTH/GROUP, 2] f16; slots: [T] rows of the cache.
+    L, T = kq.shape[0], kq.shape[1]
+    k = unpack(kq, bits)  # [L, T, WIDTH]
+    ks = kparams.float().repeat_interleave(GROUP, dim=1)[:, :T]
+    k = ks[..., 1] + ks[..., 0] * k
+    v = unpack(vq, bits).reshape(L, T, WIDTH // GROUP, GROUP)
+    vp = vparams.float()
+    v = (vp[..., 1:2] + vp[..., 0:1] * v).reshape(L, T, WIDTH)
+    if had:
+        k = hadamard(k.reshape(L, T, -1, HEAD)).reshape(L, T, WIDTH)
+        v = hadamard(v.reshape(L, T, -1, HEAD)).reshape(L, T, WIDTH)
+    kcache[:, slots] = k.to(torch.bfloat16)
+    vcache[:, slots] = v.to(torch.bfloat16)
+
+
+def restore_raw(k, v, slots, kcache, vcache):
+    kcache[:, slots] = k
+    vcache[:, slots] = v
+
+
+def time_us(fn, iters=200):
+    for _ in range(5):
+        fn()
+    start, stop = torch.cuda.Event(True), torch.cuda.Event(True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    stop.record()
+    torch.cuda.synchronize()
+    return 1000 * start.elapsed_time(stop) / iters
+
+
+def main():
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 512
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
+    args = parser.parse_args()
+    dev = "cuda"
+    torch.manual_seed(0)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{'operation':<28} {'tokens':>6} {'MB':>8} {'eager us':>9} "
+          f"{'compiled us':>11} {'copy us':>8} {'eager %':>8} {'comp %':>7}")
+    compiled_raw = torch.compile(restore_raw, fullgraph=True, dynamic=False)
+    for T in args.tokens:
+        blocks = T // BLOCK + 1
+        table = torch.randperm(2 * blocks, device=dev)[:blocks]
+        pos = torch.arange(T, device=dev)
+        slots = table[pos // BLOCK] * BLOCK + pos % BLOCK
+        rows = 2 * blocks * BLOCK
+        kcache = torch.empty(LAYERS, rows, WIDTH, dtype=torch.bfloat16,
+                             device=dev)
+        vcache = torch.empty_like(kcache)
+        written = 2 * LAYERS * T * WIDTH * 2
+        cases = [("raw bf16", None, False)] + [
+            (f"{'hadamard+' if had else ''}int{bits}", bits, had)
+            for had in (False, True) for bits in (8, 4, 2)]
+        for name, bits, had in cases:
+            if bits is None:
+                k = torch.randn(LAYERS, T, WIDTH, device=dev).bfloat16()
+                v = torch.randn_like(k)
+                inputs = (k, v, slots, kcache, vcache)
+                read = 2 * k.numel() * 2
+                eager = time_us(lambda: restore_raw(*inputs))
+                comp = time_us(lambda: compiled_raw(*inputs))
+            else:
+                nbytes = WIDTH * bits // 8
+                kq = torch.randint(0, 256, (LAYERS, T, nbytes),
+                                   dtype=torch.uint8, device=dev)
+                vq = torch.randint_like(kq, 0, 256)
+                kparams = torch.rand(LAYERS, (T + GROUP - 1) // GROUP, WIDTH,
+                                     2, device=dev).half()
+                vparams = torch.rand(LAYERS, T, WIDTH // GROUP, 2,
+                                     device=dev).half()
+                inputs = (kq, kparams, vq, vparams, slots, kcache, vcache)
+                fused = functools.partial(restore, bits=bits, had=had)
+                compiled = torch.compile(fused, fullgraph=True, dynamic=False)
+                read = sum(t.numel() * t.element_size()
+                           for t in (kq, vq, kparams, vparams))
+                eager = time_us(lambda: fused(*inputs))
+                comp = time_us(lambda: compiled(*inputs))
+            total = read + written
+            a = torch.empty(total // 2, dtype=torch.uint8, device=dev)
+            b = torch.empty_like(a)
+            copy = time_us(lambda: b.copy_(a))
+            print(f"{name:<28} {T:>6} {total / 1e6:>8.2f} {eager:>9.1f} "
+                  f"{comp:>11.1f} {copy:>8.1f} {100 * copy / eager:>7.0f}% "
+                  f"{100 * copy / comp:>6.0f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+// RUN: kvc-opt %s --split-input-file --verify-diagnostics --kvc-lower-kernels | FileCheck %s
+
+// Tests that a dequant -> scatter kernel becomes a function specialized for
+// its chunk (int4, K per channel and V per token, 64 tokens, 1 layer, 2 KV
+// heads of 64): blocks x threads parallel loops over 64 * 2 * (128 / 8)
+// work items, K's and V's code apart, 16-byte loads of K's scales and
+// minimums and 16-byte stores into the cache; the kernel names it.
+// CHECK-LABEL: func.func @f
+// CHECK:         kvc.kernel "dequant_scatter"{{.*}} attributes {kvc.entry = @[[K:kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
+// CHECK:       func.func @[[K]](%[[PAYLOAD:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
+// CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, codec = #kvc.codec<quant = int4>, head_dim = 64 : i64, kv_heads = 2 : i64, layers = 1 : i64, storage = bf16, threads = 256 : i64, tokens = 64 : i64}}
+// CHECK:         %[[GRID:.+]] = arith.constant 8 : index
+// CHECK:         scf.parallel (%[[B:.+]]) = (%{{.+}}) to (%[[GRID]])
+// CHECK:           scf.parallel (%[[T:.+]]) = (%{{.+}}) to (%{{.+}})
+// CHECK:             arith.cmpi ult, %{{.+}}, %c2048
+// CHECK:             scf.if
+// CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xi32>
+// CHECK:               arith.shrui {{.+}} : vector<8xi32>
+// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK:             } else {
+// CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xvector<4xi32>>
+// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) {
+  kvc.kernel "dequant_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that a kernel of another kind (project -> scatter) is left alone.
+// CHECK-LABEL: func.func @project
+// CHECK:         kvc.kernel "project_scatter"
+// CHECK-NOT:     kvc.entry
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
+  kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {
+  ^bb0(%in: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>):
+    %p = kvc.project %in
+        : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+    kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that per-token groups the 8-value work items would straddle are
+// diagnosed on the kernel.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @group(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4, group = 4>>) {
+  // expected-error @+1 {{cannot be generated: per-token groups of 4 values are not a multiple of 8}}
+  kvc.kernel "dequant_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4, group = 4>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4, group = 4>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4, group = 4>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}

@@ -65,19 +65,7 @@ bool RestoreKernelSpec::hadamard() const {
 }
 
 int64_t RestoreKernelSpec::bits() const {
-  if (!codec)
-    return 0;
-  switch (codec.getQuant()) {
-  case Quant::none:
-    return 0;
-  case Quant::int8:
-    return 8;
-  case Quant::int4:
-    return 4;
-  case Quant::int2:
-    return 2;
-  }
-  return 0;
+  return codec && codec.getQuant() != Quant::none ? codec.getBits() : 0;
 }
 
 int64_t RestoreKernelSpec::valuesPerItem() const {

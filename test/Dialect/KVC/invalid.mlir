@@ -137,6 +137,24 @@ module attributes {kvc.bytes = 8 : i64} {}
 
 // -----
 
+// expected-error @+1 {{'kvc.entry' names the generated function on a kvc.kernel and holds that function's specialization elsewhere, got unit}}
+func.func @entry() attributes {kvc.entry} {
+  return
+}
+
+// -----
+
+func.func @entry(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>) {
+  // expected-error @+1 {{'kvc.entry' names the generated function on a kvc.kernel and holds that function's specialization elsewhere, got "k"}}
+  kvc.kernel "scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>) -> () attributes {kvc.entry = "k"} {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>):
+    kvc.scatter %in : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+
+// -----
+
 // expected-error @+3 {{restore_share must lie in (0, 1], got 1.5}}
 // expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
 module attributes {kvc.target = #kvc.target<name = "t",

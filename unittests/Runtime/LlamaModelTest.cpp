@@ -72,9 +72,11 @@ TEST(LlamaModel, FingerprintDependsOnWeights) {
 
 TEST(LlamaModel, ComputeThreadsDoNotChangeTheCache) {
   // kvc-run computes on one core by default and a server may choose more:
-  // the restored cache must not depend on it. OpenBLAS splits a GEMM's
-  // output between threads, each element summed by one of them in one
-  // order, so the caches agree bit for bit.
+  // the restored cache must not depend on it beyond rounding. Which GEMM
+  // kernel OpenBLAS runs, and so its order of summation, depends on the CPU
+  // and on how the work is split between threads: on some CPUs the caches
+  // agree bit for bit, on others (AMD EPYC with AVX-512) they differ in the
+  // last bf16 bit, which is all kvc guarantees.
   auto model = std::move(*LlamaModel::load(modelDir()));
   std::vector<int32_t> t = tokens(300, 5);
   std::vector<LlamaModel::Cache> caches;
@@ -85,8 +87,10 @@ TEST(LlamaModel, ComputeThreadsDoNotChangeTheCache) {
   }
   setComputeThreads(1);
   for (int64_t l = 0; l < 3; ++l) {
-    EXPECT_EQ(caches[0].k[l], caches[1].k[l]) << l;
-    EXPECT_EQ(caches[0].v[l], caches[1].v[l]) << l;
+    EXPECT_LE(relativeMaxError(caches[0].k[l], caches[1].k[l]), kOneBf16Step)
+        << l;
+    EXPECT_LE(relativeMaxError(caches[0].v[l], caches[1].v[l]), kOneBf16Step)
+        << l;
   }
 }
 

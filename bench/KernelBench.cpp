@@ -4,29 +4,26 @@
 //
 // For every kernel of a plan bundle's kernel table (bench/kernels/
 // gen-kernels.py makes one per codec composition and chunk size): loads its
-// PTX with the CUDA driver API, encodes random KV with the runtime's codecs,
-// launches the kernel into a paged cache (a shuffled block table, a chunk
-// starting mid-block, one layer of offset) and checks every written value
-// against the runtime's own decoder (decodeChunkToBf16), bit for bit, and
-// that nothing else was written. Then times it from a block-aligned start
-// and prints its bandwidth (payload read + cache written) beside a
-// device-to-device copy of the same bytes, measured in the same run.
+// PTX with the CUDA driver API, launches it on a RestoreKernelCase (random KV
+// encoded by the runtime's codecs, a paged cache with a shuffled block
+// table, a chunk starting mid-block, one layer of offset), which checks
+// every written value against the runtime's own decoder bit for bit and
+// that nothing else was written; the host JIT test shares it. Then times
+// the kernel from a block-aligned start and prints its bandwidth (payload
+// read + cache written) beside a device-to-device copy of the same bytes,
+// measured in the same run.
 //
 // Exits 77 where no GPU is usable, 1 on any mismatch or CUDA error.
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Runtime/Base/Half.h"
-#include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Testing/RestoreKernelCase.h"
 
 #include <cuda.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -74,7 +71,7 @@ kvc::DType dtypeOf(const std::string &name) {
 struct Result {
   std::string name;
   int64_t tokens = 0, layers = 0;
-  int64_t mismatches = 0, unwritten = 0, clobbered = 0;
+  kvc::testing::CacheErrors errors;
   double kernelUs = 0, copyUs = 0, bytes = 0;
 };
 
@@ -94,66 +91,46 @@ public:
     check(cuModuleGetFunction(&fn, module, k.function.c_str()),
           "cuModuleGetFunction");
 
-    const int64_t width = k.kvHeads * k.headDim;
-    kvc::ChunkShape shape;
-    shape.form = kvc::ChunkForm::KV;
+    kvc::testing::RestoreKernelShape shape;
     shape.tokens = k.tokens;
     shape.layers = k.layers;
-    shape.width = width;
+    shape.kvHeads = k.kvHeads;
     shape.headDim = k.headDim;
-    shape.modelLayers = k.layers;
-    // Keys with per-channel outliers, values around zero: KIVI's setting.
-    std::mt19937 rng(uint32_t(k.tokens * 131 + k.layers));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> values(shape.numel());
-    for (int64_t i = 0; i < shape.numel(); ++i) {
-      int64_t channel = i % width;
-      values[i] = normal(rng) * (channel % 37 == 0 ? 8.0f : 1.0f);
-    }
-    kvc::DType storage = dtypeOf(k.storage);
-    kvc::StatusOr<std::string> payload =
-        kvc::encodeChunk(values.data(), shape, k.codec, storage);
-    if (!payload)
-      throw CudaError{"encode: " + payload.status().message()};
-    if (int64_t(payload->size()) != k.payloadBytes)
-      throw CudaError{"payload of " + std::to_string(payload->size()) +
+    shape.blockSize = k.blockSize;
+    shape.codec = k.codec;
+    shape.storage = dtypeOf(k.storage);
+    kvc::StatusOr<kvc::testing::RestoreKernelCase> made =
+        kvc::testing::RestoreKernelCase::make(
+            shape, /*firstToken=*/5, /*firstLayer=*/1,
+            uint32_t(k.tokens * 131 + k.layers));
+    if (!made)
+      throw CudaError{"case: " + made.status().message()};
+    const kvc::testing::RestoreKernelCase &c = *made;
+    const std::string &payload = c.payload();
+    if (int64_t(payload.size()) != k.payloadBytes)
+      throw CudaError{"payload of " + std::to_string(payload.size()) +
                       " bytes, the kernel expects " +
                       std::to_string(k.payloadBytes)};
-    std::vector<uint16_t> expected(shape.numel());
-    kvc::Status decoded = kvc::decodeChunkToBf16(*payload, shape, k.codec,
-                                                 storage, expected.data());
-    if (!decoded.isOk())
-      throw CudaError{"decode: " + decoded.message()};
+    const std::vector<int32_t> &table = c.blockTable();
+    const int64_t cacheValues = c.cacheValues();
 
-    // The cache: one layer more than the chunk, first_token mid-block, a
-    // shuffled block table with spare blocks nothing should touch.
-    const int64_t B = k.blockSize, firstToken = 5, firstLayer = 1;
-    const int64_t tableBlocks = (firstToken + k.tokens + B - 1) / B;
-    const int64_t numBlocks = 2 * tableBlocks + 3;
-    std::vector<int32_t> blocks(numBlocks);
-    std::iota(blocks.begin(), blocks.end(), 0);
-    std::shuffle(blocks.begin(), blocks.end(), rng);
-    std::vector<int32_t> table(blocks.begin(), blocks.begin() + tableBlocks);
-    const int64_t layerRows = numBlocks * B;
-    const int64_t cacheValues = (k.layers + firstLayer) * layerRows * width;
-
-    DeviceBuffer dPayload(payload->size()), dTable(table.size() * 4),
+    DeviceBuffer dPayload(payload.size()), dTable(table.size() * 4),
         dKeys(cacheValues * 2), dValues(cacheValues * 2);
-    check(cuMemcpyHtoD(dPayload.ptr, payload->data(), payload->size()),
+    check(cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
           "upload payload");
     check(cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
           "upload table");
-    const uint16_t poison = 0x7FC1; // A NaN the kernel never writes.
+    const uint16_t poison = kvc::testing::RestoreKernelCase::kPoison;
     check(cuMemsetD16(dKeys.ptr, poison, cacheValues), "poison");
     check(cuMemsetD16(dValues.ptr, poison, cacheValues), "poison");
 
     auto launch = [&](int64_t first, CUstream stream) {
       Memref payloadRef{dPayload.ptr, dPayload.ptr, 0,
-                        int64_t(payload->size()), 1};
+                        int64_t(payload.size()), 1};
       Memref keyRef{dKeys.ptr, dKeys.ptr, 0, cacheValues * 2, 1};
       Memref valueRef{dValues.ptr, dValues.ptr, 0, cacheValues * 2, 1};
       Memref tableRef{dTable.ptr, dTable.ptr, 0, int64_t(table.size()), 1};
-      int64_t scalars[3] = {first, firstLayer, layerRows};
+      int64_t scalars[3] = {first, c.firstLayer(), c.layerRows()};
       std::vector<void *> params;
       auto addMemref = [&](Memref &m) {
         params.push_back(&m.allocated);
@@ -186,35 +163,13 @@ public:
     };
 
     // Correctness.
-    launch(firstToken, nullptr);
+    launch(c.firstToken(), nullptr);
     check(cuCtxSynchronize(), "kernel");
     std::vector<uint16_t> keys(cacheValues), vals(cacheValues);
     check(cuMemcpyDtoH(keys.data(), dKeys.ptr, cacheValues * 2), "download");
     check(cuMemcpyDtoH(vals.data(), dValues.ptr, cacheValues * 2),
           "download");
-    std::vector<char> written(cacheValues / width, 0);
-    for (int64_t l = 0; l < k.layers; ++l)
-      for (int kv = 0; kv < 2; ++kv)
-        for (int64_t t = 0; t < k.tokens; ++t) {
-          int64_t position = firstToken + t;
-          int64_t row = (firstLayer + l) * layerRows +
-                        int64_t(table[position / B]) * B + position % B;
-          written[row] = 1;
-          const uint16_t *got = (kv ? vals.data() : keys.data()) + row * width;
-          const uint16_t *want =
-              expected.data() + ((2 * l + kv) * k.tokens + t) * width;
-          for (int64_t c = 0; c < width; ++c) {
-            if (got[c] == poison && want[c] != poison)
-              ++r.unwritten;
-            else if (got[c] != want[c])
-              ++r.mismatches;
-          }
-        }
-    for (int64_t row = 0; row < int64_t(written.size()); ++row)
-      if (!written[row])
-        for (int64_t c = 0; c < width; ++c)
-          r.clobbered += (keys[row * width + c] != poison) +
-                         (vals[row * width + c] != poison);
+    r.errors = c.check(keys.data(), vals.data());
 
     // Timing: events around `iters` launches, after a warm-up; the copy of
     // the same bytes (payload + cache rows written) between two buffers.
@@ -236,8 +191,9 @@ public:
       return 1000.0 * ms / iters;
     };
     r.kernelUs = timeUs([&] { launch(0, stream); });
-    const double written_bytes = 2.0 * k.layers * k.tokens * width * 2;
-    r.bytes = double(payload->size()) + written_bytes;
+    const double written_bytes =
+        2.0 * k.layers * k.tokens * shape.width() * 2;
+    r.bytes = double(payload.size()) + written_bytes;
     // A copy moving the same bytes: half read, half written.
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);
     DeviceBuffer a(copyBytes), b(copyBytes);
@@ -312,17 +268,13 @@ int main(int argc, char **argv) {
       std::fprintf(out, "[\n");
     for (size_t i = 0; i < kernels.size(); ++i) {
       Result r = Bench(kernels[i], iters).run();
-      bool ok = !r.mismatches && !r.unwritten && !r.clobbered;
+      bool ok = r.errors.ok();
       failures += !ok;
       double gbps = r.bytes / r.kernelUs / 1e3, copy = r.bytes / r.copyUs / 1e3;
       std::printf("%-52s %6lld %9.2f %9.2f %9.1f %9.1f %5.0f%%  %s\n",
                   r.name.c_str(), (long long)r.tokens, r.bytes / 1e6,
                   r.kernelUs, gbps, copy, 100 * gbps / copy,
-                  ok ? "bit-exact"
-                     : ("FAIL " + std::to_string(r.mismatches) + " wrong, " +
-                        std::to_string(r.unwritten) + " unwritten, " +
-                        std::to_string(r.clobbered) + " clobbered")
-                           .c_str());
+                  ok ? "bit-exact" : ("FAIL " + r.errors.str()).c_str());
       if (out)
         std::fprintf(out,
                      " {\"kernel\": \"%s\", \"tokens\": %lld, \"layers\": "
@@ -330,8 +282,9 @@ int main(int argc, char **argv) {
                      "\"copy_us\": %.3f, \"mismatches\": %lld, "
                      "\"unwritten\": %lld, \"clobbered\": %lld}%s\n",
                      r.name.c_str(), (long long)r.tokens, (long long)r.layers,
-                     r.bytes, r.kernelUs, r.copyUs, (long long)r.mismatches,
-                     (long long)r.unwritten, (long long)r.clobbered,
+                     r.bytes, r.kernelUs, r.copyUs, (long long)r.errors.mismatches,
+                     (long long)r.errors.unwritten,
+                     (long long)r.errors.clobbered,
                      i + 1 < kernels.size() ? "," : "");
     }
     if (out)

@@ -20,7 +20,8 @@
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
 // integer fits a float's mantissa), the Hadamard butterflies in the same
 // order, then the same round-to-nearest-even to bf16. So the generated code
-// equals decodeChunkToBf16 bit for bit, which the unit tests check.
+// equals decodeChunkToBf16 bit for bit (RestoreKernelJitTest runs it on the
+// host through buildKernelsToLLVMPipeline).
 //
 //===----------------------------------------------------------------------===//
 

@@ -1,0 +1,82 @@
+//===- RestoreKernelCase.h - Checking a generated restore kernel -*- C++ -*-===//
+//
+// One test case of a generated restore kernel (KernelGen.h), for whatever
+// runs it: the host JIT in the unit tests, the CUDA driver in
+// kvc-kernel-bench. It encodes random KV with the runtime's codecs, builds a
+// paged cache the kernel must write into (a shuffled block table with spare
+// blocks, a chunk starting mid-block, layers after the first), poisons it,
+// and afterwards checks every value against the runtime's own decoder
+// (decodeChunkToBf16) bit for bit, and that nothing outside the chunk's rows
+// was written. Links only the runtime.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_TESTING_RESTOREKERNELCASE_H
+#define KVC_TESTING_RESTOREKERNELCASE_H
+
+#include "kvc/Runtime/Base/Status.h"
+#include "kvc/Runtime/Codec/ChunkCodec.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvc::testing {
+
+/// What a kernel is specialized for, in the runtime's terms.
+struct RestoreKernelShape {
+  int64_t tokens = 0, layers = 0, kvHeads = 0, headDim = 0, blockSize = 16;
+  /// Without a lossless stage: the kernel reads the decompressed payload.
+  CodecSpec codec;
+  DType storage = DType::BF16;
+
+  int64_t width() const { return kvHeads * headDim; }
+  ChunkShape chunkShape() const;
+};
+
+/// How the kernel's output differs from the decoder's.
+struct CacheErrors {
+  int64_t mismatches = 0; ///< Written, but not the decoder's value.
+  int64_t unwritten = 0;  ///< Still the poison.
+  int64_t clobbered = 0;  ///< Written outside the chunk's rows.
+  bool ok() const { return !mismatches && !unwritten && !clobbered; }
+  std::string str() const;
+};
+
+class RestoreKernelCase {
+public:
+  /// A case whose chunk starts at token `firstToken` of the request and
+  /// layer `firstLayer` of the cache; `seed` draws the KV and the table.
+  static StatusOr<RestoreKernelCase> make(const RestoreKernelShape &shape,
+                                          int64_t firstToken,
+                                          int64_t firstLayer, uint32_t seed);
+
+  /// A quiet NaN no decoder produces: what the cache holds before a launch.
+  static constexpr uint16_t kPoison = 0x7FC1;
+
+  const RestoreKernelShape &shape() const { return shape_; }
+  /// The encoded chunk, as the kernel reads it.
+  const std::string &payload() const { return payload_; }
+  /// Logical block -> physical block.
+  const std::vector<int32_t> &blockTable() const { return table_; }
+  int64_t firstToken() const { return firstToken_; }
+  int64_t firstLayer() const { return firstLayer_; }
+  /// Rows of one layer of the cache.
+  int64_t layerRows() const { return layerRows_; }
+  /// bf16 values of the whole key (or value) cache.
+  int64_t cacheValues() const;
+
+  /// Checks the key and value caches after the kernel ran.
+  CacheErrors check(const uint16_t *keys, const uint16_t *values) const;
+
+private:
+  RestoreKernelShape shape_;
+  std::string payload_;
+  std::vector<uint16_t> expected_; ///< decodeChunkToBf16's output.
+  std::vector<int32_t> table_;
+  int64_t firstToken_ = 0, firstLayer_ = 0, layerRows_ = 0;
+};
+
+} // namespace kvc::testing
+
+#endif // KVC_TESTING_RESTOREKERNELCASE_H

@@ -1,0 +1,100 @@
+//===- RestoreKernelCase.cpp - Checking a generated restore kernel --------===//
+
+#include "kvc/Testing/RestoreKernelCase.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+using namespace kvc;
+using namespace kvc::testing;
+
+ChunkShape RestoreKernelShape::chunkShape() const {
+  ChunkShape shape;
+  shape.form = ChunkForm::KV;
+  shape.tokens = tokens;
+  shape.layers = layers;
+  shape.width = width();
+  shape.headDim = headDim;
+  shape.modelLayers = layers;
+  return shape;
+}
+
+std::string CacheErrors::str() const {
+  return std::to_string(mismatches) + " wrong, " + std::to_string(unwritten) +
+         " unwritten, " + std::to_string(clobbered) + " clobbered";
+}
+
+StatusOr<RestoreKernelCase>
+RestoreKernelCase::make(const RestoreKernelShape &shape, int64_t firstToken,
+                        int64_t firstLayer, uint32_t seed) {
+  if (shape.codec.lossless != CodecSpec::Lossless::None)
+    return Status(StatusCode::InvalidArgument,
+                  "a kernel reads payloads after their lossless stage");
+  RestoreKernelCase c;
+  c.shape_ = shape;
+  c.firstToken_ = firstToken;
+  c.firstLayer_ = firstLayer;
+  const ChunkShape chunk = shape.chunkShape();
+  const int64_t width = shape.width();
+
+  // Keys with per-channel outliers, values around zero: KIVI's setting.
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(chunk.numel());
+  for (int64_t i = 0; i < chunk.numel(); ++i)
+    values[i] = normal(rng) * (i % width % 37 == 0 ? 8.0f : 1.0f);
+  StatusOr<std::string> payload =
+      encodeChunk(values.data(), chunk, shape.codec, shape.storage);
+  if (!payload)
+    return payload.status();
+  c.payload_ = std::move(*payload);
+  c.expected_.resize(chunk.numel());
+  KVC_RETURN_IF_ERROR(decodeChunkToBf16(c.payload_, chunk, shape.codec,
+                                        shape.storage, c.expected_.data()));
+
+  // Twice the blocks the chunk needs plus spares, shuffled.
+  const int64_t B = shape.blockSize;
+  const int64_t tableBlocks = (firstToken + shape.tokens + B - 1) / B;
+  const int64_t numBlocks = 2 * tableBlocks + 3;
+  std::vector<int32_t> blocks(numBlocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  c.table_.assign(blocks.begin(), blocks.begin() + tableBlocks);
+  c.layerRows_ = numBlocks * B;
+  return c;
+}
+
+int64_t RestoreKernelCase::cacheValues() const {
+  return (firstLayer_ + shape_.layers) * layerRows_ * shape_.width();
+}
+
+CacheErrors RestoreKernelCase::check(const uint16_t *keys,
+                                     const uint16_t *values) const {
+  CacheErrors errors;
+  const int64_t width = shape_.width(), B = shape_.blockSize;
+  std::vector<char> written(cacheValues() / width, 0);
+  for (int64_t l = 0; l < shape_.layers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int64_t t = 0; t < shape_.tokens; ++t) {
+        const int64_t position = firstToken_ + t;
+        const int64_t row = (firstLayer_ + l) * layerRows_ +
+                            int64_t(table_[position / B]) * B + position % B;
+        written[row] = 1;
+        const uint16_t *got = (kv ? values : keys) + row * width;
+        const uint16_t *want =
+            expected_.data() + ((2 * l + kv) * shape_.tokens + t) * width;
+        for (int64_t c = 0; c < width; ++c) {
+          if (got[c] == kPoison && want[c] != kPoison)
+            ++errors.unwritten;
+          else if (got[c] != want[c])
+            ++errors.mismatches;
+        }
+      }
+  for (int64_t row = 0; row < int64_t(written.size()); ++row)
+    if (!written[row])
+      for (int64_t c = 0; c < width; ++c)
+        errors.clobbered += (keys[row * width + c] != kPoison) +
+                            (values[row * width + c] != kPoison);
+  return errors;
+}

@@ -1,0 +1,197 @@
+//===- RestoreKernelJitTest.cpp - Generated kernels on the host -----------===//
+//
+// Every restore kernel kvc-lower-kernels generates runs here through the
+// host lowering (buildKernelsToLLVMPipeline) and MLIR's ExecutionEngine, the
+// same loop nest the GPU pipeline maps to blocks and threads. Its output in a
+// paged cache must equal the runtime's decoder bit for bit, for every codec
+// composition the planner can choose and for shapes that stress the index
+// arithmetic (RestoreKernelCase.h).
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Testing/RestoreKernelCase.h"
+#include "kvc/Transforms/Descriptions.h"
+#include "kvc/Transforms/KernelGen.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/ExecutionEngine/CRunnerUtils.h"
+#include "mlir/ExecutionEngine/ExecutionEngine.h"
+#include "mlir/ExecutionEngine/OptUtils.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+
+#include "llvm/Support/TargetSelect.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+
+using namespace mlir;
+using ::kvc::testing::RestoreKernelCase;
+using ::kvc::testing::RestoreKernelShape;
+
+namespace {
+
+struct JitCase {
+  const char *codec; ///< parseCodecSpec's grammar.
+  ::kvc::DType storage;
+  int64_t tokens, layers, kvHeads, headDim, blockSize, firstToken;
+};
+
+std::ostream &operator<<(std::ostream &os, const JitCase &c) {
+  return os << c.codec << " " << ::kvc::dtypeName(c.storage) << " t" << c.tokens
+            << " l" << c.layers << " h" << c.kvHeads << "x" << c.headDim
+            << " b" << c.blockSize << " from " << c.firstToken;
+}
+
+/// A buffer aligned as the kernels' 16-byte accesses need.
+template <typename T>
+struct AlignedBuffer {
+  explicit AlignedBuffer(size_t count)
+      : count(count),
+        data(static_cast<T *>(std::aligned_alloc(
+                 64, (count * sizeof(T) + 63) / 64 * 64)),
+             &std::free) {}
+  StridedMemRefType<T, 1> memref() {
+    return {data.get(), data.get(), 0, {int64_t(count)}, {1}};
+  }
+  size_t count;
+  std::unique_ptr<T, decltype(&std::free)> data;
+};
+
+class RestoreKernelJitTest : public ::testing::TestWithParam<JitCase> {
+protected:
+  static void SetUpTestSuite() {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+  }
+
+  RestoreKernelJitTest() {
+    context.loadDialect<arith::ArithDialect, func::FuncDialect,
+                        memref::MemRefDialect, scf::SCFDialect,
+                        vector::VectorDialect, LLVM::LLVMDialect,
+                        mlir::kvc::KVCDialect>();
+    registerBuiltinDialectTranslation(context);
+    registerLLVMDialectTranslation(context);
+  }
+
+  MLIRContext context;
+};
+
+TEST_P(RestoreKernelJitTest, EqualsTheRuntimeDecoder) {
+  const JitCase &p = GetParam();
+  ::kvc::StatusOr<::kvc::CodecSpec> codec = ::kvc::parseCodecSpec(p.codec);
+  ASSERT_TRUE(codec) << codec.status().message();
+
+  RestoreKernelShape shape;
+  shape.tokens = p.tokens;
+  shape.layers = p.layers;
+  shape.kvHeads = p.kvHeads;
+  shape.headDim = p.headDim;
+  shape.blockSize = p.blockSize;
+  shape.codec = *codec;
+  shape.storage = p.storage;
+  ::kvc::StatusOr<RestoreKernelCase> made = RestoreKernelCase::make(
+      shape, p.firstToken, /*firstLayer=*/1, /*seed=*/uint32_t(p.tokens));
+  ASSERT_TRUE(made) << made.status().message();
+  const RestoreKernelCase &c = *made;
+
+  mlir::kvc::RestoreKernelSpec spec;
+  spec.tokens = p.tokens;
+  spec.layers = p.layers;
+  spec.kvHeads = p.kvHeads;
+  spec.headDim = p.headDim;
+  spec.blockSize = p.blockSize;
+  Builder b(&context);
+  spec.storage = p.storage == ::kvc::DType::F32   ? Type(b.getF32Type())
+                 : p.storage == ::kvc::DType::F16 ? Type(b.getF16Type())
+                                                : Type(b.getBF16Type());
+  spec.codec = mlir::kvc::getCodecAttr(&context, *codec);
+  spec.threads = 64;
+  ASSERT_EQ(spec.payloadBytes(), int64_t(c.payload().size()));
+
+  OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
+  OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
+  func::FuncOp func = mlir::kvc::buildRestoreKernel(builder, builder.getUnknownLoc(),
+                                              spec);
+  func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
+                builder.getUnitAttr());
+  const std::string name = func.getSymName().str(); // Lowering erases func.
+  PassManager pm(&context);
+  mlir::kvc::buildKernelsToLLVMPipeline(pm);
+  ASSERT_TRUE(succeeded(pm.run(*module)));
+
+  ExecutionEngineOptions options;
+  auto optimize = makeOptimizingTransformer(2, 0, nullptr);
+  options.transformer = optimize;
+  auto engine = ExecutionEngine::create(*module, options);
+  ASSERT_TRUE(bool(engine)) << llvm::toString(engine.takeError());
+
+  AlignedBuffer<int8_t> payload(c.payload().size());
+  std::copy(c.payload().begin(), c.payload().end(), payload.data.get());
+  AlignedBuffer<int8_t> keys(c.cacheValues() * 2), values(c.cacheValues() * 2);
+  auto *keyBits = reinterpret_cast<uint16_t *>(keys.data.get());
+  auto *valueBits = reinterpret_cast<uint16_t *>(values.data.get());
+  std::fill_n(keyBits, c.cacheValues(), RestoreKernelCase::kPoison);
+  std::fill_n(valueBits, c.cacheValues(), RestoreKernelCase::kPoison);
+  AlignedBuffer<int32_t> table(c.blockTable().size());
+  std::copy(c.blockTable().begin(), c.blockTable().end(), table.data.get());
+
+  auto payloadRef = payload.memref(), keyRef = keys.memref(),
+       valueRef = values.memref();
+  auto tableRef = table.memref();
+  auto *payloadArg = &payloadRef, *keyArg = &keyRef, *valueArg = &valueRef;
+  auto *tableArg = &tableRef;
+  int64_t firstToken = c.firstToken(), firstLayer = c.firstLayer(),
+          layerRows = c.layerRows();
+  llvm::Error error = (*engine)->invoke(
+      name, payloadArg, keyArg, valueArg, tableArg, firstToken,
+      firstLayer, layerRows);
+  ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
+
+  ::kvc::testing::CacheErrors errors = c.check(keyBits, valueBits);
+  EXPECT_TRUE(errors.ok()) << errors.str();
+}
+
+using ::kvc::DType;
+
+// The planner's compositions (kvc-select-codec): raw data in each storage
+// type, Hadamard alone, and int8/int4/int2 with and without Hadamard, on
+// KIVI's default axes and on every other pairing of axes and group sizes.
+// Shapes: 37 tokens from token 5 (neither end on a block boundary), groups
+// that overhang the chunk, GQA-sized KV (one or two heads) and Llama's 8
+// heads, head_dim 64 and 128, blocks of 16 and 32 tokens.
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, RestoreKernelJitTest,
+    ::testing::Values(
+        JitCase{"raw", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"raw", DType::F16, 37, 2, 2, 64, 16, 5},
+        JitCase{"raw", DType::F32, 37, 2, 2, 64, 16, 5},
+        JitCase{"raw", DType::BF16, 16, 1, 8, 128, 16, 0},
+        JitCase{"hadamard", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"hadamard", DType::F16, 21, 1, 1, 128, 32, 30},
+        JitCase{"hadamard", DType::F32, 21, 1, 2, 64, 16, 3},
+        JitCase{"int8", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"int4", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"int2", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"int8", DType::BF16, 16, 1, 8, 128, 16, 0},
+        JitCase{"int4/k=token/v=channel/g64", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"int2/k=token/v=token/g16", DType::BF16, 37, 2, 1, 128, 32, 7},
+        JitCase{"int8/k=channel/v=channel/g8", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"int4/g128", DType::BF16, 3, 1, 1, 128, 16, 14},
+        JitCase{"hadamard+int8", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"hadamard+int4", DType::BF16, 37, 2, 1, 128, 16, 5},
+        JitCase{"hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2, 64,
+             16, 9}));
+
+} // namespace

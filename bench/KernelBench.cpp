@@ -5,7 +5,8 @@
 // For every kernel of a plan bundle's kernel table (bench/kernels/
 // gen-kernels.py makes one per codec composition and chunk size): loads its
 // PTX with the CUDA driver API, launches it on a RestoreKernelCase (random KV
-// encoded by the runtime's codecs, a paged cache with a shuffled block
+// encoded by the runtime's codecs, or f32 projections and Llama 3.1's RoPE
+// table for the projection's epilogue; a paged cache with a shuffled block
 // table, a chunk starting mid-block, one layer of offset), which checks
 // every written value against the runtime's own decoder bit for bit and
 // that nothing else was written; the host JIT test shares it. Then times
@@ -18,6 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Testing/RestoreKernelCase.h"
 
 #include <cuda.h>
@@ -99,10 +101,19 @@ public:
     shape.blockSize = k.blockSize;
     shape.codec = k.codec;
     shape.storage = dtypeOf(k.storage);
+    const bool rope = k.kind == kvc::BundleKernel::Kind::RopeScatter;
+    const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
+    // RoPE as Llama 3.1 8B applies it.
+    kvc::ModelConfig model;
+    model.headDim = k.headDim;
+    model.ropeTheta = 500000;
+    model.ropeScaling = {kvc::RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
     kvc::StatusOr<kvc::testing::RestoreKernelCase> made =
-        kvc::testing::RestoreKernelCase::make(
-            shape, /*firstToken=*/5, /*firstLayer=*/1,
-            uint32_t(k.tokens * 131 + k.layers));
+        rope ? kvc::testing::RestoreKernelCase::makeRopeScatter(
+                   shape, kvc::ropeFrequencies(model), /*firstToken=*/5,
+                   /*firstLayer=*/1, seed)
+             : kvc::testing::RestoreKernelCase::make(
+                   shape, /*firstToken=*/5, /*firstLayer=*/1, seed);
     if (!made)
       throw CudaError{"case: " + made.status().message()};
     const kvc::testing::RestoreKernelCase &c = *made;
@@ -114,8 +125,13 @@ public:
     const std::vector<int32_t> &table = c.blockTable();
     const int64_t cacheValues = c.cacheValues();
 
+    const std::vector<float> &ropeTable = c.ropeTable();
     DeviceBuffer dPayload(payload.size()), dTable(table.size() * 4),
-        dKeys(cacheValues * 2), dValues(cacheValues * 2);
+        dKeys(cacheValues * 2), dValues(cacheValues * 2),
+        dRope(ropeTable.size() * 4);
+    if (rope)
+      check(cuMemcpyHtoD(dRope.ptr, ropeTable.data(), ropeTable.size() * 4),
+            "upload RoPE table");
     check(cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
           "upload payload");
     check(cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
@@ -130,6 +146,8 @@ public:
       Memref keyRef{dKeys.ptr, dKeys.ptr, 0, cacheValues * 2, 1};
       Memref valueRef{dValues.ptr, dValues.ptr, 0, cacheValues * 2, 1};
       Memref tableRef{dTable.ptr, dTable.ptr, 0, int64_t(table.size()), 1};
+      Memref ropeRef{dRope.ptr, dRope.ptr, 0, int64_t(ropeTable.size() * 4),
+                     1};
       int64_t scalars[3] = {first, c.firstLayer(), c.layerRows()};
       std::vector<void *> params;
       auto addMemref = [&](Memref &m) {
@@ -148,6 +166,8 @@ public:
           addMemref(valueRef);
         else if (arg == "block_table")
           addMemref(tableRef);
+        else if (arg == "rope_table")
+          addMemref(ropeRef);
         else if (arg == "first_token")
           params.push_back(&scalars[0]);
         else if (arg == "first_layer")
@@ -193,7 +213,10 @@ public:
     r.kernelUs = timeUs([&] { launch(0, stream); });
     const double written_bytes =
         2.0 * k.layers * k.tokens * shape.width() * 2;
-    r.bytes = double(payload.size()) + written_bytes;
+    // Bytes that must move: the payload, the RoPE rows of the chunk's
+    // tokens, the cache rows written.
+    r.bytes = double(payload.size()) + written_bytes +
+              (rope ? 4.0 * k.tokens * k.headDim : 0.0);
     // A copy moving the same bytes: half read, half written.
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);
     DeviceBuffer a(copyBytes), b(copyBytes);

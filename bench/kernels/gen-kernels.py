@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Prints a module of load-side kvc.kernels, one per codec composition the
-planner can choose, at the chunk sizes the kernel benchmark measures.
+"""Prints a module of kvc.kernels of every generated kind at the chunk sizes
+the kernel benchmark measures: a restore kernel per codec composition the
+planner can choose, and the hidden-state projection's epilogue.
 
   python3 bench/kernels/gen-kernels.py > /tmp/kernels.mlir
   kvc-opt /tmp/kernels.mlir \
@@ -53,6 +54,16 @@ def main(out):
                 value = "%u"
             out.write(f"    kvc.scatter {value} : {dst}\n")
             out.write("  }\n  return\n}\n")
+    for tokens, layers in SHAPES:
+        hidden = (f"!kvc.chunk<hidden x bf16, tokens 0 to {tokens}, "
+                  f"layers 0 to {layers}, device>")
+        kv = chunk(None, "bf16", tokens, layers)
+        out.write(f"func.func @p_{tokens}_{layers}(%h: {hidden}) {{\n")
+        out.write(f'  kvc.kernel "project_scatter"(%h) : ({hidden}) -> () {{\n')
+        out.write(f"  ^bb0(%in: {hidden}):\n")
+        out.write(f"    %p = kvc.project %in : {hidden} -> {kv}\n")
+        out.write(f"    kvc.scatter %p : {kv}\n")
+        out.write("  }\n  return\n}\n")
 
 
 if __name__ == "__main__":

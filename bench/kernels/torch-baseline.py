@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""The fused restore kernels' operation written in PyTorch, eager and
+"""The generated kernels' operations written in PyTorch, eager and
 torch.compile (Triton), timed with CUDA events beside a device-to-device copy
 of the same bytes: the baseline docs/results.md compares kvc's generated
 kernels with. Same chunk shapes as bench/kernels/gen-kernels.py (Llama-3-8B
 KV: 8 heads x 128, 32 layers), the same stored layout's bytes (packed
 values low bits first, f16 scale and minimum per group; K per channel in
 groups of 32 tokens, V per token in groups of 32 channels), the same paged
-cache (16-token blocks through a shuffled block table).
+cache (16-token blocks through a shuffled block table). The projection's
+epilogue ("rope_scatter") reads f32 K and V and a cos/sin table row per
+position, rotates K's head halves as vLLM's rotary_embedding does, rounds to
+bf16 and scatters.
 
   python3 bench/kernels/torch-baseline.py [--tokens 256 1024]
 """
@@ -60,6 +63,18 @@ def restore_raw(k, v, slots, kcache, vcache):
     vcache[:, slots] = v
 
 
+def rope_scatter(k, v, cos_sin, slots, kcache, vcache):
+    # k, v: [L, T, WIDTH] f32; cos_sin: [T, HEAD] f32 (cosines, then sines).
+    L, T = k.shape[0], k.shape[1]
+    cos, sin = cos_sin[:, :HEAD // 2], cos_sin[:, HEAD // 2:]
+    cos, sin = cos[None, :, None], sin[None, :, None]
+    x = k.reshape(L, T, -1, HEAD)
+    a, b = x[..., :HEAD // 2], x[..., HEAD // 2:]
+    k = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    kcache[:, slots] = k.reshape(L, T, WIDTH).to(torch.bfloat16)
+    vcache[:, slots] = v.to(torch.bfloat16)
+
+
 def time_us(fn, iters=200):
     for _ in range(5):
         fn()
@@ -84,6 +99,7 @@ def main():
     print(f"{'operation':<28} {'tokens':>6} {'MB':>8} {'eager us':>9} "
           f"{'compiled us':>11} {'copy us':>8} {'eager %':>8} {'comp %':>7}")
     compiled_raw = torch.compile(restore_raw, fullgraph=True, dynamic=False)
+    compiled_rope = torch.compile(rope_scatter, fullgraph=True, dynamic=False)
     for T in args.tokens:
         blocks = T // BLOCK + 1
         table = torch.randperm(2 * blocks, device=dev)[:blocks]
@@ -96,9 +112,18 @@ def main():
         written = 2 * LAYERS * T * WIDTH * 2
         cases = [("raw bf16", None, False)] + [
             (f"{'hadamard+' if had else ''}int{bits}", bits, had)
-            for had in (False, True) for bits in (8, 4, 2)]
+            for had in (False, True) for bits in (8, 4, 2)] + [
+            ("rope_scatter", "rope", False)]
         for name, bits, had in cases:
-            if bits is None:
+            if bits == "rope":
+                k = torch.randn(LAYERS, T, WIDTH, device=dev)
+                v = torch.randn_like(k)
+                cos_sin = torch.rand(T, HEAD, device=dev)
+                inputs = (k, v, cos_sin, slots, kcache, vcache)
+                read = 2 * k.numel() * 4 + cos_sin.numel() * 4
+                eager = time_us(lambda: rope_scatter(*inputs))
+                comp = time_us(lambda: compiled_rope(*inputs))
+            elif bits is None:
                 k = torch.randn(LAYERS, T, WIDTH, device=dev).bfloat16()
                 v = torch.randn_like(k)
                 inputs = (k, v, slots, kcache, vcache)

@@ -2,9 +2,11 @@
 
 #include "kvc/Testing/RestoreKernelCase.h"
 
+#include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Model/Rope.h"
+
 #include <algorithm>
 #include <numeric>
-#include <random>
 
 using namespace kvc;
 using namespace kvc::testing;
@@ -25,25 +27,37 @@ std::string CacheErrors::str() const {
          " unwritten, " + std::to_string(clobbered) + " clobbered";
 }
 
+std::vector<float> RestoreKernelCase::drawValues(const ChunkShape &chunk,
+                                                 std::mt19937 &rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(chunk.numel());
+  for (int64_t i = 0; i < chunk.numel(); ++i)
+    values[i] = normal(rng) * (i % chunk.width % 37 == 0 ? 8.0f : 1.0f);
+  return values;
+}
+
+void RestoreKernelCase::drawTable(std::mt19937 &rng) {
+  // Twice the blocks the chunk needs plus spares, shuffled.
+  const int64_t B = shape_.blockSize;
+  const int64_t tableBlocks = (firstToken_ + shape_.tokens + B - 1) / B;
+  const int64_t numBlocks = 2 * tableBlocks + 3;
+  std::vector<int32_t> blocks(numBlocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  table_.assign(blocks.begin(), blocks.begin() + tableBlocks);
+  layerRows_ = numBlocks * B;
+}
+
 StatusOr<RestoreKernelCase>
 RestoreKernelCase::make(const RestoreKernelShape &shape, int64_t firstToken,
                         int64_t firstLayer, uint32_t seed) {
   if (shape.codec.lossless != CodecSpec::Lossless::None)
     return Status(StatusCode::InvalidArgument,
                   "a kernel reads payloads after their lossless stage");
-  RestoreKernelCase c;
-  c.shape_ = shape;
-  c.firstToken_ = firstToken;
-  c.firstLayer_ = firstLayer;
+  RestoreKernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
-  const int64_t width = shape.width();
-
-  // Keys with per-channel outliers, values around zero: KIVI's setting.
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> values(chunk.numel());
-  for (int64_t i = 0; i < chunk.numel(); ++i)
-    values[i] = normal(rng) * (i % width % 37 == 0 ? 8.0f : 1.0f);
+  std::vector<float> values = drawValues(chunk, rng);
   StatusOr<std::string> payload =
       encodeChunk(values.data(), chunk, shape.codec, shape.storage);
   if (!payload)
@@ -52,16 +66,34 @@ RestoreKernelCase::make(const RestoreKernelShape &shape, int64_t firstToken,
   c.expected_.resize(chunk.numel());
   KVC_RETURN_IF_ERROR(decodeChunkToBf16(c.payload_, chunk, shape.codec,
                                         shape.storage, c.expected_.data()));
+  c.drawTable(rng);
+  return c;
+}
 
-  // Twice the blocks the chunk needs plus spares, shuffled.
-  const int64_t B = shape.blockSize;
-  const int64_t tableBlocks = (firstToken + shape.tokens + B - 1) / B;
-  const int64_t numBlocks = 2 * tableBlocks + 3;
-  std::vector<int32_t> blocks(numBlocks);
-  std::iota(blocks.begin(), blocks.end(), 0);
-  std::shuffle(blocks.begin(), blocks.end(), rng);
-  c.table_.assign(blocks.begin(), blocks.begin() + tableBlocks);
-  c.layerRows_ = numBlocks * B;
+StatusOr<RestoreKernelCase> RestoreKernelCase::makeRopeScatter(
+    const RestoreKernelShape &shape, const std::vector<float> &invFreq,
+    int64_t firstToken, int64_t firstLayer, uint32_t seed) {
+  if (int64_t(invFreq.size()) * 2 != shape.headDim)
+    return Status(StatusCode::InvalidArgument,
+                  "RoPE frequencies for another head_dim");
+  RestoreKernelCase c(shape, firstToken, firstLayer);
+  const ChunkShape chunk = shape.chunkShape();
+  std::mt19937 rng(seed);
+  std::vector<float> values = drawValues(chunk, rng);
+  c.payload_.assign(reinterpret_cast<const char *>(values.data()),
+                    values.size() * sizeof(float));
+  c.ropeTable_.resize((firstToken + shape.tokens) * shape.headDim);
+  ropeCosSin(invFreq, 0, firstToken + shape.tokens, c.ropeTable_.data());
+  // What the runtime's projection does after its GEMM: RoPE on K, then
+  // bf16 rounding of K and V.
+  const int64_t matrix = shape.tokens * shape.width();
+  for (int64_t l = 0; l < shape.layers; ++l)
+    applyRope(values.data() + 2 * l * matrix, shape.tokens, shape.kvHeads,
+              shape.headDim, c.ropeTable_.data() + firstToken * shape.headDim);
+  c.expected_.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    c.expected_[i] = floatToBf16(values[i]);
+  c.drawTable(rng);
   return c;
 }
 

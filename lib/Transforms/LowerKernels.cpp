@@ -1,6 +1,7 @@
 //===- LowerKernels.cpp - kvc-lower-kernels: fused kernels as loop nests --===//
 //
-// Each load-side kvc.kernel becomes a function (KernelGen.h) whose body is
+// Each kvc.kernel of a generated kind becomes a function (KernelGen.h)
+// whose body is
 //
 //   scf.parallel %block = 0 to G {          // -> blockIdx.x
 //     scf.parallel %thread = 0 to T {       // -> threadIdx.x
@@ -16,7 +17,12 @@
 // alignment allows, up to 16 bytes, through a memref of vector elements, so
 // the NVPTX backend emits ld.global.v4.u32 and st.global.v4.u32.
 //
-// The arithmetic is the runtime's decoder, operation for operation:
+// A rope_scatter item loads its 8 f32 projections, and for K the 8 it is
+// paired with (channel +- head_dim / 2) and 8 cosines and sines of the
+// token's RoPE table row, then rotates and rounds as the runtime does
+// (Rope.h). Restore items decode:
+//
+// The arithmetic is the runtime's, operation for operation:
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
 // integer fits a float's mantissa), the Hadamard butterflies in the same
 // order, then the same round-to-nearest-even to bf16. So the generated code
@@ -60,6 +66,10 @@ using namespace mlir::kvc;
 //===----------------------------------------------------------------------===//
 // RestoreKernelSpec
 //===----------------------------------------------------------------------===//
+
+StringRef mlir::kvc::stringifyKernelKind(KernelKind kind) {
+  return kind == KernelKind::Restore ? "restore" : "rope_scatter";
+}
 
 bool RestoreKernelSpec::hadamard() const {
   return codec && codec.getTransform() == Transform::hadamard;
@@ -129,18 +139,19 @@ int64_t alignmentOf(std::initializer_list<int64_t> terms) {
 } // namespace
 
 int64_t RestoreKernelSpec::payloadBytes() const {
+  // rope_scatter reads unquantized f32 matrices.
   return layers * (matrixLayout(*this, false).bytes +
                    matrixLayout(*this, true).bytes);
 }
 
 std::string RestoreKernelSpec::symbolName() const {
-  std::string name = "kvc_restore_";
+  std::string name = "kvc_" + stringifyKernelKind(kind).str() + "_";
   if (int64_t b = bits()) {
     auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
     name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) +
             "_v" + axis(codec.getValueAxis()) + "_g" +
             std::to_string(codec.getGroup()) + "_";
-  } else {
+  } else if (kind == KernelKind::Restore) {
     std::string type;
     llvm::raw_string_ostream os(type);
     os << storage;
@@ -156,6 +167,7 @@ std::string RestoreKernelSpec::symbolName() const {
 DictionaryAttr RestoreKernelSpec::toAttr(MLIRContext *context) const {
   Builder b(context);
   SmallVector<NamedAttribute> fields = {
+      b.getNamedAttr("kind", b.getStringAttr(stringifyKernelKind(kind))),
       b.getNamedAttr("tokens", b.getI64IntegerAttr(tokens)),
       b.getNamedAttr("layers", b.getI64IntegerAttr(layers)),
       b.getNamedAttr("kv_heads", b.getI64IntegerAttr(kvHeads)),
@@ -170,6 +182,13 @@ DictionaryAttr RestoreKernelSpec::toAttr(MLIRContext *context) const {
 
 FailureOr<RestoreKernelSpec> RestoreKernelSpec::fromAttr(DictionaryAttr attr) {
   RestoreKernelSpec spec;
+  auto kind = attr.getAs<StringAttr>("kind");
+  if (!kind || (kind.getValue() != stringifyKernelKind(KernelKind::Restore) &&
+                kind.getValue() != stringifyKernelKind(KernelKind::RopeScatter)))
+    return failure();
+  spec.kind = kind.getValue() == stringifyKernelKind(KernelKind::Restore)
+                  ? KernelKind::Restore
+                  : KernelKind::RopeScatter;
   for (auto [name, field] :
        {std::pair<StringRef, int64_t *>{"tokens", &spec.tokens},
         {"layers", &spec.layers},
@@ -192,33 +211,37 @@ FailureOr<RestoreKernelSpec> RestoreKernelSpec::fromAttr(DictionaryAttr attr) {
   return spec;
 }
 
-bool RestoreKernelSpec::isRestoreKernel(KernelOp kernel) {
-  // The chain: [dequant] [untransform] scatter, on one chunk.
+std::optional<KernelKind> RestoreKernelSpec::kindOf(KernelOp kernel) {
   SmallVector<Operation *> steps;
   for (Operation &op : kernel.getBody().front())
     if (!isa<YieldOp>(op))
       steps.push_back(&op);
-  return !steps.empty() && isa<ScatterOp>(steps.back()) &&
-         kernel.getInputs().size() == 1 &&
-         llvm::all_of(ArrayRef(steps).drop_back(), [](Operation *op) {
-           return isa<DequantOp, UntransformOp>(op);
-         });
+  if (steps.empty() || !isa<ScatterOp>(steps.back()) ||
+      kernel.getInputs().size() != 1)
+    return std::nullopt;
+  ArrayRef<Operation *> chain = ArrayRef(steps).drop_back();
+  if (chain.size() == 1 && isa<ProjectOp>(chain.front()))
+    return KernelKind::RopeScatter;
+  if (llvm::all_of(chain,
+                   [](Operation *op) { return isa<DequantOp, UntransformOp>(op); }))
+    return KernelKind::Restore;
+  return std::nullopt;
 }
 
 FailureOr<RestoreKernelSpec> RestoreKernelSpec::get(KernelOp kernel,
                                                     ModelAttr model,
                                                     int64_t blockSize,
                                                     int64_t threads) {
-  assert(isRestoreKernel(kernel) && "not a load-side kernel");
+  std::optional<KernelKind> kind = kindOf(kernel);
+  assert(kind && "not a kernel of a generated kind");
   auto chunk = cast<ChunkType>(kernel.getBody().getArgument(0).getType());
   auto fail = [&](const Twine &message) -> FailureOr<RestoreKernelSpec> {
     return kernel.emitOpError("cannot be generated: ") << message;
   };
-  if (chunk.getForm() != Form::kv)
-    return fail("it scatters hidden states, not KV");
   if (!model)
     return fail("the module has no #kvc.model (run kvc-import-model)");
   RestoreKernelSpec spec;
+  spec.kind = *kind;
   spec.tokens = chunk.getTokens().getEnd() - chunk.getTokens().getBegin();
   spec.layers = chunk.getLayers().getEnd() - chunk.getLayers().getBegin();
   spec.kvHeads = model.getKvHeads();
@@ -227,6 +250,21 @@ FailureOr<RestoreKernelSpec> RestoreKernelSpec::get(KernelOp kernel,
   spec.storage = chunk.getElementType();
   spec.codec = chunk.getCodec();
   spec.threads = threads;
+  if (blockSize <= 0 || threads <= 0 || threads > 1024)
+    return fail("block size and threads per block must be positive (threads "
+                "at most 1024)");
+  if (*kind == KernelKind::RopeScatter) {
+    // The GEMM before the kernel writes f32, whatever the hidden states'
+    // storage; RoPE rotates 8-channel pieces within one half of a head.
+    spec.storage = Float32Type::get(kernel.getContext());
+    spec.codec = nullptr;
+    if (spec.headDim % 16)
+      return fail("RoPE over head_dim " + Twine(spec.headDim) +
+                  " needs a multiple of 16");
+    return spec;
+  }
+  if (chunk.getForm() != Form::kv)
+    return fail("it scatters hidden states, not KV");
   if (spec.codec && spec.codec.getLossless() != Lossless::none)
     return fail("its input still carries a lossless coder (decompress on "
                 "the host first)");
@@ -246,18 +284,15 @@ FailureOr<RestoreKernelSpec> RestoreKernelSpec::get(KernelOp kernel,
                     " values are not a multiple of 8");
     }
   }
-  if (blockSize <= 0 || threads <= 0 || threads > 1024)
-    return fail("block size and threads per block must be positive (threads "
-                "at most 1024)");
   return spec;
 }
 
-ArrayRef<StringRef> mlir::kvc::restoreKernelArgNames() {
+ArrayRef<StringRef> mlir::kvc::kernelArgNames(KernelKind kind) {
   static const StringRef names[] = {"payload",     "key_cache",
                                     "value_cache", "block_table",
                                     "first_token", "first_layer",
-                                    "layer_rows"};
-  return names;
+                                    "layer_rows",  "rope_table"};
+  return ArrayRef(names).take_front(kind == KernelKind::Restore ? 7 : 8);
 }
 
 //===----------------------------------------------------------------------===//
@@ -305,6 +340,11 @@ private:
   Value concat(ArrayRef<Value> pieces);
   Value slice(Value vector, int64_t offset, int64_t size);
   Value hadamard(Value row);
+  /// rope_scatter: 8 f32 projections of matrix `value` of `layer` at
+  /// (token, channel).
+  Value loadProjected(bool value, Value layer, Value token, Value channel);
+  /// rope_scatter: K's 8 projections at (token, channel), rotated.
+  Value rope(Value own, Value layer, Value token, Value channel);
   Value roundToBf16(Value values);
   void store(bool value, Value layer, Value token, Value channel, Value bits);
   /// The byte offset of matrix `value` of `layer` in the payload.
@@ -503,6 +543,46 @@ Value ItemEmitter::hadamard(Value row) {
   return b.create<arith::MulFOp>(loc, row, scale);
 }
 
+Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
+                                 Value channel) {
+  const int64_t width = spec.width(), matrix = 4 * spec.tokens * width;
+  Value offset = add(add(mul(layer, 2 * matrix), index(value ? matrix : 0)),
+                     mul(add(mul(token, width), channel), 4));
+  int64_t align = alignmentOf({2 * matrix, matrix, 4 * width, 32});
+  return b.create<vector::BitCastOp>(loc, vec(8, b.getF32Type()),
+                                     loadBytes(payload(), offset, 32, align));
+}
+
+Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
+  // applyRope (Rope.h): with h = head_dim / 2 and j < h, channel j of a head
+  // becomes x[j] * cos - x[j + h] * sin and channel j + h becomes
+  // x[j + h] * cos + x[j] * sin. The 8 channels lie in one half.
+  const int64_t half = spec.headDim / 2;
+  Value inHead = rem(channel, spec.headDim);
+  Value first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, inHead,
+                                        index(half));
+  Value partnerChannel = b.create<arith::SelectOp>(
+      loc, first, add(channel, index(half)),
+      b.create<arith::SubIOp>(loc, channel, index(half)));
+  Value partner = loadProjected(false, layer, token, partnerChannel);
+  // Table row first_token + token: half cosines, then half sines.
+  Value row = add(args[4], token);
+  Value cosOffset =
+      mul(add(mul(row, spec.headDim), rem(inHead, half)), 4);
+  int64_t align = alignmentOf({4 * spec.headDim, 32});
+  Type f32 = b.getF32Type();
+  Value cos = b.create<vector::BitCastOp>(
+      loc, vec(8, f32), loadBytes(args[7], cosOffset, 32, align));
+  Value sin = b.create<vector::BitCastOp>(
+      loc, vec(8, f32),
+      loadBytes(args[7], add(cosOffset, index(4 * half)), 32, align));
+  Value ownCos = b.create<arith::MulFOp>(loc, own, cos);
+  Value partnerSin = b.create<arith::MulFOp>(loc, partner, sin);
+  Value low = b.create<arith::SubFOp>(loc, ownCos, partnerSin);
+  Value high = b.create<arith::AddFOp>(loc, ownCos, partnerSin);
+  return b.create<arith::SelectOp>(loc, first, low, high);
+}
+
 Value ItemEmitter::roundToBf16(Value values) {
   // floatToBf16 (Base/Half.h): round to nearest even; NaN stays quiet NaN.
   Type i32 = b.getI32Type();
@@ -566,6 +646,13 @@ void ItemEmitter::emit(Value item) {
     auto channel = [&](int64_t s) {
       return s ? add(first, index(8 * s)) : first;
     };
+    if (spec.kind == KernelKind::RopeScatter) {
+      Value projected = loadProjected(value, layer, token, first);
+      if (!value)
+        projected = rope(projected, layer, token, first);
+      store(value, layer, token, first, roundToBf16(projected));
+      continue;
+    }
     if (!spec.bits() && !spec.hadamard() && spec.storage.isBF16()) {
       // Raw bf16: a 16-byte copy per item.
       store(value, layer, token, first,
@@ -593,10 +680,11 @@ func::FuncOp mlir::kvc::buildRestoreKernel(OpBuilder &builder, Location loc,
   Type bytes = MemRefType::get({ShapedType::kDynamic}, builder.getI8Type());
   Type table = MemRefType::get({ShapedType::kDynamic}, builder.getI32Type());
   Type index = builder.getIndexType();
-  auto func = builder.create<func::FuncOp>(
-      loc, spec.symbolName(),
-      FunctionType::get(ctx, {bytes, bytes, bytes, table, index, index, index},
-                        {}));
+  SmallVector<Type> args = {bytes, bytes, bytes, table, index, index, index};
+  if (spec.kind == KernelKind::RopeScatter)
+    args.push_back(bytes); // rope_table
+  auto func = builder.create<func::FuncOp>(loc, spec.symbolName(),
+                                           FunctionType::get(ctx, args, {}));
   OpBuilder b = OpBuilder::atBlockBegin(func.addEntryBlock());
   auto constant = [&](int64_t v) {
     return b.create<arith::ConstantIndexOp>(loc, v);
@@ -635,7 +723,7 @@ void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
   pm.addNestedPass<func::FuncOp>(createParallelLoopToGpuPass());
   pm.addNestedPass<func::FuncOp>(createLowerAffinePass());
   // Constants move into the launch, so the kernel's parameters are the
-  // function's arguments alone (restoreKernelArgNames(), in use order).
+  // function's arguments alone (kernelArgNames(), in use order).
   pm.addPass(createGpuLauchSinkIndexComputationsPass());
   pm.addPass(createGpuKernelOutliningPass());
   GpuNVVMAttachTargetOptions target;
@@ -680,9 +768,8 @@ struct KVCLowerKernelsPass
     SymbolTable symbols(module);
     OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
     WalkResult result = module.walk([&](KernelOp kernel) {
-      // Only load-side chains are generated; project -> scatter kernels
-      // stay for the runtime to run step by step.
-      if (!RestoreKernelSpec::isRestoreKernel(kernel))
+      // Other chains stay for the runtime to run step by step.
+      if (!RestoreKernelSpec::kindOf(kernel))
         return WalkResult::advance();
       FailureOr<RestoreKernelSpec> spec =
           RestoreKernelSpec::get(kernel, model, blockSize, threads);

@@ -8,7 +8,7 @@
 // CHECK-LABEL: func.func @f
 // CHECK:         kvc.kernel "dequant_scatter"{{.*}} attributes {kvc.entry = @[[K:kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
 // CHECK:       func.func @[[K]](%[[PAYLOAD:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
-// CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, codec = #kvc.codec<quant = int4>, head_dim = 64 : i64, kv_heads = 2 : i64, layers = 1 : i64, storage = bf16, threads = 256 : i64, tokens = 64 : i64}}
+// CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, codec = #kvc.codec<quant = int4>, head_dim = 64 : i64, kind = "restore", kv_heads = 2 : i64, layers = 1 : i64, storage = bf16, threads = 256 : i64, tokens = 64 : i64}}
 // CHECK:         %[[GRID:.+]] = arith.constant 8 : index
 // CHECK:         scf.parallel (%[[B:.+]]) = (%{{.+}}) to (%[[GRID]])
 // CHECK:           scf.parallel (%[[T:.+]]) = (%{{.+}}) to (%{{.+}})
@@ -35,10 +35,30 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 
 // -----
 
-// Tests that a kernel of another kind (project -> scatter) is left alone.
+// Tests that a project -> scatter kernel becomes the projection's epilogue:
+// the function reads the GEMM's f32 K and V (32 bytes per item) and the RoPE
+// table (its last argument), rotates K's pieces by their half of the head
+// (channel +- 32) and stores bf16 into the cache; V's items only round.
 // CHECK-LABEL: func.func @project
-// CHECK:         kvc.kernel "project_scatter"
-// CHECK-NOT:     kvc.entry
+// CHECK:         kvc.kernel "project_scatter"{{.*}} attributes {kvc.entry = @[[E:kvc_rope_scatter_t64_l2_h2x64_b16]]}
+// CHECK:       func.func @[[E]](%[[PROJ:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %[[ROPE:.+]]: memref<?xi8>)
+// CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, head_dim = 64 : i64, kind = "rope_scatter", kv_heads = 2 : i64, layers = 2 : i64, storage = f32, threads = 256 : i64, tokens = 64 : i64}}
+// CHECK:             arith.cmpi ult, %{{.+}}, %c4096
+// CHECK:             scf.if
+// CHECK:               memref.view %[[PROJ]]{{.+}} to memref<?xvector<4xi32>>
+// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK:             } else {
+// CHECK:               %[[IN_HEAD:.+]] = arith.remui %{{.+}}, %c64
+// CHECK:               %[[FIRST:.+]] = arith.cmpi ult, %[[IN_HEAD]], %c32
+// CHECK:               arith.select %[[FIRST]], %{{.+}}, %{{.+}} : index
+// CHECK:               memref.view %[[ROPE]]{{.+}} to memref<?xvector<4xi32>>
+// CHECK:               memref.view %[[ROPE]]{{.+}} to memref<?xvector<4xi32>>
+// CHECK:               %[[OWN_COS:.+]] = arith.mulf %{{.+}}, %{{.+}} : vector<8xf32>
+// CHECK:               %[[PARTNER_SIN:.+]] = arith.mulf %{{.+}}, %{{.+}} : vector<8xf32>
+// CHECK:               %[[SUB:.+]] = arith.subf %[[OWN_COS]], %[[PARTNER_SIN]]
+// CHECK:               %[[ADD:.+]] = arith.addf %[[OWN_COS]], %[[PARTNER_SIN]]
+// CHECK:               arith.select %[[FIRST]], %[[SUB]], %[[ADD]] : vector<8xf32>
+// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
   kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {
@@ -48,6 +68,30 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
         -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
     kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
   }
+  return
+}
+}
+
+// -----
+
+// Tests that a kernel whose chain has no generated form (dequant ->
+// untransform, its result used outside) is left alone.
+// CHECK-LABEL: func.func @partial
+// CHECK:         kvc.kernel "dequant_untransform"
+// CHECK-NOT:     kvc.entry
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @partial(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int8>>) {
+  %u = kvc.kernel "dequant_untransform" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int8>>) -> (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>) {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int8>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int8>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+    %v = kvc.untransform %d
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.yield %v : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
   return
 }
 }
@@ -65,6 +109,24 @@ func.func @group(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device
         : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4, group = 4>>
         -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
     kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that a head_dim whose halves the 8-value RoPE pieces would straddle
+// is diagnosed on the kernel.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 192, heads = 8, kv_heads = 4, head_dim = 24, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @odd_head(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
+  // expected-error @+1 {{cannot be generated: RoPE over head_dim 24 needs a multiple of 16}}
+  kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {
+  ^bb0(%in: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>):
+    %p = kvc.project %in
+        : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+    kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
   }
   return
 }

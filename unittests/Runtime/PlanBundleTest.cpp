@@ -262,3 +262,116 @@ TEST(PlanBundleTest, ReadsFilesAndNamesThemInErrors) {
 }
 
 } // namespace
+
+namespace {
+
+constexpr const char *kRestoreKernel =
+    "kvc_restore_int8_kc_vt_g32_t512_l4_h8x128_b16";
+
+/// A kernel table entry as kvc-emit-bundle writes one.
+Json kernelEntry(const char *name, const char *kind) {
+  Json args = {"payload",     "key_cache",   "value_cache", "block_table",
+               "first_token", "first_layer", "layer_rows"};
+  const bool rope = std::string(kind) == "rope_scatter";
+  if (rope)
+    args.push_back("rope_table");
+  return {{"name", name},
+          {"kind", kind},
+          {"function", std::string(name) + "_kernel"},
+          {"arch", "sm_90"},
+          {"ptx", std::string(".version 8.5\n.target sm_90\n.entry ") + name +
+                      "_kernel(\n)\n{\n}\n"},
+          {"grid", {2048, 1, 1}},
+          {"block", {256, 1, 1}},
+          {"args", args},
+          {"tokens", 512},
+          {"layers", 4},
+          {"kv_heads", 8},
+          {"head_dim", 128},
+          {"block_size", 16},
+          {"storage", rope ? "f32" : "bf16"},
+          {"codec", rope ? "raw" : "int8"},
+          {"key_axis", "channel"},
+          {"value_axis", "token"},
+          {"payload_bytes", 1}};
+}
+
+/// validBundle() as version 2, its dequant-scatter tasks naming a kernel.
+std::string kernelErrorAfter(const std::function<void(Json &)> &edit) {
+  return errorAfter([&](Json &b) {
+    b["version"] = 2;
+    b["kernels"] = {kernelEntry(kRestoreKernel, "restore")};
+    task(b, 3)["entry"] = kRestoreKernel;
+    task(b, 7)["entry"] = kRestoreKernel;
+    edit(b);
+  });
+}
+
+TEST(PlanBundleTest, ReadsTheKernelTable) {
+  Json bundle = validBundle();
+  bundle["version"] = 2;
+  bundle["kernels"] = {kernelEntry(kRestoreKernel, "restore"),
+                       kernelEntry("kvc_rope_scatter_t512_l4_h8x128_b16",
+                                   "rope_scatter")};
+  task(bundle, 3)["entry"] = kRestoreKernel;
+  StatusOr<PlanBundle> parsed = parsePlanBundle(bundle.dump());
+  ASSERT_TRUE(parsed) << parsed.status().toString();
+  const BundleKernel *restore = parsed->findKernel(kRestoreKernel);
+  ASSERT_NE(restore, nullptr);
+  EXPECT_EQ(restore->kind, BundleKernel::Kind::Restore);
+  EXPECT_EQ(restore->codec.quant, CodecSpec::Quant::Int8);
+  EXPECT_EQ(restore->grid, (std::array<int64_t, 3>{2048, 1, 1}));
+  EXPECT_EQ(restore->args.size(), 7u);
+  const BundleKernel *rope =
+      parsed->findKernel("kvc_rope_scatter_t512_l4_h8x128_b16");
+  ASSERT_NE(rope, nullptr);
+  EXPECT_EQ(rope->kind, BundleKernel::Kind::RopeScatter);
+  EXPECT_EQ(rope->args.back(), "rope_table");
+  EXPECT_EQ(parsed->plans[0].tasks[3].entry, kRestoreKernel);
+  // A kernel without a kind (the first version 2 bundles) restores.
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0].erase("kind"); }),
+            "");
+}
+
+TEST(PlanBundleTest, RejectsBadKernels) {
+  EXPECT_EQ(kernelErrorAfter([](Json &) {}), "");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["arch"] = "sm_70"; }),
+            "kernels[0].arch: unknown architecture \"sm_70\" (expected sm_80 "
+            "to sm_90a)");
+  EXPECT_EQ(
+      kernelErrorAfter([](Json &b) { b["kernels"][0]["ptx"] = ".target sm_90"; }),
+      "kernels[0].ptx: has no entry \"" + std::string(kRestoreKernel) +
+          "_kernel\"");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "gemm"; }),
+            "kernels[0].kind: unknown kind \"gemm\" (expected \"restore\" or "
+            "\"rope_scatter\")");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["args"].erase(6); }),
+            "kernels[0].args: a restore kernel takes each of payload, "
+            "key_cache, value_cache, block_table, first_token, first_layer, "
+            "layer_rows once");
+  // A rope_scatter kernel takes the RoPE table, reads f32 projections, and
+  // serves only tasks that project hidden states.
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["kernels"][0]["kind"] = "rope_scatter";
+            }),
+            "kernels[0].args: a rope_scatter kernel takes each of payload, "
+            "key_cache, value_cache, block_table, first_token, first_layer, "
+            "layer_rows, rope_table once");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["kernels"][0] = kernelEntry(kRestoreKernel, "rope_scatter");
+              b["kernels"][0]["storage"] = "bf16";
+            }),
+            "kernels[0]: a rope_scatter kernel reads raw f32 projections "
+            "(storage \"f32\", codec \"raw\")");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["kernels"][0] = kernelEntry(kRestoreKernel, "rope_scatter");
+            }),
+            "plans[0].tasks[3].entry: kernel \"" + std::string(kRestoreKernel) +
+                "\" is a rope_scatter kernel; the task's steps do not project "
+                "hidden states");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { task(b, 3)["entry"] = "missing"; }),
+            "plans[0].tasks[3].entry: no kernel \"missing\" in the bundle's "
+            "kernel table");
+}
+
+} // namespace

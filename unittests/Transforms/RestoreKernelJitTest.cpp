@@ -1,15 +1,17 @@
 //===- RestoreKernelJitTest.cpp - Generated kernels on the host -----------===//
 //
-// Every restore kernel kvc-lower-kernels generates runs here through the
-// host lowering (buildKernelsToLLVMPipeline) and MLIR's ExecutionEngine, the
-// same loop nest the GPU pipeline maps to blocks and threads. Its output in a
-// paged cache must equal the runtime's decoder bit for bit, for every codec
-// composition the planner can choose and for shapes that stress the index
-// arithmetic (RestoreKernelCase.h).
+// Every kernel kind kvc-lower-kernels generates runs here through the host
+// lowering (buildKernelsToLLVMPipeline) and MLIR's ExecutionEngine, the same
+// loop nest the GPU pipeline maps to blocks and threads. Its output in a
+// paged cache must equal the runtime's own code bit for bit (the decoder for
+// every codec composition the planner can choose; RoPE and rounding after a
+// projection), for shapes that stress the index arithmetic
+// (RestoreKernelCase.h).
 //
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Testing/RestoreKernelCase.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/KernelGen.h"
@@ -33,6 +35,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 using namespace mlir;
@@ -41,8 +44,11 @@ using ::kvc::testing::RestoreKernelShape;
 
 namespace {
 
+using ::kvc::DType;
+
 struct JitCase {
-  const char *codec; ///< parseCodecSpec's grammar.
+  /// parseCodecSpec's grammar for a restore kernel, or "rope_scatter".
+  const char *codec;
   ::kvc::DType storage;
   int64_t tokens, layers, kvHeads, headDim, blockSize, firstToken;
 };
@@ -87,9 +93,11 @@ protected:
   MLIRContext context;
 };
 
-TEST_P(RestoreKernelJitTest, EqualsTheRuntimeDecoder) {
+TEST_P(RestoreKernelJitTest, EqualsTheRuntime) {
   const JitCase &p = GetParam();
-  ::kvc::StatusOr<::kvc::CodecSpec> codec = ::kvc::parseCodecSpec(p.codec);
+  const bool rope = std::string(p.codec) == "rope_scatter";
+  ::kvc::StatusOr<::kvc::CodecSpec> codec =
+      ::kvc::parseCodecSpec(rope ? "raw" : p.codec);
   ASSERT_TRUE(codec) << codec.status().message();
 
   RestoreKernelShape shape;
@@ -100,29 +108,41 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntimeDecoder) {
   shape.blockSize = p.blockSize;
   shape.codec = *codec;
   shape.storage = p.storage;
-  ::kvc::StatusOr<RestoreKernelCase> made = RestoreKernelCase::make(
-      shape, p.firstToken, /*firstLayer=*/1, /*seed=*/uint32_t(p.tokens));
+  // Llama 3.1's RoPE: base 500000, scaled for long contexts.
+  ::kvc::ModelConfig model;
+  model.headDim = p.headDim;
+  model.ropeTheta = 500000;
+  model.ropeScaling = {::kvc::RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
+  const uint32_t seed = uint32_t(p.tokens);
+  ::kvc::StatusOr<RestoreKernelCase> made =
+      rope ? RestoreKernelCase::makeRopeScatter(
+                 shape, ::kvc::ropeFrequencies(model), p.firstToken,
+                 /*firstLayer=*/1, seed)
+           : RestoreKernelCase::make(shape, p.firstToken, /*firstLayer=*/1,
+                                     seed);
   ASSERT_TRUE(made) << made.status().message();
   const RestoreKernelCase &c = *made;
 
   mlir::kvc::RestoreKernelSpec spec;
+  spec.kind = rope ? mlir::kvc::KernelKind::RopeScatter
+                   : mlir::kvc::KernelKind::Restore;
   spec.tokens = p.tokens;
   spec.layers = p.layers;
   spec.kvHeads = p.kvHeads;
   spec.headDim = p.headDim;
   spec.blockSize = p.blockSize;
   Builder b(&context);
-  spec.storage = p.storage == ::kvc::DType::F32   ? Type(b.getF32Type())
-                 : p.storage == ::kvc::DType::F16 ? Type(b.getF16Type())
-                                                : Type(b.getBF16Type());
+  spec.storage = p.storage == DType::F32   ? Type(b.getF32Type())
+                 : p.storage == DType::F16 ? Type(b.getF16Type())
+                                           : Type(b.getBF16Type());
   spec.codec = mlir::kvc::getCodecAttr(&context, *codec);
   spec.threads = 64;
   ASSERT_EQ(spec.payloadBytes(), int64_t(c.payload().size()));
 
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
-  func::FuncOp func = mlir::kvc::buildRestoreKernel(builder, builder.getUnknownLoc(),
-                                              spec);
+  func::FuncOp func = mlir::kvc::buildRestoreKernel(
+      builder, builder.getUnknownLoc(), spec);
   func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                 builder.getUnitAttr());
   const std::string name = func.getSymName().str(); // Lowering erases func.
@@ -136,8 +156,14 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntimeDecoder) {
   auto engine = ExecutionEngine::create(*module, options);
   ASSERT_TRUE(bool(engine)) << llvm::toString(engine.takeError());
 
-  AlignedBuffer<int8_t> payload(c.payload().size());
-  std::copy(c.payload().begin(), c.payload().end(), payload.data.get());
+  auto bytesOf = [](const auto &container) {
+    AlignedBuffer<int8_t> buffer(container.size() *
+                                 sizeof(*container.data()));
+    std::memcpy(buffer.data.get(), container.data(), buffer.count);
+    return buffer;
+  };
+  AlignedBuffer<int8_t> payload = bytesOf(c.payload());
+  AlignedBuffer<int8_t> ropeTable = bytesOf(c.ropeTable());
   AlignedBuffer<int8_t> keys(c.cacheValues() * 2), values(c.cacheValues() * 2);
   auto *keyBits = reinterpret_cast<uint16_t *>(keys.data.get());
   auto *valueBits = reinterpret_cast<uint16_t *>(values.data.get());
@@ -147,22 +173,23 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntimeDecoder) {
   std::copy(c.blockTable().begin(), c.blockTable().end(), table.data.get());
 
   auto payloadRef = payload.memref(), keyRef = keys.memref(),
-       valueRef = values.memref();
+       valueRef = values.memref(), ropeRef = ropeTable.memref();
   auto tableRef = table.memref();
-  auto *payloadArg = &payloadRef, *keyArg = &keyRef, *valueArg = &valueRef;
+  auto *payloadArg = &payloadRef, *keyArg = &keyRef, *valueArg = &valueRef,
+       *ropeArg = &ropeRef;
   auto *tableArg = &tableRef;
   int64_t firstToken = c.firstToken(), firstLayer = c.firstLayer(),
           layerRows = c.layerRows();
-  llvm::Error error = (*engine)->invoke(
-      name, payloadArg, keyArg, valueArg, tableArg, firstToken,
-      firstLayer, layerRows);
+  llvm::Error error =
+      rope ? (*engine)->invoke(name, payloadArg, keyArg, valueArg, tableArg,
+                               firstToken, firstLayer, layerRows, ropeArg)
+           : (*engine)->invoke(name, payloadArg, keyArg, valueArg, tableArg,
+                               firstToken, firstLayer, layerRows);
   ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
 
   ::kvc::testing::CacheErrors errors = c.check(keyBits, valueBits);
   EXPECT_TRUE(errors.ok()) << errors.str();
 }
-
-using ::kvc::DType;
 
 // The planner's compositions (kvc-select-codec): raw data in each storage
 // type, Hadamard alone, and int8/int4/int2 with and without Hadamard, on
@@ -191,7 +218,16 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"hadamard+int8", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"hadamard+int4", DType::BF16, 37, 2, 1, 128, 16, 5},
         JitCase{"hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
-        JitCase{"hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2, 64,
-             16, 9}));
+        JitCase{"hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
+                64, 16, 9}));
+
+// The projection's epilogue: head_dim 64 and 128, one to eight KV heads,
+// positions past Llama 3's original context (scaled frequencies).
+INSTANTIATE_TEST_SUITE_P(
+    RopeScatter, RestoreKernelJitTest,
+    ::testing::Values(JitCase{"rope_scatter", DType::F32, 37, 2, 2, 64, 16, 5},
+                      JitCase{"rope_scatter", DType::F32, 16, 1, 8, 128, 16, 0},
+                      JitCase{"rope_scatter", DType::F32, 21, 1, 1, 128, 32,
+                              9000}));
 
 } // namespace

@@ -1,13 +1,16 @@
 //===- RestoreKernelCase.h - Checking a generated restore kernel -*- C++ -*-===//
 //
-// One test case of a generated restore kernel (KernelGen.h), for whatever
-// runs it: the host JIT in the unit tests, the CUDA driver in
-// kvc-kernel-bench. It encodes random KV with the runtime's codecs, builds a
-// paged cache the kernel must write into (a shuffled block table with spare
-// blocks, a chunk starting mid-block, layers after the first), poisons it,
-// and afterwards checks every value against the runtime's own decoder
-// (decodeChunkToBf16) bit for bit, and that nothing outside the chunk's rows
-// was written. Links only the runtime.
+// One test case of a generated kernel (KernelGen.h) that writes a chunk
+// into the paged cache, for whatever runs it: the host JIT in the unit
+// tests, the CUDA driver in kvc-kernel-bench. It draws random KV and makes
+// the kernel's input with the runtime's own code (a restore kernel's payload
+// by its codecs; a rope_scatter kernel's f32 projections and the RoPE table
+// of Rope.h), builds a paged cache the kernel must write into (a shuffled
+// block table with spare blocks, a chunk starting mid-block, layers after
+// the first), poisons it, and afterwards checks every value against what the
+// runtime computes (decodeChunkToBf16; applyRope then bf16 rounding) bit for
+// bit, and that nothing outside the chunk's rows was written. Links only the
+// runtime.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +21,7 @@
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -45,18 +49,27 @@ struct CacheErrors {
 
 class RestoreKernelCase {
 public:
-  /// A case whose chunk starts at token `firstToken` of the request and
-  /// layer `firstLayer` of the cache; `seed` draws the KV and the table.
+  /// A restore kernel's case whose chunk starts at token `firstToken` of
+  /// the request and layer `firstLayer` of the cache; `seed` draws the KV
+  /// and the table.
   static StatusOr<RestoreKernelCase> make(const RestoreKernelShape &shape,
                                           int64_t firstToken,
                                           int64_t firstLayer, uint32_t seed);
+  /// A rope_scatter kernel's case (the shape's codec and storage unused),
+  /// with the RoPE frequencies `invFreq` (ropeFrequencies()).
+  static StatusOr<RestoreKernelCase>
+  makeRopeScatter(const RestoreKernelShape &shape,
+                  const std::vector<float> &invFreq, int64_t firstToken,
+                  int64_t firstLayer, uint32_t seed);
 
   /// A quiet NaN no decoder produces: what the cache holds before a launch.
   static constexpr uint16_t kPoison = 0x7FC1;
 
   const RestoreKernelShape &shape() const { return shape_; }
-  /// The encoded chunk, as the kernel reads it.
+  /// The kernel's input: the encoded chunk, or the f32 projections.
   const std::string &payload() const { return payload_; }
+  /// rope_scatter: the RoPE table's rows 0 .. firstToken + tokens, f32.
+  const std::vector<float> &ropeTable() const { return ropeTable_; }
   /// Logical block -> physical block.
   const std::vector<int32_t> &blockTable() const { return table_; }
   int64_t firstToken() const { return firstToken_; }
@@ -70,10 +83,21 @@ public:
   CacheErrors check(const uint16_t *keys, const uint16_t *values) const;
 
 private:
+  RestoreKernelCase(const RestoreKernelShape &shape, int64_t firstToken,
+                    int64_t firstLayer)
+      : shape_(shape), firstToken_(firstToken), firstLayer_(firstLayer) {}
+  /// Draws the chunk's values: keys with per-channel outliers, values around
+  /// zero (KIVI's setting).
+  static std::vector<float> drawValues(const ChunkShape &chunk,
+                                       std::mt19937 &rng);
+  /// Draws the block table and sizes the cache.
+  void drawTable(std::mt19937 &rng);
+
   RestoreKernelShape shape_;
   std::string payload_;
   std::vector<uint16_t> expected_; ///< decodeChunkToBf16's output.
   std::vector<int32_t> table_;
+  std::vector<float> ropeTable_;
   int64_t firstToken_ = 0, firstLayer_ = 0, layerRows_ = 0;
 };
 

@@ -1,18 +1,26 @@
-//===- KernelGen.h - Fused restore kernels as loop nests --------*- C++ -*-===//
+//===- KernelGen.h - Fused kernels as loop nests ----------------*- C++ -*-===//
 //
-// kvc-lower-kernels turns each load-side kvc.kernel (dequant -> untransform
-// -> scatter and its sub-chains) into a function whose body is a loop nest
-// specialized for one plan: the model's KV width, the codec, the chunk's
-// tokens and layers and the paged cache's block size are constants, so
-// every byte offset, group index and alignment is known when the code is
-// generated. The same function lowers to PTX (kvc-kernels-to-ptx) and to
-// host LLVM (buildKernelsToLLVMPipeline), which is how CI checks it against
-// the runtime's decoder without a GPU.
+// kvc-lower-kernels turns each kvc.kernel whose chain has a generated form
+// into a function whose body is a loop nest specialized for one plan: the
+// model's KV width, the codec, the chunk's tokens and layers and the paged
+// cache's block size are constants, so every byte offset, group index and
+// alignment is known when the code is generated. Two kinds:
+//
+//   restore       [dequant] [untransform] scatter of stored KV;
+//   rope_scatter  project -> scatter: the epilogue after the runtime's K/V
+//                 projection GEMM (RoPE on K, bf16 rounding, scatter).
+//
+// The same function lowers to PTX (kvc-kernels-to-ptx) and to host LLVM
+// (buildKernelsToLLVMPipeline), which is how CI checks it against the
+// runtime's own code without a GPU.
 //
 // A kernel function's arguments (its ABI, recorded in the plan bundle):
 //
-//   payload      memref<?xi8>   the chunk after its lossless stage, as the
-//                               runtime's codecs lay it out (16-byte aligned)
+//   payload      memref<?xi8>   restore: the chunk after its lossless stage,
+//                               as the runtime's codecs lay it out;
+//                               rope_scatter: the projection's f32 output,
+//                               per layer K then V, [tokens][kv width]
+//                               (16-byte aligned either way)
 //   key_cache    memref<?xi8>   [layers][layer_rows][kv_heads * head_dim]
 //   value_cache  memref<?xi8>   bf16, the same shape (vLLM's flash layout
 //                               with a layer stride of layer_rows rows)
@@ -20,6 +28,9 @@
 //   first_token  index          the chunk's first token in the request
 //   first_layer  index          the chunk's first layer in the cache
 //   layer_rows   index          rows of one layer's cache (blocks * block size)
+//   rope_table   memref<?xi8>   rope_scatter only: the model's RoPE table,
+//                               f32 [position][head_dim] (Rope.h), indexed
+//                               by first_token + token
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,20 +42,29 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassManager.h"
 
+#include <optional>
 #include <string>
 
 namespace mlir::kvc {
 
-/// What one generated restore kernel is specialized for.
+/// What a generated kernel computes.
+enum class KernelKind { Restore, RopeScatter };
+
+/// "restore" or "rope_scatter".
+StringRef stringifyKernelKind(KernelKind kind);
+
+/// What one generated kernel is specialized for.
 struct RestoreKernelSpec {
+  KernelKind kind = KernelKind::Restore;
   int64_t tokens = 0;
   int64_t layers = 0;
   int64_t kvHeads = 0;
   int64_t headDim = 0;
   int64_t blockSize = 16;
-  /// Element type of unquantized stored values (bf16, f16 or f32).
+  /// Element type of unquantized stored values (bf16, f16 or f32; f32 for
+  /// rope_scatter, the projection's output).
   Type storage;
-  /// Null for raw chunks.
+  /// Null for raw chunks and rope_scatter.
   CodecAttr codec;
   /// Threads per block of the GPU launch.
   int64_t threads = 256;
@@ -60,24 +80,26 @@ struct RestoreKernelSpec {
   /// Bytes of the payload the kernel reads.
   int64_t payloadBytes() const;
   /// A symbol naming the specialization, e.g.
-  /// kvc_restore_int4_kc_vt_g32_t256_l32_h8x128_b16.
+  /// kvc_restore_int4_kc_vt_g32_t256_l32_h8x128_b16 or
+  /// kvc_rope_scatter_t256_l32_h8x128_b16.
   std::string symbolName() const;
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
   DictionaryAttr toAttr(MLIRContext *context) const;
   static FailureOr<RestoreKernelSpec> fromAttr(DictionaryAttr attr);
 
-  /// Whether `kernel` is a load-side chain: [dequant] [untransform] scatter.
-  static bool isRestoreKernel(KernelOp kernel);
-  /// The spec of a load-side kernel in a module whose #kvc.model is
-  /// `model`; fails with a diagnostic on the kernel when its chain or shape
-  /// has no generated form.
+  /// The kind of `kernel`'s chain, if it has a generated form:
+  /// [dequant] [untransform] scatter, or project -> scatter.
+  static std::optional<KernelKind> kindOf(KernelOp kernel);
+  /// The spec of a kernel of a generated kind in a module whose #kvc.model
+  /// is `model`; fails with a diagnostic on the kernel when its chunk's
+  /// shape or encoding has no generated form.
   static FailureOr<RestoreKernelSpec> get(KernelOp kernel, ModelAttr model,
                                           int64_t blockSize, int64_t threads);
 };
 
 /// Names of a kernel function's arguments, in order.
-ArrayRef<StringRef> restoreKernelArgNames();
+ArrayRef<StringRef> kernelArgNames(KernelKind kind);
 
 /// Builds the kernel function for `spec` at the builder's insertion point.
 func::FuncOp buildRestoreKernel(OpBuilder &builder, Location loc,

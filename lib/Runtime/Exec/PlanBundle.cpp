@@ -51,11 +51,21 @@ bool BundlePlan::sameSchedule(const BundlePlan &other) const {
                     other.tasks.end(), sameTask);
 }
 
-const std::vector<std::string> &bundleKernelArgNames() {
-  static const std::vector<std::string> names = {
+const char *bundleKernelKindName(BundleKernel::Kind kind) {
+  return kind == BundleKernel::Kind::Restore ? "restore" : "rope_scatter";
+}
+
+const std::vector<std::string> &
+bundleKernelArgNames(BundleKernel::Kind kind) {
+  static const std::vector<std::string> restore = {
       "payload",     "key_cache",   "value_cache", "block_table",
       "first_token", "first_layer", "layer_rows"};
-  return names;
+  static const std::vector<std::string> ropeScatter = [] {
+    std::vector<std::string> names = restore;
+    names.push_back("rope_table");
+    return names;
+  }();
+  return kind == BundleKernel::Kind::Restore ? restore : ropeScatter;
 }
 
 const BundleKernel *PlanBundle::findKernel(std::string_view name) const {
@@ -360,6 +370,16 @@ Status parseKernel(const Json &obj, const std::string &path,
   KVC_RETURN_IF_ERROR(expectObject(obj, path));
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "name", kernel.name, Presence::Required));
+  std::string kind = "restore";
+  KVC_RETURN_IF_ERROR(readString(obj, path, "kind", kind, Presence::Optional));
+  if (kind == bundleKernelKindName(BundleKernel::Kind::Restore))
+    kernel.kind = BundleKernel::Kind::Restore;
+  else if (kind == bundleKernelKindName(BundleKernel::Kind::RopeScatter))
+    kernel.kind = BundleKernel::Kind::RopeScatter;
+  else
+    return invalidArgument(fieldPath(path, "kind") + ": unknown kind \"" +
+                           kind + "\" (expected \"restore\" or "
+                           "\"rope_scatter\")");
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "function", kernel.function, Presence::Required));
   KVC_RETURN_IF_ERROR(
@@ -435,14 +455,22 @@ Status validateKernel(const BundleKernel &kernel, const std::string &path) {
                            "\"");
   if (kernel.block[0] * kernel.block[1] * kernel.block[2] > 1024)
     return invalidArgument(path + ".block: more than 1024 threads per block");
-  std::vector<std::string> sorted = kernel.args, expected =
-                                                     bundleKernelArgNames();
+  const std::vector<std::string> &names = bundleKernelArgNames(kernel.kind);
+  std::vector<std::string> sorted = kernel.args, expected = names;
   std::sort(sorted.begin(), sorted.end());
   std::sort(expected.begin(), expected.end());
-  if (sorted != expected)
-    return invalidArgument(path + ".args: expected each of payload, "
-                           "key_cache, value_cache, block_table, first_token, "
-                           "first_layer, layer_rows once");
+  if (sorted != expected) {
+    std::string list;
+    for (const std::string &name : names)
+      list += (list.empty() ? "" : ", ") + name;
+    return invalidArgument(path + ".args: a " +
+                           bundleKernelKindName(kernel.kind) +
+                           " kernel takes each of " + list + " once");
+  }
+  if (kernel.kind == BundleKernel::Kind::RopeScatter &&
+      (kernel.storage != "f32" || !kernel.codec.isRaw()))
+    return invalidArgument(path + ": a rope_scatter kernel reads raw f32 "
+                           "projections (storage \"f32\", codec \"raw\")");
   return Status::ok();
 }
 
@@ -454,6 +482,15 @@ Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
     return invalidArgument(path + ".entry: no kernel \"" + task.entry +
                            "\" in the bundle's kernel table");
   const BundleStep &scatter = task.steps.back();
+  const bool projects =
+      std::any_of(task.steps.begin(), task.steps.end(),
+                  [](const BundleStep &step) { return step.op == "project"; });
+  if (projects != (kernel->kind == BundleKernel::Kind::RopeScatter))
+    return invalidArgument(path + ".entry: kernel \"" + task.entry +
+                           "\" is a " + bundleKernelKindName(kernel->kind) +
+                           " kernel; the task's steps " +
+                           (projects ? "project hidden states"
+                                     : "do not project hidden states"));
   if (scatter.op != "scatter" || scatter.form != "kv" ||
       scatter.tokens.size() != kernel->tokens ||
       scatter.layers.size() != kernel->layers)

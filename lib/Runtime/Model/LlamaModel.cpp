@@ -4,6 +4,7 @@
 
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Base/Sha256.h"
+#include "kvc/Runtime/Model/Rope.h"
 
 #include <cblas.h>
 
@@ -51,34 +52,6 @@ Status take(TensorMap &tensors, const std::string &name,
   }
   out = std::move(it->second.data);
   return Status::ok();
-}
-
-/// RoPE frequencies with the config's scaling (HF's rope_init functions).
-std::vector<float> ropeFrequencies(const ModelConfig &c) {
-  int64_t half = c.headDim / 2;
-  std::vector<float> inv(half);
-  const double pi = 3.14159265358979323846;
-  for (int64_t i = 0; i < half; ++i) {
-    double f = 1.0 / std::pow(c.ropeTheta, double(2 * i) / double(c.headDim));
-    const RopeScaling &s = c.ropeScaling;
-    if (s.kind == RopeScaling::Kind::Linear) {
-      f /= s.factor;
-    } else if (s.kind == RopeScaling::Kind::Llama3) {
-      double lowWavelen = double(s.originalMaxPositions) / s.lowFreqFactor;
-      double highWavelen = double(s.originalMaxPositions) / s.highFreqFactor;
-      double wavelen = 2 * pi / f;
-      if (wavelen > lowWavelen) {
-        f /= s.factor;
-      } else if (wavelen >= highWavelen) {
-        double smooth =
-            (double(s.originalMaxPositions) / wavelen - s.lowFreqFactor) /
-            (s.highFreqFactor - s.lowFreqFactor);
-        f = (1 - smooth) * f / s.factor + smooth * f;
-      }
-    }
-    inv[i] = float(f);
-  }
-  return inv;
 }
 
 } // namespace
@@ -174,22 +147,15 @@ void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,
   }
 }
 
+void LlamaModel::ropeTable(int64_t position, int64_t n, float *out) const {
+  ropeCosSin(invFreq_, position, n, out);
+}
+
 void LlamaModel::rope(float *x, int64_t n, int64_t heads,
                       int64_t position) const {
-  const int64_t d = config_.headDim, half = d / 2;
-  for (int64_t i = 0; i < n; ++i) {
-    double pos = double(position + i);
-    for (int64_t j = 0; j < half; ++j) {
-      double angle = pos * double(invFreq_[j]);
-      float c = float(std::cos(angle)), s = float(std::sin(angle));
-      for (int64_t hd = 0; hd < heads; ++hd) {
-        float *head = x + (i * heads + hd) * d;
-        float a = head[j], b = head[j + half];
-        head[j] = a * c - b * s;
-        head[j + half] = b * c + a * s;
-      }
-    }
-  }
+  std::vector<float> table(n * config_.headDim);
+  ropeTable(position, n, table.data());
+  applyRope(x, n, heads, config_.headDim, table.data());
 }
 
 void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,

@@ -109,8 +109,14 @@ struct BundlePlan {
 /// A generated kernel (kvc-lower-kernels, kvc-kernels-to-ptx): its PTX, its
 /// launch shape and argument ABI, and what it is specialized for.
 struct BundleKernel {
+  /// What the kernel computes: `Restore` decodes a stored KV payload into
+  /// the cache; `RopeScatter` is the epilogue of a hidden-state projection
+  /// (its payload is the K/V GEMM's f32 output; it applies RoPE to K).
+  enum class Kind { Restore, RopeScatter };
+
   /// The symbol tasks name in `entry`.
   std::string name;
+  Kind kind = Kind::Restore;
   /// The PTX .entry to launch.
   std::string function;
   /// "sm_90", ...: the architecture the PTX targets.
@@ -120,14 +126,16 @@ struct BundleKernel {
   /// the specialization.
   std::array<int64_t, 3> grid{1, 1, 1}, block{1, 1, 1};
   /// The kernel's parameters in order, by name (KernelGen.h): buffers
-  /// ("payload", "key_cache", "value_cache", "block_table") each pass as the
+  /// ("payload", "key_cache", "value_cache", "block_table", and for
+  /// RopeScatter "rope_table") each pass as the
   /// five values of an MLIR memref descriptor (base, aligned base, offset,
   /// size, stride), integers ("first_token", "first_layer", "layer_rows") as
   /// one 64-bit value.
   std::vector<std::string> args;
   /// The specialization.
   int64_t tokens = 0, layers = 0, kvHeads = 0, headDim = 0, blockSize = 0;
-  /// "bf16", "f16" or "f32": unquantized stored values.
+  /// "bf16", "f16" or "f32": unquantized stored values ("f32" for
+  /// RopeScatter, whose payload holds the projection's output).
   std::string storage = "bf16";
   /// The payload's codec (no lossless stage: decompressed on the host).
   CodecSpec codec;
@@ -135,8 +143,11 @@ struct BundleKernel {
   int64_t payloadBytes = 0;
 };
 
-/// The argument names a kernel's ABI may use; each appears once.
-const std::vector<std::string> &bundleKernelArgNames();
+/// "restore" or "rope_scatter".
+const char *bundleKernelKindName(BundleKernel::Kind kind);
+
+/// The argument names a kernel of `kind` takes, each once.
+const std::vector<std::string> &bundleKernelArgNames(BundleKernel::Kind kind);
 
 struct PlanBundle {
   int64_t version = kPlanBundleVersion;

@@ -129,6 +129,10 @@ public:
   void project(int64_t layer, const float *hidden, int64_t n,
                int64_t position, float *k, float *v) const;
 
+  /// Rows position .. position + n of the model's RoPE table (Rope.h):
+  /// what its rotations use, and what a generated kernel reads.
+  void ropeTable(int64_t position, int64_t n, float *out) const;
+
 private:
   struct Layer {
     std::vector<float> attnNorm, q, k, v, o, mlpNorm, gate, up, down;

@@ -51,6 +51,12 @@ void mlir::kvc::registerKVCPipelines() {
       [](OpPassManager &pm, const KernelsToPTXOptions &options) {
         buildKernelsToPTXPipeline(pm, options.chip);
       });
+  PassPipelineRegistration<>(
+      "kvc-kernels-to-llvm",
+      "Lowers kvc-lower-kernels' functions for the host: their parallel "
+      "loops become sequential loops in the LLVM dialect (what the unit tests "
+      "run with MLIR's ExecutionEngine)",
+      buildKernelsToLLVMPipeline);
   PassPipelineRegistration<RestorePipelineOptions>(
       "kvc-restore-pipeline",
       "Plans every kvc.restore jointly and lowers it to scheduled tasks with "

@@ -8,9 +8,12 @@
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
 #include "kvc/Transforms/Passes.h"
 
+#include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
 #include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
 #include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
 #include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
+#include "mlir/Conversion/SCFToGPU/SCFToGPUPass.h"
+#include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVMPass.h"
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -46,9 +49,13 @@ int main(int argc, char **argv) {
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::registerGPUPasses();
+  // The upstream passes of kvc's kernel pipelines, to run stage by stage.
   mlir::registerPass([] { return mlir::createConvertGpuOpsToNVVMOps(); });
   mlir::registerPass([] { return mlir::createConvertSCFToCFPass(); });
   mlir::registerPass([] { return mlir::createReconcileUnrealizedCastsPass(); });
+  mlir::registerPass([] { return mlir::createParallelLoopToGpuPass(); });
+  mlir::registerPass([] { return mlir::createLowerAffinePass(); });
+  mlir::registerPass([] { return mlir::createConvertVectorToLLVMPass(); });
 
   return mlir::asMainReturnCode(
       mlir::MlirOptMain(argc, argv, "kvc optimizer driver\n", registry));

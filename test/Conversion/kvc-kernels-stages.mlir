@@ -1,0 +1,87 @@
+// RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu | FileCheck %s --check-prefix=LAUNCH
+// RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining | FileCheck %s --check-prefix=OUTLINED
+// RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining \
+// RUN:   | kvc-opt --pass-pipeline='builtin.module(nvvm-attach-target{chip=sm_90 O=3}, gpu.module(convert-scf-to-cf, convert-vector-to-llvm, convert-gpu-to-nvvm, canonicalize, cse, reconcile-unrealized-casts))' | FileCheck %s --check-prefix=NVVM
+// RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | FileCheck %s --check-prefix=PTX --implicit-check-not=fma.rn
+// RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
+
+// Tests the IR of one kernel of each kind (an int8 restore, a projection's
+// RoPE epilogue) at each stage of kvc-kernels-to-ptx, and the host lowering
+// the unit tests run: kvc-lower-kernels' two parallel loops become one
+// gpu.launch of 8 blocks x 256 threads (64 tokens x 2 matrices x 128 / 8
+// values), outlined into a gpu.func, NVVM with 16-byte vector loads and
+// stores, then PTX with ld.global.v4 / st.global.v4 and no fused
+// multiply-adds (.rn: the runtime's rounding, step by step).
+
+// LAUNCH-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16
+// LAUNCH:         %[[GRID:.+]] = affine.apply {{.+}}(%c8)
+// LAUNCH:         gpu.launch blocks(%{{.+}}, %{{.+}}, %{{.+}}) in (%{{.+}} = %[[GRID]], %{{.+}} = %c1{{.*}}, %{{.+}} = %c1{{.*}}) threads
+// LAUNCH:           gpu.terminator
+// LAUNCH-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16
+// LAUNCH:         gpu.launch blocks
+
+// OUTLINED-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
+// OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c8{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})
+// OUTLINED:       gpu.module @[[R]]
+// OUTLINED:         gpu.func @[[R]]({{.+}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>, known_grid_size = array<i32: 8, 1, 1>}
+// OUTLINED-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16(
+// OUTLINED:         gpu.launch_func @[[E:kvc_rope_scatter_t64_l1_h2x64_b16_kernel]]::@[[E]] blocks in (%c8{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}}) args({{.*}}%arg7 : memref<?xi8>
+// OUTLINED:       gpu.module @[[E]]
+
+// NVVM:       gpu.module @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#nvvm.target<O = 3, chip = "sm_90">]
+// NVVM:         llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel({{.+}}) attributes {gpu.kernel, {{.*}}nvvm.kernel
+// NVVM:           nvvm.read.ptx.sreg.ctaid.x
+// NVVM:           nvvm.read.ptx.sreg.tid.x
+// NVVM:           llvm.fmul {{.+}} : vector<8xf32>
+// NVVM:           llvm.fadd {{.+}} : vector<8xf32>
+// NVVM:           llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+// NVVM:           llvm.load {{.+}} -> vector<4xi32>
+// NVVM:       gpu.module @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
+// NVVM:         llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
+// NVVM:           %[[COS:.+]] = llvm.fmul {{.+}} : vector<8xf32>
+// NVVM:           %[[SIN:.+]] = llvm.fmul {{.+}} : vector<8xf32>
+// NVVM:           llvm.fsub %[[COS]], %[[SIN]] : vector<8xf32>
+// NVVM:           llvm.fadd %[[COS]], %[[SIN]] : vector<8xf32>
+// NVVM:           llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+
+// PTX:     gpu.binary @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#gpu.object<#nvvm.target<O = 3, chip = "sm_90">, {{.*}}assembly = "
+// PTX-SAME:  .target sm_90
+// PTX-SAME:  .entry kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel(
+// PTX-SAME:  ld.global.v4.u32
+// PTX-SAME:  mul.rn.f32
+// PTX-SAME:  st.global.v4.b32
+// PTX:     gpu.binary @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
+// PTX-SAME:  .entry kvc_rope_scatter_t64_l1_h2x64_b16_kernel(
+// PTX-SAME:  ld.global.v4.u32
+// PTX-SAME:  mul.rn.f32
+// PTX-SAME:  add.rn.f32
+// PTX-SAME:  st.global.v4.b32
+
+// HOST-NOT:   gpu.
+// HOST:       llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
+// HOST:         llvm.cond_br
+// HOST:         llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+// HOST:       llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16(
+
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @restore(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>) {
+  kvc.kernel "dequant_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>) {
+  kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>) -> () {
+  ^bb0(%in: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>):
+    %p = kvc.project %in
+        : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}

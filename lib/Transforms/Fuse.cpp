@@ -2,9 +2,9 @@
 //
 // Finds maximal chains of fusible steps on device chunks, each feeding only
 // the next (dequant -> untransform -> scatter, project -> scatter, ...), and
-// folds every chain of two or more into one kvc.kernel, which lowers to one
-// gpu.func. Values a chain produces for steps outside it become the
-// kernel's results.
+// folds every chain of two or more into one kvc.kernel (kvc-lower-kernels
+// generates the kinds listed in KernelGen.h). Values a chain produces for
+// steps outside it become the kernel's results.
 //
 //===----------------------------------------------------------------------===//
 

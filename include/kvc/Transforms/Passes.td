@@ -389,10 +389,15 @@ def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
 //===----------------------------------------------------------------------===//
 
 def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
-  let summary = "Generates a loop-nest function for every load-side kvc.kernel";
+  let summary = "Generates a loop-nest function for every kvc.kernel of a "
+                "generated kind";
   let description = [{
-    Turns each load-side `kvc.kernel` — `[dequant] [untransform] scatter` on
-    a KV chunk — into a `func.func` specialized for the plan: the model's KV
+    Turns each `kvc.kernel` of a generated kind — `[dequant] [untransform]
+    scatter` on a KV chunk (kind `restore`), or `project -> scatter` (kind
+    `rope_scatter`: the epilogue after the runtime's K/V projection GEMM,
+    which applies RoPE to K from the model's cos/sin table, rounds K and V to
+    bf16 and scatters them) — into a `func.func` specialized for the plan:
+    the model's KV
     width, the codec (quantization bits, the axis and group of K's and V's
     scales, Hadamard over head_dim), the chunk's tokens and layers and the
     paged cache's block size are constants. The body is two `scf.parallel`
@@ -401,11 +406,12 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     and store bf16 rows into the paged cache through the block table, with
     16-byte vector accesses. Kernels of the same specialization share one
     function; the kernel op names it in `kvc.entry`. The function lowers to
-    PTX with `kvc-kernels-to-ptx` and to host LLVM for CPU tests. Kernels of
-    other kinds (project -> scatter) are left alone; a load-side kernel the
+    PTX with `kvc-kernels-to-ptx` and to host LLVM with `kvc-kernels-to-llvm`
+    (docs/kernels.md). Kernels of other chains are left alone; a kernel the
     generator cannot specialize (a still-compressed input, a width that is
-    not a multiple of 32, per-token groups not a multiple of 8) fails the
-    pass with a message on the kernel.
+    not a multiple of 32, per-token groups not a multiple of 8, a head_dim
+    that is not a multiple of 16 under RoPE) fails the pass with a message
+    on the kernel.
 
     Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
     ```

@@ -578,11 +578,14 @@ def KVC_TaskOp : KVC_Op<"task", [
 
 def KVC_KernelOp : KVC_Op<"kernel", [
     IsolatedFromAbove, SingleBlockImplicitTerminator<"YieldOp">]> {
-  let summary = "A fused chain of elementwise steps, lowered to one gpu.func";
+  let summary = "A fused chain of elementwise steps";
   let description = [{
     `kvc-fuse` folds chains such as decompress -> dequant -> untransform ->
     scatter or project -> scatter into one kernel. The body's arguments
-    receive the operands; it may only hold fusible steps.
+    receive the operands; it may only hold fusible steps. `kvc-lower-kernels`
+    generates a function for the chains that have a generated form and names
+    it in the kernel's `kvc.entry`; `kvc-kernels-to-ptx` lowers that function
+    to one GPU kernel.
 
     ```mlir
     func.func @example(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) {

@@ -18,11 +18,10 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "kvc/Runtime/Cuda/CudaDriver.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Testing/RestoreKernelCase.h"
-
-#include <cuda.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -35,12 +34,13 @@ struct CudaError {
   std::string what;
 };
 
+/// The driver, loaded by main() before any other use.
+const kvc::CudaDriver *cu = nullptr;
+
 void check(CUresult result, const char *what) {
-  if (result != CUDA_SUCCESS) {
-    const char *name = nullptr;
-    cuGetErrorName(result, &name);
-    throw CudaError{std::string(what) + ": " + (name ? name : "?")};
-  }
+  kvc::Status status = cu->check(result, what);
+  if (!status.isOk())
+    throw CudaError{status.message()};
 }
 
 /// A device buffer.
@@ -48,11 +48,11 @@ struct DeviceBuffer {
   CUdeviceptr ptr = 0;
   size_t bytes = 0;
   explicit DeviceBuffer(size_t n) : bytes(n) {
-    check(cuMemAlloc(&ptr, std::max<size_t>(n, 16)), "cuMemAlloc");
+    check(cu->cuMemAlloc(&ptr, std::max<size_t>(n, 16)), "cuMemAlloc");
   }
   ~DeviceBuffer() {
     if (ptr)
-      cuMemFree(ptr);
+      cu->cuMemFree(ptr);
   }
   DeviceBuffer(const DeviceBuffer &) = delete;
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
@@ -65,7 +65,7 @@ struct Memref {
 };
 
 kvc::DType dtypeOf(const std::string &name) {
-  return name == "f32" ? kvc::DType::F32
+  return name == "f32"   ? kvc::DType::F32
          : name == "f16" ? kvc::DType::F16
                          : kvc::DType::BF16;
 }
@@ -79,8 +79,7 @@ struct Result {
 
 class Bench {
 public:
-  Bench(const kvc::BundleKernel &kernel, int iters)
-      : k(kernel), iters(iters) {}
+  Bench(const kvc::BundleKernel &kernel, int iters) : k(kernel), iters(iters) {}
 
   Result run() {
     Result r;
@@ -88,9 +87,9 @@ public:
     r.tokens = k.tokens;
     r.layers = k.layers;
     CUmodule module;
-    check(cuModuleLoadData(&module, k.ptx.c_str()), "cuModuleLoadData");
+    check(cu->cuModuleLoadData(&module, k.ptx.c_str()), "cuModuleLoadData");
     CUfunction fn;
-    check(cuModuleGetFunction(&fn, module, k.function.c_str()),
+    check(cu->cuModuleGetFunction(&fn, module, k.function.c_str()),
           "cuModuleGetFunction");
 
     kvc::testing::RestoreKernelShape shape;
@@ -112,8 +111,8 @@ public:
         rope ? kvc::testing::RestoreKernelCase::makeRopeScatter(
                    shape, kvc::ropeFrequencies(model), /*firstToken=*/5,
                    /*firstLayer=*/1, seed)
-             : kvc::testing::RestoreKernelCase::make(
-                   shape, /*firstToken=*/5, /*firstLayer=*/1, seed);
+             : kvc::testing::RestoreKernelCase::make(shape, /*firstToken=*/5,
+                                                     /*firstLayer=*/1, seed);
     if (!made)
       throw CudaError{"case: " + made.status().message()};
     const kvc::testing::RestoreKernelCase &c = *made;
@@ -130,24 +129,23 @@ public:
         dKeys(cacheValues * 2), dValues(cacheValues * 2),
         dRope(ropeTable.size() * 4);
     if (rope)
-      check(cuMemcpyHtoD(dRope.ptr, ropeTable.data(), ropeTable.size() * 4),
+      check(cu->cuMemcpyHtoD(dRope.ptr, ropeTable.data(), ropeTable.size() * 4),
             "upload RoPE table");
-    check(cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
+    check(cu->cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
           "upload payload");
-    check(cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
+    check(cu->cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
           "upload table");
     const uint16_t poison = kvc::testing::RestoreKernelCase::kPoison;
-    check(cuMemsetD16(dKeys.ptr, poison, cacheValues), "poison");
-    check(cuMemsetD16(dValues.ptr, poison, cacheValues), "poison");
+    check(cu->cuMemsetD16(dKeys.ptr, poison, cacheValues), "poison");
+    check(cu->cuMemsetD16(dValues.ptr, poison, cacheValues), "poison");
 
     auto launch = [&](int64_t first, CUstream stream) {
-      Memref payloadRef{dPayload.ptr, dPayload.ptr, 0,
-                        int64_t(payload.size()), 1};
+      Memref payloadRef{dPayload.ptr, dPayload.ptr, 0, int64_t(payload.size()),
+                        1};
       Memref keyRef{dKeys.ptr, dKeys.ptr, 0, cacheValues * 2, 1};
       Memref valueRef{dValues.ptr, dValues.ptr, 0, cacheValues * 2, 1};
       Memref tableRef{dTable.ptr, dTable.ptr, 0, int64_t(table.size()), 1};
-      Memref ropeRef{dRope.ptr, dRope.ptr, 0, int64_t(ropeTable.size() * 4),
-                     1};
+      Memref ropeRef{dRope.ptr, dRope.ptr, 0, int64_t(ropeTable.size() * 4), 1};
       int64_t scalars[3] = {first, c.firstLayer(), c.layerRows()};
       std::vector<void *> params;
       auto addMemref = [&](Memref &m) {
@@ -175,44 +173,44 @@ public:
         else
           params.push_back(&scalars[2]);
       }
-      check(cuLaunchKernel(fn, unsigned(k.grid[0]), unsigned(k.grid[1]),
-                           unsigned(k.grid[2]), unsigned(k.block[0]),
-                           unsigned(k.block[1]), unsigned(k.block[2]), 0,
-                           stream, params.data(), nullptr),
+      check(cu->cuLaunchKernel(fn, unsigned(k.grid[0]), unsigned(k.grid[1]),
+                               unsigned(k.grid[2]), unsigned(k.block[0]),
+                               unsigned(k.block[1]), unsigned(k.block[2]), 0,
+                               stream, params.data(), nullptr),
             "cuLaunchKernel");
     };
 
     // Correctness.
     launch(c.firstToken(), nullptr);
-    check(cuCtxSynchronize(), "kernel");
+    check(cu->cuCtxSynchronize(), "kernel");
     std::vector<uint16_t> keys(cacheValues), vals(cacheValues);
-    check(cuMemcpyDtoH(keys.data(), dKeys.ptr, cacheValues * 2), "download");
-    check(cuMemcpyDtoH(vals.data(), dValues.ptr, cacheValues * 2),
+    check(cu->cuMemcpyDtoH(keys.data(), dKeys.ptr, cacheValues * 2),
+          "download");
+    check(cu->cuMemcpyDtoH(vals.data(), dValues.ptr, cacheValues * 2),
           "download");
     r.errors = c.check(keys.data(), vals.data());
 
     // Timing: events around `iters` launches, after a warm-up; the copy of
     // the same bytes (payload + cache rows written) between two buffers.
     CUstream stream;
-    check(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
+    check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
     CUevent start, stop;
-    check(cuEventCreate(&start, CU_EVENT_DEFAULT), "event");
-    check(cuEventCreate(&stop, CU_EVENT_DEFAULT), "event");
+    check(cu->cuEventCreate(&start, CU_EVENT_DEFAULT), "event");
+    check(cu->cuEventCreate(&stop, CU_EVENT_DEFAULT), "event");
     auto timeUs = [&](auto &&body) {
       for (int i = 0; i < 3; ++i)
         body();
-      check(cuEventRecord(start, stream), "record");
+      check(cu->cuEventRecord(start, stream), "record");
       for (int i = 0; i < iters; ++i)
         body();
-      check(cuEventRecord(stop, stream), "record");
-      check(cuEventSynchronize(stop), "sync");
+      check(cu->cuEventRecord(stop, stream), "record");
+      check(cu->cuEventSynchronize(stop), "sync");
       float ms = 0;
-      check(cuEventElapsedTime(&ms, start, stop), "elapsed");
+      check(cu->cuEventElapsedTime(&ms, start, stop), "elapsed");
       return 1000.0 * ms / iters;
     };
     r.kernelUs = timeUs([&] { launch(0, stream); });
-    const double written_bytes =
-        2.0 * k.layers * k.tokens * shape.width() * 2;
+    const double written_bytes = 2.0 * k.layers * k.tokens * shape.width() * 2;
     // Bytes that must move: the payload, the RoPE rows of the chunk's
     // tokens, the cache rows written.
     r.bytes = double(payload.size()) + written_bytes +
@@ -221,12 +219,12 @@ public:
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);
     DeviceBuffer a(copyBytes), b(copyBytes);
     r.copyUs = timeUs([&] {
-      check(cuMemcpyDtoDAsync(b.ptr, a.ptr, copyBytes, stream), "copy");
+      check(cu->cuMemcpyDtoDAsync(b.ptr, a.ptr, copyBytes, stream), "copy");
     });
-    cuEventDestroy(start);
-    cuEventDestroy(stop);
-    cuStreamDestroy(stream);
-    cuModuleUnload(module);
+    cu->cuEventDestroy(start);
+    cu->cuEventDestroy(stop);
+    cu->cuStreamDestroy(stream);
+    cu->cuModuleUnload(module);
     return r;
   }
 
@@ -249,8 +247,8 @@ int main(int argc, char **argv) {
     else if (arg == "--iters" && i + 1 < argc)
       iters = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr,
-                   "usage: kvc-kernel-bench --bundle F [--iters N] [--out F]\n");
+      std::fprintf(
+          stderr, "usage: kvc-kernel-bench --bundle F [--iters N] [--out F]\n");
       return 2;
     }
   }
@@ -264,10 +262,14 @@ int main(int argc, char **argv) {
                  bundle.status().message().c_str());
     return 1;
   }
+  kvc::StatusOr<const kvc::CudaDriver *> driver = kvc::CudaDriver::get();
   int devices = 0;
-  if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&devices) != CUDA_SUCCESS ||
+  if (driver)
+    cu = *driver;
+  if (!driver || cu->cuDeviceGetCount(&devices) != CUDA_SUCCESS ||
       devices == 0) {
-    std::printf("kvc-kernel-bench: no GPU; skipped\n");
+    std::printf("kvc-kernel-bench: no GPU (%s); skipped\n",
+                driver ? "no device" : driver.status().message().c_str());
     return 77;
   }
   std::vector<kvc::BundleKernel> kernels = bundle->kernels;
@@ -278,15 +280,15 @@ int main(int argc, char **argv) {
   FILE *out = outPath.empty() ? nullptr : std::fopen(outPath.c_str(), "w");
   try {
     CUdevice device;
-    check(cuDeviceGet(&device, 0), "cuDeviceGet");
+    check(cu->cuDeviceGet(&device, 0), "cuDeviceGet");
     char name[256];
-    check(cuDeviceGetName(name, sizeof(name), device), "cuDeviceGetName");
+    check(cu->cuDeviceGetName(name, sizeof(name), device), "cuDeviceGetName");
     CUcontext context;
-    check(cuDevicePrimaryCtxRetain(&context, device), "context");
-    check(cuCtxSetCurrent(context), "context");
+    check(cu->cuDevicePrimaryCtxRetain(&context, device), "context");
+    check(cu->cuCtxSetCurrent(context), "context");
     std::printf("device: %s, %d iterations per timing\n", name, iters);
-    std::printf("%-52s %6s %9s %9s %9s %9s %6s  %s\n", "kernel", "tokens",
-                "MB", "us", "GB/s", "copy GB/s", "ratio", "check");
+    std::printf("%-52s %6s %9s %9s %9s %9s %6s  %s\n", "kernel", "tokens", "MB",
+                "us", "GB/s", "copy GB/s", "ratio", "check");
     if (out)
       std::fprintf(out, "[\n");
     for (size_t i = 0; i < kernels.size(); ++i) {
@@ -299,16 +301,16 @@ int main(int argc, char **argv) {
                   r.kernelUs, gbps, copy, 100 * gbps / copy,
                   ok ? "bit-exact" : ("FAIL " + r.errors.str()).c_str());
       if (out)
-        std::fprintf(out,
-                     " {\"kernel\": \"%s\", \"tokens\": %lld, \"layers\": "
-                     "%lld, \"bytes\": %.0f, \"kernel_us\": %.3f, "
-                     "\"copy_us\": %.3f, \"mismatches\": %lld, "
-                     "\"unwritten\": %lld, \"clobbered\": %lld}%s\n",
-                     r.name.c_str(), (long long)r.tokens, (long long)r.layers,
-                     r.bytes, r.kernelUs, r.copyUs, (long long)r.errors.mismatches,
-                     (long long)r.errors.unwritten,
-                     (long long)r.errors.clobbered,
-                     i + 1 < kernels.size() ? "," : "");
+        std::fprintf(
+            out,
+            " {\"kernel\": \"%s\", \"tokens\": %lld, \"layers\": "
+            "%lld, \"bytes\": %.0f, \"kernel_us\": %.3f, "
+            "\"copy_us\": %.3f, \"mismatches\": %lld, "
+            "\"unwritten\": %lld, \"clobbered\": %lld}%s\n",
+            r.name.c_str(), (long long)r.tokens, (long long)r.layers, r.bytes,
+            r.kernelUs, r.copyUs, (long long)r.errors.mismatches,
+            (long long)r.errors.unwritten, (long long)r.errors.clobbered,
+            i + 1 < kernels.size() ? "," : "");
     }
     if (out)
       std::fprintf(out, "]\n");

@@ -4,7 +4,7 @@
 //
 // For every kernel of a plan bundle's kernel table (bench/kernels/
 // gen-kernels.py makes one per codec composition and chunk size): loads its
-// PTX with the CUDA driver API, launches it on a RestoreKernelCase (random KV
+// PTX with the CUDA driver API, launches it on a KernelCase (random KV
 // encoded by the runtime's codecs, or f32 projections and Llama 3.1's RoPE
 // table for the projection's epilogue; a paged cache with a shuffled block
 // table, a chunk starting mid-block, one layer of offset), which checks
@@ -21,7 +21,7 @@
 #include "kvc/Runtime/Cuda/CudaDriver.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/Rope.h"
-#include "kvc/Testing/RestoreKernelCase.h"
+#include "kvc/Testing/KernelCase.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -92,7 +92,7 @@ public:
     check(cu->cuModuleGetFunction(&fn, module, k.function.c_str()),
           "cuModuleGetFunction");
 
-    kvc::testing::RestoreKernelShape shape;
+    kvc::testing::KernelShape shape;
     shape.tokens = k.tokens;
     shape.layers = k.layers;
     shape.kvHeads = k.kvHeads;
@@ -107,15 +107,15 @@ public:
     model.headDim = k.headDim;
     model.ropeTheta = 500000;
     model.ropeScaling = {kvc::RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
-    kvc::StatusOr<kvc::testing::RestoreKernelCase> made =
-        rope ? kvc::testing::RestoreKernelCase::makeRopeScatter(
+    kvc::StatusOr<kvc::testing::KernelCase> made =
+        rope ? kvc::testing::KernelCase::makeRopeScatter(
                    shape, kvc::ropeFrequencies(model), /*firstToken=*/5,
                    /*firstLayer=*/1, seed)
-             : kvc::testing::RestoreKernelCase::make(shape, /*firstToken=*/5,
+             : kvc::testing::KernelCase::make(shape, /*firstToken=*/5,
                                                      /*firstLayer=*/1, seed);
     if (!made)
       throw CudaError{"case: " + made.status().message()};
-    const kvc::testing::RestoreKernelCase &c = *made;
+    const kvc::testing::KernelCase &c = *made;
     const std::string &payload = c.payload();
     if (int64_t(payload.size()) != k.payloadBytes)
       throw CudaError{"payload of " + std::to_string(payload.size()) +
@@ -135,7 +135,7 @@ public:
           "upload payload");
     check(cu->cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
           "upload table");
-    const uint16_t poison = kvc::testing::RestoreKernelCase::kPoison;
+    const uint16_t poison = kvc::testing::KernelCase::kPoison;
     check(cu->cuMemsetD16(dKeys.ptr, poison, cacheValues), "poison");
     check(cu->cuMemsetD16(dValues.ptr, poison, cacheValues), "poison");
 

@@ -79,7 +79,7 @@ LogicalResult writeStep(llvm::json::OStream &json, Operation *step) {
 /// kvc-kernels-to-ptx, which left one gpu.launch_func in it.
 struct GeneratedKernel {
   func::FuncOp func;
-  RestoreKernelSpec spec;
+  KernelSpec spec;
   gpu::LaunchFuncOp launch;
   gpu::BinaryOp binary;
 };
@@ -92,7 +92,7 @@ FailureOr<llvm::StringMap<GeneratedKernel>> generatedKernels(ModuleOp module) {
         func->getAttrOfType<DictionaryAttr>(KVCDialect::kEntryAttrName);
     if (!specAttr)
       continue;
-    FailureOr<RestoreKernelSpec> spec = RestoreKernelSpec::fromAttr(specAttr);
+    FailureOr<KernelSpec> spec = KernelSpec::fromAttr(specAttr);
     if (failed(spec))
       return func.emitOpError("has a malformed kernel specialization");
     SmallVector<gpu::LaunchFuncOp> launches(func.getOps<gpu::LaunchFuncOp>());
@@ -142,7 +142,7 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     });
     return success();
   };
-  const RestoreKernelSpec &spec = kernel.spec;
+  const KernelSpec &spec = kernel.spec;
   ::kvc::CodecSpec codec = getCodecSpec(spec.codec);
   LogicalResult result = success();
   json.object([&] {

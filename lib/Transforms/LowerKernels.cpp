@@ -26,7 +26,7 @@
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
 // integer fits a float's mantissa), the Hadamard butterflies in the same
 // order, then the same round-to-nearest-even to bf16. So the generated code
-// equals decodeChunkToBf16 bit for bit (RestoreKernelJitTest runs it on the
+// equals decodeChunkToBf16 bit for bit (KernelJitTest runs it on the
 // host through buildKernelsToLLVMPipeline).
 //
 //===----------------------------------------------------------------------===//
@@ -64,26 +64,26 @@ using namespace mlir;
 using namespace mlir::kvc;
 
 //===----------------------------------------------------------------------===//
-// RestoreKernelSpec
+// KernelSpec
 //===----------------------------------------------------------------------===//
 
 StringRef mlir::kvc::stringifyKernelKind(KernelKind kind) {
   return kind == KernelKind::Restore ? "restore" : "rope_scatter";
 }
 
-bool RestoreKernelSpec::hadamard() const {
+bool KernelSpec::hadamard() const {
   return codec && codec.getTransform() == Transform::hadamard;
 }
 
-int64_t RestoreKernelSpec::bits() const {
+int64_t KernelSpec::bits() const {
   return codec && codec.getQuant() != Quant::none ? codec.getBits() : 0;
 }
 
-int64_t RestoreKernelSpec::valuesPerItem() const {
+int64_t KernelSpec::valuesPerItem() const {
   return hadamard() ? headDim : 8;
 }
 
-int64_t RestoreKernelSpec::items() const {
+int64_t KernelSpec::items() const {
   return 2 * layers * tokens * (width() / valuesPerItem());
 }
 
@@ -103,7 +103,7 @@ struct MatrixLayout {
   int64_t bytes = 0;
 };
 
-MatrixLayout matrixLayout(const RestoreKernelSpec &spec, bool value) {
+MatrixLayout matrixLayout(const KernelSpec &spec, bool value) {
   MatrixLayout layout;
   layout.bits = spec.bits();
   const int64_t width = spec.width();
@@ -138,13 +138,13 @@ int64_t alignmentOf(std::initializer_list<int64_t> terms) {
 
 } // namespace
 
-int64_t RestoreKernelSpec::payloadBytes() const {
+int64_t KernelSpec::payloadBytes() const {
   // rope_scatter reads unquantized f32 matrices.
   return layers * (matrixLayout(*this, false).bytes +
                    matrixLayout(*this, true).bytes);
 }
 
-std::string RestoreKernelSpec::symbolName() const {
+std::string KernelSpec::symbolName() const {
   std::string name = "kvc_" + stringifyKernelKind(kind).str() + "_";
   if (int64_t b = bits()) {
     auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
@@ -164,7 +164,7 @@ std::string RestoreKernelSpec::symbolName() const {
          "_b" + std::to_string(blockSize);
 }
 
-DictionaryAttr RestoreKernelSpec::toAttr(MLIRContext *context) const {
+DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   Builder b(context);
   SmallVector<NamedAttribute> fields = {
       b.getNamedAttr("kind", b.getStringAttr(stringifyKernelKind(kind))),
@@ -180,8 +180,8 @@ DictionaryAttr RestoreKernelSpec::toAttr(MLIRContext *context) const {
   return b.getDictionaryAttr(fields);
 }
 
-FailureOr<RestoreKernelSpec> RestoreKernelSpec::fromAttr(DictionaryAttr attr) {
-  RestoreKernelSpec spec;
+FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
+  KernelSpec spec;
   auto kind = attr.getAs<StringAttr>("kind");
   if (!kind || (kind.getValue() != stringifyKernelKind(KernelKind::Restore) &&
                 kind.getValue() != stringifyKernelKind(KernelKind::RopeScatter)))
@@ -211,7 +211,7 @@ FailureOr<RestoreKernelSpec> RestoreKernelSpec::fromAttr(DictionaryAttr attr) {
   return spec;
 }
 
-std::optional<KernelKind> RestoreKernelSpec::kindOf(KernelOp kernel) {
+std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
   SmallVector<Operation *> steps;
   for (Operation &op : kernel.getBody().front())
     if (!isa<YieldOp>(op))
@@ -228,19 +228,19 @@ std::optional<KernelKind> RestoreKernelSpec::kindOf(KernelOp kernel) {
   return std::nullopt;
 }
 
-FailureOr<RestoreKernelSpec> RestoreKernelSpec::get(KernelOp kernel,
+FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel,
                                                     ModelAttr model,
                                                     int64_t blockSize,
                                                     int64_t threads) {
   std::optional<KernelKind> kind = kindOf(kernel);
   assert(kind && "not a kernel of a generated kind");
   auto chunk = cast<ChunkType>(kernel.getBody().getArgument(0).getType());
-  auto fail = [&](const Twine &message) -> FailureOr<RestoreKernelSpec> {
+  auto fail = [&](const Twine &message) -> FailureOr<KernelSpec> {
     return kernel.emitOpError("cannot be generated: ") << message;
   };
   if (!model)
     return fail("the module has no #kvc.model (run kvc-import-model)");
-  RestoreKernelSpec spec;
+  KernelSpec spec;
   spec.kind = *kind;
   spec.tokens = chunk.getTokens().getEnd() - chunk.getTokens().getBegin();
   spec.layers = chunk.getLayers().getEnd() - chunk.getLayers().getBegin();
@@ -304,7 +304,7 @@ namespace {
 /// Emits one work item's code; all helpers build at `b`'s insertion point.
 class ItemEmitter {
 public:
-  ItemEmitter(OpBuilder &b, Location loc, const RestoreKernelSpec &spec,
+  ItemEmitter(OpBuilder &b, Location loc, const KernelSpec &spec,
               func::FuncOp func)
       : b(b), loc(loc), spec(spec), args(func.getArguments()) {}
 
@@ -352,7 +352,7 @@ private:
 
   OpBuilder &b;
   Location loc;
-  const RestoreKernelSpec &spec;
+  const KernelSpec &spec;
   ValueRange args;
 };
 
@@ -674,8 +674,8 @@ void ItemEmitter::emit(Value item) {
 
 } // namespace
 
-func::FuncOp mlir::kvc::buildRestoreKernel(OpBuilder &builder, Location loc,
-                                           const RestoreKernelSpec &spec) {
+func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
+                                           const KernelSpec &spec) {
   MLIRContext *ctx = builder.getContext();
   Type bytes = MemRefType::get({ShapedType::kDynamic}, builder.getI8Type());
   Type table = MemRefType::get({ShapedType::kDynamic}, builder.getI32Type());
@@ -769,15 +769,15 @@ struct KVCLowerKernelsPass
     OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
     WalkResult result = module.walk([&](KernelOp kernel) {
       // Other chains stay for the runtime to run step by step.
-      if (!RestoreKernelSpec::kindOf(kernel))
+      if (!KernelSpec::kindOf(kernel))
         return WalkResult::advance();
-      FailureOr<RestoreKernelSpec> spec =
-          RestoreKernelSpec::get(kernel, model, blockSize, threads);
+      FailureOr<KernelSpec> spec =
+          KernelSpec::get(kernel, model, blockSize, threads);
       if (failed(spec))
         return WalkResult::interrupt();
       std::string name = spec->symbolName();
       if (!symbols.lookup(name)) {
-        func::FuncOp func = buildRestoreKernel(builder, kernel.getLoc(), *spec);
+        func::FuncOp func = buildKernel(builder, kernel.getLoc(), *spec);
         func->setAttr(KVCDialect::kEntryAttrName,
                       spec->toAttr(builder.getContext()));
         symbols.insert(func);

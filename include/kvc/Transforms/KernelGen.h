@@ -54,7 +54,7 @@ enum class KernelKind { Restore, RopeScatter };
 StringRef stringifyKernelKind(KernelKind kind);
 
 /// What one generated kernel is specialized for.
-struct RestoreKernelSpec {
+struct KernelSpec {
   KernelKind kind = KernelKind::Restore;
   int64_t tokens = 0;
   int64_t layers = 0;
@@ -86,7 +86,7 @@ struct RestoreKernelSpec {
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
   DictionaryAttr toAttr(MLIRContext *context) const;
-  static FailureOr<RestoreKernelSpec> fromAttr(DictionaryAttr attr);
+  static FailureOr<KernelSpec> fromAttr(DictionaryAttr attr);
 
   /// The kind of `kernel`'s chain, if it has a generated form:
   /// [dequant] [untransform] scatter, or project -> scatter.
@@ -94,7 +94,7 @@ struct RestoreKernelSpec {
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with a diagnostic on the kernel when its chunk's
   /// shape or encoding has no generated form.
-  static FailureOr<RestoreKernelSpec> get(KernelOp kernel, ModelAttr model,
+  static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
                                           int64_t blockSize, int64_t threads);
 };
 
@@ -102,8 +102,8 @@ struct RestoreKernelSpec {
 ArrayRef<StringRef> kernelArgNames(KernelKind kind);
 
 /// Builds the kernel function for `spec` at the builder's insertion point.
-func::FuncOp buildRestoreKernel(OpBuilder &builder, Location loc,
-                                const RestoreKernelSpec &spec);
+func::FuncOp buildKernel(OpBuilder &builder, Location loc,
+                                const KernelSpec &spec);
 
 /// kernel functions -> gpu.launch -> gpu.module -> NVVM -> gpu.binary (PTX).
 void buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip);

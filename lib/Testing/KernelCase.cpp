@@ -1,6 +1,6 @@
-//===- RestoreKernelCase.cpp - Checking a generated restore kernel --------===//
+//===- KernelCase.cpp - Checking a generated kernel -----------------------===//
 
-#include "kvc/Testing/RestoreKernelCase.h"
+#include "kvc/Testing/KernelCase.h"
 
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/Rope.h"
@@ -11,7 +11,7 @@
 using namespace kvc;
 using namespace kvc::testing;
 
-ChunkShape RestoreKernelShape::chunkShape() const {
+ChunkShape KernelShape::chunkShape() const {
   ChunkShape shape;
   shape.form = ChunkForm::KV;
   shape.tokens = tokens;
@@ -27,7 +27,7 @@ std::string CacheErrors::str() const {
          " unwritten, " + std::to_string(clobbered) + " clobbered";
 }
 
-std::vector<float> RestoreKernelCase::drawValues(const ChunkShape &chunk,
+std::vector<float> KernelCase::drawValues(const ChunkShape &chunk,
                                                  std::mt19937 &rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> values(chunk.numel());
@@ -36,7 +36,7 @@ std::vector<float> RestoreKernelCase::drawValues(const ChunkShape &chunk,
   return values;
 }
 
-void RestoreKernelCase::drawTable(std::mt19937 &rng) {
+void KernelCase::drawTable(std::mt19937 &rng) {
   // Twice the blocks the chunk needs plus spares, shuffled.
   const int64_t B = shape_.blockSize;
   const int64_t tableBlocks = (firstToken_ + shape_.tokens + B - 1) / B;
@@ -48,13 +48,13 @@ void RestoreKernelCase::drawTable(std::mt19937 &rng) {
   layerRows_ = numBlocks * B;
 }
 
-StatusOr<RestoreKernelCase>
-RestoreKernelCase::make(const RestoreKernelShape &shape, int64_t firstToken,
+StatusOr<KernelCase>
+KernelCase::make(const KernelShape &shape, int64_t firstToken,
                         int64_t firstLayer, uint32_t seed) {
   if (shape.codec.lossless != CodecSpec::Lossless::None)
     return Status(StatusCode::InvalidArgument,
                   "a kernel reads payloads after their lossless stage");
-  RestoreKernelCase c(shape, firstToken, firstLayer);
+  KernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
   std::mt19937 rng(seed);
   std::vector<float> values = drawValues(chunk, rng);
@@ -70,13 +70,13 @@ RestoreKernelCase::make(const RestoreKernelShape &shape, int64_t firstToken,
   return c;
 }
 
-StatusOr<RestoreKernelCase> RestoreKernelCase::makeRopeScatter(
-    const RestoreKernelShape &shape, const std::vector<float> &invFreq,
+StatusOr<KernelCase> KernelCase::makeRopeScatter(
+    const KernelShape &shape, const std::vector<float> &invFreq,
     int64_t firstToken, int64_t firstLayer, uint32_t seed) {
   if (int64_t(invFreq.size()) * 2 != shape.headDim)
     return Status(StatusCode::InvalidArgument,
                   "RoPE frequencies for another head_dim");
-  RestoreKernelCase c(shape, firstToken, firstLayer);
+  KernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
   std::mt19937 rng(seed);
   std::vector<float> values = drawValues(chunk, rng);
@@ -97,11 +97,11 @@ StatusOr<RestoreKernelCase> RestoreKernelCase::makeRopeScatter(
   return c;
 }
 
-int64_t RestoreKernelCase::cacheValues() const {
+int64_t KernelCase::cacheValues() const {
   return (firstLayer_ + shape_.layers) * layerRows_ * shape_.width();
 }
 
-CacheErrors RestoreKernelCase::check(const uint16_t *keys,
+CacheErrors KernelCase::check(const uint16_t *keys,
                                      const uint16_t *values) const {
   CacheErrors errors;
   const int64_t width = shape_.width(), B = shape_.blockSize;

@@ -1,4 +1,4 @@
-//===- RestoreKernelJitTest.cpp - Generated kernels on the host -----------===//
+//===- KernelJitTest.cpp - Generated kernels on the host ------------------===//
 //
 // Every kernel kind kvc-lower-kernels generates runs here through the host
 // lowering (buildKernelsToLLVMPipeline) and MLIR's ExecutionEngine, the same
@@ -6,13 +6,13 @@
 // paged cache must equal the runtime's own code bit for bit (the decoder for
 // every codec composition the planner can choose; RoPE and rounding after a
 // projection), for shapes that stress the index arithmetic
-// (RestoreKernelCase.h).
+// (KernelCase.h).
 //
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
 #include "kvc/Runtime/Model/Rope.h"
-#include "kvc/Testing/RestoreKernelCase.h"
+#include "kvc/Testing/KernelCase.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/KernelGen.h"
 
@@ -39,8 +39,8 @@
 #include <memory>
 
 using namespace mlir;
-using ::kvc::testing::RestoreKernelCase;
-using ::kvc::testing::RestoreKernelShape;
+using ::kvc::testing::KernelCase;
+using ::kvc::testing::KernelShape;
 
 namespace {
 
@@ -74,14 +74,14 @@ struct AlignedBuffer {
   std::unique_ptr<T, decltype(&std::free)> data;
 };
 
-class RestoreKernelJitTest : public ::testing::TestWithParam<JitCase> {
+class KernelJitTest : public ::testing::TestWithParam<JitCase> {
 protected:
   static void SetUpTestSuite() {
     llvm::InitializeNativeTarget();
     llvm::InitializeNativeTargetAsmPrinter();
   }
 
-  RestoreKernelJitTest() {
+  KernelJitTest() {
     context.loadDialect<arith::ArithDialect, func::FuncDialect,
                         memref::MemRefDialect, scf::SCFDialect,
                         vector::VectorDialect, LLVM::LLVMDialect,
@@ -93,14 +93,14 @@ protected:
   MLIRContext context;
 };
 
-TEST_P(RestoreKernelJitTest, EqualsTheRuntime) {
+TEST_P(KernelJitTest, EqualsTheRuntime) {
   const JitCase &p = GetParam();
   const bool rope = std::string(p.codec) == "rope_scatter";
   ::kvc::StatusOr<::kvc::CodecSpec> codec =
       ::kvc::parseCodecSpec(rope ? "raw" : p.codec);
   ASSERT_TRUE(codec) << codec.status().message();
 
-  RestoreKernelShape shape;
+  KernelShape shape;
   shape.tokens = p.tokens;
   shape.layers = p.layers;
   shape.kvHeads = p.kvHeads;
@@ -114,16 +114,16 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntime) {
   model.ropeTheta = 500000;
   model.ropeScaling = {::kvc::RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
   const uint32_t seed = uint32_t(p.tokens);
-  ::kvc::StatusOr<RestoreKernelCase> made =
-      rope ? RestoreKernelCase::makeRopeScatter(
+  ::kvc::StatusOr<KernelCase> made =
+      rope ? KernelCase::makeRopeScatter(
                  shape, ::kvc::ropeFrequencies(model), p.firstToken,
                  /*firstLayer=*/1, seed)
-           : RestoreKernelCase::make(shape, p.firstToken, /*firstLayer=*/1,
+           : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1,
                                      seed);
   ASSERT_TRUE(made) << made.status().message();
-  const RestoreKernelCase &c = *made;
+  const KernelCase &c = *made;
 
-  mlir::kvc::RestoreKernelSpec spec;
+  mlir::kvc::KernelSpec spec;
   spec.kind = rope ? mlir::kvc::KernelKind::RopeScatter
                    : mlir::kvc::KernelKind::Restore;
   spec.tokens = p.tokens;
@@ -141,7 +141,7 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntime) {
 
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
-  func::FuncOp func = mlir::kvc::buildRestoreKernel(
+  func::FuncOp func = mlir::kvc::buildKernel(
       builder, builder.getUnknownLoc(), spec);
   func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                 builder.getUnitAttr());
@@ -167,8 +167,8 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntime) {
   AlignedBuffer<int8_t> keys(c.cacheValues() * 2), values(c.cacheValues() * 2);
   auto *keyBits = reinterpret_cast<uint16_t *>(keys.data.get());
   auto *valueBits = reinterpret_cast<uint16_t *>(values.data.get());
-  std::fill_n(keyBits, c.cacheValues(), RestoreKernelCase::kPoison);
-  std::fill_n(valueBits, c.cacheValues(), RestoreKernelCase::kPoison);
+  std::fill_n(keyBits, c.cacheValues(), KernelCase::kPoison);
+  std::fill_n(valueBits, c.cacheValues(), KernelCase::kPoison);
   AlignedBuffer<int32_t> table(c.blockTable().size());
   std::copy(c.blockTable().begin(), c.blockTable().end(), table.data.get());
 
@@ -198,7 +198,7 @@ TEST_P(RestoreKernelJitTest, EqualsTheRuntime) {
 // that overhang the chunk, GQA-sized KV (one or two heads) and Llama's 8
 // heads, head_dim 64 and 128, blocks of 16 and 32 tokens.
 INSTANTIATE_TEST_SUITE_P(
-    Codecs, RestoreKernelJitTest,
+    Codecs, KernelJitTest,
     ::testing::Values(
         JitCase{"raw", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"raw", DType::F16, 37, 2, 2, 64, 16, 5},
@@ -224,7 +224,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The projection's epilogue: head_dim 64 and 128, one to eight KV heads,
 // positions past Llama 3's original context (scaled frequencies).
 INSTANTIATE_TEST_SUITE_P(
-    RopeScatter, RestoreKernelJitTest,
+    RopeScatter, KernelJitTest,
     ::testing::Values(JitCase{"rope_scatter", DType::F32, 37, 2, 2, 64, 16, 5},
                       JitCase{"rope_scatter", DType::F32, 16, 1, 8, 128, 16, 0},
                       JitCase{"rope_scatter", DType::F32, 21, 1, 1, 128, 32,

@@ -1,4 +1,4 @@
-//===- RestoreKernelCase.h - Checking a generated restore kernel -*- C++ -*-===//
+//===- KernelCase.h - Checking a generated kernel ---------------*- C++ -*-===//
 //
 // One test case of a generated kernel (KernelGen.h) that writes a chunk
 // into the paged cache, for whatever runs it: the host JIT in the unit
@@ -14,8 +14,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_TESTING_RESTOREKERNELCASE_H
-#define KVC_TESTING_RESTOREKERNELCASE_H
+#ifndef KVC_TESTING_KERNELCASE_H
+#define KVC_TESTING_KERNELCASE_H
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
@@ -28,7 +28,7 @@
 namespace kvc::testing {
 
 /// What a kernel is specialized for, in the runtime's terms.
-struct RestoreKernelShape {
+struct KernelShape {
   int64_t tokens = 0, layers = 0, kvHeads = 0, headDim = 0, blockSize = 16;
   /// Without a lossless stage: the kernel reads the decompressed payload.
   CodecSpec codec;
@@ -47,25 +47,25 @@ struct CacheErrors {
   std::string str() const;
 };
 
-class RestoreKernelCase {
+class KernelCase {
 public:
   /// A restore kernel's case whose chunk starts at token `firstToken` of
   /// the request and layer `firstLayer` of the cache; `seed` draws the KV
   /// and the table.
-  static StatusOr<RestoreKernelCase> make(const RestoreKernelShape &shape,
+  static StatusOr<KernelCase> make(const KernelShape &shape,
                                           int64_t firstToken,
                                           int64_t firstLayer, uint32_t seed);
   /// A rope_scatter kernel's case (the shape's codec and storage unused),
   /// with the RoPE frequencies `invFreq` (ropeFrequencies()).
-  static StatusOr<RestoreKernelCase>
-  makeRopeScatter(const RestoreKernelShape &shape,
+  static StatusOr<KernelCase>
+  makeRopeScatter(const KernelShape &shape,
                   const std::vector<float> &invFreq, int64_t firstToken,
                   int64_t firstLayer, uint32_t seed);
 
   /// A quiet NaN no decoder produces: what the cache holds before a launch.
   static constexpr uint16_t kPoison = 0x7FC1;
 
-  const RestoreKernelShape &shape() const { return shape_; }
+  const KernelShape &shape() const { return shape_; }
   /// The kernel's input: the encoded chunk, or the f32 projections.
   const std::string &payload() const { return payload_; }
   /// rope_scatter: the RoPE table's rows 0 .. firstToken + tokens, f32.
@@ -83,7 +83,7 @@ public:
   CacheErrors check(const uint16_t *keys, const uint16_t *values) const;
 
 private:
-  RestoreKernelCase(const RestoreKernelShape &shape, int64_t firstToken,
+  KernelCase(const KernelShape &shape, int64_t firstToken,
                     int64_t firstLayer)
       : shape_(shape), firstToken_(firstToken), firstLayer_(firstLayer) {}
   /// Draws the chunk's values: keys with per-channel outliers, values around
@@ -93,7 +93,7 @@ private:
   /// Draws the block table and sizes the cache.
   void drawTable(std::mt19937 &rng);
 
-  RestoreKernelShape shape_;
+  KernelShape shape_;
   std::string payload_;
   std::vector<uint16_t> expected_; ///< decodeChunkToBf16's output.
   std::vector<int32_t> table_;
@@ -103,4 +103,4 @@ private:
 
 } // namespace kvc::testing
 
-#endif // KVC_TESTING_RESTOREKERNELCASE_H
+#endif // KVC_TESTING_KERNELCASE_H

@@ -126,7 +126,8 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     if (!arg || arg.getOwner()->getParentOp() != kernel.func)
       return launch.emitOpError("passes a value that is not an argument of "
                                 "its function; the bundle cannot name it");
-    args.push_back(kernelArgNames(kernel.spec.kind)[arg.getArgNumber()]);
+    args.push_back(
+        ::kvc::bundleKernelArgNames(kernel.spec.kind)[arg.getArgNumber()]);
   }
   auto dims = [&](gpu::KernelDim3 dim3, StringRef key) -> LogicalResult {
     SmallVector<int64_t> sizes;
@@ -147,7 +148,7 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
   LogicalResult result = success();
   json.object([&] {
     json.attribute("name", kernel.func.getSymName());
-    json.attribute("kind", stringifyKernelKind(spec.kind));
+    json.attribute("kind", ::kvc::bundleKernelKindName(spec.kind));
     json.attribute("function", launch.getKernelName().getValue());
     json.attribute("arch", target.getChip());
     if (failed(dims(launch.getGridSizeOperandValues(), "grid")) ||

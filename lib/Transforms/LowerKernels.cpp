@@ -67,10 +67,6 @@ using namespace mlir::kvc;
 // KernelSpec
 //===----------------------------------------------------------------------===//
 
-StringRef mlir::kvc::stringifyKernelKind(KernelKind kind) {
-  return kind == KernelKind::Restore ? "restore" : "rope_scatter";
-}
-
 bool KernelSpec::hadamard() const {
   return codec && codec.getTransform() == Transform::hadamard;
 }
@@ -145,7 +141,8 @@ int64_t KernelSpec::payloadBytes() const {
 }
 
 std::string KernelSpec::symbolName() const {
-  std::string name = "kvc_" + stringifyKernelKind(kind).str() + "_";
+  std::string name =
+      std::string("kvc_") + ::kvc::bundleKernelKindName(kind) + "_";
   if (int64_t b = bits()) {
     auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
     name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) +
@@ -167,7 +164,8 @@ std::string KernelSpec::symbolName() const {
 DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   Builder b(context);
   SmallVector<NamedAttribute> fields = {
-      b.getNamedAttr("kind", b.getStringAttr(stringifyKernelKind(kind))),
+      b.getNamedAttr("kind",
+                     b.getStringAttr(::kvc::bundleKernelKindName(kind))),
       b.getNamedAttr("tokens", b.getI64IntegerAttr(tokens)),
       b.getNamedAttr("layers", b.getI64IntegerAttr(layers)),
       b.getNamedAttr("kv_heads", b.getI64IntegerAttr(kvHeads)),
@@ -183,12 +181,11 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
 FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
   KernelSpec spec;
   auto kind = attr.getAs<StringAttr>("kind");
-  if (!kind || (kind.getValue() != stringifyKernelKind(KernelKind::Restore) &&
-                kind.getValue() != stringifyKernelKind(KernelKind::RopeScatter)))
+  std::optional<KernelKind> parsed =
+      kind ? ::kvc::parseBundleKernelKind(kind.getValue()) : std::nullopt;
+  if (!parsed)
     return failure();
-  spec.kind = kind.getValue() == stringifyKernelKind(KernelKind::Restore)
-                  ? KernelKind::Restore
-                  : KernelKind::RopeScatter;
+  spec.kind = *parsed;
   for (auto [name, field] :
        {std::pair<StringRef, int64_t *>{"tokens", &spec.tokens},
         {"layers", &spec.layers},
@@ -285,14 +282,6 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel,
     }
   }
   return spec;
-}
-
-ArrayRef<StringRef> mlir::kvc::kernelArgNames(KernelKind kind) {
-  static const StringRef names[] = {"payload",     "key_cache",
-                                    "value_cache", "block_table",
-                                    "first_token", "first_layer",
-                                    "layer_rows",  "rope_table"};
-  return ArrayRef(names).take_front(kind == KernelKind::Restore ? 7 : 8);
 }
 
 //===----------------------------------------------------------------------===//
@@ -723,7 +712,7 @@ void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
   pm.addNestedPass<func::FuncOp>(createParallelLoopToGpuPass());
   pm.addNestedPass<func::FuncOp>(createLowerAffinePass());
   // Constants move into the launch, so the kernel's parameters are the
-  // function's arguments alone (kernelArgNames(), in use order).
+  // function's arguments alone (bundleKernelArgNames(), in use order).
   pm.addPass(createGpuLauchSinkIndexComputationsPass());
   pm.addPass(createGpuKernelOutliningPass());
   GpuNVVMAttachTargetOptions target;

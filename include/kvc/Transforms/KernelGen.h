@@ -38,6 +38,7 @@
 #define KVC_TRANSFORMS_KERNELGEN_H
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassManager.h"
@@ -47,11 +48,10 @@
 
 namespace mlir::kvc {
 
-/// What a generated kernel computes.
-enum class KernelKind { Restore, RopeScatter };
-
-/// "restore" or "rope_scatter".
-StringRef stringifyKernelKind(KernelKind kind);
+/// What a generated kernel computes: the bundle's vocabulary, whose names
+/// (bundleKernelKindName) and argument lists (bundleKernelArgNames, in the
+/// order of a kernel function's parameters) the runtime validates.
+using KernelKind = ::kvc::BundleKernel::Kind;
 
 /// What one generated kernel is specialized for.
 struct KernelSpec {
@@ -97,9 +97,6 @@ struct KernelSpec {
   static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
                                           int64_t blockSize, int64_t threads);
 };
-
-/// Names of a kernel function's arguments, in order.
-ArrayRef<StringRef> kernelArgNames(KernelKind kind);
 
 /// Builds the kernel function for `spec` at the builder's insertion point.
 func::FuncOp buildKernel(OpBuilder &builder, Location loc,

@@ -55,6 +55,14 @@ const char *bundleKernelKindName(BundleKernel::Kind kind) {
   return kind == BundleKernel::Kind::Restore ? "restore" : "rope_scatter";
 }
 
+std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name) {
+  for (BundleKernel::Kind kind :
+       {BundleKernel::Kind::Restore, BundleKernel::Kind::RopeScatter})
+    if (name == bundleKernelKindName(kind))
+      return kind;
+  return std::nullopt;
+}
+
 const std::vector<std::string> &
 bundleKernelArgNames(BundleKernel::Kind kind) {
   static const std::vector<std::string> restore = {
@@ -372,14 +380,12 @@ Status parseKernel(const Json &obj, const std::string &path,
       readString(obj, path, "name", kernel.name, Presence::Required));
   std::string kind = "restore";
   KVC_RETURN_IF_ERROR(readString(obj, path, "kind", kind, Presence::Optional));
-  if (kind == bundleKernelKindName(BundleKernel::Kind::Restore))
-    kernel.kind = BundleKernel::Kind::Restore;
-  else if (kind == bundleKernelKindName(BundleKernel::Kind::RopeScatter))
-    kernel.kind = BundleKernel::Kind::RopeScatter;
-  else
+  std::optional<BundleKernel::Kind> parsed = parseBundleKernelKind(kind);
+  if (!parsed)
     return invalidArgument(fieldPath(path, "kind") + ": unknown kind \"" +
                            kind + "\" (expected \"restore\" or "
                            "\"rope_scatter\")");
+  kernel.kind = *parsed;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "function", kernel.function, Presence::Required));
   KVC_RETURN_IF_ERROR(
@@ -413,7 +419,7 @@ Status parseKernel(const Json &obj, const std::string &path,
       kernel.storage != "f32")
     return invalidArgument(fieldPath(path, "storage") +
                            ": expected \"bf16\", \"f16\" or \"f32\"");
-  std::string codec, keyAxis, valueAxis;
+  std::string codec;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "codec", codec, Presence::Required));
   StatusOr<CodecSpec> spec = parseCodecSpec(codec);

@@ -145,8 +145,11 @@ struct BundleKernel {
 
 /// "restore" or "rope_scatter".
 const char *bundleKernelKindName(BundleKernel::Kind kind);
+/// The kind bundleKernelKindName() names `name`, if any.
+std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name);
 
-/// The argument names a kernel of `kind` takes, each once.
+/// The argument names a kernel of `kind` takes, each once, in the order of
+/// the generated function's parameters (KernelGen.h).
 const std::vector<std::string> &bundleKernelArgNames(BundleKernel::Kind kind);
 
 struct PlanBundle {

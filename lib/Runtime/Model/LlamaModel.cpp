@@ -151,13 +151,6 @@ void LlamaModel::ropeTable(int64_t position, int64_t n, float *out) const {
   ropeCosSin(invFreq_, position, n, out);
 }
 
-void LlamaModel::rope(float *x, int64_t n, int64_t heads,
-                      int64_t position) const {
-  std::vector<float> table(n * config_.headDim);
-  ropeTable(position, n, table.data());
-  applyRope(x, n, heads, config_.headDim, table.data());
-}
-
 void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
                          int64_t position, float *k, float *v) const {
   const Layer &L = layers_[layer];
@@ -166,7 +159,9 @@ void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
   rmsNorm(hidden, L.attnNorm, n, normed.data());
   linear(normed.data(), L.k, n, h, kvDim(), k);
   linear(normed.data(), L.v, n, h, kvDim(), v);
-  rope(k, n, config_.numKvHeads, position);
+  std::vector<float> rotations(n * config_.headDim);
+  ropeTable(position, n, rotations.data());
+  applyRope(k, n, config_.numKvHeads, config_.headDim, rotations.data());
   roundToBf16(k, n * kvDim());
   roundToBf16(v, n * kvDim());
 }
@@ -220,6 +215,9 @@ Status LlamaModel::prefill(KVContext &context, int64_t position,
   std::vector<float> x(n * h), normed(n * h), qs(n * q), k(n * kv),
       v(n * kv), attn(n * q), tmp(n * h), gate(n * f), up(n * f);
   CausalAttention attention(heads, kvHeads, c.headDim);
+  // The chunk's RoPE rows, shared by every layer's queries and keys.
+  std::vector<float> rotations(n * c.headDim);
+  ropeTable(pos0, n, rotations.data());
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(&embed_[int64_t(tokens[i]) * h], h, &x[i * h]);
 
@@ -229,8 +227,8 @@ Status LlamaModel::prefill(KVContext &context, int64_t position,
     linear(normed.data(), L.q, n, h, q, qs.data());
     linear(normed.data(), L.k, n, h, kv, k.data());
     linear(normed.data(), L.v, n, h, kv, v.data());
-    rope(qs.data(), n, heads, pos0);
-    rope(k.data(), n, kvHeads, pos0);
+    applyRope(qs.data(), n, heads, c.headDim, rotations.data());
+    applyRope(k.data(), n, kvHeads, c.headDim, rotations.data());
     roundToBf16(k.data(), n * kv);
     roundToBf16(v.data(), n * kv);
     if (onLayer)

@@ -140,7 +140,6 @@ private:
   LlamaModel() = default;
   void rmsNorm(const float *x, const std::vector<float> &weight, int64_t n,
                float *out) const;
-  void rope(float *x, int64_t n, int64_t heads, int64_t position) const;
 
   ModelConfig config_;
   std::string fingerprint_;

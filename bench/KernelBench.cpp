@@ -20,7 +20,6 @@
 
 #include "kvc/Runtime/Cuda/CudaDriver.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
-#include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Testing/KernelCase.h"
 
 #include <algorithm>
@@ -102,17 +101,11 @@ public:
     shape.storage = dtypeOf(k.storage);
     const bool rope = k.kind == kvc::BundleKernel::Kind::RopeScatter;
     const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
-    // RoPE as Llama 3.1 8B applies it.
-    kvc::ModelConfig model;
-    model.headDim = k.headDim;
-    model.ropeTheta = 500000;
-    model.ropeScaling = {kvc::RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
     kvc::StatusOr<kvc::testing::KernelCase> made =
         rope ? kvc::testing::KernelCase::makeRopeScatter(
-                   shape, kvc::ropeFrequencies(model), /*firstToken=*/5,
-                   /*firstLayer=*/1, seed)
+                   shape, /*firstToken=*/5, /*firstLayer=*/1, seed)
              : kvc::testing::KernelCase::make(shape, /*firstToken=*/5,
-                                                     /*firstLayer=*/1, seed);
+                                              /*firstLayer=*/1, seed);
     if (!made)
       throw CudaError{"case: " + made.status().message()};
     const kvc::testing::KernelCase &c = *made;

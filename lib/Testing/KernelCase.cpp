@@ -70,12 +70,15 @@ KernelCase::make(const KernelShape &shape, int64_t firstToken,
   return c;
 }
 
-StatusOr<KernelCase> KernelCase::makeRopeScatter(
-    const KernelShape &shape, const std::vector<float> &invFreq,
-    int64_t firstToken, int64_t firstLayer, uint32_t seed) {
-  if (int64_t(invFreq.size()) * 2 != shape.headDim)
-    return Status(StatusCode::InvalidArgument,
-                  "RoPE frequencies for another head_dim");
+StatusOr<KernelCase> KernelCase::makeRopeScatter(const KernelShape &shape,
+                                                 int64_t firstToken,
+                                                 int64_t firstLayer,
+                                                 uint32_t seed) {
+  ModelConfig model;
+  model.headDim = shape.headDim;
+  model.ropeTheta = 500000;
+  model.ropeScaling = {RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
+  const std::vector<float> invFreq = ropeFrequencies(model);
   KernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
   std::mt19937 rng(seed);

@@ -11,7 +11,6 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
-#include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Testing/KernelCase.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/KernelGen.h"
@@ -108,18 +107,11 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   shape.blockSize = p.blockSize;
   shape.codec = *codec;
   shape.storage = p.storage;
-  // Llama 3.1's RoPE: base 500000, scaled for long contexts.
-  ::kvc::ModelConfig model;
-  model.headDim = p.headDim;
-  model.ropeTheta = 500000;
-  model.ropeScaling = {::kvc::RopeScaling::Kind::Llama3, 8.0, 1.0, 4.0, 8192};
   const uint32_t seed = uint32_t(p.tokens);
   ::kvc::StatusOr<KernelCase> made =
-      rope ? KernelCase::makeRopeScatter(
-                 shape, ::kvc::ropeFrequencies(model), p.firstToken,
-                 /*firstLayer=*/1, seed)
-           : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1,
-                                     seed);
+      rope ? KernelCase::makeRopeScatter(shape, p.firstToken,
+                                         /*firstLayer=*/1, seed)
+           : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed);
   ASSERT_TRUE(made) << made.status().message();
   const KernelCase &c = *made;
 

@@ -56,11 +56,11 @@ public:
                                           int64_t firstToken,
                                           int64_t firstLayer, uint32_t seed);
   /// A rope_scatter kernel's case (the shape's codec and storage unused),
-  /// with the RoPE frequencies `invFreq` (ropeFrequencies()).
-  static StatusOr<KernelCase>
-  makeRopeScatter(const KernelShape &shape,
-                  const std::vector<float> &invFreq, int64_t firstToken,
-                  int64_t firstLayer, uint32_t seed);
+  /// rotating as Llama 3.1 does (base 500000, its long-context scaling).
+  static StatusOr<KernelCase> makeRopeScatter(const KernelShape &shape,
+                                              int64_t firstToken,
+                                              int64_t firstLayer,
+                                              uint32_t seed);
 
   /// A quiet NaN no decoder produces: what the cache holds before a launch.
   static constexpr uint16_t kPoison = 0x7FC1;

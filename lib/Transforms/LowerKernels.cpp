@@ -5,17 +5,26 @@
 //
 //   scf.parallel %block = 0 to G {          // -> blockIdx.x
 //     scf.parallel %thread = 0 to T {       // -> threadIdx.x
-//       item = block * T + thread; if item < items { ... }
+//       if (the block's matrix is V) { P items of V } else { P items of K }
 //
-// One work item writes 8 bf16 values of one cache row (one 16-byte store),
-// or a whole head row under Hadamard (head_dim / 8 such stores), so a warp
-// writes consecutive 16-byte pieces of one paged block's rows. Items are
-// numbered matrix-major (layer, then K or V, then token, then the piece of
-// the row), so the payload is read in the order it is laid out and K's and
-// V's code (each specialized for its own quantization axis) runs in whole
-// warps. Every payload access loads the widest unit its statically known
-// alignment allows, up to 16 bytes, through a memref of vector elements, so
-// the NVPTX backend emits ld.global.v4.u32 and st.global.v4.u32.
+// One work item writes 8 bf16 values of one cache row (one 16-byte store);
+// in the host form of a Hadamard kernel, a whole head row. Each K or V
+// matrix of a layer gets its own blocks, so a block runs one layout's code
+// (each specialized for its own quantization axis). Within a matrix, items
+// are numbered token, then piece of the row: thread t of the matrix's block
+// g computes items g * T * P + s * T + t for s < P, so each load and store
+// instruction of a warp touches consecutive pieces, and a thread issues the
+// loads of all P items before its first store (P = 16 / bits for quantized
+// payloads: 16 bytes of packed values in flight per thread). Every payload
+// access loads the widest unit its statically known alignment allows, up to
+// 16 bytes, through a memref of vector elements, so the NVPTX backend emits
+// ld.global.v4.u32 and st.global.v4.b32.
+//
+// Under Hadamard the GPU form keeps one piece per thread: the butterflies
+// of stages 1, 2 and 4 run within the piece, those of stages 8 .. head_dim/2
+// across the lanes of the head row through gpu.shuffle xor (a head row is
+// head_dim / 8 consecutive lanes of one warp). The host form, which
+// kvc-kernels-to-llvm can lower, transforms the row within one item.
 //
 // A rope_scatter item loads its 8 f32 projections, and for K the 8 it is
 // paired with (channel +- head_dim / 2) and 8 cosines and sines of the
@@ -25,9 +34,12 @@
 // The arithmetic is the runtime's, operation for operation:
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
 // integer fits a float's mantissa), the Hadamard butterflies in the same
-// order, then the same round-to-nearest-even to bf16. So the generated code
-// equals decodeChunkToBf16 bit for bit (KernelJitTest runs it on the
-// host through buildKernelsToLLVMPipeline).
+// order on the same operands, then the same round-to-nearest-even to bf16
+// (the hardware's cvt.rn.bf16 in the GPU form, integer ops in the host
+// form). So the generated code equals decodeChunkToBf16 bit for bit on
+// every value that is not NaN (a NaN stays NaN; its payload is the
+// hardware's): KernelJitTest runs the host form through
+// buildKernelsToLLVMPipeline, kvc-kernel-bench the GPU form on a GPU.
 //
 //===----------------------------------------------------------------------===//
 
@@ -50,6 +62,7 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/Transforms/Passes.h"
 
 #include <cmath>
@@ -76,11 +89,18 @@ int64_t KernelSpec::bits() const {
 }
 
 int64_t KernelSpec::valuesPerItem() const {
-  return hadamard() ? headDim : 8;
+  return hadamard() && host ? headDim : 8;
 }
 
 int64_t KernelSpec::items() const {
   return 2 * layers * tokens * (width() / valuesPerItem());
+}
+
+int64_t KernelSpec::itemsPerThread() const {
+  // A quantized item reads bits() bytes of packed values for 16 bytes it
+  // writes; enough items that a thread's packed loads add up to 16 bytes.
+  int64_t b = bits();
+  return b && !hadamard() ? 16 / b : 1;
 }
 
 namespace {
@@ -155,7 +175,7 @@ std::string KernelSpec::symbolName() const {
     name += "raw_" + type + "_";
   }
   if (hadamard())
-    name += "had_";
+    name += host ? "had_host_" : "had_";
   return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
          "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) +
          "_b" + std::to_string(blockSize);
@@ -175,6 +195,8 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
       b.getNamedAttr("storage", TypeAttr::get(storage))};
   if (codec)
     fields.push_back(b.getNamedAttr("codec", codec));
+  if (host)
+    fields.push_back(b.getNamedAttr("host", b.getUnitAttr()));
   return b.getDictionaryAttr(fields);
 }
 
@@ -205,6 +227,7 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
   spec.codec = attr.getAs<CodecAttr>("codec");
   if (attr.get("codec") && !spec.codec)
     return failure();
+  spec.host = attr.contains("host");
   return spec;
 }
 
@@ -225,10 +248,9 @@ std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
   return std::nullopt;
 }
 
-FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel,
-                                                    ModelAttr model,
-                                                    int64_t blockSize,
-                                                    int64_t threads) {
+FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
+                                      int64_t blockSize, int64_t threads,
+                                      bool host) {
   std::optional<KernelKind> kind = kindOf(kernel);
   assert(kind && "not a kernel of a generated kind");
   auto chunk = cast<ChunkType>(kernel.getBody().getArgument(0).getType());
@@ -247,6 +269,7 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel,
   spec.storage = chunk.getElementType();
   spec.codec = chunk.getCodec();
   spec.threads = threads;
+  spec.host = host;
   if (blockSize <= 0 || threads <= 0 || threads > 1024)
     return fail("block size and threads per block must be positive (threads "
                 "at most 1024)");
@@ -273,6 +296,10 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel,
   if (spec.hadamard() && !llvm::isPowerOf2_64(spec.headDim))
     return fail("Hadamard over head_dim " + Twine(spec.headDim) +
                 " needs a power of two");
+  if (spec.hadamard() && !host && (spec.headDim > 256 || threads % 32))
+    return fail("Hadamard across a warp's lanes needs head_dim <= 256 and "
+                "whole warps per block (threads " +
+                Twine(threads) + ")");
   if (spec.bits()) {
     for (bool value : {false, true}) {
       MatrixLayout layout = matrixLayout(spec, value);
@@ -295,24 +322,54 @@ class ItemEmitter {
 public:
   ItemEmitter(OpBuilder &b, Location loc, const KernelSpec &spec,
               func::FuncOp func)
-      : b(b), loc(loc), spec(spec), args(func.getArguments()) {}
+      : b(b), loc(loc), spec(spec), args(func.getArguments()),
+        entry(&func.getBody().front()) {}
 
-  /// The code of item `item` (< spec.items()).
-  void emit(Value item);
-
-private:
-  Value payload() const { return args[0]; }
-  Value index(int64_t v) { return b.create<arith::ConstantIndexOp>(loc, v); }
-  Value add(Value x, Value y) { return b.create<arith::AddIOp>(loc, x, y); }
+  /// The index constant `v`, made once at the function's entry.
+  Value index(int64_t v) {
+    Value &constant = constants[v];
+    if (!constant)
+      constant =
+          OpBuilder::atBlockBegin(entry).create<arith::ConstantIndexOp>(loc, v);
+    return constant;
+  }
+  /// Index arithmetic at the builder's insertion point, with the trivial
+  /// cases (x + 0, x * 1, 0 * c, x / 1, x % 1) folded.
+  Value add(Value x, Value y) {
+    if (matchPattern(y, m_Zero()))
+      return x;
+    if (matchPattern(x, m_Zero()))
+      return y;
+    return b.create<arith::AddIOp>(loc, x, y);
+  }
   Value mul(Value x, int64_t c) {
-    return c == 1 ? x : b.create<arith::MulIOp>(loc, x, index(c)).getResult();
+    if (c == 1 || matchPattern(x, m_Zero()))
+      return x;
+    return b.create<arith::MulIOp>(loc, x, index(c));
   }
   Value div(Value x, int64_t c) {
     return c == 1 ? x : b.create<arith::DivUIOp>(loc, x, index(c)).getResult();
   }
   Value rem(Value x, int64_t c) {
-    return b.create<arith::RemUIOp>(loc, x, index(c));
+    return c == 1 ? index(0)
+                  : b.create<arith::RemUIOp>(loc, x, index(c)).getResult();
   }
+
+  /// What one item computes: the bf16 bits of its 16-byte pieces and the
+  /// cache element the first one goes to.
+  struct Result {
+    Value element;
+    SmallVector<Value> pieces;
+  };
+
+  /// Every load of item `item` of K or V (`value`) of `layer` (items of a
+  /// matrix are numbered token, then piece of the row) and its arithmetic.
+  Result compute(bool value, Value layer, Value item);
+  /// The stores of a computed item of K or V.
+  void write(bool value, const Result &result);
+
+private:
+  Value payload() const { return args[0]; }
   VectorType vec(int64_t n, Type element) {
     return VectorType::get({n}, element);
   }
@@ -328,14 +385,22 @@ private:
   Value loadRawBf16(bool value, Value layer, Value token, Value channel);
   Value concat(ArrayRef<Value> pieces);
   Value slice(Value vector, int64_t offset, int64_t size);
-  Value hadamard(Value row);
+  /// The Hadamard butterflies of stages 1 .. n/2 over `row`'s values.
+  Value butterflies(Value row, int64_t n);
+  /// The stages 8 .. head_dim/2 of an 8-value piece held by `lane` (the
+  /// piece's index in its head), exchanged with the other lanes of the head
+  /// row through gpu.shuffle.
+  Value laneButterflies(Value piece, Value lane);
+  Value normalize(Value values);
   /// rope_scatter: 8 f32 projections of matrix `value` of `layer` at
   /// (token, channel).
   Value loadProjected(bool value, Value layer, Value token, Value channel);
   /// rope_scatter: K's 8 projections at (token, channel), rotated.
   Value rope(Value own, Value layer, Value token, Value channel);
   Value roundToBf16(Value values);
-  void store(bool value, Value layer, Value token, Value channel, Value bits);
+  /// The cache element of (token, channel) of `layer`, through the block
+  /// table.
+  Value destination(Value layer, Value token, Value channel);
   /// The byte offset of matrix `value` of `layer` in the payload.
   Value matrixOffset(bool value, Value layer);
 
@@ -343,6 +408,8 @@ private:
   Location loc;
   const KernelSpec &spec;
   ValueRange args;
+  Block *entry;
+  llvm::DenseMap<int64_t, Value> constants;
 };
 
 Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
@@ -352,7 +419,7 @@ Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
   Type element = unit == 16  ? Type(vec(4, i32))
                  : unit == 8 ? Type(vec(2, i32))
                              : Type(b.getIntegerType(8 * unit));
-  Value size = div(b.create<memref::DimOp>(loc, memory, 0), unit);
+  Value size = div(b.create<memref::DimOp>(loc, memory, index(0)), unit);
   Value view = b.create<memref::ViewOp>(
       loc, MemRefType::get({ShapedType::kDynamic}, element), memory, index(0),
       ValueRange{size});
@@ -464,7 +531,18 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
             loc, DenseIntElementsAttr::get(vec(8, i32),
                                            int32_t((1 << m.bits) - 1))));
   }
-  Value q = b.create<arith::UIToFPOp>(loc, vec(8, f32), ints);
+  // The integers as floats, exactly: 2^23 + q has q in its mantissa bits,
+  // and subtracting 2^23 is exact. An OR and an add on the GPU's full-rate
+  // pipes, where uitofp takes its quarter-rate conversion unit.
+  auto splat = [&](VectorType type, Attribute value) -> Value {
+    return b.create<arith::ConstantOp>(loc,
+                                       DenseElementsAttr::get(type, value));
+  };
+  Value biased = b.create<arith::OrIOp>(
+      loc, ints, splat(vec(8, i32), b.getI32IntegerAttr(0x4B000000)));
+  Value q = b.create<arith::SubFOp>(
+      loc, b.create<arith::BitcastOp>(loc, vec(8, f32), biased),
+      splat(vec(8, f32), b.getF32FloatAttr(8388608.0f)));
 
   // Scale and minimum: f16 pairs, one per group.
   Type f16 = b.getF16Type();
@@ -505,18 +583,17 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
                                  b.create<arith::MulFOp>(loc, scale, q));
 }
 
-Value ItemEmitter::hadamard(Value row) {
+Value ItemEmitter::butterflies(Value row, int64_t n) {
   // The runtime's butterflies (ChunkCodec.cpp, hadamard()): for each stage
   // `len`, x[j], x[j + len] = x[j] + x[j + len], x[j] - x[j + len] for the
-  // j whose bit `len` is clear; then every value times 1/sqrt(n).
-  const int64_t n = spec.headDim;
-  Type f32 = b.getF32Type();
+  // j whose bit `len` is clear.
+  const int64_t size = cast<VectorType>(row.getType()).getNumElements();
   for (int64_t len = 1; len < n; len *= 2) {
-    SmallVector<int64_t> lowMask, highMask, merge(n);
-    for (int64_t j = 0; j < n; ++j)
+    SmallVector<int64_t> lowMask, highMask, merge(size);
+    for (int64_t j = 0; j < size; ++j)
       if (!(j & len)) {
         merge[j] = int64_t(lowMask.size());
-        merge[j + len] = n / 2 + int64_t(lowMask.size());
+        merge[j + len] = size / 2 + int64_t(lowMask.size());
         lowMask.push_back(j);
         highMask.push_back(j + len);
       }
@@ -526,10 +603,58 @@ Value ItemEmitter::hadamard(Value row) {
     Value diff = b.create<arith::SubFOp>(loc, low, high);
     row = b.create<vector::ShuffleOp>(loc, sum, diff, merge);
   }
-  const float norm = 1.0f / std::sqrt(float(n));
-  Value scale = b.create<arith::ConstantOp>(
-      loc, DenseElementsAttr::get(vec(n, f32), b.getF32FloatAttr(norm)));
-  return b.create<arith::MulFOp>(loc, row, scale);
+  return row;
+}
+
+Value ItemEmitter::laneButterflies(Value piece, Value lane) {
+  // Stage len >= 8 pairs piece p with piece p ^ (len / 8) of the same head
+  // row, held by the lane that far away. The lane whose bit is clear holds
+  // the low values and keeps low + high; the other keeps low - high, which
+  // it computes as low + (-high) (the same rounding: IEEE defines a - b as
+  // a + (-b)), -high being its own value with the sign bit flipped: a shuffle,
+  // an xor and an add per value and stage.
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  VectorType type = vec(8, f32), words = vec(8, i32);
+  for (int64_t len = 8; len < spec.headDim; len *= 2) {
+    const int64_t distance = len / 8;
+    Value high = b.create<arith::CmpIOp>(
+        loc, arith::CmpIPredicate::ne,
+        b.create<arith::AndIOp>(loc, lane, index(distance)), index(0));
+    Value sign = b.create<vector::BroadcastOp>(
+        loc, words,
+        b.create<arith::SelectOp>(
+            loc, high,
+            b.create<arith::ConstantIntOp>(loc, int32_t(0x80000000), 32),
+            b.create<arith::ConstantIntOp>(loc, 0, 32)));
+    Value partner = b.create<arith::ConstantOp>(
+        loc, DenseElementsAttr::get(type, b.getF32FloatAttr(0)));
+    Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
+    Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
+    for (int64_t j = 0; j < 8; ++j) {
+      Value own = b.create<vector::ExtractOp>(loc, piece, ArrayRef<int64_t>{j});
+      Value theirs = b.create<gpu::ShuffleOp>(loc, own, offset, width,
+                                              gpu::ShuffleMode::XOR)
+                         .getShuffleResult();
+      partner = b.create<vector::InsertOp>(loc, theirs, partner,
+                                           ArrayRef<int64_t>{j});
+    }
+    Value signed_ = b.create<arith::BitcastOp>(
+        loc, type,
+        b.create<arith::XOrIOp>(
+            loc, b.create<arith::BitcastOp>(loc, words, piece), sign));
+    piece = b.create<arith::AddFOp>(loc, partner, signed_);
+  }
+  return piece;
+}
+
+Value ItemEmitter::normalize(Value values) {
+  // Every value of the transform times 1/sqrt(head_dim), as the runtime.
+  const float norm = 1.0f / std::sqrt(float(spec.headDim));
+  return b.create<arith::MulFOp>(
+      loc, values,
+      b.create<arith::ConstantOp>(
+          loc, DenseElementsAttr::get(cast<VectorType>(values.getType()),
+                                      b.getF32FloatAttr(norm))));
 }
 
 Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
@@ -573,7 +698,14 @@ Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
 }
 
 Value ItemEmitter::roundToBf16(Value values) {
-  // floatToBf16 (Base/Half.h): round to nearest even; NaN stays quiet NaN.
+  // The GPU form converts with the hardware's round-to-nearest-even
+  // (cvt.rn.bf16x2.f32, one instruction per two values).
+  if (!spec.host)
+    return b.create<vector::BitCastOp>(
+        loc, vec(8, b.getI16Type()),
+        b.create<arith::TruncFOp>(loc, vec(8, b.getBF16Type()), values));
+  // The host form spells floatToBf16 (Base/Half.h) out in integers: round
+  // to nearest even; NaN stays quiet NaN.
   Type i32 = b.getI32Type();
   VectorType words = vec(8, i32);
   auto splat = [&](int32_t v) -> Value {
@@ -595,8 +727,7 @@ Value ItemEmitter::roundToBf16(Value values) {
   return b.create<arith::TruncIOp>(loc, vec(8, b.getI16Type()), out);
 }
 
-void ItemEmitter::store(bool value, Value layer, Value token, Value channel,
-                        Value bits) {
+Value ItemEmitter::destination(Value layer, Value token, Value channel) {
   // The token's row: table[t / B] * B + t % B, in layer first_layer + layer.
   Value position = add(args[4], token);
   Value block = b.create<arith::IndexCastOp>(
@@ -607,58 +738,55 @@ void ItemEmitter::store(bool value, Value layer, Value token, Value channel,
       add(mul(block, spec.blockSize), rem(position, spec.blockSize));
   Value row = add(b.create<arith::MulIOp>(loc, add(args[5], layer), args[6]),
                   slot);
-  Value element = add(mul(row, spec.width()), channel);
+  return add(mul(row, spec.width()), channel);
+}
+
+ItemEmitter::Result ItemEmitter::compute(bool value, Value layer, Value item) {
+  const int64_t perItem = spec.valuesPerItem();
+  const int64_t perRow = spec.width() / perItem;
+  Value token = div(item, perRow);
+  Value first = mul(rem(item, perRow), perItem);
+  Result result;
+  if (spec.kind == KernelKind::RopeScatter) {
+    Value projected = loadProjected(value, layer, token, first);
+    if (!value)
+      projected = rope(projected, layer, token, first);
+    result.pieces.push_back(roundToBf16(projected));
+  } else if (!spec.bits() && !spec.hadamard() && spec.storage.isBF16()) {
+    // Raw bf16: a 16-byte copy per item.
+    result.pieces.push_back(loadRawBf16(value, layer, token, first));
+  } else {
+    SmallVector<Value> values;
+    for (int64_t s = 0; s < perItem / 8; ++s)
+      values.push_back(loadValues(value, layer, token,
+                                  s ? add(first, index(8 * s)) : first));
+    if (spec.hadamard() && spec.host) {
+      // The host form: the whole head row in one item.
+      Value rowValues = normalize(butterflies(concat(values), spec.headDim));
+      for (int64_t s = 0; s < perItem / 8; ++s)
+        values[s] = slice(rowValues, 8 * s, 8);
+    } else if (spec.hadamard()) {
+      Value lane = rem(div(first, 8), spec.headDim / 8);
+      values[0] = normalize(laneButterflies(butterflies(values[0], 8), lane));
+    }
+    for (Value v : values)
+      result.pieces.push_back(roundToBf16(v));
+  }
+  result.element = destination(layer, token, first);
+  return result;
+}
+
+void ItemEmitter::write(bool value, const Result &result) {
   Value cache = value ? args[2] : args[1];
   Type piece = vec(8, b.getI16Type());
-  Value size = div(b.create<memref::DimOp>(loc, cache, 0), 16);
+  Value size = div(b.create<memref::DimOp>(loc, cache, index(0)), 16);
   Value view = b.create<memref::ViewOp>(
       loc, MemRefType::get({ShapedType::kDynamic}, piece), cache, index(0),
       ValueRange{size});
-  b.create<memref::StoreOp>(loc, bits, view, ValueRange{div(element, 8)});
-}
-
-void ItemEmitter::emit(Value item) {
-  const int64_t perItem = spec.valuesPerItem();
-  const int64_t perRow = spec.width() / perItem;
-  Value piece = rem(item, perRow);
-  Value row = div(item, perRow);
-  Value token = rem(row, spec.tokens);
-  Value matrix = div(row, spec.tokens);
-  Value layer = div(matrix, 2);
-  Value isValue = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
-                                          rem(matrix, 2), index(0));
-  auto ifOp = b.create<scf::IfOp>(loc, isValue, /*withElseRegion=*/true);
-  for (bool value : {true, false}) {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(value ? ifOp.thenBlock() : ifOp.elseBlock());
-    Value first = mul(piece, perItem);
-    auto channel = [&](int64_t s) {
-      return s ? add(first, index(8 * s)) : first;
-    };
-    if (spec.kind == KernelKind::RopeScatter) {
-      Value projected = loadProjected(value, layer, token, first);
-      if (!value)
-        projected = rope(projected, layer, token, first);
-      store(value, layer, token, first, roundToBf16(projected));
-      continue;
-    }
-    if (!spec.bits() && !spec.hadamard() && spec.storage.isBF16()) {
-      // Raw bf16: a 16-byte copy per item.
-      store(value, layer, token, first,
-            loadRawBf16(value, layer, token, first));
-      continue;
-    }
-    SmallVector<Value> values;
-    for (int64_t s = 0; s < perItem / 8; ++s)
-      values.push_back(loadValues(value, layer, token, channel(s)));
-    if (spec.hadamard()) {
-      Value rowValues = hadamard(concat(values));
-      for (int64_t s = 0; s < perItem / 8; ++s)
-        values[s] = slice(rowValues, 8 * s, 8);
-    }
-    for (int64_t s = 0; s < perItem / 8; ++s)
-      store(value, layer, token, channel(s), roundToBf16(values[s]));
-  }
+  Value first = div(result.element, 8);
+  for (auto [s, bits] : llvm::enumerate(result.pieces))
+    b.create<memref::StoreOp>(
+        loc, bits, view, ValueRange{s ? add(first, index(int64_t(s))) : first});
 }
 
 } // namespace
@@ -675,29 +803,56 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   auto func = builder.create<func::FuncOp>(loc, spec.symbolName(),
                                            FunctionType::get(ctx, args, {}));
   OpBuilder b = OpBuilder::atBlockBegin(func.addEntryBlock());
-  auto constant = [&](int64_t v) {
-    return b.create<arith::ConstantIndexOp>(loc, v);
-  };
-  const int64_t items = spec.items();
+  ItemEmitter emitter(b, loc, spec, func);
+  auto constant = [&](int64_t v) { return emitter.index(v); };
+  // Each K or V matrix of a layer gets its own blocks, so a block runs the
+  // code of one layout. Thread t of the matrix's block g computes items
+  // g * T * P + s * T + t, s < P: each of its P loads and stores is a
+  // warp's consecutive pieces, and the P items are loaded and decoded
+  // before the first store, so a thread keeps P items' bytes in flight.
+  // Past the matrix's last item a thread recomputes that item and does not
+  // write it.
+  const int64_t perThread = spec.itemsPerThread();
+  const int64_t items = spec.items() / (2 * spec.layers); // per matrix
+  const int64_t span = spec.threads * perThread;
+  const int64_t blocksPerMatrix = ceilDiv(items, span);
   Value zero = constant(0), one = constant(1);
   auto grid = b.create<scf::ParallelOp>(
-      loc, ValueRange{zero}, ValueRange{constant(ceilDiv(items, spec.threads))},
-      ValueRange{one});
+      loc, ValueRange{zero},
+      ValueRange{constant(2 * spec.layers * blocksPerMatrix)}, ValueRange{one});
   b.setInsertionPoint(grid.getBody()->getTerminator());
   auto block = b.create<scf::ParallelOp>(
       loc, ValueRange{constant(0)}, ValueRange{constant(spec.threads)},
       ValueRange{constant(1)});
   b.setInsertionPoint(block.getBody()->getTerminator());
-  Value item = b.create<arith::AddIOp>(
-      loc,
-      b.create<arith::MulIOp>(loc, grid.getInductionVars()[0],
-                              constant(spec.threads)),
-      block.getInductionVars()[0]);
-  Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, item,
-                                          constant(items));
-  auto guard = b.create<scf::IfOp>(loc, inRange, /*withElseRegion=*/false);
-  b.setInsertionPointToStart(guard.thenBlock());
-  ItemEmitter(b, loc, spec, func).emit(item);
+  Value blockId = grid.getInductionVars()[0];
+  Value matrix = emitter.div(blockId, blocksPerMatrix);
+  Value layer = emitter.div(matrix, 2);
+  Value firstItem =
+      emitter.add(emitter.mul(emitter.rem(blockId, blocksPerMatrix), span),
+                  block.getInductionVars()[0]);
+  Value isValue = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
+                                          emitter.rem(matrix, 2), zero);
+  auto ifOp = b.create<scf::IfOp>(loc, isValue, /*withElseRegion=*/true);
+  for (bool value : {true, false}) {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(value ? ifOp.thenBlock() : ifOp.elseBlock());
+    SmallVector<std::pair<Value, ItemEmitter::Result>> computed;
+    for (int64_t s = 0; s < perThread; ++s) {
+      Value item =
+          s ? emitter.add(firstItem, constant(s * spec.threads)) : firstItem;
+      Value clamped = b.create<arith::MinUIOp>(loc, item, constant(items - 1));
+      computed.emplace_back(item, emitter.compute(value, layer, clamped));
+    }
+    for (auto &[item, result] : computed) {
+      Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
+                                              item, constant(items));
+      auto store = b.create<scf::IfOp>(loc, inRange, /*withElseRegion=*/false);
+      OpBuilder::InsertionGuard insertion(b);
+      b.setInsertionPointToStart(store.thenBlock());
+      emitter.write(value, result);
+    }
+  }
   b.setInsertionPointToEnd(&func.getBody().front());
   b.create<func::ReturnOp>(loc);
   return func;
@@ -761,7 +916,7 @@ struct KVCLowerKernelsPass
       if (!KernelSpec::kindOf(kernel))
         return WalkResult::advance();
       FailureOr<KernelSpec> spec =
-          KernelSpec::get(kernel, model, blockSize, threads);
+          KernelSpec::get(kernel, model, blockSize, threads, host);
       if (failed(spec))
         return WalkResult::interrupt();
       std::string name = spec->symbolName();

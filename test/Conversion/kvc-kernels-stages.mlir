@@ -3,27 +3,29 @@
 // RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining \
 // RUN:   | kvc-opt --pass-pipeline='builtin.module(nvvm-attach-target{chip=sm_90 O=3}, gpu.module(convert-scf-to-cf, convert-vector-to-llvm, convert-gpu-to-nvvm, canonicalize, cse, reconcile-unrealized-casts))' | FileCheck %s --check-prefix=NVVM
 // RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | FileCheck %s --check-prefix=PTX --implicit-check-not=fma.rn
-// RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
+// RUN: kvc-opt %s --kvc-lower-kernels=host=true --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
 
 // Tests the IR of one kernel of each kind (an int8 restore, a projection's
-// RoPE epilogue) at each stage of kvc-kernels-to-ptx, and the host lowering
-// the unit tests run: kvc-lower-kernels' two parallel loops become one
-// gpu.launch of 8 blocks x 256 threads (64 tokens x 2 matrices x 128 / 8
-// values), outlined into a gpu.func, NVVM with 16-byte vector loads and
-// stores, then PTX with ld.global.v4 / st.global.v4 and no fused
-// multiply-adds (.rn: the runtime's rounding, step by step).
+// RoPE epilogue, a Hadamard restore) at each stage of kvc-kernels-to-ptx,
+// and the host lowering the unit tests run: kvc-lower-kernels' two parallel
+// loops become one gpu.launch (int8: 64 tokens x 128 / 8 pieces per matrix,
+// 2 per thread, so 2 blocks of 256 threads per matrix, 4 in all), outlined
+// into a gpu.func, NVVM with 16-byte vector loads and stores and the
+// Hadamard's lane exchanges as shfl.sync.bfly, then PTX with ld.global.v4 /
+// st.global.v4, no fused multiply-adds (.rn: the runtime's rounding, step by
+// step) and the hardware's round-to-nearest-even conversion to bf16.
 
 // LAUNCH-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16
-// LAUNCH:         %[[GRID:.+]] = affine.apply {{.+}}(%c8)
+// LAUNCH:         %[[GRID:.+]] = affine.apply {{.+}}(%c4)
 // LAUNCH:         gpu.launch blocks(%{{.+}}, %{{.+}}, %{{.+}}) in (%{{.+}} = %[[GRID]], %{{.+}} = %c1{{.*}}, %{{.+}} = %c1{{.*}}) threads
 // LAUNCH:           gpu.terminator
 // LAUNCH-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16
 // LAUNCH:         gpu.launch blocks
 
 // OUTLINED-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
-// OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c8{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})
+// OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c4{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})
 // OUTLINED:       gpu.module @[[R]]
-// OUTLINED:         gpu.func @[[R]]({{.+}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>, known_grid_size = array<i32: 8, 1, 1>}
+// OUTLINED:         gpu.func @[[R]]({{.+}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>, known_grid_size = array<i32: 4, 1, 1>}
 // OUTLINED-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16(
 // OUTLINED:         gpu.launch_func @[[E:kvc_rope_scatter_t64_l1_h2x64_b16_kernel]]::@[[E]] blocks in (%c8{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}}) args({{.*}}%arg7 : memref<?xi8>
 // OUTLINED:       gpu.module @[[E]]
@@ -38,11 +40,14 @@
 // NVVM:           llvm.load {{.+}} -> vector<4xi32>
 // NVVM:       gpu.module @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
 // NVVM:         llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
+// NVVM:           llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
 // NVVM:           %[[COS:.+]] = llvm.fmul {{.+}} : vector<8xf32>
 // NVVM:           %[[SIN:.+]] = llvm.fmul {{.+}} : vector<8xf32>
 // NVVM:           llvm.fsub %[[COS]], %[[SIN]] : vector<8xf32>
 // NVVM:           llvm.fadd %[[COS]], %[[SIN]] : vector<8xf32>
-// NVVM:           llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+// NVVM:       gpu.module @kvc_restore_raw_bf16_had_t64_l1_h2x64_b16_kernel
+// NVVM-COUNT-24:  nvvm.shfl.sync  bfly
+// NVVM:           llvm.fptrunc {{.+}} : vector<8xf32> to vector<8xbf16>
 
 // PTX:     gpu.binary @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#gpu.object<#nvvm.target<O = 3, chip = "sm_90">, {{.*}}assembly = "
 // PTX-SAME:  .target sm_90
@@ -56,12 +61,17 @@
 // PTX-SAME:  mul.rn.f32
 // PTX-SAME:  add.rn.f32
 // PTX-SAME:  st.global.v4.b32
+// PTX:     gpu.binary @kvc_restore_raw_bf16_had_t64_l1_h2x64_b16_kernel
+// PTX-SAME:  shfl.sync.bfly.b32
+// PTX-SAME:  cvt.rn.bf16.f32
+// PTX-SAME:  st.global.v4.b32
 
 // HOST-NOT:   gpu.
 // HOST:       llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
 // HOST:         llvm.cond_br
 // HOST:         llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
 // HOST:       llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16(
+// HOST:       llvm.func @kvc_restore_raw_bf16_had_host_t64_l1_h2x64_b16(
 
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @restore(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>) {
@@ -81,6 +91,16 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, 
         : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>
         -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
     kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) {
+  kvc.kernel "untransform_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>):
+    %u = kvc.untransform %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
   }
   return
 }

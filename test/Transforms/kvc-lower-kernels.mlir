@@ -1,25 +1,32 @@
 // RUN: kvc-opt %s --split-input-file --verify-diagnostics --kvc-lower-kernels | FileCheck %s
+// RUN: kvc-opt %s --split-input-file --verify-diagnostics --kvc-lower-kernels=host=true | FileCheck %s --check-prefix=HOST
 
 // Tests that a dequant -> scatter kernel becomes a function specialized for
 // its chunk (int4, K per channel and V per token, 64 tokens, 1 layer, 2 KV
-// heads of 64): blocks x threads parallel loops over 64 * 2 * (128 / 8)
-// work items, K's and V's code apart, 16-byte loads of K's scales and
-// minimums and 16-byte stores into the cache; the kernel names it.
+// heads of 64): 64 * (128 / 8) work items per matrix, 4 per thread, so one
+// block of 256 threads for V and one for K, each running its own matrix's
+// code: all 4 items loaded and decoded (4-byte packed loads; K's scales and
+// minimums in 16-byte loads) before the 4 guarded 16-byte stores.
 // CHECK-LABEL: func.func @f
 // CHECK:         kvc.kernel "dequant_scatter"{{.*}} attributes {kvc.entry = @[[K:kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
-// CHECK:       func.func @[[K]](%[[PAYLOAD:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
+// CHECK:       func.func @[[K]](%[[PAYLOAD:.+]]: memref<?xi8>, %[[KEYS:.+]]: memref<?xi8>, %[[VALUES:.+]]: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
 // CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, codec = #kvc.codec<quant = int4>, head_dim = 64 : i64, kind = "restore", kv_heads = 2 : i64, layers = 1 : i64, storage = bf16, threads = 256 : i64, tokens = 64 : i64}}
-// CHECK:         %[[GRID:.+]] = arith.constant 8 : index
-// CHECK:         scf.parallel (%[[B:.+]]) = (%{{.+}}) to (%[[GRID]])
-// CHECK:           scf.parallel (%[[T:.+]]) = (%{{.+}}) to (%{{.+}})
-// CHECK:             arith.cmpi ult, %{{.+}}, %c2048
-// CHECK:             scf.if
+// CHECK:         scf.parallel (%[[B:.+]]) = (%c0) to (%c2) step (%c1)
+// CHECK:           scf.parallel (%[[T:.+]]) = (%c0) to (%c256) step (%c1)
+// CHECK:             %[[IS_V:.+]] = arith.cmpi ne
+// CHECK:             scf.if %[[IS_V]] {
+// CHECK:               arith.minui %[[T]], %c1023
 // CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xi32>
 // CHECK:               arith.shrui {{.+}} : vector<8xi32>
-// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK-COUNT-3:       arith.minui %{{.+}}, %c1023
+// CHECK-NOT:           memref.store
+// CHECK:               arith.cmpi ult, %[[T]], %c1024
+// CHECK:               memref.view %[[VALUES]]
+// CHECK-COUNT-4:       memref.store {{.+}} : memref<?xvector<8xi16>>
 // CHECK:             } else {
 // CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xvector<4xi32>>
-// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK:               memref.view %[[KEYS]]
+// CHECK-COUNT-4:       memref.store {{.+}} : memref<?xvector<8xi16>>
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) {
   kvc.kernel "dequant_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) -> () {
@@ -43,7 +50,6 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 // CHECK:         kvc.kernel "project_scatter"{{.*}} attributes {kvc.entry = @[[E:kvc_rope_scatter_t64_l2_h2x64_b16]]}
 // CHECK:       func.func @[[E]](%[[PROJ:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %[[ROPE:.+]]: memref<?xi8>)
 // CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, head_dim = 64 : i64, kind = "rope_scatter", kv_heads = 2 : i64, layers = 2 : i64, storage = f32, threads = 256 : i64, tokens = 64 : i64}}
-// CHECK:             arith.cmpi ult, %{{.+}}, %c4096
 // CHECK:             scf.if
 // CHECK:               memref.view %[[PROJ]]{{.+}} to memref<?xvector<4xi32>>
 // CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
@@ -67,6 +73,54 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
         : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
         -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
     kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests the two forms of a Hadamard restore (int4, head_dim 64). The GPU
+// form gives each thread one 8-value piece: the butterflies of stages 1, 2
+// and 4 run in the thread, those of stages 8, 16 and 32 across the 8 lanes
+// of a head row (gpu.shuffle xor 1, 2, 4; the lane with the bit set adds
+// its own value with the sign flipped), then bf16 by truncf. The host form
+// (host=true) transforms a whole 64-value head row per item and rounds in
+// integers; kvc-kernels-to-llvm lowers only that one.
+// CHECK-LABEL: func.func @hadamard
+// CHECK:       func.func @kvc_restore_int4_kc_vt_g32_had_t64_l1_h2x64_b16(
+// CHECK:         scf.parallel (%{{.+}}) = (%c0) to (%c8) step (%c1)
+// CHECK:           arith.subf {{.+}} : vector<4xf32>
+// CHECK:           %[[D1:.+]] = arith.constant 1 : i32
+// CHECK-COUNT-8:   gpu.shuffle  xor %{{.+}}, %[[D1]], %{{.+}} : f32
+// CHECK:           %[[FLIPPED:.+]] = arith.xori
+// CHECK:           %[[SIGNED:.+]] = arith.bitcast %[[FLIPPED]] : vector<8xi32> to vector<8xf32>
+// CHECK:           arith.addf %{{.+}}, %[[SIGNED]] : vector<8xf32>
+// CHECK:           %[[D2:.+]] = arith.constant 2 : i32
+// CHECK:           gpu.shuffle  xor %{{.+}}, %[[D2]]
+// CHECK:           %[[D4:.+]] = arith.constant 4 : i32
+// CHECK-COUNT-8:   gpu.shuffle  xor %{{.+}}, %[[D4]]
+// CHECK-NOT:       gpu.shuffle
+// CHECK:           arith.truncf {{.+}} : vector<8xf32> to vector<8xbf16>
+// HOST-LABEL:  func.func @hadamard
+// HOST:        func.func @kvc_restore_int4_kc_vt_g32_had_host_t64_l1_h2x64_b16(
+// HOST-SAME:     host
+// HOST:          scf.parallel (%{{.+}}) = (%c0) to (%c2) step (%c1)
+// HOST-NOT:      gpu.shuffle
+// HOST:          arith.subf {{.+}} : vector<32xf32>
+// HOST-NOT:      arith.truncf
+// HOST:          arith.shrui {{.+}} : vector<8xi32>
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>) {
+  kvc.kernel "dequant_untransform_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+    %u = kvc.untransform %d
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
   }
   return
 }

@@ -129,6 +129,7 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
                                            : Type(b.getBF16Type());
   spec.codec = mlir::kvc::getCodecAttr(&context, *codec);
   spec.threads = 64;
+  spec.host = true; // The form the host lowering takes (KernelGen.h).
   ASSERT_EQ(spec.payloadBytes(), int64_t(c.payload().size()));
 
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));

@@ -68,15 +68,23 @@ struct KernelSpec {
   CodecAttr codec;
   /// Threads per block of the GPU launch.
   int64_t threads = 256;
+  /// The host form, which kvc-kernels-to-llvm can lower: under Hadamard one
+  /// work item transforms a whole head row, where the GPU form spreads the
+  /// row over a warp's lanes (8 values each) that exchange values through
+  /// gpu.shuffle. The forms differ in nothing else.
+  bool host = false;
 
   int64_t width() const { return kvHeads * headDim; }
   bool hadamard() const;
   /// 0 when unquantized.
   int64_t bits() const;
-  /// Values one work item produces: a head row under Hadamard, else 8.
+  /// Values one work item produces: a head row under Hadamard in the host
+  /// form, else 8.
   int64_t valuesPerItem() const;
-  /// Work items of the whole chunk (one thread each).
+  /// Work items of the whole chunk.
   int64_t items() const;
+  /// Work items one GPU thread computes (all loaded before any is stored).
+  int64_t itemsPerThread() const;
   /// Bytes of the payload the kernel reads.
   int64_t payloadBytes() const;
   /// A symbol naming the specialization, e.g.
@@ -95,7 +103,8 @@ struct KernelSpec {
   /// is `model`; fails with a diagnostic on the kernel when its chunk's
   /// shape or encoding has no generated form.
   static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
-                                          int64_t blockSize, int64_t threads);
+                                   int64_t blockSize, int64_t threads,
+                                   bool host);
 };
 
 /// Builds the kernel function for `spec` at the builder's insertion point.

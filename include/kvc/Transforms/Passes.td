@@ -401,16 +401,21 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     width, the codec (quantization bits, the axis and group of K's and V's
     scales, Hadamard over head_dim), the chunk's tokens and layers and the
     paged cache's block size are constants. The body is two `scf.parallel`
-    loops (blocks x threads, one work item per thread) of arith, memref and
-    vector ops that decode the payload as the runtime's codecs lay it out
-    and store bf16 rows into the paged cache through the block table, with
-    16-byte vector accesses. Kernels of the same specialization share one
+    loops (blocks x threads; each K or V matrix of a layer its own blocks;
+    a thread loads all its work items before storing any) of arith, memref
+    and vector ops that decode the payload as the runtime's codecs lay it
+    out and store bf16 rows into the paged cache through the block table,
+    with 16-byte vector accesses. Under Hadamard, the lanes of a warp that
+    hold one head row exchange values with `gpu.shuffle`; `host=true`
+    generates the form `kvc-kernels-to-llvm` can lower instead (a head row
+    per work item). Kernels of the same specialization share one
     function; the kernel op names it in `kvc.entry`. The function lowers to
     PTX with `kvc-kernels-to-ptx` and to host LLVM with `kvc-kernels-to-llvm`
     (docs/kernels.md). Kernels of other chains are left alone; a kernel the
     generator cannot specialize (a still-compressed input, a width that is
     not a multiple of 32, per-token groups not a multiple of 8, a head_dim
-    that is not a multiple of 16 under RoPE) fails the pass with a message
+    that is not a multiple of 16 under RoPE, a Hadamard head row wider than
+    a warp or blocks that are not whole warps) fails the pass with a message
     on the kernel.
 
     Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
@@ -428,9 +433,12 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
         %payload: memref<?xi8>, %key_cache: memref<?xi8>, %value_cache: memref<?xi8>,
         %block_table: memref<?xi32>, %first_token: index, %first_layer: index,
         %layer_rows: index) attributes {kvc.entry} {
-      scf.parallel (%block) = (%c0) to (%c8) step (%c1) {
+      scf.parallel (%block) = (%c0) to (%c2) step (%c1) {
         scf.parallel (%thread) = (%c0) to (%c256) step (%c1) {
-          ... // decode 8 values, round to bf16, store 16 bytes
+          scf.if %block_is_v {
+            ... // 4 items: load and decode 8 values each, round to bf16
+            ... // 4 guarded 16-byte stores
+          } else { ... }
         }
       }
       return
@@ -442,11 +450,16 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
            "Tokens per block of the paged KV cache">,
     Option<"threads", "threads", "int64_t", /*default=*/"256",
            "Threads per block of the GPU launch">,
+    Option<"host", "host", "bool", /*default=*/"false",
+           "Generate the host form (kvc-kernels-to-llvm): under Hadamard a "
+           "work item transforms a whole head row instead of a warp's lanes "
+           "sharing it through gpu.shuffle">,
   ];
   let dependentDialects = [
     "::mlir::kvc::KVCDialect", "::mlir::arith::ArithDialect",
-    "::mlir::func::FuncDialect", "::mlir::memref::MemRefDialect",
-    "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect"
+    "::mlir::func::FuncDialect", "::mlir::gpu::GPUDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect"
   ];
 }
 

@@ -1,0 +1,38 @@
+// RUN: kvc-opt %s --split-input-file --verify-diagnostics --kvc-lower-kernels=threads=48
+// RUN: kvc-opt %s --split-input-file --kvc-lower-kernels="threads=48 host=true" | FileCheck %s
+
+// Tests that the GPU form of a Hadamard kernel, whose head rows are spread
+// over a warp's lanes, is refused for blocks that are not whole warps; the
+// host form has no lanes and is generated.
+// CHECK: func.func @kvc_restore_raw_bf16_had_host_t64_l1_h2x64_b16(
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @warps(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) {
+  // expected-error @+1 {{cannot be generated: Hadamard across a warp's lanes needs head_dim <= 256 and whole warps per block (threads 48)}}
+  kvc.kernel "untransform_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>):
+    %u = kvc.untransform %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that a head row of more than a warp's 32 lanes of 8 values is
+// refused in the GPU form.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 1024, heads = 2, kv_heads = 1, head_dim = 512, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @lanes(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) {
+  // expected-error @+1 {{cannot be generated: Hadamard across a warp's lanes needs head_dim <= 256}}
+  kvc.kernel "untransform_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>):
+    %u = kvc.untransform %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}

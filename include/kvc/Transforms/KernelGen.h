@@ -71,7 +71,8 @@ struct KernelSpec {
   /// The host form, which kvc-kernels-to-llvm can lower: under Hadamard one
   /// work item transforms a whole head row, where the GPU form spreads the
   /// row over a warp's lanes (8 values each) that exchange values through
-  /// gpu.shuffle. The forms differ in nothing else.
+  /// gpu.shuffle; and it rounds to bf16 in integer ops, where the GPU form
+  /// uses arith.truncf (cvt.rn.bf16.f32). The forms differ in nothing else.
   bool host = false;
 
   int64_t width() const { return kvHeads * headDim; }

@@ -99,8 +99,9 @@ int64_t KernelSpec::items() const {
 int64_t KernelSpec::itemsPerThread() const {
   // A quantized item reads bits() bytes of packed values for 16 bytes it
   // writes; enough items that a thread's packed loads add up to 16 bytes.
+  // (A host-form Hadamard item is a whole head row already.)
   int64_t b = bits();
-  return b && !hadamard() ? 16 / b : 1;
+  return b && !(hadamard() && host) ? 16 / b : 1;
 }
 
 namespace {

@@ -374,6 +374,11 @@ private:
   VectorType vec(int64_t n, Type element) {
     return VectorType::get({n}, element);
   }
+  /// A vector constant of `type` whose elements are all `value`.
+  Value splat(VectorType type, Attribute value) {
+    return b.create<arith::ConstantOp>(loc,
+                                       DenseElementsAttr::get(type, value));
+  }
 
   /// `bytes` bytes of `memory` at byte `offset`, known to be a multiple of
   /// `align`, as vector<bytes x i8>: loads of the widest unit the alignment
@@ -528,17 +533,11 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
             loc, DenseIntElementsAttr::get(vec(8, i32), shifts)));
     ints = b.create<arith::AndIOp>(
         loc, shifted,
-        b.create<arith::ConstantOp>(
-            loc, DenseIntElementsAttr::get(vec(8, i32),
-                                           int32_t((1 << m.bits) - 1))));
+        splat(vec(8, i32), b.getI32IntegerAttr((1 << m.bits) - 1)));
   }
   // The integers as floats, exactly: 2^23 + q has q in its mantissa bits,
   // and subtracting 2^23 is exact. An OR and an add on the GPU's full-rate
   // pipes, where uitofp takes its quarter-rate conversion unit.
-  auto splat = [&](VectorType type, Attribute value) -> Value {
-    return b.create<arith::ConstantOp>(loc,
-                                       DenseElementsAttr::get(type, value));
-  };
   Value biased = b.create<arith::OrIOp>(
       loc, ints, splat(vec(8, i32), b.getI32IntegerAttr(0x4B000000)));
   Value q = b.create<arith::SubFOp>(
@@ -627,8 +626,7 @@ Value ItemEmitter::laneButterflies(Value piece, Value lane) {
             loc, high,
             b.create<arith::ConstantIntOp>(loc, int32_t(0x80000000), 32),
             b.create<arith::ConstantIntOp>(loc, 0, 32)));
-    Value partner = b.create<arith::ConstantOp>(
-        loc, DenseElementsAttr::get(type, b.getF32FloatAttr(0)));
+    Value partner = splat(type, b.getF32FloatAttr(0));
     Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
     Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
     for (int64_t j = 0; j < 8; ++j) {
@@ -653,9 +651,7 @@ Value ItemEmitter::normalize(Value values) {
   const float norm = 1.0f / std::sqrt(float(spec.headDim));
   return b.create<arith::MulFOp>(
       loc, values,
-      b.create<arith::ConstantOp>(
-          loc, DenseElementsAttr::get(cast<VectorType>(values.getType()),
-                                      b.getF32FloatAttr(norm))));
+      splat(cast<VectorType>(values.getType()), b.getF32FloatAttr(norm)));
 }
 
 Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
@@ -707,23 +703,19 @@ Value ItemEmitter::roundToBf16(Value values) {
         b.create<arith::TruncFOp>(loc, vec(8, b.getBF16Type()), values));
   // The host form spells floatToBf16 (Base/Half.h) out in integers: round
   // to nearest even; NaN stays quiet NaN.
-  Type i32 = b.getI32Type();
-  VectorType words = vec(8, i32);
-  auto splat = [&](int32_t v) -> Value {
-    return b.create<arith::ConstantOp>(loc,
-                                       DenseIntElementsAttr::get(words, v));
-  };
+  VectorType words = vec(8, b.getI32Type());
+  auto word = [&](int32_t v) { return splat(words, b.getI32IntegerAttr(v)); };
   Value w = b.create<vector::BitCastOp>(loc, words, values);
-  Value high = b.create<arith::ShRUIOp>(loc, w, splat(16));
-  Value lsb = b.create<arith::AndIOp>(loc, high, splat(1));
+  Value high = b.create<arith::ShRUIOp>(loc, w, word(16));
+  Value lsb = b.create<arith::AndIOp>(loc, high, word(1));
   Value rounded = b.create<arith::ShRUIOp>(
       loc,
       b.create<arith::AddIOp>(loc, w,
-                              b.create<arith::AddIOp>(loc, lsb, splat(0x7FFF))),
-      splat(16));
+                              b.create<arith::AddIOp>(loc, lsb, word(0x7FFF))),
+      word(16));
   Value nan = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::UNO, values,
                                       values);
-  Value quiet = b.create<arith::OrIOp>(loc, high, splat(0x40));
+  Value quiet = b.create<arith::OrIOp>(loc, high, word(0x40));
   Value out = b.create<arith::SelectOp>(loc, nan, quiet, rounded);
   return b.create<arith::TruncIOp>(loc, vec(8, b.getI16Type()), out);
 }

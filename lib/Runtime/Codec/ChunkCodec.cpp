@@ -47,6 +47,9 @@ Status dataLoss(const std::string &message) {
 
 bool isPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
+/// The scale of a group whose range / levels underflows f16: 6.1e-5 as f16.
+constexpr uint16_t kTinyScale = 0x03FF;
+
 /// Deflate's Huffman coding must save this share of the bytes to be kept.
 constexpr double kMinDeflateGain = 0.15;
 
@@ -178,17 +181,21 @@ void quantizeMatrix(const float *x, const CodecSpec &codec,
     hi[group] = std::max(hi[group], x[i]);
   });
   // Parameters as fp16, and quantization against the rounded ones so that
-  // encoder and decoder agree exactly.
-  std::vector<float> scale(g.count), minimum(g.count);
+  // encoder and decoder agree exactly. The generated save kernels
+  // (KernelGen.h) compute the same operations in the same order, so a
+  // change here is a change there: the minimum plus 0 (a zero minimum is
+  // +0 whichever zero the scan met first), the reciprocal of the scale, and
+  // the scaled value clamped, then rounded to nearest even.
+  std::vector<float> inverse(g.count), minimum(g.count);
   size_t params = out.size();
   out.resize(params + g.count * 4);
   for (int64_t k = 0; k < g.count; ++k) {
-    uint16_t mn = floatToF16(lo[k]);
+    uint16_t mn = floatToF16(lo[k] + 0.0f);
     float range = hi[k] - f16ToFloat(mn);
     uint16_t sc = floatToF16(range > 0 ? range / float(levels) : 1.0f);
     if (f16ToFloat(sc) <= 0)
-      sc = floatToF16(6.1e-5f); // Smallest normal: keep it invertible.
-    scale[k] = f16ToFloat(sc);
+      sc = kTinyScale; // Keep it invertible.
+    inverse[k] = 1.0f / f16ToFloat(sc);
     minimum[k] = f16ToFloat(mn);
     std::memcpy(&out[params + 4 * k], &sc, 2);
     std::memcpy(&out[params + 4 * k + 2], &mn, 2);
@@ -199,8 +206,10 @@ void quantizeMatrix(const float *x, const CodecSpec &codec,
   int64_t n = 0;
   const int perByte = 8 / bits;
   walk.forEach([&](int64_t group, int64_t i) {
-    float q = std::nearbyint((x[i] - minimum[group]) / scale[group]);
-    uint32_t v = uint32_t(std::clamp(q, 0.0f, float(levels)));
+    float scaled = (x[i] - minimum[group]) * inverse[group];
+    // max(0, NaN) is 0: a NaN encodes as the minimum, as on a GPU.
+    float q = std::nearbyint(std::min(std::max(0.0f, scaled), float(levels)));
+    uint32_t v = uint32_t(q);
     dst[n / perByte] |= uint8_t(v << ((n % perByte) * bits));
     ++n;
   });

@@ -1,18 +1,18 @@
-//===- KernelBench.cpp - Generated restore kernels on a GPU ---------------===//
+//===- KernelBench.cpp - Generated kernels on a GPU -----------------------===//
 //
 // kvc-kernel-bench --bundle kernels.json [--iters N] [--out results.json]
 //
 // For every kernel of a plan bundle's kernel table (bench/kernels/
-// gen-kernels.py makes one per codec composition and chunk size): loads its
-// PTX with the CUDA driver API, launches it on a KernelCase (random KV
-// encoded by the runtime's codecs, or f32 projections and Llama 3.1's RoPE
-// table for the projection's epilogue; a paged cache with a shuffled block
-// table, a chunk starting mid-block, one layer of offset), which checks
-// every written value against the runtime's own decoder bit for bit and
-// that nothing else was written; the host JIT test shares it. Then times
-// the kernel from a block-aligned start and prints its bandwidth (payload
-// read + cache written) beside a device-to-device copy of the same bytes,
-// measured in the same run.
+// gen-kernels.py makes one per kind, codec composition and chunk size):
+// loads its PTX with the CUDA driver API, launches it on a KernelCase
+// (KernelCase.h: random KV encoded by the runtime's codecs, f32 projections
+// and Llama 3.1's RoPE table, or a filled cache to save from; a paged cache
+// with a shuffled block table, a chunk starting mid-block, one layer of
+// offset), which checks every written value against the runtime's own code
+// bit for bit and that nothing else was written; the host JIT test shares
+// it. Then times the kernel from a block-aligned start and prints its
+// bandwidth (payload + cache rows) beside a device-to-device copy of the
+// same bytes, measured in the same run.
 //
 // Exits 77 where no GPU is usable, 1 on any mismatch or CUDA error.
 //
@@ -99,16 +99,20 @@ public:
     shape.blockSize = k.blockSize;
     shape.codec = k.codec;
     shape.storage = dtypeOf(k.storage);
+    using kvc::testing::KernelCase;
     const bool rope = k.kind == kvc::BundleKernel::Kind::RopeScatter;
+    const bool save = k.kind == kvc::BundleKernel::Kind::Save;
     const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
-    kvc::StatusOr<kvc::testing::KernelCase> made =
-        rope ? kvc::testing::KernelCase::makeRopeScatter(
-                   shape, /*firstToken=*/5, /*firstLayer=*/1, seed)
-             : kvc::testing::KernelCase::make(shape, /*firstToken=*/5,
-                                              /*firstLayer=*/1, seed);
+    kvc::StatusOr<KernelCase> made =
+        rope ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
+                                           /*firstLayer=*/1, seed)
+        : save
+            ? KernelCase::makeSave(shape, /*firstToken=*/5,
+                                   /*firstLayer=*/1, seed)
+            : KernelCase::make(shape, /*firstToken=*/5, /*firstLayer=*/1, seed);
     if (!made)
       throw CudaError{"case: " + made.status().message()};
-    const kvc::testing::KernelCase &c = *made;
+    const KernelCase &c = *made;
     const std::string &payload = c.payload();
     if (int64_t(payload.size()) != k.payloadBytes)
       throw CudaError{"payload of " + std::to_string(payload.size()) +
@@ -124,13 +128,26 @@ public:
     if (rope)
       check(cu->cuMemcpyHtoD(dRope.ptr, ropeTable.data(), ropeTable.size() * 4),
             "upload RoPE table");
-    check(cu->cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
-          "upload payload");
     check(cu->cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
           "upload table");
-    const uint16_t poison = kvc::testing::KernelCase::kPoison;
-    check(cu->cuMemsetD16(dKeys.ptr, poison, cacheValues), "poison");
-    check(cu->cuMemsetD16(dValues.ptr, poison, cacheValues), "poison");
+    // A save kernel reads a filled cache and writes a poisoned payload; the
+    // others the other way round.
+    std::vector<uint16_t> keys(cacheValues), vals(cacheValues);
+    if (save) {
+      c.fillCache(keys.data(), vals.data());
+      check(cu->cuMemcpyHtoD(dKeys.ptr, keys.data(), cacheValues * 2),
+            "upload keys");
+      check(cu->cuMemcpyHtoD(dValues.ptr, vals.data(), cacheValues * 2),
+            "upload values");
+      check(cu->cuMemsetD8(dPayload.ptr, 0xA5, payload.size()), "poison");
+    } else {
+      check(cu->cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
+            "upload payload");
+      check(cu->cuMemsetD16(dKeys.ptr, KernelCase::kPoison, cacheValues),
+            "poison");
+      check(cu->cuMemsetD16(dValues.ptr, KernelCase::kPoison, cacheValues),
+            "poison");
+    }
 
     auto launch = [&](int64_t first, CUstream stream) {
       Memref payloadRef{dPayload.ptr, dPayload.ptr, 0, int64_t(payload.size()),
@@ -176,12 +193,15 @@ public:
     // Correctness.
     launch(c.firstToken(), nullptr);
     check(cu->cuCtxSynchronize(), "kernel");
-    std::vector<uint16_t> keys(cacheValues), vals(cacheValues);
     check(cu->cuMemcpyDtoH(keys.data(), dKeys.ptr, cacheValues * 2),
           "download");
     check(cu->cuMemcpyDtoH(vals.data(), dValues.ptr, cacheValues * 2),
           "download");
-    r.errors = c.check(keys.data(), vals.data());
+    std::string written(payload.size(), '\0');
+    check(cu->cuMemcpyDtoH(written.data(), dPayload.ptr, payload.size()),
+          "download");
+    r.errors = c.check(keys.data(), vals.data(),
+                       reinterpret_cast<const uint8_t *>(written.data()));
 
     // Timing: events around `iters` launches, after a warm-up; the copy of
     // the same bytes (payload + cache rows written) between two buffers.
@@ -203,10 +223,10 @@ public:
       return 1000.0 * ms / iters;
     };
     r.kernelUs = timeUs([&] { launch(0, stream); });
-    const double written_bytes = 2.0 * k.layers * k.tokens * shape.width() * 2;
+    const double rowBytes = 2.0 * k.layers * k.tokens * shape.width() * 2;
     // Bytes that must move: the payload, the RoPE rows of the chunk's
-    // tokens, the cache rows written.
-    r.bytes = double(payload.size()) + written_bytes +
+    // tokens, the cache rows written (or, saving, read).
+    r.bytes = double(payload.size()) + rowBytes +
               (rope ? 4.0 * k.tokens * k.headDim : 0.0);
     // A copy moving the same bytes: half read, half written.
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prints a module of kvc.kernels of every generated kind at the chunk sizes
-the kernel benchmark measures: a restore kernel per codec composition the
-planner can choose, and the hidden-state projection's epilogue.
+the kernel benchmark measures: a restore and a save kernel per codec
+composition the planner can choose, and the hidden-state projection's
+epilogue.
 
   python3 bench/kernels/gen-kernels.py > /tmp/kernels.mlir
   kvc-opt /tmp/kernels.mlir \
@@ -54,6 +55,24 @@ def main(out):
                 value = "%u"
             out.write(f"    kvc.scatter {value} : {dst}\n")
             out.write("  }\n  return\n}\n")
+    for i, (codec, storage) in enumerate(CODECS):
+        for tokens, layers in SHAPES:
+            # gather [transform] [quant], yielding the encoded chunk.
+            out_type = chunk(codec, storage, tokens, layers)
+            value_type = chunk(None, storage, tokens, layers)
+            out.write(f"func.func @s{i}_{tokens}_{layers}() -> {out_type} {{\n")
+            out.write(f'  %r = kvc.kernel "save"() : () -> {out_type} {{\n')
+            out.write(f"    %g = kvc.gather : {value_type}\n")
+            value = "%g"
+            if codec and "hadamard" in codec:
+                rotated = chunk("transform = hadamard", storage, tokens, layers)
+                out.write(f"    %t = kvc.transform %g : {value_type} -> {rotated}\n")
+                value, value_type = "%t", rotated
+            if codec and "quant" in codec:
+                out.write(f"    %q = kvc.quant {value} : {value_type} -> {out_type}\n")
+                value = "%q"
+            out.write(f"    kvc.yield {value} : {out_type}\n")
+            out.write(f"  }}\n  return %r : {out_type}\n}}\n")
     for tokens, layers in SHAPES:
         hidden = (f"!kvc.chunk<hidden x bf16, tokens 0 to {tokens}, "
                   f"layers 0 to {layers}, device>")

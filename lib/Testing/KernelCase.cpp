@@ -24,7 +24,8 @@ ChunkShape KernelShape::chunkShape() const {
 
 std::string CacheErrors::str() const {
   return std::to_string(mismatches) + " wrong, " + std::to_string(unwritten) +
-         " unwritten, " + std::to_string(clobbered) + " clobbered";
+         " unwritten, " + std::to_string(clobbered) + " clobbered, " +
+         std::to_string(payload) + " payload bytes wrong";
 }
 
 std::vector<float> KernelCase::drawValues(const ChunkShape &chunk,
@@ -100,21 +101,66 @@ StatusOr<KernelCase> KernelCase::makeRopeScatter(const KernelShape &shape,
   return c;
 }
 
+StatusOr<KernelCase> KernelCase::makeSave(const KernelShape &shape,
+                                          int64_t firstToken,
+                                          int64_t firstLayer, uint32_t seed) {
+  if (shape.codec.lossless != CodecSpec::Lossless::None)
+    return Status(StatusCode::InvalidArgument,
+                  "a kernel writes payloads before their lossless stage");
+  KernelCase c(shape, firstToken, firstLayer);
+  const ChunkShape chunk = shape.chunkShape();
+  std::mt19937 rng(seed);
+  std::vector<float> values = drawValues(chunk, rng);
+  // What a bf16 cache holds, and what the runtime saves from it.
+  c.expected_.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    c.expected_[i] = floatToBf16(values[i]);
+    values[i] = bf16ToFloat(c.expected_[i]);
+  }
+  StatusOr<std::string> payload =
+      encodeChunk(values.data(), chunk, shape.codec, shape.storage);
+  if (!payload)
+    return payload.status();
+  c.payload_ = std::move(*payload);
+  c.saves_ = true;
+  c.drawTable(rng);
+  return c;
+}
+
+int64_t KernelCase::cacheRow(int64_t l, int64_t t) const {
+  const int64_t position = firstToken_ + t, B = shape_.blockSize;
+  return (firstLayer_ + l) * layerRows_ + int64_t(table_[position / B]) * B +
+         position % B;
+}
+
+void KernelCase::fillCache(uint16_t *keys, uint16_t *values) const {
+  std::fill_n(keys, cacheValues(), kPoison);
+  std::fill_n(values, cacheValues(), kPoison);
+  const int64_t width = shape_.width();
+  for (int64_t l = 0; l < shape_.layers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int64_t t = 0; t < shape_.tokens; ++t)
+        std::copy_n(expected_.data() +
+                        ((2 * l + kv) * shape_.tokens + t) * width,
+                    width, (kv ? values : keys) + cacheRow(l, t) * width);
+}
+
 int64_t KernelCase::cacheValues() const {
   return (firstLayer_ + shape_.layers) * layerRows_ * shape_.width();
 }
 
-CacheErrors KernelCase::check(const uint16_t *keys,
-                                     const uint16_t *values) const {
+CacheErrors KernelCase::check(const uint16_t *keys, const uint16_t *values,
+                              const uint8_t *payload) const {
   CacheErrors errors;
-  const int64_t width = shape_.width(), B = shape_.blockSize;
+  if (saves_ && payload)
+    for (size_t i = 0; i < payload_.size(); ++i)
+      errors.payload += payload[i] != uint8_t(payload_[i]);
+  const int64_t width = shape_.width();
   std::vector<char> written(cacheValues() / width, 0);
   for (int64_t l = 0; l < shape_.layers; ++l)
     for (int kv = 0; kv < 2; ++kv)
       for (int64_t t = 0; t < shape_.tokens; ++t) {
-        const int64_t position = firstToken_ + t;
-        const int64_t row = (firstLayer_ + l) * layerRows_ +
-                            int64_t(table_[position / B]) * B + position % B;
+        const int64_t row = cacheRow(l, t);
         written[row] = 1;
         const uint16_t *got = (kv ? values : keys) + row * width;
         const uint16_t *want =

@@ -24,12 +24,16 @@ using namespace mlir::kvc;
 
 namespace {
 
-/// A fusible step on a device chunk.
+/// A fusible step on a device chunk: its one input, or for a step without
+/// one (gather, which reads the cache), its result.
 bool isDeviceFusible(Operation *op) {
   auto step = dyn_cast<DataflowOpInterface>(op);
-  if (!step || !step.isFusible() || op->getNumOperands() != 1)
+  if (!step || !step.isFusible() || op->getNumOperands() > 1)
     return false;
-  auto chunk = dyn_cast<ChunkType>(op->getOperand(0).getType());
+  Value chunkValue = op->getNumOperands()       ? op->getOperand(0)
+                     : op->getNumResults() == 1 ? op->getResult(0)
+                                                : Value();
+  auto chunk = chunkValue ? dyn_cast<ChunkType>(chunkValue.getType()) : nullptr;
   return chunk && chunk.getSpace() == Space::device;
 }
 
@@ -66,14 +70,17 @@ void fuse(ArrayRef<Operation *> chain) {
           escaping.push_back(result);
           break;
         }
-  Value input = first->getOperand(0);
+  ValueRange inputs = first->getOperands();
   auto kernel = builder.create<KernelOp>(
       first->getLoc(), ValueRange(escaping).getTypes(),
-      builder.getStringAttr(kernelName(chain)), ValueRange{input});
-  Block *body = builder.createBlock(&kernel.getBody(), {}, {input.getType()},
-                                    {input.getLoc()});
+      builder.getStringAttr(kernelName(chain)), inputs);
+  SmallVector<Location> locs;
+  for (Value input : inputs)
+    locs.push_back(input.getLoc());
+  Block *body = builder.createBlock(&kernel.getBody(), {},
+                                    TypeRange(inputs.getTypes()), locs);
   IRMapping mapping;
-  mapping.map(input, body->getArgument(0));
+  mapping.map(inputs, body->getArguments());
   for (Operation *op : chain)
     builder.clone(*op, mapping);
   SmallVector<Value> yielded;
@@ -94,7 +101,8 @@ struct KVCFusePass : public mlir::kvc::impl::KVCFusePassBase<KVCFusePass> {
       if (op->getParentOfType<KernelOp>() || !isDeviceFusible(op))
         return;
       // A chain starts where its input is not the tail of a chain.
-      Operation *producer = op->getOperand(0).getDefiningOp();
+      Operation *producer =
+          op->getNumOperands() ? op->getOperand(0).getDefiningOp() : nullptr;
       if (producer && isDeviceFusible(producer) && nextInChain(producer) == op)
         return;
       SmallVector<Operation *> chain{op};

@@ -7,18 +7,19 @@
 //     scf.parallel %thread = 0 to T {       // -> threadIdx.x
 //       if (the block's matrix is V) { P items of V } else { P items of K }
 //
-// One work item writes 8 bf16 values of one cache row (one 16-byte store);
-// in the host form of a Hadamard kernel, a whole head row. Each K or V
+// One work item writes (a save kernel's reads) 8 bf16 values of one cache
+// row, one 16-byte access; in the host form of a Hadamard kernel, a whole
+// head row (of a save kernel's per-token layout, whole groups). Each K or V
 // matrix of a layer gets its own blocks, so a block runs one layout's code
 // (each specialized for its own quantization axis). Within a matrix, items
 // are numbered token, then piece of the row: thread t of the matrix's block
 // g computes items g * T * P + s * T + t for s < P, so each load and store
 // instruction of a warp touches consecutive pieces, and a thread issues the
 // loads of all P items before its first store (P = 16 / bits for quantized
-// payloads: 16 bytes of packed values in flight per thread). Every payload
-// access loads the widest unit its statically known alignment allows, up to
-// 16 bytes, through a memref of vector elements, so the NVPTX backend emits
-// ld.global.v4.u32 and st.global.v4.b32.
+// restore payloads: 16 bytes of packed values in flight per thread). Every
+// payload access loads the widest unit its statically known alignment allows,
+// up to 16 bytes, through a memref of vector elements, so the NVPTX backend
+// emits ld.global.v4.u32 and st.global.v4.b32.
 //
 // Under Hadamard the GPU form keeps one piece per thread: the butterflies
 // of stages 1, 2 and 4 run within the piece, those of stages 8 .. head_dim/2
@@ -29,20 +30,37 @@
 // A rope_scatter item loads its 8 f32 projections, and for K the 8 it is
 // paired with (channel +- head_dim / 2) and 8 cosines and sines of the
 // token's RoPE table row, then rotates and rounds as the runtime does
-// (Rope.h). Restore items decode:
+// (Rope.h).
 //
-// The arithmetic is the runtime's, operation for operation:
+// A save item runs the other way: it loads 8 values of a cache row (one
+// 16-byte load through the block table), transforms them as above, and
+// encodes them into the payload, one item per thread. Per-token groups
+// (a multiple of 8 channels) are reduced in the thread, then across the
+// group's aligned lanes (gpu.shuffle xor, min and max); the group's first
+// lane stores the scale and minimum, every lane its packed values. A
+// per-channel item covers a group's tokens for its 8 channels: it scans
+// them once for the extremes (an scf.for carrying them), stores the 8
+// channels' parameters, and scans again to quantize. Lanes past the
+// chunk's end rescan its last token and store nothing, so every lane runs
+// every shuffle; a block past the smaller matrix's items skips it whole.
+// The encoder's arithmetic is the runtime's (quantizeMatrix): extremes
+// ignoring NaN, the f16 minimum and scale, the scale's reciprocal, the
+// scaled value clamped and rounded to nearest even (adding 2^23).
+//
+// Restore items decode. The arithmetic is the runtime's, operation for
+// operation:
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
 // integer fits a float's mantissa), the Hadamard butterflies in the same
 // order on the same operands, then the same round-to-nearest-even to bf16
 // (the hardware's cvt.rn.bf16 in the GPU form, integer ops in the host
-// form). So the generated code equals decodeChunkToBf16 bit for bit on
-// every value that is not NaN (a NaN stays NaN; its payload is the
-// hardware's): KernelJitTest runs the host form through
+// form). So the generated code equals decodeChunkToBf16 (a save kernel
+// encodeChunk) bit for bit on every value that is not NaN (a NaN stays NaN;
+// its payload is the hardware's): KernelJitTest runs the host form through
 // buildKernelsToLLVMPipeline, kvc-kernel-bench the GPU form on a GPU.
 //
 //===----------------------------------------------------------------------===//
 
+#include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Transforms/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
@@ -79,30 +97,6 @@ using namespace mlir::kvc;
 //===----------------------------------------------------------------------===//
 // KernelSpec
 //===----------------------------------------------------------------------===//
-
-bool KernelSpec::hadamard() const {
-  return codec && codec.getTransform() == Transform::hadamard;
-}
-
-int64_t KernelSpec::bits() const {
-  return codec && codec.getQuant() != Quant::none ? codec.getBits() : 0;
-}
-
-int64_t KernelSpec::valuesPerItem() const {
-  return hadamard() && host ? headDim : 8;
-}
-
-int64_t KernelSpec::items() const {
-  return 2 * layers * tokens * (width() / valuesPerItem());
-}
-
-int64_t KernelSpec::itemsPerThread() const {
-  // A quantized item reads bits() bytes of packed values for 16 bytes it
-  // writes; enough items that a thread's packed loads add up to 16 bytes.
-  // (A host-form Hadamard item is a whole head row already.)
-  int64_t b = bits();
-  return b && !(hadamard() && host) ? 16 / b : 1;
-}
 
 namespace {
 
@@ -155,6 +149,49 @@ int64_t alignmentOf(std::initializer_list<int64_t> terms) {
 
 } // namespace
 
+bool KernelSpec::hadamard() const {
+  return codec && codec.getTransform() == Transform::hadamard;
+}
+
+int64_t KernelSpec::bits() const {
+  return codec && codec.getQuant() != Quant::none ? codec.getBits() : 0;
+}
+
+int64_t KernelSpec::valuesPerItem(bool value) const {
+  // The GPU form: 8 values (16 bytes of the cache), whatever the codec;
+  // Hadamard rows and per-token groups wider than that span lanes.
+  if (!host)
+    return 8;
+  const int64_t row = hadamard() ? headDim : 8;
+  if (kind != KernelKind::Save || !bits())
+    return row;
+  // A save item holds whole groups: their extremes are reduced in it.
+  MatrixLayout m = matrixLayout(*this, value);
+  return m.tokenAxis ? std::lcm(row, m.size) : row;
+}
+
+int64_t KernelSpec::tokensPerItem(bool value) const {
+  // A save item of a per-channel layout covers its groups' tokens.
+  if (kind != KernelKind::Save || !bits())
+    return 1;
+  MatrixLayout m = matrixLayout(*this, value);
+  return m.tokenAxis ? 1 : m.size;
+}
+
+int64_t KernelSpec::itemsOf(bool value) const {
+  return ceilDiv(tokens, tokensPerItem(value)) *
+         (width() / valuesPerItem(value));
+}
+
+int64_t KernelSpec::itemsPerThread() const {
+  // A quantized item reads bits() bytes of packed values for 16 bytes it
+  // writes; enough items that a thread's packed loads add up to 16 bytes.
+  // (A host-form Hadamard item is a whole head row already; a save item
+  // reads 16 bytes of the cache or more.)
+  int64_t b = bits();
+  return b && kind != KernelKind::Save && !(hadamard() && host) ? 16 / b : 1;
+}
+
 int64_t KernelSpec::payloadBytes() const {
   // rope_scatter reads unquantized f32 matrices.
   return layers * (matrixLayout(*this, false).bytes +
@@ -169,7 +206,7 @@ std::string KernelSpec::symbolName() const {
     name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) +
             "_v" + axis(codec.getValueAxis()) + "_g" +
             std::to_string(codec.getGroup()) + "_";
-  } else if (kind == KernelKind::Restore) {
+  } else if (kind != KernelKind::RopeScatter) {
     std::string type;
     llvm::raw_string_ostream os(type);
     os << storage;
@@ -237,8 +274,20 @@ std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
   for (Operation &op : kernel.getBody().front())
     if (!isa<YieldOp>(op))
       steps.push_back(&op);
-  if (steps.empty() || !isa<ScatterOp>(steps.back()) ||
-      kernel.getInputs().size() != 1)
+  if (steps.empty())
+    return std::nullopt;
+  // gather [transform] [quant], yielding the encoded chunk.
+  if (isa<GatherOp>(steps.front())) {
+    if (!kernel.getInputs().empty() || kernel.getNumResults() != 1 ||
+        kernel.getBody().front().getTerminator()->getOperand(0) !=
+            steps.back()->getResult(0) ||
+        !llvm::all_of(ArrayRef(steps).drop_front(), [](Operation *op) {
+          return isa<TransformOp, QuantOp>(op);
+        }))
+      return std::nullopt;
+    return KernelKind::Save;
+  }
+  if (!isa<ScatterOp>(steps.back()) || kernel.getInputs().size() != 1)
     return std::nullopt;
   ArrayRef<Operation *> chain = ArrayRef(steps).drop_back();
   if (chain.size() == 1 && isa<ProjectOp>(chain.front()))
@@ -254,7 +303,10 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
                                       bool host) {
   std::optional<KernelKind> kind = kindOf(kernel);
   assert(kind && "not a kernel of a generated kind");
-  auto chunk = cast<ChunkType>(kernel.getBody().getArgument(0).getType());
+  // The chunk a save kernel encodes is its result; the others' their input.
+  auto chunk = cast<ChunkType>(*kind == KernelKind::Save
+                                   ? kernel.getResult(0).getType()
+                                   : kernel.getBody().getArgument(0).getType());
   auto fail = [&](const Twine &message) -> FailureOr<KernelSpec> {
     return kernel.emitOpError("cannot be generated: ") << message;
   };
@@ -285,7 +337,9 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
     return spec;
   }
   if (chunk.getForm() != Form::kv)
-    return fail("it scatters hidden states, not KV");
+    return fail(*kind == KernelKind::Save
+                    ? "it gathers hidden states, not KV"
+                    : "it scatters hidden states, not KV");
   if (spec.codec && spec.codec.getLossless() != Lossless::none)
     return fail("its input still carries a lossless coder (decompress on "
                 "the host first)");
@@ -304,9 +358,24 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
   if (spec.bits()) {
     for (bool value : {false, true}) {
       MatrixLayout layout = matrixLayout(spec, value);
-      if (layout.tokenAxis && layout.size % 8)
+      if (!layout.tokenAxis)
+        continue;
+      if (layout.size % 8)
         return fail("per-token groups of " + Twine(layout.size) +
                     " values are not a multiple of 8");
+      if (*kind != KernelKind::Save)
+        continue;
+      // A save item reduces whole groups: in the GPU form across the
+      // aligned lanes of one warp, in the host form within the item.
+      if (spec.width() % std::lcm(layout.size, spec.valuesPerItem(value)))
+        return fail("per-token groups of " + Twine(layout.size) +
+                    " values do not tile rows of " + Twine(spec.width()));
+      if (!host && (!llvm::isPowerOf2_64(layout.size) || layout.size > 256 ||
+                    threads % 32))
+        return fail("per-token groups across a warp's lanes need a power of "
+                    "two of at most 256 values and whole warps per block "
+                    "(groups of " +
+                    Twine(layout.size) + ", threads " + Twine(threads) + ")");
     }
   }
   return spec;
@@ -369,6 +438,16 @@ public:
   /// The stores of a computed item of K or V.
   void write(bool value, const Result &result);
 
+  /// Builds `body` where `condition` holds.
+  void ifThen(Value condition, function_ref<void()> body);
+
+  /// A save kernel's item `item` of K or V (`value`) of `layer` (items of a
+  /// matrix are numbered token, or a per-channel layout's token block, then
+  /// piece of the row): gathers its values from the cache, encodes them and
+  /// stores them in the payload where `inRange` holds. Every lane runs every
+  /// shuffle, so lanes past the last item pass a clamped one.
+  void save(bool value, Value layer, Value item, Value inRange);
+
 private:
   Value payload() const { return args[0]; }
   VectorType vec(int64_t n, Type element) {
@@ -380,10 +459,21 @@ private:
                                        DenseElementsAttr::get(type, value));
   }
 
+  Value cache(bool value) const { return value ? args[2] : args[1]; }
+  static int64_t count(Value vector) {
+    return cast<VectorType>(vector.getType()).getNumElements();
+  }
+  /// The widest unit, up to 16 bytes, that divides `bytes` and `align`, and
+  /// `memory` viewed as a memref of elements of that size (i8 .. i32,
+  /// vector<2xi32>, vector<4xi32>).
+  std::tuple<int64_t, Value, Type> units(Value memory, int64_t bytes,
+                                         int64_t align);
   /// `bytes` bytes of `memory` at byte `offset`, known to be a multiple of
   /// `align`, as vector<bytes x i8>: loads of the widest unit the alignment
   /// allows, up to 16 bytes.
   Value loadBytes(Value memory, Value offset, int64_t bytes, int64_t align);
+  /// Stores the vector<N x i8> `bytes` likewise.
+  void storeBytes(Value memory, Value offset, Value bytes, int64_t align);
   /// The 8 values of matrix `value` (K or V) of `layer` at (token, channel),
   /// decoded to f32.
   Value loadValues(bool value, Value layer, Value token, Value channel);
@@ -398,6 +488,30 @@ private:
   /// row through gpu.shuffle.
   Value laneButterflies(Value piece, Value lane);
   Value normalize(Value values);
+  /// The orthonormal Hadamard transform, in the spec's form, of `values`
+  /// starting at `channel`: whole head rows (host form) or one 8-value piece
+  /// whose head row spans its neighbouring lanes (GPU form).
+  Value hadamard(Value values, Value channel);
+  /// save: `n` values of K or V of `layer` at (token, channel) of the
+  /// cache, as f32, transformed when the codec rotates.
+  Value gather(bool value, Value layer, Value token, Value channel, int64_t n);
+  /// The smallest (or largest, `max`) of each group of `size` consecutive
+  /// values, a multiple of 8, ignoring NaN as the runtime's scan does.
+  Value reduce(Value values, int64_t size, bool max);
+  /// The same across groups of `lanes` aligned lanes (gpu.shuffle xor).
+  Value laneReduce(Value extreme, int64_t lanes, bool max);
+  /// A group's quantization parameters from its extremes (vectors of one
+  /// value per group), as the runtime's encoder computes them.
+  struct QuantParams {
+    Value minimum, inverse; ///< f32
+    Value words;            ///< i32: the stored f16 scale, f16 minimum.
+  };
+  QuantParams quantParams(Value lo, Value hi, int64_t bits);
+  /// `values` quantized against their groups' `minimum` and `inverse` (one
+  /// per value) and packed, low bits first, as vector<N x i8>.
+  Value quantize(Value values, Value minimum, Value inverse, int64_t bits);
+  /// f32 values as the bytes of the storage type.
+  Value toStorage(Value values);
   /// rope_scatter: 8 f32 projections of matrix `value` of `layer` at
   /// (token, channel).
   Value loadProjected(bool value, Value layer, Value token, Value channel);
@@ -418,10 +532,10 @@ private:
   llvm::DenseMap<int64_t, Value> constants;
 };
 
-Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
-                             int64_t align) {
-  const int64_t unit = std::min({align, bytes, int64_t(16)});
-  Type i8 = b.getI8Type(), i32 = b.getI32Type();
+std::tuple<int64_t, Value, Type> ItemEmitter::units(Value memory, int64_t bytes,
+                                                    int64_t align) {
+  const int64_t unit = std::min(align, alignmentOf({bytes}));
+  Type i32 = b.getI32Type();
   Type element = unit == 16  ? Type(vec(4, i32))
                  : unit == 8 ? Type(vec(2, i32))
                              : Type(b.getIntegerType(8 * unit));
@@ -429,6 +543,12 @@ Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
   Value view = b.create<memref::ViewOp>(
       loc, MemRefType::get({ShapedType::kDynamic}, element), memory, index(0),
       ValueRange{size});
+  return {unit, view, element};
+}
+
+Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
+                             int64_t align) {
+  auto [unit, view, element] = units(memory, bytes, align);
   Value first = div(offset, unit);
   SmallVector<Value> pieces;
   for (int64_t k = 0; k < bytes / unit; ++k) {
@@ -437,9 +557,35 @@ Value ItemEmitter::loadBytes(Value memory, Value offset, int64_t bytes,
     if (!isa<VectorType>(element))
       loaded = b.create<vector::BroadcastOp>(loc, vec(1, element), loaded);
     pieces.push_back(
-        b.create<vector::BitCastOp>(loc, vec(unit, i8), loaded));
+        b.create<vector::BitCastOp>(loc, vec(unit, b.getI8Type()), loaded));
   }
   return concat(pieces);
+}
+
+void ItemEmitter::storeBytes(Value memory, Value offset, Value bytes,
+                             int64_t align) {
+  const int64_t size = count(bytes);
+  auto [unit, view, element] = units(memory, size, align);
+  Value first = div(offset, unit);
+  for (int64_t k = 0; k < size / unit; ++k) {
+    Value piece = unit == size ? bytes : slice(bytes, k * unit, unit);
+    Value stored;
+    if (auto type = dyn_cast<VectorType>(element))
+      stored = b.create<vector::BitCastOp>(loc, type, piece);
+    else
+      stored = b.create<vector::ExtractOp>(
+          loc, b.create<vector::BitCastOp>(loc, vec(1, element), piece),
+          ArrayRef<int64_t>{0});
+    b.create<memref::StoreOp>(loc, stored, view,
+                              ValueRange{k ? add(first, index(k)) : first});
+  }
+}
+
+void ItemEmitter::ifThen(Value condition, function_ref<void()> body) {
+  auto op = b.create<scf::IfOp>(loc, condition, /*withElseRegion=*/false);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(op.thenBlock());
+  body();
 }
 
 Value ItemEmitter::concat(ArrayRef<Value> pieces) {
@@ -447,8 +593,11 @@ Value ItemEmitter::concat(ArrayRef<Value> pieces) {
   while (level.size() > 1) {
     SmallVector<Value> next;
     for (size_t i = 0; i < level.size(); i += 2) {
-      int64_t n = cast<VectorType>(level[i].getType()).getNumElements();
-      SmallVector<int64_t> mask(2 * n);
+      if (i + 1 == level.size()) {
+        next.push_back(level[i]);
+        break;
+      }
+      SmallVector<int64_t> mask(count(level[i]) + count(level[i + 1]));
       std::iota(mask.begin(), mask.end(), 0);
       next.push_back(
           b.create<vector::ShuffleOp>(loc, level[i], level[i + 1], mask));
@@ -477,7 +626,7 @@ Value ItemEmitter::loadRawBf16(bool value, Value layer, Value token,
   Value element = add(mul(token, width), channel);
   Value offset = add(matrixOffset(value, layer), mul(element, 2));
   int64_t align = alignmentOf({2 * k.bytes, value ? k.bytes : 0, 2 * width,
-                               2 * spec.valuesPerItem(), 16});
+                               2 * spec.valuesPerItem(value), 16});
   Value bytes = loadBytes(payload(), offset, 16, align);
   return b.create<vector::BitCastOp>(loc, vec(8, b.getI16Type()), bytes);
 }
@@ -497,7 +646,7 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
     const int64_t bytes = spec.storage.getIntOrFloatBitWidth() / 8;
     Value offset = add(base, mul(element, bytes));
     int64_t align = alignmentOf({layerBytes, kOffset, bytes * width,
-                                 bytes * spec.valuesPerItem(), 8 * bytes});
+                                 bytes * spec.valuesPerItem(value), 8 * bytes});
     Value raw = loadBytes(payload(), offset, 8 * bytes, align);
     Value typed = b.create<vector::BitCastOp>(loc, vec(8, spec.storage), raw);
     return spec.storage.isF32()
@@ -510,7 +659,7 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
       add(add(base, index(m.paramBytes)), div(mul(element, m.bits), 8));
   int64_t packedAlign =
       alignmentOf({layerBytes, kOffset, m.paramBytes, width * m.bits / 8,
-                   spec.valuesPerItem() * m.bits / 8, m.bits});
+                   spec.valuesPerItem(value) * m.bits / 8, m.bits});
   Value packed = loadBytes(payload(), packedOffset, m.bits, packedAlign);
   Value ints;
   if (m.bits == 8) {
@@ -566,8 +715,8 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
     // Each channel has its own group: (token / size) * width + channel.
     Value group = add(mul(div(token, m.size), width), channel);
     Value offset = add(base, mul(group, 4));
-    int64_t align = alignmentOf({layerBytes, kOffset, 4 * width,
-                                 4 * spec.valuesPerItem(), 32});
+    int64_t align = alignmentOf(
+        {layerBytes, kOffset, 4 * width, 4 * spec.valuesPerItem(value), 32});
     Value halfs = b.create<vector::BitCastOp>(
         loc, vec(16, f16), loadBytes(payload(), offset, 32, align));
     Value pairs = b.create<arith::ExtFOp>(loc, vec(16, f32), halfs);
@@ -654,6 +803,13 @@ Value ItemEmitter::normalize(Value values) {
       splat(cast<VectorType>(values.getType()), b.getF32FloatAttr(norm)));
 }
 
+Value ItemEmitter::hadamard(Value values, Value channel) {
+  if (spec.host)
+    return normalize(butterflies(values, spec.headDim));
+  Value lane = rem(div(channel, 8), spec.headDim / 8);
+  return normalize(laneButterflies(butterflies(values, 8), lane));
+}
+
 Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
                                  Value channel) {
   const int64_t width = spec.width(), matrix = 4 * spec.tokens * width;
@@ -695,15 +851,16 @@ Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
 }
 
 Value ItemEmitter::roundToBf16(Value values) {
+  const int64_t n = count(values);
   // The GPU form converts with the hardware's round-to-nearest-even
   // (cvt.rn.bf16x2.f32, one instruction per two values).
   if (!spec.host)
     return b.create<vector::BitCastOp>(
-        loc, vec(8, b.getI16Type()),
-        b.create<arith::TruncFOp>(loc, vec(8, b.getBF16Type()), values));
+        loc, vec(n, b.getI16Type()),
+        b.create<arith::TruncFOp>(loc, vec(n, b.getBF16Type()), values));
   // The host form spells floatToBf16 (Base/Half.h) out in integers: round
   // to nearest even; NaN stays quiet NaN.
-  VectorType words = vec(8, b.getI32Type());
+  VectorType words = vec(n, b.getI32Type());
   auto word = [&](int32_t v) { return splat(words, b.getI32IntegerAttr(v)); };
   Value w = b.create<vector::BitCastOp>(loc, words, values);
   Value high = b.create<arith::ShRUIOp>(loc, w, word(16));
@@ -717,7 +874,7 @@ Value ItemEmitter::roundToBf16(Value values) {
                                       values);
   Value quiet = b.create<arith::OrIOp>(loc, high, word(0x40));
   Value out = b.create<arith::SelectOp>(loc, nan, quiet, rounded);
-  return b.create<arith::TruncIOp>(loc, vec(8, b.getI16Type()), out);
+  return b.create<arith::TruncIOp>(loc, vec(n, b.getI16Type()), out);
 }
 
 Value ItemEmitter::destination(Value layer, Value token, Value channel) {
@@ -735,7 +892,7 @@ Value ItemEmitter::destination(Value layer, Value token, Value channel) {
 }
 
 ItemEmitter::Result ItemEmitter::compute(bool value, Value layer, Value item) {
-  const int64_t perItem = spec.valuesPerItem();
+  const int64_t perItem = spec.valuesPerItem(value);
   const int64_t perRow = spec.width() / perItem;
   Value token = div(item, perRow);
   Value first = mul(rem(item, perRow), perItem);
@@ -753,14 +910,10 @@ ItemEmitter::Result ItemEmitter::compute(bool value, Value layer, Value item) {
     for (int64_t s = 0; s < perItem / 8; ++s)
       values.push_back(loadValues(value, layer, token,
                                   s ? add(first, index(8 * s)) : first));
-    if (spec.hadamard() && spec.host) {
-      // The host form: the whole head row in one item.
-      Value rowValues = normalize(butterflies(concat(values), spec.headDim));
+    if (spec.hadamard()) {
+      Value rowValues = hadamard(concat(values), first);
       for (int64_t s = 0; s < perItem / 8; ++s)
-        values[s] = slice(rowValues, 8 * s, 8);
-    } else if (spec.hadamard()) {
-      Value lane = rem(div(first, 8), spec.headDim / 8);
-      values[0] = normalize(laneButterflies(butterflies(values[0], 8), lane));
+        values[s] = perItem == 8 ? rowValues : slice(rowValues, 8 * s, 8);
     }
     for (Value v : values)
       result.pieces.push_back(roundToBf16(v));
@@ -770,16 +923,284 @@ ItemEmitter::Result ItemEmitter::compute(bool value, Value layer, Value item) {
 }
 
 void ItemEmitter::write(bool value, const Result &result) {
-  Value cache = value ? args[2] : args[1];
-  Type piece = vec(8, b.getI16Type());
-  Value size = div(b.create<memref::DimOp>(loc, cache, index(0)), 16);
-  Value view = b.create<memref::ViewOp>(
-      loc, MemRefType::get({ShapedType::kDynamic}, piece), cache, index(0),
-      ValueRange{size});
-  Value first = div(result.element, 8);
-  for (auto [s, bits] : llvm::enumerate(result.pieces))
-    b.create<memref::StoreOp>(
-        loc, bits, view, ValueRange{s ? add(first, index(int64_t(s))) : first});
+  SmallVector<Value> bytes;
+  for (Value piece : result.pieces)
+    bytes.push_back(
+        b.create<vector::BitCastOp>(loc, vec(16, b.getI8Type()), piece));
+  storeBytes(cache(value), mul(result.element, 2), concat(bytes), 16);
+}
+
+Value ItemEmitter::gather(bool value, Value layer, Value token, Value channel,
+                          int64_t n) {
+  // The cache row is 16-byte aligned and the channel a multiple of 8.
+  Value element = destination(layer, token, channel);
+  Value bits = b.create<vector::BitCastOp>(
+      loc, vec(n, b.getBF16Type()),
+      loadBytes(cache(value), mul(element, 2), 2 * n, 16));
+  Value values = b.create<arith::ExtFOp>(loc, vec(n, b.getF32Type()), bits);
+  return spec.hadamard() ? hadamard(values, channel) : values;
+}
+
+Value ItemEmitter::reduce(Value values, int64_t size, bool max) {
+  auto combine = [&](Value x, Value y) -> Value {
+    if (max)
+      return b.create<arith::MaxNumFOp>(loc, x, y);
+    return b.create<arith::MinNumFOp>(loc, x, y);
+  };
+  // Each group's 8-value pieces elementwise, then the 8 lanes of the result
+  // pairwise. Without NaN, min and max do not depend on the order; with it,
+  // minnum and maxnum ignore it as the runtime's comparisons do.
+  SmallVector<Value> groups;
+  for (int64_t g = 0; g < count(values) / size; ++g) {
+    Value extreme = slice(values, g * size, 8);
+    for (int64_t p = 8; p < size; p += 8)
+      extreme = combine(extreme, slice(values, g * size + p, 8));
+    groups.push_back(extreme);
+  }
+  Value extremes = concat(groups);
+  for (int64_t half = 4; half >= 1; half /= 2) {
+    SmallVector<int64_t> low, high;
+    for (int64_t g = 0; g < int64_t(groups.size()); ++g)
+      for (int64_t j = 0; j < half; ++j) {
+        low.push_back(2 * half * g + j);
+        high.push_back(2 * half * g + half + j);
+      }
+    extremes =
+        combine(b.create<vector::ShuffleOp>(loc, extremes, extremes, low),
+                b.create<vector::ShuffleOp>(loc, extremes, extremes, high));
+  }
+  return extremes;
+}
+
+Value ItemEmitter::laneReduce(Value extreme, int64_t lanes, bool max) {
+  Value x = b.create<vector::ExtractOp>(loc, extreme, ArrayRef<int64_t>{0});
+  Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
+  for (int64_t distance = 1; distance < lanes; distance *= 2) {
+    Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
+    Value theirs =
+        b.create<gpu::ShuffleOp>(loc, x, offset, width, gpu::ShuffleMode::XOR)
+            .getShuffleResult();
+    x = max ? Value(b.create<arith::MaxNumFOp>(loc, x, theirs))
+            : Value(b.create<arith::MinNumFOp>(loc, x, theirs));
+  }
+  return b.create<vector::BroadcastOp>(loc, extreme.getType(), x);
+}
+
+ItemEmitter::QuantParams ItemEmitter::quantParams(Value lo, Value hi,
+                                                  int64_t bits) {
+  // quantizeMatrix (ChunkCodec.cpp), operation for operation.
+  const int64_t groups = count(lo);
+  VectorType f32 = vec(groups, b.getF32Type()),
+             f16 = vec(groups, b.getF16Type()),
+             i32 = vec(groups, b.getI32Type());
+  auto constant = [&](float v) { return splat(f32, b.getF32FloatAttr(v)); };
+  // The runtime's scan starts from +-infinity (an all-NaN group's extremes).
+  lo = b.create<arith::MinNumFOp>(loc, lo, constant(INFINITY));
+  hi = b.create<arith::MaxNumFOp>(loc, hi, constant(-INFINITY));
+  // The minimum plus 0: a zero minimum is +0.
+  Value minimum16 = b.create<arith::TruncFOp>(
+      loc, f16, b.create<arith::AddFOp>(loc, lo, constant(0)));
+  Value minimum = b.create<arith::ExtFOp>(loc, f32, minimum16);
+  Value range = b.create<arith::SubFOp>(loc, hi, minimum);
+  Value positive = b.create<arith::CmpFOp>(loc, arith::CmpFPredicate::OGT,
+                                           range, constant(0));
+  Value scale16 = b.create<arith::TruncFOp>(
+      loc, f16,
+      b.create<arith::SelectOp>(
+          loc, positive,
+          b.create<arith::DivFOp>(loc, range, constant((1 << bits) - 1)),
+          constant(1)));
+  Value underflow = b.create<arith::CmpFOp>(
+      loc, arith::CmpFPredicate::OLE,
+      b.create<arith::ExtFOp>(loc, f32, scale16), constant(0));
+  APFloat tiny(APFloat::IEEEhalf(), APInt(16, ::kvc::kTinyQuantScale));
+  scale16 = b.create<arith::SelectOp>(
+      loc, underflow, splat(f16, b.getFloatAttr(b.getF16Type(), tiny)),
+      scale16);
+  Value inverse = b.create<arith::DivFOp>(
+      loc, constant(1), b.create<arith::ExtFOp>(loc, f32, scale16));
+  auto word = [&](Value halfs) -> Value {
+    return b.create<arith::ExtUIOp>(
+        loc, i32,
+        b.create<arith::BitcastOp>(loc, vec(groups, b.getI16Type()), halfs));
+  };
+  Value words = b.create<arith::OrIOp>(
+      loc, word(scale16),
+      b.create<arith::ShLIOp>(loc, word(minimum16),
+                              splat(i32, b.getI32IntegerAttr(16))));
+  return {minimum, inverse, words};
+}
+
+Value ItemEmitter::quantize(Value values, Value minimum, Value inverse,
+                            int64_t bits) {
+  const int64_t n = count(values);
+  VectorType f32 = vec(n, b.getF32Type()), i32 = vec(n, b.getI32Type());
+  auto constant = [&](float v) { return splat(f32, b.getF32FloatAttr(v)); };
+  // (x - minimum) * inverse, clamped to [0, levels] (a NaN to 0), rounded to
+  // nearest even by adding 2^23: the integer lands in the mantissa bits.
+  Value scaled = b.create<arith::MulFOp>(
+      loc, b.create<arith::SubFOp>(loc, values, minimum), inverse);
+  Value clamped = b.create<arith::MinNumFOp>(
+      loc, b.create<arith::MaxNumFOp>(loc, scaled, constant(0)),
+      constant((1 << bits) - 1));
+  Value q = b.create<arith::AndIOp>(
+      loc,
+      b.create<arith::BitcastOp>(
+          loc, i32,
+          b.create<arith::AddFOp>(loc, clamped, constant(8388608.0f))),
+      splat(i32, b.getI32IntegerAttr((1 << bits) - 1)));
+  Type i8 = b.getI8Type();
+  if (bits == 8)
+    return b.create<arith::TruncIOp>(loc, vec(n, i8), q);
+  // Value j of a piece of 8 at bits [j * bits, +bits) of one word.
+  SmallVector<int32_t> shifts;
+  for (int j = 0; j < 8; ++j)
+    shifts.push_back(int32_t(j * bits));
+  Value shift = b.create<arith::ConstantOp>(
+      loc, DenseIntElementsAttr::get(vec(8, b.getI32Type()), shifts));
+  Type word = b.getIntegerType(8 * bits);
+  SmallVector<Value> pieces;
+  for (int64_t p = 0; p < n; p += 8) {
+    Value packed = b.create<vector::ReductionOp>(
+        loc, vector::CombiningKind::OR,
+        b.create<arith::ShLIOp>(loc, n == 8 ? q : slice(q, p, 8), shift));
+    if (bits < 4)
+      packed = b.create<arith::TruncIOp>(loc, word, packed);
+    pieces.push_back(b.create<vector::BitCastOp>(
+        loc, vec(bits, i8),
+        b.create<vector::BroadcastOp>(loc, vec(1, word), packed)));
+  }
+  return concat(pieces);
+}
+
+Value ItemEmitter::toStorage(Value values) {
+  const int64_t n = count(values);
+  const int64_t bytes = spec.storage.getIntOrFloatBitWidth() / 8;
+  Value stored = values;
+  if (spec.storage.isBF16())
+    stored = roundToBf16(values);
+  else if (spec.storage.isF16())
+    stored = b.create<arith::TruncFOp>(loc, vec(n, spec.storage), values);
+  return b.create<vector::BitCastOp>(loc, vec(n * bytes, b.getI8Type()),
+                                     stored);
+}
+
+void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
+  const int64_t n = spec.valuesPerItem(value), width = spec.width();
+  const MatrixLayout k = matrixLayout(spec, false),
+                     m = matrixLayout(spec, value);
+  const int64_t layerBytes = k.bytes + matrixLayout(spec, true).bytes;
+  const int64_t kOffset = value ? k.bytes : 0;
+  Value row = div(item, width / n); // The token, or the token block.
+  Value channel = mul(rem(item, width / n), n);
+  Value base = matrixOffset(value, layer);
+
+  if (!m.bits) {
+    const int64_t bytes = spec.storage.getIntOrFloatBitWidth() / 8;
+    Value offset = add(base, mul(add(mul(row, width), channel), bytes));
+    int64_t align =
+        alignmentOf({layerBytes, kOffset, bytes * width, bytes * n});
+    // Raw bf16 is a copy.
+    Value encoded =
+        spec.storage.isBF16() && !spec.hadamard()
+            ? loadBytes(cache(value), mul(destination(layer, row, channel), 2),
+                        2 * n, 16)
+            : toStorage(gather(value, layer, row, channel, n));
+    ifThen(inRange, [&] { storeBytes(payload(), offset, encoded, align); });
+    return;
+  }
+
+  // Packed values: row-major, `bits` per value, after the parameters.
+  auto packedOffset = [&](Value token) {
+    return add(add(base, index(m.paramBytes)),
+               div(mul(add(mul(token, width), channel), m.bits), 8));
+  };
+  const int64_t packedAlign = alignmentOf(
+      {layerBytes, kOffset, m.paramBytes, width * m.bits / 8, n * m.bits / 8});
+
+  if (m.tokenAxis) {
+    // Groups of m.size channels of one token: within the item, or across
+    // the m.size / 8 aligned lanes that hold a group's pieces.
+    const int64_t inItem = std::min(m.size, n);
+    Value x = gather(value, layer, row, channel, n);
+    Value lo = reduce(x, inItem, false), hi = reduce(x, inItem, true);
+    if (m.size > n) {
+      lo = laneReduce(lo, m.size / n, false);
+      hi = laneReduce(hi, m.size / n, true);
+    }
+    QuantParams params = quantParams(lo, hi, m.bits);
+    SmallVector<int64_t> ofValue; // Each value's group in the item.
+    for (int64_t j = 0; j < n; ++j)
+      ofValue.push_back(j / inItem);
+    auto perValue = [&](Value v) {
+      return b.create<vector::ShuffleOp>(loc, v, v, ofValue);
+    };
+    Value packed =
+        quantize(x, perValue(params.minimum), perValue(params.inverse), m.bits);
+    Value group = add(mul(row, m.perRow), div(channel, m.size));
+    Value paramOffset = add(base, mul(group, 4));
+    Value words = b.create<vector::BitCastOp>(
+        loc, vec(4 * count(params.words), b.getI8Type()), params.words);
+    int64_t paramAlign =
+        alignmentOf({layerBytes, kOffset, 4 * m.perRow, 4 * (n / inItem)});
+    ifThen(inRange, [&] {
+      storeBytes(payload(), packedOffset(row), packed, packedAlign);
+      if (m.size <= n) {
+        storeBytes(payload(), paramOffset, words, paramAlign);
+        return;
+      }
+      // The group's first lane stores its parameters.
+      ifThen(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                     rem(channel, m.size), index(0)),
+             [&] { storeBytes(payload(), paramOffset, words, paramAlign); });
+    });
+    return;
+  }
+
+  // Groups of m.size tokens of one channel: the item's n channels over the
+  // token block, scanned twice (extremes, then values). Lanes past the
+  // chunk's last token rescan that token, so all lanes run every shuffle.
+  const int64_t S = m.size;
+  Value first = mul(row, S);
+  auto tokenAt = [&](Value i) -> Value {
+    return b.create<arith::MinUIOp>(loc, add(first, i), index(spec.tokens - 1));
+  };
+  VectorType f32 = vec(n, b.getF32Type());
+  auto scan = b.create<scf::ForOp>(
+      loc, index(0), index(S), index(1),
+      ValueRange{splat(f32, b.getF32FloatAttr(INFINITY)),
+                 splat(f32, b.getF32FloatAttr(-INFINITY))});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(scan.getBody());
+    Value x = gather(value, layer, tokenAt(scan.getInductionVar()), channel, n);
+    b.create<scf::YieldOp>(
+        loc,
+        ValueRange{
+            b.create<arith::MinNumFOp>(loc, scan.getRegionIterArgs()[0], x),
+            b.create<arith::MaxNumFOp>(loc, scan.getRegionIterArgs()[1], x)});
+  }
+  QuantParams params =
+      quantParams(scan.getResult(0), scan.getResult(1), m.bits);
+  Value group = add(mul(row, width), channel);
+  Value words =
+      b.create<vector::BitCastOp>(loc, vec(4 * n, b.getI8Type()), params.words);
+  ifThen(inRange, [&] {
+    storeBytes(payload(), add(base, mul(group, 4)), words,
+               alignmentOf({layerBytes, kOffset, 4 * width, 4 * n}));
+  });
+  auto encode = b.create<scf::ForOp>(loc, index(0), index(S), index(1));
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(encode.getBody()->getTerminator());
+  Value i = encode.getInductionVar();
+  Value token = tokenAt(i);
+  Value packed = quantize(gather(value, layer, token, channel, n),
+                          params.minimum, params.inverse, m.bits);
+  Value inChunk = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
+                                          add(first, i), index(spec.tokens));
+  ifThen(b.create<arith::AndIOp>(loc, inRange, inChunk), [&] {
+    storeBytes(payload(), packedOffset(token), packed, packedAlign);
+  });
 }
 
 } // namespace
@@ -805,10 +1226,12 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   // before the first store, so a thread keeps P items' bytes in flight.
   // Past the matrix's last item a thread recomputes that item and does not
   // write it.
+  // The matrices of a save kernel may be tiled differently (a per-channel
+  // K, a per-token V): each has the blocks the larger one needs.
   const int64_t perThread = spec.itemsPerThread();
-  const int64_t items = spec.items() / (2 * spec.layers); // per matrix
   const int64_t span = spec.threads * perThread;
-  const int64_t blocksPerMatrix = ceilDiv(items, span);
+  const int64_t blocksPerMatrix =
+      ceilDiv(std::max(spec.itemsOf(false), spec.itemsOf(true)), span);
   Value zero = constant(0), one = constant(1);
   auto grid = b.create<scf::ParallelOp>(
       loc, ValueRange{zero},
@@ -830,21 +1253,39 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   for (bool value : {true, false}) {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(value ? ifOp.thenBlock() : ifOp.elseBlock());
-    SmallVector<std::pair<Value, ItemEmitter::Result>> computed;
+    const int64_t items = spec.itemsOf(value);
+    SmallVector<std::pair<Value, Value>> pending; // (item, clamped)
     for (int64_t s = 0; s < perThread; ++s) {
       Value item =
           s ? emitter.add(firstItem, constant(s * spec.threads)) : firstItem;
-      Value clamped = b.create<arith::MinUIOp>(loc, item, constant(items - 1));
-      computed.emplace_back(item, emitter.compute(value, layer, clamped));
+      pending.emplace_back(
+          item, b.create<arith::MinUIOp>(loc, item, constant(items - 1)));
     }
-    for (auto &[item, result] : computed) {
-      Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
-                                              item, constant(items));
-      auto store = b.create<scf::IfOp>(loc, inRange, /*withElseRegion=*/false);
-      OpBuilder::InsertionGuard insertion(b);
-      b.setInsertionPointToStart(store.thenBlock());
-      emitter.write(value, result);
+    auto inRange = [&](Value item) -> Value {
+      return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, item,
+                                     constant(items));
+    };
+    if (spec.kind == KernelKind::Save) {
+      // Blocks past the smaller matrix's items skip it whole (no lane of
+      // theirs takes part in a shuffle).
+      auto work = [&] {
+        for (auto [item, clamped] : pending)
+          emitter.save(value, layer, clamped, inRange(item));
+      };
+      if (ceilDiv(items, span) == blocksPerMatrix)
+        work();
+      else
+        emitter.ifThen(
+            inRange(emitter.mul(emitter.rem(blockId, blocksPerMatrix), span)),
+            work);
+      continue;
     }
+    SmallVector<ItemEmitter::Result> computed;
+    for (auto [item, clamped] : pending)
+      computed.push_back(emitter.compute(value, layer, clamped));
+    for (auto [item, result] : llvm::zip(pending, computed))
+      emitter.ifThen(inRange(item.first),
+                     [&] { emitter.write(value, result); });
   }
   b.setInsertionPointToEnd(&func.getBody().front());
   b.create<func::ReturnOp>(loc);

@@ -6,14 +6,19 @@
 // RUN: kvc-opt %s --kvc-lower-kernels=host=true --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
 
 // Tests the IR of one kernel of each kind (an int8 restore, a projection's
-// RoPE epilogue, a Hadamard restore) at each stage of kvc-kernels-to-ptx,
+// RoPE epilogue, a Hadamard restore, a Hadamard + int4 save) at each stage
+// of kvc-kernels-to-ptx,
 // and the host lowering the unit tests run: kvc-lower-kernels' two parallel
 // loops become one gpu.launch (int8: 64 tokens x 128 / 8 pieces per matrix,
 // 2 per thread, so 2 blocks of 256 threads per matrix, 4 in all), outlined
 // into a gpu.func, NVVM with 16-byte vector loads and stores and the
 // Hadamard's lane exchanges as shfl.sync.bfly, then PTX with ld.global.v4 /
 // st.global.v4, no fused multiply-adds (.rn: the runtime's rounding, step by
-// step) and the hardware's round-to-nearest-even conversion to bf16.
+// step) and the hardware's round-to-nearest-even conversion to bf16. The
+// save kernel scans K's per-channel groups in a loop over the group's
+// tokens and reduces V's per-token groups of 32 across 4 lanes (3 stages of
+// 8 Hadamard shuffles, then 2 of a min and a max), and converts its scales
+// and minimums with cvt.rn.f16.f32.
 
 // LAUNCH-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16
 // LAUNCH:         %[[GRID:.+]] = affine.apply {{.+}}(%c4)
@@ -21,6 +26,11 @@
 // LAUNCH:           gpu.terminator
 // LAUNCH-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16
 // LAUNCH:         gpu.launch blocks
+// LAUNCH-LABEL: func.func @kvc_save_int4_kc_vt_g32_had_t64_l1_h2x64_b16
+// LAUNCH:         gpu.launch blocks
+// LAUNCH:           scf.for
+// LAUNCH:             gpu.shuffle  xor
+// LAUNCH:             scf.yield
 
 // OUTLINED-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
 // OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c4{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})
@@ -36,11 +46,11 @@
 // NVVM:           nvvm.read.ptx.sreg.tid.x
 // NVVM:           llvm.fmul {{.+}} : vector<8xf32>
 // NVVM:           llvm.fadd {{.+}} : vector<8xf32>
-// NVVM:           llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+// NVVM:           llvm.store {{.+}} : vector<4xi32>, !llvm.ptr
 // NVVM:           llvm.load {{.+}} -> vector<4xi32>
 // NVVM:       gpu.module @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
 // NVVM:         llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
-// NVVM:           llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+// NVVM:           llvm.store {{.+}} : vector<4xi32>, !llvm.ptr
 // NVVM:           %[[COS:.+]] = llvm.fmul {{.+}} : vector<8xf32>
 // NVVM:           %[[SIN:.+]] = llvm.fmul {{.+}} : vector<8xf32>
 // NVVM:           llvm.fsub %[[COS]], %[[SIN]] : vector<8xf32>
@@ -48,6 +58,12 @@
 // NVVM:       gpu.module @kvc_restore_raw_bf16_had_t64_l1_h2x64_b16_kernel
 // NVVM-COUNT-24:  nvvm.shfl.sync  bfly
 // NVVM:           llvm.fptrunc {{.+}} : vector<8xf32> to vector<8xbf16>
+// NVVM:       gpu.module @kvc_save_int4_kc_vt_g32_had_t64_l1_h2x64_b16_kernel
+// NVVM:           llvm.fpext {{.+}} : vector<8xbf16> to vector<8xf32>
+// NVVM-COUNT-24:  nvvm.shfl.sync  bfly
+// NVVM:           llvm.intr.minnum({{.+}}) : (vector<8xf32>, vector<8xf32>) -> vector<8xf32>
+// NVVM:           llvm.fptrunc {{.+}} : vector<8xf32> to vector<8xf16>
+// NVVM:           llvm.fdiv {{.+}} : vector<8xf32>
 
 // PTX:     gpu.binary @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#gpu.object<#nvvm.target<O = 3, chip = "sm_90">, {{.*}}assembly = "
 // PTX-SAME:  .target sm_90
@@ -65,13 +81,22 @@
 // PTX-SAME:  shfl.sync.bfly.b32
 // PTX-SAME:  cvt.rn.bf16.f32
 // PTX-SAME:  st.global.v4.b32
+// PTX:     gpu.binary @kvc_save_int4_kc_vt_g32_had_t64_l1_h2x64_b16_kernel
+// PTX-SAME:  ld.global.v4.b32
+// PTX-SAME:  shfl.sync.bfly.b32
+// PTX-SAME:  min.f32
+// PTX-SAME:  max.f32
+// PTX-SAME:  cvt.rn.f16.f32
+// PTX-SAME:  rcp.rn.f32
+// PTX-SAME:  st.global.u32
 
 // HOST-NOT:   gpu.
 // HOST:       llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
 // HOST:         llvm.cond_br
-// HOST:         llvm.store {{.+}} : vector<8xi16>, !llvm.ptr
+// HOST:         llvm.store {{.+}} : vector<4xi32>, !llvm.ptr
 // HOST:       llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16(
 // HOST:       llvm.func @kvc_restore_raw_bf16_had_host_t64_l1_h2x64_b16(
+// HOST:       llvm.func @kvc_save_int4_kc_vt_g32_had_host_t64_l1_h2x64_b16(
 
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @restore(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>) {
@@ -103,5 +128,18 @@ func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, dev
     kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
   }
   return
+}
+func.func @save() -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>> {
+  %q = kvc.kernel "gather_transform_quant"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>> {
+    %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    %t = kvc.transform %g
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+    %r = kvc.quant %t
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+    kvc.yield %r : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+  }
+  return %q : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
 }
 }

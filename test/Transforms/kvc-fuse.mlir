@@ -70,3 +70,32 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
   kvc.scatter %c : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 1 to 4, device>
   return
 }
+
+// Tests that the save side's chain starts at the gather, which has no input:
+// the kernel takes none and yields the encoded chunk to the copy to the host.
+// CHECK-LABEL: func.func @save_chain
+// CHECK:         %[[Q:.+]] = kvc.kernel "gather_transform_quant"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int4>> {
+// CHECK-NEXT:      %[[G:.+]] = kvc.gather
+// CHECK-NEXT:      %[[T:.+]] = kvc.transform %[[G]]
+// CHECK-NEXT:      %[[R:.+]] = kvc.quant %[[T]]
+// CHECK-NEXT:      kvc.yield %[[R]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[Q]]
+// CHECK-NEXT:    kvc.compress %[[H]]
+func.func @save_chain() {
+  %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %t = kvc.transform %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+  %q = kvc.quant %t
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>
+  %h = kvc.transfer_to_host %q
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4>>
+  %z = kvc.compress %h
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
+  kvc.store %z to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
+  return
+}

@@ -36,3 +36,23 @@ func.func @lanes(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device
   return
 }
 }
+
+// -----
+
+// Tests that a save kernel's per-token groups wider than a warp's lanes
+// hold (512 values) are refused in the GPU form and generated in the host
+// form, whose items reduce whole groups.
+// CHECK: func.func @kvc_save_int8_kt_vt_g512_t16_l1_h8x128_b16(
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 2048, heads = 16, kv_heads = 8, head_dim = 128, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @save_groups() {
+  // expected-error @+1 {{cannot be generated: per-token groups across a warp's lanes need a power of two of at most 256 values and whole warps per block (groups of 512, threads 48)}}
+  %q = kvc.kernel "gather_quant"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <quant = int8, group = 512, key_axis = token>> {
+    %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+    %r = kvc.quant %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <quant = int8, group = 512, key_axis = token>>
+    kvc.yield %r : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <quant = int8, group = 512, key_axis = token>>
+  }
+  return
+}
+}

@@ -16,17 +16,17 @@
 // CHECK:             %[[IS_V:.+]] = arith.cmpi ne
 // CHECK:             scf.if %[[IS_V]] {
 // CHECK:               arith.minui %[[T]], %c1023
-// CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xi32>
-// CHECK:               arith.shrui {{.+}} : vector<8xi32>
 // CHECK-COUNT-3:       arith.minui %{{.+}}, %c1023
+// CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xi32>
+// CHECK-COUNT-4:       arith.shrui {{.+}} : vector<8xi32>
 // CHECK-NOT:           memref.store
 // CHECK:               arith.cmpi ult, %[[T]], %c1024
 // CHECK:               memref.view %[[VALUES]]
-// CHECK-COUNT-4:       memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK-COUNT-4:       memref.store {{.+}} : memref<?xvector<4xi32>>
 // CHECK:             } else {
 // CHECK:               memref.view %[[PAYLOAD]]{{.+}} to memref<?xvector<4xi32>>
 // CHECK:               memref.view %[[KEYS]]
-// CHECK-COUNT-4:       memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK-COUNT-4:       memref.store {{.+}} : memref<?xvector<4xi32>>
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) {
   kvc.kernel "dequant_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>) -> () {
@@ -52,7 +52,7 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 // CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, head_dim = 64 : i64, kind = "rope_scatter", kv_heads = 2 : i64, layers = 2 : i64, storage = f32, threads = 256 : i64, tokens = 64 : i64}}
 // CHECK:             scf.if
 // CHECK:               memref.view %[[PROJ]]{{.+}} to memref<?xvector<4xi32>>
-// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK:               memref.store {{.+}} : memref<?xvector<4xi32>>
 // CHECK:             } else {
 // CHECK:               %[[IN_HEAD:.+]] = arith.remui %{{.+}}, %c64
 // CHECK:               %[[FIRST:.+]] = arith.cmpi ult, %[[IN_HEAD]], %c32
@@ -64,7 +64,7 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 // CHECK:               %[[SUB:.+]] = arith.subf %[[OWN_COS]], %[[PARTNER_SIN]]
 // CHECK:               %[[ADD:.+]] = arith.addf %[[OWN_COS]], %[[PARTNER_SIN]]
 // CHECK:               arith.select %[[FIRST]], %[[SUB]], %[[ADD]] : vector<8xf32>
-// CHECK:               memref.store {{.+}} : memref<?xvector<8xi16>>
+// CHECK:               memref.store {{.+}} : memref<?xvector<4xi32>>
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
   kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {
@@ -131,6 +131,72 @@ func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, dev
 
 // -----
 
+// Tests that a gather -> quant kernel becomes a save kernel with the
+// restore's ABI, its payload written: int4 with K per channel and V per
+// token in groups of 32 (64 tokens, 2 KV heads of 64). V has 64 * 16 items,
+// 4 blocks' worth; K's items are 16-channel-piece columns of 32-token groups,
+// 2 * 16 = 32 of them, so K's blocks past the first skip their work. A V
+// item reduces its 8 values, then across the 4 lanes of its group
+// (gpu.shuffle xor 1 and 2), and the group's first lane stores the scale and
+// minimum; a K item scans its group's 32 tokens for the extremes of its 8
+// channels, stores their 8 parameter pairs, then scans again to quantize.
+// In the host form a V item is a whole group of 32 values.
+// CHECK-LABEL: func.func @save
+// CHECK:         kvc.kernel "gather_quant"(){{.*}} attributes {kvc.entry = @[[S:kvc_save_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
+// CHECK:       func.func @[[S]](%[[PAYLOAD:.+]]: memref<?xi8>, %[[KEYS:.+]]: memref<?xi8>, %[[VALUES:.+]]: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
+// CHECK-SAME:    kind = "save"
+// CHECK:         scf.parallel (%[[B:.+]]) = (%c0) to (%c8) step (%c1)
+// CHECK:           scf.parallel (%[[T:.+]]) = (%c0) to (%c256) step (%c1)
+// CHECK:             scf.if
+// CHECK:               memref.view %[[VALUES]]{{.+}} to memref<?xvector<4xi32>>
+// CHECK:               arith.extf {{.+}} : vector<8xbf16> to vector<8xf32>
+// CHECK:               arith.minnumf {{.+}} : vector<1xf32>
+// CHECK:               gpu.shuffle  xor %{{.+}}, %c1_i32
+// CHECK:               gpu.shuffle  xor %{{.+}}, %c2_i32
+// CHECK:               arith.truncf {{.+}} : vector<1xf32> to vector<1xf16>
+// CHECK:               arith.divf
+// CHECK:               scf.if
+// CHECK:                 memref.store {{.+}} : memref<?xi32>
+// CHECK:                 arith.cmpi eq
+// CHECK:                 scf.if
+// CHECK:                   memref.store {{.+}} : memref<?xi32>
+// CHECK:             } else {
+// CHECK:               %[[WORK:.+]] = arith.cmpi ult, %{{.+}}, %c32
+// CHECK:               scf.if %[[WORK]] {
+// CHECK:                 %{{.+}}:2 = scf.for %{{.+}} = %c0 to %c32 step %c1 iter_args({{.+}}) -> (vector<8xf32>, vector<8xf32>)
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   arith.minnumf
+// CHECK:                   arith.maxnumf
+// CHECK:                   scf.yield
+// CHECK:                 arith.truncf {{.+}} : vector<8xf32> to vector<8xf16>
+// CHECK:                 scf.if
+// CHECK-COUNT-2:           memref.store {{.+}} : memref<?xvector<4xi32>>
+// CHECK:                 scf.for %{{.+}} = %c0 to %c32 step %c1 {
+// CHECK:                   arith.cmpi ult, %{{.+}}, %c64
+// CHECK:                   scf.if
+// CHECK:                     memref.store {{.+}} : memref<?xi32>
+// HOST-LABEL:  func.func @kvc_save_int4_kc_vt_g32_t64_l1_h2x64_b16(
+// HOST-NOT:      gpu.shuffle
+// HOST:          arith.extf {{.+}} : vector<32xbf16> to vector<32xf32>
+// HOST:          return
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @save() {
+  %q = kvc.kernel "gather_quant"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>> {
+    %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    %r = kvc.quant %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>
+    kvc.yield %r : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>
+  }
+  %h = kvc.transfer_to_host %q
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int4>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, host, codec <quant = int4>>
+  return
+}
+}
+
+// -----
+
 // Tests that a kernel whose chain has no generated form (dequant ->
 // untransform, its result used outside) is left alone.
 // CHECK-LABEL: func.func @partial
@@ -184,6 +250,41 @@ func.func @odd_head(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2,
         : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
         -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
     kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that a save chain of hidden states is diagnosed on the kernel.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @save_hidden() {
+  // expected-error @+1 {{cannot be generated: it gathers hidden states, not KV}}
+  %q = kvc.kernel "gather_quant"() : () -> !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>> {
+    %g = kvc.gather : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>
+    %r = kvc.quant %g
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device>
+      -> !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>
+    kvc.yield %r : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that per-token groups that do not tile a row (64 of 96 values) are
+// diagnosed on a save kernel, which reduces whole groups.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 192, heads = 2, kv_heads = 1, head_dim = 96, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @save_tiles() {
+  // expected-error @+1 {{cannot be generated: per-token groups of 64 values do not tile rows of 96}}
+  %q = kvc.kernel "gather_quant"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8, group = 64, key_axis = token>> {
+    %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    %r = kvc.quant %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8, group = 64, key_axis = token>>
+    kvc.yield %r : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8, group = 64, key_axis = token>>
   }
   return
 }

@@ -343,8 +343,8 @@ TEST(PlanBundleTest, RejectsBadKernels) {
       "kernels[0].ptx: has no entry \"" + std::string(kRestoreKernel) +
           "_kernel\"");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "gemm"; }),
-            "kernels[0].kind: unknown kind \"gemm\" (expected \"restore\" or "
-            "\"rope_scatter\")");
+            "kernels[0].kind: unknown kind \"gemm\" (expected \"restore\", "
+            "\"rope_scatter\" or \"save\")");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["args"].erase(6); }),
             "kernels[0].args: a restore kernel takes each of payload, "
             "key_cache, value_cache, block_table, first_token, first_layer, "
@@ -369,6 +369,11 @@ TEST(PlanBundleTest, RejectsBadKernels) {
             "plans[0].tasks[3].entry: kernel \"" + std::string(kRestoreKernel) +
                 "\" is a rope_scatter kernel; the task's steps do not project "
                 "hidden states");
+  // A save kernel serves a task that starts by gathering its chunk.
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "save"; }),
+            "plans[0].tasks[3].entry: kernel \"" + std::string(kRestoreKernel) +
+                "\" gathers 512 tokens x 4 layers of KV; the task's first "
+                "step does not");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { task(b, 3)["entry"] = "missing"; }),
             "plans[0].tasks[3].entry: no kernel \"missing\" in the bundle's "
             "kernel table");

@@ -46,7 +46,8 @@ namespace {
 using ::kvc::DType;
 
 struct JitCase {
-  /// parseCodecSpec's grammar for a restore kernel, or "rope_scatter".
+  /// parseCodecSpec's grammar for a restore kernel, the same after "save:"
+  /// for a save kernel, or "rope_scatter".
   const char *codec;
   ::kvc::DType storage;
   int64_t tokens, layers, kvHeads, headDim, blockSize, firstToken;
@@ -94,9 +95,13 @@ protected:
 
 TEST_P(KernelJitTest, EqualsTheRuntime) {
   const JitCase &p = GetParam();
-  const bool rope = std::string(p.codec) == "rope_scatter";
+  const std::string name = p.codec;
+  const bool rope = name == "rope_scatter";
+  const bool save = name.rfind("save:", 0) == 0;
   ::kvc::StatusOr<::kvc::CodecSpec> codec =
-      ::kvc::parseCodecSpec(rope ? "raw" : p.codec);
+      ::kvc::parseCodecSpec(rope   ? "raw"
+                            : save ? name.substr(5)
+                                   : name);
   ASSERT_TRUE(codec) << codec.status().message();
 
   KernelShape shape;
@@ -109,15 +114,17 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   shape.storage = p.storage;
   const uint32_t seed = uint32_t(p.tokens);
   ::kvc::StatusOr<KernelCase> made =
-      rope ? KernelCase::makeRopeScatter(shape, p.firstToken,
-                                         /*firstLayer=*/1, seed)
-           : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed);
+      rope   ? KernelCase::makeRopeScatter(shape, p.firstToken,
+                                           /*firstLayer=*/1, seed)
+      : save ? KernelCase::makeSave(shape, p.firstToken, /*firstLayer=*/1, seed)
+             : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed);
   ASSERT_TRUE(made) << made.status().message();
   const KernelCase &c = *made;
 
   mlir::kvc::KernelSpec spec;
-  spec.kind = rope ? mlir::kvc::KernelKind::RopeScatter
-                   : mlir::kvc::KernelKind::Restore;
+  spec.kind = rope   ? mlir::kvc::KernelKind::RopeScatter
+              : save ? mlir::kvc::KernelKind::Save
+                     : mlir::kvc::KernelKind::Restore;
   spec.tokens = p.tokens;
   spec.layers = p.layers;
   spec.kvHeads = p.kvHeads;
@@ -138,7 +145,7 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
       builder, builder.getUnknownLoc(), spec);
   func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                 builder.getUnitAttr());
-  const std::string name = func.getSymName().str(); // Lowering erases func.
+  const std::string symbol = func.getSymName().str(); // Lowering erases it.
   PassManager pm(&context);
   mlir::kvc::buildKernelsToLLVMPipeline(pm);
   ASSERT_TRUE(succeeded(pm.run(*module)));
@@ -155,13 +162,18 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
     std::memcpy(buffer.data.get(), container.data(), buffer.count);
     return buffer;
   };
+  // A save kernel writes the payload (poisoned here) from a filled cache.
   AlignedBuffer<int8_t> payload = bytesOf(c.payload());
+  if (save)
+    std::memset(payload.data.get(), 0xA5, payload.count);
   AlignedBuffer<int8_t> ropeTable = bytesOf(c.ropeTable());
   AlignedBuffer<int8_t> keys(c.cacheValues() * 2), values(c.cacheValues() * 2);
   auto *keyBits = reinterpret_cast<uint16_t *>(keys.data.get());
   auto *valueBits = reinterpret_cast<uint16_t *>(values.data.get());
   std::fill_n(keyBits, c.cacheValues(), KernelCase::kPoison);
   std::fill_n(valueBits, c.cacheValues(), KernelCase::kPoison);
+  if (save)
+    c.fillCache(keyBits, valueBits);
   AlignedBuffer<int32_t> table(c.blockTable().size());
   std::copy(c.blockTable().begin(), c.blockTable().end(), table.data.get());
 
@@ -174,13 +186,14 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   int64_t firstToken = c.firstToken(), firstLayer = c.firstLayer(),
           layerRows = c.layerRows();
   llvm::Error error =
-      rope ? (*engine)->invoke(name, payloadArg, keyArg, valueArg, tableArg,
+      rope ? (*engine)->invoke(symbol, payloadArg, keyArg, valueArg, tableArg,
                                firstToken, firstLayer, layerRows, ropeArg)
-           : (*engine)->invoke(name, payloadArg, keyArg, valueArg, tableArg,
+           : (*engine)->invoke(symbol, payloadArg, keyArg, valueArg, tableArg,
                                firstToken, firstLayer, layerRows);
   ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
 
-  ::kvc::testing::CacheErrors errors = c.check(keyBits, valueBits);
+  ::kvc::testing::CacheErrors errors = c.check(
+      keyBits, valueBits, reinterpret_cast<uint8_t *>(payload.data.get()));
   EXPECT_TRUE(errors.ok()) << errors.str();
 }
 
@@ -213,6 +226,38 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
                 64, 16, 9}));
+
+// The save side, gathering from the cache and encoding: the same
+// compositions and shapes, and per-token groups that span head rows
+// (hadamard+int4 g256 over head_dim 64), a per-channel K whose last token
+// group is partial beside a per-token V (KIVI's axes, 37 tokens in groups
+// of 32) and per-channel groups of a chunk shorter than the group.
+INSTANTIATE_TEST_SUITE_P(
+    Save, KernelJitTest,
+    ::testing::Values(
+        JitCase{"save:raw", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:raw", DType::F16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:raw", DType::F32, 21, 1, 2, 64, 16, 3},
+        JitCase{"save:hadamard", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:hadamard", DType::F16, 21, 1, 1, 128, 32, 30},
+        JitCase{"save:int8", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:int4", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:int2", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:int8", DType::BF16, 16, 1, 8, 128, 16, 0},
+        JitCase{"save:int4/k=token/v=channel/g64", DType::BF16, 37, 2, 2, 64,
+                16, 5},
+        JitCase{"save:int2/k=token/v=token/g16", DType::BF16, 37, 2, 1, 128, 32,
+                7},
+        JitCase{"save:int8/k=channel/v=channel/g8", DType::BF16, 37, 2, 2, 64,
+                16, 5},
+        JitCase{"save:int4/g128", DType::BF16, 3, 1, 1, 128, 16, 14},
+        JitCase{"save:hadamard+int8", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:hadamard+int4", DType::BF16, 37, 2, 1, 128, 16, 5},
+        JitCase{"save:hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
+                64, 16, 9},
+        JitCase{"save:hadamard+int4/k=token/v=token/g256", DType::BF16, 19, 1,
+                4, 64, 16, 9}));
 
 // The projection's epilogue: head_dim 64 and 128, one to eight KV heads,
 // positions past Llama 3's original context (scaled frequencies).

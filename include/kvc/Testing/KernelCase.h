@@ -1,16 +1,21 @@
 //===- KernelCase.h - Checking a generated kernel ---------------*- C++ -*-===//
 //
-// One test case of a generated kernel (KernelGen.h) that writes a chunk
-// into the paged cache, for whatever runs it: the host JIT in the unit
-// tests, the CUDA driver in kvc-kernel-bench. It draws random KV and makes
-// the kernel's input with the runtime's own code (a restore kernel's payload
-// by its codecs; a rope_scatter kernel's f32 projections and the RoPE table
-// of Rope.h), builds a paged cache the kernel must write into (a shuffled
-// block table with spare blocks, a chunk starting mid-block, layers after
-// the first), poisons it, and afterwards checks every value against what the
-// runtime computes (decodeChunkToBf16; applyRope then bf16 rounding) bit for
-// bit, and that nothing outside the chunk's rows was written. Links only the
-// runtime.
+// One test case of a generated kernel (KernelGen.h), for whatever runs it:
+// the host JIT in the unit tests, the CUDA driver in kvc-kernel-bench. It
+// draws random KV and a paged cache (a shuffled block table with spare
+// blocks, a chunk starting mid-block, layers after the first) and computes
+// with the runtime's own code what the kernel must produce:
+//
+//   restore       payload: the chunk encoded by the runtime's codecs;
+//                 cache: decodeChunkToBf16's values;
+//   rope_scatter  payload: f32 projections (and the RoPE table of Rope.h);
+//                 cache: applyRope, then bf16 rounding;
+//   save          cache: the chunk's values (bf16) in their rows;
+//                 payload: encodeChunk's bytes of those values.
+//
+// check() compares a cache with what it must hold, bit for bit, and finds
+// writes outside the chunk's rows (which hold kPoison); checkPayload() a
+// save kernel's payload, byte for byte. Links only the runtime.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,12 +43,15 @@ struct KernelShape {
   ChunkShape chunkShape() const;
 };
 
-/// How the kernel's output differs from the decoder's.
+/// How the kernel's output differs from the runtime's.
 struct CacheErrors {
   int64_t mismatches = 0; ///< Written, but not the decoder's value.
   int64_t unwritten = 0;  ///< Still the poison.
   int64_t clobbered = 0;  ///< Written outside the chunk's rows.
-  bool ok() const { return !mismatches && !unwritten && !clobbered; }
+  int64_t payload = 0;    ///< Save: payload bytes unlike the encoder's.
+  bool ok() const {
+    return !mismatches && !unwritten && !clobbered && !payload;
+  }
   std::string str() const;
 };
 
@@ -62,11 +70,18 @@ public:
                                               int64_t firstLayer,
                                               uint32_t seed);
 
+  /// A save kernel's case: the chunk's values, rounded to bf16, are in the
+  /// cache (fillCache); payload() is what the kernel must write.
+  static StatusOr<KernelCase> makeSave(const KernelShape &shape,
+                                       int64_t firstToken, int64_t firstLayer,
+                                       uint32_t seed);
+
   /// A quiet NaN no decoder produces: what the cache holds before a launch.
   static constexpr uint16_t kPoison = 0x7FC1;
 
   const KernelShape &shape() const { return shape_; }
-  /// The kernel's input: the encoded chunk, or the f32 projections.
+  /// The kernel's input (the encoded chunk, or the f32 projections), or a
+  /// save kernel's expected output.
   const std::string &payload() const { return payload_; }
   /// rope_scatter: the RoPE table's rows 0 .. firstToken + tokens, f32.
   const std::vector<float> &ropeTable() const { return ropeTable_; }
@@ -79,8 +94,17 @@ public:
   /// bf16 values of the whole key (or value) cache.
   int64_t cacheValues() const;
 
-  /// Checks the key and value caches after the kernel ran.
-  CacheErrors check(const uint16_t *keys, const uint16_t *values) const;
+  /// Whether the kernel writes the payload (a save kernel's case).
+  bool saves() const { return saves_; }
+  /// Checks the key and value caches after the kernel ran (a save kernel's:
+  /// unchanged since fillCache) and a save kernel's `payload`
+  /// (payload().size() bytes) against the runtime's encoding.
+  CacheErrors check(const uint16_t *keys, const uint16_t *values,
+                    const uint8_t *payload = nullptr) const;
+
+  /// Writes the chunk's values into its rows of the key and value caches of
+  /// cacheValues() values each, and kPoison everywhere else.
+  void fillCache(uint16_t *keys, uint16_t *values) const;
 
 private:
   KernelCase(const KernelShape &shape, int64_t firstToken,
@@ -92,13 +116,18 @@ private:
                                        std::mt19937 &rng);
   /// Draws the block table and sizes the cache.
   void drawTable(std::mt19937 &rng);
+  /// The cache row of token `t` of the chunk in its layer `l`.
+  int64_t cacheRow(int64_t l, int64_t t) const;
 
   KernelShape shape_;
   std::string payload_;
-  std::vector<uint16_t> expected_; ///< decodeChunkToBf16's output.
+  /// What the chunk's rows of the cache hold after the kernel, per layer K
+  /// then V, [tokens][width].
+  std::vector<uint16_t> expected_;
   std::vector<int32_t> table_;
   std::vector<float> ropeTable_;
   int64_t firstToken_ = 0, firstLayer_ = 0, layerRows_ = 0;
+  bool saves_ = false;
 };
 
 } // namespace kvc::testing

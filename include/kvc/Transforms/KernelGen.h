@@ -4,11 +4,13 @@
 // into a function whose body is a loop nest specialized for one plan: the
 // model's KV width, the codec, the chunk's tokens and layers and the paged
 // cache's block size are constants, so every byte offset, group index and
-// alignment is known when the code is generated. Two kinds:
+// alignment is known when the code is generated. Three kinds:
 //
 //   restore       [dequant] [untransform] scatter of stored KV;
 //   rope_scatter  project -> scatter: the epilogue after the runtime's K/V
-//                 projection GEMM (RoPE on K, bf16 rounding, scatter).
+//                 projection GEMM (RoPE on K, bf16 rounding, scatter);
+//   save          gather [transform] [quant]: KV from the cache, encoded as
+//                 the runtime's codecs store it (before a lossless stage).
 //
 // The same function lowers to PTX (kvc-kernels-to-ptx) and to host LLVM
 // (buildKernelsToLLVMPipeline), which is how CI checks it against the
@@ -17,11 +19,13 @@
 // A kernel function's arguments (its ABI, recorded in the plan bundle):
 //
 //   payload      memref<?xi8>   restore: the chunk after its lossless stage,
-//                               as the runtime's codecs lay it out;
+//                               as the runtime's codecs lay it out (save:
+//                               the same, written);
 //                               rope_scatter: the projection's f32 output,
 //                               per layer K then V, [tokens][kv width]
 //                               (16-byte aligned either way)
 //   key_cache    memref<?xi8>   [layers][layer_rows][kv_heads * head_dim]
+//                               (read by a save kernel)
 //   value_cache  memref<?xi8>   bf16, the same shape (vLLM's flash layout
 //                               with a layer stride of layer_rows rows)
 //   block_table  memref<?xi32>  logical block -> physical block
@@ -64,7 +68,8 @@ struct KernelSpec {
   /// Element type of unquantized stored values (bf16, f16 or f32; f32 for
   /// rope_scatter, the projection's output).
   Type storage;
-  /// Null for raw chunks and rope_scatter.
+  /// The stored chunk's codec, without a lossless stage; null for raw
+  /// chunks and rope_scatter.
   CodecAttr codec;
   /// Threads per block of the GPU launch.
   int64_t threads = 256;
@@ -79,17 +84,21 @@ struct KernelSpec {
   bool hadamard() const;
   /// 0 when unquantized.
   int64_t bits() const;
-  /// Values one work item produces: a head row under Hadamard in the host
-  /// form, else 8.
-  int64_t valuesPerItem() const;
-  /// Work items of the whole chunk.
-  int64_t items() const;
+  /// Values of a cache row one work item of the K (or V, `value`) matrix
+  /// covers: 8 in the GPU form; in the host form a head row under Hadamard,
+  /// and for a save kernel whole per-token groups.
+  int64_t valuesPerItem(bool value) const;
+  /// Tokens one work item covers: a save kernel's per-channel groups; else 1.
+  int64_t tokensPerItem(bool value) const;
+  /// Work items of one K (or V) matrix of a layer.
+  int64_t itemsOf(bool value) const;
   /// Work items one GPU thread computes (all loaded before any is stored).
   int64_t itemsPerThread() const;
   /// Bytes of the payload the kernel reads.
   int64_t payloadBytes() const;
   /// A symbol naming the specialization, e.g.
-  /// kvc_restore_int4_kc_vt_g32_t256_l32_h8x128_b16 or
+  /// kvc_restore_int4_kc_vt_g32_t256_l32_h8x128_b16,
+  /// kvc_save_raw_bf16_had_t16_l1_h8x128_b16 or
   /// kvc_rope_scatter_t256_l32_h8x128_b16.
   std::string symbolName() const;
 
@@ -98,7 +107,8 @@ struct KernelSpec {
   static FailureOr<KernelSpec> fromAttr(DictionaryAttr attr);
 
   /// The kind of `kernel`'s chain, if it has a generated form:
-  /// [dequant] [untransform] scatter, or project -> scatter.
+  /// [dequant] [untransform] scatter, project -> scatter, or gather
+  /// [transform] [quant] yielding its result.
   static std::optional<KernelKind> kindOf(KernelOp kernel);
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with a diagnostic on the kernel when its chunk's

@@ -393,10 +393,13 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
                 "generated kind";
   let description = [{
     Turns each `kvc.kernel` of a generated kind — `[dequant] [untransform]
-    scatter` on a KV chunk (kind `restore`), or `project -> scatter` (kind
+    scatter` on a KV chunk (kind `restore`), `project -> scatter` (kind
     `rope_scatter`: the epilogue after the runtime's K/V projection GEMM,
     which applies RoPE to K from the model's cos/sin table, rounds K and V to
-    bf16 and scatters them) — into a `func.func` specialized for the plan:
+    bf16 and scatters them), or `gather [transform] [quant]` yielding the
+    encoded chunk (kind `save`: the same ABI, reading the cache and writing
+    the payload as the runtime's encoder would) — into a `func.func`
+    specialized for the plan:
     the model's KV
     width, the codec (quantization bits, the axis and group of K's and V's
     scales, Hadamard over head_dim), the chunk's tokens and layers and the
@@ -405,18 +408,21 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     a thread loads all its work items before storing any) of arith, memref
     and vector ops that decode the payload as the runtime's codecs lay it
     out and store bf16 rows into the paged cache through the block table,
-    with 16-byte vector accesses. Under Hadamard, the lanes of a warp that
-    hold one head row exchange values with `gpu.shuffle`; `host=true`
-    generates the form `kvc-kernels-to-llvm` can lower instead (a head row
-    per work item). Kernels of the same specialization share one
+    with 16-byte vector accesses (a save kernel the other way round; its
+    per-channel items loop over their group's tokens with `scf.for`). Under
+    Hadamard, the lanes of a warp that hold one head row exchange values
+    with `gpu.shuffle`, and a save kernel reduces per-token groups across
+    lanes likewise; `host=true` generates the form `kvc-kernels-to-llvm` can
+    lower instead (a head row, or whole groups, per work item). Kernels of the same specialization share one
     function; the kernel op names it in `kvc.entry`. The function lowers to
     PTX with `kvc-kernels-to-ptx` and to host LLVM with `kvc-kernels-to-llvm`
     (docs/kernels.md). Kernels of other chains are left alone; a kernel the
     generator cannot specialize (a still-compressed input, a width that is
     not a multiple of 32, per-token groups not a multiple of 8, a head_dim
     that is not a multiple of 16 under RoPE, a Hadamard head row wider than
-    a warp or blocks that are not whole warps) fails the pass with a message
-    on the kernel.
+    a warp or blocks that are not whole warps; for a save kernel, per-token
+    groups that do not tile a row or, in the GPU form, span more than a
+    warp's lanes) fails the pass with a message on the kernel.
 
     Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
     ```

@@ -47,9 +47,6 @@ Status dataLoss(const std::string &message) {
 
 bool isPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 
-/// The scale of a group whose range / levels underflows f16: 6.1e-5 as f16.
-constexpr uint16_t kTinyScale = 0x03FF;
-
 /// Deflate's Huffman coding must save this share of the bytes to be kept.
 constexpr double kMinDeflateGain = 0.15;
 
@@ -194,7 +191,7 @@ void quantizeMatrix(const float *x, const CodecSpec &codec,
     float range = hi[k] - f16ToFloat(mn);
     uint16_t sc = floatToF16(range > 0 ? range / float(levels) : 1.0f);
     if (f16ToFloat(sc) <= 0)
-      sc = kTinyScale; // Keep it invertible.
+      sc = kTinyQuantScale; // Keep it invertible.
     inverse[k] = 1.0f / f16ToFloat(sc);
     minimum[k] = f16ToFloat(mn);
     std::memcpy(&out[params + 4 * k], &sc, 2);

@@ -52,12 +52,21 @@ bool BundlePlan::sameSchedule(const BundlePlan &other) const {
 }
 
 const char *bundleKernelKindName(BundleKernel::Kind kind) {
-  return kind == BundleKernel::Kind::Restore ? "restore" : "rope_scatter";
+  switch (kind) {
+  case BundleKernel::Kind::Restore:
+    return "restore";
+  case BundleKernel::Kind::RopeScatter:
+    return "rope_scatter";
+  case BundleKernel::Kind::Save:
+    return "save";
+  }
+  return "unknown";
 }
 
 std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name) {
   for (BundleKernel::Kind kind :
-       {BundleKernel::Kind::Restore, BundleKernel::Kind::RopeScatter})
+       {BundleKernel::Kind::Restore, BundleKernel::Kind::RopeScatter,
+        BundleKernel::Kind::Save})
     if (name == bundleKernelKindName(kind))
       return kind;
   return std::nullopt;
@@ -73,7 +82,8 @@ bundleKernelArgNames(BundleKernel::Kind kind) {
     names.push_back("rope_table");
     return names;
   }();
-  return kind == BundleKernel::Kind::Restore ? restore : ropeScatter;
+  // A save kernel writes its payload and reads the cache: the same buffers.
+  return kind == BundleKernel::Kind::RopeScatter ? ropeScatter : restore;
 }
 
 const BundleKernel *PlanBundle::findKernel(std::string_view name) const {
@@ -383,8 +393,9 @@ Status parseKernel(const Json &obj, const std::string &path,
   std::optional<BundleKernel::Kind> parsed = parseBundleKernelKind(kind);
   if (!parsed)
     return invalidArgument(fieldPath(path, "kind") + ": unknown kind \"" +
-                           kind + "\" (expected \"restore\" or "
-                           "\"rope_scatter\")");
+                           kind +
+                           "\" (expected \"restore\", "
+                           "\"rope_scatter\" or \"save\")");
   kernel.kind = *parsed;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "function", kernel.function, Presence::Required));
@@ -487,7 +498,10 @@ Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
   if (!kernel)
     return invalidArgument(path + ".entry: no kernel \"" + task.entry +
                            "\" in the bundle's kernel table");
-  const BundleStep &scatter = task.steps.back();
+  // A save kernel starts with the gather of its chunk, the others end with
+  // its scatter.
+  const bool saves = kernel->kind == BundleKernel::Kind::Save;
+  const BundleStep &edge = saves ? task.steps.front() : task.steps.back();
   const bool projects =
       std::any_of(task.steps.begin(), task.steps.end(),
                   [](const BundleStep &step) { return step.op == "project"; });
@@ -497,14 +511,15 @@ Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
                            " kernel; the task's steps " +
                            (projects ? "project hidden states"
                                      : "do not project hidden states"));
-  if (scatter.op != "scatter" || scatter.form != "kv" ||
-      scatter.tokens.size() != kernel->tokens ||
-      scatter.layers.size() != kernel->layers)
-    return invalidArgument(
-        path + ".entry: kernel \"" + task.entry + "\" scatters " +
-        std::to_string(kernel->tokens) + " tokens x " +
-        std::to_string(kernel->layers) +
-        " layers of KV; the task's last step does not");
+  if (edge.op != (saves ? "gather" : "scatter") || edge.form != "kv" ||
+      edge.tokens.size() != kernel->tokens ||
+      edge.layers.size() != kernel->layers)
+    return invalidArgument(path + ".entry: kernel \"" + task.entry + "\" " +
+                           (saves ? "gathers " : "scatters ") +
+                           std::to_string(kernel->tokens) + " tokens x " +
+                           std::to_string(kernel->layers) +
+                           " layers of KV; the task's " +
+                           (saves ? "first" : "last") + " step does not");
   return Status::ok();
 }
 

@@ -57,6 +57,11 @@ ChunkShape chunkShape(const ModelConfig &model, ChunkForm form, int64_t tokens,
 /// supported bins).
 Status checkCodec(const CodecSpec &codec, const ChunkShape &shape);
 
+/// The f16 bits of the scale a quantization group gets when its range
+/// divided by the levels underflows f16 (6.1e-5), so the scale stays
+/// invertible.
+constexpr uint16_t kTinyQuantScale = 0x03FF;
+
 /// Encodes `shape.numel()` values.
 StatusOr<std::string> encodeChunk(const float *values, const ChunkShape &shape,
                                   const CodecSpec &codec, DType storage);

@@ -43,6 +43,7 @@ struct CudaDriver {
   X(cuMemcpyHtoD)                                                              \
   X(cuMemcpyDtoH)                                                              \
   X(cuMemcpyDtoDAsync)                                                         \
+  X(cuMemsetD8)                                                                \
   X(cuMemsetD16)                                                               \
   X(cuStreamCreate)                                                            \
   X(cuStreamDestroy)                                                           \

@@ -111,8 +111,10 @@ struct BundlePlan {
 struct BundleKernel {
   /// What the kernel computes: `Restore` decodes a stored KV payload into
   /// the cache; `RopeScatter` is the epilogue of a hidden-state projection
-  /// (its payload is the K/V GEMM's f32 output; it applies RoPE to K).
-  enum class Kind { Restore, RopeScatter };
+  /// (its payload is the K/V GEMM's f32 output; it applies RoPE to K);
+  /// `Save` gathers KV from the cache and encodes it into the payload as
+  /// the runtime's codecs store it (before their lossless stage).
+  enum class Kind { Restore, RopeScatter, Save };
 
   /// The symbol tasks name in `entry`.
   std::string name;
@@ -143,7 +145,7 @@ struct BundleKernel {
   int64_t payloadBytes = 0;
 };
 
-/// "restore" or "rope_scatter".
+/// "restore", "rope_scatter" or "save".
 const char *bundleKernelKindName(BundleKernel::Kind kind);
 /// The kind bundleKernelKindName() names `name`, if any.
 std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name);

@@ -1,8 +1,9 @@
 //===- LlamaModelTest.cpp - Tests for the reference model -----------------===//
 
+#include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/GenModel.h"
-#include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/RmsNorm.h"
 
 #include "TestModel.h"
 
@@ -215,6 +216,51 @@ TEST(Half, RoundTripsAndRounds) {
   }
   EXPECT_EQ(floatToBf16(1.0f), 0x3F80);
   EXPECT_EQ(floatToF16(1.0f), 0x3C00);
+}
+
+// RMSNorm's one summation order (RmsNorm.h): the lanes it sums over, a
+// result within f32 rounding of the exact norm for widths that do and do not
+// fill whole pieces and lanes, in place or not, and the pairwise order it
+// promises (a row whose order-dependent sum shows which order ran).
+TEST(RmsNormTest, SumsInItsOrder) {
+  EXPECT_EQ(rmsNormLanes(4096), 32);
+  EXPECT_EQ(rmsNormLanes(64), 8);
+  EXPECT_EQ(rmsNormLanes(40), 4);
+  EXPECT_EQ(rmsNormLanes(3), 1);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (int64_t h : {3, 40, 64, 4096, 2880}) {
+    std::vector<float> x(2 * h), weight(h), out(2 * h);
+    for (float &v : x)
+      v = normal(rng);
+    for (float &w : weight)
+      w = 1 + 0.1f * normal(rng);
+    rmsNorm(x.data(), 2, h, 1e-5f, weight.data(), out.data());
+    for (int64_t i = 0; i < 2; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < h; ++j)
+        sum += double(x[i * h + j]) * x[i * h + j];
+      const double scale = 1 / std::sqrt(sum / h + 1e-5);
+      for (int64_t j = 0; j < h; ++j)
+        EXPECT_NEAR(out[i * h + j], x[i * h + j] * scale * weight[j],
+                    1e-5 * std::abs(x[i * h + j] * scale * weight[j]) + 1e-7)
+            << "h " << h << " row " << i << " value " << j;
+    }
+    std::vector<float> inPlace = x;
+    rmsNorm(inPlace.data(), 2, h, 1e-5f, weight.data(), inPlace.data());
+    EXPECT_EQ(inPlace, out) << "h " << h;
+  }
+  // 16 values, 2 lanes: lane 0 sums piece 0 (2^24, 4096 squared), lane 1
+  // piece 1 (eight 1s). Lanes first: 2^24 + 8, exact. In the values' order
+  // each 2^24 + 1 would round back to 2^24.
+  std::vector<float> row(16, 1.0f), one(16, 1.0f), normed(16);
+  row[0] = 4096.0f;
+  std::fill(row.begin() + 1, row.begin() + 8, 0.0f);
+  rmsNorm(row.data(), 1, 16, 0.0f, one.data(), normed.data());
+  const float lanesFirst =
+      4096.0f * (1.0f / std::sqrt((16777216.0f + 8.0f) / 16.0f + 0.0f));
+  ASSERT_NE(lanesFirst, 4.0f); // What the values' order would give.
+  EXPECT_EQ(normed[0], lanesFirst);
 }
 
 } // namespace

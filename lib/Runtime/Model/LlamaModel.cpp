@@ -4,6 +4,7 @@
 
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Base/Sha256.h"
+#include "kvc/Runtime/Model/RmsNorm.h"
 #include "kvc/Runtime/Model/Rope.h"
 
 #include <cblas.h>
@@ -135,16 +136,8 @@ Status LlamaModel::Cache::rows(int64_t layer, int64_t first, int64_t count,
 
 void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,
                          int64_t n, float *out) const {
-  const int64_t h = config_.hiddenSize;
-  for (int64_t i = 0; i < n; ++i) {
-    const float *row = x + i * h;
-    double sum = 0;
-    for (int64_t j = 0; j < h; ++j)
-      sum += double(row[j]) * row[j];
-    float scale = float(1.0 / std::sqrt(sum / double(h) + config_.rmsNormEps));
-    for (int64_t j = 0; j < h; ++j)
-      out[i * h + j] = row[j] * scale * weight[j];
-  }
+  kvc::rmsNorm(x, n, config_.hiddenSize, float(config_.rmsNormEps),
+               weight.data(), out);
 }
 
 void LlamaModel::ropeTable(int64_t position, int64_t n, float *out) const {

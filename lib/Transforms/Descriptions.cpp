@@ -46,12 +46,12 @@ double f64(const llvm::APFloat &value) { return value.convertToDouble(); }
 ModelAttr mlir::kvc::getModelAttr(MLIRContext *context,
                                   const ::kvc::ModelConfig &config,
                                   StringRef fingerprint) {
-  return ModelAttr::get(context, config.name, config.numLayers,
-                        config.hiddenSize, config.numHeads, config.numKvHeads,
-                        config.headDim, config.intermediateSize,
-                        config.vocabSize, config.maxPositions,
-                        f64(config.ropeTheta),
-                        getElementType(context, config.dtype), fingerprint);
+  return ModelAttr::get(
+      context, config.name, config.numLayers, config.hiddenSize,
+      config.numHeads, config.numKvHeads, config.headDim,
+      config.intermediateSize, config.vocabSize, config.maxPositions,
+      f64(config.ropeTheta), getElementType(context, config.dtype), fingerprint,
+      f64(config.rmsNormEps));
 }
 
 ::kvc::ModelConfig mlir::kvc::getModelConfig(ModelAttr model) {
@@ -67,6 +67,7 @@ ModelAttr mlir::kvc::getModelAttr(MLIRContext *context,
   config.vocabSize = model.getVocab();
   config.maxPositions = model.getMaxPositions();
   config.ropeTheta = f64(model.getRopeTheta());
+  config.rmsNormEps = f64(model.getRmsNormEps());
   Type dtype = model.getDtype();
   config.dtype = dtype.isBF16()  ? ::kvc::DType::BF16
                  : dtype.isF16() ? ::kvc::DType::F16

@@ -88,6 +88,13 @@ module attributes {kvc.model = #kvc.model<name = "m", layers = 32, hidden = 4096
 
 // -----
 
+// expected-error @+1 {{rms_norm_eps must be positive, got 0}}
+module attributes {kvc.model = #kvc.model<name = "m", layers = 32, hidden = 4096, heads = 32,
+    kv_heads = 8, head_dim = 128, ffn = 11008, vocab = 32000, max_positions = 4096,
+    rope_theta = 10000, dtype = bf16, rms_norm_eps = 0.0>} {}
+
+// -----
+
 // expected-error @+1 {{layers must be positive, got 0}}
 module attributes {kvc.model = #kvc.model<name = "m", layers = 0, hidden = 4096, heads = 32,
     kv_heads = 8, head_dim = 128, ffn = 11008, vocab = 32000, max_positions = 4096,

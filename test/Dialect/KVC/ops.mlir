@@ -1,5 +1,6 @@
 // RUN: kvc-opt %s | kvc-opt | FileCheck %s
 // RUN: kvc-opt %s --mlir-print-op-generic | kvc-opt | FileCheck %s
+// RUN: kvc-opt %s | kvc-opt | FileCheck %s --check-prefix=MODEL
 
 // Tests that every kvc op round-trips through its custom and generic forms.
 
@@ -235,5 +236,16 @@ func.func @kernel_with_results(%h: !kvc.chunk<hidden x bf16, tokens 0 to 16, lay
         -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
     kvc.yield %p : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
   }
+  return
+}
+
+// Tests that a model's RMSNorm epsilon round-trips, and that the default
+// (1e-5) is not printed.
+// MODEL-DAG: #[[EPS5:.+]] = #kvc.model<name = "m", {{.+}}, dtype = bf16>
+// MODEL-DAG: #[[EPS6:.+]] = #kvc.model<name = "m", {{.+}}, dtype = bf16, rms_norm_eps = 1.0e-06>
+// MODEL:     func.func @models() attributes {eps5 = #[[EPS5]], eps6 = #[[EPS6]]}
+func.func @models() attributes {
+    eps6 = #kvc.model<name = "m", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16, rms_norm_eps = 1.0e-6>,
+    eps5 = #kvc.model<name = "m", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16, rms_norm_eps = 1.0e-5>} {
   return
 }

@@ -125,7 +125,8 @@ LogicalResult ModelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                 int64_t heads, int64_t kvHeads, int64_t headDim,
                                 int64_t ffn, int64_t vocab,
                                 int64_t maxPositions, llvm::APFloat ropeTheta,
-                                Type dtype, StringRef fingerprint) {
+                                Type dtype, StringRef fingerprint,
+                                llvm::APFloat rmsNormEps) {
   std::pair<StringRef, int64_t> sizes[] = {
       {"layers", layers}, {"hidden", hidden},     {"heads", heads},
       {"kv_heads", kvHeads}, {"head_dim", headDim}, {"ffn", ffn},
@@ -144,7 +145,8 @@ LogicalResult ModelAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return failure();
   if (!dtype.isBF16() && !dtype.isF16() && !dtype.isF32())
     return emitError() << "dtype must be bf16, f16 or f32, got " << dtype;
-  return success();
+  return requirePositive(emitError, "rms_norm_eps",
+                         rmsNormEps.convertToDouble());
 }
 
 int64_t ModelAttr::getElementBytes() const {

@@ -75,7 +75,8 @@ def KVC_ModelAttr : KVC_Attr<"Model", "model"> {
   let description = [{
     The shape facts planning needs: layer count, hidden size, attention heads
     and KV heads (GQA when fewer), head dimension, MLP width, vocabulary,
-    the longest context, RoPE base and the element type of weights and KV.
+    the longest context, RoPE base, the element type of weights and KV, and
+    RMSNorm's epsilon (1e-5 when not written).
     `kvc-opt --kvc-import-model=PATH/config.json` builds it from a Hugging
     Face config. `fingerprint` identifies the weights when known; stores
     refuse chunks whose fingerprint differs.
@@ -99,7 +100,8 @@ def KVC_ModelAttr : KVC_Attr<"Model", "model"> {
     "int64_t":$max_positions,
     KVC_F64Parameter<"RoPE base frequency">:$rope_theta,
     "::mlir::Type":$dtype,
-    StringRefParameter<"weights fingerprint", "\"\"">:$fingerprint
+    StringRefParameter<"weights fingerprint", "\"\"">:$fingerprint,
+    KVC_F64Parameter<"RMSNorm epsilon", "1e-5">:$rms_norm_eps
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

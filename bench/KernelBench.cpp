@@ -6,7 +6,8 @@
 // gen-kernels.py makes one per kind, codec composition and chunk size):
 // loads its PTX with the CUDA driver API, launches it on a KernelCase
 // (KernelCase.h: random KV encoded by the runtime's codecs, f32 projections
-// and Llama 3.1's RoPE table, or a filled cache to save from; a paged cache
+// and Llama 3.1's RoPE table, a filled cache to save from, or hidden states
+// to normalize; a paged cache
 // with a shuffled block table, a chunk starting mid-block, one layer of
 // offset), which checks every written value against the runtime's own code
 // bit for bit and that nothing else was written; the host JIT test shares
@@ -99,16 +100,20 @@ public:
     shape.blockSize = k.blockSize;
     shape.codec = k.codec;
     shape.storage = dtypeOf(k.storage);
+    shape.hidden = k.hidden;
+    shape.eps = float(k.eps);
     using kvc::testing::KernelCase;
     const bool rope = k.kind == kvc::BundleKernel::Kind::RopeScatter;
     const bool save = k.kind == kvc::BundleKernel::Kind::Save;
+    const bool norm = k.kind == kvc::BundleKernel::Kind::RmsNorm;
     const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
     kvc::StatusOr<KernelCase> made =
-        rope ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
-                                           /*firstLayer=*/1, seed)
-        : save
-            ? KernelCase::makeSave(shape, /*firstToken=*/5,
-                                   /*firstLayer=*/1, seed)
+        rope   ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
+                                             /*firstLayer=*/1, seed)
+        : save ? KernelCase::makeSave(shape, /*firstToken=*/5,
+                                      /*firstLayer=*/1, seed)
+        : norm
+            ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
             : KernelCase::make(shape, /*firstToken=*/5, /*firstLayer=*/1, seed);
     if (!made)
       throw CudaError{"case: " + made.status().message()};
@@ -122,12 +127,20 @@ public:
     const int64_t cacheValues = c.cacheValues();
 
     const std::vector<float> &ropeTable = c.ropeTable();
+    const std::vector<float> &weights = c.normWeights();
     DeviceBuffer dPayload(payload.size()), dTable(table.size() * 4),
         dKeys(cacheValues * 2), dValues(cacheValues * 2),
-        dRope(ropeTable.size() * 4);
+        dRope(ropeTable.size() * 4), dWeights(weights.size() * 4),
+        dNormed(c.normedValues() * 2);
     if (rope)
       check(cu->cuMemcpyHtoD(dRope.ptr, ropeTable.data(), ropeTable.size() * 4),
             "upload RoPE table");
+    if (norm) {
+      check(cu->cuMemcpyHtoD(dWeights.ptr, weights.data(), weights.size() * 4),
+            "upload weights");
+      check(cu->cuMemsetD16(dNormed.ptr, KernelCase::kPoison, c.normedValues()),
+            "poison");
+    }
     check(cu->cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
           "upload table");
     // A save kernel reads a filled cache and writes a poisoned payload; the
@@ -156,6 +169,9 @@ public:
       Memref valueRef{dValues.ptr, dValues.ptr, 0, cacheValues * 2, 1};
       Memref tableRef{dTable.ptr, dTable.ptr, 0, int64_t(table.size()), 1};
       Memref ropeRef{dRope.ptr, dRope.ptr, 0, int64_t(ropeTable.size() * 4), 1};
+      Memref weightRef{dWeights.ptr, dWeights.ptr, 0,
+                       int64_t(weights.size() * 4), 1};
+      Memref normedRef{dNormed.ptr, dNormed.ptr, 0, c.normedValues() * 2, 1};
       int64_t scalars[3] = {first, c.firstLayer(), c.layerRows()};
       std::vector<void *> params;
       auto addMemref = [&](Memref &m) {
@@ -166,8 +182,12 @@ public:
         params.push_back(&m.stride);
       };
       for (const std::string &arg : k.args) {
-        if (arg == "payload")
+        if (arg == "payload" || arg == "hidden")
           addMemref(payloadRef);
+        else if (arg == "norm_weights")
+          addMemref(weightRef);
+        else if (arg == "normed")
+          addMemref(normedRef);
         else if (arg == "key_cache")
           addMemref(keyRef);
         else if (arg == "value_cache")
@@ -202,6 +222,12 @@ public:
           "download");
     r.errors = c.check(keys.data(), vals.data(),
                        reinterpret_cast<const uint8_t *>(written.data()));
+    if (norm) {
+      std::vector<uint16_t> normed(c.normedValues());
+      check(cu->cuMemcpyDtoH(normed.data(), dNormed.ptr, normed.size() * 2),
+            "download");
+      r.errors = c.checkNormed(normed.data());
+    }
 
     // Timing: events around `iters` launches, after a warm-up; the copy of
     // the same bytes (payload + cache rows written) between two buffers.
@@ -225,9 +251,12 @@ public:
     r.kernelUs = timeUs([&] { launch(0, stream); });
     const double rowBytes = 2.0 * k.layers * k.tokens * shape.width() * 2;
     // Bytes that must move: the payload, the RoPE rows of the chunk's
-    // tokens, the cache rows written (or, saving, read).
-    r.bytes = double(payload.size()) + rowBytes +
-              (rope ? 4.0 * k.tokens * k.headDim : 0.0);
+    // tokens, the cache rows written (or, saving, read); for RMSNorm the
+    // hidden states, the chunk's layers' weights and the bf16 output.
+    r.bytes = norm ? double(payload.size()) + 4.0 * k.layers * k.hidden +
+                         2.0 * double(c.normedValues())
+                   : double(payload.size()) + rowBytes +
+                         (rope ? 4.0 * k.tokens * k.headDim : 0.0);
     // A copy moving the same bytes: half read, half written.
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);
     DeviceBuffer a(copyBytes), b(copyBytes);

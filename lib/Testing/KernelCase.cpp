@@ -3,9 +3,11 @@
 #include "kvc/Testing/KernelCase.h"
 
 #include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Model/RmsNorm.h"
 #include "kvc/Runtime/Model/Rope.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 using namespace kvc;
@@ -125,6 +127,57 @@ StatusOr<KernelCase> KernelCase::makeSave(const KernelShape &shape,
   c.saves_ = true;
   c.drawTable(rng);
   return c;
+}
+
+StatusOr<KernelCase> KernelCase::makeRmsNorm(const KernelShape &shape,
+                                             int64_t firstLayer,
+                                             uint32_t seed) {
+  if (shape.hidden < 8 || shape.hidden % 8)
+    return Status(StatusCode::InvalidArgument,
+                  "rms_norm rows are whole 8-value pieces");
+  KernelCase c(shape, /*firstToken=*/0, firstLayer);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t rows = shape.layers * shape.tokens, h = shape.hidden;
+  // Hidden states with a few large channels, as a trained model's have.
+  std::vector<float> x(rows * h);
+  for (int64_t i = 0; i < rows * h; ++i)
+    x[i] = normal(rng) * (i % h % 61 == 0 ? 20.0f : 1.0f);
+  c.payload_.resize(x.size() * dtypeBytes(shape.storage));
+  for (size_t i = 0; i < x.size(); ++i) {
+    char *at = &c.payload_[i * dtypeBytes(shape.storage)];
+    if (shape.storage == DType::F32) {
+      std::memcpy(at, &x[i], 4);
+      continue;
+    }
+    uint16_t bits =
+        shape.storage == DType::BF16 ? floatToBf16(x[i]) : floatToF16(x[i]);
+    std::memcpy(at, &bits, 2);
+    x[i] = shape.storage == DType::BF16 ? bf16ToFloat(bits) : f16ToFloat(bits);
+  }
+  c.normWeights_.resize((firstLayer + shape.layers) * h);
+  for (float &w : c.normWeights_)
+    w = 1.0f + 0.2f * normal(rng);
+  std::vector<float> normed(x.size());
+  for (int64_t l = 0; l < shape.layers; ++l)
+    rmsNorm(x.data() + l * shape.tokens * h, shape.tokens, h, shape.eps,
+            c.normWeights_.data() + (firstLayer + l) * h,
+            normed.data() + l * shape.tokens * h);
+  c.expected_.resize(normed.size());
+  for (size_t i = 0; i < normed.size(); ++i)
+    c.expected_[i] = floatToBf16(normed[i]);
+  return c;
+}
+
+CacheErrors KernelCase::checkNormed(const uint16_t *normed) const {
+  CacheErrors errors;
+  for (size_t i = 0; i < expected_.size(); ++i) {
+    if (normed[i] == kPoison && expected_[i] != kPoison)
+      ++errors.unwritten;
+    else if (normed[i] != expected_[i])
+      ++errors.mismatches;
+  }
+  return errors;
 }
 
 int64_t KernelCase::cacheRow(int64_t l, int64_t t) const {

@@ -163,6 +163,10 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     json.attribute("kv_heads", spec.kvHeads);
     json.attribute("head_dim", spec.headDim);
     json.attribute("block_size", spec.blockSize);
+    if (spec.kind == KernelKind::RmsNorm) {
+      json.attribute("hidden", spec.hidden);
+      json.attribute("eps", spec.eps);
+    }
     std::string storage;
     llvm::raw_string_ostream(storage) << spec.storage;
     json.attribute("storage", storage);
@@ -213,6 +217,10 @@ LogicalResult writeTask(llvm::json::OStream &json, TaskOp task, int64_t id,
                 KVCDialect::kEntryAttrName);
             entry && kernels.count(entry.getValue()))
           json.attribute("entry", entry.getValue());
+        if (auto prologue = kernel->getAttrOfType<FlatSymbolRefAttr>(
+                KVCDialect::kPrologueAttrName);
+            prologue && kernels.count(prologue.getValue()))
+          json.attribute("prologue", prologue.getValue());
         for (Operation &inner : kernel.getBody().front())
           if (!isa<YieldOp>(inner))
             steps.push_back(&inner);

@@ -61,6 +61,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Model/RmsNorm.h"
 #include "kvc/Transforms/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
@@ -69,6 +70,7 @@
 #include "mlir/Conversion/ControlFlowToLLVM/ControlFlowToLLVM.h"
 #include "mlir/Conversion/FuncToLLVM/ConvertFuncToLLVMPass.h"
 #include "mlir/Conversion/GPUToNVVM/GPUToNVVMPass.h"
+#include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
 #include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
 #include "mlir/Conversion/ReconcileUnrealizedCasts/ReconcileUnrealizedCasts.h"
 #include "mlir/Conversion/SCFToControlFlow/SCFToControlFlow.h"
@@ -77,6 +79,8 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/GPU/Transforms/Passes.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -193,6 +197,9 @@ int64_t KernelSpec::itemsPerThread() const {
 }
 
 int64_t KernelSpec::payloadBytes() const {
+  if (kind == KernelKind::RmsNorm)
+    return layers * tokens * hidden *
+           int64_t(storage.getIntOrFloatBitWidth() / 8);
   // rope_scatter reads unquantized f32 matrices.
   return layers * (matrixLayout(*this, false).bytes +
                    matrixLayout(*this, true).bytes);
@@ -201,6 +208,12 @@ int64_t KernelSpec::payloadBytes() const {
 std::string KernelSpec::symbolName() const {
   std::string name =
       std::string("kvc_") + ::kvc::bundleKernelKindName(kind) + "_";
+  if (kind == KernelKind::RmsNorm) {
+    llvm::raw_string_ostream os(name);
+    os << storage << (host ? "_host" : "") << "_t" << tokens << "_l" << layers
+       << "_d" << hidden;
+    return name;
+  }
   if (int64_t b = bits()) {
     auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
     name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) +
@@ -233,6 +246,10 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
       b.getNamedAttr("storage", TypeAttr::get(storage))};
   if (codec)
     fields.push_back(b.getNamedAttr("codec", codec));
+  if (kind == KernelKind::RmsNorm) {
+    fields.push_back(b.getNamedAttr("hidden", b.getI64IntegerAttr(hidden)));
+    fields.push_back(b.getNamedAttr("eps", b.getF64FloatAttr(eps)));
+  }
   if (host)
     fields.push_back(b.getNamedAttr("host", b.getUnitAttr()));
   return b.getDictionaryAttr(fields);
@@ -266,6 +283,14 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
   if (attr.get("codec") && !spec.codec)
     return failure();
   spec.host = attr.contains("host");
+  if (spec.kind == KernelKind::RmsNorm) {
+    auto hidden = attr.getAs<IntegerAttr>("hidden");
+    auto eps = attr.getAs<FloatAttr>("eps");
+    if (!hidden || hidden.getInt() < 8 || !eps)
+      return failure();
+    spec.hidden = hidden.getInt();
+    spec.eps = eps.getValueAsDouble();
+  }
   return spec;
 }
 
@@ -381,6 +406,25 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
   return spec;
 }
 
+FailureOr<KernelSpec> KernelSpec::prologue(KernelOp kernel, ModelAttr model,
+                                           const KernelSpec &spec) {
+  assert(spec.kind == KernelKind::RopeScatter && "not a projection's kernel");
+  KernelSpec norm = spec;
+  norm.kind = KernelKind::RmsNorm;
+  norm.storage = cast<ChunkType>(kernel.getBody().getArgument(0).getType())
+                     .getElementType();
+  norm.hidden = model.getHidden();
+  norm.eps = model.getRmsNormEps().convertToDouble();
+  if (norm.hidden % 8)
+    return kernel.emitOpError("cannot be generated: RMSNorm over hidden ")
+           << norm.hidden << " needs a multiple of 8";
+  if (!norm.host && norm.threads % 32)
+    return kernel.emitOpError("cannot be generated: RMSNorm across a warp's "
+                              "lanes needs whole warps per block (threads ")
+           << norm.threads << ")";
+  return norm;
+}
+
 //===----------------------------------------------------------------------===//
 // Code generation
 //===----------------------------------------------------------------------===//
@@ -441,6 +485,11 @@ public:
   /// Builds `body` where `condition` holds.
   void ifThen(Value condition, function_ref<void()> body);
 
+  /// rms_norm: normalizes row `row` of the chunk (layer, then token), the
+  /// pieces `lane`, lane + L, ... of it in the GPU form, all of it in the
+  /// host form; stores where `inRange` holds.
+  void rmsNormRow(Value row, Value lane, Value inRange);
+
   /// A save kernel's item `item` of K or V (`value`) of `layer` (items of a
   /// matrix are numbered token, or a per-channel layout's token block, then
   /// piece of the row): gathers its values from the cache, encodes them and
@@ -495,11 +544,22 @@ private:
   /// save: `n` values of K or V of `layer` at (token, channel) of the
   /// cache, as f32, transformed when the codec rotates.
   Value gather(bool value, Value layer, Value token, Value channel, int64_t n);
-  /// The smallest (or largest, `max`) of each group of `size` consecutive
-  /// values, a multiple of 8, ignoring NaN as the runtime's scan does.
-  Value reduce(Value values, int64_t size, bool max);
-  /// The same across groups of `lanes` aligned lanes (gpu.shuffle xor).
-  Value laneReduce(Value extreme, int64_t lanes, bool max);
+  /// How reduce() and laneReduce() combine two values: min and max ignore
+  /// NaN as the runtime's comparisons do (so their order does not matter);
+  /// sums go in the order those functions state.
+  enum class Combine { Min, Max, Add };
+  /// The correctly rounded square root of f32 `x`, in either form.
+  Value squareRoot(Value x);
+  Value combine(Combine how, Value x, Value y);
+  /// Each group of `size` consecutive values (a multiple of 8) reduced: its
+  /// 8-value pieces elementwise in order, then the 8 partial results as
+  /// (j, j + 4), then (j, j + 2), then (0, 1) (RmsNorm.h's lane total).
+  Value reduce(Value values, int64_t size, Combine how);
+  /// vector<1> `x` reduced across groups of `lanes` aligned lanes with
+  /// gpu.shuffle xor 1, 2, 4, ...: adjacent pairs first, every lane ending
+  /// with the same bits.
+  Value laneReduce(Value x, int64_t lanes, Combine how);
+
   /// A group's quantization parameters from its extremes (vectors of one
   /// value per group), as the runtime's encoder computes them.
   struct QuantParams {
@@ -608,6 +668,8 @@ Value ItemEmitter::concat(ArrayRef<Value> pieces) {
 }
 
 Value ItemEmitter::slice(Value vector, int64_t offset, int64_t size) {
+  if (offset == 0 && size == count(vector))
+    return vector;
   SmallVector<int64_t> mask(size);
   std::iota(mask.begin(), mask.end(), offset);
   return b.create<vector::ShuffleOp>(loc, vector, vector, mask);
@@ -941,23 +1003,41 @@ Value ItemEmitter::gather(bool value, Value layer, Value token, Value channel,
   return spec.hadamard() ? hadamard(values, channel) : values;
 }
 
-Value ItemEmitter::reduce(Value values, int64_t size, bool max) {
-  auto combine = [&](Value x, Value y) -> Value {
-    if (max)
-      return b.create<arith::MaxNumFOp>(loc, x, y);
+Value ItemEmitter::squareRoot(Value x) {
+  if (spec.host)
+    return b.create<math::SqrtOp>(loc, x);
+  // convert-gpu-to-nvvm turns math.sqrt into libdevice's __nv_sqrtf, which
+  // rounds approximately unless told otherwise; PTX's sqrt.rn.f32 is
+  // IEEE's, as the host's.
+  return b
+      .create<LLVM::InlineAsmOp>(
+          loc, b.getF32Type(), ValueRange{x}, "sqrt.rn.f32 $0, $1;", "=f,f",
+          /*has_side_effects=*/false,
+          /*is_align_stack=*/false, LLVM::AsmDialectAttr(), ArrayAttr())
+      .getResult(0);
+}
+
+Value ItemEmitter::combine(Combine how, Value x, Value y) {
+  switch (how) {
+  case Combine::Min:
     return b.create<arith::MinNumFOp>(loc, x, y);
-  };
-  // Each group's 8-value pieces elementwise, then the 8 lanes of the result
-  // pairwise. Without NaN, min and max do not depend on the order; with it,
-  // minnum and maxnum ignore it as the runtime's comparisons do.
+  case Combine::Max:
+    return b.create<arith::MaxNumFOp>(loc, x, y);
+  case Combine::Add:
+    return b.create<arith::AddFOp>(loc, x, y);
+  }
+  llvm_unreachable("unknown combination");
+}
+
+Value ItemEmitter::reduce(Value values, int64_t size, Combine how) {
   SmallVector<Value> groups;
   for (int64_t g = 0; g < count(values) / size; ++g) {
-    Value extreme = slice(values, g * size, 8);
+    Value partial = slice(values, g * size, 8);
     for (int64_t p = 8; p < size; p += 8)
-      extreme = combine(extreme, slice(values, g * size + p, 8));
-    groups.push_back(extreme);
+      partial = combine(how, partial, slice(values, g * size + p, 8));
+    groups.push_back(partial);
   }
-  Value extremes = concat(groups);
+  Value partials = concat(groups);
   for (int64_t half = 4; half >= 1; half /= 2) {
     SmallVector<int64_t> low, high;
     for (int64_t g = 0; g < int64_t(groups.size()); ++g)
@@ -965,25 +1045,118 @@ Value ItemEmitter::reduce(Value values, int64_t size, bool max) {
         low.push_back(2 * half * g + j);
         high.push_back(2 * half * g + half + j);
       }
-    extremes =
-        combine(b.create<vector::ShuffleOp>(loc, extremes, extremes, low),
-                b.create<vector::ShuffleOp>(loc, extremes, extremes, high));
+    partials =
+        combine(how, b.create<vector::ShuffleOp>(loc, partials, partials, low),
+                b.create<vector::ShuffleOp>(loc, partials, partials, high));
   }
-  return extremes;
+  return partials;
 }
 
-Value ItemEmitter::laneReduce(Value extreme, int64_t lanes, bool max) {
-  Value x = b.create<vector::ExtractOp>(loc, extreme, ArrayRef<int64_t>{0});
+Value ItemEmitter::laneReduce(Value x, int64_t lanes, Combine how) {
+  Value own = b.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0});
   Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
   for (int64_t distance = 1; distance < lanes; distance *= 2) {
     Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
     Value theirs =
-        b.create<gpu::ShuffleOp>(loc, x, offset, width, gpu::ShuffleMode::XOR)
+        b.create<gpu::ShuffleOp>(loc, own, offset, width, gpu::ShuffleMode::XOR)
             .getShuffleResult();
-    x = max ? Value(b.create<arith::MaxNumFOp>(loc, x, theirs))
-            : Value(b.create<arith::MinNumFOp>(loc, x, theirs));
+    own = combine(how, own, theirs);
   }
-  return b.create<vector::BroadcastOp>(loc, extreme.getType(), x);
+  return b.create<vector::BroadcastOp>(loc, x.getType(), own);
+}
+
+void ItemEmitter::rmsNormRow(Value row, Value lane, Value inRange) {
+  // RmsNorm.h's order: lane l sums the squares of pieces l, l + L, ... in
+  // 8 partial sums; a lane's total; the lanes' totals pairwise.
+  const int64_t h = spec.hidden, pieces = h / 8;
+  const int64_t lanes = ::kvc::rmsNormLanes(h);
+  const int64_t held = spec.host ? lanes : 1; // Lanes this item holds.
+  const int64_t bytes = spec.storage.getIntOrFloatBitWidth() / 8;
+  Type f32 = b.getF32Type();
+  Value layer = div(row, spec.tokens);
+  // Piece p of the row as f32, 0 past the row's end, and whether it is in.
+  auto piece = [&](Value k, int64_t j) -> std::pair<Value, Value> {
+    Value p = add(mul(k, lanes), spec.host ? index(j) : lane);
+    Value in = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, p,
+                                       index(pieces));
+    Value clamped = b.create<arith::MinUIOp>(loc, p, index(pieces - 1));
+    Value offset = mul(add(mul(row, h), mul(clamped, 8)), bytes);
+    Value raw = b.create<vector::BitCastOp>(
+        loc, vec(8, spec.storage),
+        loadBytes(args[0], offset, 8 * bytes,
+                  alignmentOf({h * bytes, 8 * bytes})));
+    Value x = spec.storage.isF32()
+                  ? raw
+                  : b.create<arith::ExtFOp>(loc, vec(8, f32), raw).getResult();
+    return {b.create<arith::SelectOp>(loc, in, x,
+                                      splat(vec(8, f32), b.getF32FloatAttr(0))),
+            in};
+  };
+  const int64_t steps = ceilDiv(pieces, lanes);
+  VectorType accType = vec(8 * held, f32);
+  auto sum =
+      b.create<scf::ForOp>(loc, index(0), index(steps), index(1),
+                           ValueRange{splat(accType, b.getF32FloatAttr(0))});
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(sum.getBody());
+    SmallVector<Value> xs;
+    for (int64_t j = 0; j < held; ++j)
+      xs.push_back(piece(sum.getInductionVar(), j).first);
+    Value x = concat(xs);
+    b.create<scf::YieldOp>(loc, ValueRange{b.create<arith::AddFOp>(
+                                    loc, sum.getRegionIterArgs()[0],
+                                    b.create<arith::MulFOp>(loc, x, x))});
+  }
+  Value totals = reduce(sum.getResult(0), 8, Combine::Add); // One per lane.
+  if (!spec.host) {
+    totals = laneReduce(totals, lanes, Combine::Add);
+  } else {
+    for (int64_t n = lanes; n > 1; n /= 2) {
+      SmallVector<int64_t> even, odd;
+      for (int64_t i = 0; i < n / 2; ++i) {
+        even.push_back(2 * i);
+        odd.push_back(2 * i + 1);
+      }
+      totals = b.create<arith::AddFOp>(
+          loc, b.create<vector::ShuffleOp>(loc, totals, totals, even),
+          b.create<vector::ShuffleOp>(loc, totals, totals, odd));
+    }
+  }
+  // scale = 1 / sqrt(total / h + eps).
+  Value total = b.create<vector::ExtractOp>(loc, totals, ArrayRef<int64_t>{0});
+  auto scalar = [&](double v) -> Value {
+    return b.create<arith::ConstantOp>(loc, b.getF32FloatAttr(float(v)));
+  };
+  Value scale = b.create<arith::DivFOp>(
+      loc, scalar(1.0),
+      squareRoot(b.create<arith::AddFOp>(
+          loc, b.create<arith::DivFOp>(loc, total, scalar(double(h))),
+          scalar(spec.eps))));
+  Value scales = b.create<vector::BroadcastOp>(loc, vec(8, f32), scale);
+  // out = (x * scale) * weight, rounded to bf16.
+  auto write = b.create<scf::ForOp>(loc, index(0), index(steps), index(1));
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(write.getBody()->getTerminator());
+  Value weightRow = mul(add(args[3], layer), h);
+  for (int64_t j = 0; j < held; ++j) {
+    auto [x, in] = piece(write.getInductionVar(), j);
+    Value p = b.create<arith::MinUIOp>(
+        loc,
+        add(mul(write.getInductionVar(), lanes), spec.host ? index(j) : lane),
+        index(pieces - 1));
+    Value weight = b.create<vector::BitCastOp>(
+        loc, vec(8, f32),
+        loadBytes(args[1], mul(add(weightRow, mul(p, 8)), 4), 32,
+                  alignmentOf({4 * h, 32})));
+    Value out = roundToBf16(b.create<arith::MulFOp>(
+        loc, b.create<arith::MulFOp>(loc, x, scales), weight));
+    Value bytesOut =
+        b.create<vector::BitCastOp>(loc, vec(16, b.getI8Type()), out);
+    ifThen(b.create<arith::AndIOp>(loc, inRange, in), [&] {
+      storeBytes(args[2], mul(add(mul(row, h), mul(p, 8)), 2), bytesOut, 16);
+    });
+  }
 }
 
 ItemEmitter::QuantParams ItemEmitter::quantParams(Value lo, Value hi,
@@ -1123,10 +1296,11 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     // the m.size / 8 aligned lanes that hold a group's pieces.
     const int64_t inItem = std::min(m.size, n);
     Value x = gather(value, layer, row, channel, n);
-    Value lo = reduce(x, inItem, false), hi = reduce(x, inItem, true);
+    Value lo = reduce(x, inItem, Combine::Min);
+    Value hi = reduce(x, inItem, Combine::Max);
     if (m.size > n) {
-      lo = laneReduce(lo, m.size / n, false);
-      hi = laneReduce(hi, m.size / n, true);
+      lo = laneReduce(lo, m.size / n, Combine::Min);
+      hi = laneReduce(hi, m.size / n, Combine::Max);
     }
     QuantParams params = quantParams(lo, hi, m.bits);
     SmallVector<int64_t> ofValue; // Each value's group in the item.
@@ -1214,11 +1388,47 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   SmallVector<Type> args = {bytes, bytes, bytes, table, index, index, index};
   if (spec.kind == KernelKind::RopeScatter)
     args.push_back(bytes); // rope_table
+  if (spec.kind == KernelKind::RmsNorm)
+    args = {bytes, bytes, bytes, index};
   auto func = builder.create<func::FuncOp>(loc, spec.symbolName(),
                                            FunctionType::get(ctx, args, {}));
   OpBuilder b = OpBuilder::atBlockBegin(func.addEntryBlock());
   ItemEmitter emitter(b, loc, spec, func);
   auto constant = [&](int64_t v) { return emitter.index(v); };
+  // Blocks x threads; leaves the builder in the threads' body.
+  auto nest = [&](int64_t blocks) -> std::pair<Value, Value> {
+    auto grid = b.create<scf::ParallelOp>(loc, ValueRange{constant(0)},
+                                          ValueRange{constant(blocks)},
+                                          ValueRange{constant(1)});
+    b.setInsertionPoint(grid.getBody()->getTerminator());
+    auto block = b.create<scf::ParallelOp>(loc, ValueRange{constant(0)},
+                                           ValueRange{constant(spec.threads)},
+                                           ValueRange{constant(1)});
+    b.setInsertionPoint(block.getBody()->getTerminator());
+    return {grid.getInductionVars()[0], block.getInductionVars()[0]};
+  };
+  auto finish = [&] {
+    b.setInsertionPointToEnd(&func.getBody().front());
+    b.create<func::ReturnOp>(loc);
+    return func;
+  };
+
+  if (spec.kind == KernelKind::RmsNorm) {
+    // A row of the chunk (layer, then token) per L consecutive lanes in the
+    // GPU form (RmsNorm.h), per thread in the host form. Lanes past the
+    // last row recompute it and store nothing.
+    const int64_t lanes = spec.host ? 1 : ::kvc::rmsNormLanes(spec.hidden);
+    const int64_t rows = spec.layers * spec.tokens;
+    const int64_t perBlock = spec.threads / lanes;
+    auto [blockId, threadId] = nest(ceilDiv(rows, perBlock));
+    Value row = emitter.add(emitter.mul(blockId, perBlock),
+                            emitter.div(threadId, lanes));
+    Value inRange = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, row,
+                                            constant(rows));
+    emitter.rmsNormRow(b.create<arith::MinUIOp>(loc, row, constant(rows - 1)),
+                       emitter.rem(threadId, lanes), inRange);
+    return finish();
+  }
   // Each K or V matrix of a layer gets its own blocks, so a block runs the
   // code of one layout. Thread t of the matrix's block g computes items
   // g * T * P + s * T + t, s < P: each of its P loads and stores is a
@@ -1232,21 +1442,12 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   const int64_t span = spec.threads * perThread;
   const int64_t blocksPerMatrix =
       ceilDiv(std::max(spec.itemsOf(false), spec.itemsOf(true)), span);
-  Value zero = constant(0), one = constant(1);
-  auto grid = b.create<scf::ParallelOp>(
-      loc, ValueRange{zero},
-      ValueRange{constant(2 * spec.layers * blocksPerMatrix)}, ValueRange{one});
-  b.setInsertionPoint(grid.getBody()->getTerminator());
-  auto block = b.create<scf::ParallelOp>(
-      loc, ValueRange{constant(0)}, ValueRange{constant(spec.threads)},
-      ValueRange{constant(1)});
-  b.setInsertionPoint(block.getBody()->getTerminator());
-  Value blockId = grid.getInductionVars()[0];
+  Value zero = constant(0);
+  auto [blockId, threadId] = nest(2 * spec.layers * blocksPerMatrix);
   Value matrix = emitter.div(blockId, blocksPerMatrix);
   Value layer = emitter.div(matrix, 2);
-  Value firstItem =
-      emitter.add(emitter.mul(emitter.rem(blockId, blocksPerMatrix), span),
-                  block.getInductionVars()[0]);
+  Value firstItem = emitter.add(
+      emitter.mul(emitter.rem(blockId, blocksPerMatrix), span), threadId);
   Value isValue = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
                                           emitter.rem(matrix, 2), zero);
   auto ifOp = b.create<scf::IfOp>(loc, isValue, /*withElseRegion=*/true);
@@ -1287,9 +1488,7 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
       emitter.ifThen(inRange(item.first),
                      [&] { emitter.write(value, result); });
   }
-  b.setInsertionPointToEnd(&func.getBody().front());
-  b.create<func::ReturnOp>(loc);
-  return func;
+  return finish();
 }
 
 //===----------------------------------------------------------------------===//
@@ -1323,6 +1522,7 @@ void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
 void mlir::kvc::buildKernelsToLLVMPipeline(OpPassManager &pm) {
   pm.addPass(createConvertSCFToCFPass());
   pm.addPass(createConvertVectorToLLVMPass());
+  pm.addPass(createConvertMathToLLVMPass());
   pm.addPass(createFinalizeMemRefToLLVMConversionPass());
   pm.addPass(createArithToLLVMConversionPass());
   pm.addPass(createConvertControlFlowToLLVMPass());
@@ -1353,15 +1553,24 @@ struct KVCLowerKernelsPass
           KernelSpec::get(kernel, model, blockSize, threads, host);
       if (failed(spec))
         return WalkResult::interrupt();
-      std::string name = spec->symbolName();
-      if (!symbols.lookup(name)) {
-        func::FuncOp func = buildKernel(builder, kernel.getLoc(), *spec);
-        func->setAttr(KVCDialect::kEntryAttrName,
-                      spec->toAttr(builder.getContext()));
-        symbols.insert(func);
+      auto generate = [&](const KernelSpec &generated) {
+        std::string name = generated.symbolName();
+        if (!symbols.lookup(name)) {
+          func::FuncOp func = buildKernel(builder, kernel.getLoc(), generated);
+          func->setAttr(KVCDialect::kEntryAttrName,
+                        generated.toAttr(builder.getContext()));
+          symbols.insert(func);
+        }
+        return FlatSymbolRefAttr::get(builder.getContext(), name);
+      };
+      kernel->setAttr(KVCDialect::kEntryAttrName, generate(*spec));
+      if (spec->kind == KernelKind::RopeScatter) {
+        // The projection's RMSNorm, before the runtime's GEMM.
+        FailureOr<KernelSpec> norm = KernelSpec::prologue(kernel, model, *spec);
+        if (failed(norm))
+          return WalkResult::interrupt();
+        kernel->setAttr(KVCDialect::kPrologueAttrName, generate(*norm));
       }
-      kernel->setAttr(KVCDialect::kEntryAttrName,
-                      FlatSymbolRefAttr::get(builder.getContext(), name));
       return WalkResult::advance();
     });
     if (result.wasInterrupted())

@@ -6,8 +6,8 @@
 // RUN: kvc-opt %s --kvc-lower-kernels=host=true --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
 
 // Tests the IR of one kernel of each kind (an int8 restore, a projection's
-// RoPE epilogue, a Hadamard restore, a Hadamard + int4 save) at each stage
-// of kvc-kernels-to-ptx,
+// RoPE epilogue and its RMSNorm prologue, a Hadamard restore, a Hadamard +
+// int4 save) at each stage of kvc-kernels-to-ptx,
 // and the host lowering the unit tests run: kvc-lower-kernels' two parallel
 // loops become one gpu.launch (int8: 64 tokens x 128 / 8 pieces per matrix,
 // 2 per thread, so 2 blocks of 256 threads per matrix, 4 in all), outlined
@@ -18,7 +18,9 @@
 // save kernel scans K's per-channel groups in a loop over the group's
 // tokens and reduces V's per-token groups of 32 across 4 lanes (3 stages of
 // 8 Hadamard shuffles, then 2 of a min and a max), and converts its scales
-// and minimums with cvt.rn.f16.f32.
+// and minimums with cvt.rn.f16.f32. The prologue sums a row's squares
+// across 32 lanes and takes PTX's IEEE square root (sqrt.rn.f32; the host
+// form llvm.intr.sqrt).
 
 // LAUNCH-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16
 // LAUNCH:         %[[GRID:.+]] = affine.apply {{.+}}(%c4)
@@ -77,6 +79,13 @@
 // PTX-SAME:  mul.rn.f32
 // PTX-SAME:  add.rn.f32
 // PTX-SAME:  st.global.v4.b32
+// PTX:     gpu.binary @kvc_rms_norm_bf16_t64_l1_d256_kernel
+// PTX-SAME:  ld.global.v4.b32
+// PTX-SAME:  shfl.sync.bfly.b32
+// PTX-SAME:  sqrt.rn.f32
+// PTX-SAME:  rcp.rn.f32
+// PTX-SAME:  cvt.rn.bf16.f32
+// PTX-SAME:  st.global.v4.b32
 // PTX:     gpu.binary @kvc_restore_raw_bf16_had_t64_l1_h2x64_b16_kernel
 // PTX-SAME:  shfl.sync.bfly.b32
 // PTX-SAME:  cvt.rn.bf16.f32
@@ -95,6 +104,9 @@
 // HOST:         llvm.cond_br
 // HOST:         llvm.store {{.+}} : vector<4xi32>, !llvm.ptr
 // HOST:       llvm.func @kvc_rope_scatter_t64_l1_h2x64_b16(
+// HOST:       llvm.func @kvc_rms_norm_bf16_host_t64_l1_d256(
+// HOST-NOT:   llvm.inline_asm
+// HOST:         llvm.intr.sqrt
 // HOST:       llvm.func @kvc_restore_raw_bf16_had_host_t64_l1_h2x64_b16(
 // HOST:       llvm.func @kvc_save_int4_kc_vt_g32_had_host_t64_l1_h2x64_b16(
 

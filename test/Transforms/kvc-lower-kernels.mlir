@@ -45,9 +45,13 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 // Tests that a project -> scatter kernel becomes the projection's epilogue:
 // the function reads the GEMM's f32 K and V (32 bytes per item) and the RoPE
 // table (its last argument), rotates K's pieces by their half of the head
-// (channel +- 32) and stores bf16 into the cache; V's items only round.
+// (channel +- 32) and stores bf16 into the cache; V's items only round. Its
+// prologue normalizes the 128 rows of hidden states (256 values each) over
+// 32 lanes of 8 values (8 rows per block of 256 threads): a loop that sums
+// squares, a lane's total, 5 shuffle-and-add stages, 1 / sqrt(mean + eps),
+// and a loop that scales, weights, rounds and stores.
 // CHECK-LABEL: func.func @project
-// CHECK:         kvc.kernel "project_scatter"{{.*}} attributes {kvc.entry = @[[E:kvc_rope_scatter_t64_l2_h2x64_b16]]}
+// CHECK:         kvc.kernel "project_scatter"{{.*}} attributes {kvc.entry = @[[E:kvc_rope_scatter_t64_l2_h2x64_b16]], kvc.prologue = @[[N:kvc_rms_norm_bf16_t64_l2_d256]]}
 // CHECK:       func.func @[[E]](%[[PROJ:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %[[ROPE:.+]]: memref<?xi8>)
 // CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, head_dim = 64 : i64, kind = "rope_scatter", kv_heads = 2 : i64, layers = 2 : i64, storage = f32, threads = 256 : i64, tokens = 64 : i64}}
 // CHECK:             scf.if
@@ -65,6 +69,22 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 // CHECK:               %[[ADD:.+]] = arith.addf %[[OWN_COS]], %[[PARTNER_SIN]]
 // CHECK:               arith.select %[[FIRST]], %[[SUB]], %[[ADD]] : vector<8xf32>
 // CHECK:               memref.store {{.+}} : memref<?xvector<4xi32>>
+// CHECK:       func.func @[[N]](%[[HIDDEN:.+]]: memref<?xi8>, %[[WEIGHTS:.+]]: memref<?xi8>, %[[NORMED:.+]]: memref<?xi8>, %[[FIRST_LAYER:.+]]: index)
+// CHECK-SAME:    eps = 1.000000e-05 : f64, {{.*}}hidden = 256 : i64, kind = "rms_norm"
+// CHECK:         scf.parallel (%{{.+}}) = (%c0) to (%c16) step (%c1)
+// CHECK:           scf.parallel (%[[T:.+]]) = (%c0) to (%c256) step (%c1)
+// CHECK:             %[[LANE:.+]] = arith.remui %[[T]], %c32
+// CHECK:             scf.for {{.+}} iter_args({{.+}}) -> (vector<8xf32>)
+// CHECK:               memref.view %[[HIDDEN]]
+// CHECK:               arith.mulf {{.+}} : vector<8xf32>
+// CHECK:               arith.addf {{.+}} : vector<8xf32>
+// CHECK-COUNT-5:     gpu.shuffle  xor
+// CHECK:             llvm.inline_asm "sqrt.rn.f32 $0, $1;"
+// CHECK:             scf.for
+// CHECK:               memref.view %[[WEIGHTS]]
+// CHECK:               arith.truncf {{.+}} : vector<8xf32> to vector<8xbf16>
+// CHECK:               scf.if
+// CHECK:                 memref.view %[[NORMED]]
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
   kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {

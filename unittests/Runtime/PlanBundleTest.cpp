@@ -275,6 +275,8 @@ Json kernelEntry(const char *name, const char *kind) {
   const bool rope = std::string(kind) == "rope_scatter";
   if (rope)
     args.push_back("rope_table");
+  if (std::string(kind) == "rms_norm")
+    args = {"hidden", "norm_weights", "normed", "first_layer"};
   return {{"name", name},
           {"kind", kind},
           {"function", std::string(name) + "_kernel"},
@@ -328,6 +330,20 @@ TEST(PlanBundleTest, ReadsTheKernelTable) {
   EXPECT_EQ(rope->kind, BundleKernel::Kind::RopeScatter);
   EXPECT_EQ(rope->args.back(), "rope_table");
   EXPECT_EQ(parsed->plans[0].tasks[3].entry, kRestoreKernel);
+  // A projection's prologue names its row width.
+  bundle["kernels"].push_back(
+      kernelEntry("kvc_rms_norm_bf16_t512_l4_d4096", "rms_norm"));
+  bundle["kernels"].back()["codec"] = "raw";
+  bundle["kernels"].back()["hidden"] = 4096;
+  bundle["kernels"].back()["eps"] = 1e-5;
+  parsed = parsePlanBundle(bundle.dump());
+  ASSERT_TRUE(parsed) << parsed.status().toString();
+  const BundleKernel *norm =
+      parsed->findKernel("kvc_rms_norm_bf16_t512_l4_d4096");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_EQ(norm->kind, BundleKernel::Kind::RmsNorm);
+  EXPECT_EQ(norm->hidden, 4096);
+  EXPECT_EQ(norm->eps, 1e-5);
   // A kernel without a kind (the first version 2 bundles) restores.
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0].erase("kind"); }),
             "");
@@ -344,7 +360,7 @@ TEST(PlanBundleTest, RejectsBadKernels) {
           "_kernel\"");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "gemm"; }),
             "kernels[0].kind: unknown kind \"gemm\" (expected \"restore\", "
-            "\"rope_scatter\" or \"save\")");
+            "\"rope_scatter\", \"save\" or \"rms_norm\")");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["args"].erase(6); }),
             "kernels[0].args: a restore kernel takes each of payload, "
             "key_cache, value_cache, block_table, first_token, first_layer, "
@@ -374,6 +390,24 @@ TEST(PlanBundleTest, RejectsBadKernels) {
             "plans[0].tasks[3].entry: kernel \"" + std::string(kRestoreKernel) +
                 "\" gathers 512 tokens x 4 layers of KV; the task's first "
                 "step does not");
+  // An rms_norm kernel takes hidden states, weights and the output, names
+  // its row width, and is the prologue of a projection's rope_scatter
+  // entry only.
+  EXPECT_EQ(
+      kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "rms_norm"; }),
+      "kernels[0].args: a rms_norm kernel takes each of hidden, "
+      "norm_weights, normed, first_layer once");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["kernels"][0] = kernelEntry(kRestoreKernel, "rms_norm");
+              b["kernels"][0]["codec"] = "raw";
+            }),
+            "kernels[0]: an rms_norm kernel normalizes raw rows of \"hidden\" "
+            ">= 1 values with an \"eps\" > 0 (codec \"raw\")");
+  EXPECT_EQ(kernelErrorAfter(
+                [](Json &b) { task(b, 3)["prologue"] = kRestoreKernel; }),
+            "plans[0].tasks[3].prologue: \"" + std::string(kRestoreKernel) +
+                "\" is not an rms_norm kernel of the table for the 512 tokens "
+                "x 4 layers its rope_scatter entry projects");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { task(b, 3)["entry"] = "missing"; }),
             "plans[0].tasks[3].entry: no kernel \"missing\" in the bundle's "
             "kernel table");

@@ -18,6 +18,7 @@
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
@@ -47,16 +48,21 @@ using ::kvc::DType;
 
 struct JitCase {
   /// parseCodecSpec's grammar for a restore kernel, the same after "save:"
-  /// for a save kernel, or "rope_scatter".
+  /// for a save kernel, "rope_scatter" or "rms_norm".
   const char *codec;
   ::kvc::DType storage;
   int64_t tokens, layers, kvHeads, headDim, blockSize, firstToken;
+  /// rms_norm: the rows' width.
+  int64_t hidden = 0;
 };
 
 std::ostream &operator<<(std::ostream &os, const JitCase &c) {
-  return os << c.codec << " " << ::kvc::dtypeName(c.storage) << " t" << c.tokens
-            << " l" << c.layers << " h" << c.kvHeads << "x" << c.headDim
-            << " b" << c.blockSize << " from " << c.firstToken;
+  os << c.codec << " " << ::kvc::dtypeName(c.storage) << " t" << c.tokens
+     << " l" << c.layers;
+  if (c.hidden)
+    return os << " d" << c.hidden;
+  return os << " h" << c.kvHeads << "x" << c.headDim << " b" << c.blockSize
+            << " from " << c.firstToken;
 }
 
 /// A buffer aligned as the kernels' 16-byte accesses need.
@@ -83,9 +89,9 @@ protected:
 
   KernelJitTest() {
     context.loadDialect<arith::ArithDialect, func::FuncDialect,
-                        memref::MemRefDialect, scf::SCFDialect,
-                        vector::VectorDialect, LLVM::LLVMDialect,
-                        mlir::kvc::KVCDialect>();
+                        math::MathDialect, memref::MemRefDialect,
+                        scf::SCFDialect, vector::VectorDialect,
+                        LLVM::LLVMDialect, mlir::kvc::KVCDialect>();
     registerBuiltinDialectTranslation(context);
     registerLLVMDialectTranslation(context);
   }
@@ -96,12 +102,12 @@ protected:
 TEST_P(KernelJitTest, EqualsTheRuntime) {
   const JitCase &p = GetParam();
   const std::string name = p.codec;
-  const bool rope = name == "rope_scatter";
+  const bool rope = name == "rope_scatter", norm = name == "rms_norm";
   const bool save = name.rfind("save:", 0) == 0;
   ::kvc::StatusOr<::kvc::CodecSpec> codec =
-      ::kvc::parseCodecSpec(rope   ? "raw"
-                            : save ? name.substr(5)
-                                   : name);
+      ::kvc::parseCodecSpec(rope || norm ? "raw"
+                            : save       ? name.substr(5)
+                                         : name);
   ASSERT_TRUE(codec) << codec.status().message();
 
   KernelShape shape;
@@ -112,11 +118,13 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   shape.blockSize = p.blockSize;
   shape.codec = *codec;
   shape.storage = p.storage;
+  shape.hidden = p.hidden;
   const uint32_t seed = uint32_t(p.tokens);
   ::kvc::StatusOr<KernelCase> made =
       rope   ? KernelCase::makeRopeScatter(shape, p.firstToken,
                                            /*firstLayer=*/1, seed)
       : save ? KernelCase::makeSave(shape, p.firstToken, /*firstLayer=*/1, seed)
+      : norm ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
              : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed);
   ASSERT_TRUE(made) << made.status().message();
   const KernelCase &c = *made;
@@ -124,7 +132,10 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   mlir::kvc::KernelSpec spec;
   spec.kind = rope   ? mlir::kvc::KernelKind::RopeScatter
               : save ? mlir::kvc::KernelKind::Save
+              : norm ? mlir::kvc::KernelKind::RmsNorm
                      : mlir::kvc::KernelKind::Restore;
+  spec.hidden = p.hidden;
+  spec.eps = shape.eps;
   spec.tokens = p.tokens;
   spec.layers = p.layers;
   spec.kvHeads = p.kvHeads;
@@ -162,8 +173,25 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
     std::memcpy(buffer.data.get(), container.data(), buffer.count);
     return buffer;
   };
-  // A save kernel writes the payload (poisoned here) from a filled cache.
   AlignedBuffer<int8_t> payload = bytesOf(c.payload());
+  if (norm) {
+    AlignedBuffer<int8_t> weights = bytesOf(c.normWeights());
+    AlignedBuffer<int8_t> normed(c.normedValues() * 2);
+    auto *normedBits = reinterpret_cast<uint16_t *>(normed.data.get());
+    std::fill_n(normedBits, c.normedValues(), KernelCase::kPoison);
+    auto hiddenRef = payload.memref(), weightRef = weights.memref(),
+         normedRef = normed.memref();
+    auto *hiddenArg = &hiddenRef, *weightArg = &weightRef,
+         *normedArg = &normedRef;
+    int64_t firstLayer = c.firstLayer();
+    llvm::Error error =
+        (*engine)->invoke(symbol, hiddenArg, weightArg, normedArg, firstLayer);
+    ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
+    ::kvc::testing::CacheErrors errors = c.checkNormed(normedBits);
+    EXPECT_TRUE(errors.ok()) << errors.str();
+    return;
+  }
+  // A save kernel writes the payload (poisoned here) from a filled cache.
   if (save)
     std::memset(payload.data.get(), 0xA5, payload.count);
   AlignedBuffer<int8_t> ropeTable = bytesOf(c.ropeTable());
@@ -258,6 +286,17 @@ INSTANTIATE_TEST_SUITE_P(
                 64, 16, 9},
         JitCase{"save:hadamard+int4/k=token/v=token/g256", DType::BF16, 19, 1,
                 4, 64, 16, 9}));
+
+// The projection's prologue: rows of 4096 (32 lanes of 16 pieces), 2880
+// (32 lanes, not all with the same number of pieces), 64 (8 lanes, one
+// piece each) and 40 values (4 lanes, one with two pieces), hidden states
+// stored as bf16, f16 and f32.
+INSTANTIATE_TEST_SUITE_P(
+    RmsNorm, KernelJitTest,
+    ::testing::Values(JitCase{"rms_norm", DType::BF16, 5, 2, 0, 0, 0, 0, 4096},
+                      JitCase{"rms_norm", DType::BF16, 3, 1, 0, 0, 0, 0, 2880},
+                      JitCase{"rms_norm", DType::F16, 37, 2, 0, 0, 0, 0, 64},
+                      JitCase{"rms_norm", DType::F32, 9, 1, 0, 0, 0, 0, 40}));
 
 // The projection's epilogue: head_dim 64 and 128, one to eight KV heads,
 // positions past Llama 3's original context (scaled frequencies).

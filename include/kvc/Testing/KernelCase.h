@@ -11,7 +11,10 @@
 //   rope_scatter  payload: f32 projections (and the RoPE table of Rope.h);
 //                 cache: applyRope, then bf16 rounding;
 //   save          cache: the chunk's values (bf16) in their rows;
-//                 payload: encodeChunk's bytes of those values.
+//                 payload: encodeChunk's bytes of those values;
+//   rms_norm      payload: hidden states of the storage type, and the
+//                 layers' norm weights; normed: rmsNorm (RmsNorm.h) of
+//                 them, rounded to bf16.
 //
 // check() compares a cache with what it must hold, bit for bit, and finds
 // writes outside the chunk's rows (which hold kPoison); checkPayload() a
@@ -38,6 +41,9 @@ struct KernelShape {
   /// Without a lossless stage: the kernel reads the decompressed payload.
   CodecSpec codec;
   DType storage = DType::BF16;
+  /// rms_norm: the rows' width and RMSNorm's epsilon.
+  int64_t hidden = 0;
+  float eps = 1e-5f;
 
   int64_t width() const { return kvHeads * headDim; }
   ChunkShape chunkShape() const;
@@ -76,6 +82,11 @@ public:
                                        int64_t firstToken, int64_t firstLayer,
                                        uint32_t seed);
 
+  /// An rms_norm kernel's case: the chunk's hidden states are payload(),
+  /// the weights of layers 0 .. firstLayer + layers normWeights().
+  static StatusOr<KernelCase> makeRmsNorm(const KernelShape &shape,
+                                          int64_t firstLayer, uint32_t seed);
+
   /// A quiet NaN no decoder produces: what the cache holds before a launch.
   static constexpr uint16_t kPoison = 0x7FC1;
 
@@ -85,6 +96,14 @@ public:
   const std::string &payload() const { return payload_; }
   /// rope_scatter: the RoPE table's rows 0 .. firstToken + tokens, f32.
   const std::vector<float> &ropeTable() const { return ropeTable_; }
+  /// rms_norm: f32 [layers][hidden], every layer of the model up to the
+  /// chunk's last.
+  const std::vector<float> &normWeights() const { return normWeights_; }
+  /// rms_norm: bf16 values of the normalized chunk.
+  int64_t normedValues() const { return int64_t(expected_.size()); }
+  /// rms_norm: values of `normed` (normedValues() of them) unlike the
+  /// runtime's (mismatches) or still kPoison (unwritten).
+  CacheErrors checkNormed(const uint16_t *normed) const;
   /// Logical block -> physical block.
   const std::vector<int32_t> &blockTable() const { return table_; }
   int64_t firstToken() const { return firstToken_; }
@@ -125,7 +144,7 @@ private:
   /// then V, [tokens][width].
   std::vector<uint16_t> expected_;
   std::vector<int32_t> table_;
-  std::vector<float> ropeTable_;
+  std::vector<float> ropeTable_, normWeights_;
   int64_t firstToken_ = 0, firstLayer_ = 0, layerRows_ = 0;
   bool saves_ = false;
 };

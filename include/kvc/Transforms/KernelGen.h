@@ -10,7 +10,10 @@
 //   rope_scatter  project -> scatter: the epilogue after the runtime's K/V
 //                 projection GEMM (RoPE on K, bf16 rounding, scatter);
 //   save          gather [transform] [quant]: KV from the cache, encoded as
-//                 the runtime's codecs store it (before a lossless stage).
+//                 the runtime's codecs store it (before a lossless stage);
+//   rms_norm      the prologue of a project -> scatter kernel: RMSNorm of
+//                 the hidden states into the bf16 input of the runtime's
+//                 K/V GEMM, in RmsNorm.h's summation order.
 //
 // The same function lowers to PTX (kvc-kernels-to-ptx) and to host LLVM
 // (buildKernelsToLLVMPipeline), which is how CI checks it against the
@@ -35,6 +38,15 @@
 //   rope_table   memref<?xi8>   rope_scatter only: the model's RoPE table,
 //                               f32 [position][head_dim] (Rope.h), indexed
 //                               by first_token + token
+//
+// An rms_norm kernel's:
+//
+//   hidden       memref<?xi8>   the chunk's hidden states, [layers][tokens]
+//                               [hidden] of the storage type
+//   norm_weights memref<?xi8>   f32 [model layers][hidden]: each layer's
+//                               input_layernorm weight
+//   normed       memref<?xi8>   bf16 [layers][tokens][hidden], written
+//   first_layer  index          the chunk's first layer in the model
 //
 //===----------------------------------------------------------------------===//
 
@@ -73,6 +85,9 @@ struct KernelSpec {
   CodecAttr codec;
   /// Threads per block of the GPU launch.
   int64_t threads = 256;
+  /// rms_norm: the model's hidden size and RMSNorm epsilon.
+  int64_t hidden = 0;
+  double eps = 0;
   /// The host form, which kvc-kernels-to-llvm can lower: under Hadamard one
   /// work item transforms a whole head row, where the GPU form spreads the
   /// row over a warp's lanes (8 values each) that exchange values through
@@ -98,8 +113,9 @@ struct KernelSpec {
   int64_t payloadBytes() const;
   /// A symbol naming the specialization, e.g.
   /// kvc_restore_int4_kc_vt_g32_t256_l32_h8x128_b16,
-  /// kvc_save_raw_bf16_had_t16_l1_h8x128_b16 or
-  /// kvc_rope_scatter_t256_l32_h8x128_b16.
+  /// kvc_save_raw_bf16_had_t16_l1_h8x128_b16,
+  /// kvc_rope_scatter_t256_l32_h8x128_b16 or
+  /// kvc_rms_norm_bf16_t256_l32_d4096.
   std::string symbolName() const;
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
@@ -116,6 +132,9 @@ struct KernelSpec {
   static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
                                    int64_t blockSize, int64_t threads,
                                    bool host);
+  /// The rms_norm prologue of a rope_scatter kernel `kernel` of `spec`.
+  static FailureOr<KernelSpec> prologue(KernelOp kernel, ModelAttr model,
+                                        const KernelSpec &spec);
 };
 
 /// Builds the kernel function for `spec` at the builder's insertion point.

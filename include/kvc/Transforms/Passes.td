@@ -464,6 +464,7 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
   let dependentDialects = [
     "::mlir::kvc::KVCDialect", "::mlir::arith::ArithDialect",
     "::mlir::func::FuncDialect", "::mlir::gpu::GPUDialect",
+    "::mlir::LLVM::LLVMDialect", "::mlir::math::MathDialect",
     "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
     "::mlir::vector::VectorDialect"
   ];

@@ -42,6 +42,7 @@ bool BundlePlan::sameSchedule(const BundlePlan &other) const {
     return a.id == b.id && a.resource == b.resource && a.lane == b.lane &&
            a.after == b.after && a.inputs == b.inputs && a.slot == b.slot &&
            a.kernel == b.kernel && a.entry == b.entry &&
+           a.prologue == b.prologue &&
            std::equal(a.steps.begin(), a.steps.end(), b.steps.begin(),
                       b.steps.end(), sameStep);
   };
@@ -59,6 +60,8 @@ const char *bundleKernelKindName(BundleKernel::Kind kind) {
     return "rope_scatter";
   case BundleKernel::Kind::Save:
     return "save";
+  case BundleKernel::Kind::RmsNorm:
+    return "rms_norm";
   }
   return "unknown";
 }
@@ -66,7 +69,7 @@ const char *bundleKernelKindName(BundleKernel::Kind kind) {
 std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name) {
   for (BundleKernel::Kind kind :
        {BundleKernel::Kind::Restore, BundleKernel::Kind::RopeScatter,
-        BundleKernel::Kind::Save})
+        BundleKernel::Kind::Save, BundleKernel::Kind::RmsNorm})
     if (name == bundleKernelKindName(kind))
       return kind;
   return std::nullopt;
@@ -82,8 +85,18 @@ bundleKernelArgNames(BundleKernel::Kind kind) {
     names.push_back("rope_table");
     return names;
   }();
-  // A save kernel writes its payload and reads the cache: the same buffers.
-  return kind == BundleKernel::Kind::RopeScatter ? ropeScatter : restore;
+  static const std::vector<std::string> rmsNorm = {"hidden", "norm_weights",
+                                                   "normed", "first_layer"};
+  switch (kind) {
+  case BundleKernel::Kind::RopeScatter:
+    return ropeScatter;
+  case BundleKernel::Kind::RmsNorm:
+    return rmsNorm;
+  default:
+    // A save kernel writes its payload and reads the cache: the same
+    // buffers as a restore.
+    return restore;
+  }
 }
 
 const BundleKernel *PlanBundle::findKernel(std::string_view name) const {
@@ -197,6 +210,8 @@ Status parseTask(const Json &obj, const std::string &path, BundleTask &task) {
       readString(obj, path, "kernel", task.kernel, Presence::Optional));
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "entry", task.entry, Presence::Optional));
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "prologue", task.prologue, Presence::Optional));
   std::vector<int64_t> predicted;
   KVC_RETURN_IF_ERROR(readIntArray(obj, path, "predicted_ns", predicted,
                                    Presence::Optional));
@@ -395,7 +410,7 @@ Status parseKernel(const Json &obj, const std::string &path,
     return invalidArgument(fieldPath(path, "kind") + ": unknown kind \"" +
                            kind +
                            "\" (expected \"restore\", "
-                           "\"rope_scatter\" or \"save\")");
+                           "\"rope_scatter\", \"save\" or \"rms_norm\")");
   kernel.kind = *parsed;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "function", kernel.function, Presence::Required));
@@ -424,6 +439,10 @@ Status parseKernel(const Json &obj, const std::string &path,
     if (*field < 1)
       return invalidArgument(fieldPath(path, key) + ": must be >= 1");
   }
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, path, "hidden", kernel.hidden, Presence::Optional));
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, path, "eps", kernel.eps, Presence::Optional));
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "storage", kernel.storage, Presence::Required));
   if (kernel.storage != "bf16" && kernel.storage != "f16" &&
@@ -488,6 +507,12 @@ Status validateKernel(const BundleKernel &kernel, const std::string &path) {
       (kernel.storage != "f32" || !kernel.codec.isRaw()))
     return invalidArgument(path + ": a rope_scatter kernel reads raw f32 "
                            "projections (storage \"f32\", codec \"raw\")");
+  if (kernel.kind == BundleKernel::Kind::RmsNorm &&
+      (kernel.hidden < 1 || !(kernel.eps > 0) || !kernel.codec.isRaw()))
+    return invalidArgument(path +
+                           ": an rms_norm kernel normalizes raw rows "
+                           "of \"hidden\" >= 1 values with an \"eps\" > 0 "
+                           "(codec \"raw\")");
   return Status::ok();
 }
 
@@ -520,6 +545,19 @@ Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
                            std::to_string(kernel->layers) +
                            " layers of KV; the task's " +
                            (saves ? "first" : "last") + " step does not");
+  if (task.prologue.empty())
+    return Status::ok();
+  const BundleKernel *prologue = bundle.findKernel(task.prologue);
+  if (!prologue || prologue->kind != BundleKernel::Kind::RmsNorm ||
+      kernel->kind != BundleKernel::Kind::RopeScatter ||
+      prologue->tokens != kernel->tokens || prologue->layers != kernel->layers)
+    return invalidArgument(
+        path + ".prologue: \"" + task.prologue +
+        "\" is not an rms_norm kernel of the table for the " +
+        std::to_string(kernel->tokens) + " tokens x " +
+        std::to_string(kernel->layers) +
+        " layers its rope_scatter entry "
+        "projects");
   return Status::ok();
 }
 
@@ -549,7 +587,7 @@ Status validatePlanBundle(const PlanBundle &bundle) {
         return invalidArgument(indexPath("plans", i) + ".name: plan \"" +
                                plan.name + "\" appears twice");
     for (std::size_t t = 0; t < plan.tasks.size(); ++t)
-      if (!plan.tasks[t].entry.empty())
+      if (!plan.tasks[t].entry.empty() || !plan.tasks[t].prologue.empty())
         KVC_RETURN_IF_ERROR(validateEntry(
             bundle, plan.tasks[t],
             indexPath(indexPath("plans", i) + ".tasks", t)));

@@ -144,6 +144,13 @@ module attributes {kvc.bytes = 8 : i64} {}
 
 // -----
 
+// expected-error @+1 {{'kvc.prologue' names a generated function on a kvc.kernel, got @f}}
+func.func @prologue() attributes {kvc.prologue = @f} {
+  return
+}
+
+// -----
+
 // expected-error @+1 {{'kvc.entry' names the generated function on a kvc.kernel and holds that function's specialization elsewhere, got unit}}
 func.func @entry() attributes {kvc.entry} {
   return

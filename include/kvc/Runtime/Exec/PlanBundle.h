@@ -85,6 +85,9 @@ struct BundleTask {
   /// Its generated code: the name of an entry of the bundle's kernel table
   /// ("" when the compiler generated none for it).
   std::string entry;
+  /// A projection's generated RMSNorm, run before the runtime's K/V GEMM
+  /// whose output `entry` (a RopeScatter kernel) reads ("" when none).
+  std::string prologue;
   std::vector<BundleStep> steps;
   /// The compiler's predicted [start, finish] in ns, when estimated.
   std::optional<std::pair<int64_t, int64_t>> predictedNs;
@@ -113,8 +116,10 @@ struct BundleKernel {
   /// the cache; `RopeScatter` is the epilogue of a hidden-state projection
   /// (its payload is the K/V GEMM's f32 output; it applies RoPE to K);
   /// `Save` gathers KV from the cache and encodes it into the payload as
-  /// the runtime's codecs store it (before their lossless stage).
-  enum class Kind { Restore, RopeScatter, Save };
+  /// the runtime's codecs store it (before their lossless stage); `RmsNorm`
+  /// is a projection's prologue (RmsNorm.h), normalizing hidden states
+  /// into the bf16 input of the K/V GEMM.
+  enum class Kind { Restore, RopeScatter, Save, RmsNorm };
 
   /// The symbol tasks name in `entry`.
   std::string name;
@@ -128,24 +133,30 @@ struct BundleKernel {
   /// the specialization.
   std::array<int64_t, 3> grid{1, 1, 1}, block{1, 1, 1};
   /// The kernel's parameters in order, by name (KernelGen.h): buffers
-  /// ("payload", "key_cache", "value_cache", "block_table", and for
-  /// RopeScatter "rope_table") each pass as the
-  /// five values of an MLIR memref descriptor (base, aligned base, offset,
-  /// size, stride), integers ("first_token", "first_layer", "layer_rows") as
-  /// one 64-bit value.
+  /// ("payload", "key_cache", "value_cache", "block_table", for RopeScatter
+  /// "rope_table"; for RmsNorm "hidden", "norm_weights", "normed") each pass
+  /// as the five values of an MLIR memref descriptor (base, aligned base,
+  /// offset, size, stride), integers ("first_token", "first_layer",
+  /// "layer_rows") as one 64-bit value.
   std::vector<std::string> args;
   /// The specialization.
   int64_t tokens = 0, layers = 0, kvHeads = 0, headDim = 0, blockSize = 0;
+  /// RmsNorm: the model's hidden size (the row it normalizes) and the
+  /// epsilon it adds to the mean square.
+  int64_t hidden = 0;
+  double eps = 0;
   /// "bf16", "f16" or "f32": unquantized stored values ("f32" for
-  /// RopeScatter, whose payload holds the projection's output).
+  /// RopeScatter, whose payload holds the projection's output; for RmsNorm
+  /// the hidden states' type).
   std::string storage = "bf16";
   /// The payload's codec (no lossless stage: decompressed on the host).
   CodecSpec codec;
-  /// Bytes of the payload the kernel reads.
+  /// Bytes of the payload the kernel reads or writes (RmsNorm: of the
+  /// hidden states it reads).
   int64_t payloadBytes = 0;
 };
 
-/// "restore", "rope_scatter" or "save".
+/// "restore", "rope_scatter", "save" or "rms_norm".
 const char *bundleKernelKindName(BundleKernel::Kind kind);
 /// The kind bundleKernelKindName() names `name`, if any.
 std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name);

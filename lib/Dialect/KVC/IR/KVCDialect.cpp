@@ -87,5 +87,13 @@ LogicalResult KVCDialect::verifyOperationAttribute(Operation *op,
               "that function's specialization elsewhere, got "
            << attr.getValue();
   }
+  if (name == kPrologueAttrName) {
+    if (isa<KernelOp>(op) && isa<FlatSymbolRefAttr>(attr.getValue()))
+      return success();
+    return op->emitError("'") << name
+                              << "' names a generated function on a "
+                                 "kvc.kernel, got "
+                              << attr.getValue();
+  }
   return op->emitError("unknown kvc attribute '") << name << "'";
 }

@@ -46,6 +46,9 @@ def KVC_Dialect : Dialect {
     /// `kvc-lower-kernels`' generated function: a symbol on the kvc.kernel
     /// it implements; on the function, the dictionary of its specialization.
     static constexpr ::llvm::StringLiteral kEntryAttrName = "kvc.entry";
+    /// On a project -> scatter kvc.kernel: the generated RMSNorm function
+    /// the runtime runs before its K/V GEMM.
+    static constexpr ::llvm::StringLiteral kPrologueAttrName = "kvc.prologue";
 
   private:
     void registerAttributes();

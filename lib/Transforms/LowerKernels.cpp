@@ -47,6 +47,12 @@
 // ignoring NaN, the f16 minimum and scale, the scale's reciprocal, the
 // scaled value clamped and rounded to nearest even (adding 2^23).
 //
+// A project -> scatter kernel also gets its prologue, an rms_norm kernel:
+// one row of hidden states per L lanes (RmsNorm.h), an scf.for summing
+// squares in 8 partial sums per lane, the lanes' totals through
+// gpu.shuffle xor, PTX's sqrt.rn.f32 (math.sqrt in the host form), and a
+// second scf.for writing the weighted rows as bf16.
+//
 // Restore items decode. The arithmetic is the runtime's, operation for
 // operation:
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
@@ -415,9 +421,9 @@ FailureOr<KernelSpec> KernelSpec::prologue(KernelOp kernel, ModelAttr model,
                      .getElementType();
   norm.hidden = model.getHidden();
   norm.eps = model.getRmsNormEps().convertToDouble();
-  if (norm.hidden % 8)
-    return kernel.emitOpError("cannot be generated: RMSNorm over hidden ")
-           << norm.hidden << " needs a multiple of 8";
+  // hidden = heads * head_dim, and RoPE's head_dim is a multiple of 16:
+  // rows are whole 16-byte pieces.
+  assert(norm.hidden % 8 == 0 && "rope_scatter implies whole pieces");
   if (!norm.host && norm.threads % 32)
     return kernel.emitOpError("cannot be generated: RMSNorm across a warp's "
                               "lanes needs whole warps per block (threads ")

@@ -56,3 +56,23 @@ func.func @save_groups() {
   return
 }
 }
+
+// -----
+
+// Tests that a projection's RMSNorm prologue, whose rows span a warp's
+// lanes, is refused in the GPU form for blocks that are not whole warps,
+// and generated in the host form (a row per thread).
+// CHECK: func.func @kvc_rms_norm_bf16_host_t16_l1_d256(
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @prologue(%h: !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>) {
+  // expected-error @+1 {{cannot be generated: RMSNorm across a warp's lanes needs whole warps per block (threads 48)}}
+  kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>) -> () {
+  ^bb0(%in: !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>):
+    %p = kvc.project %in
+        : !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+    kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+  }
+  return
+}
+}

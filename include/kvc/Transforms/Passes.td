@@ -399,7 +399,9 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     bf16 and scatters them), or `gather [transform] [quant]` yielding the
     encoded chunk (kind `save`: the same ABI, reading the cache and writing
     the payload as the runtime's encoder would) — into a `func.func`
-    specialized for the plan:
+    specialized for the plan; a `project -> scatter` kernel also gets its
+    RMSNorm prologue (kind `rms_norm`, named in `kvc.prologue`), which the
+    runtime runs before its K/V GEMM:
     the model's KV
     width, the codec (quantization bits, the axis and group of K's and V's
     scales, Hadamard over head_dim), the chunk's tokens and layers and the
@@ -422,7 +424,8 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     that is not a multiple of 16 under RoPE, a Hadamard head row wider than
     a warp or blocks that are not whole warps; for a save kernel, per-token
     groups that do not tile a row or, in the GPU form, span more than a
-    warp's lanes) fails the pass with a message on the kernel.
+    warp's lanes; an RMSNorm prologue in blocks that are not whole warps)
+    fails the pass with a message on the kernel.
 
     Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
     ```

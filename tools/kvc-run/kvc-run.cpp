@@ -63,31 +63,50 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 using namespace kvc;
 
 namespace {
 
-/// `--key value` and `--flag` options after the command.
+/// `--key value` and `--flag` options after the command, checked as they
+/// are parsed: an option given twice, or one that needs a value given
+/// without one, is an error before any work starts.
 class Args {
 public:
   static StatusOr<Args> parse(int argc, char **argv, int first) {
+    // Flags take no value; --strategy's value is optional (compare plans
+    // every strategy without one).
+    static const std::vector<std::string> flags = {"dry-run", "dynamic",
+                                                   "verify"};
+    static const std::vector<std::string> optionalValue = {"strategy"};
+    auto isIn = [](const std::vector<std::string> &set,
+                   const std::string &key) {
+      return std::find(set.begin(), set.end(), key) != set.end();
+    };
     Args args;
     for (int i = first; i < argc; ++i) {
       std::string key = argv[i];
       if (key.rfind("--", 0) != 0)
         return invalidArgument("unexpected argument " + key);
       key = key.substr(2);
-      if (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+      if (args.values_.count(key))
+        return invalidArgument("--" + key + " given twice");
+      const bool valueNext =
+          i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0;
+      if (isIn(flags, key) || (!valueNext && isIn(optionalValue, key)))
+        args.values_[key] = "";
+      else if (valueNext)
         args.values_[key] = argv[++i];
       else
-        args.values_[key] = "";
+        return invalidArgument("--" + key + " needs a value");
     }
     return args;
   }
@@ -105,8 +124,9 @@ public:
     if (text.empty())
       return fallback;
     char *end = nullptr;
+    errno = 0;
     long long v = std::strtoll(text.c_str(), &end, 10);
-    if (*end)
+    if (*end || errno == ERANGE)
       return invalidArgument("--" + key + " expects an integer, got " + text);
     return int64_t(v);
   }
@@ -182,23 +202,44 @@ Status genModel(Args &args) {
   return Status::ok();
 }
 
-/// Tokens from --tokens FILE (whitespace-separated ids) or --random-tokens.
+/// Tokens from --tokens FILE (whitespace-separated ids below the model's
+/// vocabulary) or --random-tokens, at most the model's positions.
 StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                                              const ModelConfig &model) {
   std::vector<int32_t> tokens;
+  auto tooLong = [&](const std::string &what, int64_t n) {
+    return invalidArgument(what + ": " + std::to_string(n) +
+                           " tokens, the model holds at most " +
+                           std::to_string(model.maxPositions) + " positions");
+  };
   if (args.has("tokens")) {
-    std::ifstream in(args.get("tokens"));
+    KVC_ASSIGN_OR_RETURN(path, args.required("tokens"));
+    std::ifstream in(path);
     if (!in)
-      return notFound(args.get("tokens") + ": cannot open token file");
-    long long t;
-    while (in >> t)
+      return notFound(path + ": cannot open token file");
+    for (std::string word; in >> word;) {
+      char *end = nullptr;
+      errno = 0;
+      long long t = std::strtoll(word.c_str(), &end, 10);
+      if (*end || errno == ERANGE || t < 0 || t >= model.vocabSize)
+        return invalidArgument(
+            path + ": token " + std::to_string(tokens.size() + 1) + " is \"" +
+            word + "\", not a token id below the vocabulary of " +
+            std::to_string(model.vocabSize));
+      if (int64_t(tokens.size()) == model.maxPositions)
+        return tooLong(path, int64_t(tokens.size()) + 1);
       tokens.push_back(int32_t(t));
+    }
+    if (tokens.empty())
+      return invalidArgument(path + ": no tokens");
     return tokens;
   }
   KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 0));
   KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
   if (count <= 0)
     return invalidArgument("give --tokens FILE or --random-tokens N");
+  if (count > model.maxPositions)
+    return tooLong("--random-tokens", count);
   std::mt19937_64 rng{uint64_t(seed)};
   for (int64_t i = 0; i < count; ++i)
     tokens.push_back(int32_t(rng() % uint64_t(model.vocabSize)));
@@ -936,11 +977,17 @@ int main(int argc, char **argv) {
   Status status = args.status();
   if (args.isOk()) {
     StatusOr<int64_t> threads = args->integer("compute-threads", 1);
-    if (threads && *threads > 0)
-      setComputeThreads(int(*threads));
+    const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
+    if (!threads)
+      status = threads.status();
+    else if (*threads <= 0)
+      status = invalidArgument("--compute-threads must be positive");
+    else if (*threads > cores)
+      status = invalidArgument("--compute-threads " + std::to_string(*threads) +
+                               ": this machine has " + std::to_string(cores) +
+                               " cores");
     else
-      status = threads ? invalidArgument("--compute-threads must be positive")
-                       : threads.status();
+      setComputeThreads(int(*threads));
   }
   if (status.isOk()) {
     if (command == "gen-model")

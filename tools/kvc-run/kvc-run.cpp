@@ -160,8 +160,10 @@ StatusOr<DType> parseDType(const std::string &name) {
 
 /// The store of --store URL for `model`, laid out by --chunk-tokens and
 /// --layer-group and salted by --tenant (save and restore must agree).
-StatusOr<std::unique_ptr<ChunkStore>> openStore(Args &args,
-                                                const LlamaModel &model) {
+/// The --store of a request; `access` says whether a file:// store may be
+/// created (a save) or must exist (a restore).
+StatusOr<std::unique_ptr<ChunkStore>>
+openStore(Args &args, const LlamaModel &model, TierAccess access) {
   KVC_ASSIGN_OR_RETURN(url, args.required("store"));
   StoreLayout layout;
   KVC_ASSIGN_OR_RETURN(chunkTokens,
@@ -171,7 +173,7 @@ StatusOr<std::unique_ptr<ChunkStore>> openStore(Args &args,
   if (chunkTokens <= 0 || layerGroup <= 0)
     return invalidArgument("--chunk-tokens and --layer-group must be positive");
   layout.chunkTokens = chunkTokens, layout.layerGroup = layerGroup;
-  KVC_ASSIGN_OR_RETURN(tier, openTier(url));
+  KVC_ASSIGN_OR_RETURN(tier, openTier(url, access));
   return std::make_unique<ChunkStore>(std::move(tier), model.config(),
                                       model.fingerprint(), args.get("tenant"),
                                       layout);
@@ -270,7 +272,7 @@ Status save(Args &args) {
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
-  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));
   std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
@@ -578,7 +580,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
-  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   setup.maxError = maxError;
   if (args.has("bundle") == args.has("strategy"))
@@ -914,7 +916,7 @@ Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
-  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
   KVC_ASSIGN_OR_RETURN(lanes, args.integer("io-lanes", 2));
   KVC_ASSIGN_OR_RETURN(predicted, args.integer("predicted-merge", -1));
   bool verify = args.has("verify");

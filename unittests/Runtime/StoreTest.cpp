@@ -325,6 +325,19 @@ TEST(Tiers, BadURLsAndUnreachableServers) {
             StatusCode::InvalidArgument);
   EXPECT_EQ(openTier("mem://?speed=1").status().code(),
             StatusCode::InvalidArgument);
+  // Reading needs the store to exist; saving creates it.
+  const std::string missing =
+      (std::filesystem::temp_directory_path() /
+       ("kvc-missing-store-" + std::to_string(::getpid())))
+          .string();
+  StatusOr<std::unique_ptr<Tier>> absent =
+      openTier("file://" + missing, TierAccess::Existing);
+  ASSERT_FALSE(absent.isOk());
+  EXPECT_EQ(absent.status().code(), StatusCode::NotFound);
+  EXPECT_FALSE(std::filesystem::exists(missing));
+  ASSERT_TRUE(openTier("file://" + missing, TierAccess::Create).isOk());
+  EXPECT_TRUE(openTier("file://" + missing, TierAccess::Existing).isOk());
+  std::filesystem::remove_all(missing);
   // Nothing listens on port 1.
   StatusOr<std::unique_ptr<Tier>> down = openTier("redis://127.0.0.1:1");
   ASSERT_FALSE(down.isOk());

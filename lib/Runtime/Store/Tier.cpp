@@ -312,7 +312,8 @@ std::map<std::string, std::string> parseQuery(const std::string &query) {
 
 } // namespace
 
-StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url) {
+StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
+                                         TierAccess access) {
   size_t q = url.find('?');
   std::string base = url.substr(0, q);
   std::map<std::string, std::string> query =
@@ -344,10 +345,15 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url) {
       return invalidArgument(url + ": file URLs need an absolute path, as "
                                    "file:///tmp/kv");
     std::error_code error;
-    fs::create_directories(dir, error);
-    if (error)
+    if (access == TierAccess::Existing) {
+      if (!fs::is_directory(dir, error))
+        return Status(StatusCode::NotFound,
+                      url + ": no store at " + dir +
+                          " (a file:// store is a directory a save created)");
+    } else if (fs::create_directories(dir, error); error) {
       return chunkError(ChunkFault::Unavailable,
                         url + ": cannot create " + dir + ": " + error.message());
+    }
     tier = std::make_unique<FileTier>(url, fs::path(dir));
   } else if (base.rfind("redis://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> redis = openRedisTier(url, base.substr(8));

@@ -47,8 +47,14 @@ public:
   virtual double throttleGBs() const { return 0; }
 };
 
+/// Whether opening a tier may create it: a save creates a file:// store's
+/// directory; reading from one that does not exist is an error (a mistyped
+/// path would otherwise read as a store that holds nothing).
+enum class TierAccess { Create, Existing };
+
 /// Opens the tier a URL names.
-StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url);
+StatusOr<std::unique_ptr<Tier>>
+openTier(const std::string &url, TierAccess access = TierAccess::Create);
 
 } // namespace kvc
 

@@ -32,7 +32,7 @@
 // COMPARE-NEXT: compute{{ +[0-9.]+ +[0-9.]+ +[-+][0-9]+% +[0-9.]+ }}{{.*}} 0 {{.*}}      1.00x
 // COMPARE-NEXT: cake {{.*}} 0 {{.*}}      1.00x
 // COMPARE-NEXT: hcache {{.*}} 0 {{.*}}      1.00x
-// COMPARE-NEXT: (of 2 runs each: off and the speedups compare the fastest runs)
+// COMPARE-NEXT: (of 2 runs each: off and the speedups compare the fastest runs; every run was verified, the errors are the worst)
 // COMPARE-NEXT: verify: every plan within what its codecs allow of a full prefill: ok
 
 // Tests Cake's dynamic mode: the sides meet where this run puts them, the

@@ -65,6 +65,17 @@
 
 // Tests that a truncated bundle, a missing plan and a request of another
 // length are refused with clear errors.
+// Tests that a plan never silently restores another encoding than it was
+// compiled for: from a store that holds the same context as int2, the
+// plans (which load raw KV) recompute every chunk whose object holds int2,
+// with the fault named, and stay within the lossless bound; so does the
+// dynamic walk of the Cake plan.
+// RUN: kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden --codec int2
+// RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=OTHER-CODEC
+// RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --dynamic --verify | FileCheck %s --check-prefix=OTHER-CODEC
+// OTHER-CODEC: fallback: kv tokens {{.*}} recomputed: failed_precondition: {{.*}}: chunk was stored with codec int2/g32, the plan loads raw
+// OTHER-CODEC: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+
 // RUN: head -c 100 %t/plans.json > %t/truncated.json
 // RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --bundle %t/truncated.json 2>&1 | FileCheck %s --check-prefix=TRUNCATED
 // TRUNCATED: kvc-run restore: invalid_argument: {{.*}}truncated.json: invalid JSON: parse error

@@ -20,9 +20,11 @@ namespace {
 class Walk {
 public:
   Walk(const RestoreTarget &target, ChunkStore &store,
-       std::vector<std::vector<ChunkRef>> chunks)
+       std::vector<std::vector<ChunkRef>> chunks,
+       std::optional<CodecSpec> codec)
       : target_(target), model_(*target.model), store_(store),
-        chunks_(std::move(chunks)), prefill_(model_, *target.tokens, *target.cache, *target.table),
+        codec_(std::move(codec)), chunks_(std::move(chunks)),
+        prefill_(model_, *target.tokens, *target.cache, *target.table),
         back_(int64_t(chunks_.size()) - 1) {}
 
   /// The compute side: claims chunks from the front until the sides meet,
@@ -125,7 +127,8 @@ private:
     for (const ChunkRef &ref : chunks_[chunk]) {
       KVC_RETURN_IF_ERROR(store_.tier().get(ref.name(), stored));
       bytes += int64_t(stored.size());
-      KVC_RETURN_IF_ERROR(store_.decode(ref, stored, group));
+      KVC_RETURN_IF_ERROR(store_.decode(ref, stored, group, nullptr,
+                                        codec_ ? &*codec_ : nullptr));
       group += store_.shape(ref).numel();
     }
     group = values.data();
@@ -152,6 +155,8 @@ private:
   const RestoreTarget &target_;
   const LlamaModel &model_;
   ChunkStore &store_;
+  /// The codec loads must find (DynamicCakeOptions::codec).
+  std::optional<CodecSpec> codec_;
   /// Per chunk, its KV objects (one per layer group).
   std::vector<std::vector<ChunkRef>> chunks_;
   exec_detail::PrefillState prefill_;
@@ -192,7 +197,11 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan) {
         if (loads && step.tier != options.tier)
           return notCake("it loads from tiers " + options.tier + " and " +
                          step.tier);
+        if (loads && !(step.codec == *options.codec))
+          return notCake("it loads codecs " + options.codec->str() + " and " +
+                         step.codec.str());
         options.tier = step.tier;
+        options.codec = step.codec;
         loads = true;
         loadedBegin = std::min(loadedBegin, step.tokens.begin);
       }
@@ -234,7 +243,7 @@ restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
   }
 
   Clock::time_point start = Clock::now();
-  Walk walk(target, *store->second, std::move(chunks));
+  Walk walk(target, *store->second, std::move(chunks), options.codec);
   const int lanes = pools.lanes(io);
   walk.startLoaders(lanes);
   // Shared with the jobs: a worker may still hold it for an instant after

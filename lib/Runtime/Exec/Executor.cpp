@@ -56,6 +56,8 @@ struct ChunkValue {
   ChunkForm form = ChunkForm::KV;
   BundleRange tokens, layers;
   std::string tier;
+  /// The codec the plan loads the stored objects with (its fetch's).
+  CodecSpec codec;
   /// The stored objects as read (`objects[0, objectCount)`) and whether
   /// they still await decoding into `data`.
   std::vector<std::pair<ChunkRef, std::string>> objects;
@@ -78,14 +80,17 @@ struct ChunkValue {
 /// 16-bit words per element of `dtype`.
 int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
 
-/// Decodes `ref`'s stored `bytes` into `out` as elements of `dtype`.
+/// Decodes `ref`'s stored `bytes`, which the plan loads as `planned`, into
+/// `out` as elements of `dtype`.
 Status decodeAs(const ChunkStore &store, const ChunkRef &ref,
-                std::string_view bytes, DType dtype, uint16_t *out) {
+                std::string_view bytes, const CodecSpec &planned, DType dtype,
+                uint16_t *out) {
   if (dtype == DType::BF16)
-    return store.decode(ref, bytes, out);
+    return store.decode(ref, bytes, out, nullptr, &planned);
   const int64_t n = store.shape(ref).numel();
   std::vector<float> values(n);
-  KVC_RETURN_IF_ERROR(store.decode(ref, bytes, values.data()));
+  KVC_RETURN_IF_ERROR(
+      store.decode(ref, bytes, values.data(), nullptr, &planned));
   if (dtype == DType::F32)
     std::memcpy(out, values.data(), size_t(n) * sizeof(float));
   else
@@ -307,8 +312,10 @@ private:
 
   Status runStep(const BundleStep &step, ChunkValue &value,
                  std::optional<int64_t> slot) {
-    if (step.op == "fetch")
+    if (step.op == "fetch") {
+      value.codec = step.codec;
       return fetch(value, slot);
+    }
     if (step.op == "decompress")
       return decode(value);
     // Steps after a fetch of a raw chunk may find it not yet decoded (the
@@ -443,11 +450,11 @@ private:
           ref.layerEnd == value.layers.end) {
         // The object is the chunk: decode in place.
         KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, dtype, value.data.data()));
+            decodeAs(store, ref, bytes, value.codec, dtype, value.data.data()));
       } else {
         object.resize(store.shape(ref).numel() * words);
         KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, dtype, object.data()));
+            decodeAs(store, ref, bytes, value.codec, dtype, object.data()));
         // Copy the rows of the object inside the value's box.
         const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
         const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);

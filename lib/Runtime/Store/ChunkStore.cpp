@@ -72,7 +72,8 @@ namespace {
 template <typename DecodeFn>
 Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
                       const ChunkHeader &expected, DType modelDType,
-                      CodecSpec *codec, DecodeFn decodeAs) {
+                      CodecSpec *codec, const CodecSpec *planned,
+                      DecodeFn decodeAs) {
   auto unpacked = unpackChunk(bytes);
   if (!unpacked.isOk())
     return unpacked.status().withContext(ref.name());
@@ -82,6 +83,11 @@ Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
     return chunkError(ChunkFault::WrongModel,
                       ref.name() + ": chunk stores " + dtypeName(header.dtype) +
                           ", the model " + dtypeName(modelDType));
+  if (planned && !(header.codec == *planned))
+    return chunkError(ChunkFault::WrongRange,
+                      ref.name() + ": chunk was stored with codec " +
+                          header.codec.str() + ", the plan loads " +
+                          planned->str());
   Status decoded = decodeAs(payload, header);
   if (!decoded.isOk())
     return chunkError(ChunkFault::Corrupt,
@@ -94,9 +100,10 @@ Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
 } // namespace
 
 Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          float *out, CodecSpec *codec) const {
+                          float *out, CodecSpec *codec,
+                          const CodecSpec *planned) const {
   return checkAndDecode(
-      ref, bytes, expected(ref), model_.dtype, codec,
+      ref, bytes, expected(ref), model_.dtype, codec, planned,
       [&](std::string_view payload, const ChunkHeader &header) {
         return decodeChunk(payload, shape(ref), header.codec, header.dtype,
                            out);
@@ -104,9 +111,10 @@ Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
 }
 
 Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          uint16_t *out, CodecSpec *codec) const {
+                          uint16_t *out, CodecSpec *codec,
+                          const CodecSpec *planned) const {
   return checkAndDecode(
-      ref, bytes, expected(ref), model_.dtype, codec,
+      ref, bytes, expected(ref), model_.dtype, codec, planned,
       [&](std::string_view payload, const ChunkHeader &header) {
         return decodeChunkToBf16(payload, shape(ref), header.codec,
                                  header.dtype, out);

@@ -69,12 +69,17 @@ public:
   /// it was stored with. Errors carry a ChunkFault.
   Status get(const ChunkRef &ref, float *out, CodecSpec *codec = nullptr);
 
-  /// Checks and decodes bytes already read for `ref`.
+  /// Checks and decodes bytes already read for `ref`. With `planned`, an
+  /// object stored with another codec is a WrongRange fault before any
+  /// decoding: a plan that priced and bounded raw KV must not restore int2
+  /// objects saved under the same key.
   Status decode(const ChunkRef &ref, std::string_view bytes, float *out,
-                CodecSpec *codec = nullptr) const;
+                CodecSpec *codec = nullptr,
+                const CodecSpec *planned = nullptr) const;
   /// The same into bf16 values (decodeChunkToBf16).
   Status decode(const ChunkRef &ref, std::string_view bytes, uint16_t *out,
-                CodecSpec *codec = nullptr) const;
+                CodecSpec *codec = nullptr,
+                const CodecSpec *planned = nullptr) const;
 
   ChunkShape shape(const ChunkRef &ref) const;
 

@@ -76,6 +76,17 @@
 // OTHER-CODEC: fallback: kv tokens {{.*}} recomputed: failed_precondition: {{.*}}: chunk was stored with codec int2/g32, the plan loads raw
 // OTHER-CODEC: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
 
+// Tests that saving the context raw over its int2 objects is refused (the
+// store would keep int2 under the keys a raw restore reads), and that
+// --replace rewrites them, after which the plan loads them all.
+// RUN: not kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden 2>&1 | FileCheck %s --check-prefix=RESAVE
+// RESAVE: kvc-run save: failed_precondition: the store holds this context's kv with codec int2/g32, not raw (--replace rewrites what is stored)
+// RUN: kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden --replace | FileCheck %s --check-prefix=REPLACE
+// REPLACE: with codec raw: 8 objects written, 0 already stored
+// RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=REPLACED
+// REPLACED-NOT: fallback
+// REPLACED: verify: against a full prefill
+
 // RUN: head -c 100 %t/plans.json > %t/truncated.json
 // RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --bundle %t/truncated.json 2>&1 | FileCheck %s --check-prefix=TRUNCATED
 // TRUNCATED: kvc-run restore: invalid_argument: {{.*}}truncated.json: invalid JSON: parse error

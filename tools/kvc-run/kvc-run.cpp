@@ -6,7 +6,8 @@
 //   kvc-run save --model DIR --store URL (--tokens FILE | --random-tokens N
 //                [--seed S]) [--forms kv,hidden] [--codec SPEC]
 //                [--chunk-tokens N] [--layer-group N] [--writers N]
-//                [--buffer-mb N] [--tenant SALT] [--dry-run]
+//                [--buffer-mb N] [--tenant SALT] [--dry-run] [--replace]
+//     (a context stored with another codec is refused unless --replace)
 //   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
 //   kvc-run inspect-bundle --bundle FILE
 //   kvc-run compare --model DIR --store URL (--tokens FILE | --random-tokens N
@@ -85,7 +86,7 @@ public:
     // Flags take no value; --strategy's value is optional (compare plans
     // every strategy without one).
     static const std::vector<std::string> flags = {"dry-run", "dynamic",
-                                                   "verify"};
+                                                   "replace", "verify"};
     static const std::vector<std::string> optionalValue = {"strategy"};
     auto isIn = [](const std::vector<std::string> &set,
                    const std::string &key) {
@@ -272,9 +273,15 @@ Status save(Args &args) {
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
+  options.replace = args.has("replace");
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));
+  StatusOr<SaveStats> saved = saveContext(*model, *store, tokens, options);
+  if (chunkFault(saved.status()) == ChunkFault::WrongRange)
+    return Status(saved.status().code(),
+                  saved.status().message() +
+                      " (--replace rewrites what is stored)");
+  KVC_ASSIGN_OR_RETURN(stats, std::move(saved));
   std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
               "objects written, %lld already stored; prefill %.3f s, total "
               "%.3f s, waited %.3f s for buffers, peak buffers %.1f MiB\n",

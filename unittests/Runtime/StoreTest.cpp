@@ -454,6 +454,48 @@ TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
   }
 }
 
+// A key holds one encoding: a save with another codec than the stored one
+// is refused before its prefill (and any single put of one), --replace
+// rewrites every object, and a corrupt object is rewritten, not refused.
+TEST(ChunkStore, SavesNeverLeaveAnotherCodecUnderTheirKeys) {
+  Fixture f;
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
+  ChunkStore store = f.store(tier);
+  SaveOptions int2;
+  int2.forms = {ChunkForm::KV};
+  int2.codec = *parseCodecSpec("int2");
+  ASSERT_TRUE(saveContext(*f.model, store, f.tokens, int2).isOk());
+
+  SaveOptions raw = int2;
+  raw.codec = CodecSpec();
+  StatusOr<SaveStats> refused = saveContext(*f.model, store, f.tokens, raw);
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(chunkFault(refused.status()), ChunkFault::WrongRange);
+  EXPECT_EQ(refused.status().message(),
+            "the store holds this context's kv with codec int2/g32, not raw");
+  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, ChunkForm::KV);
+  std::vector<float> values(store.shape(refs[1]).numel(), 0.5f);
+  bool written = true;
+  EXPECT_EQ(chunkFault(store.put(refs[1], values.data(), raw.codec, &written)),
+            ChunkFault::WrongRange);
+  EXPECT_FALSE(written);
+
+  raw.replace = true;
+  StatusOr<SaveStats> replaced = saveContext(*f.model, store, f.tokens, raw);
+  ASSERT_TRUE(replaced.isOk()) << replaced.status().toString();
+  EXPECT_EQ(replaced->written, int64_t(refs.size()));
+  for (const ChunkRef &ref : refs)
+    EXPECT_EQ(store.storedCodec(ref)->value_or(int2.codec).str(), "raw");
+
+  // Same codec: kept. A corrupt object: rewritten.
+  ASSERT_TRUE(store.put(refs[0], values.data(), raw.codec, &written).isOk());
+  EXPECT_FALSE(written);
+  ASSERT_TRUE(tier->put(refs[0].name(), "not a chunk").isOk());
+  ASSERT_TRUE(store.put(refs[0], values.data(), int2.codec, &written).isOk());
+  EXPECT_TRUE(written);
+  EXPECT_EQ(store.storedCodec(refs[0])->value_or(raw.codec).str(), "int2/g32");
+}
+
 TEST(ChunkStore, ReportsTheStoredPrefixAndItsCodec) {
   Fixture f;
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));

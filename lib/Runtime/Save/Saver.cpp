@@ -85,6 +85,20 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   const ModelConfig &c = model.config();
   const StoreLayout &layout = store.layout();
   const int64_t n = int64_t(tokens.size());
+  // A context stored with another codec: refused before any work.
+  if (!options.replace && !options.dryRun && n > 0)
+    for (ChunkForm form : options.forms) {
+      std::vector<ChunkRef> refs = store.refs(tokens.data(), n, form);
+      if (refs.empty())
+        continue;
+      KVC_ASSIGN_OR_RETURN(stored, store.storedCodec(refs.front()));
+      if (stored && !(*stored == options.codec))
+        return chunkError(ChunkFault::WrongRange,
+                          "the store holds this context's " +
+                              std::string(chunkFormName(form)) +
+                              " with codec " + stored->str() + ", not " +
+                              options.codec.str());
+    }
   SaveStats stats;
   JobQueue queue(options.bufferBytes);
   std::mutex statsMutex;
@@ -98,7 +112,7 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
         while (queue.pop(job)) {
           bool written = false;
           Status status = store.put(job.ref, job.values.data(), options.codec,
-                                    &written);
+                                    &written, options.replace);
           size_t bytes = job.bytes();
           job.values = {};
           queue.done(bytes);

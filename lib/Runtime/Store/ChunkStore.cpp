@@ -44,15 +44,35 @@ ChunkHeader ChunkStore::expected(const ChunkRef &ref) const {
   return h;
 }
 
-Status ChunkStore::put(const ChunkRef &ref, const float *values,
-                       const CodecSpec &codec, bool *written) {
-  if (written)
-    *written = false;
+StatusOr<std::optional<CodecSpec>>
+ChunkStore::storedCodec(const ChunkRef &ref) {
   StatusOr<bool> present = tier_->exists(ref.name());
   if (!present.isOk())
     return present.status();
-  if (*present)
+  if (!*present)
+    return std::optional<CodecSpec>();
+  std::string bytes;
+  Status read = tier_->get(ref.name(), bytes);
+  if (chunkFault(read) == ChunkFault::Missing)
+    return std::optional<CodecSpec>(); // Removed meanwhile.
+  KVC_RETURN_IF_ERROR(read);
+  auto unpacked = unpackChunk(bytes);
+  if (!unpacked.isOk() || !checkChunk(unpacked->first, expected(ref)).isOk())
+    return std::optional<CodecSpec>();
+  return std::optional<CodecSpec>(unpacked->first.codec);
+}
+
+Status ChunkStore::put(const ChunkRef &ref, const float *values,
+                       const CodecSpec &codec, bool *written, bool replace) {
+  if (written)
+    *written = false;
+  KVC_ASSIGN_OR_RETURN(stored, storedCodec(ref));
+  if (stored && *stored == codec)
     return Status::ok();
+  if (stored && !replace)
+    return chunkError(ChunkFault::WrongRange,
+                      ref.name() + ": already stored with codec " +
+                          stored->str() + ", not " + codec.str());
   StatusOr<std::string> payload =
       encodeChunk(values, shape(ref), codec, model_.dtype);
   if (!payload.isOk())

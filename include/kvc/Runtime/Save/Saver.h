@@ -28,6 +28,10 @@ struct SaveOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// Run the prefill without saving anything (the baseline for overhead).
   bool dryRun = false;
+  /// Rewrite objects stored with another codec; without it a save whose
+  /// first object of a form is stored with another codec fails before the
+  /// prefill (ChunkStore::put refuses any other such object).
+  bool replace = false;
 };
 
 struct SaveStats {

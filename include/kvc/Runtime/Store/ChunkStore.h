@@ -14,6 +14,7 @@
 #include "kvc/Runtime/Store/Tier.h"
 
 #include <memory>
+#include <optional>
 
 namespace kvc {
 
@@ -60,10 +61,17 @@ public:
   StatusOr<StoredExtent> stored(const int32_t *tokens, int64_t count,
                                 ChunkForm form);
 
+  /// The codec of the object `ref` names, if one is stored and readable
+  /// (a corrupt one reads as none).
+  StatusOr<std::optional<CodecSpec>> storedCodec(const ChunkRef &ref);
+
   /// Encodes `values` (the ref's chunkShape) with `codec` and writes them,
-  /// unless the object already exists; `written` tells which.
+  /// unless the object is already stored with `codec`; `written` tells
+  /// which. An object stored with another codec is a WrongRange fault (a
+  /// key holds one encoding, and keeping the other would leave restores of
+  /// `codec` to find it) unless `replace`, which rewrites it.
   Status put(const ChunkRef &ref, const float *values, const CodecSpec &codec,
-             bool *written = nullptr);
+             bool *written = nullptr, bool replace = false);
 
   /// Reads, checks and decodes `ref` into `out`; `codec` receives the codec
   /// it was stored with. Errors carry a ChunkFault.

@@ -9,7 +9,9 @@ groups of 32 tokens, V per token in groups of 32 channels), the same paged
 cache (16-token blocks through a shuffled block table). The projection's
 epilogue ("rope_scatter") reads f32 K and V and a cos/sin table row per
 position, rotates K's head halves as vLLM's rotary_embedding does, rounds to
-bf16 and scatters.
+bf16 and scatters. The save side gathers the chunk's rows and encodes them
+in the same layout (raw: a gather); the projection's prologue is Hugging
+Face's LlamaRMSNorm over hidden 4096.
 
   python3 bench/kernels/torch-baseline.py [--tokens 256 1024]
 """
@@ -18,7 +20,7 @@ import functools
 
 import torch
 
-WIDTH, HEAD, LAYERS, BLOCK, GROUP = 1024, 128, 32, 16, 32
+WIDTH, HEAD, LAYERS, BLOCK, GROUP, HIDDEN = 1024, 128, 32, 16, 32, 4096
 
 
 def unpack(packed, bits):
@@ -75,6 +77,52 @@ def rope_scatter(k, v, cos_sin, slots, kcache, vcache):
     vcache[:, slots] = v.to(torch.bfloat16)
 
 
+def pack(q, bits):
+    # q: [..., n] uint8 -> [..., n * bits / 8], low bits first.
+    per = 8 // bits
+    shifts = torch.arange(0, 8, bits, device=q.device, dtype=torch.int32)
+    q = q.reshape(*q.shape[:-1], q.shape[-1] // per, per).to(torch.int32)
+    return (q << shifts).sum(-1).to(torch.uint8)
+
+
+def quantize(x, dim, bits):
+    # Asymmetric quantization over `dim`: f16 scale and minimum per group,
+    # the values against the rounded parameters (kvc's encoder).
+    levels = (1 << bits) - 1
+    low = x.amin(dim, keepdim=True).half()
+    scale = ((x.amax(dim, keepdim=True) - low.float()) / levels)
+    scale = scale.clamp_min(6.1e-5).half()
+    q = ((x - low.float()) * (1 / scale.float())).clamp(0, levels).round()
+    return q.to(torch.uint8), torch.cat((scale, low), dim)
+
+
+def save(kcache, vcache, slots, bits, had):
+    # Gathers the chunk's rows and encodes them as kvc stores them: K per
+    # channel in groups of GROUP tokens, V per token in groups of GROUP
+    # channels, optionally rotated first.
+    k, v = kcache[:, slots].float(), vcache[:, slots].float()
+    L, T = k.shape[0], k.shape[1]
+    if had:
+        k = hadamard(k.reshape(L, T, -1, HEAD)).reshape(L, T, WIDTH)
+        v = hadamard(v.reshape(L, T, -1, HEAD)).reshape(L, T, WIDTH)
+    kq, kparams = quantize(k.reshape(L, T // GROUP, GROUP, WIDTH), 2, bits)
+    vq, vparams = quantize(v.reshape(L, T, WIDTH // GROUP, GROUP), 3, bits)
+    return (pack(kq.reshape(L, T, WIDTH), bits), kparams,
+            pack(vq.reshape(L, T, WIDTH), bits), vparams)
+
+
+def save_raw(kcache, vcache, slots):
+    return kcache[:, slots], vcache[:, slots]
+
+
+def rms_norm(x, weight, eps):
+    # x: [L, T, HIDDEN] bf16; weight: [L, HIDDEN] f32 -> bf16, as Hugging
+    # Face's LlamaRMSNorm computes it.
+    x = x.float()
+    scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (x * scale * weight[:, None]).to(torch.bfloat16)
+
+
 def time_us(fn, iters=200):
     for _ in range(5):
         fn()
@@ -100,6 +148,8 @@ def main():
           f"{'compiled us':>11} {'copy us':>8} {'eager %':>8} {'comp %':>7}")
     compiled_raw = torch.compile(restore_raw, fullgraph=True, dynamic=False)
     compiled_rope = torch.compile(rope_scatter, fullgraph=True, dynamic=False)
+    compiled_save_raw = torch.compile(save_raw, fullgraph=True, dynamic=False)
+    compiled_norm = torch.compile(rms_norm, fullgraph=True, dynamic=False)
     for T in args.tokens:
         blocks = T // BLOCK + 1
         table = torch.randperm(2 * blocks, device=dev)[:blocks]
@@ -109,13 +159,42 @@ def main():
         kcache = torch.empty(LAYERS, rows, WIDTH, dtype=torch.bfloat16,
                              device=dev)
         vcache = torch.empty_like(kcache)
-        written = 2 * LAYERS * T * WIDTH * 2
         cases = [("raw bf16", None, False)] + [
             (f"{'hadamard+' if had else ''}int{bits}", bits, had)
             for had in (False, True) for bits in (8, 4, 2)] + [
-            ("rope_scatter", "rope", False)]
+            ("rope_scatter", "rope", False), ("save raw bf16", "save", False)
+        ] + [(f"save {'hadamard+' if had else ''}int{bits}", "save", (bits, had))
+             for had in (False, True) for bits in (8, 4, 2)] + [
+            ("rms_norm", "norm", False)]
         for name, bits, had in cases:
-            if bits == "rope":
+            written = 2 * LAYERS * T * WIDTH * 2
+            if bits == "norm":
+                x = torch.randn(LAYERS, T, HIDDEN, device=dev).bfloat16()
+                weight = torch.rand(LAYERS, HIDDEN, device=dev) + 0.5
+                inputs = (x, weight, 1e-5)
+                read = x.numel() * 2 + weight.numel() * 4
+                written = x.numel() * 2
+                eager = time_us(lambda: rms_norm(*inputs))
+                comp = time_us(lambda: compiled_norm(*inputs))
+            elif bits == "save":
+                kcache.copy_(torch.randn_like(kcache, dtype=torch.float32))
+                vcache.copy_(torch.randn_like(vcache, dtype=torch.float32))
+                inputs = (kcache, vcache, slots)
+                read = written  # The cache rows; the payload is written.
+                if not had:
+                    written = read
+                    eager = time_us(lambda: save_raw(*inputs))
+                    comp = time_us(lambda: compiled_save_raw(*inputs))
+                else:
+                    qbits, rotate = had
+                    fused = functools.partial(save, bits=qbits, had=rotate)
+                    compiled = torch.compile(fused, fullgraph=True,
+                                             dynamic=False)
+                    written = sum(t.numel() * t.element_size()
+                                  for t in fused(*inputs))
+                    eager = time_us(lambda: fused(*inputs))
+                    comp = time_us(lambda: compiled(*inputs))
+            elif bits == "rope":
                 k = torch.randn(LAYERS, T, WIDTH, device=dev)
                 v = torch.randn_like(k)
                 cos_sin = torch.rand(T, HEAD, device=dev)

@@ -29,7 +29,8 @@
 //                   [--chunk-tokens N] [--layer-group N] [--tenant SALT]
 //                   [--staging-mib N]
 //     (every tier the plan fetches from is read from --store; --dynamic runs
-//     a Cake-shaped plan as Cake's walk, its merge point the prediction)
+//     a Cake-shaped plan as Cake's walk from both ends, its merge point the
+//     prediction)
 //
 // Every command takes --compute-threads N (default 1): the threads of the
 // CPU backend's GEMMs (setComputeThreads: one core computes, the others
@@ -685,7 +686,7 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
 }
 
 /// restore --dynamic: runs a Cake-shaped plan as Cake's two-sided walk, on
-/// the plan's tier and lanes, starting from the plan's merge point as the
+/// the plan's tier, lanes and codec; the plan's merge point is the
 /// prediction the run reports against.
 Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
                       bool verify) {

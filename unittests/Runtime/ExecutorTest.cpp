@@ -573,14 +573,27 @@ TEST_F(DynamicCakeTest, SidesMeetAndTheCacheIsExact) {
 }
 
 // A compiled plan runs dynamically when it has Cake's shape: the plan's
-// merge point becomes the prediction and its tier the loads' tier.
+// merge point becomes the prediction, its tier the loads' tier and its
+// codec the only one they accept.
 TEST_F(DynamicCakeTest, CompiledCakePlansConfigureTheWalk) {
   const int64_t layers = model_->config().numLayers;
-  StatusOr<DynamicCakeOptions> cake =
-      dynamicCakeOptions(makePlan({/*merge=*/128, 0, 64}, layers));
+  BundlePlan plan = makePlan({/*merge=*/128, 0, 64}, layers);
+  StatusOr<DynamicCakeOptions> cake = dynamicCakeOptions(plan);
   ASSERT_TRUE(cake) << cake.status().toString();
   EXPECT_EQ(cake->tier, "dram");
   EXPECT_EQ(cake->predictedMergeToken, 128);
+  ASSERT_TRUE(cake->codec);
+  EXPECT_EQ(cake->codec->str(), "raw");
+  // Loads of two codecs have no single walk.
+  for (BundleTask &task : plan.tasks)
+    for (BundleStep &step : task.steps)
+      if (step.op == "fetch" && step.tokens.begin >= 192)
+        step.codec = *parseCodecSpec("int8");
+  StatusOr<DynamicCakeOptions> mixed = dynamicCakeOptions(plan);
+  ASSERT_FALSE(mixed);
+  EXPECT_NE(mixed.status().message().find("it loads codecs raw and int8/g32"),
+            std::string::npos)
+      << mixed.status().message();
   EXPECT_EQ(dynamicCakeOptions(makePlan({0, 0, 64}, layers))
                 ->predictedMergeToken,
             0); // KV-only: Cake with nothing computed.

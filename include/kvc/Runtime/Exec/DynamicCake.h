@@ -44,11 +44,12 @@ struct DynamicCakeResult {
   int64_t chunksLoaded = 0;
 };
 
-/// The dynamic mode of a compiled Cake plan: the tier its loads read, and
-/// its merge point as the prediction the run starts from and reports
-/// against. InvalidArgument unless the plan computes a prefix of the tokens
-/// through every layer and loads the KV of every layer for the rest from
-/// one tier (Cake's shape; plans that split layers have no two-sided walk).
+/// The dynamic mode of a compiled Cake plan: the tier and codec its loads
+/// read, and its merge point as the prediction the run reports against
+/// (the walk starts at both ends whatever it is). InvalidArgument unless the
+/// plan computes a prefix of the tokens through every layer and loads the KV of
+/// every layer for the rest from one tier (Cake's shape; plans that split
+/// layers have no two-sided walk).
 StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan);
 
 /// Restores `target.tokens` with Cake's two-sided walk over the store's

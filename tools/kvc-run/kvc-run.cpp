@@ -8,7 +8,8 @@
 //                [--chunk-tokens N] [--layer-group N] [--writers N]
 //                [--buffer-mb N] [--tenant SALT] [--dry-run] [--replace]
 //     (a context stored with another codec is refused unless --replace)
-//   kvc-run profile-codecs --model DIR [--tokens N] [--seed S] --out FILE
+//   kvc-run profile-codecs --model DIR [--random-tokens N] [--seed S]
+//                          --out FILE
 //   kvc-run inspect-bundle --bundle FILE
 //   kvc-run compare --model DIR --store URL (--tokens FILE | --random-tokens N
 //                   [--seed S]) (--bundle FILE | [--strategy LIST]
@@ -297,10 +298,16 @@ Status save(Args &args) {
 Status profileCodecs(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(out, args.required("out"));
-  KVC_ASSIGN_OR_RETURN(count, args.integer("tokens", 1024));
+  // Random tokens, as --random-tokens everywhere (--tokens names a file).
+  KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 1024));
   KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  if (count <= 0 || count > model->config().maxPositions)
+    return invalidArgument("--random-tokens " + std::to_string(count) +
+                           ": expected 1 to the model's " +
+                           std::to_string(model->config().maxPositions) +
+                           " positions");
   return runCodecProfile(*model, count, uint64_t(seed), out);
 }
 

@@ -1,37 +1,11 @@
 //===- kvc-run.cpp - The kvc runtime as a command -------------------------===//
 //
-//   kvc-run gen-model --out DIR [--layers N --hidden N --heads N --kv-heads N
-//                     --ffn N --vocab N --max-positions N --dtype bf16|f16|f32
-//                     --seed S]
-//   kvc-run save --model DIR --store URL (--tokens FILE | --random-tokens N
-//                [--seed S]) [--forms kv,hidden] [--codec SPEC]
-//                [--chunk-tokens N] [--layer-group N] [--writers N]
-//                [--buffer-mb N] [--tenant SALT] [--dry-run] [--replace]
-//     (a context stored with another codec is refused unless --replace)
-//   kvc-run profile-codecs --model DIR [--random-tokens N] [--seed S]
-//                          --out FILE
-//   kvc-run inspect-bundle --bundle FILE
-//   kvc-run compare --model DIR --store URL (--tokens FILE | --random-tokens N
-//                   [--seed S]) (--bundle FILE | [--strategy LIST]
-//                   --target FILE [--tier NAME]) [--repeat N]
-//                   [--max-error X] [...]
-//     (runs and verifies every plan; one table, the fastest and the median
-//     of --repeat runs)
-//   kvc-run cake --model DIR --store URL (--tokens FILE | --random-tokens N
-//                [--seed S]) [--io-lanes N] [--predicted-merge T] [--verify]
-//                [--max-error X] [...]
-//     (Cake's dynamic mode: the merge point is found at run time)
-//   kvc-run calibrate --model DIR --base TARGET.json --out FILE
-//                     [--scratch DIR]
-//   kvc-run restore --model DIR --store URL (--tokens FILE | --random-tokens N
-//                   [--seed S]) (--bundle FILE [--plan NAME] |
-//                   --strategy S --target FILE [--tier NAME]) [--verify]
-//                   [--max-error X] [--trace FILE | --dynamic]
-//                   [--chunk-tokens N] [--layer-group N] [--tenant SALT]
-//                   [--staging-mib N]
-//     (every tier the plan fetches from is read from --store; --dynamic runs
-//     a Cake-shaped plan as Cake's walk from both ends, its merge point the
-//     prediction)
+// `kvc-run --help` lists the commands, `kvc-run COMMAND --help` a command's
+// options with their defaults (commands() below is the one table of both):
+// gen-model, save, profile-codecs, inspect-bundle, restore, compare (every
+// plan, verified, in one table), cake (Cake's dynamic walk) and calibrate.
+// The options save and restore must agree on (the request, --chunk-tokens,
+// --layer-group, --tenant) are listed together in each.
 //
 // Every command takes --compute-threads N (default 1): the threads of the
 // CPU backend's GEMMs (setComputeThreads: one core computes, the others
@@ -79,32 +53,41 @@ using namespace kvc;
 
 namespace {
 
-/// `--key value` and `--flag` options after the command, checked as they
-/// are parsed: an option given twice, or one that needs a value given
-/// without one, is an error before any work starts.
+/// One option of a command: its name, the placeholder of its value ("" for
+/// a flag; in brackets when the value may be left out), and one line of
+/// help with its default.
+struct Option {
+  const char *name, *value, *help;
+  bool isFlag() const { return !*value; }
+  bool valueOptional() const { return *value == '['; }
+};
+
+/// `--key value` and `--flag` options after the command, checked against
+/// the command's options as they are parsed: an unknown option, one given
+/// twice, or one that needs a value given without one is an error before
+/// any work starts.
 class Args {
 public:
-  static StatusOr<Args> parse(int argc, char **argv, int first) {
-    // Flags take no value; --strategy's value is optional (compare plans
-    // every strategy without one).
-    static const std::vector<std::string> flags = {"dry-run", "dynamic",
-                                                   "replace", "verify"};
-    static const std::vector<std::string> optionalValue = {"strategy"};
-    auto isIn = [](const std::vector<std::string> &set,
-                   const std::string &key) {
-      return std::find(set.begin(), set.end(), key) != set.end();
-    };
+  static StatusOr<Args> parse(int argc, char **argv, int first,
+                              const std::string &command,
+                              const std::vector<Option> &options) {
     Args args;
     for (int i = first; i < argc; ++i) {
       std::string key = argv[i];
       if (key.rfind("--", 0) != 0)
         return invalidArgument("unexpected argument " + key);
       key = key.substr(2);
+      auto option =
+          std::find_if(options.begin(), options.end(),
+                       [&](const Option &o) { return key == o.name; });
+      if (option == options.end())
+        return invalidArgument("unknown option --" + key + " (kvc-run " +
+                               command + " --help lists them)");
       if (args.values_.count(key))
         return invalidArgument("--" + key + " given twice");
       const bool valueNext =
           i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0;
-      if (isIn(flags, key) || (!valueNext && isIn(optionalValue, key)))
+      if (option->isFlag() || (!valueNext && option->valueOptional()))
         args.values_[key] = "";
       else if (valueNext)
         args.values_[key] = argv[++i];
@@ -138,11 +121,12 @@ public:
       return invalidArgument("missing --" + key);
     return get(key);
   }
-  /// Fails on options no one asked for (typos).
+  /// Fails on options this use of the command does not read (--plan
+  /// without --bundle, say).
   Status checkUnused() const {
     for (const auto &[key, value] : values_)
       if (std::find(used_.begin(), used_.end(), key) == used_.end())
-        return invalidArgument("unknown option --" + key);
+        return invalidArgument("--" + key + " does not apply here");
     return Status::ok();
   }
 
@@ -983,23 +967,169 @@ Status calibrateCommand(Args &args) {
   return Status::ok();
 }
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: kvc-run gen-model|save|profile-codecs|inspect-bundle|"
-               "restore|compare|cake|calibrate [options]\n"
-               "(see the header of tools/kvc-run/kvc-run.cpp)\n");
+/// A command: what it does, its options and its implementation.
+struct Command {
+  const char *name, *summary;
+  std::vector<Option> options;
+  Status (*run)(Args &);
+};
+
+std::vector<Option> operator+(std::vector<Option> a,
+                              const std::vector<Option> &b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const std::vector<Command> &commands() {
+  static const std::vector<Option> common = {
+      {"compute-threads", "N",
+       "threads of the CPU backend's GEMMs, at most the cores (default 1)"},
+      {"help", "", "print this and exit"}};
+  // What save and restore must agree on: the request and the store layout.
+  static const std::vector<Option> request = {
+      {"model", "DIR", "the model directory (config.json + safetensors)"},
+      {"tokens", "FILE", "the request: whitespace-separated token ids"},
+      {"random-tokens", "N", "or N random tokens (at most the context)"},
+      {"seed", "S", "the random tokens' seed (default 0)"}};
+  static const std::vector<Option> store = {
+      {"store", "URL",
+       "mem://, file:///DIR or redis://HOST:PORT[/DB], "
+       "?gbps=N throttles"},
+      {"chunk-tokens", "N", "tokens per stored object (default 256; as saved)"},
+      {"layer-group", "N", "layers per stored object (default 4; as saved)"},
+      {"tenant", "SALT",
+       "the tenant salt of the keys (default none; as saved)"}};
+  static const std::vector<Option> plan = {
+      {"bundle", "FILE", "plans compiled by kvc-opt (or --strategy)"},
+      {"strategy", "[LIST]",
+       "plan in process: compute, kv, hidden, cake, "
+       "hcache, joint"},
+      {"target", "FILE", "the target --strategy plans for"},
+      {"tier", "NAME",
+       "the target's tier for the store (default the first "
+       "of its kind)"},
+      {"staging-mib", "N", "--strategy's staging budget (default 256)"},
+      {"max-error", "X",
+       "verification bound on the largest error (default "
+       "what the plan's codecs allow)"}};
+  static const std::vector<Command> all = {
+      {"gen-model", "writes a random Llama-family model",
+       std::vector<Option>{{"out", "DIR", "where to write it"},
+                           {"layers", "N", "default 4"},
+                           {"hidden", "N", "default 256"},
+                           {"heads", "N", "default 8"},
+                           {"kv-heads", "N", "default 2"},
+                           {"ffn", "N", "default 688"},
+                           {"vocab", "N", "default 1024"},
+                           {"max-positions", "N", "default 32768"},
+                           {"dtype", "TYPE", "bf16, f16 or f32 (default bf16)"},
+                           {"seed", "S", "default 0"}} +
+           common,
+       genModel},
+      {"save", "prefills a request and saves its KV and hidden states",
+       request + store +
+           std::vector<Option>{
+               {"forms", "LIST", "kv and/or hidden (default kv,hidden)"},
+               {"codec", "SPEC",
+                "e.g. int8+zstd, hadamard+int4/g64 "
+                "(default raw)"},
+               {"writers", "N", "writer threads (default 2)"},
+               {"buffer-mb", "N", "host buffer bound (default 256)"},
+               {"dry-run", "", "prefill without saving"},
+               {"replace", "", "rewrite objects stored with another codec"}} +
+           common,
+       save},
+      {"profile-codecs", "measures every codec composition on the model's KV",
+       std::vector<Option>{
+           {"model", "DIR", "the model directory"},
+           {"random-tokens", "N", "request length (default 1024)"},
+           {"seed", "S", "default 0"},
+           {"out", "FILE", "the profile (JSON)"}} +
+           common,
+       profileCodecs},
+      {"inspect-bundle", "prints a plan bundle's plans and kernels",
+       std::vector<Option>{{"bundle", "FILE", "the bundle"}} + common,
+       inspectBundle},
+      {"restore", "restores a request with one plan and reports it",
+       request + store + plan +
+           std::vector<Option>{
+               {"plan", "NAME", "the bundle's plan (default its first)"},
+               {"verify", "", "check the cache against a full prefill"},
+               {"dynamic", "", "run a Cake-shaped plan as Cake's walk"},
+               {"trace", "FILE", "write a Chrome trace"}} +
+           common,
+       restoreCommand},
+      {"compare", "restores with every plan, verifies and tables them",
+       request + store + plan +
+           std::vector<Option>{
+               {"repeat", "N", "runs per plan, round robin (default 1)"}} +
+           common,
+       compareCommand},
+      {"cake", "restores with Cake's dynamic walk over what the store holds",
+       request + store +
+           std::vector<Option>{
+               {"io-lanes", "N", "loading lanes (default 2)"},
+               {"predicted-merge", "T", "a merge point to report beside"},
+               {"verify", "", "check the cache against a full prefill"},
+               {"max-error", "X",
+                "verification bound (default bf16 "
+                "rounding)"}} +
+           common,
+       cakeCommand},
+      {"calibrate", "measures this machine and writes a target",
+       std::vector<Option>{
+           {"model", "DIR", "the model to time"},
+           {"base", "FILE", "the target to start from"},
+           {"out", "FILE", "the calibrated target"},
+           {"scratch", "DIR", "where tier reads are timed (default /tmp)"}} +
+           common,
+       calibrateCommand},
+  };
+  return all;
+}
+
+void usage(FILE *out) {
+  std::fprintf(out, "usage: kvc-run COMMAND [options]; kvc-run COMMAND "
+                    "--help lists a command's options\n");
+  for (const Command &c : commands())
+    std::fprintf(out, "  %-16s %s\n", c.name, c.summary);
+}
+
+void usage(FILE *out, const Command &command) {
+  std::fprintf(out, "usage: kvc-run %s [options]: %s\n", command.name,
+               command.summary);
+  for (const Option &o : command.options) {
+    std::string flag = std::string("--") + o.name;
+    if (!o.isFlag())
+      flag += std::string(" ") + o.value;
+    std::fprintf(out, "  %-24s %s\n", flag.c_str(), o.help);
+  }
 }
 
 } // namespace
 
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    usage();
+  std::string name = argc < 2 ? "" : argv[1];
+  if (name == "--help" || name == "help") {
+    usage(stdout);
+    return 0;
+  }
+  const auto &all = commands();
+  auto command = std::find_if(all.begin(), all.end(),
+                              [&](const Command &c) { return name == c.name; });
+  if (command == all.end()) {
+    if (!name.empty())
+      std::fprintf(stderr, "kvc-run: unknown command %s\n", name.c_str());
+    usage(stderr);
     return 2;
   }
-  std::string command = argv[1];
-  StatusOr<Args> args = Args::parse(argc, argv, 2);
+  StatusOr<Args> args =
+      Args::parse(argc, argv, 2, command->name, command->options);
   Status status = args.status();
+  if (args.isOk() && args->has("help")) {
+    usage(stdout, *command);
+    return 0;
+  }
   if (args.isOk()) {
     StatusOr<int64_t> threads = args->integer("compute-threads", 1);
     const int64_t cores = std::max(1u, std::thread::hardware_concurrency());
@@ -1014,30 +1144,10 @@ int main(int argc, char **argv) {
     else
       setComputeThreads(int(*threads));
   }
-  if (status.isOk()) {
-    if (command == "gen-model")
-      status = genModel(*args);
-    else if (command == "save")
-      status = save(*args);
-    else if (command == "profile-codecs")
-      status = profileCodecs(*args);
-    else if (command == "inspect-bundle")
-      status = inspectBundle(*args);
-    else if (command == "restore")
-      status = restoreCommand(*args);
-    else if (command == "calibrate")
-      status = calibrateCommand(*args);
-    else if (command == "compare")
-      status = compareCommand(*args);
-    else if (command == "cake")
-      status = cakeCommand(*args);
-    else {
-      usage();
-      return 2;
-    }
-  }
+  if (status.isOk())
+    status = command->run(*args);
   if (!status.isOk()) {
-    std::fprintf(stderr, "kvc-run %s: %s\n", command.c_str(),
+    std::fprintf(stderr, "kvc-run %s: %s\n", name.c_str(),
                  status.toString().c_str());
     return 1;
   }

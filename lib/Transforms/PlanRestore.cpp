@@ -37,10 +37,33 @@ std::string ms(double seconds) {
   return text;
 }
 
+/// What a plan chose, segment by segment: "compute tokens 0-512 layers
+/// 0-32; load kv tokens 512-4096 layers 0-32 (dram, int8/g32+deflate)".
+std::string describePlan(const planning::Plan &plan,
+                         const planning::Request &request) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  for (const planning::Segment &segment : plan.segments) {
+    if (!text.empty())
+      os << "; ";
+    os << (segment.method == planning::Method::Compute  ? "compute"
+           : segment.method == planning::Method::LoadKV ? "load kv"
+                                                        : "load hidden")
+       << " tokens " << segment.box.t0 << "-" << segment.box.t1 << " layers "
+       << segment.box.l0 << "-" << segment.box.l1;
+    if (segment.method != planning::Method::Compute && segment.source >= 0) {
+      const planning::Source &source = request.sources[segment.source];
+      os << " (" << source.tier << ", " << source.codec.str() << ")";
+    }
+  }
+  return text;
+}
+
 /// The report of kvc-plan{report}: one line per baseline and for the chosen
-/// plan, with busy time per resource, bytes, FLOPs and the chosen plan's
-/// speedup over each line.
+/// plan, with busy time per resource, bytes, FLOPs and its time over the
+/// chosen plan's; then what each chose.
 std::string formatReport(const planning::Planner &planner,
+                         const planning::Request &request,
                          const std::vector<planning::Evaluation> &rows) {
   std::vector<std::string> resources;
   for (const planning::Evaluation &e : rows)
@@ -51,11 +74,11 @@ std::string formatReport(const planning::Planner &planner,
   llvm::raw_string_ostream os(text);
   const planning::Evaluation &chosen = rows.back();
   const char *strategy = "strategy", *makespan = "makespan";
-  const char *read = "read GB", *tflop = "TFLOP", *speedup = "speedup";
+  const char *read = "read GB", *tflop = "TFLOP", *ratio = "time/chosen";
   os << llvm::format("%-9s %14s", strategy, makespan);
   for (const std::string &r : resources)
     os << llvm::format(" %14s", r.c_str());
-  os << llvm::format(" %10s %10s %8s\n", read, tflop, speedup);
+  os << llvm::format(" %10s %10s %11s\n", read, tflop, ratio);
   for (const planning::Evaluation &e : rows) {
     os << llvm::format("%-9s %14s", e.plan.strategy.c_str(),
                        ms(e.seconds).c_str());
@@ -66,9 +89,14 @@ std::string formatReport(const planning::Planner &planner,
           busy = e.busy[i];
       os << llvm::format(" %14s", ms(busy).c_str());
     }
-    os << llvm::format(" %10.3f %10.3f %7.2fx\n", e.bytesRead / 1e9,
+    os << llvm::format(" %10.3f %10.3f %10.2fx\n", e.bytesRead / 1e9,
                        e.flops / 1e12, e.seconds / chosen.seconds);
   }
+  os << "(time/chosen: each plan's makespan over the chosen "
+     << chosen.plan.strategy << " plan's)\n";
+  for (const planning::Evaluation &e : rows)
+    os << llvm::format("%-9s ", e.plan.strategy.c_str())
+       << describePlan(e.plan, request) << "\n";
   os << "chunks of " << planner.chunkTokens() << " tokens, loads in groups of "
      << planner.layerGroup() << " layers";
   return text;
@@ -198,8 +226,9 @@ struct KVCPlanPass
       return;
     std::vector<planning::Evaluation> rows = planner.baselines();
     rows.push_back(chosen);
-    mlir::emitRemark(plan.getLoc()) << "kvc-plan @" << plan.getSymName() << ":\n"
-                      << formatReport(planner, rows);
+    mlir::emitRemark(plan.getLoc())
+        << "kvc-plan @" << plan.getSymName() << ":\n"
+        << formatReport(planner, planner.request(), rows);
   }
 };
 

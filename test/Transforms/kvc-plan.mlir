@@ -10,15 +10,23 @@
 // CHECK-NEXT:  }
 
 // Tests that the report shows every baseline beside the chosen plan, with
-// busy time per resource, bytes read, FLOPs, and the chosen plan's speedup.
+// busy time per resource, bytes read, FLOPs, and its time over the chosen
+// plan's (compute takes longer: above 1), then what each plan chose.
 // REPORT:      remark: kvc-plan @chat:
-// REPORT-NEXT: strategy makespan compute h2d decode io:dram io:ssd read GB TFLOP speedup
-// REPORT-NEXT: compute {{[0-9.]+}} ms {{.*}} 0.000 57.451 {{[0-9.]+}}x
+// REPORT-NEXT: strategy makespan compute h2d decode io:dram io:ssd read GB TFLOP time/chosen
+// REPORT-NEXT: compute {{[0-9.]+}} ms {{.*}} 0.000 57.451 {{[1-9][0-9.]*}}x
 // REPORT-NEXT: kv
 // REPORT-NEXT: hidden
 // REPORT-NEXT: cake
 // REPORT-NEXT: hcache
 // REPORT-NEXT: joint {{[0-9.]+}} ms {{.*}} 1.00x
+// REPORT-NEXT: (time/chosen: each plan's makespan over the chosen joint plan's)
+// REPORT-NEXT: compute compute tokens 0-4096 layers 0-32
+// REPORT-NEXT: kv load kv tokens 0-4096 layers 0-32 (dram, int8/g32+deflate)
+// REPORT-NEXT: hidden load hidden tokens 0-4096 layers 0-32 (ssd, raw)
+// REPORT-NEXT: cake {{.+}}
+// REPORT-NEXT: hcache {{.*}}load hidden tokens 0-4096 {{.*}}(ssd, raw)
+// REPORT-NEXT: joint compute tokens 0-4096 layers 0-3; load kv tokens 0-4096 layers 3-32 (dram, int8/g32+deflate)
 // REPORT-NEXT: chunks of 512 tokens, loads in groups of 4 layers
 kvc.restore @chat tokens 0 to 4096 from [
     #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,

@@ -189,8 +189,10 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
     chosen plan is never slower, by the simulator, than the best of them
     (docs/planning.md describes the search). `report` prints, as a remark,
     one line per baseline and for the chosen plan: makespan, busy time per
-    resource and lane, bytes read, FLOPs, and the chosen plan's speedup over
-    each. A plan slower than the request's `slo_ms` is reported as a warning.
+    resource and lane, bytes read, FLOPs, and its makespan over the chosen
+    plan's (`time/chosen`); then each plan's segments (what it computes and
+    loads, from which tier with which codec). A plan slower than the
+    request's `slo_ms` is reported as a warning.
     `strategy` plans one baseline instead (`kvc-run compare` runs them all);
     a request that stores nothing the baseline loads is an error.
 

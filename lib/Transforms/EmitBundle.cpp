@@ -275,7 +275,10 @@ LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
     for (Operation &op : plan.getBody().front())
       if (!isa<TaskOp>(op))
         return plan.emitOpError("is not scheduled (holds '")
-               << op.getName() << "'); run kvc-schedule before kvc-emit-bundle";
+               << op.getName() << "'); run "
+               << (isa<SegmentOp>(op) ? "kvc-expand, kvc-fuse and kvc-schedule"
+                                      : "kvc-schedule")
+               << " (or --kvc-restore-pipeline) before kvc-emit-bundle";
 
   FailureOr<llvm::StringMap<GeneratedKernel>> kernels =
       generatedKernels(module);

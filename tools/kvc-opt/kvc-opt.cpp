@@ -31,7 +31,16 @@
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 
+#include "llvm/Support/CommandLine.h"
+
 int main(int argc, char **argv) {
+  // LLVM's backends register their options when the library loads
+  // (--aarch64-..., --amdgpu-..., hundreds of them); none concerns kvc, so
+  // --help lists only the options MlirOptMain registers from here on
+  // (--help-hidden still shows all).
+  for (auto &option : llvm::cl::getRegisteredOptions())
+    option.second->setHiddenFlag(llvm::cl::Hidden);
+
   mlir::DialectRegistry registry;
   registry.insert<mlir::kvc::KVCDialect, mlir::arith::ArithDialect,
                   mlir::cf::ControlFlowDialect, mlir::func::FuncDialect,

@@ -531,8 +531,12 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
   KVC_ASSIGN_OR_RETURN(stagingMiB, args.integer("staging-mib", 256));
   KVC_ASSIGN_OR_RETURN(tier, storeTier(args, target, store.tier()));
-  std::printf("planning for %s: the store is tier %s at %.3g GB/s\n",
+  std::printf("planning for %s: the store is tier %s at %.3g GB/s",
               target.name.c_str(), tier->name.c_str(), tier->readGBs);
+  // A ?gbps= throttle is in gigabits per second, as links are quoted.
+  if (double gbps = store.tier().throttleGBs())
+    std::printf(" (its ?gbps=%.3g throttle, gigabits per second)", gbps * 8);
+  std::printf("\n");
   planning::Request request;
   request.tokens = int64_t(tokens.size());
   KVC_ASSIGN_OR_RETURN(sources, storedSources(store, tokens, tier->name));

@@ -1,5 +1,5 @@
 // A chat request whose 4K-token history is stored twice: hidden states on
-// the local disk and int8+deflate KV in host DRAM. The planner (issue 3)
+// the local disk and int8+deflate KV in host DRAM. The planner (kvc-plan)
 // turns this intent into a kvc.plan.
 kvc.restore @chat tokens 0 to 4096 from [
     #kvc.source<tier = "disk", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,

@@ -184,7 +184,15 @@ TEST(Codec, SpecsParseAndPrint) {
   }
   EXPECT_FALSE(parseCodecSpec("int3").isOk());
   EXPECT_FALSE(parseCodecSpec("int4/bins8-3").isOk());
-  EXPECT_FALSE(parseCodecSpec("gzip").isOk());
+  // Errors name the part at fault and where the grammar is written.
+  EXPECT_EQ(parseCodecSpec("gzip").status().message(),
+            "codec \"gzip\": unknown stage \"gzip\" (codec strings: "
+            "docs/data-plane.md)");
+  EXPECT_EQ(parseCodecSpec("int8+int4").status().message(),
+            "codec \"int8+int4\": two quantization stages (codec strings: "
+            "docs/data-plane.md)");
+  EXPECT_FALSE(parseCodecSpec("zstd+lz4").isOk());
+  EXPECT_FALSE(parseCodecSpec("hadamard+hadamard").isOk());
 }
 
 } // namespace

@@ -73,12 +73,26 @@ StatusOr<CodecSpec> parseCodecSpec(const std::string &text) {
   if (text == "raw" || text.empty())
     return codec;
   auto bad = [&](const std::string &why) {
-    return invalidArgument("codec \"" + text + "\": " + why);
+    return invalidArgument("codec \"" + text + "\": " + why +
+                           " (codec strings: docs/data-plane.md)");
+  };
+  // Each kind of stage at most once.
+  bool transformSeen = false, quantSeen = false, losslessSeen = false;
+  auto once = [&](bool &seen, const char *kind) {
+    bool twice = seen;
+    seen = true;
+    return twice ? bad(std::string("two ") + kind + " stages") : Status::ok();
   };
   size_t at = 0;
   while (at <= text.size()) {
     size_t end = text.find('+', at);
     std::string part = text.substr(at, end - at);
+    if (part == "hadamard")
+      KVC_RETURN_IF_ERROR(once(transformSeen, "transform"));
+    else if (part == "deflate" || part == "zstd" || part == "lz4")
+      KVC_RETURN_IF_ERROR(once(losslessSeen, "lossless"));
+    else if (part.rfind("int", 0) == 0)
+      KVC_RETURN_IF_ERROR(once(quantSeen, "quantization"));
     if (part == "hadamard") {
       codec.transform = Transform::Hadamard;
     } else if (part == "deflate") {

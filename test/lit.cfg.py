@@ -2,6 +2,7 @@
 # lit configuration of the kvc regression tests.
 
 import os
+import shutil
 
 import lit.formats
 from lit.llvm import llvm_config
@@ -24,6 +25,10 @@ config.substitutions.append(("%python", config.python_executable))
 
 llvm_config.add_tool_substitutions(
     ["kvc-opt", "kvc-run", "not"], [config.kvc_tools_dir, config.llvm_tools_dir])
+
+# util-linux's `script` runs a command on a pseudo-terminal.
+if shutil.which("script"):
+    config.available_features.add("script")
 
 if config.ptxas and os.path.exists(config.ptxas):
     config.available_features.add("ptxas")

@@ -49,6 +49,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 using namespace kvc;
 
 namespace {
@@ -133,6 +135,27 @@ public:
 private:
   std::map<std::string, std::string> values_;
   std::vector<std::string> used_;
+};
+
+/// One line of progress on a terminal's stderr, rewritten in place and
+/// erased when done; nothing when stderr is not a terminal (a log, a pipe).
+class Progress {
+public:
+  Progress() : tty_(isatty(STDERR_FILENO)) {}
+  ~Progress() {
+    if (shown_)
+      std::fprintf(stderr, "\r\033[K");
+  }
+  void show(const std::string &text) {
+    if (!tty_)
+      return;
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+private:
+  bool tty_, shown_ = false;
 };
 
 StatusOr<DType> parseDType(const std::string &name) {
@@ -260,6 +283,11 @@ Status save(Args &args) {
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
   options.replace = args.has("replace");
+  Progress progress;
+  options.progress = [&](int64_t done, int64_t total) {
+    progress.show("save: prefilled " + std::to_string(done) + " of " +
+                  std::to_string(total) + " tokens");
+  };
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   StatusOr<SaveStats> saved = saveContext(*model, *store, tokens, options);
@@ -801,6 +829,7 @@ Status compareCommand(Args &args) {
   // say whether it did.
   std::vector<std::vector<PlanRun>> all(plans.size());
   std::vector<double> probes;
+  std::optional<Progress> progress(std::in_place);
   double price = 0;
   int64_t probeTokens = 0;
   for (int64_t r = 0; r < repeat; ++r) {
@@ -814,12 +843,15 @@ Status compareCommand(Args &args) {
     for (std::size_t i = 0; i < all.size(); ++i) {
       if (sameAs[i] != i)
         continue;
+      progress->show("compare: round " + std::to_string(r + 1) + " of " +
+                     std::to_string(repeat) + ", plan " + plans[i].name);
       // Every run is verified (after its timing): a run that goes wrong
       // once in a while fails the comparison too.
       KVC_ASSIGN_OR_RETURN(run, runPlan(setup, plans[i], {}, /*verify=*/true));
       all[i].push_back(std::move(run));
     }
   }
+  progress.reset(); // Erased before the table.
   if (!probes.empty()) {
     double typical = median(probes);
     std::printf("machine: a %lld-token chunk from position 0 took %.2f ms",

@@ -159,6 +159,8 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
           stats.stallSeconds += queue.push(std::move(job));
       }
     });
+    if (options.progress && prefill.isOk())
+      options.progress(t1, n);
   }
   stats.prefillSeconds = secondsSince(start);
   queue.close();

@@ -16,6 +16,7 @@
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include <functional>
 #include <vector>
 
 namespace kvc {
@@ -32,6 +33,9 @@ struct SaveOptions {
   /// first object of a form is stored with another codec fails before the
   /// prefill (ChunkStore::put refuses any other such object).
   bool replace = false;
+  /// Called after each prefilled chunk with the tokens prefilled so far and
+  /// the request's (a long save's progress).
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 struct SaveStats {

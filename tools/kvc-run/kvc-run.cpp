@@ -189,6 +189,33 @@ openStore(Args &args, const LlamaModel &model, TierAccess access) {
                                       layout);
 }
 
+/// Fails when the store holds nothing of the request under the layout this
+/// command reads with but holds it under another (a save with other
+/// --chunk-tokens or --layer-group): said so, instead of a restore that
+/// misses every object.
+Status checkStoredLayout(ChunkStore &store,
+                         const std::vector<int32_t> &tokens) {
+  const int64_t n = int64_t(tokens.size());
+  for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
+    KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
+    if (extent.tokens > 0)
+      return Status::ok();
+  }
+  for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
+    KVC_ASSIGN_OR_RETURN(others, store.otherLayouts(tokens.data(), n, form));
+    if (!others.empty())
+      return Status(
+          StatusCode::FailedPrecondition,
+          "the store holds this request saved with --chunk-tokens " +
+              std::to_string(others.front().chunkTokens) + " --layer-group " +
+              std::to_string(others.front().layerGroup) + ", not the " +
+              std::to_string(store.layout().chunkTokens) + " and " +
+              std::to_string(store.layout().layerGroup) +
+              " this command reads with; pass those");
+  }
+  return Status::ok();
+}
+
 Status genModel(Args &args) {
   GenModelOptions o;
   KVC_ASSIGN_OR_RETURN(out, args.required("out"));
@@ -616,6 +643,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   setup.maxError = maxError;
   if (args.has("bundle") == args.has("strategy"))
     return invalidArgument("give either --bundle FILE or --strategy");
+  KVC_RETURN_IF_ERROR(checkStoredLayout(*store, tokens));
   if (args.has("strategy")) {
     setup.planSource = "--strategy";
     const std::string list = args.get("strategy").empty()
@@ -960,6 +988,7 @@ Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
+  KVC_RETURN_IF_ERROR(checkStoredLayout(*store, tokens));
   KVC_ASSIGN_OR_RETURN(lanes, args.integer("io-lanes", 2));
   KVC_ASSIGN_OR_RETURN(predicted, args.integer("predicted-merge", -1));
   bool verify = args.has("verify");

@@ -8,9 +8,33 @@ ChunkStore::ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
                        std::string fingerprint, std::string salt,
                        StoreLayout layout)
     : tier_(std::move(tier)), model_(std::move(model)),
+      fingerprintHex_(fingerprint), salt_(salt),
       fingerprint_(digestFromHex(fingerprint)),
-      keys_(fingerprint, std::move(salt), layout.chunkTokens),
-      layout_(layout) {}
+      keys_(fingerprint, std::move(salt), layout.chunkTokens), layout_(layout) {
+}
+
+StatusOr<std::vector<StoreLayout>>
+ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, ChunkForm form) {
+  std::vector<StoreLayout> found;
+  for (int64_t chunkTokens : {64, 128, 256, 512, 1024, 2048}) {
+    if (chunkTokens > count)
+      break;
+    const Digest key = PrefixKeys(fingerprintHex_, salt_, chunkTokens)
+                           .keys(tokens, chunkTokens)
+                           .front();
+    for (int64_t layerGroup : {1, 2, 4, 8}) {
+      if (chunkTokens == layout_.chunkTokens &&
+          layerGroup == layout_.layerGroup)
+        continue;
+      ChunkRef first{key,         form, 0,
+                     chunkTokens, 0,    std::min(model_.numLayers, layerGroup)};
+      KVC_ASSIGN_OR_RETURN(exists, tier_->exists(first.name()));
+      if (exists)
+        found.push_back({chunkTokens, layerGroup});
+    }
+  }
+  return found;
+}
 
 std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
                                        ChunkForm form) const {

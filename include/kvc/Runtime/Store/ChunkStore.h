@@ -61,6 +61,13 @@ public:
   StatusOr<StoredExtent> stored(const int32_t *tokens, int64_t count,
                                 ChunkForm form);
 
+  /// Common layouts other than this store's (chunks of 64 to 2048 tokens,
+  /// groups of 1 to 8 layers) under which the first object of `form` for
+  /// `tokens` exists: what a save with another --chunk-tokens or
+  /// --layer-group left, which this store's keys cannot find.
+  StatusOr<std::vector<StoreLayout>>
+  otherLayouts(const int32_t *tokens, int64_t count, ChunkForm form);
+
   /// The codec of the object `ref` names, if one is stored and readable
   /// (a corrupt one reads as none).
   StatusOr<std::optional<CodecSpec>> storedCodec(const ChunkRef &ref);
@@ -96,6 +103,7 @@ private:
 
   std::shared_ptr<Tier> tier_;
   ModelConfig model_;
+  std::string fingerprintHex_, salt_;
   Digest fingerprint_;
   PrefixKeys keys_;
   StoreLayout layout_;

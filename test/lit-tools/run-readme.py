@@ -27,8 +27,11 @@ def main():
     os.makedirs(scratch, exist_ok=True)
     ran = failed = 0
     for command in commands(readme):
-        run = command.replace("build/bin/", build + "/bin/").replace(
-            "/tmp/", scratch + "/")
+        # Only paths as the README writes them: a word starting there (the
+        # build or scratch directory may itself lie under /tmp).
+        run = command.replace("file:///tmp/", "file://" + scratch + "/")
+        run = re.sub(r"(?<![\w/.-])/tmp/", scratch + "/", run)
+        run = re.sub(r"(?<![\w/.-])build/bin/", build + "/bin/", run)
         result = subprocess.run(["bash", "-c", run], cwd=source,
                                 capture_output=True, text=True)
         ran += 1

@@ -241,8 +241,28 @@ Status genModel(Args &args) {
   return Status::ok();
 }
 
+/// Fails when the f32 K and V of `tokens` tokens (what a prefill of them
+/// holds, before any other buffer) exceed the memory this machine has
+/// available: said at once, not after a prefill that would swap or die.
+Status checkFits(const ModelConfig &model, int64_t tokens) {
+  const double needed = double(tokens) * double(model.numLayers) * 2.0 *
+                        double(model.numKvHeads * model.headDim) * 4.0;
+  const int64_t available = availableMemoryBytes();
+  if (available > 0 && needed > double(available)) {
+    char text[160];
+    std::snprintf(text, sizeof(text),
+                  "%lld tokens: their K and V alone need %.1f GiB, this "
+                  "machine has %.1f GiB available",
+                  (long long)tokens, needed / double(1 << 30),
+                  double(available) / double(1 << 30));
+    return Status(StatusCode::FailedPrecondition, text);
+  }
+  return Status::ok();
+}
+
 /// Tokens from --tokens FILE (whitespace-separated ids below the model's
-/// vocabulary) or --random-tokens, at most the model's positions.
+/// vocabulary) or --random-tokens, at most the model's positions and what
+/// fits in memory.
 StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                                              const ModelConfig &model) {
   std::vector<int32_t> tokens;
@@ -271,6 +291,7 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
     }
     if (tokens.empty())
       return invalidArgument(path + ": no tokens");
+    KVC_RETURN_IF_ERROR(checkFits(model, int64_t(tokens.size())));
     return tokens;
   }
   KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 0));
@@ -279,6 +300,7 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
     return invalidArgument("give --tokens FILE or --random-tokens N");
   if (count > model.maxPositions)
     return tooLong("--random-tokens", count);
+  KVC_RETURN_IF_ERROR(checkFits(model, count));
   std::mt19937_64 rng{uint64_t(seed)};
   for (int64_t i = 0; i < count; ++i)
     tokens.push_back(int32_t(rng() % uint64_t(model.vocabSize)));

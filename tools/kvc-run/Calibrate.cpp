@@ -264,6 +264,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   }
 
   target.description = "calibrated by kvc-run calibrate from " + target.name;
+  target.calibrated = true;
   target.name += "-calibrated";
   KVC_RETURN_IF_ERROR(target.validate());
   return target;

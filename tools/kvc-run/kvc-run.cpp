@@ -919,9 +919,12 @@ Status compareCommand(Args &args) {
     if (quickest > 1.1 * price)
       std::printf("(the machine never ran at the speed %s prices: its "
                   "fastest timing was %+.0f%% over the price, so off "
-                  "measures the machine, not the cost model; calibrate "
-                  "first)\n",
-                  setup.target->name.c_str(), (quickest / price - 1) * 100);
+                  "measures the machine, not the cost model; %s)\n",
+                  setup.target->name.c_str(), (quickest / price - 1) * 100,
+                  setup.target->calibrated
+                      ? "it ran slower than when it was calibrated (a "
+                        "loaded machine?)"
+                      : "calibrate first");
   }
   // The fastest run is held against the prediction, as calibrate takes the
   // fastest of its rounds: this shared machine's GEMMs run up to 2x

@@ -42,6 +42,23 @@ TEST(TargetDesc, A100HasFourSsdLanes) {
   EXPECT_EQ(target->findTier("tape"), nullptr);
 }
 
+// Whether kvc-run calibrate measured a target: absent (every shipped
+// target), true, round-tripped, and anything but a boolean refused.
+TEST(TargetDesc, SaysWhetherItWasCalibrated) {
+  StatusOr<TargetDesc> estimated = loadTargetDesc(targetPath("cpu-2core"));
+  ASSERT_TRUE(estimated.isOk());
+  EXPECT_FALSE(estimated->calibrated);
+  TargetDesc measured = *estimated;
+  measured.calibrated = true;
+  StatusOr<TargetDesc> again = parseTargetDesc(printTargetDesc(measured));
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_TRUE(again->calibrated);
+  std::string text = printTargetDesc(measured);
+  std::size_t at = text.find("true");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_FALSE(parseTargetDesc(text.replace(at, 4, "\"yes\"")).isOk());
+}
+
 /// A valid description with `field` (a JSON pointer) replaced by `value`.
 std::string mutated(const char *pointer, const char *value) {
   StatusOr<TargetDesc> base = loadTargetDesc(targetPath("cpu-2core"));

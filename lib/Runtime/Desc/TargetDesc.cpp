@@ -235,6 +235,8 @@ StatusOr<TargetDesc> parseTargetDesc(std::string_view text) {
                                  Presence::Required));
   KVC_RETURN_IF_ERROR(readString(obj, "", "description", target.description,
                                  Presence::Optional));
+  KVC_RETURN_IF_ERROR(
+      readBool(obj, "", "calibrated", target.calibrated, Presence::Optional));
 
   struct Section {
     const char *key;
@@ -280,6 +282,8 @@ std::string printTargetDesc(const TargetDesc &target) {
   obj["name"] = target.name;
   if (!target.description.empty())
     obj["description"] = target.description;
+  if (target.calibrated)
+    obj["calibrated"] = true;
   const ComputeDesc &c = target.compute;
   obj["compute"] = {{"kind", computeKindName(c.kind)},
                     {"name", c.name},

@@ -76,6 +76,9 @@ struct CodecRateDesc {
 struct TargetDesc {
   std::string name;
   std::string description;
+  /// Whether `kvc-run calibrate` measured it on the machine it describes
+  /// (else its figures are estimates).
+  bool calibrated = false;
   ComputeDesc compute;
   HostDesc host;
   LinkDesc link;

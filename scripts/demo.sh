@@ -90,9 +90,10 @@ echo "(Chrome trace: $WORK/cake-trace.json; open it in chrome://tracing or Perfe
 
 banner "Cake's dynamic mode: the same plan, its merge point found at run time"
 # Compiled for the calibrated disk, the plan computes tokens 0-512 and loads
-# the rest; run as Cake's two-sided walk it starts from that prediction, and
-# the sides meet where this run's link and compute put them: earlier on the
-# local store, later on a link throttled to 0.01 Gbps.
+# the rest; run as Cake's two-sided walk (from both ends, that split the
+# prediction it reports beside), the sides meet where this run's link and
+# compute put them: earlier on the local store, later on a link throttled to
+# 0.01 Gbps.
 for LINK in "" "?gbps=0.01"; do
   "$RUN" restore "${REQUEST[@]}" --store "file://$WORK/store$LINK" --layer-group 1 \
     --bundle "$WORK/plans.json" --plan cake --dynamic --verify

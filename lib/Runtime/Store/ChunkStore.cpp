@@ -70,15 +70,11 @@ ChunkHeader ChunkStore::expected(const ChunkRef &ref) const {
 
 StatusOr<std::optional<CodecSpec>>
 ChunkStore::storedCodec(const ChunkRef &ref) {
-  StatusOr<bool> present = tier_->exists(ref.name());
-  if (!present.isOk())
-    return present.status();
-  if (!*present)
-    return std::optional<CodecSpec>();
+  // One read: every tier reports an absent object as ChunkFault::Missing.
   std::string bytes;
   Status read = tier_->get(ref.name(), bytes);
   if (chunkFault(read) == ChunkFault::Missing)
-    return std::optional<CodecSpec>(); // Removed meanwhile.
+    return std::optional<CodecSpec>();
   KVC_RETURN_IF_ERROR(read);
   auto unpacked = unpackChunk(bytes);
   if (!unpacked.isOk() || !checkChunk(unpacked->first, expected(ref)).isOk())

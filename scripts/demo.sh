@@ -7,7 +7,8 @@
 # states to a local store, compile recompute, Cake and HCache plans for it,
 # restore each into a paged cache and verify it against a full prefill, and
 # compare every strategy, planned in-process, at emulated link bandwidths
-# around this machine's balance point.
+# around this machine's balance point, and restores from stores saved with
+# int8+zstd and int4+deflate against their predictions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -114,6 +115,16 @@ for SCALE in 0.5 1 2; do
   sed -n 's/^fit: /calibrated: /p' "$WORK/calibrate-$SCALE.txt"
   "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store?gbps=$GBPS" \
     --layer-group 1 --strategy --target "$WORK/target-$SCALE.json" --repeat 5
+done
+
+banner "Compressed stores: loading KV saved with int8+zstd and with int4+deflate"
+# The calibrated target prices each codec's stages at the rates calibrate
+# measured for that data (zstd on int8 bytes, dequantization to int4, ...).
+for CODEC in int8+zstd int4+deflate; do
+  "$RUN" save "${REQUEST[@]}" --store "file://$WORK/store-$CODEC" --layer-group 1 \
+    --forms kv --codec "$CODEC"
+  "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store-$CODEC" --layer-group 1 \
+    --strategy kv --target "$WORK/target-1.json" --repeat 5
 done
 echo "(predicted times come from the calibrated target; docs/results.md" \
      "explains how close they come and why)"

@@ -113,8 +113,11 @@ double CostModel::dequantSeconds(const CodecSpec &codec,
     return 0;
   const ComputeDesc &c = target_.compute;
   if (c.kind == ComputeDesc::Kind::CPU)
-    return rawBytes / (stageRate(CodecStageKind::Quant, true) * 1e9 *
-                       double(target_.host.cores));
+    return codec.lossless != CodecSpec::Lossless::None
+               ? 0
+               : rawBytes /
+                     (stageRate(CodecStageKind::Quant, true, codec.quant) *
+                      1e9);
   // Read the integers, write the elements.
   return rawBytes * (1.0 + codec.bits() / 16.0) / (c.memGBs * 1e9);
 }
@@ -125,8 +128,9 @@ double CostModel::untransformSeconds(const CodecSpec &codec,
     return 0;
   const ComputeDesc &c = target_.compute;
   if (c.kind == ComputeDesc::Kind::CPU)
-    return rawBytes / (stageRate(CodecStageKind::Hadamard, true) * 1e9 *
-                       double(target_.host.cores));
+    return codec.lossless != CodecSpec::Lossless::None
+               ? 0
+               : rawBytes / (stageRate(CodecStageKind::Hadamard, true) * 1e9);
   return 2.0 * rawBytes / (c.memGBs * 1e9);
 }
 
@@ -164,22 +168,45 @@ double CostModel::readSeconds(const TierDesc &tier, double bytes) const {
   return tier.latencyUs * 1e-6 + bytes / laneBandwidth;
 }
 
-double CostModel::stageRate(CodecStageKind stage, bool decode) const {
-  for (const CodecRateDesc &rate : target_.codecs)
-    if (rate.stage == stage)
+double CostModel::stageRate(CodecStageKind stage, bool decode,
+                            CodecSpec::Quant on) const {
+  const CodecRateDesc *any = nullptr;
+  for (const CodecRateDesc &rate : target_.codecs) {
+    if (rate.stage != stage)
+      continue;
+    if (rate.on == on)
       return decode ? rate.decodeGBs : rate.encodeGBs;
+    if (!rate.on)
+      any = &rate;
+  }
+  if (any)
+    return decode ? any->decodeGBs : any->encodeGBs;
   return defaultRate(stage, decode);
+}
+
+double CostModel::losslessRate(const CodecSpec &codec, bool decode) const {
+  const CodecProfileEntry *entry = profile_.find(codec);
+  double measured = !entry ? 0 : decode ? entry->decodeGBs : entry->encodeGBs;
+  return measured > 0
+             ? measured
+             : stageRate(losslessStage(codec.lossless), decode, codec.quant);
 }
 
 double CostModel::hostDecodeSeconds(const CodecSpec &codec,
                                     double quantizedBytes) const {
   if (codec.lossless == CodecSpec::Lossless::None)
     return 0;
-  const CodecProfileEntry *entry = profile_.find(codec);
-  double rate = entry && entry->decodeGBs > 0
-                    ? entry->decodeGBs
-                    : stageRate(losslessStage(codec.lossless), true);
-  return quantizedBytes / (rate * 1e9 * double(target_.host.cores));
+  double seconds = quantizedBytes / (losslessRate(codec, true) * 1e9);
+  if (target_.compute.kind != ComputeDesc::Kind::CPU)
+    return seconds / double(std::max<int64_t>(target_.host.cores, 1));
+  // The CPU backend decodes a chunk completely, on one thread.
+  double raw = quantizedBytes / quantRatio(codec);
+  if (codec.quant != CodecSpec::Quant::None)
+    seconds +=
+        raw / (stageRate(CodecStageKind::Quant, true, codec.quant) * 1e9);
+  if (codec.transform != CodecSpec::Transform::None)
+    seconds += raw / (stageRate(CodecStageKind::Hadamard, true) * 1e9);
+  return seconds;
 }
 
 double CostModel::hostEncodeSeconds(const CodecSpec &codec,
@@ -189,15 +216,11 @@ double CostModel::hostEncodeSeconds(const CodecSpec &codec,
   if (codec.transform != CodecSpec::Transform::None)
     seconds += rawBytes / (stageRate(CodecStageKind::Hadamard, false) * 1e9);
   if (codec.quant != CodecSpec::Quant::None)
-    seconds += rawBytes / (stageRate(CodecStageKind::Quant, false) * 1e9);
-  if (codec.lossless != CodecSpec::Lossless::None) {
-    double quantized = rawBytes * quantRatio(codec);
-    const CodecProfileEntry *entry = profile_.find(codec);
-    double rate = entry && entry->encodeGBs > 0
-                      ? entry->encodeGBs
-                      : stageRate(losslessStage(codec.lossless), false);
-    seconds += quantized / (rate * 1e9);
-  }
+    seconds +=
+        rawBytes / (stageRate(CodecStageKind::Quant, false, codec.quant) * 1e9);
+  if (codec.lossless != CodecSpec::Lossless::None)
+    seconds +=
+        rawBytes * quantRatio(codec) / (losslessRate(codec, false) * 1e9);
   return seconds / cores;
 }
 

@@ -101,6 +101,9 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
         context,
         symbolize<CodecStage>(symbolizeCodecStage,
                               ::kvc::codecStageName(r.stage)),
+        r.on ? symbolize<CodecData>(symbolizeCodecData,
+                                    ::kvc::codecDataName(*r.on))
+             : CodecData::any,
         f64(r.encodeGBs), f64(r.decodeGBs)));
   return TargetAttr::get(context, target.name, compute, host, link,
                          ArrayAttr::get(context, tiers),
@@ -135,9 +138,12 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
   }
   for (Attribute attr : target.getCodecs()) {
     auto r = cast<CodecRateAttr>(attr);
+    std::optional<::kvc::CodecSpec::Quant> on;
+    if (r.getOn() != CodecData::any)
+      on = fromName(::kvc::codecDataName, 4, stringifyCodecData(r.getOn()));
     desc.codecs.push_back(
         {fromName(::kvc::codecStageName, 5, stringifyCodecStage(r.getStage())),
-         f64(r.getEncodeGbs()), f64(r.getDecodeGbs())});
+         on, f64(r.getEncodeGbs()), f64(r.getDecodeGbs())});
   }
   return desc;
 }

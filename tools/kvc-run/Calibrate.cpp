@@ -1,6 +1,7 @@
 //===- Calibrate.cpp - kvc-run calibrate ----------------------------------===//
 
 #include "Calibrate.h"
+#include "CodecTiming.h"
 #include "Timing.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
@@ -201,66 +202,64 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
                                   ignored);
     }
   }
-  // Codec stages, per core, on this model's KV: the lossless coders on its
-  // int8-quantized bytes, quantization on the raw chunk.
+  // Codec stages, per core, on this model's KV stored as a store holds it
+  // (one object per layer of 256 tokens): quantization per width, the
+  // Hadamard transform, and each lossless coder on the data of each width
+  // (what it codes decides its speed: near-random bytes go as stored blocks
+  // or raw literals, quantized bytes with structure through entropy coding).
   {
     const int64_t tokens = std::min<int64_t>(256, config.maxPositions);
     std::vector<int32_t> ids = calibrationTokens(config, tokens);
     LlamaModel::Cache cache = model.newCache();
     KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
-    ChunkShape shape =
-        chunkShape(config, ChunkForm::KV, tokens, 0, config.numLayers);
-    std::vector<float> kv;
-    for (int64_t l = 0; l < config.numLayers; ++l) {
-      kv.insert(kv.end(), cache.k[l].begin(), cache.k[l].end());
-      kv.insert(kv.end(), cache.v[l].begin(), cache.v[l].end());
-    }
-    const double rawBytes = double(shape.numel()) * dtypeBytes(config.dtype);
-    auto rateOf = [&](CodecRateDesc::Stage stage) -> CodecRateDesc & {
-      for (CodecRateDesc &rate : target.codecs)
-        if (rate.stage == stage)
-          return rate;
-      target.codecs.push_back(CodecRateDesc{stage, 0, 0});
-      return target.codecs.back();
+    const KVObjects kv = kvObjects(model, cache, tokens);
+    auto measure = [&](CodecRateDesc::Stage stage,
+                       std::optional<CodecSpec::Quant> on,
+                       const CodecSpec &codec) -> Status {
+      KVC_ASSIGN_OR_RETURN(rates, timeCodec(kv, codec));
+      CodecRateDesc measured{stage, on, rates.encodeGBs, rates.decodeGBs};
+      if (codec.lossless != CodecSpec::Lossless::None)
+        measured = {stage, on, rates.losslessEncodeGBs,
+                    rates.losslessDecodeGBs};
+      // A measured stage replaces every rate the base gave it.
+      auto &codecs = target.codecs;
+      codecs.erase(std::remove_if(codecs.begin(), codecs.end(),
+                                  [&](const CodecRateDesc &rate) {
+                                    return rate.stage == stage &&
+                                           (!rate.on || rate.on == on);
+                                  }),
+                   codecs.end());
+      codecs.push_back(measured);
+      std::printf("codec %-8s on %-4s (as %s): encode %7.2f, decode %7.2f "
+                  "GB/s per core\n",
+                  codecStageName(stage), on ? codecDataName(*on) : "any",
+                  codec.str().c_str(), measured.encodeGBs, measured.decodeGBs);
+      return Status::ok();
     };
-    CodecSpec int8;
-    int8.quant = CodecSpec::Quant::Int8;
-    StatusOr<std::string> quantized =
-        encodeChunk(kv.data(), shape, int8, config.dtype);
-    if (!quantized)
-      return quantized.status();
-    std::vector<uint16_t> decoded(shape.numel());
-    CodecRateDesc &quant = rateOf(CodecRateDesc::Stage::Quant);
-    quant.encodeGBs = rawBytes / timeIt([&] {
-                        (void)encodeChunk(kv.data(), shape, int8, config.dtype);
-                      }) / 1e9;
-    quant.decodeGBs = rawBytes / timeIt([&] {
-                        (void)decodeChunkToBf16(*quantized, shape, int8,
-                                                config.dtype, decoded.data());
-                      }) / 1e9;
-    std::printf("codec quant (int8, decoded to bf16 as the CPU backend does): "
-                "encode %.2f, decode %.2f GB/s per core\n",
-                quant.encodeGBs, quant.decodeGBs);
+    const CodecSpec::Quant widths[] = {
+        CodecSpec::Quant::Int8, CodecSpec::Quant::Int4, CodecSpec::Quant::Int2};
+    for (CodecSpec::Quant width : widths) {
+      CodecSpec quant;
+      quant.quant = width;
+      KVC_RETURN_IF_ERROR(measure(CodecRateDesc::Stage::Quant, width, quant));
+    }
+    CodecSpec hadamard;
+    hadamard.transform = CodecSpec::Transform::Hadamard;
+    KVC_RETURN_IF_ERROR(
+        measure(CodecRateDesc::Stage::Hadamard, std::nullopt, hadamard));
     const std::pair<CodecRateDesc::Stage, CodecSpec::Lossless> coders[] = {
         {CodecRateDesc::Stage::Deflate, CodecSpec::Lossless::Deflate},
         {CodecRateDesc::Stage::Zstd, CodecSpec::Lossless::Zstd},
         {CodecRateDesc::Stage::Lz4, CodecSpec::Lossless::Lz4}};
-    for (const auto &[stage, coder] : coders) {
-      std::string packed, unpacked;
-      double enc = timeIt([&] {
-        StatusOr<std::string> out = compressBytes(*quantized, coder);
-        if (out)
-          packed = std::move(*out);
-      });
-      double dec = timeIt([&] {
-        (void)decompressBytes(packed, coder, unpacked, quantized->size());
-      });
-      CodecRateDesc &rate = rateOf(stage);
-      rate.encodeGBs = double(quantized->size()) / enc / 1e9;
-      rate.decodeGBs = double(quantized->size()) / dec / 1e9;
-      std::printf("codec %s: encode %.2f, decode %.2f GB/s per core\n",
-                  codecStageName(stage), rate.encodeGBs, rate.decodeGBs);
-    }
+    for (const auto &[stage, coder] : coders)
+      for (CodecSpec::Quant on :
+           {CodecSpec::Quant::None, CodecSpec::Quant::Int8,
+            CodecSpec::Quant::Int4, CodecSpec::Quant::Int2}) {
+        CodecSpec codec;
+        codec.quant = on;
+        codec.lossless = coder;
+        KVC_RETURN_IF_ERROR(measure(stage, on, codec));
+      }
   }
 
   target.description = "calibrated by kvc-run calibrate from " + target.name;

@@ -20,9 +20,10 @@ namespace kvc {
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
 ///     file:// under `scratchDir` (warm page cache) for disk tiers; remote
 ///     tiers keep `base`'s values.
-///   - codecs: per-core rates of quantization (int8) and of the deflate,
-///     zstd and lz4 stages on this model's quantized KV (Hadamard keeps
-///     `base`'s rate).
+///   - codecs: per-core rates of quantization to each width, of the
+///     Hadamard transform and of the deflate, zstd and lz4 stages on this
+///     model's KV at each width (raw, int8, int4, int2), in objects of one
+///     layer of 256 tokens decoded to bf16 (CodecTiming.h).
 /// Prints each measurement.
 StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc base,
                                const std::string &scratchDir);

@@ -100,9 +100,31 @@ TEST_F(KVCAttrsTest, TargetFromDescriptionFindsTiersAndRates) {
   EXPECT_EQ(ssd.getLanes(), 4);
   EXPECT_DOUBLE_EQ(ssd.getReadGbs().convertToDouble(), 27.6);
   EXPECT_FALSE(target.findTier("tape"));
-  CodecRateAttr deflate = target.findCodecRate(CodecStage::deflate);
-  ASSERT_TRUE(deflate);
+  ASSERT_FALSE(target.getCodecs().empty());
+  auto deflate = cast<CodecRateAttr>(target.getCodecs()[0]);
+  EXPECT_EQ(deflate.getStage(), CodecStage::deflate);
+  EXPECT_EQ(deflate.getOn(), CodecData::any);
   EXPECT_DOUBLE_EQ(deflate.getDecodeGbs().convertToDouble(), 0.3125);
+}
+
+TEST_F(KVCAttrsTest, CodecRatesKeepTheDataTheyHoldFor) {
+  ::kvc::StatusOr<::kvc::TargetDesc> desc = ::kvc::loadTargetDesc(
+      std::string(KVC_SOURCE_DIR) + "/targets/a100-40gb.json");
+  ASSERT_TRUE(desc.isOk()) << desc.status().toString();
+  desc->codecs.push_back({::kvc::CodecRateDesc::Stage::Zstd,
+                          ::kvc::CodecSpec::Quant::Int4, 0.5, 2.5});
+  desc->codecs.push_back({::kvc::CodecRateDesc::Stage::Zstd,
+                          ::kvc::CodecSpec::Quant::None, 0.25, 1.5});
+  TargetAttr target = getTargetAttr(&context, *desc);
+  auto int4 = cast<CodecRateAttr>(target.getCodecs()[desc->codecs.size() - 2]);
+  EXPECT_EQ(int4.getOn(), CodecData::int4);
+  ::kvc::TargetDesc back = getTargetDesc(target);
+  ASSERT_EQ(back.codecs.size(), desc->codecs.size());
+  EXPECT_FALSE(back.codecs.front().on);
+  EXPECT_EQ(back.codecs[back.codecs.size() - 2].on,
+            ::kvc::CodecSpec::Quant::Int4);
+  EXPECT_EQ(back.codecs.back().on, ::kvc::CodecSpec::Quant::None);
+  EXPECT_DOUBLE_EQ(back.codecs.back().decodeGBs, 1.5);
 }
 
 TEST_F(KVCAttrsTest, RawCodecIsNull) {

@@ -125,6 +125,38 @@ TEST(CostModel, HostDecodeUsesEveryCore) {
   EXPECT_EQ(cost.hostDecodeSeconds(CodecSpec(), 1e9), 0.0);
 }
 
+TEST(CostModel, CpuHostDecodeIsEveryStageOnOneThreadAtTheRateForItsData) {
+  TargetDesc t = target("cpu-2core");
+  t.codecs = {{CodecStageKind::Zstd, std::nullopt, 1, 1.0},
+              {CodecStageKind::Zstd, CodecSpec::Quant::Int4, 1, 2.0},
+              {CodecStageKind::Quant, CodecSpec::Quant::Int4, 1, 8.0},
+              {CodecStageKind::Quant, std::nullopt, 1, 4.0}};
+  CostModel cost(llama2_7b(), t, CodecProfile());
+  CodecSpec int4z;
+  int4z.quant = CodecSpec::Quant::Int4;
+  int4z.lossless = CodecSpec::Lossless::Zstd;
+  const double raw = 1e9;
+  const double quantized = raw * cost.quantizedBytes(Form::KV, int4z, 1, 1) /
+                           cost.rawBytes(Form::KV, 1, 1);
+  // zstd at its int4 rate on the quantized bytes, dequantization at int4's
+  // rate on the raw bytes: one core, not two.
+  EXPECT_NEAR(cost.hostDecodeSeconds(int4z, quantized),
+              quantized / 2e9 + raw / 8e9, 1e-9);
+  // Dequantizing is part of that decode, not a second step on the device.
+  EXPECT_EQ(cost.dequantSeconds(int4z, raw), 0.0);
+  // int8 has no rate of its own: the rates for any data.
+  CodecSpec int8z = int4z;
+  int8z.quant = CodecSpec::Quant::Int8;
+  const double quantized8 = raw * cost.quantizedBytes(Form::KV, int8z, 1, 1) /
+                            cost.rawBytes(Form::KV, 1, 1);
+  EXPECT_NEAR(cost.hostDecodeSeconds(int8z, quantized8),
+              quantized8 / 1e9 + raw / 4e9, 1e-9);
+  // Without a lossless stage, the device step dequantizes, on one core.
+  CodecSpec int4 = int4z;
+  int4.lossless = CodecSpec::Lossless::None;
+  EXPECT_NEAR(cost.dequantSeconds(int4, raw), raw / 8e9, 1e-9);
+}
+
 TEST(CodecProfile, DefaultsCoverTheSpaceAndRoundTrip) {
   CodecProfile profile = CodecProfile::defaults();
   EXPECT_GT(profile.entries().size(), 60u);

@@ -124,6 +124,38 @@ TEST(TargetDesc, DuplicateTierNames) {
       << status.toString();
 }
 
+TEST(TargetDesc, CodecRatesNameTheDataTheyHoldFor) {
+  StatusOr<TargetDesc> target = loadTargetDesc(targetPath("cpu-2core"));
+  ASSERT_TRUE(target.isOk());
+  // One rate per stage and data: "zstd on int4" beside "zstd" for any data.
+  target->codecs.push_back(
+      {CodecRateDesc::Stage::Zstd, CodecSpec::Quant::Int4, 0.5, 2.5});
+  ASSERT_TRUE(target->validate().isOk()) << target->validate().toString();
+  StatusOr<TargetDesc> again = parseTargetDesc(printTargetDesc(*target));
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(again->codecs.back().on, CodecSpec::Quant::Int4);
+  EXPECT_FALSE(again->codecs.front().on);
+  target->codecs.push_back(target->codecs.back());
+  Status status = target->validate();
+  EXPECT_NE(status.message().find("duplicate stage \"zstd\" on int4"),
+            std::string::npos)
+      << status.toString();
+  // Data a rate cannot hold for is named.
+  StatusOr<TargetDesc> bad = parseTargetDesc(R"({"schema": "kvc-target/1",
+      "name": "x", "compute": {"kind": "cpu", "name": "c", "dense_tflops": 1,
+      "mem_gbs": 1, "mem_gib": 1, "restore_share": 1},
+      "host": {"cores": 1, "dram_gib": 1, "nic_gbs": 0},
+      "link": {"h2d_gbs": 1, "d2h_gbs": 1, "latency_us": 0},
+      "tiers": [{"name": "dram", "kind": "dram", "read_gbs": 1,
+                 "write_gbs": 1, "latency_us": 0}],
+      "codecs": [{"stage": "zstd", "on": "int3", "encode_gbs": 1,
+                  "decode_gbs": 1}]})");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("codecs[0].on: unknown value \"int3\""),
+            std::string::npos)
+      << bad.status().toString();
+}
+
 TEST(TargetDesc, MissingSection) {
   StatusOr<TargetDesc> target = parseTargetDesc(
       R"({"schema": "kvc-target/1", "name": "x", "compute": {}})");

@@ -62,7 +62,9 @@ public:
   /// Seconds to dequantize/untransform (per `codec`) and scatter `rawBytes`
   /// of decoded output on the device: the sum of the three below.
   double deviceDecodeSeconds(const CodecSpec &codec, double rawBytes) const;
-  /// Dequantizing `codec`'s quantization into `rawBytes` on the device.
+  /// Dequantizing `codec`'s quantization into `rawBytes` on the device (on
+  /// a CPU target, one core; nothing when a lossless stage precedes it,
+  /// whose host decoding dequantizes too).
   double dequantSeconds(const CodecSpec &codec, double rawBytes) const;
   /// Undoing `codec`'s transform on `rawBytes` on the device.
   double untransformSeconds(const CodecSpec &codec, double rawBytes) const;
@@ -88,8 +90,11 @@ public:
 
   /// One request of `bytes` on one lane of `tier`.
   double readSeconds(const TierDesc &tier, double bytes) const;
-  /// Lossless decoding of a chunk whose decoded (quantized) size is
-  /// `quantizedBytes`, spread over every host core.
+  /// Host decoding of a chunk whose quantized size is `quantizedBytes` on
+  /// the decode resource. For a GPU target, the lossless stage spread over
+  /// every host core (the decode pool the CUDA backend is to have); for a
+  /// CPU target, what the CPU backend does: the lossless stage,
+  /// dequantization and the inverse transform, on one thread.
   double hostDecodeSeconds(const CodecSpec &codec, double quantizedBytes) const;
   /// Host encoding (save and transfer paths) of `rawBytes`.
   double hostEncodeSeconds(const CodecSpec &codec, double rawBytes) const;
@@ -101,8 +106,14 @@ public:
   double networkSeconds(double bytes) const;
 
 private:
-  /// Per-core rate of a stage from the target, or the profile's override.
-  double stageRate(CodecStageKind stage, bool decode) const;
+  /// Per-core rate of `stage` on data quantized as `on` (a lossless
+  /// coder's input, the quant stage's width): the target's rate for that
+  /// data, else its rate for any data, else a built-in estimate.
+  double stageRate(CodecStageKind stage, bool decode,
+                   CodecSpec::Quant on = CodecSpec::Quant::None) const;
+  /// The lossless stage's per-core rate for `codec`: a profile entry's
+  /// measurement, else the target's.
+  double losslessRate(const CodecSpec &codec, bool decode) const;
 
   ModelConfig model_;
   TargetDesc target_;

@@ -317,6 +317,36 @@ Status checkCodec(const CodecSpec &codec, const ChunkShape &shape) {
   return Status::ok();
 }
 
+namespace {
+
+/// Each thread's coder contexts, made on first use and reused for every
+/// object after: allocating them per call (ZSTD_decompress does) costs as
+/// much as decoding a 36 KB object.
+struct CoderContexts {
+  template <typename T, typename R>
+  using Owned = std::unique_ptr<T, R (*)(T *)>;
+
+  Owned<libdeflate_decompressor, void> deflateD{libdeflate_alloc_decompressor(),
+                                                libdeflate_free_decompressor};
+  /// Levels 0 (stored blocks) and 1.
+  Owned<libdeflate_compressor, void> deflateC[2] = {
+      {libdeflate_alloc_compressor(0), libdeflate_free_compressor},
+      {libdeflate_alloc_compressor(1), libdeflate_free_compressor}};
+  Owned<ZSTD_DCtx, size_t> zstdD{ZSTD_createDCtx(), ZSTD_freeDCtx};
+  Owned<ZSTD_CCtx, size_t> zstdC{ZSTD_createCCtx(), ZSTD_freeCCtx};
+};
+
+CoderContexts &coderContexts() {
+  thread_local CoderContexts contexts;
+  return contexts;
+}
+
+libdeflate_compressor *deflateCompressor(int level) {
+  return coderContexts().deflateC[level].get();
+}
+
+} // namespace
+
 StatusOr<std::string> compressBytes(std::string_view raw,
                                     CodecSpec::Lossless coder) {
   std::string out;
@@ -328,10 +358,9 @@ StatusOr<std::string> compressBytes(std::string_view raw,
     // blocks instead (still deflate, decoded at memory speed): on
     // near-random quantized data the coding is not worth its decode time.
     for (int level : {1, 0}) {
-      std::unique_ptr<libdeflate_compressor, void (*)(libdeflate_compressor *)>
-          c(libdeflate_alloc_compressor(level), libdeflate_free_compressor);
-      out.resize(libdeflate_deflate_compress_bound(c.get(), raw.size()));
-      size_t n = libdeflate_deflate_compress(c.get(), raw.data(), raw.size(),
+      libdeflate_compressor *c = deflateCompressor(level);
+      out.resize(libdeflate_deflate_compress_bound(c, raw.size()));
+      size_t n = libdeflate_deflate_compress(c, raw.data(), raw.size(),
                                              out.data(), out.size());
       if (n == 0)
         return Status(StatusCode::Internal, "deflate failed");
@@ -343,7 +372,8 @@ StatusOr<std::string> compressBytes(std::string_view raw,
   }
   case CodecSpec::Lossless::Zstd: {
     out.resize(ZSTD_compressBound(raw.size()));
-    size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), 1);
+    size_t n = ZSTD_compressCCtx(coderContexts().zstdC.get(), out.data(),
+                                 out.size(), raw.data(), raw.size(), 1);
     if (ZSTD_isError(n))
       return Status(StatusCode::Internal,
                     std::string("zstd: ") + ZSTD_getErrorName(n));
@@ -374,13 +404,10 @@ Status decompressBytes(std::string_view packed, CodecSpec::Lossless coder,
     std::memcpy(out.data(), packed.data(), expectedSize);
     return Status::ok();
   case CodecSpec::Lossless::Deflate: {
-    thread_local std::unique_ptr<libdeflate_decompressor,
-                                 void (*)(libdeflate_decompressor *)>
-        d(libdeflate_alloc_decompressor(), libdeflate_free_decompressor);
     size_t actual = 0;
-    libdeflate_result r =
-        libdeflate_deflate_decompress(d.get(), packed.data(), packed.size(),
-                                      out.data(), expectedSize, &actual);
+    libdeflate_result r = libdeflate_deflate_decompress(
+        coderContexts().deflateD.get(), packed.data(), packed.size(),
+        out.data(), expectedSize, &actual);
     if (r != LIBDEFLATE_SUCCESS || actual != expectedSize)
       return dataLoss("deflate stream is corrupt or truncated");
     return Status::ok();
@@ -390,8 +417,8 @@ Status decompressBytes(std::string_view packed, CodecSpec::Lossless coder,
         ZSTD_getFrameContentSize(packed.data(), packed.size());
     if (size != expectedSize)
       return dataLoss("zstd frame is corrupt, truncated or of the wrong size");
-    size_t n = ZSTD_decompress(out.data(), expectedSize, packed.data(),
-                               packed.size());
+    size_t n = ZSTD_decompressDCtx(coderContexts().zstdD.get(), out.data(),
+                                   expectedSize, packed.data(), packed.size());
     if (ZSTD_isError(n) || n != expectedSize)
       return dataLoss("zstd frame is corrupt or truncated");
     return Status::ok();

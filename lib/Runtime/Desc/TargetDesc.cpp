@@ -33,6 +33,11 @@ constexpr EnumName<CodecRateDesc::Stage> kCodecStages[] = {
     {CodecRateDesc::Stage::Lz4, "lz4"},
     {CodecRateDesc::Stage::Quant, "quant"},
     {CodecRateDesc::Stage::Hadamard, "hadamard"}};
+constexpr EnumName<CodecSpec::Quant> kCodecData[] = {
+    {CodecSpec::Quant::None, "raw"},
+    {CodecSpec::Quant::Int8, "int8"},
+    {CodecSpec::Quant::Int4, "int4"},
+    {CodecSpec::Quant::Int2, "int2"}};
 
 template <typename E, std::size_t N>
 const char *nameOf(const EnumName<E> (&table)[N], E value) {
@@ -139,6 +144,11 @@ Status parseTier(const Json &obj, const std::string &path, TierDesc &t) {
 Status parseCodecRate(const Json &obj, const std::string &path,
                       CodecRateDesc &c) {
   KVC_RETURN_IF_ERROR(readEnum(obj, path, "stage", kCodecStages, c.stage));
+  if (obj.contains("on")) {
+    CodecSpec::Quant on;
+    KVC_RETURN_IF_ERROR(readEnum(obj, path, "on", kCodecData, on));
+    c.on = on;
+  }
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "encode_gbs", c.encodeGBs, Presence::Required));
   return readNumber(obj, path, "decode_gbs", c.decodeGBs, Presence::Required);
@@ -154,6 +164,9 @@ const char *tierKindName(TierDesc::Kind kind) {
 }
 const char *codecStageName(CodecRateDesc::Stage stage) {
   return nameOf(kCodecStages, stage);
+}
+const char *codecDataName(CodecSpec::Quant quant) {
+  return nameOf(kCodecData, quant);
 }
 
 Status TargetDesc::validate() const {
@@ -199,12 +212,16 @@ Status TargetDesc::validate() const {
     if (tier.lanes <= 0)
       return invalidArgument(path + ".lanes: expected a positive integer");
   }
-  std::set<CodecRateDesc::Stage> stages;
+  std::set<std::pair<CodecRateDesc::Stage, std::optional<CodecSpec::Quant>>>
+      stages;
   for (std::size_t i = 0; i < codecs.size(); ++i) {
+    const CodecRateDesc &rate = codecs[i];
     std::string path = "codecs[" + std::to_string(i) + "]";
-    if (!stages.insert(codecs[i].stage).second)
-      return invalidArgument(path + ".stage: duplicate stage \"" +
-                             codecStageName(codecs[i].stage) + "\"");
+    if (!stages.insert({rate.stage, rate.on}).second)
+      return invalidArgument(
+          path + ".stage: duplicate stage \"" + codecStageName(rate.stage) +
+          "\"" +
+          (rate.on ? " on " + std::string(codecDataName(*rate.on)) : ""));
     KVC_RETURN_IF_ERROR(checkPositive(codecs[i].encodeGBs, path + ".encode_gbs"));
     KVC_RETURN_IF_ERROR(checkPositive(codecs[i].decodeGBs, path + ".decode_gbs"));
   }
@@ -311,10 +328,14 @@ std::string printTargetDesc(const TargetDesc &target) {
                      {"lanes", t.lanes}});
   obj["tiers"] = std::move(tiers);
   Json codecs = Json::array();
-  for (const CodecRateDesc &r : target.codecs)
-    codecs.push_back({{"stage", codecStageName(r.stage)},
-                      {"encode_gbs", r.encodeGBs},
-                      {"decode_gbs", r.decodeGBs}});
+  for (const CodecRateDesc &r : target.codecs) {
+    Json rate = {{"stage", codecStageName(r.stage)},
+                 {"encode_gbs", r.encodeGBs},
+                 {"decode_gbs", r.decodeGBs}};
+    if (r.on)
+      rate["on"] = codecDataName(*r.on);
+    codecs.push_back(std::move(rate));
+  }
   obj["codecs"] = std::move(codecs);
   return obj.dump(2) + "\n";
 }

@@ -204,6 +204,18 @@ module attributes {kvc.target = #kvc.target<name = "t",
 
 // -----
 
+// expected-error @+1 {{duplicate codec stage zstd on int4}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1>,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>],
+    codecs = [#kvc.codec_rate<stage = zstd, encode_gbs = 1, decode_gbs = 1>,
+              #kvc.codec_rate<stage = zstd, on = int4, encode_gbs = 1, decode_gbs = 2>,
+              #kvc.codec_rate<stage = zstd, on = int4, encode_gbs = 1, decode_gbs = 3>]>} {}
+
+// -----
+
 // expected-error @+1 {{a target needs at least one tier}}
 module attributes {kvc.target = #kvc.target<name = "t",
     compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1>,

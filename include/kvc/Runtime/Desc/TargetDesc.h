@@ -12,8 +12,10 @@
 #define KVC_RUNTIME_DESC_TARGETDESC_H
 
 #include "kvc/Runtime/Base/Status.h"
+#include "kvc/Runtime/Desc/CodecSpec.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,10 +67,16 @@ struct TierDesc {
   int64_t lanes = 1;    ///< Independent devices or connections.
 };
 
-/// Per-core throughput of one codec stage, in GB/s of uncompressed data.
+/// Per-core throughput of one codec stage, in GB/s of uncompressed data
+/// (for a lossless coder, the bytes it codes; for quant and hadamard, the
+/// raw elements). A lossless coder's speed depends on what it codes, and
+/// dequantization's on the width, so a rate may say which data it holds
+/// for: `on` is the quantization of the coder's input (None: raw elements)
+/// or the quant stage's width; a rate without it holds for any data.
 struct CodecRateDesc {
   enum class Stage { Deflate, Zstd, Lz4, Quant, Hadamard };
   Stage stage = Stage::Deflate;
+  std::optional<CodecSpec::Quant> on;
   double encodeGBs = 0;
   double decodeGBs = 0;
 };
@@ -94,6 +102,8 @@ struct TargetDesc {
 const char *computeKindName(ComputeDesc::Kind kind);
 const char *tierKindName(TierDesc::Kind kind);
 const char *codecStageName(CodecRateDesc::Stage stage);
+/// The name of the data a rate holds for: "raw", "int8", "int4", "int2".
+const char *codecDataName(CodecSpec::Quant quant);
 
 /// Parses a target description (schema "kvc-target/1").
 StatusOr<TargetDesc> parseTargetDesc(std::string_view json);

@@ -221,7 +221,8 @@ LogicalResult TierAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 
 LogicalResult
 CodecRateAttr::verify(function_ref<InFlightDiagnostic()> emitError, CodecStage,
-                      llvm::APFloat encodeGbs, llvm::APFloat decodeGbs) {
+                      CodecData, llvm::APFloat encodeGbs,
+                      llvm::APFloat decodeGbs) {
   if (failed(requirePositive(emitError, "encode_gbs",
                              encodeGbs.convertToDouble())) ||
       failed(requirePositive(emitError, "decode_gbs",
@@ -246,15 +247,16 @@ LogicalResult TargetAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     if (!names.insert(tier.getName()).second)
       return emitError() << "duplicate tier \"" << tier.getName() << "\"";
   }
-  llvm::SmallSet<CodecStage, 8> stages;
+  llvm::SmallSet<std::pair<CodecStage, CodecData>, 8> stages;
   for (Attribute attr : codecs) {
     auto rate = llvm::dyn_cast<CodecRateAttr>(attr);
     if (!rate)
       return emitError() << "codecs must hold #kvc.codec_rate attributes, got "
                          << attr;
-    if (!stages.insert(rate.getStage()).second)
+    if (!stages.insert({rate.getStage(), rate.getOn()}).second)
       return emitError() << "duplicate codec stage "
-                         << stringifyCodecStage(rate.getStage());
+                         << stringifyCodecStage(rate.getStage()) << " on "
+                         << stringifyCodecData(rate.getOn());
   }
   return success();
 }
@@ -263,13 +265,6 @@ TierAttr TargetAttr::findTier(StringRef name) const {
   for (Attribute attr : getTiers())
     if (auto tier = llvm::dyn_cast<TierAttr>(attr); tier && tier.getName() == name)
       return tier;
-  return {};
-}
-
-CodecRateAttr TargetAttr::findCodecRate(CodecStage stage) const {
-  for (Attribute attr : getCodecs())
-    if (auto rate = llvm::dyn_cast<CodecRateAttr>(attr); rate && rate.getStage() == stage)
-      return rate;
   return {};
 }
 

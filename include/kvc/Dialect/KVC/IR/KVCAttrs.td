@@ -192,8 +192,15 @@ def KVC_TierAttr : KVC_Attr<"Tier", "tier"> {
 
 def KVC_CodecRateAttr : KVC_Attr<"CodecRate", "codec_rate"> {
   let summary = "Per-core throughput of one codec stage";
+  let description = [{
+    `on` names the data the rate holds for: the quantization of a lossless
+    coder's input (`raw`: unquantized elements) or the quant stage's width;
+    `any` (the default, not printed) holds for every codec without a rate
+    of its own.
+  }];
   let parameters = (ins
     EnumParameter<KVC_CodecStage>:$stage,
+    DefaultValuedParameter<"CodecData", "CodecData::any">:$on,
     KVC_F64Parameter<"GB/s of raw data">:$encode_gbs,
     KVC_F64Parameter<"GB/s of raw data">:$decode_gbs
   );
@@ -235,8 +242,6 @@ def KVC_TargetAttr : KVC_Attr<"Target", "target"> {
   let extraClassDeclaration = [{
     /// Returns the tier named `name`, or null.
     TierAttr findTier(::llvm::StringRef name) const;
-    /// Returns the rate of `stage`, or null.
-    CodecRateAttr findCodecRate(CodecStage stage) const;
   }];
 }
 

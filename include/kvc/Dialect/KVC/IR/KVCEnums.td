@@ -66,6 +66,13 @@ def KVC_CodecStage : KVC_Enum<"CodecStage", "a codec stage with a measured rate"
   I32EnumAttrCase<"quant", 3>,
   I32EnumAttrCase<"hadamard", 4>]>;
 
+def KVC_CodecData : KVC_Enum<"CodecData", "the data a codec stage's rate holds for", [
+  I32EnumAttrCase<"any", 0>,
+  I32EnumAttrCase<"raw", 1>,
+  I32EnumAttrCase<"int8", 2>,
+  I32EnumAttrCase<"int4", 3>,
+  I32EnumAttrCase<"int2", 4>]>;
+
 def KVC_Resource : KVC_Enum<"Resource", "a resource that runs tasks", [
   I32EnumAttrCase<"io", 0>,
   I32EnumAttrCase<"decode", 1>,

@@ -21,16 +21,17 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
   std::vector<int32_t> ids(tokens);
   for (int32_t &t : ids)
     t = int32_t(rng() % uint64_t(c.vocabSize));
-  // KV of every layer as one chunk, layer-major (K then V per layer).
+  LlamaModel::Cache cache = model.newCache();
+  KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
+  // KV as a store holds it, one object per layer (rates are timed on
+  // these), and as one chunk of every layer, layer-major (K then V per
+  // layer), which the errors are measured on.
+  const KVObjects objects = kvObjects(model, cache, tokens);
   ChunkShape shape = chunkShape(c, ChunkForm::KV, tokens, 0, c.numLayers);
   std::vector<float> kv;
   kv.reserve(shape.numel());
-  LlamaModel::Cache cache = model.newCache();
-  KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
-  for (int64_t l = 0; l < c.numLayers; ++l) {
-    kv.insert(kv.end(), cache.k[l].begin(), cache.k[l].end());
-    kv.insert(kv.end(), cache.v[l].begin(), cache.v[l].end());
-  }
+  for (const KVObjects::Object &object : objects.objects)
+    kv.insert(kv.end(), object.values.begin(), object.values.end());
   // Queries like the keys: K rows of other tokens.
   std::vector<float> queries;
   for (int q = 0; q < 8; ++q) {
@@ -44,7 +45,6 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
   // Rates per core: of the whole codec in GB/s of raw KV (decoding to bf16,
   // as the CPU backend does), and of its lossless stage alone in GB/s of
   // the bytes that stage codes (what the profile records).
-  const KVObjects objects = kvObjects(model, cache, tokens);
   std::printf("%-28s %8s %9s %9s %10s %10s %10s %10s\n", "codec", "ratio",
               "K,V err", "attn err", "enc GB/s", "dec GB/s", "lossl enc",
               "lossl dec");

@@ -17,6 +17,7 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   plan.stagingMiB = options.stagingMiB;
   plan.report = options.report;
   plan.strategy = options.strategy;
+  plan.allowSloMiss = options.allowSloMiss;
   pm.addPass(createKVCPlanPass(plan));
   KVCExpandPassOptions expand{options.codecProfile, options.chunkTokens,
                               options.stagingMiB};

@@ -130,11 +130,18 @@ struct PlanRestorePass : public GeneratedBaseT<DerivedT> {
       if (!best)
         return this->signalPassFailure();
       const planning::Evaluation &chosen = *best;
-      if (chosen.seconds > request.sloSeconds)
-        mlir::emitWarning(restore.getLoc()) << "the best " << chosen.plan.strategy
-                              << " plan takes " << ms(chosen.seconds)
-                              << ", more than slo_ms = "
-                              << ::kvc::formatNumber(request.sloSeconds * 1e3);
+      if (chosen.seconds > request.sloSeconds) {
+        InFlightDiagnostic diag = this->allowSloMiss
+                                      ? mlir::emitWarning(restore.getLoc())
+                                      : restore.emitOpError();
+        diag << "the best " << chosen.plan.strategy << " plan takes "
+             << ms(chosen.seconds) << ", more than slo_ms = "
+             << ::kvc::formatNumber(request.sloSeconds * 1e3);
+        if (!this->allowSloMiss) {
+          diag.attachNote() << "allow-slo-miss keeps it with a warning";
+          return this->signalPassFailure();
+        }
+      }
 
       OpBuilder builder(restore);
       PlanOp plan = buildPlanOp(builder, restore.getLoc(),

@@ -26,3 +26,10 @@ kvc.restore @r tokens 0 to 4096 from [
 // STRATEGY: error: 'kvc.restore' op has no usable hidden-state source for strategy "hcache"
 kvc.restore @kv_only tokens 0 to 4096 from [
     #kvc.source<tier = "dram", form = kv, tokens = 0 to 4096, layers = 0 to 32>]
+
+// -----
+
+// Tests that a request no plan serves within its SLO is an error.
+// expected-error @+2 {{'kvc.restore' op the best joint plan takes}}
+// expected-note @+1 {{allow-slo-miss keeps it with a warning}}
+kvc.restore @hurry tokens 0 to 4096 from [] {slo_ms = 1.0}

@@ -37,6 +37,11 @@ struct RestorePipelineOptions
       llvm::cl::desc("joint, or the baseline to plan: compute, kv, hidden, "
                      "cake or hcache"),
       llvm::cl::init("joint")};
+  PassOptions::Option<bool> allowSloMiss{
+      *this, "allow-slo-miss",
+      llvm::cl::desc("Keep the fastest plan, with a warning, when it misses "
+                     "the request's slo_ms (otherwise an error)"),
+      llvm::cl::init(false)};
   PassOptions::Option<std::string> gpuChip{
       *this, "gpu-chip",
       llvm::cl::desc("Generate the fused kernels as PTX for this GPU "

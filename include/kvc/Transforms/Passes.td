@@ -82,6 +82,13 @@ defvar KVC_CostModelOptions = [
          "Host staging memory for fetched chunks, MiB">,
 ];
 
+/// Options every pass that plans a kvc.restore takes.
+defvar KVC_RestorePlanningOptions = !listconcat(KVC_CostModelOptions, [
+  Option<"allowSloMiss", "allow-slo-miss", "bool", /*default=*/"false",
+         "Keep the fastest plan, with a warning, when it takes longer than "
+         "the request's slo_ms (otherwise that is an error)">,
+]);
+
 def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
   let summary = "Chooses codecs under latency, SLO and quality budgets (KVServe)";
   let description = [{
@@ -141,7 +148,7 @@ def KVCChooseMergePointPass : Pass<"kvc-choose-merge-point", "::mlir::ModuleOp">
     ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
-  let options = KVC_CostModelOptions;
+  let options = KVC_RestorePlanningOptions;
 }
 
 def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
@@ -175,7 +182,7 @@ def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
     ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
-  let options = KVC_CostModelOptions;
+  let options = KVC_RestorePlanningOptions;
 }
 
 def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
@@ -191,8 +198,10 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
     one line per baseline and for the chosen plan: makespan, busy time per
     resource and lane, bytes read, FLOPs, and its makespan over the chosen
     plan's (`time/chosen`); then each plan's segments (what it computes and
-    loads, from which tier with which codec). A plan slower than the
-    request's `slo_ms` is reported as a warning.
+    loads, from which tier with which codec). When even the chosen plan
+    takes longer than the request's `slo_ms` the pass fails, naming the
+    plan's time; `allow-slo-miss` keeps that plan with a warning instead
+    (every restore-planning pass takes this option).
     `strategy` plans one baseline instead (`kvc-run compare` runs them all);
     a request that stores nothing the baseline loads is an error.
 
@@ -215,7 +224,7 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
     ```
   }];
   let dependentDialects = ["::mlir::kvc::KVCDialect"];
-  let options = !listconcat(KVC_CostModelOptions, [
+  let options = !listconcat(KVC_RestorePlanningOptions, [
     Option<"report", "report", "bool", /*default=*/"false",
            "Print every baseline beside the chosen plan as a remark">,
     Option<"strategy", "strategy", "std::string", /*default=*/"\"joint\"",

@@ -445,12 +445,15 @@ private:
     for (std::size_t o = 0; o < value.objectCount; ++o) {
       auto &[ref, bytes] = value.objects[o];
       const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
-      if (value.objectCount == 1 && ref.tokenBegin == value.tokens.begin &&
-          refTokens == tokens && ref.layerBegin == value.layers.begin &&
-          ref.layerEnd == value.layers.end) {
-        // The object is the chunk: decode in place.
+      if (ref.tokenBegin == value.tokens.begin && refTokens == tokens &&
+          ref.layerBegin >= value.layers.begin &&
+          ref.layerEnd <= value.layers.end) {
+        // The object holds whole layers of the chunk, laid out as the chunk
+        // lays them out: decode in place.
         KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, value.codec, dtype, value.data.data()));
+            decodeAs(store, ref, bytes, value.codec, dtype,
+                     value.data.data() + (ref.layerBegin - value.layers.begin) *
+                                             mats * tokens * w * words));
       } else {
         object.resize(store.shape(ref).numel() * words);
         KVC_RETURN_IF_ERROR(

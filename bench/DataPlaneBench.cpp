@@ -72,7 +72,7 @@ Data &data() {
       out.kv.insert(out.kv.end(), cache.k[l].begin(), cache.k[l].end());
       out.kv.insert(out.kv.end(), cache.v[l].begin(), cache.v[l].end());
     }
-    out.shape = chunkShape(out.model->config(), ChunkForm::KV, 2048, 0, 4);
+    out.shape = chunkShape(out.model->config(), Form::KV, 2048, 0, 4);
     return out;
   }();
   return d;

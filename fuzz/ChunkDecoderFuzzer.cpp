@@ -62,9 +62,8 @@ void fuzzOne(const uint8_t *data, size_t size) {
   if (size == 0)
     return;
   CodecSpec codec = *parseCodecSpec(kCodecs[data[0] % std::size(kCodecs)]);
-  ChunkShape shape = chunkShape(model, data[0] & 0x80 ? ChunkForm::Hidden
-                                                      : ChunkForm::KV,
-                                16, 0, 2);
+  ChunkShape shape =
+      chunkShape(model, data[0] & 0x80 ? Form::Hidden : Form::KV, 16, 0, 2);
   std::vector<float> out(shape.numel());
   (void)decodeChunk(bytes.substr(1), shape, codec, DType::BF16, out.data());
 }
@@ -77,7 +76,7 @@ std::vector<std::string> seeds() {
   std::normal_distribution<float> normal;
   for (size_t c = 0; c < std::size(kCodecs); ++c) {
     CodecSpec codec = *parseCodecSpec(kCodecs[c]);
-    ChunkShape shape = chunkShape(model, ChunkForm::KV, 16, 0, 2);
+    ChunkShape shape = chunkShape(model, Form::KV, 16, 0, 2);
     std::vector<float> values(shape.numel());
     for (float &v : values)
       v = normal(rng);

@@ -2,7 +2,7 @@
 
 #include "kvc/Planning/CodecProfile.h"
 
-#include "kvc/Runtime/Base/EnumNames.h"
+#include "kvc/Support/EnumNames.h"
 
 #include <nlohmann/json.hpp>
 

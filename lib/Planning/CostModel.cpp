@@ -9,30 +9,30 @@ namespace kvc::planning {
 namespace {
 /// Per-core rates used when neither the profile nor the target lists a
 /// stage: ShadowServe Table 1 (deflate, lz4 decode), lzbench (encoders, zstd).
-double defaultRate(CodecStageKind stage, bool decode) {
+double defaultRate(CodecStage stage, bool decode) {
   switch (stage) {
-  case CodecStageKind::Deflate:
+  case CodecStage::Deflate:
     return decode ? 0.3125 : 0.12;
-  case CodecStageKind::Zstd:
+  case CodecStage::Zstd:
     return decode ? 1.38 : 0.51;
-  case CodecStageKind::Lz4:
+  case CodecStage::Lz4:
     return decode ? 2.325 : 0.78;
-  case CodecStageKind::Quant:
+  case CodecStage::Quant:
     return 4.0;
-  case CodecStageKind::Hadamard:
+  case CodecStage::Hadamard:
     return 2.0;
   }
   return 1.0;
 }
 
-CodecStageKind losslessStage(CodecSpec::Lossless lossless) {
+CodecStage losslessStage(CodecSpec::Lossless lossless) {
   switch (lossless) {
   case CodecSpec::Lossless::Zstd:
-    return CodecStageKind::Zstd;
+    return CodecStage::Zstd;
   case CodecSpec::Lossless::Lz4:
-    return CodecStageKind::Lz4;
+    return CodecStage::Lz4;
   default:
-    return CodecStageKind::Deflate;
+    return CodecStage::Deflate;
   }
 }
 
@@ -116,8 +116,7 @@ double CostModel::dequantSeconds(const CodecSpec &codec,
     return codec.lossless != CodecSpec::Lossless::None
                ? 0
                : rawBytes /
-                     (stageRate(CodecStageKind::Quant, true, codec.quant) *
-                      1e9);
+                     (stageRate(CodecStage::Quant, true, codec.quant) * 1e9);
   // Read the integers, write the elements.
   return rawBytes * (1.0 + codec.bits() / 16.0) / (c.memGBs * 1e9);
 }
@@ -130,7 +129,7 @@ double CostModel::untransformSeconds(const CodecSpec &codec,
   if (c.kind == ComputeDesc::Kind::CPU)
     return codec.lossless != CodecSpec::Lossless::None
                ? 0
-               : rawBytes / (stageRate(CodecStageKind::Hadamard, true) * 1e9);
+               : rawBytes / (stageRate(CodecStage::Hadamard, true) * 1e9);
   return 2.0 * rawBytes / (c.memGBs * 1e9);
 }
 
@@ -168,7 +167,7 @@ double CostModel::readSeconds(const TierDesc &tier, double bytes) const {
   return tier.latencyUs * 1e-6 + bytes / laneBandwidth;
 }
 
-double CostModel::stageRate(CodecStageKind stage, bool decode,
+double CostModel::stageRate(CodecStage stage, bool decode,
                             CodecSpec::Quant on) const {
   const CodecRateDesc *any = nullptr;
   for (const CodecRateDesc &rate : target_.codecs) {
@@ -202,10 +201,9 @@ double CostModel::hostDecodeSeconds(const CodecSpec &codec,
   // The CPU backend decodes a chunk completely, on one thread.
   double raw = quantizedBytes / quantRatio(codec);
   if (codec.quant != CodecSpec::Quant::None)
-    seconds +=
-        raw / (stageRate(CodecStageKind::Quant, true, codec.quant) * 1e9);
+    seconds += raw / (stageRate(CodecStage::Quant, true, codec.quant) * 1e9);
   if (codec.transform != CodecSpec::Transform::None)
-    seconds += raw / (stageRate(CodecStageKind::Hadamard, true) * 1e9);
+    seconds += raw / (stageRate(CodecStage::Hadamard, true) * 1e9);
   return seconds;
 }
 
@@ -214,10 +212,10 @@ double CostModel::hostEncodeSeconds(const CodecSpec &codec,
   double cores = double(target_.host.cores);
   double seconds = 0;
   if (codec.transform != CodecSpec::Transform::None)
-    seconds += rawBytes / (stageRate(CodecStageKind::Hadamard, false) * 1e9);
+    seconds += rawBytes / (stageRate(CodecStage::Hadamard, false) * 1e9);
   if (codec.quant != CodecSpec::Quant::None)
     seconds +=
-        rawBytes / (stageRate(CodecStageKind::Quant, false, codec.quant) * 1e9);
+        rawBytes / (stageRate(CodecStage::Quant, false, codec.quant) * 1e9);
   if (codec.lossless != CodecSpec::Lossless::None)
     seconds +=
         rawBytes * quantRatio(codec) / (losslessRate(codec, false) * 1e9);

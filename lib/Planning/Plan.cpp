@@ -7,8 +7,6 @@
 
 namespace kvc::planning {
 
-const char *formName(Form form) { return form == Form::KV ? "kv" : "hidden"; }
-
 const char *methodName(Method method) {
   switch (method) {
   case Method::Compute:
@@ -70,8 +68,8 @@ Status verifyPlan(const Plan &plan, const Request &request, int64_t layers) {
       needed.l1 = needed.l0 + 1; // Hidden states entering the first layer.
     if (source.form != want || !source.box.contains(needed))
       return invalidArgument("source " + std::to_string(s.source) +
-                             " does not hold the " + formName(want) +
-                             " of " + str(needed));
+                             " does not hold the " + name(want) + " of " +
+                             str(needed));
   }
   std::vector<int64_t> tv(ts.begin(), ts.end()), lv(ls.begin(), ls.end());
   for (size_t i = 0; i + 1 < tv.size(); ++i) {

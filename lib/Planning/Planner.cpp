@@ -127,9 +127,8 @@ Status Planner::validate() const {
                            std::to_string(model.maxPositions));
   for (size_t i = 0; i < request_.sources.size(); ++i) {
     const Source &s = request_.sources[i];
-    std::string name =
-        "source " + std::to_string(i) + " (" + formName(s.form) + " in \"" +
-        s.tier + "\")";
+    std::string name = "source " + std::to_string(i) + " (" +
+                       kvc::name(s.form) + " in \"" + s.tier + "\")";
     if (!cost_.target().findTier(s.tier))
       return invalidArgument(name + ": target \"" + cost_.target().name +
                              "\" has no tier \"" + s.tier + "\"");
@@ -304,16 +303,17 @@ JobGraph Planner::buildJobs(const Plan &plan,
   std::vector<JobInfo> localInfo;
   std::vector<JobInfo> &jobs = info ? *info : localInfo;
   jobs.clear();
-  const int compute = graph.addResource("compute", 1);
-  const int copy = graph.addResource("h2d", 1);
-  const int decode = graph.addResource("decode", 1);
+  const int compute = graph.addResource(poolName(Resource::Compute), 1);
+  const int copy = graph.addResource(poolName(Resource::H2D), 1);
+  const int decode = graph.addResource(poolName(Resource::Decode), 1);
   std::map<std::string, int> ioResources;
   auto ioResource = [&](const std::string &tier) {
     auto it = ioResources.find(tier);
     if (it != ioResources.end())
       return it->second;
     const TierDesc *desc = cost_.target().findTier(tier);
-    int r = graph.addResource("io:" + tier, desc ? int(desc->lanes) : 1);
+    int r = graph.addResource(poolName(Resource::IO, tier),
+                              desc ? int(desc->lanes) : 1);
     ioResources[tier] = r;
     return r;
   };

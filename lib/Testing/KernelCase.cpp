@@ -15,7 +15,7 @@ using namespace kvc::testing;
 
 ChunkShape KernelShape::chunkShape() const {
   ChunkShape shape;
-  shape.form = ChunkForm::KV;
+  shape.form = Form::KV;
   shape.tokens = tokens;
   shape.layers = layers;
   shape.width = width();

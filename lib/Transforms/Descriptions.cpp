@@ -2,7 +2,7 @@
 
 #include "kvc/Transforms/Descriptions.h"
 
-#include "kvc/Runtime/Base/EnumNames.h"
+#include "kvc/Support/EnumNames.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -98,9 +98,7 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
         f64(t.readGBs), f64(t.writeGBs), f64(t.latencyUs), t.lanes));
   for (const ::kvc::CodecRateDesc &r : target.codecs)
     codecs.push_back(CodecRateAttr::get(
-        context,
-        symbolize<CodecStage>(symbolizeCodecStage,
-                              ::kvc::codecStageName(r.stage)),
+        context, fromVocabulary(r.stage),
         r.on ? symbolize<CodecData>(symbolizeCodecData,
                                     ::kvc::codecDataName(*r.on))
              : CodecData::any,
@@ -141,9 +139,8 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
     std::optional<::kvc::CodecSpec::Quant> on;
     if (r.getOn() != CodecData::any)
       on = fromName(::kvc::codecDataName, 4, stringifyCodecData(r.getOn()));
-    desc.codecs.push_back(
-        {fromName(::kvc::codecStageName, 5, stringifyCodecStage(r.getStage())),
-         on, f64(r.getEncodeGbs()), f64(r.getDecodeGbs())});
+    desc.codecs.push_back({toVocabulary(r.getStage()), on,
+                           f64(r.getEncodeGbs()), f64(r.getDecodeGbs())});
   }
   return desc;
 }

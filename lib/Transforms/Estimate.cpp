@@ -54,23 +54,9 @@ std::string resourceName(Operation *step) {
     resource = task.getResource();
   else
     resource = getResource(step);
-  switch (resource) {
-  case Resource::io:
-    if (FetchOp fetch = findFetch(step))
-      return ("io:" + fetch.getSource().getTier()).str();
-    return "io";
-  case Resource::decode:
-    return "decode";
-  case Resource::h2d:
-    return "h2d";
-  case Resource::d2h:
-    return "d2h";
-  case Resource::compute:
-    return "compute";
-  case Resource::net:
-    return "net";
-  }
-  llvm_unreachable("unknown resource");
+  FetchOp fetch = findFetch(step);
+  return ::kvc::poolName(toVocabulary(resource),
+                         fetch ? fetch.getSource().getTier() : "");
 }
 
 struct KVCEstimatePass
@@ -145,8 +131,7 @@ struct KVCEstimatePass
       }
       if (FetchOp fetch = findFetch(step)) {
         ChunkType chunk = fetch.getResult().getType();
-        auto form = chunk.getForm() == Form::kv ? planning::Form::KV
-                                                : planning::Form::Hidden;
+        ::kvc::Form form = toVocabulary(chunk.getForm());
         int64_t tokens = chunk.getTokens().size();
         int64_t layers = chunk.getLayers().size();
         ::kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());

@@ -40,7 +40,7 @@ public:
     RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
     RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
     planning::Source stored = source;
-    stored.form = form == Form::kv ? planning::Form::KV : planning::Form::Hidden;
+    stored.form = toVocabulary(form);
     SourceAttr sourceAttr = getSourceAttr(ctx, stored);
     CodecAttr codec = sourceAttr.getCodec();
     auto type = ChunkType::get(ctx, form, elementType, tokens, layers,

@@ -8,7 +8,7 @@
 
 #include "PlanningSupport.h"
 
-#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Support/Format.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"

@@ -71,8 +71,7 @@ bool mlir::kvc::holdsSegments(PlanOp plan) {
 planning::Source mlir::kvc::getSource(SourceAttr source) {
   planning::Source out;
   out.tier = source.getTier().str();
-  out.form = source.getForm() == Form::kv ? planning::Form::KV
-                                          : planning::Form::Hidden;
+  out.form = toVocabulary(source.getForm());
   out.codec = getCodecSpec(source.getCodec());
   out.box = {source.getTokens().getBegin(), source.getTokens().getEnd(),
              source.getLayers().getBegin(), source.getLayers().getEnd()};
@@ -83,13 +82,11 @@ planning::Source mlir::kvc::getSource(SourceAttr source) {
 
 SourceAttr mlir::kvc::getSourceAttr(MLIRContext *context,
                                     const planning::Source &source) {
-  return SourceAttr::get(
-      context, source.tier,
-      source.form == planning::Form::KV ? Form::kv : Form::hidden,
-      getCodecAttr(context, source.codec),
-      RangeAttr::get(context, source.box.t0, source.box.t1),
-      RangeAttr::get(context, source.box.l0, source.box.l1),
-      source.tokenGroup, source.layerGroup);
+  return SourceAttr::get(context, source.tier, fromVocabulary(source.form),
+                         getCodecAttr(context, source.codec),
+                         RangeAttr::get(context, source.box.t0, source.box.t1),
+                         RangeAttr::get(context, source.box.l0, source.box.l1),
+                         source.tokenGroup, source.layerGroup);
 }
 
 planning::Request mlir::kvc::getRequest(RestoreOp restore) {
@@ -182,13 +179,6 @@ Resource mlir::kvc::getResource(Operation *step) {
       .Default([](Operation *) { return Resource::compute; });
 }
 
-namespace {
-planning::Form formOf(ChunkType chunk) {
-  return chunk.getForm() == Form::kv ? planning::Form::KV
-                                     : planning::Form::Hidden;
-}
-} // namespace
-
 StepCost mlir::kvc::getStepCost(Operation *step,
                                 const planning::CostModel &cost) {
   auto chunkOf = [](Value value) { return cast<ChunkType>(value.getType()); };
@@ -197,12 +187,12 @@ StepCost mlir::kvc::getStepCost(Operation *step,
   };
   auto rawOf = [&](ChunkType c) {
     auto [tokens, layers] = volume(c);
-    return cost.rawBytes(formOf(c), tokens, layers);
+    return cost.rawBytes(toVocabulary(c.getForm()), tokens, layers);
   };
   auto encodedOf = [&](ChunkType c) {
     auto [tokens, layers] = volume(c);
-    return cost.encodedBytes(formOf(c), getCodecSpec(c.getCodec()), tokens,
-                             layers);
+    return cost.encodedBytes(toVocabulary(c.getForm()),
+                             getCodecSpec(c.getCodec()), tokens, layers);
   };
   return llvm::TypeSwitch<Operation *, StepCost>(step)
       .Case([&](FetchOp op) {

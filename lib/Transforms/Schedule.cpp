@@ -56,8 +56,7 @@ struct KVCSchedulePass
   static double stagingBytes(FetchOp fetch,
                              const ::kvc::planning::CostModel &cost) {
     ChunkType c = fetch.getResult().getType();
-    auto form = c.getForm() == Form::kv ? ::kvc::planning::Form::KV
-                                        : ::kvc::planning::Form::Hidden;
+    ::kvc::Form form = toVocabulary(c.getForm());
     ::kvc::CodecSpec codec = getCodecSpec(c.getCodec());
     int64_t tokens = c.getTokens().size(), layers = c.getLayers().size();
     return cost.storedBytes(form, codec, tokens, layers) +

@@ -17,7 +17,7 @@
 
 #include "PlanningSupport.h"
 
-#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Support/Format.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/Passes.h"
 
@@ -86,8 +86,8 @@ struct KVCSelectCodecPass
                  int64_t tokens, bool kv, bool hidden, StringRef tier) {
     int64_t layers = cost.model().numLayers;
     double seconds = 0;
-    for (auto [wanted, form] : {std::pair{kv, planning::Form::KV},
-                                std::pair{hidden, planning::Form::Hidden}}) {
+    for (auto [wanted, form] : {std::pair{kv, ::kvc::Form::KV},
+                                std::pair{hidden, ::kvc::Form::Hidden}}) {
       if (!wanted)
         continue;
       double raw = cost.rawBytes(form, tokens, layers);

@@ -213,8 +213,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
     LlamaModel::Cache cache = model.newCache();
     KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
     const KVObjects kv = kvObjects(model, cache, tokens);
-    auto measure = [&](CodecRateDesc::Stage stage,
-                       std::optional<CodecSpec::Quant> on,
+    auto measure = [&](CodecStage stage, std::optional<CodecSpec::Quant> on,
                        const CodecSpec &codec) -> Status {
       KVC_ASSIGN_OR_RETURN(rates, timeCodec(kv, codec));
       CodecRateDesc measured{stage, on, rates.encodeGBs, rates.decodeGBs};
@@ -232,7 +231,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
       codecs.push_back(measured);
       std::printf("codec %-8s on %-4s (as %s): encode %7.2f, decode %7.2f "
                   "GB/s per core\n",
-                  codecStageName(stage), on ? codecDataName(*on) : "any",
+                  name(stage), on ? codecDataName(*on) : "any",
                   codec.str().c_str(), measured.encodeGBs, measured.decodeGBs);
       return Status::ok();
     };
@@ -241,16 +240,15 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
     for (CodecSpec::Quant width : widths) {
       CodecSpec quant;
       quant.quant = width;
-      KVC_RETURN_IF_ERROR(measure(CodecRateDesc::Stage::Quant, width, quant));
+      KVC_RETURN_IF_ERROR(measure(CodecStage::Quant, width, quant));
     }
     CodecSpec hadamard;
     hadamard.transform = CodecSpec::Transform::Hadamard;
-    KVC_RETURN_IF_ERROR(
-        measure(CodecRateDesc::Stage::Hadamard, std::nullopt, hadamard));
-    const std::pair<CodecRateDesc::Stage, CodecSpec::Lossless> coders[] = {
-        {CodecRateDesc::Stage::Deflate, CodecSpec::Lossless::Deflate},
-        {CodecRateDesc::Stage::Zstd, CodecSpec::Lossless::Zstd},
-        {CodecRateDesc::Stage::Lz4, CodecSpec::Lossless::Lz4}};
+    KVC_RETURN_IF_ERROR(measure(CodecStage::Hadamard, std::nullopt, hadamard));
+    const std::pair<CodecStage, CodecSpec::Lossless> coders[] = {
+        {CodecStage::Deflate, CodecSpec::Lossless::Deflate},
+        {CodecStage::Zstd, CodecSpec::Lossless::Zstd},
+        {CodecStage::Lz4, CodecSpec::Lossless::Lz4}};
     for (const auto &[stage, coder] : coders)
       for (CodecSpec::Quant on :
            {CodecSpec::Quant::None, CodecSpec::Quant::Int8,

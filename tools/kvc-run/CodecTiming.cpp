@@ -20,7 +20,7 @@ KVObjects kvObjects(const LlamaModel &model, const LlamaModel::Cache &cache,
   const int64_t width = model.kvDim();
   for (int64_t l = 0; l < config.numLayers; ++l) {
     KVObjects::Object &object = kv.objects.emplace_back();
-    object.shape = chunkShape(config, ChunkForm::KV, tokens, l, 1);
+    object.shape = chunkShape(config, Form::KV, tokens, l, 1);
     for (const std::vector<float> *matrix : {&cache.k[l], &cache.v[l]})
       object.values.insert(object.values.end(), matrix->begin(),
                            matrix->begin() + tokens * width);

@@ -27,7 +27,7 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
   // these), and as one chunk of every layer, layer-major (K then V per
   // layer), which the errors are measured on.
   const KVObjects objects = kvObjects(model, cache, tokens);
-  ChunkShape shape = chunkShape(c, ChunkForm::KV, tokens, 0, c.numLayers);
+  ChunkShape shape = chunkShape(c, Form::KV, tokens, 0, c.numLayers);
   std::vector<float> kv;
   kv.reserve(shape.numel());
   for (const KVObjects::Object &object : objects.objects)

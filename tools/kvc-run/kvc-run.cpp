@@ -196,12 +196,12 @@ openStore(Args &args, const LlamaModel &model, TierAccess access) {
 Status checkStoredLayout(ChunkStore &store,
                          const std::vector<int32_t> &tokens) {
   const int64_t n = int64_t(tokens.size());
-  for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
+  for (Form form : {Form::KV, Form::Hidden}) {
     KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
     if (extent.tokens > 0)
       return Status::ok();
   }
-  for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
+  for (Form form : {Form::KV, Form::Hidden}) {
     KVC_ASSIGN_OR_RETURN(others, store.otherLayouts(tokens.data(), n, form));
     if (!others.empty())
       return Status(
@@ -315,12 +315,10 @@ Status save(Args &args) {
   options.forms.clear();
   std::stringstream forms(args.get("forms", "kv,hidden"));
   for (std::string form; std::getline(forms, form, ',');) {
-    if (form == "kv")
-      options.forms.push_back(ChunkForm::KV);
-    else if (form == "hidden")
-      options.forms.push_back(ChunkForm::Hidden);
-    else
+    std::optional<Form> parsed = parseForm(form);
+    if (!parsed)
       return invalidArgument("--forms expects kv and/or hidden, got " + form);
+    options.forms.push_back(*parsed);
   }
   KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(args.get("codec", "raw")));
   options.codec = codec;
@@ -394,17 +392,16 @@ Status inspectBundle(Args &args) {
     if (plan.predictedUs)
       std::printf(", predicted %lld us", (long long)*plan.predictedUs);
     std::printf("\n");
-    // Tasks and lanes per resource, in the order of BundleResource.
-    std::map<BundleResource, std::pair<int64_t, int64_t>> use;
+    // Tasks and lanes per resource, in the order of Resource.
+    std::map<Resource, std::pair<int64_t, int64_t>> use;
     for (const BundleTask &task : plan.tasks) {
       auto &[tasks, lanes] = use[task.resource];
       ++tasks;
       lanes = std::max(lanes, task.lane + 1);
     }
     for (const auto &[resource, counts] : use)
-      std::printf("  %-8s %lld tasks on %lld lane(s)\n",
-                  bundleResourceName(resource), (long long)counts.first,
-                  (long long)counts.second);
+      std::printf("  %-8s %lld tasks on %lld lane(s)\n", name(resource),
+                  (long long)counts.first, (long long)counts.second);
   }
   return Status::ok();
 }
@@ -492,7 +489,7 @@ std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
   std::vector<CodecSpec> codecs;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps)
-      if (step.op == "fetch")
+      if (step.kind == StepKind::Fetch)
         codecs.push_back(step.codec);
   return codecs;
 }
@@ -567,15 +564,14 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
               const std::string &tier) {
   std::vector<planning::Source> sources;
   const int64_t n = int64_t(tokens.size());
-  for (ChunkForm form : {ChunkForm::KV, ChunkForm::Hidden}) {
+  for (Form form : {Form::KV, Form::Hidden}) {
     KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
-    const char *name = chunkFormName(form);
     if (extent.tokens < n) {
       std::printf("store: %s for tokens 0 to %lld of %lld (not planned)\n",
-                  name, (long long)extent.tokens, (long long)n);
+                  name(form), (long long)extent.tokens, (long long)n);
       continue;
     }
-    std::printf("store: %s for every token, codec %s", name,
+    std::printf("store: %s for every token, codec %s", name(form),
                 extent.codec.str().c_str());
     if (store.layout().layerGroup > 1)
       std::printf(", %lld layers per object",
@@ -583,8 +579,7 @@ storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
     std::printf("\n");
     planning::Source source;
     source.tier = tier;
-    source.form = form == ChunkForm::KV ? planning::Form::KV
-                                        : planning::Form::Hidden;
+    source.form = form;
     source.codec = extent.codec;
     source.box = {0, n, 0, store.model().numLayers};
     source.tokenGroup = store.layout().chunkTokens;
@@ -624,16 +619,16 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   options.strategies.clear();
   if (list == "all") {
     // Every strategy whose loads the store's sources allow.
-    auto stores = [&](planning::Form form) {
+    auto stores = [&](::kvc::Form form) {
       return std::any_of(
           request.sources.begin(), request.sources.end(),
           [&](const planning::Source &source) { return source.form == form; });
     };
-    const std::optional<planning::Form> kv = planning::Form::KV,
-                                        hidden = planning::Form::Hidden;
-    const std::pair<const char *, std::optional<planning::Form>> all[] = {
-        {"compute", std::nullopt}, {"kv", kv},         {"hidden", hidden},
-        {"cake", kv},              {"hcache", hidden}, {"joint", std::nullopt}};
+    const std::optional<Form> kv = Form::KV, hidden = Form::Hidden;
+    const std::pair<const char *, std::optional<Form>> all[] = {
+        {"compute", std::nullopt}, {"kv", kv},
+        {"hidden", hidden},        {"cake", kv},
+        {"hcache", hidden},        {"joint", std::nullopt}};
     for (const auto &[name, needs] : all)
       if (!needs || stores(*needs))
         options.strategies.push_back(name);
@@ -705,7 +700,7 @@ StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
   std::vector<std::string> tiers;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps)
-      if (step.op == "fetch")
+      if (step.kind == StepKind::Fetch)
         tiers.push_back(step.tier);
   KVC_ASSIGN_OR_RETURN(
       into, destinationFor(*setup.model, setup.tokens, *setup.store, tiers));
@@ -1021,7 +1016,9 @@ Status cakeCommand(Args &args) {
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(into, destinationFor(*model, tokens, *store, {"store"}));
   KVC_ASSIGN_OR_RETURN(
-      pools, ResourcePools::create({{"compute", 1}, {"io:store", int(lanes)}}));
+      pools,
+      ResourcePools::create({{poolName(Resource::Compute), 1},
+                             {poolName(Resource::IO, "store"), int(lanes)}}));
   DynamicCakeOptions options;
   options.tier = "store";
   if (predicted >= 0)
@@ -1034,8 +1031,7 @@ Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(error,
                        restoreError(*model, tokens, *into->cache, into->table));
   KVC_ASSIGN_OR_RETURN(
-      extent,
-      store->stored(tokens.data(), int64_t(tokens.size()), ChunkForm::KV));
+      extent, store->stored(tokens.data(), int64_t(tokens.size()), Form::KV));
   return reportVerification(error, verifyBound({extent.codec}, maxError));
 }
 

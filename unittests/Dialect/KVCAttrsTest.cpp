@@ -111,10 +111,10 @@ TEST_F(KVCAttrsTest, CodecRatesKeepTheDataTheyHoldFor) {
   ::kvc::StatusOr<::kvc::TargetDesc> desc = ::kvc::loadTargetDesc(
       std::string(KVC_SOURCE_DIR) + "/targets/a100-40gb.json");
   ASSERT_TRUE(desc.isOk()) << desc.status().toString();
-  desc->codecs.push_back({::kvc::CodecRateDesc::Stage::Zstd,
-                          ::kvc::CodecSpec::Quant::Int4, 0.5, 2.5});
-  desc->codecs.push_back({::kvc::CodecRateDesc::Stage::Zstd,
-                          ::kvc::CodecSpec::Quant::None, 0.25, 1.5});
+  desc->codecs.push_back(
+      {::kvc::CodecStage::Zstd, ::kvc::CodecSpec::Quant::Int4, 0.5, 2.5});
+  desc->codecs.push_back(
+      {::kvc::CodecStage::Zstd, ::kvc::CodecSpec::Quant::None, 0.25, 1.5});
   TargetAttr target = getTargetAttr(&context, *desc);
   auto int4 = cast<CodecRateAttr>(target.getCodecs()[desc->codecs.size() - 2]);
   EXPECT_EQ(int4.getOn(), CodecData::int4);

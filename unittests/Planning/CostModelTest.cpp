@@ -127,10 +127,10 @@ TEST(CostModel, HostDecodeUsesEveryCore) {
 
 TEST(CostModel, CpuHostDecodeIsEveryStageOnOneThreadAtTheRateForItsData) {
   TargetDesc t = target("cpu-2core");
-  t.codecs = {{CodecStageKind::Zstd, std::nullopt, 1, 1.0},
-              {CodecStageKind::Zstd, CodecSpec::Quant::Int4, 1, 2.0},
-              {CodecStageKind::Quant, CodecSpec::Quant::Int4, 1, 8.0},
-              {CodecStageKind::Quant, std::nullopt, 1, 4.0}};
+  t.codecs = {{CodecStage::Zstd, std::nullopt, 1, 1.0},
+              {CodecStage::Zstd, CodecSpec::Quant::Int4, 1, 2.0},
+              {CodecStage::Quant, CodecSpec::Quant::Int4, 1, 8.0},
+              {CodecStage::Quant, std::nullopt, 1, 4.0}};
   CostModel cost(llama2_7b(), t, CodecProfile());
   CodecSpec int4z;
   int4z.quant = CodecSpec::Quant::Int4;

@@ -52,8 +52,8 @@ const Sample &sample() {
       out.kv.insert(out.kv.end(), cache.v[l].begin(), cache.v[l].end());
       out.hidden.insert(out.hidden.end(), hidden[l].begin(), hidden[l].end());
     }
-    out.kvShape = chunkShape(out.config, ChunkForm::KV, 96, 0, 4);
-    out.hiddenShape = chunkShape(out.config, ChunkForm::Hidden, 96, 0, 4);
+    out.kvShape = chunkShape(out.config, Form::KV, 96, 0, 4);
+    out.hiddenShape = chunkShape(out.config, Form::Hidden, 96, 0, 4);
     return out;
   }();
   return s;
@@ -82,9 +82,9 @@ TEST_P(EveryCodec, RoundTripsWithinItsStatedBound) {
     } else {
       // The profile's stated error bounds the measured one, and attention
       // outputs for sample queries (keys of the chunk) change less.
-      EXPECT_LE(error, entry.quality) << entry.codec.str() << " on "
-                                      << chunkFormName(shape.form);
-      if (shape.form == ChunkForm::KV) {
+      EXPECT_LE(error, entry.quality)
+          << entry.codec.str() << " on " << name(shape.form);
+      if (shape.form == Form::KV) {
         std::vector<float> queries;
         for (int64_t t : {3, 40, 77})
           queries.insert(queries.end(), values->begin() + t * shape.width,

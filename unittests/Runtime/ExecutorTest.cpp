@@ -37,8 +37,8 @@ struct Split {
 BundleStep step(const char *op, const char *form, int64_t t0, int64_t t1,
                 int64_t l0, int64_t l1, const char *tier = "") {
   BundleStep s;
-  s.op = op;
-  s.form = form;
+  s.kind = *parseStepKind(op);
+  s.form = *parseForm(form);
   s.tokens = {t0, t1};
   s.layers = {l0, l1};
   s.tier = tier;
@@ -54,8 +54,8 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
   plan.name = "test";
   plan.tokens = {0, kTokens};
   plan.layers = {0, layers};
-  auto add = [&](BundleResource resource, int64_t lane,
-                 std::vector<BundleStep> steps, std::vector<int64_t> after) {
+  auto add = [&](Resource resource, int64_t lane, std::vector<BundleStep> steps,
+                 std::vector<int64_t> after) {
     BundleTask task;
     task.id = int64_t(plan.tasks.size());
     task.resource = resource;
@@ -72,7 +72,7 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
   for (int64_t t0 = 0; t0 < kTokens; t0 += split.chunk) {
     int64_t t1 = std::min(kTokens, t0 + split.chunk);
     if (t1 <= split.merge) {
-      add(BundleResource::Compute, 0,
+      add(Resource::Compute, 0,
           {step("chunk_compute", "kv", t0, t1, 0, layers),
            step("scatter", "kv", t0, t1, 0, layers)},
           {});
@@ -81,7 +81,7 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
     t0 = std::max(t0, split.merge);
     const int64_t low = split.computeLayers;
     if (low > 0)
-      add(BundleResource::Compute, 0,
+      add(Resource::Compute, 0,
           {step("chunk_compute", "kv", t0, t1, 0, low),
            step("scatter", "kv", t0, t1, 0, low)},
           {});
@@ -96,19 +96,19 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
       std::vector<int64_t> wait;
       if (slot >= 0 && lastCopy[slot] >= 0)
         wait.push_back(lastCopy[slot]);
-      int64_t f = add(BundleResource::IO, lane++ % 2,
+      int64_t f = add(Resource::IO, lane++ % 2,
                       {step("fetch", form, t0, t1, l0, l1, "dram")}, wait);
       plan.tasks[f].inputs.clear();
       if (slot >= 0)
         plan.tasks[f].slot = slot;
-      int64_t d = add(BundleResource::Decode, 0,
+      int64_t d = add(Resource::Decode, 0,
                       {step("decompress", form, t0, t1, l0, l1)}, {f});
       std::vector<int64_t> copyAfter = {d};
       if (slot >= 0 && lastScatter[slot] >= 0)
         copyAfter.push_back(lastScatter[slot]);
-      int64_t c = add(BundleResource::H2D, 0,
-                      {step("transfer_to_device", form, t0, t1, l0, l1)},
-                      copyAfter);
+      int64_t c =
+          add(Resource::H2D, 0,
+              {step("transfer_to_device", form, t0, t1, l0, l1)}, copyAfter);
       plan.tasks[c].inputs = {d};
       if (slot >= 0)
         lastCopy[slot] = c;
@@ -116,7 +116,7 @@ BundlePlan makePlan(const Split &split, int64_t layers) {
       if (hidden)
         last.push_back(step("project", "hidden", t0, t1, l0, l1));
       last.push_back(step("scatter", "kv", t0, t1, l0, l1));
-      int64_t sc = add(BundleResource::Compute, 0, std::move(last), {c});
+      int64_t sc = add(Resource::Compute, 0, std::move(last), {c});
       if (slot >= 0)
         lastScatter[slot] = sc;
     }
@@ -295,8 +295,8 @@ TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {
   // copy, which so lands in the device buffer the first still holds.
   BundlePlan plan = makePlan({0, 0, 64, /*slots=*/1},
                              model_->config().numLayers);
-  ASSERT_EQ(plan.tasks[3].steps.back().op, "scatter");
-  ASSERT_EQ(plan.tasks[6].steps.front().op, "transfer_to_device");
+  ASSERT_EQ(plan.tasks[3].steps.back().kind, StepKind::Scatter);
+  ASSERT_EQ(plan.tasks[6].steps.front().kind, StepKind::TransferToDevice);
   plan.tasks[6].after = {5};
   plan.tasks[3].after = {2, 6};
   BlockTable table = *cache_->allocate(kTokens);
@@ -316,12 +316,12 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   plan.predictedUs = 1234;
   int64_t computeTasks = 0, fetches = 0;
   for (BundleTask &task : plan.tasks) {
-    if (task.resource == BundleResource::Compute) {
+    if (task.resource == Resource::Compute) {
       task.predictedNs = std::make_pair(int64_t(0), int64_t(2000));
       ++computeTasks;
     }
     for (BundleStep &step : task.steps)
-      if (step.op == "fetch") {
+      if (step.kind == StepKind::Fetch) {
         task.predictedNs = std::make_pair(int64_t(500), int64_t(3500));
         step.predictedBytes = 100;
         ++fetches;
@@ -349,7 +349,7 @@ TEST_F(ExecutorTest, ReportsMetrics) {
 /// The object name of the stored KV chunk holding token 200, layers 2-3.
 std::string victim(ChunkStore &store, const std::vector<int32_t> &tokens) {
   for (const ChunkRef &ref :
-       store.refs(tokens.data(), int64_t(tokens.size()), ChunkForm::KV))
+       store.refs(tokens.data(), int64_t(tokens.size()), Form::KV))
     if (ref.tokenBegin <= 200 && 200 < ref.tokenEnd && ref.layerBegin == 2)
       return ref.name();
   ADD_FAILURE() << "no such chunk";
@@ -587,7 +587,7 @@ TEST_F(DynamicCakeTest, CompiledCakePlansConfigureTheWalk) {
   // Loads of two codecs have no single walk.
   for (BundleTask &task : plan.tasks)
     for (BundleStep &step : task.steps)
-      if (step.op == "fetch" && step.tokens.begin >= 192)
+      if (step.kind == StepKind::Fetch && step.tokens.begin >= 192)
         step.codec = *parseCodecSpec("int8");
   StatusOr<DynamicCakeOptions> mixed = dynamicCakeOptions(plan);
   ASSERT_FALSE(mixed);
@@ -626,8 +626,7 @@ TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
 
 TEST_F(DynamicCakeTest, UnloadableChunksAreRecomputed) {
   // Every KV object gone: the loaders hand every chunk they claim back.
-  for (const ChunkRef &ref :
-       store_->refs(tokens_.data(), kTokens, ChunkForm::KV))
+  for (const ChunkRef &ref : store_->refs(tokens_.data(), kTokens, Form::KV))
     ASSERT_TRUE(tier_->remove(ref.name()).isOk());
   BlockTable table = *cache_->allocate(kTokens);
   StatusOr<DynamicCakeResult> result = runCake(*store_, table);

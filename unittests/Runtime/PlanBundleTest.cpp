@@ -97,7 +97,7 @@ TEST(PlanBundleTest, ReadsEveryField) {
   EXPECT_EQ(plan->stagingSlots, 1);
   ASSERT_EQ(plan->tasks.size(), 8u);
   const BundleTask &fetch = plan->tasks[4];
-  EXPECT_EQ(fetch.resource, BundleResource::IO);
+  EXPECT_EQ(fetch.resource, Resource::IO);
   EXPECT_EQ(fetch.lane, 1);
   EXPECT_EQ(fetch.slot, 0);
   EXPECT_EQ(fetch.after, std::vector<int64_t>{2});
@@ -110,7 +110,7 @@ TEST(PlanBundleTest, ReadsEveryField) {
   EXPECT_EQ(kernel.kernel, "dequant_scatter");
   EXPECT_FALSE(kernel.slot.has_value());
   ASSERT_EQ(kernel.steps.size(), 2u);
-  EXPECT_EQ(kernel.steps[1].op, "scatter");
+  EXPECT_EQ(kernel.steps[1].kind, StepKind::Scatter);
   EXPECT_TRUE(kernel.steps[1].codec.isRaw());
   EXPECT_EQ(kernel.predictedNs, std::make_pair(int64_t(100), int64_t(200)));
 }
@@ -177,12 +177,19 @@ TEST(PlanBundleTest, RejectsUnknownVersion) {
 
 TEST(PlanBundleTest, RejectsBadFields) {
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["resource"] = "gpu"; }),
-            "plans[0].tasks[0].resource: unknown resource \"gpu\" (expected "
-            "io, decode, h2d, d2h, compute, net)");
+            "plans[0].tasks[0].resource: unknown value \"gpu\" (expected one "
+            "of io, decode, h2d, d2h, compute, net)");
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["lane"] = -1; }),
             "plans[0].tasks[0].lane: must be >= 0");
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["steps"][0]["form"] = "x"; }),
-            "plans[0].tasks[0].steps[0].form: expected \"kv\" or \"hidden\"");
+            "plans[0].tasks[0].steps[0].form: unknown value \"x\" (expected "
+            "one of kv, hidden)");
+  EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["steps"][0]["op"] = "fly"; }),
+            "plans[0].tasks[0].steps[0].op: unknown value \"fly\" (expected "
+            "one of fetch, decompress, dequant, untransform, "
+            "transfer_to_device, transfer_to_host, transform, quant, "
+            "compress, project, chunk_compute, scatter, gather, store, send, "
+            "recv)");
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 0)["steps"][0].erase("tier"); }),
             "plans[0].tasks[0].steps[0].tier: a fetch must name its tier");
   EXPECT_EQ(

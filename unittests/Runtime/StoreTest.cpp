@@ -428,9 +428,9 @@ TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
   // K and V within bf16 rounding.
   const int64_t kv = f.model->kvDim(), h = f.model->config().hiddenSize;
   for (const ChunkRef &hidden :
-       store.refs(f.tokens.data(), 300, ChunkForm::Hidden)) {
+       store.refs(f.tokens.data(), 300, Form::Hidden)) {
     ChunkRef kvRef = hidden;
-    kvRef.form = ChunkForm::KV;
+    kvRef.form = Form::KV;
     std::vector<float> hs(store.shape(hidden).numel()),
         saved(store.shape(kvRef).numel());
     ASSERT_TRUE(store.get(hidden, hs.data()).isOk());
@@ -462,7 +462,7 @@ TEST(ChunkStore, SavesNeverLeaveAnotherCodecUnderTheirKeys) {
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
   SaveOptions int2;
-  int2.forms = {ChunkForm::KV};
+  int2.forms = {Form::KV};
   int2.codec = *parseCodecSpec("int2");
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, int2).isOk());
 
@@ -473,7 +473,7 @@ TEST(ChunkStore, SavesNeverLeaveAnotherCodecUnderTheirKeys) {
   EXPECT_EQ(chunkFault(refused.status()), ChunkFault::WrongRange);
   EXPECT_EQ(refused.status().message(),
             "the store holds this context's kv with codec int2/g32, not raw");
-  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, ChunkForm::KV);
+  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, Form::KV);
   std::vector<float> values(store.shape(refs[1]).numel(), 0.5f);
   bool written = true;
   EXPECT_EQ(chunkFault(store.put(refs[1], values.data(), raw.codec, &written)),
@@ -500,24 +500,23 @@ TEST(ChunkStore, ReportsTheStoredPrefixAndItsCodec) {
   Fixture f;
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
-  StatusOr<StoredExtent> empty =
-      store.stored(f.tokens.data(), 300, ChunkForm::KV);
+  StatusOr<StoredExtent> empty = store.stored(f.tokens.data(), 300, Form::KV);
   ASSERT_TRUE(empty.isOk());
   EXPECT_EQ(empty->tokens, 0);
   SaveOptions options;
-  options.forms = {ChunkForm::KV};
+  options.forms = {Form::KV};
   options.codec = *parseCodecSpec("int8");
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
-  StatusOr<StoredExtent> kv = store.stored(f.tokens.data(), 300, ChunkForm::KV);
+  StatusOr<StoredExtent> kv = store.stored(f.tokens.data(), 300, Form::KV);
   ASSERT_TRUE(kv.isOk());
   EXPECT_EQ(kv->tokens, 300);
   EXPECT_EQ(kv->codec.str(), options.codec.str());
-  EXPECT_EQ(store.stored(f.tokens.data(), 300, ChunkForm::Hidden)->tokens, 0);
+  EXPECT_EQ(store.stored(f.tokens.data(), 300, Form::Hidden)->tokens, 0);
   // One layer group of the second chunk gone: only the first chunk counts.
-  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, ChunkForm::KV);
+  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, Form::KV);
   const ChunkRef &lost = refs[3];
   ASSERT_TRUE(tier->remove(lost.name()).isOk());
-  EXPECT_EQ(store.stored(f.tokens.data(), 300, ChunkForm::KV)->tokens,
+  EXPECT_EQ(store.stored(f.tokens.data(), 300, Form::KV)->tokens,
             lost.tokenBegin);
 }
 
@@ -527,7 +526,7 @@ TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, {}).isOk());
-  ChunkRef ref = store.refs(f.tokens.data(), 300, ChunkForm::KV)[0];
+  ChunkRef ref = store.refs(f.tokens.data(), 300, Form::KV)[0];
   std::vector<float> out(store.shape(ref).numel());
   ASSERT_TRUE(store.get(ref, out.data()).isOk());
   std::string good;
@@ -557,7 +556,7 @@ TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   std::shared_ptr<Tier> otherTier = std::move(*openTier("mem://"));
   ChunkStore otherStore = other.store(otherTier);
   ASSERT_TRUE(saveContext(*other.model, otherStore, other.tokens, {}).isOk());
-  ChunkRef otherRef = otherStore.refs(other.tokens.data(), 300, ChunkForm::KV)[0];
+  ChunkRef otherRef = otherStore.refs(other.tokens.data(), 300, Form::KV)[0];
   std::string foreign;
   ASSERT_TRUE(otherTier->get(otherRef.name(), foreign).isOk());
   EXPECT_EQ(faultAfter(foreign), ChunkFault::WrongModel);
@@ -566,14 +565,14 @@ TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   std::shared_ptr<Tier> tenantTier = std::move(*openTier("mem://"));
   ChunkStore tenantStore = f.store(tenantTier, "tenant-b");
   ASSERT_TRUE(saveContext(*f.model, tenantStore, f.tokens, {}).isOk());
-  ChunkRef tenantRef = tenantStore.refs(f.tokens.data(), 300, ChunkForm::KV)[0];
+  ChunkRef tenantRef = tenantStore.refs(f.tokens.data(), 300, Form::KV)[0];
   EXPECT_NE(tenantRef.name(), ref.name());
   std::string misfiled;
   ASSERT_TRUE(tenantTier->get(tenantRef.name(), misfiled).isOk());
   EXPECT_EQ(faultAfter(misfiled), ChunkFault::WrongKey);
 
   // Another layer group of the same prefix.
-  ChunkRef neighbour = store.refs(f.tokens.data(), 300, ChunkForm::KV)[1];
+  ChunkRef neighbour = store.refs(f.tokens.data(), 300, Form::KV)[1];
   std::string wrongRange;
   ASSERT_TRUE(tier->get(neighbour.name(), wrongRange).isOk());
   EXPECT_EQ(faultAfter(wrongRange), ChunkFault::WrongRange);
@@ -591,7 +590,7 @@ TEST(ChunkStore, RedisTierStoresChunks) {
   SaveOptions options;
   options.codec = *parseCodecSpec("int8+zstd");
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
-  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, ChunkForm::KV);
+  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, Form::KV);
   std::vector<std::string> names, buffers;
   for (const ChunkRef &r : refs)
     names.push_back(r.name());
@@ -611,7 +610,7 @@ TEST(Saver, BoundsItsBuffersAndAppliesBackPressure) {
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://?gbps=0.01"));
   ChunkStore store = f.store(tier);
   SaveOptions options;
-  options.forms = {ChunkForm::KV};
+  options.forms = {Form::KV};
   options.writers = 1;
   // One object of 128 tokens x 2 layers x K,V x 64 floats = 128 KiB.
   options.bufferBytes = 200 << 10;

@@ -129,7 +129,7 @@ TEST(TargetDesc, CodecRatesNameTheDataTheyHoldFor) {
   ASSERT_TRUE(target.isOk());
   // One rate per stage and data: "zstd on int4" beside "zstd" for any data.
   target->codecs.push_back(
-      {CodecRateDesc::Stage::Zstd, CodecSpec::Quant::Int4, 0.5, 2.5});
+      {CodecStage::Zstd, CodecSpec::Quant::Int4, 0.5, 2.5});
   ASSERT_TRUE(target->validate().isOk()) << target->validate().toString();
   StatusOr<TargetDesc> again = parseTargetDesc(printTargetDesc(*target));
   ASSERT_TRUE(again.isOk()) << again.status().toString();

@@ -22,8 +22,6 @@
 
 namespace kvc::planning {
 
-using CodecStageKind = CodecRateDesc::Stage;
-
 inline constexpr const char *kCodecProfileSchema = "kvc-codec-profile/1";
 
 struct CodecProfileEntry {

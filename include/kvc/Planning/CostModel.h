@@ -109,7 +109,7 @@ private:
   /// Per-core rate of `stage` on data quantized as `on` (a lossless
   /// coder's input, the quant stage's width): the target's rate for that
   /// data, else its rate for any data, else a built-in estimate.
-  double stageRate(CodecStageKind stage, bool decode,
+  double stageRate(CodecStage stage, bool decode,
                    CodecSpec::Quant on = CodecSpec::Quant::None) const;
   /// The lossless stage's per-core rate for `codec`: a profile entry's
   /// measurement, else the target's.

@@ -13,6 +13,7 @@
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
+#include "kvc/Support/Vocabulary.h"
 
 #include <cstdint>
 #include <limits>
@@ -21,10 +22,8 @@
 
 namespace kvc::planning {
 
-enum class Form { KV, Hidden };
 enum class Method { Compute, LoadKV, LoadHidden };
 
-const char *formName(Form form);
 const char *methodName(Method method);
 
 /// A block of tokens x layers, half-open in both.

@@ -11,6 +11,7 @@
 #define KVC_TRANSFORMS_DESCRIPTIONS_H
 
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h"
+#include "kvc/Dialect/KVC/IR/KVCVocabulary.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"

@@ -21,18 +21,14 @@
 
 namespace kvc {
 
-const char *chunkFormName(ChunkForm form) {
-  return form == ChunkForm::KV ? "kv" : "hidden";
-}
-
-ChunkShape chunkShape(const ModelConfig &model, ChunkForm form, int64_t tokens,
+ChunkShape chunkShape(const ModelConfig &model, Form form, int64_t tokens,
                       int64_t firstLayer, int64_t layers) {
   ChunkShape shape;
   shape.form = form;
   shape.tokens = tokens;
   shape.layers = layers;
-  shape.width = form == ChunkForm::KV ? model.numKvHeads * model.headDim
-                                      : model.hiddenSize;
+  shape.width =
+      form == Form::KV ? model.numKvHeads * model.headDim : model.hiddenSize;
   shape.headDim = model.headDim;
   shape.firstLayer = firstLayer;
   shape.modelLayers = model.numLayers;
@@ -52,7 +48,7 @@ constexpr double kMinDeflateGain = 0.15;
 
 /// The Hadamard block of a matrix row.
 int64_t hadamardBlock(const ChunkShape &shape) {
-  if (shape.form == ChunkForm::KV)
+  if (shape.form == Form::KV)
     return shape.headDim;
   int64_t block = 1;
   while (block < 256 && shape.width % (block * 2) == 0)
@@ -69,7 +65,7 @@ int matrixBits(const CodecSpec &codec, const ChunkShape &shape, int64_t m) {
 /// Quantization axis of matrix `m`: K on keyAxis, V and hidden on valueAxis.
 CodecSpec::Axis matrixAxis(const CodecSpec &codec, const ChunkShape &shape,
                            int64_t m) {
-  bool isKey = shape.form == ChunkForm::KV && m % 2 == 0;
+  bool isKey = shape.form == Form::KV && m % 2 == 0;
   return isKey ? codec.keyAxis : codec.valueAxis;
 }
 
@@ -302,8 +298,8 @@ Status checkCodec(const CodecSpec &codec, const ChunkShape &shape) {
     int64_t block = hadamardBlock(shape);
     if (!isPowerOfTwo(block) || block < 2 || shape.width % block)
       return unimplemented("hadamard needs rows in power-of-two blocks; " +
-                           std::string(chunkFormName(shape.form)) +
-                           " rows of " + std::to_string(shape.width) +
+                           std::string(name(shape.form)) + " rows of " +
+                           std::to_string(shape.width) +
                            " values have blocks of " + std::to_string(block));
   }
   if (codec.quant != CodecSpec::Quant::None) {

@@ -2,7 +2,7 @@
 
 #include "Json.h"
 
-#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Support/Format.h"
 
 #include <fstream>
 #include <sstream>

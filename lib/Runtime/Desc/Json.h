@@ -10,6 +10,7 @@
 #define KVC_LIB_RUNTIME_DESC_JSON_H
 
 #include "kvc/Runtime/Base/Status.h"
+#include "kvc/Support/EnumNames.h"
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,25 @@ Status readArray(const Json &obj, const std::string &path,
                  std::string_view key, const Json *&out, Presence presence);
 Status readBool(const Json &obj, const std::string &path, std::string_view key,
                 bool &out, Presence presence);
+
+/// Reads a required string field naming one of the `count` enumerators
+/// `nameOf` names (the vocabulary's, kvc/Support/Vocabulary.h); an unknown
+/// name is an error that lists the known ones.
+template <typename E>
+Status readName(const Json &obj, const std::string &path, std::string_view key,
+                const char *(*nameOf)(E), int count, E &out) {
+  std::string name;
+  KVC_RETURN_IF_ERROR(readString(obj, path, key, name, Presence::Required));
+  if (std::optional<E> value = enumFromName(nameOf, count, name)) {
+    out = *value;
+    return Status::ok();
+  }
+  std::string expected;
+  for (int i = 0; i < count; ++i)
+    expected.append(i ? ", " : "").append(nameOf(E(i)));
+  return invalidArgument(fieldPath(path, key) + ": unknown value \"" + name +
+                         "\" (expected one of " + expected + ")");
+}
 
 /// Fails unless `value > 0` (`value >= 0` when `allowZero`).
 Status checkPositive(double value, const std::string &path,

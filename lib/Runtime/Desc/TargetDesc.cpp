@@ -4,7 +4,7 @@
 
 #include "Json.h"
 
-#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Support/Format.h"
 
 #include <functional>
 #include <set>
@@ -27,12 +27,6 @@ constexpr EnumName<TierDesc::Kind> kTierKinds[] = {
     {TierDesc::Kind::DRAM, "dram"},
     {TierDesc::Kind::Disk, "disk"},
     {TierDesc::Kind::Remote, "remote"}};
-constexpr EnumName<CodecRateDesc::Stage> kCodecStages[] = {
-    {CodecRateDesc::Stage::Deflate, "deflate"},
-    {CodecRateDesc::Stage::Zstd, "zstd"},
-    {CodecRateDesc::Stage::Lz4, "lz4"},
-    {CodecRateDesc::Stage::Quant, "quant"},
-    {CodecRateDesc::Stage::Hadamard, "hadamard"}};
 constexpr EnumName<CodecSpec::Quant> kCodecData[] = {
     {CodecSpec::Quant::None, "raw"},
     {CodecSpec::Quant::Int8, "int8"},
@@ -143,7 +137,8 @@ Status parseTier(const Json &obj, const std::string &path, TierDesc &t) {
 
 Status parseCodecRate(const Json &obj, const std::string &path,
                       CodecRateDesc &c) {
-  KVC_RETURN_IF_ERROR(readEnum(obj, path, "stage", kCodecStages, c.stage));
+  KVC_RETURN_IF_ERROR(
+      readName<CodecStage>(obj, path, "stage", name, kNumCodecStages, c.stage));
   if (obj.contains("on")) {
     CodecSpec::Quant on;
     KVC_RETURN_IF_ERROR(readEnum(obj, path, "on", kCodecData, on));
@@ -161,9 +156,6 @@ const char *computeKindName(ComputeDesc::Kind kind) {
 }
 const char *tierKindName(TierDesc::Kind kind) {
   return nameOf(kTierKinds, kind);
-}
-const char *codecStageName(CodecRateDesc::Stage stage) {
-  return nameOf(kCodecStages, stage);
 }
 const char *codecDataName(CodecSpec::Quant quant) {
   return nameOf(kCodecData, quant);
@@ -212,15 +204,13 @@ Status TargetDesc::validate() const {
     if (tier.lanes <= 0)
       return invalidArgument(path + ".lanes: expected a positive integer");
   }
-  std::set<std::pair<CodecRateDesc::Stage, std::optional<CodecSpec::Quant>>>
-      stages;
+  std::set<std::pair<CodecStage, std::optional<CodecSpec::Quant>>> stages;
   for (std::size_t i = 0; i < codecs.size(); ++i) {
     const CodecRateDesc &rate = codecs[i];
     std::string path = "codecs[" + std::to_string(i) + "]";
     if (!stages.insert({rate.stage, rate.on}).second)
       return invalidArgument(
-          path + ".stage: duplicate stage \"" + codecStageName(rate.stage) +
-          "\"" +
+          path + ".stage: duplicate stage \"" + kvc::name(rate.stage) + "\"" +
           (rate.on ? " on " + std::string(codecDataName(*rate.on)) : ""));
     KVC_RETURN_IF_ERROR(checkPositive(codecs[i].encodeGBs, path + ".encode_gbs"));
     KVC_RETURN_IF_ERROR(checkPositive(codecs[i].decodeGBs, path + ".decode_gbs"));
@@ -329,7 +319,7 @@ std::string printTargetDesc(const TargetDesc &target) {
   obj["tiers"] = std::move(tiers);
   Json codecs = Json::array();
   for (const CodecRateDesc &r : target.codecs) {
-    Json rate = {{"stage", codecStageName(r.stage)},
+    Json rate = {{"stage", name(r.stage)},
                  {"encode_gbs", r.encodeGBs},
                  {"decode_gbs", r.decodeGBs}};
     if (r.on)

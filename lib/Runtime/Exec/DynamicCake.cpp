@@ -50,7 +50,7 @@ public:
     lock.unlock();
     for (int64_t chunk : failed)
       KVC_RETURN_IF_ERROR(computeThrough(chunk));
-    addBusy("compute", secondsSince(start));
+    addBusy(poolName(Resource::Compute), secondsSince(start));
     return Status::ok();
   }
 
@@ -83,7 +83,7 @@ public:
                            " to " + std::to_string(ref.tokenEnd) +
                            " recomputed: " + status.toString());
     }
-    addBusy("io:" + tier, secondsSince(start));
+    addBusy(poolName(Resource::IO, tier), secondsSince(start));
     std::lock_guard<std::mutex> lock(mutex_);
     if (--activeLoaders_ == 0)
       done_.notify_all();
@@ -185,14 +185,14 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan) {
   bool loads = false;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps) {
-      if (step.op == "chunk_compute") {
+      if (step.kind == StepKind::ChunkCompute) {
         if (step.layers != plan.layers)
           return notCake("it computes layers " +
                          std::to_string(step.layers.begin) + " to " +
                          std::to_string(step.layers.end) + " only");
         computedEnd = std::max(computedEnd, step.tokens.end);
-      } else if (step.op == "fetch") {
-        if (step.form != "kv")
+      } else if (step.kind == StepKind::Fetch) {
+        if (step.form != Form::KV)
           return notCake("it loads hidden states");
         if (loads && step.tier != options.tier)
           return notCake("it loads from tiers " + options.tier + " and " +
@@ -225,8 +225,9 @@ restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
   if (store == target.stores.end())
     return invalidArgument("restore: no store for tier \"" + options.tier +
                            "\"");
-  const std::string io = "io:" + options.tier;
-  if (!pools.has("compute") || !pools.has(io))
+  const std::string io = poolName(Resource::IO, options.tier);
+  const std::string compute = poolName(Resource::Compute);
+  if (!pools.has(compute) || !pools.has(io))
     return invalidArgument("restore: dynamic Cake needs \"compute\" and \"" +
                            io + "\" workers");
   if (target.tokens->empty())
@@ -234,9 +235,8 @@ restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
 
   // The store's KV objects, grouped by token chunk.
   std::vector<std::vector<ChunkRef>> chunks;
-  for (const ChunkRef &ref :
-       store->second->refs(target.tokens->data(),
-                           int64_t(target.tokens->size()), ChunkForm::KV)) {
+  for (const ChunkRef &ref : store->second->refs(
+           target.tokens->data(), int64_t(target.tokens->size()), Form::KV)) {
     if (chunks.empty() || chunks.back().front().tokenBegin != ref.tokenBegin)
       chunks.emplace_back();
     chunks.back().push_back(ref);
@@ -267,7 +267,7 @@ restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
     pools.submit(io, [&walk, &options, report](int) {
       report(walk.load(options.tier));
     });
-  pools.submit("compute", [&walk, report](int) { report(walk.compute()); });
+  pools.submit(compute, [&walk, report](int) { report(walk.compute()); });
   Status first;
   {
     std::unique_lock<std::mutex> lock(sync->mutex);

@@ -18,17 +18,12 @@ namespace kvc {
 
 namespace {
 
-/// The resource a task runs on: io tasks on their tier's lanes.
-std::string resourceOf(const BundleTask &task) {
-  if (task.resource == BundleResource::IO)
-    for (const BundleStep &step : task.steps)
-      if (step.op == "fetch")
-        return "io:" + step.tier;
-  return bundleResourceName(task.resource);
-}
-
-ChunkForm formOf(const BundleStep &step) {
-  return step.form == "kv" ? ChunkForm::KV : ChunkForm::Hidden;
+/// The pool a task runs in: io tasks in their tier's.
+std::string poolOf(const BundleTask &task) {
+  for (const BundleStep &step : task.steps)
+    if (step.kind == StepKind::Fetch)
+      return poolName(task.resource, step.tier);
+  return poolName(task.resource);
 }
 
 /// A staging slot: buffers for one chunk in flight, allocated on first use
@@ -53,7 +48,7 @@ struct StagingSlot {
 /// the model's own dtype for hidden states, which the projection reads
 /// exactly.
 struct ChunkValue {
-  ChunkForm form = ChunkForm::KV;
+  Form form = Form::KV;
   BundleRange tokens, layers;
   std::string tier;
   /// The codec the plan loads the stored objects with (its fetch's).
@@ -152,9 +147,10 @@ public:
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
       const BundleTask &task = plan_.tasks[i];
       const BundleStep &first = task.steps.front();
-      if (first.op == "fetch" || first.op == "chunk_compute") {
+      if (first.kind == StepKind::Fetch ||
+          first.kind == StepKind::ChunkCompute) {
         auto value = std::make_shared<ChunkValue>();
-        value->form = formOf(first);
+        value->form = first.form;
         value->tokens = first.tokens;
         value->layers = first.layers;
         value->tier = first.tier;
@@ -163,30 +159,32 @@ public:
         values_[i] = values_[task.inputs.front()];
       } else {
         return invalidArgument("restore: task " + std::to_string(i) +
-                               " starts with " + first.op +
+                               " starts with " + name(first.kind) +
                                " but reads no chunk");
       }
       for (const BundleStep &step : task.steps) {
-        if (step.op == "fetch") {
+        if (step.kind == StepKind::Fetch) {
           auto store = target_.stores.find(step.tier);
           if (store == target_.stores.end())
             return invalidArgument("restore: no store for tier \"" +
                                    step.tier + "\"");
-          refs(step.tier, formOf(step)); // Computed once, here.
+          refs(step.tier, step.form); // Computed once, here.
         }
-        if (step.op == "chunk_compute" && step.layers.begin != 0)
+        if (step.kind == StepKind::ChunkCompute && step.layers.begin != 0)
           return unimplemented("restore: chunk_compute over layers " +
                                std::to_string(step.layers.begin) + " to " +
                                std::to_string(step.layers.end) +
                                " (compute above layer 0, from loaded hidden "
                                "states, is not supported)");
       }
-      std::string name = task.steps.size() == 1 ? first.op : task.kernel;
-      if (name.empty())
-        name = first.op + "+" + std::to_string(task.steps.size() - 1);
-      name += " " + std::to_string(first.tokens.begin) + ":" +
-              std::to_string(first.tokens.end);
-      graph.add({name, resourceOf(task), task.after,
+      std::string label =
+          task.steps.size() == 1 ? name(first.kind) : task.kernel;
+      if (label.empty())
+        label = std::string(name(first.kind)) + "+" +
+                std::to_string(task.steps.size() - 1);
+      label += " " + std::to_string(first.tokens.begin) + ":" +
+               std::to_string(first.tokens.end);
+      graph.add({label, poolOf(task), task.after,
                  [this, i](int) { return runTask(i); }});
     }
     return graph;
@@ -199,7 +197,7 @@ public:
     std::vector<std::vector<BundleRange>> perLayer(config_.numLayers);
     for (const BundleTask &task : plan_.tasks)
       for (const BundleStep &step : task.steps)
-        if (step.op == "scatter")
+        if (step.kind == StepKind::Scatter)
           for (int64_t l = step.layers.begin; l < step.layers.end; ++l)
             perLayer[l].push_back(step.tokens);
     for (int64_t l = 0; l < config_.numLayers; ++l) {
@@ -248,7 +246,7 @@ public:
                                            value->layers.begin,
                                            value->layers.end));
       metrics.fallbacks.push_back(
-          std::string(chunkFormName(value->form)) + " tokens " +
+          std::string(name(value->form)) + " tokens " +
           std::to_string(value->tokens.begin) + " to " +
           std::to_string(value->tokens.end) + ", layers " +
           std::to_string(value->layers.begin) + " to " +
@@ -280,7 +278,7 @@ public:
   }
 
 private:
-  const std::vector<ChunkRef> &refs(const std::string &tier, ChunkForm form) {
+  const std::vector<ChunkRef> &refs(const std::string &tier, Form form) {
     auto key = std::make_pair(tier, form);
     auto it = refs_.find(key);
     if (it == refs_.end())
@@ -312,36 +310,46 @@ private:
 
   Status runStep(const BundleStep &step, ChunkValue &value,
                  std::optional<int64_t> slot) {
-    if (step.op == "fetch") {
+    switch (step.kind) {
+    case StepKind::Fetch:
       value.codec = step.codec;
       return fetch(value, slot);
-    }
-    if (step.op == "decompress")
+    case StepKind::Decompress:
       return decode(value);
-    // Steps after a fetch of a raw chunk may find it not yet decoded (the
-    // compiler emits no decompress for raw data): decode it first.
-    if ((step.op == "project" || step.op == "scatter" ||
-         step.op == "transfer_to_device") &&
-        value.encoded)
-      KVC_RETURN_IF_ERROR(decode(value));
+    case StepKind::TransferToDevice:
+    case StepKind::Project:
+    case StepKind::Scatter:
+      // Steps after a fetch of a raw chunk may find it not yet decoded (the
+      // compiler emits no decompress for raw data): decode it first.
+      if (value.encoded)
+        KVC_RETURN_IF_ERROR(decode(value));
+      break;
+    case StepKind::ChunkCompute:
+    case StepKind::Dequant:
+    case StepKind::Untransform:
+      break;
+    default:
+      return unimplemented(std::string("restore: step ") + name(step.kind) +
+                           " has no CPU implementation");
+    }
     // The copy to the "device" frees the staging slot, as an H2D copy does.
-    if (step.op == "transfer_to_device")
+    if (step.kind == StepKind::TransferToDevice)
       return copyToDevice(value);
     if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
-      return unimplemented("restore: step " + step.op + " over tokens " +
-                           std::to_string(step.tokens.begin) + " to " +
-                           std::to_string(step.tokens.end) +
+      return unimplemented(std::string("restore: step ") + name(step.kind) +
+                           " over tokens " + std::to_string(step.tokens.begin) +
+                           " to " + std::to_string(step.tokens.end) +
                            " works on part of its chunk");
-    if (step.op == "project")
+    switch (step.kind) {
+    case StepKind::Project:
       return project(value);
-    if (step.op == "chunk_compute")
+    case StepKind::ChunkCompute:
       return compute(value);
-    if (step.op == "scatter")
+    case StepKind::Scatter:
       return scatter(value);
-    if (step.op == "dequant" || step.op == "untransform")
-      return Status::ok(); // Done by decompress on the CPU backend.
-    return unimplemented("restore: step " + step.op +
-                         " has no CPU implementation");
+    default:
+      return Status::ok(); // Dequant, untransform: done by decompress here.
+    }
   }
 
   static bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
@@ -424,19 +432,19 @@ private:
     return Status::ok();
   }
 
-  int64_t width(ChunkForm form) const {
-    return form == ChunkForm::KV ? model_.kvDim() : config_.hiddenSize;
+  int64_t width(Form form) const {
+    return form == Form::KV ? model_.kvDim() : config_.hiddenSize;
   }
 
   /// The element type of a chunk of `form` once decoded.
-  DType dtypeOf(ChunkForm form) const {
-    return form == ChunkForm::KV ? DType::BF16 : config_.dtype;
+  DType dtypeOf(Form form) const {
+    return form == Form::KV ? DType::BF16 : config_.dtype;
   }
 
   Status decode(ChunkValue &value) {
     ChunkStore &store = *target_.stores.at(value.tier);
     const int64_t w = width(value.form);
-    const int64_t mats = value.form == ChunkForm::KV ? 2 : 1;
+    const int64_t mats = value.form == Form::KV ? 2 : 1;
     const int64_t tokens = value.tokens.size();
     const DType dtype = dtypeOf(value.form);
     const int64_t words = wordsPer(dtype);
@@ -484,10 +492,10 @@ private:
   /// K and V of the chunk's hidden states, layer by layer (fp32 in the
   /// projection, bf16 out).
   Status project(ChunkValue &value) {
-    const DType dtype = dtypeOf(ChunkForm::Hidden);
+    const DType dtype = dtypeOf(Form::Hidden);
     const int64_t tokens = value.tokens.size();
     const int64_t h = config_.hiddenSize, kv = model_.kvDim();
-    if (value.form != ChunkForm::Hidden ||
+    if (value.form != Form::Hidden ||
         int64_t(value.data.size()) !=
             value.layers.size() * tokens * h * wordsPer(dtype))
       return Status(StatusCode::Internal,
@@ -510,7 +518,7 @@ private:
       }
     }
     value.data.swap(out);
-    value.form = ChunkForm::KV;
+    value.form = Form::KV;
     addFlops(model_.projectFlops(tokens, value.layers.size()));
     return Status::ok();
   }
@@ -519,7 +527,7 @@ private:
   Status compute(ChunkValue &value) {
     KVC_RETURN_IF_ERROR(prefill_.compute(value.tokens.begin, value.tokens.end,
                                          0, value.layers.end));
-    value.form = ChunkForm::KV;
+    value.form = Form::KV;
     value.inCache = true;
     return Status::ok();
   }
@@ -527,7 +535,7 @@ private:
   Status scatter(ChunkValue &value) {
     if (value.inCache)
       return Status::ok();
-    if (value.form != ChunkForm::KV)
+    if (value.form != Form::KV)
       return Status(StatusCode::Internal,
                     "restore: scatter of hidden states (missing project)");
     const int64_t kv = model_.kvDim(), tokens = value.tokens.size();
@@ -560,7 +568,7 @@ private:
   const ModelConfig &config_;
   std::vector<std::shared_ptr<ChunkValue>> values_;
   std::unique_ptr<StagingSlot[]> slots_;
-  std::map<std::pair<std::string, ChunkForm>, std::vector<ChunkRef>> refs_;
+  std::map<std::pair<std::string, Form>, std::vector<ChunkRef>> refs_;
   exec_detail::PrefillState prefill_;
   std::mutex mutex_; ///< Guards the counters below.
   double flops_ = 0;
@@ -572,7 +580,7 @@ private:
 std::map<std::string, int> planResources(const BundlePlan &plan) {
   std::map<std::string, int> lanes;
   for (const BundleTask &task : plan.tasks) {
-    int &count = lanes[resourceOf(task)];
+    int &count = lanes[poolOf(task)];
     count = std::max(count, int(task.lane) + 1);
   }
   return lanes;
@@ -587,15 +595,15 @@ void addPredictions(const BundlePlan &plan, const LlamaModel &model,
                     RestoreMetrics &metrics) {
   for (const BundleTask &task : plan.tasks) {
     if (task.predictedNs)
-      metrics.predictedBusySeconds[resourceOf(task)] +=
+      metrics.predictedBusySeconds[poolOf(task)] +=
           double(task.predictedNs->second - task.predictedNs->first) * 1e-9;
     for (const BundleStep &step : task.steps) {
-      if (step.op == "fetch" && step.predictedBytes)
+      if (step.kind == StepKind::Fetch && step.predictedBytes)
         metrics.predictedBytesRead[step.tier] += *step.predictedBytes;
-      else if (step.op == "chunk_compute") // Layers [0, end).
+      else if (step.kind == StepKind::ChunkCompute) // Layers [0, end).
         metrics.plannedFlops +=
             model.prefillFlops(step.tokens.size(), step.layers.end);
-      else if (step.op == "project")
+      else if (step.kind == StepKind::Project)
         metrics.plannedFlops +=
             model.projectFlops(step.tokens.size(), step.layers.size());
     }

@@ -6,7 +6,7 @@
 
 #include "../Desc/Json.h"
 
-#include "kvc/Runtime/Base/EnumNames.h"
+#include "kvc/Support/EnumNames.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -15,27 +15,9 @@ namespace kvc {
 
 using namespace json_detail;
 
-const char *bundleResourceName(BundleResource resource) {
-  switch (resource) {
-  case BundleResource::IO:
-    return "io";
-  case BundleResource::Decode:
-    return "decode";
-  case BundleResource::H2D:
-    return "h2d";
-  case BundleResource::D2H:
-    return "d2h";
-  case BundleResource::Compute:
-    return "compute";
-  case BundleResource::Net:
-    return "net";
-  }
-  return "unknown";
-}
-
 bool BundlePlan::sameSchedule(const BundlePlan &other) const {
   auto sameStep = [](const BundleStep &a, const BundleStep &b) {
-    return a.op == b.op && a.form == b.form && a.tokens == b.tokens &&
+    return a.kind == b.kind && a.form == b.form && a.tokens == b.tokens &&
            a.layers == b.layers && a.codec == b.codec && a.tier == b.tier;
   };
   auto sameTask = [&](const BundleTask &a, const BundleTask &b) {
@@ -149,12 +131,10 @@ Status readRange(const Json &obj, const std::string &path,
 
 Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
   KVC_RETURN_IF_ERROR(expectObject(obj, path));
-  KVC_RETURN_IF_ERROR(readString(obj, path, "op", step.op, Presence::Required));
   KVC_RETURN_IF_ERROR(
-      readString(obj, path, "form", step.form, Presence::Required));
-  if (step.form != "kv" && step.form != "hidden")
-    return invalidArgument(fieldPath(path, "form") +
-                           ": expected \"kv\" or \"hidden\"");
+      readName<StepKind>(obj, path, "op", name, kNumStepKinds, step.kind));
+  KVC_RETURN_IF_ERROR(
+      readName<Form>(obj, path, "form", name, kNumForms, step.form));
   KVC_RETURN_IF_ERROR(readRange(obj, path, "tokens", step.tokens));
   KVC_RETURN_IF_ERROR(readRange(obj, path, "layers", step.layers));
   std::string codec = "raw";
@@ -166,14 +146,14 @@ Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
   step.codec = *spec;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "tier", step.tier, Presence::Optional));
-  if (step.op == "fetch" && step.tier.empty())
+  if (step.kind == StepKind::Fetch && step.tier.empty())
     return invalidArgument(fieldPath(path, "tier") +
                            ": a fetch must name its tier");
   int64_t bytes = -1;
   KVC_RETURN_IF_ERROR(
       readInt(obj, path, "predicted_bytes", bytes, Presence::Optional));
   if (obj.contains("predicted_bytes")) {
-    if (bytes < 0 || step.op != "fetch")
+    if (bytes < 0 || step.kind != StepKind::Fetch)
       return invalidArgument(fieldPath(path, "predicted_bytes") +
                              ": expected a fetch's bytes, >= 0");
     step.predictedBytes = bytes;
@@ -184,16 +164,8 @@ Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
 Status parseTask(const Json &obj, const std::string &path, BundleTask &task) {
   KVC_RETURN_IF_ERROR(expectObject(obj, path));
   KVC_RETURN_IF_ERROR(readInt(obj, path, "id", task.id, Presence::Required));
-  std::string resource;
-  KVC_RETURN_IF_ERROR(
-      readString(obj, path, "resource", resource, Presence::Required));
-  std::optional<BundleResource> kind = enumFromName<BundleResource>(
-      bundleResourceName, int(BundleResource::Net) + 1, resource);
-  if (!kind)
-    return invalidArgument(fieldPath(path, "resource") +
-                           ": unknown resource \"" + resource +
-                           "\" (expected io, decode, h2d, d2h, compute, net)");
-  task.resource = *kind;
+  KVC_RETURN_IF_ERROR(readName<Resource>(obj, path, "resource", name,
+                                         kNumResources, task.resource));
   KVC_RETURN_IF_ERROR(
       readInt(obj, path, "lane", task.lane, Presence::Required));
   if (task.lane < 0)
@@ -527,17 +499,17 @@ Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
   // its scatter.
   const bool saves = kernel->kind == BundleKernel::Kind::Save;
   const BundleStep &edge = saves ? task.steps.front() : task.steps.back();
-  const bool projects =
-      std::any_of(task.steps.begin(), task.steps.end(),
-                  [](const BundleStep &step) { return step.op == "project"; });
+  const bool projects = std::any_of(
+      task.steps.begin(), task.steps.end(),
+      [](const BundleStep &step) { return step.kind == StepKind::Project; });
   if (projects != (kernel->kind == BundleKernel::Kind::RopeScatter))
     return invalidArgument(path + ".entry: kernel \"" + task.entry +
                            "\" is a " + bundleKernelKindName(kernel->kind) +
                            " kernel; the task's steps " +
                            (projects ? "project hidden states"
                                      : "do not project hidden states"));
-  if (edge.op != (saves ? "gather" : "scatter") || edge.form != "kv" ||
-      edge.tokens.size() != kernel->tokens ||
+  if (edge.kind != (saves ? StepKind::Gather : StepKind::Scatter) ||
+      edge.form != Form::KV || edge.tokens.size() != kernel->tokens ||
       edge.layers.size() != kernel->layers)
     return invalidArgument(path + ".entry: kernel \"" + task.entry + "\" " +
                            (saves ? "gathers " : "scatters ") +

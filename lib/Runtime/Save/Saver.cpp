@@ -87,7 +87,7 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   const int64_t n = int64_t(tokens.size());
   // A context stored with another codec: refused before any work.
   if (!options.replace && !options.dryRun && n > 0)
-    for (ChunkForm form : options.forms) {
+    for (Form form : options.forms) {
       std::vector<ChunkRef> refs = store.refs(tokens.data(), n, form);
       if (refs.empty())
         continue;
@@ -95,9 +95,8 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
       if (stored && !(*stored == options.codec))
         return chunkError(ChunkFault::WrongRange,
                           "the store holds this context's " +
-                              std::string(chunkFormName(form)) +
-                              " with codec " + stored->str() + ", not " +
-                              options.codec.str());
+                              std::string(name(form)) + " with codec " +
+                              stored->str() + ", not " + options.codec.str());
     }
   SaveStats stats;
   JobQueue queue(options.bufferBytes);
@@ -140,15 +139,15 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
       int64_t group0 = s.layer / layout.layerGroup * layout.layerGroup;
       int64_t group1 = std::min(c.numLayers, group0 + layout.layerGroup);
       for (size_t f = 0; f < options.forms.size(); ++f) {
-        ChunkForm form = options.forms[f];
+        Form form = options.forms[f];
         Job &job = filling[f];
         if (s.layer == group0) {
           job.ref = {key, form, t0, t1, group0, group1};
           job.values.clear();
           job.values.reserve(store.shape(job.ref).numel());
         }
-        int64_t width = form == ChunkForm::KV ? model.kvDim() : c.hiddenSize;
-        if (form == ChunkForm::KV) {
+        int64_t width = form == Form::KV ? model.kvDim() : c.hiddenSize;
+        if (form == Form::KV) {
           job.values.insert(job.values.end(), s.k, s.k + count * width);
           job.values.insert(job.values.end(), s.v, s.v + count * width);
         } else {

@@ -79,10 +79,10 @@ std::vector<Digest> PrefixKeys::keys(const int32_t *tokens,
   return out;
 }
 
-std::string chunkObjectName(const Digest &key, ChunkForm form,
-                            int64_t layerBegin, int64_t layerEnd) {
-  return toHex(key) + "/" + chunkFormName(form) + "/" +
-         std::to_string(layerBegin) + "-" + std::to_string(layerEnd);
+std::string chunkObjectName(const Digest &key, Form form, int64_t layerBegin,
+                            int64_t layerEnd) {
+  return toHex(key) + "/" + name(form) + "/" + std::to_string(layerBegin) +
+         "-" + std::to_string(layerEnd);
 }
 
 Digest digestFromHex(std::string_view hex) {
@@ -207,7 +207,7 @@ unpackChunk(std::string_view bytes) {
   if (crc32(bytes.substr(0, kChunkHeaderBytes - 4)) != headerCrc)
     return chunkError(ChunkFault::Corrupt, "chunk header checksum mismatch");
   ChunkHeader h;
-  h.form = ChunkForm(r.le<uint8_t>());
+  h.form = Form(r.le<uint8_t>());
   h.dtype = DType(r.le<uint8_t>());
   h.codec.transform = CodecSpec::Transform(r.le<uint8_t>());
   h.codec.quant = CodecSpec::Quant(r.le<uint8_t>());
@@ -263,18 +263,17 @@ Status checkChunk(const ChunkHeader &got, const ChunkHeader &want) {
   if (got.form != want.form || got.tokenBegin != want.tokenBegin ||
       got.tokenEnd != want.tokenEnd || got.layerBegin != want.layerBegin ||
       got.layerEnd != want.layerEnd)
-    return chunkError(
-        ChunkFault::WrongRange,
-        "chunk holds " + std::string(chunkFormName(got.form)) + " tokens " +
-            std::to_string(got.tokenBegin) + " to " +
-            std::to_string(got.tokenEnd) + " of layers " +
-            std::to_string(got.layerBegin) + " to " +
-            std::to_string(got.layerEnd) + ", not the requested " +
-            chunkFormName(want.form) + " tokens " +
-            std::to_string(want.tokenBegin) + " to " +
-            std::to_string(want.tokenEnd) + " of layers " +
-            std::to_string(want.layerBegin) + " to " +
-            std::to_string(want.layerEnd));
+    return chunkError(ChunkFault::WrongRange,
+                      "chunk holds " + std::string(name(got.form)) +
+                          " tokens " + std::to_string(got.tokenBegin) + " to " +
+                          std::to_string(got.tokenEnd) + " of layers " +
+                          std::to_string(got.layerBegin) + " to " +
+                          std::to_string(got.layerEnd) +
+                          ", not the requested " + name(want.form) +
+                          " tokens " + std::to_string(want.tokenBegin) +
+                          " to " + std::to_string(want.tokenEnd) +
+                          " of layers " + std::to_string(want.layerBegin) +
+                          " to " + std::to_string(want.layerEnd));
   return Status::ok();
 }
 

@@ -14,7 +14,7 @@ ChunkStore::ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
 }
 
 StatusOr<std::vector<StoreLayout>>
-ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, ChunkForm form) {
+ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, Form form) {
   std::vector<StoreLayout> found;
   for (int64_t chunkTokens : {64, 128, 256, 512, 1024, 2048}) {
     if (chunkTokens > count)
@@ -37,7 +37,7 @@ ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, ChunkForm form) {
 }
 
 std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
-                                       ChunkForm form) const {
+                                       Form form) const {
   std::vector<ChunkRef> out;
   std::vector<Digest> keys = keys_.keys(tokens, count);
   for (size_t c = 0; c < keys.size(); ++c) {
@@ -161,8 +161,8 @@ Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
       });
 }
 
-StatusOr<StoredExtent> ChunkStore::stored(const int32_t *tokens,
-                                          int64_t count, ChunkForm form) {
+StatusOr<StoredExtent> ChunkStore::stored(const int32_t *tokens, int64_t count,
+                                          Form form) {
   StoredExtent extent;
   std::vector<ChunkRef> objects = refs(tokens, count, form);
   for (const ChunkRef &ref : objects) {

@@ -24,6 +24,7 @@
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
+#include "kvc/Support/Vocabulary.h"
 
 #include <cstdint>
 #include <string>
@@ -31,12 +32,8 @@
 
 namespace kvc {
 
-enum class ChunkForm { KV, Hidden };
-
-const char *chunkFormName(ChunkForm form);
-
 struct ChunkShape {
-  ChunkForm form = ChunkForm::KV;
+  Form form = Form::KV;
   int64_t tokens = 0;
   int64_t layers = 0;
   int64_t width = 0;    ///< kv_heads * head_dim, or hidden.
@@ -44,13 +41,13 @@ struct ChunkShape {
   int64_t firstLayer = 0; ///< Model layer of the chunk's first layer (bins).
   int64_t modelLayers = 0; ///< All layers of the model (bins).
 
-  int64_t matricesPerLayer() const { return form == ChunkForm::KV ? 2 : 1; }
+  int64_t matricesPerLayer() const { return form == Form::KV ? 2 : 1; }
   int64_t matrices() const { return layers * matricesPerLayer(); }
   int64_t numel() const { return matrices() * tokens * width; }
 };
 
 /// The shape of `form` over `tokens` x [firstLayer, firstLayer + layers).
-ChunkShape chunkShape(const ModelConfig &model, ChunkForm form, int64_t tokens,
+ChunkShape chunkShape(const ModelConfig &model, Form form, int64_t tokens,
                       int64_t firstLayer, int64_t layers);
 
 /// Checks that `codec` applies to `shape` (Hadamard blocks a power of two,

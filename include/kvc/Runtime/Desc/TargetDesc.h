@@ -13,6 +13,7 @@
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
+#include "kvc/Support/Vocabulary.h"
 
 #include <cstdint>
 #include <optional>
@@ -74,8 +75,7 @@ struct TierDesc {
 /// for: `on` is the quantization of the coder's input (None: raw elements)
 /// or the quant stage's width; a rate without it holds for any data.
 struct CodecRateDesc {
-  enum class Stage { Deflate, Zstd, Lz4, Quant, Hadamard };
-  Stage stage = Stage::Deflate;
+  CodecStage stage = CodecStage::Deflate;
   std::optional<CodecSpec::Quant> on;
   double encodeGBs = 0;
   double decodeGBs = 0;
@@ -101,7 +101,6 @@ struct TargetDesc {
 
 const char *computeKindName(ComputeDesc::Kind kind);
 const char *tierKindName(TierDesc::Kind kind);
-const char *codecStageName(CodecRateDesc::Stage stage);
 /// The name of the data a rate holds for: "raw", "int8", "int4", "int2".
 const char *codecDataName(CodecSpec::Quant quant);
 

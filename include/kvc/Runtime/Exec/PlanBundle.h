@@ -20,6 +20,7 @@
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
+#include "kvc/Support/Vocabulary.h"
 
 #include <array>
 #include <cstdint>
@@ -47,18 +48,10 @@ struct BundleRange {
   bool operator!=(const BundleRange &o) const { return !(*this == o); }
 };
 
-/// The resources a task can run on (the dialect's #kvc.resource).
-enum class BundleResource { IO, Decode, H2D, D2H, Compute, Net };
-const char *bundleResourceName(BundleResource resource);
-
 /// One dataflow step inside a task.
 struct BundleStep {
-  /// The op name without the dialect prefix: "fetch", "decompress",
-  /// "dequant", "untransform", "transfer_to_device", "project",
-  /// "chunk_compute", "scatter", ...
-  std::string op;
-  /// "kv" or "hidden".
-  std::string form;
+  StepKind kind = StepKind::Fetch;
+  Form form = Form::KV;
   BundleRange tokens;
   BundleRange layers;
   /// The codec of the chunk the step consumes (of the stored chunk for a
@@ -72,7 +65,7 @@ struct BundleStep {
 
 struct BundleTask {
   int64_t id = 0;
-  BundleResource resource = BundleResource::Compute;
+  Resource resource = Resource::Compute;
   int64_t lane = 0;
   /// Tasks that must finish first.
   std::vector<int64_t> after;

@@ -22,7 +22,7 @@
 namespace kvc {
 
 struct SaveOptions {
-  std::vector<ChunkForm> forms = {ChunkForm::KV, ChunkForm::Hidden};
+  std::vector<Form> forms = {Form::KV, Form::Hidden};
   CodecSpec codec;
   int writers = 2;
   /// Host buffers for objects waiting to be written (default 256 MiB).

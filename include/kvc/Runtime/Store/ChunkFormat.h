@@ -57,14 +57,14 @@ private:
 };
 
 /// The object name of a chunk: "<key hex>/<form>/<layer begin>-<layer end>".
-std::string chunkObjectName(const Digest &key, ChunkForm form,
-                            int64_t layerBegin, int64_t layerEnd);
+std::string chunkObjectName(const Digest &key, Form form, int64_t layerBegin,
+                            int64_t layerEnd);
 
 inline constexpr uint16_t kChunkFormatVersion = 1;
 inline constexpr size_t kChunkHeaderBytes = 136;
 
 struct ChunkHeader {
-  ChunkForm form = ChunkForm::KV;
+  Form form = Form::KV;
   DType dtype = DType::BF16;
   CodecSpec codec;
   int64_t tokenBegin = 0, tokenEnd = 0;

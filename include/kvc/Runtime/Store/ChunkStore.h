@@ -26,7 +26,7 @@ struct StoreLayout {
 /// One stored object: a form over a token chunk and a layer group.
 struct ChunkRef {
   Digest key{};
-  ChunkForm form = ChunkForm::KV;
+  Form form = Form::KV;
   int64_t tokenBegin = 0, tokenEnd = 0;
   int64_t layerBegin = 0, layerEnd = 0;
   std::string name() const {
@@ -53,20 +53,20 @@ public:
 
   /// Every object of `form` for `tokens`, in token then layer order.
   std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count,
-                             ChunkForm form) const;
+                             Form form) const;
 
   /// The longest prefix of `tokens` whose every object of `form` exists,
   /// and the codec its first object was stored with (what a planner may
   /// load; a chunk that turns out corrupt is still caught when read).
   StatusOr<StoredExtent> stored(const int32_t *tokens, int64_t count,
-                                ChunkForm form);
+                                Form form);
 
   /// Common layouts other than this store's (chunks of 64 to 2048 tokens,
   /// groups of 1 to 8 layers) under which the first object of `form` for
   /// `tokens` exists: what a save with another --chunk-tokens or
   /// --layer-group left, which this store's keys cannot find.
-  StatusOr<std::vector<StoreLayout>>
-  otherLayouts(const int32_t *tokens, int64_t count, ChunkForm form);
+  StatusOr<std::vector<StoreLayout>> otherLayouts(const int32_t *tokens,
+                                                  int64_t count, Form form);
 
   /// The codec of the object `ref` names, if one is stored and readable
   /// (a corrupt one reads as none).

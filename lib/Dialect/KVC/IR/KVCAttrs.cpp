@@ -3,7 +3,7 @@
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h"
 
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
-#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Support/Format.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -61,7 +61,7 @@ void mlir::kvc::printF64(AsmPrinter &printer, const llvm::APFloat &value) {
 }
 
 FailureOr<RangeAttr> mlir::kvc::parseRangeBody(AsmParser &parser) {
-  int64_t begin, end;
+  int64_t begin = 0, end = 0;
   if (parser.parseInteger(begin) || parser.parseKeyword("to") ||
       parser.parseInteger(end))
     return failure();

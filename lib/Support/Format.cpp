@@ -1,6 +1,6 @@
 //===- Format.cpp - Number formatting for messages and files --------------===//
 
-#include "kvc/Runtime/Base/Format.h"
+#include "kvc/Support/Format.h"
 
 #include <charconv>
 #include <cmath>

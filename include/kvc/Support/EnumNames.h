@@ -1,7 +1,7 @@
 //===- EnumNames.h - Enumerators from their names ---------------*- C++ -*-===//
 
-#ifndef KVC_RUNTIME_BASE_ENUMNAMES_H
-#define KVC_RUNTIME_BASE_ENUMNAMES_H
+#ifndef KVC_SUPPORT_ENUMNAMES_H
+#define KVC_SUPPORT_ENUMNAMES_H
 
 #include <optional>
 #include <string_view>
@@ -21,4 +21,4 @@ std::optional<E> enumFromName(const char *(*nameOf)(E), int count,
 
 } // namespace kvc
 
-#endif // KVC_RUNTIME_BASE_ENUMNAMES_H
+#endif // KVC_SUPPORT_ENUMNAMES_H

@@ -1,7 +1,7 @@
 //===- Format.h - Number formatting for messages and files ------*- C++ -*-===//
 
-#ifndef KVC_RUNTIME_BASE_FORMAT_H
-#define KVC_RUNTIME_BASE_FORMAT_H
+#ifndef KVC_SUPPORT_FORMAT_H
+#define KVC_SUPPORT_FORMAT_H
 
 #include <string>
 
@@ -16,4 +16,4 @@ std::string formatSignificant(double value, int digits = 3);
 
 } // namespace kvc
 
-#endif // KVC_RUNTIME_BASE_FORMAT_H
+#endif // KVC_SUPPORT_FORMAT_H

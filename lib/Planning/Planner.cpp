@@ -2,6 +2,8 @@
 
 #include "kvc/Planning/Planner.h"
 
+#include "kvc/Planning/Pipeline.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -303,17 +305,24 @@ JobGraph Planner::buildJobs(const Plan &plan,
   std::vector<JobInfo> localInfo;
   std::vector<JobInfo> &jobs = info ? *info : localInfo;
   jobs.clear();
-  const int compute = graph.addResource(poolName(Resource::Compute), 1);
-  const int copy = graph.addResource(poolName(Resource::H2D), 1);
-  const int decode = graph.addResource(poolName(Resource::Decode), 1);
+  // One job per stage of Pipeline.h: a load's fetch, host decode, copy and
+  // device steps (fused, as kvc-fuse fuses them), a computed chunk's prefill.
+  auto pool = [&](StepKind kind) {
+    return graph.addResource(poolName(stepResource(kind, /*inputOnHost=*/true)),
+                             1);
+  };
+  const int compute = pool(StepKind::ChunkCompute);
+  const int copy = pool(StepKind::TransferToDevice);
+  const int decode = pool(StepKind::Decompress);
   std::map<std::string, int> ioResources;
   auto ioResource = [&](const std::string &tier) {
     auto it = ioResources.find(tier);
     if (it != ioResources.end())
       return it->second;
     const TierDesc *desc = cost_.target().findTier(tier);
-    int r = graph.addResource(poolName(Resource::IO, tier),
-                              desc ? int(desc->lanes) : 1);
+    int r =
+        graph.addResource(poolName(stepResource(StepKind::Fetch, true), tier),
+                          desc ? int(desc->lanes) : 1);
     ioResources[tier] = r;
     return r;
   };
@@ -334,21 +343,24 @@ JobGraph Planner::buildJobs(const Plan &plan,
     double volume = double(box.tokens()) * double(box.layers());
     double stored = lc.stored * volume, quantized = lc.quantized * volume;
     int fetch =
-        add({ioResource(source.tier), lc.fetchLatency * double(tier.lanes) +
-                                          volume * lc.fetch * double(tier.lanes),
-             1, int64_t(stored + quantized), -1},
+        add({ioResource(source.tier),
+             lc.fetchLatency * double(tier.lanes) +
+                 volume * lc.fetch * double(tier.lanes),
+             stepPriority(StepKind::Fetch), int64_t(stored + quantized), -1},
             {JobInfo::Stage::Fetch, chunk, stored, 0}, {});
     int last = fetch;
     if (source.codec.lossless != CodecSpec::Lossless::None)
-      last = add({decode, volume * lc.decode, 2},
-                 {JobInfo::Stage::Decode, chunk, quantized, 0}, {last});
-    last = add({copy, lc.copyLatency + volume * lc.copy, 3},
+      last =
+          add({decode, volume * lc.decode, stepPriority(StepKind::Decompress)},
+              {JobInfo::Stage::Decode, chunk, quantized, 0}, {last});
+    last = add({copy, lc.copyLatency + volume * lc.copy,
+                stepPriority(StepKind::TransferToDevice)},
                {JobInfo::Stage::Copy, chunk, quantized, 0}, {last});
     graph.job(fetch).releasedBy = last;
     double flops = project ? lc.projectFlops * volume : 0;
     double seconds = cost_.deviceDecodeSeconds(source.codec, lc.raw * volume) +
                      cost_.computeSeconds(flops, box.tokens());
-    return add({compute, seconds, 4},
+    return add({compute, seconds, stepPriority(StepKind::Scatter)},
                {JobInfo::Stage::Device, chunk, lc.raw * volume, flops}, {last});
   };
 
@@ -387,7 +399,8 @@ JobGraph Planner::buildJobs(const Plan &plan,
     double seconds = cost_.prefillSeconds(c.box.t0, c.box.t1, c.box.layers()) +
                      cost_.deviceDecodeSeconds(raw, bytes);
     jobs.push_back({JobInfo::Stage::Compute, chunk, 0, flops});
-    final[i] = graph.addJob({compute, seconds, 0}, deps);
+    final[i] = graph.addJob(
+        {compute, seconds, stepPriority(StepKind::ChunkCompute)}, deps);
   }
   return graph;
 }

@@ -162,21 +162,20 @@ PlanOp mlir::kvc::buildPlanOp(OpBuilder &builder, Location loc,
   return op;
 }
 
+std::optional<::kvc::StepKind> mlir::kvc::getStepKind(Operation *op) {
+  if (!isa<DataflowOpInterface>(op))
+    return std::nullopt;
+  return ::kvc::parseStepKind(op->getName().stripDialect());
+}
+
 Resource mlir::kvc::getResource(Operation *step) {
-  auto onHost = [](Value value) {
-    return cast<ChunkType>(value.getType()).getSpace() == Space::host;
-  };
-  return llvm::TypeSwitch<Operation *, Resource>(step)
-      .Case<FetchOp, StoreOp>([](auto) { return Resource::io; })
-      .Case<TransferToDeviceOp>([](auto) { return Resource::h2d; })
-      .Case<TransferToHostOp>([](auto) { return Resource::d2h; })
-      .Case<SendOp, RecvOp>([](auto) { return Resource::net; })
-      .Case<DecompressOp, CompressOp, DequantOp, QuantOp, UntransformOp,
-            TransformOp>([&](Operation *op) {
-        return onHost(op->getOperand(0)) ? Resource::decode
-                                         : Resource::compute;
-      })
-      .Default([](Operation *) { return Resource::compute; });
+  std::optional<::kvc::StepKind> kind = getStepKind(step);
+  if (!kind)
+    return Resource::compute; // A fused kernel runs on the device.
+  bool onHost =
+      step->getNumOperands() == 0 ||
+      cast<ChunkType>(step->getOperand(0).getType()).getSpace() == Space::host;
+  return fromVocabulary(::kvc::planning::stepResource(*kind, onHost));
 }
 
 StepCost mlir::kvc::getStepCost(Operation *step,
@@ -194,105 +193,106 @@ StepCost mlir::kvc::getStepCost(Operation *step,
     return cost.encodedBytes(toVocabulary(c.getForm()),
                              getCodecSpec(c.getCodec()), tokens, layers);
   };
-  return llvm::TypeSwitch<Operation *, StepCost>(step)
-      .Case([&](FetchOp op) {
-        ChunkType c = op.getResult().getType();
-        const ::kvc::TierDesc *tier =
-            cost.target().findTier(op.getSource().getTier().str());
-        double bytes = encodedOf(c);
-        double seconds = tier ? cost.readSeconds(*tier, bytes) : 0;
-        return StepCost{seconds, 1, bytes, 0};
-      })
-      .Case([&](DecompressOp op) {
-        ChunkType in = op.getInput().getType();
-        ChunkType out = op.getResult().getType();
-        return StepCost{cost.hostDecodeSeconds(getCodecSpec(in.getCodec()),
-                                               encodedOf(out)),
-                        2, 0, 0};
-      })
-      .Case([&](TransferToDeviceOp op) {
-        return StepCost{cost.h2dSeconds(encodedOf(op.getInput().getType())),
-                        3, 0, 0};
-      })
-      .Case([&](DequantOp op) {
-        ChunkType in = op.getInput().getType();
-        return StepCost{
-            cost.dequantSeconds(getCodecSpec(in.getCodec()), rawOf(in)), 4, 0,
-            0};
-      })
-      .Case([&](UntransformOp op) {
-        ChunkType in = op.getInput().getType();
-        return StepCost{
-            cost.untransformSeconds(getCodecSpec(in.getCodec()), rawOf(in)), 4,
-            0, 0};
-      })
-      .Case([&](ProjectOp op) {
-        auto [tokens, layers] = volume(op.getInput().getType());
-        double flops = cost.projectFlops(tokens, layers);
-        return StepCost{cost.computeSeconds(flops, tokens), 4, 0, flops};
-      })
-      .Case([&](ScatterOp op) {
-        return StepCost{cost.scatterSeconds(rawOf(op.getInput().getType())), 4,
-                        0, 0};
-      })
-      .Case([&](ChunkComputeOp op) {
-        RangeAttr t = op.getTokens();
-        double flops = cost.prefillFlops(t.getBegin(), t.getEnd(),
-                                         op.getLayers().size());
-        return StepCost{
-            cost.prefillSeconds(t.getBegin(), t.getEnd(), op.getLayers().size()),
-            0, 0, flops};
-      })
-      .Case<KernelOp, TaskOp>([&](Operation *op) {
-        // A fused body or a task costs what its steps cost.
-        StepCost total;
-        total.priority = -1;
-        op->getRegion(0).walk([&](Operation *inner) {
-          if (!isa<DataflowOpInterface>(inner))
-            return;
-          StepCost c = getStepCost(inner, cost);
-          total.seconds += c.seconds;
-          total.bytesRead += c.bytesRead;
-          total.flops += c.flops;
-          total.priority = std::max(total.priority, c.priority);
-        });
-        total.priority = std::max(total.priority, 0);
-        return total;
-      })
-      // Save and transfer sides.
-      .Case([&](GatherOp op) {
-        return StepCost{cost.scatterSeconds(rawOf(op.getResult().getType())),
-                        0, 0, 0};
-      })
-      .Case<TransformOp, QuantOp, CompressOp>([&](Operation *op) {
-        // Encode only the stage this step adds.
-        ::kvc::CodecSpec out = getCodecSpec(chunkOf(op->getResult(0)).getCodec());
-        ::kvc::CodecSpec stage;
-        if (isa<TransformOp>(op))
-          stage.transform = out.transform;
-        if (isa<QuantOp>(op))
-          stage.quant = out.quant, stage.group = out.group;
-        if (isa<CompressOp>(op))
-          stage.lossless = out.lossless;
-        return StepCost{
-            cost.hostEncodeSeconds(stage, encodedOf(chunkOf(op->getOperand(0)))),
-            0, 0, 0};
-      })
-      .Case([&](TransferToHostOp op) {
-        return StepCost{cost.d2hSeconds(encodedOf(op.getInput().getType())), 0,
-                        0, 0};
-      })
-      .Case([&](StoreOp op) {
-        const ::kvc::TierDesc *tier =
-            cost.target().findTier(op.getTier().str());
-        double bytes = encodedOf(op.getInput().getType());
-        return StepCost{tier ? cost.writeSeconds(*tier, bytes) : 0, 0, 0, 0};
-      })
-      .Case([&](SendOp op) {
-        return StepCost{cost.networkSeconds(encodedOf(op.getInput().getType())),
-                        0, 0, 0};
-      })
-      .Default([&](Operation *) { return StepCost{}; });
+  StepCost result =
+      llvm::TypeSwitch<Operation *, StepCost>(step)
+          .Case([&](FetchOp op) {
+            ChunkType c = op.getResult().getType();
+            const ::kvc::TierDesc *tier =
+                cost.target().findTier(op.getSource().getTier().str());
+            double bytes = encodedOf(c);
+            double seconds = tier ? cost.readSeconds(*tier, bytes) : 0;
+            return StepCost{seconds, bytes, 0};
+          })
+          .Case([&](DecompressOp op) {
+            ChunkType in = op.getInput().getType();
+            ChunkType out = op.getResult().getType();
+            return StepCost{cost.hostDecodeSeconds(getCodecSpec(in.getCodec()),
+                                                   encodedOf(out))};
+          })
+          .Case([&](TransferToDeviceOp op) {
+            return StepCost{
+                cost.h2dSeconds(encodedOf(op.getInput().getType()))};
+          })
+          .Case([&](DequantOp op) {
+            ChunkType in = op.getInput().getType();
+            return StepCost{
+                cost.dequantSeconds(getCodecSpec(in.getCodec()), rawOf(in))};
+          })
+          .Case([&](UntransformOp op) {
+            ChunkType in = op.getInput().getType();
+            return StepCost{cost.untransformSeconds(getCodecSpec(in.getCodec()),
+                                                    rawOf(in))};
+          })
+          .Case([&](ProjectOp op) {
+            auto [tokens, layers] = volume(op.getInput().getType());
+            double flops = cost.projectFlops(tokens, layers);
+            return StepCost{cost.computeSeconds(flops, tokens), 0, flops};
+          })
+          .Case([&](ScatterOp op) {
+            return StepCost{
+                cost.scatterSeconds(rawOf(op.getInput().getType()))};
+          })
+          .Case([&](ChunkComputeOp op) {
+            RangeAttr t = op.getTokens();
+            double flops = cost.prefillFlops(t.getBegin(), t.getEnd(),
+                                             op.getLayers().size());
+            return StepCost{cost.prefillSeconds(t.getBegin(), t.getEnd(),
+                                                op.getLayers().size()),
+                            0, flops};
+          })
+          .Case<KernelOp, TaskOp>([&](Operation *op) {
+            // A fused body or a task costs what its steps cost.
+            StepCost total;
+            total.priority = -1;
+            op->getRegion(0).walk([&](Operation *inner) {
+              if (!isa<DataflowOpInterface>(inner))
+                return;
+              StepCost c = getStepCost(inner, cost);
+              total.seconds += c.seconds;
+              total.bytesRead += c.bytesRead;
+              total.flops += c.flops;
+              total.priority = std::max(total.priority, c.priority);
+            });
+            total.priority = std::max(total.priority, 0);
+            return total;
+          })
+          // Save and transfer sides.
+          .Case([&](GatherOp op) {
+            return StepCost{
+                cost.scatterSeconds(rawOf(op.getResult().getType()))};
+          })
+          .Case<TransformOp, QuantOp, CompressOp>([&](Operation *op) {
+            // Encode only the stage this step adds.
+            ::kvc::CodecSpec out =
+                getCodecSpec(chunkOf(op->getResult(0)).getCodec());
+            ::kvc::CodecSpec stage;
+            if (isa<TransformOp>(op))
+              stage.transform = out.transform;
+            if (isa<QuantOp>(op))
+              stage.quant = out.quant, stage.group = out.group;
+            if (isa<CompressOp>(op))
+              stage.lossless = out.lossless;
+            return StepCost{cost.hostEncodeSeconds(
+                stage, encodedOf(chunkOf(op->getOperand(0))))};
+          })
+          .Case([&](TransferToHostOp op) {
+            return StepCost{
+                cost.d2hSeconds(encodedOf(op.getInput().getType()))};
+          })
+          .Case([&](StoreOp op) {
+            const ::kvc::TierDesc *tier =
+                cost.target().findTier(op.getTier().str());
+            double bytes = encodedOf(op.getInput().getType());
+            return StepCost{tier ? cost.writeSeconds(*tier, bytes) : 0};
+          })
+          .Case([&](SendOp op) {
+            return StepCost{
+                cost.networkSeconds(encodedOf(op.getInput().getType()))};
+          })
+          .Default([&](Operation *) { return StepCost{}; });
+  if (std::optional<::kvc::StepKind> kind = getStepKind(step))
+    result.priority = ::kvc::planning::stepPriority(*kind);
+  return result;
 }
 
 SmallVector<Value> mlir::kvc::stepInputs(Operation *step) {

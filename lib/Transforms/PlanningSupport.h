@@ -11,6 +11,7 @@
 #define KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Planning/Pipeline.h"
 #include "kvc/Planning/Planner.h"
 
 #include <memory>
@@ -64,21 +65,25 @@ PlanOp buildPlanOp(OpBuilder &builder, Location loc, StringRef name,
                    const ::kvc::planning::Request &request,
                    const ::kvc::planning::Plan &plan, int64_t layers);
 
-/// The resource that runs a dataflow step (or a kernel, on compute).
+/// The vocabulary's kind of a dataflow step; nothing for other ops.
+std::optional<::kvc::StepKind> getStepKind(Operation *op);
+
+/// The resource that runs a dataflow step (planning::stepResource), or a
+/// kernel (on compute).
 Resource getResource(Operation *step);
 
 /// The values a step reads from other steps: its operands, and for a task
 /// also the values its body uses from outside.
 SmallVector<Value> stepInputs(Operation *step);
 
-/// A step's simulator job: its duration and pipeline priority (as
-/// Planner::buildJobs assigns them: fetch 1, decode 2, copy 3, device 4,
-/// chunk compute 0).
+/// A step's simulator job: its duration, what it reads and computes, and
+/// its priority (planning::stepPriority; a kernel's or task's is its
+/// steps' highest).
 struct StepCost {
   double seconds = 0;
-  int priority = 0;
   double bytesRead = 0;
   double flops = 0;
+  int priority = 0;
 };
 StepCost getStepCost(Operation *step,
                      const ::kvc::planning::CostModel &cost);

@@ -2,7 +2,9 @@
 
 #include "kvc/Dialect/KVC/IR/KVCVocabulary.h"
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Planning/Pipeline.h"
 
+#include "mlir/IR/Builders.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/OperationSupport.h"
 
@@ -43,6 +45,27 @@ TEST(KVCVocabularyTest, EveryStepKindIsADataflowOp) {
         RegisteredOperationName::lookup(op, &context);
     ASSERT_TRUE(name) << op << " is not an op of the kvc dialect";
     EXPECT_TRUE(name->hasInterface<DataflowOpInterface>()) << op;
+  }
+}
+
+TEST(KVCVocabularyTest, EveryStepRunsWhereThePipelinePutsIt) {
+  // The resources the dialect lets each op run on (its ODS list) include
+  // the one planning::stepResource assigns it, in either space.
+  MLIRContext context;
+  context.loadDialect<KVCDialect>();
+  OpBuilder builder(&context);
+  for (int i = 0; i < ::kvc::kNumStepKinds; ++i) {
+    auto kind = static_cast<::kvc::StepKind>(i);
+    OperationState state(builder.getUnknownLoc(),
+                         std::string("kvc.") + ::kvc::name(kind));
+    Operation *op = Operation::create(state); // Never verified: no operands.
+    for (bool onHost : {true, false}) {
+      Resource resource =
+          fromVocabulary(::kvc::planning::stepResource(kind, onHost));
+      EXPECT_TRUE(cast<DataflowOpInterface>(op).canRunOn(resource))
+          << ::kvc::name(kind) << " on " << stringifyResource(resource).str();
+    }
+    op->destroy();
   }
 }
 

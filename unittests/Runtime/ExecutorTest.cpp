@@ -270,6 +270,44 @@ TEST_F(ExecutorTest, EveryStrategyEqualsAFullPrefill) {
   expectExact({96, 1, 96});                        // chunks off the store grid
 }
 
+// A server's cache: one tensor per layer interleaving K and V per block
+// ([num_blocks, 2, block_size, kv_heads, head_dim], one of vLLM's layouts),
+// owned by the caller. Every strategy restores into it as exactly as into
+// kvc's own cache, and the caller's memory holds the result.
+TEST_F(ExecutorTest, RestoresIntoCallerOwnedMemory) {
+  const ModelConfig &config = model_->config();
+  PagedCacheConfig shape = cache_->config();
+  const int64_t block = shape.blockSize * cache_->kvDim();
+  shape.blockStride = 2 * block;
+  std::vector<std::vector<uint16_t>> tensors(
+      config.numLayers, std::vector<uint16_t>(shape.numBlocks * 2 * block));
+  std::vector<PagedLayerMemory> layers;
+  for (std::vector<uint16_t> &tensor : tensors)
+    layers.push_back({tensor.data(), tensor.data() + block});
+  StatusOr<std::unique_ptr<PagedKVCache>> view =
+      PagedKVCache::view(shape, layers);
+  ASSERT_TRUE(view) << view.status().toString();
+  cache_ = std::move(view).value();
+  const int64_t n = config.numLayers;
+  expectExact({0, 0, 64});       // kv
+  expectExact({128, n / 2, 64}); // joint
+
+  // The last layer's K of token 0 sits at the start of the first block of
+  // the table, V one block after it.
+  BlockTable table = *cache_->allocate(kTokens);
+  ASSERT_TRUE(run(makePlan({0, 0, 64}, n), table).isOk());
+  const int64_t kv = cache_->kvDim();
+  std::vector<float> k(kv), v(kv);
+  ASSERT_TRUE(cache_->read(table, n - 1, 0, 1, k.data(), v.data()).isOk());
+  const uint16_t *first = tensors[n - 1].data() + table.blocks[0] * 2 * block;
+  for (int64_t i = 0; i < kv; ++i) {
+    EXPECT_EQ(bf16ToFloat(first[i]), k[i]);
+    EXPECT_EQ(bf16ToFloat(first[block + i]), v[i]);
+  }
+  EXPECT_NE(k, v);
+  cache_.reset(); // Before the memory it views.
+}
+
 TEST_F(ExecutorTest, StagingSlotsAreReusedAcrossChunksAndRounds) {
   const int64_t layers = model_->config().numLayers;
   // One slot: every chunk waits for the one before it to be copied out.

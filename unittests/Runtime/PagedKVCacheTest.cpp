@@ -66,6 +66,62 @@ TEST(PagedKVCacheTest, WritesThroughTheBlockTableInVllmLayout) {
   EXPECT_EQ(v, vAll);
 }
 
+TEST(PagedKVCacheTest, ViewsCallerMemoryWithInterleavedBlocks) {
+  // [num_blocks, 2, block_size, heads, dim]: K of block b, then its V.
+  PagedCacheConfig config = smallConfig();
+  const int64_t block = config.blockSize * config.numKvHeads * config.headDim;
+  config.blockStride = 2 * block;
+  std::vector<std::vector<uint16_t>> memory(
+      config.layers, std::vector<uint16_t>(config.numBlocks * 2 * block));
+  std::vector<PagedLayerMemory> layers;
+  for (std::vector<uint16_t> &layer : memory)
+    layers.push_back({layer.data(), layer.data() + block});
+  auto cache = PagedKVCache::view(config, layers);
+  ASSERT_TRUE(cache) << cache.status().toString();
+  PagedKVCache &c = **cache;
+  EXPECT_EQ(c.blockStride(), 2 * block);
+  EXPECT_EQ(c.keyCache(1), memory[1].data());
+
+  BlockTable table;
+  table.blocks = {5, 1, 6}; // A caller's block manager's choice.
+  const int64_t dim = c.kvDim();
+  std::vector<float> k = pattern(0, 10, dim, 0), v = pattern(0, 10, dim, 16);
+  ASSERT_TRUE(c.write(table, 1, 0, 10, k.data(), v.data()).isOk());
+  // Token 9: physical block 6, row 1; head 1, channel 2.
+  int64_t row = 6 * 2 * block + (1 * 2 + 1) * 4 + 2;
+  EXPECT_EQ(bf16ToFloat(memory[1][row]), 9 + float(1 * 4 + 2) / 8);
+  EXPECT_EQ(bf16ToFloat(memory[1][row + block]), 25 + float(1 * 4 + 2) / 8);
+  // Blocks the table does not name are untouched.
+  EXPECT_EQ(memory[1][0], 0);
+  EXPECT_EQ(memory[0][row], 0);
+  std::vector<float> kBack(10 * dim), vBack(10 * dim);
+  ASSERT_TRUE(c.read(table, 1, 0, 10, kBack.data(), vBack.data()).isOk());
+  EXPECT_EQ(kBack, k);
+  EXPECT_EQ(vBack, v);
+}
+
+TEST(PagedKVCacheTest, RejectsViewsThatCannotHoldTheCache) {
+  PagedCacheConfig config = smallConfig();
+  std::vector<uint16_t> memory(4096);
+  std::vector<PagedLayerMemory> layers(2, {memory.data(), memory.data()});
+  config.blockStride = 8;
+  auto shortStride = PagedKVCache::view(config, layers);
+  ASSERT_FALSE(shortStride);
+  EXPECT_EQ(shortStride.status().message(),
+            "paged cache: a block stride of 8 elements is shorter than a "
+            "block's 32");
+  config.blockStride = 0;
+  auto oneLayer = PagedKVCache::view(config, {layers[0]});
+  ASSERT_FALSE(oneLayer);
+  EXPECT_EQ(oneLayer.status().message(),
+            "paged cache: 1 layers of memory for a 2-layer cache");
+  layers[1].values = nullptr;
+  auto missing = PagedKVCache::view(config, layers);
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.status().message(),
+            "paged cache: layer 1 has no key or value memory");
+}
+
 TEST(PagedKVCacheTest, RoundsToBf16) {
   auto cache = PagedKVCache::create(smallConfig());
   ASSERT_TRUE(cache);

@@ -9,28 +9,63 @@
 
 namespace kvc {
 
-StatusOr<std::unique_ptr<PagedKVCache>>
-PagedKVCache::create(const PagedCacheConfig &config) {
+PagedKVCache::PagedKVCache(const PagedCacheConfig &config)
+    : config_(config),
+      stride_(config.blockStride > 0
+                  ? config.blockStride
+                  : config.blockSize * config.numKvHeads * config.headDim) {
+  // Hand out low block numbers first.
+  for (int64_t b = config.numBlocks - 1; b >= 0; --b)
+    free_.push_back(int32_t(b));
+}
+
+Status PagedKVCache::checkConfig(const PagedCacheConfig &config) {
   if (config.layers <= 0 || config.numKvHeads <= 0 || config.headDim <= 0 ||
       config.blockSize <= 0 || config.numBlocks <= 0)
     return invalidArgument("paged cache: layers, kv heads, head dim, block "
                            "size and block count must be positive");
   if (config.numBlocks > INT32_MAX)
     return invalidArgument("paged cache: at most 2^31-1 blocks");
+  const int64_t block = config.blockSize * config.numKvHeads * config.headDim;
+  if (config.blockStride != 0 && config.blockStride < block)
+    return invalidArgument(
+        "paged cache: a block stride of " + std::to_string(config.blockStride) +
+        " elements is shorter than a block's " + std::to_string(block));
+  return Status::ok();
+}
+
+StatusOr<std::unique_ptr<PagedKVCache>>
+PagedKVCache::create(const PagedCacheConfig &config) {
+  KVC_RETURN_IF_ERROR(checkConfig(config));
   std::unique_ptr<PagedKVCache> cache(new PagedKVCache(config));
-  const int64_t perLayer = config.numBlocks * config.blockSize *
-                           config.numKvHeads * config.headDim;
+  const int64_t perLayer = config.numBlocks * cache->stride_;
   try {
-    cache->keys_.assign(config.layers, std::vector<uint16_t>(perLayer));
-    cache->values_.assign(config.layers, std::vector<uint16_t>(perLayer));
+    cache->owned_.assign(2 * config.layers, std::vector<uint16_t>(perLayer));
   } catch (const std::bad_alloc &) {
     return Status(StatusCode::Unavailable,
                   "paged cache: cannot allocate " +
                       std::to_string(4 * config.layers * perLayer) + " bytes");
   }
-  // Hand out low block numbers first.
-  for (int64_t b = config.numBlocks - 1; b >= 0; --b)
-    cache->free_.push_back(int32_t(b));
+  for (int64_t l = 0; l < config.layers; ++l)
+    cache->layers_.push_back(
+        {cache->owned_[2 * l].data(), cache->owned_[2 * l + 1].data()});
+  return cache;
+}
+
+StatusOr<std::unique_ptr<PagedKVCache>>
+PagedKVCache::view(const PagedCacheConfig &config,
+                   std::vector<PagedLayerMemory> layers) {
+  KVC_RETURN_IF_ERROR(checkConfig(config));
+  if (int64_t(layers.size()) != config.layers)
+    return invalidArgument("paged cache: " + std::to_string(layers.size()) +
+                           " layers of memory for a " +
+                           std::to_string(config.layers) + "-layer cache");
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    if (!layers[l].keys || !layers[l].values)
+      return invalidArgument("paged cache: layer " + std::to_string(l) +
+                             " has no key or value memory");
+  std::unique_ptr<PagedKVCache> cache(new PagedKVCache(config));
+  cache->layers_ = std::move(layers);
   return cache;
 }
 
@@ -83,9 +118,9 @@ Status PagedKVCache::checkRange(const BlockTable &table, int64_t layer,
   return Status::ok();
 }
 
-int64_t PagedKVCache::slotOf(const BlockTable &table, int64_t token) const {
-  return int64_t(table.blocks[token / config_.blockSize]) * config_.blockSize +
-         token % config_.blockSize;
+int64_t PagedKVCache::rowOf(const BlockTable &table, int64_t token) const {
+  return int64_t(table.blocks[token / config_.blockSize]) * stride_ +
+         token % config_.blockSize * kvDim();
 }
 
 template <typename T, typename StoreFn>
@@ -94,12 +129,12 @@ Status PagedKVCache::writeRows(const BlockTable &table, int64_t layer,
                                const T *v, StoreFn store) {
   KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
   const int64_t dim = kvDim();
-  uint16_t *keys = keys_[layer].data();
-  uint16_t *values = values_[layer].data();
+  uint16_t *keys = layers_[layer].keys;
+  uint16_t *values = layers_[layer].values;
   for (int64_t t = 0; t < n; ++t) {
-    int64_t slot = slotOf(table, first + t);
-    store(keys + slot * dim, k + t * dim, dim);
-    store(values + slot * dim, v + t * dim, dim);
+    int64_t row = rowOf(table, first + t);
+    store(keys + row, k + t * dim, dim);
+    store(values + row, v + t * dim, dim);
   }
   return Status::ok();
 }
@@ -128,13 +163,13 @@ Status PagedKVCache::read(const BlockTable &table, int64_t layer,
                           float *v) const {
   KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
   const int64_t dim = kvDim();
-  const uint16_t *keys = keys_[layer].data();
-  const uint16_t *values = values_[layer].data();
+  const uint16_t *keys = layers_[layer].keys;
+  const uint16_t *values = layers_[layer].values;
   for (int64_t t = 0; t < n; ++t) {
-    int64_t slot = slotOf(table, first + t);
+    int64_t row = rowOf(table, first + t);
     for (int64_t i = 0; i < dim; ++i) {
-      k[t * dim + i] = bf16ToFloat(keys[slot * dim + i]);
-      v[t * dim + i] = bf16ToFloat(values[slot * dim + i]);
+      k[t * dim + i] = bf16ToFloat(keys[row + i]);
+      v[t * dim + i] = bf16ToFloat(values[row + i]);
     }
   }
   return Status::ok();

@@ -8,6 +8,14 @@
 // cache a server decodes from is the one the plan filled — there is no
 // contiguous copy to hand over.
 //
+// The caches are kvc's own (create) or a view of memory a caller owns
+// (view): a server's cache, a PyTorch tensor's storage. A view also takes
+// the distance between consecutive blocks, so that it covers both of vLLM's
+// layouts: K and V caches of their own (blocks block_size * kv_heads *
+// head_dim apart) and one tensor interleaving them per block
+// ([num_blocks, 2, block_size, kv_heads, head_dim]: blocks twice that
+// apart, V one block's size after K).
+//
 // Blocks are handed out by a thread-safe free list, so concurrent restores
 // in one process share one cache as a server's requests do. Writes from
 // concurrent restores touch disjoint blocks; within one restore, chunks
@@ -33,6 +41,16 @@ struct PagedCacheConfig {
   int64_t headDim = 0;
   int64_t blockSize = 16; ///< Tokens per block (vLLM's default).
   int64_t numBlocks = 0;
+  /// Elements from one block's start to the next's; 0: blockSize *
+  /// numKvHeads * headDim (blocks back to back).
+  int64_t blockStride = 0;
+};
+
+/// One layer's caches in memory a caller owns: the first element of block 0
+/// of its key cache and of its value cache, bf16 bits.
+struct PagedLayerMemory {
+  uint16_t *keys = nullptr;
+  uint16_t *values = nullptr;
 };
 
 /// A request's logical -> physical block mapping.
@@ -50,11 +68,19 @@ public:
   /// would not fit in memory.
   static StatusOr<std::unique_ptr<PagedKVCache>>
   create(const PagedCacheConfig &config);
+  /// A cache over `layers` (one entry per layer), which the caller owns
+  /// and keeps alive while the cache is used; each must hold numBlocks
+  /// blocks `blockStride` elements apart. Fails on a missing pointer, a
+  /// non-positive dimension or a stride shorter than a block.
+  static StatusOr<std::unique_ptr<PagedKVCache>>
+  view(const PagedCacheConfig &config, std::vector<PagedLayerMemory> layers);
 
   const PagedCacheConfig &config() const { return config_; }
   int64_t kvDim() const { return config_.numKvHeads * config_.headDim; }
-  /// Bytes of all key and value caches.
+  /// Bytes of all key and value caches (their blocks' rows).
   int64_t bytes() const;
+  /// Elements from one block's start to the next's.
+  int64_t blockStride() const { return stride_; }
 
   /// Takes blocks for `tokens` tokens; Unavailable when too few are free
   /// (none are taken then: the server may retry once others release).
@@ -74,19 +100,20 @@ public:
   Status read(const BlockTable &table, int64_t layer, int64_t first,
               int64_t n, float *k, float *v) const;
 
-  /// The raw caches of `layer`: [num_blocks, block_size, num_kv_heads,
-  /// head_dim] bf16 bits.
-  const uint16_t *keyCache(int64_t layer) const { return keys_[layer].data(); }
+  /// The raw caches of `layer`: block b's [block_size, num_kv_heads,
+  /// head_dim] bf16 bits start b * blockStride() elements in.
+  const uint16_t *keyCache(int64_t layer) const { return layers_[layer].keys; }
   const uint16_t *valueCache(int64_t layer) const {
-    return values_[layer].data();
+    return layers_[layer].values;
   }
 
 private:
-  explicit PagedKVCache(const PagedCacheConfig &config) : config_(config) {}
+  explicit PagedKVCache(const PagedCacheConfig &config);
+  static Status checkConfig(const PagedCacheConfig &config);
   Status checkRange(const BlockTable &table, int64_t layer, int64_t first,
                     int64_t n) const;
-  /// The row of `token` in a layer's cache ([num_blocks * block_size] rows).
-  int64_t slotOf(const BlockTable &table, int64_t token) const;
+  /// The offset of `token`'s row in a layer's cache, in elements.
+  int64_t rowOf(const BlockTable &table, int64_t token) const;
   /// Writes row t < n of `k` and `v` (kvDim values each) with `store(dst,
   /// src, count)`.
   template <typename T, typename StoreFn>
@@ -94,7 +121,10 @@ private:
                    int64_t n, const T *k, const T *v, StoreFn store);
 
   PagedCacheConfig config_;
-  std::vector<std::vector<uint16_t>> keys_, values_;
+  int64_t stride_ = 0;
+  std::vector<PagedLayerMemory> layers_;
+  /// The memory of a cache that create() made.
+  std::vector<std::vector<uint16_t>> owned_;
   mutable std::mutex mutex_; ///< Guards free_.
   std::vector<int32_t> free_;
 };

@@ -7,6 +7,7 @@
 #include "kvc/Support/Format.h"
 
 #include <functional>
+#include <iterator>
 #include <set>
 
 namespace kvc {
@@ -15,50 +16,10 @@ using namespace json_detail;
 
 namespace {
 
-/// A name <-> enumerator table for the string enums of the schema.
-template <typename E> struct EnumName {
-  E value;
-  const char *name;
-};
-
-constexpr EnumName<ComputeDesc::Kind> kComputeKinds[] = {
-    {ComputeDesc::Kind::GPU, "gpu"}, {ComputeDesc::Kind::CPU, "cpu"}};
-constexpr EnumName<TierDesc::Kind> kTierKinds[] = {
-    {TierDesc::Kind::DRAM, "dram"},
-    {TierDesc::Kind::Disk, "disk"},
-    {TierDesc::Kind::Remote, "remote"}};
-constexpr EnumName<CodecSpec::Quant> kCodecData[] = {
-    {CodecSpec::Quant::None, "raw"},
-    {CodecSpec::Quant::Int8, "int8"},
-    {CodecSpec::Quant::Int4, "int4"},
-    {CodecSpec::Quant::Int2, "int2"}};
-
-template <typename E, std::size_t N>
-const char *nameOf(const EnumName<E> (&table)[N], E value) {
-  for (const auto &entry : table)
-    if (entry.value == value)
-      return entry.name;
-  return "unknown";
-}
-
-/// Reads a required string field and maps it through `table`.
-template <typename E, std::size_t N>
-Status readEnum(const Json &obj, const std::string &path, const char *key,
-                const EnumName<E> (&table)[N], E &out) {
-  std::string name;
-  KVC_RETURN_IF_ERROR(readString(obj, path, key, name, Presence::Required));
-  std::string expected;
-  for (const auto &entry : table) {
-    if (name == entry.name) {
-      out = entry.value;
-      return Status::ok();
-    }
-    expected += expected.empty() ? "" : ", ";
-    expected += entry.name;
-  }
-  return invalidArgument(fieldPath(path, key) + ": unknown value \"" + name +
-                         "\" (expected one of " + expected + ")");
-}
+/// The names of the schema's string enums, indexed by enumerator.
+constexpr const char *kComputeKinds[] = {"gpu", "cpu"};
+constexpr const char *kTierKinds[] = {"dram", "disk", "remote"};
+constexpr const char *kCodecData[] = {"raw", "int8", "int4", "int2"};
 
 /// Reads a required object-valued field.
 StatusOr<const Json *> readObject(const Json &obj, const std::string &path,
@@ -90,7 +51,9 @@ Status readArray(const Json &obj, const char *key, std::vector<T> &out,
 }
 
 Status parseCompute(const Json &obj, const std::string &path, ComputeDesc &c) {
-  KVC_RETURN_IF_ERROR(readEnum(obj, path, "kind", kComputeKinds, c.kind));
+  KVC_RETURN_IF_ERROR(
+      readName<ComputeDesc::Kind>(obj, path, "kind", computeKindName,
+                                  int(std::size(kComputeKinds)), c.kind));
   KVC_RETURN_IF_ERROR(readString(obj, path, "name", c.name, Presence::Required));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "dense_tflops", c.denseTflops, Presence::Required));
@@ -125,7 +88,8 @@ Status parseLink(const Json &obj, const std::string &path, LinkDesc &l) {
 
 Status parseTier(const Json &obj, const std::string &path, TierDesc &t) {
   KVC_RETURN_IF_ERROR(readString(obj, path, "name", t.name, Presence::Required));
-  KVC_RETURN_IF_ERROR(readEnum(obj, path, "kind", kTierKinds, t.kind));
+  KVC_RETURN_IF_ERROR(readName<TierDesc::Kind>(
+      obj, path, "kind", tierKindName, int(std::size(kTierKinds)), t.kind));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "read_gbs", t.readGBs, Presence::Required));
   KVC_RETURN_IF_ERROR(
@@ -141,7 +105,8 @@ Status parseCodecRate(const Json &obj, const std::string &path,
       readName<CodecStage>(obj, path, "stage", name, kNumCodecStages, c.stage));
   if (obj.contains("on")) {
     CodecSpec::Quant on;
-    KVC_RETURN_IF_ERROR(readEnum(obj, path, "on", kCodecData, on));
+    KVC_RETURN_IF_ERROR(readName<CodecSpec::Quant>(
+        obj, path, "on", codecDataName, int(std::size(kCodecData)), on));
     c.on = on;
   }
   KVC_RETURN_IF_ERROR(
@@ -152,13 +117,11 @@ Status parseCodecRate(const Json &obj, const std::string &path,
 } // namespace
 
 const char *computeKindName(ComputeDesc::Kind kind) {
-  return nameOf(kComputeKinds, kind);
+  return kComputeKinds[int(kind)];
 }
-const char *tierKindName(TierDesc::Kind kind) {
-  return nameOf(kTierKinds, kind);
-}
+const char *tierKindName(TierDesc::Kind kind) { return kTierKinds[int(kind)]; }
 const char *codecDataName(CodecSpec::Quant quant) {
-  return nameOf(kCodecData, quant);
+  return kCodecData[int(quant)];
 }
 
 Status TargetDesc::validate() const {

@@ -2,7 +2,7 @@
 
 #include "Calibrate.h"
 #include "CodecTiming.h"
-#include "Timing.h"
+#include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 

@@ -1,7 +1,7 @@
 //===- CodecTiming.cpp - Per-core rates of a codec's stages ---------------===//
 
 #include "CodecTiming.h"
-#include "Timing.h"
+#include "kvc/Runtime/Base/Clock.h"
 
 namespace kvc {
 

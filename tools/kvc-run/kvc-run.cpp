@@ -25,7 +25,7 @@
 #include "Calibrate.h"
 #include "Memory.h"
 #include "ProfileCodecs.h"
-#include "Timing.h"
+#include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Planning/Plan.h"
@@ -757,15 +757,17 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
 /// the plan's tier, lanes and codec; the plan's merge point is the
 /// prediction the run reports against.
 Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
-                      bool verify) {
+                      const RestoreOptions &run, bool verify) {
   KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
   KVC_ASSIGN_OR_RETURN(into, destinationFor(*setup.model, setup.tokens,
                                             *setup.store, {options.tier}));
   KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
   KVC_ASSIGN_OR_RETURN(result,
-                       restoreDynamicCake(*pools, into->target, options));
+                       restoreDynamicCake(*pools, into->target, options, run));
   printDynamicCake(result, setup.tokens.size(),
                    ("plan " + plan.name).c_str());
+  if (!run.tracePath.empty())
+    std::printf("  trace: %s\n", run.tracePath.c_str());
   if (!verify)
     return Status::ok();
   KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.tokens,
@@ -785,9 +787,6 @@ Status restoreCommand(Args &args) {
   RestoreOptions options;
   options.tracePath = args.get("trace");
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  if (dynamic && !options.tracePath.empty())
-    return invalidArgument("--trace records compiled plans; --dynamic runs "
-                           "Cake's walk, which has no task graph to trace");
   const PlanBundle &bundle = setup.bundle;
   const BundlePlan *plan = planName.empty() && bundle.plans.size() == 1
                                ? &bundle.plans.front()
@@ -798,7 +797,7 @@ Status restoreCommand(Args &args) {
                                                     "name one with --plan"
                                : setup.planSource + " has no plan " + planName);
   if (dynamic)
-    return restoreDynamic(setup, *plan, verify);
+    return restoreDynamic(setup, *plan, options, verify);
   KVC_ASSIGN_OR_RETURN(run, runPlan(setup, *plan, options, verify));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",

@@ -9,8 +9,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <set>
 #include <thread>
 
 using namespace kvc;
@@ -494,6 +497,118 @@ TEST_F(ExecutorTest, UnreachableStoreFallsBackToCompute) {
   EXPECT_LT(relativeError(table), 1.0 / 128);
 }
 
+/// A tier whose reads of some objects wait until the test opens it: a slow
+/// store the test controls.
+class GatedTier : public ForwardingTier {
+public:
+  GatedTier(std::shared_ptr<Tier> inner, std::set<std::string> gated)
+      : ForwardingTier(std::move(inner)), gated_(std::move(gated)) {}
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    opened_.notify_all();
+  }
+
+  Status get(const std::string &name, std::string &buffer) override {
+    if (gated_.count(name)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      opened_.wait(lock, [&] { return open_; });
+    }
+    return inner().get(name, buffer);
+  }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    return Tier::getMany(names, buffers); // One get each, each gated.
+  }
+
+private:
+  std::set<std::string> gated_;
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = false;
+};
+
+// A server waits for layer i of a restore while later layers still load, to
+// overlap the restore with its forward pass: here layers 0 and 1 come from
+// hidden states and are complete (and exact) while every KV object of
+// layers 2 and 3 is held back by the store.
+TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
+  const int64_t layers = model_->config().numLayers;
+  std::set<std::string> kvObjects;
+  for (const ChunkRef &ref : store_->refs(tokens_.data(), kTokens, Form::KV))
+    kvObjects.insert(ref.name());
+  auto gate = std::make_shared<GatedTier>(tier_, kvObjects);
+  tier_ = gate;
+  std::unique_ptr<ChunkStore> gated = makeStore(*model_);
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreTarget target;
+  target.model = model_.get();
+  target.stores["dram"] = gated.get();
+  target.tokens = &tokens_;
+  target.cache = cache_.get();
+  target.table = &table;
+  LayerProgress progress;
+  RestoreOptions options;
+  options.progress = &progress;
+  // An io worker per held KV fetch (5 chunks) and one for the hidden states.
+  auto pools = ResourcePools::create(
+      {{"io:dram", 6}, {"decode", 2}, {"h2d", 1}, {"compute", 1}});
+  ASSERT_TRUE(pools);
+  StatusOr<RestoreMetrics> metrics = Status::ok();
+  std::thread restoring([&] {
+    metrics = restore(**pools, makePlan({0, /*hiddenLayers=*/2, 64}, layers),
+                      target, options);
+  });
+
+  Status layer0 = progress.wait(0, std::chrono::seconds(60));
+  if (!layer0.isOk()) { // Fail, and end the restore: not a hang.
+    gate->open();
+    restoring.join();
+    FAIL() << layer0.toString();
+  }
+  EXPECT_TRUE(progress.ready(1));
+  EXPECT_FALSE(progress.ready(layers - 1));
+  // Layer 0 is already what a full prefill computes.
+  const int64_t kv = model_->kvDim();
+  std::vector<float> k(kTokens * kv), v(kTokens * kv);
+  EXPECT_TRUE(cache_->read(table, 0, 0, kTokens, k.data(), v.data()).isOk());
+  double maxError = 0, maxValue = 0;
+  for (int64_t i = 0; i < kTokens * kv; ++i) {
+    maxError = std::max(maxError, double(std::abs(k[i] - reference_.k[0][i])));
+    maxValue = std::max(maxValue, double(std::abs(reference_.k[0][i])));
+  }
+  EXPECT_LT(maxError / maxValue, 1.0 / 128);
+
+  gate->open();
+  restoring.join();
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_TRUE(metrics->fallbacks.empty());
+  EXPECT_TRUE(progress.wait(layers - 1).isOk());
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+  EXPECT_EQ(progress.wait(layers).code(), StatusCode::InvalidArgument);
+}
+
+// A restore that fails wakes whoever waits for its layers, with its error.
+TEST_F(ExecutorTest, WaitingForALayerOfAFailedRestoreReturnsItsError) {
+  BlockTable table = *cache_->allocate(kTokens);
+  BundlePlan plan = makePlan({0, 0, 64}, model_->config().numLayers);
+  plan.tokens.end = kTokens - 1; // Another request's plan.
+  RestoreTarget target;
+  target.model = model_.get();
+  target.stores["dram"] = store_.get();
+  target.tokens = &tokens_;
+  target.cache = cache_.get();
+  target.table = &table;
+  LayerProgress progress;
+  RestoreOptions options;
+  options.progress = &progress;
+  ASSERT_FALSE(restore(*pools_, plan, target, options));
+  Status waited = progress.wait(0);
+  EXPECT_EQ(waited.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(waited.toString().find("covers tokens"), std::string::npos)
+      << waited.toString();
+}
+
 TEST_F(ExecutorTest, ConcurrentRestoresAreAllExact) {
   const int64_t layers = model_->config().numLayers;
   std::vector<Split> splits = {{kTokens, 0, 64}, {0, 0, 64},
@@ -549,35 +664,21 @@ TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {
 //===----------------------------------------------------------------------===//
 
 /// A tier that answers every read `delay` late, as a congested store does.
-class SlowTier : public Tier {
+class SlowTier : public ForwardingTier {
 public:
   SlowTier(std::shared_ptr<Tier> inner, std::chrono::milliseconds delay)
-      : inner_(std::move(inner)), delay_(delay) {}
-  const std::string &url() const override { return inner_->url(); }
-  Status put(const std::string &name, std::string_view bytes) override {
-    return inner_->put(name, bytes);
-  }
+      : ForwardingTier(std::move(inner)), delay_(delay) {}
   Status get(const std::string &name, std::string &buffer) override {
     std::this_thread::sleep_for(delay_);
-    return inner_->get(name, buffer);
+    return inner().get(name, buffer);
   }
   std::vector<Status> getMany(const std::vector<std::string> &names,
                               std::vector<std::string> &buffers) override {
     std::this_thread::sleep_for(delay_);
-    return inner_->getMany(names, buffers);
-  }
-  StatusOr<bool> exists(const std::string &name) override {
-    return inner_->exists(name);
-  }
-  Status remove(const std::string &name) override {
-    return inner_->remove(name);
-  }
-  StatusOr<std::vector<std::string>> list(const std::string &p) override {
-    return inner_->list(p);
+    return inner().getMany(names, buffers);
   }
 
 private:
-  std::shared_ptr<Tier> inner_;
   std::chrono::milliseconds delay_;
 };
 

@@ -2,13 +2,12 @@
 
 #include "kvc/Runtime/Exec/DynamicCake.h"
 
-#include "PrefillState.h"
+#include "ChunkSteps.h"
 
 #include "kvc/Runtime/Base/Clock.h"
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 
@@ -19,158 +18,100 @@ namespace {
 /// The shared state of one walk: which chunks each side has claimed.
 class Walk {
 public:
-  Walk(const RestoreTarget &target, ChunkStore &store,
-       std::vector<std::vector<ChunkRef>> chunks,
-       std::optional<CodecSpec> codec)
-      : target_(target), model_(*target.model), store_(store),
-        codec_(std::move(codec)), chunks_(std::move(chunks)),
-        prefill_(model_, *target.tokens, *target.cache, *target.table),
+  Walk(exec_detail::ChunkSteps &steps, std::vector<ChunkBox> chunks,
+       const DynamicCakeOptions &options)
+      : steps_(steps), options_(options), chunks_(std::move(chunks)),
         back_(int64_t(chunks_.size()) - 1) {}
 
-  /// The compute side: claims chunks from the front until the sides meet,
-  /// then recomputes what the loaders handed back.
-  Status compute() {
-    Clock::time_point start = Clock::now();
+  /// The compute side: prefills chunks from the front, each over the ones
+  /// before it, until the sides meet.
+  Status computeFront() {
     for (;;) {
       int64_t chunk;
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (front_ > back_)
-          break;
+          return Status::ok();
         chunk = front_++;
       }
-      KVC_RETURN_IF_ERROR(computeThrough(chunk));
+      KVC_RETURN_IF_ERROR(steps_.computeBox(chunks_[chunk]));
       std::lock_guard<std::mutex> lock(mutex_);
       ++computed_;
     }
-    // Wait for the loaders, then recompute the chunks they could not load.
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [&] { return activeLoaders_ == 0; });
-    std::vector<int64_t> failed = failed_;
-    lock.unlock();
-    for (int64_t chunk : failed)
-      KVC_RETURN_IF_ERROR(computeThrough(chunk));
-    addBusy(poolName(Resource::Compute), secondsSince(start));
-    return Status::ok();
   }
 
   /// A loading lane: claims chunks from the back until the sides meet.
-  Status load(const std::string &tier) {
-    Clock::time_point start = Clock::now();
-    Status result;
-    std::vector<uint16_t> values;
+  /// A chunk is fetched and decoded whole (every layer group) before it is
+  /// scattered, so it is written whole or not at all; one that cannot be
+  /// loaded is handed back to the compute side.
+  Status load() {
     for (;;) {
       int64_t chunk;
       {
         std::lock_guard<std::mutex> lock(mutex_);
         if (back_ < front_)
-          break;
+          return Status::ok();
         chunk = back_--;
       }
-      Status status = loadChunk(chunk, tier, values);
+      exec_detail::ChunkValue value;
+      value.form = Form::KV;
+      value.tokens = {chunks_[chunk].tokenBegin, chunks_[chunk].tokenEnd};
+      value.layers = {chunks_[chunk].layerBegin, chunks_[chunk].layerEnd};
+      value.tier = options_.tier;
+      value.codec = options_.codec;
+      Status status = steps_.fetch(value, nullptr);
+      if (status.isOk())
+        status = steps_.decode(value);
+      if (status.isOk())
+        status = steps_.scatter(value);
       std::lock_guard<std::mutex> lock(mutex_);
       if (status.isOk()) {
         ++loaded_;
         continue;
       }
-      if (!recoverableByRecompute(status)) {
-        result = status;
-        break;
-      }
+      if (!recoverableByRecompute(status))
+        return status;
+      steps_.release(value);
       failed_.push_back(chunk);
-      const ChunkRef &ref = chunks_[chunk].front();
-      fallbacks_.push_back("kv tokens " + std::to_string(ref.tokenBegin) +
-                           " to " + std::to_string(ref.tokenEnd) +
-                           " recomputed: " + status.toString());
+      faults_.push_back(status.toString());
     }
-    addBusy(poolName(Resource::IO, tier), secondsSince(start));
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (--activeLoaders_ == 0)
-      done_.notify_all();
-    return result;
   }
 
-  void startLoaders(int count) { activeLoaders_ = count; }
-
-  void finish(DynamicCakeResult &out) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    out.mergeToken = front_ == 0 ? 0 : chunks_[front_ - 1].front().tokenEnd;
-    out.chunksComputed = computed_;
-    out.chunksLoaded = loaded_;
-    out.metrics.fallbacks = fallbacks_;
-    out.metrics.busySeconds = busy_;
-    out.metrics.bytesRead = bytes_;
-    out.metrics.flops = prefill_.flops();
-    out.metrics.exactContextBytes = prefill_.exactBytes();
-  }
-
-private:
-  /// Prefills the chunk into the cache: the next from the front over the
-  /// tokens computed before it, a chunk loaders handed back exactly.
-  Status computeThrough(int64_t chunk) {
-    const ChunkRef &ref = chunks_[chunk].front();
-    return prefill_.compute(ref.tokenBegin, ref.tokenEnd, 0,
-                            model_.config().numLayers);
-  }
-
-  /// Reads, checks and decodes (to bf16) every layer group of `chunk`, and
-  /// only then scatters it: a chunk is written whole or not at all.
-  Status loadChunk(int64_t chunk, const std::string &tier,
-                   std::vector<uint16_t> &values) {
-    const int64_t kv = model_.kvDim();
-    int64_t bytes = 0, size = 0;
-    std::string stored;
-    for (const ChunkRef &ref : chunks_[chunk])
-      size += store_.shape(ref).numel();
-    values.resize(size);
-    uint16_t *group = values.data();
-    for (const ChunkRef &ref : chunks_[chunk]) {
-      KVC_RETURN_IF_ERROR(store_.tier().get(ref.name(), stored));
-      bytes += int64_t(stored.size());
-      KVC_RETURN_IF_ERROR(store_.decode(ref, stored, group, nullptr,
-                                        codec_ ? &*codec_ : nullptr));
-      group += store_.shape(ref).numel();
+  /// After both sides: recomputes what the loaders handed back.
+  Status recomputeFailed() {
+    for (std::size_t i = 0; i < failed_.size(); ++i) {
+      const ChunkBox &box = chunks_[failed_[i]];
+      KVC_RETURN_IF_ERROR(steps_.computeBox(box));
+      fallbacks_.push_back("kv tokens " + std::to_string(box.tokenBegin) +
+                           " to " + std::to_string(box.tokenEnd) +
+                           " recomputed: " + faults_[i]);
     }
-    group = values.data();
-    for (const ChunkRef &ref : chunks_[chunk]) {
-      const int64_t n = ref.tokenEnd - ref.tokenBegin;
-      for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
-        const uint16_t *k = group + (l - ref.layerBegin) * 2 * n * kv;
-        KVC_RETURN_IF_ERROR(target_.cache->write(*target_.table, l,
-                                                 ref.tokenBegin, n, k,
-                                                 k + n * kv));
-      }
-      group += store_.shape(ref).numel();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    bytes_[tier] += bytes;
     return Status::ok();
   }
 
-  void addBusy(const std::string &resource, double seconds) {
+  void finish(DynamicCakeResult &out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    busy_[resource] += seconds;
+    out.mergeToken = front_ == 0 ? 0 : chunks_[front_ - 1].tokenEnd;
+    out.chunksComputed = computed_;
+    out.chunksLoaded = loaded_;
+    out.metrics.fallbacks = fallbacks_;
+    out.metrics.bytesRead = steps_.bytesRead();
+    out.metrics.flops = steps_.flops();
+    out.metrics.exactContextBytes = steps_.exactContextBytes();
   }
 
-  const RestoreTarget &target_;
-  const LlamaModel &model_;
-  ChunkStore &store_;
-  /// The codec loads must find (DynamicCakeOptions::codec).
-  std::optional<CodecSpec> codec_;
-  /// Per chunk, its KV objects (one per layer group).
-  std::vector<std::vector<ChunkRef>> chunks_;
-  exec_detail::PrefillState prefill_;
+private:
+  exec_detail::ChunkSteps &steps_;
+  const DynamicCakeOptions &options_;
+  /// Per chunk, its box: its tokens, every layer the store holds of them.
+  std::vector<ChunkBox> chunks_;
 
   std::mutex mutex_;
-  std::condition_variable done_;
   int64_t front_ = 0;
   int64_t back_;
-  int activeLoaders_ = 0;
   int64_t computed_ = 0, loaded_ = 0;
   std::vector<int64_t> failed_;
-  std::vector<std::string> fallbacks_;
-  std::map<std::string, double> busy_;
-  std::map<std::string, int64_t> bytes_;
+  std::vector<std::string> faults_, fallbacks_;
 };
 
 } // namespace
@@ -215,9 +156,12 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan) {
   return options;
 }
 
-StatusOr<DynamicCakeResult>
-restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
-                   const DynamicCakeOptions &options) {
+namespace {
+
+StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
+                                    const RestoreTarget &target,
+                                    const DynamicCakeOptions &options,
+                                    const RestoreOptions &run) {
   if (!target.model || !target.tokens || !target.cache || !target.table)
     return invalidArgument("restore: model, tokens, cache and block table are "
                            "required");
@@ -233,53 +177,57 @@ restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
   if (target.tokens->empty())
     return invalidArgument("restore: no tokens");
 
+  exec_detail::ChunkSteps steps(target.backend ? *target.backend : cpuBackend(),
+                                *target.model, target.stores, *target.tokens,
+                                *target.cache, *target.table, run.progress);
   // The store's KV objects, grouped by token chunk.
-  std::vector<std::vector<ChunkRef>> chunks;
-  for (const ChunkRef &ref : store->second->refs(
-           target.tokens->data(), int64_t(target.tokens->size()), Form::KV)) {
-    if (chunks.empty() || chunks.back().front().tokenBegin != ref.tokenBegin)
-      chunks.emplace_back();
-    chunks.back().push_back(ref);
+  std::vector<ChunkBox> chunks;
+  for (const ChunkRef &ref : steps.refs(options.tier, Form::KV)) {
+    if (chunks.empty() || chunks.back().tokenBegin != ref.tokenBegin)
+      chunks.push_back(
+          {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd});
+    chunks.back().layerEnd = ref.layerEnd;
   }
+  Walk walk(steps, std::move(chunks), options);
 
-  Clock::time_point start = Clock::now();
-  Walk walk(target, *store->second, std::move(chunks), options.codec);
-  const int lanes = pools.lanes(io);
-  walk.startLoaders(lanes);
-  // Shared with the jobs: a worker may still hold it for an instant after
-  // the caller has been woken.
-  struct Sync {
-    std::mutex mutex;
-    std::condition_variable finished;
-    int running = 0;
-    Status first;
-  };
-  auto sync = std::make_shared<Sync>();
-  sync->running = lanes + 1;
-  auto report = [sync](Status status) {
-    std::lock_guard<std::mutex> lock(sync->mutex);
-    if (!status.isOk() && sync->first.isOk())
-      sync->first = status;
-    if (--sync->running == 0)
-      sync->finished.notify_all();
-  };
-  for (int lane = 0; lane < lanes; ++lane)
-    pools.submit(io, [&walk, &options, report](int) {
-      report(walk.load(options.tier));
-    });
-  pools.submit(compute, [&walk, report](int) { report(walk.compute()); });
-  Status first;
-  {
-    std::unique_lock<std::mutex> lock(sync->mutex);
-    sync->finished.wait(lock, [&] { return sync->running == 0; });
-    first = sync->first;
-  }
-  KVC_RETURN_IF_ERROR(first);
+  // Both sides as tasks on the pools: the front on the compute worker, one
+  // loader per io lane, and the recompute of what the loaders handed back
+  // once all of them are done.
+  TaskGraph graph;
+  std::vector<int64_t> sides = {
+      graph.add({"compute front", compute, {}, [&](int) {
+                   return walk.computeFront();
+                 }})};
+  for (int lane = 0; lane < pools.lanes(io); ++lane)
+    sides.push_back(graph.add(
+        {"load from the back", io, {}, [&](int) { return walk.load(); }}));
+  graph.add({"recompute handed back", compute, sides,
+             [&](int) { return walk.recomputeFailed(); }});
+  RunResult result = runGraph(pools, graph);
+  KVC_RETURN_IF_ERROR(result.status);
 
-  DynamicCakeResult result;
-  walk.finish(result);
-  result.predictedMergeToken = options.predictedMergeToken;
-  result.metrics.makespanSeconds = secondsSince(start);
+  DynamicCakeResult out;
+  walk.finish(out);
+  out.predictedMergeToken = options.predictedMergeToken;
+  out.metrics.makespanSeconds = result.makespan;
+  out.metrics.busySeconds = result.busy;
+  if (!run.tracePath.empty())
+    KVC_RETURN_IF_ERROR(writeChromeTrace(graph, result, run.tracePath));
+  return out;
+}
+
+} // namespace
+
+StatusOr<DynamicCakeResult>
+restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
+                   const DynamicCakeOptions &options,
+                   const RestoreOptions &run) {
+  if (run.progress)
+    run.progress->reset(target.model ? target.model->config().numLayers : 0,
+                        target.tokens ? int64_t(target.tokens->size()) : 0);
+  StatusOr<DynamicCakeResult> result = runWalk(pools, target, options, run);
+  if (run.progress)
+    run.progress->finish(result.status());
   return result;
 }
 

@@ -2,10 +2,9 @@
 
 #include "kvc/Runtime/Exec/Executor.h"
 
-#include "PrefillState.h"
+#include "ChunkSteps.h"
 
 #include "kvc/Runtime/Base/Clock.h"
-#include "kvc/Runtime/Base/Half.h"
 
 #include <algorithm>
 #include <atomic>
@@ -26,85 +25,6 @@ std::string poolOf(const BundleTask &task) {
   return poolName(task.resource);
 }
 
-/// A staging slot: buffers for one chunk in flight, allocated on first use
-/// and reused by every chunk the plan routes through the slot (the plan's
-/// staging budget bounds their number). The host side (`objects`, `data`)
-/// is held from the fetch to the copy to the device, the device side
-/// (`device`, and `projected` for KV projected from hidden states) from
-/// that copy to the scatter. Decoded chunks are bf16, as the paged cache
-/// is. `busy` and `deviceBusy` turn a plan that would refill either side
-/// early into an error instead of a race.
-struct StagingSlot {
-  std::atomic<bool> busy{false}, deviceBusy{false};
-  std::vector<std::pair<ChunkRef, std::string>> objects;
-  std::vector<uint16_t> data;
-  std::vector<uint16_t> device, projected;
-};
-
-/// A chunk on its way through a chain of tasks. Layout of `data`: per
-/// layer of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's
-/// input hidden states ([tokens][hidden]), in 16-bit words of the form's
-/// element type (Run::dtypeOf): bf16 for KV, as the paged cache holds it;
-/// the model's own dtype for hidden states, which the projection reads
-/// exactly.
-struct ChunkValue {
-  Form form = Form::KV;
-  BundleRange tokens, layers;
-  std::string tier;
-  /// The codec the plan loads the stored objects with (its fetch's).
-  CodecSpec codec;
-  /// The stored objects as read (`objects[0, objectCount)`) and whether
-  /// they still await decoding into `data`.
-  std::vector<std::pair<ChunkRef, std::string>> objects;
-  std::size_t objectCount = 0;
-  bool encoded = false;
-  std::vector<uint16_t> data;
-  /// The staging slot whose host buffers `objects` and `data` are while
-  /// held, and the one whose device buffer `data` is after the copy.
-  StagingSlot *slot = nullptr;
-  StagingSlot *deviceSlot = nullptr;
-  /// Why the chunk will be recomputed instead ("" while it is fine).
-  std::string fault;
-  /// Computed chunks are in the paged cache already: their prefill wrote
-  /// each layer's KV there as it went, as a server's attention writes a
-  /// prefill chunk's KV into its cache, and their scatter has nothing left
-  /// to copy.
-  bool inCache = false;
-};
-
-/// 16-bit words per element of `dtype`.
-int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
-
-/// Decodes `ref`'s stored `bytes`, which the plan loads as `planned`, into
-/// `out` as elements of `dtype`.
-Status decodeAs(const ChunkStore &store, const ChunkRef &ref,
-                std::string_view bytes, const CodecSpec &planned, DType dtype,
-                uint16_t *out) {
-  if (dtype == DType::BF16)
-    return store.decode(ref, bytes, out, nullptr, &planned);
-  const int64_t n = store.shape(ref).numel();
-  std::vector<float> values(n);
-  KVC_RETURN_IF_ERROR(
-      store.decode(ref, bytes, values.data(), nullptr, &planned));
-  if (dtype == DType::F32)
-    std::memcpy(out, values.data(), size_t(n) * sizeof(float));
-  else
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = floatToF16(values[i]);
-  return Status::ok();
-}
-
-/// `n` elements of `dtype` at `words` as floats.
-void toFloats(const uint16_t *words, int64_t n, DType dtype, float *out) {
-  if (dtype == DType::F32) {
-    std::memcpy(out, words, size_t(n) * sizeof(float));
-    return;
-  }
-  for (int64_t i = 0; i < n; ++i)
-    out[i] =
-        dtype == DType::BF16 ? bf16ToFloat(words[i]) : f16ToFloat(words[i]);
-}
-
 } // namespace
 
 bool recoverableByRecompute(const Status &status) {
@@ -123,10 +43,12 @@ namespace {
 
 class Run {
 public:
-  Run(const BundlePlan &plan, const RestoreTarget &target)
-      : plan_(plan), target_(target), model_(*target.model),
-        config_(model_.config()),
-        prefill_(model_, *target.tokens, *target.cache, *target.table) {}
+  Run(const BundlePlan &plan, const RestoreTarget &target,
+      LayerProgress *progress)
+      : plan_(plan), target_(target), config_(target.model->config()),
+        steps_(target.backend ? *target.backend : cpuBackend(), *target.model,
+               target.stores, *target.tokens, *target.cache, *target.table,
+               progress) {}
 
   StatusOr<TaskGraph> build() {
     const int64_t n = int64_t(target_.tokens->size());
@@ -142,14 +64,14 @@ public:
                              std::to_string(config_.numLayers) + " layers");
     KVC_RETURN_IF_ERROR(checkCoverage(n));
     values_.resize(plan_.tasks.size());
-    slots_ = std::make_unique<StagingSlot[]>(plan_.stagingSlots);
+    slots_ = std::make_unique<exec_detail::StagingSlot[]>(plan_.stagingSlots);
     TaskGraph graph;
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
       const BundleTask &task = plan_.tasks[i];
       const BundleStep &first = task.steps.front();
       if (first.kind == StepKind::Fetch ||
           first.kind == StepKind::ChunkCompute) {
-        auto value = std::make_shared<ChunkValue>();
+        auto value = std::make_shared<exec_detail::ChunkValue>();
         value->form = first.form;
         value->tokens = first.tokens;
         value->layers = first.layers;
@@ -168,7 +90,7 @@ public:
           if (store == target_.stores.end())
             return invalidArgument("restore: no store for tier \"" +
                                    step.tier + "\"");
-          refs(step.tier, step.form); // Computed once, here.
+          steps_.refs(step.tier, step.form); // Read once, here.
         }
         if (step.kind == StepKind::ChunkCompute && step.layers.begin != 0)
           return unimplemented("restore: chunk_compute over layers " +
@@ -232,7 +154,7 @@ public:
 
   /// Recomputes the chunks that could not be loaded.
   Status recoverFallbacks(RestoreMetrics &metrics) {
-    std::vector<std::shared_ptr<ChunkValue>> failed;
+    std::vector<std::shared_ptr<exec_detail::ChunkValue>> failed;
     for (const auto &value : values_)
       if (value && !value->fault.empty() &&
           std::find(failed.begin(), failed.end(), value) == failed.end())
@@ -241,10 +163,7 @@ public:
       return Status::ok();
     Clock::time_point start = Clock::now();
     for (const auto &value : failed) {
-      KVC_RETURN_IF_ERROR(prefill_.compute(value->tokens.begin,
-                                           value->tokens.end,
-                                           value->layers.begin,
-                                           value->layers.end));
+      KVC_RETURN_IF_ERROR(steps_.computeBox(value->box()));
       metrics.fallbacks.push_back(
           std::string(name(value->form)) + " tokens " +
           std::to_string(value->tokens.begin) + " to " +
@@ -256,43 +175,28 @@ public:
     return Status::ok();
   }
 
-  double flops() const { return flops_ + prefill_.flops(); }
-  int64_t exactContextBytes() const { return prefill_.exactBytes(); }
+  const exec_detail::ChunkSteps &steps() const { return steps_; }
 
-  /// Bytes of host staging buffers the slots hold (they only grow, so this
-  /// is their peak).
+  /// Bytes of staging buffers the slots hold, host and device (they only
+  /// grow, so this is their peak).
   int64_t stagingBytes() const {
     int64_t bytes = 0;
     for (int64_t s = 0; s < plan_.stagingSlots; ++s) {
-      const StagingSlot &slot = slots_[s];
+      const exec_detail::StagingSlot &slot = slots_[s];
       for (const auto &object : slot.objects)
         bytes += int64_t(object.second.capacity());
-      bytes += int64_t((slot.data.capacity() + slot.device.capacity() +
-                        slot.projected.capacity()) *
-                       sizeof(uint16_t));
+      bytes += int64_t(slot.data.capacity() * sizeof(uint16_t));
+      for (const auto *device : {&slot.device, &slot.projected})
+        if (*device)
+          bytes += (*device)->bytes();
     }
     return bytes;
   }
-  const std::map<std::string, int64_t> &bytesRead() const {
-    return bytesRead_;
-  }
 
 private:
-  const std::vector<ChunkRef> &refs(const std::string &tier, Form form) {
-    auto key = std::make_pair(tier, form);
-    auto it = refs_.find(key);
-    if (it == refs_.end())
-      it = refs_
-               .emplace(key, target_.stores.at(tier)->refs(
-                                 target_.tokens->data(),
-                                 int64_t(target_.tokens->size()), form))
-               .first;
-    return it->second;
-  }
-
   Status runTask(std::size_t index) {
     const BundleTask &task = plan_.tasks[index];
-    ChunkValue &value = *values_[index];
+    exec_detail::ChunkValue &value = *values_[index];
     for (const BundleStep &step : task.steps) {
       if (!value.fault.empty())
         return Status::ok(); // To be recomputed after the graph.
@@ -301,40 +205,33 @@ private:
         if (!recoverableByRecompute(status))
           return status;
         value.fault = status.toString();
-        releaseSlot(value);
-        releaseDevice(value);
+        steps_.release(value);
       }
     }
     return Status::ok();
   }
 
-  Status runStep(const BundleStep &step, ChunkValue &value,
+  Status runStep(const BundleStep &step, exec_detail::ChunkValue &value,
                  std::optional<int64_t> slot) {
     switch (step.kind) {
     case StepKind::Fetch:
       value.codec = step.codec;
-      return fetch(value, slot);
+      return steps_.fetch(value, slot ? &slots_[*slot] : nullptr);
     case StepKind::Decompress:
-      return decode(value);
+      return steps_.decode(value);
     case StepKind::TransferToDevice:
-    case StepKind::Project:
-    case StepKind::Scatter:
-      // Steps after a fetch of a raw chunk may find it not yet decoded (the
-      // compiler emits no decompress for raw data): decode it first.
-      if (value.encoded)
-        KVC_RETURN_IF_ERROR(decode(value));
-      break;
-    case StepKind::ChunkCompute:
+      return steps_.toDevice(value);
     case StepKind::Dequant:
     case StepKind::Untransform:
+      return Status::ok(); // Done by the host's decode.
+    case StepKind::Project:
+    case StepKind::ChunkCompute:
+    case StepKind::Scatter:
       break;
     default:
       return unimplemented(std::string("restore: step ") + name(step.kind) +
-                           " has no CPU implementation");
+                           " has no implementation in the executor");
     }
-    // The copy to the "device" frees the staging slot, as an H2D copy does.
-    if (step.kind == StepKind::TransferToDevice)
-      return copyToDevice(value);
     if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
       return unimplemented(std::string("restore: step ") + name(step.kind) +
                            " over tokens " + std::to_string(step.tokens.begin) +
@@ -342,237 +239,20 @@ private:
                            " works on part of its chunk");
     switch (step.kind) {
     case StepKind::Project:
-      return project(value);
+      return steps_.project(value);
     case StepKind::ChunkCompute:
-      return compute(value);
-    case StepKind::Scatter:
-      return scatter(value);
+      return steps_.compute(value);
     default:
-      return Status::ok(); // Dequant, untransform: done by decompress here.
+      return steps_.scatter(value);
     }
-  }
-
-  static bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
-    return ref.tokenBegin < value.tokens.end &&
-           value.tokens.begin < ref.tokenEnd &&
-           ref.layerBegin < value.layers.end &&
-           value.layers.begin < ref.layerEnd;
-  }
-
-  Status fetch(ChunkValue &value, std::optional<int64_t> slot) {
-    if (slot) {
-      StagingSlot &staging = slots_[*slot];
-      if (staging.busy.exchange(true))
-        return Status(StatusCode::Internal,
-                      "restore: staging slot " + std::to_string(*slot) +
-                          " refilled before its chunk was copied out");
-      value.slot = &staging;
-      value.objects.swap(staging.objects);
-      value.data.swap(staging.data);
-    }
-    ChunkStore &store = *target_.stores.at(value.tier);
-    int64_t bytes = 0;
-    value.objectCount = 0;
-    for (const ChunkRef &ref : refs(value.tier, value.form)) {
-      if (!overlaps(ref, value))
-        continue;
-      if (value.objectCount == value.objects.size())
-        value.objects.emplace_back();
-      auto &[stored, buffer] = value.objects[value.objectCount++];
-      stored = ref;
-      KVC_RETURN_IF_ERROR(store.tier().get(ref.name(), buffer));
-      bytes += int64_t(buffer.size());
-    }
-    if (value.objectCount == 0)
-      return notFound("no stored object covers the chunk");
-    value.encoded = true;
-    std::lock_guard<std::mutex> lock(mutex_);
-    bytesRead_[value.tier] += bytes;
-    return Status::ok();
-  }
-
-  /// Gives a held slot's host buffers back.
-  void releaseSlot(ChunkValue &value) {
-    if (!value.slot)
-      return;
-    value.objects.swap(value.slot->objects);
-    value.data.swap(value.slot->data);
-    value.objects.clear();
-    value.objectCount = 0;
-    value.data.clear();
-    value.slot->busy.store(false);
-    value.slot = nullptr;
-  }
-
-  /// Gives a held slot's device buffer back.
-  void releaseDevice(ChunkValue &value) {
-    if (!value.deviceSlot)
-      return;
-    value.data.swap(value.deviceSlot->device);
-    value.data.clear();
-    value.deviceSlot->deviceBusy.store(false);
-    value.deviceSlot = nullptr;
-  }
-
-  /// The CPU backend's host-to-device copy: into the slot's device buffer,
-  /// freeing the host side (a chunk staged without a slot keeps its own
-  /// buffer).
-  Status copyToDevice(ChunkValue &value) {
-    if (!value.slot)
-      return Status::ok(); // Unstaged: the chunk's buffer is its own.
-    StagingSlot &slot = *value.slot;
-    if (slot.deviceBusy.exchange(true))
-      return Status(StatusCode::Internal,
-                    "restore: the device buffer of a staging slot was "
-                    "refilled before its chunk was scattered");
-    slot.device.assign(value.data.begin(), value.data.end());
-    releaseSlot(value);
-    value.data.swap(slot.device);
-    value.deviceSlot = &slot;
-    return Status::ok();
-  }
-
-  int64_t width(Form form) const {
-    return form == Form::KV ? model_.kvDim() : config_.hiddenSize;
-  }
-
-  /// The element type of a chunk of `form` once decoded.
-  DType dtypeOf(Form form) const {
-    return form == Form::KV ? DType::BF16 : config_.dtype;
-  }
-
-  Status decode(ChunkValue &value) {
-    ChunkStore &store = *target_.stores.at(value.tier);
-    const int64_t w = width(value.form);
-    const int64_t mats = value.form == Form::KV ? 2 : 1;
-    const int64_t tokens = value.tokens.size();
-    const DType dtype = dtypeOf(value.form);
-    const int64_t words = wordsPer(dtype);
-    value.data.resize(value.layers.size() * mats * tokens * w * words);
-    std::vector<uint16_t> object;
-    for (std::size_t o = 0; o < value.objectCount; ++o) {
-      auto &[ref, bytes] = value.objects[o];
-      const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
-      if (ref.tokenBegin == value.tokens.begin && refTokens == tokens &&
-          ref.layerBegin >= value.layers.begin &&
-          ref.layerEnd <= value.layers.end) {
-        // The object holds whole layers of the chunk, laid out as the chunk
-        // lays them out: decode in place.
-        KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, value.codec, dtype,
-                     value.data.data() + (ref.layerBegin - value.layers.begin) *
-                                             mats * tokens * w * words));
-      } else {
-        object.resize(store.shape(ref).numel() * words);
-        KVC_RETURN_IF_ERROR(
-            decodeAs(store, ref, bytes, value.codec, dtype, object.data()));
-        // Copy the rows of the object inside the value's box.
-        const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
-        const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
-        const int64_t l0 = std::max(ref.layerBegin, value.layers.begin);
-        const int64_t l1 = std::min(ref.layerEnd, value.layers.end);
-        for (int64_t l = l0; l < l1; ++l)
-          for (int64_t m = 0; m < mats; ++m)
-            std::memcpy(
-                value.data.data() +
-                    (((l - value.layers.begin) * mats + m) * tokens +
-                     (t0 - value.tokens.begin)) * w * words,
-                object.data() +
-                    (((l - ref.layerBegin) * mats + m) * refTokens +
-                     (t0 - ref.tokenBegin)) * w * words,
-                size_t((t1 - t0) * w * words) * sizeof(uint16_t));
-      }
-      if (!value.slot)
-        bytes = std::string(); // Unstaged bytes are not kept for reuse.
-    }
-    value.encoded = false;
-    return Status::ok();
-  }
-
-  /// K and V of the chunk's hidden states, layer by layer (fp32 in the
-  /// projection, bf16 out).
-  Status project(ChunkValue &value) {
-    const DType dtype = dtypeOf(Form::Hidden);
-    const int64_t tokens = value.tokens.size();
-    const int64_t h = config_.hiddenSize, kv = model_.kvDim();
-    if (value.form != Form::Hidden ||
-        int64_t(value.data.size()) !=
-            value.layers.size() * tokens * h * wordsPer(dtype))
-      return Status(StatusCode::Internal,
-                    "restore: project of a chunk that holds no hidden states");
-    std::vector<uint16_t> unstaged;
-    std::vector<uint16_t> &out =
-        value.deviceSlot ? value.deviceSlot->projected : unstaged;
-    out.resize(value.layers.size() * 2 * tokens * kv);
-    std::vector<float> hidden(tokens * h), k(tokens * kv), v(tokens * kv);
-    for (int64_t l = 0; l < value.layers.size(); ++l) {
-      toFloats(value.data.data() + l * tokens * h * wordsPer(dtype), tokens * h,
-               dtype, hidden.data());
-      model_.project(value.layers.begin + l, hidden.data(), tokens,
-                     value.tokens.begin, k.data(), v.data());
-      uint16_t *kOut = out.data() + (2 * l) * tokens * kv;
-      uint16_t *vOut = kOut + tokens * kv;
-      for (int64_t i = 0; i < tokens * kv; ++i) {
-        kOut[i] = floatToBf16(k[i]);
-        vOut[i] = floatToBf16(v[i]);
-      }
-    }
-    value.data.swap(out);
-    value.form = Form::KV;
-    addFlops(model_.projectFlops(tokens, value.layers.size()));
-    return Status::ok();
-  }
-
-  /// Prefills the box's tokens through its layers into the paged cache.
-  Status compute(ChunkValue &value) {
-    KVC_RETURN_IF_ERROR(prefill_.compute(value.tokens.begin, value.tokens.end,
-                                         0, value.layers.end));
-    value.form = Form::KV;
-    value.inCache = true;
-    return Status::ok();
-  }
-
-  Status scatter(ChunkValue &value) {
-    if (value.inCache)
-      return Status::ok();
-    if (value.form != Form::KV)
-      return Status(StatusCode::Internal,
-                    "restore: scatter of hidden states (missing project)");
-    const int64_t kv = model_.kvDim(), tokens = value.tokens.size();
-    if (int64_t(value.data.size()) != value.layers.size() * 2 * tokens * kv)
-      return Status(StatusCode::Internal,
-                    "restore: scatter of a chunk that holds no KV (a plan "
-                    "step is missing before it)");
-    for (int64_t l = 0; l < value.layers.size(); ++l)
-      KVC_RETURN_IF_ERROR(target_.cache->write(
-          *target_.table, value.layers.begin + l, value.tokens.begin, tokens,
-          value.data.data() + (2 * l) * tokens * kv,
-          value.data.data() + (2 * l + 1) * tokens * kv));
-    if (value.deviceSlot)
-      releaseDevice(value);
-    else if (value.slot)
-      releaseSlot(value);
-    else
-      value.data = {};
-    return Status::ok();
-  }
-
-  void addFlops(double flops) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    flops_ += flops;
   }
 
   const BundlePlan &plan_;
   const RestoreTarget &target_;
-  const LlamaModel &model_;
   const ModelConfig &config_;
-  std::vector<std::shared_ptr<ChunkValue>> values_;
-  std::unique_ptr<StagingSlot[]> slots_;
-  std::map<std::pair<std::string, Form>, std::vector<ChunkRef>> refs_;
-  exec_detail::PrefillState prefill_;
-  std::mutex mutex_; ///< Guards the counters below.
-  double flops_ = 0;
-  std::map<std::string, int64_t> bytesRead_;
+  std::vector<std::shared_ptr<exec_detail::ChunkValue>> values_;
+  std::unique_ptr<exec_detail::StagingSlot[]> slots_;
+  exec_detail::ChunkSteps steps_;
 };
 
 } // namespace
@@ -591,7 +271,7 @@ namespace {
 /// The plan's side of the metrics: predicted busy time and bytes where the
 /// compiler estimated them, and the FLOPs its steps take, counted as the
 /// run counts them (projections and MLPs; attention left out).
-void addPredictions(const BundlePlan &plan, const LlamaModel &model,
+void addPredictions(const BundlePlan &plan, const ModelCompute &model,
                     RestoreMetrics &metrics) {
   for (const BundleTask &task : plan.tasks) {
     if (task.predictedNs)
@@ -612,13 +292,16 @@ void addPredictions(const BundlePlan &plan, const LlamaModel &model,
 
 } // namespace
 
-StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
-                                 const RestoreTarget &target,
-                                 const RestoreOptions &options) {
+namespace {
+
+StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
+                                    const BundlePlan &plan,
+                                    const RestoreTarget &target,
+                                    const RestoreOptions &options) {
   if (!target.model || !target.tokens || !target.cache || !target.table)
     return invalidArgument("restore: model, tokens, cache and block table are "
                            "required");
-  Run run(plan, target);
+  Run run(plan, target, options.progress);
   StatusOr<TaskGraph> graph = run.build();
   if (!graph)
     return graph.status();
@@ -629,10 +312,10 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   KVC_RETURN_IF_ERROR(run.recoverFallbacks(metrics));
   metrics.makespanSeconds = result.makespan + metrics.fallbackSeconds;
   metrics.busySeconds = result.busy;
-  metrics.bytesRead = run.bytesRead();
-  metrics.flops = run.flops();
+  metrics.bytesRead = run.steps().bytesRead();
+  metrics.flops = run.steps().flops();
   metrics.stagingBytes = run.stagingBytes();
-  metrics.exactContextBytes = run.exactContextBytes();
+  metrics.exactContextBytes = run.steps().exactContextBytes();
   if (plan.predictedUs)
     metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
   addPredictions(plan, *target.model, metrics);
@@ -641,20 +324,34 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
   return metrics;
 }
 
-StatusOr<RestoreError> restoreError(const LlamaModel &model,
-                                    const std::vector<int32_t> &tokens,
-                                    const PagedKVCache &cache,
-                                    const BlockTable &table) {
-  LlamaModel::Cache reference = model.newCache();
-  const int64_t n = int64_t(tokens.size());
-  KVC_RETURN_IF_ERROR(model.prefill(reference, tokens.data(), n));
-  return restoreError(model, reference, n, cache, table);
+} // namespace
+
+StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
+                                 const RestoreTarget &target,
+                                 const RestoreOptions &options) {
+  if (options.progress)
+    options.progress->reset(target.model ? target.model->config().numLayers : 0,
+                            target.tokens ? int64_t(target.tokens->size()) : 0);
+  StatusOr<RestoreMetrics> metrics = runRestore(pools, plan, target, options);
+  if (options.progress)
+    options.progress->finish(metrics.status());
+  return metrics;
 }
 
-StatusOr<RestoreError> restoreError(const LlamaModel &model,
-                                    const LlamaModel::Cache &reference,
+StatusOr<RestoreError> restoreError(const ModelCompute &model,
+                                    const std::vector<int32_t> &tokens,
+                                    const PagedKVCache &cache,
+                                    const BlockTable &table, Backend &backend) {
+  ModelCompute::Cache reference = model.newCache();
+  const int64_t n = int64_t(tokens.size());
+  KVC_RETURN_IF_ERROR(model.prefill(reference, tokens.data(), n));
+  return restoreError(model, reference, n, cache, table, backend);
+}
+
+StatusOr<RestoreError> restoreError(const ModelCompute &model,
+                                    const ModelCompute::Cache &reference,
                                     int64_t n, const PagedKVCache &cache,
-                                    const BlockTable &table) {
+                                    const BlockTable &table, Backend &backend) {
   if (reference.tokens < n)
     return invalidArgument("restoreError: the reference holds " +
                            std::to_string(reference.tokens) + " tokens, not " +
@@ -664,7 +361,8 @@ StatusOr<RestoreError> restoreError(const LlamaModel &model,
   double maxError = 0, maxValue = 0;
   RestoreError out;
   for (int64_t l = 0; l < model.config().numLayers; ++l) {
-    KVC_RETURN_IF_ERROR(cache.read(table, l, 0, n, k.data(), v.data()));
+    KVC_RETURN_IF_ERROR(
+        backend.readBack(cache, table, l, 0, n, k.data(), v.data()));
     for (auto [restored, exact] : {std::pair{&k, &reference.k[l]},
                                    std::pair{&v, &reference.v[l]}}) {
       double squaredError = 0, squaredValue = 0;

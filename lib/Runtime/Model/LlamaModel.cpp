@@ -105,35 +105,6 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir) {
   return model;
 }
 
-LlamaModel::Cache LlamaModel::newCache() const {
-  Cache cache;
-  cache.dim = kvDim();
-  cache.k.resize(config_.numLayers);
-  cache.v.resize(config_.numLayers);
-  return cache;
-}
-
-Status LlamaModel::Cache::append(int64_t layer, int64_t position, int64_t n,
-                                 const float *kRows, const float *vRows) {
-  std::vector<float> &K = k[layer], &V = v[layer];
-  if (int64_t(K.size()) != position * dim)
-    return Status(StatusCode::FailedPrecondition,
-                  "prefilling layer " + std::to_string(layer) + " at token " +
-                      std::to_string(position) + ", where it holds " +
-                      std::to_string(int64_t(K.size()) / dim));
-  K.insert(K.end(), kRows, kRows + n * dim);
-  V.insert(V.end(), vRows, vRows + n * dim);
-  return Status::ok();
-}
-
-Status LlamaModel::Cache::rows(int64_t layer, int64_t first, int64_t count,
-                               KeyValueRows &out) {
-  if (first < 0 || (first + count) * dim > int64_t(k[layer].size()))
-    return Status(StatusCode::Internal, "cache: reading tokens past its end");
-  out = {k[layer].data() + first * dim, v[layer].data() + first * dim};
-  return Status::ok();
-}
-
 void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,
                          int64_t n, float *out) const {
   kvc::rmsNorm(x, n, config_.hiddenSize, float(config_.rmsNormEps),
@@ -157,24 +128,6 @@ void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
   applyRope(k, n, config_.numKvHeads, config_.headDim, rotations.data());
   roundToBf16(k, n * kvDim());
   roundToBf16(v, n * kvDim());
-}
-
-Status LlamaModel::prefill(Cache &cache, const int32_t *tokens, int64_t n,
-                           const LayerCallback &onLayer,
-                           int64_t layers) const {
-  if (layers < 0)
-    layers = config_.numLayers;
-  // (Too many layers: the general prefill says so.)
-  for (int64_t l = 0; layers <= config_.numLayers && l < layers; ++l)
-    if (int64_t(cache.k[l].size()) != cache.tokens * kvDim())
-      return Status(StatusCode::FailedPrecondition,
-                    "prefilling layer " + std::to_string(l) +
-                        ", which an earlier shallower prefill left behind");
-  KVC_RETURN_IF_ERROR(
-      prefill(static_cast<KVContext &>(cache), cache.tokens, tokens, n,
-              onLayer, layers));
-  cache.tokens += std::max<int64_t>(n, 0);
-  return Status::ok();
 }
 
 Status LlamaModel::prefill(KVContext &context, int64_t position,

@@ -232,42 +232,33 @@ private:
 /// Throttles another tier to `gbps` gigabits per second: every transfer
 /// reserves its share of a single timeline, so concurrent users share the
 /// bandwidth as they would share a link.
-class ThrottledTier final : public Tier {
+class ThrottledTier final : public ForwardingTier {
 public:
   ThrottledTier(std::unique_ptr<Tier> inner, double gbps, std::string url)
-      : inner_(std::move(inner)), bytesPerSecond_(gbps * 1e9 / 8),
+      : ForwardingTier(std::move(inner)), bytesPerSecond_(gbps * 1e9 / 8),
         url_(std::move(url)) {}
 
   const std::string &url() const override { return url_; }
 
   Status put(const std::string &name, std::string_view bytes) override {
     wait(bytes.size());
-    return inner_->put(name, bytes);
+    return inner().put(name, bytes);
   }
   Status get(const std::string &name, std::string &buffer) override {
-    Status status = inner_->get(name, buffer);
+    Status status = inner().get(name, buffer);
     if (status.isOk())
       wait(buffer.size());
     return status;
   }
   std::vector<Status> getMany(const std::vector<std::string> &names,
                               std::vector<std::string> &buffers) override {
-    std::vector<Status> out = inner_->getMany(names, buffers);
+    std::vector<Status> out = inner().getMany(names, buffers);
     size_t total = 0;
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i].isOk())
         total += buffers[i].size();
     wait(total);
     return out;
-  }
-  StatusOr<bool> exists(const std::string &name) override {
-    return inner_->exists(name);
-  }
-  Status remove(const std::string &name) override {
-    return inner_->remove(name);
-  }
-  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
-    return inner_->list(prefix);
   }
   double throttleGBs() const override { return bytesPerSecond_ * 1e-9; }
 
@@ -287,7 +278,6 @@ private:
     std::this_thread::sleep_until(until);
   }
 
-  std::unique_ptr<Tier> inner_;
   double bytesPerSecond_;
   std::string url_;
   std::mutex mutex_;

@@ -1,4 +1,5 @@
-//===- DynamicCake.h - Cake's run-time merge point ---------------*- C++ -*-===//
+//===- DynamicCake.h - Cake's run-time merge point ---------------*- C++
+//-*-===//
 //
 // Cake's dynamic mode: computation walks forward from the first chunk and
 // loading walks back from the last; each side claims its next chunk only
@@ -7,12 +8,14 @@
 // or a busier GPU moves it without replanning. The compiler's merge point
 // (when given) is reported beside the one the run found.
 //
-// Compute runs on the pools' "compute" worker (prefill is sequential: each
-// chunk attends to the ones before it); loads run on the workers of
-// "io:<tier>", each fetching, checking and decoding a whole chunk (every
-// layer group) and scattering it. A chunk that cannot be loaded (missing,
-// corrupt, another model's, tier down) is handed back to the compute side
-// (recomputed, reported), so the cache is always exact.
+// The walk is a task graph on the same pools and the same chunk steps
+// (fetch, decode, upload, scatter on the target's backend) as compiled
+// plans: compute runs on the "compute" worker (prefill is sequential: each
+// chunk attends to the ones before it); one loader per worker of
+// "io:<tier>" fetches, checks and decodes a whole chunk (every layer group)
+// and scatters it. A chunk that cannot be loaded (missing, corrupt, another
+// model's, tier down) is handed back to the compute side (recomputed after
+// both sides, reported), so the cache is always exact.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,9 +57,11 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan);
 
 /// Restores `target.tokens` with Cake's two-sided walk over the store's
 /// chunks. `pools` needs "compute" and "io:<tier>" workers.
-StatusOr<DynamicCakeResult> restoreDynamicCake(ResourcePools &pools,
-                                               const RestoreTarget &target,
-                                               const DynamicCakeOptions &options);
+/// `run` traces the walk and reports layer-wise progress as restore() does.
+StatusOr<DynamicCakeResult>
+restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
+                   const DynamicCakeOptions &options,
+                   const RestoreOptions &run = {});
 
 } // namespace kvc
 

@@ -1,18 +1,22 @@
 //===- Executor.h - Running compiled restore plans --------------*- C++ -*-===//
 //
-// Executes one plan of a plan bundle for one request on the CPU backend: the
-// plan's tasks become a TaskGraph on shared ResourcePools (lanes per store
-// tier "io:<tier>", "decode", "h2d", "compute"), and each task's steps run
-// on the values its input tasks produced:
+// Executes one plan of a plan bundle for one request: the plan's tasks
+// become a TaskGraph on shared ResourcePools (lanes per store tier
+// "io:<tier>", "decode", "h2d", "compute"), and each task's steps run on the
+// values its input tasks produced, host steps here, device steps on the
+// target's Backend (the CPU backend unless one is given):
 //
 //   fetch               reads the stored objects covering the step's box
 //   decompress          checks and decodes them (format, lossless stage,
 //                       dequantization and inverse transform: ChunkStore)
-//   dequant, untransform, transfer_to_device
-//                       nothing left to do on the CPU backend
-//   project             hidden states -> K, V for each layer (HCache)
-//   chunk_compute       prefill of the box's tokens through every layer
-//   scatter             writes the box's K and V into the paged cache
+//   dequant, untransform
+//                       done by the host's decode
+//   transfer_to_device  Backend::upload
+//   project             Backend::project: hidden states -> K, V (HCache)
+//   chunk_compute       Backend::prefill of the box's tokens through its
+//                       layers
+//   scatter             Backend::scatter of the box's K and V into the
+//                       paged cache; counted in RestoreOptions::progress
 //
 // A chunk whose objects are missing, corrupt, truncated or from another
 // model is not scattered; its box is recomputed after the graph (one
@@ -20,22 +24,23 @@
 // event, and the run still yields the exact cache. Any other error fails
 // the run.
 //
-// Compute chunks cover every layer; the run keeps one exact (fp32) prefill
-// state that compute chunks and fallbacks extend, so chunks computed in any
-// order are exact. Fetches that carry a staging slot read and decode into
-// that slot's buffers, reused across chunks and rounds (ShadowServe's
-// bounded staging); the copy to the device (on the CPU backend, a copy out
-// of the slot) frees it. Compute segments above layer 0 are refused.
+// Compute chunks cover every layer from layer 0 (segments above it are
+// refused); the backend's prefill session keeps them and fallbacks exact in
+// any order. Fetches that carry a staging slot read and decode into that
+// slot's host buffers, reused across chunks and rounds (ShadowServe's
+// bounded staging); the upload frees them, and the slot's device buffers
+// are held until the scatter.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef KVC_RUNTIME_EXEC_EXECUTOR_H
 #define KVC_RUNTIME_EXEC_EXECUTOR_H
 
+#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PagedKVCache.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Exec/TaskGraph.h"
-#include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <map>
@@ -47,7 +52,11 @@ namespace kvc {
 
 /// What one restore reads and writes.
 struct RestoreTarget {
-  const LlamaModel *model = nullptr;
+  /// The device the cache is on; the CPU backend when null.
+  Backend *backend = nullptr;
+  /// The model computed chunks and projections run (kvc's LlamaModel or a
+  /// server's own).
+  const ModelCompute *model = nullptr;
   /// Stores by tier name (the `tier` of the plan's fetches).
   std::map<std::string, ChunkStore *> stores;
   const std::vector<int32_t> *tokens = nullptr;
@@ -58,6 +67,10 @@ struct RestoreTarget {
 struct RestoreOptions {
   /// Writes a Chrome trace of the run here when not empty.
   std::string tracePath;
+  /// Told of every chunk written, so a caller can wait for layer i while
+  /// later layers load; reset when the restore starts, finished when it
+  /// ends (with its error, if it fails).
+  LayerProgress *progress = nullptr;
 };
 
 struct RestoreMetrics {
@@ -111,16 +124,18 @@ struct RestoreError {
 };
 
 /// Verification of `cache` against a full prefill of `tokens`.
-StatusOr<RestoreError> restoreError(const LlamaModel &model,
+StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const std::vector<int32_t> &tokens,
                                     const PagedKVCache &cache,
-                                    const BlockTable &table);
+                                    const BlockTable &table,
+                                    Backend &backend = cpuBackend());
 /// The same against a full prefill of the request's `tokens` tokens already
 /// computed (to verify many restores of one request).
-StatusOr<RestoreError> restoreError(const LlamaModel &model,
-                                    const LlamaModel::Cache &reference,
+StatusOr<RestoreError> restoreError(const ModelCompute &model,
+                                    const ModelCompute::Cache &reference,
                                     int64_t tokens, const PagedKVCache &cache,
-                                    const BlockTable &table);
+                                    const BlockTable &table,
+                                    Backend &backend = cpuBackend());
 
 } // namespace kvc
 

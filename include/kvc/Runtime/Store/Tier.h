@@ -47,6 +47,42 @@ public:
   virtual double throttleGBs() const { return 0; }
 };
 
+/// A tier that passes every call to another: the base of tiers that change
+/// one behaviour of a store (a throttle; tests' delays and gates).
+class ForwardingTier : public Tier {
+public:
+  explicit ForwardingTier(std::shared_ptr<Tier> inner)
+      : inner_(std::move(inner)) {}
+
+  const std::string &url() const override { return inner_->url(); }
+  Status put(const std::string &name, std::string_view bytes) override {
+    return inner_->put(name, bytes);
+  }
+  Status get(const std::string &name, std::string &buffer) override {
+    return inner_->get(name, buffer);
+  }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    return inner_->getMany(names, buffers);
+  }
+  StatusOr<bool> exists(const std::string &name) override {
+    return inner_->exists(name);
+  }
+  Status remove(const std::string &name) override {
+    return inner_->remove(name);
+  }
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
+    return inner_->list(prefix);
+  }
+  double throttleGBs() const override { return inner_->throttleGBs(); }
+
+protected:
+  Tier &inner() { return *inner_; }
+
+private:
+  std::shared_ptr<Tier> inner_;
+};
+
 /// Whether opening a tier may create it: a save creates a file:// store's
 /// directory; reading from one that does not exist is an error (a mistyped
 /// path would otherwise read as a store that holds nothing).

@@ -1,0 +1,141 @@
+//===- Backend.h - The device side of a restore ------------------*- C++
+//-*-===//
+//
+// The executor decides what happens to each chunk and when (the plan's
+// tasks on resource lanes); a Backend does the part that touches the
+// device the KV cache lives on:
+//
+//   lanes         the worker pools a plan's tasks run on
+//   createCache   a paged KV cache in device memory
+//   allocate      device buffers for chunks in flight (staging slots)
+//   upload        host staging -> device          (transfer_to_device)
+//   project       hidden states -> K, V           (project; HCache)
+//   prefill       token ranges through the first k layers into the paged
+//                 cache                           (chunk_compute; Cake)
+//   scatter       a chunk's K and V -> the paged cache through the block
+//                 table                           (scatter)
+//   readBack      K and V of cached rows -> host fp32 (verification)
+//   timePrefill, uploadGBs
+//                 what calibration measures of the backend itself
+//
+// Fetching and host-side decoding stay in the executor: they run on host
+// threads whatever the device. The model a backend computes with is a
+// ModelCompute, kvc's reference model or a server's own.
+//
+// Ownership: buffers, caches and prefill sessions a backend returns are the
+// caller's and may outlive nothing but the backend. Every call is
+// thread-safe; concurrent restores share one backend.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_BACKEND_BACKEND_H
+#define KVC_RUNTIME_BACKEND_BACKEND_H
+
+#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Model/ModelCompute.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvc {
+
+/// Device memory holding one chunk in flight.
+class DeviceBuffer {
+public:
+  virtual ~DeviceBuffer() = default;
+  /// Bytes it holds now (buffers grow to the largest chunk they held).
+  virtual int64_t bytes() const = 0;
+};
+
+/// Tokens [tokenBegin, tokenEnd) x layers [layerBegin, layerEnd) of a
+/// request: the box of one chunk.
+struct ChunkBox {
+  int64_t tokenBegin = 0, tokenEnd = 0;
+  int64_t layerBegin = 0, layerEnd = 0;
+  int64_t tokens() const { return tokenEnd - tokenBegin; }
+  int64_t layers() const { return layerEnd - layerBegin; }
+};
+
+/// One request's prefill into its paged cache: the computed part of a
+/// restore, and the exact recompute of chunks that could not be loaded.
+/// Thread-safe.
+class PrefillSession {
+public:
+  virtual ~PrefillSession() = default;
+  /// Writes exact K and V of the box's tokens and layers into the cache.
+  virtual Status compute(const ChunkBox &box) = 0;
+  /// FLOPs of the projections and MLPs prefilled so far.
+  virtual double flops() const = 0;
+  /// Bytes of any private exact context the session had to hold.
+  virtual int64_t exactContextBytes() const = 0;
+};
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+
+  virtual const char *name() const = 0;
+
+  /// Worker pools with `lanes` workers per resource (Vocabulary.h's pool
+  /// names): host threads for tiers and decoding, the device's queues for
+  /// copies and compute.
+  virtual StatusOr<std::unique_ptr<ResourcePools>>
+  createPools(const std::map<std::string, int> &lanes) = 0;
+
+  /// A paged KV cache in this backend's memory, holding `config`.
+  virtual StatusOr<std::unique_ptr<PagedKVCache>>
+  createCache(const PagedCacheConfig &config) = 0;
+
+  /// An empty device buffer; upload and project size it.
+  virtual std::unique_ptr<DeviceBuffer> allocate() = 0;
+
+  /// Copies `words` 16-bit words of host memory into `to`. When `consume`
+  /// is set the caller gives the host vector up, and a backend whose device
+  /// is host memory takes it instead of copying.
+  virtual Status upload(std::vector<uint16_t> &host, bool consume,
+                        DeviceBuffer &to) = 0;
+
+  /// K and V (bf16, per layer K then V, [tokens][kvDim] each) of the box
+  /// from its hidden states in `hidden` (per layer [tokens][hidden], in
+  /// `dtype`), written to `kv`. Returns the FLOPs it took.
+  virtual StatusOr<double> project(const ModelCompute &model,
+                                   const DeviceBuffer &hidden, DType dtype,
+                                   const ChunkBox &box, DeviceBuffer &kv) = 0;
+
+  /// Writes the box's K and V (bf16, laid out as project writes them) into
+  /// `cache` through `table`.
+  virtual Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
+                         PagedKVCache &cache, const BlockTable &table) = 0;
+
+  /// A prefill of `tokens` into `cache` with `model`.
+  virtual std::unique_ptr<PrefillSession>
+  prefill(const ModelCompute &model, const std::vector<int32_t> &tokens,
+          PagedKVCache &cache, const BlockTable &table) = 0;
+
+  /// K and V of tokens [first, first + n) of `layer`, as fp32 on the host.
+  virtual Status readBack(const PagedKVCache &cache, const BlockTable &table,
+                          int64_t layer, int64_t first, int64_t n, float *k,
+                          float *v) = 0;
+
+  /// Calibration: seconds of one prefill of `n` tokens at `position` over a
+  /// context holding the tokens before it (`context`, copied first, not
+  /// timed).
+  virtual StatusOr<double> timePrefill(const ModelCompute &model,
+                                       const ModelCompute::Cache &context,
+                                       const std::vector<int32_t> &tokens,
+                                       int64_t position, int64_t n) = 0;
+  /// Calibration: host-to-device copy bandwidth, GB/s.
+  virtual StatusOr<double> uploadGBs() = 0;
+};
+
+/// The CPU backend: the device is host memory, compute is the model's own
+/// (LlamaModel's OpenBLAS GEMMs), uploads are copies out of staging. One
+/// per process, stateless.
+Backend &cpuBackend();
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_BACKEND_BACKEND_H

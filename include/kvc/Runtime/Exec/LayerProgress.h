@@ -1,0 +1,67 @@
+//===- LayerProgress.h - Layer-wise completion of a restore -----*- C++ -*-===//
+//
+// Which layers of a restore are in the paged cache. The executor counts
+// every chunk it writes (scatters, computed chunks, recomputed fallbacks)
+// against it, and a caller waits for layer i while later layers still load:
+// what a server needs to overlap a restore with its forward pass (layer i's
+// attention may start once layer i's KV is resident).
+//
+// A layer is complete once every token of it has been written; plans write
+// each (token, layer) exactly once (the executor checks that before it
+// starts). finish() ends the restore: on success every layer is complete,
+// on failure every waiter wakes with the restore's error. Thread-safe; it
+// outlives the restore it watches.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_EXEC_LAYERPROGRESS_H
+#define KVC_RUNTIME_EXEC_LAYERPROGRESS_H
+
+#include "kvc/Runtime/Base/Status.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace kvc {
+
+class LayerProgress {
+public:
+  /// Expects `tokens` tokens in each of `layers` layers; forgets anything
+  /// counted before.
+  void reset(int64_t layers, int64_t tokens);
+
+  /// Counts `tokens` tokens of layers [layerBegin, layerEnd) as written.
+  void add(int64_t layerBegin, int64_t layerEnd, int64_t tokens);
+
+  /// Ends the restore with `status`.
+  void finish(const Status &status);
+
+  /// Blocks until `layer` is complete (ok) or the restore failed (its
+  /// error); a wait before the restore started waits for it to start.
+  /// InvalidArgument for a layer the restore does not have; Unavailable
+  /// when `timeout` passes first.
+  Status
+  wait(int64_t layer,
+       std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
+
+  /// Whether `layer` is complete now.
+  bool ready(int64_t layer) const;
+
+private:
+  bool readyLocked(int64_t layer) const;
+
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  std::vector<int64_t> written_;
+  int64_t tokens_ = 0;
+  bool started_ = false;
+  std::optional<Status> finished_;
+};
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_EXEC_LAYERPROGRESS_H

@@ -1,0 +1,323 @@
+//===- CpuBackend.cpp - The CPU backend -----------------------------------===//
+//
+// The device is host memory: device buffers are vectors, an upload is a
+// copy out of staging (or takes the staging buffer when the chunk owns it),
+// the paged cache is PagedKVCache's own memory, and compute is the model's
+// (LlamaModel: OpenBLAS on the pools' "compute" worker).
+//
+// Prefill: both restore paths (compiled plans and Cake's dynamic mode)
+// compute their part of a request through one CpuPrefill, which writes
+// exact K and V into the paged cache.
+//
+// Plans compute each layer forward from token 0: Cake's front, HCache's
+// recomputed first layers, the joint plans' both. Such a chunk is prefilled
+// straight into the paged cache and attends over the tokens this state
+// computed there before, as a server's chunked prefill attends over its
+// cache: the cache is the attention context, so computing costs no memory
+// that grows with the context. The model rounds K and V to the cache's
+// bf16 where it produces them, so this is the same prefill as the
+// reference's over its own vectors.
+//
+// Anything else — a fallback for a chunk that could not be loaded, a chunk
+// computed after tokens that were loaded — is exact only over an exact
+// context, and loaded tokens need not be (a lossy codec, hidden states
+// projected). Those come from a private fp32 prefill, seeded with the tokens
+// computed into the cache and extended as far as they need; only restores
+// that take that path hold it. Thread-safe.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Runtime/Backend/Backend.h"
+
+#include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Half.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <optional>
+
+namespace kvc {
+
+namespace {
+
+/// A request's paged cache as a prefill's attention context: appends write
+/// blocks, reads convert one run of rows at a time into scratch.
+class PagedContext final : public KVContext {
+public:
+  PagedContext(PagedKVCache &cache, const BlockTable &table)
+      : cache_(cache), table_(table) {}
+
+  Status append(int64_t layer, int64_t position, int64_t n, const float *k,
+                const float *v) override {
+    return cache_.write(table_, layer, position, n, k, v);
+  }
+  Status rows(int64_t layer, int64_t first, int64_t count,
+              KeyValueRows &out) override {
+    k_.resize(count * cache_.kvDim());
+    v_.resize(count * cache_.kvDim());
+    KVC_RETURN_IF_ERROR(
+        cache_.read(table_, layer, first, count, k_.data(), v_.data()));
+    out = {k_.data(), v_.data()};
+    return Status::ok();
+  }
+
+private:
+  PagedKVCache &cache_;
+  const BlockTable &table_;
+  std::vector<float> k_, v_;
+};
+
+class CpuPrefill final : public PrefillSession {
+public:
+  CpuPrefill(const ModelCompute &model, const std::vector<int32_t> &tokens,
+             PagedKVCache &cache, const BlockTable &table)
+      : model_(model), tokens_(tokens), cache_(cache), table_(table),
+        computed_(model.config().numLayers, 0) {}
+
+  Status compute(const ChunkBox &box) override {
+    const int64_t t0 = box.tokenBegin, t1 = box.tokenEnd;
+    const int64_t l0 = box.layerBegin, l1 = box.layerEnd;
+    std::lock_guard<std::mutex> lock(mutex_);
+    bool extendsComputed = l0 == 0;
+    for (int64_t l = 0; l < l1; ++l)
+      extendsComputed &= computed_[l] == t0;
+    if (extendsComputed) {
+      PagedContext context(cache_, table_);
+      KVC_RETURN_IF_ERROR(
+          model_.prefill(context, t0, tokens_.data() + t0, t1 - t0, {}, l1));
+      std::fill(computed_.begin(), computed_.begin() + l1, t1);
+      flops_ += model_.prefillFlops(t1 - t0, l1);
+      return Status::ok();
+    }
+    KVC_RETURN_IF_ERROR(extendExactLocked(t1, l1));
+    const int64_t kv = model_.kvDim();
+    for (int64_t l = l0; l < l1; ++l)
+      KVC_RETURN_IF_ERROR(cache_.write(table_, l, t0, t1 - t0,
+                                       exact_->k[l].data() + t0 * kv,
+                                       exact_->v[l].data() + t0 * kv));
+    return Status::ok();
+  }
+
+  double flops() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return flops_;
+  }
+
+  int64_t exactContextBytes() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t bytes = 0;
+    if (exact_)
+      for (std::size_t l = 0; l < exact_->k.size(); ++l)
+        bytes += int64_t((exact_->k[l].capacity() + exact_->v[l].capacity()) *
+                         sizeof(float));
+    return bytes;
+  }
+
+private:
+  /// Makes layers [0, depth) of the private prefill hold tokens [0, end).
+  /// Plans compute the first layers of late tokens only (HCache's
+  /// complement), so its deeper layers may lag; a box that needs one of
+  /// those starts over at full depth.
+  Status extendExactLocked(int64_t end, int64_t depth) {
+    const int64_t kv = model_.kvDim();
+    bool lagging = false;
+    if (exact_) {
+      const int64_t needed = std::min(end, exact_->tokens) * kv;
+      for (int64_t l = 0; l < depth; ++l)
+        lagging |= int64_t(exact_->k[l].size()) < needed;
+    }
+    if (!exact_ || lagging) {
+      KVC_RETURN_IF_ERROR(seedExactLocked());
+      depth = model_.config().numLayers;
+    } else if (end <= exact_->tokens) {
+      return Status::ok();
+    }
+    const int64_t begin = exact_->tokens;
+    if (end <= begin)
+      return Status::ok();
+    KVC_RETURN_IF_ERROR(model_.prefill(*exact_, tokens_.data() + begin,
+                                       end - begin, {}, depth));
+    flops_ += model_.prefillFlops(end - begin, depth);
+    return Status::ok();
+  }
+
+  /// Starts the private prefill from the tokens every layer computed into
+  /// the cache: they are exact there, bf16 as the model holds them.
+  Status seedExactLocked() {
+    const int64_t seeded =
+        *std::min_element(computed_.begin(), computed_.end());
+    const int64_t kv = model_.kvDim();
+    exact_ = model_.newCache();
+    for (int64_t l = 0; l < model_.config().numLayers; ++l) {
+      exact_->k[l].resize(seeded * kv);
+      exact_->v[l].resize(seeded * kv);
+      KVC_RETURN_IF_ERROR(cache_.read(table_, l, 0, seeded, exact_->k[l].data(),
+                                      exact_->v[l].data()));
+    }
+    exact_->tokens = seeded;
+    return Status::ok();
+  }
+
+  const ModelCompute &model_;
+  const std::vector<int32_t> &tokens_;
+  PagedKVCache &cache_;
+  const BlockTable &table_;
+  mutable std::mutex mutex_;
+  /// Per layer, the tokens [0, n) this state prefilled into the cache.
+  std::vector<int64_t> computed_;
+  std::optional<ModelCompute::Cache> exact_;
+  double flops_ = 0;
+};
+
+/// A device buffer in host memory.
+class HostBuffer final : public DeviceBuffer {
+public:
+  int64_t bytes() const override {
+    return int64_t(words.capacity() * sizeof(uint16_t));
+  }
+  std::vector<uint16_t> words;
+};
+
+const std::vector<uint16_t> &wordsOf(const DeviceBuffer &buffer) {
+  return static_cast<const HostBuffer &>(buffer).words;
+}
+std::vector<uint16_t> &wordsOf(DeviceBuffer &buffer) {
+  return static_cast<HostBuffer &>(buffer).words;
+}
+
+/// 16-bit words per element of `dtype`.
+int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
+
+/// `n` elements of `dtype` at `words` as floats.
+void toFloats(const uint16_t *words, int64_t n, DType dtype, float *out) {
+  if (dtype == DType::F32) {
+    std::memcpy(out, words, size_t(n) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    out[i] =
+        dtype == DType::BF16 ? bf16ToFloat(words[i]) : f16ToFloat(words[i]);
+}
+
+class CpuBackend final : public Backend {
+public:
+  const char *name() const override { return "cpu"; }
+
+  StatusOr<std::unique_ptr<ResourcePools>>
+  createPools(const std::map<std::string, int> &lanes) override {
+    return ResourcePools::create(lanes);
+  }
+
+  StatusOr<std::unique_ptr<PagedKVCache>>
+  createCache(const PagedCacheConfig &config) override {
+    return PagedKVCache::create(config);
+  }
+
+  std::unique_ptr<DeviceBuffer> allocate() override {
+    return std::make_unique<HostBuffer>();
+  }
+
+  Status upload(std::vector<uint16_t> &host, bool consume,
+                DeviceBuffer &to) override {
+    std::vector<uint16_t> &words = wordsOf(to);
+    if (consume)
+      words.swap(host);
+    else
+      words.assign(host.begin(), host.end());
+    return Status::ok();
+  }
+
+  /// Layer by layer, fp32 in the projection, bf16 out.
+  StatusOr<double> project(const ModelCompute &model,
+                           const DeviceBuffer &hidden, DType dtype,
+                           const ChunkBox &box, DeviceBuffer &kv) override {
+    const int64_t tokens = box.tokens();
+    const int64_t h = model.config().hiddenSize, kvDim = model.kvDim();
+    const std::vector<uint16_t> &in = wordsOf(hidden);
+    if (int64_t(in.size()) != box.layers() * tokens * h * wordsPer(dtype))
+      return Status(StatusCode::Internal,
+                    "project: the buffer does not hold the chunk's hidden "
+                    "states");
+    std::vector<uint16_t> &out = wordsOf(kv);
+    out.resize(box.layers() * 2 * tokens * kvDim);
+    std::vector<float> states(tokens * h), k(tokens * kvDim), v(tokens * kvDim);
+    for (int64_t l = 0; l < box.layers(); ++l) {
+      toFloats(in.data() + l * tokens * h * wordsPer(dtype), tokens * h, dtype,
+               states.data());
+      model.project(box.layerBegin + l, states.data(), tokens, box.tokenBegin,
+                    k.data(), v.data());
+      uint16_t *kOut = out.data() + (2 * l) * tokens * kvDim;
+      uint16_t *vOut = kOut + tokens * kvDim;
+      for (int64_t i = 0; i < tokens * kvDim; ++i) {
+        kOut[i] = floatToBf16(k[i]);
+        vOut[i] = floatToBf16(v[i]);
+      }
+    }
+    return model.projectFlops(tokens, box.layers());
+  }
+
+  Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
+                 PagedKVCache &cache, const BlockTable &table) override {
+    const int64_t kvDim = cache.kvDim(), tokens = box.tokens();
+    const std::vector<uint16_t> &words = wordsOf(kv);
+    if (int64_t(words.size()) != box.layers() * 2 * tokens * kvDim)
+      return Status(StatusCode::Internal,
+                    "scatter: the buffer does not hold the chunk's KV (a "
+                    "plan step is missing before it)");
+    for (int64_t l = 0; l < box.layers(); ++l)
+      KVC_RETURN_IF_ERROR(
+          cache.write(table, box.layerBegin + l, box.tokenBegin, tokens,
+                      words.data() + (2 * l) * tokens * kvDim,
+                      words.data() + (2 * l + 1) * tokens * kvDim));
+    return Status::ok();
+  }
+
+  std::unique_ptr<PrefillSession> prefill(const ModelCompute &model,
+                                          const std::vector<int32_t> &tokens,
+                                          PagedKVCache &cache,
+                                          const BlockTable &table) override {
+    return std::make_unique<CpuPrefill>(model, tokens, cache, table);
+  }
+
+  Status readBack(const PagedKVCache &cache, const BlockTable &table,
+                  int64_t layer, int64_t first, int64_t n, float *k,
+                  float *v) override {
+    return cache.read(table, layer, first, n, k, v);
+  }
+
+  StatusOr<double> timePrefill(const ModelCompute &model,
+                               const ModelCompute::Cache &context,
+                               const std::vector<int32_t> &tokens,
+                               int64_t position, int64_t n) override {
+    if (position + n > int64_t(tokens.size()) || context.tokens < position)
+      return invalidArgument("timePrefill: tokens " + std::to_string(position) +
+                             " to " + std::to_string(position + n) +
+                             " are not in the request or its context");
+    ModelCompute::Cache cache = context;
+    cache.tokens = position;
+    for (auto *kv : {&cache.k, &cache.v})
+      for (std::vector<float> &layer : *kv)
+        layer.resize(position * model.kvDim());
+    Clock::time_point start = Clock::now();
+    KVC_RETURN_IF_ERROR(model.prefill(cache, tokens.data() + position, n));
+    return secondsSince(start);
+  }
+
+  /// Single-thread copy bandwidth: the CPU backend's "link" and memory.
+  StatusOr<double> uploadGBs() override {
+    std::vector<char> from(size_t(256) << 20, 1), to(from.size());
+    double seconds =
+        bestOf(3, [&] { std::memcpy(to.data(), from.data(), from.size()); });
+    return double(from.size()) / seconds / 1e9;
+  }
+};
+
+} // namespace
+
+Backend &cpuBackend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+} // namespace kvc

@@ -1,0 +1,277 @@
+//===- ChunkSteps.cpp - One chunk's journey into the cache ----------------===//
+
+#include "ChunkSteps.h"
+
+#include "kvc/Runtime/Base/Half.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvc::exec_detail {
+
+namespace {
+
+/// 16-bit words per element of `dtype`.
+int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
+
+/// Decodes `ref`'s stored `bytes`, which the plan loads as `planned` (when
+/// it says), into `out` as elements of `dtype`.
+Status decodeAs(const ChunkStore &store, const ChunkRef &ref,
+                std::string_view bytes, const std::optional<CodecSpec> &planned,
+                DType dtype, uint16_t *out) {
+  const CodecSpec *codec = planned ? &*planned : nullptr;
+  if (dtype == DType::BF16)
+    return store.decode(ref, bytes, out, nullptr, codec);
+  const int64_t n = store.shape(ref).numel();
+  std::vector<float> values(n);
+  KVC_RETURN_IF_ERROR(store.decode(ref, bytes, values.data(), nullptr, codec));
+  if (dtype == DType::F32)
+    std::memcpy(out, values.data(), size_t(n) * sizeof(float));
+  else
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = floatToF16(values[i]);
+  return Status::ok();
+}
+
+bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
+  return ref.tokenBegin < value.tokens.end &&
+         value.tokens.begin < ref.tokenEnd &&
+         ref.layerBegin < value.layers.end && value.layers.begin < ref.layerEnd;
+}
+
+} // namespace
+
+ChunkSteps::ChunkSteps(Backend &backend, const ModelCompute &model,
+                       const std::map<std::string, ChunkStore *> &stores,
+                       const std::vector<int32_t> &tokens, PagedKVCache &cache,
+                       const BlockTable &table, LayerProgress *progress)
+    : backend_(backend), model_(model), stores_(stores), tokens_(tokens),
+      cache_(cache), table_(table), progress_(progress),
+      prefill_(backend.prefill(model, tokens, cache, table)) {}
+
+const std::vector<ChunkRef> &ChunkSteps::refs(const std::string &tier,
+                                              Form form) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto key = std::make_pair(tier, form);
+  auto it = refs_.find(key);
+  if (it == refs_.end())
+    it = refs_
+             .emplace(key, stores_.at(tier)->refs(
+                               tokens_.data(), int64_t(tokens_.size()), form))
+             .first;
+  return it->second;
+}
+
+DType ChunkSteps::dtypeOf(Form form) const {
+  return form == Form::KV ? DType::BF16 : model_.config().dtype;
+}
+
+int64_t ChunkSteps::width(Form form) const {
+  return form == Form::KV ? model_.kvDim() : model_.config().hiddenSize;
+}
+
+Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
+  if (slot) {
+    if (slot->busy.exchange(true))
+      return Status(StatusCode::Internal,
+                    "restore: a staging slot was refilled before its chunk "
+                    "was copied out");
+    value.slot = slot;
+    value.objects.swap(slot->objects);
+    value.data.swap(slot->data);
+  }
+  ChunkStore &store = *stores_.at(value.tier);
+  int64_t bytes = 0;
+  value.objectCount = 0;
+  for (const ChunkRef &ref : refs(value.tier, value.form)) {
+    if (!overlaps(ref, value))
+      continue;
+    if (value.objectCount == value.objects.size())
+      value.objects.emplace_back();
+    auto &[stored, buffer] = value.objects[value.objectCount++];
+    stored = ref;
+    KVC_RETURN_IF_ERROR(store.tier().get(ref.name(), buffer));
+    bytes += int64_t(buffer.size());
+  }
+  if (value.objectCount == 0)
+    return notFound("no stored object covers the chunk");
+  value.encoded = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  bytesRead_[value.tier] += bytes;
+  return Status::ok();
+}
+
+Status ChunkSteps::decode(ChunkValue &value) {
+  ChunkStore &store = *stores_.at(value.tier);
+  const int64_t w = width(value.form);
+  const int64_t mats = value.form == Form::KV ? 2 : 1;
+  const int64_t tokens = value.tokens.size();
+  const DType dtype = dtypeOf(value.form);
+  const int64_t words = wordsPer(dtype);
+  value.data.resize(value.layers.size() * mats * tokens * w * words);
+  std::vector<uint16_t> object;
+  for (std::size_t o = 0; o < value.objectCount; ++o) {
+    auto &[ref, bytes] = value.objects[o];
+    const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
+    if (ref.tokenBegin == value.tokens.begin && refTokens == tokens &&
+        ref.layerBegin >= value.layers.begin &&
+        ref.layerEnd <= value.layers.end) {
+      // The object holds whole layers of the chunk, laid out as the chunk
+      // lays them out: decode in place.
+      KVC_RETURN_IF_ERROR(
+          decodeAs(store, ref, bytes, value.codec, dtype,
+                   value.data.data() + (ref.layerBegin - value.layers.begin) *
+                                           mats * tokens * w * words));
+    } else {
+      object.resize(store.shape(ref).numel() * words);
+      KVC_RETURN_IF_ERROR(
+          decodeAs(store, ref, bytes, value.codec, dtype, object.data()));
+      // Copy the rows of the object inside the value's box.
+      const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
+      const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
+      const int64_t l0 = std::max(ref.layerBegin, value.layers.begin);
+      const int64_t l1 = std::min(ref.layerEnd, value.layers.end);
+      for (int64_t l = l0; l < l1; ++l)
+        for (int64_t m = 0; m < mats; ++m)
+          std::memcpy(value.data.data() +
+                          (((l - value.layers.begin) * mats + m) * tokens +
+                           (t0 - value.tokens.begin)) *
+                              w * words,
+                      object.data() +
+                          (((l - ref.layerBegin) * mats + m) * refTokens +
+                           (t0 - ref.tokenBegin)) *
+                              w * words,
+                      size_t((t1 - t0) * w * words) * sizeof(uint16_t));
+    }
+    if (!value.slot)
+      bytes = std::string(); // Unstaged bytes are not kept for reuse.
+  }
+  value.encoded = false;
+  return Status::ok();
+}
+
+Status ChunkSteps::toDevice(ChunkValue &value) {
+  if (value.device)
+    return Status::ok();
+  // Raw chunks reach the upload undecoded (the compiler emits no
+  // decompress for raw data).
+  if (value.encoded)
+    KVC_RETURN_IF_ERROR(decode(value));
+  if (!value.slot) {
+    value.ownDevice = backend_.allocate();
+    KVC_RETURN_IF_ERROR(
+        backend_.upload(value.data, /*consume=*/true, *value.ownDevice));
+    value.device = value.ownDevice.get();
+    return Status::ok();
+  }
+  StagingSlot &slot = *value.slot;
+  if (slot.deviceBusy.exchange(true))
+    return Status(StatusCode::Internal,
+                  "restore: the device buffer of a staging slot was "
+                  "refilled before its chunk was scattered");
+  if (!slot.device)
+    slot.device = backend_.allocate();
+  value.deviceSlot = &slot;
+  KVC_RETURN_IF_ERROR(
+      backend_.upload(value.data, /*consume=*/false, *slot.device));
+  value.device = slot.device.get();
+  releaseSlot(value); // The upload frees the host side, as an H2D copy does.
+  return Status::ok();
+}
+
+Status ChunkSteps::project(ChunkValue &value) {
+  if (value.form != Form::Hidden)
+    return Status(StatusCode::Internal,
+                  "restore: project of a chunk that holds no hidden states");
+  KVC_RETURN_IF_ERROR(toDevice(value));
+  std::unique_ptr<DeviceBuffer> own;
+  DeviceBuffer *out;
+  if (value.deviceSlot) {
+    std::unique_ptr<DeviceBuffer> &projected = value.deviceSlot->projected;
+    if (!projected)
+      projected = backend_.allocate();
+    out = projected.get();
+  } else {
+    own = backend_.allocate();
+    out = own.get();
+  }
+  KVC_ASSIGN_OR_RETURN(flops, backend_.project(model_, *value.device,
+                                               dtypeOf(Form::Hidden),
+                                               value.box(), *out));
+  if (own)
+    value.ownDevice = std::move(own);
+  value.device = out;
+  value.form = Form::KV;
+  std::lock_guard<std::mutex> lock(mutex_);
+  flops_ += flops;
+  return Status::ok();
+}
+
+Status ChunkSteps::compute(ChunkValue &value) {
+  KVC_RETURN_IF_ERROR(prefill_->compute(
+      {value.tokens.begin, value.tokens.end, 0, value.layers.end}));
+  value.form = Form::KV;
+  value.inCache = true;
+  return Status::ok();
+}
+
+Status ChunkSteps::scatter(ChunkValue &value) {
+  if (!value.inCache) {
+    if (value.form != Form::KV)
+      return Status(StatusCode::Internal,
+                    "restore: scatter of hidden states (missing project)");
+    KVC_RETURN_IF_ERROR(toDevice(value));
+    KVC_RETURN_IF_ERROR(
+        backend_.scatter(*value.device, value.box(), cache_, table_));
+    release(value);
+  }
+  if (progress_)
+    progress_->add(value.layers.begin, value.layers.end, value.tokens.size());
+  return Status::ok();
+}
+
+Status ChunkSteps::computeBox(const ChunkBox &box) {
+  KVC_RETURN_IF_ERROR(prefill_->compute(box));
+  if (progress_)
+    progress_->add(box.layerBegin, box.layerEnd, box.tokens());
+  return Status::ok();
+}
+
+void ChunkSteps::releaseSlot(ChunkValue &value) {
+  if (!value.slot)
+    return;
+  value.objects.swap(value.slot->objects);
+  value.data.swap(value.slot->data);
+  value.objects.clear();
+  value.objectCount = 0;
+  value.data.clear();
+  value.slot->busy.store(false);
+  value.slot = nullptr;
+}
+
+void ChunkSteps::releaseDevice(ChunkValue &value) {
+  value.device = nullptr;
+  value.ownDevice.reset();
+  if (!value.deviceSlot)
+    return;
+  value.deviceSlot->deviceBusy.store(false);
+  value.deviceSlot = nullptr;
+}
+
+void ChunkSteps::release(ChunkValue &value) {
+  releaseSlot(value);
+  releaseDevice(value);
+  value.data = {};
+}
+
+double ChunkSteps::flops() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return flops_ + prefill_->flops();
+}
+
+std::map<std::string, int64_t> ChunkSteps::bytesRead() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytesRead_;
+}
+
+} // namespace kvc::exec_detail

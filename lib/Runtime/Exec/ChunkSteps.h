@@ -1,0 +1,142 @@
+//===- ChunkSteps.h - One chunk's journey into the cache --------*- C++ -*-===//
+//
+// Private to lib/Runtime/Exec. The steps a loaded or computed chunk takes,
+// shared by both restore paths (compiled plans, Cake's dynamic walk):
+//
+//   fetch      reads the stored objects covering the chunk's box (host)
+//   decode     checks and decodes them to the chunk's layout (host)
+//   toDevice   the backend's upload; frees the host staging
+//   project    the backend's hidden states -> K, V
+//   compute    the backend's prefill of the box into the paged cache
+//   scatter    the backend's write of K and V into the paged cache; counts
+//              the box's layers as written (LayerProgress)
+//
+// A chunk's host buffers may be a staging slot's, reused across chunks and
+// rounds (ShadowServe's bounded staging): held from the fetch to the upload,
+// and the slot's device buffers from the upload to the scatter. Errors are
+// values; the caller decides which ones a recompute recovers.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
+#define KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
+
+#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Exec/LayerProgress.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvc::exec_detail {
+
+/// Buffers for one chunk in flight, allocated on first use and reused by
+/// every chunk routed through the slot. `busy` and `deviceBusy` turn a plan
+/// that would refill either side early into an error instead of a race.
+struct StagingSlot {
+  std::atomic<bool> busy{false}, deviceBusy{false};
+  std::vector<std::pair<ChunkRef, std::string>> objects;
+  std::vector<uint16_t> data;
+  std::unique_ptr<DeviceBuffer> device, projected;
+};
+
+/// A chunk on its way. Layout of `data` and of the device buffer: per layer
+/// of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's
+/// input hidden states ([tokens][hidden]), in 16-bit words of the form's
+/// element type (ChunkSteps::dtypeOf): bf16 for KV, as the paged cache
+/// holds it; the model's own dtype for hidden states, which the projection
+/// reads exactly.
+struct ChunkValue {
+  Form form = Form::KV;
+  BundleRange tokens, layers;
+  std::string tier;
+  /// The codec the plan loads the stored objects with; none checks nothing.
+  std::optional<CodecSpec> codec;
+  /// The stored objects as read (`objects[0, objectCount)`) and whether
+  /// they still await decoding into `data`.
+  std::vector<std::pair<ChunkRef, std::string>> objects;
+  std::size_t objectCount = 0;
+  bool encoded = false;
+  std::vector<uint16_t> data;
+  /// The chunk on the device once uploaded: the slot's buffer, or its own.
+  DeviceBuffer *device = nullptr;
+  std::unique_ptr<DeviceBuffer> ownDevice;
+  /// The staging slot whose host buffers `objects` and `data` are while
+  /// held, and the one whose device buffers hold the chunk after the upload.
+  StagingSlot *slot = nullptr;
+  StagingSlot *deviceSlot = nullptr;
+  /// Why the chunk will be recomputed instead ("" while it is fine).
+  std::string fault;
+  /// Computed chunks are in the paged cache already: their prefill wrote
+  /// each layer's KV there as it went, as a server's attention writes a
+  /// prefill chunk's KV into its cache, and their scatter has nothing left
+  /// to copy.
+  bool inCache = false;
+
+  ChunkBox box() const {
+    return {tokens.begin, tokens.end, layers.begin, layers.end};
+  }
+};
+
+/// What one restore reads and writes, and the steps over it. Thread-safe
+/// for distinct chunks.
+class ChunkSteps {
+public:
+  ChunkSteps(Backend &backend, const ModelCompute &model,
+             const std::map<std::string, ChunkStore *> &stores,
+             const std::vector<int32_t> &tokens, PagedKVCache &cache,
+             const BlockTable &table, LayerProgress *progress);
+
+  /// The stored objects of `form` for the request on `tier` (read once).
+  const std::vector<ChunkRef> &refs(const std::string &tier, Form form);
+
+  /// Reads the objects covering the chunk, into `slot`'s buffers when given.
+  Status fetch(ChunkValue &value, StagingSlot *slot);
+  Status decode(ChunkValue &value);
+  /// Decodes first when needed; a chunk already uploaded stays.
+  Status toDevice(ChunkValue &value);
+  Status project(ChunkValue &value);
+  /// Prefills the box's tokens through layers [0, box.layerEnd).
+  Status compute(ChunkValue &value);
+  Status scatter(ChunkValue &value);
+  /// Prefills `box` exactly into the cache (Cake's front, a chunk that
+  /// failed to load) and counts it as written.
+  Status computeBox(const ChunkBox &box);
+
+  /// Gives the chunk's held buffers back (after a fault).
+  void release(ChunkValue &value);
+
+  double flops() const;
+  int64_t exactContextBytes() const { return prefill_->exactContextBytes(); }
+  std::map<std::string, int64_t> bytesRead() const;
+
+private:
+  DType dtypeOf(Form form) const;
+  int64_t width(Form form) const;
+  void releaseSlot(ChunkValue &value);
+  void releaseDevice(ChunkValue &value);
+
+  Backend &backend_;
+  const ModelCompute &model_;
+  const std::map<std::string, ChunkStore *> &stores_;
+  const std::vector<int32_t> &tokens_;
+  PagedKVCache &cache_;
+  const BlockTable &table_;
+  LayerProgress *progress_;
+  std::unique_ptr<PrefillSession> prefill_;
+
+  mutable std::mutex mutex_; ///< Guards the members below.
+  std::map<std::pair<std::string, Form>, std::vector<ChunkRef>> refs_;
+  double flops_ = 0;
+  std::map<std::string, int64_t> bytesRead_;
+};
+
+} // namespace kvc::exec_detail
+
+#endif // KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H

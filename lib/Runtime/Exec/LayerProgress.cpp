@@ -1,0 +1,80 @@
+//===- LayerProgress.cpp - Layer-wise completion of a restore -------------===//
+
+#include "kvc/Runtime/Exec/LayerProgress.h"
+
+#include <algorithm>
+#include <string>
+
+namespace kvc {
+
+void LayerProgress::reset(int64_t layers, int64_t tokens) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    written_.assign(std::max<int64_t>(layers, 0), 0);
+    tokens_ = tokens;
+    started_ = true;
+    finished_.reset();
+  }
+  changed_.notify_all();
+}
+
+void LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t l = std::max<int64_t>(layerBegin, 0);
+         l < std::min<int64_t>(layerEnd, written_.size()); ++l)
+      written_[l] += tokens;
+  }
+  changed_.notify_all();
+}
+
+void LayerProgress::finish(const Status &status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    started_ = true;
+    finished_ = status;
+  }
+  changed_.notify_all();
+}
+
+bool LayerProgress::readyLocked(int64_t layer) const {
+  return (finished_ && finished_->isOk()) || written_[layer] >= tokens_;
+}
+
+Status
+LayerProgress::wait(int64_t layer,
+                    std::optional<std::chrono::milliseconds> timeout) const {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        timeout.value_or(std::chrono::milliseconds(0));
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto waitFor = [&](auto done) {
+    if (!timeout) {
+      changed_.wait(lock, done);
+      return true;
+    }
+    return changed_.wait_until(lock, deadline, done);
+  };
+  auto late = [&] {
+    return Status(StatusCode::Unavailable,
+                  "layer " + std::to_string(layer) + " not restored after " +
+                      std::to_string(timeout->count()) + " ms");
+  };
+  if (!waitFor([&] { return started_; }))
+    return late();
+  if (layer < 0 || layer >= int64_t(written_.size()))
+    return invalidArgument("no layer " + std::to_string(layer) +
+                           " in a restore of " +
+                           std::to_string(written_.size()) + " layers");
+  if (!waitFor([&] { return readyLocked(layer) || finished_; }))
+    return late();
+  if (readyLocked(layer))
+    return Status::ok();
+  return *finished_;
+}
+
+bool LayerProgress::ready(int64_t layer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return layer >= 0 && layer < int64_t(written_.size()) && readyLocked(layer);
+}
+
+} // namespace kvc

@@ -1,7 +1,7 @@
 //===- ProfileCodecs.cpp - kvc-run profile-codecs -------------------------===//
 
 #include "ProfileCodecs.h"
-#include "CodecTiming.h"
+#include "kvc/Host/CodecTiming.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"

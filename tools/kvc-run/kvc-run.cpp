@@ -22,9 +22,13 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "Calibrate.h"
-#include "Memory.h"
 #include "ProfileCodecs.h"
+
+#include "kvc/Host/Calibrate.h"
+#include "kvc/Host/Measure.h"
+#include "kvc/Host/Memory.h"
+#include "kvc/Host/Session.h"
+#include "kvc/Host/Verify.h"
 #include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Planning/CodecProfile.h"
@@ -52,6 +56,7 @@
 #include <unistd.h>
 
 using namespace kvc;
+using namespace kvc::host;
 
 namespace {
 
@@ -174,46 +179,19 @@ StatusOr<DType> parseDType(const std::string &name) {
 /// created (a save) or must exist (a restore).
 StatusOr<std::unique_ptr<ChunkStore>>
 openStore(Args &args, const LlamaModel &model, TierAccess access) {
+  StoreOptions options;
   KVC_ASSIGN_OR_RETURN(url, args.required("store"));
-  StoreLayout layout;
-  KVC_ASSIGN_OR_RETURN(chunkTokens,
-                       args.integer("chunk-tokens", layout.chunkTokens));
+  KVC_ASSIGN_OR_RETURN(
+      chunkTokens, args.integer("chunk-tokens", options.layout.chunkTokens));
   KVC_ASSIGN_OR_RETURN(layerGroup,
-                       args.integer("layer-group", layout.layerGroup));
+                       args.integer("layer-group", options.layout.layerGroup));
   if (chunkTokens <= 0 || layerGroup <= 0)
     return invalidArgument("--chunk-tokens and --layer-group must be positive");
-  layout.chunkTokens = chunkTokens, layout.layerGroup = layerGroup;
-  KVC_ASSIGN_OR_RETURN(tier, openTier(url, access));
-  return std::make_unique<ChunkStore>(std::move(tier), model.config(),
-                                      model.fingerprint(), args.get("tenant"),
-                                      layout);
-}
-
-/// Fails when the store holds nothing of the request under the layout this
-/// command reads with but holds it under another (a save with other
-/// --chunk-tokens or --layer-group): said so, instead of a restore that
-/// misses every object.
-Status checkStoredLayout(ChunkStore &store,
-                         const std::vector<int32_t> &tokens) {
-  const int64_t n = int64_t(tokens.size());
-  for (Form form : {Form::KV, Form::Hidden}) {
-    KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
-    if (extent.tokens > 0)
-      return Status::ok();
-  }
-  for (Form form : {Form::KV, Form::Hidden}) {
-    KVC_ASSIGN_OR_RETURN(others, store.otherLayouts(tokens.data(), n, form));
-    if (!others.empty())
-      return Status(
-          StatusCode::FailedPrecondition,
-          "the store holds this request saved with --chunk-tokens " +
-              std::to_string(others.front().chunkTokens) + " --layer-group " +
-              std::to_string(others.front().layerGroup) + ", not the " +
-              std::to_string(store.layout().chunkTokens) + " and " +
-              std::to_string(store.layout().layerGroup) +
-              " this command reads with; pass those");
-  }
-  return Status::ok();
+  options.url = url;
+  options.layout = {chunkTokens, layerGroup};
+  options.tenant = args.get("tenant");
+  options.access = access;
+  return host::openStore(options, model);
 }
 
 Status genModel(Args &args) {
@@ -419,94 +397,6 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
   return std::optional<double>(value);
 }
 
-/// Where a restore writes: a paged cache just large enough for the request,
-/// its block table, and the target naming them, the model, the request's
-/// tokens and `store` as every tier in `tiers`. Held by pointer, as the
-/// target points into it.
-struct Destination {
-  std::unique_ptr<PagedKVCache> cache;
-  BlockTable table;
-  RestoreTarget target;
-};
-
-StatusOr<std::unique_ptr<Destination>>
-destinationFor(const LlamaModel &model, const std::vector<int32_t> &tokens,
-               ChunkStore &store, const std::vector<std::string> &tiers) {
-  const ModelConfig &config = model.config();
-  PagedCacheConfig cacheConfig;
-  cacheConfig.layers = config.numLayers;
-  cacheConfig.numKvHeads = config.numKvHeads;
-  cacheConfig.headDim = config.headDim;
-  const int64_t n = int64_t(tokens.size());
-  cacheConfig.numBlocks =
-      (n + cacheConfig.blockSize - 1) / cacheConfig.blockSize;
-  auto out = std::make_unique<Destination>();
-  KVC_ASSIGN_OR_RETURN(cache, PagedKVCache::create(cacheConfig));
-  out->cache = std::move(cache);
-  KVC_ASSIGN_OR_RETURN(table, out->cache->allocate(n));
-  out->table = std::move(table);
-  out->target.model = &model;
-  for (const std::string &tier : tiers)
-    out->target.stores[tier] = &store;
-  out->target.tokens = &tokens;
-  out->target.cache = out->cache.get();
-  out->target.table = &out->table;
-  return out;
-}
-
-/// What --verify holds a restore to: the relative L2 error of each layer's
-/// K and V that the codecs the plan loads allow (their stated quality plus
-/// bf16 rounding), and the largest error: --max-error when given, else
-/// twice bf16 rounding for a plan that loads nothing lossy, where one wrong
-/// value must not hide in an average.
-struct VerifyBound {
-  double relativeL2 = 0;
-  std::optional<double> max;
-  const char *maxFrom = ""; ///< What set `max`, for messages.
-};
-
-VerifyBound verifyBound(const std::vector<CodecSpec> &codecs,
-                        std::optional<double> maxError) {
-  const planning::CodecProfile &profile = planning::CodecProfile::defaults();
-  VerifyBound bound;
-  bound.relativeL2 = profile.restoreErrorBound(codecs);
-  bool lossy = std::any_of(codecs.begin(), codecs.end(),
-                           [&](const CodecSpec &codec) {
-                             return profile.quality(codec) > 0;
-                           });
-  if (maxError) {
-    bound.max = maxError;
-    bound.maxFrom = "--max-error";
-  } else if (!lossy) {
-    bound.max = 1.0 / 128;
-    bound.maxFrom = "bf16 rounding";
-  }
-  return bound;
-}
-
-/// The codecs of the chunks `plan` loads.
-std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
-  std::vector<CodecSpec> codecs;
-  for (const BundleTask &task : plan.tasks)
-    for (const BundleStep &step : task.steps)
-      if (step.kind == StepKind::Fetch)
-        codecs.push_back(step.codec);
-  return codecs;
-}
-
-/// Fails when a verified error exceeds its bound.
-Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
-  if (error.relativeL2 > bound.relativeL2)
-    return Status(StatusCode::DataLoss,
-                  "the restored cache differs from a full prefill by more "
-                  "than the plan's codecs allow");
-  if (bound.max && error.max > *bound.max)
-    return Status(StatusCode::DataLoss,
-                  "the restored cache differs from a full prefill by more "
-                  "than " + std::string(bound.maxFrom));
-  return Status::ok();
-}
-
 /// Prints a verification and fails above the bound.
 Status reportVerification(const RestoreError &error,
                           const VerifyBound &bound) {
@@ -523,73 +413,53 @@ Status reportVerification(const RestoreError &error,
 /// plans for them (from a bundle, or compiled in-process).
 struct RestoreSetup {
   std::unique_ptr<LlamaModel> model;
-  std::vector<int32_t> tokens;
   std::unique_ptr<ChunkStore> store;
+  /// The request over them (its tokens, the reference prefill).
+  MeasuredRequest request;
   std::string planSource; ///< The bundle's path, or "--strategy", for messages.
   PlanBundle bundle;
   std::optional<double> maxError; ///< --max-error, when given.
   /// The target planned for (--strategy), for compare's machine check.
   std::optional<TargetDesc> target;
-  /// A full prefill of the request, computed on the first verification.
-  std::optional<LlamaModel::Cache> reference;
 };
 
+/// The planning hook kvc-run binds: the compiler in-process.
+PlanHook compilerHook() {
 #ifdef KVC_RUN_WITH_COMPILER
-/// The tier of `target` that the store at `url` is: --tier NAME, else the
-/// first tier of the URL's kind. A throttled store caps its read bandwidth.
-StatusOr<TierDesc *> storeTier(Args &args, TargetDesc &target,
-                               const Tier &store) {
-  const std::string &url = store.url();
-  std::string name = args.get("tier");
-  TierDesc::Kind kind = url.rfind("mem://", 0) == 0    ? TierDesc::Kind::DRAM
-                        : url.rfind("file://", 0) == 0 ? TierDesc::Kind::Disk
-                                                       : TierDesc::Kind::Remote;
-  for (TierDesc &tier : target.tiers) {
-    if (name.empty() ? tier.kind != kind : tier.name != name)
-      continue;
-    if (double gbs = store.throttleGBs(); gbs > 0)
-      tier.readGBs = std::min(tier.readGBs, gbs);
-    return &tier;
-  }
-  return invalidArgument(
-      "target " + target.name + " has no " +
-      (name.empty() ? std::string("tier of the kind of ") + url
-                    : "tier " + name) +
-      " (name one with --tier)");
+  return [](const ModelCompute &model, const TargetDesc &target,
+            const planning::Request &request, int64_t chunkTokens,
+            const PlanOptions &options) {
+    CompileRestoreOptions compile;
+    compile.strategies = options.strategies;
+    compile.chunkTokens = chunkTokens;
+    compile.stagingMiB = options.stagingMiB;
+    return compileRestore(model.config(), model.fingerprint(), target, request,
+                          compile);
+  };
+#else
+  return {};
+#endif
 }
 
-/// What `store` holds for the request, as the planner's sources on `tier`.
-StatusOr<std::vector<planning::Source>>
-storedSources(ChunkStore &store, const std::vector<int32_t> &tokens,
-              const std::string &tier) {
-  std::vector<planning::Source> sources;
+/// Prints what `store` holds of the request: the planner's sources.
+Status printStored(ChunkStore &store, const std::vector<int32_t> &tokens) {
+  KVC_ASSIGN_OR_RETURN(matches, matchPrefix(store, tokens));
   const int64_t n = int64_t(tokens.size());
-  for (Form form : {Form::KV, Form::Hidden}) {
-    KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
-    if (extent.tokens < n) {
+  for (const PrefixMatch &match : matches) {
+    if (match.tokens < n) {
       std::printf("store: %s for tokens 0 to %lld of %lld (not planned)\n",
-                  name(form), (long long)extent.tokens, (long long)n);
+                  name(match.form), (long long)match.tokens, (long long)n);
       continue;
     }
-    std::printf("store: %s for every token, codec %s", name(form),
-                extent.codec.str().c_str());
+    std::printf("store: %s for every token, codec %s", name(match.form),
+                match.codec.str().c_str());
     if (store.layout().layerGroup > 1)
       std::printf(", %lld layers per object",
                   (long long)store.layout().layerGroup);
     std::printf("\n");
-    planning::Source source;
-    source.tier = tier;
-    source.form = form;
-    source.codec = extent.codec;
-    source.box = {0, n, 0, store.model().numLayers};
-    source.tokenGroup = store.layout().chunkTokens;
-    source.layerGroup = store.layout().layerGroup;
-    sources.push_back(source);
   }
-  return sources;
+  return Status::ok();
 }
-
-#endif // KVC_RUN_WITH_COMPILER
 
 /// --strategy: plans the request in-process for --target, one plan per
 /// strategy; `all` takes every strategy the store's sources allow.
@@ -598,54 +468,30 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
                                        const std::vector<int32_t> &tokens,
                                        const std::string &list,
                                        std::optional<TargetDesc> &plannedFor) {
-#ifdef KVC_RUN_WITH_COMPILER
+  PlanHook hook = compilerHook();
+  if (!hook)
+    return unimplemented("--strategy plans with the compiler, which this "
+                         "kvc-run was built without (KVC_BUILD_COMPILER=OFF); "
+                         "compile a bundle with kvc-opt and pass --bundle");
   KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
   KVC_ASSIGN_OR_RETURN(stagingMiB, args.integer("staging-mib", 256));
-  KVC_ASSIGN_OR_RETURN(tier, storeTier(args, target, store.tier()));
+  KVC_ASSIGN_OR_RETURN(tier, storeTier(target, store.tier(), args.get("tier")));
   std::printf("planning for %s: the store is tier %s at %.3g GB/s",
               target.name.c_str(), tier->name.c_str(), tier->readGBs);
   // A ?gbps= throttle is in gigabits per second, as links are quoted.
   if (double gbps = store.tier().throttleGBs())
     std::printf(" (its ?gbps=%.3g throttle, gigabits per second)", gbps * 8);
   std::printf("\n");
-  planning::Request request;
-  request.tokens = int64_t(tokens.size());
-  KVC_ASSIGN_OR_RETURN(sources, storedSources(store, tokens, tier->name));
-  request.sources = std::move(sources);
-  CompileRestoreOptions options;
-  options.chunkTokens = store.layout().chunkTokens;
+  KVC_RETURN_IF_ERROR(printStored(store, tokens));
+  PlanOptions options;
   options.stagingMiB = stagingMiB;
   options.strategies.clear();
-  if (list == "all") {
-    // Every strategy whose loads the store's sources allow.
-    auto stores = [&](::kvc::Form form) {
-      return std::any_of(
-          request.sources.begin(), request.sources.end(),
-          [&](const planning::Source &source) { return source.form == form; });
-    };
-    const std::optional<Form> kv = Form::KV, hidden = Form::Hidden;
-    const std::pair<const char *, std::optional<Form>> all[] = {
-        {"compute", std::nullopt}, {"kv", kv},
-        {"hidden", hidden},        {"cake", kv},
-        {"hcache", hidden},        {"joint", std::nullopt}};
-    for (const auto &[name, needs] : all)
-      if (!needs || stores(*needs))
-        options.strategies.push_back(name);
-  } else {
-    std::stringstream names(list);
-    for (std::string name; std::getline(names, name, ',');)
-      options.strategies.push_back(name);
-  }
+  std::stringstream names(list);
+  for (std::string name; std::getline(names, name, ',');)
+    options.strategies.push_back(name);
   plannedFor = target;
-  return compileRestore(model.config(), model.fingerprint(), target, request,
-                        options);
-#else
-  (void)model, (void)store, (void)tokens, (void)list, (void)plannedFor;
-  return unimplemented("--strategy plans with the compiler, which this "
-                       "kvc-run was built without (KVC_BUILD_COMPILER=OFF); "
-                       "compile a bundle with kvc-opt and pass --bundle");
-#endif
+  return planRestore(hook, model, store, tokens, target, tier->name, options);
 }
 
 /// `defaultStrategy` is what --strategy means when given without a value.
@@ -660,7 +506,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   setup.maxError = maxError;
   if (args.has("bundle") == args.has("strategy"))
     return invalidArgument("give either --bundle FILE or --strategy");
-  KVC_RETURN_IF_ERROR(checkStoredLayout(*store, tokens));
+  KVC_RETURN_IF_ERROR(matchPrefix(*store, tokens).status());
   if (args.has("strategy")) {
     setup.planSource = "--strategy";
     const std::string list = args.get("strategy").empty()
@@ -681,49 +527,11 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
                       compiledFor.substr(0, 16) + ", not " +
                       model->fingerprint().substr(0, 16));
   setup.model = std::move(model);
-  setup.tokens = std::move(tokens);
   setup.store = std::move(store);
+  setup.request.model = setup.model.get();
+  setup.request.store = setup.store.get();
+  setup.request.tokens = std::move(tokens);
   return setup;
-}
-
-struct PlanRun {
-  RestoreMetrics metrics;
-  std::optional<RestoreError> error; ///< If verified.
-  /// Resident memory before the restore (model, request, empty paged cache)
-  /// and at its peak; the paged cache's size.
-  int64_t residentBefore = 0, residentPeak = 0, cacheBytes = 0;
-};
-
-/// Restores the request with `plan` into a fresh paged cache.
-StatusOr<PlanRun> runPlan(RestoreSetup &setup, const BundlePlan &plan,
-                          const RestoreOptions &options, bool verify) {
-  std::vector<std::string> tiers;
-  for (const BundleTask &task : plan.tasks)
-    for (const BundleStep &step : task.steps)
-      if (step.kind == StepKind::Fetch)
-        tiers.push_back(step.tier);
-  KVC_ASSIGN_OR_RETURN(
-      into, destinationFor(*setup.model, setup.tokens, *setup.store, tiers));
-  KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
-  PlanRun run;
-  run.cacheBytes = into->cache->bytes();
-  run.residentBefore = residentBytes();
-  resetPeakResident();
-  KVC_ASSIGN_OR_RETURN(metrics, restore(*pools, plan, into->target, options));
-  run.residentPeak = peakResidentBytes();
-  run.metrics = std::move(metrics);
-  if (verify) {
-    const int64_t n = int64_t(setup.tokens.size());
-    if (!setup.reference) {
-      setup.reference = setup.model->newCache();
-      KVC_RETURN_IF_ERROR(
-          setup.model->prefill(*setup.reference, setup.tokens.data(), n));
-    }
-    KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, *setup.reference, n,
-                                             *into->cache, into->table));
-    run.error = error;
-  }
-  return run;
 }
 
 /// Prints the chunks a restore recomputed instead of loading, and the
@@ -759,18 +567,19 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
 Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
                       const RestoreOptions &run, bool verify) {
   KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
-  KVC_ASSIGN_OR_RETURN(into, destinationFor(*setup.model, setup.tokens,
-                                            *setup.store, {options.tier}));
+  KVC_ASSIGN_OR_RETURN(into, destinationFor(cpuBackend(), *setup.model,
+                                            setup.request.tokens, *setup.store,
+                                            {options.tier}));
   KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
   KVC_ASSIGN_OR_RETURN(result,
                        restoreDynamicCake(*pools, into->target, options, run));
-  printDynamicCake(result, setup.tokens.size(),
+  printDynamicCake(result, setup.request.tokens.size(),
                    ("plan " + plan.name).c_str());
   if (!run.tracePath.empty())
     std::printf("  trace: %s\n", run.tracePath.c_str());
   if (!verify)
     return Status::ok();
-  KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.tokens,
+  KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.request.tokens,
                                            *into->cache, into->table));
   return reportVerification(error,
                             verifyBound(planCodecs(plan), setup.maxError));
@@ -798,10 +607,10 @@ Status restoreCommand(Args &args) {
                                : setup.planSource + " has no plan " + planName);
   if (dynamic)
     return restoreDynamic(setup, *plan, options, verify);
-  KVC_ASSIGN_OR_RETURN(run, runPlan(setup, *plan, options, verify));
+  KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
-              setup.tokens.size(), plan->name.c_str(),
+              setup.request.tokens.size(), plan->name.c_str(),
               metrics.makespanSeconds * 1e3);
   if (metrics.predictedSeconds)
     std::printf(", %.3f ms predicted", *metrics.predictedSeconds * 1e3);
@@ -850,22 +659,15 @@ Status compareCommand(Args &args) {
     return invalidArgument("--repeat must be positive");
   KVC_RETURN_IF_ERROR(args.checkUnused());
   const std::vector<BundlePlan> &plans = setup.bundle.plans;
-  // A plan with the schedule of an earlier one (the joint plan choosing
-  // Cake's split) is that plan: it is measured once and shown for both, so
-  // that run-to-run noise does not rank a plan against itself.
-  std::vector<std::size_t> sameAs(plans.size());
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    sameAs[i] = i;
-    for (std::size_t j = 0; j < i && sameAs[i] == i; ++j)
-      if (sameAs[j] == j && plans[i].sameSchedule(plans[j]))
-        sameAs[i] = j;
-  }
+  // A plan with the schedule of an earlier one is measured once and shown
+  // for both (sameSchedules).
+  const std::vector<std::size_t> sameAs = sameSchedules(plans);
   // One restore first, unmeasured: the first restore of a process pays for
   // thread pools, allocator growth and first-touch page faults (on this VM
   // 30-40% more than later ones), which would otherwise land on one plan.
   if (!plans.empty())
     KVC_RETURN_IF_ERROR(
-        runPlan(setup, plans.front(), {}, /*verify=*/false).status());
+        runPlan(setup.request, plans.front(), {}, /*verify=*/false).status());
   // Each plan `repeat` times, round robin so that a noisy stretch of the
   // machine does not land on one plan. With a target, calibration's
   // reference chunk is timed before each round too: predictions hold while
@@ -878,8 +680,9 @@ Status compareCommand(Args &args) {
   int64_t probeTokens = 0;
   for (int64_t r = 0; r < repeat; ++r) {
     if (setup.target) {
-      KVC_ASSIGN_OR_RETURN(probe,
-                           measureReferenceChunk(*setup.model, *setup.target));
+      KVC_ASSIGN_OR_RETURN(
+          probe,
+          measureReferenceChunk(cpuBackend(), *setup.model, *setup.target));
       probes.push_back(probe.measuredSeconds);
       price = probe.predictedSeconds;
       probeTokens = probe.tokens;
@@ -891,7 +694,8 @@ Status compareCommand(Args &args) {
                      std::to_string(repeat) + ", plan " + plans[i].name);
       // Every run is verified (after its timing): a run that goes wrong
       // once in a while fails the comparison too.
-      KVC_ASSIGN_OR_RETURN(run, runPlan(setup, plans[i], {}, /*verify=*/true));
+      KVC_ASSIGN_OR_RETURN(
+          run, runPlan(setup.request, plans[i], {}, /*verify=*/true));
       all[i].push_back(std::move(run));
     }
   }
@@ -920,13 +724,8 @@ Status compareCommand(Args &args) {
                         "loaded machine?)"
                       : "calibrate first");
   }
-  // The fastest run is held against the prediction, as calibrate takes the
-  // fastest of its rounds: this shared machine's GEMMs run up to 2x
-  // slower for seconds at a time while a co-tenant loads the host
-  // (docs/results.md), and the fastest of a few runs is the one such load
-  // did not slow — Python's timeit takes the minimum for the same reason.
-  // The median is shown beside it: how much the contention cost the typical
-  // run.
+  // The fastest run is held against the prediction, the median shown
+  // beside it (summarize says why).
   std::vector<PlanRun> runs;
   std::vector<double> medians;
   for (std::size_t i = 0; i < all.size(); ++i) {
@@ -935,20 +734,11 @@ Status compareCommand(Args &args) {
       medians.push_back(medians[sameAs[i]]);
       continue;
     }
-    std::vector<PlanRun> &plan = all[i];
-    std::sort(plan.begin(), plan.end(), [](const PlanRun &a, const PlanRun &b) {
-      return a.metrics.makespanSeconds < b.metrics.makespanSeconds;
-    });
     // The table shows (and verification holds) the worst error of them all.
-    RestoreError worstError;
-    for (const PlanRun &run : plan) {
-      worstError.max = std::max(worstError.max, run.error->max);
-      worstError.relativeL2 =
-          std::max(worstError.relativeL2, run.error->relativeL2);
-    }
-    medians.push_back(plan[plan.size() / 2].metrics.makespanSeconds);
-    runs.push_back(std::move(plan.front()));
-    runs.back().error = worstError;
+    PlanSummary summary = summarize(std::move(all[i]));
+    medians.push_back(summary.medianSeconds);
+    runs.push_back(std::move(summary.fastest));
+    runs.back().error = summary.worstError;
   }
   std::printf("%-10s %12s %10s %6s %10s %10s %9s %6s %10s %9s", "plan",
               "predicted ms", "fastest ms", "off", "median ms", "read MB",
@@ -1007,13 +797,14 @@ Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
-  KVC_RETURN_IF_ERROR(checkStoredLayout(*store, tokens));
+  KVC_RETURN_IF_ERROR(matchPrefix(*store, tokens).status());
   KVC_ASSIGN_OR_RETURN(lanes, args.integer("io-lanes", 2));
   KVC_ASSIGN_OR_RETURN(predicted, args.integer("predicted-merge", -1));
   bool verify = args.has("verify");
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  KVC_ASSIGN_OR_RETURN(into, destinationFor(*model, tokens, *store, {"store"}));
+  KVC_ASSIGN_OR_RETURN(
+      into, destinationFor(cpuBackend(), *model, tokens, *store, {"store"}));
   KVC_ASSIGN_OR_RETURN(
       pools,
       ResourcePools::create({{poolName(Resource::Compute), 1},
@@ -1043,7 +834,7 @@ Status calibrateCommand(Args &args) {
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(base, loadTargetDesc(basePath));
-  KVC_ASSIGN_OR_RETURN(target, calibrate(*model, base, scratch));
+  KVC_ASSIGN_OR_RETURN(target, calibrate(cpuBackend(), *model, base, scratch));
   std::ofstream file(out);
   file << printTargetDesc(target);
   if (!file)

@@ -1,7 +1,7 @@
 //===- Calibrate.cpp - kvc-run calibrate ----------------------------------===//
 
-#include "Calibrate.h"
-#include "CodecTiming.h"
+#include "kvc/Host/Calibrate.h"
+#include "kvc/Host/CodecTiming.h"
 #include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
@@ -58,26 +58,10 @@ std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
   return tokens;
 }
 
-/// Seconds of one prefill of `chunk` tokens at `position` after `base`'s
-/// first `position` tokens (copying the cache is not timed).
-StatusOr<double> chunkSeconds(const LlamaModel &model,
-                              const LlamaModel::Cache &base,
-                              const std::vector<int32_t> &tokens,
-                              int64_t position, int64_t chunk) {
-  LlamaModel::Cache cache = base;
-  cache.tokens = position;
-  for (auto *kv : {&cache.k, &cache.v})
-    for (std::vector<float> &layer : *kv)
-      layer.resize(position * model.kvDim());
-  auto start = std::chrono::steady_clock::now();
-  KVC_RETURN_IF_ERROR(model.prefill(cache, tokens.data() + position, chunk));
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-      .count();
-}
-
 } // namespace
 
-StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
+StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
+                                               const ModelCompute &model,
                                                const TargetDesc &target) {
   const ModelConfig &config = model.config();
   ReferenceChunk out;
@@ -85,8 +69,8 @@ StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
   std::vector<int32_t> tokens = calibrationTokens(config, out.tokens);
   std::vector<double> timings;
   for (int i = 0; i < 3; ++i) {
-    KVC_ASSIGN_OR_RETURN(
-        seconds, chunkSeconds(model, model.newCache(), tokens, 0, out.tokens));
+    KVC_ASSIGN_OR_RETURN(seconds, backend.timePrefill(model, model.newCache(),
+                                                      tokens, 0, out.tokens));
     timings.push_back(seconds);
   }
   out.measuredSeconds = median(timings);
@@ -95,8 +79,9 @@ StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
   return out;
 }
 
-StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
-                               const std::string &scratchDir) {
+StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
+                               TargetDesc target, const std::string &scratchDir,
+                               std::FILE *log) {
   const ModelConfig &config = model.config();
   planning::CostModel cost(config, target, planning::CodecProfile::defaults());
 
@@ -125,15 +110,15 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
     longest = std::max(longest, s.position + s.tokens);
   }
   std::vector<int32_t> tokens = calibrationTokens(config, longest);
-  LlamaModel::Cache base = model.newCache();
+  ModelCompute::Cache base = model.newCache();
   KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
   constexpr int kRounds = 7;
   std::vector<std::vector<double>> timings(samples.size());
   for (int round = 0; round < kRounds; ++round)
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      KVC_ASSIGN_OR_RETURN(seconds, chunkSeconds(model, base, tokens,
-                                                 samples[i].position,
-                                                 samples[i].tokens));
+      KVC_ASSIGN_OR_RETURN(seconds, backend.timePrefill(model, base, tokens,
+                                                        samples[i].position,
+                                                        samples[i].tokens));
       timings[i].push_back(seconds);
     }
   for (std::size_t i = 0; i < samples.size(); ++i)
@@ -143,37 +128,37 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   fit.applyTo(c);
   planning::CostModel fitted(config, target,
                              planning::CodecProfile::defaults());
-  std::printf("prefill, fastest of %d rounds:\n", kRounds);
-  std::printf("%-16s %10s %12s %12s %6s\n", "prefill tokens", "after",
-              "GFLOP/s", "measured ms", "fit");
+  std::fprintf(log, "prefill, fastest of %d rounds:\n", kRounds);
+  std::fprintf(log, "%-16s %10s %12s %12s %6s\n", "prefill tokens", "after",
+               "GFLOP/s", "measured ms", "fit");
   for (const planning::PrefillSample &s : samples) {
     double predicted = fitted.prefillSeconds(s.position, s.position + s.tokens,
                                              config.numLayers);
-    std::printf(
-        "%-16lld %10lld %12.2f %12.2f %+5.0f%%\n", (long long)s.tokens,
+    std::fprintf(
+        log, "%-16lld %10lld %12.2f %12.2f %+5.0f%%\n", (long long)s.tokens,
         (long long)s.position,
         cost.prefillFlops(s.position, s.position + s.tokens, config.numLayers) /
             s.seconds / 1e9,
         s.seconds * 1e3, (predicted / s.seconds - 1) * 100);
   }
   if (fit.attentionFlops > 0)
-    std::printf("fit: GEMMs at %.2f GFLOP/s, half rate at %.0f tokens; "
-                "attention at %.2f GFLOP/s; every chunk within %.0f%%\n",
-                fit.denseFlops / 1e9, fit.halfTokens, fit.attentionFlops / 1e9,
-                fit.worstError * 100);
+    std::fprintf(log,
+                 "fit: GEMMs at %.2f GFLOP/s, half rate at %.0f tokens; "
+                 "attention at %.2f GFLOP/s; every chunk within %.0f%%\n",
+                 fit.denseFlops / 1e9, fit.halfTokens, fit.attentionFlops / 1e9,
+                 fit.worstError * 100);
   else
-    std::printf("fit: GEMMs at %.2f GFLOP/s, half rate at %.0f tokens; "
-                "attention priced as GEMMs (the chunks do not separate it); "
-                "every chunk within %.0f%%\n",
-                fit.denseFlops / 1e9, fit.halfTokens, fit.worstError * 100);
+    std::fprintf(log,
+                 "fit: GEMMs at %.2f GFLOP/s, half rate at %.0f tokens; "
+                 "attention priced as GEMMs (the chunks do not separate it); "
+                 "every chunk within %.0f%%\n",
+                 fit.denseFlops / 1e9, fit.halfTokens, fit.worstError * 100);
 
-  // Copy bandwidth: memory and the (host-to-host) link.
+  // The backend's upload bandwidth: its memory and link (on the CPU
+  // backend, a host-to-host copy).
   {
-    std::vector<char> from(size_t(256) << 20, 1), to(from.size());
-    double seconds =
-        bestOf(3, [&] { std::memcpy(to.data(), from.data(), from.size()); });
-    double gbs = double(from.size()) / seconds / 1e9;
-    std::printf("copy bandwidth: %.2f GB/s\n", gbs);
+    KVC_ASSIGN_OR_RETURN(gbs, backend.uploadGBs());
+    std::fprintf(log, "copy bandwidth: %.2f GB/s\n", gbs);
     c.memGBs = gbs;
     target.link.h2dGBs = target.link.d2hGBs = gbs;
   }
@@ -186,16 +171,17 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
     else if (tier.kind == TierDesc::Kind::Disk)
       url = "file://" + scratchDir + "/kvc-calibrate-" + tier.name;
     if (url.empty()) {
-      std::printf("tier %s: %.2f GB/s (kept: remote tiers are not measured)\n",
-                  tier.name.c_str(), tier.readGBs);
+      std::fprintf(log,
+                   "tier %s: %.2f GB/s (kept: remote tiers are not measured)\n",
+                   tier.name.c_str(), tier.readGBs);
       continue;
     }
     StatusOr<double> gbs = tierReadGBs(url);
     if (!gbs)
       return gbs.status().withContext("tier " + tier.name);
     tier.readGBs = *gbs;
-    std::printf("tier %s (%s): %.2f GB/s read\n", tier.name.c_str(),
-                url.c_str(), *gbs);
+    std::fprintf(log, "tier %s (%s): %.2f GB/s read\n", tier.name.c_str(),
+                 url.c_str(), *gbs);
     if (tier.kind == TierDesc::Kind::Disk) {
       std::error_code ignored;
       std::filesystem::remove_all(scratchDir + "/kvc-calibrate-" + tier.name,
@@ -210,7 +196,7 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
   {
     const int64_t tokens = std::min<int64_t>(256, config.maxPositions);
     std::vector<int32_t> ids = calibrationTokens(config, tokens);
-    LlamaModel::Cache cache = model.newCache();
+    ModelCompute::Cache cache = model.newCache();
     KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
     const KVObjects kv = kvObjects(model, cache, tokens);
     auto measure = [&](CodecStage stage, std::optional<CodecSpec::Quant> on,
@@ -229,10 +215,11 @@ StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc target,
                                   }),
                    codecs.end());
       codecs.push_back(measured);
-      std::printf("codec %-8s on %-4s (as %s): encode %7.2f, decode %7.2f "
-                  "GB/s per core\n",
-                  name(stage), on ? codecDataName(*on) : "any",
-                  codec.str().c_str(), measured.encodeGBs, measured.decodeGBs);
+      std::fprintf(log,
+                   "codec %-8s on %-4s (as %s): encode %7.2f, decode %7.2f "
+                   "GB/s per core\n",
+                   name(stage), on ? codecDataName(*on) : "any",
+                   codec.str().c_str(), measured.encodeGBs, measured.decodeGBs);
       return Status::ok();
     };
     const CodecSpec::Quant widths[] = {

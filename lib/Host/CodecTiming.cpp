@@ -1,6 +1,6 @@
 //===- CodecTiming.cpp - Per-core rates of a codec's stages ---------------===//
 
-#include "CodecTiming.h"
+#include "kvc/Host/CodecTiming.h"
 #include "kvc/Runtime/Base/Clock.h"
 
 namespace kvc {
@@ -12,7 +12,7 @@ double KVObjects::rawBytes() const {
   return bytes;
 }
 
-KVObjects kvObjects(const LlamaModel &model, const LlamaModel::Cache &cache,
+KVObjects kvObjects(const ModelCompute &model, const ModelCompute::Cache &cache,
                     int64_t tokens) {
   const ModelConfig &config = model.config();
   KVObjects kv;

@@ -1,22 +1,25 @@
-//===- Calibrate.h - kvc-run calibrate ---------------------------*- C++ -*-===//
+//===- Calibrate.h - A target description measured ---------------*- C++
+//-*-===//
 
-#ifndef KVC_TOOLS_KVC_RUN_CALIBRATE_H
-#define KVC_TOOLS_KVC_RUN_CALIBRATE_H
+#ifndef KVC_HOST_CALIBRATE_H
+#define KVC_HOST_CALIBRATE_H
 
+#include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
-#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include <cstdio>
 
 namespace kvc {
 
-/// Measures this machine and returns `base` with the measured values in
-/// place, for the CPU backend:
+/// Measures this machine and `backend` and returns `base` with the measured
+/// values in place:
 ///   - compute: prefills of `model` at chunk sizes of 16-512 tokens and of a
 ///     256-token chunk after prefixes of up to 1536, fitted jointly to the
 ///     cost model's price of them (planning::fitComputeRates: dense_tflops,
 ///     gemm_half_tokens, attention_tflops; gemm_peak_fraction and
 ///     restore_share kept);
-///   - memory and link: single-thread copy bandwidth (the CPU backend's
-///     "device" is host memory);
+///   - memory and link: the backend's upload bandwidth (on the CPU backend a
+///     single-thread copy: its "device" is host memory);
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
 ///     file:// under `scratchDir` (warm page cache) for disk tiers; remote
 ///     tiers keep `base`'s values.
@@ -24,9 +27,10 @@ namespace kvc {
 ///     Hadamard transform and of the deflate, zstd and lz4 stages on this
 ///     model's KV at each width (raw, int8, int4, int2), in objects of one
 ///     layer of 256 tokens decoded to bf16 (CodecTiming.h).
-/// Prints each measurement.
-StatusOr<TargetDesc> calibrate(const LlamaModel &model, TargetDesc base,
-                               const std::string &scratchDir);
+/// Prints each measurement to `log`.
+StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
+                               TargetDesc base, const std::string &scratchDir,
+                               std::FILE *log = stdout);
 
 /// Calibration's reference measurement: one chunk prefilled from position
 /// 0, measured (median of 3) and as the cost model for `target` prices it.
@@ -37,9 +41,10 @@ struct ReferenceChunk {
   double measuredSeconds = 0;
   double predictedSeconds = 0;
 };
-StatusOr<ReferenceChunk> measureReferenceChunk(const LlamaModel &model,
+StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
+                                               const ModelCompute &model,
                                                const TargetDesc &target);
 
 } // namespace kvc
 
-#endif // KVC_TOOLS_KVC_RUN_CALIBRATE_H
+#endif // KVC_HOST_CALIBRATE_H

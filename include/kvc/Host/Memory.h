@@ -1,5 +1,4 @@
-//===- Memory.h - Resident memory of kvc-run ---------------------*- C++
-//-*-===//
+//===- Memory.h - Resident memory of the process ----------------*- C++ -*-===//
 //
 // The process's resident set from Linux's /proc/self/status, and its peak
 // reset through /proc/self/clear_refs, so that one phase (a restore) can be
@@ -8,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_TOOLS_KVC_RUN_MEMORY_H
-#define KVC_TOOLS_KVC_RUN_MEMORY_H
+#ifndef KVC_HOST_MEMORY_H
+#define KVC_HOST_MEMORY_H
 
 #include <cstdint>
 #include <fstream>
@@ -40,8 +39,10 @@ inline int64_t availableMemoryBytes() {
 }
 
 /// Starts the peak over from the current resident set.
-inline void resetPeakResident() { std::ofstream("/proc/self/clear_refs") << "5"; }
+inline void resetPeakResident() {
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
 
 } // namespace kvc
 
-#endif // KVC_TOOLS_KVC_RUN_MEMORY_H
+#endif // KVC_HOST_MEMORY_H

@@ -6,11 +6,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_TOOLS_KVC_RUN_CODECTIMING_H
-#define KVC_TOOLS_KVC_RUN_CODECTIMING_H
+#ifndef KVC_HOST_CODECTIMING_H
+#define KVC_HOST_CODECTIMING_H
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
-#include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/ModelCompute.h"
 
 #include <vector>
 
@@ -28,7 +28,7 @@ struct KVObjects {
 };
 
 /// The first `tokens` tokens' KV of `cache`, one object per layer.
-KVObjects kvObjects(const LlamaModel &model, const LlamaModel::Cache &cache,
+KVObjects kvObjects(const ModelCompute &model, const ModelCompute::Cache &cache,
                     int64_t tokens);
 
 /// Per-core rates in GB/s; 0 where a stage is absent.
@@ -44,4 +44,4 @@ StatusOr<CodecRates> timeCodec(const KVObjects &kv, const CodecSpec &codec);
 
 } // namespace kvc
 
-#endif // KVC_TOOLS_KVC_RUN_CODECTIMING_H
+#endif // KVC_HOST_CODECTIMING_H

@@ -1,0 +1,64 @@
+//===- Measure.h - Restores measured and verified ----------------*- C++
+//-*-===//
+//
+// A request restored many times (kvc-run restore and compare, benchmarks):
+// each run into a fresh paged cache, its memory measured, optionally
+// verified against a full prefill computed once; and the statistics
+// compare reports over several runs of several plans.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_HOST_MEASURE_H
+#define KVC_HOST_MEASURE_H
+
+#include "kvc/Runtime/Exec/Executor.h"
+
+#include <optional>
+#include <vector>
+
+namespace kvc::host {
+
+/// A request, its store and the full prefill verification compares with.
+struct MeasuredRequest {
+  Backend *backend = nullptr; ///< The CPU backend when null.
+  const ModelCompute *model = nullptr;
+  std::vector<int32_t> tokens;
+  ChunkStore *store = nullptr;
+  /// A full prefill of the request, computed on the first verification.
+  std::optional<ModelCompute::Cache> reference;
+};
+
+struct PlanRun {
+  RestoreMetrics metrics;
+  std::optional<RestoreError> error; ///< If verified.
+  /// Resident memory before the restore (model, request, empty paged cache)
+  /// and at its peak; the paged cache's size.
+  int64_t residentBefore = 0, residentPeak = 0, cacheBytes = 0;
+};
+
+/// Restores the request with `plan` into a fresh paged cache on pools of
+/// the plan's lanes; verifies the cache when asked.
+StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
+                          const RestoreOptions &options, bool verify);
+
+/// For each plan, the first plan with its schedule (itself when none
+/// before has it): a plan with an earlier one's schedule (the joint plan
+/// choosing Cake's split) is that plan, measured once, so that run-to-run
+/// noise does not rank a plan against itself.
+std::vector<std::size_t> sameSchedules(const std::vector<BundlePlan> &plans);
+
+/// Several verified runs of one plan: the fastest (held against the
+/// prediction, as calibration takes the fastest of its rounds: a
+/// co-tenant's load slows runs for seconds at a time, and the fastest is
+/// the one it did not slow), the median beside it, and the worst error of
+/// them all.
+struct PlanSummary {
+  PlanRun fastest;
+  double medianSeconds = 0;
+  RestoreError worstError;
+};
+PlanSummary summarize(std::vector<PlanRun> runs);
+
+} // namespace kvc::host
+
+#endif // KVC_HOST_MEASURE_H

@@ -1,0 +1,123 @@
+//===- Session.h - Restoring and saving a server's requests ------*- C++
+//-*-===//
+//
+// The calls a server makes around its forward pass, over the runtime:
+//
+//   planRestore    what the stores hold for a request -> a plan bundle,
+//                  through a PlanHook (kvc-run binds it to the compiler; a
+//                  server without LLVM passes bundles it compiled ahead)
+//   RestoreHandle  runs a plan in the background into the server's paged
+//                  cache and block table; the server waits for layer i
+//                  while later layers still load
+//   saveFromCache  writes a request's KV from a paged cache to a store
+//
+// Threading: every call may come from any thread; restores share the
+// ResourcePools (and so the machine's lanes) they are started on. Ownership:
+// the caller owns the model, stores, cache, block table and tokens a
+// restore reads and writes, and keeps them alive until the handle's wait()
+// returns (or the handle is destroyed, which waits). Errors are values.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_HOST_SESSION_H
+#define KVC_HOST_SESSION_H
+
+#include "kvc/Host/Stores.h"
+#include "kvc/Runtime/Exec/Executor.h"
+
+#include <functional>
+#include <thread>
+
+namespace kvc::host {
+
+/// How to plan (the compiler's restore pipeline options).
+struct PlanOptions {
+  /// One plan per strategy: "joint", or a baseline (compute, kv, hidden,
+  /// cake, hcache); "all" is every strategy the sources allow.
+  std::vector<std::string> strategies = {"joint"};
+  int64_t stagingMiB = 256;
+};
+
+/// Compiles a restore of `request` for `target`: one plan per strategy.
+using PlanHook = std::function<StatusOr<PlanBundle>(
+    const ModelCompute &model, const TargetDesc &target,
+    const planning::Request &request, int64_t chunkTokens,
+    const PlanOptions &options)>;
+
+/// The strategies whose loads `sources` allow, in a fixed order: compute,
+/// kv, hidden, cake, hcache, joint.
+std::vector<std::string>
+strategiesFor(const std::vector<planning::Source> &sources);
+
+/// Plans the restore of `tokens` from what `store` holds (on `tier` of
+/// `target`) through `hook`.
+StatusOr<PlanBundle>
+planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
+            const std::vector<int32_t> &tokens, const TargetDesc &target,
+            const std::string &tier, const PlanOptions &options);
+
+/// A paged cache just large enough for a request, its block table, and a
+/// restore target naming them, the model, the request's tokens and `store`
+/// as every tier in `tiers`: what a restore needs when the caller has no
+/// cache of its own (kvc-run). Held by pointer: the target points into it.
+struct Destination {
+  std::unique_ptr<PagedKVCache> cache;
+  BlockTable table;
+  RestoreTarget target;
+};
+StatusOr<std::unique_ptr<Destination>>
+destinationFor(Backend &backend, const ModelCompute &model,
+               const std::vector<int32_t> &tokens, ChunkStore &store,
+               const std::vector<std::string> &tiers);
+
+/// A restore running on a thread of its own (its tasks run on the pools).
+class RestoreHandle {
+public:
+  /// Starts `plan` (copied) into `target`.
+  static std::unique_ptr<RestoreHandle> start(ResourcePools &pools,
+                                              const BundlePlan &plan,
+                                              const RestoreTarget &target,
+                                              RestoreOptions options = {});
+  /// Waits for the restore.
+  ~RestoreHandle();
+
+  /// Blocks until `layer` holds every token of the request (ok), or the
+  /// restore failed (its error), or `timeout` passed (Unavailable).
+  Status waitLayer(
+      int64_t layer,
+      std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
+    return progress_.wait(layer, timeout);
+  }
+  bool layerReady(int64_t layer) const { return progress_.ready(layer); }
+
+  /// Blocks until the restore ends; its metrics or its error. Once.
+  StatusOr<RestoreMetrics> wait();
+
+private:
+  RestoreHandle() = default;
+
+  BundlePlan plan_;
+  RestoreTarget target_;
+  LayerProgress progress_;
+  StatusOr<RestoreMetrics> result_ = Status::ok();
+  std::thread thread_;
+};
+
+struct SaveFromCacheStats {
+  int64_t written = 0, skipped = 0;
+  double seconds = 0;
+};
+
+/// Saves the KV of `tokens` (rows [0, n) of `table` in `cache`) to `store`
+/// with `codec`: a request a server prefilled, kept for later turns. Objects
+/// already stored with `codec` are skipped; one stored with another codec
+/// is an error unless `replace`.
+StatusOr<SaveFromCacheStats>
+saveFromCache(Backend &backend, const PagedKVCache &cache,
+              const BlockTable &table, ChunkStore &store,
+              const std::vector<int32_t> &tokens, const CodecSpec &codec,
+              bool replace = false);
+
+} // namespace kvc::host
+
+#endif // KVC_HOST_SESSION_H

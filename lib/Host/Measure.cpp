@@ -1,0 +1,75 @@
+//===- Measure.cpp - Restores measured and verified -----------------------===//
+
+#include "kvc/Host/Measure.h"
+
+#include "kvc/Host/Memory.h"
+#include "kvc/Host/Session.h"
+
+#include <algorithm>
+
+namespace kvc::host {
+
+StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
+                          const RestoreOptions &options, bool verify) {
+  Backend &backend = request.backend ? *request.backend : cpuBackend();
+  std::vector<std::string> tiers;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.kind == StepKind::Fetch)
+        tiers.push_back(step.tier);
+  KVC_ASSIGN_OR_RETURN(into,
+                       destinationFor(backend, *request.model, request.tokens,
+                                      *request.store, tiers));
+  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  PlanRun run;
+  run.cacheBytes = into->cache->bytes();
+  run.residentBefore = residentBytes();
+  resetPeakResident();
+  KVC_ASSIGN_OR_RETURN(metrics, restore(*pools, plan, into->target, options));
+  run.residentPeak = peakResidentBytes();
+  run.metrics = std::move(metrics);
+  if (verify) {
+    const int64_t n = int64_t(request.tokens.size());
+    if (!request.reference) {
+      request.reference = request.model->newCache();
+      KVC_RETURN_IF_ERROR(
+          request.model->prefill(*request.reference, request.tokens.data(), n));
+    }
+    KVC_ASSIGN_OR_RETURN(error,
+                         restoreError(*request.model, *request.reference, n,
+                                      *into->cache, into->table, backend));
+    run.error = error;
+  }
+  return run;
+}
+
+std::vector<std::size_t> sameSchedules(const std::vector<BundlePlan> &plans) {
+  std::vector<std::size_t> sameAs(plans.size());
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    sameAs[i] = i;
+    for (std::size_t j = 0; j < i && sameAs[i] == i; ++j)
+      if (sameAs[j] == j && plans[i].sameSchedule(plans[j]))
+        sameAs[i] = j;
+  }
+  return sameAs;
+}
+
+PlanSummary summarize(std::vector<PlanRun> runs) {
+  PlanSummary summary;
+  if (runs.empty())
+    return summary;
+  std::sort(runs.begin(), runs.end(), [](const PlanRun &a, const PlanRun &b) {
+    return a.metrics.makespanSeconds < b.metrics.makespanSeconds;
+  });
+  for (const PlanRun &run : runs)
+    if (run.error) {
+      summary.worstError.max = std::max(summary.worstError.max, run.error->max);
+      summary.worstError.relativeL2 =
+          std::max(summary.worstError.relativeL2, run.error->relativeL2);
+    }
+  summary.medianSeconds = runs[runs.size() / 2].metrics.makespanSeconds;
+  summary.fastest = std::move(runs.front());
+  return summary;
+}
+
+} // namespace kvc::host

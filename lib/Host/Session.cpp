@@ -1,0 +1,135 @@
+//===- Session.cpp - Restoring and saving a server's requests -------------===//
+
+#include "kvc/Host/Session.h"
+
+#include "kvc/Runtime/Base/Clock.h"
+
+#include <algorithm>
+
+namespace kvc::host {
+
+std::vector<std::string>
+strategiesFor(const std::vector<planning::Source> &sources) {
+  auto stores = [&](Form form) {
+    return std::any_of(
+        sources.begin(), sources.end(),
+        [&](const planning::Source &source) { return source.form == form; });
+  };
+  const std::optional<Form> kv = Form::KV, hidden = Form::Hidden;
+  const std::pair<const char *, std::optional<Form>> all[] = {
+      {"compute", std::nullopt}, {"kv", kv},
+      {"hidden", hidden},        {"cake", kv},
+      {"hcache", hidden},        {"joint", std::nullopt}};
+  std::vector<std::string> strategies;
+  for (const auto &[name, needs] : all)
+    if (!needs || stores(*needs))
+      strategies.push_back(name);
+  return strategies;
+}
+
+StatusOr<PlanBundle>
+planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
+            const std::vector<int32_t> &tokens, const TargetDesc &target,
+            const std::string &tier, const PlanOptions &options) {
+  if (!hook)
+    return unimplemented("no planner: pass a compiled plan bundle");
+  KVC_ASSIGN_OR_RETURN(matches, matchPrefix(store, tokens));
+  planning::Request request;
+  request.tokens = int64_t(tokens.size());
+  request.sources = sourcesOf(store, matches, request.tokens, tier);
+  PlanOptions resolved = options;
+  if (resolved.strategies == std::vector<std::string>{"all"})
+    resolved.strategies = strategiesFor(request.sources);
+  return hook(model, target, request, store.layout().chunkTokens, resolved);
+}
+
+StatusOr<std::unique_ptr<Destination>>
+destinationFor(Backend &backend, const ModelCompute &model,
+               const std::vector<int32_t> &tokens, ChunkStore &store,
+               const std::vector<std::string> &tiers) {
+  const ModelConfig &config = model.config();
+  PagedCacheConfig cacheConfig;
+  cacheConfig.layers = config.numLayers;
+  cacheConfig.numKvHeads = config.numKvHeads;
+  cacheConfig.headDim = config.headDim;
+  const int64_t n = int64_t(tokens.size());
+  cacheConfig.numBlocks =
+      (n + cacheConfig.blockSize - 1) / cacheConfig.blockSize;
+  auto out = std::make_unique<Destination>();
+  KVC_ASSIGN_OR_RETURN(cache, backend.createCache(cacheConfig));
+  out->cache = std::move(cache);
+  KVC_ASSIGN_OR_RETURN(table, out->cache->allocate(n));
+  out->table = std::move(table);
+  out->target.backend = &backend;
+  out->target.model = &model;
+  for (const std::string &tier : tiers)
+    out->target.stores[tier] = &store;
+  out->target.tokens = &tokens;
+  out->target.cache = out->cache.get();
+  out->target.table = &out->table;
+  return out;
+}
+
+std::unique_ptr<RestoreHandle> RestoreHandle::start(ResourcePools &pools,
+                                                    const BundlePlan &plan,
+                                                    const RestoreTarget &target,
+                                                    RestoreOptions options) {
+  std::unique_ptr<RestoreHandle> handle(new RestoreHandle);
+  handle->plan_ = plan;
+  handle->target_ = target;
+  options.progress = &handle->progress_;
+  RestoreHandle *self = handle.get();
+  handle->thread_ = std::thread([self, &pools, options] {
+    self->result_ = restore(pools, self->plan_, self->target_, options);
+  });
+  return handle;
+}
+
+RestoreHandle::~RestoreHandle() {
+  if (thread_.joinable())
+    thread_.join();
+}
+
+StatusOr<RestoreMetrics> RestoreHandle::wait() {
+  if (!thread_.joinable())
+    return Status(StatusCode::FailedPrecondition,
+                  "the restore was waited for already");
+  thread_.join();
+  return std::move(result_);
+}
+
+StatusOr<SaveFromCacheStats>
+saveFromCache(Backend &backend, const PagedKVCache &cache,
+              const BlockTable &table, ChunkStore &store,
+              const std::vector<int32_t> &tokens, const CodecSpec &codec,
+              bool replace) {
+  const int64_t n = int64_t(tokens.size());
+  const int64_t kvDim = cache.kvDim();
+  if (cache.kvDim() != store.model().numKvHeads * store.model().headDim ||
+      cache.config().layers != store.model().numLayers)
+    return invalidArgument("saveFromCache: the cache does not hold the "
+                           "store's model's KV");
+  if (table.capacity(cache.config().blockSize) < n)
+    return invalidArgument("saveFromCache: the block table holds fewer than " +
+                           std::to_string(n) + " tokens");
+  SaveFromCacheStats stats;
+  Clock::time_point start = Clock::now();
+  std::vector<float> values;
+  for (const ChunkRef &ref : store.refs(tokens.data(), n, Form::KV)) {
+    const int64_t rows = ref.tokenEnd - ref.tokenBegin;
+    values.resize((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim);
+    for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
+      float *k = values.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
+      KVC_RETURN_IF_ERROR(backend.readBack(cache, table, l, ref.tokenBegin,
+                                           rows, k, k + rows * kvDim));
+    }
+    bool written = false;
+    KVC_RETURN_IF_ERROR(
+        store.put(ref, values.data(), codec, &written, replace));
+    ++(written ? stats.written : stats.skipped);
+  }
+  stats.seconds = secondsSince(start);
+  return stats;
+}
+
+} // namespace kvc::host

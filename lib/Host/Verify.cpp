@@ -1,0 +1,52 @@
+//===- Verify.cpp - What a restored cache is held to ----------------------===//
+
+#include "kvc/Host/Verify.h"
+
+#include "kvc/Planning/CodecProfile.h"
+
+#include <algorithm>
+
+namespace kvc::host {
+
+VerifyBound verifyBound(const std::vector<CodecSpec> &codecs,
+                        std::optional<double> maxError) {
+  const planning::CodecProfile &profile = planning::CodecProfile::defaults();
+  VerifyBound bound;
+  bound.relativeL2 = profile.restoreErrorBound(codecs);
+  bool lossy =
+      std::any_of(codecs.begin(), codecs.end(), [&](const CodecSpec &codec) {
+        return profile.quality(codec) > 0;
+      });
+  if (maxError) {
+    bound.max = maxError;
+    bound.maxFrom = "--max-error";
+  } else if (!lossy) {
+    bound.max = 1.0 / 128;
+    bound.maxFrom = "bf16 rounding";
+  }
+  return bound;
+}
+
+std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
+  std::vector<CodecSpec> codecs;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.kind == StepKind::Fetch)
+        codecs.push_back(step.codec);
+  return codecs;
+}
+
+Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
+  if (error.relativeL2 > bound.relativeL2)
+    return Status(StatusCode::DataLoss,
+                  "the restored cache differs from a full prefill by more "
+                  "than the plan's codecs allow");
+  if (bound.max && error.max > *bound.max)
+    return Status(StatusCode::DataLoss,
+                  "the restored cache differs from a full prefill by more "
+                  "than " +
+                      std::string(bound.maxFrom));
+  return Status::ok();
+}
+
+} // namespace kvc::host

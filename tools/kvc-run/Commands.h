@@ -1,0 +1,37 @@
+//===- Commands.h - kvc-run's commands and what they share -------*- C++
+//-*-===//
+
+#ifndef KVC_TOOLS_KVC_RUN_COMMANDS_H
+#define KVC_TOOLS_KVC_RUN_COMMANDS_H
+
+#include "Args.h"
+
+#include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
+
+#include <memory>
+
+namespace kvc::run {
+
+StatusOr<DType> parseDType(const std::string &name);
+
+/// The --store of a request, laid out by --chunk-tokens and --layer-group
+/// and salted by --tenant (save and restore must agree); `access` says
+/// whether a file:// store may be created (a save) or must exist.
+StatusOr<std::unique_ptr<ChunkStore>>
+openStore(Args &args, const LlamaModel &model, TierAccess access);
+
+/// Tokens from --tokens FILE (whitespace-separated ids below the model's
+/// vocabulary) or --random-tokens, at most the model's positions and what
+/// fits in memory.
+StatusOr<std::vector<int32_t>> requestTokens(Args &args,
+                                             const ModelConfig &model);
+
+/// restore, compare and cake (RestoreCommands.cpp).
+Status restoreCommand(Args &args);
+Status compareCommand(Args &args);
+Status cakeCommand(Args &args);
+
+} // namespace kvc::run
+
+#endif // KVC_TOOLS_KVC_RUN_COMMANDS_H

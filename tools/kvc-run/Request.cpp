@@ -1,0 +1,107 @@
+//===- Request.cpp - What kvc-run's commands read a request from ----------===//
+
+#include "Commands.h"
+
+#include "kvc/Host/Memory.h"
+#include "kvc/Host/Stores.h"
+
+#include <fstream>
+#include <random>
+
+namespace kvc::run {
+
+StatusOr<DType> parseDType(const std::string &name) {
+  if (name == "bf16")
+    return DType::BF16;
+  if (name == "f16")
+    return DType::F16;
+  if (name == "f32")
+    return DType::F32;
+  return invalidArgument("--dtype expects bf16, f16 or f32, got " + name);
+}
+
+StatusOr<std::unique_ptr<ChunkStore>>
+openStore(Args &args, const LlamaModel &model, TierAccess access) {
+  host::StoreOptions options;
+  KVC_ASSIGN_OR_RETURN(url, args.required("store"));
+  KVC_ASSIGN_OR_RETURN(
+      chunkTokens, args.integer("chunk-tokens", options.layout.chunkTokens));
+  KVC_ASSIGN_OR_RETURN(layerGroup,
+                       args.integer("layer-group", options.layout.layerGroup));
+  if (chunkTokens <= 0 || layerGroup <= 0)
+    return invalidArgument("--chunk-tokens and --layer-group must be positive");
+  options.url = url;
+  options.layout = {chunkTokens, layerGroup};
+  options.tenant = args.get("tenant");
+  options.access = access;
+  return host::openStore(options, model);
+}
+
+/// Fails when the f32 K and V of `tokens` tokens (what a prefill of them
+/// holds, before any other buffer) exceed the memory this machine has
+/// available: said at once, not after a prefill that would swap or die.
+namespace {
+
+Status checkFits(const ModelConfig &model, int64_t tokens) {
+  const double needed = double(tokens) * double(model.numLayers) * 2.0 *
+                        double(model.numKvHeads * model.headDim) * 4.0;
+  const int64_t available = availableMemoryBytes();
+  if (available > 0 && needed > double(available)) {
+    char text[160];
+    std::snprintf(text, sizeof(text),
+                  "%lld tokens: their K and V alone need %.1f GiB, this "
+                  "machine has %.1f GiB available",
+                  (long long)tokens, needed / double(1 << 30),
+                  double(available) / double(1 << 30));
+    return Status(StatusCode::FailedPrecondition, text);
+  }
+  return Status::ok();
+}
+
+} // namespace
+
+StatusOr<std::vector<int32_t>> requestTokens(Args &args,
+                                             const ModelConfig &model) {
+  std::vector<int32_t> tokens;
+  auto tooLong = [&](const std::string &what, int64_t n) {
+    return invalidArgument(what + ": " + std::to_string(n) +
+                           " tokens, the model holds at most " +
+                           std::to_string(model.maxPositions) + " positions");
+  };
+  if (args.has("tokens")) {
+    KVC_ASSIGN_OR_RETURN(path, args.required("tokens"));
+    std::ifstream in(path);
+    if (!in)
+      return notFound(path + ": cannot open token file");
+    for (std::string word; in >> word;) {
+      char *end = nullptr;
+      errno = 0;
+      long long t = std::strtoll(word.c_str(), &end, 10);
+      if (*end || errno == ERANGE || t < 0 || t >= model.vocabSize)
+        return invalidArgument(
+            path + ": token " + std::to_string(tokens.size() + 1) + " is \"" +
+            word + "\", not a token id below the vocabulary of " +
+            std::to_string(model.vocabSize));
+      if (int64_t(tokens.size()) == model.maxPositions)
+        return tooLong(path, int64_t(tokens.size()) + 1);
+      tokens.push_back(int32_t(t));
+    }
+    if (tokens.empty())
+      return invalidArgument(path + ": no tokens");
+    KVC_RETURN_IF_ERROR(checkFits(model, int64_t(tokens.size())));
+    return tokens;
+  }
+  KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 0));
+  KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
+  if (count <= 0)
+    return invalidArgument("give --tokens FILE or --random-tokens N");
+  if (count > model.maxPositions)
+    return tooLong("--random-tokens", count);
+  KVC_RETURN_IF_ERROR(checkFits(model, count));
+  std::mt19937_64 rng{uint64_t(seed)};
+  for (int64_t i = 0; i < count; ++i)
+    tokens.push_back(int32_t(rng() % uint64_t(model.vocabSize)));
+  return tokens;
+}
+
+} // namespace kvc::run

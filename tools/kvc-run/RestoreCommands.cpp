@@ -1,0 +1,466 @@
+//===- RestoreCommands.cpp - kvc-run restore, compare and cake ------------===//
+//
+// Restores of a request from a store, by a bundle's plan or plans compiled
+// in-process (--strategy), printed beside the compiler's predictions and
+// verified against a full prefill; compare runs every plan in rounds and
+// prints one table; cake runs Cake's dynamic walk.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Commands.h"
+
+#include "kvc/Host/Calibrate.h"
+#include "kvc/Host/Measure.h"
+#include "kvc/Host/Session.h"
+#include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Exec/DynamicCake.h"
+
+#ifdef KVC_RUN_WITH_COMPILER
+#include "kvc/Transforms/CompileRestore.h"
+#endif
+
+#include <algorithm>
+#include <sstream>
+
+namespace kvc::run {
+
+using namespace kvc::host;
+
+StatusOr<std::optional<double>> maxErrorOption(Args &args) {
+  if (!args.has("max-error"))
+    return std::optional<double>();
+  std::string text = args.get("max-error");
+  double value = std::strtod(text.c_str(), nullptr);
+  if (!(value > 0))
+    return invalidArgument("--max-error expects a positive number, got " +
+                           text);
+  return std::optional<double>(value);
+}
+
+/// Prints a verification and fails above the bound.
+Status reportVerification(const RestoreError &error, const VerifyBound &bound) {
+  Status status = checkVerification(error, bound);
+  std::printf("verify: against a full prefill, max error %.3g", error.max);
+  if (bound.max)
+    std::printf(" (bound %.3g)", *bound.max);
+  std::printf(", relative L2 %.3g (bound %.3g): %s\n", error.relativeL2,
+              bound.relativeL2, status.isOk() ? "ok" : "FAILED");
+  return status;
+}
+
+/// What restore and compare share: the model, the request, the store and
+/// plans for them (from a bundle, or compiled in-process).
+struct RestoreSetup {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<ChunkStore> store;
+  /// The request over them (its tokens, the reference prefill).
+  MeasuredRequest request;
+  std::string planSource; ///< The bundle's path, or "--strategy", for messages.
+  PlanBundle bundle;
+  std::optional<double> maxError; ///< --max-error, when given.
+  /// The target planned for (--strategy), for compare's machine check.
+  std::optional<TargetDesc> target;
+};
+
+/// The planning hook kvc-run binds: the compiler in-process.
+PlanHook compilerHook() {
+#ifdef KVC_RUN_WITH_COMPILER
+  return [](const ModelCompute &model, const TargetDesc &target,
+            const planning::Request &request, int64_t chunkTokens,
+            const PlanOptions &options) {
+    CompileRestoreOptions compile;
+    compile.strategies = options.strategies;
+    compile.chunkTokens = chunkTokens;
+    compile.stagingMiB = options.stagingMiB;
+    return compileRestore(model.config(), model.fingerprint(), target, request,
+                          compile);
+  };
+#else
+  return {};
+#endif
+}
+
+/// Prints what `store` holds of the request: the planner's sources.
+Status printStored(ChunkStore &store, const std::vector<int32_t> &tokens) {
+  KVC_ASSIGN_OR_RETURN(matches, matchPrefix(store, tokens));
+  const int64_t n = int64_t(tokens.size());
+  for (const PrefixMatch &match : matches) {
+    if (match.tokens < n) {
+      std::printf("store: %s for tokens 0 to %lld of %lld (not planned)\n",
+                  name(match.form), (long long)match.tokens, (long long)n);
+      continue;
+    }
+    std::printf("store: %s for every token, codec %s", name(match.form),
+                match.codec.str().c_str());
+    if (store.layout().layerGroup > 1)
+      std::printf(", %lld layers per object",
+                  (long long)store.layout().layerGroup);
+    std::printf("\n");
+  }
+  return Status::ok();
+}
+
+/// --strategy: plans the request in-process for --target, one plan per
+/// strategy; `all` takes every strategy the store's sources allow.
+StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
+                                       ChunkStore &store,
+                                       const std::vector<int32_t> &tokens,
+                                       const std::string &list,
+                                       std::optional<TargetDesc> &plannedFor) {
+  PlanHook hook = compilerHook();
+  if (!hook)
+    return unimplemented("--strategy plans with the compiler, which this "
+                         "kvc-run was built without (KVC_BUILD_COMPILER=OFF); "
+                         "compile a bundle with kvc-opt and pass --bundle");
+  KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
+  KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
+  KVC_ASSIGN_OR_RETURN(stagingMiB, args.integer("staging-mib", 256));
+  KVC_ASSIGN_OR_RETURN(tier, storeTier(target, store.tier(), args.get("tier")));
+  std::printf("planning for %s: the store is tier %s at %.3g GB/s",
+              target.name.c_str(), tier->name.c_str(), tier->readGBs);
+  // A ?gbps= throttle is in gigabits per second, as links are quoted.
+  if (double gbps = store.tier().throttleGBs())
+    std::printf(" (its ?gbps=%.3g throttle, gigabits per second)", gbps * 8);
+  std::printf("\n");
+  KVC_RETURN_IF_ERROR(printStored(store, tokens));
+  PlanOptions options;
+  options.stagingMiB = stagingMiB;
+  options.strategies.clear();
+  std::stringstream names(list);
+  for (std::string name; std::getline(names, name, ',');)
+    options.strategies.push_back(name);
+  plannedFor = target;
+  return planRestore(hook, model, store, tokens, target, tier->name, options);
+}
+
+/// `defaultStrategy` is what --strategy means when given without a value.
+StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
+                                        const std::string &defaultStrategy) {
+  RestoreSetup setup;
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
+  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
+  setup.maxError = maxError;
+  if (args.has("bundle") == args.has("strategy"))
+    return invalidArgument("give either --bundle FILE or --strategy");
+  KVC_RETURN_IF_ERROR(matchPrefix(*store, tokens).status());
+  if (args.has("strategy")) {
+    setup.planSource = "--strategy";
+    const std::string list =
+        args.get("strategy").empty() ? defaultStrategy : args.get("strategy");
+    KVC_ASSIGN_OR_RETURN(bundle, compileStrategies(args, *model, *store, tokens,
+                                                   list, setup.target));
+    setup.bundle = std::move(bundle);
+  } else {
+    setup.planSource = args.get("bundle");
+    KVC_ASSIGN_OR_RETURN(bundle, readPlanBundle(setup.planSource));
+    setup.bundle = std::move(bundle);
+  }
+  const std::string &compiledFor = setup.bundle.modelFingerprint;
+  if (!compiledFor.empty() && compiledFor != model->fingerprint())
+    return Status(StatusCode::FailedPrecondition,
+                  setup.planSource + " was compiled for model " +
+                      compiledFor.substr(0, 16) + ", not " +
+                      model->fingerprint().substr(0, 16));
+  setup.model = std::move(model);
+  setup.store = std::move(store);
+  setup.request.model = setup.model.get();
+  setup.request.store = setup.store.get();
+  setup.request.tokens = std::move(tokens);
+  return setup;
+}
+
+/// Prints the chunks a restore recomputed instead of loading, and the
+/// exact context it held to do so.
+void printFallbacks(const RestoreMetrics &metrics) {
+  for (const std::string &event : metrics.fallbacks)
+    std::printf("  fallback: %s\n", event.c_str());
+  if (metrics.exactContextBytes > 0)
+    std::printf("  exact context %.3f MB (a private prefill the fallbacks "
+                "recomputed over)\n",
+                double(metrics.exactContextBytes) * 1e-6);
+}
+
+/// Prints a dynamic Cake run: where the sides met, beside `predictedBy`'s
+/// merge point when there is one.
+void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
+                      const char *predictedBy) {
+  std::printf("restored %zu tokens with dynamic Cake: %.3f ms; computed %lld "
+              "chunks, loaded %lld; merge point at token %lld",
+              tokens, result.metrics.makespanSeconds * 1e3,
+              (long long)result.chunksComputed, (long long)result.chunksLoaded,
+              (long long)result.mergeToken);
+  if (result.predictedMergeToken)
+    std::printf(" (%s: %lld)", predictedBy,
+                (long long)*result.predictedMergeToken);
+  std::printf("\n");
+  printFallbacks(result.metrics);
+}
+
+/// restore --dynamic: runs a Cake-shaped plan as Cake's two-sided walk, on
+/// the plan's tier, lanes and codec; the plan's merge point is the
+/// prediction the run reports against.
+Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
+                      const RestoreOptions &run, bool verify) {
+  KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
+  KVC_ASSIGN_OR_RETURN(into, destinationFor(cpuBackend(), *setup.model,
+                                            setup.request.tokens, *setup.store,
+                                            {options.tier}));
+  KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(result,
+                       restoreDynamicCake(*pools, into->target, options, run));
+  printDynamicCake(result, setup.request.tokens.size(),
+                   ("plan " + plan.name).c_str());
+  if (!run.tracePath.empty())
+    std::printf("  trace: %s\n", run.tracePath.c_str());
+  if (!verify)
+    return Status::ok();
+  KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.request.tokens,
+                                           *into->cache, into->table));
+  return reportVerification(error,
+                            verifyBound(planCodecs(plan), setup.maxError));
+}
+
+/// Restores a request by running one plan of a bundle into a paged cache;
+/// prints measured beside predicted, and with --verify the error against a
+/// full prefill (failing above --max-error, by default bf16 rounding).
+Status restoreCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(setup, loadRestoreSetup(args, "joint"));
+  std::string planName = args.get("plan");
+  bool verify = args.has("verify");
+  bool dynamic = args.has("dynamic");
+  RestoreOptions options;
+  options.tracePath = args.get("trace");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  const PlanBundle &bundle = setup.bundle;
+  const BundlePlan *plan = planName.empty() && bundle.plans.size() == 1
+                               ? &bundle.plans.front()
+                               : bundle.findPlan(planName);
+  if (!plan)
+    return invalidArgument(planName.empty()
+                               ? setup.planSource + " holds several plans: "
+                                                    "name one with --plan"
+                               : setup.planSource + " has no plan " + planName);
+  if (dynamic)
+    return restoreDynamic(setup, *plan, options, verify);
+  KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify));
+  const RestoreMetrics &metrics = run.metrics;
+  std::printf("restored %zu tokens with plan %s: %.3f ms measured",
+              setup.request.tokens.size(), plan->name.c_str(),
+              metrics.makespanSeconds * 1e3);
+  if (metrics.predictedSeconds)
+    std::printf(", %.3f ms predicted", *metrics.predictedSeconds * 1e3);
+  std::printf(", %.3f GFLOP (plan: %.3f)\n", metrics.flops * 1e-9,
+              metrics.plannedFlops * 1e-9);
+  // Measured, and beside it what the compiler predicted where it did.
+  auto predicted = [](const auto &map, const std::string &key, double scale,
+                      const char *unit) {
+    auto it = map.find(key);
+    if (it != map.end())
+      std::printf(" (predicted %.3f %s)", double(it->second) * scale, unit);
+    std::printf("\n");
+  };
+  for (const auto &[resource, seconds] : metrics.busySeconds) {
+    std::printf("  busy %-10s %.3f ms", resource.c_str(), seconds * 1e3);
+    predicted(metrics.predictedBusySeconds, resource, 1e3, "ms");
+  }
+  for (const auto &[tier, bytes] : metrics.bytesRead) {
+    std::printf("  read %-10s %.3f MB", tier.c_str(), double(bytes) * 1e-6);
+    predicted(metrics.predictedBytesRead, tier, 1e-6, "MB");
+  }
+  std::printf("  staging  %.3f MB in %lld slot(s)\n",
+              double(metrics.stagingBytes) * 1e-6,
+              (long long)plan->stagingSlots);
+  std::printf("  memory   %.1f MB resident before the restore (paged cache "
+              "%.1f MB), peak %.1f MB: %.1f MB above\n",
+              double(run.residentBefore) * 1e-6, double(run.cacheBytes) * 1e-6,
+              double(run.residentPeak) * 1e-6,
+              double(run.residentPeak - run.residentBefore) * 1e-6);
+  printFallbacks(metrics);
+  if (!options.tracePath.empty())
+    std::printf("  trace: %s\n", options.tracePath.c_str());
+  if (run.error)
+    return reportVerification(*run.error,
+                              verifyBound(planCodecs(*plan), setup.maxError));
+  return Status::ok();
+}
+
+/// Restores the request with every plan of a bundle, verifies each, and
+/// prints one table: predicted and measured time, bytes read, FLOPs,
+/// fallbacks, error, and the measured speedup over every other plan.
+Status compareCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(setup, loadRestoreSetup(args, "all"));
+  KVC_ASSIGN_OR_RETURN(repeat, args.integer("repeat", 1));
+  if (repeat <= 0)
+    return invalidArgument("--repeat must be positive");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  const std::vector<BundlePlan> &plans = setup.bundle.plans;
+  // A plan with the schedule of an earlier one is measured once and shown
+  // for both (sameSchedules).
+  const std::vector<std::size_t> sameAs = sameSchedules(plans);
+  // One restore first, unmeasured: the first restore of a process pays for
+  // thread pools, allocator growth and first-touch page faults (on this VM
+  // 30-40% more than later ones), which would otherwise land on one plan.
+  if (!plans.empty())
+    KVC_RETURN_IF_ERROR(
+        runPlan(setup.request, plans.front(), {}, /*verify=*/false).status());
+  // Each plan `repeat` times, round robin so that a noisy stretch of the
+  // machine does not land on one plan. With a target, calibration's
+  // reference chunk is timed before each round too: predictions hold while
+  // the machine runs at the speed it was calibrated at, and these timings
+  // say whether it did.
+  std::vector<std::vector<PlanRun>> all(plans.size());
+  std::vector<double> probes;
+  std::optional<Progress> progress(std::in_place);
+  double price = 0;
+  int64_t probeTokens = 0;
+  for (int64_t r = 0; r < repeat; ++r) {
+    if (setup.target) {
+      KVC_ASSIGN_OR_RETURN(
+          probe,
+          measureReferenceChunk(cpuBackend(), *setup.model, *setup.target));
+      probes.push_back(probe.measuredSeconds);
+      price = probe.predictedSeconds;
+      probeTokens = probe.tokens;
+    }
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (sameAs[i] != i)
+        continue;
+      progress->show("compare: round " + std::to_string(r + 1) + " of " +
+                     std::to_string(repeat) + ", plan " + plans[i].name);
+      // Every run is verified (after its timing): a run that goes wrong
+      // once in a while fails the comparison too.
+      KVC_ASSIGN_OR_RETURN(
+          run, runPlan(setup.request, plans[i], {}, /*verify=*/true));
+      all[i].push_back(std::move(run));
+    }
+  }
+  progress.reset(); // Erased before the table.
+  if (!probes.empty()) {
+    double typical = median(probes);
+    std::printf("machine: a %lld-token chunk from position 0 took %.2f ms",
+                (long long)probeTokens, typical * 1e3);
+    if (probes.size() > 1)
+      std::printf(" at the median of %zu rounds (%.2f to %.2f)", probes.size(),
+                  *std::min_element(probes.begin(), probes.end()) * 1e3,
+                  *std::max_element(probes.begin(), probes.end()) * 1e3);
+    std::printf(", %s prices it at %.2f ms (%+.0f%%)\n",
+                setup.target->name.c_str(), price * 1e3,
+                (typical / price - 1) * 100);
+    // Not even the fastest timing reached the calibrated speed: the
+    // machine was slower throughout, and `off` measures that, not the model.
+    double quickest = *std::min_element(probes.begin(), probes.end());
+    if (quickest > 1.1 * price)
+      std::printf("(the machine never ran at the speed %s prices: its "
+                  "fastest timing was %+.0f%% over the price, so off "
+                  "measures the machine, not the cost model; %s)\n",
+                  setup.target->name.c_str(), (quickest / price - 1) * 100,
+                  setup.target->calibrated
+                      ? "it ran slower than when it was calibrated (a "
+                        "loaded machine?)"
+                      : "calibrate first");
+  }
+  // The fastest run is held against the prediction, the median shown
+  // beside it (summarize says why).
+  std::vector<PlanRun> runs;
+  std::vector<double> medians;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (sameAs[i] != i) {
+      runs.push_back(runs[sameAs[i]]);
+      medians.push_back(medians[sameAs[i]]);
+      continue;
+    }
+    // The table shows (and verification holds) the worst error of them all.
+    PlanSummary summary = summarize(std::move(all[i]));
+    medians.push_back(summary.medianSeconds);
+    runs.push_back(std::move(summary.fastest));
+    runs.back().error = summary.worstError;
+  }
+  std::printf("%-10s %12s %10s %6s %10s %10s %9s %6s %10s %9s", "plan",
+              "predicted ms", "fastest ms", "off", "median ms", "read MB",
+              "GFLOP", "fallbk", "max error", "L2 error");
+  for (const BundlePlan &base : plans)
+    std::printf(" %10s", ("vs " + base.name).substr(0, 10).c_str());
+  std::printf("\n");
+  Status worst;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const RestoreMetrics &m = runs[i].metrics;
+    int64_t bytes = 0;
+    for (const auto &[tier, b] : m.bytesRead)
+      bytes += b;
+    char predicted[32] = "-", off[32] = "-";
+    if (m.predictedSeconds) {
+      std::snprintf(predicted, sizeof(predicted), "%.3f",
+                    *m.predictedSeconds * 1e3);
+      std::snprintf(off, sizeof(off), "%+.0f%%",
+                    (m.makespanSeconds / *m.predictedSeconds - 1) * 100);
+    }
+    std::printf("%-10s %12s %10.3f %6s %10.3f %10.3f %9.3f %6zu %10.3g %9.3g",
+                plans[i].name.c_str(), predicted, m.makespanSeconds * 1e3, off,
+                medians[i] * 1e3, double(bytes) * 1e-6, m.flops * 1e-9,
+                m.fallbacks.size(), runs[i].error->max,
+                runs[i].error->relativeL2);
+    for (const PlanRun &base : runs)
+      std::printf(" %9.2fx", base.metrics.makespanSeconds / m.makespanSeconds);
+    std::printf("\n");
+    if (worst.isOk())
+      worst =
+          checkVerification(*runs[i].error,
+                            verifyBound(planCodecs(plans[i]), setup.maxError))
+              .withContext("plan " + plans[i].name);
+  }
+  for (std::size_t i = 0; i < plans.size(); ++i)
+    if (sameAs[i] != i)
+      std::printf("(%s is the same schedule as %s: measured once, shown for "
+                  "both)\n",
+                  plans[i].name.c_str(), plans[sameAs[i]].name.c_str());
+  if (repeat > 1)
+    std::printf("(of %lld runs each: off and the speedups compare the "
+                "fastest runs; every run was verified, the errors are the "
+                "worst)\n",
+                (long long)repeat);
+  std::printf("verify: every plan within what its codecs allow of a full "
+              "prefill: %s\n",
+              worst.isOk() ? "ok" : "FAILED");
+  return worst;
+}
+
+/// Restores with Cake's dynamic mode: compute from the front, KV loads from
+/// the back of the store's chunks, meeting where this run's rates put them.
+Status cakeCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
+  KVC_RETURN_IF_ERROR(matchPrefix(*store, tokens).status());
+  KVC_ASSIGN_OR_RETURN(lanes, args.integer("io-lanes", 2));
+  KVC_ASSIGN_OR_RETURN(predicted, args.integer("predicted-merge", -1));
+  bool verify = args.has("verify");
+  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  KVC_ASSIGN_OR_RETURN(
+      into, destinationFor(cpuBackend(), *model, tokens, *store, {"store"}));
+  KVC_ASSIGN_OR_RETURN(
+      pools,
+      ResourcePools::create({{poolName(Resource::Compute), 1},
+                             {poolName(Resource::IO, "store"), int(lanes)}}));
+  DynamicCakeOptions options;
+  options.tier = "store";
+  if (predicted >= 0)
+    options.predictedMergeToken = predicted;
+  KVC_ASSIGN_OR_RETURN(result,
+                       restoreDynamicCake(*pools, into->target, options));
+  printDynamicCake(result, tokens.size(), "compiler");
+  if (!verify)
+    return Status::ok();
+  KVC_ASSIGN_OR_RETURN(error,
+                       restoreError(*model, tokens, *into->cache, into->table));
+  KVC_ASSIGN_OR_RETURN(
+      extent, store->stored(tokens.data(), int64_t(tokens.size()), Form::KV));
+  return reportVerification(error, verifyBound({extent.codec}, maxError));
+}
+
+} // namespace kvc::run

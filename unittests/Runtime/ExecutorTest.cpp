@@ -170,16 +170,23 @@ protected:
                                         model.fingerprint(), "", layout);
   }
 
-  StatusOr<RestoreMetrics> run(const BundlePlan &plan, BlockTable &table,
-                               ChunkStore *store = nullptr) {
-    EXPECT_TRUE(validatePlanBundle(PlanBundle{1, "", {plan}}).isOk());
+  /// The request restored into `table` of the test's cache from `store`
+  /// (the test's by default) as tier "dram".
+  RestoreTarget targetFor(const BlockTable &table,
+                          ChunkStore *store = nullptr) {
     RestoreTarget target;
     target.model = model_.get();
     target.stores["dram"] = store ? store : store_.get();
     target.tokens = &tokens_;
     target.cache = cache_.get();
     target.table = &table;
-    return restore(*pools_, plan, target);
+    return target;
+  }
+
+  StatusOr<RestoreMetrics> run(const BundlePlan &plan, BlockTable &table,
+                               ChunkStore *store = nullptr) {
+    EXPECT_TRUE(validatePlanBundle(PlanBundle{1, "", {plan}}).isOk());
+    return restore(*pools_, plan, targetFor(table, store));
   }
 
   /// Largest error of the restored cache against the full prefill, relative
@@ -541,12 +548,7 @@ TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
   tier_ = gate;
   std::unique_ptr<ChunkStore> gated = makeStore(*model_);
   BlockTable table = *cache_->allocate(kTokens);
-  RestoreTarget target;
-  target.model = model_.get();
-  target.stores["dram"] = gated.get();
-  target.tokens = &tokens_;
-  target.cache = cache_.get();
-  target.table = &table;
+  RestoreTarget target = targetFor(table, gated.get());
   LayerProgress progress;
   RestoreOptions options;
   options.progress = &progress;
@@ -593,16 +595,10 @@ TEST_F(ExecutorTest, WaitingForALayerOfAFailedRestoreReturnsItsError) {
   BlockTable table = *cache_->allocate(kTokens);
   BundlePlan plan = makePlan({0, 0, 64}, model_->config().numLayers);
   plan.tokens.end = kTokens - 1; // Another request's plan.
-  RestoreTarget target;
-  target.model = model_.get();
-  target.stores["dram"] = store_.get();
-  target.tokens = &tokens_;
-  target.cache = cache_.get();
-  target.table = &table;
   LayerProgress progress;
   RestoreOptions options;
   options.progress = &progress;
-  ASSERT_FALSE(restore(*pools_, plan, target, options));
+  ASSERT_FALSE(restore(*pools_, plan, targetFor(table), options));
   Status waited = progress.wait(0);
   EXPECT_EQ(waited.code(), StatusCode::InvalidArgument);
   EXPECT_NE(waited.toString().find("covers tokens"), std::string::npos)
@@ -685,15 +681,9 @@ private:
 class DynamicCakeTest : public ExecutorTest {
 protected:
   StatusOr<DynamicCakeResult> runCake(ChunkStore &store, BlockTable &table) {
-    RestoreTarget target;
-    target.model = model_.get();
-    target.stores["dram"] = &store;
-    target.tokens = &tokens_;
-    target.cache = cache_.get();
-    target.table = &table;
     DynamicCakeOptions options;
     options.predictedMergeToken = 128;
-    return restoreDynamicCake(*pools_, target, options);
+    return restoreDynamicCake(*pools_, targetFor(table, &store), options);
   }
 };
 

@@ -1,8 +1,49 @@
-//===- Pipeline.cpp - Where each step of a chunk's journey runs -----------===//
+//===- Pipeline.cpp - The steps of a chunk's journey, defined once --------===//
 
 #include "kvc/Planning/Pipeline.h"
 
+#include "kvc/Planning/CostModel.h"
+
 namespace kvc::planning {
+
+std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
+                                       bool toCache) {
+  std::vector<PipelineStep> steps;
+  ChunkState state{form, codec, /*onDevice=*/false};
+  auto add = [&](StepKind kind, ChunkState out) {
+    steps.push_back({kind, state, out});
+    state = out;
+  };
+  add(StepKind::Fetch, state);
+  ChunkState next = state;
+  if (codec.lossless != CodecSpec::Lossless::None) {
+    next.codec.lossless = CodecSpec::Lossless::None;
+    add(StepKind::Decompress, next);
+  }
+  next.onDevice = true;
+  add(StepKind::TransferToDevice, next);
+  if (codec.quant != CodecSpec::Quant::None) {
+    next.codec.quant = CodecSpec::Quant::None;
+    add(StepKind::Dequant, next);
+  }
+  if (codec.transform != CodecSpec::Transform::None) {
+    next.codec = CodecSpec();
+    add(StepKind::Untransform, next);
+  }
+  if (!toCache)
+    return steps;
+  if (form == Form::Hidden) {
+    next = {Form::KV, CodecSpec(), true};
+    add(StepKind::Project, next);
+  }
+  add(StepKind::Scatter, next);
+  return steps;
+}
+
+std::vector<PipelineStep> computeSteps() {
+  ChunkState kv{Form::KV, CodecSpec(), /*onDevice=*/true};
+  return {{StepKind::ChunkCompute, kv, kv}, {StepKind::Scatter, kv, kv}};
+}
 
 Resource stepResource(StepKind kind, bool inputOnHost) {
   switch (kind) {
@@ -48,6 +89,84 @@ int stepPriority(StepKind kind) {
   default:
     return 0;
   }
+}
+
+bool freesStaging(StepKind kind) { return kind == StepKind::TransferToDevice; }
+
+double stagingBytes(const CostModel &cost, Form form, const CodecSpec &codec,
+                    const Box &box) {
+  return cost.storedBytes(form, codec, box.tokens(), box.layers()) +
+         cost.quantizedBytes(form, codec, box.tokens(), box.layers());
+}
+
+StepCost stepCost(const CostModel &cost, const PipelineStep &step,
+                  const Box &box, const TierDesc *tier) {
+  const int64_t tokens = box.tokens(), layers = box.layers();
+  auto raw = [&](const ChunkState &s) {
+    return cost.rawBytes(s.form, tokens, layers);
+  };
+  auto encoded = [&](const ChunkState &s) {
+    return cost.encodedBytes(s.form, s.codec, tokens, layers);
+  };
+  StepCost c;
+  switch (step.kind) {
+  case StepKind::Fetch:
+    c.bytesRead = encoded(step.out);
+    c.seconds = tier ? cost.readSeconds(*tier, c.bytesRead) : 0;
+    break;
+  case StepKind::Decompress:
+    c.seconds = cost.hostDecodeSeconds(step.in.codec, encoded(step.out));
+    break;
+  case StepKind::TransferToDevice:
+    c.seconds = cost.h2dSeconds(encoded(step.in));
+    break;
+  case StepKind::Dequant:
+    c.seconds = cost.dequantSeconds(step.in.codec, raw(step.in));
+    break;
+  case StepKind::Untransform:
+    c.seconds = cost.untransformSeconds(step.in.codec, raw(step.in));
+    break;
+  case StepKind::Project:
+    c.flops = cost.projectFlops(tokens, layers);
+    c.seconds = cost.computeSeconds(c.flops, tokens);
+    break;
+  case StepKind::Scatter:
+    c.seconds = cost.scatterSeconds(raw(step.in));
+    break;
+  case StepKind::ChunkCompute:
+    c.flops = cost.prefillFlops(box.t0, box.t1, layers);
+    c.seconds = cost.prefillSeconds(box.t0, box.t1, layers);
+    break;
+  case StepKind::Gather:
+    c.seconds = cost.scatterSeconds(raw(step.out));
+    break;
+  case StepKind::Transform:
+  case StepKind::Quant:
+  case StepKind::Compress: {
+    // Encode only the stage this step adds.
+    CodecSpec stage;
+    if (step.kind == StepKind::Transform)
+      stage.transform = step.out.codec.transform;
+    if (step.kind == StepKind::Quant)
+      stage.quant = step.out.codec.quant, stage.group = step.out.codec.group;
+    if (step.kind == StepKind::Compress)
+      stage.lossless = step.out.codec.lossless;
+    c.seconds = cost.hostEncodeSeconds(stage, encoded(step.in));
+    break;
+  }
+  case StepKind::TransferToHost:
+    c.seconds = cost.d2hSeconds(encoded(step.in));
+    break;
+  case StepKind::Store:
+    c.seconds = tier ? cost.writeSeconds(*tier, encoded(step.in)) : 0;
+    break;
+  case StepKind::Send:
+    c.seconds = cost.networkSeconds(encoded(step.in));
+    break;
+  case StepKind::Recv:
+    break;
+  }
+  return c;
 }
 
 } // namespace kvc::planning

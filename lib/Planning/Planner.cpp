@@ -13,22 +13,6 @@
 
 namespace kvc::planning {
 
-const char *stageName(JobInfo::Stage stage) {
-  switch (stage) {
-  case JobInfo::Stage::Compute:
-    return "compute";
-  case JobInfo::Stage::Fetch:
-    return "fetch";
-  case JobInfo::Stage::Decode:
-    return "decode";
-  case JobInfo::Stage::Copy:
-    return "copy";
-  case JobInfo::Stage::Device:
-    return "device";
-  }
-  return "unknown";
-}
-
 namespace {
 /// Smallest power of two >= `value`.
 int64_t powerOfTwoAtLeast(double value) {
@@ -93,19 +77,22 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
       c.tier = int(tier - target.tiers.data());
       double stored = cost_.storedBytes(source.form, source.codec, 1, 1);
       double quantized = cost_.quantizedBytes(source.form, source.codec, 1, 1);
-      double raw = cost_.rawBytes(source.form, 1, 1);
       c.fetch = stored / (tier->readGBs * 1e9);
       c.fetchLatency = tier->latencyUs * 1e-6 / double(tier->lanes);
-      c.decode = cost_.hostDecodeSeconds(source.codec, quantized);
       c.copy = quantized / (target.link.h2dGBs * 1e9);
       c.copyLatency = target.link.latencyUs * 1e-6;
-      c.device = cost_.deviceDecodeSeconds(source.codec, raw);
-      c.stored = stored;
-      c.quantized = quantized;
-      c.raw = raw;
-      if (source.form == Form::Hidden) {
-        c.projectFlops = cost_.projectFlops(1, 1);
-        c.device += cost_.computeSeconds(c.projectFlops, chunk_);
+      // Host decoding and the device steps are linear in tokens x layers
+      // (projection at the GEMM rate of a chunk's rows): their steps' costs
+      // over one chunk of one layer, per token.
+      const Box unit{0, chunk_, 0, 1};
+      for (const PipelineStep &step :
+           restoreSteps(source.form, source.codec, /*toCache=*/true)) {
+        Resource resource = stepResource(step);
+        if (resource != Resource::Decode && resource != Resource::Compute)
+          continue;
+        StepCost sc = stepCost(cost_, step, unit, tier);
+        (resource == Resource::Decode ? c.decode : c.device) +=
+            sc.seconds / double(chunk_);
       }
     }
     loadCosts_.push_back(c);
@@ -305,73 +292,70 @@ JobGraph Planner::buildJobs(const Plan &plan,
   std::vector<JobInfo> localInfo;
   std::vector<JobInfo> &jobs = info ? *info : localInfo;
   jobs.clear();
-  // One job per stage of Pipeline.h: a load's fetch, host decode, copy and
-  // device steps (fused, as kvc-fuse fuses them), a computed chunk's prefill.
-  auto pool = [&](StepKind kind) {
-    return graph.addResource(poolName(stepResource(kind, /*inputOnHost=*/true)),
-                             1);
-  };
-  const int compute = pool(StepKind::ChunkCompute);
-  const int copy = pool(StepKind::TransferToDevice);
-  const int decode = pool(StepKind::Decompress);
-  std::map<std::string, int> ioResources;
-  auto ioResource = [&](const std::string &tier) {
-    auto it = ioResources.find(tier);
-    if (it != ioResources.end())
-      return it->second;
-    const TierDesc *desc = cost_.target().findTier(tier);
-    int r =
-        graph.addResource(poolName(stepResource(StepKind::Fetch, true), tier),
-                          desc ? int(desc->lanes) : 1);
-    ioResources[tier] = r;
-    return r;
-  };
-  auto add = [&](const SimJob &job, JobInfo what,
-                 std::initializer_list<int> deps) {
-    jobs.push_back(what);
-    return graph.addJob(job, deps);
+  // One lane of each device-side resource, a tier's lanes for its IO.
+  std::map<std::string, int> resources;
+  for (Resource r : {Resource::Compute, Resource::H2D, Resource::Decode})
+    resources[poolName(r)] = graph.addResource(poolName(r), 1);
+  // A step reads or writes a tier only when it is a source's IO.
+  auto resourceOf = [&](const PipelineStep &step, const Source *source,
+                        const TierDesc *tier) {
+    Resource r = stepResource(step);
+    std::string name = poolName(r, r == Resource::IO ? source->tier : "");
+    auto [it, inserted] = resources.try_emplace(name, -1);
+    if (inserted)
+      it->second = graph.addResource(name, tier ? int(tier->lanes) : 1);
+    return it->second;
   };
 
-  /// fetch -> decode -> copy -> device for the data of `box` in `source`;
-  /// returns the device job. Costs are linear in tokens x layers, so they
-  /// come from the source's per-token-layer LoadCost.
-  auto addLoad = [&](int chunk, int sourceIndex, const Box &box,
-                     bool project) {
-    const Source &source = request_.sources[sourceIndex];
-    const LoadCost &lc = loadCosts_[sourceIndex];
-    const TierDesc &tier = cost_.target().tiers[lc.tier];
-    double volume = double(box.tokens()) * double(box.layers());
-    double stored = lc.stored * volume, quantized = lc.quantized * volume;
-    int fetch =
-        add({ioResource(source.tier),
-             lc.fetchLatency * double(tier.lanes) +
-                 volume * lc.fetch * double(tier.lanes),
-             stepPriority(StepKind::Fetch), int64_t(stored + quantized), -1},
-            {JobInfo::Stage::Fetch, chunk, stored, 0}, {});
-    int last = fetch;
-    if (source.codec.lossless != CodecSpec::Lossless::None)
-      last =
-          add({decode, volume * lc.decode, stepPriority(StepKind::Decompress)},
-              {JobInfo::Stage::Decode, chunk, quantized, 0}, {last});
-    last = add({copy, lc.copyLatency + volume * lc.copy,
-                stepPriority(StepKind::TransferToDevice)},
-               {JobInfo::Stage::Copy, chunk, quantized, 0}, {last});
-    graph.job(fetch).releasedBy = last;
-    double flops = project ? lc.projectFlops * volume : 0;
-    double seconds = cost_.deviceDecodeSeconds(source.codec, lc.raw * volume) +
-                     cost_.computeSeconds(flops, box.tokens());
-    return add({compute, seconds, stepPriority(StepKind::Scatter)},
-               {JobInfo::Stage::Device, chunk, lc.raw * volume, flops}, {last});
+  /// Adds the jobs of `steps` over `box` after `deps` and returns the last:
+  /// consecutive steps on one resource are one job at its first step's
+  /// priority (as kvc-fuse fuses a chunk's device steps into one kernel),
+  /// and a fetch holds its staging bytes until the job that frees them ends.
+  auto addChain = [&](int chunk, const std::vector<PipelineStep> &steps,
+                      const Box &box, const Source *source,
+                      std::vector<int> deps) {
+    const TierDesc *tier =
+        source ? cost_.target().findTier(source->tier) : nullptr;
+    int last = -1, holder = -1;
+    for (size_t s = 0; s < steps.size();) {
+      SimJob job{resourceOf(steps[s], source, tier), 0,
+                 stepPriority(steps[s].kind)};
+      JobInfo what{steps[s].kind, chunk, 0, 0};
+      bool frees = false;
+      for (; s < steps.size() &&
+             resourceOf(steps[s], source, tier) == job.resource;
+           ++s) {
+        StepCost c = stepCost(cost_, steps[s], box, tier);
+        job.seconds += c.seconds;
+        what.bytesRead += c.bytesRead;
+        what.flops += c.flops;
+        frees |= freesStaging(steps[s].kind);
+        if (steps[s].kind == StepKind::Fetch)
+          job.stagingBytes =
+              int64_t(stagingBytes(cost_, source->form, source->codec, box));
+      }
+      last = graph.addJob(job, last < 0 ? deps : std::vector<int>{last});
+      jobs.push_back(what);
+      if (job.stagingBytes > 0)
+        holder = last;
+      if (frees && holder >= 0)
+        graph.job(holder).releasedBy = last;
+    }
+    return last;
+  };
+  auto addLoad = [&](int chunk, const Source &source, const Box &box,
+                     bool toCache) {
+    return addChain(chunk, restoreSteps(source.form, source.codec, toCache),
+                    box, &source, {});
   };
 
   std::vector<Chunk> chunks = this->chunks(plan);
   std::vector<int> final(chunks.size(), -1);
-  CodecSpec raw;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk &c = chunks[i];
     int chunk = static_cast<int>(i);
     if (c.method != Method::Compute) {
-      final[i] = addLoad(chunk, c.source, c.box, c.method == Method::LoadHidden);
+      final[i] = addLoad(chunk, request_.sources[c.source], c.box, true);
       continue;
     }
     // Attention needs the KV of every earlier token in these layers.
@@ -388,19 +372,13 @@ JobGraph Planner::buildJobs(const Plan &plan,
     }
     if (c.box.l0 > 0) {
       if (hiddenFrom < 0 && c.source >= 0)
-        hiddenFrom = addLoad(chunk, c.source,
+        hiddenFrom = addLoad(chunk, request_.sources[c.source],
                              Box{c.box.t0, c.box.t1, c.box.l0, c.box.l0 + 1},
-                             /*project=*/false);
+                             /*toCache=*/false);
       if (hiddenFrom >= 0)
         deps.push_back(hiddenFrom);
     }
-    double flops = cost_.prefillFlops(c.box.t0, c.box.t1, c.box.layers());
-    double bytes = cost_.rawBytes(Form::KV, c.box.tokens(), c.box.layers());
-    double seconds = cost_.prefillSeconds(c.box.t0, c.box.t1, c.box.layers()) +
-                     cost_.deviceDecodeSeconds(raw, bytes);
-    jobs.push_back({JobInfo::Stage::Compute, chunk, 0, flops});
-    final[i] = graph.addJob(
-        {compute, seconds, stepPriority(StepKind::ChunkCompute)}, deps);
+    final[i] = addChain(chunk, computeSteps(), c.box, nullptr, deps);
   }
   return graph;
 }
@@ -419,8 +397,7 @@ Evaluation Planner::evaluate(const Plan &plan) const {
   for (int r = 0; r < graph.numResources(); ++r)
     e.resources.push_back(graph.resourceName(r));
   for (const JobInfo &job : info) {
-    if (job.stage == JobInfo::Stage::Fetch)
-      e.bytesRead += job.bytes;
+    e.bytesRead += job.bytesRead;
     e.flops += job.flops;
   }
   return e;

@@ -40,10 +40,14 @@ FetchOp findFetch(Operation *step) {
   return found;
 }
 
-/// True when `step` copies a chunk to the device.
-bool copiesToDevice(Operation *step) {
-  bool found = isa<TransferToDeviceOp>(step);
-  step->walk([&](TransferToDeviceOp) { found = true; });
+/// True when `step` (or a step inside it) frees its chunk's staging memory
+/// (planning::freesStaging).
+bool freesStaging(Operation *step) {
+  bool found = false;
+  step->walk([&](Operation *op) {
+    if (std::optional<::kvc::StepKind> kind = getStepKind(op))
+      found |= planning::freesStaging(*kind);
+  });
   return found;
 }
 
@@ -132,12 +136,12 @@ struct KVCEstimatePass
       if (FetchOp fetch = findFetch(step)) {
         ChunkType chunk = fetch.getResult().getType();
         ::kvc::Form form = toVocabulary(chunk.getForm());
-        int64_t tokens = chunk.getTokens().size();
-        int64_t layers = chunk.getLayers().size();
         ::kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());
-        double stored = cost.storedBytes(form, codec, tokens, layers);
+        planning::Box box = getBox(chunk);
+        double stored =
+            cost.storedBytes(form, codec, box.tokens(), box.layers());
         job.stagingBytes =
-            int64_t(stored + cost.quantizedBytes(form, codec, tokens, layers));
+            int64_t(planning::stagingBytes(cost, form, codec, box));
         fetch->setAttr(KVCDialect::kBytesAttrName,
                        OpBuilder(fetch).getI64IntegerAttr(
                            int64_t(std::llround(stored))));
@@ -147,8 +151,8 @@ struct KVCEstimatePass
       if (job.stagingBytes > 0)
         holder = index;
       if (holder >= 0) {
-        if (copiesToDevice(step))
-          graph.job(holder).releasedBy = index; // The copy frees the buffers.
+        if (freesStaging(step))
+          graph.job(holder).releasedBy = index;
         else
           for (Value result : step->getResults())
             stagedBy[result] = holder;

@@ -2,10 +2,10 @@
 //
 // Splits every segment of a strategy-level plan into the chunks the planner
 // simulated (token blocks, and layer groups for loads) and emits each chunk's
-// dataflow: loads fetch on the host, decompress there, cross the link still
-// quantized, and are dequantized, untransformed, projected (hidden states)
-// and scattered on the device; computed chunks run a chunked prefill after
-// the chunks that hold their earlier tokens.
+// dataflow, the steps Pipeline.h defines: loads fetch on the host, decompress
+// there, cross the link still quantized, and are dequantized, untransformed,
+// projected (hidden states) and scattered on the device; computed chunks run
+// a chunked prefill after the chunks that hold their earlier tokens.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,43 +32,51 @@ public:
   ChunkEmitter(OpBuilder &builder, Location loc, Type elementType)
       : b(builder), loc(loc), elementType(elementType) {}
 
-  /// fetch -> [decompress] -> transfer_to_device -> [dequant] ->
-  /// [untransform]: raw data of `box` on the device.
+  /// The steps of planning::restoreSteps for `box` of `source` stored as
+  /// `form`: into the cache (`toCache`), or to raw data on the device. Returns
+  /// the last value produced (the KV a scatter writes).
   Value load(const planning::Source &source, Form form,
-             const planning::Box &box) {
+             const planning::Box &box, bool toCache) {
     MLIRContext *ctx = b.getContext();
     RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
     RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
     planning::Source stored = source;
     stored.form = toVocabulary(form);
-    SourceAttr sourceAttr = getSourceAttr(ctx, stored);
-    CodecAttr codec = sourceAttr.getCodec();
-    auto type = ChunkType::get(ctx, form, elementType, tokens, layers,
-                               Space::host, codec);
-    Value value = b.create<FetchOp>(loc, type, sourceAttr, tokens, layers);
-    if (codec && codec.getLossless() != Lossless::none) {
-      codec = codec.withLossless(Lossless::none);
-      value = b.create<DecompressOp>(loc, type.withCodec(codec), value);
-    }
-    type = cast<ChunkType>(value.getType()).withSpace(Space::device);
-    value = b.create<TransferToDeviceOp>(loc, type, value);
-    if (codec && codec.getQuant() != Quant::none) {
-      codec = codec.withQuant(Quant::none);
-      value = b.create<DequantOp>(loc, type.withCodec(codec), value);
-    }
-    if (codec && codec.getTransform() != Transform::none) {
-      value = b.create<UntransformOp>(loc, type.withCodec({}), value);
+    Value value;
+    for (const planning::PipelineStep &step :
+         planning::restoreSteps(stored.form, stored.codec, toCache)) {
+      auto type = ChunkType::get(
+          ctx, fromVocabulary(step.out.form), elementType, tokens, layers,
+          step.out.onDevice ? Space::device : Space::host,
+          getCodecAttr(ctx, step.out.codec));
+      switch (step.kind) {
+      case ::kvc::StepKind::Fetch:
+        value = b.create<FetchOp>(loc, type, getSourceAttr(ctx, stored), tokens,
+                                  layers);
+        break;
+      case ::kvc::StepKind::Decompress:
+        value = b.create<DecompressOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::TransferToDevice:
+        value = b.create<TransferToDeviceOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Dequant:
+        value = b.create<DequantOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Untransform:
+        value = b.create<UntransformOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Project:
+        value = b.create<ProjectOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Scatter:
+        b.create<ScatterOp>(loc, value);
+        break;
+      default:
+        llvm_unreachable("not a step of a restore");
+      }
     }
     return value;
-  }
-
-  /// Hidden states to K and V.
-  Value project(Value hidden) {
-    auto type = cast<ChunkType>(hidden.getType());
-    auto kv = ChunkType::get(b.getContext(), Form::kv, elementType,
-                             type.getTokens(), type.getLayers(), Space::device,
-                             {});
-    return b.create<ProjectOp>(loc, kv, hidden);
   }
 
   Value compute(const planning::Box &box, Value hidden, ValueRange prefix) {
@@ -123,9 +131,8 @@ struct KVCExpandPass
       if (c.method != planning::Method::Compute) {
         const planning::Source &source = request.sources[c.source];
         bool hidden = c.method == planning::Method::LoadHidden;
-        Value value = emit.load(source, hidden ? Form::hidden : Form::kv, c.box);
-        kv[i] = hidden ? emit.project(value) : value;
-        emit.scatter(kv[i]);
+        kv[i] = emit.load(source, hidden ? Form::hidden : Form::kv, c.box,
+                          /*toCache=*/true);
         continue;
       }
       // Attention reads every earlier token of these layers.
@@ -143,9 +150,10 @@ struct KVCExpandPass
                  << " to " << c.box.t1
                  << " without a hidden-state source; kvc-expand needs one "
                     "(or a compute segment starting at layer 0)";
-        hidden = emit.load(request.sources[c.source], Form::hidden,
-                           planning::Box{c.box.t0, c.box.t1, c.box.l0,
-                                         c.box.l0 + 1});
+        hidden =
+            emit.load(request.sources[c.source], Form::hidden,
+                      planning::Box{c.box.t0, c.box.t1, c.box.l0, c.box.l0 + 1},
+                      /*toCache=*/false);
       }
       kv[i] = emit.compute(c.box, hidden, prefix);
       emit.scatter(kv[i]);

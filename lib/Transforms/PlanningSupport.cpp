@@ -178,121 +178,54 @@ Resource mlir::kvc::getResource(Operation *step) {
   return fromVocabulary(::kvc::planning::stepResource(*kind, onHost));
 }
 
+planning::Box mlir::kvc::getBox(RangeAttr tokens, RangeAttr layers) {
+  return {tokens.getBegin(), tokens.getEnd(), layers.getBegin(),
+          layers.getEnd()};
+}
+
 StepCost mlir::kvc::getStepCost(Operation *step,
                                 const planning::CostModel &cost) {
-  auto chunkOf = [](Value value) { return cast<ChunkType>(value.getType()); };
-  auto volume = [](ChunkType c) {
-    return std::make_pair(c.getTokens().size(), c.getLayers().size());
+  if (isa<KernelOp, TaskOp>(step)) {
+    // A fused body or a task costs what its steps cost.
+    StepCost total;
+    total.priority = -1;
+    step->getRegion(0).walk([&](Operation *inner) {
+      if (!isa<DataflowOpInterface>(inner))
+        return;
+      StepCost c = getStepCost(inner, cost);
+      total.seconds += c.seconds;
+      total.priority = std::max(total.priority, c.priority);
+    });
+    total.priority = std::max(total.priority, 0);
+    return total;
+  }
+  std::optional<::kvc::StepKind> kind = getStepKind(step);
+  if (!kind)
+    return {};
+  // The step as Pipeline.h describes it: what it reads and what it
+  // produces, over its chunk's tokens and layers.
+  auto stateOf = [](Value value) {
+    auto chunk = cast<ChunkType>(value.getType());
+    return planning::ChunkState{toVocabulary(chunk.getForm()),
+                                getCodecSpec(chunk.getCodec()),
+                                chunk.getSpace() == Space::device};
   };
-  auto rawOf = [&](ChunkType c) {
-    auto [tokens, layers] = volume(c);
-    return cost.rawBytes(toVocabulary(c.getForm()), tokens, layers);
-  };
-  auto encodedOf = [&](ChunkType c) {
-    auto [tokens, layers] = volume(c);
-    return cost.encodedBytes(toVocabulary(c.getForm()),
-                             getCodecSpec(c.getCodec()), tokens, layers);
-  };
-  StepCost result =
-      llvm::TypeSwitch<Operation *, StepCost>(step)
-          .Case([&](FetchOp op) {
-            ChunkType c = op.getResult().getType();
-            const ::kvc::TierDesc *tier =
-                cost.target().findTier(op.getSource().getTier().str());
-            double bytes = encodedOf(c);
-            double seconds = tier ? cost.readSeconds(*tier, bytes) : 0;
-            return StepCost{seconds, bytes, 0};
-          })
-          .Case([&](DecompressOp op) {
-            ChunkType in = op.getInput().getType();
-            ChunkType out = op.getResult().getType();
-            return StepCost{cost.hostDecodeSeconds(getCodecSpec(in.getCodec()),
-                                                   encodedOf(out))};
-          })
-          .Case([&](TransferToDeviceOp op) {
-            return StepCost{
-                cost.h2dSeconds(encodedOf(op.getInput().getType()))};
-          })
-          .Case([&](DequantOp op) {
-            ChunkType in = op.getInput().getType();
-            return StepCost{
-                cost.dequantSeconds(getCodecSpec(in.getCodec()), rawOf(in))};
-          })
-          .Case([&](UntransformOp op) {
-            ChunkType in = op.getInput().getType();
-            return StepCost{cost.untransformSeconds(getCodecSpec(in.getCodec()),
-                                                    rawOf(in))};
-          })
-          .Case([&](ProjectOp op) {
-            auto [tokens, layers] = volume(op.getInput().getType());
-            double flops = cost.projectFlops(tokens, layers);
-            return StepCost{cost.computeSeconds(flops, tokens), 0, flops};
-          })
-          .Case([&](ScatterOp op) {
-            return StepCost{
-                cost.scatterSeconds(rawOf(op.getInput().getType()))};
-          })
-          .Case([&](ChunkComputeOp op) {
-            RangeAttr t = op.getTokens();
-            double flops = cost.prefillFlops(t.getBegin(), t.getEnd(),
-                                             op.getLayers().size());
-            return StepCost{cost.prefillSeconds(t.getBegin(), t.getEnd(),
-                                                op.getLayers().size()),
-                            0, flops};
-          })
-          .Case<KernelOp, TaskOp>([&](Operation *op) {
-            // A fused body or a task costs what its steps cost.
-            StepCost total;
-            total.priority = -1;
-            op->getRegion(0).walk([&](Operation *inner) {
-              if (!isa<DataflowOpInterface>(inner))
-                return;
-              StepCost c = getStepCost(inner, cost);
-              total.seconds += c.seconds;
-              total.bytesRead += c.bytesRead;
-              total.flops += c.flops;
-              total.priority = std::max(total.priority, c.priority);
-            });
-            total.priority = std::max(total.priority, 0);
-            return total;
-          })
-          // Save and transfer sides.
-          .Case([&](GatherOp op) {
-            return StepCost{
-                cost.scatterSeconds(rawOf(op.getResult().getType()))};
-          })
-          .Case<TransformOp, QuantOp, CompressOp>([&](Operation *op) {
-            // Encode only the stage this step adds.
-            ::kvc::CodecSpec out =
-                getCodecSpec(chunkOf(op->getResult(0)).getCodec());
-            ::kvc::CodecSpec stage;
-            if (isa<TransformOp>(op))
-              stage.transform = out.transform;
-            if (isa<QuantOp>(op))
-              stage.quant = out.quant, stage.group = out.group;
-            if (isa<CompressOp>(op))
-              stage.lossless = out.lossless;
-            return StepCost{cost.hostEncodeSeconds(
-                stage, encodedOf(chunkOf(op->getOperand(0))))};
-          })
-          .Case([&](TransferToHostOp op) {
-            return StepCost{
-                cost.d2hSeconds(encodedOf(op.getInput().getType()))};
-          })
-          .Case([&](StoreOp op) {
-            const ::kvc::TierDesc *tier =
-                cost.target().findTier(op.getTier().str());
-            double bytes = encodedOf(op.getInput().getType());
-            return StepCost{tier ? cost.writeSeconds(*tier, bytes) : 0};
-          })
-          .Case([&](SendOp op) {
-            return StepCost{
-                cost.networkSeconds(encodedOf(op.getInput().getType()))};
-          })
-          .Default([&](Operation *) { return StepCost{}; });
-  if (std::optional<::kvc::StepKind> kind = getStepKind(step))
-    result.priority = ::kvc::planning::stepPriority(*kind);
-  return result;
+  Value chunk = step->getNumOperands() ? step->getOperand(0) : Value();
+  Value result = step->getNumResults() ? step->getResult(0) : Value();
+  planning::PipelineStep pipelineStep{*kind, {}, {}};
+  pipelineStep.in = stateOf(chunk ? chunk : result);
+  pipelineStep.out = stateOf(result ? result : chunk);
+  auto compute = dyn_cast<ChunkComputeOp>(step);
+  planning::Box extent =
+      compute ? getBox(compute.getTokens(), compute.getLayers())
+              : getBox(cast<ChunkType>((chunk ? chunk : result).getType()));
+  const ::kvc::TierDesc *tier = nullptr;
+  if (auto fetch = dyn_cast<FetchOp>(step))
+    tier = cost.target().findTier(fetch.getSource().getTier().str());
+  if (auto store = dyn_cast<StoreOp>(step))
+    tier = cost.target().findTier(store.getTier().str());
+  return {planning::stepCost(cost, pipelineStep, extent, tier).seconds,
+          planning::stepPriority(*kind)};
 }
 
 SmallVector<Value> mlir::kvc::stepInputs(Operation *step) {

@@ -68,6 +68,12 @@ PlanOp buildPlanOp(OpBuilder &builder, Location loc, StringRef name,
 /// The vocabulary's kind of a dataflow step; nothing for other ops.
 std::optional<::kvc::StepKind> getStepKind(Operation *op);
 
+/// The planner's box of tokens x layers a chunk (or a range pair) spans.
+::kvc::planning::Box getBox(RangeAttr tokens, RangeAttr layers);
+inline ::kvc::planning::Box getBox(ChunkType chunk) {
+  return getBox(chunk.getTokens(), chunk.getLayers());
+}
+
 /// The resource that runs a dataflow step (planning::stepResource), or a
 /// kernel (on compute).
 Resource getResource(Operation *step);
@@ -76,13 +82,11 @@ Resource getResource(Operation *step);
 /// also the values its body uses from outside.
 SmallVector<Value> stepInputs(Operation *step);
 
-/// A step's simulator job: its duration, what it reads and computes, and
-/// its priority (planning::stepPriority; a kernel's or task's is its
-/// steps' highest).
+/// A step's simulator job: its duration (planning::stepCost) and priority
+/// (planning::stepPriority); a kernel's or task's are its steps' sum and
+/// highest.
 struct StepCost {
   double seconds = 0;
-  double bytesRead = 0;
-  double flops = 0;
   int priority = 0;
 };
 StepCost getStepCost(Operation *step,

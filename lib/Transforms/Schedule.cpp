@@ -52,15 +52,12 @@ struct KVCSchedulePass
       signalPassFailure();
   }
 
-  /// Host bytes a fetch holds: the fetched chunk and its decoded copy.
+  /// Host bytes a fetch holds (planning::stagingBytes).
   static double stagingBytes(FetchOp fetch,
                              const ::kvc::planning::CostModel &cost) {
     ChunkType c = fetch.getResult().getType();
-    ::kvc::Form form = toVocabulary(c.getForm());
-    ::kvc::CodecSpec codec = getCodecSpec(c.getCodec());
-    int64_t tokens = c.getTokens().size(), layers = c.getLayers().size();
-    return cost.storedBytes(form, codec, tokens, layers) +
-           cost.quantizedBytes(form, codec, tokens, layers);
+    return ::kvc::planning::stagingBytes(cost, toVocabulary(c.getForm()),
+                                         getCodecSpec(c.getCodec()), getBox(c));
   }
 
   void schedule(PlanOp plan, const PlanningContext &context) {
@@ -159,9 +156,11 @@ struct KVCSchedulePass
             deviceOfValue[result] = *deviceSlot;
         }
       }
-      // A copy to the device frees its chunk's host buffer; the step that
-      // consumes a device chunk without producing one frees its device one.
-      if (isa<TransferToDeviceOp>(step) && slot)
+      // A copy to the device frees its chunk's host buffer
+      // (planning::freesStaging); the step that consumes a device chunk
+      // without producing one frees its device one.
+      std::optional<::kvc::StepKind> kind = getStepKind(step);
+      if (kind && ::kvc::planning::freesStaging(*kind) && slot)
         slotFreedBy[*slot] = task.getDone();
       if (deviceSlot && llvm::none_of(step->getResultTypes(), [](Type type) {
             auto chunk = dyn_cast<ChunkType>(type);

@@ -14,12 +14,12 @@
 // Tests that when IO is the bottleneck the complement is recomputing the
 // first layers from tokens.
 // IOBOUND-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
-// IOBOUND-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 9
-// IOBOUND-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 9 to 32 from
+// IOBOUND-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 8
+// IOBOUND-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 8 to 32 from
 
 // Tests that with four layers per stored object the partition moves to an
-// object boundary, as a load reads whole objects: 4 KV layers instead of 3,
-// and 8 recomputed layers instead of 9.
+// object boundary, as a load reads whole objects: 4 KV layers instead of 3
+// (the IO-bound partition, 8 recomputed layers, is on one already).
 // GROUPED-LABEL: kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache"
 // GROUPED-NEXT:    kvc.segment load_kv tokens 0 to 4096 layers 0 to 4 from
 // GROUPED-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 4 to 32 from

@@ -1,6 +1,7 @@
 //===- PlannerTest.cpp - Tests for plans and the joint planner ------------===//
 
 #include "kvc/Planning/Planner.h"
+#include "kvc/Planning/Pipeline.h"
 
 #include <gtest/gtest.h>
 
@@ -92,6 +93,83 @@ TEST(Plan, VerifyFindsGapsOverlapsAndBadSources) {
   good.segments.push_back({Method::Compute, Box{0, 1024, 0, 2}, -1});
   good.segments.push_back({Method::LoadHidden, Box{0, 1024, 2, 8}, 0});
   EXPECT_TRUE(verifyPlan(good, request, 8).isOk());
+}
+
+//===----------------------------------------------------------------------===//
+// The pipeline
+//===----------------------------------------------------------------------===//
+
+std::vector<StepKind> kinds(const std::vector<PipelineStep> &steps) {
+  std::vector<StepKind> out;
+  for (const PipelineStep &step : steps)
+    out.push_back(step.kind);
+  return out;
+}
+
+TEST(Pipeline, RestoreStepsFollowTheCodecsStages) {
+  using K = StepKind;
+  EXPECT_EQ(kinds(restoreSteps(Form::KV, {}, /*toCache=*/true)),
+            (std::vector<K>{K::Fetch, K::TransferToDevice, K::Scatter}));
+
+  CodecSpec codec = *parseCodecSpec("hadamard+int4+zstd");
+  std::vector<PipelineStep> steps = restoreSteps(Form::Hidden, codec, true);
+  ASSERT_EQ(
+      kinds(steps),
+      (std::vector<K>{K::Fetch, K::Decompress, K::TransferToDevice, K::Dequant,
+                      K::Untransform, K::Project, K::Scatter}));
+  // Each step reads what the one before produced; the data crosses the
+  // link still quantized and is KV from the projection on.
+  for (size_t i = 1; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].in.form, steps[i - 1].out.form);
+    EXPECT_EQ(steps[i].in.codec.str(), steps[i - 1].out.codec.str());
+    EXPECT_EQ(steps[i].in.onDevice, steps[i - 1].out.onDevice);
+  }
+  EXPECT_EQ(steps[1].out.codec.str(), "hadamard+int4/g32");
+  EXPECT_FALSE(steps[1].out.onDevice);
+  EXPECT_TRUE(steps[2].out.onDevice);
+  EXPECT_EQ(steps[2].out.codec.str(), "hadamard+int4/g32");
+  EXPECT_EQ(steps[4].out.codec.str(), "raw");
+  EXPECT_EQ(steps[5].out.form, Form::KV);
+  EXPECT_EQ(stepResource(steps[1]), Resource::Decode);
+  EXPECT_EQ(stepResource(steps[3]), Resource::Compute);
+
+  // A compute chunk's hidden input stops on the device, unprojected.
+  EXPECT_EQ(kinds(restoreSteps(Form::Hidden, codec, /*toCache=*/false)).back(),
+            K::Untransform);
+}
+
+TEST(Pipeline, TheSimulatorPricesAChunkAsItsSteps) {
+  // One chunk of hidden states, compressed: nothing overlaps, so the
+  // simulated time is the sum of its steps' costs, the scatter priced on
+  // the KV the projection produced.
+  ModelConfig m = model(4, 32, 8, 128);
+  CostModel cost(m, target("a100-40gb"), CodecProfile::defaults());
+  CodecSpec codec = *parseCodecSpec("int8+zstd");
+  Request r;
+  r.tokens = 256;
+  r.sources.push_back(source("ssd", Form::Hidden, 256, 4, codec));
+  PlanOptions options;
+  options.chunkTokens = 256;
+  Planner planner(cost, r, options);
+  ASSERT_EQ(planner.layerGroup(), 4);
+  Plan plan;
+  plan.segments.push_back({Method::LoadHidden, Box{0, 256, 0, 4}, 0});
+
+  Box box{0, 256, 0, 4};
+  const TierDesc *ssd = cost.target().findTier("ssd");
+  double seconds = 0, bytesRead = 0;
+  for (const PipelineStep &step : restoreSteps(Form::Hidden, codec, true)) {
+    StepCost c = stepCost(cost, step, box, ssd);
+    seconds += c.seconds;
+    bytesRead += c.bytesRead;
+    if (step.kind == StepKind::Scatter)
+      EXPECT_DOUBLE_EQ(c.seconds,
+                       cost.scatterSeconds(cost.rawBytes(Form::KV, 256, 4)));
+  }
+  Evaluation e = planner.evaluate(plan);
+  EXPECT_NEAR(e.seconds, seconds, 1e-12 * seconds);
+  EXPECT_DOUBLE_EQ(e.bytesRead, bytesRead);
+  EXPECT_DOUBLE_EQ(bytesRead, cost.storedBytes(Form::Hidden, codec, 256, 4));
 }
 
 //===----------------------------------------------------------------------===//

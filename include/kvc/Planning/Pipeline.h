@@ -1,33 +1,99 @@
-//===- Pipeline.h - Where each step of a chunk's journey runs ---*- C++ -*-===//
+//===- Pipeline.h - The steps of a chunk's journey, defined once -*- C++
+//-*-===//
 //
 // A loaded chunk is fetched on its tier's IO lanes, decoded on the host's
-// decode lanes, copied to the device, and finished there (dequantization,
-// the inverse transform, projection, scatter); a computed chunk is one
-// prefill on the compute device. Which resource a step runs on and which
-// ready step a resource prefers are defined here once, for the planner's
-// simulator (Planner::buildJobs), kvc-schedule's task placement and
-// kvc-estimate's step costs (lib/Transforms), and through the bundle's
-// resources for the executor.
+// decode lanes, copied to the device still quantized, and finished there
+// (dequantization, the inverse transform, projection, scatter); a computed
+// chunk is one prefill on the compute device, then a scatter. This file
+// defines that journey once: which steps a chunk becomes and in what order
+// (`restoreSteps`, `computeSteps`), which resource runs each step and which
+// ready step a resource prefers, which step frees the host staging memory
+// a fetch takes and how much it takes, and what each step costs. Its users:
+// kvc-expand emits the steps, the planner's simulator (Planner::buildJobs)
+// prices them as jobs, kvc-schedule places them as tasks and slots and
+// kvc-estimate prices the scheduled steps; the executor runs the tasks and
+// resources the bundle carries from kvc-schedule.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef KVC_PLANNING_PIPELINE_H
 #define KVC_PLANNING_PIPELINE_H
 
+#include "kvc/Planning/Plan.h"
 #include "kvc/Support/Vocabulary.h"
 
+#include <vector>
+
+namespace kvc {
+struct TierDesc;
+} // namespace kvc
+
 namespace kvc::planning {
+
+class CostModel;
+
+/// A chunk's data between two steps: its form, its encoding and whether it
+/// is in device memory.
+struct ChunkState {
+  Form form = Form::KV;
+  CodecSpec codec;
+  bool onDevice = false;
+};
+
+/// One step of a chunk's journey and the data it reads and produces (a
+/// fetch reads nothing: its `in` is its `out`; a scatter produces nothing:
+/// its `out` is its `in`).
+struct PipelineStep {
+  StepKind kind;
+  ChunkState in, out;
+};
+
+/// The steps that bring data stored as `form` with `codec` to raw data of
+/// its form on the device: fetch, decompress on the host (a codec with a
+/// lossless stage), transfer_to_device (still quantized), dequant and
+/// untransform on the device (a codec with those stages). With `toCache`
+/// the journey goes on into the cache: project (hidden states), scatter.
+std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
+                                       bool toCache);
+
+/// A computed chunk: chunk_compute, then scatter into the cache.
+std::vector<PipelineStep> computeSteps();
 
 /// The resource `kind` runs on. Codec stages (decompress, dequant,
 /// untransform and their inverses) run on the host's decode lanes when
 /// their input is in host memory and on the compute device otherwise.
 Resource stepResource(StepKind kind, bool inputOnHost);
+inline Resource stepResource(const PipelineStep &step) {
+  return stepResource(step.kind, !step.in.onDevice);
+}
 
 /// Which ready step a resource runs first (higher first): the later a
 /// load's stage, the higher (fetch 1, decompress 2, the copy 3, device
 /// steps 4), so that chunks in flight drain before new ones enter and their
 /// staging buffers come back; prefill and the save and transfer sides 0.
 int stepPriority(StepKind kind);
+
+/// True for the step that frees the host staging memory its chunk's fetch
+/// took: the copy to the device (ShadowServe's bounded buffers).
+bool freesStaging(StepKind kind);
+
+/// Host staging bytes a fetch of `box` stored as `form` with `codec` holds
+/// until its chunk's copy: the fetched objects and their decoded copy.
+double stagingBytes(const CostModel &cost, Form form, const CodecSpec &codec,
+                    const Box &box);
+
+/// What a step costs: its seconds on its resource, the bytes it reads from
+/// a tier (a fetch) and the FLOPs it computes.
+struct StepCost {
+  double seconds = 0;
+  double bytesRead = 0;
+  double flops = 0;
+};
+
+/// The cost of `step` over `box` on `cost`'s target; fetches and stores
+/// read or write `tier` (a step on an unknown tier costs nothing there).
+StepCost stepCost(const CostModel &cost, const PipelineStep &step,
+                  const Box &box, const TierDesc *tier = nullptr);
 
 } // namespace kvc::planning
 

@@ -38,16 +38,15 @@ struct PlanOptions {
   int candidates = 4;
 };
 
-/// What one simulated job is, for reports and traces.
+/// What one simulated job is, for reports and traces: the chunk it works
+/// on, its first step, the bytes it reads from a tier and the FLOPs it
+/// computes.
 struct JobInfo {
-  enum class Stage { Compute, Fetch, Decode, Copy, Device };
-  Stage stage = Stage::Compute;
+  StepKind kind = StepKind::ChunkCompute;
   int chunk = -1;
-  double bytes = 0; ///< Bytes read from the tier (fetch) or copied.
+  double bytesRead = 0;
   double flops = 0;
 };
-
-const char *stageName(JobInfo::Stage stage);
 
 /// A plan timed by the simulator.
 struct Evaluation {
@@ -147,8 +146,6 @@ private:
     int tier = 0; ///< Index into the target's tiers.
     double fetch = 0, decode = 0, copy = 0, device = 0;
     double fetchLatency = 0, copyLatency = 0; ///< Per chunk.
-    double stored = 0, quantized = 0, raw = 0; ///< Bytes per token x layer.
-    double projectFlops = 0;                   ///< Per token x layer.
   };
   std::vector<LoadCost> loadCosts_;
 };

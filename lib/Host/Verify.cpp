@@ -38,14 +38,12 @@ std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
 
 Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
   if (error.relativeL2 > bound.relativeL2)
-    return Status(StatusCode::DataLoss,
-                  "the restored cache differs from a full prefill by more "
-                  "than the plan's codecs allow");
+    return dataLoss("the restored cache differs from a full prefill by more "
+                    "than the plan's codecs allow");
   if (bound.max && error.max > *bound.max)
-    return Status(StatusCode::DataLoss,
-                  "the restored cache differs from a full prefill by more "
-                  "than " +
-                      std::string(bound.maxFrom));
+    return dataLoss("the restored cache differs from a full prefill by more "
+                    "than " +
+                    std::string(bound.maxFrom));
   return Status::ok();
 }
 

@@ -35,7 +35,7 @@ Status readFile(const std::string &path, std::string &out) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad())
-    return Status(StatusCode::DataLoss, path + ": read error");
+    return dataLoss(path + ": read error");
   out = buffer.str();
   return Status::ok();
 }

@@ -262,7 +262,7 @@ Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
     return notFound(path + ": cannot create the trace file");
   out << events.dump() << "\n";
   if (!out)
-    return Status(StatusCode::DataLoss, path + ": write error");
+    return dataLoss(path + ": write error");
   return Status::ok();
 }
 

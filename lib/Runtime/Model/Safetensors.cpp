@@ -27,10 +27,6 @@ struct DTypeInfo {
 constexpr DTypeInfo kDTypes[] = {
     {"BF16", DType::BF16, 2}, {"F16", DType::F16, 2}, {"F32", DType::F32, 4}};
 
-Status dataLoss(const std::string &message) {
-  return Status(StatusCode::DataLoss, message);
-}
-
 StatusOr<std::string> readAll(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)

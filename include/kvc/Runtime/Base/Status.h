@@ -69,6 +69,9 @@ inline Status notFound(std::string message) {
 inline Status unimplemented(std::string message) {
   return Status(StatusCode::Unimplemented, std::move(message));
 }
+inline Status dataLoss(std::string message) {
+  return Status(StatusCode::DataLoss, std::move(message));
+}
 
 /// Either a value or the Status that explains why there is none.
 template <typename T> class [[nodiscard]] StatusOr {

@@ -1,0 +1,314 @@
+//===- KernelSpec.cpp - What a generated kernel is specialized on ---------===//
+//
+// A KernelSpec is a kernel's compile-time constants (kind, model dims, codec,
+// block size, dtypes, launch shape), read from a kvc.kernel and its module's
+// model, and what follows from them: items per thread, payload bytes, the
+// symbol name and the attribute the bundle's kernel table is built from.
+//
+//===----------------------------------------------------------------------===//
+
+#include "KernelEmitter.h"
+
+#include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Model/RmsNorm.h"
+
+#include <numeric>
+
+using namespace mlir;
+using namespace mlir::kvc;
+using namespace mlir::kvc::detail;
+
+MatrixLayout mlir::kvc::detail::matrixLayout(const KernelSpec &spec,
+                                             bool value) {
+  MatrixLayout layout;
+  layout.bits = spec.bits();
+  const int64_t width = spec.width();
+  if (!layout.bits) {
+    layout.bytes =
+        spec.tokens * width * int64_t(spec.storage.getIntOrFloatBitWidth() / 8);
+    return layout;
+  }
+  QuantAxis axis = value ? spec.codec.getValueAxis() : spec.codec.getKeyAxis();
+  layout.tokenAxis = axis == QuantAxis::token;
+  int64_t along = layout.tokenAxis ? width : spec.tokens;
+  int64_t across = layout.tokenAxis ? spec.tokens : width;
+  layout.size = std::min(spec.codec.getGroup(), along);
+  layout.perRow = ceilDiv(width, layout.size);
+  layout.paramBytes = 4 * across * ceilDiv(along, layout.size);
+  layout.bytes =
+      layout.paramBytes + ceilDiv(spec.tokens * width * layout.bits, 8);
+  return layout;
+}
+
+bool KernelSpec::hadamard() const {
+  return codec && codec.getTransform() == Transform::hadamard;
+}
+
+int64_t KernelSpec::bits() const {
+  return codec && codec.getQuant() != Quant::none ? codec.getBits() : 0;
+}
+
+int64_t KernelSpec::valuesPerItem(bool value) const {
+  // The GPU form: 8 values (16 bytes of the cache), whatever the codec;
+  // Hadamard rows and per-token groups wider than that span lanes.
+  if (!host)
+    return 8;
+  const int64_t row = hadamard() ? headDim : 8;
+  if (kind != KernelKind::Save || !bits())
+    return row;
+  // A save item holds whole groups: their extremes are reduced in it.
+  MatrixLayout m = matrixLayout(*this, value);
+  return m.tokenAxis ? std::lcm(row, m.size) : row;
+}
+
+int64_t KernelSpec::tokensPerItem(bool value) const {
+  // A save item of a per-channel layout covers its groups' tokens.
+  if (kind != KernelKind::Save || !bits())
+    return 1;
+  MatrixLayout m = matrixLayout(*this, value);
+  return m.tokenAxis ? 1 : m.size;
+}
+
+int64_t KernelSpec::itemsOf(bool value) const {
+  return ceilDiv(tokens, tokensPerItem(value)) *
+         (width() / valuesPerItem(value));
+}
+
+int64_t KernelSpec::itemsPerThread() const {
+  // A quantized item reads bits() bytes of packed values for 16 bytes it
+  // writes; enough items that a thread's packed loads add up to 16 bytes.
+  // (A host-form Hadamard item is a whole head row already; a save item
+  // reads 16 bytes of the cache or more.)
+  int64_t b = bits();
+  return b && kind != KernelKind::Save && !(hadamard() && host) ? 16 / b : 1;
+}
+
+int64_t KernelSpec::payloadBytes() const {
+  if (kind == KernelKind::RmsNorm)
+    return layers * tokens * hidden *
+           int64_t(storage.getIntOrFloatBitWidth() / 8);
+  // rope_scatter reads unquantized f32 matrices.
+  return layers *
+         (matrixLayout(*this, false).bytes + matrixLayout(*this, true).bytes);
+}
+
+std::string KernelSpec::symbolName() const {
+  std::string name =
+      std::string("kvc_") + ::kvc::bundleKernelKindName(kind) + "_";
+  if (kind == KernelKind::RmsNorm) {
+    llvm::raw_string_ostream os(name);
+    os << storage << (host ? "_host" : "") << "_t" << tokens << "_l" << layers
+       << "_d" << hidden;
+    return name;
+  }
+  if (int64_t b = bits()) {
+    auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
+    name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) + "_v" +
+            axis(codec.getValueAxis()) + "_g" +
+            std::to_string(codec.getGroup()) + "_";
+  } else if (kind != KernelKind::RopeScatter) {
+    std::string type;
+    llvm::raw_string_ostream os(type);
+    os << storage;
+    name += "raw_" + type + "_";
+  }
+  if (hadamard())
+    name += host ? "had_host_" : "had_";
+  return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
+         "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) + "_b" +
+         std::to_string(blockSize);
+}
+
+DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
+  Builder b(context);
+  SmallVector<NamedAttribute> fields = {
+      b.getNamedAttr("kind",
+                     b.getStringAttr(::kvc::bundleKernelKindName(kind))),
+      b.getNamedAttr("tokens", b.getI64IntegerAttr(tokens)),
+      b.getNamedAttr("layers", b.getI64IntegerAttr(layers)),
+      b.getNamedAttr("kv_heads", b.getI64IntegerAttr(kvHeads)),
+      b.getNamedAttr("head_dim", b.getI64IntegerAttr(headDim)),
+      b.getNamedAttr("block_size", b.getI64IntegerAttr(blockSize)),
+      b.getNamedAttr("threads", b.getI64IntegerAttr(threads)),
+      b.getNamedAttr("storage", TypeAttr::get(storage))};
+  if (codec)
+    fields.push_back(b.getNamedAttr("codec", codec));
+  if (kind == KernelKind::RmsNorm) {
+    fields.push_back(b.getNamedAttr("hidden", b.getI64IntegerAttr(hidden)));
+    fields.push_back(b.getNamedAttr("eps", b.getF64FloatAttr(eps)));
+  }
+  if (host)
+    fields.push_back(b.getNamedAttr("host", b.getUnitAttr()));
+  return b.getDictionaryAttr(fields);
+}
+
+FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
+  KernelSpec spec;
+  auto kind = attr.getAs<StringAttr>("kind");
+  std::optional<KernelKind> parsed =
+      kind ? ::kvc::parseBundleKernelKind(kind.getValue()) : std::nullopt;
+  if (!parsed)
+    return failure();
+  spec.kind = *parsed;
+  for (auto [name, field] :
+       {std::pair<StringRef, int64_t *>{"tokens", &spec.tokens},
+        {"layers", &spec.layers},
+        {"kv_heads", &spec.kvHeads},
+        {"head_dim", &spec.headDim},
+        {"block_size", &spec.blockSize},
+        {"threads", &spec.threads}}) {
+    auto value = attr.getAs<IntegerAttr>(name);
+    if (!value || value.getInt() < 1)
+      return failure();
+    *field = value.getInt();
+  }
+  auto storage = attr.getAs<TypeAttr>("storage");
+  if (!storage)
+    return failure();
+  spec.storage = storage.getValue();
+  spec.codec = attr.getAs<CodecAttr>("codec");
+  if (attr.get("codec") && !spec.codec)
+    return failure();
+  spec.host = attr.contains("host");
+  if (spec.kind == KernelKind::RmsNorm) {
+    auto hidden = attr.getAs<IntegerAttr>("hidden");
+    auto eps = attr.getAs<FloatAttr>("eps");
+    if (!hidden || hidden.getInt() < 8 || !eps)
+      return failure();
+    spec.hidden = hidden.getInt();
+    spec.eps = eps.getValueAsDouble();
+  }
+  return spec;
+}
+
+std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
+  SmallVector<Operation *> steps;
+  for (Operation &op : kernel.getBody().front())
+    if (!isa<YieldOp>(op))
+      steps.push_back(&op);
+  if (steps.empty())
+    return std::nullopt;
+  // gather [transform] [quant], yielding the encoded chunk.
+  if (isa<GatherOp>(steps.front())) {
+    if (!kernel.getInputs().empty() || kernel.getNumResults() != 1 ||
+        kernel.getBody().front().getTerminator()->getOperand(0) !=
+            steps.back()->getResult(0) ||
+        !llvm::all_of(ArrayRef(steps).drop_front(), [](Operation *op) {
+          return isa<TransformOp, QuantOp>(op);
+        }))
+      return std::nullopt;
+    return KernelKind::Save;
+  }
+  if (!isa<ScatterOp>(steps.back()) || kernel.getInputs().size() != 1)
+    return std::nullopt;
+  ArrayRef<Operation *> chain = ArrayRef(steps).drop_back();
+  if (chain.size() == 1 && isa<ProjectOp>(chain.front()))
+    return KernelKind::RopeScatter;
+  if (llvm::all_of(chain, [](Operation *op) {
+        return isa<DequantOp, UntransformOp>(op);
+      }))
+    return KernelKind::Restore;
+  return std::nullopt;
+}
+
+FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
+                                      int64_t blockSize, int64_t threads,
+                                      bool host) {
+  std::optional<KernelKind> kind = kindOf(kernel);
+  assert(kind && "not a kernel of a generated kind");
+  // The chunk a save kernel encodes is its result; the others' their input.
+  auto chunk = cast<ChunkType>(*kind == KernelKind::Save
+                                   ? kernel.getResult(0).getType()
+                                   : kernel.getBody().getArgument(0).getType());
+  auto fail = [&](const Twine &message) -> FailureOr<KernelSpec> {
+    return kernel.emitOpError("cannot be generated: ") << message;
+  };
+  if (!model)
+    return fail("the module has no #kvc.model (run kvc-import-model)");
+  KernelSpec spec;
+  spec.kind = *kind;
+  spec.tokens = chunk.getTokens().getEnd() - chunk.getTokens().getBegin();
+  spec.layers = chunk.getLayers().getEnd() - chunk.getLayers().getBegin();
+  spec.kvHeads = model.getKvHeads();
+  spec.headDim = model.getHeadDim();
+  spec.blockSize = blockSize;
+  spec.storage = chunk.getElementType();
+  spec.codec = chunk.getCodec();
+  spec.threads = threads;
+  spec.host = host;
+  if (blockSize <= 0 || threads <= 0 || threads > 1024)
+    return fail("block size and threads per block must be positive (threads "
+                "at most 1024)");
+  if (*kind == KernelKind::RopeScatter) {
+    // The GEMM before the kernel writes f32, whatever the hidden states'
+    // storage; RoPE rotates 8-channel pieces within one half of a head.
+    spec.storage = Float32Type::get(kernel.getContext());
+    spec.codec = nullptr;
+    if (spec.headDim % 16)
+      return fail("RoPE over head_dim " + Twine(spec.headDim) +
+                  " needs a multiple of 16");
+    return spec;
+  }
+  if (chunk.getForm() != Form::kv)
+    return fail(*kind == KernelKind::Save
+                    ? "it gathers hidden states, not KV"
+                    : "it scatters hidden states, not KV");
+  if (spec.codec && spec.codec.getLossless() != Lossless::none)
+    return fail("its input still carries a lossless coder (decompress on "
+                "the host first)");
+  if (!spec.storage.isBF16() && !spec.storage.isF16() && !spec.storage.isF32())
+    return fail("values are stored as neither bf16, f16 nor f32");
+  if (spec.width() % 32)
+    return fail("kv_heads * head_dim = " + Twine(spec.width()) +
+                " is not a multiple of 32");
+  if (spec.hadamard() && !llvm::isPowerOf2_64(spec.headDim))
+    return fail("Hadamard over head_dim " + Twine(spec.headDim) +
+                " needs a power of two");
+  if (spec.hadamard() && !host && (spec.headDim > 256 || threads % 32))
+    return fail("Hadamard across a warp's lanes needs head_dim <= 256 and "
+                "whole warps per block (threads " +
+                Twine(threads) + ")");
+  if (spec.bits()) {
+    for (bool value : {false, true}) {
+      MatrixLayout layout = matrixLayout(spec, value);
+      if (!layout.tokenAxis)
+        continue;
+      if (layout.size % 8)
+        return fail("per-token groups of " + Twine(layout.size) +
+                    " values are not a multiple of 8");
+      if (*kind != KernelKind::Save)
+        continue;
+      // A save item reduces whole groups: in the GPU form across the
+      // aligned lanes of one warp, in the host form within the item.
+      if (spec.width() % std::lcm(layout.size, spec.valuesPerItem(value)))
+        return fail("per-token groups of " + Twine(layout.size) +
+                    " values do not tile rows of " + Twine(spec.width()));
+      if (!host && (!llvm::isPowerOf2_64(layout.size) || layout.size > 256 ||
+                    threads % 32))
+        return fail("per-token groups across a warp's lanes need a power of "
+                    "two of at most 256 values and whole warps per block "
+                    "(groups of " +
+                    Twine(layout.size) + ", threads " + Twine(threads) + ")");
+    }
+  }
+  return spec;
+}
+
+FailureOr<KernelSpec> KernelSpec::prologue(KernelOp kernel, ModelAttr model,
+                                           const KernelSpec &spec) {
+  assert(spec.kind == KernelKind::RopeScatter && "not a projection's kernel");
+  KernelSpec norm = spec;
+  norm.kind = KernelKind::RmsNorm;
+  norm.storage = cast<ChunkType>(kernel.getBody().getArgument(0).getType())
+                     .getElementType();
+  norm.hidden = model.getHidden();
+  norm.eps = model.getRmsNormEps().convertToDouble();
+  // hidden = heads * head_dim, and RoPE's head_dim is a multiple of 16:
+  // rows are whole 16-byte pieces.
+  assert(norm.hidden % 8 == 0 && "rope_scatter implies whole pieces");
+  if (!norm.host && norm.threads % 32)
+    return kernel.emitOpError("cannot be generated: RMSNorm across a warp's "
+                              "lanes needs whole warps per block (threads ")
+           << norm.threads << ")";
+  return norm;
+}

@@ -1,0 +1,122 @@
+//===- DynamicCakeTest.cpp - Cake's walk at run time ----------------------===//
+
+#include "ExecutorFixture.h"
+
+#include "kvc/Runtime/Exec/DynamicCake.h"
+
+#include <chrono>
+#include <thread>
+
+using namespace kvc;
+using namespace kvc::exec_test;
+
+namespace {
+
+/// A tier that answers every read `delay` late, as a congested store does.
+class SlowTier : public ForwardingTier {
+public:
+  SlowTier(std::shared_ptr<Tier> inner, std::chrono::milliseconds delay)
+      : ForwardingTier(std::move(inner)), delay_(delay) {}
+  Status get(const std::string &name, std::string &buffer) override {
+    std::this_thread::sleep_for(delay_);
+    return inner().get(name, buffer);
+  }
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    std::this_thread::sleep_for(delay_);
+    return inner().getMany(names, buffers);
+  }
+
+private:
+  std::chrono::milliseconds delay_;
+};
+
+class DynamicCakeTest : public ExecutorTest {
+protected:
+  StatusOr<DynamicCakeResult> runCake(ChunkStore &store, BlockTable &table) {
+    DynamicCakeOptions options;
+    options.predictedMergeToken = 128;
+    return restoreDynamicCake(*pools_, targetFor(table, &store), options);
+  }
+};
+
+TEST_F(DynamicCakeTest, SidesMeetAndTheCacheIsExact) {
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  ASSERT_TRUE(result) << result.status().toString();
+  // 300 tokens in 64-token store chunks: 5 chunks, each computed or loaded.
+  EXPECT_EQ(result->chunksComputed + result->chunksLoaded, 5);
+  EXPECT_GE(result->mergeToken, 0);
+  EXPECT_LE(result->mergeToken, kTokens);
+  EXPECT_TRUE(result->metrics.fallbacks.empty());
+  EXPECT_EQ(result->predictedMergeToken, 128);
+  EXPECT_GT(result->metrics.bytesRead["dram"] + result->chunksComputed, 0);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+// A compiled plan runs dynamically when it has Cake's shape: the plan's
+// merge point becomes the prediction, its tier the loads' tier and its
+// codec the only one they accept.
+TEST_F(DynamicCakeTest, CompiledCakePlansConfigureTheWalk) {
+  const int64_t layers = model_->config().numLayers;
+  BundlePlan plan = makePlan({/*merge=*/128, 0, 64}, layers);
+  StatusOr<DynamicCakeOptions> cake = dynamicCakeOptions(plan);
+  ASSERT_TRUE(cake) << cake.status().toString();
+  EXPECT_EQ(cake->tier, "dram");
+  EXPECT_EQ(cake->predictedMergeToken, 128);
+  ASSERT_TRUE(cake->codec);
+  EXPECT_EQ(cake->codec->str(), "raw");
+  // Loads of two codecs have no single walk.
+  for (BundleTask &task : plan.tasks)
+    for (BundleStep &step : task.steps)
+      if (step.kind == StepKind::Fetch && step.tokens.begin >= 192)
+        step.codec = *parseCodecSpec("int8");
+  StatusOr<DynamicCakeOptions> mixed = dynamicCakeOptions(plan);
+  ASSERT_FALSE(mixed);
+  EXPECT_NE(mixed.status().message().find("it loads codecs raw and int8/g32"),
+            std::string::npos)
+      << mixed.status().message();
+  EXPECT_EQ(
+      dynamicCakeOptions(makePlan({0, 0, 64}, layers))->predictedMergeToken,
+      0); // KV-only: Cake with nothing computed.
+  auto refusal = [&](const Split &split) {
+    StatusOr<DynamicCakeOptions> options =
+        dynamicCakeOptions(makePlan(split, layers));
+    return options ? std::string() : options.status().message();
+  };
+  EXPECT_NE(refusal({kTokens, 0, 64}).find("it loads nothing"),
+            std::string::npos);
+  EXPECT_NE(refusal({128, layers / 2, 64}).find("it loads hidden states"),
+            std::string::npos);
+  EXPECT_NE(refusal({128, 0, 64, 0, /*computeLayers=*/1})
+                .find("it computes layers 0 to 1 only"),
+            std::string::npos);
+}
+
+TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
+  // Every read takes 200 ms: each loading lane gets through the chunk it
+  // claimed first while compute takes the rest.
+  tier_ = std::make_shared<SlowTier>(tier_, std::chrono::milliseconds(200));
+  std::unique_ptr<ChunkStore> slow = makeStore(*model_);
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<DynamicCakeResult> result = runCake(*slow, table);
+  ASSERT_TRUE(result) << result.status().toString();
+  EXPECT_LE(result->chunksLoaded, 2); // One per io lane at most.
+  EXPECT_GE(result->mergeToken, 192);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+TEST_F(DynamicCakeTest, UnloadableChunksAreRecomputed) {
+  // Every KV object gone: the loaders hand every chunk they claim back.
+  for (const ChunkRef &ref : store_->refs(tokens_.data(), kTokens, Form::KV))
+    ASSERT_TRUE(tier_->remove(ref.name()).isOk());
+  BlockTable table = *cache_->allocate(kTokens);
+  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  ASSERT_TRUE(result) << result.status().toString();
+  EXPECT_EQ(result->chunksLoaded, 0);
+  EXPECT_EQ(int64_t(result->metrics.fallbacks.size()),
+            5 - result->chunksComputed);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+}
+
+} // namespace

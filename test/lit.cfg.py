@@ -33,3 +33,9 @@ if shutil.which("script"):
 if config.ptxas and os.path.exists(config.ptxas):
     config.available_features.add("ptxas")
     config.substitutions.append(("%ptxas", config.ptxas))
+
+# The trained stories260K checkpoint (KVC_MODELS_DIR), read where it is.
+stories = os.path.join(config.kvc_models, "stories260K")
+if os.path.exists(os.path.join(stories, "stories260K.bin")):
+    config.available_features.add("stories260k")
+    config.substitutions.append(("%stories", stories))

@@ -10,7 +10,8 @@
 namespace kvc::host {
 
 StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
-                          const RestoreOptions &options, bool verify) {
+                          const RestoreOptions &options, bool verify,
+                          int64_t keepRoom) {
   Backend &backend = request.backend ? *request.backend : cpuBackend();
   std::vector<std::string> tiers;
   for (const BundleTask &task : plan.tasks)
@@ -19,7 +20,8 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
         tiers.push_back(step.tier);
   KVC_ASSIGN_OR_RETURN(into,
                        destinationFor(backend, *request.model, request.tokens,
-                                      *request.store, tiers));
+                                      *request.store, tiers,
+                                      std::max<int64_t>(keepRoom, 0)));
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   PlanRun run;
   run.cacheBytes = into->cache->bytes();
@@ -40,6 +42,8 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
                                       *into->cache, into->table, backend));
     run.error = error;
   }
+  if (keepRoom >= 0)
+    run.destination = std::move(into);
   return run;
 }
 

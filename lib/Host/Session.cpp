@@ -46,13 +46,13 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
 StatusOr<std::unique_ptr<Destination>>
 destinationFor(Backend &backend, const ModelCompute &model,
                const std::vector<int32_t> &tokens, ChunkStore &store,
-               const std::vector<std::string> &tiers) {
+               const std::vector<std::string> &tiers, int64_t room) {
   const ModelConfig &config = model.config();
   PagedCacheConfig cacheConfig;
   cacheConfig.layers = config.numLayers;
   cacheConfig.numKvHeads = config.numKvHeads;
   cacheConfig.headDim = config.headDim;
-  const int64_t n = int64_t(tokens.size());
+  const int64_t n = int64_t(tokens.size()) + std::max<int64_t>(room, 0);
   cacheConfig.numBlocks =
       (n + cacheConfig.blockSize - 1) / cacheConfig.blockSize;
   auto out = std::make_unique<Destination>();

@@ -1,5 +1,4 @@
-//===- Args.h - kvc-run's options and progress line --------------*- C++
-//-*-===//
+//===- Args.h - kvc-run's options and progress line -------------*- C++ -*-===//
 
 #ifndef KVC_TOOLS_KVC_RUN_ARGS_H
 #define KVC_TOOLS_KVC_RUN_ARGS_H

@@ -1,5 +1,4 @@
-//===- Commands.h - kvc-run's commands and what they share -------*- C++
-//-*-===//
+//===- Commands.h - kvc-run's commands and what they share ------*- C++ -*-===//
 
 #ifndef KVC_TOOLS_KVC_RUN_COMMANDS_H
 #define KVC_TOOLS_KVC_RUN_COMMANDS_H
@@ -22,13 +21,14 @@ StatusOr<std::unique_ptr<ChunkStore>>
 openStore(Args &args, const LlamaModel &model, TierAccess access);
 
 /// Tokens from --tokens FILE (whitespace-separated ids below the model's
-/// vocabulary) or --random-tokens, at most the model's positions and what
-/// fits in memory.
+/// vocabulary), --random-tokens or --prompt (encoded by the tokenizer.bin of
+/// --model), at most the model's positions and what fits in memory.
 StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                                              const ModelConfig &model);
 
-/// restore, compare and cake (RestoreCommands.cpp).
+/// restore, generate, compare and cake (RestoreCommands.cpp).
 Status restoreCommand(Args &args);
+Status generateCommand(Args &args);
 Status compareCommand(Args &args);
 Status cakeCommand(Args &args);
 

@@ -4,6 +4,8 @@
 
 #include "kvc/Host/Memory.h"
 #include "kvc/Host/Stores.h"
+#include "kvc/Runtime/Model/Llama2c.h"
+#include "kvc/Runtime/Model/Tokenizer.h"
 
 #include <fstream>
 #include <random>
@@ -68,6 +70,22 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                            " tokens, the model holds at most " +
                            std::to_string(model.maxPositions) + " positions");
   };
+  if (int(args.has("tokens")) + int(args.has("random-tokens")) +
+          int(args.has("prompt")) >
+      1)
+    return invalidArgument(
+        "give one of --tokens, --random-tokens and --prompt");
+  if (args.has("prompt")) {
+    const std::string path = tokenizerPath(args.get("model"));
+    if (path.empty())
+      return invalidArgument("--prompt needs a model with a tokenizer.bin "
+                             "(import-llama2c writes one); give --tokens");
+    KVC_ASSIGN_OR_RETURN(tokenizer, Tokenizer::load(path, model.vocabSize));
+    tokens = tokenizer->encode(args.get("prompt"));
+    if (int64_t(tokens.size()) > model.maxPositions)
+      return tooLong("--prompt", int64_t(tokens.size()));
+    return tokens;
+  }
   if (args.has("tokens")) {
     KVC_ASSIGN_OR_RETURN(path, args.required("tokens"));
     std::ifstream in(path);

@@ -10,11 +10,14 @@
 #include "Commands.h"
 
 #include "kvc/Host/Calibrate.h"
+#include "kvc/Host/Generate.h"
 #include "kvc/Host/Measure.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Exec/DynamicCake.h"
+#include "kvc/Runtime/Model/Llama2c.h"
+#include "kvc/Runtime/Model/Tokenizer.h"
 
 #ifdef KVC_RUN_WITH_COMPILER
 #include "kvc/Transforms/CompileRestore.h"
@@ -224,6 +227,21 @@ Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
                             verifyBound(planCodecs(plan), setup.maxError));
 }
 
+/// The bundle's plan `name`, or its only plan when `name` is empty.
+StatusOr<const BundlePlan *> selectPlan(const RestoreSetup &setup,
+                                        const std::string &name) {
+  const PlanBundle &bundle = setup.bundle;
+  const BundlePlan *plan = name.empty() && bundle.plans.size() == 1
+                               ? &bundle.plans.front()
+                               : bundle.findPlan(name);
+  if (!plan)
+    return invalidArgument(name.empty()
+                               ? setup.planSource + " holds several plans: "
+                                                    "name one with --plan"
+                               : setup.planSource + " has no plan " + name);
+  return plan;
+}
+
 /// Restores a request by running one plan of a bundle into a paged cache;
 /// prints measured beside predicted, and with --verify the error against a
 /// full prefill (failing above --max-error, by default bf16 rounding).
@@ -235,15 +253,7 @@ Status restoreCommand(Args &args) {
   RestoreOptions options;
   options.tracePath = args.get("trace");
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  const PlanBundle &bundle = setup.bundle;
-  const BundlePlan *plan = planName.empty() && bundle.plans.size() == 1
-                               ? &bundle.plans.front()
-                               : bundle.findPlan(planName);
-  if (!plan)
-    return invalidArgument(planName.empty()
-                               ? setup.planSource + " holds several plans: "
-                                                    "name one with --plan"
-                               : setup.planSource + " has no plan " + planName);
+  KVC_ASSIGN_OR_RETURN(plan, selectPlan(setup, planName));
   if (dynamic)
     return restoreDynamic(setup, *plan, options, verify);
   KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify));
@@ -285,6 +295,78 @@ Status restoreCommand(Args &args) {
   if (run.error)
     return reportVerification(*run.error,
                               verifyBound(planCodecs(*plan), setup.maxError));
+  return Status::ok();
+}
+
+/// Restores a prompt with one plan (or Cake's walk), decodes greedily from
+/// the restored cache, and prints the tokens (and text, for a model with a
+/// tokenizer) beside what decoding after a full prefill gives.
+Status generateCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(setup, loadRestoreSetup(args, "joint"));
+  std::string planName = args.get("plan");
+  bool dynamic = args.has("dynamic");
+  KVC_ASSIGN_OR_RETURN(steps, args.integer("steps", 32));
+  if (steps <= 0)
+    return invalidArgument("--steps must be positive");
+  const std::string tokenizerFile = tokenizerPath(args.get("model"));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  KVC_ASSIGN_OR_RETURN(plan, selectPlan(setup, planName));
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (!tokenizerFile.empty()) {
+    KVC_ASSIGN_OR_RETURN(
+        loaded,
+        Tokenizer::load(tokenizerFile, setup.model->config().vocabSize));
+    tokenizer = std::move(loaded);
+  }
+  const std::vector<int32_t> &prompt = setup.request.tokens;
+  GenerateOptions options;
+  options.steps = steps;
+  options.stop = tokenizer ? Tokenizer::kEos : -1;
+
+  std::shared_ptr<Destination> into;
+  if (dynamic) {
+    KVC_ASSIGN_OR_RETURN(cake, dynamicCakeOptions(*plan));
+    KVC_ASSIGN_OR_RETURN(dest,
+                         destinationFor(cpuBackend(), *setup.model, prompt,
+                                        *setup.store, {cake.tier}, steps));
+    into = std::move(dest);
+    KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(*plan)));
+    KVC_ASSIGN_OR_RETURN(result,
+                         restoreDynamicCake(*pools, into->target, cake));
+    printDynamicCake(result, prompt.size(), ("plan " + plan->name).c_str());
+  } else {
+    KVC_ASSIGN_OR_RETURN(
+        run, runPlan(setup.request, *plan, {}, /*verify=*/false, steps));
+    std::printf("restored %zu tokens with plan %s: %.3f ms\n", prompt.size(),
+                plan->name.c_str(), run.metrics.makespanSeconds * 1e3);
+    printFallbacks(run.metrics);
+    into = run.destination;
+  }
+  KVC_ASSIGN_OR_RETURN(
+      restored, generateAfterRestore(cpuBackend(), *setup.model, *into->cache,
+                                     into->table, prompt, options));
+  KVC_ASSIGN_OR_RETURN(reference,
+                       generateAfterPrefill(*setup.model, prompt, options));
+  auto print = [&](const char *label, const std::vector<int32_t> &ids) {
+    std::printf("%s:", label);
+    for (int32_t id : ids)
+      std::printf(" %d", id);
+    std::printf("\n");
+    if (tokenizer)
+      std::printf("  \"%s%s\"\n", tokenizer->decode(prompt).c_str(),
+                  tokenizer->decode(ids, prompt.back()).c_str());
+  };
+  print("after the restore", restored);
+  size_t same = 0;
+  while (same < restored.size() && same < reference.size() &&
+         restored[same] == reference[same])
+    ++same;
+  if (same == restored.size() && same == reference.size()) {
+    std::printf("after a full prefill: the same %zu tokens\n", same);
+  } else {
+    print("after a full prefill", reference);
+    std::printf("the first %zu tokens agree\n", same);
+  }
   return Status::ok();
 }
 

@@ -28,6 +28,7 @@
 #include "kvc/Host/Calibrate.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Model/Llama2c.h"
 #include "kvc/Runtime/Save/Saver.h"
 
 #include <cstdio>
@@ -61,6 +62,21 @@ Status genModel(Args &args) {
               "heads, %s) to %s\n",
               (long long)o.layers, (long long)o.hidden, (long long)o.heads,
               (long long)o.kvHeads, dtypeName(o.dtype), out.c_str());
+  return Status::ok();
+}
+
+Status importLlama2cCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(checkpoint, args.required("checkpoint"));
+  KVC_ASSIGN_OR_RETURN(out, args.required("out"));
+  std::string tokenizer = args.get("tokenizer");
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  KVC_ASSIGN_OR_RETURN(config, importLlama2c(checkpoint, tokenizer, out));
+  std::printf("wrote %s: %lld layers, hidden %lld, %lld heads (%lld KV), "
+              "vocabulary %lld%s, float32\n",
+              out.c_str(), (long long)config.numLayers,
+              (long long)config.hiddenSize, (long long)config.numHeads,
+              (long long)config.numKvHeads, (long long)config.vocabSize,
+              tokenizer.empty() ? "" : " with its tokenizer");
   return Status::ok();
 }
 
@@ -206,6 +222,7 @@ const std::vector<Command> &commands() {
       {"model", "DIR", "the model directory (config.json + safetensors)"},
       {"tokens", "FILE", "the request: whitespace-separated token ids"},
       {"random-tokens", "N", "or N random tokens (at most the context)"},
+      {"prompt", "TEXT", "or text, for a model with a tokenizer.bin"},
       {"seed", "S", "the random tokens' seed (default 0)"}};
   static const std::vector<Option> store = {
       {"store", "URL",
@@ -255,6 +272,13 @@ const std::vector<Command> &commands() {
                {"replace", "", "rewrite objects stored with another codec"}} +
            common,
        save},
+      {"import-llama2c", "converts a llama2.c checkpoint to a model directory",
+       std::vector<Option>{
+           {"checkpoint", "FILE", "the llama2.c .bin"},
+           {"tokenizer", "FILE", "its tokenizer .bin (optional)"},
+           {"out", "DIR", "where to write the model"}} +
+           common,
+       importLlama2cCommand},
       {"profile-codecs", "measures every codec composition on the model's KV",
        std::vector<Option>{
            {"model", "DIR", "the model directory"},
@@ -275,6 +299,14 @@ const std::vector<Command> &commands() {
                {"trace", "FILE", "write a Chrome trace"}} +
            common,
        restoreCommand},
+      {"generate", "restores a prompt, then decodes greedily from the cache",
+       request + store + plan +
+           std::vector<Option>{
+               {"plan", "NAME", "the bundle's plan (default its first)"},
+               {"steps", "N", "tokens to generate (default 32)"},
+               {"dynamic", "", "run a Cake-shaped plan as Cake's walk"}} +
+           common,
+       generateCommand},
       {"compare", "restores with every plan, verifies and tables them",
        request + store + plan +
            std::vector<Option>{

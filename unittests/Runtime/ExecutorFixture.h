@@ -1,5 +1,4 @@
-//===- ExecutorFixture.h - A model, a store, plans to restore -*- C++ -*-===//
-//-*-===//
+//===- ExecutorFixture.h - A model, a store, plans to restore ---*- C++ -*-===//
 //
 // The fixture of the executor's tests (ExecutorTest.cpp, DynamicCakeTest.cpp):
 // a small model, a request saved to a store in every form, plans that split

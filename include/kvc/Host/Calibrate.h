@@ -1,5 +1,4 @@
-//===- Calibrate.h - A target description measured ---------------*- C++
-//-*-===//
+//===- Calibrate.h - A target description measured --------------*- C++ -*-===//
 
 #ifndef KVC_HOST_CALIBRATE_H
 #define KVC_HOST_CALIBRATE_H

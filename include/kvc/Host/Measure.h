@@ -1,5 +1,4 @@
-//===- Measure.h - Restores measured and verified ----------------*- C++
-//-*-===//
+//===- Measure.h - Restores measured and verified ---------------*- C++ -*-===//
 //
 // A request restored many times (kvc-run restore and compare, benchmarks):
 // each run into a fresh paged cache, its memory measured, optionally
@@ -11,8 +10,10 @@
 #ifndef KVC_HOST_MEASURE_H
 #define KVC_HOST_MEASURE_H
 
+#include "kvc/Host/Session.h"
 #include "kvc/Runtime/Exec/Executor.h"
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -34,12 +35,17 @@ struct PlanRun {
   /// Resident memory before the restore (model, request, empty paged cache)
   /// and at its peak; the paged cache's size.
   int64_t residentBefore = 0, residentPeak = 0, cacheBytes = 0;
+  /// The restored cache, when the run was asked to keep it.
+  std::shared_ptr<Destination> destination;
 };
 
 /// Restores the request with `plan` into a fresh paged cache on pools of
-/// the plan's lanes; verifies the cache when asked.
+/// the plan's lanes; verifies the cache when asked. With `keepRoom` >= 0
+/// the run keeps its cache, sized for that many tokens more (to decode
+/// after the restore).
 StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
-                          const RestoreOptions &options, bool verify);
+                          const RestoreOptions &options, bool verify,
+                          int64_t keepRoom = -1);
 
 /// For each plan, the first plan with its schedule (itself when none
 /// before has it): a plan with an earlier one's schedule (the joint plan

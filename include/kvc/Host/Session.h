@@ -1,5 +1,4 @@
-//===- Session.h - Restoring and saving a server's requests ------*- C++
-//-*-===//
+//===- Session.h - Restoring and saving a server's requests -----*- C++ -*-===//
 //
 // The calls a server makes around its forward pass, over the runtime:
 //
@@ -56,10 +55,11 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
             const std::vector<int32_t> &tokens, const TargetDesc &target,
             const std::string &tier, const PlanOptions &options);
 
-/// A paged cache just large enough for a request, its block table, and a
-/// restore target naming them, the model, the request's tokens and `store`
-/// as every tier in `tiers`: what a restore needs when the caller has no
-/// cache of its own (kvc-run). Held by pointer: the target points into it.
+/// A paged cache just large enough for a request (and `room` more tokens,
+/// to decode after it), its block table, and a restore target naming them,
+/// the model, the request's tokens and `store` as every tier in `tiers`:
+/// what a restore needs when the caller has no cache of its own (kvc-run).
+/// Held by pointer: the target points into it.
 struct Destination {
   std::unique_ptr<PagedKVCache> cache;
   BlockTable table;
@@ -68,7 +68,7 @@ struct Destination {
 StatusOr<std::unique_ptr<Destination>>
 destinationFor(Backend &backend, const ModelCompute &model,
                const std::vector<int32_t> &tokens, ChunkStore &store,
-               const std::vector<std::string> &tiers);
+               const std::vector<std::string> &tiers, int64_t room = 0);
 
 /// A restore running on a thread of its own (its tasks run on the pools).
 class RestoreHandle {

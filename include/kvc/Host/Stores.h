@@ -1,5 +1,4 @@
-//===- Stores.h - Stores a server opens and matches requests against -*- C++
-//-*-===//
+//===- Stores.h - Stores a server opens and matches -------------*- C++ -*-===//
 //
 // What a server asks of its KV stores before it plans a restore: open one
 // from a URL with the layout its saves used, and find how much of a

@@ -1,5 +1,4 @@
-//===- Verify.h - What a restored cache is held to ---------------*- C++
-//-*-===//
+//===- Verify.h - What a restored cache is held to --------------*- C++ -*-===//
 //
 // A restore is verified against a full prefill of the request
 // (restoreError): within bf16 rounding of it where the plan loads nothing

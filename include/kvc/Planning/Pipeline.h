@@ -1,5 +1,4 @@
-//===- Pipeline.h - The steps of a chunk's journey, defined once -*- C++
-//-*-===//
+//===- Pipeline.h - A chunk's journey, defined once -------------*- C++ -*-===//
 //
 // A loaded chunk is fetched on its tier's IO lanes, decoded on the host's
 // decode lanes, copied to the device still quantized, and finished there

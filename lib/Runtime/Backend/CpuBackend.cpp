@@ -286,6 +286,13 @@ public:
     return cache.read(table, layer, first, n, k, v);
   }
 
+  Status decode(const ModelCompute &model, PagedKVCache &cache,
+                const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits) override {
+    PagedContext context(cache, table);
+    return model.nextLogits(context, position, tokens, n, logits);
+  }
+
   StatusOr<double> timePrefill(const ModelCompute &model,
                                const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,

@@ -31,11 +31,6 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
                            ") must be a multiple of heads (" +
                            std::to_string(o.heads) + ")");
 
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
-  if (error)
-    return Status(StatusCode::Unavailable, dir + ": " + error.message());
-
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   TensorMap tensors;
@@ -66,25 +61,44 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
   ones("model.norm.weight", h);
   random("lm_head.weight", {o.vocab, h});
 
-  const char *dtypeName = o.dtype == DType::BF16  ? "bfloat16"
-                          : o.dtype == DType::F16 ? "float16"
+  check.tieWordEmbeddings = false;
+  return writeModelDirectory(
+      dir, check, tensors,
+      nlohmann::json{{"kvc_generator_seed", o.seed}}.dump());
+}
+
+Status writeModelDirectory(const std::string &dir, const ModelConfig &c,
+                           const TensorMap &tensors,
+                           const std::string &extraFields) {
+  KVC_RETURN_IF_ERROR(c.validate());
+  if (c.ropeScaling.kind != RopeScaling::Kind::None)
+    return unimplemented("writing a config with rope scaling");
+  nlohmann::json extra = nlohmann::json::parse(extraFields, nullptr, false);
+  if (!extra.is_object())
+    return invalidArgument("extra config fields are not a JSON object");
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error)
+    return Status(StatusCode::Unavailable, dir + ": " + error.message());
+  const char *dtypeName = c.dtype == DType::BF16  ? "bfloat16"
+                          : c.dtype == DType::F16 ? "float16"
                                                   : "float32";
   nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
                            {"model_type", "llama"},
                            {"hidden_act", "silu"},
-                           {"num_hidden_layers", o.layers},
-                           {"hidden_size", h},
-                           {"num_attention_heads", o.heads},
-                           {"num_key_value_heads", o.kvHeads},
-                           {"head_dim", d},
-                           {"intermediate_size", o.ffn},
-                           {"vocab_size", o.vocab},
-                           {"max_position_embeddings", o.maxPositions},
-                           {"rope_theta", o.ropeTheta},
-                           {"rms_norm_eps", 1e-5},
-                           {"tie_word_embeddings", false},
-                           {"torch_dtype", dtypeName},
-                           {"kvc_generator_seed", o.seed}};
+                           {"num_hidden_layers", c.numLayers},
+                           {"hidden_size", c.hiddenSize},
+                           {"num_attention_heads", c.numHeads},
+                           {"num_key_value_heads", c.numKvHeads},
+                           {"head_dim", c.headDim},
+                           {"intermediate_size", c.intermediateSize},
+                           {"vocab_size", c.vocabSize},
+                           {"max_position_embeddings", c.maxPositions},
+                           {"rope_theta", c.ropeTheta},
+                           {"rms_norm_eps", c.rmsNormEps},
+                           {"tie_word_embeddings", c.tieWordEmbeddings},
+                           {"torch_dtype", dtypeName}};
+  config.update(extra);
   std::filesystem::path root(dir);
   {
     std::ofstream out(root / "config.json");
@@ -93,7 +107,7 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
       return Status(StatusCode::Unavailable, dir + ": cannot write config.json");
   }
   return writeSafetensors((root / "model.safetensors").string(), tensors,
-                          o.dtype);
+                          c.dtype);
 }
 
 } // namespace kvc

@@ -90,6 +90,10 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir) {
     KVC_RETURN_IF_ERROR(take(t, p + "mlp.up_proj.weight", {f, h}, L.up));
     KVC_RETURN_IF_ERROR(take(t, p + "mlp.down_proj.weight", {h, f}, L.down));
   }
+  KVC_RETURN_IF_ERROR(take(t, "model.norm.weight", {h}, model->finalNorm_));
+  if (!c.tieWordEmbeddings || t.count("lm_head.weight"))
+    KVC_RETURN_IF_ERROR(
+        take(t, "lm_head.weight", {c.vocabSize, h}, model->lmHead_));
   model->invFreq_ = ropeFrequencies(c);
   Sha256 hash;
   hash.update(c.modelType)
@@ -134,6 +138,29 @@ Status LlamaModel::prefill(KVContext &context, int64_t position,
                            const int32_t *tokens, int64_t n,
                            const LayerCallback &onLayer,
                            int64_t layers) const {
+  std::vector<float> x;
+  return forward(context, position, tokens, n, onLayer, layers, x);
+}
+
+Status LlamaModel::nextLogits(KVContext &context, int64_t position,
+                              const int32_t *tokens, int64_t n,
+                              float *logits) const {
+  if (n <= 0)
+    return invalidArgument("logits need at least one token");
+  std::vector<float> x;
+  KVC_RETURN_IF_ERROR(forward(context, position, tokens, n, {}, -1, x));
+  const int64_t h = config_.hiddenSize;
+  std::vector<float> normed(h);
+  rmsNorm(&x[(n - 1) * h], finalNorm_, 1, normed.data());
+  linear(normed.data(), lmHead_.empty() ? embed_ : lmHead_, 1, h,
+         config_.vocabSize, logits);
+  return Status::ok();
+}
+
+Status LlamaModel::forward(KVContext &context, int64_t position,
+                           const int32_t *tokens, int64_t n,
+                           const LayerCallback &onLayer, int64_t layers,
+                           std::vector<float> &x) const {
   const ModelConfig &c = config_;
   if (n <= 0)
     return Status::ok();
@@ -158,8 +185,9 @@ Status LlamaModel::prefill(KVContext &context, int64_t position,
   const int64_t h = c.hiddenSize, heads = c.numHeads, kvHeads = c.numKvHeads,
                 kv = kvDim(), q = heads * c.headDim, f = c.intermediateSize;
 
-  std::vector<float> x(n * h), normed(n * h), qs(n * q), k(n * kv),
-      v(n * kv), attn(n * q), tmp(n * h), gate(n * f), up(n * f);
+  x.assign(n * h, 0.0f);
+  std::vector<float> normed(n * h), qs(n * q), k(n * kv), v(n * kv),
+      attn(n * q), tmp(n * h), gate(n * f), up(n * f);
   CausalAttention attention(heads, kvHeads, c.headDim);
   // The chunk's RoPE rows, shared by every layer's queries and keys.
   std::vector<float> rotations(n * c.headDim);

@@ -1,5 +1,4 @@
-//===- Backend.h - The device side of a restore ------------------*- C++
-//-*-===//
+//===- Backend.h - The device side of a restore -----------------*- C++ -*-===//
 //
 // The executor decides what happens to each chunk and when (the plan's
 // tasks on resource lanes); a Backend does the part that touches the
@@ -15,6 +14,8 @@
 //   scatter       a chunk's K and V -> the paged cache through the block
 //                 table                           (scatter)
 //   readBack      K and V of cached rows -> host fp32 (verification)
+//   decode        a decode step over the restored cache -> next-token
+//                 logits (what the model says after a restore)
 //   timePrefill, uploadGBs
 //                 what calibration measures of the backend itself
 //
@@ -119,6 +120,14 @@ public:
   virtual Status readBack(const PagedKVCache &cache, const BlockTable &table,
                           int64_t layer, int64_t first, int64_t n, float *k,
                           float *v) = 0;
+
+  /// A decode step after a restore: runs `n` tokens at `position` through
+  /// every layer of `model` over `cache` (which holds tokens [0, position)
+  /// through `table`), writing their K and V, and the next-token logits
+  /// ([vocab], host memory) after the last of them.
+  virtual Status decode(const ModelCompute &model, PagedKVCache &cache,
+                        const BlockTable &table, int64_t position,
+                        const int32_t *tokens, int64_t n, float *logits) = 0;
 
   /// Calibration: seconds of one prefill of `n` tokens at `position` over a
   /// context holding the tokens before it (`context`, copied first, not

@@ -1,5 +1,4 @@
-//===- DynamicCake.h - Cake's run-time merge point ---------------*- C++
-//-*-===//
+//===- DynamicCake.h - Cake's run-time merge point --------------*- C++ -*-===//
 //
 // Cake's dynamic mode: computation walks forward from the first chunk and
 // loading walks back from the last; each side claims its next chunk only

@@ -5,9 +5,10 @@
 // read from a Hugging Face checkpoint and run in fp32 on the CPU, GEMMs in
 // OpenBLAS. It prefills tokens chunk by chunk and hands each layer's input
 // hidden states, K (after RoPE) and V to the caller; it also projects stored
-// hidden states back to K and V (HCache). It is the ground truth every
-// restore is verified against, and the ModelCompute the CPU backend runs
-// restores with.
+// hidden states back to K and V (HCache), and gives next-token logits
+// (tied or separate output layer) for decoding after a restore. It is the
+// ground truth every restore is verified against, and the ModelCompute the CPU
+// backend runs restores with.
 //
 // K and V are rounded to bf16 where they are produced, as the paged cache
 // holds them (vLLM's kv_cache_dtype): attention reads them in that
@@ -54,6 +55,8 @@ public:
                  int64_t layers = -1) const override;
   void project(int64_t layer, const float *hidden, int64_t n, int64_t position,
                float *k, float *v) const override;
+  Status nextLogits(KVContext &context, int64_t position, const int32_t *tokens,
+                    int64_t n, float *logits) const override;
 
   /// Rows position .. position + n of the model's RoPE table (Rope.h):
   /// what its rotations use, and what a generated kernel reads.
@@ -66,10 +69,17 @@ private:
   LlamaModel() = default;
   void rmsNorm(const float *x, const std::vector<float> &weight, int64_t n,
                float *out) const;
+  /// prefill, leaving the hidden states leaving the last layer in `x`
+  /// ([n][hidden]) when every layer runs.
+  Status forward(KVContext &context, int64_t position, const int32_t *tokens,
+                 int64_t n, const LayerCallback &onLayer, int64_t layers,
+                 std::vector<float> &x) const;
 
   ModelConfig config_;
   std::string fingerprint_;
   std::vector<float> embed_;
+  std::vector<float> finalNorm_;
+  std::vector<float> lmHead_; ///< Empty when tied to embed_.
   std::vector<Layer> layers_;
   std::vector<float> invFreq_; ///< RoPE frequencies, head_dim / 2.
 };

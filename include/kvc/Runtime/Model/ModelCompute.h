@@ -7,7 +7,9 @@
 // compute through the same interface, and backends run restores over
 // whichever they are given.
 //
-// Both calls produce K after RoPE and V rounded to bf16, as a paged cache
+// A model that can also decode (nextLogits) lets a caller check a restore
+// by what the model says next. Prefill and projection produce K after RoPE
+// and V rounded to bf16, as a paged cache
 // holds them, so a restore that computes part of a request writes what a
 // full prefill would.
 //
@@ -76,6 +78,17 @@ public:
   /// a prefill's are.
   virtual void project(int64_t layer, const float *hidden, int64_t n,
                        int64_t position, float *k, float *v) const = 0;
+
+  /// Runs `n` tokens at positions position.. through every layer over
+  /// `context` as prefill does, then the final norm and the output layer:
+  /// the next-token logits ([vocab]) after the last of them. A decode step
+  /// after a restore. Models that only restore (a server's own compute)
+  /// may leave it Unimplemented.
+  virtual Status nextLogits(KVContext &context, int64_t position,
+                            const int32_t *tokens, int64_t n,
+                            float *logits) const {
+    return unimplemented("this model computes no logits");
+  }
 
   int64_t kvDim() const { return config().numKvHeads * config().headDim; }
 

@@ -1,5 +1,4 @@
-//===- KVCVocabulary.h - The dialect's enums as kvc's vocabulary -*- C++
-//-*-===//
+//===- KVCVocabulary.h - The dialect's enums as kvc's own -------*- C++ -*-===//
 //
 // The dialect's ODS enumerations whose words are kvc's shared vocabulary
 // (kvc/Support/Vocabulary.h), converted to and from it. The enumerators

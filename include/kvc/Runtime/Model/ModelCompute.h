@@ -9,9 +9,8 @@
 //
 // A model that can also decode (nextLogits) lets a caller check a restore
 // by what the model says next. Prefill and projection produce K after RoPE
-// and V rounded to bf16, as a paged cache
-// holds them, so a restore that computes part of a request writes what a
-// full prefill would.
+// and V rounded to bf16, as a paged cache holds them, so a restore that
+// computes part of a request writes what a full prefill would.
 //
 //===----------------------------------------------------------------------===//
 
@@ -84,9 +83,9 @@ public:
   /// the next-token logits ([vocab]) after the last of them. A decode step
   /// after a restore. Models that only restore (a server's own compute)
   /// may leave it Unimplemented.
-  virtual Status nextLogits(KVContext &context, int64_t position,
-                            const int32_t *tokens, int64_t n,
-                            float *logits) const {
+  virtual Status nextLogits(KVContext & /*context*/, int64_t /*position*/,
+                            const int32_t * /*tokens*/, int64_t /*n*/,
+                            float * /*logits*/) const {
     return unimplemented("this model computes no logits");
   }
 

@@ -296,43 +296,64 @@ JobGraph Planner::buildJobs(const Plan &plan,
   std::map<std::string, int> resources;
   for (Resource r : {Resource::Compute, Resource::H2D, Resource::Decode})
     resources[poolName(r)] = graph.addResource(poolName(r), 1);
-  // A step reads or writes a tier only when it is a source's IO.
-  auto resourceOf = [&](const PipelineStep &step, const Source *source,
-                        const TierDesc *tier) {
-    Resource r = stepResource(step);
-    std::string name = poolName(r, r == Resource::IO ? source->tier : "");
-    auto [it, inserted] = resources.try_emplace(name, -1);
-    if (inserted)
-      it->second = graph.addResource(name, tier ? int(tier->lanes) : 1);
-    return it->second;
+  // A chunk kind's steps and the resource each runs on, made on first use
+  // (so resources are added in the order chunks need them): loads per
+  // source, into the cache or (a computed chunk's hidden input) not, and
+  // computed chunks. A step reads or writes a tier only as a source's IO.
+  struct Chain {
+    std::vector<PipelineStep> steps;
+    std::vector<int> resources;
+    const Source *source = nullptr;
+    const TierDesc *tier = nullptr;
+  };
+  std::map<std::pair<int, bool>, Chain> chains;
+  auto chainOf = [&](int sourceIndex, bool toCache) -> const Chain & {
+    auto [it, inserted] = chains.try_emplace({sourceIndex, toCache});
+    Chain &chain = it->second;
+    if (!inserted)
+      return chain;
+    if (sourceIndex >= 0) {
+      chain.source = &request_.sources[sourceIndex];
+      chain.tier = cost_.target().findTier(chain.source->tier);
+      chain.steps =
+          restoreSteps(chain.source->form, chain.source->codec, toCache);
+    } else {
+      chain.steps = computeSteps();
+    }
+    for (const PipelineStep &step : chain.steps) {
+      Resource r = stepResource(step);
+      std::string name =
+          poolName(r, r == Resource::IO ? chain.source->tier : "");
+      auto [found, added] = resources.try_emplace(name, -1);
+      if (added)
+        found->second =
+            graph.addResource(name, chain.tier ? int(chain.tier->lanes) : 1);
+      chain.resources.push_back(found->second);
+    }
+    return chain;
   };
 
-  /// Adds the jobs of `steps` over `box` after `deps` and returns the last:
+  /// Adds the jobs of `chain` over `box` after `deps` and returns the last:
   /// consecutive steps on one resource are one job at its first step's
   /// priority (as kvc-fuse fuses a chunk's device steps into one kernel),
   /// and a fetch holds its staging bytes until the job that frees them ends.
-  auto addChain = [&](int chunk, const std::vector<PipelineStep> &steps,
-                      const Box &box, const Source *source,
+  auto addChain = [&](int chunk, const Chain &chain, const Box &box,
                       std::vector<int> deps) {
-    const TierDesc *tier =
-        source ? cost_.target().findTier(source->tier) : nullptr;
+    const std::vector<PipelineStep> &steps = chain.steps;
     int last = -1, holder = -1;
     for (size_t s = 0; s < steps.size();) {
-      SimJob job{resourceOf(steps[s], source, tier), 0,
-                 stepPriority(steps[s].kind)};
+      SimJob job{chain.resources[s], 0, stepPriority(steps[s].kind)};
       JobInfo what{steps[s].kind, chunk, 0, 0};
       bool frees = false;
-      for (; s < steps.size() &&
-             resourceOf(steps[s], source, tier) == job.resource;
-           ++s) {
-        StepCost c = stepCost(cost_, steps[s], box, tier);
+      for (; s < steps.size() && chain.resources[s] == job.resource; ++s) {
+        StepCost c = stepCost(cost_, steps[s], box, chain.tier);
         job.seconds += c.seconds;
         what.bytesRead += c.bytesRead;
         what.flops += c.flops;
         frees |= freesStaging(steps[s].kind);
         if (steps[s].kind == StepKind::Fetch)
-          job.stagingBytes =
-              int64_t(stagingBytes(cost_, source->form, source->codec, box));
+          job.stagingBytes = int64_t(stagingBytes(cost_, chain.source->form,
+                                                  chain.source->codec, box));
       }
       last = graph.addJob(job, last < 0 ? deps : std::vector<int>{last});
       jobs.push_back(what);
@@ -343,11 +364,6 @@ JobGraph Planner::buildJobs(const Plan &plan,
     }
     return last;
   };
-  auto addLoad = [&](int chunk, const Source &source, const Box &box,
-                     bool toCache) {
-    return addChain(chunk, restoreSteps(source.form, source.codec, toCache),
-                    box, &source, {});
-  };
 
   std::vector<Chunk> chunks = this->chunks(plan);
   std::vector<int> final(chunks.size(), -1);
@@ -355,7 +371,8 @@ JobGraph Planner::buildJobs(const Plan &plan,
     const Chunk &c = chunks[i];
     int chunk = static_cast<int>(i);
     if (c.method != Method::Compute) {
-      final[i] = addLoad(chunk, request_.sources[c.source], c.box, true);
+      final[i] =
+          addChain(chunk, chainOf(c.source, /*toCache=*/true), c.box, {});
       continue;
     }
     // Attention needs the KV of every earlier token in these layers.
@@ -372,13 +389,13 @@ JobGraph Planner::buildJobs(const Plan &plan,
     }
     if (c.box.l0 > 0) {
       if (hiddenFrom < 0 && c.source >= 0)
-        hiddenFrom = addLoad(chunk, request_.sources[c.source],
-                             Box{c.box.t0, c.box.t1, c.box.l0, c.box.l0 + 1},
-                             /*toCache=*/false);
+        hiddenFrom =
+            addChain(chunk, chainOf(c.source, /*toCache=*/false),
+                     Box{c.box.t0, c.box.t1, c.box.l0, c.box.l0 + 1}, {});
       if (hiddenFrom >= 0)
         deps.push_back(hiddenFrom);
     }
-    final[i] = addChain(chunk, computeSteps(), c.box, nullptr, deps);
+    final[i] = addChain(chunk, chainOf(-1, false), c.box, deps);
   }
   return graph;
 }

@@ -206,12 +206,16 @@ void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
 /// restore --dynamic: runs a Cake-shaped plan as Cake's two-sided walk, on
 /// the plan's tier, lanes and codec; the plan's merge point is the
 /// prediction the run reports against.
-Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
-                      const RestoreOptions &run, bool verify) {
+/// Runs a Cake-shaped plan as Cake's walk into a fresh paged cache (with
+/// room for `room` tokens more) and prints what it did.
+StatusOr<std::unique_ptr<Destination>> runDynamic(RestoreSetup &setup,
+                                                  const BundlePlan &plan,
+                                                  const RestoreOptions &run,
+                                                  int64_t room) {
   KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
   KVC_ASSIGN_OR_RETURN(into, destinationFor(cpuBackend(), *setup.model,
                                             setup.request.tokens, *setup.store,
-                                            {options.tier}));
+                                            {options.tier}, room));
   KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
   KVC_ASSIGN_OR_RETURN(result,
                        restoreDynamicCake(*pools, into->target, options, run));
@@ -219,6 +223,12 @@ Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
                    ("plan " + plan.name).c_str());
   if (!run.tracePath.empty())
     std::printf("  trace: %s\n", run.tracePath.c_str());
+  return into;
+}
+
+Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
+                      const RestoreOptions &run, bool verify) {
+  KVC_ASSIGN_OR_RETURN(into, runDynamic(setup, plan, run, 0));
   if (!verify)
     return Status::ok();
   KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.request.tokens,
@@ -325,15 +335,8 @@ Status generateCommand(Args &args) {
 
   std::shared_ptr<Destination> into;
   if (dynamic) {
-    KVC_ASSIGN_OR_RETURN(cake, dynamicCakeOptions(*plan));
-    KVC_ASSIGN_OR_RETURN(dest,
-                         destinationFor(cpuBackend(), *setup.model, prompt,
-                                        *setup.store, {cake.tier}, steps));
+    KVC_ASSIGN_OR_RETURN(dest, runDynamic(setup, *plan, {}, steps));
     into = std::move(dest);
-    KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(*plan)));
-    KVC_ASSIGN_OR_RETURN(result,
-                         restoreDynamicCake(*pools, into->target, cake));
-    printDynamicCake(result, prompt.size(), ("plan " + plan->name).c_str());
   } else {
     KVC_ASSIGN_OR_RETURN(
         run, runPlan(setup.request, *plan, {}, /*verify=*/false, steps));

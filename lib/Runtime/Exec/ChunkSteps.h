@@ -22,6 +22,7 @@
 #define KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
 
 #include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
@@ -136,6 +137,21 @@ private:
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;
 };
+
+/// Runs `run` (a restore of `target`) with `progress`, when given, reset to
+/// the target's layers and tokens before and finished with the restore's
+/// status after, so that waiters wake on success and on error alike.
+template <typename Run>
+auto trackProgress(LayerProgress *progress, const RestoreTarget &target,
+                   Run run) -> decltype(run()) {
+  if (progress)
+    progress->reset(target.model ? target.model->config().numLayers : 0,
+                    target.tokens ? int64_t(target.tokens->size()) : 0);
+  auto result = run();
+  if (progress)
+    progress->finish(result.status());
+  return result;
+}
 
 } // namespace kvc::exec_detail
 

@@ -222,13 +222,9 @@ StatusOr<DynamicCakeResult>
 restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
                    const DynamicCakeOptions &options,
                    const RestoreOptions &run) {
-  if (run.progress)
-    run.progress->reset(target.model ? target.model->config().numLayers : 0,
-                        target.tokens ? int64_t(target.tokens->size()) : 0);
-  StatusOr<DynamicCakeResult> result = runWalk(pools, target, options, run);
-  if (run.progress)
-    run.progress->finish(result.status());
-  return result;
+  return exec_detail::trackProgress(run.progress, target, [&] {
+    return runWalk(pools, target, options, run);
+  });
 }
 
 } // namespace kvc

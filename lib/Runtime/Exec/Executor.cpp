@@ -329,13 +329,9 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
 StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,
                                  const RestoreOptions &options) {
-  if (options.progress)
-    options.progress->reset(target.model ? target.model->config().numLayers : 0,
-                            target.tokens ? int64_t(target.tokens->size()) : 0);
-  StatusOr<RestoreMetrics> metrics = runRestore(pools, plan, target, options);
-  if (options.progress)
-    options.progress->finish(metrics.status());
-  return metrics;
+  return exec_detail::trackProgress(options.progress, target, [&] {
+    return runRestore(pools, plan, target, options);
+  });
 }
 
 StatusOr<RestoreError> restoreError(const ModelCompute &model,

@@ -61,7 +61,6 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
   ones("model.norm.weight", h);
   random("lm_head.weight", {o.vocab, h});
 
-  check.tieWordEmbeddings = false;
   return writeModelDirectory(
       dir, check, tensors,
       nlohmann::json{{"kvc_generator_seed", o.seed}}.dump());

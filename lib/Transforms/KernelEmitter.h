@@ -36,6 +36,16 @@ struct MatrixLayout {
 /// The layout of K (`value` false) or V of a chunk of `spec`.
 MatrixLayout matrixLayout(const KernelSpec &spec, bool value);
 
+/// How many iterations of a loop of `trips` a GPU-form lane unrolls, its
+/// loads issued before their first use: the largest divisor of `trips` up
+/// to 8 (8 loads of 16 bytes in flight per lane).
+inline int64_t inFlight(int64_t trips) {
+  for (int64_t u = std::min<int64_t>(trips, 8); u > 1; --u)
+    if (trips % u == 0)
+      return u;
+  return 1;
+}
+
 /// The largest power of two up to 16 that divides every term: the alignment
 /// of an address `sum(term_i * x_i)` for any integers x_i, the base being
 /// 16-byte aligned.
@@ -158,7 +168,12 @@ private:
   /// whose head row spans its neighbouring lanes (GPU form).
   Value hadamard(Value values, Value channel);
   /// save: `n` values of K or V of `layer` at (token, channel) of the
-  /// cache, as f32, transformed when the codec rotates.
+  /// cache, as f32.
+  Value loadCache(bool value, Value layer, Value token, Value channel,
+                  int64_t n);
+  /// `values` from `channel` on, transformed when the codec rotates.
+  Value transformed(Value values, Value channel);
+  /// loadCache, then transformed.
   Value gather(bool value, Value layer, Value token, Value channel, int64_t n);
   /// How reduce() and laneReduce() combine two values: min and max ignore
   /// NaN as the runtime's comparisons do (so their order does not matter);

@@ -41,15 +41,23 @@ using namespace mlir;
 using namespace mlir::kvc;
 using namespace mlir::kvc::detail;
 
-Value ItemEmitter::gather(bool value, Value layer, Value token, Value channel,
-                          int64_t n) {
+Value ItemEmitter::loadCache(bool value, Value layer, Value token,
+                             Value channel, int64_t n) {
   // The cache row is 16-byte aligned and the channel a multiple of 8.
   Value element = destination(layer, token, channel);
   Value bits = b.create<vector::BitCastOp>(
       loc, vec(n, b.getBF16Type()),
       loadBytes(cache(value), mul(element, 2), 2 * n, 16));
-  Value values = b.create<arith::ExtFOp>(loc, vec(n, b.getF32Type()), bits);
+  return b.create<arith::ExtFOp>(loc, vec(n, b.getF32Type()), bits);
+}
+
+Value ItemEmitter::transformed(Value values, Value channel) {
   return spec.hadamard() ? hadamard(values, channel) : values;
+}
+
+Value ItemEmitter::gather(bool value, Value layer, Value token, Value channel,
+                          int64_t n) {
+  return transformed(loadCache(value, layer, token, channel, n), channel);
 }
 
 Value ItemEmitter::squareRoot(Value x) {
@@ -141,21 +149,30 @@ void ItemEmitter::rmsNormRow(Value row, Value lane, Value inRange) {
                                       splat(vec(8, f32), b.getF32FloatAttr(0))),
             in};
   };
+  // The GPU form issues the loads of `unroll` pieces before it uses any, so
+  // a lane keeps that many 16-byte loads in flight; the sums keep their
+  // order.
   const int64_t steps = ceilDiv(pieces, lanes);
+  const int64_t unroll = spec.host ? 1 : inFlight(steps);
   VectorType accType = vec(8 * held, f32);
   auto sum =
-      b.create<scf::ForOp>(loc, index(0), index(steps), index(1),
+      b.create<scf::ForOp>(loc, index(0), index(steps), index(unroll),
                            ValueRange{splat(accType, b.getF32FloatAttr(0))});
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(sum.getBody());
     SmallVector<Value> xs;
-    for (int64_t j = 0; j < held; ++j)
-      xs.push_back(piece(sum.getInductionVar(), j).first);
-    Value x = concat(xs);
-    b.create<scf::YieldOp>(loc, ValueRange{b.create<arith::AddFOp>(
-                                    loc, sum.getRegionIterArgs()[0],
-                                    b.create<arith::MulFOp>(loc, x, x))});
+    for (int64_t u = 0; u < unroll; ++u) {
+      SmallVector<Value> parts;
+      for (int64_t j = 0; j < held; ++j)
+        parts.push_back(piece(add(sum.getInductionVar(), index(u)), j).first);
+      xs.push_back(concat(parts));
+    }
+    Value acc = sum.getRegionIterArgs()[0];
+    for (Value x : xs)
+      acc =
+          b.create<arith::AddFOp>(loc, acc, b.create<arith::MulFOp>(loc, x, x));
+    b.create<scf::YieldOp>(loc, ValueRange{acc});
   }
   Value totals = reduce(sum.getResult(0), 8, Combine::Add); // One per lane.
   if (!spec.host) {
@@ -183,27 +200,36 @@ void ItemEmitter::rmsNormRow(Value row, Value lane, Value inRange) {
           loc, b.create<arith::DivFOp>(loc, total, scalar(double(h))),
           scalar(spec.eps))));
   Value scales = b.create<vector::BroadcastOp>(loc, vec(8, f32), scale);
-  // out = (x * scale) * weight, rounded to bf16.
-  auto write = b.create<scf::ForOp>(loc, index(0), index(steps), index(1));
+  // out = (x * scale) * weight, rounded to bf16; the GPU form loads a
+  // batch's pieces and weights before its first store.
+  auto write = b.create<scf::ForOp>(loc, index(0), index(steps), index(unroll));
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(write.getBody()->getTerminator());
   Value weightRow = mul(add(args[3], layer), h);
-  for (int64_t j = 0; j < held; ++j) {
-    auto [x, in] = piece(write.getInductionVar(), j);
-    Value p = b.create<arith::MinUIOp>(
-        loc,
-        add(mul(write.getInductionVar(), lanes), spec.host ? index(j) : lane),
-        index(pieces - 1));
-    Value weight = b.create<vector::BitCastOp>(
-        loc, vec(8, f32),
-        loadBytes(args[1], mul(add(weightRow, mul(p, 8)), 4), 32,
-                  alignmentOf({4 * h, 32})));
+  struct Loaded {
+    Value x, in, p, weight;
+  };
+  SmallVector<Loaded> batch;
+  for (int64_t u = 0; u < unroll; ++u)
+    for (int64_t j = 0; j < held; ++j) {
+      Value k = add(write.getInductionVar(), index(u));
+      auto [x, in] = piece(k, j);
+      Value p = b.create<arith::MinUIOp>(
+          loc, add(mul(k, lanes), spec.host ? index(j) : lane),
+          index(pieces - 1));
+      Value weight = b.create<vector::BitCastOp>(
+          loc, vec(8, f32),
+          loadBytes(args[1], mul(add(weightRow, mul(p, 8)), 4), 32,
+                    alignmentOf({4 * h, 32})));
+      batch.push_back({x, in, p, weight});
+    }
+  for (const Loaded &l : batch) {
     Value out = roundToBf16(b.create<arith::MulFOp>(
-        loc, b.create<arith::MulFOp>(loc, x, scales), weight));
+        loc, b.create<arith::MulFOp>(loc, l.x, scales), l.weight));
     Value bytesOut =
         b.create<vector::BitCastOp>(loc, vec(16, b.getI8Type()), out);
-    ifThen(b.create<arith::AndIOp>(loc, inRange, in), [&] {
-      storeBytes(args[2], mul(add(mul(row, h), mul(p, 8)), 2), bytesOut, 16);
+    ifThen(b.create<arith::AndIOp>(loc, inRange, l.in), [&] {
+      storeBytes(args[2], mul(add(mul(row, h), mul(l.p, 8)), 2), bytesOut, 16);
     });
   }
 }
@@ -381,27 +407,35 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
   }
 
   // Groups of m.size tokens of one channel: the item's n channels over the
-  // token block, scanned twice (extremes, then values). Lanes past the
+  // token block, scanned twice (extremes, then values), in the GPU form
+  // `unroll` tokens' loads at a time before their use. Lanes past the
   // chunk's last token rescan that token, so all lanes run every shuffle.
   const int64_t S = m.size;
+  const int64_t unroll = spec.host ? 1 : inFlight(S);
   Value first = mul(row, S);
   auto tokenAt = [&](Value i) -> Value {
     return b.create<arith::MinUIOp>(loc, add(first, i), index(spec.tokens - 1));
   };
   VectorType f32 = vec(n, b.getF32Type());
   auto scan = b.create<scf::ForOp>(
-      loc, index(0), index(S), index(1),
+      loc, index(0), index(S), index(unroll),
       ValueRange{splat(f32, b.getF32FloatAttr(INFINITY)),
                  splat(f32, b.getF32FloatAttr(-INFINITY))});
   {
     OpBuilder::InsertionGuard guard(b);
     b.setInsertionPointToStart(scan.getBody());
-    Value x = gather(value, layer, tokenAt(scan.getInductionVar()), channel, n);
-    b.create<scf::YieldOp>(
-        loc,
-        ValueRange{
-            b.create<arith::MinNumFOp>(loc, scan.getRegionIterArgs()[0], x),
-            b.create<arith::MaxNumFOp>(loc, scan.getRegionIterArgs()[1], x)});
+    SmallVector<Value> xs;
+    for (int64_t u = 0; u < unroll; ++u)
+      xs.push_back(loadCache(value, layer,
+                             tokenAt(add(scan.getInductionVar(), index(u))),
+                             channel, n));
+    Value lo = scan.getRegionIterArgs()[0], hi = scan.getRegionIterArgs()[1];
+    for (Value x : xs) {
+      x = transformed(x, channel);
+      lo = b.create<arith::MinNumFOp>(loc, lo, x);
+      hi = b.create<arith::MaxNumFOp>(loc, hi, x);
+    }
+    b.create<scf::YieldOp>(loc, ValueRange{lo, hi});
   }
   QuantParams params =
       quantParams(scan.getResult(0), scan.getResult(1), m.bits);
@@ -412,16 +446,21 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     storeBytes(payload(), add(base, mul(group, 4)), words,
                alignmentOf({layerBytes, kOffset, 4 * width, 4 * n}));
   });
-  auto encode = b.create<scf::ForOp>(loc, index(0), index(S), index(1));
+  auto encode = b.create<scf::ForOp>(loc, index(0), index(S), index(unroll));
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(encode.getBody()->getTerminator());
-  Value i = encode.getInductionVar();
-  Value token = tokenAt(i);
-  Value packed = quantize(gather(value, layer, token, channel, n),
-                          params.minimum, params.inverse, m.bits);
-  Value inChunk = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
-                                          add(first, i), index(spec.tokens));
-  ifThen(b.create<arith::AndIOp>(loc, inRange, inChunk), [&] {
-    storeBytes(payload(), packedOffset(token), packed, packedAlign);
-  });
+  SmallVector<std::pair<Value, Value>> batch; // (i, values)
+  for (int64_t u = 0; u < unroll; ++u) {
+    Value i = add(encode.getInductionVar(), index(u));
+    batch.push_back({i, loadCache(value, layer, tokenAt(i), channel, n)});
+  }
+  for (auto [i, x] : batch) {
+    Value packed = quantize(transformed(x, channel), params.minimum,
+                            params.inverse, m.bits);
+    Value inChunk = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
+                                            add(first, i), index(spec.tokens));
+    ifThen(b.create<arith::AndIOp>(loc, inRange, inChunk), [&] {
+      storeBytes(payload(), packedOffset(tokenAt(i)), packed, packedAlign);
+    });
+  }
 }

@@ -159,7 +159,8 @@ func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, dev
 // item reduces its 8 values, then across the 4 lanes of its group
 // (gpu.shuffle xor 1 and 2), and the group's first lane stores the scale and
 // minimum; a K item scans its group's 32 tokens for the extremes of its 8
-// channels, stores their 8 parameter pairs, then scans again to quantize.
+// channels, stores their 8 parameter pairs, then scans again to quantize,
+// each scan loading 8 tokens' pieces before it uses any.
 // In the host form a V item is a whole group of 32 values.
 // CHECK-LABEL: func.func @save
 // CHECK:         kvc.kernel "gather_quant"(){{.*}} attributes {kvc.entry = @[[S:kvc_save_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
@@ -183,15 +184,39 @@ func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, dev
 // CHECK:             } else {
 // CHECK:               %[[WORK:.+]] = arith.cmpi ult, %{{.+}}, %c32
 // CHECK:               scf.if %[[WORK]] {
-// CHECK:                 %{{.+}}:2 = scf.for %{{.+}} = %c0 to %c32 step %c1 iter_args({{.+}}) -> (vector<8xf32>, vector<8xf32>)
+// CHECK:                 %{{.+}}:2 = scf.for %{{.+}} = %c0 to %c32 step %c8 iter_args({{.+}}) -> (vector<8xf32>, vector<8xf32>)
+// CHECK-NOT:               arith.minnumf
 // CHECK:                   memref.view %[[KEYS]]
-// CHECK:                   arith.minnumf
-// CHECK:                   arith.maxnumf
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-NOT:               arith.minnumf
+// CHECK:                   memref.view %[[KEYS]]
+// CHECK:                   memref.load
+// CHECK-COUNT-8:           arith.minnumf
 // CHECK:                   scf.yield
 // CHECK:                 arith.truncf {{.+}} : vector<8xf32> to vector<8xf16>
 // CHECK:                 scf.if
 // CHECK-COUNT-2:           memref.store {{.+}} : memref<?xvector<4xi32>>
-// CHECK:                 scf.for %{{.+}} = %c0 to %c32 step %c1 {
+// CHECK:                 scf.for %{{.+}} = %c0 to %c32 step %c8 {
+// CHECK-NOT:               memref.store
+// CHECK-COUNT-8:           memref.view %[[KEYS]]
 // CHECK:                   arith.cmpi ult, %{{.+}}, %c64
 // CHECK:                   scf.if
 // CHECK:                     memref.store {{.+}} : memref<?xi32>

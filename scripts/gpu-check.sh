@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks (generated kernels, the model import) in two steps, for a GPU
-# machine that has CUDA and PyTorch but no LLVM/MLIR (docs/kernels.md, "On a GPU").
+# machine with CUDA and PyTorch but no LLVM/MLIR (docs/kernels.md, "On a GPU").
 #
 #   scripts/gpu-check.sh pack [DIR]   here: builds kvc-kernel-bench and the
 #                                     kernel bundle (build/), copies them,

@@ -289,7 +289,8 @@ Value ItemEmitter::butterflies(Value row, int64_t n) {
   return row;
 }
 
-Value ItemEmitter::laneButterflies(Value piece, Value lane) {
+Value ItemEmitter::laneButterflies(Value piece, Value lane,
+                                   int64_t laneStride) {
   // Stage len >= 8 pairs piece p with piece p ^ (len / 8) of the same head
   // row, held by the lane that far away. The lane whose bit is clear holds
   // the low values and keeps low + high; the other keeps low - high, which
@@ -310,7 +311,8 @@ Value ItemEmitter::laneButterflies(Value piece, Value lane) {
             b.create<arith::ConstantIntOp>(loc, int32_t(0x80000000), 32),
             b.create<arith::ConstantIntOp>(loc, 0, 32)));
     Value partner = splat(type, b.getF32FloatAttr(0));
-    Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
+    Value offset =
+        b.create<arith::ConstantIntOp>(loc, distance * laneStride, 32);
     Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
     for (int64_t j = 0; j < 8; ++j) {
       Value own = b.create<vector::ExtractOp>(loc, piece, ArrayRef<int64_t>{j});
@@ -337,11 +339,11 @@ Value ItemEmitter::normalize(Value values) {
       splat(cast<VectorType>(values.getType()), b.getF32FloatAttr(norm)));
 }
 
-Value ItemEmitter::hadamard(Value values, Value channel) {
+Value ItemEmitter::hadamard(Value values, Value channel, int64_t laneStride) {
   if (spec.host)
     return normalize(butterflies(values, spec.headDim));
   Value lane = rem(div(channel, 8), spec.headDim / 8);
-  return normalize(laneButterflies(butterflies(values, 8), lane));
+  return normalize(laneButterflies(butterflies(values, 8), lane, laneStride));
 }
 
 Value ItemEmitter::loadProjected(bool value, Value layer, Value token,

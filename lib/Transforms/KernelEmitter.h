@@ -160,19 +160,21 @@ private:
   Value butterflies(Value row, int64_t n);
   /// The stages 8 .. head_dim/2 of an 8-value piece held by `lane` (the
   /// piece's index in its head), exchanged with the other lanes of the head
-  /// row through gpu.shuffle.
-  Value laneButterflies(Value piece, Value lane);
+  /// row through gpu.shuffle; consecutive pieces are `laneStride` lanes
+  /// apart.
+  Value laneButterflies(Value piece, Value lane, int64_t laneStride = 1);
   Value normalize(Value values);
   /// The orthonormal Hadamard transform, in the spec's form, of `values`
   /// starting at `channel`: whole head rows (host form) or one 8-value piece
   /// whose head row spans its neighbouring lanes (GPU form).
-  Value hadamard(Value values, Value channel);
+  Value hadamard(Value values, Value channel, int64_t laneStride = 1);
   /// save: `n` values of K or V of `layer` at (token, channel) of the
   /// cache, as f32.
   Value loadCache(bool value, Value layer, Value token, Value channel,
                   int64_t n);
-  /// `values` from `channel` on, transformed when the codec rotates.
-  Value transformed(Value values, Value channel);
+  /// `values` from `channel` on, transformed when the codec rotates (GPU
+  /// form: a head row's pieces `laneStride` lanes apart).
+  Value transformed(Value values, Value channel, int64_t laneStride = 1);
   /// loadCache, then transformed.
   Value gather(bool value, Value layer, Value token, Value channel, int64_t n);
   /// How reduce() and laneReduce() combine two values: min and max ignore
@@ -186,9 +188,9 @@ private:
   /// 8-value pieces elementwise in order, then the 8 partial results as
   /// (j, j + 4), then (j, j + 2), then (0, 1) (RmsNorm.h's lane total).
   Value reduce(Value values, int64_t size, Combine how);
-  /// vector<1> `x` reduced across groups of `lanes` aligned lanes with
-  /// gpu.shuffle xor 1, 2, 4, ...: adjacent pairs first, every lane ending
-  /// with the same bits.
+  /// Each element of `x` reduced across groups of `lanes` aligned lanes
+  /// with gpu.shuffle xor 1, 2, 4, ...: adjacent pairs first, every lane
+  /// ending with the same bits.
   Value laneReduce(Value x, int64_t lanes, Combine how);
 
   /// A group's quantization parameters from its extremes (vectors of one

@@ -51,8 +51,9 @@ Value ItemEmitter::loadCache(bool value, Value layer, Value token,
   return b.create<arith::ExtFOp>(loc, vec(n, b.getF32Type()), bits);
 }
 
-Value ItemEmitter::transformed(Value values, Value channel) {
-  return spec.hadamard() ? hadamard(values, channel) : values;
+Value ItemEmitter::transformed(Value values, Value channel,
+                               int64_t laneStride) {
+  return spec.hadamard() ? hadamard(values, channel, laneStride) : values;
 }
 
 Value ItemEmitter::gather(bool value, Value layer, Value token, Value channel,
@@ -110,16 +111,20 @@ Value ItemEmitter::reduce(Value values, int64_t size, Combine how) {
 }
 
 Value ItemEmitter::laneReduce(Value x, int64_t lanes, Combine how) {
-  Value own = b.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{0});
   Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
-  for (int64_t distance = 1; distance < lanes; distance *= 2) {
-    Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
-    Value theirs =
-        b.create<gpu::ShuffleOp>(loc, own, offset, width, gpu::ShuffleMode::XOR)
-            .getShuffleResult();
-    own = combine(how, own, theirs);
+  Value result = x;
+  for (int64_t j = 0; j < count(x); ++j) {
+    Value own = b.create<vector::ExtractOp>(loc, x, ArrayRef<int64_t>{j});
+    for (int64_t distance = 1; distance < lanes; distance *= 2) {
+      Value offset = b.create<arith::ConstantIntOp>(loc, distance, 32);
+      Value theirs = b.create<gpu::ShuffleOp>(loc, own, offset, width,
+                                              gpu::ShuffleMode::XOR)
+                         .getShuffleResult();
+      own = combine(how, own, theirs);
+    }
+    result = b.create<vector::InsertOp>(loc, own, result, ArrayRef<int64_t>{j});
   }
-  return b.create<vector::BroadcastOp>(loc, x.getType(), own);
+  return result;
 }
 
 void ItemEmitter::rmsNormRow(Value row, Value lane, Value inRange) {
@@ -339,8 +344,13 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
                      m = matrixLayout(spec, value);
   const int64_t layerBytes = k.bytes + matrixLayout(spec, true).bytes;
   const int64_t kOffset = value ? k.bytes : 0;
-  Value row = div(item, width / n); // The token, or the token block.
-  Value channel = mul(rem(item, width / n), n);
+  // Items are numbered token (or token block), piece of the row, then the
+  // part of a per-channel group's tokens the item scans.
+  const int64_t parts = spec.groupLanes(value);
+  Value part = rem(item, parts);
+  Value rest = div(item, parts);
+  Value row = div(rest, width / n); // The token, or the token block.
+  Value channel = mul(rem(rest, width / n), n);
   Value base = matrixOffset(value, layer);
 
   if (!m.bits) {
@@ -406,19 +416,21 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     return;
   }
 
-  // Groups of m.size tokens of one channel: the item's n channels over the
-  // token block, scanned twice (extremes, then values), in the GPU form
-  // `unroll` tokens' loads at a time before their use. Lanes past the
-  // chunk's last token rescan that token, so all lanes run every shuffle.
-  const int64_t S = m.size;
-  const int64_t unroll = spec.host ? 1 : inFlight(S);
-  Value first = mul(row, S);
+  // Groups of m.size tokens of one channel: the item's n channels over its
+  // part of the group's tokens (all of them in the host form), scanned
+  // twice (extremes, then values), in the GPU form `unroll` tokens' loads
+  // at a time before their use; the group's lanes combine their extremes
+  // through gpu.shuffle. Lanes past the chunk's last token rescan that
+  // token, so all lanes run every shuffle.
+  const int64_t S = m.size, share = S / parts;
+  const int64_t unroll = spec.host ? 1 : inFlight(share);
+  Value first = add(mul(row, S), mul(part, share));
   auto tokenAt = [&](Value i) -> Value {
     return b.create<arith::MinUIOp>(loc, add(first, i), index(spec.tokens - 1));
   };
   VectorType f32 = vec(n, b.getF32Type());
   auto scan = b.create<scf::ForOp>(
-      loc, index(0), index(S), index(unroll),
+      loc, index(0), index(share), index(unroll),
       ValueRange{splat(f32, b.getF32FloatAttr(INFINITY)),
                  splat(f32, b.getF32FloatAttr(-INFINITY))});
   {
@@ -431,22 +443,34 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
                              channel, n));
     Value lo = scan.getRegionIterArgs()[0], hi = scan.getRegionIterArgs()[1];
     for (Value x : xs) {
-      x = transformed(x, channel);
+      x = transformed(x, channel, parts);
       lo = b.create<arith::MinNumFOp>(loc, lo, x);
       hi = b.create<arith::MaxNumFOp>(loc, hi, x);
     }
     b.create<scf::YieldOp>(loc, ValueRange{lo, hi});
   }
-  QuantParams params =
-      quantParams(scan.getResult(0), scan.getResult(1), m.bits);
+  Value lo = scan.getResult(0), hi = scan.getResult(1);
+  if (parts > 1) {
+    lo = laneReduce(lo, parts, Combine::Min);
+    hi = laneReduce(hi, parts, Combine::Max);
+  }
+  QuantParams params = quantParams(lo, hi, m.bits);
   Value group = add(mul(row, width), channel);
   Value words =
       b.create<vector::BitCastOp>(loc, vec(4 * n, b.getI8Type()), params.words);
-  ifThen(inRange, [&] {
+  // The group's first lane stores its parameters.
+  Value storesParams =
+      parts == 1 ? inRange
+                 : b.create<arith::AndIOp>(
+                       loc, inRange,
+                       b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                               part, index(0)));
+  ifThen(storesParams, [&] {
     storeBytes(payload(), add(base, mul(group, 4)), words,
                alignmentOf({layerBytes, kOffset, 4 * width, 4 * n}));
   });
-  auto encode = b.create<scf::ForOp>(loc, index(0), index(S), index(unroll));
+  auto encode =
+      b.create<scf::ForOp>(loc, index(0), index(share), index(unroll));
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(encode.getBody()->getTerminator());
   SmallVector<std::pair<Value, Value>> batch; // (i, values)
@@ -455,7 +479,7 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     batch.push_back({i, loadCache(value, layer, tokenAt(i), channel, n)});
   }
   for (auto [i, x] : batch) {
-    Value packed = quantize(transformed(x, channel), params.minimum,
+    Value packed = quantize(transformed(x, channel, parts), params.minimum,
                             params.inverse, m.bits);
     Value inChunk = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
                                             add(first, i), index(spec.tokens));

@@ -103,8 +103,13 @@ struct KernelSpec {
   /// covers: 8 in the GPU form; in the host form a head row under Hadamard,
   /// and for a save kernel whole per-token groups.
   int64_t valuesPerItem(bool value) const;
-  /// Tokens one work item covers: a save kernel's per-channel groups; else 1.
+  /// Tokens one work item covers: a save kernel's per-channel groups (in
+  /// the GPU form shared by groupLanes items); else 1.
   int64_t tokensPerItem(bool value) const;
+  /// Consecutive items (lanes) that share one per-channel group of a save
+  /// kernel, each scanning its own part of the group's tokens: 1 in the
+  /// host form and for every other layout.
+  int64_t groupLanes(bool value) const;
   /// Work items of one K (or V) matrix of a layer.
   int64_t itemsOf(bool value) const;
   /// Work items one GPU thread computes (all loaded before any is stored).

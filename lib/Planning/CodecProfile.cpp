@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace kvc::planning {
@@ -139,6 +140,20 @@ double CodecProfile::restoreErrorBound(
   return worst + 1.0 / 256; // bf16 rounds to within 2^-8 of each value.
 }
 
+double CodecProfile::kl(const CodecSpec &codec) const {
+  if (codec.quant == CodecSpec::Quant::None)
+    return 0.0;
+  const CodecProfileEntry *entry = find(codec);
+  return entry && entry->kl ? *entry->kl
+                            : std::numeric_limits<double>::infinity();
+}
+
+bool CodecProfile::allows(const CodecSpec &codec, double maxError,
+                          double maxKl) const {
+  return quality(codec) <= maxError &&
+         (std::isinf(maxKl) || kl(codec) <= maxKl);
+}
+
 StatusOr<CodecProfile> CodecProfile::parse(std::string_view text) {
   Json doc;
   try {
@@ -175,13 +190,19 @@ StatusOr<CodecProfile> CodecProfile::parse(std::string_view text) {
       entry.quality = e.at("quality").get<double>();
       entry.encodeGBs = e.value("encode_gbs", 0.0);
       entry.decodeGBs = e.value("decode_gbs", 0.0);
+      if (e.contains("kl"))
+        entry.kl = e.at("kl").get<double>();
+      if (e.contains("agreement"))
+        entry.agreement = e.at("agreement").get<double>();
     } catch (const Json::exception &ex) {
       return invalidArgument(path + ": " + ex.what());
     }
     if (!(entry.ratio > 0) || entry.quality < 0 || entry.encodeGBs < 0 ||
-        entry.decodeGBs < 0)
-      return invalidArgument(path + ": ratio must be positive and quality and "
-                                    "rates non-negative");
+        entry.decodeGBs < 0 || (entry.kl && !(*entry.kl >= 0)))
+      return invalidArgument(path + ": ratio must be positive and quality, "
+                                    "kl and rates non-negative");
+    if (entry.agreement && !(*entry.agreement >= 0 && *entry.agreement <= 1))
+      return invalidArgument(path + ": agreement must be within [0, 1]");
     entries.push_back(entry);
   }
   return CodecProfile(std::move(entries));
@@ -214,6 +235,10 @@ std::string CodecProfile::print() const {
       j["encode_gbs"] = e.encodeGBs;
     if (e.decodeGBs > 0)
       j["decode_gbs"] = e.decodeGBs;
+    if (e.kl)
+      j["kl"] = *e.kl;
+    if (e.agreement)
+      j["agreement"] = *e.agreement;
     entries.push_back(std::move(j));
   }
   return Json{{"schema", kCodecProfileSchema}, {"entries", entries}}.dump(2) +

@@ -71,8 +71,9 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
   for (const Source &source : request_.sources) {
     LoadCost c;
     const TierDesc *tier = target.findTier(source.tier);
-    c.ok = tier && source.box.t0 <= 0 && source.box.t1 >= request_.tokens &&
-           cost_.profile().quality(source.codec) <= request_.maxError;
+    c.ok =
+        tier && source.box.t0 <= 0 && source.box.t1 >= request_.tokens &&
+        cost_.profile().allows(source.codec, request_.maxError, request_.maxKl);
     if (tier) {
       c.tier = int(tier - target.tiers.data());
       double stored = cost_.storedBytes(source.form, source.codec, 1, 1);

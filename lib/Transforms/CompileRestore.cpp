@@ -49,11 +49,10 @@ OwningOpRef<ModuleOp> buildRequestModule(MLIRContext &context,
     return std::isfinite(value) ? builder.getF64FloatAttr(value) : FloatAttr();
   };
   builder.setInsertionPointToEnd(module->getBody());
-  builder.create<RestoreOp>(loc, name,
-                            RangeAttr::get(&context, 0, request.tokens),
-                            builder.getArrayAttr(sources),
-                            finite(request.sloSeconds * 1e3),
-                            finite(request.maxError));
+  builder.create<RestoreOp>(
+      loc, name, RangeAttr::get(&context, 0, request.tokens),
+      builder.getArrayAttr(sources), finite(request.sloSeconds * 1e3),
+      finite(request.maxError), finite(request.maxKl));
   return module;
 }
 

@@ -96,6 +96,8 @@ planning::Request mlir::kvc::getRequest(RestoreOp restore) {
     request.sources.push_back(getSource(cast<SourceAttr>(attr)));
   if (FloatAttr error = restore.getMaxErrorAttr())
     request.maxError = error.getValueAsDouble();
+  if (FloatAttr kl = restore.getMaxKlAttr())
+    request.maxKl = kl.getValueAsDouble();
   if (FloatAttr slo = restore.getSloMsAttr())
     request.sloSeconds = slo.getValueAsDouble() * 1e-3;
   return request;

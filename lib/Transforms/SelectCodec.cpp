@@ -175,18 +175,25 @@ struct KVCSelectCodecPass
     for (size_t i = 0; i < request.sources.size(); ++i) {
       const planning::Source &s = request.sources[i];
       Attribute attr = restore.getSources()[i];
-      if (cost.profile().quality(s.codec) > request.maxError) {
-        mlir::emitRemark(restore.getLoc(), "dropping source ")
-            << i << " (" << s.codec.str() << "): its error "
-            << ::kvc::formatSignificant(cost.profile().quality(s.codec))
-            << " exceeds max_error";
+      if (!cost.profile().allows(s.codec, request.maxError, request.maxKl)) {
+        InFlightDiagnostic diag =
+            mlir::emitRemark(restore.getLoc(), "dropping source ");
+        diag << i << " (" << s.codec.str() << "): ";
+        const double error = cost.profile().quality(s.codec);
+        if (error > request.maxError)
+          diag << "its error " << ::kvc::formatSignificant(error)
+               << " exceeds max_error";
+        else
+          diag << "its next-token KL "
+               << ::kvc::formatSignificant(cost.profile().kl(s.codec))
+               << " exceeds max_kl";
         continue;
       }
       bool dominated = false;
       for (size_t j = 0; j < request.sources.size() && !dominated; ++j) {
         const planning::Source &o = request.sources[j];
         if (i == j || o.form != s.form || !o.box.contains(s.box) ||
-            cost.profile().quality(o.codec) > request.maxError)
+            !cost.profile().allows(o.codec, request.maxError, request.maxKl))
           continue;
         double mine = loadCost(s), theirs = loadCost(o);
         dominated = theirs < mine || (theirs == mine && j < i);

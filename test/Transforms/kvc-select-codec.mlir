@@ -48,6 +48,20 @@ kvc.restore @r tokens 0 to 4096 from [
 
 // -----
 
+// Tests that a budget in next-token KL divergence drops a lossy source the
+// codec profile has no such measure for (the built-in estimate has none;
+// `kvc-run profile-codecs` measures it), and keeps unquantized ones.
+// CHECK: #[[ZSTD:.+]] = #kvc.source<tier = "net", form = kv, codec = <lossless = zstd>
+// CHECK: kvc.restore @kl tokens 0 to 4096 from [#[[ZSTD]]]
+// expected-remark @+1 {{dropping source 0 (int8/g32+zstd): its next-token KL inf exceeds max_kl}}
+kvc.restore @kl tokens 0 to 4096 from [
+    #kvc.source<tier = "net", form = kv, codec = <quant = int8, lossless = zstd>,
+                tokens = 0 to 4096, layers = 0 to 32>,
+    #kvc.source<tier = "net", form = kv, codec = <lossless = zstd>,
+                tokens = 0 to 4096, layers = 0 to 32>] {max_kl = 0.01}
+
+// -----
+
 // Tests that a quality budget no codec meets within the SLO is an error that
 // names the closest candidates.
 // expected-error @+1 {{no codec meets slo_ms = 10 and max_error = 0.01: the fastest within the error budget (int8/g128) takes 94.2 ms; the fastest overall (int2/g128) takes 29.8 ms and adds 0.579 error}}

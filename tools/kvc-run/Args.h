@@ -80,6 +80,10 @@ public:
       return invalidArgument("--" + key + " expects an integer, got " + text);
     return int64_t(v);
   }
+  /// Gives `key` `value` where the command line did not.
+  void setDefault(const std::string &key, const std::string &value) {
+    values_.emplace(key, value);
+  }
   StatusOr<std::string> required(const std::string &key) {
     if (!has(key))
       return invalidArgument("missing --" + key);

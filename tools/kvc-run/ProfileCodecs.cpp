@@ -2,25 +2,33 @@
 
 #include "ProfileCodecs.h"
 #include "kvc/Host/CodecTiming.h"
+#include "kvc/Host/DecodeQuality.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Codec/CodecQuality.h"
+#include "kvc/Support/Format.h"
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 
 namespace kvc {
 
-Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
+Status runCodecProfile(const LlamaModel &model, const std::vector<int32_t> &ids,
+                       uint64_t seed, int64_t decodeSteps,
                        const std::string &outPath) {
   const ModelConfig &c = model.config();
+  const int64_t tokens = int64_t(ids.size());
   std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(tokens);
-  for (int32_t &t : ids)
-    t = int32_t(rng() % uint64_t(c.vocabSize));
+  std::optional<host::DecodeQualityProbe> probe;
+  if (decodeSteps > 0) {
+    KVC_ASSIGN_OR_RETURN(made, host::DecodeQualityProbe::create(
+                                   model, ids, /*cuts=*/4, decodeSteps));
+    probe = std::move(made);
+  }
   LlamaModel::Cache cache = model.newCache();
   KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
   // KV as a store holds it, one object per layer (rates are timed on
@@ -45,9 +53,9 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
   // Rates per core: of the whole codec in GB/s of raw KV (decoding to bf16,
   // as the CPU backend does), and of its lossless stage alone in GB/s of
   // the bytes that stage codes (what the profile records).
-  std::printf("%-28s %8s %9s %9s %10s %10s %10s %10s\n", "codec", "ratio",
-              "K,V err", "attn err", "enc GB/s", "dec GB/s", "lossl enc",
-              "lossl dec");
+  std::printf("%-28s %8s %9s %9s %9s %6s %10s %10s %10s %10s\n", "codec",
+              "ratio", "K,V err", "attn err", "KL", "agree", "enc GB/s",
+              "dec GB/s", "lossl enc", "lossl dec");
   std::vector<planning::CodecProfileEntry> entries;
   std::vector<float> decoded(shape.numel());
   const planning::CodecProfile space = planning::CodecProfile::defaults();
@@ -69,9 +77,17 @@ Status runCodecProfile(const LlamaModel &model, int64_t tokens, uint64_t seed,
     KVC_ASSIGN_OR_RETURN(rates, timeCodec(objects, codec));
     entry.encodeGBs = rates.losslessEncodeGBs;
     entry.decodeGBs = rates.losslessDecodeGBs;
-    std::printf("%-28s %8.3f %9.4f %9.4f %10.2f %10.2f", codec.str().c_str(),
-                entry.ratio, entry.quality, attnError, rates.encodeGBs,
-                rates.decodeGBs);
+    std::string kl = "-", agree = "-";
+    if (probe) {
+      KVC_ASSIGN_OR_RETURN(quality, probe->measure(codec));
+      entry.kl = quality.kl;
+      entry.agreement = quality.agreement;
+      kl = formatSignificant(quality.kl, 3);
+      agree = formatSignificant(quality.agreement, 3);
+    }
+    std::printf("%-28s %8.3f %9.4f %9.4f %9s %6s %10.2f %10.2f",
+                codec.str().c_str(), entry.ratio, entry.quality, attnError,
+                kl.c_str(), agree.c_str(), rates.encodeGBs, rates.decodeGBs);
     if (codec.lossless != CodecSpec::Lossless::None)
       std::printf(" %10.2f %10.2f", entry.encodeGBs, entry.decodeGBs);
     std::printf("\n");

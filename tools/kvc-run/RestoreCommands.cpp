@@ -76,6 +76,7 @@ PlanHook compilerHook() {
     compile.strategies = options.strategies;
     compile.chunkTokens = chunkTokens;
     compile.stagingMiB = options.stagingMiB;
+    compile.codecProfile = options.codecProfile;
     return compileRestore(model.config(), model.fingerprint(), target, request,
                           compile);
   };
@@ -129,6 +130,19 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   KVC_RETURN_IF_ERROR(printStored(store, tokens));
   PlanOptions options;
   options.stagingMiB = stagingMiB;
+  options.codecProfile = args.get("codec-profile");
+  if (args.has("max-kl")) {
+    char *end = nullptr;
+    const std::string text = args.get("max-kl");
+    options.maxKl = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || !(options.maxKl >= 0))
+      return invalidArgument("--max-kl expects a non-negative number, got " +
+                             text);
+    if (options.codecProfile.empty())
+      return invalidArgument("--max-kl judges codecs by a measured profile: "
+                             "give --codec-profile FILE (kvc-run "
+                             "profile-codecs writes one)");
+  }
   options.strategies.clear();
   std::stringstream names(list);
   for (std::string name; std::getline(names, name, ',');)

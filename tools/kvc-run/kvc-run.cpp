@@ -130,17 +130,16 @@ Status save(Args &args) {
 Status profileCodecs(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(out, args.required("out"));
-  // Random tokens, as --random-tokens everywhere (--tokens names a file).
-  KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 1024));
   KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
-  KVC_RETURN_IF_ERROR(args.checkUnused());
+  KVC_ASSIGN_OR_RETURN(decodeSteps, args.integer("decode-steps", 8));
+  if (decodeSteps < 0)
+    return invalidArgument("--decode-steps: expected 0 or more");
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
-  if (count <= 0 || count > model->config().maxPositions)
-    return invalidArgument("--random-tokens " + std::to_string(count) +
-                           ": expected 1 to the model's " +
-                           std::to_string(model->config().maxPositions) +
-                           " positions");
-  return runCodecProfile(*model, count, uint64_t(seed), out);
+  if (!args.has("tokens") && !args.has("prompt"))
+    args.setDefault("random-tokens", "1024");
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  return runCodecProfile(*model, tokens, uint64_t(seed), decodeSteps, out);
 }
 
 /// Validates a plan bundle and summarizes each plan: its tasks per resource
@@ -234,6 +233,11 @@ const std::vector<Command> &commands() {
        "the tenant salt of the keys (default none; as saved)"}};
   static const std::vector<Option> plan = {
       {"bundle", "FILE", "plans compiled by kvc-opt (or --strategy)"},
+      {"codec-profile", "FILE",
+       "--strategy's codec profile (profile-codecs; default the estimate)"},
+      {"max-kl", "X",
+       "--strategy's quality budget: next-token KL divergence (nats) a lossy "
+       "source may add, per --codec-profile"},
       {"strategy", "[LIST]",
        "plan in process: compute, kv, hidden, cake, "
        "hcache, joint"},
@@ -280,11 +284,12 @@ const std::vector<Command> &commands() {
            common,
        importLlama2cCommand},
       {"profile-codecs", "measures every codec composition on the model's KV",
-       std::vector<Option>{
-           {"model", "DIR", "the model directory"},
-           {"random-tokens", "N", "request length (default 1024)"},
-           {"seed", "S", "default 0"},
-           {"out", "FILE", "the profile (JSON)"}} +
+       request +
+           std::vector<Option>{
+               {"decode-steps", "N",
+                "decode steps after each of 4 cuts for the next-token KL "
+                "and agreement (default 8; 0: none)"},
+               {"out", "FILE", "the profile (JSON)"}} +
            common,
        profileCodecs},
       {"inspect-bundle", "prints a plan bundle's plans and kernels",

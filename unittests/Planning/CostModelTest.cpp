@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 using namespace kvc;
 using namespace kvc::planning;
 
@@ -179,6 +181,37 @@ TEST(CodecProfile, RejectsBadProfiles) {
           "ratio": 0.5, "quality": 0.1}]})");
   ASSERT_FALSE(bad.isOk());
   EXPECT_NE(bad.status().message().find("entries[0]"), std::string::npos);
+}
+
+TEST(CodecProfile, KeepsTheMeasuredNextTokenQuality) {
+  StatusOr<CodecProfile> profile = CodecProfile::parse(
+      R"({"schema": "kvc-codec-profile/1", "entries": [{"quant": "int4",
+          "ratio": 0.16, "quality": 0.03, "kl": 0.002, "agreement": 0.97}]})");
+  ASSERT_TRUE(profile.isOk()) << profile.status().toString();
+  CodecSpec int4 = *parseCodecSpec("int4"), int8 = *parseCodecSpec("int8");
+  EXPECT_DOUBLE_EQ(profile->kl(int4), 0.002);
+  EXPECT_TRUE(std::isinf(profile->kl(int8))); // Not measured.
+  EXPECT_EQ(profile->kl(*parseCodecSpec("zstd")), 0.0);
+  StatusOr<CodecProfile> again = CodecProfile::parse(profile->print());
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(again->print(), profile->print());
+  EXPECT_EQ(again->entries()[0].agreement, 0.97);
+  // Both budgets apply; an infinite KL budget ignores the measure.
+  EXPECT_TRUE(profile->allows(int4, 0.05, 0.01));
+  EXPECT_FALSE(profile->allows(int4, 0.05, 0.001));
+  EXPECT_FALSE(profile->allows(int4, 0.01, 0.01));
+  EXPECT_TRUE(profile->allows(int8, 1.0, INFINITY));
+  EXPECT_FALSE(profile->allows(int8, 1.0, 1.0));
+  EXPECT_FALSE(CodecProfile::parse(
+                   R"({"schema": "kvc-codec-profile/1", "entries": [{
+                       "quant": "int4", "ratio": 0.16, "quality": 0.03,
+                       "kl": -1}]})")
+                   .isOk());
+  EXPECT_FALSE(CodecProfile::parse(
+                   R"({"schema": "kvc-codec-profile/1", "entries": [{
+                       "quant": "int4", "ratio": 0.16, "quality": 0.03,
+                       "agreement": 1.5}]})")
+                   .isOk());
 }
 
 TEST(CodecProfile, RestoreErrorBoundIsTheWorstCodecPlusBf16Rounding) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 #include <random>
 #include <set>
 
@@ -312,6 +313,35 @@ TEST(Planner, QualityBudgetExcludesLossySources) {
   Planner planner(cost, r);
   EXPECT_FALSE(planner.kvOnly().has_value());
   EXPECT_EQ(planner.joint().plan.segments[0].method, Method::Compute);
+}
+
+TEST(Planner, KlBudgetJudgesCodecsByTheProfilesMeasure) {
+  ModelConfig m = model(16, 16, 16, 128);
+  CodecSpec int4;
+  int4.quant = CodecSpec::Quant::Int4;
+  CodecProfileEntry measured = estimateCodec(int4);
+  measured.kl = 0.002;
+  Request r;
+  r.tokens = 4096;
+  r.sources.push_back(source("remote", Form::KV, 4096, 16, int4));
+  auto loads = [&](const CodecProfile &profile, double maxKl) {
+    CostModel cost(m, withRemoteBandwidth(4), profile);
+    r.maxKl = maxKl;
+    return Planner(cost, r).kvOnly().has_value();
+  };
+  const CodecProfile profile({measured});
+  EXPECT_TRUE(loads(profile, 0.01));
+  EXPECT_FALSE(loads(profile, 0.001));
+  // Without a measure the codec is unjudged: excluded under any budget,
+  // allowed without one.
+  EXPECT_FALSE(loads(CodecProfile::defaults(), 1.0));
+  EXPECT_TRUE(
+      loads(CodecProfile::defaults(), std::numeric_limits<double>::infinity()));
+  // Unquantized KV adds nothing.
+  CodecSpec zstd;
+  zstd.lossless = CodecSpec::Lossless::Zstd;
+  r.sources[0].codec = zstd;
+  EXPECT_TRUE(loads(profile, 0.0));
 }
 
 TEST(Planner, ValidateNamesMissingTiersAndShortSources) {

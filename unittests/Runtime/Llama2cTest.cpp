@@ -1,6 +1,7 @@
 //===- Llama2cTest.cpp - Importing llama2.c checkpoints and tokenizers ----===//
 
 #include "kvc/Runtime/Model/Llama2c.h"
+#include "kvc/Host/DecodeQuality.h"
 #include "kvc/Host/Generate.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Model/Tokenizer.h"
@@ -63,6 +64,45 @@ TEST_F(Stories260K, ImportsAModelThatTellsItsStory) {
   ASSERT_TRUE(ids.isOk()) << ids.status().toString();
   EXPECT_EQ((*tokenizer)->decode(*ids).substr(0, 53),
             "Once upon a time, there was a little girl named Lily.");
+}
+
+TEST_F(Stories260K, LossierCodecsChangeTheNextTokenMore) {
+  std::string dir = scratch("decode-quality");
+  ASSERT_TRUE(importLlama2c(kStories + "/stories260K.bin",
+                            kStories + "/tok512.bin", dir)
+                  .isOk());
+  StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(dir);
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::load(tokenizerPath(dir), 512);
+  ASSERT_TRUE(tokenizer.isOk());
+  const std::vector<int32_t> prompt =
+      (*tokenizer)
+          ->encode("Once upon a time, there was a little girl named Lily. She "
+                   "loved to "
+                   "play outside in the park.");
+  StatusOr<host::DecodeQualityProbe> probe =
+      host::DecodeQualityProbe::create(**model, prompt, 4, 6);
+  ASSERT_TRUE(probe.isOk()) << probe.status().toString();
+  auto measure = [&](const char *codec) {
+    StatusOr<host::DecodeQuality> q = probe->measure(*parseCodecSpec(codec));
+    EXPECT_TRUE(q.isOk()) << codec << ": " << q.status().toString();
+    EXPECT_EQ(q->steps, 24);
+    return q.isOk() ? *q : host::DecodeQuality{};
+  };
+  // A lossless round trip decodes exactly what the exact cache does.
+  host::DecodeQuality zstd = measure("zstd");
+  EXPECT_EQ(zstd.kl, 0.0);
+  EXPECT_EQ(zstd.agreement, 1.0);
+  // Quantization perturbs the distribution, more at fewer bits (by orders
+  // of magnitude on this model: no kernel's rounding decides it).
+  host::DecodeQuality int8 = measure("int8"), int2 = measure("int2");
+  EXPECT_GT(int8.kl, 0.0);
+  EXPECT_GT(int2.kl, 100 * int8.kl);
+  EXPECT_LE(int2.agreement, int8.agreement);
+  // A cut that does not fit the model's positions is refused up front.
+  EXPECT_FALSE(
+      host::DecodeQualityProbe::create(**model, prompt, 4, 1000).isOk());
 }
 
 TEST_F(Stories260K, TokenizerRoundTripsText) {

@@ -25,6 +25,7 @@
 #include "kvc/Runtime/Exec/Executor.h"
 
 #include <functional>
+#include <limits>
 #include <thread>
 
 namespace kvc::host {
@@ -35,6 +36,12 @@ struct PlanOptions {
   /// cake, hcache); "all" is every strategy the sources allow.
   std::vector<std::string> strategies = {"joint"};
   int64_t stagingMiB = 256;
+  /// A measured codec profile (kvc-codec-profile/1) the planner reads; the
+  /// built-in estimate when empty.
+  std::string codecProfile;
+  /// The request's quality budget in next-token KL divergence (nats;
+  /// planning::Request::maxKl), judged by the profile's measures.
+  double maxKl = std::numeric_limits<double>::infinity();
 };
 
 /// Compiles a restore of `request` for `target`: one plan per strategy.

@@ -3,10 +3,12 @@
 // KVServe selects codecs from a profile: for each composition, the stored
 // size relative to raw (`ratio`) and the error it adds (`quality`: relative
 // L2 error of K and V). Optionally a measured per-core rate of the lossless
-// stage on that composition's data; without one the cost model uses the
-// target's per-stage rates. The default table below is an estimate (see
-// docs/planning.md); `kvc-run profile-codecs` measures one on real KV and
-// writes it in the JSON schema "kvc-codec-profile/1", which `load` reads.
+// stage on that composition's data (without one the cost model uses the
+// target's per-stage rates), and what the error does to the model's next
+// token (`kl`, `agreement`), measured by decoding after a round trip. The
+// default table below is an estimate (see docs/planning.md); `kvc-run
+// profile-codecs` measures one on real KV and writes it in the JSON schema
+// "kvc-codec-profile/1", which `load` reads.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,6 +19,7 @@
 #include "kvc/Runtime/Desc/CodecSpec.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +33,10 @@ struct CodecProfileEntry {
   double quality = 0;   ///< Relative L2 error added to K and V.
   double encodeGBs = 0; ///< Lossless stage, per core, GB/s of its input; 0 = from target.
   double decodeGBs = 0; ///< Lossless stage, per core, GB/s of its output; 0 = from target.
+  /// Mean KL divergence (nats) of the next-token distribution from the
+  /// exact cache's, and the fraction of positions whose greedy token
+  /// agrees (host/DecodeQuality.h); unset where not measured.
+  std::optional<double> kl, agreement;
 };
 
 class CodecProfile {
@@ -58,6 +65,12 @@ public:
   /// cache. Errors of disjoint parts of a matrix never add up to more than
   /// the largest of their relative errors.
   double restoreErrorBound(const std::vector<CodecSpec> &codecs) const;
+  /// The next-token KL divergence `codec` adds: 0 unquantized, infinite
+  /// where the profile has no measure (a KL budget then excludes it).
+  double kl(const CodecSpec &codec) const;
+  /// Whether a source stored with `codec` stays within both budgets
+  /// (Request::maxError, Request::maxKl).
+  bool allows(const CodecSpec &codec, double maxError, double maxKl) const;
 
 private:
   std::vector<CodecProfileEntry> entries_;

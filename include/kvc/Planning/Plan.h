@@ -56,6 +56,11 @@ struct Request {
   std::vector<Source> sources;
   /// Largest relative error a lossy source may add.
   double maxError = std::numeric_limits<double>::infinity();
+  /// Largest KL divergence (nats) of the next-token distribution a lossy
+  /// source may add, as the codec profile measured it on the model
+  /// (`kvc-run profile-codecs`); a lossy codec without that measure is
+  /// excluded while this is finite.
+  double maxKl = std::numeric_limits<double>::infinity();
   /// Restore-time objective; plans slower than this are reported.
   double sloSeconds = std::numeric_limits<double>::infinity();
 };

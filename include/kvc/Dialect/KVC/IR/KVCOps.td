@@ -44,8 +44,10 @@ def KVC_RestoreOp : KVC_IntentOp<"restore"> {
   let description = [{
     The KV of `tokens` (every layer of the model) must end up in the paged
     cache. `from` lists what is stored; anything not stored is recomputed
-    from tokens. Optional `slo_ms` bounds the restore time and `max_error`
-    the relative error a lossy source may add. The planning passes replace
+    from tokens. Optional `slo_ms` bounds the restore time, `max_error`
+    the relative error a lossy source may add and `max_kl` the KL divergence
+    (nats) of the next-token distribution it may add, as the codec profile
+    measured it on the model. The planning passes replace
     it with a `kvc.plan` of the same name.
 
     ```mlir
@@ -61,7 +63,8 @@ def KVC_RestoreOp : KVC_IntentOp<"restore"> {
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
                        KVC_SourceArrayArg:$sources,
                        OptionalAttr<F64Attr>:$slo_ms,
-                       OptionalAttr<F64Attr>:$max_error);
+                       OptionalAttr<F64Attr>:$max_error,
+                       OptionalAttr<F64Attr>:$max_kl);
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) `from` $sources attr-dict
   }];

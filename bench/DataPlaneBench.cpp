@@ -12,8 +12,14 @@
 // RedisGetMany     pipelined GETs of 1 MiB objects from a loopback server
 // Prefill/*        prefill alone, and with KV + hidden saved to a store
 //
+// The KV is a generated model's for 2048 random tokens, or, with
+// KVC_DATAPLANE_MODEL=DIR, that model's for the story it tells greedily from
+// BOS (up to 2048 tokens and its context): a trained model's real KV, e.g.
+// stories260K imported by `kvc-run import-llama2c`.
+//
 //===----------------------------------------------------------------------===//
 
+#include "kvc/Host/Generate.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Model/GenModel.h"
@@ -39,7 +45,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// A generated model and its KV for 2048 tokens.
+/// A generated model and its KV for 2048 random tokens, or the model in
+/// $KVC_DATAPLANE_MODEL and its KV for its own story.
 struct Data {
   std::string modelDir;
   std::unique_ptr<LlamaModel> model;
@@ -51,28 +58,55 @@ struct Data {
 Data &data() {
   static Data d = [] {
     Data out;
-    out.modelDir = fs::temp_directory_path() / "kvc-dataplane-bench-model";
-    GenModelOptions o;
-    o.layers = 4;
-    o.hidden = 512;
-    o.heads = 8;
-    o.kvHeads = 4;
-    o.ffn = 1024;
-    o.vocab = 1024;
-    o.seed = 1;
-    (void)generateModel(out.modelDir, o);
-    out.model = std::move(*LlamaModel::load(out.modelDir));
-    std::mt19937_64 rng(2);
-    out.tokens.resize(2048);
-    for (int32_t &t : out.tokens)
-      t = int32_t(rng() % 1024);
+    const char *real = std::getenv("KVC_DATAPLANE_MODEL");
+    if (real) {
+      out.modelDir = real;
+    } else {
+      out.modelDir = fs::temp_directory_path() / "kvc-dataplane-bench-model";
+      GenModelOptions o;
+      o.layers = 4;
+      o.hidden = 512;
+      o.heads = 8;
+      o.kvHeads = 4;
+      o.ffn = 1024;
+      o.vocab = 1024;
+      o.seed = 1;
+      (void)generateModel(out.modelDir, o);
+    }
+    StatusOr<std::unique_ptr<LlamaModel>> model =
+        LlamaModel::load(out.modelDir);
+    if (!model.isOk()) {
+      std::fprintf(stderr, "%s\n", model.status().toString().c_str());
+      std::exit(1);
+    }
+    out.model = std::move(*model);
+    const ModelConfig &config = out.model->config();
+    const int64_t n = std::min<int64_t>(2048, config.maxPositions);
+    if (real) {
+      host::GenerateOptions story;
+      story.steps = n - 1;
+      out.tokens = {1}; // BOS
+      StatusOr<std::vector<int32_t>> told =
+          host::generateAfterPrefill(*out.model, out.tokens, story);
+      if (told.isOk())
+        out.tokens.insert(out.tokens.end(), told->begin(), told->end());
+    } else {
+      std::mt19937_64 rng(2);
+      out.tokens.resize(n);
+      for (int32_t &t : out.tokens)
+        t = int32_t(rng() % uint64_t(config.vocabSize));
+    }
+    const int64_t tokens = int64_t(out.tokens.size());
     LlamaModel::Cache cache = out.model->newCache();
-    (void)out.model->prefill(cache, out.tokens.data(), 2048);
-    for (int l = 0; l < 4; ++l) {
+    (void)out.model->prefill(cache, out.tokens.data(), tokens);
+    for (int64_t l = 0; l < config.numLayers; ++l) {
       out.kv.insert(out.kv.end(), cache.k[l].begin(), cache.k[l].end());
       out.kv.insert(out.kv.end(), cache.v[l].begin(), cache.v[l].end());
     }
-    out.shape = chunkShape(out.model->config(), Form::KV, 2048, 0, 4);
+    out.shape = chunkShape(config, Form::KV, tokens, 0, config.numLayers);
+    std::fprintf(stderr, "KV of %s: %lld tokens x %lld layers\n",
+                 real ? real : "a generated model", (long long)tokens,
+                 (long long)config.numLayers);
     return out;
   }();
   return d;
@@ -175,18 +209,22 @@ void InflateZlib(benchmark::State &state) {
 }
 BENCHMARK(InflateZlib)->Name("Inflate/zlib");
 
-/// Dequantizes chunks of `state.range(0)` tokens (all 4 layers, K and V).
+/// Dequantizes chunks of `state.range(0)` tokens (every layer, K and V).
 void Dequant(benchmark::State &state, const char *spec) {
   CodecSpec codec = *parseCodecSpec(spec);
   const Data &d = data();
-  int64_t tokens = state.range(0);
+  int64_t tokens = state.range(0), rows = d.shape.tokens;
+  if (tokens > rows) {
+    state.SkipWithError("the model's KV holds fewer tokens");
+    return;
+  }
   ChunkShape shape = d.shape;
   shape.tokens = tokens;
   // The first `tokens` rows of every matrix.
   std::vector<float> values;
   for (int64_t m = 0; m < shape.matrices(); ++m)
-    values.insert(values.end(), d.kv.begin() + m * 2048 * shape.width,
-                  d.kv.begin() + (m * 2048 + tokens) * shape.width);
+    values.insert(values.end(), d.kv.begin() + m * rows * shape.width,
+                  d.kv.begin() + (m * rows + tokens) * shape.width);
   std::string bytes = *encodeChunk(values.data(), shape, codec, DType::BF16);
   std::vector<uint16_t> out(shape.numel());
   for (auto _ : state)

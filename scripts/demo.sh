@@ -8,7 +8,10 @@
 # restore each into a paged cache and verify it against a full prefill, and
 # compare every strategy, planned in-process, at emulated link bandwidths
 # around this machine's balance point, and restores from stores saved with
-# int8+zstd and int4+deflate against their predictions.
+# int8+zstd and int4+deflate against their predictions; finally a trained
+# model (stories260K, when KVC_MODELS_DIR or ../shared/models has it):
+# restore a prompt with the joint plan and decode after it, beside a full
+# prefill, and let a budget in next-token KL decide whether int4 KV loads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -128,3 +131,38 @@ for CODEC in int8+zstd int4+deflate; do
 done
 echo "(predicted times come from the calibrated target; docs/results.md" \
      "explains how close they come and why)"
+
+MODELS=${KVC_MODELS_DIR:-../shared/models}
+if [ ! -f "$MODELS/stories260K/stories260K.bin" ]; then
+  banner "A trained model: skipped (no $MODELS/stories260K; set KVC_MODELS_DIR)"
+  exit 0
+fi
+banner "A trained model: stories260K restored with the joint plan, then decoding"
+"$RUN" import-llama2c --checkpoint "$MODELS/stories260K/stories260K.bin" \
+  --tokenizer "$MODELS/stories260K/tok512.bin" --out "$WORK/stories"
+PROMPT="Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
+STORY=(--model "$WORK/stories" --prompt "$PROMPT" --chunk-tokens 8 --layer-group 1)
+"$RUN" save "${STORY[@]}" --store "file://$WORK/stories-store" --forms kv,hidden
+# The continuation decoded from the restored paged cache, and whether a full
+# prefill's says the same.
+"$RUN" generate "${STORY[@]}" --store "file://$WORK/stories-store" \
+  --strategy joint --target "$WORK/target.json" --steps 40
+
+banner "A quality budget in next-token KL: int4 KV of the same prompt"
+# profile-codecs measures what each codec does to the next token on this
+# model; under a budget below int4's KL the plan recomputes, above it loads.
+"$RUN" profile-codecs --model "$WORK/stories" --prompt "$PROMPT" \
+  --out "$WORK/stories-profile.json" | grep -E '^(codec|int4/g32|int8/g32) '
+"$RUN" save "${STORY[@]}" --store "file://$WORK/stories-int4" --forms kv --codec int4
+for KL in 0.0001 0.1; do
+  echo "-- --max-kl $KL"
+  "$RUN" restore "${STORY[@]}" --store "file://$WORK/stories-int4" \
+    --strategy joint --target "$WORK/target.json" --verify \
+    --codec-profile "$WORK/stories-profile.json" --max-kl "$KL" |
+    grep -E '^(restored|  busy|verify)'
+done
+echo "-- decoding after the int4 restore (--max-kl 0.1)"
+"$RUN" generate "${STORY[@]}" --store "file://$WORK/stories-int4" \
+  --strategy joint --target "$WORK/target.json" --steps 40 \
+  --codec-profile "$WORK/stories-profile.json" --max-kl 0.1 |
+  grep -E '^(  "|after)'

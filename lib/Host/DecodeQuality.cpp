@@ -1,7 +1,6 @@
 //===- DecodeQuality.cpp - A lossy codec and the next token ---------------===//
 
 #include "kvc/Host/DecodeQuality.h"
-#include "kvc/Host/CodecTiming.h"
 #include "kvc/Host/Generate.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
@@ -48,13 +47,14 @@ DecodeQualityProbe::create(const ModelCompute &model,
     cut.context = end - 1;
     cut.cache = model.newCache();
     KVC_RETURN_IF_ERROR(model.prefill(cut.cache, tokens.data(), cut.context));
+    cut.objects = kvObjects(model, cut.cache, cut.context);
     ModelCompute::Cache exact = cut.cache;
     std::vector<float> logits(vocab);
-    int32_t token = tokens[end - 1];
+    cut.first = tokens[end - 1];
+    int32_t token = cut.first;
     for (int64_t s = 0; s < steps; ++s) {
       KVC_RETURN_IF_ERROR(
           model.nextLogits(exact, cut.context + s, &token, 1, logits.data()));
-      cut.fed.push_back(token);
       cut.logProbs.push_back(logSoftmax(logits));
       token = greedyToken(logits);
       cut.greedy.push_back(token);
@@ -75,7 +75,7 @@ DecodeQualityProbe::measure(const CodecSpec &codec) const {
     // The cut's cache after a round trip through the codec, one object per
     // layer as a store holds it.
     ModelCompute::Cache lossy = cut.cache;
-    const KVObjects objects = kvObjects(model, cut.cache, cut.context);
+    const KVObjects &objects = cut.objects;
     std::vector<float> decoded;
     for (size_t l = 0; l < objects.objects.size(); ++l) {
       const KVObjects::Object &object = objects.objects[l];
@@ -91,8 +91,8 @@ DecodeQualityProbe::measure(const CodecSpec &codec) const {
       std::copy(decoded.begin() + matrix, decoded.begin() + 2 * matrix,
                 lossy.v[l].begin());
     }
-    for (size_t s = 0; s < cut.fed.size(); ++s) {
-      int32_t token = cut.fed[s];
+    for (size_t s = 0; s < cut.greedy.size(); ++s) {
+      int32_t token = s ? cut.greedy[s - 1] : cut.first;
       KVC_RETURN_IF_ERROR(model.nextLogits(lossy, cut.context + int64_t(s),
                                            &token, 1, logits.data()));
       const std::vector<double> q = logSoftmax(logits);

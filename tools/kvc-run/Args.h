@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,17 @@ public:
     if (*end || errno == ERANGE)
       return invalidArgument("--" + key + " expects an integer, got " + text);
     return int64_t(v);
+  }
+  /// The number `key` names, or none where it is not given.
+  StatusOr<std::optional<double>> number(const std::string &key) {
+    if (!has(key))
+      return std::optional<double>();
+    std::string text = get(key);
+    char *end = nullptr;
+    double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end || std::isnan(v))
+      return invalidArgument("--" + key + " expects a number, got " + text);
+    return std::optional<double>(v);
   }
   /// Gives `key` `value` where the command line did not.
   void setDefault(const std::string &key, const std::string &value) {

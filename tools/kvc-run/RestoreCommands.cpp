@@ -31,14 +31,11 @@ namespace kvc::run {
 using namespace kvc::host;
 
 StatusOr<std::optional<double>> maxErrorOption(Args &args) {
-  if (!args.has("max-error"))
-    return std::optional<double>();
-  std::string text = args.get("max-error");
-  double value = std::strtod(text.c_str(), nullptr);
-  if (!(value > 0))
+  KVC_ASSIGN_OR_RETURN(value, args.number("max-error"));
+  if (value && !(*value > 0))
     return invalidArgument("--max-error expects a positive number, got " +
-                           text);
-  return std::optional<double>(value);
+                           args.get("max-error"));
+  return value;
 }
 
 /// Prints a verification and fails above the bound.
@@ -131,13 +128,12 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   PlanOptions options;
   options.stagingMiB = stagingMiB;
   options.codecProfile = args.get("codec-profile");
-  if (args.has("max-kl")) {
-    char *end = nullptr;
-    const std::string text = args.get("max-kl");
-    options.maxKl = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end || !(options.maxKl >= 0))
+  KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
+  if (maxKl) {
+    if (!(*maxKl >= 0))
       return invalidArgument("--max-kl expects a non-negative number, got " +
-                             text);
+                             args.get("max-kl"));
+    options.maxKl = *maxKl;
     if (options.codecProfile.empty())
       return invalidArgument("--max-kl judges codecs by a measured profile: "
                              "give --codec-profile FILE (kvc-run "

@@ -15,6 +15,7 @@
 #ifndef KVC_HOST_DECODEQUALITY_H
 #define KVC_HOST_DECODEQUALITY_H
 
+#include "kvc/Host/CodecTiming.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
 #include "kvc/Runtime/Model/ModelCompute.h"
 
@@ -43,9 +44,12 @@ public:
 
 private:
   struct Cut {
-    int64_t context = 0;         ///< Tokens in the cache before the steps.
-    ModelCompute::Cache cache;   ///< Their exact K and V.
-    std::vector<int32_t> fed;    ///< The token fed at each step.
+    int64_t context = 0;       ///< Tokens in the cache before the steps.
+    ModelCompute::Cache cache; ///< Their exact K and V.
+    KVObjects objects;         ///< The same, as a store holds them.
+    /// The first step's token; step s + 1 is fed the exact step s's greedy
+    /// token.
+    int32_t first = 0;
     std::vector<int32_t> greedy; ///< The exact step's greedy token.
     std::vector<std::vector<double>> logProbs; ///< The exact step's.
   };

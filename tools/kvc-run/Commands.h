@@ -5,6 +5,7 @@
 
 #include "Args.h"
 
+#include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
@@ -13,6 +14,12 @@
 namespace kvc::run {
 
 StatusOr<DType> parseDType(const std::string &name);
+
+/// The backend restores run on (--backend: cpu, or cuda where kvc-run was
+/// built with CUDA and a GPU is present).
+Backend &backend();
+/// Selects it by name; Unavailable for cuda without a GPU.
+Status selectBackend(const std::string &name);
 
 /// The --store of a request, laid out by --chunk-tokens and --layer-group
 /// and salted by --tenant (save and restore must agree); `access` says

@@ -2,6 +2,10 @@
 
 #include "Commands.h"
 
+#ifdef KVC_RUN_WITH_CUDA
+#include "kvc/Runtime/Cuda/CudaBackend.h"
+#endif
+
 #include "kvc/Host/Memory.h"
 #include "kvc/Host/Stores.h"
 #include "kvc/Runtime/Model/Llama2c.h"
@@ -11,6 +15,34 @@
 #include <random>
 
 namespace kvc::run {
+
+namespace {
+Backend *selected = nullptr;
+} // namespace
+
+Backend &backend() { return selected ? *selected : cpuBackend(); }
+
+Status selectBackend(const std::string &name) {
+  if (name == "cpu") {
+    selected = &cpuBackend();
+    return Status::ok();
+  }
+  if (name != "cuda")
+    return invalidArgument("--backend expects cpu or cuda, got " + name);
+#ifdef KVC_RUN_WITH_CUDA
+  static std::unique_ptr<Backend> cuda;
+  if (!cuda) {
+    KVC_ASSIGN_OR_RETURN(created, createCudaBackend());
+    cuda = std::move(created);
+  }
+  selected = cuda.get();
+  return Status::ok();
+#else
+  return Status(StatusCode::Unavailable,
+                "--backend cuda: this kvc-run was built without the CUDA "
+                "toolkit");
+#endif
+}
 
 StatusOr<DType> parseDType(const std::string &name) {
   if (name == "bf16")

@@ -180,6 +180,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
                       model->fingerprint().substr(0, 16));
   setup.model = std::move(model);
   setup.store = std::move(store);
+  setup.request.backend = &backend();
   setup.request.model = setup.model.get();
   setup.request.store = setup.store.get();
   setup.request.tokens = std::move(tokens);
@@ -223,10 +224,10 @@ StatusOr<std::unique_ptr<Destination>> runDynamic(RestoreSetup &setup,
                                                   const RestoreOptions &run,
                                                   int64_t room) {
   KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
-  KVC_ASSIGN_OR_RETURN(into, destinationFor(cpuBackend(), *setup.model,
+  KVC_ASSIGN_OR_RETURN(into, destinationFor(backend(), *setup.model,
                                             setup.request.tokens, *setup.store,
                                             {options.tier}, room));
-  KVC_ASSIGN_OR_RETURN(pools, ResourcePools::create(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(pools, backend().createPools(planResources(plan)));
   KVC_ASSIGN_OR_RETURN(result,
                        restoreDynamicCake(*pools, into->target, options, run));
   printDynamicCake(result, setup.request.tokens.size(),
@@ -355,9 +356,9 @@ Status generateCommand(Args &args) {
     printFallbacks(run.metrics);
     into = run.destination;
   }
-  KVC_ASSIGN_OR_RETURN(
-      restored, generateAfterRestore(cpuBackend(), *setup.model, *into->cache,
-                                     into->table, prompt, options));
+  KVC_ASSIGN_OR_RETURN(restored, generateAfterRestore(backend(), *setup.model,
+                                                      *into->cache, into->table,
+                                                      prompt, options));
   KVC_ASSIGN_OR_RETURN(reference,
                        generateAfterPrefill(*setup.model, prompt, options));
   auto print = [&](const char *label, const std::vector<int32_t> &ids) {
@@ -415,8 +416,7 @@ Status compareCommand(Args &args) {
   for (int64_t r = 0; r < repeat; ++r) {
     if (setup.target) {
       KVC_ASSIGN_OR_RETURN(
-          probe,
-          measureReferenceChunk(cpuBackend(), *setup.model, *setup.target));
+          probe, measureReferenceChunk(backend(), *setup.model, *setup.target));
       probes.push_back(probe.measuredSeconds);
       price = probe.predictedSeconds;
       probeTokens = probe.tokens;
@@ -537,10 +537,10 @@ Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(
-      into, destinationFor(cpuBackend(), *model, tokens, *store, {"store"}));
+      into, destinationFor(backend(), *model, tokens, *store, {"store"}));
   KVC_ASSIGN_OR_RETURN(
       pools,
-      ResourcePools::create({{poolName(Resource::Compute), 1},
+      backend().createPools({{poolName(Resource::Compute), 1},
                              {poolName(Resource::IO, "store"), int(lanes)}}));
   DynamicCakeOptions options;
   options.tier = "store";

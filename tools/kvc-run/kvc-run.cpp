@@ -9,7 +9,9 @@
 //
 // Every command takes --compute-threads N (default 1): the threads of the
 // CPU backend's GEMMs (setComputeThreads: one core computes, the others
-// serve the host-side workers).
+// serve the host-side workers); and --backend cpu|cuda: where the paged
+// cache lives and restores compute (cuda where kvc-run was built with the
+// CUDA toolkit and a GPU is present).
 //
 // Plans come from a bundle compiled by kvc-opt, or with --strategy
 // (compute|kv|hidden|cake|hcache|joint; compare takes a list, by default all
@@ -189,7 +191,7 @@ Status calibrateCommand(Args &args) {
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(base, loadTargetDesc(basePath));
-  KVC_ASSIGN_OR_RETURN(target, calibrate(cpuBackend(), *model, base, scratch));
+  KVC_ASSIGN_OR_RETURN(target, calibrate(backend(), *model, base, scratch));
   std::ofstream file(out);
   file << printTargetDesc(target);
   if (!file)
@@ -213,6 +215,9 @@ std::vector<Option> operator+(std::vector<Option> a,
 
 const std::vector<Command> &commands() {
   static const std::vector<Option> common = {
+      {"backend", "NAME",
+       "cpu (default) or cuda: where the paged cache lives and restores "
+       "compute"},
       {"compute-threads", "N",
        "threads of the CPU backend's GEMMs, at most the cores (default 1)"},
       {"help", "", "print this and exit"}};
@@ -397,6 +402,8 @@ int main(int argc, char **argv) {
     else
       setComputeThreads(int(*threads));
   }
+  if (status.isOk())
+    status = selectBackend(args->get("backend", "cpu"));
   if (status.isOk())
     status = command->run(*args);
   if (!status.isOk()) {

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <set>
+#include <thread>
 
 namespace kvc::exec_test {
 
@@ -128,6 +129,17 @@ inline BundlePlan makePlan(const Split &split, int64_t layers) {
   return plan;
 }
 
+/// The object name of the stored KV chunk holding token 200, layers 2-3.
+inline std::string victim(ChunkStore &store,
+                          const std::vector<int32_t> &tokens) {
+  for (const ChunkRef &ref :
+       store.refs(tokens.data(), int64_t(tokens.size()), Form::KV))
+    if (ref.tokenBegin <= 200 && 200 < ref.tokenEnd && ref.layerBegin == 2)
+      return ref.name();
+  ADD_FAILURE() << "no such chunk";
+  return "";
+}
+
 class ExecutorTest : public ::testing::Test {
 protected:
   void SetUp() override {
@@ -137,10 +149,11 @@ protected:
     config.numKvHeads = model_->config().numKvHeads;
     config.headDim = model_->config().headDim;
     config.numBlocks = 8 * ((kTokens + 15) / 16);
-    cache_ = std::move(PagedKVCache::create(config).value());
+    cache_ = std::move(backend_->createCache(config).value());
     pools_ = std::move(
-        ResourcePools::create(
-            {{"io:dram", 2}, {"decode", 2}, {"h2d", 1}, {"compute", 1}})
+        backend_
+            ->createPools(
+                {{"io:dram", 2}, {"decode", 2}, {"h2d", 1}, {"compute", 1}})
             .value());
   }
 
@@ -179,6 +192,7 @@ protected:
     target.tokens = &tokens_;
     target.cache = cache_.get();
     target.table = &table;
+    target.backend = backend_;
     return target;
   }
 
@@ -192,7 +206,7 @@ protected:
   /// to the largest |K| or |V| of the reference.
   double relativeError(const BlockTable &table) {
     StatusOr<RestoreError> error =
-        restoreError(*model_, reference_, kTokens, *cache_, table);
+        restoreError(*model_, reference_, kTokens, *cache_, table, *backend_);
     EXPECT_TRUE(error) << error.status().toString();
     return error ? error->max : 1.0;
   }
@@ -234,6 +248,33 @@ protected:
     cache_->release(table);
   }
 
+  /// Eight restores of different splits at once into one cache, each exact.
+  void expectConcurrentRestoresExact() {
+    const int64_t layers = model_->config().numLayers;
+    std::vector<Split> splits = {{kTokens, 0, 64}, {0, 0, 64}, {0, layers, 64},
+                                 {128, 0, 64},     {0, 2, 64}, {128, 2, 64},
+                                 {96, 1, 96},      {64, 3, 32}};
+    std::vector<BlockTable> tables;
+    for (std::size_t i = 0; i < splits.size(); ++i)
+      tables.push_back(*cache_->allocate(kTokens));
+    std::vector<Status> results(splits.size());
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < splits.size(); ++i)
+      threads.emplace_back([&, i] {
+        StatusOr<RestoreMetrics> metrics =
+            run(makePlan(splits[i], layers), tables[i]);
+        results[i] = metrics.status();
+      });
+    for (std::thread &t : threads)
+      t.join();
+    for (std::size_t i = 0; i < splits.size(); ++i) {
+      EXPECT_TRUE(results[i].isOk()) << i << ": " << results[i].toString();
+      EXPECT_LT(relativeError(tables[i]), 1.0 / 128) << "restore " << i;
+    }
+  }
+
+  /// The device restores run on (set before SetUp).
+  Backend *backend_ = &cpuBackend();
   std::unique_ptr<LlamaModel> model_;
   std::vector<int32_t> tokens_;
   std::shared_ptr<Tier> tier_;

@@ -156,16 +156,6 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   EXPECT_DOUBLE_EQ(metrics->plannedFlops, metrics->flops);
 }
 
-/// The object name of the stored KV chunk holding token 200, layers 2-3.
-std::string victim(ChunkStore &store, const std::vector<int32_t> &tokens) {
-  for (const ChunkRef &ref :
-       store.refs(tokens.data(), int64_t(tokens.size()), Form::KV))
-    if (ref.tokenBegin <= 200 && 200 < ref.tokenEnd && ref.layerBegin == 2)
-      return ref.name();
-  ADD_FAILURE() << "no such chunk";
-  return "";
-}
-
 TEST_F(ExecutorTest, DeletedChunkIsRecomputedAndReported) {
   ASSERT_TRUE(tier_->remove(victim(*store_, tokens_)).isOk());
   expectExact({0, 0, 64}, /*expectedFallbacks=*/1);
@@ -368,28 +358,7 @@ TEST_F(ExecutorTest, WaitingForALayerOfAFailedRestoreReturnsItsError) {
 }
 
 TEST_F(ExecutorTest, ConcurrentRestoresAreAllExact) {
-  const int64_t layers = model_->config().numLayers;
-  std::vector<Split> splits = {{kTokens, 0, 64}, {0, 0, 64},
-                               {0, layers, 64},  {128, 0, 64},
-                               {0, 2, 64},       {128, 2, 64},
-                               {96, 1, 96},      {64, 3, 32}};
-  std::vector<BlockTable> tables;
-  for (std::size_t i = 0; i < splits.size(); ++i)
-    tables.push_back(*cache_->allocate(kTokens));
-  std::vector<Status> results(splits.size());
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < splits.size(); ++i)
-    threads.emplace_back([&, i] {
-      StatusOr<RestoreMetrics> metrics =
-          run(makePlan(splits[i], layers), tables[i]);
-      results[i] = metrics.status();
-    });
-  for (std::thread &t : threads)
-    t.join();
-  for (std::size_t i = 0; i < splits.size(); ++i) {
-    EXPECT_TRUE(results[i].isOk()) << i << ": " << results[i].toString();
-    EXPECT_LT(relativeError(tables[i]), 1.0 / 128) << "restore " << i;
-  }
+  expectConcurrentRestoresExact();
 }
 
 TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {

@@ -2,6 +2,8 @@
 
 #include "kvc/Runtime/Exec/PagedKVCache.h"
 
+#include "kvc/Runtime/Backend/Backend.h"
+
 #include "kvc/Runtime/Base/Half.h"
 
 #include <gtest/gtest.h>
@@ -120,6 +122,32 @@ TEST(PagedKVCacheTest, RejectsViewsThatCannotHoldTheCache) {
   ASSERT_FALSE(missing);
   EXPECT_EQ(missing.status().message(),
             "paged cache: layer 1 has no key or value memory");
+}
+
+// A view of device memory is reached through its backend only: the host
+// accesses refuse it instead of dereferencing device addresses, and so does
+// the CPU backend, which would.
+TEST(PagedKVCacheTest, DeviceCachesRefuseHostAccess) {
+  PagedCacheConfig config = smallConfig();
+  const int64_t perLayer =
+      config.numBlocks * config.blockSize * config.numKvHeads * config.headDim;
+  std::vector<uint16_t> memory(2 * config.layers * perLayer);
+  std::vector<PagedLayerMemory> layers;
+  for (int64_t l = 0; l < config.layers; ++l)
+    layers.push_back({memory.data() + 2 * l * perLayer,
+                      memory.data() + (2 * l + 1) * perLayer});
+  auto cache = PagedKVCache::view(config, layers, CacheMemory::Device);
+  ASSERT_TRUE(cache) << cache.status().toString();
+  EXPECT_EQ((*cache)->memory(), CacheMemory::Device);
+  BlockTable table = *(*cache)->allocate(4);
+  std::vector<float> k = pattern(0, 4, 8, 1), v = pattern(0, 4, 8, 2);
+  EXPECT_EQ((*cache)->write(table, 0, 0, 4, k.data(), v.data()).code(),
+            StatusCode::FailedPrecondition);
+  EXPECT_EQ((*cache)->read(table, 0, 0, 4, k.data(), v.data()).code(),
+            StatusCode::FailedPrecondition);
+  EXPECT_EQ(
+      cpuBackend().readBack(**cache, table, 0, 0, 4, k.data(), v.data()).code(),
+      StatusCode::FailedPrecondition);
 }
 
 TEST(PagedKVCacheTest, RoundsToBf16) {

@@ -3,27 +3,8 @@
 // The device is host memory: device buffers are vectors, an upload is a
 // copy out of staging (or takes the staging buffer when the chunk owns it),
 // the paged cache is PagedKVCache's own memory, and compute is the model's
-// (LlamaModel: OpenBLAS on the pools' "compute" worker).
-//
-// Prefill: both restore paths (compiled plans and Cake's dynamic mode)
-// compute their part of a request through one CpuPrefill, which writes
-// exact K and V into the paged cache.
-//
-// Plans compute each layer forward from token 0: Cake's front, HCache's
-// recomputed first layers, the joint plans' both. Such a chunk is prefilled
-// straight into the paged cache and attends over the tokens this state
-// computed there before, as a server's chunked prefill attends over its
-// cache: the cache is the attention context, so computing costs no memory
-// that grows with the context. The model rounds K and V to the cache's
-// bf16 where it produces them, so this is the same prefill as the
-// reference's over its own vectors.
-//
-// Anything else — a fallback for a chunk that could not be loaded, a chunk
-// computed after tokens that were loaded — is exact only over an exact
-// context, and loaded tokens need not be (a lossy codec, hidden states
-// projected). Those come from a private fp32 prefill, seeded with the tokens
-// computed into the cache and extended as far as they need; only restores
-// that take that path hold it. Thread-safe.
+// (LlamaModel: OpenBLAS on the pools' "compute" worker), attending over
+// the paged cache itself (PagedContext).
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,8 +15,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
-#include <optional>
 
 namespace kvc {
 
@@ -66,108 +45,6 @@ private:
   PagedKVCache &cache_;
   const BlockTable &table_;
   std::vector<float> k_, v_;
-};
-
-class CpuPrefill final : public PrefillSession {
-public:
-  CpuPrefill(const ModelCompute &model, const std::vector<int32_t> &tokens,
-             PagedKVCache &cache, const BlockTable &table)
-      : model_(model), tokens_(tokens), cache_(cache), table_(table),
-        computed_(model.config().numLayers, 0) {}
-
-  Status compute(const ChunkBox &box) override {
-    const int64_t t0 = box.tokenBegin, t1 = box.tokenEnd;
-    const int64_t l0 = box.layerBegin, l1 = box.layerEnd;
-    std::lock_guard<std::mutex> lock(mutex_);
-    bool extendsComputed = l0 == 0;
-    for (int64_t l = 0; l < l1; ++l)
-      extendsComputed &= computed_[l] == t0;
-    if (extendsComputed) {
-      PagedContext context(cache_, table_);
-      KVC_RETURN_IF_ERROR(
-          model_.prefill(context, t0, tokens_.data() + t0, t1 - t0, {}, l1));
-      std::fill(computed_.begin(), computed_.begin() + l1, t1);
-      flops_ += model_.prefillFlops(t1 - t0, l1);
-      return Status::ok();
-    }
-    KVC_RETURN_IF_ERROR(extendExactLocked(t1, l1));
-    const int64_t kv = model_.kvDim();
-    for (int64_t l = l0; l < l1; ++l)
-      KVC_RETURN_IF_ERROR(cache_.write(table_, l, t0, t1 - t0,
-                                       exact_->k[l].data() + t0 * kv,
-                                       exact_->v[l].data() + t0 * kv));
-    return Status::ok();
-  }
-
-  double flops() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return flops_;
-  }
-
-  int64_t exactContextBytes() const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    int64_t bytes = 0;
-    if (exact_)
-      for (std::size_t l = 0; l < exact_->k.size(); ++l)
-        bytes += int64_t((exact_->k[l].capacity() + exact_->v[l].capacity()) *
-                         sizeof(float));
-    return bytes;
-  }
-
-private:
-  /// Makes layers [0, depth) of the private prefill hold tokens [0, end).
-  /// Plans compute the first layers of late tokens only (HCache's
-  /// complement), so its deeper layers may lag; a box that needs one of
-  /// those starts over at full depth.
-  Status extendExactLocked(int64_t end, int64_t depth) {
-    const int64_t kv = model_.kvDim();
-    bool lagging = false;
-    if (exact_) {
-      const int64_t needed = std::min(end, exact_->tokens) * kv;
-      for (int64_t l = 0; l < depth; ++l)
-        lagging |= int64_t(exact_->k[l].size()) < needed;
-    }
-    if (!exact_ || lagging) {
-      KVC_RETURN_IF_ERROR(seedExactLocked());
-      depth = model_.config().numLayers;
-    } else if (end <= exact_->tokens) {
-      return Status::ok();
-    }
-    const int64_t begin = exact_->tokens;
-    if (end <= begin)
-      return Status::ok();
-    KVC_RETURN_IF_ERROR(model_.prefill(*exact_, tokens_.data() + begin,
-                                       end - begin, {}, depth));
-    flops_ += model_.prefillFlops(end - begin, depth);
-    return Status::ok();
-  }
-
-  /// Starts the private prefill from the tokens every layer computed into
-  /// the cache: they are exact there, bf16 as the model holds them.
-  Status seedExactLocked() {
-    const int64_t seeded =
-        *std::min_element(computed_.begin(), computed_.end());
-    const int64_t kv = model_.kvDim();
-    exact_ = model_.newCache();
-    for (int64_t l = 0; l < model_.config().numLayers; ++l) {
-      exact_->k[l].resize(seeded * kv);
-      exact_->v[l].resize(seeded * kv);
-      KVC_RETURN_IF_ERROR(cache_.read(table_, l, 0, seeded, exact_->k[l].data(),
-                                      exact_->v[l].data()));
-    }
-    exact_->tokens = seeded;
-    return Status::ok();
-  }
-
-  const ModelCompute &model_;
-  const std::vector<int32_t> &tokens_;
-  PagedKVCache &cache_;
-  const BlockTable &table_;
-  mutable std::mutex mutex_;
-  /// Per layer, the tokens [0, n) this state prefilled into the cache.
-  std::vector<int64_t> computed_;
-  std::optional<ModelCompute::Cache> exact_;
-  double flops_ = 0;
 };
 
 /// A device buffer in host memory.
@@ -273,11 +150,20 @@ public:
     return Status::ok();
   }
 
-  std::unique_ptr<PrefillSession> prefill(const ModelCompute &model,
-                                          const std::vector<int32_t> &tokens,
-                                          PagedKVCache &cache,
-                                          const BlockTable &table) override {
-    return std::make_unique<CpuPrefill>(model, tokens, cache, table);
+  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+                     const BlockTable &table, const int32_t *tokens,
+                     int64_t position, int64_t n, int64_t layers) override {
+    PagedContext context(cache, table);
+    return model.prefill(context, position, tokens, n, {}, layers);
+  }
+
+  Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
+                  PagedKVCache &to, const BlockTable &toTable, int64_t layer,
+                  int64_t first, int64_t n) override {
+    std::vector<float> k(n * from.kvDim()), v(n * from.kvDim());
+    KVC_RETURN_IF_ERROR(
+        from.read(fromTable, layer, first, n, k.data(), v.data()));
+    return to.write(toTable, layer, first, n, k.data(), v.data());
   }
 
   Status readBack(const PagedKVCache &cache, const BlockTable &table,

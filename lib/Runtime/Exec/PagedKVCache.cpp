@@ -54,7 +54,8 @@ PagedKVCache::create(const PagedCacheConfig &config) {
 
 StatusOr<std::unique_ptr<PagedKVCache>>
 PagedKVCache::view(const PagedCacheConfig &config,
-                   std::vector<PagedLayerMemory> layers) {
+                   std::vector<PagedLayerMemory> layers, CacheMemory memory,
+                   std::shared_ptr<void> owner) {
   KVC_RETURN_IF_ERROR(checkConfig(config));
   if (int64_t(layers.size()) != config.layers)
     return invalidArgument("paged cache: " + std::to_string(layers.size()) +
@@ -66,6 +67,8 @@ PagedKVCache::view(const PagedCacheConfig &config,
                              " has no key or value memory");
   std::unique_ptr<PagedKVCache> cache(new PagedKVCache(config));
   cache->layers_ = std::move(layers);
+  cache->memory_ = memory;
+  cache->owner_ = std::move(owner);
   return cache;
 }
 
@@ -101,6 +104,14 @@ int64_t PagedKVCache::freeBlocks() const {
   return int64_t(free_.size());
 }
 
+Status PagedKVCache::checkHost() const {
+  if (memory_ == CacheMemory::Device)
+    return Status(StatusCode::FailedPrecondition,
+                  "paged cache: the cache is in device memory; the host "
+                  "reaches it through its backend");
+  return Status::ok();
+}
+
 Status PagedKVCache::checkRange(const BlockTable &table, int64_t layer,
                                 int64_t first, int64_t n) const {
   if (layer < 0 || layer >= config_.layers)
@@ -127,6 +138,7 @@ template <typename T, typename StoreFn>
 Status PagedKVCache::writeRows(const BlockTable &table, int64_t layer,
                                int64_t first, int64_t n, const T *k,
                                const T *v, StoreFn store) {
+  KVC_RETURN_IF_ERROR(checkHost());
   KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
   const int64_t dim = kvDim();
   uint16_t *keys = layers_[layer].keys;
@@ -161,6 +173,7 @@ Status PagedKVCache::write(const BlockTable &table, int64_t layer,
 Status PagedKVCache::read(const BlockTable &table, int64_t layer,
                           int64_t first, int64_t n, float *k,
                           float *v) const {
+  KVC_RETURN_IF_ERROR(checkHost());
   KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
   const int64_t dim = kvDim();
   const uint16_t *keys = layers_[layer].keys;

@@ -152,8 +152,7 @@ Status LlamaModel::nextLogits(KVContext &context, int64_t position,
   const int64_t h = config_.hiddenSize;
   std::vector<float> normed(h);
   rmsNorm(&x[(n - 1) * h], finalNorm_, 1, normed.data());
-  linear(normed.data(), lmHead_.empty() ? embed_ : lmHead_, 1, h,
-         config_.vocabSize, logits);
+  linear(normed.data(), outputLayer(), 1, h, config_.vocabSize, logits);
   return Status::ok();
 }
 

@@ -10,7 +10,11 @@
 //   upload        host staging -> device          (transfer_to_device)
 //   project       hidden states -> K, V           (project; HCache)
 //   prefill       token ranges through the first k layers into the paged
-//                 cache                           (chunk_compute; Cake)
+//                 cache                           (chunk_compute; Cake):
+//                 one session per restore, shared by every backend
+//                 (PagedPrefill.cpp), over the two calls below
+//   prefillInto   a model's layers over a paged cache
+//   copyRows      rows of one paged cache into another
 //   scatter       a chunk's K and V -> the paged cache through the block
 //                 table                           (scatter)
 //   readBack      K and V of cached rows -> host fp32 (verification)
@@ -111,10 +115,25 @@ public:
   virtual Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
                          PagedKVCache &cache, const BlockTable &table) = 0;
 
-  /// A prefill of `tokens` into `cache` with `model`.
-  virtual std::unique_ptr<PrefillSession>
-  prefill(const ModelCompute &model, const std::vector<int32_t> &tokens,
-          PagedKVCache &cache, const BlockTable &table) = 0;
+  /// A prefill of `tokens` into `cache` with `model`, through prefillInto
+  /// and copyRows (PagedPrefill.cpp says how it keeps every box exact).
+  std::unique_ptr<PrefillSession> prefill(const ModelCompute &model,
+                                          const std::vector<int32_t> &tokens,
+                                          PagedKVCache &cache,
+                                          const BlockTable &table);
+
+  /// Runs `n` tokens at positions position.. through the first `layers`
+  /// layers of `model`, over `cache`, which holds tokens [0, position) of
+  /// those layers through `table`: writes their K and V there.
+  virtual Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+                             const BlockTable &table, const int32_t *tokens,
+                             int64_t position, int64_t n, int64_t layers) = 0;
+
+  /// Copies rows first.. first+n of `layer` from one cache of this backend
+  /// to another (same model).
+  virtual Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
+                          PagedKVCache &to, const BlockTable &toTable,
+                          int64_t layer, int64_t first, int64_t n) = 0;
 
   /// K and V of tokens [first, first + n) of `layer`, as fp32 on the host.
   virtual Status readBack(const PagedKVCache &cache, const BlockTable &table,

@@ -16,6 +16,11 @@
 // ([num_blocks, 2, block_size, kv_heads, head_dim]: blocks twice that
 // apart, V one block's size after K).
 //
+// A cache lives in host memory (the CPU backend's) or in a GPU's memory
+// (the CUDA backend's, or a view of a server's device tensors). The host
+// reads and writes below touch host caches only; a device cache is written
+// and read through its backend.
+//
 // Blocks are handed out by a thread-safe free list, so concurrent restores
 // in one process share one cache as a server's requests do. Writes from
 // concurrent restores touch disjoint blocks; within one restore, chunks
@@ -53,6 +58,9 @@ struct PagedLayerMemory {
   uint16_t *values = nullptr;
 };
 
+/// Where a cache's memory is.
+enum class CacheMemory { Host, Device };
+
 /// A request's logical -> physical block mapping.
 struct BlockTable {
   std::vector<int32_t> blocks;
@@ -68,14 +76,18 @@ public:
   /// would not fit in memory.
   static StatusOr<std::unique_ptr<PagedKVCache>>
   create(const PagedCacheConfig &config);
-  /// A cache over `layers` (one entry per layer), which the caller owns
-  /// and keeps alive while the cache is used; each must hold numBlocks
-  /// blocks `blockStride` elements apart. Fails on a missing pointer, a
+  /// A cache over `layers` (one entry per layer) in `memory`, which the
+  /// caller keeps alive while the cache is used (or hands over as `owner`,
+  /// released with the cache); each must hold numBlocks blocks
+  /// `blockStride` elements apart. Fails on a missing pointer, a
   /// non-positive dimension or a stride shorter than a block.
   static StatusOr<std::unique_ptr<PagedKVCache>>
-  view(const PagedCacheConfig &config, std::vector<PagedLayerMemory> layers);
+  view(const PagedCacheConfig &config, std::vector<PagedLayerMemory> layers,
+       CacheMemory memory = CacheMemory::Host,
+       std::shared_ptr<void> owner = nullptr);
 
   const PagedCacheConfig &config() const { return config_; }
+  CacheMemory memory() const { return memory_; }
   int64_t kvDim() const { return config_.numKvHeads * config_.headDim; }
   /// Bytes of all key and value caches (their blocks' rows).
   int64_t bytes() const;
@@ -89,8 +101,16 @@ public:
   void release(BlockTable &table);
   int64_t freeBlocks() const;
 
+  /// Checks that tokens first.. first+n of `layer` lie in `table`, whose
+  /// blocks exist.
+  Status checkRange(const BlockTable &table, int64_t layer, int64_t first,
+                    int64_t n) const;
+  /// The offset of `token`'s row in a layer's cache, in elements.
+  int64_t rowOf(const BlockTable &table, int64_t token) const;
+
   /// Writes K and V ([n][kvDim] fp32, rounded to bf16) of `layer` for tokens
-  /// first.. first+n of the request mapped by `table`.
+  /// first.. first+n of the request mapped by `table`; FailedPrecondition on
+  /// a device cache (as for the other host accesses below).
   Status write(const BlockTable &table, int64_t layer, int64_t first,
                int64_t n, const float *k, const float *v);
   /// The same from bf16 values, copied as they are.
@@ -101,7 +121,8 @@ public:
               int64_t n, float *k, float *v) const;
 
   /// The raw caches of `layer`: block b's [block_size, num_kv_heads,
-  /// head_dim] bf16 bits start b * blockStride() elements in.
+  /// head_dim] bf16 bits start b * blockStride() elements in (device
+  /// addresses in a device cache).
   const uint16_t *keyCache(int64_t layer) const { return layers_[layer].keys; }
   const uint16_t *valueCache(int64_t layer) const {
     return layers_[layer].values;
@@ -110,10 +131,7 @@ public:
 private:
   explicit PagedKVCache(const PagedCacheConfig &config);
   static Status checkConfig(const PagedCacheConfig &config);
-  Status checkRange(const BlockTable &table, int64_t layer, int64_t first,
-                    int64_t n) const;
-  /// The offset of `token`'s row in a layer's cache, in elements.
-  int64_t rowOf(const BlockTable &table, int64_t token) const;
+  Status checkHost() const;
   /// Writes row t < n of `k` and `v` (kvDim values each) with `store(dst,
   /// src, count)`.
   template <typename T, typename StoreFn>
@@ -123,8 +141,11 @@ private:
   PagedCacheConfig config_;
   int64_t stride_ = 0;
   std::vector<PagedLayerMemory> layers_;
+  CacheMemory memory_ = CacheMemory::Host;
   /// The memory of a cache that create() made.
   std::vector<std::vector<uint16_t>> owned_;
+  /// Memory handed over by view().
+  std::shared_ptr<void> owner_;
   mutable std::mutex mutex_; ///< Guards free_.
   std::vector<int32_t> free_;
 };

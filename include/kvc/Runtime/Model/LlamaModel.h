@@ -62,10 +62,20 @@ public:
   /// what its rotations use, and what a generated kernel reads.
   void ropeTable(int64_t position, int64_t n, float *out) const;
 
-private:
+  /// The weights, fp32 as loaded (Hugging Face's shapes, [out][in]): what
+  /// a backend computing on another device copies there.
   struct Layer {
     std::vector<float> attnNorm, q, k, v, o, mlpNorm, gate, up, down;
   };
+  const Layer &layer(int64_t l) const { return layers_[l]; }
+  const std::vector<float> &embedding() const { return embed_; }
+  const std::vector<float> &finalNorm() const { return finalNorm_; }
+  /// The output layer ([vocab][hidden]): the embedding when tied.
+  const std::vector<float> &outputLayer() const {
+    return lmHead_.empty() ? embed_ : lmHead_;
+  }
+
+private:
   LlamaModel() = default;
   void rmsNorm(const float *x, const std::vector<float> &weight, int64_t n,
                float *out) const;

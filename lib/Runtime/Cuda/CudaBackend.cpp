@@ -1,0 +1,482 @@
+//===- CudaBackend.cpp - Restores into a GPU's memory ---------------------===//
+//
+// Lanes come from a free list and go back after each call, so there are as
+// many streams as calls ever ran at once. Per-call device memory (block
+// tables, activations) comes from CUDA's stream-ordered pool, whose release
+// threshold is raised so that freed memory stays pooled instead of going
+// back to the driver at each synchronization.
+//
+// An upload copies the host chunk into the lane's pinned staging in pieces,
+// alternating two halves, so that the copy of one piece into pinned memory
+// overlaps the DMA of the one before (a host buffer is pageable: the DMA
+// engine needs pinned memory to run asynchronously).
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Runtime/Cuda/CudaBackend.h"
+
+#include "CudaModel.h"
+#include "CudaSupport.h"
+#include "Kernels.h"
+
+#include "kvc/Runtime/Base/Clock.h"
+
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace kvc {
+
+namespace {
+
+using namespace cuda;
+
+/// A chunk in device memory.
+class CudaBuffer final : public DeviceBuffer {
+public:
+  int64_t bytes() const override { return int64_t(memory.bytes()); }
+  DeviceArray memory;
+  int64_t words = 0; ///< 16-bit words it holds.
+};
+
+const CudaBuffer &bufferOf(const DeviceBuffer &buffer) {
+  return static_cast<const CudaBuffer &>(buffer);
+}
+CudaBuffer &bufferOf(DeviceBuffer &buffer) {
+  return static_cast<CudaBuffer &>(buffer);
+}
+
+/// Bytes of pinned staging per half of a lane's: large enough that a
+/// piece's DMA outlasts the launch of the next.
+constexpr size_t kPinnedHalf = size_t(8) << 20;
+
+Status needDevice(const PagedKVCache &cache) {
+  if (cache.memory() != CacheMemory::Device)
+    return Status(StatusCode::FailedPrecondition,
+                  "cuda backend: the paged cache is in host memory (create "
+                  "it with the backend, or view device memory)");
+  return Status::ok();
+}
+
+class CudaBackend final : public Backend {
+public:
+  explicit CudaBackend(const CudaBackendOptions &options) : options_(options) {}
+
+  const char *name() const override { return "cuda"; }
+
+  StatusOr<std::unique_ptr<ResourcePools>>
+  createPools(const std::map<std::string, int> &lanes) override {
+    return ResourcePools::create(lanes);
+  }
+
+  StatusOr<std::unique_ptr<PagedKVCache>>
+  createCache(const PagedCacheConfig &config) override {
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    (void)lease;
+    const int64_t stride =
+        config.blockStride > 0
+            ? config.blockStride
+            : config.blockSize * config.numKvHeads * config.headDim;
+    const int64_t perLayer = config.numBlocks * stride;
+    if (config.layers <= 0 || perLayer <= 0)
+      return PagedKVCache::view(config, {}, CacheMemory::Device);
+    void *memory = nullptr;
+    const size_t bytes =
+        size_t(2 * config.layers * perLayer) * sizeof(uint16_t);
+    KVC_CUDA_RETURN_IF_ERROR(cudaMalloc(&memory, bytes),
+                             "allocating the paged cache");
+    std::shared_ptr<void> owner(memory, [](void *p) { cudaFree(p); });
+    KVC_CUDA_RETURN_IF_ERROR(cudaMemset(memory, 0, bytes),
+                             "clearing the paged cache");
+    std::vector<PagedLayerMemory> layers;
+    uint16_t *base = static_cast<uint16_t *>(memory);
+    for (int64_t l = 0; l < config.layers; ++l)
+      layers.push_back(
+          {base + 2 * l * perLayer, base + (2 * l + 1) * perLayer});
+    return PagedKVCache::view(config, std::move(layers), CacheMemory::Device,
+                              std::move(owner));
+  }
+
+  std::unique_ptr<DeviceBuffer> allocate() override {
+    return std::make_unique<CudaBuffer>();
+  }
+
+  Status upload(std::vector<uint16_t> &host, bool /*consume*/,
+                DeviceBuffer &to) override {
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    CudaBuffer &buffer = bufferOf(to);
+    const size_t bytes = host.size() * sizeof(uint16_t);
+    KVC_RETURN_IF_ERROR(buffer.memory.reserve(bytes));
+    buffer.words = int64_t(host.size());
+    if (!lane.pinned) {
+      KVC_CUDA_RETURN_IF_ERROR(
+          cudaHostAlloc(&lane.pinned, 2 * kPinnedHalf, cudaHostAllocDefault),
+          "allocating pinned staging");
+      lane.pinnedBytes = 2 * kPinnedHalf;
+    }
+    const char *from = reinterpret_cast<const char *>(host.data());
+    char *into = buffer.memory.get<char>();
+    for (size_t offset = 0, piece = 0; offset < bytes;
+         offset += kPinnedHalf, ++piece) {
+      const size_t size = std::min(kPinnedHalf, bytes - offset);
+      const int half = int(piece % 2);
+      char *staging = static_cast<char *>(lane.pinned) + half * kPinnedHalf;
+      // The half's previous DMA must have read it before it is refilled.
+      if (piece >= 2)
+        KVC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(lane.halves[half]),
+                                 "waiting for staging");
+      std::memcpy(staging, from + offset, size);
+      KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(into + offset, staging, size,
+                                               cudaMemcpyHostToDevice,
+                                               lane.stream),
+                               "host-to-device copy");
+      KVC_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.halves[half], lane.stream),
+                               "recording a copy");
+    }
+    return lane.sync("host-to-device copy");
+  }
+
+  StatusOr<double> project(const ModelCompute &model,
+                           const DeviceBuffer &hidden, DType dtype,
+                           const ChunkBox &box, DeviceBuffer &kv) override {
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    const int64_t tokens = box.tokens(), h = model.config().hiddenSize,
+                  kvDim = model.kvDim();
+    const int64_t wordsPer = dtype == DType::F32 ? 2 : 1;
+    const CudaBuffer &in = bufferOf(hidden);
+    if (in.words != box.layers() * tokens * h * wordsPer)
+      return Status(StatusCode::Internal,
+                    "project: the buffer does not hold the chunk's hidden "
+                    "states");
+    CudaBuffer &out = bufferOf(kv);
+    out.words = box.layers() * 2 * tokens * kvDim;
+    KVC_RETURN_IF_ERROR(
+        out.memory.reserve(size_t(out.words) * sizeof(uint16_t)));
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(states, scratch.take<float>(tokens * h));
+    for (int64_t l = 0; l < box.layers(); ++l) {
+      const uint16_t *words =
+          in.memory.get<uint16_t>() + l * tokens * h * wordsPer;
+      const float *layerStates = reinterpret_cast<const float *>(words);
+      if (dtype != DType::F32) {
+        KVC_CUDA_RETURN_IF_ERROR(
+            widen(words, dtype == DType::F16, tokens * h, states, lane.stream),
+            "widening hidden states");
+        layerStates = states;
+      }
+      uint16_t *k = out.memory.get<uint16_t>() + 2 * l * tokens * kvDim;
+      RowLayout rows{k, k + tokens * kvDim, nullptr, 0, 0, kvDim, 0};
+      KVC_RETURN_IF_ERROR(gpu->project(lane, box.layerBegin + l, layerStates,
+                                       tokens, box.tokenBegin, rows));
+    }
+    KVC_RETURN_IF_ERROR(lane.sync("project"));
+    return model.projectFlops(tokens, box.layers());
+  }
+
+  Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
+                 PagedKVCache &cache, const BlockTable &table) override {
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    const int64_t kvDim = cache.kvDim(), tokens = box.tokens();
+    const CudaBuffer &in = bufferOf(kv);
+    if (in.words != box.layers() * 2 * tokens * kvDim)
+      return Status(StatusCode::Internal,
+                    "scatter: the buffer does not hold the chunk's KV (a "
+                    "plan step is missing before it)");
+    for (int64_t l = box.layerBegin; l < box.layerEnd; ++l)
+      KVC_RETURN_IF_ERROR(cache.checkRange(table, l, box.tokenBegin, tokens));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
+    for (int64_t l = 0; l < box.layers(); ++l) {
+      uint16_t *k = const_cast<uint16_t *>(in.memory.get<uint16_t>()) +
+                    2 * l * tokens * kvDim;
+      RowLayout from{k,     k + tokens * kvDim, nullptr, 0, 0,
+                     kvDim, box.tokenBegin};
+      KVC_CUDA_RETURN_IF_ERROR(
+          cuda::copyRows(from, layout(cache, box.layerBegin + l, blocks),
+                         box.tokenBegin, tokens, lane.stream),
+          "scatter");
+    }
+    return lane.sync("scatter");
+  }
+
+  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+                     const BlockTable &table, const int32_t *tokens,
+                     int64_t position, int64_t n, int64_t layers) override {
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    if (layers < 0)
+      layers = model.config().numLayers;
+    for (int64_t l = 0; l < std::min(layers, cache.config().layers); ++l)
+      KVC_RETURN_IF_ERROR(cache.checkRange(table, l, 0, position + n));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table));
+    KVC_RETURN_IF_ERROR(
+        gpu->forward(lane, tokens, position, n, layers, layouts));
+    return lane.sync("prefill");
+  }
+
+  Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
+                  PagedKVCache &to, const BlockTable &toTable, int64_t layer,
+                  int64_t first, int64_t n) override {
+    KVC_RETURN_IF_ERROR(needDevice(from));
+    KVC_RETURN_IF_ERROR(needDevice(to));
+    KVC_RETURN_IF_ERROR(from.checkRange(fromTable, layer, first, n));
+    KVC_RETURN_IF_ERROR(to.checkRange(toTable, layer, first, n));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(fromBlocks, tableOn(scratch, fromTable));
+    KVC_ASSIGN_OR_RETURN(toBlocks, tableOn(scratch, toTable));
+    KVC_CUDA_RETURN_IF_ERROR(cuda::copyRows(layout(from, layer, fromBlocks),
+                                            layout(to, layer, toBlocks), first,
+                                            n, lane.stream),
+                             "copying rows");
+    return lane.sync("copying rows");
+  }
+
+  Status readBack(const PagedKVCache &cache, const BlockTable &table,
+                  int64_t layer, int64_t first, int64_t n, float *k,
+                  float *v) override {
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, layer, first, n));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    Scratch scratch(lane);
+    const int64_t count = n * cache.kvDim();
+    KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
+    KVC_ASSIGN_OR_RETURN(keys, scratch.take<float>(count));
+    KVC_ASSIGN_OR_RETURN(values, scratch.take<float>(count));
+    KVC_CUDA_RETURN_IF_ERROR(readRows(layout(cache, layer, blocks), first, n,
+                                      keys, values, lane.stream),
+                             "reading rows");
+    for (auto [to, from] : {std::pair{k, keys}, std::pair{v, values}})
+      KVC_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(to, from, size_t(count) * sizeof(float),
+                          cudaMemcpyDeviceToHost, lane.stream),
+          "device-to-host copy");
+    return lane.sync("reading rows");
+  }
+
+  Status decode(const ModelCompute &model, PagedKVCache &cache,
+                const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits) override {
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    if (n <= 0)
+      return invalidArgument("logits need at least one token");
+    for (int64_t l = 0; l < cache.config().layers; ++l)
+      KVC_RETURN_IF_ERROR(cache.checkRange(table, l, 0, position + n));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    Scratch scratch(lane);
+    const int64_t vocab = model.config().vocabSize;
+    KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table));
+    KVC_ASSIGN_OR_RETURN(out, scratch.take<float>(vocab));
+    KVC_RETURN_IF_ERROR(gpu->forward(lane, tokens, position, n,
+                                     model.config().numLayers, layouts, out));
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(logits, out, size_t(vocab) * sizeof(float),
+                        cudaMemcpyDeviceToHost, lane.stream),
+        "device-to-host copy");
+    return lane.sync("decode");
+  }
+
+  StatusOr<double> timePrefill(const ModelCompute &model,
+                               const ModelCompute::Cache &context,
+                               const std::vector<int32_t> &tokens,
+                               int64_t position, int64_t n) override {
+    if (position < 0 || n <= 0 || position + n > int64_t(tokens.size()) ||
+        context.tokens < position)
+      return invalidArgument("timePrefill: tokens " + std::to_string(position) +
+                             " to " + std::to_string(position + n) +
+                             " are not in the request or its context");
+    const ModelConfig &c = model.config();
+    PagedCacheConfig config{
+        c.numLayers, c.numKvHeads, c.headDim, 16, (position + n + 15) / 16, 0};
+    KVC_ASSIGN_OR_RETURN(cache, createCache(config));
+    KVC_ASSIGN_OR_RETURN(table, cache->allocate(position + n));
+    const int64_t kvDim = model.kvDim();
+    {
+      KVC_ASSIGN_OR_RETURN(lease, acquire());
+      Lane &lane = *lease;
+      Scratch scratch(lane);
+      KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
+      KVC_ASSIGN_OR_RETURN(rows, scratch.take<float>(position * kvDim));
+      KVC_ASSIGN_OR_RETURN(bits, scratch.take<uint16_t>(2 * position * kvDim));
+      for (int64_t l = 0; l < c.numLayers && position > 0; ++l) {
+        for (int m = 0; m < 2; ++m) {
+          const float *host = (m == 0 ? context.k : context.v)[l].data();
+          KVC_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(rows, host, size_t(position * kvDim) * 4,
+                              cudaMemcpyHostToDevice, lane.stream),
+              "copying the context");
+          KVC_CUDA_RETURN_IF_ERROR(narrow(rows, position * kvDim,
+                                          bits + m * position * kvDim,
+                                          lane.stream),
+                                   "copying the context");
+        }
+        RowLayout from{bits, bits + position * kvDim, nullptr, 0, 0, kvDim, 0};
+        KVC_CUDA_RETURN_IF_ERROR(cuda::copyRows(from, layout(*cache, l, blocks),
+                                                0, position, lane.stream),
+                                 "copying the context");
+      }
+      KVC_RETURN_IF_ERROR(lane.sync("copying the context"));
+    }
+    Clock::time_point start = Clock::now();
+    KVC_RETURN_IF_ERROR(prefillInto(model, *cache, table,
+                                    tokens.data() + position, position, n,
+                                    c.numLayers));
+    return secondsSince(start);
+  }
+
+  /// What a restore's upload reaches: a pageable host chunk through the
+  /// lane's pinned staging.
+  StatusOr<double> uploadGBs() override {
+    std::vector<uint16_t> host(size_t(128) << 20, 1);
+    CudaBuffer device;
+    KVC_RETURN_IF_ERROR(upload(host, false, device)); // Warms up.
+    double best = 0;
+    for (int i = 0; i < 3; ++i) {
+      Clock::time_point start = Clock::now();
+      KVC_RETURN_IF_ERROR(upload(host, false, device));
+      best = std::max(best, double(host.size() * 2) / secondsSince(start));
+    }
+    return best / 1e9;
+  }
+
+  Status start() {
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    (void)lease;
+    // Keep freed scratch pooled across synchronizations.
+    cudaMemPool_t pool;
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetDefaultMemPool(&pool, options_.device),
+        "the device's memory pool");
+    uint64_t threshold = UINT64_MAX;
+    return cudaStatus(cudaMemPoolSetAttribute(
+                          pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+                      "the device's memory pool");
+  }
+
+private:
+  /// A lane for one call, back to the free list when it goes.
+  struct LaneLease {
+    CudaBackend *backend = nullptr;
+    std::unique_ptr<Lane> lane;
+    LaneLease(CudaBackend *backend, std::unique_ptr<Lane> lane)
+        : backend(backend), lane(std::move(lane)) {}
+    LaneLease(LaneLease &&) = default;
+    ~LaneLease() {
+      if (lane) {
+        std::lock_guard<std::mutex> lock(backend->mutex_);
+        backend->lanes_.push_back(std::move(lane));
+      }
+    }
+    Lane &operator*() { return *lane; }
+  };
+
+  StatusOr<LaneLease> acquire() {
+    KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
+                             "selecting the device");
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!lanes_.empty()) {
+        std::unique_ptr<Lane> lane = std::move(lanes_.back());
+        lanes_.pop_back();
+        return LaneLease(this, std::move(lane));
+      }
+    }
+    KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device));
+    return LaneLease(this, std::move(lane));
+  }
+
+  /// The GPU copy of `model`, made on first use.
+  StatusOr<const CudaModel *> modelFor(const ModelCompute &model) {
+    const auto *llama = dynamic_cast<const LlamaModel *>(&model);
+    if (!llama)
+      return Status(StatusCode::Unimplemented,
+                    "cuda backend: it computes with kvc's LlamaModel only; "
+                    "restore through loads, or with the CPU backend");
+    std::lock_guard<std::mutex> lock(modelsMutex_);
+    std::unique_ptr<CudaModel> &gpu = models_[{llama, llama->fingerprint()}];
+    if (!gpu) {
+      KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
+                               "selecting the device");
+      GemmPrecision precision =
+          options_.gemm == CudaBackendOptions::Gemm::F32 ? GemmPrecision::F32
+          : options_.gemm == CudaBackendOptions::Gemm::BF16
+              ? GemmPrecision::BF16
+          : model.config().dtype == DType::F32 ? GemmPrecision::F32
+                                               : GemmPrecision::BF16;
+      KVC_ASSIGN_OR_RETURN(created, CudaModel::create(*llama, precision));
+      gpu = std::move(created);
+    }
+    return gpu.get();
+  }
+
+  static StatusOr<int32_t *> tableOn(Scratch &scratch,
+                                     const BlockTable &table) {
+    return scratch.copy(table.blocks.data(), int64_t(table.blocks.size()));
+  }
+
+  static RowLayout layout(const PagedKVCache &cache, int64_t layer,
+                          const int32_t *blocks) {
+    return {const_cast<uint16_t *>(cache.keyCache(layer)),
+            const_cast<uint16_t *>(cache.valueCache(layer)),
+            blocks,
+            cache.config().blockSize,
+            cache.blockStride(),
+            cache.kvDim(),
+            0};
+  }
+
+  StatusOr<std::vector<RowLayout>> layoutsOf(Scratch &scratch,
+                                             const PagedKVCache &cache,
+                                             const BlockTable &table) {
+    KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
+    std::vector<RowLayout> layouts;
+    for (int64_t l = 0; l < cache.config().layers; ++l)
+      layouts.push_back(layout(cache, l, blocks));
+    return layouts;
+  }
+
+  CudaBackendOptions options_;
+  std::mutex mutex_; ///< Guards lanes_.
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::mutex modelsMutex_;
+  /// Per model object and fingerprint (an object at a reused address holds
+  /// the same weights only when its fingerprint matches).
+  std::map<std::pair<const LlamaModel *, std::string>,
+           std::unique_ptr<CudaModel>>
+      models_;
+};
+
+} // namespace
+
+StatusOr<std::unique_ptr<Backend>>
+createCudaBackend(const CudaBackendOptions &options) {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0)
+    return Status(
+        StatusCode::Unavailable,
+        std::string("cuda backend: no usable GPU (") +
+            (error != cudaSuccess ? cudaGetErrorString(error) : "no device") +
+            ")");
+  if (options.device < 0 || options.device >= count)
+    return invalidArgument("cuda backend: no device " +
+                           std::to_string(options.device) + " (there are " +
+                           std::to_string(count) + ")");
+  auto backend = std::make_unique<CudaBackend>(options);
+  KVC_RETURN_IF_ERROR(backend->start());
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+} // namespace kvc

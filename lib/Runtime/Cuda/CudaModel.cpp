@@ -1,0 +1,184 @@
+//===- CudaModel.cpp - A Llama model on the GPU ---------------------------===//
+
+#include "CudaModel.h"
+
+#include "kvc/Runtime/Base/Half.h"
+
+#include <cstring>
+
+namespace kvc::cuda {
+
+namespace {
+
+/// Copies host `values` into `to`, grown to fit.
+template <typename T>
+Status uploadArray(const std::vector<T> &values, DeviceArray &to) {
+  KVC_RETURN_IF_ERROR(to.reserve(values.size() * sizeof(T)));
+  return cudaStatus(cudaMemcpy(to.get(), values.data(),
+                               values.size() * sizeof(T),
+                               cudaMemcpyHostToDevice),
+                    "copying weights to the device");
+}
+
+} // namespace
+
+Status CudaModel::upload(const std::vector<const std::vector<float> *> &parts,
+                         int64_t columns, Matrix &to) const {
+  to.columns = columns;
+  to.rows = 0;
+  for (const std::vector<float> *part : parts)
+    to.rows += int64_t(part->size()) / columns;
+  if (!bf16()) {
+    std::vector<float> joined;
+    joined.reserve(size_t(to.rows * columns));
+    for (const std::vector<float> *part : parts)
+      joined.insert(joined.end(), part->begin(), part->end());
+    return uploadArray(joined, to.data);
+  }
+  std::vector<uint16_t> joined;
+  joined.reserve(size_t(to.rows * columns));
+  for (const std::vector<float> *part : parts)
+    for (float x : *part)
+      joined.push_back(floatToBf16(x));
+  return uploadArray(joined, to.data);
+}
+
+StatusOr<std::unique_ptr<CudaModel>>
+CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
+  std::unique_ptr<CudaModel> gpu(new CudaModel(model, precision));
+  const ModelConfig &c = model.config();
+  const int64_t h = c.hiddenSize;
+  KVC_RETURN_IF_ERROR(uploadArray(model.embedding(), gpu->embedding_));
+  KVC_RETURN_IF_ERROR(uploadArray(model.finalNorm(), gpu->finalNorm_));
+  KVC_RETURN_IF_ERROR(gpu->upload({&model.outputLayer()}, h, gpu->output_));
+  gpu->layers_.resize(c.numLayers);
+  for (int64_t l = 0; l < c.numLayers; ++l) {
+    const LlamaModel::Layer &from = model.layer(l);
+    Layer &to = gpu->layers_[l];
+    KVC_RETURN_IF_ERROR(uploadArray(from.attnNorm, to.attnNorm));
+    KVC_RETURN_IF_ERROR(uploadArray(from.mlpNorm, to.mlpNorm));
+    KVC_RETURN_IF_ERROR(gpu->upload({&from.q, &from.k, &from.v}, h, to.qkv));
+    KVC_RETURN_IF_ERROR(gpu->upload({&from.o}, c.numHeads * c.headDim, to.o));
+    KVC_RETURN_IF_ERROR(gpu->upload({&from.gate, &from.up}, h, to.gateUp));
+    KVC_RETURN_IF_ERROR(gpu->upload({&from.down}, c.intermediateSize, to.down));
+  }
+  return gpu;
+}
+
+Status CudaModel::gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
+                       int64_t rows, int64_t n, float *y,
+                       bool accumulate) const {
+  // Row-major y[n][rows] is column-major y^T[rows][n] = W[rows][k] x^T.
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  const cudaDataType type = bf16() ? CUDA_R_16BF : CUDA_R_32F;
+  const size_t element = bf16() ? sizeof(uint16_t) : sizeof(float);
+  const char *weights = w.data.get<char>() + size_t(row0 * w.columns) * element;
+  return blasStatus(lane.cublas->cublasGemmEx(
+                        lane.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n),
+                        int(w.columns), &alpha, weights, type, int(w.columns),
+                        x, type, int(w.columns), &beta, y, CUDA_R_32F,
+                        int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                    "cublasGemmEx");
+}
+
+StatusOr<float *> CudaModel::ropeTable(Scratch &scratch, int64_t position,
+                                       int64_t n) const {
+  std::vector<float> table(size_t(n * model_.config().headDim));
+  model_.ropeTable(position, n, table.data());
+  return scratch.copy(table.data(), int64_t(table.size()));
+}
+
+Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
+                          int64_t n, int64_t layers,
+                          const std::vector<RowLayout> &cache,
+                          float *logits) const {
+  const ModelConfig &c = model_.config();
+  if (n <= 0)
+    return Status::ok();
+  if (position < 0 || position + n > c.maxPositions)
+    return invalidArgument("prefilling to " + std::to_string(position + n) +
+                           " tokens exceeds the model's context of " +
+                           std::to_string(c.maxPositions));
+  if (layers < 0 || layers > c.numLayers || int64_t(cache.size()) < layers)
+    return invalidArgument("prefilling " + std::to_string(layers) +
+                           " layers of a " + std::to_string(c.numLayers) +
+                           "-layer model");
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= c.vocabSize)
+      return invalidArgument("token " + std::to_string(tokens[i]) +
+                             " is outside the vocabulary of " +
+                             std::to_string(c.vocabSize));
+  const int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,
+                kv = c.numKvHeads * c.headDim, f = c.intermediateSize,
+                width = q + 2 * kv;
+  const float eps = float(c.rmsNormEps);
+  const cudaStream_t s = lane.stream;
+  const bool low = bf16();
+  Scratch scratch(lane);
+  KVC_ASSIGN_OR_RETURN(ids, scratch.copy(tokens, n));
+  KVC_ASSIGN_OR_RETURN(rotations, ropeTable(scratch, position, n));
+  KVC_ASSIGN_OR_RETURN(x, scratch.take<float>(n * h));
+  // GEMM inputs, fp32 or bf16: the normed states, attention's output and
+  // the MLP's activation, each at most max(h, q, f) wide.
+  KVC_ASSIGN_OR_RETURN(in, scratch.take<float>(n * std::max({h, q, f})));
+  KVC_ASSIGN_OR_RETURN(qkv, scratch.take<float>(n * width));
+  KVC_ASSIGN_OR_RETURN(gateUp, scratch.take<float>(n * 2 * f));
+
+  KVC_CUDA_RETURN_IF_ERROR(embed(ids, n, embedding_.get<float>(), h, x, s),
+                           "embedding");
+  for (int64_t l = 0; l < layers; ++l) {
+    const Layer &L = layers_[l];
+    KVC_CUDA_RETURN_IF_ERROR(
+        rmsNorm(x, L.attnNorm.get<float>(), n, h, eps, in, low, s), "RMSNorm");
+    KVC_RETURN_IF_ERROR(gemm(lane, in, L.qkv, 0, width, n, qkv, false));
+    KVC_CUDA_RETURN_IF_ERROR(
+        rope(qkv, n, width, c.numHeads, c.headDim, rotations, s), "RoPE");
+    KVC_CUDA_RETURN_IF_ERROR(storeKV(qkv, n, width, q, q + kv, c.numKvHeads,
+                                     c.headDim, rotations, cache[l], position,
+                                     s),
+                             "storing K and V");
+    KVC_CUDA_RETURN_IF_ERROR(attention(qkv, width, cache[l], position, n,
+                                       c.numHeads, c.numKvHeads, c.headDim, in,
+                                       low, s),
+                             "attention");
+    KVC_RETURN_IF_ERROR(gemm(lane, in, L.o, 0, h, n, x, true));
+    KVC_CUDA_RETURN_IF_ERROR(
+        rmsNorm(x, L.mlpNorm.get<float>(), n, h, eps, in, low, s), "RMSNorm");
+    KVC_RETURN_IF_ERROR(gemm(lane, in, L.gateUp, 0, 2 * f, n, gateUp, false));
+    KVC_CUDA_RETURN_IF_ERROR(swiglu(gateUp, n, f, in, low, s), "SwiGLU");
+    KVC_RETURN_IF_ERROR(gemm(lane, in, L.down, 0, h, n, x, true));
+  }
+  if (!logits)
+    return Status::ok();
+  if (layers != c.numLayers)
+    return invalidArgument("logits need every layer");
+  KVC_CUDA_RETURN_IF_ERROR(
+      rmsNorm(x + (n - 1) * h, finalNorm_.get<float>(), 1, h, eps, in, low, s),
+      "RMSNorm");
+  return gemm(lane, in, output_, 0, c.vocabSize, 1, logits, false);
+}
+
+Status CudaModel::project(Lane &lane, int64_t layer, const float *hidden,
+                          int64_t n, int64_t position, RowLayout out) const {
+  const ModelConfig &c = model_.config();
+  if (n <= 0)
+    return Status::ok();
+  const int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,
+                kv = c.numKvHeads * c.headDim;
+  const Layer &L = layers_[layer];
+  Scratch scratch(lane);
+  KVC_ASSIGN_OR_RETURN(rotations, ropeTable(scratch, position, n));
+  KVC_ASSIGN_OR_RETURN(normed, scratch.take<float>(n * h));
+  KVC_ASSIGN_OR_RETURN(y, scratch.take<float>(n * 2 * kv));
+  KVC_CUDA_RETURN_IF_ERROR(rmsNorm(hidden, L.attnNorm.get<float>(), n, h,
+                                   float(c.rmsNormEps), normed, bf16(),
+                                   lane.stream),
+                           "RMSNorm");
+  // W_k and W_v are adjacent rows of the fused QKV matrix: one GEMM.
+  KVC_RETURN_IF_ERROR(gemm(lane, normed, L.qkv, q, 2 * kv, n, y, false));
+  return cudaStatus(storeKV(y, n, 2 * kv, 0, kv, c.numKvHeads, c.headDim,
+                            rotations, out, 0, lane.stream),
+                    "storing K and V");
+}
+
+} // namespace kvc::cuda

@@ -1,0 +1,89 @@
+//===- CudaModel.h - A Llama model on the GPU -------------------*- C++ -*-===//
+//
+// kvc's reference model (LlamaModel) with its weights in device memory:
+// the same prefill, projection and logits, with the GEMMs in cuBLAS
+// (cublasGemmEx, fp32 accumulation) and the rest in the backend's kernels
+// (Kernels.h), attending over a paged cache in device memory.
+//
+// Precision: the weights and GEMM inputs are fp32 (F32: the CPU model's
+// arithmetic, up to summation order) or bf16 (BF16: a server's, the GEMM
+// inputs rounded to bf16), chosen per model; activations, norms, RoPE and
+// softmax are fp32 either way, and K and V are rounded to bf16 where they
+// are produced, as the CPU model does.
+//
+// Thread-safe: the weights are read-only after create, and every call runs
+// on the lane it is given.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_LIB_RUNTIME_CUDA_CUDAMODEL_H
+#define KVC_LIB_RUNTIME_CUDA_CUDAMODEL_H
+
+#include "CudaSupport.h"
+#include "Kernels.h"
+
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+namespace kvc::cuda {
+
+enum class GemmPrecision { F32, BF16 };
+
+class CudaModel {
+public:
+  /// Copies `model`'s weights to the current device.
+  static StatusOr<std::unique_ptr<CudaModel>> create(const LlamaModel &model,
+                                                     GemmPrecision precision);
+
+  const LlamaModel &host() const { return model_; }
+
+  /// Runs `n` tokens (host memory) at positions position.. through the
+  /// first `layers` layers over `cache` (one layout per layer, holding
+  /// tokens [0, position)), writing their K and V there. With `logits`
+  /// (device, [vocab]) and every layer, also the next-token logits after
+  /// the last token.
+  Status forward(Lane &lane, const int32_t *tokens, int64_t position, int64_t n,
+                 int64_t layers, const std::vector<RowLayout> &cache,
+                 float *logits = nullptr) const;
+
+  /// K (after RoPE) and V of `layer` for `n` tokens at positions position..
+  /// from their hidden states (device, fp32 [n][hidden]), bf16 into `out`.
+  Status project(Lane &lane, int64_t layer, const float *hidden, int64_t n,
+                 int64_t position, RowLayout out) const;
+
+private:
+  /// A matrix [rows][columns] in the GEMM precision.
+  struct Matrix {
+    DeviceArray data;
+    int64_t rows = 0, columns = 0;
+  };
+  struct Layer {
+    DeviceArray attnNorm, mlpNorm; ///< fp32.
+    Matrix qkv;                    ///< [q | k | v] rows.
+    Matrix o;
+    Matrix gateUp; ///< [gate | up] rows.
+    Matrix down;
+  };
+
+  CudaModel(const LlamaModel &model, GemmPrecision precision)
+      : model_(model), precision_(precision) {}
+  bool bf16() const { return precision_ == GemmPrecision::BF16; }
+  Status upload(const std::vector<const std::vector<float> *> &parts,
+                int64_t columns, Matrix &to) const;
+  /// y[n][rows] = x[n][columns] * W^T (+ y when `accumulate`), over rows
+  /// [row0, row0 + rows) of `w`.
+  Status gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
+              int64_t rows, int64_t n, float *y, bool accumulate) const;
+  /// RoPE rows of the chunk (the host model's table) on the device.
+  StatusOr<float *> ropeTable(Scratch &scratch, int64_t position,
+                              int64_t n) const;
+
+  const LlamaModel &model_;
+  GemmPrecision precision_;
+  DeviceArray embedding_, finalNorm_; ///< fp32.
+  Matrix output_;
+  std::vector<Layer> layers_;
+};
+
+} // namespace kvc::cuda
+
+#endif // KVC_LIB_RUNTIME_CUDA_CUDAMODEL_H

@@ -1,0 +1,95 @@
+//===- CudaSupport.cpp - What the CUDA backend shares ---------------------===//
+
+#include "CudaSupport.h"
+
+#include <dlfcn.h>
+
+#include <map>
+#include <mutex>
+
+namespace kvc {
+namespace cuda {
+
+// Two levels, so that the name cublas_v2.h maps an entry point to is the
+// one looked up ("cublasCreate_v2").
+#define KVC_CUBLAS_SYMBOL_NAME(name) KVC_CUBLAS_STRINGIFY(name)
+#define KVC_CUBLAS_STRINGIFY(name) #name
+
+namespace {
+
+StatusOr<Cublas> loadCublas() {
+  void *library =
+      dlopen("libcublas.so." KVC_CUBLAS_SONAME_VERSION, RTLD_NOW | RTLD_LOCAL);
+  if (!library) {
+    const char *error = dlerror();
+    return Status(StatusCode::Unavailable,
+                  std::string("cuda backend: no cuBLAS: ") +
+                      (error ? error : "libcublas not found"));
+  }
+  Cublas cublas;
+#define KVC_CUBLAS_LOAD(name, type)                                            \
+  cublas.name = reinterpret_cast<decltype(cublas.name)>(                       \
+      dlsym(library, KVC_CUBLAS_SYMBOL_NAME(name)));                           \
+  if (!cublas.name)                                                            \
+    return Status(                                                             \
+        StatusCode::Unavailable,                                               \
+        "cuda backend: cuBLAS has no " KVC_CUBLAS_SYMBOL_NAME(name));
+  KVC_CUBLAS_ENTRY_POINTS(KVC_CUBLAS_LOAD)
+#undef KVC_CUBLAS_LOAD
+  return cublas;
+}
+
+} // namespace
+
+StatusOr<const Cublas *> Cublas::get() {
+  static const StatusOr<Cublas> cublas = loadCublas();
+  if (!cublas)
+    return cublas.status();
+  return &*cublas;
+}
+
+cudaStream_t DeviceArray::releaseStream() {
+  static std::mutex mutex;
+  static std::map<int, cudaStream_t> streams;
+  int device = 0;
+  cudaGetDevice(&device);
+  std::lock_guard<std::mutex> lock(mutex);
+  cudaStream_t &stream = streams[device];
+  if (!stream)
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  return stream;
+}
+
+StatusOr<std::unique_ptr<Lane>> Lane::create(int device) {
+  auto lane = std::make_unique<Lane>();
+  KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "selecting the device");
+  KVC_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking),
+      "creating a stream");
+  for (cudaEvent_t &event : lane->halves)
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+        "creating an event");
+  KVC_ASSIGN_OR_RETURN(cublas, Cublas::get());
+  lane->cublas = cublas;
+  KVC_RETURN_IF_ERROR(
+      blasStatus(cublas->cublasCreate(&lane->blas), "cublasCreate"));
+  KVC_RETURN_IF_ERROR(blasStatus(
+      cublas->cublasSetStream(lane->blas, lane->stream), "cublasSetStream"));
+  return lane;
+}
+
+Lane::~Lane() {
+  if (blas)
+    cublas->cublasDestroy(blas);
+  for (cudaEvent_t event : halves)
+    if (event)
+      cudaEventDestroy(event);
+  if (pinned)
+    cudaFreeHost(pinned);
+  if (stream)
+    cudaStreamDestroy(stream);
+}
+
+} // namespace cuda
+} // namespace kvc

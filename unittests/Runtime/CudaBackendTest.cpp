@@ -44,14 +44,8 @@ protected:
 };
 
 TEST_F(CudaBackendTest, EveryStrategyEqualsAFullPrefill) {
+  expectEveryStrategyExact();
   const int64_t layers = model_->config().numLayers;
-  expectExact({/*merge=*/kTokens, 0, 64});   // compute
-  expectExact({0, 0, 64});                   // kv
-  expectExact({0, layers, 64});              // hidden
-  expectExact({128, 0, 64});                 // cake
-  expectExact({0, layers / 2, 64});          // hcache
-  expectExact({128, layers / 2, 64});        // joint
-  expectExact({96, 1, 96});                  // chunks off the store grid
   expectExact({0, layers, 96, /*slots=*/2}); // staged
   expectExact({0, layers, 64, 0, /*computeLayers=*/1});
 }

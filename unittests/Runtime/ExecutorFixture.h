@@ -248,6 +248,18 @@ protected:
     cache_->release(table);
   }
 
+  /// Every strategy's split restores exactly.
+  void expectEveryStrategyExact() {
+    const int64_t layers = model_->config().numLayers;
+    expectExact({/*merge=*/kTokens, 0, 64}); // compute
+    expectExact({0, 0, 64});                 // kv
+    expectExact({0, layers, 64});            // hidden
+    expectExact({128, 0, 64});               // cake
+    expectExact({0, layers / 2, 64});        // hcache
+    expectExact({128, layers / 2, 64});      // joint
+    expectExact({96, 1, 96});                // chunks off the store grid
+  }
+
   /// Eight restores of different splits at once into one cache, each exact.
   void expectConcurrentRestoresExact() {
     const int64_t layers = model_->config().numLayers;

@@ -32,14 +32,7 @@ TEST_F(ExecutorTest, ModelsOfEveryDTypeRestoreExactly) {
 }
 
 TEST_F(ExecutorTest, EveryStrategyEqualsAFullPrefill) {
-  const int64_t layers = model_->config().numLayers;
-  expectExact({/*merge=*/kTokens, 0, 64});         // compute
-  expectExact({0, 0, 64});                         // kv
-  expectExact({0, layers, 64});                    // hidden
-  expectExact({128, 0, 64});                       // cake
-  expectExact({0, layers / 2, 64});                // hcache
-  expectExact({128, layers / 2, 64});              // joint
-  expectExact({96, 1, 96});                        // chunks off the store grid
+  expectEveryStrategyExact();
 }
 
 // A server's cache: one tensor per layer interleaving K and V per block

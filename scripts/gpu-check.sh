@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# The GPU checks (generated kernels, the model import) in two steps, for a GPU
-# machine with CUDA and PyTorch but no LLVM/MLIR (docs/kernels.md, "On a GPU").
+# The GPU checks (generated kernels, the CUDA backend, the model import) in
+# two steps, for a GPU machine with CUDA and PyTorch but no LLVM/MLIR
+# (docs/kernels.md and docs/runtime.md, "On a GPU").
 #
 #   scripts/gpu-check.sh pack [DIR]   here: builds kvc-kernel-bench and the
-#                                     kernel bundle (build/), copies them,
-#                                     the libraries the GPU machine lacks and
-#                                     the PyTorch baseline into DIR (.gpu);
-#                                     imports stories260K (KVC_MODELS_DIR,
-#                                     default ../shared/models) with the
-#                                     tokens kvc decodes from BOS;
+#                                     kernel bundle (build/), the runtime
+#                                     alone (build-gpu/: kvc-run and the
+#                                     CUDA backend's tests, no LLVM), copies
+#                                     them, the libraries the GPU machine
+#                                     lacks and the PyTorch baseline into
+#                                     DIR (.gpu); saves a generated model's
+#                                     context and compiles every strategy's
+#                                     plan for it (DIR/e2e); imports
+#                                     stories260K (KVC_MODELS_DIR, default
+#                                     ../shared/models) with the tokens kvc
+#                                     decodes from BOS;
 #   scripts/gpu-check.sh run [DIR]    there, from the repository root with
 #                                     DIR beside it: checks every kernel bit
 #                                     for bit and times it against the copy,
 #                                     reruns the checks under
-#                                     compute-sanitizer's memcheck, times the
-#                                     PyTorch baseline, decodes stories260K
+#                                     compute-sanitizer's memcheck, runs the
+#                                     CUDA backend's tests (and once under
+#                                     memcheck and racecheck), restores
+#                                     every plan of DIR/e2e on the GPU and
+#                                     the CPU (compare --verify), calibrates
+#                                     the GPU, times the PyTorch baseline,
+#                                     decodes stories260K
 #                                     with transformers against kvc's tokens
 #                                     (scripts/hf-reference.py), and writes
 #                                     the outputs to $OUT (else DIR/results).
@@ -30,15 +41,63 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 case "$mode" in
 pack)
-  ninja -C "$root/build" kvc-kernel-bench bench/kernels.json
+  ninja -C "$root/build" kvc-kernel-bench bench/kernels.json kvc-opt kvc-run
+  cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKVC_BUILD_COMPILER=OFF >/dev/null
+  ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests
   mkdir -p "$dir"
+  dir=$(cd "$dir" && pwd) # file:// stores need absolute paths.
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
-    "$root/bench/kernels/torch-baseline.py" "$dir/"
-  # Libraries outside the C/C++ runtime: a GPU machine's image may lack them.
-  ldd "$root/build/bench/kvc-kernel-bench" |
-    awk '/=> \// {print $3}' |
+    "$root/bench/kernels/torch-baseline.py" \
+    "$root/build-gpu/unittests/KVCCudaBackendTests" "$dir/"
+  cp "$root/build-gpu/bin/kvc-run" "$dir/kvc-run"
+  # The device tool carries at most 64 MiB: no symbols.
+  strip "$dir/kvc-run" "$dir/KVCCudaBackendTests" "$dir/kvc-kernel-bench"
+  # Libraries outside the C/C++ runtime and CUDA: a GPU machine's image may
+  # lack them.
+  for binary in "$dir/kvc-kernel-bench" "$dir/kvc-run" \
+    "$dir/KVCCudaBackendTests"; do
+    ldd "$binary" | awk '/=> \// {print $3}'
+  done | sort -u |
     grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
-    xargs -r cp -L -t "$dir/"
+    grep -v '/cuda' | xargs -r cp -L -t "$dir/"
+  # The end-to-end restores: a generated model's context saved in every
+  # form, and a plan per strategy compiled for an H100 (the CUDA backend
+  # runs any plan; calibrating on the GPU makes the predictions its own).
+  e2e="$dir/e2e" run="$root/build/bin/kvc-run" tokens=1024
+  rm -rf "$e2e" && mkdir -p "$e2e"
+  "$run" gen-model --out "$e2e/model" --layers 4 --hidden 256 --heads 8 \
+    --kv-heads 2 --ffn 512 --vocab 1024 --seed 1 >/dev/null
+  "$run" save --model "$e2e/model" --random-tokens $tokens --seed 7 \
+    --store "file://$e2e/store" --layer-group 1 --forms kv,hidden >/dev/null
+  plans() {
+    local kv="#kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $tokens, layers = 0 to 4>"
+    local hid="#kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $tokens, layers = 0 to 4>"
+    printf '%s\n' "#kv = $kv" "#hid = $hid" \
+      "kvc.plan @compute tokens 0 to $tokens layers 0 to 4 {" \
+      "  kvc.segment compute tokens 0 to $tokens layers 0 to 4" "}" \
+      "kvc.plan @kv tokens 0 to $tokens layers 0 to 4 {" \
+      "  kvc.segment load_kv tokens 0 to $tokens layers 0 to 4 from #kv" "}" \
+      "kvc.plan @hidden tokens 0 to $tokens layers 0 to 4 {" \
+      "  kvc.segment load_hidden tokens 0 to $tokens layers 0 to 4 from #hid" "}" \
+      "kvc.plan @cake tokens 0 to $tokens layers 0 to 4 {" \
+      "  kvc.segment compute tokens 0 to 256 layers 0 to 4" \
+      "  kvc.segment load_kv tokens 256 to $tokens layers 0 to 4 from #kv" "}" \
+      "kvc.plan @hcache tokens 0 to $tokens layers 0 to 4 {" \
+      "  kvc.segment load_hidden tokens 0 to $tokens layers 0 to 3 from #hid" \
+      "  kvc.segment load_kv tokens 0 to $tokens layers 3 to 4 from #kv" "}" \
+      "kvc.plan @joint tokens 0 to $tokens layers 0 to 4 {" \
+      "  kvc.segment compute tokens 0 to 256 layers 0 to 4" \
+      "  kvc.segment load_hidden tokens 256 to $tokens layers 0 to 2 from #hid" \
+      "  kvc.segment load_kv tokens 256 to $tokens layers 2 to 4 from #kv" "}"
+  }
+  plans >"$e2e/plans.mlir"
+  "$root/build/bin/kvc-opt" "$e2e/plans.mlir" \
+    --kvc-import-model="$e2e/model/config.json" \
+    --kvc-attach-target="$root/targets/h100-sxm.json" \
+    --kvc-expand=chunk-tokens=256 --kvc-fuse --kvc-schedule --kvc-estimate \
+    --kvc-emit-bundle=file="$e2e/plans.json" -o /dev/null
+  cp "$root/targets/h100-sxm.json" "$e2e/"
   models=${KVC_MODELS_DIR:-$root/../shared/models}
   if [ -f "$models/stories260K/stories260K.bin" ]; then
     ninja -C "$root/build" kvc-run
@@ -56,6 +115,7 @@ pack)
   du -sh "$dir"
   ;;
 run)
+  dir=$(cd "$dir" && pwd)
   out=${OUT:-$dir/results}
   mkdir -p "$out"
   export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -73,6 +133,32 @@ run)
       >"$out/memcheck.txt" 2>&1 || status=$?
     tail -n 3 "$out/memcheck.txt"
   fi
+  # The CUDA backend: its tests, once more under memcheck and racecheck,
+  # then every plan restored on the GPU beside the CPU, and calibration.
+  "$dir/KVCCudaBackendTests" 2>&1 | tee "$out/cuda-backend-tests.txt" ||
+    status=$?
+  if [ -x "$sanitizer" ]; then
+    for tool in memcheck racecheck; do
+      "$sanitizer" --tool $tool --error-exitcode 3 \
+        "$dir/KVCCudaBackendTests" \
+        --gtest_filter='*EveryStrategy*:*Concurrent*' \
+        >"$out/cuda-backend-$tool.txt" 2>&1 || status=$?
+      tail -n 2 "$out/cuda-backend-$tool.txt"
+    done
+  fi
+  e2e="$dir/e2e"
+  request=(--model "$e2e/model" --random-tokens 1024 --seed 7
+    --store "file://$e2e/store" --layer-group 1 --bundle "$e2e/plans.json")
+  for backend in cuda cpu; do
+    "$dir/kvc-run" compare "${request[@]}" --backend $backend --repeat 3 \
+      2>&1 | tee "$out/compare-$backend.txt" || status=$?
+  done
+  "$dir/kvc-run" restore "${request[@]}" --backend cuda --plan joint \
+    --verify --trace "$out/joint-trace.json" | tee "$out/restore-joint.txt" ||
+    status=$?
+  "$dir/kvc-run" calibrate --backend cuda --model "$e2e/model" \
+    --base "$e2e/h100-sxm.json" --out "$out/h100-calibrated.json" \
+    --scratch "$dir" 2>&1 | tee "$out/calibrate.txt" || status=$?
   if python3 -c 'import torch' 2>/dev/null; then
     python3 "$dir/torch-baseline.py" | tee "$out/torch-baseline.txt" ||
       status=$?

@@ -80,21 +80,25 @@ public:
     const int64_t perLayer = config.numBlocks * stride;
     if (config.layers <= 0 || perLayer <= 0)
       return PagedKVCache::view(config, {}, CacheMemory::Device);
-    void *memory = nullptr;
+    // Stream-ordered, as every allocation of the backend's: freeing a cache
+    // (a restore's private one included) waits for no other stream.
+    auto memory = std::make_shared<DeviceArray>();
     const size_t bytes =
         size_t(2 * config.layers * perLayer) * sizeof(uint16_t);
-    KVC_CUDA_RETURN_IF_ERROR(cudaMalloc(&memory, bytes),
-                             "allocating the paged cache");
-    std::shared_ptr<void> owner(memory, [](void *p) { cudaFree(p); });
-    KVC_CUDA_RETURN_IF_ERROR(cudaMemset(memory, 0, bytes),
-                             "clearing the paged cache");
+    KVC_RETURN_IF_ERROR(memory->reserve(bytes));
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(memory->get(), 0, bytes, DeviceArray::releaseStream()),
+        "clearing the paged cache");
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaStreamSynchronize(DeviceArray::releaseStream()),
+        "clearing the paged cache");
     std::vector<PagedLayerMemory> layers;
-    uint16_t *base = static_cast<uint16_t *>(memory);
+    uint16_t *base = memory->get<uint16_t>();
     for (int64_t l = 0; l < config.layers; ++l)
       layers.push_back(
           {base + 2 * l * perLayer, base + (2 * l + 1) * perLayer});
     return PagedKVCache::view(config, std::move(layers), CacheMemory::Device,
-                              std::move(owner));
+                              std::move(memory));
   }
 
   std::unique_ptr<DeviceBuffer> allocate() override {

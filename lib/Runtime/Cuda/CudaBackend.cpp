@@ -189,8 +189,8 @@ public:
       return Status(StatusCode::Internal,
                     "scatter: the buffer does not hold the chunk's KV (a "
                     "plan step is missing before it)");
-    for (int64_t l = box.layerBegin; l < box.layerEnd; ++l)
-      KVC_RETURN_IF_ERROR(cache.checkRange(table, l, box.tokenBegin, tokens));
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
+                                         box.tokenBegin, tokens));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Scratch scratch(lane);
@@ -214,8 +214,7 @@ public:
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (layers < 0)
       layers = model.config().numLayers;
-    for (int64_t l = 0; l < std::min(layers, cache.config().layers); ++l)
-      KVC_RETURN_IF_ERROR(cache.checkRange(table, l, 0, position + n));
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, 0, layers, 0, position + n));
     KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
@@ -274,8 +273,8 @@ public:
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (n <= 0)
       return invalidArgument("logits need at least one token");
-    for (int64_t l = 0; l < cache.config().layers; ++l)
-      KVC_RETURN_IF_ERROR(cache.checkRange(table, l, 0, position + n));
+    KVC_RETURN_IF_ERROR(
+        cache.checkRange(table, 0, cache.config().layers, 0, position + n));
     KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;

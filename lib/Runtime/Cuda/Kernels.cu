@@ -53,6 +53,18 @@ __device__ void put(void *out, int64_t i, float x, bool bf16) {
     static_cast<float *>(out)[i] = x;
 }
 
+/// The sum and the largest of a value over a warp, in every lane.
+__device__ float warpSum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  return x;
+}
+__device__ float warpMax(float x) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
 #define KVC_GRID_STRIDE(i, total)                                              \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;             \
        i < (total); i += int64_t(gridDim.x) * blockDim.x)
@@ -101,8 +113,7 @@ __global__ void rmsNormKernel(const float *x, const float *weight, int64_t h,
   float sum = 0;
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x)
     sum += row[j] * row[j];
-  for (int offset = 16; offset > 0; offset /= 2)
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  sum = warpSum(sum);
   if (threadIdx.x % 32 == 0)
     partial[threadIdx.x / 32] = sum;
   __syncthreads();
@@ -170,7 +181,7 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
                                 int64_t heads, int64_t kvHeads, int64_t headDim,
                                 void *out, bool bf16Out) {
   __shared__ float query[kMaxHeadDim];
-  __shared__ float warpMax[kAttentionWarps], warpSum[kAttentionWarps];
+  __shared__ float partMax[kAttentionWarps], partSum[kAttentionWarps];
   __shared__ float warpAcc[kAttentionWarps][kMaxHeadDim];
   const int64_t t = blockIdx.x, head = blockIdx.y;
   const int64_t kvHead = head / (heads / kvHeads);
@@ -194,16 +205,10 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
         dot += query[d] * bf16Bits(cache.keys[row + d]);
       score = dot * scale;
     }
-    float peak = score;
-    for (int offset = 16; offset > 0; offset /= 2)
-      peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
-    peak = fmaxf(peak, max);
+    const float peak = fmaxf(warpMax(score), max);
     const float correction = max == -INFINITY ? 0.0f : expf(max - peak);
     const float p = valid ? expf(score - peak) : 0.0f;
-    float tileSum = p;
-    for (int offset = 16; offset > 0; offset /= 2)
-      tileSum += __shfl_xor_sync(0xffffffffu, tileSum, offset);
-    sum = sum * correction + tileSum;
+    sum = sum * correction + warpSum(p);
     for (int c = 0; c < columns; ++c)
       acc[c] *= correction;
     for (int j = 0; j < 32 && tile * 32 + j < keys; ++j) {
@@ -221,21 +226,21 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
     if (lane + 32 * c < headDim)
       warpAcc[warp][lane + 32 * c] = acc[c];
   if (lane == 0) {
-    warpMax[warp] = max;
-    warpSum[warp] = sum;
+    partMax[warp] = max;
+    partSum[warp] = sum;
   }
   __syncthreads();
   float peak = -INFINITY;
   for (int w = 0; w < kAttentionWarps; ++w)
-    peak = fmaxf(peak, warpMax[w]);
+    peak = fmaxf(peak, partMax[w]);
   for (int64_t d = threadIdx.x; d < headDim; d += blockDim.x) {
     float num = 0, den = 0;
     for (int w = 0; w < kAttentionWarps; ++w) {
-      if (warpMax[w] == -INFINITY)
+      if (partMax[w] == -INFINITY)
         continue;
-      const float factor = expf(warpMax[w] - peak);
+      const float factor = expf(partMax[w] - peak);
       num += warpAcc[w][d] * factor;
-      den += warpSum[w] * factor;
+      den += partSum[w] * factor;
     }
     put(out, (t * heads + head) * headDim + d, num / den, bf16Out);
   }

@@ -112,10 +112,15 @@ Status PagedKVCache::checkHost() const {
   return Status::ok();
 }
 
-Status PagedKVCache::checkRange(const BlockTable &table, int64_t layer,
-                                int64_t first, int64_t n) const {
-  if (layer < 0 || layer >= config_.layers)
-    return invalidArgument("paged cache: layer " + std::to_string(layer) +
+Status PagedKVCache::checkRange(const BlockTable &table, int64_t layerBegin,
+                                int64_t layerEnd, int64_t first,
+                                int64_t n) const {
+  if (layerBegin < 0 || layerEnd > config_.layers || layerBegin > layerEnd)
+    return invalidArgument("paged cache: " +
+                           (layerEnd == layerBegin + 1
+                                ? "layer " + std::to_string(layerBegin)
+                                : "layers " + std::to_string(layerBegin) +
+                                      " to " + std::to_string(layerEnd)) +
                            " out of range");
   if (first < 0 || n < 0 || first + n > table.capacity(config_.blockSize))
     return invalidArgument(

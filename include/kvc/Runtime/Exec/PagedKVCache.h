@@ -101,10 +101,14 @@ public:
   void release(BlockTable &table);
   int64_t freeBlocks() const;
 
-  /// Checks that tokens first.. first+n of `layer` lie in `table`, whose
-  /// blocks exist.
+  /// Checks that tokens first.. first+n of layers [layerBegin, layerEnd)
+  /// lie in `table`, whose blocks exist.
+  Status checkRange(const BlockTable &table, int64_t layerBegin,
+                    int64_t layerEnd, int64_t first, int64_t n) const;
   Status checkRange(const BlockTable &table, int64_t layer, int64_t first,
-                    int64_t n) const;
+                    int64_t n) const {
+    return checkRange(table, layer, layer + 1, first, n);
+  }
   /// The offset of `token`'s row in a layer's cache, in elements.
   int64_t rowOf(const BlockTable &table, int64_t token) const;
 

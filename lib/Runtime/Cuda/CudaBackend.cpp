@@ -117,7 +117,6 @@ public:
       KVC_CUDA_RETURN_IF_ERROR(
           cudaHostAlloc(&lane.pinned, 2 * kPinnedHalf, cudaHostAllocDefault),
           "allocating pinned staging");
-      lane.pinnedBytes = 2 * kPinnedHalf;
     }
     const char *from = reinterpret_cast<const char *>(host.data());
     char *into = buffer.memory.get<char>();

@@ -134,9 +134,8 @@ struct Lane {
   const Cublas *cublas = nullptr;
   cublasHandle_t blas = nullptr;
   /// Pinned host memory, split in two halves that alternate as an upload's
-  /// staging (cudaHostAlloc'd, grown on demand).
+  /// staging (cudaHostAlloc'd on the lane's first upload, a fixed size).
   void *pinned = nullptr;
-  size_t pinnedBytes = 0;
   cudaEvent_t halves[2] = {nullptr, nullptr};
 
   static StatusOr<std::unique_ptr<Lane>> create(int device);

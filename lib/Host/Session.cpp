@@ -102,8 +102,7 @@ StatusOr<RestoreMetrics> RestoreHandle::wait() {
 StatusOr<SaveFromCacheStats>
 saveFromCache(Backend &backend, const PagedKVCache &cache,
               const BlockTable &table, ChunkStore &store,
-              const std::vector<int32_t> &tokens, const CodecSpec &codec,
-              bool replace) {
+              const std::vector<int32_t> &tokens, const CodecSpec &codec) {
   const int64_t n = int64_t(tokens.size());
   const int64_t kvDim = cache.kvDim();
   if (cache.kvDim() != store.model().numKvHeads * store.model().headDim ||
@@ -116,7 +115,7 @@ saveFromCache(Backend &backend, const PagedKVCache &cache,
   SaveFromCacheStats stats;
   Clock::time_point start = Clock::now();
   std::vector<float> values;
-  for (const ChunkRef &ref : store.refs(tokens.data(), n, Form::KV)) {
+  for (const ChunkRef &ref : store.refs(tokens.data(), n, Form::KV, codec)) {
     const int64_t rows = ref.tokenEnd - ref.tokenBegin;
     values.resize((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim);
     for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
@@ -125,8 +124,7 @@ saveFromCache(Backend &backend, const PagedKVCache &cache,
                                            rows, k, k + rows * kvDim));
     }
     bool written = false;
-    KVC_RETURN_IF_ERROR(
-        store.put(ref, values.data(), codec, &written, replace));
+    KVC_RETURN_IF_ERROR(store.put(ref, values.data(), &written));
     ++(written ? stats.written : stats.skipped);
   }
   stats.seconds = secondsSince(start);

@@ -23,9 +23,11 @@ matchPrefix(ChunkStore &store, const std::vector<int32_t> &tokens) {
   std::vector<PrefixMatch> matches;
   bool any = false;
   for (Form form : {Form::KV, Form::Hidden}) {
-    KVC_ASSIGN_OR_RETURN(extent, store.stored(tokens.data(), n, form));
-    matches.push_back({form, extent.tokens, extent.codec});
-    any |= extent.tokens > 0;
+    KVC_ASSIGN_OR_RETURN(extents, store.stored(tokens.data(), n, form));
+    for (const StoredExtent &extent : extents) {
+      matches.push_back({form, extent.tokens, extent.codec});
+      any |= extent.tokens > 0;
+    }
   }
   if (any)
     return matches;

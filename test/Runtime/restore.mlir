@@ -55,7 +55,7 @@
 
 // Tests that deleted objects (every stored KV chunk) are recomputed and
 // reported, and that the cache is still exact.
-// RUN: rm %t/store/*/kv/0-4*
+// RUN: rm -r %t/store/*/kv/0-4
 // RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=FALLBACK
 // FALLBACK: fallback: kv tokens 384 to 512, layers 0 to 4 recomputed: not_found
 // FALLBACK: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
@@ -66,23 +66,24 @@
 // Tests that a truncated bundle, a missing plan and a request of another
 // length are refused with clear errors.
 // Tests that a plan never silently restores another encoding than it was
-// compiled for: from a store that holds the same context as int2, the
-// plans (which load raw KV) recompute every chunk whose object holds int2,
-// with the fault named, and stay within the lossless bound; so does the
-// dynamic walk of the Cake plan.
+// compiled for: from a store that holds the same context as int2 only, the
+// plans (which load raw KV) find no raw object, recompute every chunk, and
+// stay within the lossless bound; so does the dynamic walk of the Cake plan.
 // RUN: kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden --codec int2
 // RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=OTHER-CODEC
 // RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --dynamic --verify | FileCheck %s --check-prefix=OTHER-CODEC
-// OTHER-CODEC: fallback: kv tokens {{.*}} recomputed: failed_precondition: {{.*}}: chunk was stored with codec int2/g32, the plan loads raw
+// OTHER-CODEC: fallback: kv tokens {{.*}} recomputed: not_found: {{.*}}: no object {{[0-9a-f]+}}/kv/{{[0-9]+-[0-9]+}}/raw
 // OTHER-CODEC: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
 
-// Tests that saving the context raw over its int2 objects is refused (the
-// store would keep int2 under the keys a raw restore reads), and that
-// --replace rewrites them, after which the plan loads them all.
-// RUN: not kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden 2>&1 | FileCheck %s --check-prefix=RESAVE
-// RESAVE: kvc-run save: failed_precondition: the store holds this context's kv with codec int2/g32, not raw (--replace rewrites what is stored)
-// RUN: kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden --replace | FileCheck %s --check-prefix=REPLACE
-// REPLACE: with codec raw: 8 objects written, 0 already stored
+// Tests that saving the context raw beside its int2 objects keeps both
+// encodings and says so, after which the plan loads raw with no fallback,
+// and that Cake's walk without a plan asks which encoding to load.
+// RUN: kvc-run save --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --forms kv,hidden | FileCheck %s --check-prefix=BOTH
+// BOTH: with codec raw: 8 objects written, 0 already stored
+// BOTH: the store also holds kv of tokens 0 to 1024 with codec int2/g32
+// BOTH: the store also holds hidden of tokens 0 to 1024 with codec int2/g32
+// RUN: not kvc-run cake --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 2>&1 | FileCheck %s --check-prefix=TWO-CODECS
+// TWO-CODECS: kvc-run cake: invalid_argument: the store holds the request's KV with codecs int2/g32 and raw: pick one with --codec
 // RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=REPLACED
 // REPLACED-NOT: fallback
 // REPLACED: verify: against a full prefill

@@ -6,6 +6,7 @@
 #include "Args.h"
 
 #include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
@@ -32,6 +33,10 @@ openStore(Args &args, const LlamaModel &model, TierAccess access);
 /// --model), at most the model's positions and what fits in memory.
 StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                                              const ModelConfig &model);
+
+/// Prints what `plan` loads, one line per form, encoding and tier: "  loads
+/// kv as int4/g32 from disk: tokens 0 to 1024, layers 0 to 4".
+void printLoads(const BundlePlan &plan);
 
 /// restore, generate, compare and cake (RestoreCommands.cpp).
 Status restoreCommand(Args &args);

@@ -104,7 +104,6 @@ Status save(Args &args) {
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
-  options.replace = args.has("replace");
   Progress progress;
   options.progress = [&](int64_t done, int64_t total) {
     progress.show("save: prefilled " + std::to_string(done) + " of " +
@@ -112,12 +111,7 @@ Status save(Args &args) {
   };
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  StatusOr<SaveStats> saved = saveContext(*model, *store, tokens, options);
-  if (chunkFault(saved.status()) == ChunkFault::WrongRange)
-    return Status(saved.status().code(),
-                  saved.status().message() +
-                      " (--replace rewrites what is stored)");
-  KVC_ASSIGN_OR_RETURN(stats, std::move(saved));
+  KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));
   std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
               "objects written, %lld already stored; prefill %.3f s, total "
               "%.3f s, waited %.3f s for buffers, peak buffers %.1f MiB\n",
@@ -126,6 +120,17 @@ Status save(Args &args) {
               (long long)stats.skipped, stats.prefillSeconds,
               stats.totalSeconds, stats.stallSeconds,
               double(stats.peakBufferedBytes) / (1 << 20));
+  // A context saved with several codecs keeps each: say which.
+  for (Form form : options.forms) {
+    KVC_ASSIGN_OR_RETURN(
+        extents, store->stored(tokens.data(), int64_t(tokens.size()), form));
+    for (const StoredExtent &extent : extents)
+      if (extent.codec != options.codec)
+        std::printf("the store also holds %s of tokens 0 to %lld with codec "
+                    "%s\n",
+                    name(form), (long long)extent.tokens,
+                    extent.codec.str().c_str());
+  }
   return Status::ok();
 }
 
@@ -176,6 +181,7 @@ Status inspectBundle(Args &args) {
     for (const auto &[resource, counts] : use)
       std::printf("  %-8s %lld tasks on %lld lane(s)\n", name(resource),
                   (long long)counts.first, (long long)counts.second);
+    printLoads(plan);
   }
   return Status::ok();
 }
@@ -277,8 +283,7 @@ const std::vector<Command> &commands() {
                 "(default raw)"},
                {"writers", "N", "writer threads (default 2)"},
                {"buffer-mb", "N", "host buffer bound (default 256)"},
-               {"dry-run", "", "prefill without saving"},
-               {"replace", "", "rewrite objects stored with another codec"}} +
+               {"dry-run", "", "prefill without saving"}} +
            common,
        save},
       {"import-llama2c", "converts a llama2.c checkpoint to a model directory",
@@ -327,6 +332,8 @@ const std::vector<Command> &commands() {
        request + store +
            std::vector<Option>{
                {"io-lanes", "N", "loading lanes (default 2)"},
+               {"codec", "SPEC",
+                "the stored KV encoding to load (default the one stored)"},
                {"predicted-merge", "T", "a merge point to report beside"},
                {"verify", "", "check the cache against a full prefill"},
                {"max-error", "X",

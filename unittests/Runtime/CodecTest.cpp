@@ -176,12 +176,19 @@ TEST(Codec, HadamardIsItsOwnInverse) {
 }
 
 TEST(Codec, SpecsParseAndPrint) {
-  for (const char *spec : {"raw", "int8/g32", "hadamard+int4/g64+zstd",
-                           "int2/g128+lz4", "deflate", "int4/g32/bins8-4-2"}) {
+  for (const char *spec :
+       {"raw", "int8/g32", "hadamard+int4/g64+zstd", "int2/g128+lz4", "deflate",
+        "int4/g32/bins8-4-2", "int4/g64/k=token", "int8/g32/v=channel",
+        "hadamard+int2/g32/bins4-2/k=token/v=channel"}) {
     StatusOr<CodecSpec> codec = parseCodecSpec(spec);
     ASSERT_TRUE(codec.isOk()) << spec;
     EXPECT_EQ(codec->str(), spec);
   }
+  // Axes print where they differ from KIVI's, so codecs that encode
+  // differently never print alike.
+  EXPECT_EQ(parseCodecSpec("int4/k=channel/v=token")->str(), "int4/g32");
+  EXPECT_NE(parseCodecSpec("int4/k=token")->str(),
+            parseCodecSpec("int4")->str());
   EXPECT_FALSE(parseCodecSpec("int3").isOk());
   EXPECT_FALSE(parseCodecSpec("int4/bins8-3").isOk());
   // Errors name the part at fault and where the grammar is written.

@@ -64,8 +64,7 @@ TEST_F(DynamicCakeTest, CompiledCakePlansConfigureTheWalk) {
   ASSERT_TRUE(cake) << cake.status().toString();
   EXPECT_EQ(cake->tier, "dram");
   EXPECT_EQ(cake->predictedMergeToken, 128);
-  ASSERT_TRUE(cake->codec);
-  EXPECT_EQ(cake->codec->str(), "raw");
+  EXPECT_EQ(cake->codec.str(), "raw");
   // Loads of two codecs have no single walk.
   for (BundleTask &task : plan.tasks)
     for (BundleStep &step : task.steps)
@@ -108,7 +107,8 @@ TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
 
 TEST_F(DynamicCakeTest, UnloadableChunksAreRecomputed) {
   // Every KV object gone: the loaders hand every chunk they claim back.
-  for (const ChunkRef &ref : store_->refs(tokens_.data(), kTokens, Form::KV))
+  for (const ChunkRef &ref :
+       store_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec()))
     ASSERT_TRUE(tier_->remove(ref.name()).isOk());
   BlockTable table = *cache_->allocate(kTokens);
   StatusOr<DynamicCakeResult> result = runCake(*store_, table);

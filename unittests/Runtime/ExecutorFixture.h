@@ -133,7 +133,7 @@ inline BundlePlan makePlan(const Split &split, int64_t layers) {
 inline std::string victim(ChunkStore &store,
                           const std::vector<int32_t> &tokens) {
   for (const ChunkRef &ref :
-       store.refs(tokens.data(), int64_t(tokens.size()), Form::KV))
+       store.refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec()))
     if (ref.tokenBegin <= 200 && 200 < ref.tokenEnd && ref.layerBegin == 2)
       return ref.name();
   ADD_FAILURE() << "no such chunk";

@@ -287,7 +287,8 @@ private:
 TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
   const int64_t layers = model_->config().numLayers;
   std::set<std::string> kvObjects;
-  for (const ChunkRef &ref : store_->refs(tokens_.data(), kTokens, Form::KV))
+  for (const ChunkRef &ref :
+       store_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec()))
     kvObjects.insert(ref.name());
   auto gate = std::make_shared<GatedTier>(tier_, kvObjects);
   tier_ = gate;

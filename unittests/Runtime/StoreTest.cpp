@@ -428,7 +428,7 @@ TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
   // K and V within bf16 rounding.
   const int64_t kv = f.model->kvDim(), h = f.model->config().hiddenSize;
   for (const ChunkRef &hidden :
-       store.refs(f.tokens.data(), 300, Form::Hidden)) {
+       store.refs(f.tokens.data(), 300, Form::Hidden, CodecSpec())) {
     ChunkRef kvRef = hidden;
     kvRef.form = Form::KV;
     std::vector<float> hs(store.shape(hidden).numel()),
@@ -454,10 +454,11 @@ TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
   }
 }
 
-// A key holds one encoding: a save with another codec than the stored one
-// is refused before its prefill (and any single put of one), --replace
-// rewrites every object, and a corrupt object is rewritten, not refused.
-TEST(ChunkStore, SavesNeverLeaveAnotherCodecUnderTheirKeys) {
+// Encodings of a chunk live side by side: a save with another codec adds
+// its objects and leaves the stored ones, a read gets the encoding it names
+// (another encoding's bytes under that name are refused), a save in a
+// stored codec skips what is there, and a corrupt object is rewritten.
+TEST(ChunkStore, EncodingsOfAChunkLiveSideBySide) {
   Fixture f;
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
@@ -465,59 +466,110 @@ TEST(ChunkStore, SavesNeverLeaveAnotherCodecUnderTheirKeys) {
   int2.forms = {Form::KV};
   int2.codec = *parseCodecSpec("int2");
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, int2).isOk());
-
   SaveOptions raw = int2;
   raw.codec = CodecSpec();
-  StatusOr<SaveStats> refused = saveContext(*f.model, store, f.tokens, raw);
-  ASSERT_FALSE(refused.isOk());
-  EXPECT_EQ(chunkFault(refused.status()), ChunkFault::WrongRange);
-  EXPECT_EQ(refused.status().message(),
-            "the store holds this context's kv with codec int2/g32, not raw");
-  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, Form::KV);
-  std::vector<float> values(store.shape(refs[1]).numel(), 0.5f);
+  StatusOr<SaveStats> both = saveContext(*f.model, store, f.tokens, raw);
+  ASSERT_TRUE(both.isOk()) << both.status().toString();
+  std::vector<ChunkRef> rawRefs =
+      store.refs(f.tokens.data(), 300, Form::KV, raw.codec);
+  std::vector<ChunkRef> int2Refs =
+      store.refs(f.tokens.data(), 300, Form::KV, int2.codec);
+  EXPECT_EQ(both->written, int64_t(rawRefs.size()));
+  EXPECT_EQ(both->skipped, 0);
+  for (size_t i = 0; i < rawRefs.size(); ++i) {
+    StatusOr<std::vector<CodecSpec>> codecs = store.encodings(rawRefs[i]);
+    ASSERT_TRUE(codecs.isOk());
+    ASSERT_EQ(codecs->size(), 2u);
+    EXPECT_EQ((*codecs)[0].str(), "int2/g32");
+    EXPECT_EQ((*codecs)[1].str(), "raw");
+    // Each name reads back its own encoding.
+    std::vector<float> exact(store.shape(rawRefs[i]).numel()),
+        lossy(exact.size());
+    ASSERT_TRUE(store.get(rawRefs[i], exact.data()).isOk());
+    ASSERT_TRUE(store.get(int2Refs[i], lossy.data()).isOk());
+    EXPECT_NE(exact, lossy);
+  }
+
+  // int2 bytes under the raw name: never decoded as raw.
+  std::string int2Bytes;
+  ASSERT_TRUE(tier->get(int2Refs[0].name(), int2Bytes).isOk());
+  std::vector<float> out(store.shape(rawRefs[0]).numel());
+  Status misnamed = store.decode(rawRefs[0], int2Bytes, out.data());
+  EXPECT_EQ(chunkFault(misnamed), ChunkFault::WrongRange);
+  EXPECT_NE(misnamed.message().find("stored with codec int2/g32, not raw"),
+            std::string::npos)
+      << misnamed.toString();
+
+  // Same codec: kept. A corrupt object: rewritten, its neighbour untouched.
+  std::vector<float> values(out.size(), 0.5f);
   bool written = true;
-  EXPECT_EQ(chunkFault(store.put(refs[1], values.data(), raw.codec, &written)),
-            ChunkFault::WrongRange);
+  ASSERT_TRUE(store.put(rawRefs[0], values.data(), &written).isOk());
   EXPECT_FALSE(written);
-
-  raw.replace = true;
-  StatusOr<SaveStats> replaced = saveContext(*f.model, store, f.tokens, raw);
-  ASSERT_TRUE(replaced.isOk()) << replaced.status().toString();
-  EXPECT_EQ(replaced->written, int64_t(refs.size()));
-  for (const ChunkRef &ref : refs)
-    EXPECT_EQ(store.storedCodec(ref)->value_or(int2.codec).str(), "raw");
-
-  // Same codec: kept. A corrupt object: rewritten.
-  ASSERT_TRUE(store.put(refs[0], values.data(), raw.codec, &written).isOk());
-  EXPECT_FALSE(written);
-  ASSERT_TRUE(tier->put(refs[0].name(), "not a chunk").isOk());
-  ASSERT_TRUE(store.put(refs[0], values.data(), int2.codec, &written).isOk());
+  ASSERT_TRUE(tier->put(rawRefs[0].name(), "not a chunk").isOk());
+  ASSERT_TRUE(store.put(rawRefs[0], values.data(), &written).isOk());
   EXPECT_TRUE(written);
-  EXPECT_EQ(store.storedCodec(refs[0])->value_or(raw.codec).str(), "int2/g32");
+  ASSERT_TRUE(store.get(rawRefs[0], out.data()).isOk());
+  EXPECT_EQ(out, values);
+  ASSERT_TRUE(store.get(int2Refs[0], out.data()).isOk());
 }
 
-TEST(ChunkStore, ReportsTheStoredPrefixAndItsCodec) {
+TEST(ChunkStore, ReportsTheStoredPrefixPerEncoding) {
   Fixture f;
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
-  StatusOr<StoredExtent> empty = store.stored(f.tokens.data(), 300, Form::KV);
+  StatusOr<std::vector<StoredExtent>> empty =
+      store.stored(f.tokens.data(), 300, Form::KV);
   ASSERT_TRUE(empty.isOk());
-  EXPECT_EQ(empty->tokens, 0);
+  EXPECT_TRUE(empty->empty());
   SaveOptions options;
   options.forms = {Form::KV};
-  options.codec = *parseCodecSpec("int8");
-  ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
-  StatusOr<StoredExtent> kv = store.stored(f.tokens.data(), 300, Form::KV);
+  for (const char *codec : {"int8", "hadamard+int4/g64/k=token+zstd"}) {
+    options.codec = *parseCodecSpec(codec);
+    ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
+  }
+  StatusOr<std::vector<StoredExtent>> kv =
+      store.stored(f.tokens.data(), 300, Form::KV);
   ASSERT_TRUE(kv.isOk());
-  EXPECT_EQ(kv->tokens, 300);
-  EXPECT_EQ(kv->codec.str(), options.codec.str());
-  EXPECT_EQ(store.stored(f.tokens.data(), 300, Form::Hidden)->tokens, 0);
-  // One layer group of the second chunk gone: only the first chunk counts.
-  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, Form::KV);
+  ASSERT_EQ(kv->size(), 2u);
+  EXPECT_EQ((*kv)[0].codec.str(), "hadamard+int4/g64/k=token+zstd");
+  EXPECT_EQ((*kv)[0].codec, options.codec);
+  EXPECT_EQ((*kv)[1].codec.str(), "int8/g32");
+  EXPECT_EQ((*kv)[0].tokens, 300);
+  EXPECT_EQ((*kv)[1].tokens, 300);
+  EXPECT_TRUE(store.stored(f.tokens.data(), 300, Form::Hidden)->empty());
+  // One layer group of int8's second chunk gone: only its first chunk
+  // counts, and the other encoding still holds every token.
+  std::vector<ChunkRef> refs =
+      store.refs(f.tokens.data(), 300, Form::KV, (*kv)[1].codec);
   const ChunkRef &lost = refs[3];
   ASSERT_TRUE(tier->remove(lost.name()).isOk());
-  EXPECT_EQ(store.stored(f.tokens.data(), 300, Form::KV)->tokens,
-            lost.tokenBegin);
+  kv = store.stored(f.tokens.data(), 300, Form::KV);
+  EXPECT_EQ((*kv)[0].tokens, 300);
+  EXPECT_EQ((*kv)[1].tokens, lost.tokenBegin);
+}
+
+// Object names spell the encoding; only the spelling chunkObjectName writes
+// reads back, so no two names alias one encoding.
+TEST(ChunkFormat, ObjectNamesSpellTheirEncoding) {
+  Digest key{};
+  key[0] = 0xab;
+  for (const char *text : {"raw", "int8/g32+zstd", "hadamard+int4/bins8-4-2",
+                           "int4/g64/k=token/v=channel+lz4", "deflate"}) {
+    CodecSpec codec = *parseCodecSpec(text);
+    std::string name = chunkObjectName(key, Form::KV, 0, 4, codec);
+    std::string prefix = chunkObjectPrefix(key, Form::KV, 0, 4);
+    ASSERT_EQ(name.compare(0, prefix.size(), prefix), 0) << name;
+    std::string encoding = name.substr(prefix.size());
+    EXPECT_EQ(encoding.find('/'), std::string::npos) << name;
+    StatusOr<CodecSpec> back = parseEncodingName(encoding);
+    ASSERT_TRUE(back.isOk()) << back.status().toString();
+    EXPECT_EQ(*back, codec) << encoding;
+  }
+  EXPECT_EQ(chunkObjectName(key, Form::Hidden, 4, 8, *parseCodecSpec("int8")),
+            toHex(key) + "/hidden/4-8/int8.g32");
+  for (const char *bad : {"", "int8", "int8.g32.g32", "int8.g032", "zstd+raw",
+                          "int8/g32", "int8.g32.k=channel", "tmp.123"})
+    EXPECT_FALSE(parseEncodingName(bad).isOk()) << bad;
 }
 
 /// Writes one KV chunk and returns its ref and the store.
@@ -526,7 +578,7 @@ TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, {}).isOk());
-  ChunkRef ref = store.refs(f.tokens.data(), 300, Form::KV)[0];
+  ChunkRef ref = store.refs(f.tokens.data(), 300, Form::KV, CodecSpec())[0];
   std::vector<float> out(store.shape(ref).numel());
   ASSERT_TRUE(store.get(ref, out.data()).isOk());
   std::string good;
@@ -556,7 +608,8 @@ TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   std::shared_ptr<Tier> otherTier = std::move(*openTier("mem://"));
   ChunkStore otherStore = other.store(otherTier);
   ASSERT_TRUE(saveContext(*other.model, otherStore, other.tokens, {}).isOk());
-  ChunkRef otherRef = otherStore.refs(other.tokens.data(), 300, Form::KV)[0];
+  ChunkRef otherRef =
+      otherStore.refs(other.tokens.data(), 300, Form::KV, CodecSpec())[0];
   std::string foreign;
   ASSERT_TRUE(otherTier->get(otherRef.name(), foreign).isOk());
   EXPECT_EQ(faultAfter(foreign), ChunkFault::WrongModel);
@@ -565,14 +618,16 @@ TEST(ChunkStore, RejectsCorruptTruncatedForeignAndMisfiledChunks) {
   std::shared_ptr<Tier> tenantTier = std::move(*openTier("mem://"));
   ChunkStore tenantStore = f.store(tenantTier, "tenant-b");
   ASSERT_TRUE(saveContext(*f.model, tenantStore, f.tokens, {}).isOk());
-  ChunkRef tenantRef = tenantStore.refs(f.tokens.data(), 300, Form::KV)[0];
+  ChunkRef tenantRef =
+      tenantStore.refs(f.tokens.data(), 300, Form::KV, CodecSpec())[0];
   EXPECT_NE(tenantRef.name(), ref.name());
   std::string misfiled;
   ASSERT_TRUE(tenantTier->get(tenantRef.name(), misfiled).isOk());
   EXPECT_EQ(faultAfter(misfiled), ChunkFault::WrongKey);
 
   // Another layer group of the same prefix.
-  ChunkRef neighbour = store.refs(f.tokens.data(), 300, Form::KV)[1];
+  ChunkRef neighbour =
+      store.refs(f.tokens.data(), 300, Form::KV, CodecSpec())[1];
   std::string wrongRange;
   ASSERT_TRUE(tier->get(neighbour.name(), wrongRange).isOk());
   EXPECT_EQ(faultAfter(wrongRange), ChunkFault::WrongRange);
@@ -590,7 +645,8 @@ TEST(ChunkStore, RedisTierStoresChunks) {
   SaveOptions options;
   options.codec = *parseCodecSpec("int8+zstd");
   ASSERT_TRUE(saveContext(*f.model, store, f.tokens, options).isOk());
-  std::vector<ChunkRef> refs = store.refs(f.tokens.data(), 300, Form::KV);
+  std::vector<ChunkRef> refs =
+      store.refs(f.tokens.data(), 300, Form::KV, options.codec);
   std::vector<std::string> names, buffers;
   for (const ChunkRef &r : refs)
     names.push_back(r.name());
@@ -598,9 +654,7 @@ TEST(ChunkStore, RedisTierStoresChunks) {
   for (size_t i = 0; i < refs.size(); ++i) {
     ASSERT_TRUE(got[i].isOk()) << got[i].toString();
     std::vector<float> out(store.shape(refs[i]).numel());
-    CodecSpec codec;
-    ASSERT_TRUE(store.decode(refs[i], buffers[i], out.data(), &codec).isOk());
-    EXPECT_EQ(codec.str(), "int8/g32+zstd");
+    ASSERT_TRUE(store.decode(refs[i], buffers[i], out.data()).isOk());
   }
 }
 

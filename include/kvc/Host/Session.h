@@ -117,13 +117,12 @@ struct SaveFromCacheStats {
 
 /// Saves the KV of `tokens` (rows [0, n) of `table` in `cache`) to `store`
 /// with `codec`: a request a server prefilled, kept for later turns. Objects
-/// already stored with `codec` are skipped; one stored with another codec
-/// is an error unless `replace`.
+/// already stored with `codec` are skipped; other encodings of the same
+/// chunks stay beside them.
 StatusOr<SaveFromCacheStats>
 saveFromCache(Backend &backend, const PagedKVCache &cache,
               const BlockTable &table, ChunkStore &store,
-              const std::vector<int32_t> &tokens, const CodecSpec &codec,
-              bool replace = false);
+              const std::vector<int32_t> &tokens, const CodecSpec &codec);
 
 } // namespace kvc::host
 

@@ -2,9 +2,10 @@
 //
 // What a server asks of its KV stores before it plans a restore: open one
 // from a URL with the layout its saves used, and find how much of a
-// request's prefix each store holds, per form (KV, hidden states), as vLLM's
-// connector asks get_num_new_matched_tokens. The matches become the
-// planner's sources, each on the target machine's tier the store is.
+// request's prefix each store holds, per form (KV, hidden states) and
+// encoding, as vLLM's connector asks get_num_new_matched_tokens. The matches
+// become the planner's sources, each on the target machine's tier the store
+// is.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,16 +39,17 @@ struct StoreOptions {
 StatusOr<std::unique_ptr<ChunkStore>> openStore(const StoreOptions &options,
                                                 const ModelCompute &model);
 
-/// How much of a request one store holds in one form.
+/// How much of a request one store holds in one form and encoding.
 struct PrefixMatch {
   Form form = Form::KV;
-  /// The request's first `tokens` tokens have every object of `form`.
+  /// The request's first `tokens` tokens have every object of `form`
+  /// encoded with `codec`.
   int64_t tokens = 0;
-  /// The codec their first object was stored with.
   CodecSpec codec;
 };
 
-/// The prefix of `tokens` `store` holds, per form (KV, then hidden states).
+/// The prefix of `tokens` `store` holds, per form (KV, then hidden states)
+/// and encoding (in name order); none for a form it holds nothing of.
 /// FailedPrecondition when it holds nothing of the request under its layout
 /// but holds it under another (a save with other chunk tokens or layer
 /// group), naming that layout: a restore would otherwise miss every object.

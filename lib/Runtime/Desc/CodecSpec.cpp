@@ -50,6 +50,11 @@ std::string CodecSpec::str() const {
       for (size_t i = 0; i < layerBits.size(); ++i)
         q += (i ? "-" : "") + std::to_string(layerBits[i]);
     }
+    // KIVI's axes (keys per channel, values per token) go unsaid.
+    if (keyAxis != Axis::Channel)
+      q += "/k=token";
+    if (valueAxis != Axis::Token)
+      q += "/v=channel";
     append(q);
   }
   if (lossless != Lossless::None)

@@ -14,17 +14,14 @@ namespace {
 /// 16-bit words per element of `dtype`.
 int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
 
-/// Decodes `ref`'s stored `bytes`, which the plan loads as `planned` (when
-/// it says), into `out` as elements of `dtype`.
+/// Decodes `ref`'s stored `bytes` into `out` as elements of `dtype`.
 Status decodeAs(const ChunkStore &store, const ChunkRef &ref,
-                std::string_view bytes, const std::optional<CodecSpec> &planned,
-                DType dtype, uint16_t *out) {
-  const CodecSpec *codec = planned ? &*planned : nullptr;
+                std::string_view bytes, DType dtype, uint16_t *out) {
   if (dtype == DType::BF16)
-    return store.decode(ref, bytes, out, nullptr, codec);
+    return store.decode(ref, bytes, out);
   const int64_t n = store.shape(ref).numel();
   std::vector<float> values(n);
-  KVC_RETURN_IF_ERROR(store.decode(ref, bytes, values.data(), nullptr, codec));
+  KVC_RETURN_IF_ERROR(store.decode(ref, bytes, values.data()));
   if (dtype == DType::F32)
     std::memcpy(out, values.data(), size_t(n) * sizeof(float));
   else
@@ -49,15 +46,16 @@ ChunkSteps::ChunkSteps(Backend &backend, const ModelCompute &model,
       cache_(cache), table_(table), progress_(progress),
       prefill_(backend.prefill(model, tokens, cache, table)) {}
 
-const std::vector<ChunkRef> &ChunkSteps::refs(const std::string &tier,
-                                              Form form) {
+const std::vector<ChunkRef> &
+ChunkSteps::refs(const std::string &tier, Form form, const CodecSpec &codec) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto key = std::make_pair(tier, form);
+  auto key = std::make_tuple(tier, form, codec.str());
   auto it = refs_.find(key);
   if (it == refs_.end())
     it = refs_
-             .emplace(key, stores_.at(tier)->refs(
-                               tokens_.data(), int64_t(tokens_.size()), form))
+             .emplace(key, stores_.at(tier)->refs(tokens_.data(),
+                                                  int64_t(tokens_.size()), form,
+                                                  codec))
              .first;
   return it->second;
 }
@@ -83,7 +81,7 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   ChunkStore &store = *stores_.at(value.tier);
   int64_t bytes = 0;
   value.objectCount = 0;
-  for (const ChunkRef &ref : refs(value.tier, value.form)) {
+  for (const ChunkRef &ref : refs(value.tier, value.form, value.codec)) {
     if (!overlaps(ref, value))
       continue;
     if (value.objectCount == value.objects.size())
@@ -119,13 +117,12 @@ Status ChunkSteps::decode(ChunkValue &value) {
       // The object holds whole layers of the chunk, laid out as the chunk
       // lays them out: decode in place.
       KVC_RETURN_IF_ERROR(
-          decodeAs(store, ref, bytes, value.codec, dtype,
+          decodeAs(store, ref, bytes, dtype,
                    value.data.data() + (ref.layerBegin - value.layers.begin) *
                                            mats * tokens * w * words));
     } else {
       object.resize(store.shape(ref).numel() * words);
-      KVC_RETURN_IF_ERROR(
-          decodeAs(store, ref, bytes, value.codec, dtype, object.data()));
+      KVC_RETURN_IF_ERROR(decodeAs(store, ref, bytes, dtype, object.data()));
       // Copy the rows of the object inside the value's box.
       const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
       const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);

@@ -33,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace kvc::exec_detail {
@@ -57,8 +58,8 @@ struct ChunkValue {
   Form form = Form::KV;
   BundleRange tokens, layers;
   std::string tier;
-  /// The codec the plan loads the stored objects with; none checks nothing.
-  std::optional<CodecSpec> codec;
+  /// The stored encoding the plan loads.
+  CodecSpec codec;
   /// The stored objects as read (`objects[0, objectCount)`) and whether
   /// they still await decoding into `data`.
   std::vector<std::pair<ChunkRef, std::string>> objects;
@@ -94,8 +95,9 @@ public:
              const std::vector<int32_t> &tokens, PagedKVCache &cache,
              const BlockTable &table, LayerProgress *progress);
 
-  /// The stored objects of `form` for the request on `tier` (read once).
-  const std::vector<ChunkRef> &refs(const std::string &tier, Form form);
+  /// The stored objects of `form` in `codec` for the request on `tier`.
+  const std::vector<ChunkRef> &refs(const std::string &tier, Form form,
+                                    const CodecSpec &codec);
 
   /// Reads the objects covering the chunk, into `slot`'s buffers when given.
   Status fetch(ChunkValue &value, StagingSlot *slot);
@@ -133,7 +135,9 @@ private:
   std::unique_ptr<PrefillSession> prefill_;
 
   mutable std::mutex mutex_; ///< Guards the members below.
-  std::map<std::pair<std::string, Form>, std::vector<ChunkRef>> refs_;
+  /// By tier, form and codec string.
+  std::map<std::tuple<std::string, Form, std::string>, std::vector<ChunkRef>>
+      refs_;
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;
 };

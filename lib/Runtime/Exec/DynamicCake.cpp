@@ -138,8 +138,8 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan) {
         if (loads && step.tier != options.tier)
           return notCake("it loads from tiers " + options.tier + " and " +
                          step.tier);
-        if (loads && !(step.codec == *options.codec))
-          return notCake("it loads codecs " + options.codec->str() + " and " +
+        if (loads && step.codec != options.codec)
+          return notCake("it loads codecs " + options.codec.str() + " and " +
                          step.codec.str());
         options.tier = step.tier;
         options.codec = step.codec;
@@ -182,7 +182,8 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
                                 *target.cache, *target.table, run.progress);
   // The store's KV objects, grouped by token chunk.
   std::vector<ChunkBox> chunks;
-  for (const ChunkRef &ref : steps.refs(options.tier, Form::KV)) {
+  for (const ChunkRef &ref :
+       steps.refs(options.tier, Form::KV, options.codec)) {
     if (chunks.empty() || chunks.back().tokenBegin != ref.tokenBegin)
       chunks.push_back(
           {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd});

@@ -90,7 +90,7 @@ public:
           if (store == target_.stores.end())
             return invalidArgument("restore: no store for tier \"" +
                                    step.tier + "\"");
-          steps_.refs(step.tier, step.form); // Read once, here.
+          steps_.refs(step.tier, step.form, step.codec); // Keyed once, here.
         }
         if (step.kind == StepKind::ChunkCompute && step.layers.begin != 0)
           return unimplemented("restore: chunk_compute over layers " +

@@ -85,19 +85,6 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   const ModelConfig &c = model.config();
   const StoreLayout &layout = store.layout();
   const int64_t n = int64_t(tokens.size());
-  // A context stored with another codec: refused before any work.
-  if (!options.replace && !options.dryRun && n > 0)
-    for (Form form : options.forms) {
-      std::vector<ChunkRef> refs = store.refs(tokens.data(), n, form);
-      if (refs.empty())
-        continue;
-      KVC_ASSIGN_OR_RETURN(stored, store.storedCodec(refs.front()));
-      if (stored && !(*stored == options.codec))
-        return chunkError(ChunkFault::WrongRange,
-                          "the store holds this context's " +
-                              std::string(name(form)) + " with codec " +
-                              stored->str() + ", not " + options.codec.str());
-    }
   SaveStats stats;
   JobQueue queue(options.bufferBytes);
   std::mutex statsMutex;
@@ -110,8 +97,7 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
         Job job;
         while (queue.pop(job)) {
           bool written = false;
-          Status status = store.put(job.ref, job.values.data(), options.codec,
-                                    &written, options.replace);
+          Status status = store.put(job.ref, job.values.data(), &written);
           size_t bytes = job.bytes();
           job.values = {};
           queue.done(bytes);
@@ -142,7 +128,7 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
         Form form = options.forms[f];
         Job &job = filling[f];
         if (s.layer == group0) {
-          job.ref = {key, form, t0, t1, group0, group1};
+          job.ref = {key, form, t0, t1, group0, group1, options.codec};
           job.values.clear();
           job.values.reserve(store.shape(job.ref).numel());
         }

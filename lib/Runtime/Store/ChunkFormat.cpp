@@ -4,6 +4,7 @@
 
 #include <libdeflate.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvc {
@@ -79,10 +80,31 @@ std::vector<Digest> PrefixKeys::keys(const int32_t *tokens,
   return out;
 }
 
-std::string chunkObjectName(const Digest &key, Form form, int64_t layerBegin,
-                            int64_t layerEnd) {
+std::string chunkObjectPrefix(const Digest &key, Form form, int64_t layerBegin,
+                              int64_t layerEnd) {
   return toHex(key) + "/" + name(form) + "/" + std::to_string(layerBegin) +
-         "-" + std::to_string(layerEnd);
+         "-" + std::to_string(layerEnd) + "/";
+}
+
+std::string chunkObjectName(const Digest &key, Form form, int64_t layerBegin,
+                            int64_t layerEnd, const CodecSpec &codec) {
+  std::string encoding = codec.str();
+  std::replace(encoding.begin(), encoding.end(), '/', '.');
+  return chunkObjectPrefix(key, form, layerBegin, layerEnd) + encoding;
+}
+
+StatusOr<CodecSpec> parseEncodingName(std::string_view encoding) {
+  // Only the names chunkObjectName writes ('.' for every '/', the codec's
+  // own spelling): "int8" or "int8.g032" would alias int8.g32's object.
+  if (encoding.find('/') == std::string_view::npos) {
+    std::string text(encoding);
+    std::replace(text.begin(), text.end(), '.', '/');
+    StatusOr<CodecSpec> codec = parseCodecSpec(text);
+    if (codec.isOk() && codec->str() == text)
+      return codec;
+  }
+  return invalidArgument("\"" + std::string(encoding) +
+                         "\" names no encoding of a stored chunk");
 }
 
 Digest digestFromHex(std::string_view hex) {
@@ -260,6 +282,10 @@ Status checkChunk(const ChunkHeader &got, const ChunkHeader &want) {
                       "chunk belongs to prefix " + toHex(got.key, 8) +
                           " (another prefix or tenant), not " +
                           toHex(want.key, 8));
+  if (got.codec != want.codec)
+    return chunkError(ChunkFault::WrongRange, "chunk was stored with codec " +
+                                                  got.codec.str() + ", not " +
+                                                  want.codec.str());
   if (got.form != want.form || got.tokenBegin != want.tokenBegin ||
       got.tokenEnd != want.tokenEnd || got.layerBegin != want.layerBegin ||
       got.layerEnd != want.layerEnd)

@@ -26,10 +26,10 @@ ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, Form form) {
       if (chunkTokens == layout_.chunkTokens &&
           layerGroup == layout_.layerGroup)
         continue;
-      ChunkRef first{key,         form, 0,
-                     chunkTokens, 0,    std::min(model_.numLayers, layerGroup)};
-      KVC_ASSIGN_OR_RETURN(exists, tier_->exists(first.name()));
-      if (exists)
+      KVC_ASSIGN_OR_RETURN(
+          names, tier_->list(chunkObjectPrefix(
+                     key, form, 0, std::min(model_.numLayers, layerGroup))));
+      if (!names.empty())
         found.push_back({chunkTokens, layerGroup});
     }
   }
@@ -37,7 +37,8 @@ ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, Form form) {
 }
 
 std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
-                                       Form form) const {
+                                       Form form,
+                                       const CodecSpec &codec) const {
   std::vector<ChunkRef> out;
   std::vector<Digest> keys = keys_.keys(tokens, count);
   for (size_t c = 0; c < keys.size(); ++c) {
@@ -45,7 +46,8 @@ std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
     int64_t t1 = std::min(count, t0 + layout_.chunkTokens);
     for (int64_t l0 = 0; l0 < model_.numLayers; l0 += layout_.layerGroup)
       out.push_back({keys[c], form, t0, t1, l0,
-                     std::min(model_.numLayers, l0 + layout_.layerGroup)});
+                     std::min(model_.numLayers, l0 + layout_.layerGroup),
+                     codec});
   }
   return out;
 }
@@ -65,41 +67,45 @@ ChunkHeader ChunkStore::expected(const ChunkRef &ref) const {
   h.layerEnd = ref.layerEnd;
   h.fingerprint = fingerprint_;
   h.key = ref.key;
+  h.codec = ref.codec;
   return h;
 }
 
-StatusOr<std::optional<CodecSpec>>
-ChunkStore::storedCodec(const ChunkRef &ref) {
-  // One read: every tier reports an absent object as ChunkFault::Missing.
-  std::string bytes;
-  Status read = tier_->get(ref.name(), bytes);
-  if (chunkFault(read) == ChunkFault::Missing)
-    return std::optional<CodecSpec>();
-  KVC_RETURN_IF_ERROR(read);
-  auto unpacked = unpackChunk(bytes);
-  if (!unpacked.isOk() || !checkChunk(unpacked->first, expected(ref)).isOk())
-    return std::optional<CodecSpec>();
-  return std::optional<CodecSpec>(unpacked->first.codec);
+StatusOr<std::vector<CodecSpec>> ChunkStore::encodings(const ChunkRef &ref) {
+  const std::string prefix =
+      chunkObjectPrefix(ref.key, ref.form, ref.layerBegin, ref.layerEnd);
+  KVC_ASSIGN_OR_RETURN(names, tier_->list(prefix));
+  std::vector<CodecSpec> codecs;
+  for (const std::string &name : names)
+    // Whatever else a tier holds under the prefix is no chunk of ours.
+    if (StatusOr<CodecSpec> codec =
+            parseEncodingName(std::string_view(name).substr(prefix.size()));
+        codec.isOk())
+      codecs.push_back(*codec);
+  return codecs;
 }
 
 Status ChunkStore::put(const ChunkRef &ref, const float *values,
-                       const CodecSpec &codec, bool *written, bool replace) {
+                       bool *written) {
   if (written)
     *written = false;
-  KVC_ASSIGN_OR_RETURN(stored, storedCodec(ref));
-  if (stored && *stored == codec)
-    return Status::ok();
-  if (stored && !replace)
-    return chunkError(ChunkFault::WrongRange,
-                      ref.name() + ": already stored with codec " +
-                          stored->str() + ", not " + codec.str());
+  // One read: every tier reports an absent object as ChunkFault::Missing;
+  // a corrupt one is written again.
+  std::string bytes;
+  Status read = tier_->get(ref.name(), bytes);
+  if (read.isOk()) {
+    auto unpacked = unpackChunk(bytes);
+    if (unpacked.isOk() && checkChunk(unpacked->first, expected(ref)).isOk())
+      return Status::ok();
+  } else if (chunkFault(read) != ChunkFault::Missing) {
+    return read;
+  }
   StatusOr<std::string> payload =
-      encodeChunk(values, shape(ref), codec, model_.dtype);
+      encodeChunk(values, shape(ref), ref.codec, model_.dtype);
   if (!payload.isOk())
     return payload.status();
-  ChunkHeader header = expected(ref);
-  header.codec = codec;
-  KVC_RETURN_IF_ERROR(tier_->put(ref.name(), packChunk(header, *payload)));
+  KVC_RETURN_IF_ERROR(
+      tier_->put(ref.name(), packChunk(expected(ref), *payload)));
   if (written)
     *written = true;
   return Status::ok();
@@ -112,7 +118,6 @@ namespace {
 template <typename DecodeFn>
 Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
                       const ChunkHeader &expected, DType modelDType,
-                      CodecSpec *codec, const CodecSpec *planned,
                       DecodeFn decodeAs) {
   auto unpacked = unpackChunk(bytes);
   if (!unpacked.isOk())
@@ -123,27 +128,19 @@ Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
     return chunkError(ChunkFault::WrongModel,
                       ref.name() + ": chunk stores " + dtypeName(header.dtype) +
                           ", the model " + dtypeName(modelDType));
-  if (planned && !(header.codec == *planned))
-    return chunkError(ChunkFault::WrongRange,
-                      ref.name() + ": chunk was stored with codec " +
-                          header.codec.str() + ", the plan loads " +
-                          planned->str());
   Status decoded = decodeAs(payload, header);
   if (!decoded.isOk())
     return chunkError(ChunkFault::Corrupt,
                       ref.name() + ": " + decoded.message());
-  if (codec)
-    *codec = header.codec;
   return Status::ok();
 }
 
 } // namespace
 
 Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          float *out, CodecSpec *codec,
-                          const CodecSpec *planned) const {
+                          float *out) const {
   return checkAndDecode(
-      ref, bytes, expected(ref), model_.dtype, codec, planned,
+      ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {
         return decodeChunk(payload, shape(ref), header.codec, header.dtype,
                            out);
@@ -151,41 +148,42 @@ Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
 }
 
 Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          uint16_t *out, CodecSpec *codec,
-                          const CodecSpec *planned) const {
+                          uint16_t *out) const {
   return checkAndDecode(
-      ref, bytes, expected(ref), model_.dtype, codec, planned,
+      ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {
         return decodeChunkToBf16(payload, shape(ref), header.codec,
                                  header.dtype, out);
       });
 }
 
-StatusOr<StoredExtent> ChunkStore::stored(const int32_t *tokens, int64_t count,
-                                          Form form) {
-  StoredExtent extent;
-  std::vector<ChunkRef> objects = refs(tokens, count, form);
-  for (const ChunkRef &ref : objects) {
-    StatusOr<bool> exists = tier_->exists(ref.name());
-    if (!exists.isOk())
-      return exists.status();
-    if (!*exists) {
-      extent.tokens = std::min(extent.tokens, ref.tokenBegin);
-      break;
+StatusOr<std::vector<StoredExtent>>
+ChunkStore::stored(const int32_t *tokens, int64_t count, Form form) {
+  std::vector<StoredExtent> extents;
+  std::vector<ChunkRef> objects = refs(tokens, count, form, CodecSpec());
+  if (objects.empty())
+    return extents;
+  KVC_ASSIGN_OR_RETURN(codecs, encodings(objects.front()));
+  for (const CodecSpec &codec : codecs) {
+    StoredExtent extent{0, codec};
+    for (ChunkRef ref : objects) {
+      ref.codec = codec;
+      KVC_ASSIGN_OR_RETURN(exists, tier_->exists(ref.name()));
+      if (!exists) {
+        extent.tokens = std::min(extent.tokens, ref.tokenBegin);
+        break;
+      }
+      extent.tokens = std::max(extent.tokens, ref.tokenEnd);
     }
-    extent.tokens = std::max(extent.tokens, ref.tokenEnd);
+    extents.push_back(extent);
   }
-  if (extent.tokens > 0) {
-    std::vector<float> values(shape(objects.front()).numel());
-    KVC_RETURN_IF_ERROR(get(objects.front(), values.data(), &extent.codec));
-  }
-  return extent;
+  return extents;
 }
 
-Status ChunkStore::get(const ChunkRef &ref, float *out, CodecSpec *codec) {
+Status ChunkStore::get(const ChunkRef &ref, float *out) {
   std::string bytes;
   KVC_RETURN_IF_ERROR(tier_->get(ref.name(), bytes));
-  return decode(ref, bytes, out, codec);
+  return decode(ref, bytes, out);
 }
 
 } // namespace kvc

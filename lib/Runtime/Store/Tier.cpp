@@ -202,9 +202,12 @@ public:
   StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
     std::vector<std::string> names;
     std::error_code error;
-    if (!fs::exists(root_, error))
+    // Walk only the directory the prefix's path names ("<key>/kv/0-4/" lists
+    // one chunk's encodings, not the store).
+    const fs::path dir = root_ / prefix.substr(0, prefix.rfind('/') + 1);
+    if (!fs::is_directory(dir, error))
       return names;
-    for (auto it = fs::recursive_directory_iterator(root_, error);
+    for (auto it = fs::recursive_directory_iterator(dir, error);
          it != fs::recursive_directory_iterator(); it.increment(error)) {
       if (error)
         return unavailable(root_.string() + ": " + error.message());

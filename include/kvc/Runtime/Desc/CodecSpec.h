@@ -45,7 +45,8 @@ struct CodecSpec {
   int bits() const;
   /// Bits of layer `layer` of `layers`.
   int bitsOfLayer(int64_t layer, int64_t layers) const;
-  /// "raw", or the applied stages joined by '+': "hadamard+int4/g64+deflate".
+  /// "raw", or the applied stages joined by '+': "hadamard+int4/g64+deflate";
+  /// parseCodecSpec reads it back as an equal codec.
   std::string str() const;
 
   bool operator==(const CodecSpec &other) const;

@@ -28,9 +28,9 @@ namespace kvc {
 struct DynamicCakeOptions {
   /// The tier loads read (a key of RestoreTarget::stores).
   std::string tier = "dram";
-  /// The codec a plan loads the stored KV with: an object stored with
-  /// another is recomputed (ChunkFault::WrongRange); none checks nothing.
-  std::optional<CodecSpec> codec;
+  /// The stored encoding loads read; a chunk not stored in it is
+  /// recomputed.
+  CodecSpec codec;
   /// The compiler's merge point, reported beside the measured one.
   std::optional<int64_t> predictedMergeToken;
 };

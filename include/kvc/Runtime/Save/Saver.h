@@ -6,7 +6,8 @@
 // chunk x a layer group) and write them to the store (stage two), so the
 // prefill never waits on the store. The buffers are bounded: when writers
 // fall behind, the copy waits for room (back-pressure) rather than growing
-// memory. Saving is idempotent: objects already stored are skipped.
+// memory. Saving is idempotent: objects already stored in the codec are
+// skipped; the context's other encodings stay beside the new one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -29,10 +30,6 @@ struct SaveOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// Run the prefill without saving anything (the baseline for overhead).
   bool dryRun = false;
-  /// Rewrite objects stored with another codec; without it a save whose
-  /// first object of a form is stored with another codec fails before the
-  /// prefill (ChunkStore::put refuses any other such object).
-  bool replace = false;
   /// Called after each prefilled chunk with the tokens prefilled so far and
   /// the request's (a long save's progress).
   std::function<void(int64_t done, int64_t total)> progress;

@@ -1,8 +1,9 @@
-//===- ChunkFormat.h - Stored chunks: keys and the object format -*- C++ -*-===//
+//===- ChunkFormat.h - Stored chunks: keys and object format ----*- C++ -*-===//
 //
 // A stored chunk is one (prefix chunk of tokens, group of layers, form): a
 // fixed 136-byte little-endian header followed by the encoded payload
-// (docs/store-format.md). Keys are chained SHA-256 digests over token chunks,
+// (docs/store-format.md), named by its key, range and encoding. Keys are
+// chained SHA-256 digests over token chunks,
 // so equal prefixes share chunks across processes and machines while
 // different models or tenants never do. Every read is checked; a chunk that
 // is missing, corrupt, truncated, from another model, filed under another
@@ -56,9 +57,19 @@ private:
   int64_t chunkTokens_;
 };
 
-/// The object name of a chunk: "<key hex>/<form>/<layer begin>-<layer end>".
+/// The object name of a chunk's encoding with `codec`:
+/// "<key hex>/<form>/<layer begin>-<layer end>/<encoding>", the encoding
+/// being the codec's string with '/' written as '.' ("raw",
+/// "int8.g32+zstd"). Encodings of one chunk sit side by side; a tier lists
+/// them by the name up to the encoding (chunkObjectPrefix).
 std::string chunkObjectName(const Digest &key, Form form, int64_t layerBegin,
-                            int64_t layerEnd);
+                            int64_t layerEnd, const CodecSpec &codec);
+/// "<key hex>/<form>/<layer begin>-<layer end>/".
+std::string chunkObjectPrefix(const Digest &key, Form form, int64_t layerBegin,
+                              int64_t layerEnd);
+/// The codec of an encoding an object name ends in (what follows its
+/// chunkObjectPrefix).
+StatusOr<CodecSpec> parseEncodingName(std::string_view encoding);
 
 inline constexpr uint16_t kChunkFormatVersion = 1;
 inline constexpr size_t kChunkHeaderBytes = 136;
@@ -83,7 +94,8 @@ std::string packChunk(ChunkHeader header, std::string_view payload);
 StatusOr<std::pair<ChunkHeader, std::string_view>>
 unpackChunk(std::string_view bytes);
 
-/// Checks that a parsed header is the chunk the reader asked for.
+/// Checks that a parsed header is the chunk the reader asked for, encoding
+/// included.
 Status checkChunk(const ChunkHeader &got, const ChunkHeader &want);
 
 /// Binary digest of a 64-character hex fingerprint (zeros when malformed).

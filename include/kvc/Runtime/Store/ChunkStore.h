@@ -1,9 +1,12 @@
 //===- ChunkStore.h - Encoded, checked chunks on a tier ---------*- C++ -*-===//
 //
-// The store of one model for one tenant: chunk keys from the token prefix,
-// the layout (tokens per chunk, layers per object), and the codec, over any
-// tier. Writing is idempotent (a chunk already stored is not written again);
-// reading checks every header against what was asked for and decodes.
+// The store of one model for one tenant: chunk keys from the token prefix
+// and the layout (tokens per chunk, layers per object), over any tier. A
+// chunk may be stored in several encodings side by side, each its own
+// object; a planner is offered each, and a restore reads the one its plan
+// chose. Writing is idempotent (an encoding already stored is not written
+// again); reading checks every header against what was asked for and
+// decodes.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,19 +26,21 @@ struct StoreLayout {
   int64_t layerGroup = 4;    ///< Layers per stored object (layer-major).
 };
 
-/// One stored object: a form over a token chunk and a layer group.
+/// One stored object: a form over a token chunk and a layer group, in one
+/// encoding.
 struct ChunkRef {
   Digest key{};
   Form form = Form::KV;
   int64_t tokenBegin = 0, tokenEnd = 0;
   int64_t layerBegin = 0, layerEnd = 0;
+  CodecSpec codec;
   std::string name() const {
-    return chunkObjectName(key, form, layerBegin, layerEnd);
+    return chunkObjectName(key, form, layerBegin, layerEnd, codec);
   }
 };
 
-/// How much of a request a store holds in one form: every object of the
-/// chunks of tokens [0, tokens) exists, encoded with `codec`.
+/// How much of a request a store holds in one form and encoding: every
+/// object of the chunks of tokens [0, tokens) exists, encoded with `codec`.
 struct StoredExtent {
   int64_t tokens = 0;
   CodecSpec codec;
@@ -51,15 +56,20 @@ public:
   const ModelConfig &model() const { return model_; }
   const PrefixKeys &keys() const { return keys_; }
 
-  /// Every object of `form` for `tokens`, in token then layer order.
-  std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count,
-                             Form form) const;
+  /// Every object of `form` for `tokens` encoded with `codec`, in token then
+  /// layer order.
+  std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count, Form form,
+                             const CodecSpec &codec) const;
 
-  /// The longest prefix of `tokens` whose every object of `form` exists,
-  /// and the codec its first object was stored with (what a planner may
-  /// load; a chunk that turns out corrupt is still caught when read).
-  StatusOr<StoredExtent> stored(const int32_t *tokens, int64_t count,
-                                Form form);
+  /// The encodings `ref`'s chunk is stored in, whatever `ref.codec` is.
+  StatusOr<std::vector<CodecSpec>> encodings(const ChunkRef &ref);
+
+  /// Per encoding of the first object of `form` for `tokens`, the longest
+  /// prefix of `tokens` whose every object of `form` exists in it: what a
+  /// planner may load (a chunk that turns out corrupt is still caught when
+  /// read). Empty when the first object is not stored at all.
+  StatusOr<std::vector<StoredExtent>> stored(const int32_t *tokens,
+                                             int64_t count, Form form);
 
   /// Common layouts other than this store's (chunks of 64 to 2048 tokens,
   /// groups of 1 to 8 layers) under which the first object of `form` for
@@ -68,33 +78,21 @@ public:
   StatusOr<std::vector<StoreLayout>> otherLayouts(const int32_t *tokens,
                                                   int64_t count, Form form);
 
-  /// The codec of the object `ref` names, if one is stored and readable
-  /// (a corrupt one reads as none).
-  StatusOr<std::optional<CodecSpec>> storedCodec(const ChunkRef &ref);
+  /// Encodes `values` (the ref's chunkShape) with the ref's codec and
+  /// writes them, unless a readable object of that encoding is stored
+  /// already; `written` tells which. The chunk's other encodings stay.
+  Status put(const ChunkRef &ref, const float *values, bool *written = nullptr);
 
-  /// Encodes `values` (the ref's chunkShape) with `codec` and writes them,
-  /// unless the object is already stored with `codec`; `written` tells
-  /// which. An object stored with another codec is a WrongRange fault (a
-  /// key holds one encoding, and keeping the other would leave restores of
-  /// `codec` to find it) unless `replace`, which rewrites it.
-  Status put(const ChunkRef &ref, const float *values, const CodecSpec &codec,
-             bool *written = nullptr, bool replace = false);
+  /// Reads, checks and decodes `ref` into `out`. Errors carry a ChunkFault.
+  Status get(const ChunkRef &ref, float *out);
 
-  /// Reads, checks and decodes `ref` into `out`; `codec` receives the codec
-  /// it was stored with. Errors carry a ChunkFault.
-  Status get(const ChunkRef &ref, float *out, CodecSpec *codec = nullptr);
-
-  /// Checks and decodes bytes already read for `ref`. With `planned`, an
-  /// object stored with another codec is a WrongRange fault before any
-  /// decoding: a plan that priced and bounded raw KV must not restore int2
-  /// objects saved under the same key.
-  Status decode(const ChunkRef &ref, std::string_view bytes, float *out,
-                CodecSpec *codec = nullptr,
-                const CodecSpec *planned = nullptr) const;
+  /// Checks bytes already read for `ref` against it, its encoding included
+  /// (bytes of another encoding are a WrongRange fault: a plan that priced
+  /// and bounded raw KV must never restore int2), and decodes them.
+  Status decode(const ChunkRef &ref, std::string_view bytes, float *out) const;
   /// The same into bf16 values (decodeChunkToBf16).
-  Status decode(const ChunkRef &ref, std::string_view bytes, uint16_t *out,
-                CodecSpec *codec = nullptr,
-                const CodecSpec *planned = nullptr) const;
+  Status decode(const ChunkRef &ref, std::string_view bytes,
+                uint16_t *out) const;
 
   ChunkShape shape(const ChunkRef &ref) const;
 

@@ -3,11 +3,11 @@
 // A stored chunk is one (prefix chunk of tokens, group of layers, form): a
 // fixed 136-byte little-endian header followed by the encoded payload
 // (docs/store-format.md), named by its key, range and encoding. Keys are
-// chained SHA-256 digests over token chunks,
-// so equal prefixes share chunks across processes and machines while
-// different models or tenants never do. Every read is checked; a chunk that
-// is missing, corrupt, truncated, from another model, filed under another
-// key or for another range is a typed error (ChunkFault), never data.
+// chained SHA-256 digests over token chunks, so equal prefixes share chunks
+// across processes and machines while different models or tenants never
+// do. Every read is checked; a chunk that is missing, corrupt, truncated,
+// from another model, filed under another key, or for another range or
+// encoding is a typed error (ChunkFault), never data.
 //
 //===----------------------------------------------------------------------===//
 

@@ -40,6 +40,34 @@ std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
   return steps;
 }
 
+std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec) {
+  std::vector<PipelineStep> steps;
+  ChunkState state{form, CodecSpec(), /*onDevice=*/true};
+  auto add = [&](StepKind kind, ChunkState out) {
+    steps.push_back({kind, state, out});
+    state = out;
+  };
+  add(StepKind::Gather, state);
+  ChunkState next = state;
+  if (codec.transform != CodecSpec::Transform::None) {
+    next.codec.transform = codec.transform;
+    add(StepKind::Transform, next);
+  }
+  if (codec.quant != CodecSpec::Quant::None) {
+    next.codec = codec;
+    next.codec.lossless = CodecSpec::Lossless::None;
+    add(StepKind::Quant, next);
+  }
+  next.onDevice = false;
+  add(StepKind::TransferToHost, next);
+  if (codec.lossless != CodecSpec::Lossless::None) {
+    next.codec = codec;
+    add(StepKind::Compress, next);
+  }
+  add(StepKind::Store, next);
+  return steps;
+}
+
 std::vector<PipelineStep> computeSteps() {
   ChunkState kv{Form::KV, CodecSpec(), /*onDevice=*/true};
   return {{StepKind::ChunkCompute, kv, kv}, {StepKind::Scatter, kv, kv}};

@@ -58,9 +58,7 @@ std::string resourceName(Operation *step) {
     resource = task.getResource();
   else
     resource = getResource(step);
-  FetchOp fetch = findFetch(step);
-  return ::kvc::poolName(toVocabulary(resource),
-                         fetch ? fetch.getSource().getTier() : "");
+  return ::kvc::poolName(toVocabulary(resource), getStepTier(step));
 }
 
 struct KVCEstimatePass
@@ -115,10 +113,9 @@ struct KVCEstimatePass
       auto [it, inserted] = resources.try_emplace(name, 0);
       if (inserted) {
         int lanes = 1;
-        if (FetchOp fetch = findFetch(step))
-          if (const ::kvc::TierDesc *tier =
-                  cost.target().findTier(fetch.getSource().getTier().str()))
-            lanes = int(tier->lanes);
+        if (const ::kvc::TierDesc *tier =
+                cost.target().findTier(getStepTier(step).str()))
+          lanes = int(tier->lanes);
         it->second = graph.addResource(name, lanes);
       }
       StepCost c = getStepCost(step, cost);

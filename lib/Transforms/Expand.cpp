@@ -5,7 +5,9 @@
 // dataflow, the steps Pipeline.h defines: loads fetch on the host, decompress
 // there, cross the link still quantized, and are dequantized, untransformed,
 // projected (hidden states) and scattered on the device; computed chunks run
-// a chunked prefill after the chunks that hold their earlier tokens.
+// a chunked prefill after the chunks that hold their earlier tokens. A
+// kvc.save becomes a save plan: each stored object is gathered, transformed
+// and quantized on the device, copied to the host, compressed and stored.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,22 +39,59 @@ public:
   /// the last value produced (the KV a scatter writes).
   Value load(const planning::Source &source, Form form,
              const planning::Box &box, bool toCache) {
+    planning::Source stored = source;
+    stored.form = toVocabulary(form);
+    return emit(planning::restoreSteps(stored.form, stored.codec, toCache), box,
+                [&](RangeAttr tokens, RangeAttr layers, ChunkType type) {
+                  return b.create<FetchOp>(
+                      loc, type, getSourceAttr(b.getContext(), stored), tokens,
+                      layers);
+                });
+  }
+
+  /// The steps of planning::saveSteps: `box` of `form` gathered on the
+  /// device, encoded with `codec` and stored to `tier`.
+  void save(Form form, const ::kvc::CodecSpec &codec, const planning::Box &box,
+            StringRef tier) {
+    emit(
+        planning::saveSteps(toVocabulary(form), codec), box,
+        [&](RangeAttr, RangeAttr, ChunkType type) {
+          return b.create<GatherOp>(loc, type);
+        },
+        tier);
+  }
+
+  Value compute(const planning::Box &box, Value hidden, ValueRange prefix) {
     MLIRContext *ctx = b.getContext();
     RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
     RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
-    planning::Source stored = source;
-    stored.form = toVocabulary(form);
+    auto type = ChunkType::get(ctx, Form::kv, elementType, tokens, layers,
+                               Space::device, {});
+    return b.create<ChunkComputeOp>(loc, type, tokens, layers, hidden, prefix);
+  }
+
+  void scatter(Value kv) { b.create<ScatterOp>(loc, kv); }
+
+private:
+  /// Emits `steps` over `box`, the first through `source` (the op that
+  /// brings the chunk in: a fetch or a gather); a store writes to `tier`.
+  /// Returns the last value produced.
+  template <typename SourceFn>
+  Value emit(ArrayRef<planning::PipelineStep> steps, const planning::Box &box,
+             SourceFn source, StringRef tier = "") {
+    MLIRContext *ctx = b.getContext();
+    RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
+    RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
     Value value;
-    for (const planning::PipelineStep &step :
-         planning::restoreSteps(stored.form, stored.codec, toCache)) {
+    for (const planning::PipelineStep &step : steps) {
       auto type = ChunkType::get(
           ctx, fromVocabulary(step.out.form), elementType, tokens, layers,
           step.out.onDevice ? Space::device : Space::host,
           getCodecAttr(ctx, step.out.codec));
       switch (step.kind) {
       case ::kvc::StepKind::Fetch:
-        value = b.create<FetchOp>(loc, type, getSourceAttr(ctx, stored), tokens,
-                                  layers);
+      case ::kvc::StepKind::Gather:
+        value = source(tokens, layers, type);
         break;
       case ::kvc::StepKind::Decompress:
         value = b.create<DecompressOp>(loc, type, value);
@@ -72,25 +111,28 @@ public:
       case ::kvc::StepKind::Scatter:
         b.create<ScatterOp>(loc, value);
         break;
+      case ::kvc::StepKind::Transform:
+        value = b.create<TransformOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Quant:
+        value = b.create<QuantOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::TransferToHost:
+        value = b.create<TransferToHostOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Compress:
+        value = b.create<CompressOp>(loc, type, value);
+        break;
+      case ::kvc::StepKind::Store:
+        b.create<StoreOp>(loc, value, tier);
+        break;
       default:
-        llvm_unreachable("not a step of a restore");
+        llvm_unreachable("not a step of a restore or save");
       }
     }
     return value;
   }
 
-  Value compute(const planning::Box &box, Value hidden, ValueRange prefix) {
-    MLIRContext *ctx = b.getContext();
-    RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
-    RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
-    auto type = ChunkType::get(ctx, Form::kv, elementType, tokens, layers,
-                               Space::device, {});
-    return b.create<ChunkComputeOp>(loc, type, tokens, layers, hidden, prefix);
-  }
-
-  void scatter(Value kv) { b.create<ScatterOp>(loc, kv); }
-
-private:
   OpBuilder &b;
   Location loc;
   Type elementType;
@@ -101,6 +143,8 @@ struct KVCExpandPass
   using Base::Base;
 
   void runOnOperation() override {
+    if (failed(expandSaves()))
+      return signalPassFailure();
     if (failed(forEachPlan(
             getOperation(), getArgument(), codecProfile, chunkTokens,
             stagingMiB, holdsSegments,
@@ -108,6 +152,45 @@ struct KVCExpandPass
               return expand(plan, context);
             })))
       signalPassFailure();
+  }
+
+  /// Replaces every kvc.save with a save plan: per object of its layout
+  /// (token chunk x layer group, in token then layer order) and form, the
+  /// save steps.
+  LogicalResult expandSaves() {
+    SmallVector<SaveOp> saves(getOperation().getOps<SaveOp>());
+    if (saves.empty())
+      return success();
+    FailureOr<PlanningContext> context = getPlanningContext(
+        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
+    if (failed(context))
+      return failure();
+    for (SaveOp save : saves) {
+      OpBuilder builder(save);
+      RangeAttr tokens = save.getTokens();
+      auto plan = builder.create<PlanOp>(
+          save.getLoc(), save.getSymName(), tokens,
+          RangeAttr::get(builder.getContext(), 0, context->layers),
+          builder.getStringAttr("save"), IntegerAttr());
+      OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().emplaceBlock());
+      ChunkEmitter emit(body, save.getLoc(), context->elementType);
+      ::kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
+      const int64_t step = save.getObjectTokens(),
+                    group = save.getObjectLayers();
+      for (int64_t t0 = tokens.getBegin(); t0 < tokens.getEnd(); t0 += step)
+        for (int64_t l0 = 0; l0 < context->layers; l0 += group)
+          for (auto [wanted, form] :
+               {std::pair{save.getKv(), Form::kv},
+                std::pair{save.getHidden(), Form::hidden}})
+            if (wanted)
+              emit.save(form, codec,
+                        planning::Box{t0, std::min(tokens.getEnd(), t0 + step),
+                                      l0,
+                                      std::min(context->layers, l0 + group)},
+                        save.getTier());
+      save.erase();
+    }
+    return success();
   }
 
   LogicalResult expand(PlanOp plan, const PlanningContext &context) {

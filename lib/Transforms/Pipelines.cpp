@@ -35,6 +35,19 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   }
 }
 
+void mlir::kvc::buildSavePipeline(OpPassManager &pm,
+                                  const SavePipelineOptions &options) {
+  // Saves keep their layout's chunks: no chunk-tokens choice to pass.
+  pm.addPass(
+      createKVCSelectCodecPass({options.codecProfile, 0, options.stagingMiB}));
+  pm.addPass(
+      createKVCExpandPass({options.codecProfile, 0, options.stagingMiB}));
+  pm.addPass(
+      createKVCSchedulePass({options.codecProfile, 0, options.stagingMiB}));
+  pm.addPass(
+      createKVCEstimatePass({options.codecProfile, 0, options.stagingMiB}));
+}
+
 namespace {
 struct KernelsToPTXOptions : public PassPipelineOptions<KernelsToPTXOptions> {
   PassOptions::Option<std::string> chip{
@@ -64,4 +77,10 @@ void mlir::kvc::registerKVCPipelines() {
       "predicted times (kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, "
       "kvc-estimate), and with gpu-chip its fused kernels to PTX",
       buildRestorePipeline);
+  PassPipelineRegistration<SavePipelineOptions>(
+      "kvc-save-pipeline",
+      "Chooses every kvc.save's codec and lowers it to scheduled tasks with "
+      "predicted times (kvc-select-codec, kvc-expand, kvc-schedule, "
+      "kvc-estimate)",
+      buildSavePipeline);
 }

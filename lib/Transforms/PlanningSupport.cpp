@@ -64,6 +64,20 @@ LogicalResult mlir::kvc::forEachPlan(
   return success();
 }
 
+StringRef mlir::kvc::getStepTier(Operation *step) {
+  StringRef tier;
+  step->walk([&](Operation *op) {
+    if (auto fetch = dyn_cast<FetchOp>(op))
+      tier = fetch.getSource().getTier();
+    else if (auto store = dyn_cast<StoreOp>(op))
+      tier = store.getTier();
+    else
+      return WalkResult::advance();
+    return WalkResult::interrupt();
+  });
+  return tier;
+}
+
 bool mlir::kvc::holdsSegments(PlanOp plan) {
   return !plan.getBody().getOps<SegmentOp>().empty();
 }

@@ -44,6 +44,10 @@ forEachPlan(ModuleOp module, StringRef passArgument, StringRef profilePath,
             function_ref<bool(PlanOp)> select,
             function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn);
 
+/// The tier a step reads or writes: its fetch's or its store's (inside a
+/// task or kernel too); empty for steps that touch no tier.
+StringRef getStepTier(Operation *step);
+
 /// True for a strategy-level plan (one holding segments).
 bool holdsSegments(PlanOp plan);
 

@@ -1,8 +1,8 @@
 //===- Schedule.cpp - kvc-schedule: steps to tasks, slots and rounds ------===//
 //
 // Wraps every top-level step of a dataflow plan in a kvc.task on the resource
-// that runs it: fetches on the lanes of their tier (round robin, like
-// HCache's striping), host decoding on the decode pool, copies on the copy
+// that runs it: fetches and stores on the lanes of their tier (round robin,
+// like HCache's striping), host decoding on the decode pool, copies on the copy
 // engine, everything else on the compute stream. Tasks wait for the tasks
 // whose values they use.
 //
@@ -93,8 +93,7 @@ struct KVCSchedulePass
     for (Operation *step : steps) {
       Resource resource = getResource(step);
       int64_t lane = 0;
-      if (auto fetch = dyn_cast<FetchOp>(step)) {
-        StringRef tier = fetch.getSource().getTier();
+      if (StringRef tier = getStepTier(step); !tier.empty()) {
         const ::kvc::TierDesc *desc = cost.target().findTier(tier.str());
         lane = nextLane[tier]++ % (desc ? desc->lanes : 1);
       }

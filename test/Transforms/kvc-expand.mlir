@@ -79,3 +79,32 @@ kvc.plan @compute_from_hidden tokens 0 to 512 layers 0 to 4 {
 kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
 }
+
+// -----
+
+// Tests that a kvc.save becomes a save plan: per object of its layout (256
+// tokens x 2 layers, the last chunk partial) and form, gather, quant on the
+// device, the copy to the host, compress and store; the transform comes
+// first when the codec has one, and raw data goes straight to the host.
+// CHECK-LABEL: kvc.plan @save tokens 0 to 300 layers 0 to 4 strategy "save" {
+// CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
+// CHECK-NEXT:    %[[T:.+]] = kvc.transform %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <transform = hadamard>>
+// CHECK-NEXT:    %[[Q:.+]] = kvc.quant %[[T]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>
+// CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[Q]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <transform = hadamard, quant = int4>>
+// CHECK-NEXT:    %[[Z:.+]] = kvc.compress %[[H]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
+// CHECK-NEXT:    kvc.store %[[Z]] to "ssd"
+// CHECK-NEXT:    kvc.gather : !kvc.chunk<hidden x f16, tokens 0 to 256, layers 0 to 2, device>
+// CHECK:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4, device>
+// CHECK:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2, device>
+// CHECK:         %[[LAST:.+]] = kvc.compress {{.*}} -> !kvc.chunk<hidden x f16, tokens 256 to 300, layers 2 to 4, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
+// CHECK-NEXT:    kvc.store %[[LAST]] to "ssd"
+// CHECK-NEXT:  }
+// CHECK-LABEL: kvc.plan @raw tokens 0 to 256 layers 0 to 4 strategy "save" {
+// CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+// CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+// CHECK-NEXT:    kvc.store %[[H]] to "ssd" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+// CHECK-NEXT:  }
+// CHECK-NOT:   kvc.save
+kvc.save @save tokens 0 to 300 kv hidden to "ssd"
+    codec <transform = hadamard, quant = int4, lossless = zstd> {layer_group = 2 : i64}
+kvc.save @raw tokens 0 to 256 kv to "ssd"

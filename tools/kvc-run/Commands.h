@@ -34,8 +34,9 @@ openStore(Args &args, const LlamaModel &model, TierAccess access);
 StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                                              const ModelConfig &model);
 
-/// Prints what `plan` loads, one line per form, encoding and tier: "  loads
-/// kv as int4/g32 from disk: tokens 0 to 1024, layers 0 to 4".
+/// Prints what `plan` loads and stores, one line per form, encoding and
+/// tier: "  loads    kv as int4/g32 from disk: tokens 0 to 1024, layers 0 to
+/// 4", "  stores   hidden as raw to ssd: ...".
 void printLoads(const BundlePlan &plan);
 
 /// restore, generate, compare and cake (RestoreCommands.cpp).

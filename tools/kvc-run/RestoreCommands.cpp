@@ -268,25 +268,26 @@ StatusOr<const BundlePlan *> selectPlan(const RestoreSetup &setup,
 }
 
 void printLoads(const BundlePlan &plan) {
-  // The tokens and layers each (form, encoding, tier) covers, in first-use
-  // order.
-  struct Loads {
+  // The tokens and layers each (step, form, encoding, tier) covers, in
+  // first-use order.
+  struct Moves {
+    StepKind kind;
     Form form;
     std::string codec, tier;
     BundleRange tokens, layers;
   };
-  std::vector<Loads> loads;
+  std::vector<Moves> moves;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps) {
-      if (step.kind != StepKind::Fetch)
+      if (step.kind != StepKind::Fetch && step.kind != StepKind::Store)
         continue;
-      auto it = std::find_if(loads.begin(), loads.end(), [&](const Loads &l) {
-        return l.form == step.form && l.codec == step.codec.str() &&
-               l.tier == step.tier;
+      auto it = std::find_if(moves.begin(), moves.end(), [&](const Moves &m) {
+        return m.kind == step.kind && m.form == step.form &&
+               m.codec == step.codec.str() && m.tier == step.tier;
       });
-      if (it == loads.end()) {
-        loads.push_back(
-            {step.form, step.codec.str(), step.tier, step.tokens, step.layers});
+      if (it == moves.end()) {
+        moves.push_back({step.kind, step.form, step.codec.str(), step.tier,
+                         step.tokens, step.layers});
         continue;
       }
       it->tokens = {std::min(it->tokens.begin, step.tokens.begin),
@@ -294,12 +295,15 @@ void printLoads(const BundlePlan &plan) {
       it->layers = {std::min(it->layers.begin, step.layers.begin),
                     std::max(it->layers.end, step.layers.end)};
     }
-  for (const Loads &l : loads)
-    std::printf("  loads    %s as %s from %s: tokens %lld to %lld, layers "
-                "%lld to %lld\n",
-                name(l.form), l.codec.c_str(), l.tier.c_str(),
-                (long long)l.tokens.begin, (long long)l.tokens.end,
-                (long long)l.layers.begin, (long long)l.layers.end);
+  for (const Moves &m : moves) {
+    const bool loads = m.kind == StepKind::Fetch;
+    std::printf("  %-8s %s as %s %s %s: tokens %lld to %lld, layers %lld to "
+                "%lld\n",
+                loads ? "loads" : "stores", name(m.form), m.codec.c_str(),
+                loads ? "from" : "to", m.tier.c_str(),
+                (long long)m.tokens.begin, (long long)m.tokens.end,
+                (long long)m.layers.begin, (long long)m.layers.end);
+  }
 }
 
 /// Restores a request by running one plan of a bundle into a paged cache;

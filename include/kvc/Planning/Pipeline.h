@@ -5,13 +5,13 @@
 // (dequantization, the inverse transform, projection, scatter); a computed
 // chunk is one prefill on the compute device, then a scatter. This file
 // defines that journey once: which steps a chunk becomes and in what order
-// (`restoreSteps`, `computeSteps`), which resource runs each step and which
-// ready step a resource prefers, which step frees the host staging memory
-// a fetch takes and how much it takes, and what each step costs. Its users:
-// kvc-expand emits the steps, the planner's simulator (Planner::buildJobs)
-// prices them as jobs, kvc-schedule places them as tasks and slots and
-// kvc-estimate prices the scheduled steps; the executor runs the tasks and
-// resources the bundle carries from kvc-schedule.
+// (`restoreSteps`, `computeSteps`, and a saved chunk's `saveSteps`), which
+// resource runs each step and which ready step a resource prefers, which step
+// frees the host staging memory a fetch takes and how much it takes, and what
+// each step costs. Its users: kvc-expand emits the steps, the planner's
+// simulator (Planner::buildJobs) prices them as jobs, kvc-schedule places them
+// as tasks and slots and kvc-estimate prices the scheduled steps; the executor
+// runs the tasks and resources the bundle carries from kvc-schedule.
 //
 //===----------------------------------------------------------------------===//
 
@@ -54,6 +54,13 @@ struct PipelineStep {
 /// the journey goes on into the cache: project (hidden states), scatter.
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
                                        bool toCache);
+
+/// The steps that save a chunk of `form` encoded with `codec` (the inverse
+/// journey): gather from the cache (KV) or the prefill's snapshot (hidden
+/// states) on the device, transform and quant there, transfer_to_host
+/// (already quantized), compress on the host (a codec with a lossless
+/// stage), store.
+std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec);
 
 /// A computed chunk: chunk_compute, then scatter into the cache.
 std::vector<PipelineStep> computeSteps();

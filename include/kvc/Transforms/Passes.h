@@ -54,7 +54,19 @@ struct RestorePipelineOptions
 void buildRestorePipeline(OpPassManager &pm,
                           const RestorePipelineOptions &options);
 
-/// Registers kvc-restore-pipeline.
+struct SavePipelineOptions : public PassPipelineOptions<SavePipelineOptions> {
+  PassOptions::Option<std::string> codecProfile{
+      *this, "codec-profile",
+      llvm::cl::desc("Codec profile JSON; empty for the built-in estimate")};
+  PassOptions::Option<int64_t> stagingMiB{
+      *this, "staging-mib", llvm::cl::desc("Host staging memory, MiB"),
+      llvm::cl::init(256)};
+};
+
+/// kvc-select-codec, kvc-expand, kvc-schedule, kvc-estimate.
+void buildSavePipeline(OpPassManager &pm, const SavePipelineOptions &options);
+
+/// Registers kvc-restore-pipeline and kvc-save-pipeline.
 void registerKVCPipelines();
 
 } // namespace mlir::kvc

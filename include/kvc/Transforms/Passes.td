@@ -234,12 +234,42 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
 }
 
 def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
-  let summary = "Expands plan segments into per-chunk dataflow";
+  let summary = "Expands plan segments and saves into per-chunk dataflow";
   let description = [{
-    Splits every segment into the chunks the planner simulated (token blocks
-    of `chunk-tokens`, chosen from the target's GEMM efficiency when 0, and
-    for loads layer groups that fit a quarter of the staging budget) and
-    emits each chunk's dataflow. Loads fetch on the host, decompress there,
+    A `kvc.save` becomes a save plan of the same name with strategy "save":
+    per stored object (a chunk of its `chunk_tokens` x a group of its
+    `layer_group` layers, in token then layer order) and form, the object
+    is gathered on the device, transformed and quantized there, copied to
+    the host still quantized, compressed and stored, as its codec says (raw
+    data when it has none).
+
+    Before:
+    ```mlir
+    kvc.save @s tokens 0 to 256 kv to "ssd" codec <quant = int8, lossless = zstd>
+        {layer_group = 4 : i64}
+    ```
+    After (one object of 4 layers):
+    ```mlir
+    kvc.plan @s tokens 0 to 256 layers 0 to 4 strategy "save" {
+      %0 = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+      %1 = kvc.quant %0
+          : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+          -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device, codec <quant = int8>>
+      %2 = kvc.transfer_to_host %1
+          : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device, codec <quant = int8>>
+          -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = int8>>
+      %3 = kvc.compress %2
+          : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = int8>>
+          -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = int8, lossless = zstd>>
+      kvc.store %3 to "ssd"
+          : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = int8, lossless = zstd>>
+    }
+    ```
+
+    A plan that holds segments: every segment is split into the chunks the
+    planner simulated (token blocks of `chunk-tokens`, chosen from the
+    target's GEMM efficiency when 0, and for loads layer groups that fit a
+    quarter of the staging budget), and each chunk's dataflow is emitted. Loads fetch on the host, decompress there,
     cross the link still quantized, then dequantize, untransform, project
     (hidden states) and scatter on the device. Computed chunks run a chunked
     prefill after every chunk holding their earlier tokens, reading the

@@ -146,9 +146,10 @@ Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
   step.codec = *spec;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "tier", step.tier, Presence::Optional));
-  if (step.kind == StepKind::Fetch && step.tier.empty())
-    return invalidArgument(fieldPath(path, "tier") +
-                           ": a fetch must name its tier");
+  if ((step.kind == StepKind::Fetch || step.kind == StepKind::Store) &&
+      step.tier.empty())
+    return invalidArgument(fieldPath(path, "tier") + ": a " + name(step.kind) +
+                           " must name its tier");
   int64_t bytes = -1;
   KVC_RETURN_IF_ERROR(
       readInt(obj, path, "predicted_bytes", bytes, Presence::Optional));

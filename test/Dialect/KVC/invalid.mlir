@@ -278,6 +278,11 @@ kvc.save @s tokens 0 to 16 to "ssd"
 
 // -----
 
+// expected-error @+1 {{'kvc.save' op chunk_tokens and layer_group must be positive, got 256 and 0}}
+kvc.save @s tokens 0 to 16 kv to "ssd" {layer_group = 0 : i64}
+
+// -----
+
 // expected-error @+1 {{'kvc.transfer' op needs a destination node}}
 kvc.transfer @t tokens 0 to 16 to ""
 
@@ -304,6 +309,39 @@ kvc.plan @p tokens 0 to 256 layers 0 to 2 {
 
 // expected-error @+1 {{'kvc.plan' op 'p' scatters leave tokens 0 to 16 of layers 0 to 2 uncovered}}
 kvc.plan @p tokens 0 to 16 layers 0 to 2 {
+}
+
+// -----
+
+// A save plan: each form's stores must tile it.
+// expected-error @+1 {{'kvc.plan' op 'p' hidden stores leave tokens 0 to 16 of layers 1 to 2 uncovered}}
+kvc.plan @p tokens 0 to 16 layers 0 to 2 strategy "save" {
+  %k = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+  %kh = kvc.transfer_to_host %k
+      : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, host>
+  kvc.store %kh to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, host>
+  %h = kvc.gather : !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>
+  %hh = kvc.transfer_to_host %h
+      : !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, device>
+      -> !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, host>
+  kvc.store %hh to "ssd" : !kvc.chunk<hidden x bf16, tokens 0 to 16, layers 0 to 1, host>
+}
+
+// -----
+
+// expected-error @+1 {{'kvc.plan' op 'p' kv stores overlap on tokens 8 to 16 of layers 0 to 2}}
+kvc.plan @p tokens 0 to 16 layers 0 to 2 strategy "save" {
+  %a = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+  %ah = kvc.transfer_to_host %a
+      : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, host>
+  kvc.store %ah to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, host>
+  %b = kvc.gather : !kvc.chunk<kv x bf16, tokens 8 to 16, layers 0 to 2, device>
+  %bh = kvc.transfer_to_host %b
+      : !kvc.chunk<kv x bf16, tokens 8 to 16, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 8 to 16, layers 0 to 2, host>
+  kvc.store %bh to "ssd" : !kvc.chunk<kv x bf16, tokens 8 to 16, layers 0 to 2, host>
 }
 
 // -----

@@ -185,6 +185,9 @@ LogicalResult SaveOp::verify() {
     return failure();
   if (!getKv() && !getHidden())
     return emitOpError("saves nothing: name kv, hidden or both");
+  if (getObjectTokens() <= 0 || getObjectLayers() <= 0)
+    return emitOpError("chunk_tokens and layer_group must be positive, got ")
+           << getObjectTokens() << " and " << getObjectLayers();
   return verifyTier(*this, getTier());
 }
 
@@ -200,49 +203,81 @@ LogicalResult TransferOp::verify() {
 // Strategy
 //===----------------------------------------------------------------------===//
 
-LogicalResult PlanOp::verifyRegions() {
-  if (failed(verifyTokensAndLayers(*this, getTokens(), getLayers())))
-    return failure();
-  Tile whole = Tile::of(getTokens(), getLayers());
+namespace {
 
-  // A plan is checked at its level: segments if it has any, else the chunks
-  // its scatters write (dataflow and exec levels).
-  SmallVector<Tile> blocks;
-  SmallVector<Operation *> owners;
-  StringRef what = "segments";
-  for (SegmentOp segment : getBody().getOps<SegmentOp>()) {
-    blocks.push_back(Tile::of(segment.getTokens(), segment.getLayers()));
-    owners.push_back(segment);
-  }
-  if (blocks.empty()) {
-    what = "scatters";
-    getBody().walk([&](ScatterOp scatter) {
-      auto chunk = cast<ChunkType>(scatter.getInput().getType());
-      blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));
-      owners.push_back(scatter);
-    });
-  }
+/// Checks that `blocks` (written by `owners`) tile `plan` exactly.
+LogicalResult verifyTiling(PlanOp plan, ArrayRef<Tile> blocks,
+                           ArrayRef<Operation *> owners, StringRef what) {
+  Tile whole = Tile::of(plan.getTokens(), plan.getLayers());
   for (auto [block, owner] : llvm::zip(blocks, owners)) {
     if (block.t0 < whole.t0 || block.t1 > whole.t1 || block.l0 < whole.l0 ||
         block.l1 > whole.l1) {
       return owner->emitOpError("covers tokens ")
              << block.t0 << " to " << block.t1 << " of layers " << block.l0
-             << " to " << block.l1 << ", outside plan @" << getSymName()
-             << " (tokens " << str(getTokens()) << ", layers "
-             << str(getLayers()) << ")";
+             << " to " << block.l1 << ", outside plan @" << plan.getSymName()
+             << " (tokens " << str(plan.getTokens()) << ", layers "
+             << str(plan.getLayers()) << ")";
     }
   }
   std::optional<CoverageFault> fault =
       findCoverageFault(blocks, whole, /*checkOverlap=*/true);
   if (!fault)
     return success();
-  return emitOpError("'")
-         << getSymName() << "' " << what
+  return plan.emitOpError("'")
+         << plan.getSymName() << "' " << what
          << (fault->kind == CoverageFault::Gap ? " leave tokens "
                                                : " overlap on tokens ")
          << fault->t0 << " to " << fault->t1 << " of layers " << fault->l0
          << " to " << fault->l1
          << (fault->kind == CoverageFault::Gap ? " uncovered" : "");
+}
+
+} // namespace
+
+LogicalResult PlanOp::verifyRegions() {
+  if (failed(verifyTokensAndLayers(*this, getTokens(), getLayers())))
+    return failure();
+
+  // A plan is checked at its level: segments if it has any, else the chunks
+  // its scatters write (dataflow and exec levels), else, for a save plan,
+  // the chunks each form's stores write.
+  SmallVector<Tile> blocks;
+  SmallVector<Operation *> owners;
+  for (SegmentOp segment : getBody().getOps<SegmentOp>()) {
+    blocks.push_back(Tile::of(segment.getTokens(), segment.getLayers()));
+    owners.push_back(segment);
+  }
+  if (!blocks.empty())
+    return verifyTiling(*this, blocks, owners, "segments");
+  getBody().walk([&](ScatterOp scatter) {
+    auto chunk = cast<ChunkType>(scatter.getInput().getType());
+    blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));
+    owners.push_back(scatter);
+  });
+  if (!blocks.empty())
+    return verifyTiling(*this, blocks, owners, "scatters");
+  bool stores = false;
+  for (Form form : {Form::kv, Form::hidden}) {
+    blocks.clear();
+    owners.clear();
+    getBody().walk([&](StoreOp store) {
+      auto chunk = cast<ChunkType>(store.getInput().getType());
+      if (chunk.getForm() != form)
+        return;
+      blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));
+      owners.push_back(store);
+    });
+    stores |= !blocks.empty();
+    if (!blocks.empty() &&
+        failed(verifyTiling(*this, blocks, owners,
+                            (stringifyForm(form) + " stores").str())))
+      return failure();
+  }
+  // Neither segments, scatters nor stores: the scatters' (empty) tiling
+  // names the gap.
+  if (!stores)
+    return verifyTiling(*this, blocks, owners, "scatters");
+  return success();
 }
 
 LogicalResult SegmentOp::verify() {

@@ -74,18 +74,28 @@ def KVC_SaveOp : KVC_IntentOp<"save"> {
   let summary = "Saves a context's KV and/or hidden states to a tier";
   let description = [{
     After a prefill of `tokens`, write the chosen forms to tier `to`,
-    encoded with `codec` (chosen by `kvc-select-codec` when absent).
+    encoded with `codec` (chosen by `kvc-select-codec` when absent; raw data
+    when it stays absent). Objects hold `chunk_tokens` tokens (default 256)
+    of `layer_group` layers (default 4): the store layout restores read
+    with (kvc-run's `--chunk-tokens` and `--layer-group`).
 
     ```mlir
     kvc.save @doc tokens 0 to 4096 kv hidden to "ssd"
-        codec <quant = int8, lossless = zstd>
+        codec <quant = int8, lossless = zstd> {layer_group = 1 : i64}
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
                        UnitAttr:$kv, UnitAttr:$hidden, StrAttr:$tier,
                        OptionalAttr<KVC_CodecAttr>:$codec,
                        OptionalAttr<F64Attr>:$slo_ms,
-                       OptionalAttr<F64Attr>:$max_error);
+                       OptionalAttr<F64Attr>:$max_error,
+                       OptionalAttr<I64Attr>:$chunk_tokens,
+                       OptionalAttr<I64Attr>:$layer_group);
+  let extraClassDeclaration = [{
+    /// The store layout: tokens and layers per object.
+    int64_t getObjectTokens() { return getChunkTokens().value_or(256); }
+    int64_t getObjectLayers() { return getLayerGroup().value_or(4); }
+  }];
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) (`kv` $kv^)? (`hidden` $hidden^)?
     `to` $tier (`codec` $codec^)? attr-dict
@@ -125,8 +135,10 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     `kvc.segment`s; after `kvc-expand`, dataflow ops whose `kvc.scatter`s
     write the cache; after `kvc-schedule`, tasks. At every level the
     segments (or the scattered chunks) must tile the plan exactly: no
-    overlap and no gap. Planning passes record the `strategy` that chose the
-    plan and `kvc-estimate` its simulated time in microseconds.
+    overlap and no gap. A save plan (what `kvc-expand` makes of a
+    `kvc.save`) scatters nothing: the chunks its `kvc.store`s write must
+    tile it, form by form. Planning passes record the `strategy` that chose
+    the plan and `kvc-estimate` its simulated time in microseconds.
 
     ```mlir
     kvc.plan @cake tokens 0 to 512 layers 0 to 2 {

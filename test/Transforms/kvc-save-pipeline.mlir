@@ -1,0 +1,36 @@
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-link.json --kvc-save-pipeline | FileCheck %s
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-link.json --kvc-save-pipeline --kvc-emit-bundle=file=%t.json -o /dev/null
+// RUN: kvc-run inspect-bundle --bundle %t.json | FileCheck %s --check-prefix=BUNDLE
+
+// Tests that kvc-save-pipeline chooses each save's codec under its budget
+// (a lossy one on the slow network tier when max_error allows it, a lossless
+// one without a budget), expands the save into per-object steps and schedules
+// them as tasks with predicted times: codec stages on the compute stream,
+// the copy on d2h, compression on the decode lanes, stores on the tier's
+// io lanes.
+// CHECK-LABEL: kvc.plan @lossy tokens 0 to 512 layers 0 to 4 strategy "save" predicted {{[0-9]+}} us {
+// CHECK:         kvc.task on compute[0] attributes {kvc.time_ns = array<i64: 0, {{[0-9]+}}>} {
+// CHECK-NEXT:      kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+// CHECK:         kvc.task on compute[0] after
+// CHECK-NEXT:      kvc.quant
+// CHECK:         kvc.task on d2h[0] after
+// CHECK-NEXT:      kvc.transfer_to_host
+// CHECK:         kvc.task on decode[0] after
+// CHECK-NEXT:      kvc.compress
+// CHECK:         kvc.task on io[0] after
+// CHECK-NEXT:      kvc.store %{{.+}} to "net" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = {{int[248]}}
+// CHECK:         kvc.task on io[{{[0-9]}}] after
+// CHECK-NEXT:      kvc.store %{{.+}} to "net" : !kvc.chunk<kv x f16, tokens 256 to 512, layers 0 to 4, host
+// CHECK-LABEL: kvc.plan @exact tokens 0 to 512 layers 0 to 4 strategy "save" predicted {{[0-9]+}} us {
+// CHECK-NOT:     quant =
+// CHECK:         kvc.store %{{.+}} to "net" : !kvc.chunk<hidden x f16, tokens 256 to 512, layers 0 to 4, host, codec <lossless = {{[a-z0-9]+}}>>
+// CHECK-NOT:     quant =
+// CHECK:       }
+kvc.save @lossy tokens 0 to 512 kv to "net" {max_error = 0.12}
+kvc.save @exact tokens 0 to 512 kv hidden to "net"
+
+// BUNDLE:      plan lossy: tokens 0 to 512, layers 0 to 4, 10 tasks, 0 staging slots, predicted {{[0-9]+}} us
+// BUNDLE:        stores   kv as {{int[248]}}/g{{[0-9]+}}{{.*}} to net: tokens 0 to 512, layers 0 to 4
+// BUNDLE:      plan exact: tokens 0 to 512, layers 0 to 4, 16 tasks, 0 staging slots, predicted {{[0-9]+}} us
+// BUNDLE:        stores   kv as [[LOSSLESS:deflate|zstd|lz4]] to net: tokens 0 to 512, layers 0 to 4
+// BUNDLE-NEXT:   stores   hidden as [[LOSSLESS]] to net: tokens 0 to 512, layers 0 to 4

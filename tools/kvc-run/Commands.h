@@ -34,6 +34,15 @@ openStore(Args &args, const LlamaModel &model, TierAccess access);
 StatusOr<std::vector<int32_t>> requestTokens(Args &args,
                                              const ModelConfig &model);
 
+/// The bundle at `path`, refused when compiled for another model.
+StatusOr<PlanBundle> readBundleFor(const std::string &path,
+                                   const LlamaModel &model);
+/// The plan `name` of `bundle` (read from `source`, for messages), or its
+/// only plan when `name` is empty.
+StatusOr<const BundlePlan *> selectPlan(const PlanBundle &bundle,
+                                        const std::string &source,
+                                        const std::string &name);
+
 /// Prints what `plan` loads and stores, one line per form, encoding and
 /// tier: "  loads    kv as int4/g32 from disk: tokens 0 to 1024, layers 0 to
 /// 4", "  stores   hidden as raw to ssd: ...".

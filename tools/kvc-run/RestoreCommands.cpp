@@ -173,15 +173,9 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
     setup.bundle = std::move(bundle);
   } else {
     setup.planSource = args.get("bundle");
-    KVC_ASSIGN_OR_RETURN(bundle, readPlanBundle(setup.planSource));
+    KVC_ASSIGN_OR_RETURN(bundle, readBundleFor(setup.planSource, *model));
     setup.bundle = std::move(bundle);
   }
-  const std::string &compiledFor = setup.bundle.modelFingerprint;
-  if (!compiledFor.empty() && compiledFor != model->fingerprint())
-    return Status(StatusCode::FailedPrecondition,
-                  setup.planSource + " was compiled for model " +
-                      compiledFor.substr(0, 16) + ", not " +
-                      model->fingerprint().substr(0, 16));
   setup.model = std::move(model);
   setup.store = std::move(store);
   setup.request.backend = &backend();
@@ -253,17 +247,29 @@ Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
 }
 
 /// The bundle's plan `name`, or its only plan when `name` is empty.
-StatusOr<const BundlePlan *> selectPlan(const RestoreSetup &setup,
+StatusOr<PlanBundle> readBundleFor(const std::string &path,
+                                   const LlamaModel &model) {
+  KVC_ASSIGN_OR_RETURN(bundle, readPlanBundle(path));
+  const std::string &compiledFor = bundle.modelFingerprint;
+  if (!compiledFor.empty() && compiledFor != model.fingerprint())
+    return Status(StatusCode::FailedPrecondition,
+                  path + " was compiled for model " +
+                      compiledFor.substr(0, 16) + ", not " +
+                      model.fingerprint().substr(0, 16));
+  return bundle;
+}
+
+StatusOr<const BundlePlan *> selectPlan(const PlanBundle &bundle,
+                                        const std::string &source,
                                         const std::string &name) {
-  const PlanBundle &bundle = setup.bundle;
   const BundlePlan *plan = name.empty() && bundle.plans.size() == 1
                                ? &bundle.plans.front()
                                : bundle.findPlan(name);
   if (!plan)
     return invalidArgument(name.empty()
-                               ? setup.planSource + " holds several plans: "
-                                                    "name one with --plan"
-                               : setup.planSource + " has no plan " + name);
+                               ? source + " holds several plans: name one "
+                                          "with --plan"
+                               : source + " has no plan " + name);
   return plan;
 }
 
@@ -317,7 +323,8 @@ Status restoreCommand(Args &args) {
   RestoreOptions options;
   options.tracePath = args.get("trace");
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  KVC_ASSIGN_OR_RETURN(plan, selectPlan(setup, planName));
+  KVC_ASSIGN_OR_RETURN(plan,
+                       selectPlan(setup.bundle, setup.planSource, planName));
   if (dynamic)
     return restoreDynamic(setup, *plan, options, verify);
   KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify));
@@ -375,7 +382,8 @@ Status generateCommand(Args &args) {
     return invalidArgument("--steps must be positive");
   const std::string tokenizerFile = tokenizerPath(args.get("model"));
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  KVC_ASSIGN_OR_RETURN(plan, selectPlan(setup, planName));
+  KVC_ASSIGN_OR_RETURN(plan,
+                       selectPlan(setup.bundle, setup.planSource, planName));
   std::unique_ptr<Tokenizer> tokenizer;
   if (!tokenizerFile.empty()) {
     KVC_ASSIGN_OR_RETURN(

@@ -110,6 +110,19 @@ Status save(Args &args) {
                   std::to_string(total) + " tokens");
   };
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
+  if (args.has("bundle")) {
+    // A compiled save plan decides the forms and the encoding.
+    if (args.has("forms") || args.has("codec"))
+      return invalidArgument("--bundle's save plan chooses the forms and the "
+                             "codec: drop --forms and --codec");
+    const std::string path = args.get("bundle");
+    KVC_ASSIGN_OR_RETURN(bundle, readBundleFor(path, *model));
+    KVC_ASSIGN_OR_RETURN(plan, selectPlan(bundle, path, args.get("plan")));
+    KVC_ASSIGN_OR_RETURN(
+        planned,
+        saveOptionsFor(*plan, *store, int64_t(tokens.size()), options));
+    options = std::move(planned);
+  }
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));
   std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
@@ -283,7 +296,11 @@ const std::vector<Command> &commands() {
                 "(default raw)"},
                {"writers", "N", "writer threads (default 2)"},
                {"buffer-mb", "N", "host buffer bound (default 256)"},
-               {"dry-run", "", "prefill without saving"}} +
+               {"dry-run", "", "prefill without saving"},
+               {"bundle", "FILE",
+                "a compiled save plan (kvc-save-pipeline) choosing the "
+                "forms and codec"},
+               {"plan", "NAME", "the bundle's plan (default its only one)"}} +
            common,
        save},
       {"import-llama2c", "converts a llama2.c checkpoint to a model directory",

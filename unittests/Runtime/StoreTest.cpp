@@ -658,6 +658,92 @@ TEST(ChunkStore, RedisTierStoresChunks) {
   }
 }
 
+/// A save plan storing every object of `store`'s layout for `tokens`
+/// tokens, in `forms`, with `codec`: a task of gather and store per object.
+BundlePlan savePlan(const ChunkStore &store, int64_t tokens,
+                    std::vector<Form> forms, const CodecSpec &codec) {
+  const int64_t layers = store.model().numLayers;
+  const StoreLayout &layout = store.layout();
+  BundlePlan plan;
+  plan.name = "s";
+  plan.tokens = {0, tokens};
+  plan.layers = {0, layers};
+  for (int64_t t = 0; t < tokens; t += layout.chunkTokens)
+    for (int64_t l = 0; l < layers; l += layout.layerGroup)
+      for (Form form : forms) {
+        BundleStep step;
+        step.form = form;
+        step.tokens = {t, std::min(tokens, t + layout.chunkTokens)};
+        step.layers = {l, std::min(layers, l + layout.layerGroup)};
+        BundleTask task;
+        task.id = int64_t(plan.tasks.size());
+        step.kind = StepKind::Gather;
+        task.steps.push_back(step);
+        step.kind = StepKind::Store;
+        step.codec = codec;
+        step.tier = "ssd";
+        task.steps.push_back(step);
+        plan.tasks.push_back(task);
+      }
+  return plan;
+}
+
+// A compiled save plan decides what saveContext writes; one that does not
+// store every object of the store's layout once, in one encoding, or that
+// restores, is refused with what differs, before any prefill.
+TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
+  Fixture f;
+  std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
+  ChunkStore store = f.store(tier);
+  CodecSpec int8 = *parseCodecSpec("int8+zstd");
+  BundlePlan plan = savePlan(store, 300, {Form::Hidden}, int8);
+  StatusOr<SaveOptions> options = saveOptionsFor(plan, store, 300);
+  ASSERT_TRUE(options.isOk()) << options.status().toString();
+  EXPECT_EQ(options->forms, std::vector<Form>{Form::Hidden});
+  EXPECT_EQ(options->codec, int8);
+  StatusOr<SaveStats> saved = saveContext(*f.model, store, f.tokens, *options);
+  ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+  std::vector<ChunkRef> refs =
+      store.refs(f.tokens.data(), 300, Form::Hidden, int8);
+  EXPECT_EQ(saved->written, int64_t(refs.size()));
+  std::vector<float> out(store.shape(refs.back()).numel());
+  EXPECT_TRUE(store.get(refs.back(), out.data()).isOk());
+  EXPECT_TRUE(store.stored(f.tokens.data(), 300, Form::KV)->empty());
+
+  auto refusal = [&](const BundlePlan &p, int64_t tokens = 300) {
+    StatusOr<SaveOptions> refused = saveOptionsFor(p, store, tokens);
+    EXPECT_FALSE(refused.isOk());
+    return refused.status().message();
+  };
+  EXPECT_EQ(refusal(plan, 256),
+            "plan s covers tokens 0 to 300 of layers 0 to 4, the request 256 "
+            "tokens of 4 layers");
+  BundlePlan mixed = plan;
+  mixed.tasks[1].steps[1].codec = CodecSpec();
+  EXPECT_EQ(refusal(mixed),
+            "plan s stores encodings int8/g32+zstd and raw; a save writes one");
+  BundlePlan twice = plan;
+  twice.tasks[1] = twice.tasks[0];
+  EXPECT_EQ(refusal(twice), "plan s stores hidden tokens 0 of layer 0 twice");
+  BundlePlan partial = plan;
+  partial.tasks.pop_back();
+  EXPECT_EQ(refusal(partial),
+            "plan s stores 5 objects of 6; a save writes every one");
+  StoreLayout other{256, 2};
+  ChunkStore otherStore(tier, f.model->config(), f.model->fingerprint(), "",
+                        other);
+  EXPECT_EQ(refusal(savePlan(otherStore, 300, {Form::KV}, int8)),
+            "plan s stores objects of 256 tokens x 2 layers; the store's are "
+            "128 x 2 (compile with the store's chunk_tokens and layer_group)");
+  BundlePlan restores = plan;
+  restores.tasks[0].steps[0].kind = StepKind::Fetch;
+  EXPECT_EQ(refusal(restores), "plan s restores (it has a fetch); it is no "
+                               "save plan");
+  BundlePlan empty = plan;
+  empty.tasks.clear();
+  EXPECT_EQ(refusal(empty), "plan s stores nothing");
+}
+
 TEST(Saver, BoundsItsBuffersAndAppliesBackPressure) {
   Fixture f;
   // A store slower than the prefill: 0.01 Gbps.

@@ -4,11 +4,14 @@
 
 #include "kvc/Runtime/Base/Clock.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 
 namespace kvc {
 
@@ -78,6 +81,70 @@ private:
 };
 
 } // namespace
+
+StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
+                                     const ChunkStore &store, int64_t tokens,
+                                     SaveOptions base) {
+  const int64_t layers = store.model().numLayers;
+  const StoreLayout &layout = store.layout();
+  auto refuse = [&](const std::string &why) {
+    return invalidArgument("plan " + plan.name + " " + why);
+  };
+  if (plan.tokens != BundleRange{0, tokens} ||
+      plan.layers != BundleRange{0, layers})
+    return refuse("covers tokens " + std::to_string(plan.tokens.begin) +
+                  " to " + std::to_string(plan.tokens.end) + " of layers " +
+                  std::to_string(plan.layers.begin) + " to " +
+                  std::to_string(plan.layers.end) + ", the request " +
+                  std::to_string(tokens) + " tokens of " +
+                  std::to_string(layers) + " layers");
+  std::optional<CodecSpec> codec;
+  std::set<std::tuple<Form, int64_t, int64_t>> objects;
+  std::vector<Form> forms;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps) {
+      if (step.kind == StepKind::Fetch || step.kind == StepKind::Scatter ||
+          step.kind == StepKind::ChunkCompute)
+        return refuse("restores (it has a " + std::string(name(step.kind)) +
+                      "); it is no save plan");
+      if (step.kind != StepKind::Store)
+        continue;
+      if (codec && *codec != step.codec)
+        return refuse("stores encodings " + codec->str() + " and " +
+                      step.codec.str() + "; a save writes one");
+      codec = step.codec;
+      const BundleRange &t = step.tokens, &l = step.layers;
+      if (t.begin % layout.chunkTokens != 0 ||
+          t.end != std::min(tokens, t.begin + layout.chunkTokens) ||
+          l.begin % layout.layerGroup != 0 ||
+          l.end != std::min(layers, l.begin + layout.layerGroup))
+        return refuse("stores objects of " + std::to_string(t.size()) +
+                      " tokens x " + std::to_string(l.size()) +
+                      " layers; the store's are " +
+                      std::to_string(layout.chunkTokens) + " x " +
+                      std::to_string(layout.layerGroup) +
+                      " (compile with the store's chunk_tokens and "
+                      "layer_group)");
+      if (!objects.insert({step.form, t.begin, l.begin}).second)
+        return refuse("stores " + std::string(name(step.form)) + " tokens " +
+                      std::to_string(t.begin) + " of layer " +
+                      std::to_string(l.begin) + " twice");
+      if (std::find(forms.begin(), forms.end(), step.form) == forms.end())
+        forms.push_back(step.form);
+    }
+  if (!codec)
+    return refuse("stores nothing");
+  const int64_t perForm =
+      (tokens + layout.chunkTokens - 1) / layout.chunkTokens *
+      ((layers + layout.layerGroup - 1) / layout.layerGroup);
+  if (int64_t(objects.size()) != perForm * int64_t(forms.size()))
+    return refuse("stores " + std::to_string(objects.size()) + " objects of " +
+                  std::to_string(perForm * int64_t(forms.size())) +
+                  "; a save writes every one");
+  base.forms = forms;
+  base.codec = *codec;
+  return base;
+}
 
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
                                 const std::vector<int32_t> &tokens,

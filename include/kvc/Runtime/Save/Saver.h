@@ -14,6 +14,7 @@
 #ifndef KVC_RUNTIME_SAVE_SAVER_H
 #define KVC_RUNTIME_SAVE_SAVER_H
 
+#include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
@@ -42,6 +43,19 @@ struct SaveStats {
   int64_t written = 0, skipped = 0;
   size_t peakBufferedBytes = 0;
 };
+
+/// The save a compiled save plan describes (kvc-save-pipeline): its forms
+/// and the encoding it stores, over `base`'s other options. The plan must
+/// cover `tokens` tokens and every layer, restore nothing, and store every
+/// object of `store`'s layout once per form it saves, all in one encoding;
+/// anything else is InvalidArgument naming what differs (a plan compiled
+/// for another layout names the one it was compiled for). saveContext
+/// carries it out: its prefill's per-layer snapshots are the plan's gathers
+/// and copies to the host, its writers encode and store each object; the
+/// plan's task order and lanes are not followed.
+StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
+                                     const ChunkStore &store, int64_t tokens,
+                                     SaveOptions base = {});
 
 /// Prefills `tokens` and saves the chosen forms to `store`.
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,

@@ -4,68 +4,81 @@
 
 #include "kvc/Planning/CostModel.h"
 
+#include <utility>
+
 namespace kvc::planning {
+
+namespace {
+
+/// A chunk's steps in order, each reading what the one before produced.
+class Journey {
+public:
+  /// Starts with `first`, which produces `state`.
+  Journey(StepKind first, ChunkState state) : state_(state) {
+    steps_.push_back({first, state, state});
+  }
+  const ChunkState &state() const { return state_; }
+  void then(StepKind kind, ChunkState out) {
+    steps_.push_back({kind, state_, out});
+    state_ = out;
+  }
+  std::vector<PipelineStep> steps() && { return std::move(steps_); }
+
+private:
+  ChunkState state_;
+  std::vector<PipelineStep> steps_;
+};
+
+} // namespace
 
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
                                        bool toCache) {
-  std::vector<PipelineStep> steps;
-  ChunkState state{form, codec, /*onDevice=*/false};
-  auto add = [&](StepKind kind, ChunkState out) {
-    steps.push_back({kind, state, out});
-    state = out;
-  };
-  add(StepKind::Fetch, state);
-  ChunkState next = state;
+  Journey journey(StepKind::Fetch, {form, codec, /*onDevice=*/false});
+  ChunkState next = journey.state();
   if (codec.lossless != CodecSpec::Lossless::None) {
     next.codec.lossless = CodecSpec::Lossless::None;
-    add(StepKind::Decompress, next);
+    journey.then(StepKind::Decompress, next);
   }
   next.onDevice = true;
-  add(StepKind::TransferToDevice, next);
+  journey.then(StepKind::TransferToDevice, next);
   if (codec.quant != CodecSpec::Quant::None) {
     next.codec.quant = CodecSpec::Quant::None;
-    add(StepKind::Dequant, next);
+    journey.then(StepKind::Dequant, next);
   }
   if (codec.transform != CodecSpec::Transform::None) {
     next.codec = CodecSpec();
-    add(StepKind::Untransform, next);
+    journey.then(StepKind::Untransform, next);
   }
-  if (!toCache)
-    return steps;
-  if (form == Form::Hidden) {
-    next = {Form::KV, CodecSpec(), true};
-    add(StepKind::Project, next);
+  if (toCache) {
+    if (form == Form::Hidden) {
+      next = {Form::KV, CodecSpec(), true};
+      journey.then(StepKind::Project, next);
+    }
+    journey.then(StepKind::Scatter, next);
   }
-  add(StepKind::Scatter, next);
-  return steps;
+  return std::move(journey).steps();
 }
 
 std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec) {
-  std::vector<PipelineStep> steps;
-  ChunkState state{form, CodecSpec(), /*onDevice=*/true};
-  auto add = [&](StepKind kind, ChunkState out) {
-    steps.push_back({kind, state, out});
-    state = out;
-  };
-  add(StepKind::Gather, state);
-  ChunkState next = state;
+  Journey journey(StepKind::Gather, {form, CodecSpec(), /*onDevice=*/true});
+  ChunkState next = journey.state();
   if (codec.transform != CodecSpec::Transform::None) {
     next.codec.transform = codec.transform;
-    add(StepKind::Transform, next);
+    journey.then(StepKind::Transform, next);
   }
   if (codec.quant != CodecSpec::Quant::None) {
     next.codec = codec;
     next.codec.lossless = CodecSpec::Lossless::None;
-    add(StepKind::Quant, next);
+    journey.then(StepKind::Quant, next);
   }
   next.onDevice = false;
-  add(StepKind::TransferToHost, next);
+  journey.then(StepKind::TransferToHost, next);
   if (codec.lossless != CodecSpec::Lossless::None) {
     next.codec = codec;
-    add(StepKind::Compress, next);
+    journey.then(StepKind::Compress, next);
   }
-  add(StepKind::Store, next);
-  return steps;
+  journey.then(StepKind::Store, next);
+  return std::move(journey).steps();
 }
 
 std::vector<PipelineStep> computeSteps() {

@@ -16,6 +16,8 @@ PACKAGES=(
   nlohmann-json3-dev libopenblas-dev libssl-dev
   zlib1g-dev libdeflate-dev libisal-dev libzstd-dev liblz4-dev
   libhiredis-dev redis-server
+  # Transfers between nodes.
+  libucx-dev pkg-config
 )
 
 missing=()

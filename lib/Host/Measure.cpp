@@ -20,7 +20,7 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
         tiers.push_back(step.tier);
   KVC_ASSIGN_OR_RETURN(into,
                        destinationFor(backend, *request.model, request.tokens,
-                                      *request.store, tiers,
+                                      request.store, tiers,
                                       std::max<int64_t>(keepRoom, 0)));
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   PlanRun run;

@@ -46,7 +46,7 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
 
 StatusOr<std::unique_ptr<Destination>>
 destinationFor(Backend &backend, const ModelCompute &model,
-               const std::vector<int32_t> &tokens, ChunkStore &store,
+               const std::vector<int32_t> &tokens, ChunkStore *store,
                const std::vector<std::string> &tiers, int64_t room) {
   const ModelConfig &config = model.config();
   PagedCacheConfig cacheConfig;
@@ -64,7 +64,7 @@ destinationFor(Backend &backend, const ModelCompute &model,
   out->target.backend = &backend;
   out->target.model = &model;
   for (const std::string &tier : tiers)
-    out->target.stores[tier] = &store;
+    out->target.stores[tier] = store;
   out->target.tokens = &tokens;
   out->target.cache = out->cache.get();
   out->target.table = &out->table;

@@ -5,6 +5,7 @@
 
 #include "Args.h"
 
+#include "kvc/Host/Verify.h"
 #include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
@@ -48,11 +49,23 @@ StatusOr<const BundlePlan *> selectPlan(const PlanBundle &bundle,
 /// 4", "  stores   hidden as raw to ssd: ...".
 void printLoads(const BundlePlan &plan);
 
+/// --max-error: a bound on the largest error relative to a full prefill's
+/// largest |K| or |V|, when given.
+StatusOr<std::optional<double>> maxErrorOption(Args &args);
+
+/// Prints a verification and fails above the bound.
+Status reportVerification(const RestoreError &error,
+                          const host::VerifyBound &bound);
+
 /// restore, generate, compare and cake (RestoreCommands.cpp).
 Status restoreCommand(Args &args);
 Status generateCommand(Args &args);
 Status compareCommand(Args &args);
 Status cakeCommand(Args &args);
+
+/// transfer-send and transfer-recv (TransferCommands.cpp).
+Status transferSendCommand(Args &args);
+Status transferRecvCommand(Args &args);
 
 } // namespace kvc::run
 

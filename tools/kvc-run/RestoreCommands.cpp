@@ -38,7 +38,6 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
   return value;
 }
 
-/// Prints a verification and fails above the bound.
 Status reportVerification(const RestoreError &error, const VerifyBound &bound) {
   Status status = checkVerification(error, bound);
   std::printf("verify: against a full prefill, max error %.3g", error.max);
@@ -222,9 +221,9 @@ StatusOr<std::unique_ptr<Destination>> runDynamic(RestoreSetup &setup,
                                                   const RestoreOptions &run,
                                                   int64_t room) {
   KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
-  KVC_ASSIGN_OR_RETURN(into, destinationFor(backend(), *setup.model,
-                                            setup.request.tokens, *setup.store,
-                                            {options.tier}, room));
+  KVC_ASSIGN_OR_RETURN(
+      into, destinationFor(backend(), *setup.model, setup.request.tokens,
+                           setup.store.get(), {options.tier}, room));
   KVC_ASSIGN_OR_RETURN(pools, backend().createPools(planResources(plan)));
   KVC_ASSIGN_OR_RETURN(result,
                        restoreDynamicCake(*pools, into->target, options, run));
@@ -608,7 +607,7 @@ Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(
-      into, destinationFor(backend(), *model, tokens, *store, {"store"}));
+      into, destinationFor(backend(), *model, tokens, store.get(), {"store"}));
   KVC_ASSIGN_OR_RETURN(
       pools,
       backend().createPools({{poolName(Resource::Compute), 1},

@@ -199,8 +199,6 @@ Status inspectBundle(Args &args) {
   return Status::ok();
 }
 
-/// --max-error: a bound on the largest error relative to a full prefill's
-/// largest |K| or |V|, when given.
 /// Measures this machine into a target description the planner accepts.
 Status calibrateCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
@@ -358,6 +356,38 @@ const std::vector<Command> &commands() {
                 "rounding)"}} +
            common,
        cakeCommand},
+      {"transfer-send",
+       "prefills a request and streams its KV to a transfer-recv",
+       request +
+           std::vector<Option>{
+               {"to", "HOST:PORT", "the receiver's address"},
+               {"codec", "SPEC", "the chunks' encoding (default raw)"},
+               {"chunk-tokens", "N", "tokens per chunk (default 256)"},
+               {"layer-group", "N", "layers per chunk (default 4)"},
+               {"tenant", "SALT", "the tenant salt of the keys (as received)"},
+               {"gbps", "N", "emulate a link of N GB/s"},
+               {"timeout-ms", "N",
+                "wait at most this for the receiver (default 10000)"}} +
+           common,
+       transferSendCommand},
+      {"transfer-recv",
+       "receives a request's KV from a transfer-send into a paged cache",
+       request +
+           std::vector<Option>{
+               {"listen", "HOST:PORT",
+                "where to listen (default 127.0.0.1:0, any port)"},
+               {"port-file", "FILE", "write the port listened on here"},
+               {"tenant", "SALT", "the tenant salt of the keys (as sent)"},
+               {"decoders", "N", "threads decoding chunks (default 2)"},
+               {"timeout-ms", "N",
+                "wait at most this for the sender and each message "
+                "(default 10000)"},
+               {"verify", "", "check the cache against a full prefill"},
+               {"max-error", "X",
+                "verification bound (default what the received codecs "
+                "allow)"}} +
+           common,
+       transferRecvCommand},
       {"calibrate", "measures this machine and writes a target",
        std::vector<Option>{
            {"model", "DIR", "the model to time"},

@@ -64,8 +64,9 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
 
 /// A paged cache just large enough for a request (and `room` more tokens,
 /// to decode after it), its block table, and a restore target naming them,
-/// the model, the request's tokens and `store` as every tier in `tiers`:
-/// what a restore needs when the caller has no cache of its own (kvc-run).
+/// the model, the request's tokens and `store` as every tier in `tiers`
+/// (none for a transfer's receiver): what a restore needs when the caller
+/// has no cache of its own (kvc-run).
 /// Held by pointer: the target points into it.
 struct Destination {
   std::unique_ptr<PagedKVCache> cache;
@@ -74,7 +75,7 @@ struct Destination {
 };
 StatusOr<std::unique_ptr<Destination>>
 destinationFor(Backend &backend, const ModelCompute &model,
-               const std::vector<int32_t> &tokens, ChunkStore &store,
+               const std::vector<int32_t> &tokens, ChunkStore *store,
                const std::vector<std::string> &tiers, int64_t room = 0);
 
 /// A restore running on a thread of its own (its tasks run on the pools).

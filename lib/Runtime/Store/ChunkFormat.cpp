@@ -206,8 +206,7 @@ std::string packChunk(ChunkHeader h, std::string_view payload) {
   return out;
 }
 
-StatusOr<std::pair<ChunkHeader, std::string_view>>
-unpackChunk(std::string_view bytes) {
+StatusOr<ChunkHeader> readChunkHeader(std::string_view bytes) {
   if (bytes.size() < kChunkHeaderBytes)
     return chunkError(ChunkFault::Truncated,
                       "chunk of " + std::to_string(bytes.size()) +
@@ -258,6 +257,12 @@ unpackChunk(std::string_view bytes) {
       uint8_t(h.codec.keyAxis) > 1 || uint8_t(h.codec.valueAxis) > 1 ||
       uint8_t(h.codec.lossless) > 3 || bins > kMaxBins)
     return chunkError(ChunkFault::Corrupt, "chunk header has invalid fields");
+  return h;
+}
+
+StatusOr<std::pair<ChunkHeader, std::string_view>>
+unpackChunk(std::string_view bytes) {
+  KVC_ASSIGN_OR_RETURN(h, readChunkHeader(bytes));
   if (bytes.size() - kChunkHeaderBytes < h.payloadBytes)
     return chunkError(ChunkFault::Truncated,
                       "chunk payload of " +

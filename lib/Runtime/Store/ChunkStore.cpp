@@ -4,14 +4,19 @@
 
 namespace kvc {
 
-ChunkStore::ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
-                       std::string fingerprint, std::string salt,
-                       StoreLayout layout)
-    : tier_(std::move(tier)), model_(std::move(model)),
-      fingerprintHex_(fingerprint), salt_(salt),
+ChunkObjects::ChunkObjects(ModelConfig model, std::string fingerprint,
+                           std::string salt, StoreLayout layout)
+    : model_(std::move(model)), fingerprintHex_(fingerprint), salt_(salt),
       fingerprint_(digestFromHex(fingerprint)),
       keys_(fingerprint, std::move(salt), layout.chunkTokens), layout_(layout) {
 }
+
+ChunkStore::ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
+                       std::string fingerprint, std::string salt,
+                       StoreLayout layout)
+    : ChunkObjects(std::move(model), std::move(fingerprint), std::move(salt),
+                   layout),
+      tier_(std::move(tier)) {}
 
 StatusOr<std::vector<StoreLayout>>
 ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, Form form) {
@@ -19,16 +24,16 @@ ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, Form form) {
   for (int64_t chunkTokens : {64, 128, 256, 512, 1024, 2048}) {
     if (chunkTokens > count)
       break;
-    const Digest key = PrefixKeys(fingerprintHex_, salt_, chunkTokens)
+    const Digest key = PrefixKeys(fingerprint(), salt(), chunkTokens)
                            .keys(tokens, chunkTokens)
                            .front();
     for (int64_t layerGroup : {1, 2, 4, 8}) {
-      if (chunkTokens == layout_.chunkTokens &&
-          layerGroup == layout_.layerGroup)
+      if (chunkTokens == layout().chunkTokens &&
+          layerGroup == layout().layerGroup)
         continue;
       KVC_ASSIGN_OR_RETURN(
           names, tier_->list(chunkObjectPrefix(
-                     key, form, 0, std::min(model_.numLayers, layerGroup))));
+                     key, form, 0, std::min(model().numLayers, layerGroup))));
       if (!names.empty())
         found.push_back({chunkTokens, layerGroup});
     }
@@ -36,9 +41,9 @@ ChunkStore::otherLayouts(const int32_t *tokens, int64_t count, Form form) {
   return found;
 }
 
-std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
-                                       Form form,
-                                       const CodecSpec &codec) const {
+std::vector<ChunkRef> ChunkObjects::refs(const int32_t *tokens, int64_t count,
+                                         Form form,
+                                         const CodecSpec &codec) const {
   std::vector<ChunkRef> out;
   std::vector<Digest> keys = keys_.keys(tokens, count);
   for (size_t c = 0; c < keys.size(); ++c) {
@@ -52,12 +57,12 @@ std::vector<ChunkRef> ChunkStore::refs(const int32_t *tokens, int64_t count,
   return out;
 }
 
-ChunkShape ChunkStore::shape(const ChunkRef &ref) const {
+ChunkShape ChunkObjects::shape(const ChunkRef &ref) const {
   return chunkShape(model_, ref.form, ref.tokenEnd - ref.tokenBegin,
                     ref.layerBegin, ref.layerEnd - ref.layerBegin);
 }
 
-ChunkHeader ChunkStore::expected(const ChunkRef &ref) const {
+ChunkHeader ChunkObjects::expected(const ChunkRef &ref) const {
   ChunkHeader h;
   h.form = ref.form;
   h.dtype = model_.dtype;
@@ -85,6 +90,18 @@ StatusOr<std::vector<CodecSpec>> ChunkStore::encodings(const ChunkRef &ref) {
   return codecs;
 }
 
+StatusOr<std::string> ChunkObjects::encode(const ChunkRef &ref,
+                                           const float *values) const {
+  KVC_ASSIGN_OR_RETURN(
+      payload, encodeChunk(values, shape(ref), ref.codec, model_.dtype));
+  return packChunk(expected(ref), payload);
+}
+
+bool ChunkObjects::holds(const ChunkRef &ref, std::string_view bytes) const {
+  auto unpacked = unpackChunk(bytes);
+  return unpacked.isOk() && checkChunk(unpacked->first, expected(ref)).isOk();
+}
+
 Status ChunkStore::put(const ChunkRef &ref, const float *values,
                        bool *written) {
   if (written)
@@ -93,19 +110,12 @@ Status ChunkStore::put(const ChunkRef &ref, const float *values,
   // a corrupt one is written again.
   std::string bytes;
   Status read = tier_->get(ref.name(), bytes);
-  if (read.isOk()) {
-    auto unpacked = unpackChunk(bytes);
-    if (unpacked.isOk() && checkChunk(unpacked->first, expected(ref)).isOk())
-      return Status::ok();
-  } else if (chunkFault(read) != ChunkFault::Missing) {
+  if (read.isOk() && holds(ref, bytes))
+    return Status::ok();
+  if (!read.isOk() && chunkFault(read) != ChunkFault::Missing)
     return read;
-  }
-  StatusOr<std::string> payload =
-      encodeChunk(values, shape(ref), ref.codec, model_.dtype);
-  if (!payload.isOk())
-    return payload.status();
-  KVC_RETURN_IF_ERROR(
-      tier_->put(ref.name(), packChunk(expected(ref), *payload)));
+  KVC_ASSIGN_OR_RETURN(object, encode(ref, values));
+  KVC_RETURN_IF_ERROR(tier_->put(ref.name(), object));
   if (written)
     *written = true;
   return Status::ok();
@@ -137,8 +147,8 @@ Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
 
 } // namespace
 
-Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          float *out) const {
+Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
+                            float *out) const {
   return checkAndDecode(
       ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {
@@ -147,8 +157,8 @@ Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
       });
 }
 
-Status ChunkStore::decode(const ChunkRef &ref, std::string_view bytes,
-                          uint16_t *out) const {
+Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
+                            uint16_t *out) const {
   return checkAndDecode(
       ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {

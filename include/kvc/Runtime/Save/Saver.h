@@ -57,6 +57,25 @@ StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                                      const ChunkStore &store, int64_t tokens,
                                      SaveOptions base = {});
 
+/// Where the objects of a streamed prefill go: called on a writer thread
+/// with each complete object (its ref carries the options' codec, its
+/// values the ref's shape, in fp32); returns whether it wrote the object
+/// (false: it was there already). After the first error the prefill stops
+/// and no later object is handed over.
+using ObjectSink =
+    std::function<StatusOr<bool>(const ChunkRef &ref, const float *values)>;
+
+/// Prefills `tokens` chunk by chunk (`objects`' layout) and hands every
+/// object of `options.forms` to `sink` as soon as its layer group is
+/// computed, from `options.writers` threads, the two stages overlapping
+/// within `options.bufferBytes`. A save's sink writes to a store; a
+/// transfer's sends to the decode node (Transfer.h).
+StatusOr<SaveStats> streamContext(const LlamaModel &model,
+                                  const ChunkObjects &objects,
+                                  const std::vector<int32_t> &tokens,
+                                  const SaveOptions &options,
+                                  const ObjectSink &sink);
+
 /// Prefills `tokens` and saves the chosen forms to `store`.
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
                                 const std::vector<int32_t> &tokens,

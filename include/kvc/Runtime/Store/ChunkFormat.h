@@ -89,6 +89,10 @@ struct ChunkHeader {
 /// Header + payload, checksums filled in.
 std::string packChunk(ChunkHeader header, std::string_view payload);
 
+/// Checks magic, version and header checksum; returns the header (which
+/// chunk the bytes claim to be, before their payload is trusted).
+StatusOr<ChunkHeader> readChunkHeader(std::string_view bytes);
+
 /// Checks magic, version, header checksum, length and payload checksum;
 /// returns the header and a view of the payload inside `bytes`.
 StatusOr<std::pair<ChunkHeader, std::string_view>>

@@ -46,20 +46,61 @@ struct StoredExtent {
   CodecSpec codec;
 };
 
-class ChunkStore {
+/// The objects of one model for one tenant under a layout, wherever they
+/// go: their names, shapes and checked encoding. A store keeps them on a
+/// tier; a transfer (Transfer.h) sends them as its messages.
+class ChunkObjects {
 public:
-  ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
-             std::string fingerprint, std::string salt, StoreLayout layout);
+  ChunkObjects(ModelConfig model, std::string fingerprint, std::string salt,
+               StoreLayout layout);
 
-  Tier &tier() { return *tier_; }
   const StoreLayout &layout() const { return layout_; }
   const ModelConfig &model() const { return model_; }
   const PrefixKeys &keys() const { return keys_; }
+  /// The model's fingerprint (hex).
+  const std::string &fingerprint() const { return fingerprintHex_; }
+  /// The tenant's salt.
+  const std::string &salt() const { return salt_; }
 
   /// Every object of `form` for `tokens` encoded with `codec`, in token then
   /// layer order.
   std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count, Form form,
                              const CodecSpec &codec) const;
+
+  ChunkShape shape(const ChunkRef &ref) const;
+
+  /// The object holding `values` (the ref's shape) encoded with the ref's
+  /// codec: header and payload, as a tier stores it.
+  StatusOr<std::string> encode(const ChunkRef &ref, const float *values) const;
+
+  /// Checks an object's bytes against `ref`, its encoding included (bytes
+  /// of another encoding are a WrongRange fault: a plan that priced and
+  /// bounded raw KV must never restore int2), and decodes them.
+  Status decode(const ChunkRef &ref, std::string_view bytes, float *out) const;
+  /// The same into bf16 values (decodeChunkToBf16).
+  Status decode(const ChunkRef &ref, std::string_view bytes,
+                uint16_t *out) const;
+
+  /// Whether `bytes` are a readable object that `ref` names.
+  bool holds(const ChunkRef &ref, std::string_view bytes) const;
+
+private:
+  ChunkHeader expected(const ChunkRef &ref) const;
+
+  ModelConfig model_;
+  std::string fingerprintHex_, salt_;
+  Digest fingerprint_;
+  PrefixKeys keys_;
+  StoreLayout layout_;
+};
+
+/// ChunkObjects on a tier.
+class ChunkStore : public ChunkObjects {
+public:
+  ChunkStore(std::shared_ptr<Tier> tier, ModelConfig model,
+             std::string fingerprint, std::string salt, StoreLayout layout);
+
+  Tier &tier() { return *tier_; }
 
   /// The encodings `ref`'s chunk is stored in, whatever `ref.codec` is.
   StatusOr<std::vector<CodecSpec>> encodings(const ChunkRef &ref);
@@ -86,25 +127,8 @@ public:
   /// Reads, checks and decodes `ref` into `out`. Errors carry a ChunkFault.
   Status get(const ChunkRef &ref, float *out);
 
-  /// Checks bytes already read for `ref` against it, its encoding included
-  /// (bytes of another encoding are a WrongRange fault: a plan that priced
-  /// and bounded raw KV must never restore int2), and decodes them.
-  Status decode(const ChunkRef &ref, std::string_view bytes, float *out) const;
-  /// The same into bf16 values (decodeChunkToBf16).
-  Status decode(const ChunkRef &ref, std::string_view bytes,
-                uint16_t *out) const;
-
-  ChunkShape shape(const ChunkRef &ref) const;
-
 private:
-  ChunkHeader expected(const ChunkRef &ref) const;
-
   std::shared_ptr<Tier> tier_;
-  ModelConfig model_;
-  std::string fingerprintHex_, salt_;
-  Digest fingerprint_;
-  PrefixKeys keys_;
-  StoreLayout layout_;
 };
 
 } // namespace kvc

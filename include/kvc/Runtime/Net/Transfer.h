@@ -1,0 +1,112 @@
+//===- Transfer.h - KV from a prefill node to a decode node -----*- C++ -*-===//
+//
+// Disaggregated serving's transfer: the prefill node computes a request's
+// KV and streams it to the decode node over a Link while it computes, the
+// decode node writes each chunk into its paged cache as it arrives.
+//
+//   sender     streamContext (Saver.h) prefills chunk by chunk; every KV
+//              object (a token chunk x a layer group) goes out as soon as
+//              its layers are computed, encoded with the codec the options
+//              choose for it, from writer threads, overlapping the prefill
+//   receiver   checks each message, decodes it, uploads and scatters it,
+//              counting its layers in a LayerProgress as a restore does
+//
+// Every chunk message is the object a store would hold (ChunkFormat.h):
+// model fingerprint, prefix key, token and layer range, encoding and
+// checksums, so the receiver checks it exactly as a restore checks a read.
+// A session opens with a hello the receiver answers: a sender of another
+// model, request, tenant or token count is refused, and both sides report
+// why. A transfer that breaks off (the sender dies, stops talking past the
+// timeout, or sends a chunk that fails its checks) still yields the exact
+// cache: the receiver recomputes what did not arrive, and says what.
+//
+// Protocol messages are "KVCT", a kind byte and a body: JSON for hello,
+// accept, refuse, end and receipt; the object for a chunk.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_NET_TRANSFER_H
+#define KVC_RUNTIME_NET_TRANSFER_H
+
+#include "kvc/Runtime/Exec/Executor.h"
+#include "kvc/Runtime/Net/Link.h"
+#include "kvc/Runtime/Save/Saver.h"
+
+#include <functional>
+#include <map>
+
+namespace kvc {
+
+struct SendOptions {
+  /// The encoding of every chunk, unless `chooseCodec` is set.
+  CodecSpec codec;
+  /// Chooses each chunk's encoding as it is sent (an adaptive controller).
+  std::function<CodecSpec(const ChunkRef &ref)> chooseCodec;
+  /// Told of each chunk once sent: its encoding, its bytes, and the seconds
+  /// its encoding and its send took.
+  std::function<void(const CodecSpec &codec, size_t bytes, double encodeSeconds,
+                     double sendSeconds)>
+      sent;
+  int writers = 2;
+  size_t bufferBytes = size_t(256) << 20;
+  /// How long to wait for the receiver's answers.
+  Milliseconds timeout{10000};
+};
+
+struct SendStats {
+  SaveStats stream; ///< The prefill and its writers.
+  int64_t chunks = 0, bytes = 0;
+  std::map<std::string, int64_t> chunksPerCodec;
+  /// The receiver's receipt: chunks it wrote as sent and chunks it
+  /// recomputed.
+  int64_t received = 0, recomputed = 0;
+};
+
+/// Prefills `tokens` with `model` and streams their KV to the receiver at
+/// the other end of `link`, chunked as `objects`' layout says.
+StatusOr<SendStats> sendContext(const LlamaModel &model,
+                                const ChunkObjects &objects,
+                                const std::vector<int32_t> &tokens, Link &link,
+                                const SendOptions &options);
+
+struct ReceiveOptions {
+  /// How long to wait for the hello, and for each message after it.
+  Milliseconds timeout{10000};
+  /// Threads decoding and scattering arrived chunks.
+  int decoders = 2;
+  /// Host memory for chunks arrived and not yet scattered.
+  size_t bufferBytes = size_t(256) << 20;
+  /// Told of every chunk written, as a restore's (Executor.h).
+  LayerProgress *progress = nullptr;
+};
+
+struct ReceiveMetrics {
+  /// From the hello to the exact cache, recomputes included.
+  double seconds = 0;
+  /// Until the sender's end (or its loss).
+  double streamSeconds = 0;
+  double fallbackSeconds = 0;
+  int64_t chunks = 0, received = 0, bytes = 0;
+  std::map<std::string, int64_t> chunksPerCodec;
+  /// Why the stream ended early ("" when the sender finished).
+  std::string lost;
+  /// Messages dropped because they were no chunk of this request (a
+  /// damaged header, a range it does not have), with why.
+  std::vector<std::string> rejected;
+  /// One line per chunk recomputed instead of received, with why.
+  std::vector<std::string> fallbacks;
+};
+
+/// Receives the KV of `target.tokens` from the sender at the other end of
+/// `link` into `target.cache`. `local` names this node's model and tenant
+/// (its layout is the sender's, from the hello). A refused transfer is a
+/// FailedPrecondition error, after the sender was told why; one that
+/// breaks off is recomputed (ReceiveMetrics says what). `target.stores`
+/// is unused.
+StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
+                                        const RestoreTarget &target,
+                                        const ReceiveOptions &options = {});
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_NET_TRANSFER_H

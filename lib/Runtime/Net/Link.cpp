@@ -1,0 +1,66 @@
+//===- Link.cpp - Message links between nodes -----------------------------===//
+
+#include "kvc/Runtime/Net/Link.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace kvc {
+
+Status parseHostPort(const std::string &address, std::string &host, int &port) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size())
+    return invalidArgument("'" + address + "': expected HOST:PORT");
+  const std::string digits = address.substr(colon + 1);
+  if (digits.size() > 5 ||
+      digits.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(digits) > 65535)
+    return invalidArgument("'" + address + "': the port must be 0 to 65535");
+  host = address.substr(0, colon);
+  port = std::stoi(digits);
+  return Status::ok();
+}
+
+ThrottledLink::ThrottledLink(std::unique_ptr<Link> inner, double gbps)
+    : inner_(std::move(inner)), gbps_(gbps) {}
+
+void ThrottledLink::setGBs(double gbps) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  gbps_ = gbps;
+}
+
+double ThrottledLink::gbs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return gbps_;
+}
+
+Status ThrottledLink::send(std::string_view message) {
+  std::chrono::steady_clock::time_point until;
+  {
+    // The emulated wire carries one message after another.
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::chrono::steady_clock::time_point start =
+        std::max(std::chrono::steady_clock::now(), freeAt_);
+    freeAt_ = start;
+    if (gbps_ > 0)
+      freeAt_ +=
+          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+              std::chrono::duration<double>(double(message.size()) /
+                                            (gbps_ * 1e9)));
+    until = freeAt_;
+  }
+  std::this_thread::sleep_until(until);
+  return inner_->send(message);
+}
+
+StatusOr<std::string> ThrottledLink::receive(Milliseconds timeout) {
+  return inner_->receive(timeout);
+}
+
+std::string ThrottledLink::describe() const {
+  double gbps = gbs();
+  return inner_->describe() +
+         (gbps > 0 ? " throttled to " + std::to_string(gbps) + " GB/s" : "");
+}
+
+} // namespace kvc

@@ -1,0 +1,431 @@
+//===- Transfer.cpp - KV from a prefill node to a decode node -------------===//
+
+#include "kvc/Runtime/Net/Transfer.h"
+
+#include "../Desc/Json.h"
+#include "kvc/Runtime/Base/BoundedQueue.h"
+#include "kvc/Runtime/Base/Clock.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+namespace kvc {
+
+using namespace json_detail;
+
+namespace {
+
+constexpr std::string_view kMagic = "KVCT";
+constexpr int64_t kProtocolVersion = 1;
+
+enum class Kind : char {
+  Hello = 'H',
+  Accept = 'A',
+  Refuse = 'R',
+  Chunk = 'C',
+  End = 'E',
+  Receipt = 'P',
+};
+
+const char *kindName(Kind kind) {
+  switch (kind) {
+  case Kind::Hello:
+    return "hello";
+  case Kind::Accept:
+    return "accept";
+  case Kind::Refuse:
+    return "refuse";
+  case Kind::Chunk:
+    return "chunk";
+  case Kind::End:
+    return "end";
+  case Kind::Receipt:
+    return "receipt";
+  }
+  return "?";
+}
+
+std::string message(Kind kind, std::string_view body) {
+  std::string out;
+  out.reserve(kMagic.size() + 1 + body.size());
+  out.append(kMagic);
+  out.push_back(char(kind));
+  out.append(body);
+  return out;
+}
+
+Status sendJson(Link &link, Kind kind, const Json &body) {
+  return link.send(message(kind, body.dump()));
+}
+
+/// A message's kind and body; DataLoss for bytes that are no message.
+StatusOr<std::pair<Kind, std::string_view>> parse(std::string_view bytes) {
+  if (bytes.size() <= kMagic.size() || bytes.substr(0, kMagic.size()) != kMagic)
+    return dataLoss("transfer: a message without the protocol's magic");
+  Kind kind = Kind(bytes[kMagic.size()]);
+  switch (kind) {
+  case Kind::Hello:
+  case Kind::Accept:
+  case Kind::Refuse:
+  case Kind::Chunk:
+  case Kind::End:
+  case Kind::Receipt:
+    return std::make_pair(kind, bytes.substr(kMagic.size() + 1));
+  }
+  return dataLoss("transfer: a message of unknown kind");
+}
+
+/// The next message, which must be of `want` (a refusal is reported as
+/// the peer's words).
+StatusOr<Json> receiveJson(Link &link, Kind want, Milliseconds timeout) {
+  KVC_ASSIGN_OR_RETURN(bytes, link.receive(timeout));
+  KVC_ASSIGN_OR_RETURN(parsed, parse(bytes));
+  auto [kind, body] = parsed;
+  KVC_ASSIGN_OR_RETURN(json, parseJson(body));
+  if (kind == Kind::Refuse && want != Kind::Refuse) {
+    std::string reason;
+    (void)readString(json, "refuse", "reason", reason, Presence::Optional);
+    return Status(StatusCode::FailedPrecondition,
+                  "transfer refused by " + link.describe() + ": " + reason);
+  }
+  if (kind != want)
+    return dataLoss(std::string("transfer: expected a ") + kindName(want) +
+                    " message, got a " + kindName(kind));
+  KVC_RETURN_IF_ERROR(expectObject(json, kindName(kind)));
+  return json;
+}
+
+/// Sends the session's last message, then waits (briefly) for the peer to
+/// read it and hang up: a link closed first would drop it unread.
+void sendLast(Link &link, Kind kind, const Json &body, Milliseconds timeout) {
+  if (sendJson(link, kind, body).isOk())
+    (void)link.receive(std::min(timeout, Milliseconds(2000)));
+}
+
+/// The last prefix key of a request: names the request and tenant.
+std::string requestKey(const ChunkObjects &objects,
+                       const std::vector<int32_t> &tokens) {
+  return toHex(
+      objects.keys().keys(tokens.data(), int64_t(tokens.size())).back());
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Sender
+//===----------------------------------------------------------------------===//
+
+StatusOr<SendStats> sendContext(const LlamaModel &model,
+                                const ChunkObjects &objects,
+                                const std::vector<int32_t> &tokens, Link &link,
+                                const SendOptions &options) {
+  if (tokens.empty())
+    return invalidArgument("transfer: no tokens to send");
+  const StoreLayout &layout = objects.layout();
+  const int64_t chunks = int64_t(
+      objects.refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec())
+          .size());
+  Json hello = {{"protocol", kProtocolVersion},
+                {"model", objects.fingerprint()},
+                {"request", requestKey(objects, tokens)},
+                {"tokens", int64_t(tokens.size())},
+                {"chunk_tokens", layout.chunkTokens},
+                {"layer_group", layout.layerGroup},
+                {"chunks", chunks}};
+  KVC_RETURN_IF_ERROR(sendJson(link, Kind::Hello, hello));
+  KVC_RETURN_IF_ERROR(
+      receiveJson(link, Kind::Accept, options.timeout).status());
+
+  SendStats stats;
+  std::mutex statsMutex;
+  SaveOptions stream;
+  stream.forms = {Form::KV};
+  stream.codec = options.codec;
+  stream.writers = options.writers;
+  stream.bufferBytes = options.bufferBytes;
+  StatusOr<SaveStats> streamed = streamContext(
+      model, objects, tokens, stream,
+      [&](const ChunkRef &object, const float *values) -> StatusOr<bool> {
+        ChunkRef ref = object;
+        if (options.chooseCodec)
+          ref.codec = options.chooseCodec(ref);
+        Clock::time_point start = Clock::now();
+        KVC_ASSIGN_OR_RETURN(encoded, objects.encode(ref, values));
+        std::string chunk = message(Kind::Chunk, encoded);
+        double encodeSeconds = secondsSince(start);
+        start = Clock::now();
+        KVC_RETURN_IF_ERROR(link.send(chunk));
+        double sendSeconds = secondsSince(start);
+        if (options.sent)
+          options.sent(ref.codec, chunk.size(), encodeSeconds, sendSeconds);
+        std::lock_guard<std::mutex> lock(statsMutex);
+        stats.chunks += 1;
+        stats.bytes += int64_t(chunk.size());
+        stats.chunksPerCodec[ref.codec.str()] += 1;
+        return true;
+      });
+  // The receiver recomputes whatever a failed prefill did not send; the end
+  // tells it not to wait for more.
+  Json end = {{"chunks", stats.chunks}};
+  if (!streamed.isOk())
+    end["error"] = streamed.status().toString();
+  Status ended = sendJson(link, Kind::End, end);
+  KVC_RETURN_IF_ERROR(streamed.status());
+  KVC_RETURN_IF_ERROR(ended);
+  stats.stream = *streamed;
+  KVC_ASSIGN_OR_RETURN(receipt,
+                       receiveJson(link, Kind::Receipt, options.timeout));
+  KVC_RETURN_IF_ERROR(readInt(receipt, "receipt", "received", stats.received,
+                              Presence::Required));
+  KVC_RETURN_IF_ERROR(readInt(receipt, "receipt", "recomputed",
+                              stats.recomputed, Presence::Required));
+  return stats;
+}
+
+//===----------------------------------------------------------------------===//
+// Receiver
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// An arrived chunk waiting for a decoder.
+struct Arrival {
+  size_t index = 0; ///< Into the expected objects.
+  ChunkRef ref;
+  std::string object;
+  size_t bytes() const { return object.size(); }
+};
+
+/// The hello checked against this node: the layout to receive with, or why
+/// the transfer is refused.
+StatusOr<StoreLayout> checkHello(const Json &hello, const ChunkObjects &local,
+                                 const std::vector<int32_t> &tokens) {
+  int64_t protocol = 0, count = 0;
+  std::string model, request;
+  StoreLayout layout;
+  KVC_RETURN_IF_ERROR(
+      readInt(hello, "hello", "protocol", protocol, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readString(hello, "hello", "model", model, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readString(hello, "hello", "request", request, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readInt(hello, "hello", "tokens", count, Presence::Required));
+  KVC_RETURN_IF_ERROR(readInt(hello, "hello", "chunk_tokens",
+                              layout.chunkTokens, Presence::Required));
+  KVC_RETURN_IF_ERROR(readInt(hello, "hello", "layer_group", layout.layerGroup,
+                              Presence::Required));
+  auto refuse = [](std::string why) {
+    return Status(StatusCode::FailedPrecondition, std::move(why));
+  };
+  if (protocol != kProtocolVersion)
+    return refuse("the sender speaks protocol " + std::to_string(protocol) +
+                  ", this node " + std::to_string(kProtocolVersion));
+  if (model != local.fingerprint())
+    return Status(StatusCode::FailedPrecondition,
+                  "the KV is of model " + model.substr(0, 12) +
+                      ", this node serves " + local.fingerprint().substr(0, 12),
+                  int(ChunkFault::WrongModel));
+  if (count != int64_t(tokens.size()))
+    return refuse("the sender has " + std::to_string(count) +
+                  " tokens, this request " + std::to_string(tokens.size()));
+  if (layout.chunkTokens <= 0 || layout.layerGroup <= 0)
+    return refuse("chunks of " + std::to_string(layout.chunkTokens) +
+                  " tokens x " + std::to_string(layout.layerGroup) + " layers");
+  ChunkObjects objects(local.model(), local.fingerprint(), local.salt(),
+                       layout);
+  if (request != requestKey(objects, tokens))
+    return Status(StatusCode::FailedPrecondition,
+                  "the KV is of another request or tenant (prefix key " +
+                      request.substr(0, 12) + ")",
+                  int(ChunkFault::WrongKey));
+  return layout;
+}
+
+template <typename Box> std::string describeBox(const Box &ref) {
+  return "kv tokens " + std::to_string(ref.tokenBegin) + " to " +
+         std::to_string(ref.tokenEnd) + ", layers " +
+         std::to_string(ref.layerBegin) + " to " + std::to_string(ref.layerEnd);
+}
+
+/// receiveContext, but for its progress's reset and finish.
+StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
+                                       const RestoreTarget &target,
+                                       const ReceiveOptions &options) {
+  Backend &backend = target.backend ? *target.backend : cpuBackend();
+  const std::vector<int32_t> &tokens = *target.tokens;
+  LayerProgress *progress = options.progress;
+
+  KVC_ASSIGN_OR_RETURN(hello, receiveJson(link, Kind::Hello, options.timeout));
+  Clock::time_point start = Clock::now();
+  StatusOr<StoreLayout> layout = checkHello(hello, local, tokens);
+  if (!layout.isOk()) {
+    sendLast(link, Kind::Refuse, {{"reason", layout.status().message()}},
+             options.timeout);
+    return layout.status().withContext("transfer refused");
+  }
+  KVC_RETURN_IF_ERROR(sendJson(link, Kind::Accept, Json::object()));
+
+  ChunkObjects objects(local.model(), local.fingerprint(), local.salt(),
+                       *layout);
+  const std::vector<ChunkRef> expected = objects.refs(
+      tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec());
+  ReceiveMetrics metrics;
+  metrics.chunks = int64_t(expected.size());
+  // Per expected object: why it is not in the cache ("" once written).
+  std::vector<std::string> missing(expected.size(), "not received");
+  std::vector<bool> arrived(expected.size(), false);
+  std::mutex mutex;
+  Status fatal;
+
+  BoundedQueue<Arrival> queue(options.bufferBytes);
+  std::vector<std::thread> decoders;
+  for (int d = 0; d < std::max(1, options.decoders); ++d)
+    decoders.emplace_back([&] {
+      std::unique_ptr<DeviceBuffer> device = backend.allocate();
+      std::vector<uint16_t> values;
+      Arrival arrival;
+      while (queue.pop(arrival)) {
+        const ChunkRef &ref = arrival.ref;
+        values.resize(objects.shape(ref).numel());
+        ChunkBox box{ref.tokenBegin, ref.tokenEnd, ref.layerBegin,
+                     ref.layerEnd};
+        Status status = objects.decode(ref, arrival.object, values.data());
+        if (status.isOk())
+          status = backend.upload(values, /*consume=*/true, *device);
+        if (status.isOk())
+          status = backend.scatter(*device, box, *target.cache, *target.table);
+        queue.done(arrival.bytes());
+        std::lock_guard<std::mutex> lock(mutex);
+        if (status.isOk()) {
+          missing[arrival.index].clear();
+          metrics.received += 1;
+          if (progress)
+            progress->add(box.layerBegin, box.layerEnd, box.tokens());
+        } else if (recoverableByRecompute(status)) {
+          missing[arrival.index] = status.toString();
+        } else if (fatal.isOk()) {
+          fatal = status;
+        }
+      }
+    });
+
+  // Receives until the sender's end, its loss or a timeout; a message that
+  // fails its checks is dropped and its chunk recomputed.
+  for (;;) {
+    StatusOr<std::string> bytes = link.receive(options.timeout);
+    if (!bytes.isOk()) {
+      metrics.lost = bytes.status().message();
+      break;
+    }
+    StatusOr<std::pair<Kind, std::string_view>> parsed = parse(*bytes);
+    if (!parsed.isOk()) {
+      metrics.lost = parsed.status().message();
+      break; // No message boundary can be trusted after garbage.
+    }
+    auto [kind, body] = *parsed;
+    if (kind == Kind::End) {
+      std::string error;
+      if (auto end = parseJson(body); end.isOk())
+        (void)readString(*end, "end", "error", error, Presence::Optional);
+      if (!error.empty())
+        metrics.lost = "the sender failed: " + error;
+      break;
+    }
+    if (kind != Kind::Chunk) {
+      metrics.lost =
+          std::string("an unexpected ") + kindName(kind) + " message";
+      break;
+    }
+    // The header says which chunk this is (its own checksum holds); the
+    // decode checks the rest, so a damaged payload is that chunk's fault.
+    StatusOr<ChunkHeader> header = readChunkHeader(body);
+    if (!header.isOk()) {
+      metrics.rejected.push_back(header.status().toString());
+      continue; // Its chunk stays missing: recomputed.
+    }
+    const ChunkHeader &h = *header;
+    auto it = std::find_if(
+        expected.begin(), expected.end(), [&](const ChunkRef &ref) {
+          return ref.form == h.form && ref.tokenBegin == h.tokenBegin &&
+                 ref.tokenEnd == h.tokenEnd && ref.layerBegin == h.layerBegin &&
+                 ref.layerEnd == h.layerEnd;
+        });
+    if (it == expected.end()) {
+      metrics.rejected.push_back("a chunk of " + describeBox(h) +
+                                 ", which this request does not have");
+      continue;
+    }
+    const size_t index = size_t(it - expected.begin());
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (arrived[index])
+        continue; // A duplicate: the first one counts.
+      arrived[index] = true;
+      missing[index] = "arrived, not yet written";
+      metrics.bytes += int64_t(bytes->size());
+      metrics.chunksPerCodec[h.codec.str()] += 1;
+    }
+    // The key and codec are checked against what the header claims only
+    // through the decode: the ref says which chunk this must be.
+    ChunkRef ref = *it;
+    ref.codec = h.codec;
+    queue.push(Arrival{index, ref, std::string(body)});
+  }
+  metrics.streamSeconds = secondsSince(start);
+  queue.close();
+  for (std::thread &t : decoders)
+    t.join();
+  if (!fatal.isOk())
+    return fatal;
+
+  // What did not arrive intact is recomputed exactly.
+  Clock::time_point recompute = Clock::now();
+  std::unique_ptr<PrefillSession> session;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (missing[i].empty())
+      continue;
+    if (!session)
+      session =
+          backend.prefill(*target.model, tokens, *target.cache, *target.table);
+    const ChunkRef &ref = expected[i];
+    ChunkBox box{ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd};
+    Status computed = session->compute(box);
+    KVC_RETURN_IF_ERROR(computed);
+    if (progress)
+      progress->add(box.layerBegin, box.layerEnd, box.tokens());
+    metrics.fallbacks.push_back(describeBox(ref) + " recomputed: " +
+                                (arrived[i] ? missing[i]
+                                 : metrics.lost.empty()
+                                     ? "not received"
+                                     : "not received (" + metrics.lost + ")"));
+  }
+  metrics.fallbackSeconds = secondsSince(recompute);
+  metrics.seconds = secondsSince(start);
+  sendLast(link, Kind::Receipt,
+           {{"received", metrics.received},
+            {"recomputed", int64_t(metrics.fallbacks.size())}},
+           options.timeout);
+  return metrics;
+}
+
+} // namespace
+
+StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
+                                        const RestoreTarget &target,
+                                        const ReceiveOptions &options) {
+  if (!target.model || !target.tokens || target.tokens->empty() ||
+      !target.cache || !target.table)
+    return invalidArgument("transfer: the target needs a model, tokens, a "
+                           "cache and a block table");
+  if (options.progress)
+    options.progress->reset(local.model().numLayers,
+                            int64_t(target.tokens->size()));
+  StatusOr<ReceiveMetrics> result = receiveChunks(link, local, target, options);
+  if (options.progress)
+    options.progress->finish(result.status());
+  return result;
+}
+
+} // namespace kvc

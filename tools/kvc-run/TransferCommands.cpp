@@ -1,0 +1,159 @@
+//===- TransferCommands.cpp - kvc-run transfer-send and transfer-recv -----===//
+//
+// The two ends of a transfer (kvc/Runtime/Net/Transfer.h) as processes: a
+// prefill node that computes a request and streams its KV, and a decode
+// node that receives it into a paged cache, recomputing what did not
+// arrive, and can verify it against its own full prefill.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Commands.h"
+
+#include "kvc/Host/Session.h"
+#include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Net/Transfer.h"
+
+#include <cstdio>
+#include <fstream>
+
+namespace kvc::run {
+
+using namespace kvc::host;
+
+namespace {
+
+/// What both ends must agree on besides the model: the tenant, and the
+/// sender's layout (the receiver takes it from the hello).
+ChunkObjects localObjects(Args &args, const LlamaModel &model,
+                          StoreLayout layout = {}) {
+  return ChunkObjects(model.config(), model.fingerprint(), args.get("tenant"),
+                      layout);
+}
+
+StatusOr<Milliseconds> timeoutOption(Args &args) {
+  KVC_ASSIGN_OR_RETURN(ms, args.integer("timeout-ms", 10000));
+  if (ms <= 0)
+    return invalidArgument("--timeout-ms must be positive");
+  return Milliseconds(ms);
+}
+
+std::string perCodec(const std::map<std::string, int64_t> &counts) {
+  std::string out;
+  for (const auto &[codec, count] : counts)
+    out += (out.empty() ? "" : ", ") + codec + " " + std::to_string(count);
+  return out.empty() ? "none" : out;
+}
+
+/// Writes `text` to `path` whole (a reader never sees part of it).
+Status writeAtomically(const std::string &path, const std::string &text) {
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    out << text << "\n";
+    if (!out.flush())
+      return Status(StatusCode::Unavailable, "cannot write " + partial);
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0)
+    return Status(StatusCode::Unavailable, "cannot write " + path);
+  return Status::ok();
+}
+
+} // namespace
+
+Status transferSendCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(to, args.required("to"));
+  std::string host;
+  int port = 0;
+  KVC_RETURN_IF_ERROR(parseHostPort(to, host, port).withContext("--to"));
+  SendOptions options;
+  KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(args.get("codec", "raw")));
+  options.codec = codec;
+  KVC_ASSIGN_OR_RETURN(timeout, timeoutOption(args));
+  options.timeout = timeout;
+  KVC_ASSIGN_OR_RETURN(chunkTokens, args.integer("chunk-tokens", 256));
+  KVC_ASSIGN_OR_RETURN(layerGroup, args.integer("layer-group", 4));
+  if (chunkTokens <= 0 || layerGroup <= 0)
+    return invalidArgument("--chunk-tokens and --layer-group must be positive");
+  KVC_ASSIGN_OR_RETURN(gbps, args.number("gbps"));
+  if (gbps && !(*gbps > 0))
+    return invalidArgument("--gbps expects a positive number");
+  ChunkObjects objects = localObjects(args, *model, {chunkTokens, layerGroup});
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+
+  KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));
+  if (gbps)
+    link = std::make_unique<ThrottledLink>(std::move(link), *gbps);
+  KVC_ASSIGN_OR_RETURN(stats,
+                       sendContext(*model, objects, tokens, *link, options));
+  std::printf("sent %zu tokens of model %.16s to %s: %lld chunks (%s), "
+              "%.3f MB; prefill %.3f s, total %.3f s\n",
+              tokens.size(), model->fingerprint().c_str(),
+              link->describe().c_str(), (long long)stats.chunks,
+              perCodec(stats.chunksPerCodec).c_str(),
+              double(stats.bytes) * 1e-6, stats.stream.prefillSeconds,
+              stats.stream.totalSeconds);
+  std::printf("the receiver wrote %lld chunks as sent and recomputed %lld\n",
+              (long long)stats.received, (long long)stats.recomputed);
+  return Status::ok();
+}
+
+Status transferRecvCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  std::string host;
+  int port = 0;
+  KVC_RETURN_IF_ERROR(
+      parseHostPort(args.get("listen", "127.0.0.1:0"), host, port)
+          .withContext("--listen"));
+  const std::string portFile = args.get("port-file");
+  ReceiveOptions options;
+  KVC_ASSIGN_OR_RETURN(timeout, timeoutOption(args));
+  options.timeout = timeout;
+  KVC_ASSIGN_OR_RETURN(decoders, args.integer("decoders", options.decoders));
+  if (decoders <= 0)
+    return invalidArgument("--decoders must be positive");
+  options.decoders = int(decoders);
+  const bool verify = args.has("verify");
+  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
+  ChunkObjects local = localObjects(args, *model);
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+
+  KVC_ASSIGN_OR_RETURN(listener, listenUcx(host, port));
+  if (!portFile.empty())
+    KVC_RETURN_IF_ERROR(
+        writeAtomically(portFile, std::to_string(listener->port())));
+  KVC_ASSIGN_OR_RETURN(link, listener->accept(timeout));
+  KVC_ASSIGN_OR_RETURN(into,
+                       destinationFor(backend(), *model, tokens, nullptr, {}));
+  KVC_ASSIGN_OR_RETURN(metrics,
+                       receiveContext(*link, local, into->target, options));
+  std::printf("received %zu tokens from %s: %lld of %lld chunks (%s), %.3f MB "
+              "in %.3f s (stream %.3f s, recompute %.3f s)\n",
+              tokens.size(), link->describe().c_str(),
+              (long long)metrics.received, (long long)metrics.chunks,
+              perCodec(metrics.chunksPerCodec).c_str(),
+              double(metrics.bytes) * 1e-6, metrics.seconds,
+              metrics.streamSeconds, metrics.fallbackSeconds);
+  if (!metrics.lost.empty())
+    std::printf("  the stream broke off: %s\n", metrics.lost.c_str());
+  for (const std::string &why : metrics.rejected)
+    std::printf("  rejected a message: %s\n", why.c_str());
+  for (const std::string &line : metrics.fallbacks)
+    std::printf("  %s\n", line.c_str());
+  if (!verify)
+    return Status::ok();
+  std::vector<CodecSpec> codecs;
+  for (const auto &[name, count] : metrics.chunksPerCodec) {
+    KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(name));
+    codecs.push_back(codec);
+  }
+  KVC_ASSIGN_OR_RETURN(error,
+                       restoreError(*model, tokens, *into->cache, into->table));
+  return reportVerification(error, verifyBound(codecs, maxError));
+}
+
+} // namespace kvc::run

@@ -1,0 +1,341 @@
+//===- TransferTest.cpp - KV transfers between processes ------------------===//
+//
+// The sender runs in a child process (forked before either side touches
+// UCX), the receiver here; they meet on loopback. Faults are the child's:
+// it dies, corrupts a message, speaks for another model, or falls silent.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Runtime/Net/Transfer.h"
+#include "TestModel.h"
+#include "kvc/Host/Session.h"
+#include "kvc/Host/Verify.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <functional>
+#include <random>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace kvc {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kTokens = 512;
+
+std::vector<int32_t> requestTokens(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(kTokens);
+  for (int32_t &t : tokens)
+    t = int32_t(rng() % 512);
+  return tokens;
+}
+
+/// A link that does something to the sender's messages first.
+class FaultyLink : public Link {
+public:
+  /// `fault(index, message)` sees each message before it is sent.
+  FaultyLink(std::unique_ptr<Link> inner,
+             std::function<void(int, std::string &)> fault)
+      : inner_(std::move(inner)), fault_(std::move(fault)) {}
+
+  Status send(std::string_view message) override {
+    std::string copy(message);
+    fault_(sent_++, copy);
+    return inner_->send(copy);
+  }
+  StatusOr<std::string> receive(Milliseconds timeout) override {
+    return inner_->receive(timeout);
+  }
+  std::string describe() const override { return inner_->describe(); }
+
+private:
+  std::unique_ptr<Link> inner_;
+  std::function<void(int, std::string &)> fault_;
+  int sent_ = 0;
+};
+
+/// A sender process: forked first, it connects once the receiver says its
+/// port and runs `body` on the link; its exit code is what `body` returns.
+class SenderProcess {
+public:
+  explicit SenderProcess(std::function<int(std::unique_ptr<Link>)> body) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(fds[1]);
+      int port = 0;
+      if (::read(fds[0], &port, sizeof port) != sizeof port)
+        ::_exit(90);
+      StatusOr<std::unique_ptr<Link>> link =
+          connectUcx("127.0.0.1", port, 5000ms);
+      ::_exit(link.isOk() ? body(std::move(*link)) : 91);
+    }
+    ::close(fds[0]);
+    portPipe_ = fds[1];
+  }
+
+  ~SenderProcess() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  /// Tells the child where to connect.
+  void connectTo(int port) {
+    EXPECT_EQ(::write(portPipe_, &port, sizeof port), ssize_t(sizeof port));
+    ::close(portPipe_);
+  }
+
+  /// The child's exit code (-signal when killed).
+  int wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+
+  void kill() { ::kill(pid_, SIGKILL); }
+
+private:
+  pid_t pid_ = -1;
+  int portPipe_ = -1;
+  bool reaped_ = false;
+};
+
+class TransferTest : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    modelDir_ = new std::string(test::generateTestModel("transfer", 1));
+    otherDir_ = new std::string(test::generateTestModel("transfer-other", 2));
+  }
+  static void TearDownTestSuite() {
+    delete modelDir_;
+    delete otherDir_;
+  }
+
+  void SetUp() override {
+    model_ = *LlamaModel::load(*modelDir_);
+    tokens_ = requestTokens(7);
+  }
+
+  /// The sender's side, in the child: prefills the request with the model
+  /// in `dir` and sends it.
+  static int send(const std::string &dir, std::unique_ptr<Link> link,
+                  SendOptions options = {},
+                  std::function<void(int, std::string &)> fault = {}) {
+    std::unique_ptr<LlamaModel> model = *LlamaModel::load(dir);
+    ChunkObjects objects(model->config(), model->fingerprint(), "", {128, 1});
+    if (fault)
+      link = std::make_unique<FaultyLink>(std::move(link), fault);
+    StatusOr<SendStats> stats =
+        sendContext(*model, objects, requestTokens(7), *link, options);
+    if (!stats.isOk()) {
+      // In the test's log: why the sender's exit code is what it is.
+      std::fprintf(stderr, "sender: %s\n", stats.status().toString().c_str());
+      return stats.status().code() == StatusCode::FailedPrecondition ? 3 : 4;
+    }
+    return int(stats->recomputed);
+  }
+
+  /// Receives from `sender` into a fresh cache.
+  StatusOr<ReceiveMetrics> receive(SenderProcess &sender,
+                                   ReceiveOptions options = {}) {
+    KVC_ASSIGN_OR_RETURN(listener, listenUcx("127.0.0.1", 0));
+    sender.connectTo(listener->port());
+    KVC_ASSIGN_OR_RETURN(link, listener->accept(5000ms));
+    KVC_ASSIGN_OR_RETURN(into, host::destinationFor(cpuBackend(), *model_,
+                                                    tokens_, nullptr, {}));
+    destination_ = std::move(into);
+    ChunkObjects local(model_->config(), model_->fingerprint(), "", {});
+    return receiveContext(*link, local, destination_->target, options);
+  }
+
+  /// The received cache against a full prefill, held to `codecs`' bound.
+  void expectVerified(const std::vector<CodecSpec> &codecs) {
+    StatusOr<RestoreError> error = restoreError(
+        *model_, tokens_, *destination_->cache, destination_->table);
+    ASSERT_TRUE(error.isOk()) << error.status().toString();
+    Status verified =
+        host::checkVerification(*error, host::verifyBound(codecs));
+    EXPECT_TRUE(verified.isOk()) << verified.toString();
+  }
+
+  static std::string *modelDir_, *otherDir_;
+  std::unique_ptr<LlamaModel> model_;
+  std::vector<int32_t> tokens_;
+  std::unique_ptr<host::Destination> destination_;
+};
+
+std::string *TransferTest::modelDir_ = nullptr;
+std::string *TransferTest::otherDir_ = nullptr;
+
+/// Chunks of 128 tokens x 1 layer: 4 x 4 of them.
+constexpr int64_t kChunks = 16;
+
+TEST_F(TransferTest, DeliversTheCacheAFullPrefillMakes) {
+  for (const char *spec : {"raw", "int4+zstd"}) {
+    SCOPED_TRACE(spec);
+    CodecSpec codec = *parseCodecSpec(spec);
+    SendOptions options;
+    options.codec = codec;
+    SenderProcess sender([&](std::unique_ptr<Link> link) {
+      return send(*modelDir_, std::move(link), options);
+    });
+    LayerProgress progress;
+    ReceiveOptions receiving;
+    receiving.progress = &progress;
+    StatusOr<ReceiveMetrics> metrics = receive(sender, receiving);
+    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+    EXPECT_EQ(sender.wait(), 0); // Its receipt says nothing was recomputed.
+    EXPECT_EQ(metrics->chunks, kChunks);
+    EXPECT_EQ(metrics->received, kChunks);
+    EXPECT_TRUE(metrics->fallbacks.empty());
+    EXPECT_TRUE(metrics->lost.empty()) << metrics->lost;
+    EXPECT_EQ(metrics->chunksPerCodec,
+              (std::map<std::string, int64_t>{{codec.str(), kChunks}}));
+    for (int64_t layer = 0; layer < 4; ++layer)
+      EXPECT_TRUE(progress.ready(layer));
+    expectVerified({codec});
+  }
+}
+
+TEST_F(TransferTest, RecomputesWhatADeadSenderDidNotSend) {
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    // Dies as a crash would, after the hello and three chunks.
+    return send(*modelDir_, std::move(link), {}, [](int index, std::string &) {
+      if (index == 4)
+        ::_exit(9);
+    });
+  });
+  StatusOr<ReceiveMetrics> metrics = receive(sender);
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_EQ(sender.wait(), 9);
+  EXPECT_FALSE(metrics->lost.empty());
+  EXPECT_LE(metrics->received, 3);
+  EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
+  expectVerified({CodecSpec()});
+}
+
+TEST_F(TransferTest, RecomputesACorruptChunk) {
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    // Flips a payload byte of the second chunk (message 2 after the hello).
+    return send(*modelDir_, std::move(link), {},
+                [](int index, std::string &message) {
+                  if (index == 2)
+                    message[message.size() / 2] ^= 0x40;
+                });
+  });
+  StatusOr<ReceiveMetrics> metrics = receive(sender);
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_EQ(sender.wait(), 1); // The receipt: one chunk recomputed.
+  EXPECT_EQ(metrics->received, kChunks - 1);
+  ASSERT_EQ(metrics->fallbacks.size(), 1u);
+  EXPECT_NE(metrics->fallbacks[0].find("checksum"), std::string::npos)
+      << metrics->fallbacks[0];
+  expectVerified({CodecSpec()});
+}
+
+TEST_F(TransferTest, RejectsAMessageWithADamagedHeader) {
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    return send(*modelDir_, std::move(link), {},
+                [](int index, std::string &message) {
+                  if (index == 3)
+                    message[5 + 20] ^= 0x01; // Inside the chunk's header.
+                });
+  });
+  StatusOr<ReceiveMetrics> metrics = receive(sender);
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_EQ(sender.wait(), 1);
+  ASSERT_EQ(metrics->rejected.size(), 1u);
+  EXPECT_NE(metrics->rejected[0].find("header checksum"), std::string::npos)
+      << metrics->rejected[0];
+  EXPECT_EQ(metrics->fallbacks.size(), 1u);
+  expectVerified({CodecSpec()});
+}
+
+TEST_F(TransferTest, RefusesTheKVOfAnotherModel) {
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    return send(*otherDir_, std::move(link));
+  });
+  StatusOr<ReceiveMetrics> metrics = receive(sender);
+  ASSERT_FALSE(metrics.isOk());
+  EXPECT_EQ(metrics.status().code(), StatusCode::FailedPrecondition);
+  EXPECT_EQ(chunkFault(metrics.status()), ChunkFault::WrongModel);
+  EXPECT_EQ(sender.wait(), 3); // The sender was told: refused.
+}
+
+TEST_F(TransferTest, ASilentSenderTimesOutAndIsRecomputed) {
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    // Sends the hello and two chunks, then hangs.
+    return send(*modelDir_, std::move(link), {}, [](int index, std::string &) {
+      if (index == 3)
+        ::pause();
+    });
+  });
+  ReceiveOptions options;
+  options.timeout = 500ms;
+  StatusOr<ReceiveMetrics> metrics = receive(sender, options);
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_NE(metrics->lost.find("timed out"), std::string::npos)
+      << metrics->lost;
+  EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
+  expectVerified({CodecSpec()});
+}
+
+TEST(Link, AListenerWithoutSendersTimesOut) {
+  StatusOr<std::unique_ptr<Listener>> listener = listenUcx("127.0.0.1", 0);
+  ASSERT_TRUE(listener.isOk()) << listener.status().toString();
+  StatusOr<std::unique_ptr<Link>> link = (*listener)->accept(100ms);
+  EXPECT_EQ(link.status().code(), StatusCode::Unavailable);
+}
+
+/// Messages sent, nothing received.
+class SinkLink : public Link {
+public:
+  Status send(std::string_view message) override {
+    bytes += message.size();
+    return Status::ok();
+  }
+  StatusOr<std::string> receive(Milliseconds) override {
+    return Status(StatusCode::Unavailable, "a sink");
+  }
+  std::string describe() const override { return "sink"; }
+  size_t bytes = 0;
+};
+
+TEST(Link, AThrottledLinkSendsNoFasterThanItsRate) {
+  auto sink = std::make_unique<SinkLink>();
+  SinkLink *inner = sink.get();
+  ThrottledLink link(std::move(sink), 0.01); // 10 MB/s.
+  const std::string message(250000, 'x');
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(link.send(message).isOk());
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_EQ(inner->bytes, 1000000u);
+  EXPECT_GE(seconds, 0.099); // 1 MB at 10 MB/s.
+  EXPECT_NE(link.describe().find("throttled"), std::string::npos);
+}
+
+TEST(Link, ParsesHostAndPort) {
+  std::string host;
+  int port = 0;
+  EXPECT_TRUE(parseHostPort("127.0.0.1:4100", host, port).isOk());
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 4100);
+  EXPECT_FALSE(parseHostPort("127.0.0.1", host, port).isOk());
+  EXPECT_FALSE(parseHostPort("host:70000", host, port).isOk());
+  EXPECT_FALSE(parseHostPort("host:x1", host, port).isOk());
+}
+
+} // namespace
+} // namespace kvc

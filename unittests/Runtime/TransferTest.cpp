@@ -10,12 +10,15 @@
 #include "TestModel.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Net/CodecController.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <functional>
+#include <mutex>
 #include <random>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -129,9 +132,10 @@ protected:
   /// in `dir` and sends it.
   static int send(const std::string &dir, std::unique_ptr<Link> link,
                   SendOptions options = {},
-                  std::function<void(int, std::string &)> fault = {}) {
+                  std::function<void(int, std::string &)> fault = {},
+                  StoreLayout layout = {128, 1}) {
     std::unique_ptr<LlamaModel> model = *LlamaModel::load(dir);
-    ChunkObjects objects(model->config(), model->fingerprint(), "", {128, 1});
+    ChunkObjects objects(model->config(), model->fingerprint(), "", layout);
     if (fault)
       link = std::make_unique<FaultyLink>(std::move(link), fault);
     StatusOr<SendStats> stats =
@@ -287,6 +291,100 @@ TEST_F(TransferTest, ASilentSenderTimesOutAndIsRecomputed) {
       << metrics->lost;
   EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
   expectVerified({CodecSpec()});
+}
+
+/// The controller's choices, in order.
+class RecordingChooser : public CodecChooser {
+public:
+  explicit RecordingChooser(CodecChooser &inner) : inner_(inner) {}
+  CodecSpec choose(const ChunkObjects &objects, const ChunkRef &ref,
+                   const float *values) override {
+    CodecSpec codec = inner_.choose(objects, ref, values);
+    std::lock_guard<std::mutex> lock(mutex_);
+    chosen.push_back(codec);
+    return codec;
+  }
+  void sent(const CodecSpec &codec, size_t rawBytes, size_t bytes,
+            double encodeSeconds, double wireSeconds) override {
+    inner_.sent(codec, rawBytes, bytes, encodeSeconds, wireSeconds);
+  }
+  std::vector<CodecSpec> chosen;
+
+private:
+  CodecChooser &inner_;
+  std::mutex mutex_;
+};
+
+TEST_F(TransferTest, TheControllerSwitchesCodecWhenTheLinkSlowsDown) {
+  const CodecSpec raw, int4 = *parseCodecSpec("int4+zstd");
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    // Unthrottled loopback first, where raw chunks cost least; after the
+    // hello, three pings and twenty of its 32 chunks the link drops to
+    // 2 MB/s, where a raw chunk (16 KB) takes 8 ms on the wire and an
+    // int4+zstd one a third of it.
+    auto throttled = std::make_unique<ThrottledLink>(std::move(link), 0);
+    ThrottledLink *throttle = throttled.get();
+    CodecController controller({{raw, int4}});
+    RecordingChooser recording(controller);
+    SendOptions options;
+    options.chooser = &recording;
+    options.writers = 1;
+    int code = send(
+        *modelDir_, std::move(throttled), options,
+        [&](int index, std::string &) {
+          if (index == 24)
+            throttle->setGBs(0.002);
+        },
+        StoreLayout{64, 1});
+    if (code != 0)
+      return code;
+    // Before the drop the controller settled on raw; by the end, int4.
+    const std::vector<CodecSpec> &chosen = recording.chosen;
+    const bool rawEarly = std::find(chosen.begin(), chosen.begin() + 20, raw) !=
+                          chosen.begin() + 20;
+    return rawEarly && chosen.back() == int4 ? 0 : 5;
+  });
+  StatusOr<ReceiveMetrics> metrics = receive(sender);
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_EQ(sender.wait(), 0);
+  EXPECT_GT(metrics->chunksPerCodec[raw.str()], 0);
+  EXPECT_GT(metrics->chunksPerCodec[int4.str()], 0);
+  expectVerified({raw, int4});
+}
+
+TEST_F(TransferTest, TheControllerWeighsTheLinkAgainstTheCodecs) {
+  // The model with measures given: raw costs least where the link is fast,
+  // int4 where it is slow; the SLO takes the most accurate codec that
+  // meets it.
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
+  ChunkRef ref = objects.refs(tokens_.data(), kTokens, Form::KV, {}).front();
+  std::vector<float> values(size_t(objects.shape(ref).numel()));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (float &v : values)
+    v = normal(rng);
+  const CodecSpec raw, int4 = *parseCodecSpec("int4+zstd");
+  const size_t rawBytes = values.size() * 2;
+  CodecController controller({{raw, int4}});
+  // Before any send: the most compact.
+  EXPECT_EQ(controller.choose(objects, ref, values.data()), int4);
+  controller.sent(int4, rawBytes, rawBytes / 3, 1e-4, rawBytes / 3 / 10e9);
+  EXPECT_EQ(controller.choose(objects, ref, values.data()), raw);
+  EXPECT_NEAR(controller.linkGBs(), 10, 0.1);
+  // The link drops to 2 MB/s: one send shows it.
+  controller.sent(raw, rawBytes, rawBytes, 1e-5, rawBytes / 2e6);
+  EXPECT_EQ(controller.choose(objects, ref, values.data()), int4);
+  EXPECT_LT(controller.linkGBs(), 0.01);
+
+  // An SLO the slow link meets with raw chunks keeps them raw.
+  CodecControllerOptions slo;
+  slo.candidates = {raw, int4};
+  slo.chunks = 4;
+  slo.sloSeconds = 4 * double(rawBytes) / 2e6 * 2;
+  CodecController relaxed(slo);
+  (void)relaxed.choose(objects, ref, values.data());
+  relaxed.sent(raw, rawBytes, rawBytes, 1e-5, rawBytes / 2e6);
+  EXPECT_EQ(relaxed.choose(objects, ref, values.data()), raw);
 }
 
 TEST(Link, AListenerWithoutSendersTimesOut) {

@@ -26,6 +26,8 @@ enum class Kind : char {
   Chunk = 'C',
   End = 'E',
   Receipt = 'P',
+  Ping = 'I',
+  Pong = 'O',
 };
 
 const char *kindName(Kind kind) {
@@ -42,6 +44,10 @@ const char *kindName(Kind kind) {
     return "end";
   case Kind::Receipt:
     return "receipt";
+  case Kind::Ping:
+    return "ping";
+  case Kind::Pong:
+    return "pong";
   }
   return "?";
 }
@@ -71,6 +77,8 @@ StatusOr<std::pair<Kind, std::string_view>> parse(std::string_view bytes) {
   case Kind::Chunk:
   case Kind::End:
   case Kind::Receipt:
+  case Kind::Ping:
+  case Kind::Pong:
     return std::make_pair(kind, bytes.substr(kMagic.size() + 1));
   }
   return dataLoss("transfer: a message of unknown kind");
@@ -136,32 +144,56 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   KVC_RETURN_IF_ERROR(sendJson(link, Kind::Hello, hello));
   KVC_RETURN_IF_ERROR(
       receiveJson(link, Kind::Accept, options.timeout).status());
+  // What any message costs besides its bytes, the link's round trip (the
+  // fastest of three pings the receiver answers at once): a chooser weighs
+  // codecs by what their bytes cost, which it is not.
+  double roundTrip = 0;
+  if (options.chooser)
+    for (int ping = 0; ping < 3; ++ping) {
+      Clock::time_point start = Clock::now();
+      KVC_RETURN_IF_ERROR(sendJson(link, Kind::Ping, Json::object()));
+      KVC_RETURN_IF_ERROR(
+          receiveJson(link, Kind::Pong, options.timeout).status());
+      const double seconds = secondsSince(start);
+      roundTrip = ping == 0 ? seconds : std::min(roundTrip, seconds);
+    }
 
   SendStats stats;
-  std::mutex statsMutex;
+  std::mutex statsMutex, sendMutex;
   SaveOptions stream;
   stream.forms = {Form::KV};
   stream.codec = options.codec;
   stream.writers = options.writers;
   stream.bufferBytes = options.bufferBytes;
+  stream.computed = options.computed;
   StatusOr<SaveStats> streamed = streamContext(
       model, objects, tokens, stream,
       [&](const ChunkRef &object, const float *values) -> StatusOr<bool> {
         ChunkRef ref = object;
-        if (options.chooseCodec)
-          ref.codec = options.chooseCodec(ref);
+        if (options.chooser)
+          ref.codec = options.chooser->choose(objects, ref, values);
         Clock::time_point start = Clock::now();
         KVC_ASSIGN_OR_RETURN(encoded, objects.encode(ref, values));
         std::string chunk = message(Kind::Chunk, encoded);
         double encodeSeconds = secondsSince(start);
-        start = Clock::now();
-        KVC_RETURN_IF_ERROR(link.send(chunk));
-        double sendSeconds = secondsSince(start);
-        if (options.sent)
-          options.sent(ref.codec, chunk.size(), encodeSeconds, sendSeconds);
+        // One chunk on the link at a time: its send time is the link's.
+        double sendSeconds = 0;
+        {
+          std::lock_guard<std::mutex> serial(sendMutex);
+          start = Clock::now();
+          KVC_RETURN_IF_ERROR(link.send(chunk));
+          sendSeconds = secondsSince(start);
+        }
+        if (options.chooser)
+          options.chooser->sent(ref.codec,
+                                size_t(objects.shape(ref).numel()) *
+                                    dtypeBytes(objects.model().dtype),
+                                chunk.size(), encodeSeconds,
+                                std::max(sendSeconds - roundTrip, 0.0));
         std::lock_guard<std::mutex> lock(statsMutex);
         stats.chunks += 1;
         stats.bytes += int64_t(chunk.size());
+        stats.sendSeconds += sendSeconds;
         stats.chunksPerCodec[ref.codec.str()] += 1;
         return true;
       });
@@ -332,6 +364,14 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       if (!error.empty())
         metrics.lost = "the sender failed: " + error;
       break;
+    }
+    if (kind == Kind::Ping) {
+      if (Status pong = sendJson(link, Kind::Pong, Json::object());
+          !pong.isOk()) {
+        metrics.lost = pong.message();
+        break;
+      }
+      continue;
     }
     if (kind != Kind::Chunk) {
       metrics.lost =

@@ -97,6 +97,14 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   const ModelConfig &c = model.config();
   const StoreLayout &layout = objects.layout();
   const int64_t n = int64_t(tokens.size());
+  if (options.computed &&
+      (options.computed->tokens < n ||
+       int64_t(options.computed->k.size()) != c.numLayers ||
+       std::any_of(options.forms.begin(), options.forms.end(),
+                   [](Form f) { return f != Form::KV; })))
+    return invalidArgument("stream: computed KV must hold every token and "
+                           "layer of the request, and only KV can be taken "
+                           "from it");
   SaveStats stats;
   BoundedQueue<Job> queue(options.bufferBytes);
   std::mutex statsMutex;
@@ -137,8 +145,7 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
     Digest key = objects.keys().keys(tokens.data(), t1).back();
     // Per form, the layer group being filled.
     std::vector<Job> filling(options.forms.size());
-    prefill = model.prefill(cache, tokens.data() + t0, count,
-                            [&](const LayerSnapshot &s) {
+    auto snapshot = [&](const LayerSnapshot &s) {
       if (options.dryRun)
         return;
       int64_t group0 = s.layer / layout.layerGroup * layout.layerGroup;
@@ -162,7 +169,18 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
         if (s.layer + 1 == group1)
           stats.stallSeconds += queue.push(std::move(job));
       }
-    });
+    };
+    if (options.computed) {
+      // The prefill ran before: its KV, layer by layer, as it would have.
+      for (int64_t layer = 0; layer < c.numLayers; ++layer) {
+        const size_t first = size_t(t0 * options.computed->dim);
+        snapshot({layer, t0, count, nullptr,
+                  options.computed->k[layer].data() + first,
+                  options.computed->v[layer].data() + first});
+      }
+    } else {
+      prefill = model.prefill(cache, tokens.data() + t0, count, snapshot);
+    }
     if (options.progress && prefill.isOk())
       options.progress(t1, n);
   }

@@ -21,7 +21,8 @@
 // cache: the receiver recomputes what did not arrive, and says what.
 //
 // Protocol messages are "KVCT", a kind byte and a body: JSON for hello,
-// accept, refuse, end and receipt; the object for a chunk.
+// accept, refuse, end, receipt, and the pings a sender with a codec chooser
+// times the link's round trip with; the object for a chunk.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,21 +33,33 @@
 #include "kvc/Runtime/Net/Link.h"
 #include "kvc/Runtime/Save/Saver.h"
 
-#include <functional>
 #include <map>
 
 namespace kvc {
 
+/// Chooses each chunk's encoding as it is sent, and hears how each send
+/// went (CodecController.h: KVServe's). Called from the sender's writer
+/// threads.
+class CodecChooser {
+public:
+  virtual ~CodecChooser() = default;
+  /// The encoding of the chunk `ref` holding `values` (its shape, fp32).
+  virtual CodecSpec choose(const ChunkObjects &objects, const ChunkRef &ref,
+                           const float *values) = 0;
+  /// A chunk of `rawBytes` (its raw encoding's size) went out as `bytes`
+  /// encoded with `codec`: its encoding took `encodeSeconds`, its bytes
+  /// `wireSeconds` on the link (the send's time less the link's round
+  /// trip, which every message pays whatever its codec).
+  virtual void sent(const CodecSpec &codec, size_t rawBytes, size_t bytes,
+                    double encodeSeconds, double wireSeconds) = 0;
+};
+
 struct SendOptions {
-  /// The encoding of every chunk, unless `chooseCodec` is set.
+  /// The encoding of every chunk, unless a chooser is set.
   CodecSpec codec;
-  /// Chooses each chunk's encoding as it is sent (an adaptive controller).
-  std::function<CodecSpec(const ChunkRef &ref)> chooseCodec;
-  /// Told of each chunk once sent: its encoding, its bytes, and the seconds
-  /// its encoding and its send took.
-  std::function<void(const CodecSpec &codec, size_t bytes, double encodeSeconds,
-                     double sendSeconds)>
-      sent;
+  CodecChooser *chooser = nullptr;
+  /// The request's KV computed before: sent without a prefill.
+  const ModelCompute::Cache *computed = nullptr;
   int writers = 2;
   size_t bufferBytes = size_t(256) << 20;
   /// How long to wait for the receiver's answers.
@@ -56,6 +69,8 @@ struct SendOptions {
 struct SendStats {
   SaveStats stream; ///< The prefill and its writers.
   int64_t chunks = 0, bytes = 0;
+  /// Seconds the link took to take the chunks (sends are serialized).
+  double sendSeconds = 0;
   std::map<std::string, int64_t> chunksPerCodec;
   /// The receiver's receipt: chunks it wrote as sent and chunks it
   /// recomputed.

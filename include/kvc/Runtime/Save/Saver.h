@@ -31,6 +31,9 @@ struct SaveOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// Run the prefill without saving anything (the baseline for overhead).
   bool dryRun = false;
+  /// KV of the request computed before (a full prefill's): streamed as
+  /// it is, without a prefill. Only the KV form can be taken from it.
+  const ModelCompute::Cache *computed = nullptr;
   /// Called after each prefilled chunk with the tokens prefilled so far and
   /// the request's (a long save's progress).
   std::function<void(int64_t done, int64_t total)> progress;

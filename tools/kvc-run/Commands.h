@@ -23,6 +23,10 @@ Backend &backend();
 /// Selects it by name; Unavailable for cuda without a GPU.
 Status selectBackend(const std::string &name);
 
+/// --chunk-tokens and --layer-group: how a request's KV is cut into objects
+/// (default 256 x 4), both positive.
+StatusOr<StoreLayout> storeLayout(Args &args);
+
 /// The --store of a request, laid out by --chunk-tokens and --layer-group
 /// and salted by --tenant (save and restore must agree); `access` says
 /// whether a file:// store may be created (a save) or must exist.

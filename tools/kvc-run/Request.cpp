@@ -54,18 +54,24 @@ StatusOr<DType> parseDType(const std::string &name) {
   return invalidArgument("--dtype expects bf16, f16 or f32, got " + name);
 }
 
+StatusOr<StoreLayout> storeLayout(Args &args) {
+  StoreLayout layout;
+  KVC_ASSIGN_OR_RETURN(chunkTokens,
+                       args.integer("chunk-tokens", layout.chunkTokens));
+  KVC_ASSIGN_OR_RETURN(layerGroup,
+                       args.integer("layer-group", layout.layerGroup));
+  if (chunkTokens <= 0 || layerGroup <= 0)
+    return invalidArgument("--chunk-tokens and --layer-group must be positive");
+  return StoreLayout{chunkTokens, layerGroup};
+}
+
 StatusOr<std::unique_ptr<ChunkStore>>
 openStore(Args &args, const LlamaModel &model, TierAccess access) {
   host::StoreOptions options;
   KVC_ASSIGN_OR_RETURN(url, args.required("store"));
-  KVC_ASSIGN_OR_RETURN(
-      chunkTokens, args.integer("chunk-tokens", options.layout.chunkTokens));
-  KVC_ASSIGN_OR_RETURN(layerGroup,
-                       args.integer("layer-group", options.layout.layerGroup));
-  if (chunkTokens <= 0 || layerGroup <= 0)
-    return invalidArgument("--chunk-tokens and --layer-group must be positive");
+  KVC_ASSIGN_OR_RETURN(layout, storeLayout(args));
   options.url = url;
-  options.layout = {chunkTokens, layerGroup};
+  options.layout = layout;
   options.tenant = args.get("tenant");
   options.access = access;
   return host::openStore(options, model);

@@ -73,14 +73,11 @@ Status transferSendCommand(Args &args) {
   options.codec = codec;
   KVC_ASSIGN_OR_RETURN(timeout, timeoutOption(args));
   options.timeout = timeout;
-  KVC_ASSIGN_OR_RETURN(chunkTokens, args.integer("chunk-tokens", 256));
-  KVC_ASSIGN_OR_RETURN(layerGroup, args.integer("layer-group", 4));
-  if (chunkTokens <= 0 || layerGroup <= 0)
-    return invalidArgument("--chunk-tokens and --layer-group must be positive");
+  KVC_ASSIGN_OR_RETURN(layout, storeLayout(args));
   KVC_ASSIGN_OR_RETURN(gbps, args.number("gbps"));
   if (gbps && !(*gbps > 0))
     return invalidArgument("--gbps expects a positive number");
-  ChunkObjects objects = localObjects(args, *model, {chunkTokens, layerGroup});
+  ChunkObjects objects = localObjects(args, *model, layout);
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));

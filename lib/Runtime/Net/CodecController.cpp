@@ -67,21 +67,23 @@ CodecSpec CodecController::choose(const ChunkObjects &objects,
         ->codec;
   const double rawBytes =
       double(objects.shape(ref).numel() * dtypeBytes(objects.model().dtype));
-  const Estimate *fastest = &estimates_.front();
-  for (const Estimate &e : estimates_)
-    if (chunkSecondsLocked(e, rawBytes) <
-        chunkSecondsLocked(*fastest, rawBytes))
-      fastest = &e;
+  auto seconds = [&](const Estimate &e) {
+    return chunkSecondsLocked(e, rawBytes);
+  };
+  const Estimate &fastest =
+      *std::min_element(estimates_.begin(), estimates_.end(),
+                        [&](const Estimate &a, const Estimate &b) {
+                          return seconds(a) < seconds(b);
+                        });
   if (options_.sloSeconds) {
     // The most accurate candidate whose remaining chunks still make it.
     const double left =
         double(std::max<int64_t>(options_.chunks - chunksSent_, 1));
     for (const Estimate &e : estimates_)
-      if (secondsSent_ + left * chunkSecondsLocked(e, rawBytes) <=
-          *options_.sloSeconds)
+      if (secondsSent_ + left * seconds(e) <= *options_.sloSeconds)
         return e.codec;
   }
-  return fastest->codec;
+  return fastest.codec;
 }
 
 void CodecController::sent(const CodecSpec &codec, size_t rawBytes,

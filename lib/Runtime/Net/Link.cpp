@@ -3,6 +3,7 @@
 #include "kvc/Runtime/Net/Link.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 namespace kvc {
@@ -58,9 +59,12 @@ StatusOr<std::string> ThrottledLink::receive(Milliseconds timeout) {
 }
 
 std::string ThrottledLink::describe() const {
-  double gbps = gbs();
-  return inner_->describe() +
-         (gbps > 0 ? " throttled to " + std::to_string(gbps) + " GB/s" : "");
+  const double gbps = gbs();
+  if (gbps <= 0)
+    return inner_->describe();
+  char rate[48];
+  std::snprintf(rate, sizeof rate, " throttled to %g GB/s", gbps);
+  return inner_->describe() + rate;
 }
 
 } // namespace kvc

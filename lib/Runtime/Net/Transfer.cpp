@@ -221,12 +221,15 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
 
 namespace {
 
-/// An arrived chunk waiting for a decoder.
+/// An arrived chunk waiting for a decoder: its message, kept whole.
 struct Arrival {
   size_t index = 0; ///< Into the expected objects.
   ChunkRef ref;
-  std::string object;
-  size_t bytes() const { return object.size(); }
+  std::string message;
+  std::string_view object() const {
+    return std::string_view(message).substr(kMagic.size() + 1);
+  }
+  size_t bytes() const { return message.size(); }
 };
 
 /// The hello checked against this node: the layout to receive with, or why
@@ -323,7 +326,7 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
         values.resize(objects.shape(ref).numel());
         ChunkBox box{ref.tokenBegin, ref.tokenEnd, ref.layerBegin,
                      ref.layerEnd};
-        Status status = objects.decode(ref, arrival.object, values.data());
+        Status status = objects.decode(ref, arrival.object(), values.data());
         if (status.isOk())
           status = backend.upload(values, /*consume=*/true, *device);
         if (status.isOk())
@@ -385,19 +388,24 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       metrics.rejected.push_back(header.status().toString());
       continue; // Its chunk stays missing: recomputed.
     }
+    // Objects come in token then layer order (ChunkObjects::refs).
     const ChunkHeader &h = *header;
-    auto it = std::find_if(
-        expected.begin(), expected.end(), [&](const ChunkRef &ref) {
-          return ref.form == h.form && ref.tokenBegin == h.tokenBegin &&
-                 ref.tokenEnd == h.tokenEnd && ref.layerBegin == h.layerBegin &&
-                 ref.layerEnd == h.layerEnd;
-        });
-    if (it == expected.end()) {
+    const StoreLayout &l = objects.layout();
+    const int64_t groups =
+        (local.model().numLayers + l.layerGroup - 1) / l.layerGroup;
+    const int64_t position = h.tokenBegin / l.chunkTokens * groups +
+                             int64_t(h.layerBegin) / l.layerGroup;
+    const ChunkRef *match = position >= 0 && position < int64_t(expected.size())
+                                ? &expected[size_t(position)]
+                                : nullptr;
+    if (!match || match->form != h.form || match->tokenBegin != h.tokenBegin ||
+        match->tokenEnd != h.tokenEnd || match->layerBegin != h.layerBegin ||
+        match->layerEnd != h.layerEnd) {
       metrics.rejected.push_back("a chunk of " + describeBox(h) +
                                  ", which this request does not have");
       continue;
     }
-    const size_t index = size_t(it - expected.begin());
+    const size_t index = size_t(position);
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (arrived[index])
@@ -409,9 +417,9 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
     }
     // The key and codec are checked against what the header claims only
     // through the decode: the ref says which chunk this must be.
-    ChunkRef ref = *it;
+    ChunkRef ref = *match;
     ref.codec = h.codec;
-    queue.push(Arrival{index, ref, std::string(body)});
+    queue.push(Arrival{index, ref, std::move(*bytes)});
   }
   metrics.streamSeconds = secondsSince(start);
   queue.close();
@@ -431,8 +439,7 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
           backend.prefill(*target.model, tokens, *target.cache, *target.table);
     const ChunkRef &ref = expected[i];
     ChunkBox box{ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd};
-    Status computed = session->compute(box);
-    KVC_RETURN_IF_ERROR(computed);
+    KVC_RETURN_IF_ERROR(session->compute(box));
     if (progress)
       progress->add(box.layerBegin, box.layerEnd, box.tokens());
     metrics.fallbacks.push_back(describeBox(ref) + " recomputed: " +

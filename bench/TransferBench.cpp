@@ -12,6 +12,7 @@
 //
 //   kvc-transfer-bench [--model DIR] [--tokens N] [--repeat R]
 //                      [--gbps 0.005,0.01,...] [--codecs raw,lz4,...]
+//                      [--chunk-tokens T] [--layer-group L]
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,7 +44,10 @@ struct Setup {
   std::unique_ptr<LlamaModel> model;
   std::vector<int32_t> tokens;
   ModelCompute::Cache computed;
-  StoreLayout layout{128, 1};
+  // Objects of 256 KB (256 tokens x 2 layers of this model): at 1 GB/s
+  // one takes 256 us on the link, more than a 2-core machine's scheduling
+  // noise per message.
+  StoreLayout layout{256, 2};
 };
 
 /// One transfer at `gbps`: static `codec`, or adaptive (`controller`).
@@ -103,9 +107,10 @@ StatusOr<double> transfer(const Setup &setup, double gbps,
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string modelDir, gbpsList = "0.002,0.005,0.01,0.02,0.05,0.1,0.2,0.5,1";
+  std::string modelDir, gbpsList = "0.005,0.01,0.02,0.05,0.1,0.2,0.5,1,2,5";
   std::string codecList = "raw,lz4,zstd,int8+zstd,int4+zstd";
-  int64_t tokens = 2048, repeat = 3;
+  int64_t tokens = 4096, repeat = 9;
+  Setup setup;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string key = argv[i], value = argv[i + 1];
     if (key == "--model")
@@ -118,6 +123,10 @@ int main(int argc, char **argv) {
       gbpsList = value;
     else if (key == "--codecs")
       codecList = value;
+    else if (key == "--chunk-tokens")
+      setup.layout.chunkTokens = std::stoll(value);
+    else if (key == "--layer-group")
+      setup.layout.layerGroup = std::stoll(value);
     else {
       std::fprintf(stderr, "unknown option %s\n", key.c_str());
       return 2;
@@ -138,7 +147,6 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  Setup setup;
   StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(modelDir);
   if (!model.isOk()) {
     std::fprintf(stderr, "%s\n", model.status().toString().c_str());
@@ -172,7 +180,7 @@ int main(int argc, char **argv) {
                        double(setup.model->kvDim()) *
                        double(dtypeBytes(setup.model->config().dtype)) * 1e-6;
   std::printf("%lld tokens, %.2f MB of raw KV in chunks of %lld tokens x %lld "
-              "layer; prefill %.1f ms; transfer ms, median of %lld\n",
+              "layers; prefill %.1f ms; transfer ms, median of %lld\n",
               (long long)tokens, rawMB, (long long)setup.layout.chunkTokens,
               (long long)setup.layout.layerGroup, prefill * 1e3,
               (long long)repeat);

@@ -305,8 +305,8 @@ public:
     return codec;
   }
   void sent(const CodecSpec &codec, size_t rawBytes, size_t bytes,
-            double encodeSeconds, double wireSeconds) override {
-    inner_.sent(codec, rawBytes, bytes, encodeSeconds, wireSeconds);
+            double encodeSeconds, double sendSeconds) override {
+    inner_.sent(codec, rawBytes, bytes, encodeSeconds, sendSeconds);
   }
   std::vector<CodecSpec> chosen;
 
@@ -364,39 +364,85 @@ TEST_F(TransferTest, TheControllerSwitchesCodecWhenTheLinkSlowsDown) {
   expectVerified({raw, int4});
 }
 
-TEST_F(TransferTest, TheControllerWeighsTheLinkAgainstTheCodecs) {
+/// A controller's inputs: the first chunk of the request, random values.
+class CodecControllerTest : public TransferTest {
+protected:
+  void SetUp() override {
+    TransferTest::SetUp();
+    objects_ = std::make_unique<ChunkObjects>(
+        model_->config(), model_->fingerprint(), "", StoreLayout{128, 1});
+    ref_ = objects_->refs(tokens_.data(), kTokens, Form::KV, {}).front();
+    values_.resize(size_t(objects_->shape(ref_).numel()));
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal;
+    for (float &v : values_)
+      v = normal(rng);
+    rawBytes_ = values_.size() * 2;
+  }
+
+  CodecSpec choose(CodecController &controller) {
+    return controller.choose(*objects_, ref_, values_.data());
+  }
+
+  std::unique_ptr<ChunkObjects> objects_;
+  ChunkRef ref_;
+  std::vector<float> values_;
+  size_t rawBytes_ = 0;
+  const CodecSpec raw_, int4_ = *parseCodecSpec("int4+zstd");
+};
+
+TEST_F(CodecControllerTest, WeighsTheLinkAgainstTheCodecs) {
   // The model with measures given: raw costs least where the link is fast,
   // int4 where it is slow; the SLO takes the most accurate codec that
   // meets it.
-  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
-  ChunkRef ref = objects.refs(tokens_.data(), kTokens, Form::KV, {}).front();
-  std::vector<float> values(size_t(objects.shape(ref).numel()));
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
-  for (float &v : values)
-    v = normal(rng);
-  const CodecSpec raw, int4 = *parseCodecSpec("int4+zstd");
-  const size_t rawBytes = values.size() * 2;
-  CodecController controller({{raw, int4}});
+  CodecController controller({{raw_, int4_}});
   // Before any send: the most compact.
-  EXPECT_EQ(controller.choose(objects, ref, values.data()), int4);
-  controller.sent(int4, rawBytes, rawBytes / 3, 1e-4, rawBytes / 3 / 10e9);
-  EXPECT_EQ(controller.choose(objects, ref, values.data()), raw);
+  EXPECT_EQ(choose(controller), int4_);
+  controller.sent(int4_, rawBytes_, rawBytes_ / 3, 1e-4, rawBytes_ / 3 / 10e9);
+  EXPECT_EQ(choose(controller), raw_);
   EXPECT_NEAR(controller.linkGBs(), 10, 0.1);
   // The link drops to 2 MB/s: one send shows it.
-  controller.sent(raw, rawBytes, rawBytes, 1e-5, rawBytes / 2e6);
-  EXPECT_EQ(controller.choose(objects, ref, values.data()), int4);
+  controller.sent(raw_, rawBytes_, rawBytes_, 1e-5, rawBytes_ / 2e6);
+  EXPECT_EQ(choose(controller), int4_);
   EXPECT_LT(controller.linkGBs(), 0.01);
 
   // An SLO the slow link meets with raw chunks keeps them raw.
   CodecControllerOptions slo;
-  slo.candidates = {raw, int4};
+  slo.candidates = {raw_, int4_};
   slo.chunks = 4;
-  slo.sloSeconds = 4 * double(rawBytes) / 2e6 * 2;
+  slo.sloSeconds = 4 * double(rawBytes_) / 2e6 * 2;
   CodecController relaxed(slo);
-  (void)relaxed.choose(objects, ref, values.data());
-  relaxed.sent(raw, rawBytes, rawBytes, 1e-5, rawBytes / 2e6);
-  EXPECT_EQ(relaxed.choose(objects, ref, values.data()), raw);
+  (void)choose(relaxed);
+  relaxed.sent(raw_, rawBytes_, rawBytes_, 1e-5, rawBytes_ / 2e6);
+  EXPECT_EQ(choose(relaxed), raw_);
+}
+
+TEST_F(CodecControllerTest, FitsTheLinkAsACostPerMessageAndPerByte) {
+  // A 5 GB/s link whose every message costs 100 us besides its bytes. Time
+  // per byte alone would make it look 0.03 GB/s to int4's chunks.
+  CodecController controller({{raw_, int4_}});
+  const double message = 1e-4, perByte = 1 / 5e9;
+  auto send = [&](const CodecSpec &codec, size_t bytes, double delay = 0) {
+    controller.sent(codec, rawBytes_, bytes, 1e-5,
+                    message + double(bytes) * perByte + delay);
+  };
+  // The first send most compact, the second least: the link measured at
+  // two sizes.
+  EXPECT_EQ(choose(controller), int4_);
+  send(int4_, rawBytes_ / 3);
+  EXPECT_EQ(choose(controller), raw_);
+  send(raw_, rawBytes_);
+  EXPECT_NEAR(controller.linkGBs(), 5, 0.05);
+  EXPECT_NEAR(controller.messageSeconds(), message, 1e-7);
+  // A send that a busy machine delayed by 2 ms does not move the fit.
+  send(int4_, rawBytes_ / 3);
+  send(raw_, rawBytes_);
+  send(int4_, rawBytes_ / 3, 2e-3);
+  EXPECT_NEAR(controller.linkGBs(), 5, 0.05);
+  EXPECT_NEAR(controller.messageSeconds(), message, 1e-7);
+  // Every codec pays the message alike: at 5 GB/s int4's bytes save less
+  // than its encoding costs.
+  EXPECT_EQ(choose(controller), raw_);
 }
 
 TEST(Link, AListenerWithoutSendersTimesOut) {

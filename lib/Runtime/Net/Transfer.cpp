@@ -26,8 +26,6 @@ enum class Kind : char {
   Chunk = 'C',
   End = 'E',
   Receipt = 'P',
-  Ping = 'I',
-  Pong = 'O',
 };
 
 const char *kindName(Kind kind) {
@@ -44,10 +42,6 @@ const char *kindName(Kind kind) {
     return "end";
   case Kind::Receipt:
     return "receipt";
-  case Kind::Ping:
-    return "ping";
-  case Kind::Pong:
-    return "pong";
   }
   return "?";
 }
@@ -77,8 +71,6 @@ StatusOr<std::pair<Kind, std::string_view>> parse(std::string_view bytes) {
   case Kind::Chunk:
   case Kind::End:
   case Kind::Receipt:
-  case Kind::Ping:
-  case Kind::Pong:
     return std::make_pair(kind, bytes.substr(kMagic.size() + 1));
   }
   return dataLoss("transfer: a message of unknown kind");
@@ -144,20 +136,6 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   KVC_RETURN_IF_ERROR(sendJson(link, Kind::Hello, hello));
   KVC_RETURN_IF_ERROR(
       receiveJson(link, Kind::Accept, options.timeout).status());
-  // What any message costs besides its bytes, the link's round trip (the
-  // fastest of three pings the receiver answers at once): a chooser weighs
-  // codecs by what their bytes cost, which it is not.
-  double roundTrip = 0;
-  if (options.chooser)
-    for (int ping = 0; ping < 3; ++ping) {
-      Clock::time_point start = Clock::now();
-      KVC_RETURN_IF_ERROR(sendJson(link, Kind::Ping, Json::object()));
-      KVC_RETURN_IF_ERROR(
-          receiveJson(link, Kind::Pong, options.timeout).status());
-      const double seconds = secondsSince(start);
-      roundTrip = ping == 0 ? seconds : std::min(roundTrip, seconds);
-    }
-
   SendStats stats;
   std::mutex statsMutex, sendMutex;
   SaveOptions stream;
@@ -188,8 +166,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
           options.chooser->sent(ref.codec,
                                 size_t(objects.shape(ref).numel()) *
                                     dtypeBytes(objects.model().dtype),
-                                chunk.size(), encodeSeconds,
-                                std::max(sendSeconds - roundTrip, 0.0));
+                                chunk.size(), encodeSeconds, sendSeconds);
         std::lock_guard<std::mutex> lock(statsMutex);
         stats.chunks += 1;
         stats.bytes += int64_t(chunk.size());
@@ -367,14 +344,6 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       if (!error.empty())
         metrics.lost = "the sender failed: " + error;
       break;
-    }
-    if (kind == Kind::Ping) {
-      if (Status pong = sendJson(link, Kind::Pong, Json::object());
-          !pong.isOk()) {
-        metrics.lost = pong.message();
-        break;
-      }
-      continue;
     }
     if (kind != Kind::Chunk) {
       metrics.lost =

@@ -21,8 +21,7 @@
 // cache: the receiver recomputes what did not arrive, and says what.
 //
 // Protocol messages are "KVCT", a kind byte and a body: JSON for hello,
-// accept, refuse, end, receipt, and the pings a sender with a codec chooser
-// times the link's round trip with; the object for a chunk.
+// accept, refuse, end and receipt; the object for a chunk.
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,11 +46,10 @@ public:
   virtual CodecSpec choose(const ChunkObjects &objects, const ChunkRef &ref,
                            const float *values) = 0;
   /// A chunk of `rawBytes` (its raw encoding's size) went out as `bytes`
-  /// encoded with `codec`: its encoding took `encodeSeconds`, its bytes
-  /// `wireSeconds` on the link (the send's time less the link's round
-  /// trip, which every message pays whatever its codec).
+  /// encoded with `codec`: its encoding took `encodeSeconds`, its send on
+  /// the link `sendSeconds`.
   virtual void sent(const CodecSpec &codec, size_t rawBytes, size_t bytes,
-                    double encodeSeconds, double wireSeconds) = 0;
+                    double encodeSeconds, double sendSeconds) = 0;
 };
 
 struct SendOptions {

@@ -32,8 +32,8 @@ private:
 } // namespace
 
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
-                                       bool toCache) {
-  Journey journey(StepKind::Fetch, {form, codec, /*onDevice=*/false});
+                                       bool toCache, StepKind from) {
+  Journey journey(from, {form, codec, /*onDevice=*/false});
   ChunkState next = journey.state();
   if (codec.lossless != CodecSpec::Lossless::None) {
     next.codec.lossless = CodecSpec::Lossless::None;
@@ -59,7 +59,8 @@ std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
   return std::move(journey).steps();
 }
 
-std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec) {
+std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec,
+                                    StepKind to) {
   Journey journey(StepKind::Gather, {form, CodecSpec(), /*onDevice=*/true});
   ChunkState next = journey.state();
   if (codec.transform != CodecSpec::Transform::None) {
@@ -77,7 +78,7 @@ std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec) {
     next.codec = codec;
     journey.then(StepKind::Compress, next);
   }
-  journey.then(StepKind::Store, next);
+  journey.then(to, next);
   return std::move(journey).steps();
 }
 

@@ -7,7 +7,10 @@
 // projected (hidden states) and scattered on the device; computed chunks run
 // a chunked prefill after the chunks that hold their earlier tokens. A
 // kvc.save becomes a save plan: each stored object is gathered, transformed
-// and quantized on the device, copied to the host, compressed and stored.
+// and quantized on the device, copied to the host, compressed and stored. A
+// kvc.transfer becomes two plans, one per node: the sender's, a save plan
+// whose objects are sent instead of stored, and the receiver's, a restore
+// plan whose objects are received instead of fetched.
 //
 //===----------------------------------------------------------------------===//
 
@@ -50,15 +53,27 @@ public:
   }
 
   /// The steps of planning::saveSteps: `box` of `form` gathered on the
-  /// device, encoded with `codec` and stored to `tier`.
+  /// device, encoded with `codec` and stored to tier `sink`, or sent to node
+  /// `sink` (`to`: send).
   void save(Form form, const ::kvc::CodecSpec &codec, const planning::Box &box,
-            StringRef tier) {
+            StringRef sink, ::kvc::StepKind to = ::kvc::StepKind::Store) {
     emit(
-        planning::saveSteps(toVocabulary(form), codec), box,
+        planning::saveSteps(toVocabulary(form), codec, to), box,
         [&](RangeAttr, RangeAttr, ChunkType type) {
           return b.create<GatherOp>(loc, type);
         },
-        tier);
+        sink);
+  }
+
+  /// A transfer's receiving end of `box`: KV encoded with `codec` received
+  /// from node `from`, decoded and scattered into the cache.
+  void receive(const ::kvc::CodecSpec &codec, const planning::Box &box,
+               StringRef from) {
+    emit(planning::restoreSteps(toVocabulary(Form::kv), codec,
+                                /*toCache=*/true, ::kvc::StepKind::Recv),
+         box, [&](RangeAttr, RangeAttr, ChunkType type) {
+           return b.create<RecvOp>(loc, type, from);
+         });
   }
 
   Value compute(const planning::Box &box, Value hidden, ValueRange prefix) {
@@ -74,11 +89,11 @@ public:
 
 private:
   /// Emits `steps` over `box`, the first through `source` (the op that
-  /// brings the chunk in: a fetch or a gather); a store writes to `tier`.
-  /// Returns the last value produced.
+  /// brings the chunk in: a fetch, a gather or a recv); a store writes to
+  /// tier `sink`, a send to node `sink`. Returns the last value produced.
   template <typename SourceFn>
   Value emit(ArrayRef<planning::PipelineStep> steps, const planning::Box &box,
-             SourceFn source, StringRef tier = "") {
+             SourceFn source, StringRef sink = "") {
     MLIRContext *ctx = b.getContext();
     RangeAttr tokens = RangeAttr::get(ctx, box.t0, box.t1);
     RangeAttr layers = RangeAttr::get(ctx, box.l0, box.l1);
@@ -91,6 +106,7 @@ private:
       switch (step.kind) {
       case ::kvc::StepKind::Fetch:
       case ::kvc::StepKind::Gather:
+      case ::kvc::StepKind::Recv:
         value = source(tokens, layers, type);
         break;
       case ::kvc::StepKind::Decompress:
@@ -124,10 +140,13 @@ private:
         value = b.create<CompressOp>(loc, type, value);
         break;
       case ::kvc::StepKind::Store:
-        b.create<StoreOp>(loc, value, tier);
+        b.create<StoreOp>(loc, value, sink);
+        break;
+      case ::kvc::StepKind::Send:
+        b.create<SendOp>(loc, value, sink);
         break;
       default:
-        llvm_unreachable("not a step of a restore or save");
+        llvm_unreachable("not a step of a restore, save or transfer");
       }
     }
     return value;
@@ -143,7 +162,7 @@ struct KVCExpandPass
   using Base::Base;
 
   void runOnOperation() override {
-    if (failed(expandSaves()))
+    if (failed(expandIntents()))
       return signalPassFailure();
     if (failed(forEachPlan(
             getOperation(), getArgument(), codecProfile, chunkTokens,
@@ -154,43 +173,90 @@ struct KVCExpandPass
       signalPassFailure();
   }
 
-  /// Replaces every kvc.save with a save plan: per object of its layout
-  /// (token chunk x layer group, in token then layer order) and form, the
-  /// save steps.
-  LogicalResult expandSaves() {
+  /// Replaces every kvc.save with a save plan and every kvc.transfer with
+  /// its sender's and receiver's plans.
+  LogicalResult expandIntents() {
     SmallVector<SaveOp> saves(getOperation().getOps<SaveOp>());
-    if (saves.empty())
+    SmallVector<TransferOp> transfers(getOperation().getOps<TransferOp>());
+    if (saves.empty() && transfers.empty())
       return success();
     FailureOr<PlanningContext> context = getPlanningContext(
         getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
     if (failed(context))
       return failure();
-    for (SaveOp save : saves) {
-      OpBuilder builder(save);
-      RangeAttr tokens = save.getTokens();
-      auto plan = builder.create<PlanOp>(
-          save.getLoc(), save.getSymName(), tokens,
-          RangeAttr::get(builder.getContext(), 0, context->layers),
-          builder.getStringAttr("save"), IntegerAttr());
-      OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().emplaceBlock());
-      ChunkEmitter emit(body, save.getLoc(), context->elementType);
-      ::kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
-      const int64_t step = save.getObjectTokens(),
-                    group = save.getObjectLayers();
-      for (int64_t t0 = tokens.getBegin(); t0 < tokens.getEnd(); t0 += step)
-        for (int64_t l0 = 0; l0 < context->layers; l0 += group)
-          for (auto [wanted, form] :
-               {std::pair{save.getKv(), Form::kv},
-                std::pair{save.getHidden(), Form::hidden}})
-            if (wanted)
-              emit.save(form, codec,
-                        planning::Box{t0, std::min(tokens.getEnd(), t0 + step),
-                                      l0,
-                                      std::min(context->layers, l0 + group)},
-                        save.getTier());
-      save.erase();
-    }
+    for (SaveOp save : saves)
+      expandSave(save, *context);
+    for (TransferOp transfer : transfers)
+      expandTransfer(transfer, *context);
     return success();
+  }
+
+  /// The objects of a layout of `step` tokens x `group` layers over
+  /// `tokens` x every layer, in token then layer order.
+  static SmallVector<planning::Box> objects(RangeAttr tokens, int64_t layers,
+                                            int64_t step, int64_t group) {
+    SmallVector<planning::Box> boxes;
+    for (int64_t t0 = tokens.getBegin(); t0 < tokens.getEnd(); t0 += step)
+      for (int64_t l0 = 0; l0 < layers; l0 += group)
+        boxes.push_back({t0, std::min(tokens.getEnd(), t0 + step), l0,
+                         std::min(layers, l0 + group)});
+    return boxes;
+  }
+
+  /// An empty plan over `tokens` x every layer, placed before `intent`.
+  static PlanOp createPlan(Operation *intent, StringRef name, RangeAttr tokens,
+                           const PlanningContext &context, StringRef strategy) {
+    OpBuilder builder(intent);
+    auto plan = builder.create<PlanOp>(
+        intent->getLoc(), name, tokens,
+        RangeAttr::get(builder.getContext(), 0, context.layers),
+        builder.getStringAttr(strategy), IntegerAttr());
+    plan.getBody().emplaceBlock();
+    return plan;
+  }
+
+  /// A kvc.save's plan: per object of its layout and form, the save steps.
+  static void expandSave(SaveOp save, const PlanningContext &context) {
+    PlanOp plan =
+        createPlan(save, save.getSymName(), save.getTokens(), context, "save");
+    OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().front());
+    ChunkEmitter emit(body, save.getLoc(), context.elementType);
+    ::kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
+    for (const planning::Box &box :
+         objects(save.getTokens(), context.layers, save.getObjectTokens(),
+                 save.getObjectLayers()))
+      for (auto [wanted, form] : {std::pair{save.getKv(), Form::kv},
+                                  std::pair{save.getHidden(), Form::hidden}})
+        if (wanted)
+          emit.save(form, codec, box, save.getTier());
+    save.erase();
+  }
+
+  /// A kvc.transfer's two plans over the same objects: `<name>_send`, per
+  /// object the save steps ending in a send, and `<name>_recv`, per object
+  /// a recv, the restore steps and a scatter.
+  static void expandTransfer(TransferOp transfer,
+                             const PlanningContext &context) {
+    ::kvc::CodecSpec codec = getCodecSpec(transfer.getCodecAttr());
+    SmallVector<planning::Box> boxes =
+        objects(transfer.getTokens(), context.layers,
+                transfer.getObjectTokens(), transfer.getObjectLayers());
+    for (bool sender : {true, false}) {
+      PlanOp plan = createPlan(
+          transfer,
+          (transfer.getSymName() + (sender ? "_send" : "_recv")).str(),
+          transfer.getTokens(), context, sender ? "send" : "receive");
+      OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().front());
+      ChunkEmitter emit(body, transfer.getLoc(), context.elementType);
+      for (const planning::Box &box : boxes) {
+        if (sender)
+          emit.save(Form::kv, codec, box, transfer.getNode(),
+                    ::kvc::StepKind::Send);
+        else
+          emit.receive(codec, box, transfer.getSenderNode());
+      }
+    }
+    transfer.erase();
   }
 
   LogicalResult expand(PlanOp plan, const PlanningContext &context) {

@@ -108,3 +108,45 @@ kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
 kvc.save @save tokens 0 to 300 kv hidden to "ssd"
     codec <transform = hadamard, quant = int4, lossless = zstd> {layer_group = 2 : i64}
 kvc.save @raw tokens 0 to 256 kv to "ssd"
+
+// -----
+
+// Tests that a kvc.transfer becomes two plans over the same objects (256
+// tokens x 2 layers, the last chunk partial): the sender's gathers,
+// quantizes on the device, copies to the host, compresses and sends each to
+// the receiving node; the receiver's receives each from the sending node,
+// decompresses it on the host, copies it to the device still quantized,
+// dequantizes and scatters it.
+// CHECK-LABEL: kvc.plan @req_send tokens 0 to 300 layers 0 to 4 strategy "send" {
+// CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
+// CHECK-NEXT:    %[[Q:.+]] = kvc.quant %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <quant = int8>>
+// CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[Q]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <quant = int8>>
+// CHECK-NEXT:    %[[Z:.+]] = kvc.compress %[[H]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <quant = int8, lossless = zstd>>
+// CHECK-NEXT:    kvc.send %[[Z]] to "decode-0"
+// CHECK:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4, device>
+// CHECK:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2, device>
+// CHECK:         %[[LAST:.+]] = kvc.compress {{.*}} -> !kvc.chunk<kv x f16, tokens 256 to 300, layers 2 to 4, host, codec <quant = int8, lossless = zstd>>
+// CHECK-NEXT:    kvc.send %[[LAST]] to "decode-0"
+// CHECK-NEXT:  }
+// CHECK-LABEL: kvc.plan @req_recv tokens 0 to 300 layers 0 to 4 strategy "receive" {
+// CHECK-NEXT:    %[[R:.+]] = kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <quant = int8, lossless = zstd>>
+// CHECK-NEXT:    %[[D:.+]] = kvc.decompress %[[R]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <quant = int8>>
+// CHECK-NEXT:    %[[V:.+]] = kvc.transfer_to_device %[[D]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <quant = int8>>
+// CHECK-NEXT:    %[[X:.+]] = kvc.dequant %[[V]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
+// CHECK-NEXT:    kvc.scatter %[[X]]
+// CHECK:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 256 to 300, layers 2 to 4, host, codec <quant = int8, lossless = zstd>>
+// CHECK:       }
+// CHECK-LABEL: kvc.plan @raw_send tokens 0 to 256 layers 0 to 4 strategy "send" {
+// CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+// CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+// CHECK-NEXT:    kvc.send %[[H]] to "decode-1"
+// CHECK-NEXT:  }
+// CHECK-LABEL: kvc.plan @raw_recv tokens 0 to 256 layers 0 to 4 strategy "receive" {
+// CHECK-NEXT:    %[[R:.+]] = kvc.recv from "prefill" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+// CHECK-NEXT:    %[[V:.+]] = kvc.transfer_to_device %[[R]]
+// CHECK-NEXT:    kvc.scatter %[[V]]
+// CHECK-NEXT:  }
+// CHECK-NOT:   kvc.transfer @
+kvc.transfer @req tokens 0 to 300 from "prefill-0" to "decode-0"
+    codec <quant = int8, lossless = zstd> {layer_group = 2 : i64}
+kvc.transfer @raw tokens 0 to 256 to "decode-1"

@@ -48,19 +48,22 @@ struct PipelineStep {
 };
 
 /// The steps that bring data stored as `form` with `codec` to raw data of
-/// its form on the device: fetch, decompress on the host (a codec with a
-/// lossless stage), transfer_to_device (still quantized), dequant and
-/// untransform on the device (a codec with those stages). With `toCache`
-/// the journey goes on into the cache: project (hidden states), scatter.
+/// its form on the device: fetch (or, for a transfer's receiver, recv:
+/// `from`), decompress on the host (a codec with a lossless stage),
+/// transfer_to_device (still quantized), dequant and untransform on the
+/// device (a codec with those stages). With `toCache` the journey goes on
+/// into the cache: project (hidden states), scatter.
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
-                                       bool toCache);
+                                       bool toCache,
+                                       StepKind from = StepKind::Fetch);
 
 /// The steps that save a chunk of `form` encoded with `codec` (the inverse
 /// journey): gather from the cache (KV) or the prefill's snapshot (hidden
 /// states) on the device, transform and quant there, transfer_to_host
 /// (already quantized), compress on the host (a codec with a lossless
-/// stage), store.
-std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec);
+/// stage), store (or, for a transfer's sender, send: `to`).
+std::vector<PipelineStep> saveSteps(Form form, const CodecSpec &codec,
+                                    StepKind to = StepKind::Store);
 
 /// A computed chunk: chunk_compute, then scatter into the cache.
 std::vector<PipelineStep> computeSteps();

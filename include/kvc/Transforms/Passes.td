@@ -234,7 +234,7 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
 }
 
 def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
-  let summary = "Expands plan segments and saves into per-chunk dataflow";
+  let summary = "Expands plan segments, saves and transfers into per-chunk dataflow";
   let description = [{
     A `kvc.save` becomes a save plan of the same name with strategy "save":
     per stored object (a chunk of its `chunk_tokens` x a group of its
@@ -263,6 +263,34 @@ def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
           -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = int8, lossless = zstd>>
       kvc.store %3 to "ssd"
           : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = int8, lossless = zstd>>
+    }
+    ```
+
+    A `kvc.transfer @t` becomes two plans over the same objects, one per
+    node: `@t_send` (strategy "send"), the save steps with each object sent
+    to node `to` instead of stored, and `@t_recv` (strategy "receive"), each
+    object received from node `from`, decompressed on the host, copied to
+    the device still quantized, dequantized, untransformed and scattered.
+
+    Before:
+    ```mlir
+    kvc.transfer @t tokens 0 to 256 from "prefill-0" to "decode-0"
+    ```
+    After (a raw transfer of one 4-layer object):
+    ```mlir
+    kvc.plan @t_send tokens 0 to 256 layers 0 to 4 strategy "send" {
+      %0 = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+      %1 = kvc.transfer_to_host %0
+          : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+          -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+      kvc.send %1 to "decode-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+    }
+    kvc.plan @t_recv tokens 0 to 256 layers 0 to 4 strategy "receive" {
+      %0 = kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+      %1 = kvc.transfer_to_device %0
+          : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
+          -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
+      kvc.scatter %1 : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
     }
     ```
 

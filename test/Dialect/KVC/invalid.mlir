@@ -286,6 +286,16 @@ kvc.save @s tokens 0 to 16 kv to "ssd" {layer_group = 0 : i64}
 // expected-error @+1 {{'kvc.transfer' op needs a destination node}}
 kvc.transfer @t tokens 0 to 16 to ""
 
+// -----
+
+// expected-error @+1 {{'kvc.transfer' op needs a sending node when it names one}}
+kvc.transfer @t tokens 0 to 16 from "" to "decode-0"
+
+// -----
+
+// expected-error @+1 {{'kvc.transfer' op chunk_tokens and layer_group must be positive, got 0 and 4}}
+kvc.transfer @t tokens 0 to 16 to "decode-0" {chunk_tokens = 0 : i64}
+
 //===----------------------------------------------------------------------===//
 // Plans and segments
 //===----------------------------------------------------------------------===//
@@ -309,6 +319,18 @@ kvc.plan @p tokens 0 to 256 layers 0 to 2 {
 
 // expected-error @+1 {{'kvc.plan' op 'p' scatters leave tokens 0 to 16 of layers 0 to 2 uncovered}}
 kvc.plan @p tokens 0 to 16 layers 0 to 2 {
+}
+
+// -----
+
+// A transfer's sender: its sends must tile it.
+// expected-error @+1 {{'kvc.plan' op 'p' kv sends leave tokens 8 to 16 of layers 0 to 2 uncovered}}
+kvc.plan @p tokens 0 to 16 layers 0 to 2 strategy "send" {
+  %k = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, device>
+  %kh = kvc.transfer_to_host %k
+      : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, host>
+  kvc.send %kh to "decode-0" : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, host>
 }
 
 // -----

@@ -30,6 +30,8 @@ kvc.save @hidden_only tokens 0 to 64 hidden to "dram"
 // CHECK: kvc.transfer @req tokens 0 to 2048 to "decode-0" codec <quant = int2, key_axis = token, value_axis = channel, group = 128> {slo_ms = 5.000000e+01 : f64}
 kvc.transfer @req tokens 0 to 2048 to "decode-0"
     codec <quant = int2, key_axis = token, value_axis = channel, group = 128> {slo_ms = 50.0}
+// CHECK: kvc.transfer @pd tokens 0 to 512 from "prefill-0" to "decode-1" {layer_group = 1 : i64}
+kvc.transfer @pd tokens 0 to 512 from "prefill-0" to "decode-1" {layer_group = 1 : i64}
 
 // Strategy level.
 

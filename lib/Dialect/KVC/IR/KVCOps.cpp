@@ -180,14 +180,21 @@ LogicalResult RestoreOp::verify() {
   return success();
 }
 
+/// The objects of a save or transfer have tokens and layers.
+template <typename OpTy> static LogicalResult verifyObjectLayout(OpTy op) {
+  if (op.getObjectTokens() <= 0 || op.getObjectLayers() <= 0)
+    return op.emitOpError("chunk_tokens and layer_group must be positive, got ")
+           << op.getObjectTokens() << " and " << op.getObjectLayers();
+  return success();
+}
+
 LogicalResult SaveOp::verify() {
   if (failed(verifyTokensAndLayers(*this, getTokens(), {})))
     return failure();
   if (!getKv() && !getHidden())
     return emitOpError("saves nothing: name kv, hidden or both");
-  if (getObjectTokens() <= 0 || getObjectLayers() <= 0)
-    return emitOpError("chunk_tokens and layer_group must be positive, got ")
-           << getObjectTokens() << " and " << getObjectLayers();
+  if (failed(verifyObjectLayout(*this)))
+    return failure();
   return verifyTier(*this, getTier());
 }
 
@@ -196,7 +203,9 @@ LogicalResult TransferOp::verify() {
     return failure();
   if (getNode().empty())
     return emitOpError("needs a destination node");
-  return success();
+  if (getSenderNode().empty())
+    return emitOpError("needs a sending node when it names one");
+  return verifyObjectLayout(*this);
 }
 
 //===----------------------------------------------------------------------===//
@@ -239,8 +248,8 @@ LogicalResult PlanOp::verifyRegions() {
     return failure();
 
   // A plan is checked at its level: segments if it has any, else the chunks
-  // its scatters write (dataflow and exec levels), else, for a save plan,
-  // the chunks each form's stores write.
+  // its scatters write (dataflow and exec levels), else, for a save plan or
+  // a transfer's sender, the chunks each form's stores or sends write.
   SmallVector<Tile> blocks;
   SmallVector<Operation *> owners;
   for (SegmentOp segment : getBody().getOps<SegmentOp>()) {
@@ -256,26 +265,35 @@ LogicalResult PlanOp::verifyRegions() {
   });
   if (!blocks.empty())
     return verifyTiling(*this, blocks, owners, "scatters");
-  bool stores = false;
-  for (Form form : {Form::kv, Form::hidden}) {
-    blocks.clear();
-    owners.clear();
-    getBody().walk([&](StoreOp store) {
-      auto chunk = cast<ChunkType>(store.getInput().getType());
-      if (chunk.getForm() != form)
-        return;
-      blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));
-      owners.push_back(store);
-    });
-    stores |= !blocks.empty();
-    if (!blocks.empty() &&
-        failed(verifyTiling(*this, blocks, owners,
-                            (stringifyForm(form) + " stores").str())))
-      return failure();
-  }
-  // Neither segments, scatters nor stores: the scatters' (empty) tiling
-  // names the gap.
-  if (!stores)
+  // A save plan's stores, or a transfer sender's sends, tile it form by
+  // form.
+  bool writes = false;
+  auto tileWrites = [&](auto opTag, StringRef what) -> LogicalResult {
+    using OpTy = decltype(opTag);
+    for (Form form : {Form::kv, Form::hidden}) {
+      blocks.clear();
+      owners.clear();
+      getBody().walk([&](OpTy op) {
+        auto chunk = cast<ChunkType>(op.getInput().getType());
+        if (chunk.getForm() != form)
+          return;
+        blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));
+        owners.push_back(op);
+      });
+      writes |= !blocks.empty();
+      if (!blocks.empty() &&
+          failed(verifyTiling(*this, blocks, owners,
+                              (stringifyForm(form) + " " + what).str())))
+        return failure();
+    }
+    return success();
+  };
+  if (failed(tileWrites(StoreOp(), "stores")) ||
+      failed(tileWrites(SendOp(), "sends")))
+    return failure();
+  // Neither segments, scatters, stores nor sends: the scatters' (empty)
+  // tiling names the gap.
+  if (!writes)
     return verifyTiling(*this, blocks, owners, "scatters");
   return success();
 }

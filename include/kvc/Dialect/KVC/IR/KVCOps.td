@@ -70,6 +70,13 @@ def KVC_RestoreOp : KVC_IntentOp<"restore"> {
   }];
 }
 
+/// The layout of the objects a save writes or a transfer sends: tokens and
+/// layers per object (kvc-run's `--chunk-tokens` and `--layer-group`).
+defvar objectLayoutDecl = [{
+  int64_t getObjectTokens() { return getChunkTokens().value_or(256); }
+  int64_t getObjectLayers() { return getLayerGroup().value_or(4); }
+}];
+
 def KVC_SaveOp : KVC_IntentOp<"save"> {
   let summary = "Saves a context's KV and/or hidden states to a tier";
   let description = [{
@@ -91,11 +98,7 @@ def KVC_SaveOp : KVC_IntentOp<"save"> {
                        OptionalAttr<F64Attr>:$max_error,
                        OptionalAttr<I64Attr>:$chunk_tokens,
                        OptionalAttr<I64Attr>:$layer_group);
-  let extraClassDeclaration = [{
-    /// The store layout: tokens and layers per object.
-    int64_t getObjectTokens() { return getChunkTokens().value_or(256); }
-    int64_t getObjectLayers() { return getLayerGroup().value_or(4); }
-  }];
+  let extraClassDeclaration = objectLayoutDecl;
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) (`kv` $kv^)? (`hidden` $hidden^)?
     `to` $tier (`codec` $codec^)? attr-dict
@@ -105,22 +108,33 @@ def KVC_SaveOp : KVC_IntentOp<"save"> {
 def KVC_TransferOp : KVC_IntentOp<"transfer"> {
   let summary = "Moves a request's KV from a prefill node to a decode node";
   let description = [{
-    Disaggregated serving: the KV of `tokens` goes over the host NIC to
-    node `to`, encoded with `codec` (chosen by `kvc-select-codec` under the
-    `slo_ms` and `max_error` budgets when absent).
+    Disaggregated serving: node `from` (default "prefill") prefills `tokens`
+    and sends their KV over the network to node `to`, encoded with `codec`
+    (chosen by `kvc-select-codec` under the `slo_ms` and `max_error`
+    budgets when absent; raw data when it stays absent), in objects of
+    `chunk_tokens` tokens (default 256) x `layer_group` layers (default 4),
+    the layout of a store's objects. `kvc-expand` makes it two plans:
+    `<name>_send` for the sender, `<name>_recv` for the receiver.
 
     ```mlir
-    kvc.transfer @req tokens 0 to 2048 to "decode-0"
+    kvc.transfer @req tokens 0 to 2048 from "prefill-0" to "decode-0"
         {slo_ms = 50.0 : f64, max_error = 0.02 : f64}
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
+                       OptionalAttr<StrAttr>:$from_node,
                        StrAttr:$node, OptionalAttr<KVC_CodecAttr>:$codec,
                        OptionalAttr<F64Attr>:$slo_ms,
-                       OptionalAttr<F64Attr>:$max_error);
+                       OptionalAttr<F64Attr>:$max_error,
+                       OptionalAttr<I64Attr>:$chunk_tokens,
+                       OptionalAttr<I64Attr>:$layer_group);
+  let extraClassDeclaration = objectLayoutDecl # [{
+    /// The node that prefills and sends.
+    StringRef getSenderNode() { return getFromNode().value_or("prefill"); }
+  }];
   let assemblyFormat = [{
-    $sym_name `tokens` custom<Range>($tokens) `to` $node (`codec` $codec^)?
-    attr-dict
+    $sym_name `tokens` custom<Range>($tokens) (`from` $from_node^)? `to` $node
+    (`codec` $codec^)? attr-dict
   }];
 }
 
@@ -137,7 +151,7 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     segments (or the scattered chunks) must tile the plan exactly: no
     overlap and no gap. A save plan (what `kvc-expand` makes of a
     `kvc.save`) scatters nothing: the chunks its `kvc.store`s write must
-    tile it, form by form. Planning passes record the `strategy` that chose
+    tile it, form by form; so must a transfer sender's `kvc.send`s. Planning passes record the `strategy` that chose
     the plan and `kvc-estimate` its simulated time in microseconds.
 
     ```mlir

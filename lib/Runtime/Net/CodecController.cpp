@@ -85,28 +85,30 @@ CodecSpec CodecController::choose(const ChunkObjects &objects,
         ->codec;
   const double rawBytes =
       double(objects.shape(ref).numel() * dtypeBytes(objects.model().dtype));
-  // Each candidate priced once, cheapest first.
-  std::vector<std::pair<double, const Estimate *>> ranked;
-  for (const Estimate &e : estimates_)
-    ranked.push_back({chunkSecondsLocked(e, rawBytes), &e});
-  std::stable_sort(
-      ranked.begin(), ranked.end(),
-      [](const auto &a, const auto &b) { return a.first < b.first; });
+  // Each candidate priced once (in the caller's order, most accurate
+  // first), and ranked cheapest first.
+  std::vector<double> price;
+  std::vector<size_t> ranked;
+  for (const Estimate &e : estimates_) {
+    ranked.push_back(price.size());
+    price.push_back(chunkSecondsLocked(e, rawBytes));
+  }
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [&](size_t a, size_t b) { return price[a] < price[b]; });
   if (options_.sloSeconds) {
     // The most accurate candidate whose remaining chunks still make it.
     const double left =
         double(std::max<int64_t>(options_.chunks - chunksSent_, 1));
-    for (const Estimate &e : estimates_)
-      if (secondsSent_ + left * chunkSecondsLocked(e, rawBytes) <=
-          *options_.sloSeconds)
-        return e.codec;
-    return ranked.front().second->codec;
+    for (size_t i = 0; i < estimates_.size(); ++i)
+      if (secondsSent_ + left * price[i] <= *options_.sloSeconds)
+        return estimates_[i].codec;
+    return estimates_[ranked.front()].codec;
   }
   if (ranked.size() > 1 &&
-      ranked[1].first <= ranked[0].first * (1 + options_.exploreMargin) &&
-      !sentSizeLocked(rawBytes / ranked[1].second->ratio))
-    return ranked[1].second->codec;
-  return ranked.front().second->codec;
+      price[ranked[1]] <= price[ranked[0]] * (1 + options_.exploreMargin) &&
+      !sentSizeLocked(rawBytes / estimates_[ranked[1]].ratio))
+    return estimates_[ranked[1]].codec;
+  return estimates_[ranked.front()].codec;
 }
 
 bool CodecController::sentSizeLocked(double bytes) const {

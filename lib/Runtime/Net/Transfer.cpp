@@ -261,6 +261,10 @@ template <typename Box> std::string describeBox(const Box &ref) {
          std::to_string(ref.layerBegin) + " to " + std::to_string(ref.layerEnd);
 }
 
+ChunkBox boxOf(const ChunkRef &ref) {
+  return {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd};
+}
+
 /// receiveContext, but for its progress's reset and finish.
 StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
                                        const RestoreTarget &target,
@@ -301,8 +305,7 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       while (queue.pop(arrival)) {
         const ChunkRef &ref = arrival.ref;
         values.resize(objects.shape(ref).numel());
-        ChunkBox box{ref.tokenBegin, ref.tokenEnd, ref.layerBegin,
-                     ref.layerEnd};
+        const ChunkBox box = boxOf(ref);
         Status status = objects.decode(ref, arrival.object(), values.data());
         if (status.isOk())
           status = backend.upload(values, /*consume=*/true, *device);
@@ -357,13 +360,8 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       metrics.rejected.push_back(header.status().toString());
       continue; // Its chunk stays missing: recomputed.
     }
-    // Objects come in token then layer order (ChunkObjects::refs).
     const ChunkHeader &h = *header;
-    const StoreLayout &l = objects.layout();
-    const int64_t groups =
-        (local.model().numLayers + l.layerGroup - 1) / l.layerGroup;
-    const int64_t position = h.tokenBegin / l.chunkTokens * groups +
-                             int64_t(h.layerBegin) / l.layerGroup;
+    const int64_t position = objects.position(h.tokenBegin, h.layerBegin);
     const ChunkRef *match = position >= 0 && position < int64_t(expected.size())
                                 ? &expected[size_t(position)]
                                 : nullptr;
@@ -407,7 +405,7 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       session =
           backend.prefill(*target.model, tokens, *target.cache, *target.table);
     const ChunkRef &ref = expected[i];
-    ChunkBox box{ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd};
+    const ChunkBox box = boxOf(ref);
     KVC_RETURN_IF_ERROR(session->compute(box));
     if (progress)
       progress->add(box.layerBegin, box.layerEnd, box.tokens());

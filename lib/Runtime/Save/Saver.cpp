@@ -77,9 +77,8 @@ StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
     }
   if (!codec)
     return refuse("stores nothing");
-  const int64_t perForm =
-      (tokens + layout.chunkTokens - 1) / layout.chunkTokens *
-      ((layers + layout.layerGroup - 1) / layout.layerGroup);
+  const int64_t perForm = (tokens + layout.chunkTokens - 1) /
+                          layout.chunkTokens * layout.layerGroups(layers);
   if (int64_t(objects.size()) != perForm * int64_t(forms.size()))
     return refuse("stores " + std::to_string(objects.size()) + " objects of " +
                   std::to_string(perForm * int64_t(forms.size())) +

@@ -24,6 +24,10 @@ namespace kvc {
 struct StoreLayout {
   int64_t chunkTokens = 256; ///< Tokens per prefix chunk.
   int64_t layerGroup = 4;    ///< Layers per stored object (layer-major).
+  /// The objects of one token chunk of a model of `layers` layers.
+  int64_t layerGroups(int64_t layers) const {
+    return (layers + layerGroup - 1) / layerGroup;
+  }
 };
 
 /// One stored object: a form over a token chunk and a layer group, in one
@@ -66,6 +70,13 @@ public:
   /// layer order.
   std::vector<ChunkRef> refs(const int32_t *tokens, int64_t count, Form form,
                              const CodecSpec &codec) const;
+  /// The index in refs() of the object whose tokens start at `tokenBegin`
+  /// and layers at `layerBegin` (a chunk's and a group's first).
+  int64_t position(int64_t tokenBegin, int64_t layerBegin) const {
+    return tokenBegin / layout_.chunkTokens *
+               layout_.layerGroups(model_.numLayers) +
+           layerBegin / layout_.layerGroup;
+  }
 
   ChunkShape shape(const ChunkRef &ref) const;
 

@@ -3,6 +3,7 @@
 #include "kvc/Host/Session.h"
 
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Save/Saver.h"
 
 #include <algorithm>
 
@@ -115,16 +116,23 @@ saveFromCache(Backend &backend, const PagedKVCache &cache,
   SaveFromCacheStats stats;
   Clock::time_point start = Clock::now();
   std::vector<float> values;
+  SaveJournal journal;
   for (const ChunkRef &ref : store.refs(tokens.data(), n, Form::KV, codec)) {
     const int64_t rows = ref.tokenEnd - ref.tokenBegin;
     values.resize((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim);
-    for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
+    Status saved;
+    for (int64_t l = ref.layerBegin; l < ref.layerEnd && saved.isOk(); ++l) {
       float *k = values.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
-      KVC_RETURN_IF_ERROR(backend.readBack(cache, table, l, ref.tokenBegin,
-                                           rows, k, k + rows * kvDim));
+      saved = backend.readBack(cache, table, l, ref.tokenBegin, rows, k,
+                               k + rows * kvDim);
     }
     bool written = false;
-    KVC_RETURN_IF_ERROR(store.put(ref, values.data(), &written));
+    if (saved.isOk())
+      saved = store.put(ref, values.data(), &written);
+    if (!saved.isOk())
+      return journal.rollback(saved);
+    if (written)
+      journal.wrote(store, ref);
     ++(written ? stats.written : stats.skipped);
   }
   stats.seconds = secondsSince(start);

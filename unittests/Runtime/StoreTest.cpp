@@ -9,9 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <netinet/in.h>
 #include <random>
 #include <sys/socket.h>
@@ -335,8 +337,28 @@ TEST(Tiers, BadURLsAndUnreachableServers) {
   ASSERT_FALSE(absent.isOk());
   EXPECT_EQ(absent.status().code(), StatusCode::NotFound);
   EXPECT_FALSE(std::filesystem::exists(missing));
-  ASSERT_TRUE(openTier("file://" + missing, TierAccess::Create).isOk());
-  EXPECT_TRUE(openTier("file://" + missing, TierAccess::Existing).isOk());
+  // Saving creates it with its first object: a save that writes nothing
+  // leaves no empty store behind.
+  StatusOr<std::unique_ptr<Tier>> created =
+      openTier("file://" + missing + "/store", TierAccess::Create);
+  ASSERT_TRUE(created.isOk()) << created.status().toString();
+  EXPECT_FALSE(std::filesystem::exists(missing));
+  ASSERT_TRUE((*created)->put("a/b/object", "bytes").isOk());
+  EXPECT_TRUE(
+      openTier("file://" + missing + "/store", TierAccess::Existing).isOk());
+  // Removing an object removes the directories it leaves empty, not the
+  // store's own.
+  ASSERT_TRUE((*created)->remove("a/b/object").isOk());
+  EXPECT_FALSE(std::filesystem::exists(missing + "/store/a"));
+  EXPECT_TRUE(std::filesystem::is_directory(missing + "/store"));
+  // A store under a file cannot be created, and says so when opened.
+  std::ofstream(missing + "/file") << "x";
+  StatusOr<std::unique_ptr<Tier>> underFile =
+      openTier("file://" + missing + "/file/store", TierAccess::Create);
+  ASSERT_FALSE(underFile.isOk());
+  EXPECT_NE(underFile.status().message().find("is no writable directory"),
+            std::string::npos)
+      << underFile.status().toString();
   std::filesystem::remove_all(missing);
   // Nothing listens on port 1.
   StatusOr<std::unique_ptr<Tier>> down = openTier("redis://127.0.0.1:1");
@@ -770,6 +792,52 @@ TEST(Saver, ReportsAnUnwritableStore) {
   ASSERT_FALSE(stats.isOk());
   EXPECT_NE(stats.status().message().find("exceeds the tier's capacity"),
             std::string::npos);
+}
+
+/// Fails every write after the first `allowed`, as a disk that fills up.
+class FillingTier : public ForwardingTier {
+public:
+  FillingTier(std::shared_ptr<Tier> inner, int allowed)
+      : ForwardingTier(std::move(inner)), allowed_(allowed) {}
+  Status put(const std::string &name, std::string_view bytes) override {
+    if (allowed_-- <= 0)
+      return chunkError(ChunkFault::Unavailable, name + ": the disk is full");
+    return ForwardingTier::put(name, bytes);
+  }
+
+private:
+  std::atomic<int> allowed_;
+};
+
+// A save that fails part-way takes back the objects it wrote; what the
+// store held before (another encoding, the same encoding's first chunk)
+// stays.
+TEST(Saver, AFailedSaveLeavesNothingBehind) {
+  Fixture f;
+  std::shared_ptr<Tier> mem = std::move(*openTier("mem://"));
+  ChunkStore before = f.store(mem);
+  SaveOptions int8;
+  int8.forms = {Form::KV};
+  int8.codec = *parseCodecSpec("int8");
+  ASSERT_TRUE(saveContext(*f.model, before, f.tokens, int8).isOk());
+  SaveOptions raw;
+  raw.forms = {Form::KV};
+  raw.writers = 1;
+  ASSERT_TRUE(saveContext(*f.model, before,
+                          std::vector<int32_t>(f.tokens.begin(),
+                                               f.tokens.begin() + 128),
+                          raw)
+                  .isOk());
+  std::vector<std::string> held = *mem->list("");
+  ASSERT_EQ(held.size(), 6u + 2u);
+
+  ChunkStore filling = f.store(std::make_shared<FillingTier>(mem, 2));
+  StatusOr<SaveStats> failed = saveContext(*f.model, filling, f.tokens, raw);
+  ASSERT_FALSE(failed.isOk());
+  EXPECT_NE(failed.status().message().find("the disk is full"),
+            std::string::npos)
+      << failed.status().toString();
+  EXPECT_EQ(*mem->list(""), held);
 }
 
 } // namespace

@@ -25,6 +25,35 @@ struct Job {
 
 } // namespace
 
+void SaveJournal::wrote(ChunkStore &store, const ChunkRef &ref) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  written_.emplace_back(&store, ref);
+}
+
+int64_t SaveJournal::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return int64_t(written_.size());
+}
+
+Status SaveJournal::rollback(const Status &failure) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::string kept;
+  int64_t keptCount = 0;
+  for (auto &[store, ref] : written_)
+    if (Status removed = store->remove(ref); !removed.isOk()) {
+      if (keptCount++ < 3)
+        kept += (kept.empty() ? "" : "; ") + removed.toString();
+    }
+  written_.clear();
+  if (keptCount == 0)
+    return failure;
+  return Status(failure.code(),
+                failure.message() + " (and " + std::to_string(keptCount) +
+                    " objects the save wrote could not be removed: " + kept +
+                    ")",
+                failure.detail());
+}
+
 StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                                      const ChunkStore &store, int64_t tokens,
                                      SaveOptions base) {
@@ -197,13 +226,19 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
                                 const std::vector<int32_t> &tokens,
                                 const SaveOptions &options) {
-  return streamContext(
+  SaveJournal journal;
+  StatusOr<SaveStats> stats = streamContext(
       model, store, tokens, options,
       [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
         bool written = false;
         KVC_RETURN_IF_ERROR(store.put(ref, values, &written));
+        if (written)
+          journal.wrote(store, ref);
         return written;
       });
+  if (!stats.isOk())
+    return journal.rollback(stats.status());
+  return stats;
 }
 
 } // namespace kvc

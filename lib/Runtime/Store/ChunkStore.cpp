@@ -102,23 +102,46 @@ bool ChunkObjects::holds(const ChunkRef &ref, std::string_view bytes) const {
   return unpacked.isOk() && checkChunk(unpacked->first, expected(ref)).isOk();
 }
 
-Status ChunkStore::put(const ChunkRef &ref, const float *values,
-                       bool *written) {
-  if (written)
-    *written = false;
-  // One read: every tier reports an absent object as ChunkFault::Missing;
-  // a corrupt one is written again.
+StatusOr<bool> ChunkStore::has(const ChunkRef &ref) {
+  // One read: every tier reports an absent object as ChunkFault::Missing.
   std::string bytes;
   Status read = tier_->get(ref.name(), bytes);
-  if (read.isOk() && holds(ref, bytes))
-    return Status::ok();
   if (!read.isOk() && chunkFault(read) != ChunkFault::Missing)
     return read;
-  KVC_ASSIGN_OR_RETURN(object, encode(ref, values));
-  KVC_RETURN_IF_ERROR(tier_->put(ref.name(), object));
+  return read.isOk() && holds(ref, bytes);
+}
+
+namespace {
+
+/// Writes the object `encodeFn()` makes unless `store` holds a readable one
+/// already (a corrupt one is written again).
+template <typename EncodeFn>
+Status putUnlessStored(ChunkStore &store, const ChunkRef &ref, bool *written,
+                       EncodeFn encodeFn) {
+  if (written)
+    *written = false;
+  KVC_ASSIGN_OR_RETURN(stored, store.has(ref));
+  if (stored)
+    return Status::ok();
+  KVC_ASSIGN_OR_RETURN(object, encodeFn());
+  KVC_RETURN_IF_ERROR(store.tier().put(ref.name(), object));
   if (written)
     *written = true;
   return Status::ok();
+}
+
+} // namespace
+
+Status ChunkStore::put(const ChunkRef &ref, const float *values,
+                       bool *written) {
+  return putUnlessStored(*this, ref, written,
+                         [&] { return encode(ref, values); });
+}
+
+Status ChunkStore::putEncoded(const ChunkRef &ref, std::string_view object,
+                              bool *written) {
+  return putUnlessStored(*this, ref, written,
+                         [&] { return StatusOr<std::string_view>(object); });
 }
 
 namespace {

@@ -191,11 +191,17 @@ public:
     return fs::exists(root_ / name, error);
   }
 
+  /// Also removes the directories the object leaves empty, up to the root.
   Status remove(const std::string &name) override {
     std::error_code error;
-    fs::remove(root_ / name, error);
+    fs::path path = root_ / name;
+    fs::remove(path, error);
     if (error)
-      return unavailable((root_ / name).string() + ": " + error.message());
+      return unavailable(path.string() + ": " + error.message());
+    for (path = path.parent_path(); path != root_ && fs::is_empty(path, error);
+         path = path.parent_path())
+      if (error || !fs::remove(path, error))
+        break;
     return Status::ok();
   }
 
@@ -343,9 +349,19 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
         return Status(StatusCode::NotFound,
                       url + ": no store at " + dir +
                           " (a file:// store is a directory a save created)");
-    } else if (fs::create_directories(dir, error); error) {
-      return chunkError(ChunkFault::Unavailable,
-                        url + ": cannot create " + dir + ": " + error.message());
+    } else {
+      // The directory is made by the first write, so a save refused before
+      // it writes leaves nothing behind; what must exist is a writable
+      // place to make it.
+      fs::path existing = fs::path(dir);
+      while (!fs::exists(existing, error) && existing.has_parent_path() &&
+             existing != existing.parent_path())
+        existing = existing.parent_path();
+      if (!fs::is_directory(existing, error) ||
+          ::access(existing.c_str(), W_OK | X_OK) != 0)
+        return chunkError(ChunkFault::Unavailable,
+                          url + ": cannot create " + dir + ": " +
+                              existing.string() + " is no writable directory");
     }
     tier = std::make_unique<FileTier>(url, fs::path(dir));
   } else if (base.rfind("redis://", 0) == 0) {

@@ -19,6 +19,7 @@
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <functional>
+#include <mutex>
 #include <vector>
 
 namespace kvc {
@@ -45,6 +46,22 @@ struct SaveStats {
   double stallSeconds = 0;   ///< Time the prefill waited for buffer room.
   int64_t written = 0, skipped = 0;
   size_t peakBufferedBytes = 0;
+};
+
+/// The objects one save wrote, so that a failed save takes them back: a
+/// store never keeps part of a failed save. Objects the save found stored
+/// stay, and no object is ever visible half-written (Tier::put). Thread-safe.
+class SaveJournal {
+public:
+  void wrote(ChunkStore &store, const ChunkRef &ref);
+  int64_t size() const;
+  /// Removes every object recorded and returns `failure`, naming the
+  /// objects that could not be removed.
+  Status rollback(const Status &failure);
+
+private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<ChunkStore *, ChunkRef>> written_;
 };
 
 /// The save a compiled save plan describes (kvc-save-pipeline): its forms
@@ -79,7 +96,8 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
                                   const SaveOptions &options,
                                   const ObjectSink &sink);
 
-/// Prefills `tokens` and saves the chosen forms to `store`.
+/// Prefills `tokens` and saves the chosen forms to `store`. A failed save
+/// removes the objects it wrote (SaveJournal).
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
                                 const std::vector<int32_t> &tokens,
                                 const SaveOptions &options);

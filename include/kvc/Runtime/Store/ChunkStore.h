@@ -134,6 +134,13 @@ public:
   /// writes them, unless a readable object of that encoding is stored
   /// already; `written` tells which. The chunk's other encodings stay.
   Status put(const ChunkRef &ref, const float *values, bool *written = nullptr);
+  /// The same for an object encode() made.
+  Status putEncoded(const ChunkRef &ref, std::string_view object,
+                    bool *written = nullptr);
+  /// Whether a readable object `ref` names is stored (a corrupt one is not).
+  StatusOr<bool> has(const ChunkRef &ref);
+  /// Removes the object `ref` names, if stored.
+  Status remove(const ChunkRef &ref) { return tier_->remove(ref.name()); }
 
   /// Reads, checks and decodes `ref` into `out`. Errors carry a ChunkFault.
   Status get(const ChunkRef &ref, float *out);

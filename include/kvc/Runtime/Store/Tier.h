@@ -39,6 +39,7 @@ public:
   virtual std::vector<Status> getMany(const std::vector<std::string> &names,
                                       std::vector<std::string> &buffers);
   virtual StatusOr<bool> exists(const std::string &name) = 0;
+  /// Removes `name`; removing an object that is not there is no error.
   virtual Status remove(const std::string &name) = 0;
   /// Names starting with `prefix`, sorted.
   virtual StatusOr<std::vector<std::string>> list(const std::string &prefix) = 0;
@@ -83,9 +84,10 @@ private:
   std::shared_ptr<Tier> inner_;
 };
 
-/// Whether opening a tier may create it: a save creates a file:// store's
-/// directory; reading from one that does not exist is an error (a mistyped
-/// path would otherwise read as a store that holds nothing).
+/// Whether opening a tier may create it: a save's first write creates a
+/// file:// store's directory (opening checks that it can); reading from one
+/// that does not exist is an error (a mistyped path would otherwise read as
+/// a store that holds nothing).
 enum class TierAccess { Create, Existing };
 
 /// Opens the tier a URL names.

@@ -104,7 +104,8 @@ Status serve(const std::string &targetPath, std::string modelDir) {
                                                   *store, prompt, CodecSpec()));
   std::printf("request A: prefilled %lld tokens, saved %lld objects in %.2f "
               "ms\n",
-              (long long)n, (long long)saved.written, saved.seconds * 1e3);
+              (long long)n, (long long)saved.written,
+              saved.makespanSeconds * 1e3);
 
   // 3. Request B: the same prompt. What does the store hold?
   KVC_ASSIGN_OR_RETURN(matches, host::matchPrefix(*store, prompt));

@@ -2,10 +2,8 @@
 
 #include "kvc/Host/Session.h"
 
-#include "kvc/Runtime/Base/Clock.h"
-#include "kvc/Runtime/Save/Saver.h"
-
 #include <algorithm>
+#include <thread>
 
 namespace kvc::host {
 
@@ -100,43 +98,66 @@ StatusOr<RestoreMetrics> RestoreHandle::wait() {
   return std::move(result_);
 }
 
-StatusOr<SaveFromCacheStats>
-saveFromCache(Backend &backend, const PagedKVCache &cache,
-              const BlockTable &table, ChunkStore &store,
-              const std::vector<int32_t> &tokens, const CodecSpec &codec) {
+StatusOr<SaveMetrics> saveFromCache(Backend &backend, const PagedKVCache &cache,
+                                    const BlockTable &table, ChunkStore &store,
+                                    const std::vector<int32_t> &tokens,
+                                    const CodecSpec &codec) {
+  BundlePlan plan =
+      savePlanFor(store, int64_t(tokens.size()), {Form::KV}, codec, "store");
+  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  SaveTarget target;
+  target.backend = &backend;
+  target.stores["store"] = &store;
+  target.tokens = &tokens;
+  target.cache = &cache;
+  target.table = &table;
+  return save(*pools, plan, target);
+}
+
+StatusOr<SaveMetrics>
+prefillAndSave(Backend &backend, const ModelCompute &model,
+               const std::vector<int32_t> &tokens, const BundlePlan &plan,
+               ChunkStore &store, int64_t chunkTokens,
+               const std::function<void(int64_t, int64_t)> &progress) {
+  if (chunkTokens <= 0)
+    return invalidArgument("prefillAndSave: chunks of " +
+                           std::to_string(chunkTokens) + " tokens");
   const int64_t n = int64_t(tokens.size());
-  const int64_t kvDim = cache.kvDim();
-  if (cache.kvDim() != store.model().numKvHeads * store.model().headDim ||
-      cache.config().layers != store.model().numLayers)
-    return invalidArgument("saveFromCache: the cache does not hold the "
-                           "store's model's KV");
-  if (table.capacity(cache.config().blockSize) < n)
-    return invalidArgument("saveFromCache: the block table holds fewer than " +
-                           std::to_string(n) + " tokens");
-  SaveFromCacheStats stats;
-  Clock::time_point start = Clock::now();
-  std::vector<float> values;
-  SaveJournal journal;
-  for (const ChunkRef &ref : store.refs(tokens.data(), n, Form::KV, codec)) {
-    const int64_t rows = ref.tokenEnd - ref.tokenBegin;
-    values.resize((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim);
-    Status saved;
-    for (int64_t l = ref.layerBegin; l < ref.layerEnd && saved.isOk(); ++l) {
-      float *k = values.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
-      saved = backend.readBack(cache, table, l, ref.tokenBegin, rows, k,
-                               k + rows * kvDim);
+  const int64_t layers = model.config().numLayers;
+  KVC_ASSIGN_OR_RETURN(into,
+                       destinationFor(backend, model, tokens, nullptr, {}));
+  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  SaveTarget target;
+  target.backend = &backend;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.kind == StepKind::Store)
+        target.stores[step.tier] = &store;
+  target.tokens = &tokens;
+  target.cache = into->cache.get();
+  target.table = &into->table;
+  LayerProgress filled;
+  filled.reset(layers, n);
+  target.filling = &filled;
+  StatusOr<SaveMetrics> saved = Status::ok();
+  std::thread saver([&] { saved = save(*pools, plan, target); });
+  std::unique_ptr<PrefillSession> session =
+      backend.prefill(model, tokens, *into->cache, into->table);
+  Status prefilled;
+  for (int64_t t = 0; t < n && prefilled.isOk(); t += chunkTokens) {
+    const int64_t end = std::min(n, t + chunkTokens);
+    prefilled = session->compute({t, end, 0, layers});
+    if (prefilled.isOk()) {
+      filled.add(0, layers, end - t);
+      if (progress)
+        progress(end, n);
     }
-    bool written = false;
-    if (saved.isOk())
-      saved = store.put(ref, values.data(), &written);
-    if (!saved.isOk())
-      return journal.rollback(saved);
-    if (written)
-      journal.wrote(store, ref);
-    ++(written ? stats.written : stats.skipped);
   }
-  stats.seconds = secondsSince(start);
-  return stats;
+  // A failed prefill fails the gathers still waiting, and so the save.
+  filled.finish(prefilled);
+  saver.join();
+  KVC_RETURN_IF_ERROR(prefilled);
+  return saved;
 }
 
 } // namespace kvc::host

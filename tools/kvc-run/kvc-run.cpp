@@ -28,6 +28,7 @@
 #include "ProfileCodecs.h"
 
 #include "kvc/Host/Calibrate.h"
+#include "kvc/Host/Session.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Llama2c.h"
@@ -82,6 +83,23 @@ Status importLlama2cCommand(Args &args) {
   return Status::ok();
 }
 
+/// A context saved with several codecs keeps each: says which.
+Status reportOtherEncodings(ChunkStore &store,
+                            const std::vector<int32_t> &tokens,
+                            const SaveOptions &saved) {
+  for (Form form : saved.forms) {
+    KVC_ASSIGN_OR_RETURN(
+        extents, store.stored(tokens.data(), int64_t(tokens.size()), form));
+    for (const StoredExtent &extent : extents)
+      if (extent.codec != saved.codec)
+        std::printf("the store also holds %s of tokens 0 to %lld with codec "
+                    "%s\n",
+                    name(form), (long long)extent.tokens,
+                    extent.codec.str().c_str());
+  }
+  return Status::ok();
+}
+
 Status save(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
@@ -122,6 +140,29 @@ Status save(Args &args) {
         planned,
         saveOptionsFor(*plan, *store, int64_t(tokens.size()), options));
     options = std::move(planned);
+    // The executor runs a plan that saves what a paged cache holds, beside
+    // a prefill into one; hidden states exist only inside the prefill, so a
+    // plan that saves them runs through the two-stage saver.
+    if (options.forms == std::vector<Form>{Form::KV}) {
+      KVC_RETURN_IF_ERROR(args.checkUnused());
+      KVC_ASSIGN_OR_RETURN(
+          metrics,
+          host::prefillAndSave(backend(), *model, tokens, *plan, *store,
+                               store->layout().chunkTokens, options.progress));
+      std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
+                  "objects written, %lld already stored; plan %s: snapshots "
+                  "done at %.3f s (they follow the prefill), total %.3f s",
+                  tokens.size(), model->fingerprint().c_str(),
+                  store->tier().url().c_str(), options.codec.str().c_str(),
+                  (long long)metrics.written, (long long)metrics.skipped,
+                  plan->name.c_str(), metrics.snapshotSeconds,
+                  metrics.makespanSeconds);
+      if (metrics.predictedSeconds)
+        std::printf(" (predicted %.3f s once prefilled)",
+                    *metrics.predictedSeconds);
+      std::printf("\n");
+      return reportOtherEncodings(*store, tokens, options);
+    }
   }
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));
@@ -133,18 +174,7 @@ Status save(Args &args) {
               (long long)stats.skipped, stats.prefillSeconds,
               stats.totalSeconds, stats.stallSeconds,
               double(stats.peakBufferedBytes) / (1 << 20));
-  // A context saved with several codecs keeps each: say which.
-  for (Form form : options.forms) {
-    KVC_ASSIGN_OR_RETURN(
-        extents, store->stored(tokens.data(), int64_t(tokens.size()), form));
-    for (const StoredExtent &extent : extents)
-      if (extent.codec != options.codec)
-        std::printf("the store also holds %s of tokens 0 to %lld with codec "
-                    "%s\n",
-                    name(form), (long long)extent.tokens,
-                    extent.codec.str().c_str());
-  }
-  return Status::ok();
+  return reportOtherEncodings(*store, tokens, options);
 }
 
 Status profileCodecs(Args &args) {

@@ -64,7 +64,6 @@ TEST_F(CudaBackendTest, LostAndCorruptChunksAreRecomputedExactly) {
   ASSERT_TRUE(tier_->remove(victim(*store_, tokens_)).isOk());
   expectExact({0, 0, 64}, /*expectedFallbacks=*/1);
   expectExact({0, 0, 64, /*slots=*/1}, 1);
-  const int64_t layers = model_->config().numLayers;
   expectExact({64, 2, 64, 0, /*computeLayers=*/1}, 1);
 
   useModel(DType::BF16);

@@ -1,6 +1,7 @@
 //===- StoreTest.cpp - Tiers, chunk checks and the save path --------------===//
 
 #include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
@@ -680,36 +681,6 @@ TEST(ChunkStore, RedisTierStoresChunks) {
   }
 }
 
-/// A save plan storing every object of `store`'s layout for `tokens`
-/// tokens, in `forms`, with `codec`: a task of gather and store per object.
-BundlePlan savePlan(const ChunkStore &store, int64_t tokens,
-                    std::vector<Form> forms, const CodecSpec &codec) {
-  const int64_t layers = store.model().numLayers;
-  const StoreLayout &layout = store.layout();
-  BundlePlan plan;
-  plan.name = "s";
-  plan.tokens = {0, tokens};
-  plan.layers = {0, layers};
-  for (int64_t t = 0; t < tokens; t += layout.chunkTokens)
-    for (int64_t l = 0; l < layers; l += layout.layerGroup)
-      for (Form form : forms) {
-        BundleStep step;
-        step.form = form;
-        step.tokens = {t, std::min(tokens, t + layout.chunkTokens)};
-        step.layers = {l, std::min(layers, l + layout.layerGroup)};
-        BundleTask task;
-        task.id = int64_t(plan.tasks.size());
-        step.kind = StepKind::Gather;
-        task.steps.push_back(step);
-        step.kind = StepKind::Store;
-        step.codec = codec;
-        step.tier = "ssd";
-        task.steps.push_back(step);
-        plan.tasks.push_back(task);
-      }
-  return plan;
-}
-
 // A compiled save plan decides what saveContext writes; one that does not
 // store every object of the store's layout once, in one encoding, or that
 // restores, is refused with what differs, before any prefill.
@@ -718,7 +689,13 @@ TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
   std::shared_ptr<Tier> tier = std::move(*openTier("mem://"));
   ChunkStore store = f.store(tier);
   CodecSpec int8 = *parseCodecSpec("int8+zstd");
-  BundlePlan plan = savePlan(store, 300, {Form::Hidden}, int8);
+  BundlePlan plan = savePlanFor(store, 300, {Form::Hidden}, int8, "ssd");
+  plan.name = "s";
+  // The tasks that store, in the order of the objects.
+  std::vector<int64_t> stores;
+  for (const BundleTask &task : plan.tasks)
+    if (task.steps[0].kind == StepKind::Store)
+      stores.push_back(task.id);
   StatusOr<SaveOptions> options = saveOptionsFor(plan, store, 300);
   ASSERT_TRUE(options.isOk()) << options.status().toString();
   EXPECT_EQ(options->forms, std::vector<Form>{Form::Hidden});
@@ -741,11 +718,11 @@ TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
             "plan s covers tokens 0 to 300 of layers 0 to 4, the request 256 "
             "tokens of 4 layers");
   BundlePlan mixed = plan;
-  mixed.tasks[1].steps[1].codec = CodecSpec();
+  mixed.tasks[stores[1]].steps[0].codec = CodecSpec();
   EXPECT_EQ(refusal(mixed),
             "plan s stores encodings int8/g32+zstd and raw; a save writes one");
   BundlePlan twice = plan;
-  twice.tasks[1] = twice.tasks[0];
+  twice.tasks[stores[1]].steps = twice.tasks[stores[0]].steps;
   EXPECT_EQ(refusal(twice), "plan s stores hidden tokens 0 of layer 0 twice");
   BundlePlan partial = plan;
   partial.tasks.pop_back();
@@ -754,7 +731,10 @@ TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
   StoreLayout other{256, 2};
   ChunkStore otherStore(tier, f.model->config(), f.model->fingerprint(), "",
                         other);
-  EXPECT_EQ(refusal(savePlan(otherStore, 300, {Form::KV}, int8)),
+  BundlePlan otherLayout =
+      savePlanFor(otherStore, 300, {Form::KV}, int8, "ssd");
+  otherLayout.name = "s";
+  EXPECT_EQ(refusal(otherLayout),
             "plan s stores objects of 256 tokens x 2 layers; the store's are "
             "128 x 2 (compile with the store's chunk_tokens and layer_group)");
   BundlePlan restores = plan;

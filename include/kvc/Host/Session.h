@@ -9,6 +9,7 @@
 //                  cache and block table; the server waits for layer i
 //                  while later layers still load
 //   saveFromCache  writes a request's KV from a paged cache to a store
+//   prefillAndSave a prefill beside the save plan that saves its KV
 //
 // Threading: every call may come from any thread; restores share the
 // ResourcePools (and so the machine's lanes) they are started on. Ownership:
@@ -23,6 +24,7 @@
 
 #include "kvc/Host/Stores.h"
 #include "kvc/Runtime/Exec/Executor.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 
 #include <functional>
 #include <limits>
@@ -111,19 +113,27 @@ private:
   std::thread thread_;
 };
 
-struct SaveFromCacheStats {
-  int64_t written = 0, skipped = 0;
-  double seconds = 0;
-};
-
 /// Saves the KV of `tokens` (rows [0, n) of `table` in `cache`) to `store`
-/// with `codec`: a request a server prefilled, kept for later turns. Objects
-/// already stored with `codec` are skipped; other encodings of the same
-/// chunks stay beside them.
-StatusOr<SaveFromCacheStats>
-saveFromCache(Backend &backend, const PagedKVCache &cache,
-              const BlockTable &table, ChunkStore &store,
-              const std::vector<int32_t> &tokens, const CodecSpec &codec);
+/// with `codec`, through savePlanFor's plan: a request a server prefilled,
+/// kept for later turns. Objects already stored with `codec` are skipped;
+/// other encodings of the same chunks stay beside them; a failed save
+/// removes what it wrote. A server with a compiled save plan runs it with
+/// kvc::save (SavePlan.h).
+StatusOr<SaveMetrics> saveFromCache(Backend &backend, const PagedKVCache &cache,
+                                    const BlockTable &table, ChunkStore &store,
+                                    const std::vector<int32_t> &tokens,
+                                    const CodecSpec &codec);
+
+/// Prefills `tokens` into a cache of its own, `chunkTokens` at a time,
+/// while `plan` saves their KV to `store` (the tier of the plan's stores),
+/// each gather running as soon as the prefill has written its object: a
+/// prefill node running a compiled save plan (kvc-run save --bundle).
+/// `progress` is told the tokens prefilled after each chunk.
+StatusOr<SaveMetrics> prefillAndSave(
+    Backend &backend, const ModelCompute &model,
+    const std::vector<int32_t> &tokens, const BundlePlan &plan,
+    ChunkStore &store, int64_t chunkTokens,
+    const std::function<void(int64_t done, int64_t total)> &progress = nullptr);
 
 } // namespace kvc::host
 

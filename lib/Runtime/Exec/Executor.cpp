@@ -15,17 +15,12 @@
 
 namespace kvc {
 
-namespace {
-
-/// The pool a task runs in: io tasks in their tier's.
 std::string poolOf(const BundleTask &task) {
   for (const BundleStep &step : task.steps)
-    if (step.kind == StepKind::Fetch)
+    if (step.kind == StepKind::Fetch || step.kind == StepKind::Store)
       return poolName(task.resource, step.tier);
   return poolName(task.resource);
 }
-
-} // namespace
 
 bool recoverableByRecompute(const Status &status) {
   switch (status.code()) {

@@ -37,13 +37,20 @@ void LayerProgress::finish(const Status &status) {
   changed_.notify_all();
 }
 
-bool LayerProgress::readyLocked(int64_t layer) const {
-  return (finished_ && finished_->isOk()) || written_[layer] >= tokens_;
+bool LayerProgress::readyLocked(int64_t layer, int64_t tokens) const {
+  return (finished_ && finished_->isOk()) ||
+         written_[layer] >= (tokens < 0 ? tokens_ : tokens);
 }
 
 Status
 LayerProgress::wait(int64_t layer,
                     std::optional<std::chrono::milliseconds> timeout) const {
+  return waitTokens(layer, -1, timeout);
+}
+
+Status LayerProgress::waitTokens(
+    int64_t layer, int64_t tokens,
+    std::optional<std::chrono::milliseconds> timeout) const {
   const auto deadline = std::chrono::steady_clock::now() +
                         timeout.value_or(std::chrono::milliseconds(0));
   std::unique_lock<std::mutex> lock(mutex_);
@@ -56,7 +63,7 @@ LayerProgress::wait(int64_t layer,
   };
   auto late = [&] {
     return Status(StatusCode::Unavailable,
-                  "layer " + std::to_string(layer) + " not restored after " +
+                  "layer " + std::to_string(layer) + " not written after " +
                       std::to_string(timeout->count()) + " ms");
   };
   if (!waitFor([&] { return started_; }))
@@ -65,9 +72,9 @@ LayerProgress::wait(int64_t layer,
     return invalidArgument("no layer " + std::to_string(layer) +
                            " in a restore of " +
                            std::to_string(written_.size()) + " layers");
-  if (!waitFor([&] { return readyLocked(layer) || finished_; }))
+  if (!waitFor([&] { return readyLocked(layer, tokens) || finished_; }))
     return late();
-  if (readyLocked(layer))
+  if (readyLocked(layer, tokens))
     return Status::ok();
   return *finished_;
 }

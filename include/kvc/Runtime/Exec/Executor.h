@@ -104,6 +104,9 @@ struct RestoreMetrics {
 /// another model's or filed under another key, or its tier unreachable.
 bool recoverableByRecompute(const Status &status);
 
+/// The pool a task runs in: io tasks in their tier's ("io:ssd").
+std::string poolOf(const BundleTask &task);
+
 /// The resources and lanes a plan's tasks need (for ResourcePools::create).
 std::map<std::string, int> planResources(const BundlePlan &plan);
 

@@ -48,11 +48,18 @@ public:
   wait(int64_t layer,
        std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
 
+  /// Blocks until `layer` holds `tokens` tokens, as wait() does: for a
+  /// writer that writes in token order (a prefill), until its tokens
+  /// [0, tokens) are written.
+  Status waitTokens(
+      int64_t layer, int64_t tokens,
+      std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
   /// Whether `layer` is complete now.
   bool ready(int64_t layer) const;
 
 private:
-  bool readyLocked(int64_t layer) const;
+  /// `tokens` < 0: all of them.
+  bool readyLocked(int64_t layer, int64_t tokens = -1) const;
 
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;

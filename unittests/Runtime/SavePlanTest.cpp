@@ -1,0 +1,201 @@
+//===- SavePlanTest.cpp - Save plans run over a paged cache ---------------===//
+
+#include "ExecutorFixture.h"
+
+#include "kvc/Runtime/Save/SavePlan.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+using namespace kvc;
+using namespace kvc::exec_test;
+
+namespace {
+
+class SavePlanTest : public ExecutorTest {
+protected:
+  void SetUp() override {
+    ExecutorTest::SetUp();
+    table_ = *cache_->allocate(kTokens);
+    disk_ = std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
+    saved_ = std::make_unique<ChunkStore>(
+        disk_, model_->config(), model_->fingerprint(), "", store_->layout());
+  }
+  void TearDown() override { cache_->release(table_); }
+
+  /// Prefills the request into the test's table.
+  void prefill() {
+    ASSERT_TRUE(backend_->prefill(*model_, tokens_, *cache_, table_)
+                    ->compute({0, kTokens, 0, model_->config().numLayers})
+                    .isOk());
+  }
+
+  SaveTarget target(const LayerProgress *filling = nullptr) {
+    SaveTarget t;
+    t.backend = backend_;
+    t.stores["disk"] = saved_.get();
+    t.tokens = &tokens_;
+    t.cache = cache_.get();
+    t.table = &table_;
+    t.filling = filling;
+    return t;
+  }
+
+  StatusOr<SaveMetrics> runSave(const BundlePlan &plan,
+                                const LayerProgress *filling = nullptr,
+                                const SaveRunOptions &options = {}) {
+    auto pools = backend_->createPools(planResources(plan));
+    if (!pools.isOk())
+      return pools.status();
+    return save(**pools, plan, target(filling), options);
+  }
+
+  BundlePlan plan(const CodecSpec &codec = CodecSpec()) {
+    return savePlanFor(*saved_, kTokens, {Form::KV}, codec, "disk");
+  }
+
+  /// Every stored raw object holds exactly what the cache holds.
+  void expectStoredAsCached() {
+    const int64_t kv = model_->kvDim();
+    for (const ChunkRef &ref :
+         saved_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec())) {
+      std::vector<float> stored(saved_->shape(ref).numel());
+      ASSERT_TRUE(saved_->get(ref, stored.data()).isOk()) << ref.name();
+      const int64_t rows = ref.tokenEnd - ref.tokenBegin;
+      std::vector<float> k(rows * kv), v(rows * kv);
+      for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
+        ASSERT_TRUE(backend_
+                        ->readBack(*cache_, table_, l, ref.tokenBegin, rows,
+                                   k.data(), v.data())
+                        .isOk());
+        const float *at = stored.data() + (l - ref.layerBegin) * 2 * rows * kv;
+        EXPECT_TRUE(std::equal(k.begin(), k.end(), at)) << ref.name();
+        EXPECT_TRUE(std::equal(v.begin(), v.end(), at + rows * kv))
+            << ref.name();
+      }
+    }
+  }
+
+  BlockTable table_;
+  std::shared_ptr<Tier> disk_;
+  std::unique_ptr<ChunkStore> saved_;
+};
+
+// A save plan over a prefilled cache stores every object as the cache holds
+// it, tells when its snapshots are done, and skips what is stored on a
+// second run; a lossy one stores its own encoding, within its bound.
+TEST_F(SavePlanTest, StoresWhatTheCacheHolds) {
+  prefill();
+  std::atomic<int> snapshots{0};
+  SaveRunOptions options;
+  options.snapshotted = [&] { ++snapshots; };
+  StatusOr<SaveMetrics> first = runSave(plan(), nullptr, options);
+  ASSERT_TRUE(first.isOk()) << first.status().toString();
+  const int64_t objects = int64_t(
+      saved_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec()).size());
+  EXPECT_EQ(first->written, objects);
+  EXPECT_EQ(snapshots.load(), 1);
+  EXPECT_LE(first->snapshotSeconds, first->makespanSeconds);
+  EXPECT_GT(first->bytesWritten["disk"], 0);
+  expectStoredAsCached();
+
+  StatusOr<SaveMetrics> again = runSave(plan());
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(again->written, 0);
+  EXPECT_EQ(again->skipped, objects);
+
+  CodecSpec int8 = *parseCodecSpec("int8+zstd");
+  StatusOr<SaveMetrics> lossy = runSave(plan(int8));
+  ASSERT_TRUE(lossy.isOk()) << lossy.status().toString();
+  EXPECT_EQ(lossy->written, objects);
+  // 8 bits and a 16-bit scale per 32 values, against 16 bits.
+  EXPECT_LT(lossy->bytesWritten["disk"], first->bytesWritten["disk"] * 3 / 5);
+  BlockTable restored = *cache_->allocate(kTokens);
+  BundlePlan load = makePlan({0, 0, 64}, model_->config().numLayers);
+  for (BundleTask &task : load.tasks)
+    for (BundleStep &step : task.steps)
+      if (step.kind == StepKind::Fetch)
+        step.codec = int8;
+  ASSERT_TRUE(run(load, restored, saved_.get()).isOk());
+  EXPECT_LT(relativeError(restored), 0.05);
+  cache_->release(restored);
+}
+
+// A save beside the prefill that fills the cache: each gather waits until
+// its layers hold its tokens, so what is stored is what the prefill wrote.
+TEST_F(SavePlanTest, SavesACacheWhileAPrefillFillsIt) {
+  const int64_t layers = model_->config().numLayers;
+  LayerProgress filling;
+  filling.reset(layers, kTokens);
+  StatusOr<SaveMetrics> saved = invalidArgument("not run");
+  std::thread saver([&] { saved = runSave(plan(), &filling); });
+  std::unique_ptr<PrefillSession> session =
+      backend_->prefill(*model_, tokens_, *cache_, table_);
+  for (int64_t t = 0; t < kTokens; t += 64) {
+    const int64_t end = std::min(kTokens, t + 64);
+    ASSERT_TRUE(session->compute({t, end, 0, layers}).isOk());
+    filling.add(0, layers, end - t);
+  }
+  filling.finish(Status::ok());
+  saver.join();
+  ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+  expectStoredAsCached();
+}
+
+// A save whose prefill fails part-way fails with its error and takes back
+// the objects it had written.
+TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
+  const int64_t layers = model_->config().numLayers;
+  LayerProgress filling;
+  filling.reset(layers, kTokens);
+  StatusOr<SaveMetrics> saved = invalidArgument("not run");
+  std::thread saver([&] { saved = runSave(plan(), &filling); });
+  ASSERT_TRUE(backend_->prefill(*model_, tokens_, *cache_, table_)
+                  ->compute({0, 64, 0, layers})
+                  .isOk());
+  filling.add(0, layers, 64);
+  // The first chunk's objects reach the store before the prefill dies.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (disk_->list("")->size() < 2 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(disk_->list("")->size(), 2u);
+  filling.finish(Status(StatusCode::Unavailable, "the prefill died"));
+  saver.join();
+  ASSERT_FALSE(saved.isOk());
+  EXPECT_NE(saved.status().message().find("the prefill died"),
+            std::string::npos)
+      << saved.status().toString();
+  EXPECT_TRUE(disk_->list("")->empty());
+}
+
+// Plans the executor cannot run as a save are refused before anything is
+// read or written, with what is wrong.
+TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
+  prefill();
+  auto refusal = [&](const BundlePlan &p) {
+    StatusOr<SaveMetrics> refused = runSave(p);
+    EXPECT_FALSE(refused.isOk());
+    EXPECT_TRUE(disk_->list("")->empty());
+    return refused.status().message();
+  };
+  EXPECT_EQ(refusal(savePlanFor(*saved_, kTokens, {Form::Hidden}, CodecSpec(),
+                                "disk")),
+            "save: plan save saves hidden, which a paged cache does not hold "
+            "(a prefill's snapshots do: saveContext)");
+  EXPECT_EQ(
+      refusal(savePlanFor(*saved_, kTokens, {Form::KV}, CodecSpec(), "ssd")),
+      "save: no store for tier \"ssd\"");
+  BundlePlan shorter =
+      savePlanFor(*saved_, 128, {Form::KV}, CodecSpec(), "disk");
+  EXPECT_EQ(refusal(shorter), "plan save covers tokens 0 to 128 of layers 0 "
+                              "to 4, the request 300 tokens of 4 layers");
+  BundlePlan restores = plan();
+  restores.tasks[0].steps[0].kind = StepKind::Scatter;
+  EXPECT_EQ(refusal(restores),
+            "plan save restores (it has a scatter); it is no save plan");
+}
+
+} // namespace

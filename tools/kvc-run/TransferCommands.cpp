@@ -11,10 +11,12 @@
 
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Net/CodecController.h"
 #include "kvc/Runtime/Net/Transfer.h"
 
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 
 namespace kvc::run {
 
@@ -58,6 +60,40 @@ Status writeAtomically(const std::string &path, const std::string &text) {
   return Status::ok();
 }
 
+/// KVServe's controller over `--codecs` (most accurate first) under
+/// `--slo-ms`, or none when the chunks go out in one `--codec`.
+StatusOr<std::unique_ptr<CodecController>>
+codecController(Args &args, const ChunkObjects &objects,
+                const std::vector<int32_t> &tokens) {
+  KVC_ASSIGN_OR_RETURN(sloMs, args.number("slo-ms"));
+  if (!args.has("codecs")) {
+    if (sloMs)
+      return invalidArgument("--slo-ms is the controller's: give --codecs");
+    return std::unique_ptr<CodecController>();
+  }
+  if (args.has("codec"))
+    return invalidArgument("--codec sends one encoding, --codecs lets the "
+                           "controller choose among several: give one");
+  CodecControllerOptions options;
+  std::stringstream list(args.get("codecs"));
+  for (std::string spec; std::getline(list, spec, ',');) {
+    KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(spec));
+    options.candidates.push_back(codec);
+  }
+  if (options.candidates.empty())
+    return invalidArgument("--codecs expects codecs separated by commas");
+  if (sloMs) {
+    if (!(*sloMs > 0))
+      return invalidArgument("--slo-ms expects a positive number");
+    options.sloSeconds = *sloMs * 1e-3;
+    options.chunks = int64_t(
+        objects
+            .refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec())
+            .size());
+  }
+  return std::make_unique<CodecController>(options);
+}
+
 } // namespace
 
 Status transferSendCommand(Args &args) {
@@ -78,6 +114,8 @@ Status transferSendCommand(Args &args) {
   if (gbps && !(*gbps > 0))
     return invalidArgument("--gbps expects a positive number");
   ChunkObjects objects = localObjects(args, *model, layout);
+  KVC_ASSIGN_OR_RETURN(controller, codecController(args, objects, tokens));
+  options.chooser = controller.get();
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));
@@ -94,6 +132,10 @@ Status transferSendCommand(Args &args) {
               stats.stream.totalSeconds);
   std::printf("the receiver wrote %lld chunks as sent and recomputed %lld\n",
               (long long)stats.received, (long long)stats.recomputed);
+  if (controller)
+    std::printf("the controller measured the link at %.3f GB/s and %.0f us "
+                "per message\n",
+                controller->linkGBs(), controller->messageSeconds() * 1e6);
   return Status::ok();
 }
 

@@ -392,6 +392,10 @@ const std::vector<Command> &commands() {
            std::vector<Option>{
                {"to", "HOST:PORT", "the receiver's address"},
                {"codec", "SPEC", "the chunks' encoding (default raw)"},
+               {"codecs", "SPEC,...",
+                "let KVServe's controller choose each chunk's encoding "
+                "among these, most accurate first"},
+               {"slo-ms", "N", "the controller's deadline for the transfer"},
                {"chunk-tokens", "N", "tokens per chunk (default 256)"},
                {"layer-group", "N", "layers per chunk (default 4)"},
                {"tenant", "SALT", "the tenant salt of the keys (as received)"},

@@ -42,10 +42,10 @@ void writeRange(llvm::json::OStream &json, StringRef key, int64_t begin,
 }
 
 /// The chunk a step works on: the one it produces for the steps that create
-/// chunks (a fetch, a gather; a chunk compute, whose operands are the
+/// chunks (a fetch, a gather, a recv; a chunk compute, whose operands are the
 /// prefix it attends to), else the one it consumes.
 ChunkType stepChunk(Operation *step) {
-  if (isa<FetchOp, GatherOp, ChunkComputeOp>(step))
+  if (isa<FetchOp, GatherOp, RecvOp, ChunkComputeOp>(step))
     return dyn_cast<ChunkType>(step->getResult(0).getType());
   for (Type type : step->getOperandTypes())
     if (auto chunk = dyn_cast<ChunkType>(type))
@@ -67,6 +67,10 @@ LogicalResult writeStep(llvm::json::OStream &json, Operation *step) {
     json.attribute("codec", getCodecSpec(chunk.getCodec()).str());
     if (auto store = dyn_cast<StoreOp>(step))
       json.attribute("tier", store.getTier());
+    if (auto send = dyn_cast<SendOp>(step))
+      json.attribute("node", send.getNode());
+    if (auto recv = dyn_cast<RecvOp>(step))
+      json.attribute("node", recv.getNode());
     if (auto fetch = dyn_cast<FetchOp>(step)) {
       json.attribute("tier", fetch.getSource().getTier());
       if (auto bytes =

@@ -48,9 +48,10 @@ StatusOr<const BundlePlan *> selectPlan(const PlanBundle &bundle,
                                         const std::string &source,
                                         const std::string &name);
 
-/// Prints what `plan` loads and stores, one line per form, encoding and
-/// tier: "  loads    kv as int4/g32 from disk: tokens 0 to 1024, layers 0 to
-/// 4", "  stores   hidden as raw to ssd: ...".
+/// Prints what `plan` loads, stores, sends and receives, one line per form,
+/// encoding and tier or peer: "  loads    kv as int4/g32 from disk: tokens
+/// 0 to 1024, layers 0 to 4", "  stores   hidden as raw to ssd: ...",
+/// "  sends    kv as int8/g128 to decode: ...".
 void printLoads(const BundlePlan &plan);
 
 /// --max-error: a bound on the largest error relative to a full prefill's

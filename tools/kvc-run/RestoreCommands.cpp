@@ -284,14 +284,17 @@ void printLoads(const BundlePlan &plan) {
   std::vector<Moves> moves;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps) {
-      if (step.kind != StepKind::Fetch && step.kind != StepKind::Store)
+      if (step.kind != StepKind::Fetch && step.kind != StepKind::Store &&
+          step.kind != StepKind::Send && step.kind != StepKind::Recv)
         continue;
+      // A transfer's peer stands where a store's tier does.
+      const std::string &where = step.tier.empty() ? step.node : step.tier;
       auto it = std::find_if(moves.begin(), moves.end(), [&](const Moves &m) {
         return m.kind == step.kind && m.form == step.form &&
-               m.codec == step.codec.str() && m.tier == step.tier;
+               m.codec == step.codec.str() && m.tier == where;
       });
       if (it == moves.end()) {
-        moves.push_back({step.kind, step.form, step.codec.str(), step.tier,
+        moves.push_back({step.kind, step.form, step.codec.str(), where,
                          step.tokens, step.layers});
         continue;
       }
@@ -301,13 +304,17 @@ void printLoads(const BundlePlan &plan) {
                     std::max(it->layers.end, step.layers.end)};
     }
   for (const Moves &m : moves) {
-    const bool loads = m.kind == StepKind::Fetch;
+    const bool in = m.kind == StepKind::Fetch || m.kind == StepKind::Recv;
+    const char *verb = m.kind == StepKind::Fetch   ? "loads"
+                       : m.kind == StepKind::Store ? "stores"
+                       : m.kind == StepKind::Send  ? "sends"
+                                                   : "receives";
     std::printf("  %-8s %s as %s %s %s: tokens %lld to %lld, layers %lld to "
                 "%lld\n",
-                loads ? "loads" : "stores", name(m.form), m.codec.c_str(),
-                loads ? "from" : "to", m.tier.c_str(),
-                (long long)m.tokens.begin, (long long)m.tokens.end,
-                (long long)m.layers.begin, (long long)m.layers.end);
+                verb, name(m.form), m.codec.c_str(), in ? "from" : "to",
+                m.tier.c_str(), (long long)m.tokens.begin,
+                (long long)m.tokens.end, (long long)m.layers.begin,
+                (long long)m.layers.end);
   }
 }
 

@@ -14,6 +14,7 @@
 #include "kvc/Runtime/Net/CodecController.h"
 #include "kvc/Runtime/Net/Transfer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -58,6 +59,39 @@ Status writeAtomically(const std::string &path, const std::string &text) {
   if (std::rename(partial.c_str(), path.c_str()) != 0)
     return Status(StatusCode::Unavailable, "cannot write " + path);
   return Status::ok();
+}
+
+/// The plan of `--bundle` whose objects end in `endpoint` steps: `--plan`,
+/// or the only such plan (kvc-expand makes a kvc.transfer a send and a
+/// receive plan); none without `--bundle`.
+StatusOr<std::optional<BundlePlan>>
+transferPlan(Args &args, const LlamaModel &model, StepKind endpoint) {
+  if (!args.has("bundle"))
+    return std::optional<BundlePlan>();
+  const std::string path = args.get("bundle");
+  KVC_ASSIGN_OR_RETURN(bundle, readBundleFor(path, model));
+  if (args.has("plan")) {
+    KVC_ASSIGN_OR_RETURN(plan, selectPlan(bundle, path, args.get("plan")));
+    return std::optional<BundlePlan>(*plan);
+  }
+  std::optional<BundlePlan> found;
+  for (const BundlePlan &plan : bundle.plans)
+    for (const BundleTask &task : plan.tasks)
+      if (std::any_of(
+              task.steps.begin(), task.steps.end(),
+              [&](const BundleStep &s) { return s.kind == endpoint; })) {
+        if (found && found->name != plan.name)
+          return invalidArgument(
+              path + " has several plans that " +
+              (endpoint == StepKind::Send ? "send" : "receive") + " (" +
+              found->name + ", " + plan.name + "): choose one with --plan");
+        found = plan;
+        break;
+      }
+  if (!found)
+    return invalidArgument(path + " has no plan that " +
+                           (endpoint == StepKind::Send ? "sends" : "receives"));
+  return found;
 }
 
 /// KVServe's controller over `--codecs` (most accurate first) under
@@ -116,6 +150,16 @@ Status transferSendCommand(Args &args) {
   ChunkObjects objects = localObjects(args, *model, layout);
   KVC_ASSIGN_OR_RETURN(controller, codecController(args, objects, tokens));
   options.chooser = controller.get();
+  KVC_ASSIGN_OR_RETURN(plan, transferPlan(args, *model, StepKind::Send));
+  if (plan) {
+    if (args.has("codec") || controller)
+      return invalidArgument("--bundle's plan chooses the codec: drop "
+                             "--codec and --codecs");
+    KVC_ASSIGN_OR_RETURN(
+        planned,
+        sendOptionsFor(*plan, objects, int64_t(tokens.size()), options));
+    options = planned;
+  }
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));
@@ -159,6 +203,13 @@ Status transferRecvCommand(Args &args) {
   const bool verify = args.has("verify");
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   ChunkObjects local = localObjects(args, *model);
+  KVC_ASSIGN_OR_RETURN(plan, transferPlan(args, *model, StepKind::Recv));
+  if (plan) {
+    KVC_ASSIGN_OR_RETURN(
+        planned,
+        receiveOptionsFor(*plan, local, int64_t(tokens.size()), options));
+    options = planned;
+  }
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(listener, listenUcx(host, port));

@@ -396,6 +396,9 @@ const std::vector<Command> &commands() {
                 "let KVServe's controller choose each chunk's encoding "
                 "among these, most accurate first"},
                {"slo-ms", "N", "the controller's deadline for the transfer"},
+               {"bundle", "FILE",
+                "send as a compiled transfer's send plan says"},
+               {"plan", "NAME", "the bundle's plan (default its send plan)"},
                {"chunk-tokens", "N", "tokens per chunk (default 256)"},
                {"layer-group", "N", "layers per chunk (default 4)"},
                {"tenant", "SALT", "the tenant salt of the keys (as received)"},
@@ -413,6 +416,10 @@ const std::vector<Command> &commands() {
                {"port-file", "FILE", "write the port listened on here"},
                {"tenant", "SALT", "the tenant salt of the keys (as sent)"},
                {"decoders", "N", "threads decoding chunks (default 2)"},
+               {"bundle", "FILE",
+                "receive as a compiled transfer's receive plan says: its "
+                "layout and encoding"},
+               {"plan", "NAME", "the bundle's plan (default its receive plan)"},
                {"timeout-ms", "N",
                 "wait at most this for the sender and each message "
                 "(default 10000)"},

@@ -194,8 +194,7 @@ TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
                               "to 4, the request 300 tokens of 4 layers");
   BundlePlan restores = plan();
   restores.tasks[0].steps[0].kind = StepKind::Scatter;
-  EXPECT_EQ(refusal(restores),
-            "plan save restores (it has a scatter); it is no save plan");
+  EXPECT_EQ(refusal(restores), "plan save has a scatter; it is no save plan");
 }
 
 } // namespace

@@ -720,14 +720,14 @@ TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
   BundlePlan mixed = plan;
   mixed.tasks[stores[1]].steps[0].codec = CodecSpec();
   EXPECT_EQ(refusal(mixed),
-            "plan s stores encodings int8/g32+zstd and raw; a save writes one");
+            "plan s stores encodings int8/g32+zstd and raw; a save has one");
   BundlePlan twice = plan;
   twice.tasks[stores[1]].steps = twice.tasks[stores[0]].steps;
   EXPECT_EQ(refusal(twice), "plan s stores hidden tokens 0 of layer 0 twice");
   BundlePlan partial = plan;
   partial.tasks.pop_back();
   EXPECT_EQ(refusal(partial),
-            "plan s stores 5 objects of 6; a save writes every one");
+            "plan s stores 5 objects of 6; a save has every one");
   StoreLayout other{256, 2};
   ChunkStore otherStore(tier, f.model->config(), f.model->fingerprint(), "",
                         other);
@@ -739,8 +739,10 @@ TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
             "128 x 2 (compile with the store's chunk_tokens and layer_group)");
   BundlePlan restores = plan;
   restores.tasks[0].steps[0].kind = StepKind::Fetch;
-  EXPECT_EQ(refusal(restores), "plan s restores (it has a fetch); it is no "
-                               "save plan");
+  EXPECT_EQ(refusal(restores), "plan s has a fetch; it is no save plan");
+  BundlePlan sends = plan;
+  sends.tasks.back().steps[0].kind = StepKind::Send;
+  EXPECT_EQ(refusal(sends), "plan s has a send; it is no save plan");
   BundlePlan empty = plan;
   empty.tasks.clear();
   EXPECT_EQ(refusal(empty), "plan s stores nothing");

@@ -11,6 +11,7 @@
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
 #include "kvc/Runtime/Net/CodecController.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 
 #include <gtest/gtest.h>
 
@@ -294,6 +295,53 @@ TEST_F(TransferTest, ASilentSenderTimesOutAndIsRecomputed) {
 }
 
 /// The controller's choices, in order.
+// A compiled transfer's plans set what each end does; a plan of another
+// kind, or one that sends hidden states, is refused with why.
+TEST_F(TransferTest, CompiledPlansSetTheEncodingAndTheLayout) {
+  const StoreLayout layout{128, 1};
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", layout);
+  const int64_t n = int64_t(tokens_.size());
+  const CodecSpec int8 = *parseCodecSpec("int8");
+  // A send plan and a receive plan as kvc-expand shapes them, reduced to
+  // their endpoints.
+  BundlePlan sender = savePlanFor(objects, n, {Form::KV}, int8, "decode");
+  sender.name = "t_send";
+  BundlePlan receiver = sender;
+  receiver.name = "t_recv";
+  for (BundlePlan *plan : {&sender, &receiver})
+    for (BundleTask &task : plan->tasks)
+      for (BundleStep &step : task.steps)
+        if (step.kind == StepKind::Store)
+          step.kind = plan == &sender ? StepKind::Send : StepKind::Recv;
+        else
+          step.kind = plan == &sender ? step.kind : StepKind::Decompress;
+  StatusOr<SendOptions> send = sendOptionsFor(sender, objects, n);
+  ASSERT_TRUE(send.isOk()) << send.status().toString();
+  EXPECT_EQ(send->codec, int8);
+  StatusOr<ReceiveOptions> receive = receiveOptionsFor(receiver, objects, n);
+  ASSERT_TRUE(receive.isOk()) << receive.status().toString();
+  EXPECT_EQ(receive->codec, std::optional<CodecSpec>(int8));
+  ASSERT_TRUE(receive->layout.has_value());
+  EXPECT_EQ(receive->layout->chunkTokens, 128);
+  EXPECT_EQ(receive->layout->layerGroup, 1);
+
+  EXPECT_EQ(sendOptionsFor(receiver, objects, n).status().message(),
+            "plan t_recv has a decompress; it is no send plan");
+  EXPECT_EQ(receiveOptionsFor(sender, objects, n).status().message(),
+            "plan t_send receives nothing");
+  BundlePlan hidden = savePlanFor(objects, n, {Form::Hidden}, int8, "decode");
+  for (BundleTask &task : hidden.tasks)
+    if (task.steps[0].kind == StepKind::Store)
+      task.steps[0].kind = StepKind::Send;
+  EXPECT_EQ(sendOptionsFor(hidden, objects, n).status().message(),
+            "plan save sends hidden states; a transfer sends KV");
+  ChunkObjects wider(model_->config(), model_->fingerprint(), "", {256, 1});
+  EXPECT_EQ(sendOptionsFor(sender, wider, n).status().message(),
+            "plan t_send sends objects of 128 tokens x 1 layers; the "
+            "transfer's are 256 x 1 (compile with its chunk_tokens and "
+            "layer_group)");
+}
+
 class RecordingChooser : public CodecChooser {
 public:
   explicit RecordingChooser(CodecChooser &inner) : inner_(inner) {}

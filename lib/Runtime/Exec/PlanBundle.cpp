@@ -18,7 +18,8 @@ using namespace json_detail;
 bool BundlePlan::sameSchedule(const BundlePlan &other) const {
   auto sameStep = [](const BundleStep &a, const BundleStep &b) {
     return a.kind == b.kind && a.form == b.form && a.tokens == b.tokens &&
-           a.layers == b.layers && a.codec == b.codec && a.tier == b.tier;
+           a.layers == b.layers && a.codec == b.codec && a.tier == b.tier &&
+           a.node == b.node;
   };
   auto sameTask = [&](const BundleTask &a, const BundleTask &b) {
     return a.id == b.id && a.resource == b.resource && a.lane == b.lane &&
@@ -150,6 +151,12 @@ Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
       step.tier.empty())
     return invalidArgument(fieldPath(path, "tier") + ": a " + name(step.kind) +
                            " must name its tier");
+  KVC_RETURN_IF_ERROR(
+      readString(obj, path, "node", step.node, Presence::Optional));
+  if ((step.kind == StepKind::Send || step.kind == StepKind::Recv) &&
+      step.node.empty())
+    return invalidArgument(fieldPath(path, "node") + ": a " + name(step.kind) +
+                           " must name its node");
   int64_t bytes = -1;
   KVC_RETURN_IF_ERROR(
       readInt(obj, path, "predicted_bytes", bytes, Presence::Optional));

@@ -116,6 +116,18 @@ std::string requestKey(const ChunkObjects &objects,
 // Sender
 //===----------------------------------------------------------------------===//
 
+StatusOr<SendOptions> sendOptionsFor(const BundlePlan &plan,
+                                     const ChunkObjects &objects,
+                                     int64_t tokens, SendOptions base) {
+  KVC_ASSIGN_OR_RETURN(sent,
+                       planObjects(plan, objects, tokens, StepKind::Send));
+  if (sent.forms != std::vector<Form>{Form::KV})
+    return invalidArgument("plan " + plan.name +
+                           " sends hidden states; a transfer sends KV");
+  base.codec = sent.codec;
+  return base;
+}
+
 StatusOr<SendStats> sendContext(const LlamaModel &model,
                                 const ChunkObjects &objects,
                                 const std::vector<int32_t> &tokens, Link &link,
@@ -265,6 +277,12 @@ ChunkBox boxOf(const ChunkRef &ref) {
   return {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd};
 }
 
+/// "256 tokens x 4 layers".
+std::string describeLayout(const StoreLayout &layout) {
+  return std::to_string(layout.chunkTokens) + " tokens x " +
+         std::to_string(layout.layerGroup) + " layers";
+}
+
 /// receiveContext, but for its progress's reset and finish.
 StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
                                        const RestoreTarget &target,
@@ -276,6 +294,14 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
   KVC_ASSIGN_OR_RETURN(hello, receiveJson(link, Kind::Hello, options.timeout));
   Clock::time_point start = Clock::now();
   StatusOr<StoreLayout> layout = checkHello(hello, local, tokens);
+  if (layout.isOk() && options.layout &&
+      (layout->chunkTokens != options.layout->chunkTokens ||
+       layout->layerGroup != options.layout->layerGroup))
+    layout = Status(StatusCode::FailedPrecondition,
+                    "the sender streams objects of " + describeLayout(*layout) +
+                        ", this node's plan "
+                        "receives " +
+                        describeLayout(*options.layout));
   if (!layout.isOk()) {
     sendLast(link, Kind::Refuse, {{"reason", layout.status().message()}},
              options.timeout);
@@ -381,6 +407,11 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       missing[index] = "arrived, not yet written";
       metrics.bytes += int64_t(bytes->size());
       metrics.chunksPerCodec[h.codec.str()] += 1;
+      if (options.codec && h.codec != *options.codec) {
+        missing[index] = "encoded " + h.codec.str() + ", the plan receives " +
+                         options.codec->str();
+        continue;
+      }
     }
     // The key and codec are checked against what the header claims only
     // through the decode: the ref says which chunk this must be.
@@ -425,6 +456,32 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
 }
 
 } // namespace
+
+StatusOr<ReceiveOptions> receiveOptionsFor(const BundlePlan &plan,
+                                           const ChunkObjects &local,
+                                           int64_t tokens,
+                                           ReceiveOptions base) {
+  // The plan's layout: its first chunk's objects are whole ones.
+  StoreLayout layout{0, 0};
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.kind == StepKind::Recv) {
+        layout.chunkTokens = std::max(layout.chunkTokens, step.tokens.size());
+        layout.layerGroup = std::max(layout.layerGroup, step.layers.size());
+      }
+  if (layout.chunkTokens <= 0 || layout.layerGroup <= 0)
+    return invalidArgument("plan " + plan.name + " receives nothing");
+  ChunkObjects objects(local.model(), local.fingerprint(), local.salt(),
+                       layout);
+  KVC_ASSIGN_OR_RETURN(received,
+                       planObjects(plan, objects, tokens, StepKind::Recv));
+  if (received.forms != std::vector<Form>{Form::KV})
+    return invalidArgument("plan " + plan.name +
+                           " receives hidden states; a transfer sends KV");
+  base.layout = layout;
+  base.codec = received.codec;
+  return base;
+}
 
 StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
                                         const RestoreTarget &target,

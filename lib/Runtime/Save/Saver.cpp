@@ -54,11 +54,51 @@ Status SaveJournal::rollback(const Status &failure) {
                 failure.detail());
 }
 
-StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
-                                     const ChunkStore &store, int64_t tokens,
-                                     SaveOptions base) {
-  const int64_t layers = store.model().numLayers;
-  const StoreLayout &layout = store.layout();
+namespace {
+
+/// What a plan of `endpoint`'s kind is, as refusals name it.
+const char *planKind(StepKind endpoint) {
+  switch (endpoint) {
+  case StepKind::Store:
+    return "save";
+  case StepKind::Send:
+    return "send";
+  default:
+    return "receive";
+  }
+}
+
+/// Whether a plan whose objects end in `endpoint` may have `kind` steps.
+bool belongs(StepKind kind, StepKind endpoint) {
+  switch (kind) {
+  case StepKind::Gather:
+  case StepKind::Transform:
+  case StepKind::Quant:
+  case StepKind::TransferToHost:
+  case StepKind::Compress:
+    return endpoint != StepKind::Recv;
+  case StepKind::Decompress:
+  case StepKind::TransferToDevice:
+  case StepKind::Dequant:
+  case StepKind::Untransform:
+  case StepKind::Scatter:
+    return endpoint == StepKind::Recv;
+  default:
+    return kind == endpoint;
+  }
+}
+
+} // namespace
+
+StatusOr<PlanObjects> planObjects(const BundlePlan &plan,
+                                  const ChunkObjects &objects, int64_t tokens,
+                                  StepKind endpoint) {
+  const int64_t layers = objects.model().numLayers;
+  const StoreLayout &layout = objects.layout();
+  const char *kind = planKind(endpoint);
+  const std::string verb = endpoint == StepKind::Store  ? "stores"
+                           : endpoint == StepKind::Send ? "sends"
+                                                        : "receives";
   auto refuse = [&](const std::string &why) {
     return invalidArgument("plan " + plan.name + " " + why);
   };
@@ -70,50 +110,60 @@ StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                   std::to_string(plan.layers.end) + ", the request " +
                   std::to_string(tokens) + " tokens of " +
                   std::to_string(layers) + " layers");
+  PlanObjects out;
   std::optional<CodecSpec> codec;
-  std::set<std::tuple<Form, int64_t, int64_t>> objects;
-  std::vector<Form> forms;
+  std::set<std::tuple<Form, int64_t, int64_t>> seen;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps) {
-      if (step.kind == StepKind::Fetch || step.kind == StepKind::Scatter ||
-          step.kind == StepKind::ChunkCompute)
-        return refuse("restores (it has a " + std::string(name(step.kind)) +
-                      "); it is no save plan");
-      if (step.kind != StepKind::Store)
+      if (!belongs(step.kind, endpoint))
+        return refuse("has a " + std::string(name(step.kind)) + "; it is no " +
+                      kind + " plan");
+      if (step.kind != endpoint)
         continue;
       if (codec && *codec != step.codec)
-        return refuse("stores encodings " + codec->str() + " and " +
-                      step.codec.str() + "; a save writes one");
+        return refuse(verb + " encodings " + codec->str() + " and " +
+                      step.codec.str() + "; a " + kind + " has one");
       codec = step.codec;
       const BundleRange &t = step.tokens, &l = step.layers;
       if (t.begin % layout.chunkTokens != 0 ||
           t.end != std::min(tokens, t.begin + layout.chunkTokens) ||
           l.begin % layout.layerGroup != 0 ||
           l.end != std::min(layers, l.begin + layout.layerGroup))
-        return refuse("stores objects of " + std::to_string(t.size()) +
-                      " tokens x " + std::to_string(l.size()) +
-                      " layers; the store's are " +
-                      std::to_string(layout.chunkTokens) + " x " +
-                      std::to_string(layout.layerGroup) +
-                      " (compile with the store's chunk_tokens and "
-                      "layer_group)");
-      if (!objects.insert({step.form, t.begin, l.begin}).second)
-        return refuse("stores " + std::string(name(step.form)) + " tokens " +
+        return refuse(
+            verb + " objects of " + std::to_string(t.size()) + " tokens x " +
+            std::to_string(l.size()) + " layers; " +
+            (endpoint == StepKind::Store ? "the store's" : "the transfer's") +
+            " are " + std::to_string(layout.chunkTokens) + " x " +
+            std::to_string(layout.layerGroup) + " (compile with " +
+            (endpoint == StepKind::Store ? "the store's" : "its") +
+            " chunk_tokens and layer_group)");
+      if (!seen.insert({step.form, t.begin, l.begin}).second)
+        return refuse(verb + " " + std::string(name(step.form)) + " tokens " +
                       std::to_string(t.begin) + " of layer " +
                       std::to_string(l.begin) + " twice");
-      if (std::find(forms.begin(), forms.end(), step.form) == forms.end())
-        forms.push_back(step.form);
+      if (std::find(out.forms.begin(), out.forms.end(), step.form) ==
+          out.forms.end())
+        out.forms.push_back(step.form);
     }
   if (!codec)
-    return refuse("stores nothing");
+    return refuse(verb + " nothing");
   const int64_t perForm = (tokens + layout.chunkTokens - 1) /
                           layout.chunkTokens * layout.layerGroups(layers);
-  if (int64_t(objects.size()) != perForm * int64_t(forms.size()))
-    return refuse("stores " + std::to_string(objects.size()) + " objects of " +
-                  std::to_string(perForm * int64_t(forms.size())) +
-                  "; a save writes every one");
-  base.forms = forms;
-  base.codec = *codec;
+  if (int64_t(seen.size()) != perForm * int64_t(out.forms.size()))
+    return refuse(verb + " " + std::to_string(seen.size()) + " objects of " +
+                  std::to_string(perForm * int64_t(out.forms.size())) + "; a " +
+                  kind + " has every one");
+  out.codec = *codec;
+  return out;
+}
+
+StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
+                                     const ChunkStore &store, int64_t tokens,
+                                     SaveOptions base) {
+  KVC_ASSIGN_OR_RETURN(objects,
+                       planObjects(plan, store, tokens, StepKind::Store));
+  base.forms = objects.forms;
+  base.codec = objects.codec;
   return base;
 }
 

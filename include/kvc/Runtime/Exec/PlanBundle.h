@@ -57,8 +57,11 @@ struct BundleStep {
   /// The codec of the chunk the step consumes (of the stored chunk for a
   /// fetch).
   CodecSpec codec;
-  /// The store tier a fetch reads; empty for other steps.
+  /// The store tier a fetch reads or a store writes; empty for other steps.
   std::string tier;
+  /// The node a send sends to or a recv receives from; empty for other
+  /// steps.
+  std::string node;
   /// The bytes the compiler priced a fetch to read, when estimated.
   std::optional<int64_t> predictedBytes;
 };

@@ -75,6 +75,15 @@ struct SendStats {
   int64_t received = 0, recomputed = 0;
 };
 
+/// The sender of a compiled transfer (kvc-expand's `<name>_send` plan of a
+/// kvc.transfer): its encoding, over `base`'s other options. The plan must
+/// send every KV object of `objects`' layout for `tokens` tokens once, in
+/// one encoding (planObjects, Saver.h); sendContext streams them, its
+/// prefill's snapshots standing for the plan's gathers.
+StatusOr<SendOptions> sendOptionsFor(const BundlePlan &plan,
+                                     const ChunkObjects &objects,
+                                     int64_t tokens, SendOptions base = {});
+
 /// Prefills `tokens` with `model` and streams their KV to the receiver at
 /// the other end of `link`, chunked as `objects`' layout says.
 StatusOr<SendStats> sendContext(const LlamaModel &model,
@@ -91,7 +100,21 @@ struct ReceiveOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// Told of every chunk written, as a restore's (Executor.h).
   LayerProgress *progress = nullptr;
+  /// A compiled receiver's expectations (receiveOptionsFor): a sender that
+  /// streams another layout is refused, and a chunk in another encoding is
+  /// dropped and recomputed. Unset: whatever the sender announces.
+  std::optional<StoreLayout> layout;
+  std::optional<CodecSpec> codec;
 };
+
+/// The receiver of a compiled transfer (kvc-expand's `<name>_recv` plan):
+/// the layout and encoding it receives, over `base`'s other options. The
+/// plan must receive every KV object of its layout for `tokens` tokens
+/// once, in one encoding (planObjects).
+StatusOr<ReceiveOptions> receiveOptionsFor(const BundlePlan &plan,
+                                           const ChunkObjects &local,
+                                           int64_t tokens,
+                                           ReceiveOptions base = {});
 
 struct ReceiveMetrics {
   /// From the hello to the exact cache, recomputes included.

@@ -64,15 +64,28 @@ private:
   std::vector<std::pair<ChunkStore *, ChunkRef>> written_;
 };
 
+/// The objects a compiled plan ends in at its `endpoint` steps (a save's
+/// stores, a transfer's sends or receives): the forms, and the one encoding.
+struct PlanObjects {
+  std::vector<Form> forms;
+  CodecSpec codec;
+};
+
+/// Checks that `plan` covers `tokens` tokens and every layer, has only the
+/// steps of its kind, and ends every object of `objects`' layout once per
+/// form, in one encoding, in an `endpoint` step; anything else is
+/// InvalidArgument naming what differs (a plan compiled for another layout
+/// names the one it was compiled for).
+StatusOr<PlanObjects> planObjects(const BundlePlan &plan,
+                                  const ChunkObjects &objects, int64_t tokens,
+                                  StepKind endpoint);
+
 /// The save a compiled save plan describes (kvc-save-pipeline): its forms
-/// and the encoding it stores, over `base`'s other options. The plan must
-/// cover `tokens` tokens and every layer, restore nothing, and store every
-/// object of `store`'s layout once per form it saves, all in one encoding;
-/// anything else is InvalidArgument naming what differs (a plan compiled
-/// for another layout names the one it was compiled for). saveContext
-/// carries it out: its prefill's per-layer snapshots are the plan's gathers
-/// and copies to the host, its writers encode and store each object; the
-/// plan's task order and lanes are not followed.
+/// and the encoding it stores (planObjects' check, with the store's
+/// layout), over `base`'s other options. saveContext carries it out as a
+/// two-stage save, its prefill's snapshots standing for the plan's gathers,
+/// not following the plan's tasks and lanes; kvc::save (SavePlan.h) runs
+/// the plan itself over a paged cache.
 StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                                      const ChunkStore &store, int64_t tokens,
                                      SaveOptions base = {});

@@ -144,6 +144,8 @@ Status transferSendCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(timeout, timeoutOption(args));
   options.timeout = timeout;
   KVC_ASSIGN_OR_RETURN(layout, storeLayout(args));
+  KVC_ASSIGN_OR_RETURN(prefillTokens, args.integer("prefill-tokens", 0));
+  options.prefillTokens = prefillTokens;
   KVC_ASSIGN_OR_RETURN(gbps, args.number("gbps"));
   if (gbps && !(*gbps > 0))
     return invalidArgument("--gbps expects a positive number");

@@ -401,6 +401,9 @@ const std::vector<Command> &commands() {
                {"plan", "NAME", "the bundle's plan (default its send plan)"},
                {"chunk-tokens", "N", "tokens per chunk (default 256)"},
                {"layer-group", "N", "layers per chunk (default 4)"},
+               {"prefill-tokens", "N",
+                "tokens per prefill step, whole chunks; a step of several "
+                "streams layer by layer (default one chunk)"},
                {"tenant", "SALT", "the tenant salt of the keys (as received)"},
                {"gbps", "N", "emulate a link of N GB/s"},
                {"timeout-ms", "N",

@@ -776,6 +776,52 @@ TEST(Saver, ReportsAnUnwritableStore) {
             std::string::npos);
 }
 
+// A prefill step of several chunks hands its objects over layer group by
+// layer group, each holding its chunk's rows of the step's K and V.
+TEST(Saver, APrefillOfSeveralChunksHandsOverLayerGroupByLayerGroup) {
+  Fixture f;
+  ChunkStore store = f.store(std::shared_ptr<Tier>(*openTier("mem://")));
+  auto order = [&](int64_t prefillTokens) {
+    SaveOptions options;
+    options.forms = {Form::KV};
+    options.writers = 1;
+    options.prefillTokens = prefillTokens;
+    std::vector<std::pair<int64_t, int64_t>> seen;
+    std::vector<std::vector<float>> values;
+    StatusOr<SaveStats> streamed = streamContext(
+        *f.model, store, f.tokens, options,
+        [&](const ChunkRef &ref, const float *v) -> StatusOr<bool> {
+          seen.emplace_back(ref.tokenBegin, ref.layerBegin);
+          values.emplace_back(v, v + store.shape(ref).numel());
+          return true;
+        });
+    EXPECT_TRUE(streamed.isOk()) << streamed.status().toString();
+    return std::make_pair(seen, values);
+  };
+  using Boxes = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(order(0).first,
+            (Boxes{{0, 0}, {0, 2}, {128, 0}, {128, 2}, {256, 0}, {256, 2}}));
+  auto [boxes, values] = order(384);
+  EXPECT_EQ(boxes,
+            (Boxes{{0, 0}, {128, 0}, {256, 0}, {0, 2}, {128, 2}, {256, 2}}));
+  // One step over the request is a full prefill: the second chunk's layer
+  // 0 holds the full prefill's rows 128 to 256, K then V.
+  LlamaModel::Cache full = f.model->newCache();
+  ASSERT_TRUE(f.model->prefill(full, f.tokens.data(), 300).isOk());
+  const int64_t kv = f.model->kvDim();
+  const std::vector<float> &object = values[1];
+  EXPECT_TRUE(std::equal(object.begin(), object.begin() + 128 * kv,
+                         full.k[0].begin() + 128 * kv));
+  EXPECT_TRUE(std::equal(object.begin() + 128 * kv, object.begin() + 256 * kv,
+                         full.v[0].begin() + 128 * kv));
+
+  SaveOptions ragged;
+  ragged.prefillTokens = 100;
+  EXPECT_EQ(saveContext(*f.model, store, f.tokens, ragged).status().message(),
+            "stream: prefill steps of 100 tokens; they must be whole chunks "
+            "of 128");
+}
+
 /// Fails every write after the first `allowed`, as a disk that fills up.
 class FillingTier : public ForwardingTier {
 public:

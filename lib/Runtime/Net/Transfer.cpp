@@ -156,6 +156,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   stream.writers = options.writers;
   stream.bufferBytes = options.bufferBytes;
   stream.computed = options.computed;
+  stream.prefillTokens = options.prefillTokens;
   StatusOr<SaveStats> streamed = streamContext(
       model, objects, tokens, stream,
       [&](const ChunkRef &object, const float *values) -> StatusOr<bool> {

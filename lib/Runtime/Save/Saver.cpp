@@ -183,6 +183,12 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
     return invalidArgument("stream: computed KV must hold every token and "
                            "layer of the request, and only KV can be taken "
                            "from it");
+  if (options.prefillTokens < 0 ||
+      options.prefillTokens % layout.chunkTokens != 0)
+    return invalidArgument("stream: prefill steps of " +
+                           std::to_string(options.prefillTokens) +
+                           " tokens; they must be whole chunks of " +
+                           std::to_string(layout.chunkTokens));
   SaveStats stats;
   BoundedQueue<Job> queue(options.bufferBytes);
   std::mutex statsMutex;
@@ -212,55 +218,74 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
         }
       });
 
+  // Each prefill step runs a span of whole chunks through every layer; its
+  // objects go out layer group by layer group, every chunk of the span at
+  // once.
+  const int64_t span =
+      options.prefillTokens > 0 ? options.prefillTokens : layout.chunkTokens;
+  const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
   Clock::time_point start = Clock::now();
   LlamaModel::Cache cache = model.newCache();
   Status prefill;
-  for (int64_t t0 = 0; t0 < n && prefill.isOk() && !failed;
-       t0 += layout.chunkTokens) {
-    int64_t t1 = std::min(n, t0 + layout.chunkTokens);
-    int64_t count = t1 - t0;
-    // The chunk's keys: the prefix up to and including this chunk.
-    Digest key = objects.keys().keys(tokens.data(), t1).back();
-    // Per form, the layer group being filled.
-    std::vector<Job> filling(options.forms.size());
+  for (int64_t s0 = 0; s0 < n && prefill.isOk() && !failed; s0 += span) {
+    const int64_t s1 = std::min(n, s0 + span);
+    const int64_t chunks =
+        (s1 - s0 + layout.chunkTokens - 1) / layout.chunkTokens;
+    // Per chunk of the span and form, the layer group being filled.
+    std::vector<Job> filling(size_t(chunks) * options.forms.size());
     auto snapshot = [&](const LayerSnapshot &s) {
       if (options.dryRun)
         return;
       int64_t group0 = s.layer / layout.layerGroup * layout.layerGroup;
       int64_t group1 = std::min(c.numLayers, group0 + layout.layerGroup);
-      for (size_t f = 0; f < options.forms.size(); ++f) {
-        Form form = options.forms[f];
-        Job &job = filling[f];
-        if (s.layer == group0) {
-          job.ref = {key, form, t0, t1, group0, group1, options.codec};
-          job.values.clear();
-          job.values.reserve(objects.shape(job.ref).numel());
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        const int64_t t0 = s0 + chunk * layout.chunkTokens;
+        const int64_t t1 = std::min(s1, t0 + layout.chunkTokens);
+        const int64_t row = t0 - s.position, count = t1 - t0;
+        for (size_t f = 0; f < options.forms.size(); ++f) {
+          Form form = options.forms[f];
+          Job &job = filling[size_t(chunk) * options.forms.size() + f];
+          if (s.layer == group0) {
+            job.ref = {keys[size_t(t0 / layout.chunkTokens)],
+                       form,
+                       t0,
+                       t1,
+                       group0,
+                       group1,
+                       options.codec};
+            job.values.clear();
+            job.values.reserve(objects.shape(job.ref).numel());
+          }
+          int64_t width = form == Form::KV ? model.kvDim() : c.hiddenSize;
+          auto append = [&](const float *rows) {
+            job.values.insert(job.values.end(), rows + row * width,
+                              rows + (row + count) * width);
+          };
+          if (form == Form::KV) {
+            append(s.k);
+            append(s.v);
+          } else {
+            append(s.hidden);
+          }
         }
-        int64_t width = form == Form::KV ? model.kvDim() : c.hiddenSize;
-        if (form == Form::KV) {
-          job.values.insert(job.values.end(), s.k, s.k + count * width);
-          job.values.insert(job.values.end(), s.v, s.v + count * width);
-        } else {
-          job.values.insert(job.values.end(), s.hidden,
-                            s.hidden + count * width);
-        }
-        if (s.layer + 1 == group1)
-          stats.stallSeconds += queue.push(std::move(job));
       }
+      if (s.layer + 1 == group1)
+        for (Job &job : filling)
+          stats.stallSeconds += queue.push(std::move(job));
     };
     if (options.computed) {
       // The prefill ran before: its KV, layer by layer, as it would have.
       for (int64_t layer = 0; layer < c.numLayers; ++layer) {
-        const size_t first = size_t(t0 * options.computed->dim);
-        snapshot({layer, t0, count, nullptr,
+        const size_t first = size_t(s0 * options.computed->dim);
+        snapshot({layer, s0, s1 - s0, nullptr,
                   options.computed->k[layer].data() + first,
                   options.computed->v[layer].data() + first});
       }
     } else {
-      prefill = model.prefill(cache, tokens.data() + t0, count, snapshot);
+      prefill = model.prefill(cache, tokens.data() + s0, s1 - s0, snapshot);
     }
     if (options.progress && prefill.isOk())
-      options.progress(t1, n);
+      options.progress(s1, n);
   }
   stats.prefillSeconds = secondsSince(start);
   queue.close();

@@ -58,6 +58,10 @@ struct SendOptions {
   CodecChooser *chooser = nullptr;
   /// The request's KV computed before: sent without a prefill.
   const ModelCompute::Cache *computed = nullptr;
+  /// Tokens per prefill step (SaveOptions::prefillTokens): a step of the
+  /// whole request streams layer group by layer group, so the receiver's
+  /// first layers complete first.
+  int64_t prefillTokens = 0;
   int writers = 2;
   size_t bufferBytes = size_t(256) << 20;
   /// How long to wait for the receiver's answers.

@@ -35,7 +35,13 @@ struct SaveOptions {
   /// KV of the request computed before (a full prefill's): streamed as
   /// it is, without a prefill. Only the KV form can be taken from it.
   const ModelCompute::Cache *computed = nullptr;
-  /// Called after each prefilled chunk with the tokens prefilled so far and
+  /// Tokens each prefill step runs through every layer, a multiple of the
+  /// layout's chunk (0: one chunk). A step of several chunks hands over its
+  /// objects layer group by layer group, so a transfer's first layers
+  /// complete at the receiver while the prefill computes the later ones;
+  /// its activations grow with the span.
+  int64_t prefillTokens = 0;
+  /// Called after each prefill step with the tokens prefilled so far and
   /// the request's (a long save's progress).
   std::function<void(int64_t done, int64_t total)> progress;
 };

@@ -3,6 +3,7 @@
 #include "kvc/Host/Session.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 namespace kvc::host {
@@ -140,11 +141,18 @@ prefillAndSave(Backend &backend, const ModelCompute &model,
   filled.reset(layers, n);
   target.filling = &filled;
   StatusOr<SaveMetrics> saved = Status::ok();
-  std::thread saver([&] { saved = save(*pools, plan, target); });
+  // The save ends before the prefill only when it fails: then nothing is
+  // left to prefill for.
+  std::atomic<bool> saveEnded{false};
+  std::thread saver([&] {
+    saved = save(*pools, plan, target);
+    saveEnded = true;
+  });
   std::unique_ptr<PrefillSession> session =
       backend.prefill(model, tokens, *into->cache, into->table);
   Status prefilled;
-  for (int64_t t = 0; t < n && prefilled.isOk(); t += chunkTokens) {
+  for (int64_t t = 0; t < n && prefilled.isOk() && !saveEnded;
+       t += chunkTokens) {
     const int64_t end = std::min(n, t + chunkTokens);
     prefilled = session->compute({t, end, 0, layers});
     if (prefilled.isOk()) {

@@ -300,8 +300,7 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
        layout->layerGroup != options.layout->layerGroup))
     layout = Status(StatusCode::FailedPrecondition,
                     "the sender streams objects of " + describeLayout(*layout) +
-                        ", this node's plan "
-                        "receives " +
+                        ", this node's plan receives " +
                         describeLayout(*options.layout));
   if (!layout.isOk()) {
     sendLast(link, Kind::Refuse, {{"reason", layout.status().message()}},
@@ -462,7 +461,7 @@ StatusOr<ReceiveOptions> receiveOptionsFor(const BundlePlan &plan,
                                            const ChunkObjects &local,
                                            int64_t tokens,
                                            ReceiveOptions base) {
-  // The plan's layout: its first chunk's objects are whole ones.
+  // The plan's layout: its largest objects (the first chunk's) are whole.
   StoreLayout layout{0, 0};
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps)

@@ -30,11 +30,6 @@ void SaveJournal::wrote(ChunkStore &store, const ChunkRef &ref) {
   written_.emplace_back(&store, ref);
 }
 
-int64_t SaveJournal::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return int64_t(written_.size());
-}
-
 Status SaveJournal::rollback(const Status &failure) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string kept;

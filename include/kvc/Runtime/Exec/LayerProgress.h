@@ -4,7 +4,9 @@
 // every chunk it writes (scatters, computed chunks, recomputed fallbacks)
 // against it, and a caller waits for layer i while later layers still load:
 // what a server needs to overlap a restore with its forward pass (layer i's
-// attention may start once layer i's KV is resident).
+// attention may start once layer i's KV is resident). A prefill filling a
+// cache that a save reads counts its chunks in one too, and the save's
+// gathers wait for their tokens (waitTokens).
 //
 // A layer is complete once every token of it has been written; plans write
 // each (token, layer) exactly once (the executor checks that before it

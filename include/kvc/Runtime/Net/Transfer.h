@@ -20,6 +20,10 @@
 // timeout, or sends a chunk that fails its checks) still yields the exact
 // cache: the receiver recomputes what did not arrive, and says what.
 //
+// A compiled transfer (kvc-expand's send and receive plans of a
+// kvc.transfer) sets the encoding the sender sends and the layout and
+// encoding the receiver accepts (sendOptionsFor, receiveOptionsFor).
+//
 // Protocol messages are "KVCT", a kind byte and a body: JSON for hello,
 // accept, refuse, end and receipt; the object for a chunk.
 //

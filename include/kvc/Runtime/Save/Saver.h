@@ -60,13 +60,12 @@ struct SaveStats {
 class SaveJournal {
 public:
   void wrote(ChunkStore &store, const ChunkRef &ref);
-  int64_t size() const;
   /// Removes every object recorded and returns `failure`, naming the
   /// objects that could not be removed.
   Status rollback(const Status &failure);
 
 private:
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::vector<std::pair<ChunkStore *, ChunkRef>> written_;
 };
 

@@ -3,8 +3,6 @@
 #include "kvc/Host/Session.h"
 
 #include <algorithm>
-#include <atomic>
-#include <thread>
 
 namespace kvc::host {
 
@@ -106,66 +104,12 @@ StatusOr<SaveMetrics> saveFromCache(Backend &backend, const PagedKVCache &cache,
   BundlePlan plan =
       savePlanFor(store, int64_t(tokens.size()), {Form::KV}, codec, "store");
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  PagedCacheSource source(backend, cache, table);
   SaveTarget target;
-  target.backend = &backend;
+  target.source = &source;
   target.stores["store"] = &store;
   target.tokens = &tokens;
-  target.cache = &cache;
-  target.table = &table;
   return save(*pools, plan, target);
-}
-
-StatusOr<SaveMetrics>
-prefillAndSave(Backend &backend, const ModelCompute &model,
-               const std::vector<int32_t> &tokens, const BundlePlan &plan,
-               ChunkStore &store, int64_t chunkTokens,
-               const std::function<void(int64_t, int64_t)> &progress) {
-  if (chunkTokens <= 0)
-    return invalidArgument("prefillAndSave: chunks of " +
-                           std::to_string(chunkTokens) + " tokens");
-  const int64_t n = int64_t(tokens.size());
-  const int64_t layers = model.config().numLayers;
-  KVC_ASSIGN_OR_RETURN(into,
-                       destinationFor(backend, model, tokens, nullptr, {}));
-  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
-  SaveTarget target;
-  target.backend = &backend;
-  for (const BundleTask &task : plan.tasks)
-    for (const BundleStep &step : task.steps)
-      if (step.kind == StepKind::Store)
-        target.stores[step.tier] = &store;
-  target.tokens = &tokens;
-  target.cache = into->cache.get();
-  target.table = &into->table;
-  LayerProgress filled;
-  filled.reset(layers, n);
-  target.filling = &filled;
-  StatusOr<SaveMetrics> saved = Status::ok();
-  // The save ends before the prefill only when it fails: then nothing is
-  // left to prefill for.
-  std::atomic<bool> saveEnded{false};
-  std::thread saver([&] {
-    saved = save(*pools, plan, target);
-    saveEnded = true;
-  });
-  std::unique_ptr<PrefillSession> session =
-      backend.prefill(model, tokens, *into->cache, into->table);
-  Status prefilled;
-  for (int64_t t = 0; t < n && prefilled.isOk() && !saveEnded;
-       t += chunkTokens) {
-    const int64_t end = std::min(n, t + chunkTokens);
-    prefilled = session->compute({t, end, 0, layers});
-    if (prefilled.isOk()) {
-      filled.add(0, layers, end - t);
-      if (progress)
-        progress(end, n);
-    }
-  }
-  // A failed prefill fails the gathers still waiting, and so the save.
-  filled.finish(prefilled);
-  saver.join();
-  KVC_RETURN_IF_ERROR(prefilled);
-  return saved;
 }
 
 } // namespace kvc::host

@@ -32,6 +32,7 @@
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Llama2c.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
 
 #include <cstdio>
@@ -140,29 +141,29 @@ Status save(Args &args) {
         planned,
         saveOptionsFor(*plan, *store, int64_t(tokens.size()), options));
     options = std::move(planned);
-    // The executor runs a plan that saves what a paged cache holds, beside
-    // a prefill into one; hidden states exist only inside the prefill, so a
-    // plan that saves them runs through the two-stage saver.
-    if (options.forms == std::vector<Form>{Form::KV}) {
-      KVC_RETURN_IF_ERROR(args.checkUnused());
-      KVC_ASSIGN_OR_RETURN(
-          metrics,
-          host::prefillAndSave(backend(), *model, tokens, *plan, *store,
-                               store->layout().chunkTokens, options.progress));
-      std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
-                  "objects written, %lld already stored; plan %s: snapshots "
-                  "done at %.3f s (they follow the prefill), total %.3f s",
-                  tokens.size(), model->fingerprint().c_str(),
-                  store->tier().url().c_str(), options.codec.str().c_str(),
-                  (long long)metrics.written, (long long)metrics.skipped,
-                  plan->name.c_str(), metrics.snapshotSeconds,
-                  metrics.makespanSeconds);
-      if (metrics.predictedSeconds)
-        std::printf(" (predicted %.3f s once prefilled)",
-                    *metrics.predictedSeconds);
-      std::printf("\n");
-      return reportOtherEncodings(*store, tokens, options);
-    }
+    // The executor runs the plan beside the prefill, each gather taking
+    // its object as the prefill hands it over.
+    KVC_RETURN_IF_ERROR(args.checkUnused());
+    std::map<std::string, ChunkStore *> stores;
+    for (const BundleTask &task : plan->tasks)
+      for (const BundleStep &step : task.steps)
+        if (step.kind == StepKind::Store)
+          stores[step.tier] = store.get();
+    KVC_ASSIGN_OR_RETURN(metrics, saveDuringPrefill(backend(), *model, tokens,
+                                                    *plan, stores, options));
+    std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
+                "objects written, %lld already stored; plan %s: snapshots "
+                "done at %.3f s (they follow the prefill), total %.3f s",
+                tokens.size(), model->fingerprint().c_str(),
+                store->tier().url().c_str(), options.codec.str().c_str(),
+                (long long)metrics.written, (long long)metrics.skipped,
+                plan->name.c_str(), metrics.snapshotSeconds,
+                metrics.makespanSeconds);
+    if (metrics.predictedSeconds)
+      std::printf(" (predicted %.3f s once prefilled)",
+                  *metrics.predictedSeconds);
+    std::printf("\n");
+    return reportOtherEncodings(*store, tokens, options);
   }
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(stats, saveContext(*model, *store, tokens, options));

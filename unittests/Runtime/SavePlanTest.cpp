@@ -32,13 +32,12 @@ protected:
   }
 
   SaveTarget target(const LayerProgress *filling = nullptr) {
+    source_ =
+        std::make_unique<PagedCacheSource>(*backend_, *cache_, table_, filling);
     SaveTarget t;
-    t.backend = backend_;
+    t.source = source_.get();
     t.stores["disk"] = saved_.get();
     t.tokens = &tokens_;
-    t.cache = cache_.get();
-    t.table = &table_;
-    t.filling = filling;
     return t;
   }
 
@@ -78,6 +77,7 @@ protected:
   }
 
   BlockTable table_;
+  std::unique_ptr<PagedCacheSource> source_;
   std::shared_ptr<Tier> disk_;
   std::unique_ptr<ChunkStore> saved_;
 };
@@ -171,6 +171,42 @@ TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
   EXPECT_TRUE(disk_->list("")->empty());
 }
 
+// A plan of both forms run beside the prefill that hands them over stores
+// what the two-stage saver stores, object for object, whether its gathers
+// keep up or the hand-over holds them back to a buffer of one object.
+TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
+  std::shared_ptr<Tier> reference =
+      std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
+  ChunkStore expected(reference, model_->config(), model_->fingerprint(), "",
+                      store_->layout());
+  const CodecSpec int8 = *parseCodecSpec("int8");
+  SaveOptions twoStage;
+  twoStage.codec = int8;
+  ASSERT_TRUE(saveContext(*model_, expected, tokens_, twoStage).isOk());
+  BundlePlan both =
+      savePlanFor(*saved_, kTokens, {Form::KV, Form::Hidden}, int8, "disk");
+  for (size_t buffer : {size_t(256) << 20, size_t(1)}) {
+    std::shared_ptr<Tier> disk =
+        std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
+    ChunkStore store(disk, model_->config(), model_->fingerprint(), "",
+                     store_->layout());
+    SaveOptions stream;
+    stream.bufferBytes = buffer;
+    StatusOr<SaveMetrics> saved = saveDuringPrefill(
+        *backend_, *model_, tokens_, both, {{"disk", &store}}, stream);
+    ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+    std::vector<std::string> names = *reference->list("");
+    EXPECT_EQ(saved->written, int64_t(names.size()));
+    EXPECT_EQ(*disk->list(""), names);
+    for (const std::string &name : names) {
+      std::string want, got;
+      ASSERT_TRUE(reference->get(name, want).isOk());
+      ASSERT_TRUE(disk->get(name, got).isOk());
+      EXPECT_EQ(got, want) << name;
+    }
+  }
+}
+
 // Plans the executor cannot run as a save are refused before anything is
 // read or written, with what is wrong.
 TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
@@ -184,7 +220,7 @@ TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
   EXPECT_EQ(refusal(savePlanFor(*saved_, kTokens, {Form::Hidden}, CodecSpec(),
                                 "disk")),
             "save: plan save saves hidden, which a paged cache does not hold "
-            "(a prefill's snapshots do: saveContext)");
+            "(a prefill's hand-over does: saveDuringPrefill)");
   EXPECT_EQ(
       refusal(savePlanFor(*saved_, kTokens, {Form::KV}, CodecSpec(), "ssd")),
       "save: no store for tier \"ssd\"");

@@ -9,7 +9,6 @@
 //                  cache and block table; the server waits for layer i
 //                  while later layers still load
 //   saveFromCache  writes a request's KV from a paged cache to a store
-//   prefillAndSave a prefill beside the save plan that saves its KV
 //
 // Threading: every call may come from any thread; restores share the
 // ResourcePools (and so the machine's lanes) they are started on. Ownership:
@@ -123,17 +122,6 @@ StatusOr<SaveMetrics> saveFromCache(Backend &backend, const PagedKVCache &cache,
                                     const BlockTable &table, ChunkStore &store,
                                     const std::vector<int32_t> &tokens,
                                     const CodecSpec &codec);
-
-/// Prefills `tokens` into a cache of its own, `chunkTokens` at a time,
-/// while `plan` saves their KV to `store` (the tier of the plan's stores),
-/// each gather running as soon as the prefill has written its object: a
-/// prefill node running a compiled save plan (kvc-run save --bundle).
-/// `progress` is told the tokens prefilled after each chunk.
-StatusOr<SaveMetrics> prefillAndSave(
-    Backend &backend, const ModelCompute &model,
-    const std::vector<int32_t> &tokens, const BundlePlan &plan,
-    ChunkStore &store, int64_t chunkTokens,
-    const std::function<void(int64_t done, int64_t total)> &progress = nullptr);
 
 } // namespace kvc::host
 

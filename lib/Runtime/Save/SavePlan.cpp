@@ -8,12 +8,87 @@
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 
 namespace kvc {
 
+SaveSource::~SaveSource() = default;
+
+Status PagedCacheSource::gather(const ChunkObjects &objects,
+                                const ChunkRef &ref, std::vector<float> &out) {
+  if (ref.form != Form::KV)
+    return invalidArgument("save: a paged cache holds no hidden states");
+  const int64_t rows = ref.tokenEnd - ref.tokenBegin;
+  const int64_t kvDim = cache_.kvDim();
+  if (kvDim != objects.model().numKvHeads * objects.model().headDim ||
+      cache_.config().layers != objects.model().numLayers)
+    return invalidArgument("save: the cache does not hold the KV of the "
+                           "store's model");
+  if (table_.capacity(cache_.config().blockSize) < ref.tokenEnd)
+    return invalidArgument("save: the block table holds fewer than " +
+                           std::to_string(ref.tokenEnd) + " tokens");
+  out.resize(size_t((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim));
+  for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
+    if (filling_)
+      KVC_RETURN_IF_ERROR(filling_->waitTokens(l, ref.tokenEnd));
+    float *k = out.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
+    KVC_RETURN_IF_ERROR(backend_.readBack(cache_, table_, l, ref.tokenBegin,
+                                          rows, k, k + rows * kvDim));
+  }
+  return Status::ok();
+}
+
+void PrefillSnapshots::put(const ChunkRef &ref, const float *values,
+                           size_t count) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const size_t bytes = count * sizeof(float);
+  // Room, unless a gather waits for an object still to come: then holding
+  // more is the way forward.
+  changed_.wait(lock, [&] {
+    return bytes_ == 0 || bytes_ + bytes <= capacity_ || waiting_ > 0;
+  });
+  kept_[{ref.form, ref.tokenBegin, ref.layerBegin}].assign(values,
+                                                           values + count);
+  bytes_ += bytes;
+  changed_.notify_all();
+}
+
+void PrefillSnapshots::finish(const Status &status) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  finished_ = status;
+  changed_.notify_all();
+}
+
+Status PrefillSnapshots::gather(const ChunkObjects &objects,
+                                const ChunkRef &ref, std::vector<float> &out) {
+  const Key key{ref.form, ref.tokenBegin, ref.layerBegin};
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++waiting_;
+  changed_.notify_all();
+  changed_.wait(lock, [&] { return kept_.count(key) || finished_; });
+  --waiting_;
+  auto kept = kept_.find(key);
+  if (kept == kept_.end())
+    return finished_->isOk()
+               ? Status(StatusCode::FailedPrecondition,
+                        "save: the prefill computed no " +
+                            std::string(name(ref.form)) + " of tokens " +
+                            std::to_string(ref.tokenBegin) + " of layer " +
+                            std::to_string(ref.layerBegin))
+               : *finished_;
+  if (kept->second.size() != size_t(objects.shape(ref).numel()))
+    return invalidArgument("save: the prefill handed over an object of " +
+                           std::to_string(kept->second.size()) + " values");
+  out = std::move(kept->second);
+  bytes_ -= out.size() * sizeof(float);
+  kept_.erase(kept);
+  changed_.notify_all();
+  return Status::ok();
+}
+
 namespace {
 
-/// One object on its way from the cache to a store.
+/// One object on its way from the source to a store.
 struct SaveValue {
   ChunkRef ref; ///< Its codec: the encoding the plan stores.
   std::string tier;
@@ -26,8 +101,7 @@ class SaveRun {
 public:
   SaveRun(const BundlePlan &plan, const SaveTarget &target,
           const SaveRunOptions &options)
-      : plan_(plan), target_(target), options_(options),
-        backend_(target.backend ? *target.backend : cpuBackend()) {}
+      : plan_(plan), target_(target), options_(options) {}
 
   StatusOr<TaskGraph> build() {
     const std::string &name = plan_.name;
@@ -37,11 +111,11 @@ public:
     std::string tier;
     for (const BundleTask &task : plan_.tasks)
       for (const BundleStep &step : task.steps) {
-        if (step.kind == StepKind::Gather && step.form != Form::KV)
+        if (step.kind == StepKind::Gather && !target_.source->holds(step.form))
           return invalidArgument(
               "save: plan " + name + " saves " + kvc::name(step.form) +
-              ", which a paged cache does not hold (a prefill's snapshots "
-              "do: saveContext)");
+              ", which a paged cache does not hold (a prefill's hand-over "
+              "does: saveDuringPrefill)");
         if (step.kind != StepKind::Store)
           continue;
         if (!tier.empty() && step.tier != tier)
@@ -54,17 +128,10 @@ public:
     if (store == target_.stores.end() || !store->second)
       return invalidArgument("save: no store for tier \"" + tier + "\"");
     store_ = store->second;
-    KVC_ASSIGN_OR_RETURN(what, saveOptionsFor(plan_, *store_, n));
-    if (target_.cache->kvDim() !=
-            store_->model().numKvHeads * store_->model().headDim ||
-        target_.cache->config().layers != store_->model().numLayers)
-      return invalidArgument("save: the cache does not hold the KV of the "
-                             "store's model");
-    if (target_.table->capacity(target_.cache->config().blockSize) < n)
-      return invalidArgument("save: the block table holds fewer than " +
-                             std::to_string(n) + " tokens");
-    const std::vector<ChunkRef> refs =
-        store_->refs(target_.tokens->data(), n, Form::KV, what.codec);
+    KVC_ASSIGN_OR_RETURN(what, planObjects(plan_, *store_, n, StepKind::Store));
+    std::map<Form, std::vector<ChunkRef>> refs;
+    for (Form form : what.forms)
+      refs[form] = store_->refs(target_.tokens->data(), n, form, what.codec);
 
     values_.resize(plan_.tasks.size());
     TaskGraph graph;
@@ -83,7 +150,7 @@ public:
                                  std::to_string(first.layers.begin) +
                                  ", which the request does not have");
         auto value = std::make_shared<SaveValue>();
-        value->ref = refs[at];
+        value->ref = refs[first.form][at];
         value->tier = tier;
         values_[i] = value;
         ++gathers_;
@@ -150,19 +217,8 @@ private:
   }
 
   Status gather(SaveValue &value) {
-    const ChunkRef &ref = value.ref;
-    const int64_t rows = ref.tokenEnd - ref.tokenBegin;
-    const int64_t kvDim = target_.cache->kvDim();
-    value.values.resize(
-        size_t((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim));
-    for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
-      if (target_.filling)
-        KVC_RETURN_IF_ERROR(target_.filling->waitTokens(l, ref.tokenEnd));
-      float *k = value.values.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
-      KVC_RETURN_IF_ERROR(backend_.readBack(*target_.cache, *target_.table, l,
-                                            ref.tokenBegin, rows, k,
-                                            k + rows * kvDim));
-    }
+    KVC_RETURN_IF_ERROR(
+        target_.source->gather(*store_, value.ref, value.values));
     if (gathers_.fetch_sub(1) == 1) {
       snapshotSeconds_ = secondsSince(start_);
       if (options_.snapshotted)
@@ -199,7 +255,6 @@ private:
   const BundlePlan &plan_;
   const SaveTarget &target_;
   const SaveRunOptions &options_;
-  Backend &backend_;
   ChunkStore *store_ = nullptr;
   std::vector<std::shared_ptr<SaveValue>> values_;
   std::atomic<int64_t> gathers_{0};
@@ -216,8 +271,8 @@ private:
 StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
                            const SaveTarget &target,
                            const SaveRunOptions &options) {
-  if (!target.tokens || !target.cache || !target.table)
-    return invalidArgument("save: tokens, cache and block table are required");
+  if (!target.tokens || !target.source)
+    return invalidArgument("save: tokens and a source are required");
   SaveRun run(plan, target, options);
   KVC_ASSIGN_OR_RETURN(graph, run.build());
   run.start();
@@ -233,6 +288,49 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
   if (!options.tracePath.empty())
     KVC_RETURN_IF_ERROR(writeChromeTrace(graph, result, options.tracePath));
   return metrics;
+}
+
+StatusOr<SaveMetrics>
+saveDuringPrefill(Backend &backend, const LlamaModel &model,
+                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
+                  const std::map<std::string, ChunkStore *> &stores,
+                  const SaveOptions &stream) {
+  if (stores.empty() || !stores.begin()->second)
+    return invalidArgument("save: no store");
+  ChunkStore &store = *stores.begin()->second;
+  KVC_ASSIGN_OR_RETURN(
+      what, planObjects(plan, store, int64_t(tokens.size()), StepKind::Store));
+  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  PrefillSnapshots snapshots(stream.bufferBytes);
+  SaveTarget target;
+  target.source = &snapshots;
+  target.stores = stores;
+  target.tokens = &tokens;
+  // The save ends before the prefill only when it fails: then nothing is
+  // left to prefill for.
+  std::atomic<bool> saveEnded{false};
+  StatusOr<SaveMetrics> saved = Status::ok();
+  std::thread saver([&] {
+    saved = save(*pools, plan, target);
+    saveEnded = true;
+  });
+  SaveOptions prefill = stream;
+  prefill.forms = what.forms;
+  prefill.codec = what.codec;
+  prefill.dryRun = false;
+  StatusOr<SaveStats> streamed = streamContext(
+      model, store, tokens, prefill,
+      [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
+        if (saveEnded)
+          return Status(StatusCode::FailedPrecondition, "the save failed");
+        snapshots.put(ref, values, size_t(store.shape(ref).numel()));
+        return true;
+      });
+  snapshots.finish(streamed.status());
+  saver.join();
+  if (!saved.isOk() || streamed.isOk())
+    return saved;
+  return streamed.status();
 }
 
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,

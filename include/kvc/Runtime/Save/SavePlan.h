@@ -1,13 +1,13 @@
 //===- SavePlan.h - Running compiled save plans -----------------*- C++ -*-===//
 //
-// Executes a save plan (kvc-opt --kvc-save-pipeline, or savePlanFor) over a
-// request's KV in a paged cache: the plan's tasks become a TaskGraph on
-// shared ResourcePools, lanes as the plan says, as a restore's do
-// (Executor.h), and each task's steps run on the object its chain carries:
+// Executes a save plan (kvc-opt --kvc-save-pipeline, or savePlanFor): the
+// plan's tasks become a TaskGraph on shared ResourcePools, lanes as the plan
+// says, as a restore's do (Executor.h), and each task's steps run on the
+// object its chain carries:
 //
 //   gather, transfer_to_host
-//                   the snapshot: Backend::readBack copies the object's
-//                   layers of K and V out of the cache to host fp32
+//                   the snapshot: the object's values copied out of the
+//                   save's source to host fp32
 //   transform, quant
 //                   done by the host's encode
 //   compress        encodes the object (ChunkObjects::encode: transform,
@@ -16,17 +16,18 @@
 //                   stored already (ChunkStore::putEncoded); encodes it
 //                   first when the plan has no compress step
 //
-// HCache's two stages: the gathers copy out of the cache (stage one), and
-// once the last has run the caller may reuse the cache's blocks while the
-// encodes and writes go on (stage two; SaveRunOptions::snapshotted). A
-// cache still being filled is saved while it fills: each gather waits until
-// its layers hold its tokens (SaveTarget::filling), so the save overlaps the
+// Sources: a paged cache (PagedCacheSource: a server saving a request it
+// holds, Backend::readBack), or a prefill's hand-over (PrefillSnapshots:
+// K, V and hidden states as each layer group is computed; HCache's hidden
+// states exist only there). HCache's two stages: the gathers copy out of
+// the source (stage one), and once the last has run the source may be
+// released while the encodes and writes go on (stage two;
+// SaveRunOptions::snapshotted). A source still being filled is saved while
+// it fills, each gather waiting for its object, so the save overlaps the
 // prefill. A failed save removes the objects it wrote (SaveJournal).
 //
 // The plan must store every object of the store's layout once, in one
-// encoding (saveOptionsFor's check). Hidden states are not in a paged
-// cache: a plan that saves them runs through saveContext, whose prefill
-// snapshots them.
+// encoding (planObjects' check, Saver.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,7 +38,12 @@
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <tuple>
 
 #include <functional>
 #include <map>
@@ -47,27 +53,82 @@
 
 namespace kvc {
 
+/// Where a save plan's gathers read an object's values: a paged cache, or
+/// the objects a prefill hands over. Thread-safe.
+class SaveSource {
+public:
+  virtual ~SaveSource();
+  /// Whether it can give objects of `form`.
+  virtual bool holds(Form form) const = 0;
+  /// The values of `ref` (ChunkObjects::shape, fp32) into `out`, once they
+  /// exist (a source still being filled waits for them).
+  virtual Status gather(const ChunkObjects &objects, const ChunkRef &ref,
+                        std::vector<float> &out) = 0;
+};
+
+/// The KV of a request in a paged cache, read back through `backend`.
+/// With `filling`, the cache's progress while a prefill still fills it in
+/// token order: each gather first waits until its layers hold its tokens,
+/// and fails with the prefill's error.
+class PagedCacheSource final : public SaveSource {
+public:
+  PagedCacheSource(Backend &backend, const PagedKVCache &cache,
+                   const BlockTable &table,
+                   const LayerProgress *filling = nullptr)
+      : backend_(backend), cache_(cache), table_(table), filling_(filling) {}
+  bool holds(Form form) const override { return form == Form::KV; }
+  Status gather(const ChunkObjects &objects, const ChunkRef &ref,
+                std::vector<float> &out) override;
+
+private:
+  Backend &backend_;
+  const PagedKVCache &cache_;
+  const BlockTable &table_;
+  const LayerProgress *filling_;
+};
+
+/// The objects a prefill hands over as it computes them (streamContext's
+/// sink): K, V and hidden states, each kept until a gather takes it. Holds
+/// at most `bufferBytes` while no gather waits for an object still to come
+/// (a plan that gathers in another order than the prefill computes never
+/// deadlocks; it only holds more).
+class PrefillSnapshots final : public SaveSource {
+public:
+  explicit PrefillSnapshots(size_t bufferBytes) : capacity_(bufferBytes) {}
+  bool holds(Form) const override { return true; }
+  Status gather(const ChunkObjects &objects, const ChunkRef &ref,
+                std::vector<float> &out) override;
+  /// Keeps `count` values of the object `ref` names (whatever its codec).
+  void put(const ChunkRef &ref, const float *values, size_t count);
+  /// The prefill ended with `status`: gathers of objects it did not hand
+  /// over fail with its error (or say it never computed them).
+  void finish(const Status &status);
+
+private:
+  using Key = std::tuple<Form, int64_t, int64_t>;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<Key, std::vector<float>> kept_;
+  size_t bytes_ = 0, capacity_;
+  int waiting_ = 0;
+  std::optional<Status> finished_;
+};
+
 /// What one save reads and writes.
 struct SaveTarget {
-  /// The device the cache is on; the CPU backend when null.
-  Backend *backend = nullptr;
+  /// Where the gathers read.
+  SaveSource *source = nullptr;
   /// Stores by tier name (the `tier` of the plan's stores).
   std::map<std::string, ChunkStore *> stores;
   const std::vector<int32_t> *tokens = nullptr;
-  const PagedKVCache *cache = nullptr;
-  const BlockTable *table = nullptr;
-  /// The cache's progress while a prefill still fills it in token order:
-  /// each gather first waits until its layers hold its tokens, and fails
-  /// with the prefill's error. Null when the cache holds the request.
-  const LayerProgress *filling = nullptr;
 };
 
 struct SaveRunOptions {
   /// Writes a Chrome trace of the run here when not empty.
   std::string tracePath;
   /// Called once, from a worker, when every gather has copied its object
-  /// out of the cache: from then on the save reads the cache no more.
-  /// Never called for a save that fails before.
+  /// out of the source: from then on the save reads it no more (a cache's
+  /// blocks may be reused). Never called for a save that fails before.
   std::function<void()> snapshotted;
 };
 
@@ -81,10 +142,22 @@ struct SaveMetrics {
   std::optional<double> predictedSeconds;
 };
 
-/// Saves the KV of `target.tokens` from `target.cache` by running `plan`.
+/// Saves the objects of `target.tokens` from `target.source` by running
+/// `plan`.
 StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
                            const SaveTarget &target,
                            const SaveRunOptions &options = {});
+
+/// A prefill node's save: prefills `tokens` with `model` (streamContext,
+/// `stream`'s writers, buffers, prefill steps and progress; its forms and
+/// codec are the plan's) while `plan` saves what it computes to `stores`,
+/// each gather taking its object as soon as the prefill handed it over.
+/// Pools come from `backend` with the plan's lanes.
+StatusOr<SaveMetrics>
+saveDuringPrefill(Backend &backend, const LlamaModel &model,
+                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
+                  const std::map<std::string, ChunkStore *> &stores,
+                  const SaveOptions &stream = {});
 
 /// The save plan a caller without the compiler runs: per object of
 /// `objects`' layout for `tokens` tokens and each of `forms`, a gather on

@@ -87,10 +87,9 @@ StatusOr<PlanObjects> planObjects(const BundlePlan &plan,
 
 /// The save a compiled save plan describes (kvc-save-pipeline): its forms
 /// and the encoding it stores (planObjects' check, with the store's
-/// layout), over `base`'s other options. saveContext carries it out as a
-/// two-stage save, its prefill's snapshots standing for the plan's gathers,
-/// not following the plan's tasks and lanes; kvc::save (SavePlan.h) runs
-/// the plan itself over a paged cache.
+/// layout), over `base`'s other options: what saveContext needs to save as
+/// the plan would, not following its tasks and lanes. saveDuringPrefill
+/// (SavePlan.h) runs the plan itself.
 StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                                      const ChunkStore &store, int64_t tokens,
                                      SaveOptions base = {});

@@ -207,6 +207,24 @@ TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
   }
 }
 
+// A save beside a prefill whose store fails ends with the store's error
+// and leaves nothing behind, its hand-over holding one object at a time.
+TEST_F(SavePlanTest, AFailedStoreEndsASaveDuringPrefill) {
+  std::shared_ptr<Tier> tiny = std::shared_ptr<Tier>(
+      std::move(openTier("mem://?capacity_mb=0.00001").value())); // 10 bytes.
+  ChunkStore store(tiny, model_->config(), model_->fingerprint(), "",
+                   store_->layout());
+  SaveOptions stream;
+  stream.bufferBytes = 1;
+  StatusOr<SaveMetrics> saved = saveDuringPrefill(
+      *backend_, *model_, tokens_, plan(), {{"disk", &store}}, stream);
+  ASSERT_FALSE(saved.isOk());
+  EXPECT_NE(saved.status().message().find("exceeds the tier's capacity"),
+            std::string::npos)
+      << saved.status().toString();
+  EXPECT_TRUE(tiny->list("")->empty());
+}
+
 // Plans the executor cannot run as a save are refused before anything is
 // read or written, with what is wrong.
 TEST_F(SavePlanTest, RefusesWhatItCannotSave) {

@@ -45,8 +45,11 @@ void PrefillSnapshots::put(const ChunkRef &ref, const float *values,
   // Room, unless a gather waits for an object still to come: then holding
   // more is the way forward.
   changed_.wait(lock, [&] {
-    return bytes_ == 0 || bytes_ + bytes <= capacity_ || waiting_ > 0;
+    return bytes_ == 0 || bytes_ + bytes <= capacity_ || waiting_ > 0 ||
+           finished_;
   });
+  if (finished_)
+    return; // No gather will take it.
   kept_[{ref.form, ref.tokenBegin, ref.layerBegin}].assign(values,
                                                            values + count);
   bytes_ += bytes;
@@ -313,6 +316,8 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
   std::thread saver([&] {
     saved = save(*pools, plan, target);
     saveEnded = true;
+    if (!saved.isOk()) // Frees a prefill waiting for room no gather makes.
+      snapshots.finish(saved.status());
   });
   SaveOptions prefill = stream;
   prefill.forms = what.forms;

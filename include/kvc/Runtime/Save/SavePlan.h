@@ -98,10 +98,11 @@ public:
   bool holds(Form) const override { return true; }
   Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                 std::vector<float> &out) override;
-  /// Keeps `count` values of the object `ref` names (whatever its codec).
+  /// Keeps `count` values of the object `ref` names (whatever its codec);
+  /// after finish(), drops them.
   void put(const ChunkRef &ref, const float *values, size_t count);
-  /// The prefill ended with `status`: gathers of objects it did not hand
-  /// over fail with its error (or say it never computed them).
+  /// The prefill (or the save) ended with `status`: gathers of objects not
+  /// handed over fail with its error (or say they were never computed).
   void finish(const Status &status);
 
 private:

@@ -18,9 +18,18 @@ protected:
   void SetUp() override {
     ExecutorTest::SetUp();
     table_ = *cache_->allocate(kTokens);
-    disk_ = std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
-    saved_ = std::make_unique<ChunkStore>(
-        disk_, model_->config(), model_->fingerprint(), "", store_->layout());
+    disk_ = memTier();
+    saved_ = std::make_unique<ChunkStore>(storeOn(disk_));
+  }
+
+  static std::shared_ptr<Tier> memTier(const std::string &url = "mem://") {
+    return std::shared_ptr<Tier>(std::move(openTier(url).value()));
+  }
+
+  /// A store on `tier` of the test's model, in the test's layout.
+  ChunkStore storeOn(std::shared_ptr<Tier> tier) const {
+    return ChunkStore(std::move(tier), model_->config(), model_->fingerprint(),
+                      "", store_->layout());
   }
   void TearDown() override { cache_->release(table_); }
 
@@ -175,10 +184,8 @@ TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
 // what the two-stage saver stores, object for object, whether its gathers
 // keep up or the hand-over holds them back to a buffer of one object.
 TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
-  std::shared_ptr<Tier> reference =
-      std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
-  ChunkStore expected(reference, model_->config(), model_->fingerprint(), "",
-                      store_->layout());
+  std::shared_ptr<Tier> reference = memTier();
+  ChunkStore expected = storeOn(reference);
   const CodecSpec int8 = *parseCodecSpec("int8");
   SaveOptions twoStage;
   twoStage.codec = int8;
@@ -186,10 +193,8 @@ TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
   BundlePlan both =
       savePlanFor(*saved_, kTokens, {Form::KV, Form::Hidden}, int8, "disk");
   for (size_t buffer : {size_t(256) << 20, size_t(1)}) {
-    std::shared_ptr<Tier> disk =
-        std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
-    ChunkStore store(disk, model_->config(), model_->fingerprint(), "",
-                     store_->layout());
+    std::shared_ptr<Tier> disk = memTier();
+    ChunkStore store = storeOn(disk);
     SaveOptions stream;
     stream.bufferBytes = buffer;
     StatusOr<SaveMetrics> saved = saveDuringPrefill(
@@ -210,10 +215,8 @@ TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
 // A save beside a prefill whose store fails ends with the store's error
 // and leaves nothing behind, its hand-over holding one object at a time.
 TEST_F(SavePlanTest, AFailedStoreEndsASaveDuringPrefill) {
-  std::shared_ptr<Tier> tiny = std::shared_ptr<Tier>(
-      std::move(openTier("mem://?capacity_mb=0.00001").value())); // 10 bytes.
-  ChunkStore store(tiny, model_->config(), model_->fingerprint(), "",
-                   store_->layout());
+  std::shared_ptr<Tier> tiny = memTier("mem://?capacity_mb=0.00001"); // 10 B.
+  ChunkStore store = storeOn(tiny);
   SaveOptions stream;
   stream.bufferBytes = 1;
   StatusOr<SaveMetrics> saved = saveDuringPrefill(

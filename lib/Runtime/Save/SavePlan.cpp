@@ -14,19 +14,24 @@ namespace kvc {
 
 SaveSource::~SaveSource() = default;
 
-Status PagedCacheSource::gather(const ChunkObjects &objects,
-                                const ChunkRef &ref, std::vector<float> &out) {
+Status PagedCacheSource::check(const ChunkObjects &objects,
+                               int64_t tokens) const {
+  if (cache_.kvDim() != objects.model().numKvHeads * objects.model().headDim ||
+      cache_.config().layers != objects.model().numLayers)
+    return invalidArgument("save: the cache does not hold the KV of the "
+                           "store's model");
+  if (table_.capacity(cache_.config().blockSize) < tokens)
+    return invalidArgument("save: the block table holds fewer than " +
+                           std::to_string(tokens) + " tokens");
+  return Status::ok();
+}
+
+Status PagedCacheSource::gather(const ChunkObjects &, const ChunkRef &ref,
+                                std::vector<float> &out) {
   if (ref.form != Form::KV)
     return invalidArgument("save: a paged cache holds no hidden states");
   const int64_t rows = ref.tokenEnd - ref.tokenBegin;
   const int64_t kvDim = cache_.kvDim();
-  if (kvDim != objects.model().numKvHeads * objects.model().headDim ||
-      cache_.config().layers != objects.model().numLayers)
-    return invalidArgument("save: the cache does not hold the KV of the "
-                           "store's model");
-  if (table_.capacity(cache_.config().blockSize) < ref.tokenEnd)
-    return invalidArgument("save: the block table holds fewer than " +
-                           std::to_string(ref.tokenEnd) + " tokens");
   out.resize(size_t((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim));
   for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
     if (filling_)
@@ -132,6 +137,7 @@ public:
       return invalidArgument("save: no store for tier \"" + tier + "\"");
     store_ = store->second;
     KVC_ASSIGN_OR_RETURN(what, planObjects(plan_, *store_, n, StepKind::Store));
+    KVC_RETURN_IF_ERROR(target_.source->check(*store_, n));
     std::map<Form, std::vector<ChunkRef>> refs;
     for (Form form : what.forms)
       refs[form] = store_->refs(target_.tokens->data(), n, form, what.codec);

@@ -60,6 +60,11 @@ public:
   virtual ~SaveSource();
   /// Whether it can give objects of `form`.
   virtual bool holds(Form form) const = 0;
+  /// Whether it can give every object of `objects` for `tokens` tokens
+  /// (checked once, before the first gather).
+  virtual Status check(const ChunkObjects &, int64_t /*tokens*/) const {
+    return Status::ok();
+  }
   /// The values of `ref` (ChunkObjects::shape, fp32) into `out`, once they
   /// exist (a source still being filled waits for them).
   virtual Status gather(const ChunkObjects &objects, const ChunkRef &ref,
@@ -77,6 +82,8 @@ public:
                    const LayerProgress *filling = nullptr)
       : backend_(backend), cache_(cache), table_(table), filling_(filling) {}
   bool holds(Form form) const override { return form == Form::KV; }
+  /// The cache holds the model's KV and the table the request's tokens.
+  Status check(const ChunkObjects &objects, int64_t tokens) const override;
   Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                 std::vector<float> &out) override;
 

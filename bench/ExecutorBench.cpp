@@ -9,6 +9,13 @@
 //   Efficiency/W/N        N tasks of 20 us busy work on W workers, chunked
 //                         as pipelines of 4; reports overhead_pct =
 //                         makespan / (sum of work / W) - 1.
+//   Handoff/U             a chain of 64 tasks of U us busy work that
+//                         alternates between two resources of one worker
+//                         each, as a chunk goes from decode to h2d: every
+//                         task wakes the other resource's worker, idle
+//                         for U us. Reports us_per_handoff = (makespan -
+//                         sum of work) / 63: what a plan's task pays to
+//                         start after its dependency on another lane.
 //
 //===----------------------------------------------------------------------===//
 
@@ -16,7 +23,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 using namespace kvc;
 
@@ -83,6 +92,35 @@ void BM_Efficiency(benchmark::State &state) {
   state.counters["overhead_pct"] = overhead * 100;
 }
 
+void BM_Handoff(benchmark::State &state) {
+  const double work = double(state.range(0)) * 1e-6;
+  constexpr int64_t kTasks = 64;
+  auto pools = ResourcePools::create({{"a", 1}, {"b", 1}});
+  TaskGraph graph;
+  for (int64_t i = 0; i < kTasks; ++i) {
+    GraphTask task{"t", i % 2 ? "b" : "a", {}, [work](int) {
+                     spin(work);
+                     return Status::ok();
+                   }};
+    if (i > 0)
+      task.after = {i - 1};
+    graph.add(std::move(task));
+  }
+  std::vector<double> perHandoff;
+  for (auto _ : state) {
+    RunResult result = runGraph(**pools, graph);
+    double busy = 0;
+    for (const TaskTiming &t : result.timings)
+      busy += t.end - t.start;
+    // From the first task's start: the run's own start pays one wake-up
+    // of a worker too, which is not a hand-off.
+    perHandoff.push_back((result.makespan - result.timings[0].start - busy) /
+                         double(kTasks - 1));
+  }
+  std::sort(perHandoff.begin(), perHandoff.end());
+  state.counters["us_per_handoff"] = perHandoff[perHandoff.size() / 2] * 1e6;
+}
+
 } // namespace
 
 BENCHMARK(BM_ScheduleEmpty)->Arg(4096)->Unit(benchmark::kMillisecond);
@@ -90,6 +128,11 @@ BENCHMARK(BM_ScheduleChain)->Arg(4096)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_Efficiency)
     ->Args({1, 4096})
     ->Args({2, 4096})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Handoff)
+    ->Arg(20)
+    ->Arg(200)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -38,6 +38,14 @@ void spin(double seconds) {
   }
 }
 
+/// Seconds the run's tasks worked, over every resource.
+double busySeconds(const RunResult &result) {
+  double busy = 0;
+  for (const auto &[resource, seconds] : result.busy)
+    busy += seconds;
+  return busy;
+}
+
 void scheduleBench(benchmark::State &state, bool chain) {
   auto pools = ResourcePools::create({{"compute", 1}});
   const int64_t n = state.range(0);
@@ -84,10 +92,7 @@ void BM_Efficiency(benchmark::State &state) {
   double overhead = 0;
   for (auto _ : state) {
     RunResult result = runGraph(**pools, graph);
-    double work = 0;
-    for (const TaskTiming &t : result.timings)
-      work += t.end - t.start;
-    overhead = result.makespan / (work / workers) - 1;
+    overhead = result.makespan / (busySeconds(result) / workers) - 1;
   }
   state.counters["overhead_pct"] = overhead * 100;
 }
@@ -109,13 +114,13 @@ void BM_Handoff(benchmark::State &state) {
   std::vector<double> perHandoff;
   for (auto _ : state) {
     RunResult result = runGraph(**pools, graph);
-    double busy = 0;
-    for (const TaskTiming &t : result.timings)
-      busy += t.end - t.start;
+    if (!result.status.isOk())
+      state.SkipWithError(result.status.message().c_str());
     // From the first task's start: the run's own start pays one wake-up
     // of a worker too, which is not a hand-off.
-    perHandoff.push_back((result.makespan - result.timings[0].start - busy) /
-                         double(kTasks - 1));
+    perHandoff.push_back(
+        (result.makespan - result.timings[0].start - busySeconds(result)) /
+        double(kTasks - 1));
   }
   std::sort(perHandoff.begin(), perHandoff.end());
   state.counters["us_per_handoff"] = perHandoff[perHandoff.size() / 2] * 1e6;

@@ -13,9 +13,11 @@
 //                         alternates between two resources of one worker
 //                         each, as a chunk goes from decode to h2d: every
 //                         task wakes the other resource's worker, idle
-//                         for U us. Reports us_per_handoff = (makespan -
-//                         sum of work) / 63: what a plan's task pays to
-//                         start after its dependency on another lane.
+//                         for U us (measureHandoff, as calibration runs
+//                         it). Reports us_per_handoff = (makespan - sum of
+//                         work) / 63, the median of the runs: what a plan's
+//                         task pays to start after its dependency on
+//                         another lane.
 //
 //===----------------------------------------------------------------------===//
 
@@ -98,29 +100,16 @@ void BM_Efficiency(benchmark::State &state) {
 }
 
 void BM_Handoff(benchmark::State &state) {
-  const double work = double(state.range(0)) * 1e-6;
-  constexpr int64_t kTasks = 64;
   auto pools = ResourcePools::create({{"a", 1}, {"b", 1}});
-  TaskGraph graph;
-  for (int64_t i = 0; i < kTasks; ++i) {
-    GraphTask task{"t", i % 2 ? "b" : "a", {}, [work](int) {
-                     spin(work);
-                     return Status::ok();
-                   }};
-    if (i > 0)
-      task.after = {i - 1};
-    graph.add(std::move(task));
-  }
   std::vector<double> perHandoff;
   for (auto _ : state) {
-    RunResult result = runGraph(**pools, graph);
-    if (!result.status.isOk())
-      state.SkipWithError(result.status.message().c_str());
-    // From the first task's start: the run's own start pays one wake-up
-    // of a worker too, which is not a hand-off.
-    perHandoff.push_back(
-        (result.makespan - result.timings[0].start - busySeconds(result)) /
-        double(kTasks - 1));
+    StatusOr<double> seconds = measureHandoff(
+        **pools, "a", "b", double(state.range(0)) * 1e-6, /*tasks=*/64);
+    if (!seconds.isOk()) {
+      state.SkipWithError(seconds.status().message().c_str());
+      return;
+    }
+    perHandoff.push_back(*seconds);
   }
   std::sort(perHandoff.begin(), perHandoff.end());
   state.counters["us_per_handoff"] = perHandoff[perHandoff.size() / 2] * 1e6;

@@ -5,6 +5,7 @@
 #include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Exec/TaskGraph.h"
 
 #include "kvc/Planning/ComputeFit.h"
 #include "kvc/Planning/CostModel.h"
@@ -161,6 +162,25 @@ StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
     std::fprintf(log, "copy bandwidth: %.2f GB/s\n", gbs);
     c.memGBs = gbs;
     target.link.h2dGBs = target.link.d2hGBs = gbs;
+  }
+
+  // Hand-offs between lanes: a task released by a task on another resource
+  // waits for that resource's idle worker to wake. Measured after 200 us of
+  // idling, as long as a chunk's step keeps the other lanes waiting (tens
+  // of microseconds on a VM whose idle vCPUs halt); the median of 7 chains.
+  {
+    KVC_ASSIGN_OR_RETURN(
+        pools, backend.createPools({{"handoff:a", 1}, {"handoff:b", 1}}));
+    std::vector<double> handoffs;
+    for (int round = 0; round < 7; ++round) {
+      KVC_ASSIGN_OR_RETURN(seconds,
+                           measureHandoff(*pools, "handoff:a", "handoff:b",
+                                          200e-6, /*tasks=*/32));
+      handoffs.push_back(seconds);
+    }
+    target.host.handoffUs = median(handoffs) * 1e6;
+    std::fprintf(log, "hand-off between lanes: %.1f us\n",
+                 target.host.handoffUs);
   }
 
   // Tiers.

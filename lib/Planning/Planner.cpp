@@ -404,7 +404,8 @@ JobGraph Planner::buildJobs(const Plan &plan,
 Evaluation Planner::evaluate(const Plan &plan) const {
   std::vector<JobInfo> info;
   JobGraph graph = buildJobs(plan, &info);
-  SimResult sim = simulate(graph, options_.stagingBytes);
+  SimResult sim = simulate(graph, options_.stagingBytes,
+                           cost_.target().host.handoffUs * 1e-6);
   Evaluation e;
   e.plan = plan;
   e.seconds = sim.makespan;

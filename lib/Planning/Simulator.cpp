@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cassert>
 #include <queue>
+#include <tuple>
 
 namespace kvc::planning {
 
@@ -37,7 +38,8 @@ int JobGraph::addJob(const SimJob &job, std::initializer_list<int> deps) {
   return addJobImpl(jobs_, deps_, depStart_, job, deps);
 }
 
-SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
+SimResult simulate(const JobGraph &graph, int64_t stagingBudget,
+                   double handoffSeconds) {
   const int n = graph.numJobs();
   const int numResources = graph.numResources();
   SimResult result;
@@ -81,14 +83,33 @@ SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
   int64_t held = 0;
   std::vector<int64_t> releases(n, 0);
 
-  using Event = std::pair<double, int>; // (finish time, job)
+  // Events at one instant: jobs finish (a lane frees, dependents count
+  // down), then handed-off jobs arrive on their resource's queue.
+  enum : int { Finish = 0, Arrive = 1 };
+  struct Event {
+    double time;
+    int kind;
+    int job;
+    bool operator>(const Event &o) const {
+      return std::tie(time, kind, job) > std::tie(o.time, o.kind, o.job);
+    }
+  };
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events;
   double now = 0;
   int done = 0;
+  // When a job may arrive: after each dependency on its own resource, and
+  // `handoffSeconds` after each on another (or after the start).
+  std::vector<double> arrival(n, handoffSeconds);
+  auto arrive = [&](int j) {
+    if (arrival[j] > now)
+      events.push({arrival[j], Arrive, j});
+    else
+      pushReady(j);
+  };
 
   for (int j = 0; j < n; ++j)
     if (remaining[j] == 0)
-      pushReady(j);
+      arrive(j);
 
   auto dispatch = [&] {
     for (int r = 0; r < numResources; ++r) {
@@ -110,7 +131,7 @@ SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
         result.start[j] = now;
         result.finish[j] = now + job.seconds;
         result.busy[r] += job.seconds;
-        events.push({result.finish[j], j});
+        events.push({result.finish[j], Finish, j});
       }
     }
   };
@@ -118,17 +139,25 @@ SimResult simulate(const JobGraph &graph, int64_t stagingBudget) {
   dispatch();
   while (!events.empty()) {
     // Finish every job that ends at this instant before dispatching again.
-    now = events.top().first;
-    while (!events.empty() && events.top().first == now) {
-      int j = events.top().second;
+    now = events.top().time;
+    while (!events.empty() && events.top().time == now) {
+      Event event = events.top();
       events.pop();
+      int j = event.job;
+      if (event.kind == Arrive) {
+        pushReady(j);
+        continue;
+      }
       ++done;
       ++freeLanes[graph.job(j).resource];
       held -= releases[j];
       for (int k = offsets[j]; k < offsets[j + 1]; ++k) {
         int dependent = dependents[k];
+        bool crosses = graph.job(dependent).resource != graph.job(j).resource;
+        arrival[dependent] = std::max(arrival[dependent],
+                                      now + (crosses ? handoffSeconds : 0.0));
         if (--remaining[dependent] == 0)
-          pushReady(dependent);
+          arrive(dependent);
       }
     }
     dispatch();

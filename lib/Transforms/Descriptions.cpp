@@ -85,8 +85,9 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
       c.name, f64(c.denseTflops), f64(c.memGBs), f64(c.memGiB),
       f64(c.restoreShare), f64(c.gemmPeakFraction), f64(c.gemmHalfTokens),
       f64(c.attentionTflops));
-  auto host = HostAttr::get(context, target.host.cores,
-                            f64(target.host.dramGiB), f64(target.host.nicGBs));
+  auto host =
+      HostAttr::get(context, target.host.cores, f64(target.host.dramGiB),
+                    f64(target.host.nicGBs), f64(target.host.handoffUs));
   auto link = LinkAttr::get(context, f64(target.link.h2dGBs),
                             f64(target.link.d2hGBs),
                             f64(target.link.latencyUs));
@@ -123,7 +124,8 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
   desc.compute.gemmHalfTokens = f64(c.getGemmHalfTokens());
   desc.compute.attentionTflops = f64(c.getAttentionTflops());
   HostAttr h = target.getHost();
-  desc.host = {h.getCores(), f64(h.getDramGib()), f64(h.getNicGbs())};
+  desc.host = {h.getCores(), f64(h.getDramGib()), f64(h.getNicGbs()),
+               f64(h.getHandoffUs())};
   LinkAttr l = target.getLink();
   desc.link = {f64(l.getH2dGbs()), f64(l.getD2hGbs()), f64(l.getLatencyUs())};
   for (Attribute attr : target.getTiers()) {

@@ -157,7 +157,8 @@ struct KVCEstimatePass
     }
 
     planning::SimResult sim =
-        planning::simulate(graph, context.options.stagingBytes);
+        planning::simulate(graph, context.options.stagingBytes,
+                           cost.target().host.handoffUs * 1e-6);
     for (Operation *step : steps) {
       int j = jobOf[step];
       step->setAttr(KVCDialect::kTimeAttrName,

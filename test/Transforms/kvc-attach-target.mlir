@@ -6,6 +6,7 @@
 // RUN: kvc-opt %s --kvc-attach-target=%kvc_src/targets/l40s.json | FileCheck %s --check-prefix=ANY
 // RUN: kvc-opt %s --kvc-attach-target=%kvc_src/targets/h200.json --kvc-attach-target=%kvc_src/targets/l40s.json | FileCheck %s --check-prefix=REPLACE
 // RUN: kvc-opt %s --kvc-attach-target=%kvc_src/targets/cpu-2core.json --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json | kvc-opt | FileCheck %s --check-prefix=BOTH
+// RUN: kvc-opt %s --kvc-attach-target=%inputs/slow-wakeup.json | kvc-opt | FileCheck %s --check-prefix=HANDOFF
 // RUN: not kvc-opt %s --kvc-attach-target=%inputs/bad-target.json 2>&1 | FileCheck %s --check-prefix=BAD
 
 // Tests that the HCache testbed keeps its four SSDs as four lanes of one tier.
@@ -18,6 +19,10 @@
 // Tests that the CPU-only description has a CPU compute device.
 // CPU: #kvc.target<name = "cpu-2core", compute = <kind = cpu,
 // CPU-SAME: host = <cores = 2, dram_gib = 24, nic_gbs = 0>
+
+// Tests that a measured hand-off between lanes is carried (and printed
+// only when not 0, as above).
+// HANDOFF: host = <cores = 96, dram_gib = 256, nic_gbs = 12.5, handoff_us = 50>
 
 // Tests that every shipped target attaches.
 // ANY: module attributes {kvc.target = #target}

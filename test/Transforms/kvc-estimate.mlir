@@ -1,6 +1,8 @@
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-estimate | FileCheck %s --check-prefixes=PLAN,SEGMENTS
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-estimate | FileCheck %s --check-prefixes=PLAN,DATAFLOW
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-fuse --kvc-schedule --kvc-estimate | FileCheck %s --check-prefixes=PLAN,TASKS
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-wakeup.json --kvc-estimate | FileCheck %s --check-prefix=HANDOFF-PLAN
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-wakeup.json --kvc-expand --kvc-estimate | FileCheck %s --check-prefixes=HANDOFF-PLAN,HANDOFF
 
 #kv = #kvc.source<tier = "ssd", form = kv, codec = <quant = int8, lossless = zstd>,
                   tokens = 0 to 1024, layers = 0 to 4>
@@ -21,6 +23,21 @@
 // TASKS:         kvc.task on io[0] slot 0 attributes {kvc.time_ns = array<i64: 0, 2268333>}
 // TASKS-NEXT:      kvc.fetch {{.+}} {kvc.bytes = {{[0-9]+}} : i64}
 // SEGMENTS-NOT:  kvc.time_ns
+
+// Tests that with host.handoff_us = 50 a step released by the start or by
+// a step on another resource starts 50 us later (the fetch, the
+// decompress, the copy; the dequant follows the copy onto the compute
+// stream, so it pays another), while a step on its own resource's lane or
+// one queued behind a busy lane does not: the second decompress starts as
+// the first ends, and the planner's segments price the same 200 us more.
+// HANDOFF-PLAN:  kvc.plan @p tokens 0 to 1024 layers 0 to 4 predicted 3886 us {
+// HANDOFF:       kvc.fetch {{.+}} tokens 0 to 512 {{.*}}kvc.time_ns = array<i64: 50000, [[FETCHED:[0-9]+]]>}
+// HANDOFF-NEXT:  kvc.decompress {{.*}}{kvc.time_ns = array<i64: 2368333, [[DECODED:[0-9]+]]>}
+// HANDOFF-NEXT:  kvc.transfer_to_device {{.*}}{kvc.time_ns = array<i64: 2560802, 3160626>}
+// HANDOFF-NEXT:  kvc.dequant {{.*}}{kvc.time_ns = array<i64: 3210626, [[DEQUANTIZED:[0-9]+]]>}
+// HANDOFF-NEXT:  kvc.scatter {{.*}}{kvc.time_ns = array<i64: [[DEQUANTIZED]],
+// HANDOFF:       kvc.fetch {{.+}} tokens 512 to 1024 {{.*}}kvc.time_ns = array<i64: 50000, [[FETCHED]]>}
+// HANDOFF-NEXT:  kvc.decompress {{.*}}{kvc.time_ns = array<i64: [[DECODED]],
 kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
 }

@@ -75,4 +75,40 @@ TEST(Simulator, HigherPriorityRunsFirst) {
   EXPECT_DOUBLE_EQ(s.start[low], 1.0);
 }
 
+// A job released by the start or by a job on another resource arrives a
+// hand-off later; one released on its own resource does not, and one that
+// would wait behind a busy lane anyway pays nothing more.
+TEST(Simulator, HandoffDelaysJobsReleasedAcrossResources) {
+  JobGraph g;
+  int io = g.addResource("io", 1), copy = g.addResource("h2d", 1);
+  int f0 = g.addJob({io, 1.0});
+  int f1 = g.addJob({io, 1.0}, {f0});
+  int c0 = g.addJob({copy, 2.0}, {f0});
+  int c1 = g.addJob({copy, 1.0}, {f1});
+  SimResult s = simulate(g, 0, 0.25);
+  EXPECT_DOUBLE_EQ(s.start[f0], 0.25); // After the start.
+  EXPECT_DOUBLE_EQ(s.start[f1], 1.25); // Same lane: at once.
+  EXPECT_DOUBLE_EQ(s.start[c0], 1.5);  // From io: a hand-off later.
+  EXPECT_DOUBLE_EQ(s.start[c1], 3.5);  // Queued behind c0 (ready at 2.5).
+  EXPECT_DOUBLE_EQ(s.makespan, 4.5);
+  // Without hand-offs, the same graph as before.
+  SimResult free = simulate(g, 0);
+  EXPECT_DOUBLE_EQ(free.start[c0], 1.0);
+  EXPECT_DOUBLE_EQ(free.makespan, 4.0);
+}
+
+// A job waits for the latest of its dependencies, hand-off included: a
+// later dependency on its own resource does not hide an earlier one's
+// hand-off that ends after it.
+TEST(Simulator, HandoffCountsForEveryDependency) {
+  JobGraph g;
+  int a = g.addResource("a", 1), b = g.addResource("b", 1);
+  int fromA = g.addJob({a, 1.0});
+  int onB = g.addJob({b, 0.9});
+  int join = g.addJob({b, 1.0}, {fromA, onB});
+  SimResult s = simulate(g, 0, 0.5);
+  EXPECT_DOUBLE_EQ(s.finish[onB], 1.4);
+  EXPECT_DOUBLE_EQ(s.start[join], 2.0); // fromA ends at 1.5, + 0.5.
+}
+
 } // namespace

@@ -59,6 +59,20 @@ TEST(TargetDesc, SaysWhetherItWasCalibrated) {
   EXPECT_FALSE(parseTargetDesc(text.replace(at, 4, "\"yes\"")).isOk());
 }
 
+// A hand-off between lanes: 0 when absent (every shipped target), printed
+// and read back when measured.
+TEST(TargetDesc, CarriesTheHandoffBetweenLanes) {
+  StatusOr<TargetDesc> shipped = loadTargetDesc(targetPath("cpu-2core"));
+  ASSERT_TRUE(shipped.isOk());
+  EXPECT_EQ(shipped->host.handoffUs, 0);
+  EXPECT_EQ(printTargetDesc(*shipped).find("handoff_us"), std::string::npos);
+  TargetDesc measured = *shipped;
+  measured.host.handoffUs = 70.5;
+  StatusOr<TargetDesc> again = parseTargetDesc(printTargetDesc(measured));
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(again->host.handoffUs, 70.5);
+}
+
 /// A valid description with `field` (a JSON pointer) replaced by `value`.
 std::string mutated(const char *pointer, const char *value) {
   StatusOr<TargetDesc> base = loadTargetDesc(targetPath("cpu-2core"));
@@ -107,6 +121,9 @@ INSTANTIATE_TEST_SUITE_P(
                   "compute.kind: unknown value \"quantum\""},
         BadTarget{"CoresAsString", mutated("cores", "\"two\""),
                   "host.cores: expected an integer"},
+        BadTarget{"NegativeHandoff",
+                  mutated("nic_gbs", "0, \"handoff_us\": -1"),
+                  "host.handoff_us: expected a non-negative number"},
         BadTarget{"ZeroLanes", mutated("lanes", "0"),
                   "tiers[0].lanes: expected a positive integer"}),
     [](const ::testing::TestParamInfo<BadTarget> &info) {

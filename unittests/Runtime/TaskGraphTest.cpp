@@ -131,6 +131,22 @@ TEST(TaskGraphTest, RejectsBadGraphsBeforeRunningAnything) {
   EXPECT_FALSE(ResourcePools::create({{"io", 0}}));
 }
 
+// A hand-off as calibration measures it: a time, not a failure, on two
+// resources of the pools; a chain of fewer than two tasks or a missing
+// resource is an error.
+TEST(TaskGraphTest, MeasuresAHandoffBetweenTwoResources) {
+  auto pools = makePools();
+  StatusOr<double> seconds =
+      measureHandoff(*pools, "decode", "compute", 50e-6, /*tasks=*/8);
+  ASSERT_TRUE(seconds.isOk()) << seconds.status().toString();
+  EXPECT_GE(*seconds, 0);
+  EXPECT_LT(*seconds, 0.1); // A wake-up, not a stall.
+  EXPECT_EQ(measureHandoff(*pools, "decode", "compute", 0, 1).status().code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(measureHandoff(*pools, "decode", "gpu", 0, 4).status().message(),
+            "task 1 (handoff): no workers for resource \"gpu\"");
+}
+
 TEST(TaskGraphTest, ConcurrentRunsShareThePools) {
   auto pools = makePools();
   constexpr int kRuns = 8;

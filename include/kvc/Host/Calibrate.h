@@ -19,6 +19,8 @@ namespace kvc {
 ///     restore_share kept);
 ///   - memory and link: the backend's upload bandwidth (on the CPU backend a
 ///     single-thread copy: its "device" is host memory);
+///   - host.handoff_us: what a task waits after a task on another resource
+///     releases it, on the backend's pools (measureHandoff, 200 us idle);
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
 ///     file:// under `scratchDir` (warm page cache) for disk tiers; remote
 ///     tiers keep `base`'s values.

@@ -6,7 +6,11 @@
 // staging memory from its start until another job finishes (a fetched chunk
 // occupies host buffers until its copy to the device is done, as in
 // ShadowServe). Among ready jobs a free lane takes the one of highest
-// priority, so pipelines drain before new chunks enter them. The result is
+// priority, so pipelines drain before new chunks enter them. A job released
+// by a job on another resource (or by the start) reaches its resource's
+// queue a hand-off later: the executor's worker threads sleep while their
+// queue is empty, and waking one costs the machine's `host.handoff_us`
+// (tens of microseconds on a VM whose idle vCPUs halt). The result is
 // the makespan, every job's start and finish, each resource's busy time and
 // the peak staging memory. Every planning pass, the report and the tests
 // time plans with this one simulator.
@@ -72,8 +76,10 @@ struct SimResult {
 };
 
 /// Schedules every job; staging above `stagingBudget` bytes waits (a single
-/// job larger than the budget runs alone).
-SimResult simulate(const JobGraph &graph, int64_t stagingBudget);
+/// job larger than the budget runs alone), and a job waits `handoffSeconds`
+/// after the start and after each dependency on another resource.
+SimResult simulate(const JobGraph &graph, int64_t stagingBudget,
+                   double handoffSeconds = 0);
 
 } // namespace kvc::planning
 

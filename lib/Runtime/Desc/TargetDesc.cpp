@@ -75,7 +75,9 @@ Status parseHost(const Json &obj, const std::string &path, HostDesc &h) {
   KVC_RETURN_IF_ERROR(readInt(obj, path, "cores", h.cores, Presence::Required));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "dram_gib", h.dramGiB, Presence::Required));
-  return readNumber(obj, path, "nic_gbs", h.nicGBs, Presence::Optional);
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, path, "nic_gbs", h.nicGBs, Presence::Optional));
+  return readNumber(obj, path, "handoff_us", h.handoffUs, Presence::Optional);
 }
 
 Status parseLink(const Json &obj, const std::string &path, LinkDesc &l) {
@@ -146,6 +148,7 @@ Status TargetDesc::validate() const {
                            std::to_string(host.cores));
   KVC_RETURN_IF_ERROR(checkPositive(host.dramGiB, "host.dram_gib"));
   KVC_RETURN_IF_ERROR(checkPositive(host.nicGBs, "host.nic_gbs", true));
+  KVC_RETURN_IF_ERROR(checkPositive(host.handoffUs, "host.handoff_us", true));
   KVC_RETURN_IF_ERROR(checkPositive(link.h2dGBs, "link.h2d_gbs"));
   KVC_RETURN_IF_ERROR(checkPositive(link.d2hGBs, "link.d2h_gbs"));
   KVC_RETURN_IF_ERROR(checkPositive(link.latencyUs, "link.latency_us", true));
@@ -268,6 +271,8 @@ std::string printTargetDesc(const TargetDesc &target) {
   obj["host"] = {{"cores", target.host.cores},
                  {"dram_gib", target.host.dramGiB},
                  {"nic_gbs", target.host.nicGBs}};
+  if (target.host.handoffUs > 0)
+    obj["host"]["handoff_us"] = target.host.handoffUs;
   obj["link"] = {{"h2d_gbs", target.link.h2dGBs},
                  {"d2h_gbs", target.link.d2hGBs},
                  {"latency_us", target.link.latencyUs}};

@@ -217,6 +217,33 @@ RunResult runGraph(ResourcePools &pools, const TaskGraph &graph) {
   return result;
 }
 
+StatusOr<double> measureHandoff(ResourcePools &pools, const std::string &a,
+                                const std::string &b, double workSeconds,
+                                int64_t tasks) {
+  if (tasks < 2)
+    return invalidArgument("a hand-off needs a chain of two tasks or more");
+  TaskGraph graph;
+  for (int64_t i = 0; i < tasks; ++i) {
+    GraphTask task{"handoff", i % 2 ? b : a, {}, [workSeconds](int) {
+                     // Busy, not asleep: the other worker idles meanwhile.
+                     Clock::time_point start = Clock::now();
+                     while (secondsSince(start) < workSeconds) {
+                     }
+                     return Status::ok();
+                   }};
+    if (i > 0)
+      task.after = {i - 1};
+    graph.add(std::move(task));
+  }
+  RunResult result = runGraph(pools, graph);
+  KVC_RETURN_IF_ERROR(result.status);
+  double work = 0;
+  for (const auto &[resource, seconds] : result.busy)
+    work += seconds;
+  return std::max(0.0, result.makespan - result.timings[0].start - work) /
+         double(tasks - 1);
+}
+
 Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
                         const std::string &path) {
   using Json = nlohmann::json;

@@ -189,6 +189,26 @@ module attributes {kvc.target = #kvc.target<name = "t",
 
 // -----
 
+// expected-error @+1 {{cores must be positive, got 0}}
+module attributes {kvc.example = #kvc.host<cores = 0, dram_gib = 24, nic_gbs = 0>} {}
+
+// -----
+
+// expected-error @+1 {{dram_gib must be positive, got 0}}
+module attributes {kvc.example = #kvc.host<cores = 2, dram_gib = 0, nic_gbs = 0>} {}
+
+// -----
+
+// expected-error @+1 {{nic_gbs must not be negative}}
+module attributes {kvc.example = #kvc.host<cores = 2, dram_gib = 24, nic_gbs = -1>} {}
+
+// -----
+
+// expected-error @+1 {{handoff_us must not be negative}}
+module attributes {kvc.example = #kvc.host<cores = 2, dram_gib = 24, nic_gbs = 0, handoff_us = -5>} {}
+
+// -----
+
 // expected-error @+1 {{read_gbs must be positive, got 0}}
 module attributes {kvc.example = #kvc.tier<name = "ssd", kind = disk, read_gbs = 0, write_gbs = 1, latency_us = 1>} {}
 

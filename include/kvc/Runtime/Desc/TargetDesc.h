@@ -48,6 +48,10 @@ struct HostDesc {
   int64_t cores = 0;
   double dramGiB = 0;
   double nicGBs = 0; ///< Network bandwidth to other nodes (transfer plans).
+  /// What a task waits to start after a task on another resource (or the
+  /// restore's start) releases it: the wake-up of that resource's idle
+  /// worker thread. kvc-run calibrate measures it; 0 when not given.
+  double handoffUs = 0;
 };
 
 /// The host<->device link (PCIe; a memcpy for a CPU target).

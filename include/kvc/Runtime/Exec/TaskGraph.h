@@ -118,6 +118,17 @@ struct RunResult {
 /// graph has a cycle.
 RunResult runGraph(ResourcePools &pools, const TaskGraph &graph);
 
+/// What a task pays to start after a task on another resource releases it,
+/// once that resource's worker has been idle for about `workSeconds`: runs
+/// a chain of `tasks` (>= 2) tasks of `workSeconds` of busy work each,
+/// alternating between resources `a` and `b` of `pools`, and returns
+/// (makespan - first task's start - work) / (tasks - 1). The first start is
+/// left out: it follows the run's own submit, not a hand-off. Calibration
+/// measures a target's host.handoff_us with it.
+StatusOr<double> measureHandoff(ResourcePools &pools, const std::string &a,
+                                const std::string &b, double workSeconds,
+                                int64_t tasks);
+
 /// Writes a run as a Chrome trace (JSON array format): one thread per
 /// resource worker, one complete event per task that ran.
 Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,

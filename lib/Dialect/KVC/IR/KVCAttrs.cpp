@@ -183,12 +183,14 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 
 LogicalResult HostAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                int64_t cores, llvm::APFloat dramGib,
-                               llvm::APFloat nicGbs) {
+                               llvm::APFloat nicGbs, llvm::APFloat handoffUs) {
   if (failed(requirePositive(emitError, "cores", cores)) ||
       failed(requirePositive(emitError, "dram_gib", dramGib.convertToDouble())))
     return failure();
   if (nicGbs.convertToDouble() < 0)
     return emitError() << "nic_gbs must not be negative";
+  if (handoffUs.convertToDouble() < 0)
+    return emitError() << "handoff_us must not be negative";
   return success();
 }
 

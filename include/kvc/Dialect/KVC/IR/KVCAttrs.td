@@ -155,7 +155,9 @@ def KVC_HostAttr : KVC_Attr<"Host", "host"> {
   let parameters = (ins
     "int64_t":$cores,
     KVC_F64Parameter<"GiB">:$dram_gib,
-    KVC_F64Parameter<"GB/s">:$nic_gbs
+    KVC_F64Parameter<"GB/s">:$nic_gbs,
+    KVC_F64Parameter<"us a task waits to start after a task on another "
+                     "resource releases it", "0.0">:$handoff_us
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

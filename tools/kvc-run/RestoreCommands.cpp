@@ -24,6 +24,7 @@
 #endif
 
 #include <algorithm>
+#include <filesystem>
 #include <sstream>
 
 namespace kvc::run {
@@ -442,6 +443,35 @@ Status generateCommand(Args &args) {
   return Status::ok();
 }
 
+/// Where compare writes the trace of `plan`'s run `round`.
+std::string runTracePath(const std::string &prefix, const std::string &plan,
+                         int64_t round) {
+  return prefix + "-" + plan + "-run" + std::to_string(round) + ".json";
+}
+
+/// Keeps the trace of the fastest of `runs` as PREFIX-PLAN.json and removes
+/// the others.
+Status keepFastestTrace(const std::string &prefix, const std::string &plan,
+                        const std::vector<PlanRun> &runs) {
+  std::size_t fastest = 0;
+  for (std::size_t r = 1; r < runs.size(); ++r)
+    if (runs[r].metrics.makespanSeconds < runs[fastest].metrics.makespanSeconds)
+      fastest = r;
+  std::error_code error;
+  std::string kept = prefix + "-" + plan + ".json";
+  std::filesystem::rename(runTracePath(prefix, plan, int64_t(fastest)), kept,
+                          error);
+  if (error)
+    return Status(
+        StatusCode::Internal,
+        kept + ": cannot keep the fastest run's trace: " + error.message());
+  for (std::size_t r = 0; r < runs.size(); ++r)
+    if (r != fastest)
+      std::filesystem::remove(runTracePath(prefix, plan, int64_t(r)), error);
+  std::printf("trace of %s's fastest run: %s\n", plan.c_str(), kept.c_str());
+  return Status::ok();
+}
+
 /// Restores the request with every plan of a bundle, verifies each, and
 /// prints one table: predicted and measured time, bytes read, FLOPs,
 /// fallbacks, error, and the measured speedup over every other plan.
@@ -450,6 +480,7 @@ Status compareCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(repeat, args.integer("repeat", 1));
   if (repeat <= 0)
     return invalidArgument("--repeat must be positive");
+  const std::string tracePrefix = args.get("trace");
   KVC_RETURN_IF_ERROR(args.checkUnused());
   const std::vector<BundlePlan> &plans = setup.bundle.plans;
   // A plan with the schedule of an earlier one is measured once and shown
@@ -485,9 +516,13 @@ Status compareCommand(Args &args) {
       progress->show("compare: round " + std::to_string(r + 1) + " of " +
                      std::to_string(repeat) + ", plan " + plans[i].name);
       // Every run is verified (after its timing): a run that goes wrong
-      // once in a while fails the comparison too.
+      // once in a while fails the comparison too. Each traced run writes
+      // its own file; the fastest keeps it.
+      RestoreOptions options;
+      if (!tracePrefix.empty())
+        options.tracePath = runTracePath(tracePrefix, plans[i].name, r);
       KVC_ASSIGN_OR_RETURN(
-          run, runPlan(setup.request, plans[i], {}, /*verify=*/true));
+          run, runPlan(setup.request, plans[i], options, /*verify=*/true));
       all[i].push_back(std::move(run));
     }
   }
@@ -526,6 +561,8 @@ Status compareCommand(Args &args) {
       medians.push_back(medians[sameAs[i]]);
       continue;
     }
+    if (!tracePrefix.empty())
+      KVC_RETURN_IF_ERROR(keepFastestTrace(tracePrefix, plans[i].name, all[i]));
     // The table shows (and verification holds) the worst error of them all.
     PlanSummary summary = summarize(std::move(all[i]));
     medians.push_back(summary.medianSeconds);

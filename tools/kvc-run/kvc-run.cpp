@@ -371,7 +371,10 @@ const std::vector<Command> &commands() {
       {"compare", "restores with every plan, verifies and tables them",
        request + store + plan +
            std::vector<Option>{
-               {"repeat", "N", "runs per plan, round robin (default 1)"}} +
+               {"repeat", "N", "runs per plan, round robin (default 1)"},
+               {"trace", "PREFIX",
+                "write each plan's fastest run as a Chrome trace, "
+                "PREFIX-PLAN.json"}} +
            common,
        compareCommand},
       {"cake", "restores with Cake's dynamic walk over what the store holds",

@@ -21,6 +21,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Exec/TaskGraph.h"
 
 #include <benchmark/benchmark.h>
@@ -32,13 +33,6 @@
 using namespace kvc;
 
 namespace {
-
-void spin(double seconds) {
-  auto end = std::chrono::steady_clock::now() +
-             std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-  }
-}
 
 /// Seconds the run's tasks worked, over every resource.
 double busySeconds(const RunResult &result) {
@@ -84,7 +78,7 @@ void BM_Efficiency(benchmark::State &state) {
   TaskGraph graph;
   for (int64_t i = 0; i < n; ++i) {
     GraphTask task{"t", "compute", {}, [](int) {
-                     spin(kWork);
+                     spinFor(kWork);
                      return Status::ok();
                    }};
     if (i % 4 != 0)

@@ -224,11 +224,9 @@ StatusOr<double> measureHandoff(ResourcePools &pools, const std::string &a,
     return invalidArgument("a hand-off needs a chain of two tasks or more");
   TaskGraph graph;
   for (int64_t i = 0; i < tasks; ++i) {
+    // Busy, not asleep: the other worker idles meanwhile.
     GraphTask task{"handoff", i % 2 ? b : a, {}, [workSeconds](int) {
-                     // Busy, not asleep: the other worker idles meanwhile.
-                     Clock::time_point start = Clock::now();
-                     while (secondsSince(start) < workSeconds) {
-                     }
+                     spinFor(workSeconds);
                      return Status::ok();
                    }};
     if (i > 0)

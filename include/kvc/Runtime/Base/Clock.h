@@ -43,6 +43,14 @@ template <typename Fn> double bestOf(int repeats, Fn fn) {
   return best;
 }
 
+/// Keeps the calling thread busy (not asleep) for `seconds`: work whose
+/// length is known, in measurements of what runs around it.
+inline void spinFor(double seconds) {
+  Clock::time_point start = Clock::now();
+  while (secondsSince(start) < seconds) {
+  }
+}
+
 /// The median of `values` (the upper of the middle two of an even count).
 inline double median(std::vector<double> values) {
   auto middle = values.begin() + values.size() / 2;

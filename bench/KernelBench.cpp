@@ -20,6 +20,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Cuda/CudaDriver.h"
+#include "kvc/Runtime/Exec/KernelAbi.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Testing/KernelCase.h"
 
@@ -56,12 +57,6 @@ struct DeviceBuffer {
   }
   DeviceBuffer(const DeviceBuffer &) = delete;
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
-};
-
-/// The five values of a 1-D MLIR memref descriptor.
-struct Memref {
-  CUdeviceptr allocated, aligned;
-  int64_t offset, size, stride;
 };
 
 kvc::DType dtypeOf(const std::string &name) {
@@ -162,51 +157,30 @@ public:
             "poison");
     }
 
+    kvc::KernelParams params;
+    const void *payloadAt = reinterpret_cast<const void *>(dPayload.ptr);
+    auto at = [](const DeviceBuffer &b) {
+      return reinterpret_cast<const void *>(b.ptr);
+    };
+    params.buffer("payload", payloadAt, int64_t(payload.size()));
+    params.buffer("hidden", payloadAt, int64_t(payload.size()));
+    params.buffer("key_cache", at(dKeys), cacheValues * 2);
+    params.buffer("value_cache", at(dValues), cacheValues * 2);
+    params.buffer("block_table", at(dTable), int64_t(table.size()));
+    params.buffer("rope_table", at(dRope), int64_t(ropeTable.size() * 4));
+    params.buffer("norm_weights", at(dWeights), int64_t(weights.size() * 4));
+    params.buffer("normed", at(dNormed), c.normedValues() * 2);
+    params.scalar("first_layer", c.firstLayer());
+    params.scalar("layer_rows", c.layerRows());
     auto launch = [&](int64_t first, CUstream stream) {
-      Memref payloadRef{dPayload.ptr, dPayload.ptr, 0, int64_t(payload.size()),
-                        1};
-      Memref keyRef{dKeys.ptr, dKeys.ptr, 0, cacheValues * 2, 1};
-      Memref valueRef{dValues.ptr, dValues.ptr, 0, cacheValues * 2, 1};
-      Memref tableRef{dTable.ptr, dTable.ptr, 0, int64_t(table.size()), 1};
-      Memref ropeRef{dRope.ptr, dRope.ptr, 0, int64_t(ropeTable.size() * 4), 1};
-      Memref weightRef{dWeights.ptr, dWeights.ptr, 0,
-                       int64_t(weights.size() * 4), 1};
-      Memref normedRef{dNormed.ptr, dNormed.ptr, 0, c.normedValues() * 2, 1};
-      int64_t scalars[3] = {first, c.firstLayer(), c.layerRows()};
-      std::vector<void *> params;
-      auto addMemref = [&](Memref &m) {
-        params.push_back(&m.allocated);
-        params.push_back(&m.aligned);
-        params.push_back(&m.offset);
-        params.push_back(&m.size);
-        params.push_back(&m.stride);
-      };
-      for (const std::string &arg : k.args) {
-        if (arg == "payload" || arg == "hidden")
-          addMemref(payloadRef);
-        else if (arg == "norm_weights")
-          addMemref(weightRef);
-        else if (arg == "normed")
-          addMemref(normedRef);
-        else if (arg == "key_cache")
-          addMemref(keyRef);
-        else if (arg == "value_cache")
-          addMemref(valueRef);
-        else if (arg == "block_table")
-          addMemref(tableRef);
-        else if (arg == "rope_table")
-          addMemref(ropeRef);
-        else if (arg == "first_token")
-          params.push_back(&scalars[0]);
-        else if (arg == "first_layer")
-          params.push_back(&scalars[1]);
-        else
-          params.push_back(&scalars[2]);
-      }
+      params.scalar("first_token", first);
+      kvc::StatusOr<std::vector<void *>> pointers = params.pointers(k);
+      if (!pointers)
+        throw CudaError{pointers.status().message()};
       check(cu->cuLaunchKernel(fn, unsigned(k.grid[0]), unsigned(k.grid[1]),
                                unsigned(k.grid[2]), unsigned(k.block[0]),
                                unsigned(k.block[1]), unsigned(k.block[2]), 0,
-                               stream, params.data(), nullptr),
+                               stream, pointers->data(), nullptr),
             "cuLaunchKernel");
     };
 

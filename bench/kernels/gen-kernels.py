@@ -9,7 +9,12 @@ epilogue.
       --kvc-import-model=examples/models/llama-3.1-8b/config.json \
       --kvc-lower-kernels --kvc-kernels-to-ptx \
       --kvc-emit-bundle=file=kernels.json -o /dev/null
+
+With --shapes TxL,... it makes those chunk shapes instead, and with
+--restore-only only the restore kernels (what a plan over such chunks
+launches: the CUDA backend's test of generated kernels in the executor).
 """
+import argparse
 import sys
 
 # (codec, storage): the compositions kvc-select-codec chooses among, each
@@ -35,9 +40,9 @@ def chunk(codec, storage, tokens, layers):
             f"layers 0 to {layers}, device{c}>")
 
 
-def main(out):
+def main(out, shapes, restore_only):
     for i, (codec, storage) in enumerate(CODECS):
-        for tokens, layers in SHAPES:
+        for tokens, layers in shapes:
             src = chunk(codec, storage, tokens, layers)
             dst = chunk(None, storage, tokens, layers)
             out.write(f"func.func @k{i}_{tokens}_{layers}(%c: {src}) {{\n")
@@ -55,8 +60,10 @@ def main(out):
                 value = "%u"
             out.write(f"    kvc.scatter {value} : {dst}\n")
             out.write("  }\n  return\n}\n")
+    if restore_only:
+        return
     for i, (codec, storage) in enumerate(CODECS):
-        for tokens, layers in SHAPES:
+        for tokens, layers in shapes:
             # gather [transform] [quant], yielding the encoded chunk.
             out_type = chunk(codec, storage, tokens, layers)
             value_type = chunk(None, storage, tokens, layers)
@@ -73,7 +80,7 @@ def main(out):
                 value = "%q"
             out.write(f"    kvc.yield {value} : {out_type}\n")
             out.write(f"  }}\n  return %r : {out_type}\n}}\n")
-    for tokens, layers in SHAPES:
+    for tokens, layers in shapes:
         hidden = (f"!kvc.chunk<hidden x bf16, tokens 0 to {tokens}, "
                   f"layers 0 to {layers}, device>")
         kv = chunk(None, "bf16", tokens, layers)
@@ -86,4 +93,12 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.stdout)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", help="chunk shapes TOKENSxLAYERS,...")
+    parser.add_argument("--restore-only", action="store_true")
+    args = parser.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(n) for n in s.split("x"))
+                  for s in args.shapes.split(",")]
+    main(sys.stdout, shapes, args.restore_only)

@@ -185,9 +185,20 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   return setup;
 }
 
+/// Prints the chunks generated kernels decoded on the device, and why any
+/// whose task names one were decoded on the host.
+void printKernels(const RestoreMetrics &metrics) {
+  if (metrics.kernelLaunches > 0)
+    std::printf("  generated kernels decoded %lld chunks on the device\n",
+                (long long)metrics.kernelLaunches);
+  for (const std::string &why : metrics.kernelsNotLaunched)
+    std::printf("  decoded on the host instead: %s\n", why.c_str());
+}
+
 /// Prints the chunks a restore recomputed instead of loading, and the
-/// exact context it held to do so.
+/// exact context it held to do so (after printKernels).
 void printFallbacks(const RestoreMetrics &metrics) {
+  printKernels(metrics);
   for (const std::string &event : metrics.fallbacks)
     std::printf("  fallback: %s\n", event.c_str());
   if (metrics.exactContextBytes > 0)
@@ -329,6 +340,7 @@ Status restoreCommand(Args &args) {
   bool dynamic = args.has("dynamic");
   RestoreOptions options;
   options.tracePath = args.get("trace");
+  options.kernels = &setup.bundle.kernels;
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(plan,
                        selectPlan(setup.bundle, setup.planSource, planName));
@@ -519,6 +531,7 @@ Status compareCommand(Args &args) {
       // once in a while fails the comparison too. Each traced run writes
       // its own file; the fastest keeps it.
       RestoreOptions options;
+      options.kernels = &setup.bundle.kernels;
       if (!tracePrefix.empty())
         options.tracePath = runTracePath(tracePrefix, plans[i].name, r);
       KVC_ASSIGN_OR_RETURN(
@@ -607,6 +620,13 @@ Status compareCommand(Args &args) {
       std::printf("(%s is the same schedule as %s: measured once, shown for "
                   "both)\n",
                   plans[i].name.c_str(), plans[sameAs[i]].name.c_str());
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const RestoreMetrics &m = runs[i].metrics;
+    if (sameAs[i] != i || (!m.kernelLaunches && m.kernelsNotLaunched.empty()))
+      continue;
+    std::printf("%s:\n", plans[i].name.c_str());
+    printKernels(m);
+  }
   if (repeat > 1)
     std::printf("(of %lld runs each: off and the speedups compare the "
                 "fastest runs; every run was verified, the errors are the "

@@ -17,6 +17,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+
 using namespace kvc;
 using namespace kvc::exec_test;
 
@@ -72,6 +74,25 @@ TEST_F(CudaBackendTest, LostAndCorruptChunksAreRecomputedExactly) {
   bytes[bytes.size() / 2] ^= 0x10;
   ASSERT_TRUE(tier_->put(name, bytes).isOk());
   expectExact({0, 0, 64}, 1);
+}
+
+// The compiler's restore kernels (the PTX of a bundle kvc-opt generated for
+// this model: $KVC_EXEC_KERNELS, else the build's) launched by the
+// executor: every chunk decoded on the GPU, the cache bit for bit the one
+// the host's decode and the backend's scatter make.
+TEST_F(CudaBackendTest, GeneratedKernelsDecodeAsTheHostDoes) {
+  std::string path;
+  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
+    path = given;
+#ifdef KVC_EXEC_KERNELS
+  if (path.empty())
+    path = KVC_EXEC_KERNELS;
+#endif
+  if (path.empty())
+    GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
+  StatusOr<PlanBundle> generated = readPlanBundle(path);
+  ASSERT_TRUE(generated) << generated.status().toString();
+  expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
 }
 
 TEST_F(CudaBackendTest, EightConcurrentRestoresAreAllExact) {

@@ -11,11 +11,13 @@
 
 #include "TestModel.h"
 #include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Save/Saver.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <thread>
@@ -127,6 +129,77 @@ inline BundlePlan makePlan(const Split &split, int64_t layers) {
     }
   }
   return plan;
+}
+
+/// `plan` (makePlan's) with each loaded KV chunk's scatter made a generated
+/// restore kernel for `codec` (its lossless stage left to the host), and
+/// the kernels it names: from `generated` (a bundle kvc-opt made; an error
+/// when it lacks one) or, without it, made up with the runtime's payload
+/// sizes and placeholder PTX.
+inline StatusOr<PlanBundle>
+withKernels(BundlePlan plan, const ModelConfig &model, const CodecSpec &codec,
+            const std::vector<BundleKernel> *generated = nullptr) {
+  CodecSpec onDevice = codec;
+  onDevice.lossless = CodecSpec::Lossless::None;
+  PlanBundle bundle{2, "", {}, {}};
+  for (BundleTask &task : plan.tasks)
+    if (task.steps[0].kind == StepKind::Fetch)
+      task.steps[0].codec = codec;
+  for (BundleTask &task : plan.tasks) {
+    // A lone scatter ends a loaded chunk's chain; computed chunks and
+    // projections keep their steps.
+    if (task.steps.size() != 1 || task.steps[0].kind != StepKind::Scatter)
+      continue;
+    const BundleStep scatter = task.steps[0];
+    if (onDevice.quant != CodecSpec::Quant::None) {
+      BundleStep dequant = scatter;
+      dequant.kind = StepKind::Dequant;
+      task.steps.insert(task.steps.begin(), dequant);
+    }
+    BundleKernel kernel;
+    kernel.kind = BundleKernel::Kind::Restore;
+    kernel.tokens = scatter.tokens.size();
+    kernel.layers = scatter.layers.size();
+    kernel.kvHeads = model.numKvHeads;
+    kernel.headDim = model.headDim;
+    kernel.blockSize = 16;
+    kernel.codec = onDevice;
+    if (generated) {
+      auto same = [&](const BundleKernel &k) {
+        return k.kind == kernel.kind && k.tokens == kernel.tokens &&
+               k.layers == kernel.layers && k.kvHeads == kernel.kvHeads &&
+               k.headDim == kernel.headDim && k.codec == kernel.codec;
+      };
+      auto found = std::find_if(generated->begin(), generated->end(), same);
+      if (found == generated->end())
+        return notFound("no generated kernel decodes " + onDevice.str() +
+                        " over " + std::to_string(kernel.tokens) +
+                        " tokens x " + std::to_string(kernel.layers) +
+                        " layers");
+      kernel = *found;
+    } else {
+      kernel.name = "restore_t" + std::to_string(kernel.tokens) + "_l" +
+                    std::to_string(kernel.layers);
+      kernel.function = kernel.name;
+      kernel.arch = "sm_90";
+      kernel.ptx = ".target sm_90\n.entry " + kernel.name + "(\n";
+      kernel.args = bundleKernelArgNames(kernel.kind);
+      std::vector<float> zeros(2 * kernel.layers * kernel.tokens *
+                               model.numKvHeads * model.headDim);
+      KVC_ASSIGN_OR_RETURN(
+          payload, encodeChunk(zeros.data(),
+                               chunkShape(model, Form::KV, kernel.tokens,
+                                          scatter.layers.begin, kernel.layers),
+                               onDevice, DType::BF16));
+      kernel.payloadBytes = int64_t(payload.size());
+    }
+    task.kernel = "dequant_scatter";
+    task.entry = kernel.name;
+    if (!bundle.findKernel(kernel.name))
+      bundle.kernels.push_back(std::move(kernel));
+  }
+  bundle.plans.push_back(std::move(plan));
+  return bundle;
 }
 
 /// The object name of the stored KV chunk holding token 200, layers 2-3.
@@ -282,6 +355,82 @@ protected:
     for (std::size_t i = 0; i < splits.size(); ++i) {
       EXPECT_TRUE(results[i].isOk()) << i << ": " << results[i].toString();
       EXPECT_LT(relativeError(tables[i]), 1.0 / 128) << "restore " << i;
+    }
+  }
+
+  /// A store of the request's KV in `codec`.
+  std::unique_ptr<ChunkStore> storeIn(const CodecSpec &codec) {
+    std::unique_ptr<ChunkStore> store = makeStore(*model_);
+    SaveOptions options;
+    options.forms = {Form::KV};
+    options.codec = codec;
+    Status saved = saveContext(*model_, *store, tokens_, options).status();
+    EXPECT_TRUE(saved.isOk()) << saved.toString();
+    return store;
+  }
+
+  /// Restores `bundle`'s plan from `store`, with its kernel table unless
+  /// `kernels` is false, into a fresh table of the test's cache; `cache`
+  /// gets every layer's K and V as read back, `error` relativeError's.
+  StatusOr<RestoreMetrics> restoreWith(const PlanBundle &bundle,
+                                       ChunkStore &store,
+                                       std::vector<float> *cache = nullptr,
+                                       bool kernels = true,
+                                       double *error = nullptr) {
+    Status valid = validatePlanBundle(bundle);
+    EXPECT_TRUE(valid.isOk()) << valid.toString();
+    BlockTable table = *cache_->allocate(kTokens);
+    RestoreOptions options;
+    if (kernels)
+      options.kernels = &bundle.kernels;
+    StatusOr<RestoreMetrics> metrics = restore(
+        *pools_, bundle.plans.front(), targetFor(table, &store), options);
+    if (metrics && cache) {
+      const int64_t n = kTokens * model_->kvDim();
+      cache->assign(2 * model_->config().numLayers * n, 0);
+      for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+        Status read = backend_->readBack(*cache_, table, l, 0, kTokens,
+                                         cache->data() + 2 * l * n,
+                                         cache->data() + (2 * l + 1) * n);
+        EXPECT_TRUE(read.isOk()) << read.toString();
+      }
+    }
+    if (metrics && error)
+      *error = relativeError(table);
+    cache_->release(table);
+    return metrics;
+  }
+
+  /// The kernels kvc-opt generated for this fixture's model
+  /// (gen-kernels.py --shapes 64x4,44x4 --restore-only) decode every codec
+  /// composition a plan may load through the backend's launches, each
+  /// chunk on the device, into the cache the runtime's own decode makes,
+  /// bit for bit.
+  void expectGeneratedKernelsDecodeAsTheHost(
+      const std::vector<BundleKernel> &generated) {
+    const int64_t layers = model_->config().numLayers;
+    for (const char *text :
+         {"raw", "hadamard+lz4", "int8+zstd", "int4+deflate", "int2",
+          "hadamard+int8", "hadamard+int4+zstd", "hadamard+int2+lz4",
+          "int4/g64/k=token/v=token+zstd"}) {
+      SCOPED_TRACE(text);
+      StatusOr<CodecSpec> codec = parseCodecSpec(text);
+      ASSERT_TRUE(codec) << codec.status().toString();
+      std::unique_ptr<ChunkStore> store = storeIn(*codec);
+      StatusOr<PlanBundle> bundle = withKernels(
+          makePlan({0, 0, 64}, layers), model_->config(), *codec, &generated);
+      ASSERT_TRUE(bundle) << bundle.status().toString();
+      std::vector<float> byKernels, onHost;
+      StatusOr<RestoreMetrics> metrics =
+          restoreWith(*bundle, *store, &byKernels);
+      ASSERT_TRUE(metrics) << metrics.status().toString();
+      EXPECT_EQ(metrics->kernelLaunches, (kTokens + 63) / 64);
+      EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
+          << metrics->kernelsNotLaunched.front();
+      metrics = restoreWith(*bundle, *store, &onHost, /*kernels=*/false);
+      ASSERT_TRUE(metrics) << metrics.status().toString();
+      EXPECT_EQ(metrics->kernelLaunches, 0);
+      EXPECT_TRUE(byKernels == onHost);
     }
   }
 

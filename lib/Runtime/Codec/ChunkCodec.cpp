@@ -274,7 +274,36 @@ int64_t innerBytes(const CodecSpec &codec, const ChunkShape &shape,
   return total;
 }
 
+/// The bytes before the lossless stage: `bytes` themselves when there is
+/// none, else inflated into `scratch`; DataLoss unless as many as expected.
+StatusOr<std::string_view> innerOf(std::string_view bytes,
+                                   const ChunkShape &shape,
+                                   const CodecSpec &codec, DType storage,
+                                   std::string &scratch) {
+  const int64_t expected = innerBytes(codec, shape, storage);
+  if (codec.lossless == CodecSpec::Lossless::None) {
+    if (int64_t(bytes.size()) != expected)
+      return dataLoss("payload of " + std::to_string(bytes.size()) +
+                      " bytes, expected " + std::to_string(expected));
+    return bytes;
+  }
+  KVC_RETURN_IF_ERROR(
+      decompressBytes(bytes, codec.lossless, scratch, size_t(expected)));
+  return std::string_view(scratch);
+}
+
 } // namespace
+
+Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
+                       const CodecSpec &codec, DType storage,
+                       std::string &out) {
+  KVC_RETURN_IF_ERROR(checkCodec(codec, shape));
+  if (codec.lossless != CodecSpec::Lossless::None)
+    return innerOf(bytes, shape, codec, storage, out).status();
+  KVC_ASSIGN_OR_RETURN(inner, innerOf(bytes, shape, codec, storage, out));
+  out.assign(inner);
+  return Status::ok();
+}
 
 void hadamard(float *values, int64_t count, int64_t block) {
   const float norm = 1.0f / std::sqrt(float(block));
@@ -609,16 +638,8 @@ Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
   }
   KVC_RETURN_IF_ERROR(checkCodec(codec, shape));
   std::string inflated;
-  std::string_view inner = bytes;
-  const int64_t expected = innerBytes(codec, shape, storage);
-  if (codec.lossless != CodecSpec::Lossless::None) {
-    KVC_RETURN_IF_ERROR(
-        decompressBytes(bytes, codec.lossless, inflated, size_t(expected)));
-    inner = inflated;
-  } else if (int64_t(bytes.size()) != expected) {
-    return dataLoss("payload of " + std::to_string(bytes.size()) +
-                    " bytes, expected " + std::to_string(expected));
-  }
+  KVC_ASSIGN_OR_RETURN(inner, innerOf(bytes, shape, codec, storage, inflated));
+  const int64_t expected = int64_t(inner.size());
   if (!quantized) { // bf16 already.
     std::memcpy(out, inner.data(), size_t(expected));
     return Status::ok();

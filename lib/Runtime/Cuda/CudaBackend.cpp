@@ -6,6 +6,11 @@
 // threshold is raised so that freed memory stays pooled instead of going
 // back to the driver at each synchronization.
 //
+// Generated restore kernels (a plan bundle's PTX) are loaded with the
+// driver API on first launch, one module per distinct PTX text, in the
+// primary context the runtime API uses, and launched on the call's lane;
+// modules live as long as the backend.
+//
 // An upload copies the host chunk into the lane's pinned staging in pieces,
 // alternating two halves, so that the copy of one piece into pinned memory
 // overlaps the DMA of the one before (a host buffer is pageable: the DMA
@@ -20,10 +25,13 @@
 #include "Kernels.h"
 
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Cuda/CudaDriver.h"
+#include "kvc/Runtime/Exec/KernelAbi.h"
 
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 namespace kvc {
 
@@ -61,6 +69,11 @@ Status needDevice(const PagedKVCache &cache) {
 class CudaBackend final : public Backend {
 public:
   explicit CudaBackend(const CudaBackendOptions &options) : options_(options) {}
+  ~CudaBackend() override {
+    for (const auto &[name, loaded] : functions_)
+      for (const LoadedKernel &kernel : loaded)
+        driver_->cuModuleUnload(kernel.module);
+  }
 
   const char *name() const override { return "cuda"; }
 
@@ -205,6 +218,53 @@ public:
           "scatter");
     }
     return lane.sync("scatter");
+  }
+
+  bool launchesKernels() const override { return true; }
+
+  Status canLaunch(const BundleKernel &kernel,
+                   const PagedKVCache &cache) const override {
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    return checkRestoreKernel(kernel, cache);
+  }
+
+  Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
+                       const ChunkBox &box, PagedKVCache &cache,
+                       const BlockTable &table) override {
+    KVC_RETURN_IF_ERROR(canLaunch(kernel, cache));
+    const CudaBuffer &in = bufferOf(payload);
+    if (kernel.tokens != box.tokens() || kernel.layers != box.layers() ||
+        2 * in.words < kernel.payloadBytes)
+      return Status(StatusCode::Internal,
+                    "launchRestore: kernel \"" + kernel.name +
+                        "\" does not decode this chunk's payload");
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
+                                         box.tokenBegin, box.tokens()));
+    KVC_ASSIGN_OR_RETURN(args, kernelCacheArgs(cache));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    KVC_ASSIGN_OR_RETURN(lease, acquire()); // The device's context current.
+    Lane &lane = *lease;
+    KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(deviceBlocks,
+                         scratch.copy(blocks.data(), int64_t(blocks.size())));
+    KernelParams params;
+    params.buffer("payload", in.memory.get<char>(), kernel.payloadBytes);
+    params.buffer("key_cache", args.keys, args.bytes);
+    params.buffer("value_cache", args.values, args.bytes);
+    params.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
+    params.scalar("first_token", box.tokenBegin);
+    params.scalar("first_layer", box.layerBegin);
+    params.scalar("layer_rows", args.layerRows);
+    KVC_ASSIGN_OR_RETURN(pointers, params.pointers(kernel));
+    KVC_RETURN_IF_ERROR(driver_->check(
+        driver_->cuLaunchKernel(
+            function, unsigned(kernel.grid[0]), unsigned(kernel.grid[1]),
+            unsigned(kernel.grid[2]), unsigned(kernel.block[0]),
+            unsigned(kernel.block[1]), unsigned(kernel.block[2]), 0,
+            reinterpret_cast<CUstream>(lane.stream), pointers.data(), nullptr),
+        "launching a generated restore kernel"));
+    return lane.sync("generated restore kernel");
   }
 
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
@@ -354,6 +414,8 @@ public:
   }
 
   Status start() {
+    KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
+    driver_ = driver;
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     (void)lease;
     // Keep freed scratch pooled across synchronizations.
@@ -423,6 +485,30 @@ private:
     return gpu.get();
   }
 
+  /// `kernel`'s function, its PTX loaded on first use (the device's
+  /// context current).
+  StatusOr<CUfunction> functionOf(const BundleKernel &kernel) {
+    std::lock_guard<std::mutex> lock(functionsMutex_);
+    std::vector<LoadedKernel> &loaded = functions_[kernel.name];
+    for (const LoadedKernel &candidate : loaded)
+      if (candidate.ptx == kernel.ptx)
+        return candidate.function;
+    LoadedKernel fresh{kernel.ptx};
+    KVC_RETURN_IF_ERROR(driver_->check(
+        driver_->cuModuleLoadData(&fresh.module, kernel.ptx.c_str()),
+        "loading a generated kernel's PTX"));
+    Status found = driver_->check(
+        driver_->cuModuleGetFunction(&fresh.function, fresh.module,
+                                     kernel.function.c_str()),
+        "finding a generated kernel's entry");
+    if (!found.isOk()) {
+      driver_->cuModuleUnload(fresh.module);
+      return found;
+    }
+    loaded.push_back(fresh);
+    return fresh.function;
+  }
+
   static StatusOr<int32_t *> tableOn(Scratch &scratch,
                                      const BlockTable &table) {
     return scratch.copy(table.blocks.data(), int64_t(table.blocks.size()));
@@ -450,6 +536,7 @@ private:
   }
 
   CudaBackendOptions options_;
+  const CudaDriver *driver_ = nullptr;
   std::mutex mutex_; ///< Guards lanes_.
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::mutex modelsMutex_;
@@ -458,6 +545,16 @@ private:
   std::map<std::pair<const LlamaModel *, std::string>,
            std::unique_ptr<CudaModel>>
       models_;
+  /// A generated kernel's module, by the PTX it was loaded from.
+  struct LoadedKernel {
+    std::string ptx;
+    CUmodule module = nullptr;
+    CUfunction function = nullptr;
+  };
+  std::mutex functionsMutex_; ///< Guards functions_.
+  /// By kernel name (names are specializations: one PTX each, unless
+  /// bundles from different compilers meet).
+  std::map<std::string, std::vector<LoadedKernel>> functions_;
 };
 
 } // namespace

@@ -99,7 +99,83 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   return Status::ok();
 }
 
+namespace {
+
+/// The chunk's objects by layer when they tile its box as one payload: each
+/// holds exactly its tokens, and together exactly its layers, so that their
+/// payloads back to back are the chunk's (ChunkCodec.h lays a chunk out
+/// matrix by matrix, layer-major). Else why not.
+std::string payloadOrder(const ChunkValue &value,
+                         std::vector<std::size_t> &order) {
+  order.resize(value.objectCount);
+  for (std::size_t o = 0; o < order.size(); ++o)
+    order[o] = o;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return value.objects[a].first.layerBegin <
+           value.objects[b].first.layerBegin;
+  });
+  int64_t layer = value.layers.begin;
+  for (std::size_t o : order) {
+    const ChunkRef &ref = value.objects[o].first;
+    if (ref.tokenBegin != value.tokens.begin ||
+        ref.tokenEnd != value.tokens.end)
+      return "stored objects of tokens " + std::to_string(ref.tokenBegin) +
+             " to " + std::to_string(ref.tokenEnd) +
+             " do not match a chunk of tokens " +
+             std::to_string(value.tokens.begin) + " to " +
+             std::to_string(value.tokens.end);
+    if (ref.layerBegin != layer)
+      break;
+    layer = ref.layerEnd;
+  }
+  if (layer != value.layers.end)
+    return "stored objects of layer groups that straddle a chunk of layers " +
+           std::to_string(value.layers.begin) + " to " +
+           std::to_string(value.layers.end);
+  return "";
+}
+
+} // namespace
+
 Status ChunkSteps::decode(ChunkValue &value) {
+  if (value.kernel) {
+    std::vector<std::size_t> order;
+    std::string why = payloadOrder(value, order);
+    if (why.empty())
+      return decodePayload(value, order);
+    kernelNotLaunched(value.kernel->name + ": " + why);
+  }
+  return decodeElements(value);
+}
+
+Status ChunkSteps::decodePayload(ChunkValue &value,
+                                 const std::vector<std::size_t> &order) {
+  ChunkStore &store = *stores_.at(value.tier);
+  std::string inner;
+  size_t bytes = 0;
+  value.data.clear();
+  for (std::size_t o : order) {
+    auto &[ref, stored] = value.objects[o];
+    KVC_RETURN_IF_ERROR(store.payload(ref, stored, inner));
+    value.data.resize((bytes + inner.size() + 1) / 2);
+    std::memcpy(reinterpret_cast<char *>(value.data.data()) + bytes,
+                inner.data(), inner.size());
+    bytes += inner.size();
+    if (!value.slot)
+      stored = std::string(); // Unstaged bytes are not kept for reuse.
+  }
+  if (int64_t(bytes) != value.kernel->payloadBytes)
+    return Status(StatusCode::Internal,
+                  "restore: kernel \"" + value.kernel->name + "\" reads " +
+                      std::to_string(value.kernel->payloadBytes) +
+                      " payload bytes; the chunk's objects hold " +
+                      std::to_string(bytes));
+  value.encoded = false;
+  value.payload = true;
+  return Status::ok();
+}
+
+Status ChunkSteps::decodeElements(ChunkValue &value) {
   ChunkStore &store = *stores_.at(value.tier);
   const int64_t w = width(value.form);
   const int64_t mats = value.form == Form::KV ? 2 : 1;
@@ -218,8 +294,15 @@ Status ChunkSteps::scatter(ChunkValue &value) {
       return Status(StatusCode::Internal,
                     "restore: scatter of hidden states (missing project)");
     KVC_RETURN_IF_ERROR(toDevice(value));
-    KVC_RETURN_IF_ERROR(
-        backend_.scatter(*value.device, value.box(), cache_, table_));
+    if (value.payload) {
+      KVC_RETURN_IF_ERROR(backend_.launchRestore(*value.kernel, *value.device,
+                                                 value.box(), cache_, table_));
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++kernelLaunches_;
+    } else {
+      KVC_RETURN_IF_ERROR(
+          backend_.scatter(*value.device, value.box(), cache_, table_));
+    }
     release(value);
   }
   if (progress_)
@@ -259,6 +342,23 @@ void ChunkSteps::release(ChunkValue &value) {
   releaseSlot(value);
   releaseDevice(value);
   value.data = {};
+}
+
+void ChunkSteps::kernelNotLaunched(const std::string &why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (std::find(kernelsNotLaunched_.begin(), kernelsNotLaunched_.end(), why) ==
+      kernelsNotLaunched_.end())
+    kernelsNotLaunched_.push_back(why);
+}
+
+int64_t ChunkSteps::kernelLaunches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kernelLaunches_;
+}
+
+std::vector<std::string> ChunkSteps::kernelsNotLaunched() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kernelsNotLaunched_;
 }
 
 double ChunkSteps::flops() const {

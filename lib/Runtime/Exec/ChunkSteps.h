@@ -4,12 +4,14 @@
 // shared by both restore paths (compiled plans, Cake's dynamic walk):
 //
 //   fetch      reads the stored objects covering the chunk's box (host)
-//   decode     checks and decodes them to the chunk's layout (host)
+//   decode     checks and decodes them to the chunk's layout (host); for a
+//              chunk a generated kernel decodes, only their lossless stage
 //   toDevice   the backend's upload; frees the host staging
 //   project    the backend's hidden states -> K, V
 //   compute    the backend's prefill of the box into the paged cache
-//   scatter    the backend's write of K and V into the paged cache; counts
-//              the box's layers as written (LayerProgress)
+//   scatter    the backend's write of K and V into the paged cache, or its
+//              launch of the chunk's generated kernel; counts the box's
+//              layers as written (LayerProgress)
 //
 // A chunk's host buffers may be a staging slot's, reused across chunks and
 // rounds (ShadowServe's bounded staging): held from the fetch to the upload,
@@ -73,6 +75,14 @@ struct ChunkValue {
   /// held, and the one whose device buffers hold the chunk after the upload.
   StagingSlot *slot = nullptr;
   StagingSlot *deviceSlot = nullptr;
+  /// The generated restore kernel that decodes and scatters the chunk on
+  /// the device, when the backend launches it (null: the runtime's own
+  /// decode and scatter).
+  const BundleKernel *kernel = nullptr;
+  /// Whether `data`, then the device buffer, holds the stored payload for
+  /// `kernel` (the objects after their lossless stage, back to back)
+  /// instead of decoded elements.
+  bool payload = false;
   /// Why the chunk will be recomputed instead ("" while it is fine).
   std::string fault;
   /// Computed chunks are in the paged cache already: their prefill wrote
@@ -101,6 +111,8 @@ public:
 
   /// Reads the objects covering the chunk, into `slot`'s buffers when given.
   Status fetch(ChunkValue &value, StagingSlot *slot);
+  /// Decodes the fetched objects into `data`: their payload for the
+  /// chunk's kernel when they tile its box, else its elements.
   Status decode(ChunkValue &value);
   /// Decodes first when needed; a chunk already uploaded stays.
   Status toDevice(ChunkValue &value);
@@ -115,13 +127,22 @@ public:
   /// Gives the chunk's held buffers back (after a fault).
   void release(ChunkValue &value);
 
+  /// Records why a kernel did not run (once per distinct line).
+  void kernelNotLaunched(const std::string &why);
+
   double flops() const;
+  int64_t kernelLaunches() const;
+  std::vector<std::string> kernelsNotLaunched() const;
   int64_t exactContextBytes() const { return prefill_->exactContextBytes(); }
   std::map<std::string, int64_t> bytesRead() const;
 
 private:
   DType dtypeOf(Form form) const;
   int64_t width(Form form) const;
+  Status decodeElements(ChunkValue &value);
+  /// The chunk's payload for `value.kernel` from its objects in `order`.
+  Status decodePayload(ChunkValue &value,
+                       const std::vector<std::size_t> &order);
   void releaseSlot(ChunkValue &value);
   void releaseDevice(ChunkValue &value);
 
@@ -140,6 +161,8 @@ private:
       refs_;
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;
+  int64_t kernelLaunches_ = 0;
+  std::vector<std::string> kernelsNotLaunched_;
 };
 
 /// Runs `run` (a restore of `target`) with `progress`, when given, reset to

@@ -39,11 +39,12 @@ namespace {
 class Run {
 public:
   Run(const BundlePlan &plan, const RestoreTarget &target,
-      LayerProgress *progress)
+      const RestoreOptions &options)
       : plan_(plan), target_(target), config_(target.model->config()),
-        steps_(target.backend ? *target.backend : cpuBackend(), *target.model,
-               target.stores, *target.tokens, *target.cache, *target.table,
-               progress) {}
+        backend_(target.backend ? *target.backend : cpuBackend()),
+        kernels_(options.kernels),
+        steps_(backend_, *target.model, target.stores, *target.tokens,
+               *target.cache, *target.table, options.progress) {}
 
   StatusOr<TaskGraph> build() {
     const int64_t n = int64_t(target_.tokens->size());
@@ -71,6 +72,7 @@ public:
         value->tokens = first.tokens;
         value->layers = first.layers;
         value->tier = first.tier;
+        value->codec = first.codec;
         values_[i] = value;
       } else if (!task.inputs.empty()) {
         values_[i] = values_[task.inputs.front()];
@@ -94,6 +96,8 @@ public:
                                " (compute above layer 0, from loaded hidden "
                                "states, is not supported)");
       }
+      if (!task.entry.empty())
+        KVC_RETURN_IF_ERROR(useKernel(i, *values_[i]));
       std::string label =
           task.steps.size() == 1 ? name(first.kind) : task.kernel;
       if (label.empty())
@@ -105,6 +109,42 @@ public:
                  [this, i](int) { return runTask(i); }});
     }
     return graph;
+  }
+
+  /// Lets the generated restore kernel task `index` names decode and
+  /// scatter its chunk, when the backend launches it into the cache.
+  Status useKernel(std::size_t index, exec_detail::ChunkValue &value) {
+    if (!kernels_ || !backend_.launchesKernels())
+      return Status::ok();
+    const BundleTask &task = plan_.tasks[index];
+    auto found = std::find_if(
+        kernels_->begin(), kernels_->end(),
+        [&](const BundleKernel &kernel) { return kernel.name == task.entry; });
+    if (found == kernels_->end())
+      return invalidArgument("restore: task " + std::to_string(index) +
+                             " names kernel \"" + task.entry +
+                             "\", which the kernel table lacks");
+    const BundleKernel &kernel = *found;
+    if (kernel.kind != BundleKernel::Kind::Restore)
+      return Status::ok(); // Projections run the backend's own kernels.
+    CodecSpec stored = value.codec;
+    stored.lossless = CodecSpec::Lossless::None;
+    const bool unquantized = stored.quant == CodecSpec::Quant::None;
+    if (value.form != Form::KV || kernel.codec != stored ||
+        (unquantized && kernel.storage != dtypeName(config_.dtype)))
+      return invalidArgument(
+          "restore: kernel \"" + kernel.name + "\" decodes " +
+          kernel.codec.str() + " over " + kernel.storage + "; task " +
+          std::to_string(index) + " scatters " + name(value.form) +
+          " stored as " + value.codec.str() + " over " +
+          dtypeName(config_.dtype));
+    Status launchable = backend_.canLaunch(kernel, *target_.cache);
+    if (!launchable.isOk()) {
+      steps_.kernelNotLaunched(kernel.name + ": " + launchable.message());
+      return Status::ok();
+    }
+    value.kernel = &kernel;
+    return Status::ok();
   }
 
   /// Fails unless the plan's scatters write every (token, layer) of the
@@ -210,7 +250,6 @@ private:
                  std::optional<int64_t> slot) {
     switch (step.kind) {
     case StepKind::Fetch:
-      value.codec = step.codec;
       return steps_.fetch(value, slot ? &slots_[*slot] : nullptr);
     case StepKind::Decompress:
       return steps_.decode(value);
@@ -245,6 +284,8 @@ private:
   const BundlePlan &plan_;
   const RestoreTarget &target_;
   const ModelConfig &config_;
+  Backend &backend_;
+  const std::vector<BundleKernel> *kernels_;
   std::vector<std::shared_ptr<exec_detail::ChunkValue>> values_;
   std::unique_ptr<exec_detail::StagingSlot[]> slots_;
   exec_detail::ChunkSteps steps_;
@@ -296,7 +337,7 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   if (!target.model || !target.tokens || !target.cache || !target.table)
     return invalidArgument("restore: model, tokens, cache and block table are "
                            "required");
-  Run run(plan, target, options.progress);
+  Run run(plan, target, options);
   StatusOr<TaskGraph> graph = run.build();
   if (!graph)
     return graph.status();
@@ -309,6 +350,8 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   metrics.busySeconds = result.busy;
   metrics.bytesRead = run.steps().bytesRead();
   metrics.flops = run.steps().flops();
+  metrics.kernelLaunches = run.steps().kernelLaunches();
+  metrics.kernelsNotLaunched = run.steps().kernelsNotLaunched();
   metrics.stagingBytes = run.stagingBytes();
   metrics.exactContextBytes = run.steps().exactContextBytes();
   if (plan.predictedUs)

@@ -190,6 +190,16 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
       });
 }
 
+Status ChunkObjects::payload(const ChunkRef &ref, std::string_view bytes,
+                             std::string &out) const {
+  return checkAndDecode(
+      ref, bytes, expected(ref), model_.dtype,
+      [&](std::string_view payload, const ChunkHeader &header) {
+        return decompressChunk(payload, shape(ref), header.codec, header.dtype,
+                               out);
+      });
+}
+
 StatusOr<std::vector<StoredExtent>>
 ChunkStore::stored(const int32_t *tokens, int64_t count, Form form) {
   std::vector<StoredExtent> extents;

@@ -17,6 +17,10 @@
 //   copyRows      rows of one paged cache into another
 //   scatter       a chunk's K and V -> the paged cache through the block
 //                 table                           (scatter)
+//   launchRestore a plan bundle's generated restore kernel: a chunk's
+//                 stored payload (quantized, transformed) -> the paged
+//                 cache                           (dequant, untransform,
+//                                                  scatter; KernelAbi.h)
 //   readBack      K and V of cached rows -> host fp32 (verification)
 //   decode        a decode step over the restored cache -> next-token
 //                 logits (what the model says after a restore)
@@ -24,8 +28,11 @@
 //                 what calibration measures of the backend itself
 //
 // Fetching and host-side decoding stay in the executor: they run on host
-// threads whatever the device. The model a backend computes with is a
-// ModelCompute, kvc's reference model or a server's own.
+// threads whatever the device. A backend that launches generated kernels
+// gets chunks whose plan names one still encoded (only their lossless
+// stage undone on the host); the others arrive decoded to bf16. The model a
+// backend computes with is a ModelCompute, kvc's reference model or a server's
+// own.
 //
 // Ownership: buffers, caches and prefill sessions a backend returns are the
 // caller's and may outlive nothing but the backend. Every call is
@@ -37,6 +44,7 @@
 #define KVC_RUNTIME_BACKEND_BACKEND_H
 
 #include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Exec/TaskGraph.h"
 #include "kvc/Runtime/Model/ModelCompute.h"
 
@@ -114,6 +122,31 @@ public:
   /// `cache` through `table`.
   virtual Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
                          PagedKVCache &cache, const BlockTable &table) = 0;
+
+  /// Whether the backend launches generated restore kernels (launchRestore).
+  /// The CPU backend does not: its decode lanes decode chunks completely,
+  /// as CPU targets price them.
+  virtual bool launchesKernels() const { return false; }
+
+  /// Whether launchRestore can run `kernel` into `cache`: ok, or why not
+  /// (a kernel of another shape, a cache the kernel cannot address).
+  virtual Status canLaunch(const BundleKernel &kernel,
+                           const PagedKVCache &cache) const {
+    (void)kernel, (void)cache;
+    return unimplemented(std::string("the ") + name() +
+                         " backend launches no generated kernels");
+  }
+
+  /// Runs the generated restore kernel `kernel` over `payload`, the box's
+  /// stored payload after its lossless stage (ChunkObjects::payload, the
+  /// objects back to back), uploaded: it dequantizes, untransforms and
+  /// writes the box's K and V into `cache` through `table`.
+  virtual Status launchRestore(const BundleKernel &kernel,
+                               const DeviceBuffer &payload, const ChunkBox &box,
+                               PagedKVCache &cache, const BlockTable &table) {
+    (void)payload, (void)box, (void)table;
+    return Backend::canLaunch(kernel, cache); // Unimplemented.
+  }
 
   /// A prefill of `tokens` into `cache` with `model`, through prefillInto
   /// and copyRows (PagedPrefill.cpp says how it keeps every box exact).

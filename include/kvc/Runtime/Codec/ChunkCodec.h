@@ -67,6 +67,13 @@ StatusOr<std::string> encodeChunk(const float *values, const ChunkShape &shape,
 Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
                    const CodecSpec &codec, DType storage, float *out);
 
+/// Undoes the lossless stage alone: `out` gets encodeChunk's bytes before
+/// that stage (the quantized or plain elements), which a generated restore
+/// kernel reads on the device; DataLoss unless they are exactly as many as
+/// the shape and codec make.
+Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
+                       const CodecSpec &codec, DType storage, std::string &out);
+
 /// Decodes into `out` (shape.numel() bf16 values, what the paged cache
 /// holds), equal to rounding decodeChunk's floats. The executor's hot paths
 /// go straight to bf16: quantized, untransformed chunks through a vector

@@ -12,6 +12,15 @@
 //   dequant, untransform
 //                       done by the host's decode
 //   transfer_to_device  Backend::upload
+//
+// except where the task that scatters a loaded chunk names a generated
+// restore kernel (BundleTask::entry, in RestoreOptions::kernels) and the
+// backend launches it (Backend::launchesKernels, canLaunch): there the
+// decode undoes only the lossless stage, the upload carries the stored
+// payload, and Backend::launchRestore dequantizes, untransforms and
+// scatters it on the device. A chunk whose stored objects do not tile its
+// box exactly is decoded on the host as above.
+//
 //   project             Backend::project: hidden states -> K, V (HCache)
 //   chunk_compute       Backend::prefill of the box's tokens through its
 //                       layers
@@ -71,6 +80,9 @@ struct RestoreOptions {
   /// later layers load; reset when the restore starts, finished when it
   /// ends (with its error, if it fails).
   LayerProgress *progress = nullptr;
+  /// The kernel table of the plan's bundle: the generated code its tasks
+  /// name. Without it, every task runs the runtime's own code.
+  const std::vector<BundleKernel> *kernels = nullptr;
 };
 
 struct RestoreMetrics {
@@ -90,6 +102,12 @@ struct RestoreMetrics {
   int64_t exactContextBytes = 0;
   /// One line per chunk recomputed instead of loaded, with why.
   std::vector<std::string> fallbacks;
+  /// Chunks a generated restore kernel decoded and scattered on the device.
+  int64_t kernelLaunches = 0;
+  /// Why chunks whose task names a generated kernel were decoded on the
+  /// host instead, one line per kernel and reason (none on a backend that
+  /// launches no kernels: it decodes every chunk on the host by design).
+  std::vector<std::string> kernelsNotLaunched;
   /// The plan's predictions beside the measures above: the compiler's
   /// makespan, busy time per resource (its tasks' predicted times) and
   /// bytes per tier (its fetches' priced bytes), when the plan was

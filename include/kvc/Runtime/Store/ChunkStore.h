@@ -92,6 +92,11 @@ public:
   Status decode(const ChunkRef &ref, std::string_view bytes,
                 uint16_t *out) const;
 
+  /// Checks them the same way and undoes only the lossless stage
+  /// (decompressChunk): the payload a generated restore kernel reads.
+  Status payload(const ChunkRef &ref, std::string_view bytes,
+                 std::string &out) const;
+
   /// Whether `bytes` are a readable object that `ref` names.
   bool holds(const ChunkRef &ref, std::string_view bytes) const;
 

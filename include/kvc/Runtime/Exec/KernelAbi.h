@@ -1,0 +1,88 @@
+//===- KernelAbi.h - A generated kernel's view of the paged cache -*- C++
+//-*-===//
+//
+// A generated restore kernel (KernelGen.h) addresses the paged cache as
+// [layers][layer_rows][kv width] bf16 from one base per matrix, a token's
+// row being table[t / B] * B + t % B of its layer. The runtime's caches
+// are per-layer pointers with blocks blockStride() elements apart. One maps
+// onto the other when
+//
+//   - every layer's K (and V) cache starts the same whole number of rows
+//     after the layer before's: layer 0's caches are the bases, and that
+//     distance is layer_rows;
+//   - blocks are a whole number s of blocks apart (s = 2 in vLLM's layout
+//     that interleaves K and V per block): physical block p is passed to
+//     the kernel as p * s.
+//
+// kvc's own caches (either backend's) and both of vLLM's layouts qualify;
+// a view over layers allocated one by one may not, and its chunks take the
+// runtime's own decode and scatter instead.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_EXEC_KERNELABI_H
+#define KVC_RUNTIME_EXEC_KERNELABI_H
+
+#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvc {
+
+/// The cache arguments of a restore kernel.
+struct KernelCacheArgs {
+  /// Layer 0's key and value caches: the kernel's key_cache and value_cache.
+  const uint16_t *keys = nullptr, *values = nullptr;
+  /// Rows from one layer's start to the next's: the kernel's layer_rows.
+  int64_t layerRows = 0;
+  /// Blocks from one physical block's start to the next's.
+  int64_t blockScale = 1;
+  /// Bytes each base spans, every layer's blocks included.
+  int64_t bytes = 0;
+
+  /// `table`'s physical blocks as the kernel reads them; FailedPrecondition
+  /// when one does not fit the kernel's int32 table.
+  StatusOr<std::vector<int32_t>> blocks(const BlockTable &table) const;
+};
+
+/// A launch's parameters in a kernel's order (BundleKernel::args): each
+/// buffer as the five values of a 1-D MLIR memref descriptor (base, aligned
+/// base, offset, size, stride), each integer as one 64-bit value.
+class KernelParams {
+public:
+  /// Buffer argument `name` ("payload", "key_cache", ...): `elements`
+  /// elements of its memref type at device address `address`.
+  void buffer(const std::string &name, const void *address, int64_t elements);
+  /// Integer argument `name` ("first_token", ...).
+  void scalar(const std::string &name, int64_t value);
+  /// Pointers to the parameters in `kernel`'s order, as cuLaunchKernel takes
+  /// them, valid while this object lives; InvalidArgument naming an
+  /// argument never set.
+  StatusOr<std::vector<void *>> pointers(const BundleKernel &kernel);
+
+private:
+  struct Memref {
+    const void *allocated = nullptr, *aligned = nullptr;
+    int64_t offset = 0, size = 0, stride = 1;
+  };
+  std::map<std::string, Memref> buffers_;
+  std::map<std::string, int64_t> scalars_;
+};
+
+/// The cache arguments of restore kernels into `cache`, or why its layout
+/// has none (FailedPrecondition).
+StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache);
+
+/// Ok when `kernel` is a restore kernel for `cache`'s KV heads, head_dim and
+/// block size, into a layout kernelCacheArgs maps; else why not
+/// (FailedPrecondition).
+Status checkRestoreKernel(const BundleKernel &kernel,
+                          const PagedKVCache &cache);
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_EXEC_KERNELABI_H

@@ -1,0 +1,401 @@
+//===- KernelLaunchTest.cpp - Plans whose chunks generated kernels decode -===//
+//
+// The executor's side of generated restore kernels, without a GPU: a
+// backend that "launches" a kernel by doing what the generated code does
+// (KernelJitTest shows it equals decodeChunkToBf16 bit for bit) through the
+// kernel's ABI (KernelAbi.h: layer 0's bases, layer_rows, the scaled block
+// table), over host memory laid out as the CUDA backend lays out its cache.
+// What is checked: which chunks reach the device still encoded, that the
+// ABI addresses every cache layout it accepts correctly, and that every
+// other case (a chunk off the store's grid, a cache the kernel cannot
+// address, a backend without kernels, a corrupt object) still restores the
+// exact cache by the runtime's own code.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ExecutorFixture.h"
+
+#include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Exec/KernelAbi.h"
+
+#include <cstring>
+
+namespace kvc::exec_test {
+namespace {
+
+/// Host memory as a device: buffers of its own, uploads counted.
+class HostBuffer final : public DeviceBuffer {
+public:
+  int64_t bytes() const override { return int64_t(words.size() * 2); }
+  std::vector<uint16_t> words;
+};
+
+/// The CPU backend's compute, with kernels launched as the generated code
+/// computes them and a cache in one allocation, layers evenly apart.
+class HostKernelBackend final : public Backend {
+public:
+  const char *name() const override { return "host-kernels"; }
+  bool launchesKernels() const override { return true; }
+
+  StatusOr<std::unique_ptr<ResourcePools>>
+  createPools(const std::map<std::string, int> &lanes) override {
+    return cpuBackend().createPools(lanes);
+  }
+
+  /// K and V of each layer back to back in one allocation, as the CUDA
+  /// backend's createCache.
+  StatusOr<std::unique_ptr<PagedKVCache>>
+  createCache(const PagedCacheConfig &config) override {
+    const int64_t perLayer = config.numBlocks * config.blockSize *
+                             config.numKvHeads * config.headDim;
+    auto memory = std::make_shared<std::vector<uint16_t>>(
+        size_t(2 * config.layers * perLayer));
+    std::vector<PagedLayerMemory> layers;
+    for (int64_t l = 0; l < config.layers; ++l)
+      layers.push_back({memory->data() + 2 * l * perLayer,
+                        memory->data() + (2 * l + 1) * perLayer});
+    return PagedKVCache::view(config, std::move(layers), CacheMemory::Host,
+                              memory);
+  }
+
+  std::unique_ptr<DeviceBuffer> allocate() override {
+    return std::make_unique<HostBuffer>();
+  }
+
+  Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {
+    static_cast<HostBuffer &>(to).words = host;
+    uploadedBytes += int64_t(host.size() * 2);
+    return Status::ok();
+  }
+
+  StatusOr<double> project(const ModelCompute &, const DeviceBuffer &, DType,
+                           const ChunkBox &, DeviceBuffer &) override {
+    return unimplemented("host-kernels: no projection");
+  }
+
+  Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
+                 PagedKVCache &cache, const BlockTable &table) override {
+    const std::vector<uint16_t> &words =
+        static_cast<const HostBuffer &>(kv).words;
+    const int64_t n = box.tokens() * cache.kvDim();
+    for (int64_t l = 0; l < box.layers(); ++l)
+      KVC_RETURN_IF_ERROR(cache.write(table, box.layerBegin + l, box.tokenBegin,
+                                      box.tokens(), words.data() + 2 * l * n,
+                                      words.data() + (2 * l + 1) * n));
+    return Status::ok();
+  }
+
+  Status canLaunch(const BundleKernel &kernel,
+                   const PagedKVCache &cache) const override {
+    return checkRestoreKernel(kernel, cache);
+  }
+
+  /// What the generated kernel does: decodeChunkToBf16 of the payload, each
+  /// row stored at ((first_layer + l) * layer_rows + table[p / B] * B +
+  /// p % B) * width of its matrix's base.
+  Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
+                       const ChunkBox &box, PagedKVCache &cache,
+                       const BlockTable &table) override {
+    KVC_RETURN_IF_ERROR(canLaunch(kernel, cache));
+    KVC_ASSIGN_OR_RETURN(args, kernelCacheArgs(cache));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    const std::vector<uint16_t> &words =
+        static_cast<const HostBuffer &>(payload).words;
+    ChunkShape shape;
+    shape.tokens = kernel.tokens;
+    shape.layers = kernel.layers;
+    shape.width = kernel.kvHeads * kernel.headDim;
+    shape.headDim = kernel.headDim;
+    shape.firstLayer = box.layerBegin;
+    shape.modelLayers = cache.config().layers;
+    std::vector<uint16_t> values(shape.numel());
+    KVC_RETURN_IF_ERROR(decodeChunkToBf16(
+        std::string_view(reinterpret_cast<const char *>(words.data()),
+                         kernel.payloadBytes),
+        shape, kernel.codec, DType::BF16, values.data()));
+    const int64_t width = shape.width, b = kernel.blockSize;
+    for (int64_t l = 0; l < shape.layers; ++l)
+      for (int64_t m = 0; m < 2; ++m)
+        for (int64_t t = 0; t < shape.tokens; ++t) {
+          const int64_t p = box.tokenBegin + t;
+          const int64_t row = (box.layerBegin + l) * args.layerRows +
+                              int64_t(blocks[p / b]) * b + p % b;
+          uint16_t *base = const_cast<uint16_t *>(m ? args.values : args.keys);
+          std::memcpy(base + row * width,
+                      values.data() + ((l * 2 + m) * shape.tokens + t) * width,
+                      size_t(width) * 2);
+        }
+    ++launches;
+    return Status::ok();
+  }
+
+  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+                     const BlockTable &table, const int32_t *tokens,
+                     int64_t position, int64_t n, int64_t layers) override {
+    return cpuBackend().prefillInto(model, cache, table, tokens, position, n,
+                                    layers);
+  }
+  Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
+                  PagedKVCache &to, const BlockTable &toTable, int64_t layer,
+                  int64_t first, int64_t n) override {
+    return cpuBackend().copyRows(from, fromTable, to, toTable, layer, first, n);
+  }
+  Status readBack(const PagedKVCache &cache, const BlockTable &table,
+                  int64_t layer, int64_t first, int64_t n, float *k,
+                  float *v) override {
+    return cpuBackend().readBack(cache, table, layer, first, n, k, v);
+  }
+  Status decode(const ModelCompute &model, PagedKVCache &cache,
+                const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits) override {
+    return cpuBackend().decode(model, cache, table, position, tokens, n,
+                               logits);
+  }
+  StatusOr<double> timePrefill(const ModelCompute &model,
+                               const ModelCompute::Cache &context,
+                               const std::vector<int32_t> &tokens,
+                               int64_t position, int64_t n) override {
+    return cpuBackend().timePrefill(model, context, tokens, position, n);
+  }
+  StatusOr<double> uploadGBs() override { return cpuBackend().uploadGBs(); }
+
+  std::atomic<int64_t> launches{0}, uploadedBytes{0};
+};
+
+class KernelLaunchTest : public ExecutorTest {
+protected:
+  void SetUp() override {
+    backend_ = &kernels_;
+    ExecutorTest::SetUp();
+  }
+
+  /// Every chunk of the restore decoded on the host, for a reason that
+  /// says `why`.
+  static void expectDecodedOnTheHost(const StatusOr<RestoreMetrics> &metrics,
+                                     const std::string &why) {
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_EQ(metrics->kernelLaunches, 0);
+    ASSERT_FALSE(metrics->kernelsNotLaunched.empty());
+    EXPECT_NE(metrics->kernelsNotLaunched.front().find(why), std::string::npos)
+        << metrics->kernelsNotLaunched.front();
+  }
+
+  HostKernelBackend kernels_;
+};
+
+CodecSpec codec(const char *text) { return *parseCodecSpec(text); }
+
+TEST_F(KernelLaunchTest, ChunksReachTheDeviceEncodedAndTheKernelDecodesThem) {
+  const int64_t layers = model_->config().numLayers;
+  for (const char *text :
+       {"int8+zstd", "int4/g32+deflate", "hadamard+int4", "int2/k=token"}) {
+    SCOPED_TRACE(text);
+    std::unique_ptr<ChunkStore> store = storeIn(codec(text));
+    // Chunks of 64 tokens x every layer: two of the store's objects each.
+    PlanBundle bundle = *withKernels(makePlan({0, 0, 64}, layers),
+                                     model_->config(), codec(text));
+    std::vector<float> byKernels, onHost;
+    kernels_.uploadedBytes = 0;
+    StatusOr<RestoreMetrics> metrics = restoreWith(bundle, *store, &byKernels);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    const int64_t chunks = (kTokens + 63) / 64;
+    EXPECT_EQ(metrics->kernelLaunches, chunks);
+    EXPECT_TRUE(metrics->kernelsNotLaunched.empty());
+    EXPECT_TRUE(metrics->fallbacks.empty());
+    // What crossed to the device is each chunk's payload, not bf16.
+    int64_t payloadBytes = 0;
+    for (const BundleTask &task : bundle.plans.front().tasks)
+      if (!task.entry.empty())
+        payloadBytes +=
+            (bundle.findKernel(task.entry)->payloadBytes + 1) / 2 * 2;
+    EXPECT_EQ(kernels_.uploadedBytes, payloadBytes);
+    const int64_t bf16Bytes = 2 * layers * kTokens * model_->kvDim() * 2;
+    EXPECT_LT(payloadBytes, bf16Bytes * 3 / 5);
+
+    // The same plan decoded by the runtime's own code: the same cache.
+    kernels_.uploadedBytes = 0;
+    metrics = restoreWith(bundle, *store, &onHost, /*kernels=*/false);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_EQ(metrics->kernelLaunches, 0);
+    EXPECT_EQ(kernels_.uploadedBytes, bf16Bytes);
+    EXPECT_EQ(byKernels, onHost);
+  }
+}
+
+TEST_F(KernelLaunchTest, RawChunksAreScatteredByTheKernel) {
+  std::unique_ptr<ChunkStore> store = storeIn(CodecSpec());
+  PlanBundle bundle =
+      *withKernels(makePlan({128, 0, 64}, model_->config().numLayers),
+                   model_->config(), CodecSpec());
+  double error = 1;
+  StatusOr<RestoreMetrics> metrics =
+      restoreWith(bundle, *store, nullptr, true, &error);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_EQ(metrics->kernelLaunches, 3); // Tokens 128 to 300.
+  EXPECT_LT(error, 1.0 / 128);
+}
+
+TEST_F(KernelLaunchTest, InterleavedCachesAreAddressedThroughAScaledTable) {
+  // One tensor per layer, [blocks][K|V][block], the layers one allocation
+  // apart: the kernel sees layer_rows of 2 * blocks * block_size and
+  // physical blocks doubled.
+  PagedCacheConfig shape = cache_->config();
+  const int64_t block = shape.blockSize * cache_->kvDim();
+  shape.blockStride = 2 * block;
+  const int64_t perLayer = shape.numBlocks * 2 * block;
+  std::vector<uint16_t> memory(shape.layers * perLayer);
+  std::vector<PagedLayerMemory> layers;
+  for (int64_t l = 0; l < shape.layers; ++l)
+    layers.push_back(
+        {memory.data() + l * perLayer, memory.data() + l * perLayer + block});
+  cache_ = std::move(PagedKVCache::view(shape, layers).value());
+  StatusOr<KernelCacheArgs> args = kernelCacheArgs(*cache_);
+  ASSERT_TRUE(args) << args.status().toString();
+  EXPECT_EQ(args->layerRows, 2 * shape.numBlocks * shape.blockSize);
+  EXPECT_EQ(args->blockScale, 2);
+
+  const CodecSpec int4 = codec("int4+zstd");
+  std::unique_ptr<ChunkStore> store = storeIn(int4);
+  PlanBundle bundle =
+      *withKernels(makePlan({0, 0, 64}, shape.layers), model_->config(), int4);
+  std::vector<float> byKernels, onHost;
+  StatusOr<RestoreMetrics> metrics = restoreWith(bundle, *store, &byKernels);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_GT(metrics->kernelLaunches, 0);
+  ASSERT_TRUE(restoreWith(bundle, *store, &onHost, false));
+  EXPECT_EQ(byKernels, onHost);
+  cache_.reset(); // Before the memory it views.
+}
+
+TEST_F(KernelLaunchTest, LayersAllocatedApartAreDecodedOnTheHost) {
+  PagedCacheConfig shape = cache_->config();
+  const int64_t perLayer = shape.numBlocks * shape.blockSize * cache_->kvDim();
+  std::vector<std::vector<uint16_t>> tensors(2 * shape.layers,
+                                             std::vector<uint16_t>(perLayer));
+  std::vector<PagedLayerMemory> layers;
+  for (int64_t l = 0; l < shape.layers; ++l)
+    layers.push_back({tensors[2 * l].data(), tensors[2 * l + 1].data()});
+  cache_ = std::move(PagedKVCache::view(shape, layers).value());
+  EXPECT_EQ(kernelCacheArgs(*cache_).status().code(),
+            StatusCode::FailedPrecondition);
+
+  const CodecSpec int8 = codec("int8");
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  PlanBundle bundle =
+      *withKernels(makePlan({0, 0, 64}, shape.layers), model_->config(), int8);
+  double error = 1;
+  StatusOr<RestoreMetrics> metrics =
+      restoreWith(bundle, *store, nullptr, true, &error);
+  expectDecodedOnTheHost(metrics, "cannot address");
+  EXPECT_LT(error, 1.0 / 16); // int8's error, not garbage.
+  cache_.reset();
+}
+
+TEST_F(KernelLaunchTest, ChunksOffTheStoresGridAreDecodedOnTheHost) {
+  // 96-token chunks over 64-token objects: no chunk's objects tile it.
+  const CodecSpec int8 = codec("int8+lz4");
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  PlanBundle bundle = *withKernels(
+      makePlan({0, 0, 96}, model_->config().numLayers), model_->config(), int8);
+  std::vector<float> mixed, onHost;
+  StatusOr<RestoreMetrics> metrics = restoreWith(bundle, *store, &mixed);
+  expectDecodedOnTheHost(metrics, "do not match a chunk");
+  ASSERT_TRUE(restoreWith(bundle, *store, &onHost, false));
+  EXPECT_EQ(mixed, onHost);
+}
+
+TEST_F(KernelLaunchTest, ACorruptObjectIsRecomputedAsWithoutKernels) {
+  const CodecSpec int8 = codec("int8+zstd");
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  std::string victimName;
+  for (const ChunkRef &ref :
+       store->refs(tokens_.data(), kTokens, Form::KV, int8))
+    if (ref.tokenBegin == 128 && ref.layerBegin == 2)
+      victimName = ref.name();
+  std::string bytes;
+  ASSERT_TRUE(tier_->get(victimName, bytes).isOk());
+  bytes[bytes.size() / 2] ^= 0x40;
+  ASSERT_TRUE(tier_->put(victimName, bytes).isOk());
+  PlanBundle bundle = *withKernels(
+      makePlan({0, 0, 64}, model_->config().numLayers), model_->config(), int8);
+  double error = 1;
+  StatusOr<RestoreMetrics> metrics =
+      restoreWith(bundle, *store, nullptr, true, &error);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_EQ(metrics->fallbacks.size(), 1u);
+  EXPECT_EQ(metrics->kernelLaunches, (kTokens + 63) / 64 - 1);
+  EXPECT_LT(error, 1.0 / 16);
+}
+
+TEST_F(KernelLaunchTest, AKernelForAnotherEncodingIsAnError) {
+  std::unique_ptr<ChunkStore> store = storeIn(codec("int4"));
+  PlanBundle bundle =
+      *withKernels(makePlan({0, 0, 64}, model_->config().numLayers),
+                   model_->config(), codec("int4"));
+  for (BundleKernel &kernel : bundle.kernels)
+    kernel.codec = codec("int8");
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreOptions options;
+  options.kernels = &bundle.kernels;
+  StatusOr<RestoreMetrics> metrics = restore(
+      *pools_, bundle.plans.front(), targetFor(table, store.get()), options);
+  ASSERT_FALSE(metrics);
+  EXPECT_NE(metrics.status().message().find("decodes int8/g32 over bf16"),
+            std::string::npos)
+      << metrics.status().message();
+
+  // A task naming a kernel the table lacks is an error too.
+  bundle.kernels.clear();
+  metrics = restore(*pools_, bundle.plans.front(),
+                    targetFor(table, store.get()), options);
+  ASSERT_FALSE(metrics);
+  EXPECT_NE(metrics.status().message().find("which the kernel table lacks"),
+            std::string::npos)
+      << metrics.status().message();
+  cache_->release(table);
+}
+
+TEST_F(KernelLaunchTest, KernelsOfAnotherShapeAreNotLaunched) {
+  std::unique_ptr<ChunkStore> store = storeIn(codec("int8"));
+  PlanBundle bundle =
+      *withKernels(makePlan({0, 0, 64}, model_->config().numLayers),
+                   model_->config(), codec("int8"));
+  for (BundleKernel &kernel : bundle.kernels)
+    kernel.blockSize = 32; // The cache's blocks hold 16 tokens.
+  std::vector<float> restored;
+  StatusOr<RestoreMetrics> metrics = restoreWith(bundle, *store, &restored);
+  expectDecodedOnTheHost(metrics, "in blocks of 32");
+}
+
+// The kernels kvc-opt generated for this model: their specializations,
+// payload sizes and codecs fit the executor's chunks of every composition.
+TEST_F(KernelLaunchTest, TheCompilersKernelsFitTheExecutor) {
+#ifndef KVC_EXEC_KERNELS
+  GTEST_SKIP() << "built without the compiler: no generated kernels";
+#else
+  StatusOr<PlanBundle> generated = readPlanBundle(KVC_EXEC_KERNELS);
+  ASSERT_TRUE(generated) << generated.status().toString();
+  expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
+#endif
+}
+
+// The CPU backend decodes every chunk on its decode lanes, as CPU targets
+// price it: a bundle's kernels change nothing there.
+class CpuKernelTest : public ExecutorTest {};
+
+TEST_F(CpuKernelTest, TheCpuBackendDecodesEveryChunkOnTheHost) {
+  const CodecSpec int8 = codec("int8+zstd");
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  PlanBundle bundle = *withKernels(
+      makePlan({0, 0, 64}, model_->config().numLayers), model_->config(), int8);
+  double error = 1;
+  StatusOr<RestoreMetrics> metrics =
+      restoreWith(bundle, *store, nullptr, true, &error);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_EQ(metrics->kernelLaunches, 0);
+  EXPECT_TRUE(metrics->kernelsNotLaunched.empty());
+  EXPECT_LT(error, 1.0 / 16);
+}
+
+} // namespace
+} // namespace kvc::exec_test

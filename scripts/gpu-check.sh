@@ -23,7 +23,9 @@
 #                                     CUDA backend's tests (and once under
 #                                     memcheck and racecheck), restores
 #                                     every plan of DIR/e2e on the GPU and
-#                                     the CPU (compare --verify), calibrates
+#                                     the CPU (compare --verify; the int4
+#                                     plans through generated kernels on the
+#                                     GPU), calibrates
 #                                     the GPU, times the PyTorch baseline,
 #                                     decodes stories260K
 #                                     with transformers against kvc's tokens
@@ -41,13 +43,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 case "$mode" in
 pack)
-  ninja -C "$root/build" kvc-kernel-bench bench/kernels.json kvc-opt kvc-run
+  ninja -C "$root/build" kvc-kernel-bench bench/kernels.json kvc-opt kvc-run \
+    kvc-exec-kernels
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVC_BUILD_COMPILER=OFF >/dev/null
   ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd) # file:// stores need absolute paths.
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
+    "$root/build/unittests/exec-kernels.json" \
     "$root/bench/kernels/torch-baseline.py" \
     "$root/build-gpu/unittests/KVCCudaBackendTests" "$dir/"
   cp "$root/build-gpu/bin/kvc-run" "$dir/kvc-run"
@@ -61,6 +65,8 @@ pack)
   done | sort -u |
     grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
     grep -v '/cuda' | xargs -r cp -L -t "$dir/"
+  # OpenBLAS is most of it: xz brings it from 36 to 4 MB; run unpacks it.
+  xz -f -T2 "$dir/libopenblas.so.0"
   # The end-to-end restores: a generated model's context saved in every
   # form, and a plan per strategy compiled for an H100 (the CUDA backend
   # runs any plan; calibrating on the GPU makes the predictions its own).
@@ -97,6 +103,26 @@ pack)
     --kvc-attach-target="$root/targets/h100-sxm.json" \
     --kvc-expand=chunk-tokens=256 --kvc-fuse --kvc-schedule --kvc-estimate \
     --kvc-emit-bundle=file="$e2e/plans.json" -o /dev/null
+  # The same request stored as Hadamard+int4+zstd, and plans that load it
+  # with generated restore kernels: the CUDA backend decodes those chunks on
+  # the GPU from their stored payload.
+  "$run" save --model "$e2e/model" --random-tokens $tokens --seed 7 \
+    --store "file://$e2e/store" --layer-group 1 --forms kv \
+    --codec hadamard+int4+zstd >/dev/null
+  q_source="#kvc.source<tier = \"ssd\", form = kv, codec = <transform = hadamard, quant = int4, lossless = zstd>, tokens = 0 to $tokens, layers = 0 to 4>"
+  printf '%s\n' "#q = $q_source" \
+    "kvc.plan @kv_int4 tokens 0 to $tokens layers 0 to 4 {" \
+    "  kvc.segment load_kv tokens 0 to $tokens layers 0 to 4 from #q" "}" \
+    "kvc.plan @cake_int4 tokens 0 to $tokens layers 0 to 4 {" \
+    "  kvc.segment compute tokens 0 to 256 layers 0 to 4" \
+    "  kvc.segment load_kv tokens 256 to $tokens layers 0 to 4 from #q" "}" \
+    >"$e2e/plans-int4.mlir"
+  "$root/build/bin/kvc-opt" "$e2e/plans-int4.mlir" \
+    --kvc-import-model="$e2e/model/config.json" \
+    --kvc-attach-target="$root/targets/h100-sxm.json" \
+    --kvc-expand=chunk-tokens=256 --kvc-fuse --kvc-schedule --kvc-estimate \
+    --kvc-lower-kernels --kvc-kernels-to-ptx \
+    --kvc-emit-bundle=file="$e2e/plans-int4.json" -o /dev/null
   cp "$root/targets/h100-sxm.json" "$e2e/"
   models=${KVC_MODELS_DIR:-$root/../shared/models}
   if [ -f "$models/stories260K/stories260K.bin" ]; then
@@ -119,6 +145,11 @@ run)
   out=${OUT:-$dir/results}
   mkdir -p "$out"
   export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ -f "$dir/libopenblas.so.0.xz" ] && [ ! -f "$dir/libopenblas.so.0" ]; then
+    python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$dir/libopenblas.so.0.xz" "$dir/libopenblas.so.0"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv |
     tee "$out/device.txt" || exit 77
   status=0
@@ -135,13 +166,14 @@ run)
   fi
   # The CUDA backend: its tests, once more under memcheck and racecheck,
   # then every plan restored on the GPU beside the CPU, and calibration.
+  export KVC_EXEC_KERNELS="$dir/exec-kernels.json"
   "$dir/KVCCudaBackendTests" 2>&1 | tee "$out/cuda-backend-tests.txt" ||
     status=$?
   if [ -x "$sanitizer" ]; then
     for tool in memcheck racecheck; do
       "$sanitizer" --tool $tool --error-exitcode 3 \
         "$dir/KVCCudaBackendTests" \
-        --gtest_filter='*EveryStrategy*:*Concurrent*' \
+        --gtest_filter='*EveryStrategy*:*Concurrent*:*GeneratedKernels*' \
         >"$out/cuda-backend-$tool.txt" 2>&1 || status=$?
       tail -n 2 "$out/cuda-backend-$tool.txt"
     done
@@ -153,6 +185,14 @@ run)
     "$dir/kvc-run" compare "${request[@]}" --backend $backend --repeat 3 \
       2>&1 | tee "$out/compare-$backend.txt" || status=$?
   done
+  # Generated kernels in the executor: every int4 chunk decoded on the GPU.
+  for backend in cuda cpu; do
+    "$dir/kvc-run" compare "${request[@]/plans.json/plans-int4.json}" \
+      --backend $backend --repeat 3 2>&1 |
+      tee "$out/compare-int4-$backend.txt" || status=$?
+  done
+  grep -q "generated kernels decoded" "$out/compare-int4-cuda.txt" ||
+    { echo "gpu-check: no generated kernel ran in the executor"; status=1; }
   "$dir/kvc-run" restore "${request[@]}" --backend cuda --plan joint \
     --verify --trace "$out/joint-trace.json" | tee "$out/restore-joint.txt" ||
     status=$?

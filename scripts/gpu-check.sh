@@ -29,6 +29,9 @@
 #                                     the GPU, times the PyTorch baseline,
 #                                     decodes stories260K
 #                                     with transformers against kvc's tokens
+#                                     and holds every strategy's restored
+#                                     K and V (generated model and
+#                                     stories260K) against transformers'
 #                                     (scripts/hf-reference.py), and writes
 #                                     the outputs to $OUT (else DIR/results).
 #
@@ -76,28 +79,31 @@ pack)
     --kv-heads 2 --ffn 512 --vocab 1024 --seed 1 >/dev/null
   "$run" save --model "$e2e/model" --random-tokens $tokens --seed 7 \
     --store "file://$e2e/store" --layer-group 1 --forms kv,hidden >/dev/null
+  # plans TOKENS LAYERS: one plan per strategy over a request of TOKENS
+  # tokens of a LAYERS-layer model, loading from tier ssd.
   plans() {
-    local kv="#kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $tokens, layers = 0 to 4>"
-    local hid="#kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $tokens, layers = 0 to 4>"
+    local n=$1 L=$2 q=$(($1 / 4)) h=$(($2 - 1)) j=$(($2 / 2))
+    local kv="#kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $n, layers = 0 to $L>"
+    local hid="#kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $n, layers = 0 to $L>"
     printf '%s\n' "#kv = $kv" "#hid = $hid" \
-      "kvc.plan @compute tokens 0 to $tokens layers 0 to 4 {" \
-      "  kvc.segment compute tokens 0 to $tokens layers 0 to 4" "}" \
-      "kvc.plan @kv tokens 0 to $tokens layers 0 to 4 {" \
-      "  kvc.segment load_kv tokens 0 to $tokens layers 0 to 4 from #kv" "}" \
-      "kvc.plan @hidden tokens 0 to $tokens layers 0 to 4 {" \
-      "  kvc.segment load_hidden tokens 0 to $tokens layers 0 to 4 from #hid" "}" \
-      "kvc.plan @cake tokens 0 to $tokens layers 0 to 4 {" \
-      "  kvc.segment compute tokens 0 to 256 layers 0 to 4" \
-      "  kvc.segment load_kv tokens 256 to $tokens layers 0 to 4 from #kv" "}" \
-      "kvc.plan @hcache tokens 0 to $tokens layers 0 to 4 {" \
-      "  kvc.segment load_hidden tokens 0 to $tokens layers 0 to 3 from #hid" \
-      "  kvc.segment load_kv tokens 0 to $tokens layers 3 to 4 from #kv" "}" \
-      "kvc.plan @joint tokens 0 to $tokens layers 0 to 4 {" \
-      "  kvc.segment compute tokens 0 to 256 layers 0 to 4" \
-      "  kvc.segment load_hidden tokens 256 to $tokens layers 0 to 2 from #hid" \
-      "  kvc.segment load_kv tokens 256 to $tokens layers 2 to 4 from #kv" "}"
+      "kvc.plan @compute tokens 0 to $n layers 0 to $L {" \
+      "  kvc.segment compute tokens 0 to $n layers 0 to $L" "}" \
+      "kvc.plan @kv tokens 0 to $n layers 0 to $L {" \
+      "  kvc.segment load_kv tokens 0 to $n layers 0 to $L from #kv" "}" \
+      "kvc.plan @hidden tokens 0 to $n layers 0 to $L {" \
+      "  kvc.segment load_hidden tokens 0 to $n layers 0 to $L from #hid" "}" \
+      "kvc.plan @cake tokens 0 to $n layers 0 to $L {" \
+      "  kvc.segment compute tokens 0 to $q layers 0 to $L" \
+      "  kvc.segment load_kv tokens $q to $n layers 0 to $L from #kv" "}" \
+      "kvc.plan @hcache tokens 0 to $n layers 0 to $L {" \
+      "  kvc.segment load_hidden tokens 0 to $n layers 0 to $h from #hid" \
+      "  kvc.segment load_kv tokens 0 to $n layers $h to $L from #kv" "}" \
+      "kvc.plan @joint tokens 0 to $n layers 0 to $L {" \
+      "  kvc.segment compute tokens 0 to $q layers 0 to $L" \
+      "  kvc.segment load_hidden tokens $q to $n layers 0 to $j from #hid" \
+      "  kvc.segment load_kv tokens $q to $n layers $j to $L from #kv" "}"
   }
-  plans >"$e2e/plans.mlir"
+  plans $tokens 4 >"$e2e/plans.mlir"
   "$root/build/bin/kvc-opt" "$e2e/plans.mlir" \
     --kvc-import-model="$e2e/model/config.json" \
     --kvc-attach-target="$root/targets/h100-sxm.json" \
@@ -132,6 +138,17 @@ pack)
       --checkpoint "$models/stories260K/stories260K.bin" \
       --tokenizer "$models/stories260K/tok512.bin" --out "$dir/stories260K"
     echo 1 >"$dir/stories260K/prompt.txt"
+    # Its context saved, and every strategy's plan, for the restored K and
+    # V against transformers' past_key_values.
+    "$run" save --model "$dir/stories260K" --random-tokens 512 --seed 7 \
+      --store "file://$dir/stories260K/store" --chunk-tokens 128 \
+      --layer-group 1 --forms kv,hidden >/dev/null
+    plans 512 5 >"$dir/stories260K/plans.mlir"
+    "$root/build/bin/kvc-opt" "$dir/stories260K/plans.mlir" \
+      --kvc-import-model="$dir/stories260K/config.json" \
+      --kvc-attach-target="$root/targets/h100-sxm.json" \
+      --kvc-expand=chunk-tokens=128 --kvc-fuse --kvc-schedule --kvc-estimate \
+      --kvc-emit-bundle=file="$dir/stories260K/plans.json" -o /dev/null
     "$root/build/bin/kvc-run" generate --model "$dir/stories260K" \
       --tokens "$dir/stories260K/prompt.txt" --strategy compute \
       --target "$root/targets/cpu-2core.json" --store mem:// --steps 60 |
@@ -202,6 +219,29 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
   if python3 -c 'import torch' 2>/dev/null; then
     python3 "$dir/torch-baseline.py" | tee "$out/torch-baseline.txt" ||
       status=$?
+  fi
+  # Every strategy's restore on the GPU against transformers' own K and V,
+  # for the generated model and the trained one.
+  dumps=()
+  for plan in compute kv hidden cake hcache joint; do
+    "$dir/kvc-run" restore "${request[@]}" --backend cuda --plan $plan \
+      --dump-kv "$out/kv-e2e-$plan.safetensors" >/dev/null || status=$?
+    dumps+=("$out/kv-e2e-$plan.safetensors")
+  done
+  python3 "$dir/hf-reference.py" --model "$e2e/model" --kv "${dumps[@]}" |
+    tee "$out/hf-kv-e2e.txt" || status=$?
+  if [ -f "$dir/stories260K/plans.json" ]; then
+    dumps=()
+    for plan in compute kv hidden cake hcache joint; do
+      "$dir/kvc-run" restore --model "$dir/stories260K" --random-tokens 512 \
+        --seed 7 --store "file://$dir/stories260K/store" --chunk-tokens 128 \
+        --layer-group 1 --bundle "$dir/stories260K/plans.json" --plan $plan \
+        --backend cuda --verify \
+        --dump-kv "$out/kv-stories-$plan.safetensors" >/dev/null || status=$?
+      dumps+=("$out/kv-stories-$plan.safetensors")
+    done
+    python3 "$dir/hf-reference.py" --model "$dir/stories260K" \
+      --kv "${dumps[@]}" | tee "$out/hf-kv-stories260K.txt" || status=$?
   fi
   if [ -f "$dir/stories260K/expected.txt" ]; then
     python3 "$dir/hf-reference.py" --model "$dir/stories260K" \

@@ -3,6 +3,7 @@
 #include "kvc/Host/Verify.h"
 
 #include "kvc/Planning/CodecProfile.h"
+#include "kvc/Runtime/Model/Safetensors.h"
 
 #include <algorithm>
 
@@ -45,6 +46,29 @@ Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
                     "than " +
                     std::string(bound.maxFrom));
   return Status::ok();
+}
+
+Status writeRestoredKv(const std::string &path, Backend &backend,
+                       const ModelCompute &model, const PagedKVCache &cache,
+                       const BlockTable &table,
+                       const std::vector<int32_t> &tokens) {
+  const ModelConfig &config = model.config();
+  const int64_t n = int64_t(tokens.size());
+  TensorMap tensors;
+  Tensor &ids = tensors["tokens"];
+  ids.shape = {n};
+  ids.data.assign(tokens.begin(), tokens.end());
+  for (int64_t l = 0; l < config.numLayers; ++l) {
+    const std::string prefix = "layers." + std::to_string(l);
+    Tensor &k = tensors[prefix + ".key"], &v = tensors[prefix + ".value"];
+    for (Tensor *t : {&k, &v}) {
+      t->shape = {n, config.numKvHeads, config.headDim};
+      t->data.resize(size_t(t->numel()));
+    }
+    KVC_RETURN_IF_ERROR(
+        backend.readBack(cache, table, l, 0, n, k.data.data(), v.data.data()));
+  }
+  return writeSafetensors(path, tensors, DType::F32);
 }
 
 } // namespace kvc::host

@@ -23,6 +23,17 @@
 // HCACHE-NOT: fallback
 // HCACHE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
 
+// Tests --dump-kv: the restored K and V of every layer and the request's
+// tokens, in safetensors, for another implementation to hold its own KV
+// against (scripts/hf-reference.py --kv); HCache's restore within bf16
+// rounding of the recomputed one.
+// RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan compute --dump-kv %t/compute.safetensors | FileCheck %s --check-prefix=DUMP
+// RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan hcache --dump-kv %t/hcache.safetensors
+// RUN: %python %kvc_src/test/lit-tools/kv-dump.py %t/hcache.safetensors --against %t/compute.safetensors --max-error 0.0079 | FileCheck %s --check-prefix=DUMPED
+// DUMP: K and V: {{.*}}compute.safetensors
+// DUMPED: tokens 1024, layers 4, kv heads 2, head dim 32
+// DUMPED-NEXT: max error {{.*}} (bound 0.0079): ok
+
 // Tests that compare runs and verifies every plan of the bundle and prints
 // one table: predicted time, the fastest of --repeat runs and how far it is
 // from the prediction, the median run, and the speedup of each plan over

@@ -338,15 +338,24 @@ Status restoreCommand(Args &args) {
   std::string planName = args.get("plan");
   bool verify = args.has("verify");
   bool dynamic = args.has("dynamic");
+  const std::string dumpPath = args.get("dump-kv");
   RestoreOptions options;
   options.tracePath = args.get("trace");
   options.kernels = &setup.bundle.kernels;
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(plan,
                        selectPlan(setup.bundle, setup.planSource, planName));
-  if (dynamic)
+  if (dynamic) {
+    if (!dumpPath.empty())
+      return invalidArgument("--dump-kv takes a plan's restore, not --dynamic");
     return restoreDynamic(setup, *plan, options, verify);
-  KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify));
+  }
+  KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify,
+                                    dumpPath.empty() ? -1 : 0));
+  if (!dumpPath.empty())
+    KVC_RETURN_IF_ERROR(writeRestoredKv(
+        dumpPath, *setup.request.backend, *setup.request.model,
+        *run.destination->cache, run.destination->table, setup.request.tokens));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
               setup.request.tokens.size(), plan->name.c_str(),
@@ -383,6 +392,8 @@ Status restoreCommand(Args &args) {
   printFallbacks(metrics);
   if (!options.tracePath.empty())
     std::printf("  trace: %s\n", options.tracePath.c_str());
+  if (!dumpPath.empty())
+    std::printf("  K and V: %s\n", dumpPath.c_str());
   if (run.error)
     return reportVerification(*run.error,
                               verifyBound(planCodecs(*plan), setup.maxError));

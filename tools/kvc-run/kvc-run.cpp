@@ -357,7 +357,10 @@ const std::vector<Command> &commands() {
                {"plan", "NAME", "the bundle's plan (default its first)"},
                {"verify", "", "check the cache against a full prefill"},
                {"dynamic", "", "run a Cake-shaped plan as Cake's walk"},
-               {"trace", "FILE", "write a Chrome trace"}} +
+               {"trace", "FILE", "write a Chrome trace"},
+               {"dump-kv", "FILE",
+                "write the restored K and V (safetensors) for "
+                "scripts/hf-reference.py --kv"}} +
            common,
        restoreCommand},
       {"generate", "restores a prompt, then decodes greedily from the cache",

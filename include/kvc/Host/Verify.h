@@ -14,6 +14,7 @@
 #include "kvc/Runtime/Exec/Executor.h"
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace kvc::host {
@@ -38,6 +39,16 @@ std::vector<CodecSpec> planCodecs(const BundlePlan &plan);
 
 /// DataLoss when `error` exceeds `bound`.
 Status checkVerification(const RestoreError &error, const VerifyBound &bound);
+
+/// Writes what a restore left in `cache` for `tokens` to `path`, a
+/// safetensors file another implementation can hold its own KV against
+/// (scripts/hf-reference.py --kv): "tokens" [n] (the ids, exact in f32)
+/// and per layer l "layers.l.key" and "layers.l.value" [n][kv heads][head
+/// dim], the cache's bf16 values read back through `backend` as f32.
+Status writeRestoredKv(const std::string &path, Backend &backend,
+                       const ModelCompute &model, const PagedKVCache &cache,
+                       const BlockTable &table,
+                       const std::vector<int32_t> &tokens);
 
 } // namespace kvc::host
 

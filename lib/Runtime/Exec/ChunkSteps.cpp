@@ -119,19 +119,14 @@ std::string payloadOrder(const ChunkValue &value,
     const ChunkRef &ref = value.objects[o].first;
     if (ref.tokenBegin != value.tokens.begin ||
         ref.tokenEnd != value.tokens.end)
-      return "stored objects of tokens " + std::to_string(ref.tokenBegin) +
-             " to " + std::to_string(ref.tokenEnd) +
-             " do not match a chunk of tokens " +
-             std::to_string(value.tokens.begin) + " to " +
-             std::to_string(value.tokens.end);
+      return "the stored objects' tokens do not match the chunk's (its "
+             "chunks are off the store's grid)";
     if (ref.layerBegin != layer)
       break;
     layer = ref.layerEnd;
   }
   if (layer != value.layers.end)
-    return "stored objects of layer groups that straddle a chunk of layers " +
-           std::to_string(value.layers.begin) + " to " +
-           std::to_string(value.layers.end);
+    return "the stored objects' layer groups straddle the chunk's layers";
   return "";
 }
 

@@ -87,7 +87,7 @@ public:
 
   Status canLaunch(const BundleKernel &kernel,
                    const PagedKVCache &cache) const override {
-    return checkRestoreKernel(kernel, cache);
+    return restoreKernelArgs(kernel, cache).status();
   }
 
   /// What the generated kernel does: decodeChunkToBf16 of the payload, each
@@ -96,8 +96,7 @@ public:
   Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
                        const ChunkBox &box, PagedKVCache &cache,
                        const BlockTable &table) override {
-    KVC_RETURN_IF_ERROR(canLaunch(kernel, cache));
-    KVC_ASSIGN_OR_RETURN(args, kernelCacheArgs(cache));
+    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(kernel, cache));
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     const std::vector<uint16_t> &words =
         static_cast<const HostBuffer &>(payload).words;

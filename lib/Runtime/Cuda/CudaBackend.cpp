@@ -225,13 +225,14 @@ public:
   Status canLaunch(const BundleKernel &kernel,
                    const PagedKVCache &cache) const override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
-    return checkRestoreKernel(kernel, cache);
+    return restoreKernelArgs(kernel, cache).status();
   }
 
   Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
                        const ChunkBox &box, PagedKVCache &cache,
                        const BlockTable &table) override {
-    KVC_RETURN_IF_ERROR(canLaunch(kernel, cache));
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(kernel, cache));
     const CudaBuffer &in = bufferOf(payload);
     if (kernel.tokens != box.tokens() || kernel.layers != box.layers() ||
         2 * in.words < kernel.payloadBytes)
@@ -240,7 +241,6 @@ public:
                         "\" does not decode this chunk's payload");
     KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
                                          box.tokenBegin, box.tokens()));
-    KVC_ASSIGN_OR_RETURN(args, kernelCacheArgs(cache));
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     KVC_ASSIGN_OR_RETURN(lease, acquire()); // The device's context current.
     Lane &lane = *lease;

@@ -117,10 +117,8 @@ public:
     if (!kernels_ || !backend_.launchesKernels())
       return Status::ok();
     const BundleTask &task = plan_.tasks[index];
-    auto found = std::find_if(
-        kernels_->begin(), kernels_->end(),
-        [&](const BundleKernel &kernel) { return kernel.name == task.entry; });
-    if (found == kernels_->end())
+    const BundleKernel *found = findKernel(*kernels_, task.entry);
+    if (!found)
       return invalidArgument("restore: task " + std::to_string(index) +
                              " names kernel \"" + task.entry +
                              "\", which the kernel table lacks");

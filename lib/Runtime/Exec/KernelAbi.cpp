@@ -100,8 +100,8 @@ StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache) {
   return args;
 }
 
-Status checkRestoreKernel(const BundleKernel &kernel,
-                          const PagedKVCache &cache) {
+StatusOr<KernelCacheArgs> restoreKernelArgs(const BundleKernel &kernel,
+                                            const PagedKVCache &cache) {
   const PagedCacheConfig &config = cache.config();
   if (kernel.kind != BundleKernel::Kind::Restore)
     return Status(StatusCode::FailedPrecondition,
@@ -118,7 +118,7 @@ Status checkRestoreKernel(const BundleKernel &kernel,
                       std::to_string(config.numKvHeads) + " of " +
                       std::to_string(config.headDim) + " in blocks of " +
                       std::to_string(config.blockSize));
-  return kernelCacheArgs(cache).status();
+  return kernelCacheArgs(cache);
 }
 
 } // namespace kvc

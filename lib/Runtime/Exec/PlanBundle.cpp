@@ -82,11 +82,16 @@ bundleKernelArgNames(BundleKernel::Kind kind) {
   }
 }
 
-const BundleKernel *PlanBundle::findKernel(std::string_view name) const {
+const BundleKernel *findKernel(const std::vector<BundleKernel> &kernels,
+                               std::string_view name) {
   for (const BundleKernel &kernel : kernels)
     if (kernel.name == name)
       return &kernel;
   return nullptr;
+}
+
+const BundleKernel *PlanBundle::findKernel(std::string_view name) const {
+  return kvc::findKernel(kernels, name);
 }
 
 const BundlePlan *PlanBundle::findPlan(std::string_view name) const {

@@ -77,11 +77,11 @@ private:
 /// has none (FailedPrecondition).
 StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache);
 
-/// Ok when `kernel` is a restore kernel for `cache`'s KV heads, head_dim and
-/// block size, into a layout kernelCacheArgs maps; else why not
-/// (FailedPrecondition).
-Status checkRestoreKernel(const BundleKernel &kernel,
-                          const PagedKVCache &cache);
+/// The cache arguments of `kernel` into `cache` when it is a restore kernel
+/// for the cache's KV heads, head_dim and block size, into a layout
+/// kernelCacheArgs maps; else why not (FailedPrecondition).
+StatusOr<KernelCacheArgs> restoreKernelArgs(const BundleKernel &kernel,
+                                            const PagedKVCache &cache);
 
 } // namespace kvc
 

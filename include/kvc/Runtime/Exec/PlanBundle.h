@@ -157,6 +157,10 @@ const char *bundleKernelKindName(BundleKernel::Kind kind);
 /// The kind bundleKernelKindName() names `name`, if any.
 std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name);
 
+/// The kernel of `kernels` named `name`, if any.
+const BundleKernel *findKernel(const std::vector<BundleKernel> &kernels,
+                               std::string_view name);
+
 /// The argument names a kernel of `kind` takes, each once, in the order of
 /// the generated function's parameters (KernelGen.h).
 const std::vector<std::string> &bundleKernelArgNames(BundleKernel::Kind kind);

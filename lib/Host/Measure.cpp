@@ -33,9 +33,9 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
   if (verify) {
     const int64_t n = int64_t(request.tokens.size());
     if (!request.reference) {
-      request.reference = request.model->newCache();
-      KVC_RETURN_IF_ERROR(
-          request.model->prefill(*request.reference, request.tokens.data(), n));
+      KVC_ASSIGN_OR_RETURN(
+          reference, fullPrefill(*request.model, request.tokens, backend));
+      request.reference = std::move(reference);
     }
     KVC_ASSIGN_OR_RETURN(error,
                          restoreError(*request.model, *request.reference, n,

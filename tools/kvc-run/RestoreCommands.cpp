@@ -251,8 +251,9 @@ Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
   KVC_ASSIGN_OR_RETURN(into, runDynamic(setup, plan, run, 0));
   if (!verify)
     return Status::ok();
-  KVC_ASSIGN_OR_RETURN(error, restoreError(*setup.model, setup.request.tokens,
-                                           *into->cache, into->table));
+  KVC_ASSIGN_OR_RETURN(error,
+                       restoreError(*setup.model, setup.request.tokens,
+                                    *into->cache, into->table, backend()));
   return reportVerification(error,
                             verifyBound(planCodecs(plan), setup.maxError));
 }
@@ -697,8 +698,8 @@ Status cakeCommand(Args &args) {
   printDynamicCake(result, tokens.size(), "compiler");
   if (!verify)
     return Status::ok();
-  KVC_ASSIGN_OR_RETURN(error,
-                       restoreError(*model, tokens, *into->cache, into->table));
+  KVC_ASSIGN_OR_RETURN(error, restoreError(*model, tokens, *into->cache,
+                                           into->table, backend()));
   return reportVerification(error, verifyBound({codec}, maxError));
 }
 

@@ -243,8 +243,8 @@ Status transferRecvCommand(Args &args) {
     KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(name));
     codecs.push_back(codec);
   }
-  KVC_ASSIGN_OR_RETURN(error,
-                       restoreError(*model, tokens, *into->cache, into->table));
+  KVC_ASSIGN_OR_RETURN(error, restoreError(*model, tokens, *into->cache,
+                                           into->table, backend()));
   return reportVerification(error, verifyBound(codecs, maxError));
 }
 

@@ -123,6 +123,9 @@ Status save(Args &args) {
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
+  options.backend = &backend();
+  KVC_ASSIGN_OR_RETURN(prefillTokens, args.integer("prefill-tokens", 0));
+  options.prefillTokens = prefillTokens;
   Progress progress;
   options.progress = [&](int64_t done, int64_t total) {
     progress.show("save: prefilled " + std::to_string(done) + " of " +
@@ -326,6 +329,8 @@ const std::vector<Command> &commands() {
                {"writers", "N", "writer threads (default 2)"},
                {"buffer-mb", "N", "host buffer bound (default 256)"},
                {"dry-run", "", "prefill without saving"},
+               {"prefill-tokens", "N",
+                "tokens per prefill step, whole chunks (default one chunk)"},
                {"bundle", "FILE",
                 "a compiled save plan (kvc-save-pipeline) choosing the "
                 "forms and codec"},

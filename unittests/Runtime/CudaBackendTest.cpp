@@ -4,7 +4,9 @@
 // strategy, the fallbacks and concurrent restores must equal a full CPU
 // prefill within bf16 rounding, as they do on the CPU backend. The backend
 // computes in fp32 GEMMs here (the CPU model's arithmetic); one test runs
-// the bf16 GEMMs a server would and bounds how far they drift.
+// the bf16 GEMMs a server would and bounds how far they drift. Saves and
+// verification prefill on the GPU as well (streamPrefill), and the tiled
+// tensor-core attention is held against the fp32 kernel directly.
 //
 // Exits 77 (reported skipped) where no GPU is usable; listing the tests
 // needs none.
@@ -13,11 +15,14 @@
 
 #include "ExecutorFixture.h"
 
+#include "Kernels.h"
 #include "kvc/Runtime/Cuda/CudaBackend.h"
 
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
+#include <numeric>
+#include <random>
 
 using namespace kvc;
 using namespace kvc::exec_test;
@@ -109,7 +114,8 @@ TEST_F(CudaBackendTest, RestoresIntoDeviceMemoryTheCallerOwns) {
   std::vector<void *> tensors(model_->config().numLayers);
   std::vector<PagedLayerMemory> layers;
   for (void *&tensor : tensors) {
-    ASSERT_EQ(cudaMalloc(&tensor, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void **>(&tensor), bytes),
+              cudaSuccess);
     auto *words = static_cast<uint16_t *>(tensor);
     layers.push_back({words, words + block});
   }
@@ -154,6 +160,59 @@ TEST_F(CudaBackendTest, HostCachesAreRefused) {
   EXPECT_EQ(status.code(), StatusCode::FailedPrecondition) << status.toString();
 }
 
+/// The largest |a - b| relative to the largest |b|.
+double relativeMax(const std::vector<float> &a, const std::vector<float> &b) {
+  EXPECT_EQ(a.size(), b.size());
+  double peak = 0, error = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    peak = std::max(peak, double(std::fabs(b[i])));
+    error = std::max(error, double(std::fabs(a[i] - b[i])));
+  }
+  return peak > 0 ? error / peak : error;
+}
+
+// A save's prefill and verification's full prefill on the GPU
+// (streamPrefill): what they show equals the CPU model's within bf16
+// rounding, every layer's K, V and hidden states.
+TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
+  StatusOr<ModelCompute::Cache> full = fullPrefill(*model_, tokens_, *gpu);
+  ASSERT_TRUE(full) << full.status().toString();
+  ASSERT_EQ(full->tokens, kTokens);
+  for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+    EXPECT_LE(relativeMax(full->k[l], reference_.k[l]), 1.0 / 128) << l;
+    EXPECT_LE(relativeMax(full->v[l], reference_.v[l]), 1.0 / 128) << l;
+  }
+
+  std::unique_ptr<ChunkStore> store = makeStore(*model_);
+  SaveOptions options;
+  options.backend = gpu.get();
+  options.prefillTokens = 128; // Spans of two chunks.
+  StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
+  ASSERT_TRUE(saved) << saved.status().toString();
+  int64_t objects = 0;
+  for (Form form : {Form::KV, Form::Hidden})
+    for (const ChunkRef &ref :
+         store->refs(tokens_.data(), kTokens, form, CodecSpec())) {
+      std::vector<float> ours(store->shape(ref).numel()),
+          cpus(store->shape(ref).numel());
+      ASSERT_TRUE(store->get(ref, ours.data()).isOk()) << ref.name();
+      ASSERT_TRUE(store_->get(ref, cpus.data()).isOk()) << ref.name();
+      EXPECT_LE(relativeMax(ours, cpus), 1.0 / 128) << ref.name();
+      ++objects;
+    }
+  EXPECT_EQ(objects, saved->written);
+
+  // A joint restore from the GPU's save, verified on the GPU.
+  BlockTable table = *cache_->allocate(kTokens);
+  const int64_t layers = model_->config().numLayers;
+  ASSERT_TRUE(
+      run(makePlan({128, layers / 2, 64}, layers), table, store.get()).isOk());
+  StatusOr<RestoreError> error =
+      restoreError(*model_, tokens_, *cache_, table, *gpu);
+  ASSERT_TRUE(error) << error.status().toString();
+  EXPECT_LE(error->max, 1.0 / 128);
+}
+
 // The bf16 GEMMs a server runs round every GEMM's inputs: a prefill drifts
 // from the fp32 CPU model by more than one bf16 rounding, but stays close.
 TEST_F(CudaBackendTest, Bf16GemmsStayNearTheCpuModel) {
@@ -180,6 +239,83 @@ TEST_F(CudaBackendTest, Bf16GemmsStayNearTheCpuModel) {
     EXPECT_EQ(first, second) << "layer " << l;
   }
   cache_.reset();
+}
+
+// The tiled tensor-core attention against the fp32 kernel on the same
+// paged cache: GQA, a shuffled block table, chunks that are no multiple of
+// the tiles and start past token 0, and decode's single query.
+TEST(CudaKernels, TiledAttentionMatchesTheFp32Kernel) {
+  const int64_t heads = 8, kvHeads = 2, block = 16;
+  for (int64_t headDim : {32, 64, 128})
+    for (auto [position, n] :
+         {std::pair<int64_t, int64_t>{0, 200}, {100, 70}, {333, 1}, {64, 64}}) {
+      SCOPED_TRACE("head_dim " + std::to_string(headDim) + ", tokens " +
+                   std::to_string(position) + " + " + std::to_string(n));
+      const int64_t kvDim = kvHeads * headDim, total = position + n;
+      const int64_t blocks = (total + block - 1) / block;
+      const int64_t qWidth = heads * headDim;
+      std::mt19937 random(headDim * 1000 + position);
+      std::normal_distribution<float> normal;
+      std::vector<uint16_t> keys(blocks * block * kvDim), values(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        keys[i] = floatToBf16(normal(random));
+        values[i] = floatToBf16(normal(random));
+      }
+      std::vector<int32_t> table(blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), random);
+      std::vector<float> q(n * qWidth);
+      for (float &x : q)
+        x = 2 * normal(random); // Peaked softmaxes too.
+
+      uint16_t *dKeys, *dValues;
+      int32_t *dTable;
+      float *dQ, *tiledOut, *exactOut;
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void **>(&dKeys), keys.size() * 2),
+                cudaSuccess);
+      ASSERT_EQ(
+          cudaMalloc(reinterpret_cast<void **>(&dValues), values.size() * 2),
+          cudaSuccess);
+      ASSERT_EQ(
+          cudaMalloc(reinterpret_cast<void **>(&dTable), table.size() * 4),
+          cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void **>(&dQ), q.size() * 4),
+                cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void **>(&tiledOut), q.size() * 4),
+                cudaSuccess);
+      ASSERT_EQ(cudaMalloc(reinterpret_cast<void **>(&exactOut), q.size() * 4),
+                cudaSuccess);
+      cudaMemcpy(dKeys, keys.data(), keys.size() * 2, cudaMemcpyHostToDevice);
+      cudaMemcpy(dValues, values.data(), values.size() * 2,
+                 cudaMemcpyHostToDevice);
+      cudaMemcpy(dTable, table.data(), table.size() * 4,
+                 cudaMemcpyHostToDevice);
+      cudaMemcpy(dQ, q.data(), q.size() * 4, cudaMemcpyHostToDevice);
+      cuda::RowLayout cache{dKeys,         dValues, dTable, block,
+                            block * kvDim, kvDim,   0};
+      for (auto [out, tensorCores] :
+           {std::pair{tiledOut, true}, std::pair{exactOut, false}})
+        ASSERT_EQ(cuda::attention(dQ, qWidth, cache, position, n, heads,
+                                  kvHeads, headDim, out, /*bf16Out=*/false,
+                                  tensorCores, nullptr),
+                  cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<float> tiled(q.size()), exact(q.size());
+      cudaMemcpy(tiled.data(), tiledOut, q.size() * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(exact.data(), exactOut, q.size() * 4, cudaMemcpyDeviceToHost);
+      for (void *p : {(void *)dKeys, (void *)dValues, (void *)dTable,
+                      (void *)dQ, (void *)tiledOut, (void *)exactOut})
+        cudaFree(p);
+      // Outputs are convex combinations of V (|V| of a few units): bf16's
+      // rounding of Q and the weights moves them by hundredths at most.
+      double worst = 0;
+      for (size_t i = 0; i < q.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(tiled[i])) << i;
+        worst = std::max(worst, double(std::fabs(tiled[i] - exact[i])));
+      }
+      EXPECT_LT(worst, 0.05);
+      EXPECT_GT(relativeMax(tiled, exact), 0.0); // Not the fp32 kernel.
+    }
 }
 
 } // namespace

@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ExecutorFixture.h"
+#include "ForwardingBackend.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/KernelAbi.h"
@@ -32,15 +33,10 @@ public:
 
 /// The CPU backend's compute, with kernels launched as the generated code
 /// computes them and a cache in one allocation, layers evenly apart.
-class HostKernelBackend final : public Backend {
+class HostKernelBackend final : public ForwardingBackend {
 public:
   const char *name() const override { return "host-kernels"; }
   bool launchesKernels() const override { return true; }
-
-  StatusOr<std::unique_ptr<ResourcePools>>
-  createPools(const std::map<std::string, int> &lanes) override {
-    return cpuBackend().createPools(lanes);
-  }
 
   /// K and V of each layer back to back in one allocation, as the CUDA
   /// backend's createCache.
@@ -62,15 +58,16 @@ public:
     return std::make_unique<HostBuffer>();
   }
 
+  /// Buffers are HostBuffers, which the CPU backend's project cannot read.
+  StatusOr<double> project(const ModelCompute &, const DeviceBuffer &, DType,
+                           const ChunkBox &, DeviceBuffer &) override {
+    return unimplemented("host-kernels: no projection");
+  }
+
   Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {
     static_cast<HostBuffer &>(to).words = host;
     uploadedBytes += int64_t(host.size() * 2);
     return Status::ok();
-  }
-
-  StatusOr<double> project(const ModelCompute &, const DeviceBuffer &, DType,
-                           const ChunkBox &, DeviceBuffer &) override {
-    return unimplemented("host-kernels: no projection");
   }
 
   Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
@@ -127,36 +124,6 @@ public:
     ++launches;
     return Status::ok();
   }
-
-  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
-                     const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers) override {
-    return cpuBackend().prefillInto(model, cache, table, tokens, position, n,
-                                    layers);
-  }
-  Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
-                  PagedKVCache &to, const BlockTable &toTable, int64_t layer,
-                  int64_t first, int64_t n) override {
-    return cpuBackend().copyRows(from, fromTable, to, toTable, layer, first, n);
-  }
-  Status readBack(const PagedKVCache &cache, const BlockTable &table,
-                  int64_t layer, int64_t first, int64_t n, float *k,
-                  float *v) override {
-    return cpuBackend().readBack(cache, table, layer, first, n, k, v);
-  }
-  Status decode(const ModelCompute &model, PagedKVCache &cache,
-                const BlockTable &table, int64_t position,
-                const int32_t *tokens, int64_t n, float *logits) override {
-    return cpuBackend().decode(model, cache, table, position, tokens, n,
-                               logits);
-  }
-  StatusOr<double> timePrefill(const ModelCompute &model,
-                               const ModelCompute::Cache &context,
-                               const std::vector<int32_t> &tokens,
-                               int64_t position, int64_t n) override {
-    return cpuBackend().timePrefill(model, context, tokens, position, n);
-  }
-  StatusOr<double> uploadGBs() override { return cpuBackend().uploadGBs(); }
 
   std::atomic<int64_t> launches{0}, uploadedBytes{0};
 };

@@ -25,7 +25,8 @@ struct MeasuredRequest {
   const ModelCompute *model = nullptr;
   std::vector<int32_t> tokens;
   ChunkStore *store = nullptr;
-  /// A full prefill of the request, computed on the first verification.
+  /// A full prefill of the request on the backend, computed on the first
+  /// verification.
   std::optional<ModelCompute::Cache> reference;
 };
 

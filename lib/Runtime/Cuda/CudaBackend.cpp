@@ -31,6 +31,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 namespace kvc {
@@ -284,6 +285,23 @@ public:
     return lane.sync("prefill");
   }
 
+  StatusOr<std::unique_ptr<PrefillStream>>
+  streamPrefill(const ModelCompute &model, int64_t tokens) override {
+    const ModelConfig &c = model.config();
+    if (tokens <= 0 || tokens > c.maxPositions)
+      return invalidArgument("prefill stream: a request of " +
+                             std::to_string(tokens) +
+                             " tokens; the model's context holds " +
+                             std::to_string(c.maxPositions));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    PagedCacheConfig config{c.numLayers, c.numKvHeads,       c.headDim,
+                            16,          (tokens + 15) / 16, 0};
+    KVC_ASSIGN_OR_RETURN(cache, createCache(config));
+    KVC_ASSIGN_OR_RETURN(table, cache->allocate(tokens));
+    return std::unique_ptr<PrefillStream>(std::make_unique<Stream>(
+        *this, *gpu, std::move(cache), std::move(table), tokens));
+  }
+
   Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
                   PagedKVCache &to, const BlockTable &toTable, int64_t layer,
                   int64_t first, int64_t n) override {
@@ -460,6 +478,69 @@ private:
     KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device));
     return LaneLease(this, std::move(lane));
   }
+
+  /// A prefill into a paged cache of the backend's that copies each
+  /// layer's hidden states, K and V back to the host for its callback.
+  class Stream final : public PrefillStream {
+  public:
+    Stream(CudaBackend &backend, const CudaModel &gpu,
+           std::unique_ptr<PagedKVCache> cache, BlockTable table,
+           int64_t capacity)
+        : backend_(backend), gpu_(gpu), cache_(std::move(cache)),
+          table_(std::move(table)), capacity_(capacity) {}
+
+    Status next(const int32_t *tokens, int64_t n,
+                const ModelCompute::LayerCallback &onLayer) override {
+      if (n <= 0)
+        return Status::ok();
+      if (position_ + n > capacity_)
+        return invalidArgument(
+            "prefill stream: " + std::to_string(position_ + n) +
+            " tokens exceed the request's " + std::to_string(capacity_));
+      const ModelConfig &c = gpu_.host().config();
+      const int64_t h = c.hiddenSize, kvDim = cache_->kvDim();
+      KVC_ASSIGN_OR_RETURN(lease, backend_.acquire());
+      Lane &lane = *lease;
+      Scratch scratch(lane);
+      KVC_ASSIGN_OR_RETURN(layouts,
+                           backend_.layoutsOf(scratch, *cache_, table_));
+      KVC_ASSIGN_OR_RETURN(rows, scratch.take<float>(2 * n * kvDim));
+      hidden_.resize(size_t(n * h));
+      k_.resize(size_t(n * kvDim));
+      v_.resize(size_t(n * kvDim));
+      auto show = [&](int64_t layer, const float *x) -> Status {
+        KVC_CUDA_RETURN_IF_ERROR(readRows(layouts[layer], position_, n, rows,
+                                          rows + n * kvDim, lane.stream),
+                                 "reading rows");
+        for (auto [to, from, count] :
+             {std::tuple{hidden_.data(), x, n * h},
+              std::tuple{k_.data(), const_cast<const float *>(rows), n * kvDim},
+              std::tuple{v_.data(), const_cast<const float *>(rows + n * kvDim),
+                         n * kvDim}})
+          KVC_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(to, from, size_t(count) * sizeof(float),
+                              cudaMemcpyDeviceToHost, lane.stream),
+              "device-to-host copy");
+        KVC_RETURN_IF_ERROR(lane.sync("prefill stream"));
+        onLayer({layer, position_, n, hidden_.data(), k_.data(), v_.data()});
+        return Status::ok();
+      };
+      KVC_RETURN_IF_ERROR(gpu_.forward(
+          lane, tokens, position_, n, c.numLayers, layouts, nullptr,
+          onLayer ? CudaModel::LayerHook(show) : CudaModel::LayerHook()));
+      KVC_RETURN_IF_ERROR(lane.sync("prefill stream"));
+      position_ += n;
+      return Status::ok();
+    }
+
+  private:
+    CudaBackend &backend_;
+    const CudaModel &gpu_;
+    std::unique_ptr<PagedKVCache> cache_;
+    BlockTable table_;
+    int64_t capacity_, position_ = 0;
+    std::vector<float> hidden_, k_, v_; ///< The layer shown, on the host.
+  };
 
   /// The GPU copy of `model`, made on first use.
   StatusOr<const CudaModel *> modelFor(const ModelCompute &model) {

@@ -90,8 +90,8 @@ StatusOr<float *> CudaModel::ropeTable(Scratch &scratch, int64_t position,
 
 Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
                           int64_t n, int64_t layers,
-                          const std::vector<RowLayout> &cache,
-                          float *logits) const {
+                          const std::vector<RowLayout> &cache, float *logits,
+                          const LayerHook &onLayer) const {
   const ModelConfig &c = model_.config();
   if (n <= 0)
     return Status::ok();
@@ -137,9 +137,11 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
                                      c.headDim, rotations, cache[l], position,
                                      s),
                              "storing K and V");
+    if (onLayer)
+      KVC_RETURN_IF_ERROR(onLayer(l, x));
     KVC_CUDA_RETURN_IF_ERROR(attention(qkv, width, cache[l], position, n,
                                        c.numHeads, c.numKvHeads, c.headDim, in,
-                                       low, s),
+                                       low, /*tensorCores=*/low, s),
                              "attention");
     KVC_RETURN_IF_ERROR(gemm(lane, in, L.o, 0, h, n, x, true));
     KVC_CUDA_RETURN_IF_ERROR(

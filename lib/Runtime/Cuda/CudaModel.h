@@ -7,7 +7,8 @@
 //
 // Precision: the weights and GEMM inputs are fp32 (F32: the CPU model's
 // arithmetic, up to summation order) or bf16 (BF16: a server's, the GEMM
-// inputs rounded to bf16), chosen per model; activations, norms, RoPE and
+// inputs rounded to bf16, attention on the tensor cores with Q and the
+// softmax weights in bf16), chosen per model; activations, norms, RoPE and
 // softmax are fp32 either way, and K and V are rounded to bf16 where they
 // are produced, as the CPU model does.
 //
@@ -24,6 +25,8 @@
 
 #include "kvc/Runtime/Model/LlamaModel.h"
 
+#include <functional>
+
 namespace kvc::cuda {
 
 enum class GemmPrecision { F32, BF16 };
@@ -36,14 +39,18 @@ public:
 
   const LlamaModel &host() const { return model_; }
 
+  /// Called after a layer's K and V are in the cache, with the layer's
+  /// input hidden states (device, fp32 [n][hidden]), enqueued work pending.
+  using LayerHook = std::function<Status(int64_t layer, const float *hidden)>;
+
   /// Runs `n` tokens (host memory) at positions position.. through the
   /// first `layers` layers over `cache` (one layout per layer, holding
   /// tokens [0, position)), writing their K and V there. With `logits`
   /// (device, [vocab]) and every layer, also the next-token logits after
-  /// the last token.
+  /// the last token; with `onLayer`, shows each layer to it.
   Status forward(Lane &lane, const int32_t *tokens, int64_t position, int64_t n,
                  int64_t layers, const std::vector<RowLayout> &cache,
-                 float *logits = nullptr) const;
+                 float *logits = nullptr, const LayerHook &onLayer = {}) const;
 
   /// K (after RoPE) and V of `layer` for `n` tokens at positions position..
   /// from their hidden states (device, fp32 [n][hidden]), bf16 into `out`.

@@ -1,11 +1,13 @@
 //===- Kernels.cu - The CUDA backend's own kernels ------------------------===//
 //
 // Plain CUDA C++, one thread per element (or 16-byte piece) in grid-stride
-// loops, except RMSNorm (a block per row) and attention (a block per query
-// row and head: four warps walk the keys 32 at a time with an online
-// softmax, each lane owning one key of a tile for the scores and
-// head_dim / 32 output columns for the values, and merge their partial sums
-// at the end, so shared memory does not grow with the context).
+// loops, except RMSNorm (a block per row) and attention. Attention has two
+// kernels: the tiled one (tensor cores, below) for bf16 models, and an fp32
+// one that keeps the CPU model's arithmetic (a block per query row and
+// head: four warps walk the keys 32 at a time with an online softmax, each
+// lane owning one key of a tile for the scores and head_dim / 32 output
+// columns for the values, and merge their partial sums at the end). In
+// neither does shared memory grow with the context.
 //
 // RoPE and the bf16 rounding use round-to-nearest intrinsics, so rotations
 // give what the CPU model's (compiled without fused multiply-adds) do.
@@ -16,6 +18,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
@@ -246,6 +249,179 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
   }
 }
 
+// The tiled attention kernel: a block per 64 query rows of one head, four
+// warps of 16 rows each. K and V stream through shared memory 64 keys at a
+// time (16-byte loads through the block table); S = Q K^T and O += P V run
+// on the tensor cores (WMMA, bf16 inputs, fp32 accumulators); each warp's
+// online softmax works on its rows of S in shared memory, two lanes a row,
+// and rescales its rows of O there before the P V product accumulates into
+// them. Nothing grows with the context but the number of key tiles; blocks
+// of the last query rows, which see the most keys, start first.
+namespace tiled {
+
+constexpr int kRows = 64, kKeys = 64, kWarps = 4;
+constexpr int kScoreLd = kKeys + 4;  ///< fp32 S rows (bank spread).
+constexpr int kWeightLd = kKeys + 8; ///< bf16 P rows.
+
+template <int D> struct Layout {
+  static constexpr int kMatrixLd = D + 8; ///< bf16 Q, K, V rows.
+  static constexpr int kOutLd = D + 4;    ///< fp32 O rows.
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + size_t(kRows) * kMatrixLd * 2;
+  static constexpr size_t kV = kK + size_t(kKeys) * kMatrixLd * 2;
+  static constexpr size_t kS = kV + size_t(kKeys) * kMatrixLd * 2;
+  static constexpr size_t kP = kS + size_t(kRows) * kScoreLd * 4;
+  static constexpr size_t kO = kP + size_t(kRows) * kWeightLd * 2;
+  static constexpr size_t kBytes = kO + size_t(kRows) * kOutLd * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32)
+    attentionKernel(const float *q, int64_t qStride, RowLayout cache,
+                    int64_t position, int64_t n, int64_t heads, int64_t kvHeads,
+                    void *out, bool bf16Out) {
+  using namespace nvcuda;
+  using L = Layout<D>;
+  extern __shared__ __align__(128) char shared[];
+  auto *qs = reinterpret_cast<__nv_bfloat16 *>(shared + L::kQ);
+  auto *ks = reinterpret_cast<__nv_bfloat16 *>(shared + L::kK);
+  auto *vs = reinterpret_cast<__nv_bfloat16 *>(shared + L::kV);
+  auto *ss = reinterpret_cast<float *>(shared + L::kS);
+  auto *ps = reinterpret_cast<__nv_bfloat16 *>(shared + L::kP);
+  auto *os = reinterpret_cast<float *>(shared + L::kO);
+  constexpr int ld = L::kMatrixLd;
+
+  const int64_t q0 = (int64_t(gridDim.x) - 1 - blockIdx.x) * kRows;
+  const int64_t head = blockIdx.y, kvHead = head / (heads / kvHeads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  // Q (bf16) and O = 0; rows past the chunk are zeros.
+  for (int i = threadIdx.x; i < kRows * D; i += blockDim.x) {
+    const int r = i / D, c = i % D;
+    const int64_t t = q0 + r;
+    qs[r * ld + c] =
+        __float2bfloat16_rn(t < n ? q[t * qStride + head * D + c] : 0.0f);
+    os[r * L::kOutLd + c] = 0.0f;
+  }
+  __syncthreads();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>
+      qf[D / 16];
+  for (int k = 0; k < D / 16; ++k)
+    wmma::load_matrix_sync(qf[k], qs + warp * 16 * ld + k * 16, ld);
+
+  // Lanes 2r and 2r+1 own row r of the warp's 16, half of its columns each.
+  const int row = warp * 16 + lane / 2, half = lane % 2;
+  const int64_t query = q0 + row;
+  const int64_t lastKey = query < n ? position + query : -1;
+  const float scale = 1.4426950408889634f / sqrtf(float(D)); // log2(e)/sqrt(D)
+  float peak = -INFINITY, total = 0.0f;
+
+  const int64_t blockLastKey = position + (q0 + kRows < n ? q0 + kRows : n) - 1;
+  for (int64_t k0 = 0; k0 <= blockLastKey; k0 += kKeys) {
+    __syncthreads(); // Every warp is done with the previous K and V.
+    for (int i = threadIdx.x; i < kKeys * D / 8; i += blockDim.x) {
+      const int key = i / (D / 8), c = i % (D / 8) * 8;
+      uint4 kPiece = make_uint4(0, 0, 0, 0), vPiece = kPiece;
+      if (k0 + key <= blockLastKey) {
+        const int64_t at = rowOf(cache, k0 + key) + kvHead * D + c;
+        kPiece = *reinterpret_cast<const uint4 *>(cache.keys + at);
+        vPiece = *reinterpret_cast<const uint4 *>(cache.values + at);
+      }
+      *reinterpret_cast<uint4 *>(ks + key * ld + c) = kPiece;
+      *reinterpret_cast<uint4 *>(vs + key * ld + c) = vPiece;
+    }
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 rows.
+    for (int j = 0; j < kKeys / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+      wmma::fill_fragment(sf, 0.0f);
+      for (int k = 0; k < D / 16; ++k) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
+                       wmma::col_major>
+            kf;
+        wmma::load_matrix_sync(kf, ks + j * 16 * ld + k * 16, ld);
+        wmma::mma_sync(sf, qf[k], kf, sf);
+      }
+      wmma::store_matrix_sync(ss + warp * 16 * kScoreLd + j * 16, sf, kScoreLd,
+                              wmma::mem_row_major);
+    }
+    __syncwarp();
+
+    // The online softmax of the row's 64 scores (in log2 units).
+    const float *scores = ss + row * kScoreLd + half * 32;
+    float tileMax = -INFINITY;
+    for (int c = 0; c < 32; ++c)
+      if (k0 + half * 32 + c <= lastKey)
+        tileMax = fmaxf(tileMax, scores[c] * scale);
+    tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
+    const float next = fmaxf(peak, tileMax);
+    const float correction = next == -INFINITY ? 1.0f : exp2f(peak - next);
+    __nv_bfloat16 *weights = ps + row * kWeightLd + half * 32;
+    float sum = 0.0f;
+    for (int c = 0; c < 32; ++c) {
+      const bool valid = k0 + half * 32 + c <= lastKey;
+      const __nv_bfloat16 p =
+          __float2bfloat16_rn(valid ? exp2f(scores[c] * scale - next) : 0.0f);
+      weights[c] = p;
+      sum += __bfloat162float(p);
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    total = total * correction + sum;
+    peak = next;
+    float *acc = os + row * L::kOutLd + half * (D / 2);
+    for (int c = 0; c < D / 2; ++c)
+      acc[c] *= correction;
+    __syncwarp();
+
+    // O += P V for the warp's rows.
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>
+        pf[kKeys / 16];
+    for (int k = 0; k < kKeys / 16; ++k)
+      wmma::load_matrix_sync(pf[k], ps + warp * 16 * kWeightLd + k * 16,
+                             kWeightLd);
+    for (int j = 0; j < D / 16; ++j) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+      float *tile = os + warp * 16 * L::kOutLd + j * 16;
+      wmma::load_matrix_sync(of, tile, L::kOutLd, wmma::mem_row_major);
+      for (int k = 0; k < kKeys / 16; ++k) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
+                       wmma::row_major>
+            vf;
+        wmma::load_matrix_sync(vf, vs + k * 16 * ld + j * 16, ld);
+        wmma::mma_sync(of, pf[k], vf, of);
+      }
+      wmma::store_matrix_sync(tile, of, L::kOutLd, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+
+  if (query < n) {
+    const float *acc = os + row * L::kOutLd + half * (D / 2);
+    const int64_t at = (query * heads + head) * D + half * (D / 2);
+    for (int c = 0; c < D / 2; ++c)
+      put(out, at + c, acc[c] / total, bf16Out);
+  }
+}
+
+template <int D>
+cudaError_t launch(const float *q, int64_t qStride, RowLayout cache,
+                   int64_t position, int64_t n, int64_t heads, int64_t kvHeads,
+                   void *out, bool bf16Out, cudaStream_t stream) {
+  const size_t bytes = Layout<D>::kBytes;
+  cudaError_t error = cudaFuncSetAttribute(
+      attentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      int(bytes));
+  if (error != cudaSuccess)
+    return error;
+  const dim3 grid(unsigned((n + kRows - 1) / kRows), unsigned(heads));
+  attentionKernel<D><<<grid, kWarps * 32, bytes, stream>>>(
+      q, qStride, cache, position, n, heads, kvHeads, out, bf16Out);
+  return cudaGetLastError();
+}
+
+} // namespace tiled
+
 __global__ void swigluKernel(const float *gateUp, int64_t n, int64_t f,
                              void *out, bool bf16Out) {
   KVC_GRID_STRIDE(i, n * f) {
@@ -335,11 +511,26 @@ cudaError_t storeKV(const float *y, int64_t n, int64_t rowStride,
 cudaError_t attention(const float *q, int64_t qStride, RowLayout cache,
                       int64_t position, int64_t n, int64_t heads,
                       int64_t kvHeads, int64_t headDim, void *out, bool bf16Out,
-                      cudaStream_t stream) {
+                      bool tensorCores, cudaStream_t stream) {
   if (headDim > kMaxHeadDim || heads % kvHeads != 0)
     return cudaErrorInvalidValue;
   if (n <= 0)
     return cudaSuccess;
+  if (tensorCores && rowsAligned(cache)) {
+    switch (headDim) {
+    case 32:
+      return tiled::launch<32>(q, qStride, cache, position, n, heads, kvHeads,
+                               out, bf16Out, stream);
+    case 64:
+      return tiled::launch<64>(q, qStride, cache, position, n, heads, kvHeads,
+                               out, bf16Out, stream);
+    case 128:
+      return tiled::launch<128>(q, qStride, cache, position, n, heads, kvHeads,
+                                out, bf16Out, stream);
+    default:
+      break;
+    }
+  }
   attentionKernel<<<dim3(unsigned(n), unsigned(heads)), 32 * kAttentionWarps, 0,
                     stream>>>(q, qStride, cache, position, heads, kvHeads,
                               headDim, out, bf16Out);

@@ -74,10 +74,14 @@ cudaError_t storeKV(const float *y, int64_t n, int64_t rowStride,
 /// Causal grouped-query attention of `n` queries at positions position..
 /// (rows of `q`, `qStride` floats apart) over rows [0, position + i] of
 /// `cache`: out ([n][heads * headDim]) fp32, or bf16 when `bf16Out`.
+/// With `tensorCores`, for head_dim 32, 64 or 128 and 16-byte aligned rows,
+/// a FlashAttention-style kernel tiled over 64 queries x 64 keys: Q and
+/// the softmax weights rounded to bf16, scores and sums fp32. Otherwise
+/// fp32 throughout, as the CPU model computes it.
 cudaError_t attention(const float *q, int64_t qStride, RowLayout cache,
                       int64_t position, int64_t n, int64_t heads,
                       int64_t kvHeads, int64_t headDim, void *out, bool bf16Out,
-                      cudaStream_t stream);
+                      bool tensorCores, cudaStream_t stream);
 
 /// out = silu(gate) * up for rows of [gate | up] ([n][2f]), fp32 or bf16.
 cudaError_t swiglu(const float *gateUp, int64_t n, int64_t f, void *out,

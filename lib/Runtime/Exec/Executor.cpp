@@ -374,10 +374,9 @@ StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const std::vector<int32_t> &tokens,
                                     const PagedKVCache &cache,
                                     const BlockTable &table, Backend &backend) {
-  ModelCompute::Cache reference = model.newCache();
-  const int64_t n = int64_t(tokens.size());
-  KVC_RETURN_IF_ERROR(model.prefill(reference, tokens.data(), n));
-  return restoreError(model, reference, n, cache, table, backend);
+  KVC_ASSIGN_OR_RETURN(reference, fullPrefill(model, tokens, backend));
+  return restoreError(model, reference, int64_t(tokens.size()), cache, table,
+                      backend);
 }
 
 StatusOr<RestoreError> restoreError(const ModelCompute &model,

@@ -329,6 +329,7 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
   prefill.forms = what.forms;
   prefill.codec = what.codec;
   prefill.dryRun = false;
+  prefill.backend = &backend;
   StatusOr<SaveStats> streamed = streamContext(
       model, store, tokens, prefill,
       [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {

@@ -220,7 +220,12 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
       options.prefillTokens > 0 ? options.prefillTokens : layout.chunkTokens;
   const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
   Clock::time_point start = Clock::now();
-  LlamaModel::Cache cache = model.newCache();
+  std::unique_ptr<PrefillStream> stream;
+  if (!options.computed) {
+    Backend &backend = options.backend ? *options.backend : cpuBackend();
+    KVC_ASSIGN_OR_RETURN(opened, backend.streamPrefill(model, n));
+    stream = std::move(opened);
+  }
   Status prefill;
   for (int64_t s0 = 0; s0 < n && prefill.isOk() && !failed; s0 += span) {
     const int64_t s1 = std::min(n, s0 + span);
@@ -277,7 +282,7 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
                   options.computed->v[layer].data() + first});
       }
     } else {
-      prefill = model.prefill(cache, tokens.data() + s0, s1 - s0, snapshot);
+      prefill = stream->next(tokens.data() + s0, s1 - s0, snapshot);
     }
     if (options.progress && prefill.isOk())
       options.progress(s1, n);

@@ -21,6 +21,10 @@
 //                 stored payload (quantized, transformed) -> the paged
 //                 cache                           (dequant, untransform,
 //                                                  scatter; KernelAbi.h)
+//   streamPrefill a request's prefill span by span, each layer's hidden
+//                 states, K and V shown on the host as they are computed
+//                 (a save's source; the full prefill verification holds
+//                 restores against: fullPrefill)
 //   readBack      K and V of cached rows -> host fp32 (verification)
 //   decode        a decode step over the restored cache -> next-token
 //                 logits (what the model says after a restore)
@@ -84,6 +88,19 @@ public:
   virtual double flops() const = 0;
   /// Bytes of any private exact context the session had to hold.
   virtual int64_t exactContextBytes() const = 0;
+};
+
+/// One request's prefill from its first token, span by span, showing each
+/// layer's input hidden states, K and V on the host as it computes them:
+/// what a save stores, and the full prefill restores are verified against.
+class PrefillStream {
+public:
+  virtual ~PrefillStream() = default;
+  /// Runs the request's next `n` tokens through every layer over the
+  /// tokens before them, calling `onLayer` for each layer in order (its
+  /// pointers valid during the call).
+  virtual Status next(const int32_t *tokens, int64_t n,
+                      const ModelCompute::LayerCallback &onLayer) = 0;
 };
 
 class Backend {
@@ -168,6 +185,12 @@ public:
                           PagedKVCache &to, const BlockTable &toTable,
                           int64_t layer, int64_t first, int64_t n) = 0;
 
+  /// A prefill stream of `model` for a request of at most `tokens` tokens.
+  /// By default the model's own prefill over host vectors, which the CPU
+  /// backend runs; a device's backend prefills in its memory.
+  virtual StatusOr<std::unique_ptr<PrefillStream>>
+  streamPrefill(const ModelCompute &model, int64_t tokens);
+
   /// K and V of tokens [first, first + n) of `layer`, as fp32 on the host.
   virtual Status readBack(const PagedKVCache &cache, const BlockTable &table,
                           int64_t layer, int64_t first, int64_t n, float *k,
@@ -191,6 +214,12 @@ public:
   /// Calibration: host-to-device copy bandwidth, GB/s.
   virtual StatusOr<double> uploadGBs() = 0;
 };
+
+/// A full prefill of `tokens` on `backend` (streamPrefill, in one span):
+/// every layer's K and V, what verification holds a restore against.
+StatusOr<ModelCompute::Cache> fullPrefill(const ModelCompute &model,
+                                          const std::vector<int32_t> &tokens,
+                                          Backend &backend);
 
 /// The CPU backend: the device is host memory, compute is the model's own
 /// (LlamaModel's OpenBLAS GEMMs), uploads are copies out of staging. One

@@ -144,7 +144,7 @@ struct RestoreError {
   double relativeL2 = 0;
 };
 
-/// Verification of `cache` against a full prefill of `tokens`.
+/// Verification of `cache` against a full prefill of `tokens` on `backend`.
 StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const std::vector<int32_t> &tokens,
                                     const PagedKVCache &cache,

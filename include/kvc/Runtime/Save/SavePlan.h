@@ -156,7 +156,8 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
                            const SaveTarget &target,
                            const SaveRunOptions &options = {});
 
-/// A prefill node's save: prefills `tokens` with `model` (streamContext,
+/// A prefill node's save: prefills `tokens` with `model` on `backend`
+/// (streamContext,
 /// `stream`'s writers, buffers, prefill steps and progress; its forms and
 /// codec are the plan's) while `plan` saves what it computes to `stores`,
 /// each gather taking its object as soon as the prefill handed it over.

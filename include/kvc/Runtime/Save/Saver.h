@@ -1,7 +1,8 @@
 //===- Saver.h - Saving a context's KV and hidden states --------*- C++ -*-===//
 //
-// HCache's two-stage saving. The prefill runs on the caller's thread; each
-// layer's K, V and hidden states are copied into host buffers (stage one,
+// HCache's two-stage saving. The prefill runs on the caller's thread, on
+// the options' backend (Backend::streamPrefill); each layer's K, V and
+// hidden states are copied into host buffers (stage one,
 // a memcpy), and background writer threads encode complete objects (a token
 // chunk x a layer group) and write them to the store (stage two), so the
 // prefill never waits on the store. The buffers are bounded: when writers
@@ -14,6 +15,7 @@
 #ifndef KVC_RUNTIME_SAVE_SAVER_H
 #define KVC_RUNTIME_SAVE_SAVER_H
 
+#include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
@@ -32,6 +34,9 @@ struct SaveOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// Run the prefill without saving anything (the baseline for overhead).
   bool dryRun = false;
+  /// Where the prefill runs (Backend::streamPrefill); the CPU backend when
+  /// null.
+  Backend *backend = nullptr;
   /// KV of the request computed before (a full prefill's): streamed as
   /// it is, without a prefill. Only the KV form can be taken from it.
   const ModelCompute::Cache *computed = nullptr;

@@ -1,0 +1,113 @@
+//===- PrefillStreamTest.cpp - A request's prefill on a backend -----------===//
+//
+// Saves and verification prefill on the backend they are given
+// (Backend::streamPrefill): a backend that counts its streams shows which
+// prefill ran where, and the default stream is the model's own prefill.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ExecutorFixture.h"
+#include "ForwardingBackend.h"
+
+namespace kvc::exec_test {
+namespace {
+
+/// The CPU backend, its prefill streams counted.
+class CountingBackend final : public ForwardingBackend {
+public:
+  StatusOr<std::unique_ptr<PrefillStream>>
+  streamPrefill(const ModelCompute &model, int64_t tokens) override {
+    ++streams;
+    return Backend::streamPrefill(model, tokens);
+  }
+  int streams = 0;
+};
+
+class PrefillStreamTest : public ExecutorTest {
+protected:
+  void SetUp() override {
+    backend_ = &counting_;
+    ExecutorTest::SetUp();
+  }
+  CountingBackend counting_;
+};
+
+TEST_F(PrefillStreamTest, TheFullPrefillIsTheModelsOwn) {
+  StatusOr<ModelCompute::Cache> full = fullPrefill(*model_, tokens_, counting_);
+  ASSERT_TRUE(full) << full.status().toString();
+  EXPECT_EQ(counting_.streams, 1);
+  EXPECT_EQ(full->tokens, kTokens);
+  for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+    EXPECT_EQ(full->k[l], reference_.k[l]) << "layer " << l;
+    EXPECT_EQ(full->v[l], reference_.v[l]) << "layer " << l;
+  }
+}
+
+// Spans of the stream follow each other: each layer shows its span's rows
+// at its position, in layer order, and the stream holds no more than the
+// request.
+TEST_F(PrefillStreamTest, SpansShowEveryLayerInOrder) {
+  StatusOr<std::unique_ptr<PrefillStream>> stream =
+      counting_.streamPrefill(*model_, kTokens);
+  ASSERT_TRUE(stream) << stream.status().toString();
+  const int64_t kv = model_->kvDim(), split = 100;
+  for (auto [first, n] :
+       {std::pair<int64_t, int64_t>{0, split}, {split, kTokens - split}}) {
+    std::vector<int64_t> layers;
+    Status shown =
+        (*stream)->next(tokens_.data() + first, n, [&](const LayerSnapshot &s) {
+          layers.push_back(s.layer);
+          EXPECT_EQ(s.position, first);
+          EXPECT_EQ(s.tokens, n);
+          ASSERT_NE(s.hidden, nullptr);
+          // K after RoPE, as the full prefill's, within bf16 rounding of
+          // a prefill in other spans.
+          for (int64_t i = 0; i < n * kv; ++i)
+            ASSERT_NEAR(s.k[i], reference_.k[s.layer][first * kv + i],
+                        std::abs(reference_.k[s.layer][first * kv + i]) / 64 +
+                            1e-6)
+                << "layer " << s.layer << " value " << i;
+        });
+    ASSERT_TRUE(shown.isOk()) << shown.toString();
+    EXPECT_EQ(layers, (std::vector<int64_t>{0, 1, 2, 3}));
+  }
+  Status past = (*stream)->next(tokens_.data(), 1, {});
+  EXPECT_EQ(past.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(past.message().find("exceed the request's"), std::string::npos)
+      << past.message();
+}
+
+// A save and the verification of a restore prefill on the backend they
+// were given, and save what the CPU's prefill saves.
+TEST_F(PrefillStreamTest, SavesAndVerificationPrefillOnTheirBackend) {
+  std::unique_ptr<ChunkStore> store = makeStore(*model_);
+  SaveOptions options;
+  options.backend = &counting_;
+  StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
+  ASSERT_TRUE(saved) << saved.status().toString();
+  EXPECT_EQ(counting_.streams, 1);
+  for (Form form : {Form::KV, Form::Hidden})
+    for (const ChunkRef &ref :
+         store->refs(tokens_.data(), kTokens, form, CodecSpec())) {
+      std::vector<float> ours(store->shape(ref).numel()),
+          cpus(store->shape(ref).numel());
+      ASSERT_TRUE(store->get(ref, ours.data()).isOk()) << ref.name();
+      ASSERT_TRUE(store_->get(ref, cpus.data()).isOk()) << ref.name();
+      EXPECT_EQ(ours, cpus) << ref.name();
+    }
+
+  // A joint restore (computed front, hidden states projected, KV loaded)
+  // verified against the backend's full prefill: the reference's error.
+  const int64_t layers = model_->config().numLayers;
+  BlockTable table = *cache_->allocate(kTokens);
+  ASSERT_TRUE(run(makePlan(Split{128, layers / 2, 64}, layers), table).isOk());
+  StatusOr<RestoreError> error =
+      restoreError(*model_, tokens_, *cache_, table, counting_);
+  ASSERT_TRUE(error) << error.status().toString();
+  EXPECT_EQ(counting_.streams, 2);
+  EXPECT_GT(error->max, 0.0); // The projected layers round apart.
+  EXPECT_EQ(error->max, relativeError(table));
+}
+
+} // namespace
+} // namespace kvc::exec_test

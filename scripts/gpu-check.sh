@@ -35,6 +35,26 @@
 #                                     (scripts/hf-reference.py), and writes
 #                                     the outputs to $OUT (else DIR/results).
 #
+# The main job (docs/cuda-backend.md, "The main job"), a Llama-3.1-8B-shaped
+# model with random weights, in three steps:
+#
+#   scripts/gpu-check.sh main-calibrate [DIR]
+#                                     there: the model's weights
+#                                     (gen-weights.py, in MAIN_WORK,
+#                                     default /tmp/kvc-main), the GPU
+#                                     calibrated with it: $OUT/h100-8b.json;
+#   scripts/gpu-check.sh main-plan TARGET [DIR]
+#                                     here: every strategy's plan for each
+#                                     context (MAIN_TOKENS, default
+#                                     "8192 32768") and link (MAIN_LINKS,
+#                                     Gbps, default "7 32 100") compiled
+#                                     for TARGET: DIR/main;
+#   scripts/gpu-check.sh main [DIR]   there: each context saved through the
+#                                     GPU's prefill, every plan compared on
+#                                     the GPU over the store throttled to
+#                                     each link (MAIN_REPEAT runs, default
+#                                     2), a trace of a joint restore.
+#
 # Exits non-zero when a kernel differs from the runtime, memcheck finds an
 # error or transformers decodes other tokens; 77 when the machine has no
 # GPU.
@@ -42,7 +62,26 @@ set -euo pipefail
 
 mode=${1:-}
 dir=${2:-.gpu}
+# The main job's contexts and links (gigabits per second, Cake's grid).
+MAIN_TOKENS=${MAIN_TOKENS:-8192 32768}
+MAIN_LINKS=${MAIN_LINKS:-7 32 100}
 root=$(cd "$(dirname "$0")/.." && pwd)
+
+# There: DIR absolute, the outputs' folder, the packed libraries found (and
+# OpenBLAS unpacked), the device recorded; exits 77 without a GPU.
+prepare() {
+  dir=$(cd "$dir" && pwd)
+  out=${OUT:-$dir/results}
+  mkdir -p "$out"
+  export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [ -f "$dir/libopenblas.so.0.xz" ] && [ ! -f "$dir/libopenblas.so.0" ]; then
+    python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$dir/libopenblas.so.0.xz" "$dir/libopenblas.so.0"
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv |
+    tee "$out/device.txt" || exit 77
+}
 
 case "$mode" in
 pack)
@@ -154,21 +193,107 @@ pack)
       --target "$root/targets/cpu-2core.json" --store mem:// --steps 60 |
       sed -n 's/^after the restore: //p' >"$dir/stories260K/expected.txt"
   fi
-  cp "$root/scripts/hf-reference.py" "$dir/"
+  cp "$root/scripts/hf-reference.py" "$root/scripts/gen-weights.py" "$dir/"
+  # The main job's model (main-plan adds its plans).
+  mkdir -p "$dir/main"
+  cp "$root/examples/models/llama-3.1-8b/config.json" "$dir/main/"
   du -sh "$dir"
   ;;
-run)
-  dir=$(cd "$dir" && pwd)
-  out=${OUT:-$dir/results}
-  mkdir -p "$out"
-  export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  if [ -f "$dir/libopenblas.so.0.xz" ] && [ ! -f "$dir/libopenblas.so.0" ]; then
-    python3 -c 'import lzma, shutil, sys
-shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$dir/libopenblas.so.0.xz" "$dir/libopenblas.so.0"
+main-plan)
+  # The main job's plans, here: every strategy for a Llama-3.1-8B-shaped
+  # model (random weights, generated there) at each context and link,
+  # planned for TARGET (a GPU calibration, main-calibrate's) with its ssd
+  # tier read at the link's rate, one bundle per context and link.
+  target=${2:?usage: gpu-check.sh main-plan TARGET [DIR]}
+  dir=${3:-.gpu}
+  main="$dir/main"
+  mkdir -p "$main"
+  ninja -C "$root/build" kvc-opt
+  cp "$root/examples/models/llama-3.1-8b/config.json" "$main/config.json"
+  cp "$target" "$main/target.json"
+  for tokens in $MAIN_TOKENS; do
+    for gbps in $MAIN_LINKS; do
+      python3 - "$target" "$gbps" "$main/target-$gbps.json" <<'PY'
+import json, sys
+target = json.load(open(sys.argv[1]))
+for tier in target["tiers"]:
+    if tier["name"] == "ssd":
+        tier["read_gbs"] = min(tier["read_gbs"], float(sys.argv[2]) / 8)
+json.dump(target, open(sys.argv[3], "w"), indent=1)
+PY
+      bundles=()
+      for strategy in compute kv hidden cake hcache joint; do
+        printf '%s\n' "kvc.restore @$strategy tokens 0 to $tokens from [" \
+          "  #kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $tokens, layers = 0 to 32>," \
+          "  #kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $tokens, layers = 0 to 32>]" |
+          "$root/build/bin/kvc-opt" --kvc-import-model="$main/config.json" \
+            --kvc-attach-target="$main/target-$gbps.json" \
+            "--kvc-restore-pipeline=strategy=$strategy chunk-tokens=256" \
+            --kvc-emit-bundle=file="$main/$strategy.json" -o /dev/null
+        bundles+=("$main/$strategy.json")
+      done
+      # One bundle of the six plans.
+      python3 - "$main/plans-$tokens-$gbps.json" "${bundles[@]}" <<'PY'
+import json, sys
+merged = None
+for path in sys.argv[2:]:
+    bundle = json.load(open(path))
+    if merged is None:
+        merged = bundle
+    else:
+        merged["plans"] += bundle["plans"]
+        merged["kernels"] += bundle["kernels"]
+json.dump(merged, open(sys.argv[1], "w"))
+PY
+      rm -f "${bundles[@]}"
+      echo "main-plan: $main/plans-$tokens-$gbps.json"
+    done
+  done
+  ;;
+main-calibrate | main)
+  # There: the Llama-3.1-8B-shaped model's weights (gen-weights.py, on the
+  # GPU), then main-calibrate calibrates the GPU with it
+  # ($OUT/h100-8b.json, for main-plan), and main saves each context of
+  # MAIN_TOKENS through the GPU's prefill and compares every plan main-plan
+  # compiled, the store throttled to each link of MAIN_LINKS, with a trace
+  # of one joint restore per context.
+  prepare
+  main="$dir/main"
+  work=${MAIN_WORK:-/tmp/kvc-main}
+  model="$work/model"
+  mkdir -p "$work"
+  [ -f "$model/model.safetensors" ] ||
+    python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
+  status=0
+  if [ "$mode" = main-calibrate ]; then
+    "$dir/kvc-run" calibrate --backend cuda --model "$model" \
+      --base "$dir/e2e/h100-sxm.json" --out "$out/h100-8b.json" \
+      --scratch "$work" 2>&1 | tee "$out/main-calibrate.txt" || status=$?
+    exit "$status"
   fi
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv |
-    tee "$out/device.txt" || exit 77
+  for tokens in $MAIN_TOKENS; do
+    request=(--model "$model" --random-tokens "$tokens" --seed 7)
+    store="file://$work/store-$tokens"
+    [ -d "$work/store-$tokens" ] ||
+      "$dir/kvc-run" save "${request[@]}" --backend cuda --store "$store" \
+        --forms kv,hidden --prefill-tokens 2048 --writers 8 --buffer-mb 4096 2>&1 |
+        tee "$out/main-save-$tokens.txt" || status=$?
+    for gbps in $MAIN_LINKS; do
+      "$dir/kvc-run" compare "${request[@]}" --backend cuda \
+        --store "$store?gbps=$gbps" --bundle "$main/plans-$tokens-$gbps.json" \
+        --repeat "${MAIN_REPEAT:-2}" 2>&1 |
+        tee "$out/main-$tokens-$gbps.txt" || status=$?
+    done
+    gbps=${MAIN_LINKS##* }
+    "$dir/kvc-run" restore "${request[@]}" --backend cuda \
+      --store "$store?gbps=$gbps" --bundle "$main/plans-$tokens-$gbps.json" \
+      --plan joint --trace "$out/main-joint-trace-$tokens.json" 2>&1 |
+      tee "$out/main-joint-$tokens.txt" || status=$?
+  done
+  exit "$status"
+  ;;
+run)
+  prepare
   status=0
   "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
     --out "$out/kernel-bench.json" | tee "$out/kernel-bench.txt" ||
@@ -252,7 +377,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
   exit "$status"
   ;;
 *)
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
   exit 2
   ;;
 esac

@@ -31,8 +31,15 @@ StatusOr<std::string> readAll(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return notFound(path + ": cannot open file");
-  std::string bytes((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
+  // One read of the whole file: checkpoints are gigabytes.
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (size < 0)
+    return dataLoss(path + ": cannot size the file");
+  std::string bytes(size_t(size), '\0');
+  if (!in.read(bytes.data(), size))
+    return dataLoss(path + ": short read");
   return bytes;
 }
 
@@ -88,14 +95,15 @@ Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
                         " size does not match its shape and dtype");
       const char *src = bytes.data() + dataStart + offsets[0];
       tensor.data.resize(numel);
-      for (int64_t i = 0; i < numel; ++i) {
-        if (info->dtype == DType::F32) {
-          std::memcpy(&tensor.data[i], src + 4 * i, 4);
-        } else {
+      float *to = tensor.data.data();
+      if (info->dtype == DType::F32) {
+        std::memcpy(to, src, size_t(numel) * 4);
+      } else {
+        const bool bf16 = info->dtype == DType::BF16;
+        for (int64_t i = 0; i < numel; ++i) {
           uint16_t bits;
           std::memcpy(&bits, src + 2 * i, 2);
-          tensor.data[i] = info->dtype == DType::BF16 ? bf16ToFloat(bits)
-                                                      : f16ToFloat(bits);
+          to[i] = bf16 ? bf16ToFloat(bits) : f16ToFloat(bits);
         }
       }
       hash.update(name).update(dtypeName);

@@ -43,6 +43,11 @@
 #                                     (gen-weights.py, in MAIN_WORK,
 #                                     default /tmp/kvc-main), the GPU
 #                                     calibrated with it: $OUT/h100-8b.json;
+#                                     kvc-gpu-bench (uploads against pinned
+#                                     copies, prefill's MFU, projection
+#                                     against prefill) and the same prefill
+#                                     in transformers (SDPA) at 2048 and
+#                                     8192 tokens;
 #   scripts/gpu-check.sh main-plan TARGET [DIR]
 #                                     here: every strategy's plan for each
 #                                     context (MAIN_TOKENS, default
@@ -89,20 +94,23 @@ pack)
     kvc-exec-kernels
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVC_BUILD_COMPILER=OFF >/dev/null
-  ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests
+  ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests kvc-gpu-bench
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd) # file:// stores need absolute paths.
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
     "$root/build/unittests/exec-kernels.json" \
     "$root/bench/kernels/torch-baseline.py" \
-    "$root/build-gpu/unittests/KVCCudaBackendTests" "$dir/"
+    "$root/build-gpu/unittests/KVCCudaBackendTests" \
+    "$root/build-gpu/bench/kvc-gpu-bench" "$root/bench/prefill-torch.py" \
+    "$dir/"
   cp "$root/build-gpu/bin/kvc-run" "$dir/kvc-run"
   # The device tool carries at most 64 MiB: no symbols.
-  strip "$dir/kvc-run" "$dir/KVCCudaBackendTests" "$dir/kvc-kernel-bench"
+  strip "$dir/kvc-run" "$dir/KVCCudaBackendTests" "$dir/kvc-kernel-bench" \
+    "$dir/kvc-gpu-bench"
   # Libraries outside the C/C++ runtime and CUDA: a GPU machine's image may
   # lack them.
   for binary in "$dir/kvc-kernel-bench" "$dir/kvc-run" \
-    "$dir/KVCCudaBackendTests"; do
+    "$dir/KVCCudaBackendTests" "$dir/kvc-gpu-bench"; do
     ldd "$binary" | awk '/=> \// {print $3}'
   done | sort -u |
     grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
@@ -269,6 +277,14 @@ main-calibrate | main)
     "$dir/kvc-run" calibrate --backend cuda --model "$model" \
       --base "$dir/e2e/h100-sxm.json" --out "$out/h100-8b.json" \
       --scratch "$work" 2>&1 | tee "$out/main-calibrate.txt" || status=$?
+    # The backend against the hardware and PyTorch, same model, same run.
+    for tokens in 2048 8192; do
+      "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
+        --out "$out/gpu-bench-$tokens.json" 2>&1 |
+        tee "$out/gpu-bench-$tokens.txt" || status=$?
+      python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
+        tee "$out/prefill-torch-$tokens.txt" || status=$?
+    done
     exit "$status"
   fi
   for tokens in $MAIN_TOKENS; do
@@ -315,7 +331,7 @@ run)
     for tool in memcheck racecheck; do
       "$sanitizer" --tool $tool --error-exitcode 3 \
         "$dir/KVCCudaBackendTests" \
-        --gtest_filter='*EveryStrategy*:*Concurrent*:*GeneratedKernels*' \
+        --gtest_filter='*EveryStrategy*:*Concurrent*:*Generated*' \
         >"$out/cuda-backend-$tool.txt" 2>&1 || status=$?
       tail -n 2 "$out/cuda-backend-$tool.txt"
     done

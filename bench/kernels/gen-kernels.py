@@ -11,8 +11,8 @@ epilogue.
       --kvc-emit-bundle=file=kernels.json -o /dev/null
 
 With --shapes TxL,... it makes those chunk shapes instead, and with
---restore-only only the restore kernels (what a plan over such chunks
-launches: the CUDA backend's test of generated kernels in the executor).
+--restores only what a restore plan over such chunks launches: the restore
+kernels and the projection's (the executor's tests of generated kernels).
 """
 import argparse
 import sys
@@ -40,7 +40,7 @@ def chunk(codec, storage, tokens, layers):
             f"layers 0 to {layers}, device{c}>")
 
 
-def main(out, shapes, restore_only):
+def main(out, shapes, restores):
     for i, (codec, storage) in enumerate(CODECS):
         for tokens, layers in shapes:
             src = chunk(codec, storage, tokens, layers)
@@ -60,7 +60,17 @@ def main(out, shapes, restore_only):
                 value = "%u"
             out.write(f"    kvc.scatter {value} : {dst}\n")
             out.write("  }\n  return\n}\n")
-    if restore_only:
+    for tokens, layers in shapes:
+        hidden = (f"!kvc.chunk<hidden x bf16, tokens 0 to {tokens}, "
+                  f"layers 0 to {layers}, device>")
+        kv = chunk(None, "bf16", tokens, layers)
+        out.write(f"func.func @p_{tokens}_{layers}(%h: {hidden}) {{\n")
+        out.write(f'  kvc.kernel "project_scatter"(%h) : ({hidden}) -> () {{\n')
+        out.write(f"  ^bb0(%in: {hidden}):\n")
+        out.write(f"    %p = kvc.project %in : {hidden} -> {kv}\n")
+        out.write(f"    kvc.scatter %p : {kv}\n")
+        out.write("  }\n  return\n}\n")
+    if restores:
         return
     for i, (codec, storage) in enumerate(CODECS):
         for tokens, layers in shapes:
@@ -80,25 +90,15 @@ def main(out, shapes, restore_only):
                 value = "%q"
             out.write(f"    kvc.yield {value} : {out_type}\n")
             out.write(f"  }}\n  return %r : {out_type}\n}}\n")
-    for tokens, layers in shapes:
-        hidden = (f"!kvc.chunk<hidden x bf16, tokens 0 to {tokens}, "
-                  f"layers 0 to {layers}, device>")
-        kv = chunk(None, "bf16", tokens, layers)
-        out.write(f"func.func @p_{tokens}_{layers}(%h: {hidden}) {{\n")
-        out.write(f'  kvc.kernel "project_scatter"(%h) : ({hidden}) -> () {{\n')
-        out.write(f"  ^bb0(%in: {hidden}):\n")
-        out.write(f"    %p = kvc.project %in : {hidden} -> {kv}\n")
-        out.write(f"    kvc.scatter %p : {kv}\n")
-        out.write("  }\n  return\n}\n")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", help="chunk shapes TOKENSxLAYERS,...")
-    parser.add_argument("--restore-only", action="store_true")
+    parser.add_argument("--restores", action="store_true")
     args = parser.parse_args()
     shapes = SHAPES
     if args.shapes:
         shapes = [tuple(int(n) for n in s.split("x"))
                   for s in args.shapes.split(",")]
-    main(sys.stdout, shapes, args.restore_only)
+    main(sys.stdout, shapes, args.restores)

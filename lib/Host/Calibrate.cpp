@@ -111,8 +111,17 @@ StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
     longest = std::max(longest, s.position + s.tokens);
   }
   std::vector<int32_t> tokens = calibrationTokens(config, longest);
+  // The prefix the timed chunks attend over, prefilled by the backend (an
+  // 8B model's on the CPU would take longer than the calibration).
   ModelCompute::Cache base = model.newCache();
-  KVC_RETURN_IF_ERROR(model.prefill(base, tokens.data(), prefix));
+  if (prefix > 0) {
+    KVC_ASSIGN_OR_RETURN(
+        prefilled, fullPrefill(model,
+                               std::vector<int32_t>(tokens.begin(),
+                                                    tokens.begin() + prefix),
+                               backend));
+    base = std::move(prefilled);
+  }
   constexpr int kRounds = 7;
   std::vector<std::vector<double>> timings(samples.size());
   for (int round = 0; round < kRounds; ++round)
@@ -216,8 +225,7 @@ StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
   {
     const int64_t tokens = std::min<int64_t>(256, config.maxPositions);
     std::vector<int32_t> ids = calibrationTokens(config, tokens);
-    ModelCompute::Cache cache = model.newCache();
-    KVC_RETURN_IF_ERROR(model.prefill(cache, ids.data(), tokens));
+    KVC_ASSIGN_OR_RETURN(cache, fullPrefill(model, ids, backend));
     const KVObjects kv = kvObjects(model, cache, tokens);
     auto measure = [&](CodecStage stage, std::optional<CodecSpec::Quant> on,
                        const CodecSpec &codec) -> Status {

@@ -100,6 +100,44 @@ TEST_F(CudaBackendTest, GeneratedKernelsDecodeAsTheHostDoes) {
   expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
 }
 
+// The compiler's projection kernels (the same bundle's): the RMSNorm
+// prologue, the backend's bf16 GEMM and the RoPE/scatter epilogue write
+// every hidden chunk's K and V into the cache. They need bf16 GEMMs: on
+// the fp32 backend the executor says why it runs its own projection.
+TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
+  std::string path;
+  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
+    path = given;
+#ifdef KVC_EXEC_KERNELS
+  if (path.empty())
+    path = KVC_EXEC_KERNELS;
+#endif
+  if (path.empty())
+    GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
+  StatusOr<PlanBundle> generated = readPlanBundle(path);
+  ASSERT_TRUE(generated) << generated.status().toString();
+  const int64_t layers = model_->config().numLayers;
+  StatusOr<PlanBundle> bundle = withProjectionKernels(
+      makePlan({0, layers, 64}, layers), model_->config(), &generated->kernels);
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  StatusOr<RestoreMetrics> fp32 = restoreWith(*bundle, *store_);
+  ASSERT_TRUE(fp32) << fp32.status().toString();
+  EXPECT_EQ(fp32->kernelLaunches, 0);
+  ASSERT_FALSE(fp32->kernelsNotLaunched.empty());
+  EXPECT_NE(fp32->kernelsNotLaunched.front().find("fp32 inputs"),
+            std::string::npos)
+      << fp32->kernelsNotLaunched.front();
+
+  CudaBackendOptions options;
+  options.gemm = CudaBackendOptions::Gemm::BF16;
+  auto bf16 = createCudaBackend(options);
+  ASSERT_TRUE(bf16) << bf16.status().toString();
+  backend_ = bf16->get();
+  cache_ = std::move(backend_->createCache(cache_->config()).value());
+  expectGeneratedProjectionsExact(generated->kernels);
+  cache_.reset();
+}
+
 TEST_F(CudaBackendTest, EightConcurrentRestoresAreAllExact) {
   expectConcurrentRestoresExact();
 }

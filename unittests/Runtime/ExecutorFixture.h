@@ -202,6 +202,71 @@ withKernels(BundlePlan plan, const ModelConfig &model, const CodecSpec &codec,
   return bundle;
 }
 
+/// `plan` (makePlan's) with each projection made generated kernels, an
+/// rms_norm prologue and a rope_scatter epilogue for `model`: from
+/// `generated` (a bundle kvc-opt made; an error when it lacks one) or,
+/// without it, made up with placeholder PTX.
+inline StatusOr<PlanBundle>
+withProjectionKernels(BundlePlan plan, const ModelConfig &model,
+                      const std::vector<BundleKernel> *generated = nullptr) {
+  PlanBundle bundle{2, "", {}, {}};
+  // Adds the kernel (once per name) and returns its name.
+  auto add = [&](BundleKernel kernel,
+                 const std::string &name) -> StatusOr<std::string> {
+    if (generated) {
+      auto same = [&](const BundleKernel &k) {
+        return k.kind == kernel.kind && k.tokens == kernel.tokens &&
+               k.layers == kernel.layers && k.storage == kernel.storage;
+      };
+      auto found = std::find_if(generated->begin(), generated->end(), same);
+      if (found == generated->end())
+        return notFound(
+            "no generated " + std::string(bundleKernelKindName(kernel.kind)) +
+            " kernel for " + std::to_string(kernel.tokens) + " tokens x " +
+            std::to_string(kernel.layers) + " layers");
+      kernel = *found;
+    } else {
+      kernel.name = kernel.function = name;
+      kernel.arch = "sm_90";
+      kernel.ptx = ".target sm_90\n.entry " + name + "(\n";
+      kernel.args = bundleKernelArgNames(kernel.kind);
+    }
+    const std::string added = kernel.name;
+    if (!bundle.findKernel(added))
+      bundle.kernels.push_back(std::move(kernel));
+    return added;
+  };
+  for (BundleTask &task : plan.tasks) {
+    if (task.steps.size() != 2 || task.steps[0].kind != StepKind::Project)
+      continue;
+    const BundleStep &project = task.steps[0];
+    BundleKernel rope;
+    rope.kind = BundleKernel::Kind::RopeScatter;
+    rope.tokens = project.tokens.size();
+    rope.layers = project.layers.size();
+    rope.kvHeads = model.numKvHeads;
+    rope.headDim = model.headDim;
+    rope.blockSize = 16;
+    rope.storage = "f32";
+    rope.payloadBytes =
+        rope.layers * 2 * rope.tokens * model.numKvHeads * model.headDim * 4;
+    BundleKernel norm = rope;
+    norm.kind = BundleKernel::Kind::RmsNorm;
+    norm.storage = dtypeName(model.dtype);
+    norm.hidden = model.hiddenSize;
+    norm.eps = model.rmsNormEps;
+    const std::string shape =
+        "_t" + std::to_string(rope.tokens) + "_l" + std::to_string(rope.layers);
+    KVC_ASSIGN_OR_RETURN(entry, add(rope, "rope_scatter" + shape));
+    KVC_ASSIGN_OR_RETURN(prologue, add(norm, "rms_norm" + shape));
+    task.kernel = "project_scatter";
+    task.entry = entry;
+    task.prologue = prologue;
+  }
+  bundle.plans.push_back(std::move(plan));
+  return bundle;
+}
+
 /// The object name of the stored KV chunk holding token 200, layers 2-3.
 inline std::string victim(ChunkStore &store,
                           const std::vector<int32_t> &tokens) {
@@ -402,7 +467,7 @@ protected:
   }
 
   /// The kernels kvc-opt generated for this fixture's model
-  /// (gen-kernels.py --shapes 64x4,44x4 --restore-only) decode every codec
+  /// (gen-kernels.py --shapes 64x4,44x4 --restores) decode every codec
   /// composition a plan may load through the backend's launches, each
   /// chunk on the device, into the cache the runtime's own decode makes,
   /// bit for bit.
@@ -432,6 +497,25 @@ protected:
       EXPECT_EQ(metrics->kernelLaunches, 0);
       EXPECT_TRUE(byKernels == onHost);
     }
+  }
+
+  /// The compiler's projection kernels in `generated` project every hidden
+  /// chunk of a hidden-states plan into the cache, within bf16 rounding of
+  /// the full prefill (the prologue rounds the GEMM's input to bf16).
+  void
+  expectGeneratedProjectionsExact(const std::vector<BundleKernel> &generated) {
+    const int64_t layers = model_->config().numLayers;
+    StatusOr<PlanBundle> bundle = withProjectionKernels(
+        makePlan({0, layers, 64}, layers), model_->config(), &generated);
+    ASSERT_TRUE(bundle) << bundle.status().toString();
+    double error = 1;
+    StatusOr<RestoreMetrics> metrics =
+        restoreWith(*bundle, *store_, nullptr, /*kernels=*/true, &error);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_EQ(metrics->kernelLaunches, (kTokens + 63) / 64);
+    EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
+        << metrics->kernelsNotLaunched.front();
+    EXPECT_LT(error, 1.0 / 64);
   }
 
   /// The device restores run on (set before SetUp).

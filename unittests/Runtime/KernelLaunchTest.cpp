@@ -5,7 +5,10 @@
 // (KernelJitTest shows it equals decodeChunkToBf16 bit for bit) through the
 // kernel's ABI (KernelAbi.h: layer 0's bases, layer_rows, the scaled block
 // table), over host memory laid out as the CUDA backend lays out its cache.
-// What is checked: which chunks reach the device still encoded, that the
+// Projections likewise: the stand-in's prologue, GEMM and epilogue compute
+// what the generated kernels and the backend's GEMM do, written through the
+// epilogue's ABI. What is checked: which chunks reach the device still
+// encoded, which chunks the generated projection writes, that the
 // ABI addresses every cache layout it accepts correctly, and that every
 // other case (a chunk off the store's grid, a cache the kernel cannot
 // address, a backend without kernels, a corrupt object) still restores the
@@ -18,6 +21,8 @@
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Model/RmsNorm.h"
+#include "kvc/Runtime/Model/Rope.h"
 
 #include <cstring>
 
@@ -125,7 +130,78 @@ public:
     return Status::ok();
   }
 
-  std::atomic<int64_t> launches{0}, uploadedBytes{0};
+  Status canLaunchProject(const BundleKernel &prologue,
+                          const BundleKernel &epilogue,
+                          const ModelCompute &model,
+                          const PagedKVCache &cache) const override {
+    KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
+    if (prologue.hidden != model.config().hiddenSize)
+      return Status(StatusCode::FailedPrecondition, "another hidden size");
+    return Status::ok();
+  }
+
+  /// What the generated projection does: the prologue's RMSNorm rounded to
+  /// bf16, the GEMM (here in fp32 over the model's weights), the epilogue's
+  /// RoPE and bf16 rounding, each row stored through the kernel's ABI.
+  StatusOr<double> launchProject(const BundleKernel &prologue,
+                                 const BundleKernel &epilogue,
+                                 const ModelCompute &model,
+                                 const DeviceBuffer &hidden, DType dtype,
+                                 const ChunkBox &box, PagedKVCache &cache,
+                                 const BlockTable &table) override {
+    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
+    const auto &llama = dynamic_cast<const LlamaModel &>(model);
+    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(epilogue, cache));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    const ModelConfig &c = model.config();
+    const int64_t n = box.tokens(), h = c.hiddenSize, width = model.kvDim();
+    const std::vector<uint16_t> &words =
+        static_cast<const HostBuffer &>(hidden).words;
+    std::vector<float> rotations(n * c.headDim);
+    llama.ropeTable(box.tokenBegin, n, rotations.data());
+    for (int64_t l = 0; l < box.layers(); ++l) {
+      const int64_t layer = box.layerBegin + l;
+      std::vector<float> x(n * h), normed(n * h), k(n * width, 0.0f),
+          v(n * width, 0.0f);
+      for (int64_t i = 0; i < n * h; ++i) {
+        const int64_t at = l * n * h + i;
+        if (dtype == DType::F32)
+          std::memcpy(&x[i], words.data() + 2 * at, 4);
+        else
+          x[i] = dtype == DType::BF16 ? bf16ToFloat(words[at])
+                                      : f16ToFloat(words[at]);
+      }
+      rmsNorm(x.data(), n, h, float(c.rmsNormEps),
+              llama.layer(layer).attnNorm.data(), normed.data());
+      for (float &value : normed)
+        value = bf16ToFloat(floatToBf16(value));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t o = 0; o < width; ++o)
+          for (int64_t j = 0; j < h; ++j) {
+            k[t * width + o] +=
+                normed[t * h + j] * llama.layer(layer).k[o * h + j];
+            v[t * width + o] +=
+                normed[t * h + j] * llama.layer(layer).v[o * h + j];
+          }
+      applyRope(k.data(), n, c.numKvHeads, c.headDim, rotations.data());
+      const int64_t b = epilogue.blockSize;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t p = box.tokenBegin + t;
+        const int64_t row =
+            layer * args.layerRows + int64_t(blocks[p / b]) * b + p % b;
+        for (int64_t o = 0; o < width; ++o) {
+          const_cast<uint16_t *>(args.keys)[row * width + o] =
+              floatToBf16(k[t * width + o]);
+          const_cast<uint16_t *>(args.values)[row * width + o] =
+              floatToBf16(v[t * width + o]);
+        }
+      }
+    }
+    ++projections;
+    return model.projectFlops(n, box.layers());
+  }
+
+  std::atomic<int64_t> launches{0}, uploadedBytes{0}, projections{0};
 };
 
 class KernelLaunchTest : public ExecutorTest {
@@ -335,6 +411,64 @@ TEST_F(KernelLaunchTest, KernelsOfAnotherShapeAreNotLaunched) {
   expectDecodedOnTheHost(metrics, "in blocks of 32");
 }
 
+// HCache's projection through generated kernels: each hidden-state chunk
+// normalized by the prologue, projected by the backend's GEMM and written
+// into the cache by the epilogue, with no scatter after it; the cache
+// within bf16 rounding of the full prefill (the GEMM's input is rounded to
+// bf16, as a server's).
+TEST_F(KernelLaunchTest, ProjectionsRunTheGeneratedKernels) {
+  const int64_t layers = model_->config().numLayers;
+  PlanBundle bundle = *withProjectionKernels(makePlan({0, layers, 64}, layers),
+                                             model_->config());
+  kernels_.projections = 0;
+  kernels_.uploadedBytes = 0;
+  double error = 1;
+  StatusOr<RestoreMetrics> metrics =
+      restoreWith(bundle, *store_, nullptr, /*kernels=*/true, &error);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  const int64_t chunks = (kTokens + 63) / 64;
+  EXPECT_EQ(metrics->kernelLaunches, chunks);
+  EXPECT_EQ(kernels_.projections, chunks);
+  EXPECT_TRUE(metrics->kernelsNotLaunched.empty());
+  // The hidden states crossed to the device, every layer's.
+  EXPECT_EQ(kernels_.uploadedBytes,
+            layers * kTokens * model_->config().hiddenSize * 2);
+  EXPECT_LT(error, 1.0 / 64);
+}
+
+TEST_F(KernelLaunchTest, AProjectionsPrologueMustFitTheStore) {
+  const int64_t layers = model_->config().numLayers;
+  PlanBundle bundle = *withProjectionKernels(makePlan({0, layers, 64}, layers),
+                                             model_->config());
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreOptions options;
+  options.kernels = &bundle.kernels;
+  for (BundleKernel &kernel : bundle.kernels)
+    if (kernel.kind == BundleKernel::Kind::RmsNorm)
+      kernel.storage = "f32"; // The model stores bf16.
+  StatusOr<RestoreMetrics> metrics =
+      restore(*pools_, bundle.plans.front(), targetFor(table), options);
+  ASSERT_FALSE(metrics);
+  EXPECT_NE(
+      metrics.status().message().find("normalizes hidden states stored as f32"),
+      std::string::npos)
+      << metrics.status().message();
+
+  // A prologue the table lacks is an error too.
+  bundle.kernels.erase(
+      std::remove_if(bundle.kernels.begin(), bundle.kernels.end(),
+                     [](const BundleKernel &kernel) {
+                       return kernel.kind == BundleKernel::Kind::RmsNorm;
+                     }),
+      bundle.kernels.end());
+  metrics = restore(*pools_, bundle.plans.front(), targetFor(table), options);
+  ASSERT_FALSE(metrics);
+  EXPECT_NE(metrics.status().message().find("which the kernel table lacks"),
+            std::string::npos)
+      << metrics.status().message();
+  cache_->release(table);
+}
+
 // The kernels kvc-opt generated for this model: their specializations,
 // payload sizes and codecs fit the executor's chunks of every composition.
 TEST_F(KernelLaunchTest, TheCompilersKernelsFitTheExecutor) {
@@ -344,6 +478,7 @@ TEST_F(KernelLaunchTest, TheCompilersKernelsFitTheExecutor) {
   StatusOr<PlanBundle> generated = readPlanBundle(KVC_EXEC_KERNELS);
   ASSERT_TRUE(generated) << generated.status().toString();
   expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
+  expectGeneratedProjectionsExact(generated->kernels);
 #endif
 }
 

@@ -229,6 +229,88 @@ public:
     return restoreKernelArgs(kernel, cache).status();
   }
 
+  Status canLaunchProject(const BundleKernel &prologue,
+                          const BundleKernel &epilogue,
+                          const ModelCompute &model,
+                          const PagedKVCache &cache) const override {
+    KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
+    const ModelConfig &c = model.config();
+    if (!dynamic_cast<const LlamaModel *>(&model))
+      return unimplemented("the backend computes with kvc's LlamaModel only");
+    if (precisionFor(model) != GemmPrecision::BF16)
+      return Status(StatusCode::FailedPrecondition,
+                    "the model's GEMMs take fp32 inputs; the prologue writes "
+                    "bf16");
+    if (prologue.hidden != c.hiddenSize || prologue.layers != epilogue.layers ||
+        prologue.tokens != epilogue.tokens)
+      return Status(StatusCode::FailedPrecondition,
+                    "prologue \"" + prologue.name +
+                        "\" normalizes another shape than the model's "
+                        "hidden states or its epilogue's chunk");
+    return Status::ok();
+  }
+
+  StatusOr<double> launchProject(const BundleKernel &prologue,
+                                 const BundleKernel &epilogue,
+                                 const ModelCompute &model,
+                                 const DeviceBuffer &hidden, DType dtype,
+                                 const ChunkBox &box, PagedKVCache &cache,
+                                 const BlockTable &table) override {
+    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
+    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(epilogue, cache));
+    const ModelConfig &c = model.config();
+    const int64_t tokens = box.tokens(), layers = box.layers(),
+                  h = c.hiddenSize, kvDim = model.kvDim();
+    const CudaBuffer &in = bufferOf(hidden);
+    if (epilogue.tokens != tokens || epilogue.layers != layers ||
+        2 * in.words != layers * tokens * h * dtypeBytes(dtype) ||
+        epilogue.payloadBytes != layers * 2 * tokens * kvDim * 4)
+      return Status(StatusCode::Internal,
+                    "launchProject: kernels \"" + prologue.name + "\" and \"" +
+                        epilogue.name + "\" do not project this chunk");
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
+                                         box.tokenBegin, tokens));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(rope, gpu->fullRopeTable());
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    KVC_ASSIGN_OR_RETURN(normFunction, functionOf(prologue));
+    KVC_ASSIGN_OR_RETURN(ropeFunction, functionOf(epilogue));
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(normed, scratch.take<uint16_t>(layers * tokens * h));
+    KVC_ASSIGN_OR_RETURN(projected,
+                         scratch.take<float>(layers * 2 * tokens * kvDim));
+    KVC_ASSIGN_OR_RETURN(deviceBlocks,
+                         scratch.copy(blocks.data(), int64_t(blocks.size())));
+    KernelParams norm;
+    norm.buffer("hidden", in.memory.get<char>(), 2 * in.words);
+    norm.buffer("norm_weights", gpu->attnNorms(),
+                c.numLayers * h * int64_t(sizeof(float)));
+    norm.buffer("normed", normed, layers * tokens * h * 2);
+    norm.scalar("first_layer", box.layerBegin);
+    KVC_RETURN_IF_ERROR(launch(prologue, normFunction, norm, lane));
+    for (int64_t l = 0; l < layers; ++l) {
+      float *k = projected + 2 * l * tokens * kvDim;
+      KVC_RETURN_IF_ERROR(gpu->projectKV(lane, box.layerBegin + l,
+                                         normed + l * tokens * h, tokens, k,
+                                         k + tokens * kvDim));
+    }
+    KernelParams scatter;
+    scatter.buffer("payload", projected, epilogue.payloadBytes);
+    scatter.buffer("key_cache", args.keys, args.bytes);
+    scatter.buffer("value_cache", args.values, args.bytes);
+    scatter.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
+    scatter.scalar("first_token", box.tokenBegin);
+    scatter.scalar("first_layer", box.layerBegin);
+    scatter.scalar("layer_rows", args.layerRows);
+    scatter.buffer("rope_table", rope,
+                   c.maxPositions * c.headDim * int64_t(sizeof(float)));
+    KVC_RETURN_IF_ERROR(launch(epilogue, ropeFunction, scatter, lane));
+    KVC_RETURN_IF_ERROR(lane.sync("generated projection"));
+    return model.projectFlops(tokens, layers);
+  }
+
   Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
                        const ChunkBox &box, PagedKVCache &cache,
                        const BlockTable &table) override {
@@ -257,14 +339,7 @@ public:
     params.scalar("first_token", box.tokenBegin);
     params.scalar("first_layer", box.layerBegin);
     params.scalar("layer_rows", args.layerRows);
-    KVC_ASSIGN_OR_RETURN(pointers, params.pointers(kernel));
-    KVC_RETURN_IF_ERROR(driver_->check(
-        driver_->cuLaunchKernel(
-            function, unsigned(kernel.grid[0]), unsigned(kernel.grid[1]),
-            unsigned(kernel.grid[2]), unsigned(kernel.block[0]),
-            unsigned(kernel.block[1]), unsigned(kernel.block[2]), 0,
-            reinterpret_cast<CUstream>(lane.stream), pointers.data(), nullptr),
-        "launching a generated restore kernel"));
+    KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
     return lane.sync("generated restore kernel");
   }
 
@@ -554,16 +629,33 @@ private:
     if (!gpu) {
       KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
                                "selecting the device");
-      GemmPrecision precision =
-          options_.gemm == CudaBackendOptions::Gemm::F32 ? GemmPrecision::F32
-          : options_.gemm == CudaBackendOptions::Gemm::BF16
-              ? GemmPrecision::BF16
-          : model.config().dtype == DType::F32 ? GemmPrecision::F32
-                                               : GemmPrecision::BF16;
-      KVC_ASSIGN_OR_RETURN(created, CudaModel::create(*llama, precision));
+      KVC_ASSIGN_OR_RETURN(created,
+                           CudaModel::create(*llama, precisionFor(model)));
       gpu = std::move(created);
     }
     return gpu.get();
+  }
+
+  /// Enqueues `function`, `kernel`'s, with `params` on the lane.
+  Status launch(const BundleKernel &kernel, CUfunction function,
+                KernelParams &params, Lane &lane) {
+    KVC_ASSIGN_OR_RETURN(pointers, params.pointers(kernel));
+    return driver_->check(
+        driver_->cuLaunchKernel(
+            function, unsigned(kernel.grid[0]), unsigned(kernel.grid[1]),
+            unsigned(kernel.grid[2]), unsigned(kernel.block[0]),
+            unsigned(kernel.block[1]), unsigned(kernel.block[2]), 0,
+            reinterpret_cast<CUstream>(lane.stream), pointers.data(), nullptr),
+        ("launching generated kernel " + kernel.name).c_str());
+  }
+
+  /// The GEMM precision of `model` on this backend.
+  GemmPrecision precisionFor(const ModelCompute &model) const {
+    return options_.gemm == CudaBackendOptions::Gemm::F32 ? GemmPrecision::F32
+           : options_.gemm == CudaBackendOptions::Gemm::BF16
+               ? GemmPrecision::BF16
+           : model.config().dtype == DType::F32 ? GemmPrecision::F32
+                                                : GemmPrecision::BF16;
   }
 
   /// `kernel`'s function, its PTX loaded on first use (the device's

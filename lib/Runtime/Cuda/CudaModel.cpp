@@ -51,6 +51,11 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
   KVC_RETURN_IF_ERROR(uploadArray(model.embedding(), gpu->embedding_));
   KVC_RETURN_IF_ERROR(uploadArray(model.finalNorm(), gpu->finalNorm_));
   KVC_RETURN_IF_ERROR(gpu->upload({&model.outputLayer()}, h, gpu->output_));
+  std::vector<float> attnNorms;
+  for (int64_t l = 0; l < c.numLayers; ++l)
+    attnNorms.insert(attnNorms.end(), model.layer(l).attnNorm.begin(),
+                     model.layer(l).attnNorm.end());
+  KVC_RETURN_IF_ERROR(uploadArray(attnNorms, gpu->attnNorms_));
   gpu->layers_.resize(c.numLayers);
   for (int64_t l = 0; l < c.numLayers; ++l) {
     const LlamaModel::Layer &from = model.layer(l);
@@ -86,6 +91,29 @@ StatusOr<float *> CudaModel::ropeTable(Scratch &scratch, int64_t position,
   std::vector<float> table(size_t(n * model_.config().headDim));
   model_.ropeTable(position, n, table.data());
   return scratch.copy(table.data(), int64_t(table.size()));
+}
+
+StatusOr<const float *> CudaModel::fullRopeTable() const {
+  std::lock_guard<std::mutex> lock(ropeMutex_);
+  if (!ropeTable_.get()) {
+    const ModelConfig &c = model_.config();
+    std::vector<float> table(size_t(c.maxPositions * c.headDim));
+    model_.ropeTable(0, c.maxPositions, table.data());
+    KVC_RETURN_IF_ERROR(uploadArray(table, ropeTable_));
+  }
+  return ropeTable_.get<const float>();
+}
+
+Status CudaModel::projectKV(Lane &lane, int64_t layer, const uint16_t *x,
+                            int64_t n, float *k, float *v) const {
+  if (!bf16())
+    return Status(StatusCode::FailedPrecondition,
+                  "projectKV: the model's GEMMs take fp32 inputs");
+  const ModelConfig &c = model_.config();
+  const int64_t q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim;
+  const Layer &L = layers_[layer];
+  KVC_RETURN_IF_ERROR(gemm(lane, x, L.qkv, q, kv, n, k, false));
+  return gemm(lane, x, L.qkv, q + kv, kv, n, v, false);
 }
 
 Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,

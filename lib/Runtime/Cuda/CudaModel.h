@@ -26,6 +26,7 @@
 #include "kvc/Runtime/Model/LlamaModel.h"
 
 #include <functional>
+#include <mutex>
 
 namespace kvc::cuda {
 
@@ -57,6 +58,21 @@ public:
   Status project(Lane &lane, int64_t layer, const float *hidden, int64_t n,
                  int64_t position, RowLayout out) const;
 
+  /// Whether the GEMMs take bf16 inputs.
+  bool bf16() const { return precision_ == GemmPrecision::BF16; }
+
+  /// What a generated projection (an RmsNorm prologue and a RopeScatter
+  /// epilogue, Backend::launchProject) reads of the model: each layer's
+  /// input RMSNorm weight, fp32 [layers][hidden] on the device ...
+  const float *attnNorms() const { return attnNorms_.get<float>(); }
+  /// ... the RoPE table of positions [0, max positions), fp32
+  /// [position][head_dim] on the device, made on first use ...
+  StatusOr<const float *> fullRopeTable() const;
+  /// ... and the projection's GEMMs: K and V ([n][kv width] fp32 each) of
+  /// `layer` from `n` normalized rows `x` (bf16; bf16 GEMMs only).
+  Status projectKV(Lane &lane, int64_t layer, const uint16_t *x, int64_t n,
+                   float *k, float *v) const;
+
 private:
   /// A matrix [rows][columns] in the GEMM precision.
   struct Matrix {
@@ -73,7 +89,6 @@ private:
 
   CudaModel(const LlamaModel &model, GemmPrecision precision)
       : model_(model), precision_(precision) {}
-  bool bf16() const { return precision_ == GemmPrecision::BF16; }
   Status upload(const std::vector<const std::vector<float> *> &parts,
                 int64_t columns, Matrix &to) const;
   /// y[n][rows] = x[n][columns] * W^T (+ y when `accumulate`), over rows
@@ -86,9 +101,11 @@ private:
 
   const LlamaModel &model_;
   GemmPrecision precision_;
-  DeviceArray embedding_, finalNorm_; ///< fp32.
+  DeviceArray embedding_, finalNorm_, attnNorms_; ///< fp32.
   Matrix output_;
   std::vector<Layer> layers_;
+  mutable std::mutex ropeMutex_; ///< Guards ropeTable_.
+  mutable DeviceArray ropeTable_;
 };
 
 } // namespace kvc::cuda

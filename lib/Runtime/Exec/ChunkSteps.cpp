@@ -252,6 +252,21 @@ Status ChunkSteps::project(ChunkValue &value) {
     return Status(StatusCode::Internal,
                   "restore: project of a chunk that holds no hidden states");
   KVC_RETURN_IF_ERROR(toDevice(value));
+  if (value.epilogue) {
+    // The generated kernels write K and V into the cache: the scatter that
+    // follows has nothing left to copy.
+    KVC_ASSIGN_OR_RETURN(
+        flops, backend_.launchProject(*value.prologue, *value.epilogue, model_,
+                                      *value.device, dtypeOf(Form::Hidden),
+                                      value.box(), cache_, table_));
+    release(value);
+    value.form = Form::KV;
+    value.inCache = true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    flops_ += flops;
+    ++kernelLaunches_;
+    return Status::ok();
+  }
   std::unique_ptr<DeviceBuffer> own;
   DeviceBuffer *out;
   if (value.deviceSlot) {

@@ -79,6 +79,11 @@ struct ChunkValue {
   /// the device, when the backend launches it (null: the runtime's own
   /// decode and scatter).
   const BundleKernel *kernel = nullptr;
+  /// The generated projection that writes the chunk's K and V into the
+  /// cache from its hidden states (Backend::launchProject), when the backend
+  /// launches it: an RmsNorm prologue and a RopeScatter epilogue (null: the
+  /// backend's project, then scatter).
+  const BundleKernel *prologue = nullptr, *epilogue = nullptr;
   /// Whether `data`, then the device buffer, holds the stored payload for
   /// `kernel` (the objects after their lossless stage, back to back)
   /// instead of decoded elements.

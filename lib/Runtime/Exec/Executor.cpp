@@ -111,8 +111,9 @@ public:
     return graph;
   }
 
-  /// Lets the generated restore kernel task `index` names decode and
-  /// scatter its chunk, when the backend launches it into the cache.
+  /// Lets the generated kernel task `index` names decode and scatter its
+  /// chunk (a restore kernel) or project it (useProjection), when the
+  /// backend launches it into the cache.
   Status useKernel(std::size_t index, exec_detail::ChunkValue &value) {
     if (!kernels_ || !backend_.launchesKernels())
       return Status::ok();
@@ -123,8 +124,10 @@ public:
                              " names kernel \"" + task.entry +
                              "\", which the kernel table lacks");
     const BundleKernel &kernel = *found;
+    if (kernel.kind == BundleKernel::Kind::RopeScatter)
+      return useProjection(index, kernel, value);
     if (kernel.kind != BundleKernel::Kind::Restore)
-      return Status::ok(); // Projections run the backend's own kernels.
+      return Status::ok();
     CodecSpec stored = value.codec;
     stored.lossless = CodecSpec::Lossless::None;
     const bool unquantized = stored.quant == CodecSpec::Quant::None;
@@ -142,6 +145,36 @@ public:
       return Status::ok();
     }
     value.kernel = &kernel;
+    return Status::ok();
+  }
+
+  /// Lets the generated projection task `index` names (its RmsNorm
+  /// prologue, the backend's GEMM, `epilogue`) write its chunk's K and V,
+  /// when the backend launches it into the cache.
+  Status useProjection(std::size_t index, const BundleKernel &epilogue,
+                       exec_detail::ChunkValue &value) {
+    const BundleTask &task = plan_.tasks[index];
+    const BundleKernel *prologue = findKernel(*kernels_, task.prologue);
+    if (!prologue)
+      return invalidArgument("restore: task " + std::to_string(index) +
+                             " names prologue \"" + task.prologue +
+                             "\", which the kernel table lacks");
+    if (value.form != Form::Hidden ||
+        prologue->storage != dtypeName(config_.dtype))
+      return invalidArgument(
+          "restore: kernel \"" + prologue->name +
+          "\" normalizes hidden "
+          "states stored as " +
+          prologue->storage + "; task " + std::to_string(index) + " projects " +
+          name(value.form) + " stored as " + dtypeName(config_.dtype));
+    Status launchable = backend_.canLaunchProject(
+        *prologue, epilogue, *target_.model, *target_.cache);
+    if (!launchable.isOk()) {
+      steps_.kernelNotLaunched(epilogue.name + ": " + launchable.message());
+      return Status::ok();
+    }
+    value.prologue = prologue;
+    value.epilogue = &epilogue;
     return Status::ok();
   }
 

@@ -103,11 +103,12 @@ StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache) {
 StatusOr<KernelCacheArgs> restoreKernelArgs(const BundleKernel &kernel,
                                             const PagedKVCache &cache) {
   const PagedCacheConfig &config = cache.config();
-  if (kernel.kind != BundleKernel::Kind::Restore)
+  if (kernel.kind != BundleKernel::Kind::Restore &&
+      kernel.kind != BundleKernel::Kind::RopeScatter)
     return Status(StatusCode::FailedPrecondition,
                   "kernel \"" + kernel.name + "\" is a " +
                       bundleKernelKindName(kernel.kind) +
-                      " kernel, not a restore kernel");
+                      " kernel, which writes no cache");
   if (kernel.kvHeads != config.numKvHeads || kernel.headDim != config.headDim ||
       kernel.blockSize != config.blockSize)
     return Status(StatusCode::FailedPrecondition,

@@ -21,6 +21,9 @@
 //                 stored payload (quantized, transformed) -> the paged
 //                 cache                           (dequant, untransform,
 //                                                  scatter; KernelAbi.h)
+//   launchProject a bundle's generated projection: RMSNorm prologue, the
+//                 backend's K/V GEMM, RoPE/scatter epilogue: hidden
+//                 states -> the paged cache       (project, scatter)
 //   streamPrefill a request's prefill span by span, each layer's hidden
 //                 states, K and V shown on the host as they are computed
 //                 (a save's source; the full prefill verification holds
@@ -163,6 +166,34 @@ public:
                                PagedKVCache &cache, const BlockTable &table) {
     (void)payload, (void)box, (void)table;
     return Backend::canLaunch(kernel, cache); // Unimplemented.
+  }
+
+  /// Whether launchProject can run `prologue` (an RmsNorm kernel) and
+  /// `epilogue` (a RopeScatter kernel) for `model` into `cache`: ok, or why
+  /// not (kernels of another shape, a cache they cannot address, GEMMs in
+  /// another precision than the prologue writes).
+  virtual Status canLaunchProject(const BundleKernel &prologue,
+                                  const BundleKernel &epilogue,
+                                  const ModelCompute &model,
+                                  const PagedKVCache &cache) const {
+    (void)prologue, (void)model;
+    return canLaunch(epilogue, cache);
+  }
+
+  /// HCache's projection through generated kernels: `prologue` normalizes
+  /// the box's hidden states (`hidden`, uploaded, in `dtype`) to bf16, the
+  /// backend's GEMM projects them to K and V (fp32), and `epilogue` rotates
+  /// K, rounds both to bf16 and writes them into `cache` through `table`.
+  /// Returns the FLOPs it took.
+  virtual StatusOr<double>
+  launchProject(const BundleKernel &prologue, const BundleKernel &epilogue,
+                const ModelCompute &model, const DeviceBuffer &hidden,
+                DType dtype, const ChunkBox &box, PagedKVCache &cache,
+                const BlockTable &table) {
+    (void)hidden, (void)dtype, (void)box, (void)table;
+    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
+    return unimplemented(std::string("the ") + name() +
+                         " backend launches no generated projections");
   }
 
   /// A prefill of `tokens` into `cache` with `model`, through prefillInto

@@ -77,9 +77,10 @@ private:
 /// has none (FailedPrecondition).
 StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache);
 
-/// The cache arguments of `kernel` into `cache` when it is a restore kernel
-/// for the cache's KV heads, head_dim and block size, into a layout
-/// kernelCacheArgs maps; else why not (FailedPrecondition).
+/// The cache arguments of `kernel` into `cache` when it writes the cache (a
+/// restore or rope_scatter kernel) for the cache's KV heads, head_dim and
+/// block size, into a layout kernelCacheArgs maps; else why not
+/// (FailedPrecondition).
 StatusOr<KernelCacheArgs> restoreKernelArgs(const BundleKernel &kernel,
                                             const PagedKVCache &cache);
 

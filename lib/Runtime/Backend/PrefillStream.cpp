@@ -1,5 +1,4 @@
-//===- PrefillStream.cpp - A request's prefill, layer by layer, on the host
-//===//
+//===- PrefillStream.cpp - A request's prefill on the host ----------------===//
 //
 // The default PrefillStream: the model's own prefill over a host
 // ModelCompute::Cache, which shows each layer as it computes it. Backends

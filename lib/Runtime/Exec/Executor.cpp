@@ -163,10 +163,9 @@ public:
         prologue->storage != dtypeName(config_.dtype))
       return invalidArgument(
           "restore: kernel \"" + prologue->name +
-          "\" normalizes hidden "
-          "states stored as " +
-          prologue->storage + "; task " + std::to_string(index) + " projects " +
-          name(value.form) + " stored as " + dtypeName(config_.dtype));
+          "\" normalizes hidden states stored as " + prologue->storage +
+          "; task " + std::to_string(index) + " projects " + name(value.form) +
+          " stored as " + dtypeName(config_.dtype));
     Status launchable = backend_.canLaunchProject(
         *prologue, epilogue, *target_.model, *target_.cache);
     if (!launchable.isOk()) {

@@ -176,8 +176,9 @@ public:
                                   const BundleKernel &epilogue,
                                   const ModelCompute &model,
                                   const PagedKVCache &cache) const {
-    (void)prologue, (void)model;
-    return canLaunch(epilogue, cache);
+    (void)prologue, (void)epilogue, (void)model, (void)cache;
+    return unimplemented(std::string("the ") + name() +
+                         " backend launches no generated projections");
   }
 
   /// HCache's projection through generated kernels: `prologue` normalizes
@@ -191,9 +192,7 @@ public:
                 DType dtype, const ChunkBox &box, PagedKVCache &cache,
                 const BlockTable &table) {
     (void)hidden, (void)dtype, (void)box, (void)table;
-    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
-    return unimplemented(std::string("the ") + name() +
-                         " backend launches no generated projections");
+    return Backend::canLaunchProject(prologue, epilogue, model, cache);
   }
 
   /// A prefill of `tokens` into `cache` with `model`, through prefillInto

@@ -1,9 +1,9 @@
-//===- KernelAbi.h - A generated kernel's view of the paged cache -*- C++
-//-*-===//
+//===- KernelAbi.h - Generated kernels' view of the cache -------*- C++ -*-===//
 //
-// A generated restore kernel (KernelGen.h) addresses the paged cache as
-// [layers][layer_rows][kv width] bf16 from one base per matrix, a token's
-// row being table[t / B] * B + t % B of its layer. The runtime's caches
+// A generated kernel that writes the paged cache (KernelGen.h: restore,
+// rope_scatter) addresses it as [layers][layer_rows][kv width] bf16 from
+// one base per matrix, a token's row being table[t / B] * B + t % B of its
+// layer. The runtime's caches
 // are per-layer pointers with blocks blockStride() elements apart. One maps
 // onto the other when
 //

@@ -63,10 +63,27 @@ public:
     return std::make_unique<HostBuffer>();
   }
 
-  /// Buffers are HostBuffers, which the CPU backend's project cannot read.
-  StatusOr<double> project(const ModelCompute &, const DeviceBuffer &, DType,
-                           const ChunkBox &, DeviceBuffer &) override {
-    return unimplemented("host-kernels: no projection");
+  /// The model's own projection over HostBuffers (the CPU backend's reads
+  /// its own buffers): each layer's K then V, bf16.
+  StatusOr<double> project(const ModelCompute &model, const DeviceBuffer &in,
+                           DType dtype, const ChunkBox &box,
+                           DeviceBuffer &out) override {
+    const int64_t n = box.tokens(), h = model.config().hiddenSize,
+                  width = model.kvDim();
+    std::vector<uint16_t> &kv = static_cast<HostBuffer &>(out).words;
+    kv.assign(size_t(box.layers() * 2 * n * width), 0);
+    std::vector<float> x(n * h), k(n * width), v(n * width);
+    for (int64_t l = 0; l < box.layers(); ++l) {
+      hiddenRows(static_cast<const HostBuffer &>(in), dtype, l, n * h,
+                 x.data());
+      model.project(box.layerBegin + l, x.data(), n, box.tokenBegin, k.data(),
+                    v.data());
+      for (int64_t i = 0; i < n * width; ++i) {
+        kv[(2 * l * n) * width + i] = floatToBf16(k[i]);
+        kv[(2 * l + 1) * n * width + i] = floatToBf16(v[i]);
+      }
+    }
+    return model.projectFlops(n, box.layers());
   }
 
   Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {
@@ -155,22 +172,14 @@ public:
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     const ModelConfig &c = model.config();
     const int64_t n = box.tokens(), h = c.hiddenSize, width = model.kvDim();
-    const std::vector<uint16_t> &words =
-        static_cast<const HostBuffer &>(hidden).words;
     std::vector<float> rotations(n * c.headDim);
     llama.ropeTable(box.tokenBegin, n, rotations.data());
     for (int64_t l = 0; l < box.layers(); ++l) {
       const int64_t layer = box.layerBegin + l;
       std::vector<float> x(n * h), normed(n * h), k(n * width, 0.0f),
           v(n * width, 0.0f);
-      for (int64_t i = 0; i < n * h; ++i) {
-        const int64_t at = l * n * h + i;
-        if (dtype == DType::F32)
-          std::memcpy(&x[i], words.data() + 2 * at, 4);
-        else
-          x[i] = dtype == DType::BF16 ? bf16ToFloat(words[at])
-                                      : f16ToFloat(words[at]);
-      }
+      hiddenRows(static_cast<const HostBuffer &>(hidden), dtype, l, n * h,
+                 x.data());
       rmsNorm(x.data(), n, h, float(c.rmsNormEps),
               llama.layer(layer).attnNorm.data(), normed.data());
       for (float &value : normed)
@@ -202,6 +211,20 @@ public:
   }
 
   std::atomic<int64_t> launches{0}, uploadedBytes{0}, projections{0};
+
+private:
+  /// Layer `l`'s `count` hidden values of an uploaded chunk, as fp32.
+  static void hiddenRows(const HostBuffer &buffer, DType dtype, int64_t l,
+                         int64_t count, float *out) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t at = l * count + i;
+      if (dtype == DType::F32)
+        std::memcpy(&out[i], buffer.words.data() + 2 * at, 4);
+      else
+        out[i] = dtype == DType::BF16 ? bf16ToFloat(buffer.words[at])
+                                      : f16ToFloat(buffer.words[at]);
+    }
+  }
 };
 
 class KernelLaunchTest : public ExecutorTest {
@@ -433,6 +456,33 @@ TEST_F(KernelLaunchTest, ProjectionsRunTheGeneratedKernels) {
   // The hidden states crossed to the device, every layer's.
   EXPECT_EQ(kernels_.uploadedBytes,
             layers * kTokens * model_->config().hiddenSize * 2);
+  EXPECT_LT(error, 1.0 / 64);
+}
+
+// Projection kernels the backend cannot launch (here: a prologue for
+// another hidden size) leave the projection to the backend's own code: the
+// restore is the same as without kernels, and says why.
+TEST_F(KernelLaunchTest, ProjectionsTheBackendCannotLaunchRunItsOwn) {
+  const int64_t layers = model_->config().numLayers;
+  PlanBundle bundle = *withProjectionKernels(makePlan({0, layers, 64}, layers),
+                                             model_->config());
+  for (BundleKernel &kernel : bundle.kernels)
+    if (kernel.kind == BundleKernel::Kind::RmsNorm)
+      kernel.hidden = 64;
+  kernels_.projections = 0;
+  std::vector<float> withKernels, without;
+  double error = 1;
+  StatusOr<RestoreMetrics> metrics =
+      restoreWith(bundle, *store_, &withKernels, /*kernels=*/true, &error);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_EQ(metrics->kernelLaunches, 0);
+  EXPECT_EQ(kernels_.projections, 0);
+  // One line per kernel: the chunks of 64 tokens' and the last one's.
+  ASSERT_EQ(metrics->kernelsNotLaunched.size(), 2u);
+  for (const std::string &why : metrics->kernelsNotLaunched)
+    EXPECT_NE(why.find("another hidden size"), std::string::npos) << why;
+  ASSERT_TRUE(restoreWith(bundle, *store_, &without, /*kernels=*/false));
+  EXPECT_EQ(withKernels, without);
   EXPECT_LT(error, 1.0 / 64);
 }
 

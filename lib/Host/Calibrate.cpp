@@ -164,13 +164,17 @@ StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
                  "every chunk within %.0f%%\n",
                  fit.denseFlops / 1e9, fit.halfTokens, fit.worstError * 100);
 
-  // The backend's upload bandwidth: its memory and link (on the CPU
-  // backend, a host-to-host copy).
+  // The backend's upload bandwidth (its link) and its memory's (on the CPU
+  // backend both a host-to-host copy).
   {
-    KVC_ASSIGN_OR_RETURN(gbs, backend.uploadGBs());
-    std::fprintf(log, "copy bandwidth: %.2f GB/s\n", gbs);
-    c.memGBs = gbs;
-    target.link.h2dGBs = target.link.d2hGBs = gbs;
+    KVC_ASSIGN_OR_RETURN(link, backend.uploadGBs());
+    KVC_ASSIGN_OR_RETURN(memory, backend.memoryGBs());
+    std::fprintf(log,
+                 "copy bandwidth: %.2f GB/s to the device, %.2f GB/s "
+                 "within it\n",
+                 link, memory);
+    c.memGBs = memory;
+    target.link.h2dGBs = target.link.d2hGBs = link;
   }
 
   // Hand-offs between lanes: a task released by a task on another resource

@@ -17,8 +17,9 @@ namespace kvc {
 ///     cost model's price of them (planning::fitComputeRates: dense_tflops,
 ///     gemm_half_tokens, attention_tflops; gemm_peak_fraction and
 ///     restore_share kept);
-///   - memory and link: the backend's upload bandwidth (on the CPU backend a
-///     single-thread copy: its "device" is host memory);
+///   - memory and link: the backend's memory bandwidth (memoryGBs) and its
+///     upload bandwidth (on the CPU backend both a single-thread copy: its
+///     "device" is host memory);
 ///   - host.handoff_us: what a task waits after a task on another resource
 ///     releases it, on the backend's pools (measureHandoff, 200 us idle);
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from

@@ -506,6 +506,28 @@ public:
     return best / 1e9;
   }
 
+  /// A device-to-device copy of 256 MiB: its bytes read and written.
+  StatusOr<double> memoryGBs() override {
+    constexpr size_t kBytes = size_t(256) << 20;
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    DeviceArray from, to;
+    KVC_RETURN_IF_ERROR(from.reserve(kBytes));
+    KVC_RETURN_IF_ERROR(to.reserve(kBytes));
+    double best = 0;
+    for (int i = 0; i < 4; ++i) { // The first warms up.
+      Clock::time_point start = Clock::now();
+      KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to.get(), from.get(), kBytes,
+                                               cudaMemcpyDeviceToDevice,
+                                               lane.stream),
+                               "device-to-device copy");
+      KVC_RETURN_IF_ERROR(lane.sync("device-to-device copy"));
+      if (i > 0)
+        best = std::max(best, 2.0 * double(kBytes) / secondsSince(start));
+    }
+    return best / 1e9;
+  }
+
   Status start() {
     KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
     driver_ = driver;

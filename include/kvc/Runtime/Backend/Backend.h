@@ -31,7 +31,7 @@
 //   readBack      K and V of cached rows -> host fp32 (verification)
 //   decode        a decode step over the restored cache -> next-token
 //                 logits (what the model says after a restore)
-//   timePrefill, uploadGBs
+//   timePrefill, uploadGBs, memoryGBs
 //                 what calibration measures of the backend itself
 //
 // Fetching and host-side decoding stay in the executor: they run on host
@@ -243,6 +243,11 @@ public:
                                        int64_t position, int64_t n) = 0;
   /// Calibration: host-to-device copy bandwidth, GB/s.
   virtual StatusOr<double> uploadGBs() = 0;
+  /// Calibration: the device memory's bandwidth, GB/s of bytes read plus
+  /// written, which the steps on device memory (dequant, untransform,
+  /// scatter) are priced at. By default the upload's: a device that is host
+  /// memory.
+  virtual StatusOr<double> memoryGBs() { return uploadGBs(); }
 };
 
 /// A full prefill of `tokens` on `backend` (streamPrefill, in one span):

@@ -500,8 +500,10 @@ protected:
   }
 
   /// The compiler's projection kernels in `generated` project every hidden
-  /// chunk of a hidden-states plan into the cache, within bf16 rounding of
-  /// the full prefill (the prologue rounds the GEMM's input to bf16).
+  /// chunk of a hidden-states plan into the cache, near the full prefill:
+  /// the prologue rounds the GEMM's input to bf16 (and a GPU's GEMM its
+  /// weights), which moves K and V by a few bf16 steps (a wrong row or
+  /// rotation moves them by their own size).
   void
   expectGeneratedProjectionsExact(const std::vector<BundleKernel> &generated) {
     const int64_t layers = model_->config().numLayers;
@@ -515,7 +517,8 @@ protected:
     EXPECT_EQ(metrics->kernelLaunches, (kTokens + 63) / 64);
     EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
         << metrics->kernelsNotLaunched.front();
-    EXPECT_LT(error, 1.0 / 64);
+    EXPECT_LT(error, 1.0 / 32);
+    std::printf("generated projections: largest error %.4g\n", error);
   }
 
   /// The device restores run on (set before SetUp).

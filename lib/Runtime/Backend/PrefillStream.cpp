@@ -46,6 +46,8 @@ StatusOr<ModelCompute::Cache> fullPrefill(const ModelCompute &model,
                                           Backend &backend) {
   const int64_t n = int64_t(tokens.size());
   ModelCompute::Cache cache = model.newCache();
+  if (n == 0)
+    return cache;
   KVC_ASSIGN_OR_RETURN(stream, backend.streamPrefill(model, n));
   Status appended;
   KVC_RETURN_IF_ERROR(

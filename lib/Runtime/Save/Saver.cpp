@@ -221,7 +221,7 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
   Clock::time_point start = Clock::now();
   std::unique_ptr<PrefillStream> stream;
-  if (!options.computed) {
+  if (!options.computed && n > 0) {
     Backend &backend = options.backend ? *options.backend : cpuBackend();
     KVC_ASSIGN_OR_RETURN(opened, backend.streamPrefill(model, n));
     stream = std::move(opened);

@@ -7,10 +7,16 @@
 
 #include <nlohmann/json.hpp>
 
-#include <filesystem>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <set>
+#include <string_view>
+#include <utility>
 
 namespace kvc {
 
@@ -43,12 +49,55 @@ StatusOr<std::string> readAll(const std::string &path) {
   return bytes;
 }
 
+/// A file mapped read-only: checkpoints are gigabytes, which the page
+/// cache holds already once read; a copy would double them.
+class MappedFile {
+public:
+  static StatusOr<MappedFile> open(const std::string &path) {
+    MappedFile file;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      return notFound(path + ": cannot open file");
+    struct stat info;
+    if (::fstat(fd, &info) != 0) {
+      ::close(fd);
+      return dataLoss(path + ": cannot size the file");
+    }
+    file.size_ = size_t(info.st_size);
+    if (file.size_ > 0) {
+      void *data = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (data == MAP_FAILED) {
+        ::close(fd);
+        return dataLoss(path + ": cannot map the file");
+      }
+      ::madvise(data, file.size_, MADV_SEQUENTIAL);
+      file.data_ = static_cast<const char *>(data);
+    }
+    ::close(fd);
+    return file;
+  }
+  MappedFile(MappedFile &&other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)) {}
+  MappedFile &operator=(MappedFile &&) = delete;
+  ~MappedFile() {
+    if (data_)
+      ::munmap(const_cast<char *>(data_), size_);
+  }
+  std::string_view bytes() const { return {data_ ? data_ : "", size_}; }
+
+private:
+  MappedFile() = default;
+  const char *data_ = nullptr;
+  size_t size_ = 0;
+};
+
 /// Parses one file's tensors into `out`, hashing them into `hash`.
 Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
-  StatusOr<std::string> file = readAll(path);
+  StatusOr<MappedFile> file = MappedFile::open(path);
   if (!file.isOk())
     return file.status();
-  const std::string &bytes = *file;
+  const std::string_view bytes = file->bytes();
   if (bytes.size() < 8)
     return dataLoss(path + ": shorter than a safetensors header");
   uint64_t headerSize = 0;

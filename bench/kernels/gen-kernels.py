@@ -10,9 +10,11 @@ epilogue.
       --kvc-lower-kernels --kvc-kernels-to-ptx \
       --kvc-emit-bundle=file=kernels.json -o /dev/null
 
-With --shapes TxL,... it makes those chunk shapes instead, and with
---restores only what a restore plan over such chunks launches: the restore
-kernels and the projection's (the executor's tests of generated kernels).
+With --shapes TxL,... it makes those chunk shapes instead; with --restores
+only what a restore plan over such chunks launches (the restore kernels and
+the projection's), and --save-shapes TxL,... makes the save kernels at
+those shapes instead (the executor's tests of generated kernels take
+restores at the plans' chunk shapes and saves at the store's objects').
 """
 import argparse
 import sys
@@ -40,7 +42,7 @@ def chunk(codec, storage, tokens, layers):
             f"layers 0 to {layers}, device{c}>")
 
 
-def main(out, shapes, restores):
+def main(out, shapes, save_shapes):
     for i, (codec, storage) in enumerate(CODECS):
         for tokens, layers in shapes:
             src = chunk(codec, storage, tokens, layers)
@@ -70,10 +72,8 @@ def main(out, shapes, restores):
         out.write(f"    %p = kvc.project %in : {hidden} -> {kv}\n")
         out.write(f"    kvc.scatter %p : {kv}\n")
         out.write("  }\n  return\n}\n")
-    if restores:
-        return
     for i, (codec, storage) in enumerate(CODECS):
-        for tokens, layers in shapes:
+        for tokens, layers in save_shapes:
             # gather [transform] [quant], yielding the encoded chunk.
             out_type = chunk(codec, storage, tokens, layers)
             value_type = chunk(None, storage, tokens, layers)
@@ -96,9 +96,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", help="chunk shapes TOKENSxLAYERS,...")
     parser.add_argument("--restores", action="store_true")
+    parser.add_argument("--save-shapes", help="save kernels' shapes TxL,...")
     args = parser.parse_args()
-    shapes = SHAPES
-    if args.shapes:
-        shapes = [tuple(int(n) for n in s.split("x"))
-                  for s in args.shapes.split(",")]
-    main(sys.stdout, shapes, args.restores)
+
+    def parse(text):
+        return [tuple(int(n) for n in s.split("x")) for s in text.split(",")]
+
+    shapes = parse(args.shapes) if args.shapes else SHAPES
+    if args.save_shapes:
+        save_shapes = parse(args.save_shapes)
+    else:
+        save_shapes = [] if args.restores else shapes
+    main(sys.stdout, shapes, save_shapes)

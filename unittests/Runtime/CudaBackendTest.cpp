@@ -138,6 +138,23 @@ TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
   cache_.reset();
 }
 
+// The same bundle's save kernels over the GPU's cache: every object
+// encoded on the GPU, stored byte for byte as the host's encoder stores it.
+TEST_F(CudaBackendTest, GeneratedSaveKernelsStoreWhatTheHostDoes) {
+  std::string path;
+  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
+    path = given;
+#ifdef KVC_EXEC_KERNELS
+  if (path.empty())
+    path = KVC_EXEC_KERNELS;
+#endif
+  if (path.empty())
+    GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
+  StatusOr<PlanBundle> generated = readPlanBundle(path);
+  ASSERT_TRUE(generated) << generated.status().toString();
+  expectGeneratedSavesAsTheHost(generated->kernels);
+}
+
 TEST_F(CudaBackendTest, EightConcurrentRestoresAreAllExact) {
   expectConcurrentRestoresExact();
 }

@@ -13,6 +13,7 @@
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/Executor.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
 
 #include <gtest/gtest.h>
@@ -262,6 +263,64 @@ withProjectionKernels(BundlePlan plan, const ModelConfig &model,
     task.kernel = "project_scatter";
     task.entry = entry;
     task.prologue = prologue;
+  }
+  bundle.plans.push_back(std::move(plan));
+  return bundle;
+}
+
+/// `plan` (a save plan, savePlanFor's) with each gather made a generated
+/// save kernel for `store`'s objects in `codec` (its lossless stage left to
+/// the host): from `generated` (a bundle kvc-opt made; an error when it
+/// lacks one) or, without it, made up with placeholder PTX.
+inline StatusOr<PlanBundle>
+withSaveKernels(BundlePlan plan, const ChunkObjects &store,
+                const CodecSpec &codec,
+                const std::vector<BundleKernel> *generated = nullptr) {
+  const ModelConfig &model = store.model();
+  CodecSpec onDevice = codec;
+  onDevice.lossless = CodecSpec::Lossless::None;
+  PlanBundle bundle{2, "", {}, {}};
+  for (BundleTask &task : plan.tasks) {
+    const BundleStep &gather = task.steps.front();
+    if (gather.kind != StepKind::Gather)
+      continue;
+    BundleKernel kernel;
+    kernel.kind = BundleKernel::Kind::Save;
+    kernel.tokens = gather.tokens.size();
+    kernel.layers = gather.layers.size();
+    kernel.kvHeads = model.numKvHeads;
+    kernel.headDim = model.headDim;
+    kernel.blockSize = 16;
+    kernel.codec = onDevice;
+    kernel.storage = dtypeName(model.dtype);
+    if (generated) {
+      auto same = [&](const BundleKernel &k) {
+        return k.kind == kernel.kind && k.tokens == kernel.tokens &&
+               k.layers == kernel.layers && k.codec == kernel.codec &&
+               (!onDevice.isRaw() || k.storage == kernel.storage);
+      };
+      auto found = std::find_if(generated->begin(), generated->end(), same);
+      if (found == generated->end())
+        return notFound("no generated kernel saves " + onDevice.str() +
+                        " over " + std::to_string(kernel.tokens) +
+                        " tokens x " + std::to_string(kernel.layers) +
+                        " layers");
+      kernel = *found;
+    } else {
+      kernel.name = kernel.function = "save_t" + std::to_string(kernel.tokens) +
+                                      "_l" + std::to_string(kernel.layers);
+      kernel.arch = "sm_90";
+      kernel.ptx = ".target sm_90\n.entry " + kernel.name + "(\n";
+      kernel.args = bundleKernelArgNames(kernel.kind);
+      const ChunkShape shape = chunkShape(model, Form::KV, kernel.tokens,
+                                          gather.layers.begin, kernel.layers);
+      const std::vector<float> zeros(shape.numel());
+      kernel.payloadBytes = int64_t(
+          encodeChunk(zeros.data(), shape, onDevice, model.dtype)->size());
+    }
+    task.entry = kernel.name;
+    if (!bundle.findKernel(kernel.name))
+      bundle.kernels.push_back(std::move(kernel));
   }
   bundle.plans.push_back(std::move(plan));
   return bundle;
@@ -519,6 +578,64 @@ protected:
         << metrics->kernelsNotLaunched.front();
     EXPECT_LT(error, 1.0 / 32);
     std::printf("generated projections: largest error %.4g\n", error);
+  }
+
+  /// A prefilled cache saved with every save kernel composition in
+  /// `generated` (kvc-opt's, for the store's objects): each object encoded
+  /// where the cache is, and stored as the host's encoder stores it, byte
+  /// for byte.
+  void
+  expectGeneratedSavesAsTheHost(const std::vector<BundleKernel> &generated) {
+    BlockTable table = *cache_->allocate(kTokens);
+    ASSERT_TRUE(backend_->prefill(*model_, tokens_, *cache_, table)
+                    ->compute({0, kTokens, 0, model_->config().numLayers})
+                    .isOk());
+    std::vector<CodecSpec> codecs;
+    for (const BundleKernel &kernel : generated)
+      if (kernel.kind == BundleKernel::Kind::Save &&
+          std::find(codecs.begin(), codecs.end(), kernel.codec) == codecs.end())
+        codecs.push_back(kernel.codec);
+    ASSERT_FALSE(codecs.empty()) << "no generated save kernels";
+    for (CodecSpec codec : codecs) {
+      codec.lossless = CodecSpec::Lossless::Zstd;
+      SCOPED_TRACE(codec.str());
+      std::map<bool, std::shared_ptr<Tier>> tiers;
+      for (bool withKernels : {true, false}) {
+        tiers[withKernels] = std::shared_ptr<Tier>(*openTier("mem://"));
+        ChunkStore store(tiers[withKernels], model_->config(),
+                         model_->fingerprint(), "", store_->layout());
+        StatusOr<PlanBundle> bundle = withSaveKernels(
+            savePlanFor(store, kTokens, {Form::KV}, codec, "disk"), store,
+            codec, &generated);
+        ASSERT_TRUE(bundle) << bundle.status().toString();
+        PagedCacheSource source(*backend_, *cache_, table);
+        SaveTarget target;
+        target.source = &source;
+        target.stores["disk"] = &store;
+        target.tokens = &tokens_;
+        SaveRunOptions options;
+        if (withKernels)
+          options.kernels = &bundle->kernels;
+        auto pools = backend_->createPools(planResources(bundle->plans[0]));
+        ASSERT_TRUE(pools.isOk());
+        StatusOr<SaveMetrics> saved =
+            save(**pools, bundle->plans[0], target, options);
+        ASSERT_TRUE(saved) << saved.status().toString();
+        EXPECT_EQ(saved->kernelLaunches, withKernels ? saved->written : 0);
+        EXPECT_TRUE(saved->kernelsNotLaunched.empty())
+            << saved->kernelsNotLaunched.front();
+      }
+      StatusOr<std::vector<std::string>> names = tiers[false]->list("");
+      ASSERT_TRUE(names.isOk());
+      ASSERT_FALSE(names->empty());
+      for (const std::string &name : *names) {
+        std::string ours, hosts;
+        ASSERT_TRUE(tiers[true]->get(name, ours).isOk()) << name;
+        ASSERT_TRUE(tiers[false]->get(name, hosts).isOk()) << name;
+        EXPECT_EQ(ours, hosts) << name;
+      }
+    }
+    cache_->release(table);
   }
 
   /// The device restores run on (set before SetUp).

@@ -23,6 +23,7 @@
 #include "kvc/Runtime/Exec/KernelAbi.h"
 #include "kvc/Runtime/Model/RmsNorm.h"
 #include "kvc/Runtime/Model/Rope.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 
 #include <cstring>
 
@@ -106,7 +107,7 @@ public:
 
   Status canLaunch(const BundleKernel &kernel,
                    const PagedKVCache &cache) const override {
-    return restoreKernelArgs(kernel, cache).status();
+    return kernelArgsFor(kernel, cache).status();
   }
 
   /// What the generated kernel does: decodeChunkToBf16 of the payload, each
@@ -115,7 +116,7 @@ public:
   Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
                        const ChunkBox &box, PagedKVCache &cache,
                        const BlockTable &table) override {
-    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(kernel, cache));
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     const std::vector<uint16_t> &words =
         static_cast<const HostBuffer &>(payload).words;
@@ -168,7 +169,7 @@ public:
                                  const BlockTable &table) override {
     KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
     const auto &llama = dynamic_cast<const LlamaModel &>(model);
-    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(epilogue, cache));
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(epilogue, cache));
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     const ModelConfig &c = model.config();
     const int64_t n = box.tokens(), h = c.hiddenSize, width = model.kvDim();
@@ -210,7 +211,49 @@ public:
     return model.projectFlops(n, box.layers());
   }
 
-  std::atomic<int64_t> launches{0}, uploadedBytes{0}, projections{0};
+  Status canLaunchSave(const BundleKernel &kernel,
+                       const PagedKVCache &cache) const override {
+    return kernelArgsFor(kernel, cache).status();
+  }
+
+  /// What the generated save kernel does: the box's rows read through the
+  /// kernel's ABI, encoded by encodeChunk without a lossless stage.
+  Status launchSave(const BundleKernel &kernel, const PagedKVCache &cache,
+                    const BlockTable &table, const ChunkBox &box,
+                    std::string &payload) override {
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    ChunkShape shape;
+    shape.tokens = kernel.tokens;
+    shape.layers = kernel.layers;
+    shape.width = kernel.kvHeads * kernel.headDim;
+    shape.headDim = kernel.headDim;
+    shape.firstLayer = box.layerBegin;
+    shape.modelLayers = cache.config().layers;
+    std::vector<float> values(shape.numel());
+    const int64_t width = shape.width, b = kernel.blockSize;
+    for (int64_t l = 0; l < shape.layers; ++l)
+      for (int64_t m = 0; m < 2; ++m)
+        for (int64_t t = 0; t < shape.tokens; ++t) {
+          const int64_t p = box.tokenBegin + t;
+          const int64_t row = (box.layerBegin + l) * args.layerRows +
+                              int64_t(blocks[p / b]) * b + p % b;
+          const uint16_t *base = m ? args.values : args.keys;
+          for (int64_t o = 0; o < width; ++o)
+            values[((l * 2 + m) * shape.tokens + t) * width + o] =
+                bf16ToFloat(base[row * width + o]);
+        }
+    const DType storage = kernel.storage == "f32"   ? DType::F32
+                          : kernel.storage == "f16" ? DType::F16
+                                                    : DType::BF16;
+    KVC_ASSIGN_OR_RETURN(
+        encoded, encodeChunk(values.data(), shape, kernel.codec, storage));
+    payload = std::move(encoded);
+    ++saves;
+    return Status::ok();
+  }
+
+  std::atomic<int64_t> launches{0}, uploadedBytes{0}, projections{0}, saves{0};
 
 private:
   /// Layer `l`'s `count` hidden values of an uploaded chunk, as fp32.
@@ -519,6 +562,109 @@ TEST_F(KernelLaunchTest, AProjectionsPrologueMustFitTheStore) {
   cache_->release(table);
 }
 
+// A save plan whose gathers name generated save kernels, over a cache the
+// backend launches them on: every object is encoded where the cache is
+// and only its lossless stage on the host, and the store holds the same
+// bytes as a save without kernels.
+TEST_F(KernelLaunchTest, SaveKernelsEncodeWhereTheCacheIs) {
+  BlockTable table = *cache_->allocate(kTokens);
+  ASSERT_TRUE(kernels_.prefill(*model_, tokens_, *cache_, table)
+                  ->compute({0, kTokens, 0, model_->config().numLayers})
+                  .isOk());
+  for (const char *text :
+       {"raw", "int8+zstd", "hadamard+int4", "int2/k=token"}) {
+    SCOPED_TRACE(text);
+    std::map<bool, std::shared_ptr<Tier>> tiers;
+    for (bool withKernels : {true, false}) {
+      tiers[withKernels] = std::shared_ptr<Tier>(*openTier("mem://"));
+      ChunkStore store(tiers[withKernels], model_->config(),
+                       model_->fingerprint(), "", store_->layout());
+      PlanBundle bundle = *withSaveKernels(
+          savePlanFor(store, kTokens, {Form::KV}, codec(text), "disk"), store,
+          codec(text));
+      ASSERT_TRUE(validatePlanBundle(bundle).isOk());
+      PagedCacheSource source(kernels_, *cache_, table);
+      SaveTarget target;
+      target.source = &source;
+      target.stores["disk"] = &store;
+      target.tokens = &tokens_;
+      SaveRunOptions options;
+      if (withKernels)
+        options.kernels = &bundle.kernels;
+      auto pools = kernels_.createPools(planResources(bundle.plans.front()));
+      ASSERT_TRUE(pools.isOk());
+      kernels_.saves = 0;
+      StatusOr<SaveMetrics> saved =
+          save(**pools, bundle.plans.front(), target, options);
+      ASSERT_TRUE(saved) << saved.status().toString();
+      const int64_t objects = int64_t(
+          store.refs(tokens_.data(), kTokens, Form::KV, codec(text)).size());
+      EXPECT_EQ(saved->written, objects);
+      EXPECT_EQ(saved->kernelLaunches, withKernels ? objects : 0);
+      EXPECT_EQ(kernels_.saves, withKernels ? objects : 0);
+      EXPECT_TRUE(saved->kernelsNotLaunched.empty());
+    }
+    StatusOr<std::vector<std::string>> names = tiers[false]->list("");
+    ASSERT_TRUE(names.isOk());
+    ASSERT_FALSE(names->empty());
+    for (const std::string &name : *names) {
+      std::string ours, hosts;
+      ASSERT_TRUE(tiers[true]->get(name, ours).isOk()) << name;
+      ASSERT_TRUE(tiers[false]->get(name, hosts).isOk()) << name;
+      EXPECT_EQ(ours, hosts) << name;
+    }
+  }
+  cache_->release(table);
+}
+
+// A save kernel of another block size is not launched (the host encodes
+// its objects, and the save says why); one of another encoding is an
+// error.
+TEST_F(KernelLaunchTest, SaveKernelsThatDoNotFitTheSave) {
+  BlockTable table = *cache_->allocate(kTokens);
+  ASSERT_TRUE(kernels_.prefill(*model_, tokens_, *cache_, table)
+                  ->compute({0, kTokens, 0, model_->config().numLayers})
+                  .isOk());
+  ChunkStore store(std::shared_ptr<Tier>(*openTier("mem://")), model_->config(),
+                   model_->fingerprint(), "", store_->layout());
+  PagedCacheSource source(kernels_, *cache_, table);
+  SaveTarget target;
+  target.source = &source;
+  target.stores["disk"] = &store;
+  target.tokens = &tokens_;
+  auto saveWith = [&](const PlanBundle &bundle) {
+    SaveRunOptions options;
+    options.kernels = &bundle.kernels;
+    auto pools = kernels_.createPools(planResources(bundle.plans.front()));
+    EXPECT_TRUE(pools.isOk());
+    return save(**pools, bundle.plans.front(), target, options);
+  };
+  PlanBundle bundle = *withSaveKernels(
+      savePlanFor(store, kTokens, {Form::KV}, codec("int8"), "disk"), store,
+      codec("int8"));
+  for (BundleKernel &kernel : bundle.kernels)
+    kernel.blockSize = 32;
+  StatusOr<SaveMetrics> saved = saveWith(bundle);
+  ASSERT_TRUE(saved) << saved.status().toString();
+  EXPECT_EQ(saved->kernelLaunches, 0);
+  EXPECT_GT(saved->written, 0);
+  ASSERT_FALSE(saved->kernelsNotLaunched.empty());
+  EXPECT_NE(saved->kernelsNotLaunched.front().find("in blocks of 32"),
+            std::string::npos)
+      << saved->kernelsNotLaunched.front();
+
+  for (BundleKernel &kernel : bundle.kernels) {
+    kernel.blockSize = 16;
+    kernel.codec = codec("int4");
+  }
+  saved = saveWith(bundle);
+  ASSERT_FALSE(saved);
+  EXPECT_NE(saved.status().message().find("layers as int4/g32 over bf16"),
+            std::string::npos)
+      << saved.status().message();
+  cache_->release(table);
+}
+
 // The kernels kvc-opt generated for this model: their specializations,
 // payload sizes and codecs fit the executor's chunks of every composition.
 TEST_F(KernelLaunchTest, TheCompilersKernelsFitTheExecutor) {
@@ -529,6 +675,7 @@ TEST_F(KernelLaunchTest, TheCompilersKernelsFitTheExecutor) {
   ASSERT_TRUE(generated) << generated.status().toString();
   expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
   expectGeneratedProjectionsExact(generated->kernels);
+  expectGeneratedSavesAsTheHost(generated->kernels);
 #endif
 }
 

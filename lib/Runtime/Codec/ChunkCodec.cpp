@@ -363,6 +363,18 @@ StatusOr<std::string> encodeChunk(const float *values, const ChunkShape &shape,
   return compressBytes(inner, codec.lossless);
 }
 
+StatusOr<std::string> compressPayload(std::string_view payload,
+                                      const ChunkShape &shape,
+                                      const CodecSpec &codec, DType storage) {
+  KVC_RETURN_IF_ERROR(checkCodec(codec, shape));
+  const int64_t expected = innerBytes(codec, shape, storage);
+  if (int64_t(payload.size()) != expected)
+    return dataLoss("chunk payload of " + std::to_string(payload.size()) +
+                    " bytes; its shape and codec " + codec.str() + " make " +
+                    std::to_string(expected));
+  return compressBytes(payload, codec.lossless);
+}
+
 Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
                    const CodecSpec &codec, DType storage, float *out) {
   KVC_RETURN_IF_ERROR(checkCodec(codec, shape));

@@ -226,7 +226,52 @@ public:
   Status canLaunch(const BundleKernel &kernel,
                    const PagedKVCache &cache) const override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
-    return restoreKernelArgs(kernel, cache).status();
+    return kernelArgsFor(kernel, cache).status();
+  }
+
+  Status canLaunchSave(const BundleKernel &kernel,
+                       const PagedKVCache &cache) const override {
+    KVC_RETURN_IF_ERROR(needDevice(cache));
+    if (kernel.kind != BundleKernel::Kind::Save)
+      return Status(StatusCode::FailedPrecondition,
+                    "kernel \"" + kernel.name + "\" is no save kernel");
+    return kernelArgsFor(kernel, cache).status();
+  }
+
+  Status launchSave(const BundleKernel &kernel, const PagedKVCache &cache,
+                    const BlockTable &table, const ChunkBox &box,
+                    std::string &payload) override {
+    KVC_RETURN_IF_ERROR(canLaunchSave(kernel, cache));
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
+    if (kernel.tokens != box.tokens() || kernel.layers != box.layers())
+      return Status(StatusCode::Internal, "launchSave: kernel \"" +
+                                              kernel.name +
+                                              "\" does not encode this chunk");
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
+                                         box.tokenBegin, box.tokens()));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
+    Scratch scratch(lane);
+    KVC_ASSIGN_OR_RETURN(out, scratch.take<char>(kernel.payloadBytes));
+    KVC_ASSIGN_OR_RETURN(deviceBlocks,
+                         scratch.copy(blocks.data(), int64_t(blocks.size())));
+    KernelParams params;
+    params.buffer("payload", out, kernel.payloadBytes);
+    params.buffer("key_cache", args.keys, args.bytes);
+    params.buffer("value_cache", args.values, args.bytes);
+    params.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
+    params.scalar("first_token", box.tokenBegin);
+    params.scalar("first_layer", box.layerBegin);
+    params.scalar("layer_rows", args.layerRows);
+    KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
+    payload.resize(size_t(kernel.payloadBytes));
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(payload.data(), out, payload.size(),
+                        cudaMemcpyDeviceToHost, lane.stream),
+        "device-to-host copy");
+    return lane.sync("generated save kernel");
   }
 
   Status canLaunchProject(const BundleKernel &prologue,
@@ -257,7 +302,7 @@ public:
                                  const ChunkBox &box, PagedKVCache &cache,
                                  const BlockTable &table) override {
     KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
-    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(epilogue, cache));
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(epilogue, cache));
     const ModelConfig &c = model.config();
     const int64_t tokens = box.tokens(), layers = box.layers(),
                   h = c.hiddenSize, kvDim = model.kvDim();
@@ -315,7 +360,7 @@ public:
                        const ChunkBox &box, PagedKVCache &cache,
                        const BlockTable &table) override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
-    KVC_ASSIGN_OR_RETURN(args, restoreKernelArgs(kernel, cache));
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
     const CudaBuffer &in = bufferOf(payload);
     if (kernel.tokens != box.tokens() || kernel.layers != box.layers() ||
         2 * in.words < kernel.payloadBytes)

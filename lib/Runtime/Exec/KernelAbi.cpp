@@ -100,15 +100,14 @@ StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache) {
   return args;
 }
 
-StatusOr<KernelCacheArgs> restoreKernelArgs(const BundleKernel &kernel,
-                                            const PagedKVCache &cache) {
+StatusOr<KernelCacheArgs> kernelArgsFor(const BundleKernel &kernel,
+                                        const PagedKVCache &cache) {
   const PagedCacheConfig &config = cache.config();
-  if (kernel.kind != BundleKernel::Kind::Restore &&
-      kernel.kind != BundleKernel::Kind::RopeScatter)
+  if (kernel.kind == BundleKernel::Kind::RmsNorm)
     return Status(StatusCode::FailedPrecondition,
                   "kernel \"" + kernel.name + "\" is a " +
                       bundleKernelKindName(kernel.kind) +
-                      " kernel, which writes no cache");
+                      " kernel, which addresses no cache");
   if (kernel.kvHeads != config.numKvHeads || kernel.headDim != config.headDim ||
       kernel.blockSize != config.blockSize)
     return Status(StatusCode::FailedPrecondition,

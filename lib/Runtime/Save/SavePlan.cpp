@@ -26,21 +26,41 @@ Status PagedCacheSource::check(const ChunkObjects &objects,
   return Status::ok();
 }
 
-Status PagedCacheSource::gather(const ChunkObjects &, const ChunkRef &ref,
-                                std::vector<float> &out) {
+Status PagedCacheSource::waitFor(const ChunkRef &ref) const {
   if (ref.form != Form::KV)
     return invalidArgument("save: a paged cache holds no hidden states");
+  if (filling_)
+    for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l)
+      KVC_RETURN_IF_ERROR(filling_->waitTokens(l, ref.tokenEnd));
+  return Status::ok();
+}
+
+Status PagedCacheSource::gather(const ChunkObjects &, const ChunkRef &ref,
+                                std::vector<float> &out) {
+  KVC_RETURN_IF_ERROR(waitFor(ref));
   const int64_t rows = ref.tokenEnd - ref.tokenBegin;
   const int64_t kvDim = cache_.kvDim();
   out.resize(size_t((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim));
   for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
-    if (filling_)
-      KVC_RETURN_IF_ERROR(filling_->waitTokens(l, ref.tokenEnd));
     float *k = out.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
     KVC_RETURN_IF_ERROR(backend_.readBack(cache_, table_, l, ref.tokenBegin,
                                           rows, k, k + rows * kvDim));
   }
   return Status::ok();
+}
+
+Status PagedCacheSource::canGatherPayload(const BundleKernel &kernel) const {
+  return backend_.canLaunchSave(kernel, cache_);
+}
+
+Status PagedCacheSource::gatherPayload(const BundleKernel &kernel,
+                                       const ChunkObjects &,
+                                       const ChunkRef &ref,
+                                       std::string &payload) {
+  KVC_RETURN_IF_ERROR(waitFor(ref));
+  return backend_.launchSave(
+      kernel, cache_, table_,
+      {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd}, payload);
 }
 
 void PrefillSnapshots::put(const ChunkRef &ref, const float *values,
@@ -101,7 +121,11 @@ struct SaveValue {
   ChunkRef ref; ///< Its codec: the encoding the plan stores.
   std::string tier;
   std::vector<float> values; ///< The snapshot, the ref's shape.
-  std::string object;        ///< Encoded, once compressed.
+  /// The generated save kernel that encodes it where the values are, when
+  /// the source launches it; then `payload` holds what it wrote.
+  const BundleKernel *kernel = nullptr;
+  std::string payload;
+  std::string object; ///< Encoded, once compressed.
   bool encoded = false;
 };
 
@@ -163,6 +187,8 @@ public:
         value->tier = tier;
         values_[i] = value;
         ++gathers_;
+        if (!task.entry.empty() && options_.kernels)
+          KVC_RETURN_IF_ERROR(useKernel(i, *value));
       } else if (!task.inputs.empty()) {
         values_[i] = values_[task.inputs.front()];
       }
@@ -189,6 +215,8 @@ public:
   }
 
   void fillMetrics(SaveMetrics &metrics) {
+    metrics.kernelLaunches = kernelLaunches_;
+    metrics.kernelsNotLaunched = kernelsNotLaunched_;
     metrics.written = written_;
     metrics.skipped = skipped_;
     metrics.snapshotSeconds = snapshotSeconds_;
@@ -199,6 +227,47 @@ public:
   void start() { start_ = Clock::now(); }
 
 private:
+  /// Lets the generated save kernel gather task `index` names encode its
+  /// object, when the source launches it.
+  Status useKernel(std::size_t index, SaveValue &value) {
+    const BundleTask &task = plan_.tasks[index];
+    const BundleKernel *kernel = findKernel(*options_.kernels, task.entry);
+    if (!kernel)
+      return invalidArgument("save: task " + std::to_string(index) +
+                             " names kernel \"" + task.entry +
+                             "\", which the kernel table lacks");
+    if (kernel->kind != BundleKernel::Kind::Save)
+      return Status::ok();
+    CodecSpec stored = value.ref.codec;
+    stored.lossless = CodecSpec::Lossless::None;
+    const bool unquantized = stored.quant == CodecSpec::Quant::None;
+    if (kernel->codec != stored ||
+        (unquantized && kernel->storage != dtypeName(store_->model().dtype)) ||
+        kernel->tokens != value.ref.tokenEnd - value.ref.tokenBegin ||
+        kernel->layers != value.ref.layerEnd - value.ref.layerBegin)
+      return invalidArgument(
+          "save: kernel \"" + kernel->name + "\" encodes " +
+          std::to_string(kernel->tokens) + " tokens x " +
+          std::to_string(kernel->layers) + " layers as " + kernel->codec.str() +
+          " over " + kernel->storage + "; task " + std::to_string(index) +
+          " saves " +
+          std::to_string(value.ref.tokenEnd - value.ref.tokenBegin) +
+          " tokens x " +
+          std::to_string(value.ref.layerEnd - value.ref.layerBegin) +
+          " layers as " + value.ref.codec.str());
+    Status launchable = target_.source->canGatherPayload(*kernel);
+    if (!launchable.isOk()) {
+      std::string why = kernel->name + ": " + launchable.message();
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (std::find(kernelsNotLaunched_.begin(), kernelsNotLaunched_.end(),
+                    why) == kernelsNotLaunched_.end())
+        kernelsNotLaunched_.push_back(why);
+      return Status::ok();
+    }
+    value.kernel = kernel;
+    return Status::ok();
+  }
+
   Status runTask(std::size_t index) {
     SaveValue &value = *values_[index];
     for (const BundleStep &step : plan_.tasks[index].steps)
@@ -226,8 +295,14 @@ private:
   }
 
   Status gather(SaveValue &value) {
-    KVC_RETURN_IF_ERROR(
-        target_.source->gather(*store_, value.ref, value.values));
+    if (value.kernel) {
+      KVC_RETURN_IF_ERROR(target_.source->gatherPayload(
+          *value.kernel, *store_, value.ref, value.payload));
+      ++kernelLaunches_;
+    } else {
+      KVC_RETURN_IF_ERROR(
+          target_.source->gather(*store_, value.ref, value.values));
+    }
     if (gathers_.fetch_sub(1) == 1) {
       snapshotSeconds_ = secondsSince(start_);
       if (options_.snapshotted)
@@ -239,10 +314,14 @@ private:
   Status encode(SaveValue &value) {
     if (value.encoded)
       return Status::ok();
-    KVC_ASSIGN_OR_RETURN(object,
-                         store_->encode(value.ref, value.values.data()));
-    value.object = std::move(object);
+    StatusOr<std::string> object =
+        value.kernel ? store_->encodePayload(value.ref, value.payload)
+                     : store_->encode(value.ref, value.values.data());
+    if (!object.isOk())
+      return object.status();
+    value.object = std::move(*object);
     value.values = {};
+    value.payload = {};
     value.encoded = true;
     return Status::ok();
   }
@@ -266,7 +345,8 @@ private:
   const SaveRunOptions &options_;
   ChunkStore *store_ = nullptr;
   std::vector<std::shared_ptr<SaveValue>> values_;
-  std::atomic<int64_t> gathers_{0};
+  std::atomic<int64_t> gathers_{0}, kernelLaunches_{0};
+  std::vector<std::string> kernelsNotLaunched_; ///< Guarded by mutex_.
   Clock::time_point start_ = Clock::now();
   double snapshotSeconds_ = 0;
   std::mutex mutex_;

@@ -97,6 +97,14 @@ StatusOr<std::string> ChunkObjects::encode(const ChunkRef &ref,
   return packChunk(expected(ref), payload);
 }
 
+StatusOr<std::string>
+ChunkObjects::encodePayload(const ChunkRef &ref,
+                            std::string_view payload) const {
+  KVC_ASSIGN_OR_RETURN(
+      packed, compressPayload(payload, shape(ref), ref.codec, model_.dtype));
+  return packChunk(expected(ref), packed);
+}
+
 bool ChunkObjects::holds(const ChunkRef &ref, std::string_view bytes) const {
   auto unpacked = unpackChunk(bytes);
   return unpacked.isOk() && checkChunk(unpacked->first, expected(ref)).isOk();

@@ -21,6 +21,9 @@
 //                 stored payload (quantized, transformed) -> the paged
 //                 cache                           (dequant, untransform,
 //                                                  scatter; KernelAbi.h)
+//   launchSave    a bundle's generated save kernel: K and V of the cache
+//                 -> a stored object's payload on the host (gather,
+//                                                  transform, quant)
 //   launchProject a bundle's generated projection: RMSNorm prologue, the
 //                 backend's K/V GEMM, RoPE/scatter epilogue: hidden
 //                 states -> the paged cache       (project, scatter)
@@ -166,6 +169,25 @@ public:
                                PagedKVCache &cache, const BlockTable &table) {
     (void)payload, (void)box, (void)table;
     return Backend::canLaunch(kernel, cache); // Unimplemented.
+  }
+
+  /// Whether launchSave can run `kernel` over `cache`: ok, or why not.
+  virtual Status canLaunchSave(const BundleKernel &kernel,
+                               const PagedKVCache &cache) const {
+    (void)kernel, (void)cache;
+    return unimplemented(std::string("the ") + name() +
+                         " backend launches no generated save kernels");
+  }
+
+  /// Runs the generated save kernel `kernel` over the box's K and V in
+  /// `cache` (through `table`): `payload` gets the object it encodes, on
+  /// the host, before its lossless stage (ChunkObjects::encodePayload ends
+  /// it).
+  virtual Status launchSave(const BundleKernel &kernel,
+                            const PagedKVCache &cache, const BlockTable &table,
+                            const ChunkBox &box, std::string &payload) {
+    (void)table, (void)box, (void)payload;
+    return Backend::canLaunchSave(kernel, cache);
   }
 
   /// Whether launchProject can run `prologue` (an RmsNorm kernel) and

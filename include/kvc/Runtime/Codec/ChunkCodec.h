@@ -74,6 +74,14 @@ Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
 Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
                        const CodecSpec &codec, DType storage, std::string &out);
 
+/// Applies the lossless stage alone to `payload`, encodeChunk's bytes
+/// before that stage (what a generated save kernel writes): encodeChunk's
+/// result for the same values. DataLoss unless the payload is exactly as
+/// long as the shape and codec make it.
+StatusOr<std::string> compressPayload(std::string_view payload,
+                                      const ChunkShape &shape,
+                                      const CodecSpec &codec, DType storage);
+
 /// Decodes into `out` (shape.numel() bf16 values, what the paged cache
 /// holds), equal to rounding decodeChunk's floats. The executor's hot paths
 /// go straight to bf16: quantized, untransformed chunks through a vector

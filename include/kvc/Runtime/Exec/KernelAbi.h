@@ -1,11 +1,10 @@
 //===- KernelAbi.h - Generated kernels' view of the cache -------*- C++ -*-===//
 //
-// A generated kernel that writes the paged cache (KernelGen.h: restore,
-// rope_scatter) addresses it as [layers][layer_rows][kv width] bf16 from
-// one base per matrix, a token's row being table[t / B] * B + t % B of its
-// layer. The runtime's caches
-// are per-layer pointers with blocks blockStride() elements apart. One maps
-// onto the other when
+// A generated kernel that writes or reads the paged cache (KernelGen.h:
+// restore, rope_scatter, save) addresses it as [layers][layer_rows][kv width]
+// bf16 from one base per matrix, a token's row being table[t / B] * B + t % B
+// of its layer. The runtime's caches are per-layer pointers with blocks
+// blockStride() elements apart. One maps onto the other when
 //
 //   - every layer's K (and V) cache starts the same whole number of rows
 //     after the layer before's: layer 0's caches are the bases, and that
@@ -77,12 +76,12 @@ private:
 /// has none (FailedPrecondition).
 StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache);
 
-/// The cache arguments of `kernel` into `cache` when it writes the cache (a
-/// restore or rope_scatter kernel) for the cache's KV heads, head_dim and
-/// block size, into a layout kernelCacheArgs maps; else why not
+/// The cache arguments of `kernel` over `cache` when it addresses the
+/// cache (a restore, rope_scatter or save kernel) for the cache's KV heads,
+/// head_dim and block size, in a layout kernelCacheArgs maps; else why not
 /// (FailedPrecondition).
-StatusOr<KernelCacheArgs> restoreKernelArgs(const BundleKernel &kernel,
-                                            const PagedKVCache &cache);
+StatusOr<KernelCacheArgs> kernelArgsFor(const BundleKernel &kernel,
+                                        const PagedKVCache &cache);
 
 } // namespace kvc
 

@@ -69,6 +69,20 @@ public:
   /// exist (a source still being filled waits for them).
   virtual Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                         std::vector<float> &out) = 0;
+  /// Whether gatherPayload can run the generated save kernel `kernel`: ok,
+  /// or why not.
+  virtual Status canGatherPayload(const BundleKernel &kernel) const {
+    (void)kernel;
+    return unimplemented("the source launches no save kernels");
+  }
+  /// The object `ref` names as `kernel` encodes it where the values are
+  /// (its payload before the lossless stage), once they exist.
+  virtual Status gatherPayload(const BundleKernel &kernel,
+                               const ChunkObjects &objects, const ChunkRef &ref,
+                               std::string &payload) {
+    (void)objects, (void)ref, (void)payload;
+    return SaveSource::canGatherPayload(kernel);
+  }
 };
 
 /// The KV of a request in a paged cache, read back through `backend`.
@@ -86,8 +100,15 @@ public:
   Status check(const ChunkObjects &objects, int64_t tokens) const override;
   Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                 std::vector<float> &out) override;
+  /// Through the backend's save kernels (Backend::launchSave).
+  Status canGatherPayload(const BundleKernel &kernel) const override;
+  Status gatherPayload(const BundleKernel &kernel, const ChunkObjects &objects,
+                       const ChunkRef &ref, std::string &payload) override;
 
 private:
+  /// Waits until a filling cache holds `ref`'s tokens and layers.
+  Status waitFor(const ChunkRef &ref) const;
+
   Backend &backend_;
   const PagedKVCache &cache_;
   const BlockTable &table_;
@@ -138,6 +159,10 @@ struct SaveRunOptions {
   /// out of the source: from then on the save reads it no more (a cache's
   /// blocks may be reused). Never called for a save that fails before.
   std::function<void()> snapshotted;
+  /// The plan bundle's kernel table: a gather task naming a generated save
+  /// kernel has the source encode its object where the values are
+  /// (SaveSource::gatherPayload) when it can, the host's encoder otherwise.
+  const std::vector<BundleKernel> *kernels = nullptr;
 };
 
 struct SaveMetrics {
@@ -148,6 +173,10 @@ struct SaveMetrics {
   int64_t written = 0, skipped = 0;
   std::map<std::string, int64_t> bytesWritten; ///< Per tier.
   std::optional<double> predictedSeconds;
+  /// Objects a generated save kernel encoded, and why kernels did not run
+  /// (one line per kernel and reason).
+  int64_t kernelLaunches = 0;
+  std::vector<std::string> kernelsNotLaunched;
 };
 
 /// Saves the objects of `target.tokens` from `target.source` by running

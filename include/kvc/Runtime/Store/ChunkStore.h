@@ -83,6 +83,11 @@ public:
   /// The object holding `values` (the ref's shape) encoded with the ref's
   /// codec: header and payload, as a tier stores it.
   StatusOr<std::string> encode(const ChunkRef &ref, const float *values) const;
+  /// The same from the ref's payload before its lossless stage (what a
+  /// generated save kernel writes); DataLoss unless it is exactly as long
+  /// as the shape and codec make it.
+  StatusOr<std::string> encodePayload(const ChunkRef &ref,
+                                      std::string_view payload) const;
 
   /// Checks an object's bytes against `ref`, its encoding included (bytes
   /// of another encoding are a WrongRange fault: a plan that priced and

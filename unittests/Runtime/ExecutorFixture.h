@@ -526,7 +526,7 @@ protected:
   }
 
   /// The kernels kvc-opt generated for this fixture's model
-  /// (gen-kernels.py --shapes 64x4,44x4 --restores) decode every codec
+  /// (gen-kernels.py --shapes 64x4,44x4 --restores ...) decode every codec
   /// composition a plan may load through the backend's launches, each
   /// chunk on the device, into the cache the runtime's own decode makes,
   /// bit for bit.

@@ -336,22 +336,34 @@ run)
       tail -n 2 "$out/cuda-backend-$tool.txt"
     done
   fi
+  # The store was saved here by the CPU model: the GPU restores it with
+  # fp32 GEMMs (--gemm f32, the CPU model's arithmetic), so that every plan
+  # is held against the GPU's full prefill and the CPU's cache alike.
   e2e="$dir/e2e"
-  request=(--model "$e2e/model" --random-tokens 1024 --seed 7
-    --store "file://$e2e/store" --layer-group 1 --bundle "$e2e/plans.json")
+  context=(--model "$e2e/model" --random-tokens 1024 --seed 7 --layer-group 1)
+  request=("${context[@]}" --store "file://$e2e/store"
+    --bundle "$e2e/plans.json")
+  cuda=(--backend cuda --gemm f32)
   for backend in cuda cpu; do
-    "$dir/kvc-run" compare "${request[@]}" --backend $backend --repeat 3 \
+    if [ $backend = cuda ]; then on=("${cuda[@]}"); else on=(--backend cpu); fi
+    "$dir/kvc-run" compare "${request[@]}" "${on[@]}" --repeat 3 \
       2>&1 | tee "$out/compare-$backend.txt" || status=$?
-  done
-  # Generated kernels in the executor: every int4 chunk decoded on the GPU.
-  for backend in cuda cpu; do
+    # Generated kernels in the executor: every int4 chunk decoded on the GPU.
     "$dir/kvc-run" compare "${request[@]/plans.json/plans-int4.json}" \
-      --backend $backend --repeat 3 2>&1 |
+      "${on[@]}" --repeat 3 2>&1 |
       tee "$out/compare-int4-$backend.txt" || status=$?
   done
   grep -q "generated kernels decoded" "$out/compare-int4-cuda.txt" ||
     { echo "gpu-check: no generated kernel ran in the executor"; status=1; }
-  "$dir/kvc-run" restore "${request[@]}" --backend cuda --plan joint \
+  # A server's precision end to end: the context saved through the GPU's
+  # prefill with bf16 GEMMs, every plan restored and verified the same way.
+  "$dir/kvc-run" save "${context[@]}" --store "file://$e2e/store-gpu" \
+    --backend cuda --forms kv,hidden 2>&1 | tee "$out/save-gpu.txt" ||
+    status=$?
+  "$dir/kvc-run" compare "${context[@]}" --store "file://$e2e/store-gpu" \
+    --bundle "$e2e/plans.json" --backend cuda --repeat 3 2>&1 |
+    tee "$out/compare-cuda-bf16.txt" || status=$?
+  "$dir/kvc-run" restore "${request[@]}" "${cuda[@]}" --plan joint \
     --verify --trace "$out/joint-trace.json" | tee "$out/restore-joint.txt" ||
     status=$?
   "$dir/kvc-run" calibrate --backend cuda --model "$e2e/model" \
@@ -365,7 +377,7 @@ run)
   # for the generated model and the trained one.
   dumps=()
   for plan in compute kv hidden cake hcache joint; do
-    "$dir/kvc-run" restore "${request[@]}" --backend cuda --plan $plan \
+    "$dir/kvc-run" restore "${request[@]}" "${cuda[@]}" --plan $plan \
       --dump-kv "$out/kv-e2e-$plan.safetensors" >/dev/null || status=$?
     dumps+=("$out/kv-e2e-$plan.safetensors")
   done

@@ -21,7 +21,8 @@ StatusOr<DType> parseDType(const std::string &name);
 /// built with CUDA and a GPU is present).
 Backend &backend();
 /// Selects it by name; Unavailable for cuda without a GPU.
-Status selectBackend(const std::string &name);
+/// `gemm` ("", f32 or bf16) forces the cuda backend's GEMM input precision.
+Status selectBackend(const std::string &name, const std::string &gemm = "");
 
 /// --chunk-tokens and --layer-group: how a request's KV is cut into objects
 /// (default 256 x 4), both positive.

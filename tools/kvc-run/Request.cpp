@@ -22,8 +22,12 @@ Backend *selected = nullptr;
 
 Backend &backend() { return selected ? *selected : cpuBackend(); }
 
-Status selectBackend(const std::string &name) {
+Status selectBackend(const std::string &name, const std::string &gemm) {
+  if (!gemm.empty() && gemm != "f32" && gemm != "bf16")
+    return invalidArgument("--gemm expects f32 or bf16, got " + gemm);
   if (name == "cpu") {
+    if (!gemm.empty())
+      return invalidArgument("--gemm: the cpu backend's GEMMs are fp32");
     selected = &cpuBackend();
     return Status::ok();
   }
@@ -32,7 +36,11 @@ Status selectBackend(const std::string &name) {
 #ifdef KVC_RUN_WITH_CUDA
   static std::unique_ptr<Backend> cuda;
   if (!cuda) {
-    KVC_ASSIGN_OR_RETURN(created, createCudaBackend());
+    CudaBackendOptions options;
+    if (!gemm.empty())
+      options.gemm = gemm == "f32" ? CudaBackendOptions::Gemm::F32
+                                   : CudaBackendOptions::Gemm::BF16;
+    KVC_ASSIGN_OR_RETURN(created, createCudaBackend(options));
     cuda = std::move(created);
   }
   selected = cuda.get();

@@ -269,6 +269,9 @@ const std::vector<Command> &commands() {
       {"backend", "NAME",
        "cpu (default) or cuda: where the paged cache lives and restores "
        "compute"},
+      {"gemm", "PRECISION",
+       "the cuda backend's GEMM inputs, f32 or bf16 (default the model's: "
+       "f32 for f32 checkpoints, else bf16)"},
       {"compute-threads", "N",
        "threads of the CPU backend's GEMMs, at most the cores (default 1)"},
       {"help", "", "print this and exit"}};
@@ -513,7 +516,7 @@ int main(int argc, char **argv) {
       setComputeThreads(int(*threads));
   }
   if (status.isOk())
-    status = selectBackend(args->get("backend", "cpu"));
+    status = selectBackend(args->get("backend", "cpu"), args->get("gemm"));
   if (status.isOk())
     status = command->run(*args);
   if (!status.isOk()) {

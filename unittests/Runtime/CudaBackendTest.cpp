@@ -31,6 +31,18 @@ namespace {
 
 std::unique_ptr<Backend> gpu;
 
+/// The bundle kvc-opt generated for the fixture's model: $KVC_EXEC_KERNELS,
+/// else the build's; "" when neither names one.
+std::string generatedKernelsPath() {
+  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
+    return given;
+#ifdef KVC_EXEC_KERNELS
+  return KVC_EXEC_KERNELS;
+#else
+  return "";
+#endif
+}
+
 class CudaBackendTest : public ExecutorTest {
 protected:
   void SetUp() override {
@@ -86,13 +98,7 @@ TEST_F(CudaBackendTest, LostAndCorruptChunksAreRecomputedExactly) {
 // executor: every chunk decoded on the GPU, the cache bit for bit the one
 // the host's decode and the backend's scatter make.
 TEST_F(CudaBackendTest, GeneratedKernelsDecodeAsTheHostDoes) {
-  std::string path;
-  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
-    path = given;
-#ifdef KVC_EXEC_KERNELS
-  if (path.empty())
-    path = KVC_EXEC_KERNELS;
-#endif
+  const std::string path = generatedKernelsPath();
   if (path.empty())
     GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
   StatusOr<PlanBundle> generated = readPlanBundle(path);
@@ -105,13 +111,7 @@ TEST_F(CudaBackendTest, GeneratedKernelsDecodeAsTheHostDoes) {
 // every hidden chunk's K and V into the cache. They need bf16 GEMMs: on
 // the fp32 backend the executor says why it runs its own projection.
 TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
-  std::string path;
-  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
-    path = given;
-#ifdef KVC_EXEC_KERNELS
-  if (path.empty())
-    path = KVC_EXEC_KERNELS;
-#endif
+  const std::string path = generatedKernelsPath();
   if (path.empty())
     GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
   StatusOr<PlanBundle> generated = readPlanBundle(path);
@@ -141,13 +141,7 @@ TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
 // The same bundle's save kernels over the GPU's cache: every object
 // encoded on the GPU, stored byte for byte as the host's encoder stores it.
 TEST_F(CudaBackendTest, GeneratedSaveKernelsStoreWhatTheHostDoes) {
-  std::string path;
-  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
-    path = given;
-#ifdef KVC_EXEC_KERNELS
-  if (path.empty())
-    path = KVC_EXEC_KERNELS;
-#endif
+  const std::string path = generatedKernelsPath();
   if (path.empty())
     GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
   StatusOr<PlanBundle> generated = readPlanBundle(path);
@@ -244,17 +238,11 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
   options.prefillTokens = 128; // Spans of two chunks.
   StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
   ASSERT_TRUE(saved) << saved.status().toString();
-  int64_t objects = 0;
-  for (Form form : {Form::KV, Form::Hidden})
-    for (const ChunkRef &ref :
-         store->refs(tokens_.data(), kTokens, form, CodecSpec())) {
-      std::vector<float> ours(store->shape(ref).numel()),
-          cpus(store->shape(ref).numel());
-      ASSERT_TRUE(store->get(ref, ours.data()).isOk()) << ref.name();
-      ASSERT_TRUE(store_->get(ref, cpus.data()).isOk()) << ref.name();
-      EXPECT_LE(relativeMax(ours, cpus), 1.0 / 128) << ref.name();
-      ++objects;
-    }
+  const int64_t objects = forEachObjectAsSaved(
+      *store, [](const ChunkRef &ref, const std::vector<float> &ours,
+                 const std::vector<float> &cpus) {
+        EXPECT_LE(relativeMax(ours, cpus), 1.0 / 128) << ref.name();
+      });
   EXPECT_EQ(objects, saved->written);
 
   // A joint restore from the GPU's save, verified on the GPU.

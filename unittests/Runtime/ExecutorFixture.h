@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -132,6 +133,20 @@ inline BundlePlan makePlan(const Split &split, int64_t layers) {
   return plan;
 }
 
+/// A kernel of `kind` specialized for `step`'s chunk of `model`'s KV in
+/// 16-token blocks: what the kernel tables of the helpers below share.
+inline BundleKernel kernelOver(BundleKernel::Kind kind, const BundleStep &step,
+                               const ModelConfig &model) {
+  BundleKernel kernel;
+  kernel.kind = kind;
+  kernel.tokens = step.tokens.size();
+  kernel.layers = step.layers.size();
+  kernel.kvHeads = model.numKvHeads;
+  kernel.headDim = model.headDim;
+  kernel.blockSize = 16;
+  return kernel;
+}
+
 /// `plan` (makePlan's) with each loaded KV chunk's scatter made a generated
 /// restore kernel for `codec` (its lossless stage left to the host), and
 /// the kernels it names: from `generated` (a bundle kvc-opt made; an error
@@ -157,13 +172,8 @@ withKernels(BundlePlan plan, const ModelConfig &model, const CodecSpec &codec,
       dequant.kind = StepKind::Dequant;
       task.steps.insert(task.steps.begin(), dequant);
     }
-    BundleKernel kernel;
-    kernel.kind = BundleKernel::Kind::Restore;
-    kernel.tokens = scatter.tokens.size();
-    kernel.layers = scatter.layers.size();
-    kernel.kvHeads = model.numKvHeads;
-    kernel.headDim = model.headDim;
-    kernel.blockSize = 16;
+    BundleKernel kernel =
+        kernelOver(BundleKernel::Kind::Restore, scatter, model);
     kernel.codec = onDevice;
     if (generated) {
       auto same = [&](const BundleKernel &k) {
@@ -241,13 +251,8 @@ withProjectionKernels(BundlePlan plan, const ModelConfig &model,
     if (task.steps.size() != 2 || task.steps[0].kind != StepKind::Project)
       continue;
     const BundleStep &project = task.steps[0];
-    BundleKernel rope;
-    rope.kind = BundleKernel::Kind::RopeScatter;
-    rope.tokens = project.tokens.size();
-    rope.layers = project.layers.size();
-    rope.kvHeads = model.numKvHeads;
-    rope.headDim = model.headDim;
-    rope.blockSize = 16;
+    BundleKernel rope =
+        kernelOver(BundleKernel::Kind::RopeScatter, project, model);
     rope.storage = "f32";
     rope.payloadBytes =
         rope.layers * 2 * rope.tokens * model.numKvHeads * model.headDim * 4;
@@ -284,13 +289,7 @@ withSaveKernels(BundlePlan plan, const ChunkObjects &store,
     const BundleStep &gather = task.steps.front();
     if (gather.kind != StepKind::Gather)
       continue;
-    BundleKernel kernel;
-    kernel.kind = BundleKernel::Kind::Save;
-    kernel.tokens = gather.tokens.size();
-    kernel.layers = gather.layers.size();
-    kernel.kvHeads = model.numKvHeads;
-    kernel.headDim = model.headDim;
-    kernel.blockSize = 16;
+    BundleKernel kernel = kernelOver(BundleKernel::Kind::Save, gather, model);
     kernel.codec = onDevice;
     kernel.storage = dtypeName(model.dtype);
     if (generated) {
@@ -580,60 +579,118 @@ protected:
     std::printf("generated projections: largest error %.4g\n", error);
   }
 
+  /// Calls `check` with each raw KV and hidden-state object of the request
+  /// in `store` beside the same object in the test's store (saved by the
+  /// CPU model), both decoded; returns how many.
+  int64_t forEachObjectAsSaved(
+      ChunkStore &store,
+      const std::function<void(const ChunkRef &, const std::vector<float> &,
+                               const std::vector<float> &)> &check) {
+    int64_t objects = 0;
+    for (Form form : {Form::KV, Form::Hidden})
+      for (const ChunkRef &ref :
+           store.refs(tokens_.data(), kTokens, form, CodecSpec())) {
+        std::vector<float> ours(store.shape(ref).numel()),
+            saved(store.shape(ref).numel());
+        EXPECT_TRUE(store.get(ref, ours.data()).isOk()) << ref.name();
+        EXPECT_TRUE(store_->get(ref, saved.data()).isOk()) << ref.name();
+        check(ref, ours, saved);
+        ++objects;
+      }
+    return objects;
+  }
+
+  /// A table of the test's cache holding the request's full prefill.
+  BlockTable prefilledTable() {
+    BlockTable table = *cache_->allocate(kTokens);
+    Status computed =
+        backend_->prefill(*model_, tokens_, *cache_, table)
+            ->compute({0, kTokens, 0, model_->config().numLayers});
+    EXPECT_TRUE(computed.isOk()) << computed.toString();
+    return table;
+  }
+
+  /// Saves the request from `table` of the test's cache into `store` with
+  /// savePlanFor's plan in `codec`, its gathers naming save kernels
+  /// (withSaveKernels: from `generated`, or made up; `edit` changes them
+  /// first), which the save launches when `launch`.
+  StatusOr<SaveMetrics> saveWithKernels(
+      const BlockTable &table, ChunkStore &store, const CodecSpec &codec,
+      bool launch, const std::vector<BundleKernel> *generated = nullptr,
+      const std::function<void(std::vector<BundleKernel> &)> &edit = {}) {
+    KVC_ASSIGN_OR_RETURN(
+        bundle,
+        withSaveKernels(savePlanFor(store, kTokens, {Form::KV}, codec, "disk"),
+                        store, codec, generated));
+    if (edit)
+      edit(bundle.kernels);
+    EXPECT_TRUE(validatePlanBundle(bundle).isOk());
+    PagedCacheSource source(*backend_, *cache_, table);
+    SaveTarget target;
+    target.source = &source;
+    target.stores["disk"] = &store;
+    target.tokens = &tokens_;
+    SaveRunOptions options;
+    if (launch)
+      options.kernels = &bundle.kernels;
+    KVC_ASSIGN_OR_RETURN(pools,
+                         backend_->createPools(planResources(bundle.plans[0])));
+    return save(*pools, bundle.plans[0], target, options);
+  }
+
+  /// A store of the test's layout on a tier of its own.
+  ChunkStore storeOn(std::shared_ptr<Tier> tier) const {
+    return ChunkStore(std::move(tier), model_->config(), model_->fingerprint(),
+                      "", store_->layout());
+  }
+
+  /// Saves `codec` from `table` with its save kernels (saveWithKernels)
+  /// launched and not: both write every object, the first through the
+  /// kernels, and the stores hold the same bytes.
+  void expectSaveKernelsStoreAsTheHost(
+      const BlockTable &table, const CodecSpec &codec,
+      const std::vector<BundleKernel> *generated = nullptr) {
+    SCOPED_TRACE(codec.str());
+    std::map<bool, std::shared_ptr<Tier>> tiers;
+    for (bool launch : {true, false}) {
+      tiers[launch] = std::shared_ptr<Tier>(*openTier("mem://"));
+      ChunkStore store = storeOn(tiers[launch]);
+      StatusOr<SaveMetrics> saved =
+          saveWithKernels(table, store, codec, launch, generated);
+      ASSERT_TRUE(saved) << saved.status().toString();
+      const int64_t objects =
+          int64_t(store.refs(tokens_.data(), kTokens, Form::KV, codec).size());
+      EXPECT_EQ(saved->written, objects);
+      EXPECT_EQ(saved->kernelLaunches, launch ? objects : 0);
+      EXPECT_TRUE(saved->kernelsNotLaunched.empty())
+          << saved->kernelsNotLaunched.front();
+    }
+    StatusOr<std::vector<std::string>> names = tiers[false]->list("");
+    ASSERT_TRUE(names.isOk());
+    ASSERT_FALSE(names->empty());
+    for (const std::string &name : *names) {
+      std::string ours, hosts;
+      ASSERT_TRUE(tiers[true]->get(name, ours).isOk()) << name;
+      ASSERT_TRUE(tiers[false]->get(name, hosts).isOk()) << name;
+      EXPECT_EQ(ours, hosts) << name;
+    }
+  }
+
   /// A prefilled cache saved with every save kernel composition in
-  /// `generated` (kvc-opt's, for the store's objects): each object encoded
-  /// where the cache is, and stored as the host's encoder stores it, byte
-  /// for byte.
+  /// `generated` (kvc-opt's, for the store's objects, zstd after them on
+  /// the host): stored as the host's encoder stores it, byte for byte.
   void
   expectGeneratedSavesAsTheHost(const std::vector<BundleKernel> &generated) {
-    BlockTable table = *cache_->allocate(kTokens);
-    ASSERT_TRUE(backend_->prefill(*model_, tokens_, *cache_, table)
-                    ->compute({0, kTokens, 0, model_->config().numLayers})
-                    .isOk());
+    BlockTable table = prefilledTable();
     std::vector<CodecSpec> codecs;
     for (const BundleKernel &kernel : generated)
       if (kernel.kind == BundleKernel::Kind::Save &&
           std::find(codecs.begin(), codecs.end(), kernel.codec) == codecs.end())
         codecs.push_back(kernel.codec);
-    ASSERT_FALSE(codecs.empty()) << "no generated save kernels";
+    EXPECT_FALSE(codecs.empty()) << "no generated save kernels";
     for (CodecSpec codec : codecs) {
       codec.lossless = CodecSpec::Lossless::Zstd;
-      SCOPED_TRACE(codec.str());
-      std::map<bool, std::shared_ptr<Tier>> tiers;
-      for (bool withKernels : {true, false}) {
-        tiers[withKernels] = std::shared_ptr<Tier>(*openTier("mem://"));
-        ChunkStore store(tiers[withKernels], model_->config(),
-                         model_->fingerprint(), "", store_->layout());
-        StatusOr<PlanBundle> bundle = withSaveKernels(
-            savePlanFor(store, kTokens, {Form::KV}, codec, "disk"), store,
-            codec, &generated);
-        ASSERT_TRUE(bundle) << bundle.status().toString();
-        PagedCacheSource source(*backend_, *cache_, table);
-        SaveTarget target;
-        target.source = &source;
-        target.stores["disk"] = &store;
-        target.tokens = &tokens_;
-        SaveRunOptions options;
-        if (withKernels)
-          options.kernels = &bundle->kernels;
-        auto pools = backend_->createPools(planResources(bundle->plans[0]));
-        ASSERT_TRUE(pools.isOk());
-        StatusOr<SaveMetrics> saved =
-            save(**pools, bundle->plans[0], target, options);
-        ASSERT_TRUE(saved) << saved.status().toString();
-        EXPECT_EQ(saved->kernelLaunches, withKernels ? saved->written : 0);
-        EXPECT_TRUE(saved->kernelsNotLaunched.empty())
-            << saved->kernelsNotLaunched.front();
-      }
-      StatusOr<std::vector<std::string>> names = tiers[false]->list("");
-      ASSERT_TRUE(names.isOk());
-      ASSERT_FALSE(names->empty());
-      for (const std::string &name : *names) {
-        std::string ours, hosts;
-        ASSERT_TRUE(tiers[true]->get(name, ours).isOk()) << name;
-        ASSERT_TRUE(tiers[false]->get(name, hosts).isOk()) << name;
-        EXPECT_EQ(ours, hosts) << name;
-      }
+      expectSaveKernelsStoreAsTheHost(table, codec, &generated);
     }
     cache_->release(table);
   }

@@ -567,52 +567,15 @@ TEST_F(KernelLaunchTest, AProjectionsPrologueMustFitTheStore) {
 // and only its lossless stage on the host, and the store holds the same
 // bytes as a save without kernels.
 TEST_F(KernelLaunchTest, SaveKernelsEncodeWhereTheCacheIs) {
-  BlockTable table = *cache_->allocate(kTokens);
-  ASSERT_TRUE(kernels_.prefill(*model_, tokens_, *cache_, table)
-                  ->compute({0, kTokens, 0, model_->config().numLayers})
-                  .isOk());
+  BlockTable table = prefilledTable();
   for (const char *text :
        {"raw", "int8+zstd", "hadamard+int4", "int2/k=token"}) {
-    SCOPED_TRACE(text);
-    std::map<bool, std::shared_ptr<Tier>> tiers;
-    for (bool withKernels : {true, false}) {
-      tiers[withKernels] = std::shared_ptr<Tier>(*openTier("mem://"));
-      ChunkStore store(tiers[withKernels], model_->config(),
-                       model_->fingerprint(), "", store_->layout());
-      PlanBundle bundle = *withSaveKernels(
-          savePlanFor(store, kTokens, {Form::KV}, codec(text), "disk"), store,
-          codec(text));
-      ASSERT_TRUE(validatePlanBundle(bundle).isOk());
-      PagedCacheSource source(kernels_, *cache_, table);
-      SaveTarget target;
-      target.source = &source;
-      target.stores["disk"] = &store;
-      target.tokens = &tokens_;
-      SaveRunOptions options;
-      if (withKernels)
-        options.kernels = &bundle.kernels;
-      auto pools = kernels_.createPools(planResources(bundle.plans.front()));
-      ASSERT_TRUE(pools.isOk());
-      kernels_.saves = 0;
-      StatusOr<SaveMetrics> saved =
-          save(**pools, bundle.plans.front(), target, options);
-      ASSERT_TRUE(saved) << saved.status().toString();
-      const int64_t objects = int64_t(
-          store.refs(tokens_.data(), kTokens, Form::KV, codec(text)).size());
-      EXPECT_EQ(saved->written, objects);
-      EXPECT_EQ(saved->kernelLaunches, withKernels ? objects : 0);
-      EXPECT_EQ(kernels_.saves, withKernels ? objects : 0);
-      EXPECT_TRUE(saved->kernelsNotLaunched.empty());
-    }
-    StatusOr<std::vector<std::string>> names = tiers[false]->list("");
-    ASSERT_TRUE(names.isOk());
-    ASSERT_FALSE(names->empty());
-    for (const std::string &name : *names) {
-      std::string ours, hosts;
-      ASSERT_TRUE(tiers[true]->get(name, ours).isOk()) << name;
-      ASSERT_TRUE(tiers[false]->get(name, hosts).isOk()) << name;
-      EXPECT_EQ(ours, hosts) << name;
-    }
+    kernels_.saves = 0;
+    expectSaveKernelsStoreAsTheHost(table, codec(text));
+    EXPECT_EQ(
+        kernels_.saves,
+        int64_t(store_->refs(tokens_.data(), kTokens, Form::KV, codec(text))
+                    .size()));
   }
   cache_->release(table);
 }
@@ -621,30 +584,14 @@ TEST_F(KernelLaunchTest, SaveKernelsEncodeWhereTheCacheIs) {
 // its objects, and the save says why); one of another encoding is an
 // error.
 TEST_F(KernelLaunchTest, SaveKernelsThatDoNotFitTheSave) {
-  BlockTable table = *cache_->allocate(kTokens);
-  ASSERT_TRUE(kernels_.prefill(*model_, tokens_, *cache_, table)
-                  ->compute({0, kTokens, 0, model_->config().numLayers})
-                  .isOk());
-  ChunkStore store(std::shared_ptr<Tier>(*openTier("mem://")), model_->config(),
-                   model_->fingerprint(), "", store_->layout());
-  PagedCacheSource source(kernels_, *cache_, table);
-  SaveTarget target;
-  target.source = &source;
-  target.stores["disk"] = &store;
-  target.tokens = &tokens_;
-  auto saveWith = [&](const PlanBundle &bundle) {
-    SaveRunOptions options;
-    options.kernels = &bundle.kernels;
-    auto pools = kernels_.createPools(planResources(bundle.plans.front()));
-    EXPECT_TRUE(pools.isOk());
-    return save(**pools, bundle.plans.front(), target, options);
-  };
-  PlanBundle bundle = *withSaveKernels(
-      savePlanFor(store, kTokens, {Form::KV}, codec("int8"), "disk"), store,
-      codec("int8"));
-  for (BundleKernel &kernel : bundle.kernels)
-    kernel.blockSize = 32;
-  StatusOr<SaveMetrics> saved = saveWith(bundle);
+  BlockTable table = prefilledTable();
+  ChunkStore store = storeOn(std::shared_ptr<Tier>(*openTier("mem://")));
+  StatusOr<SaveMetrics> saved =
+      saveWithKernels(table, store, codec("int8"), /*launch=*/true, nullptr,
+                      [](std::vector<BundleKernel> &kernels) {
+                        for (BundleKernel &kernel : kernels)
+                          kernel.blockSize = 32;
+                      });
   ASSERT_TRUE(saved) << saved.status().toString();
   EXPECT_EQ(saved->kernelLaunches, 0);
   EXPECT_GT(saved->written, 0);
@@ -653,11 +600,11 @@ TEST_F(KernelLaunchTest, SaveKernelsThatDoNotFitTheSave) {
             std::string::npos)
       << saved->kernelsNotLaunched.front();
 
-  for (BundleKernel &kernel : bundle.kernels) {
-    kernel.blockSize = 16;
-    kernel.codec = codec("int4");
-  }
-  saved = saveWith(bundle);
+  saved = saveWithKernels(table, store, codec("int8"), /*launch=*/true, nullptr,
+                          [&](std::vector<BundleKernel> &kernels) {
+                            for (BundleKernel &kernel : kernels)
+                              kernel.codec = codec("int4");
+                          });
   ASSERT_FALSE(saved);
   EXPECT_NE(saved.status().message().find("layers as int4/g32 over bf16"),
             std::string::npos)

@@ -26,11 +26,6 @@ protected:
     return std::shared_ptr<Tier>(std::move(openTier(url).value()));
   }
 
-  /// A store on `tier` of the test's model, in the test's layout.
-  ChunkStore storeOn(std::shared_ptr<Tier> tier) const {
-    return ChunkStore(std::move(tier), model_->config(), model_->fingerprint(),
-                      "", store_->layout());
-  }
   void TearDown() override { cache_->release(table_); }
 
   /// Prefills the request into the test's table.

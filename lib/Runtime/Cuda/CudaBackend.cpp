@@ -242,29 +242,17 @@ public:
                     const BlockTable &table, const ChunkBox &box,
                     std::string &payload) override {
     KVC_RETURN_IF_ERROR(canLaunchSave(kernel, cache));
-    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
     if (kernel.tokens != box.tokens() || kernel.layers != box.layers())
       return Status(StatusCode::Internal, "launchSave: kernel \"" +
                                               kernel.name +
                                               "\" does not encode this chunk");
-    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
-                                         box.tokenBegin, box.tokens()));
-    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(out, scratch.take<char>(kernel.payloadBytes));
-    KVC_ASSIGN_OR_RETURN(deviceBlocks,
-                         scratch.copy(blocks.data(), int64_t(blocks.size())));
-    KernelParams params;
-    params.buffer("payload", out, kernel.payloadBytes);
-    params.buffer("key_cache", args.keys, args.bytes);
-    params.buffer("value_cache", args.values, args.bytes);
-    params.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
-    params.scalar("first_token", box.tokenBegin);
-    params.scalar("first_layer", box.layerBegin);
-    params.scalar("layer_rows", args.layerRows);
+    KVC_ASSIGN_OR_RETURN(params,
+                         cacheParams(kernel, out, cache, table, box, scratch));
     KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
     payload.resize(size_t(kernel.payloadBytes));
     KVC_CUDA_RETURN_IF_ERROR(
@@ -302,7 +290,6 @@ public:
                                  const ChunkBox &box, PagedKVCache &cache,
                                  const BlockTable &table) override {
     KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
-    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(epilogue, cache));
     const ModelConfig &c = model.config();
     const int64_t tokens = box.tokens(), layers = box.layers(),
                   h = c.hiddenSize, kvDim = model.kvDim();
@@ -313,9 +300,6 @@ public:
       return Status(StatusCode::Internal,
                     "launchProject: kernels \"" + prologue.name + "\" and \"" +
                         epilogue.name + "\" do not project this chunk");
-    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
-                                         box.tokenBegin, tokens));
-    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
     KVC_ASSIGN_OR_RETURN(rope, gpu->fullRopeTable());
     KVC_ASSIGN_OR_RETURN(lease, acquire());
@@ -326,8 +310,8 @@ public:
     KVC_ASSIGN_OR_RETURN(normed, scratch.take<uint16_t>(layers * tokens * h));
     KVC_ASSIGN_OR_RETURN(projected,
                          scratch.take<float>(layers * 2 * tokens * kvDim));
-    KVC_ASSIGN_OR_RETURN(deviceBlocks,
-                         scratch.copy(blocks.data(), int64_t(blocks.size())));
+    KVC_ASSIGN_OR_RETURN(
+        scatter, cacheParams(epilogue, projected, cache, table, box, scratch));
     KernelParams norm;
     norm.buffer("hidden", in.memory.get<char>(), 2 * in.words);
     norm.buffer("norm_weights", gpu->attnNorms(),
@@ -341,14 +325,6 @@ public:
                                          normed + l * tokens * h, tokens, k,
                                          k + tokens * kvDim));
     }
-    KernelParams scatter;
-    scatter.buffer("payload", projected, epilogue.payloadBytes);
-    scatter.buffer("key_cache", args.keys, args.bytes);
-    scatter.buffer("value_cache", args.values, args.bytes);
-    scatter.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
-    scatter.scalar("first_token", box.tokenBegin);
-    scatter.scalar("first_layer", box.layerBegin);
-    scatter.scalar("layer_rows", args.layerRows);
     scatter.buffer("rope_table", rope,
                    c.maxPositions * c.headDim * int64_t(sizeof(float)));
     KVC_RETURN_IF_ERROR(launch(epilogue, ropeFunction, scatter, lane));
@@ -360,30 +336,18 @@ public:
                        const ChunkBox &box, PagedKVCache &cache,
                        const BlockTable &table) override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
-    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
     const CudaBuffer &in = bufferOf(payload);
     if (kernel.tokens != box.tokens() || kernel.layers != box.layers() ||
         2 * in.words < kernel.payloadBytes)
       return Status(StatusCode::Internal,
                     "launchRestore: kernel \"" + kernel.name +
                         "\" does not decode this chunk's payload");
-    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
-                                         box.tokenBegin, box.tokens()));
-    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
     KVC_ASSIGN_OR_RETURN(lease, acquire()); // The device's context current.
     Lane &lane = *lease;
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
-    KVC_ASSIGN_OR_RETURN(deviceBlocks,
-                         scratch.copy(blocks.data(), int64_t(blocks.size())));
-    KernelParams params;
-    params.buffer("payload", in.memory.get<char>(), kernel.payloadBytes);
-    params.buffer("key_cache", args.keys, args.bytes);
-    params.buffer("value_cache", args.values, args.bytes);
-    params.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
-    params.scalar("first_token", box.tokenBegin);
-    params.scalar("first_layer", box.layerBegin);
-    params.scalar("layer_rows", args.layerRows);
+    KVC_ASSIGN_OR_RETURN(params, cacheParams(kernel, in.memory.get<char>(),
+                                             cache, table, box, scratch));
     KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
     return lane.sync("generated restore kernel");
   }
@@ -701,6 +665,31 @@ private:
       gpu = std::move(created);
     }
     return gpu.get();
+  }
+
+  /// The parameters restore, rope_scatter and save kernels share over the
+  /// box of `cache`: `payload`, the cache's bases and layer_rows
+  /// (kernelArgsFor), the block table (copied to the device in `scratch`)
+  /// and the box's first token and layer.
+  static StatusOr<KernelParams>
+  cacheParams(const BundleKernel &kernel, const void *payload,
+              const PagedKVCache &cache, const BlockTable &table,
+              const ChunkBox &box, Scratch &scratch) {
+    KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
+    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
+                                         box.tokenBegin, box.tokens()));
+    KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
+    KVC_ASSIGN_OR_RETURN(deviceBlocks,
+                         scratch.copy(blocks.data(), int64_t(blocks.size())));
+    KernelParams params;
+    params.buffer("payload", payload, kernel.payloadBytes);
+    params.buffer("key_cache", args.keys, args.bytes);
+    params.buffer("value_cache", args.values, args.bytes);
+    params.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
+    params.scalar("first_token", box.tokenBegin);
+    params.scalar("first_layer", box.layerBegin);
+    params.scalar("layer_rows", args.layerRows);
+    return params;
   }
 
   /// Enqueues `function`, `kernel`'s, with `params` on the lane.

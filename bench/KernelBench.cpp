@@ -13,7 +13,10 @@
 // bit for bit and that nothing else was written; the host JIT test shares
 // it. Then times the kernel from a block-aligned start and prints its
 // bandwidth (payload + cache rows) beside a device-to-device copy of the
-// same bytes, measured in the same run.
+// same bytes, measured in the same run. A restore kernel is also checked
+// and timed over 16 chunks in one launch (its chunk table's records): the
+// time per chunk there, beside a launch's of one chunk, is what batching
+// small chunks saves.
 //
 // Exits 77 where no GPU is usable, 1 on any mismatch or CUDA error.
 //
@@ -70,6 +73,9 @@ struct Result {
   int64_t tokens = 0, layers = 0;
   kvc::testing::CacheErrors errors;
   double kernelUs = 0, copyUs = 0, bytes = 0;
+  /// Restore kernels: microseconds per chunk in a launch of Bench::kBatch
+  /// chunks (0: not measured).
+  double batchedUs = 0;
 };
 
 class Bench {
@@ -81,13 +87,13 @@ public:
     r.name = k.name;
     r.tokens = k.tokens;
     r.layers = k.layers;
-    CUmodule module;
     check(cu->cuModuleLoadData(&module, k.ptx.c_str()), "cuModuleLoadData");
-    CUfunction fn;
     check(cu->cuModuleGetFunction(&fn, module, k.function.c_str()),
           "cuModuleGetFunction");
+    check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
+    check(cu->cuEventCreate(&start, CU_EVENT_DEFAULT), "event");
+    check(cu->cuEventCreate(&stop, CU_EVENT_DEFAULT), "event");
 
-    kvc::testing::KernelShape shape;
     shape.tokens = k.tokens;
     shape.layers = k.layers;
     shape.kvHeads = k.kvHeads;
@@ -97,147 +103,44 @@ public:
     shape.storage = dtypeOf(k.storage);
     shape.hidden = k.hidden;
     shape.eps = float(k.eps);
-    using kvc::testing::KernelCase;
-    const bool rope = k.kind == kvc::BundleKernel::Kind::RopeScatter;
-    const bool save = k.kind == kvc::BundleKernel::Kind::Save;
-    const bool norm = k.kind == kvc::BundleKernel::Kind::RmsNorm;
-    const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
-    kvc::StatusOr<KernelCase> made =
-        rope   ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
-                                             /*firstLayer=*/1, seed)
-        : save ? KernelCase::makeSave(shape, /*firstToken=*/5,
-                                      /*firstLayer=*/1, seed)
-        : norm
-            ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
-            : KernelCase::make(shape, /*firstToken=*/5, /*firstLayer=*/1, seed);
-    if (!made)
-      throw CudaError{"case: " + made.status().message()};
-    const KernelCase &c = *made;
-    const std::string &payload = c.payload();
-    if (int64_t(payload.size()) != k.payloadBytes)
-      throw CudaError{"payload of " + std::to_string(payload.size()) +
+    const KernelCase c = makeCase(1);
+    if (int64_t(c.payload().size()) != k.payloadBytes)
+      throw CudaError{"payload of " + std::to_string(c.payload().size()) +
                       " bytes, the kernel expects " +
                       std::to_string(k.payloadBytes)};
-    const std::vector<int32_t> &table = c.blockTable();
-    const int64_t cacheValues = c.cacheValues();
+    OnDevice one(c, norm());
+    r.errors = launchAndCheck(one, c);
 
-    const std::vector<float> &ropeTable = c.ropeTable();
-    const std::vector<float> &weights = c.normWeights();
-    DeviceBuffer dPayload(payload.size()), dTable(table.size() * 4),
-        dKeys(cacheValues * 2), dValues(cacheValues * 2),
-        dRope(ropeTable.size() * 4), dWeights(weights.size() * 4),
-        dNormed(c.normedValues() * 2);
-    if (rope)
-      check(cu->cuMemcpyHtoD(dRope.ptr, ropeTable.data(), ropeTable.size() * 4),
-            "upload RoPE table");
-    if (norm) {
-      check(cu->cuMemcpyHtoD(dWeights.ptr, weights.data(), weights.size() * 4),
-            "upload weights");
-      check(cu->cuMemsetD16(dNormed.ptr, KernelCase::kPoison, c.normedValues()),
-            "poison");
-    }
-    check(cu->cuMemcpyHtoD(dTable.ptr, table.data(), table.size() * 4),
-          "upload table");
-    // A save kernel reads a filled cache and writes a poisoned payload; the
-    // others the other way round.
-    std::vector<uint16_t> keys(cacheValues), vals(cacheValues);
-    if (save) {
-      c.fillCache(keys.data(), vals.data());
-      check(cu->cuMemcpyHtoD(dKeys.ptr, keys.data(), cacheValues * 2),
-            "upload keys");
-      check(cu->cuMemcpyHtoD(dValues.ptr, vals.data(), cacheValues * 2),
-            "upload values");
-      check(cu->cuMemsetD8(dPayload.ptr, 0xA5, payload.size()), "poison");
-    } else {
-      check(cu->cuMemcpyHtoD(dPayload.ptr, payload.data(), payload.size()),
-            "upload payload");
-      check(cu->cuMemsetD16(dKeys.ptr, KernelCase::kPoison, cacheValues),
-            "poison");
-      check(cu->cuMemsetD16(dValues.ptr, KernelCase::kPoison, cacheValues),
-            "poison");
-    }
-
-    kvc::KernelParams params;
-    const void *payloadAt = reinterpret_cast<const void *>(dPayload.ptr);
-    auto at = [](const DeviceBuffer &b) {
-      return reinterpret_cast<const void *>(b.ptr);
-    };
-    params.buffer("payload", payloadAt, int64_t(payload.size()));
-    params.buffer("hidden", payloadAt, int64_t(payload.size()));
-    params.buffer("key_cache", at(dKeys), cacheValues * 2);
-    params.buffer("value_cache", at(dValues), cacheValues * 2);
-    params.buffer("block_table", at(dTable), int64_t(table.size()));
-    params.buffer("rope_table", at(dRope), int64_t(ropeTable.size() * 4));
-    params.buffer("norm_weights", at(dWeights), int64_t(weights.size() * 4));
-    params.buffer("normed", at(dNormed), c.normedValues() * 2);
-    params.scalar("first_layer", c.firstLayer());
-    params.scalar("layer_rows", c.layerRows());
-    auto launch = [&](int64_t first, CUstream stream) {
-      params.scalar("first_token", first);
-      kvc::StatusOr<std::vector<void *>> pointers = params.pointers(k);
-      if (!pointers)
-        throw CudaError{pointers.status().message()};
-      check(cu->cuLaunchKernel(fn, unsigned(k.grid[0]), unsigned(k.grid[1]),
-                               unsigned(k.grid[2]), unsigned(k.block[0]),
-                               unsigned(k.block[1]), unsigned(k.block[2]), 0,
-                               stream, pointers->data(), nullptr),
-            "cuLaunchKernel");
-    };
-
-    // Correctness.
-    launch(c.firstToken(), nullptr);
-    check(cu->cuCtxSynchronize(), "kernel");
-    check(cu->cuMemcpyDtoH(keys.data(), dKeys.ptr, cacheValues * 2),
-          "download");
-    check(cu->cuMemcpyDtoH(vals.data(), dValues.ptr, cacheValues * 2),
-          "download");
-    std::string written(payload.size(), '\0');
-    check(cu->cuMemcpyDtoH(written.data(), dPayload.ptr, payload.size()),
-          "download");
-    if (norm) {
-      std::vector<uint16_t> normed(c.normedValues());
-      check(cu->cuMemcpyDtoH(normed.data(), dNormed.ptr, normed.size() * 2),
-            "download");
-      r.errors = c.checkNormed(normed.data());
-    } else {
-      r.errors = c.check(keys.data(), vals.data(),
-                         reinterpret_cast<const uint8_t *>(written.data()));
-    }
-
-    // Timing: events around `iters` launches, after a warm-up; the copy of
-    // the same bytes (payload + cache rows written) between two buffers.
-    CUstream stream;
-    check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
-    CUevent start, stop;
-    check(cu->cuEventCreate(&start, CU_EVENT_DEFAULT), "event");
-    check(cu->cuEventCreate(&stop, CU_EVENT_DEFAULT), "event");
-    auto timeUs = [&](auto &&body) {
-      for (int i = 0; i < 3; ++i)
-        body();
-      check(cu->cuEventRecord(start, stream), "record");
-      for (int i = 0; i < iters; ++i)
-        body();
-      check(cu->cuEventRecord(stop, stream), "record");
-      check(cu->cuEventSynchronize(stop), "sync");
-      float ms = 0;
-      check(cu->cuEventElapsedTime(&ms, start, stop), "elapsed");
-      return 1000.0 * ms / iters;
-    };
-    r.kernelUs = timeUs([&] { launch(0, stream); });
+    // Timing from a block-aligned start; the copy of the same bytes
+    // (payload + cache rows written) between two buffers.
+    if (!norm())
+      one.records(c, /*fromToken=*/0);
+    r.kernelUs = timeUs([&] { launch(one, 1); });
     const double rowBytes = 2.0 * k.layers * k.tokens * shape.width() * 2;
     // Bytes that must move: the payload, the RoPE rows of the chunk's
     // tokens, the cache rows written (or, saving, read); for RMSNorm the
     // hidden states, the chunk's layers' weights and the bf16 output.
-    r.bytes = norm ? double(payload.size()) + 4.0 * k.layers * k.hidden +
-                         2.0 * double(c.normedValues())
-                   : double(payload.size()) + rowBytes +
-                         (rope ? 4.0 * k.tokens * k.headDim : 0.0);
+    r.bytes = norm() ? double(c.payload().size()) + 4.0 * k.layers * k.hidden +
+                           2.0 * double(c.normedValues())
+                     : double(c.payload().size()) + rowBytes +
+                           (rope() ? 4.0 * k.tokens * k.headDim : 0.0);
     // A copy moving the same bytes: half read, half written.
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);
     DeviceBuffer a(copyBytes), b(copyBytes);
     r.copyUs = timeUs([&] {
       check(cu->cuMemcpyDtoDAsync(b.ptr, a.ptr, copyBytes, stream), "copy");
     });
+
+    // A restore kernel's chunks of one launch: checked, and timed per chunk.
+    if (k.kind == kvc::BundleKernel::Kind::Restore) {
+      const KernelCase batch = makeCase(kBatch);
+      OnDevice many(batch, false);
+      kvc::testing::CacheErrors errors = launchAndCheck(many, batch);
+      r.errors.mismatches += errors.mismatches;
+      r.errors.unwritten += errors.unwritten;
+      r.errors.clobbered += errors.clobbered;
+      r.batchedUs = timeUs([&] { launch(many, kBatch); }) / kBatch;
+    }
     cu->cuEventDestroy(start);
     cu->cuEventDestroy(stop);
     cu->cuStreamDestroy(stream);
@@ -245,9 +148,150 @@ public:
     return r;
   }
 
+  /// Chunks of the batched launch each restore kernel is timed in.
+  static constexpr int64_t kBatch = 16;
+
 private:
+  using KernelCase = kvc::testing::KernelCase;
+
+  bool rope() const { return k.kind == kvc::BundleKernel::Kind::RopeScatter; }
+  bool save() const { return k.kind == kvc::BundleKernel::Kind::Save; }
+  bool norm() const { return k.kind == kvc::BundleKernel::Kind::RmsNorm; }
+
+  KernelCase makeCase(int64_t chunks) const {
+    const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
+    kvc::StatusOr<KernelCase> made =
+        rope()   ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
+                                               /*firstLayer=*/1, seed)
+        : save() ? KernelCase::makeSave(shape, /*firstToken=*/5,
+                                        /*firstLayer=*/1, seed)
+        : norm() ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
+                 : KernelCase::make(shape, /*firstToken=*/5, /*firstLayer=*/1,
+                                    seed, chunks);
+    if (!made)
+      throw CudaError{"case: " + made.status().message()};
+    return std::move(*made);
+  }
+
+  /// A case's buffers on the device and the kernel's parameters over them.
+  struct OnDevice {
+    OnDevice(const KernelCase &c, bool norm)
+        : payload(c.payload().size()), table(c.blockTable().size() * 4),
+          chunks(c.chunks().size() * sizeof(kvc::KernelChunk)),
+          keys(c.cacheValues() * 2), values(c.cacheValues() * 2),
+          rope(c.ropeTable().size() * 4), weights(c.normWeights().size() * 4),
+          normed(c.normedValues() * 2), cacheValues(c.cacheValues()) {
+      auto at = [](const DeviceBuffer &b) {
+        return reinterpret_cast<const void *>(b.ptr);
+      };
+      const int64_t bytes = int64_t(c.payload().size());
+      params.buffer("payload", at(payload), bytes);
+      params.buffer("hidden", at(payload), bytes);
+      params.buffer("key_cache", at(keys), cacheValues * 2);
+      params.buffer("value_cache", at(values), cacheValues * 2);
+      params.buffer("block_table", at(table), int64_t(c.blockTable().size()));
+      params.buffer("chunks", at(chunks), 3 * int64_t(c.chunks().size()));
+      params.buffer("rope_table", at(rope), int64_t(c.ropeTable().size() * 4));
+      params.buffer("norm_weights", at(weights),
+                    int64_t(c.normWeights().size() * 4));
+      params.buffer("normed", at(normed), c.normedValues() * 2);
+      params.scalar("first_layer", c.firstLayer());
+      params.scalar("layer_rows", c.layerRows());
+      upload(rope, c.ropeTable().data());
+      upload(weights, c.normWeights().data());
+      upload(table, c.blockTable().data());
+      if (!norm)
+        records(c, -1);
+    }
+    /// Uploads the case's chunk table, every chunk moved to `fromToken`
+    /// when it is not negative.
+    void records(const KernelCase &c, int64_t fromToken) {
+      std::vector<kvc::KernelChunk> moved = c.chunks();
+      for (kvc::KernelChunk &chunk : moved)
+        if (fromToken >= 0)
+          chunk.firstToken = fromToken;
+      upload(chunks, moved.data());
+    }
+    static void upload(const DeviceBuffer &to, const void *from) {
+      if (to.bytes)
+        check(cu->cuMemcpyHtoD(to.ptr, from, to.bytes), "upload");
+    }
+    DeviceBuffer payload, table, chunks, keys, values, rope, weights, normed;
+    int64_t cacheValues;
+    kvc::KernelParams params;
+  };
+
+  /// Launches the kernel over `chunks` chunks of `d` on the stream.
+  void launch(OnDevice &d, int64_t chunks) {
+    kvc::StatusOr<std::vector<void *>> pointers = d.params.pointers(k);
+    if (!pointers)
+      throw CudaError{pointers.status().message()};
+    check(cu->cuLaunchKernel(
+              fn, unsigned(k.grid[0]), unsigned(k.grid[1] * chunks),
+              unsigned(k.grid[2]), unsigned(k.block[0]), unsigned(k.block[1]),
+              unsigned(k.block[2]), 0, stream, pointers->data(), nullptr),
+          "cuLaunchKernel");
+  }
+
+  /// Runs the kernel once over `c`, set up on `d`, and checks what it wrote
+  /// against the runtime's. A save kernel reads a filled cache and writes a
+  /// poisoned payload; the others the other way round.
+  kvc::testing::CacheErrors launchAndCheck(OnDevice &d, const KernelCase &c) {
+    const int64_t n = d.cacheValues;
+    std::vector<uint16_t> keys(n), vals(n);
+    if (save()) {
+      c.fillCache(keys.data(), vals.data());
+      OnDevice::upload(d.keys, keys.data());
+      OnDevice::upload(d.values, vals.data());
+      check(cu->cuMemsetD8(d.payload.ptr, 0xA5, d.payload.bytes), "poison");
+    } else {
+      OnDevice::upload(d.payload, c.payload().data());
+      check(cu->cuMemsetD16(d.keys.ptr, KernelCase::kPoison, n), "poison");
+      check(cu->cuMemsetD16(d.values.ptr, KernelCase::kPoison, n), "poison");
+    }
+    if (norm())
+      check(
+          cu->cuMemsetD16(d.normed.ptr, KernelCase::kPoison, c.normedValues()),
+          "poison");
+    launch(d, int64_t(c.chunks().size()));
+    check(cu->cuCtxSynchronize(), "kernel");
+    if (norm()) {
+      std::vector<uint16_t> normed(c.normedValues());
+      check(cu->cuMemcpyDtoH(normed.data(), d.normed.ptr, normed.size() * 2),
+            "download");
+      return c.checkNormed(normed.data());
+    }
+    check(cu->cuMemcpyDtoH(keys.data(), d.keys.ptr, n * 2), "download");
+    check(cu->cuMemcpyDtoH(vals.data(), d.values.ptr, n * 2), "download");
+    std::string written(d.payload.bytes, '\0');
+    check(cu->cuMemcpyDtoH(written.data(), d.payload.ptr, d.payload.bytes),
+          "download");
+    return c.check(keys.data(), vals.data(),
+                   reinterpret_cast<const uint8_t *>(written.data()));
+  }
+
+  /// Microseconds per call of `body`: events around `iters` calls, after a
+  /// warm-up.
+  template <typename Body> double timeUs(Body &&body) {
+    for (int i = 0; i < 3; ++i)
+      body();
+    check(cu->cuEventRecord(start, stream), "record");
+    for (int i = 0; i < iters; ++i)
+      body();
+    check(cu->cuEventRecord(stop, stream), "record");
+    check(cu->cuEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cu->cuEventElapsedTime(&ms, start, stop), "elapsed");
+    return 1000.0 * ms / iters;
+  }
+
   const kvc::BundleKernel &k;
   int iters;
+  kvc::testing::KernelShape shape;
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  CUstream stream = nullptr;
+  CUevent start = nullptr, stop = nullptr;
 };
 
 } // namespace
@@ -306,8 +350,9 @@ int main(int argc, char **argv) {
     check(cu->cuDevicePrimaryCtxRetain(&context, device), "context");
     check(cu->cuCtxSetCurrent(context), "context");
     std::printf("device: %s, %d iterations per timing\n", name, iters);
-    std::printf("%-52s %6s %9s %9s %9s %9s %6s  %s\n", "kernel", "tokens", "MB",
-                "us", "GB/s", "copy GB/s", "ratio", "check");
+    std::printf("%-52s %6s %9s %9s %9s %9s %6s %10s  %s\n", "kernel", "tokens",
+                "MB", "us", "GB/s", "copy GB/s", "ratio", "us/chunk16",
+                "check");
     if (out)
       std::fprintf(out, "[\n");
     for (size_t i = 0; i < kernels.size(); ++i) {
@@ -315,19 +360,20 @@ int main(int argc, char **argv) {
       bool ok = r.errors.ok();
       failures += !ok;
       double gbps = r.bytes / r.kernelUs / 1e3, copy = r.bytes / r.copyUs / 1e3;
-      std::printf("%-52s %6lld %9.2f %9.2f %9.1f %9.1f %5.0f%%  %s\n",
+      std::printf("%-52s %6lld %9.2f %9.2f %9.1f %9.1f %5.0f%% %10.2f  %s\n",
                   r.name.c_str(), (long long)r.tokens, r.bytes / 1e6,
-                  r.kernelUs, gbps, copy, 100 * gbps / copy,
+                  r.kernelUs, gbps, copy, 100 * gbps / copy, r.batchedUs,
                   ok ? "bit-exact" : ("FAIL " + r.errors.str()).c_str());
       if (out)
         std::fprintf(
             out,
             " {\"kernel\": \"%s\", \"tokens\": %lld, \"layers\": "
             "%lld, \"bytes\": %.0f, \"kernel_us\": %.3f, "
-            "\"copy_us\": %.3f, \"mismatches\": %lld, "
+            "\"copy_us\": %.3f, \"batched_us_per_chunk\": %.3f, "
+            "\"mismatches\": %lld, "
             "\"unwritten\": %lld, \"clobbered\": %lld}%s\n",
             r.name.c_str(), (long long)r.tokens, (long long)r.layers, r.bytes,
-            r.kernelUs, r.copyUs, (long long)r.errors.mismatches,
+            r.kernelUs, r.copyUs, r.batchedUs, (long long)r.errors.mismatches,
             (long long)r.errors.unwritten, (long long)r.errors.clobbered,
             i + 1 < kernels.size() ? "," : "");
     }

@@ -353,7 +353,7 @@ run)
       "${on[@]}" --repeat 3 2>&1 |
       tee "$out/compare-int4-$backend.txt" || status=$?
   done
-  grep -q "generated kernels decoded" "$out/compare-int4-cuda.txt" ||
+  grep -q "generated kernels wrote" "$out/compare-int4-cuda.txt" ||
     { echo "gpu-check: no generated kernel ran in the executor"; status=1; }
   # A server's precision end to end: the context saved through the GPU's
   # prefill with bf16 GEMMs, every plan restored and verified the same way.

@@ -40,9 +40,12 @@ std::vector<float> KernelCase::drawValues(const ChunkShape &chunk,
 }
 
 void KernelCase::drawTable(std::mt19937 &rng) {
-  // Twice the blocks the chunk needs plus spares, shuffled.
+  // Twice the blocks the chunks need plus spares, shuffled.
   const int64_t B = shape_.blockSize;
-  const int64_t tableBlocks = (firstToken_ + shape_.tokens + B - 1) / B;
+  int64_t end = 0;
+  for (const KernelChunk &c : chunks_)
+    end = std::max(end, c.firstToken + shape_.tokens);
+  const int64_t tableBlocks = (end + B - 1) / B;
   const int64_t numBlocks = 2 * tableBlocks + 3;
   std::vector<int32_t> blocks(numBlocks);
   std::iota(blocks.begin(), blocks.end(), 0);
@@ -51,24 +54,41 @@ void KernelCase::drawTable(std::mt19937 &rng) {
   layerRows_ = numBlocks * B;
 }
 
-StatusOr<KernelCase>
-KernelCase::make(const KernelShape &shape, int64_t firstToken,
-                        int64_t firstLayer, uint32_t seed) {
+StatusOr<KernelCase> KernelCase::make(const KernelShape &shape,
+                                      int64_t firstToken, int64_t firstLayer,
+                                      uint32_t seed, int64_t chunks) {
   if (shape.codec.lossless != CodecSpec::Lossless::None)
     return Status(StatusCode::InvalidArgument,
                   "a kernel reads payloads after their lossless stage");
+  if (chunks < 1)
+    return Status(StatusCode::InvalidArgument, "a launch over no chunk");
   KernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
   std::mt19937 rng(seed);
-  std::vector<float> values = drawValues(chunk, rng);
-  StatusOr<std::string> payload =
-      encodeChunk(values.data(), chunk, shape.codec, shape.storage);
-  if (!payload)
-    return payload.status();
-  c.payload_ = std::move(*payload);
-  c.expected_.resize(chunk.numel());
-  KVC_RETURN_IF_ERROR(decodeChunkToBf16(c.payload_, chunk, shape.codec,
-                                        shape.storage, c.expected_.data()));
+  std::vector<std::string> payloads;
+  c.expected_.resize(chunks * chunk.numel());
+  for (int64_t i = 0; i < chunks; ++i) {
+    std::vector<float> values = drawValues(chunk, rng);
+    StatusOr<std::string> payload =
+        encodeChunk(values.data(), chunk, shape.codec, shape.storage);
+    if (!payload)
+      return payload.status();
+    KVC_RETURN_IF_ERROR(
+        decodeChunkToBf16(*payload, chunk, shape.codec, shape.storage,
+                          c.expected_.data() + i * chunk.numel()));
+    payloads.push_back(std::move(*payload));
+  }
+  // The last chunk's payload first, each 16-byte aligned and 16 bytes
+  // after the one before.
+  c.chunks_.assign(size_t(chunks), {});
+  for (int64_t i = chunks - 1; i >= 0; --i) {
+    c.chunks_[i] = {int64_t(c.payload_.size()),
+                    firstToken + (i / 2) * shape.tokens,
+                    firstLayer + (i % 2) * shape.layers};
+    c.payload_ += payloads[i];
+    if (i)
+      c.payload_.resize((c.payload_.size() + 15) / 16 * 16 + 16);
+  }
   c.drawTable(rng);
   return c;
 }
@@ -180,26 +200,34 @@ CacheErrors KernelCase::checkNormed(const uint16_t *normed) const {
   return errors;
 }
 
-int64_t KernelCase::cacheRow(int64_t l, int64_t t) const {
-  const int64_t position = firstToken_ + t, B = shape_.blockSize;
-  return (firstLayer_ + l) * layerRows_ + int64_t(table_[position / B]) * B +
+int64_t KernelCase::cacheRow(const KernelChunk &c, int64_t l, int64_t t) const {
+  const int64_t position = c.firstToken + t, B = shape_.blockSize;
+  return (c.firstLayer + l) * layerRows_ + int64_t(table_[position / B]) * B +
          position % B;
+}
+
+int64_t KernelCase::layerSpan() const {
+  int64_t end = 0;
+  for (const KernelChunk &c : chunks_)
+    end = std::max(end, c.firstLayer + shape_.layers);
+  return end;
 }
 
 void KernelCase::fillCache(uint16_t *keys, uint16_t *values) const {
   std::fill_n(keys, cacheValues(), kPoison);
   std::fill_n(values, cacheValues(), kPoison);
   const int64_t width = shape_.width();
-  for (int64_t l = 0; l < shape_.layers; ++l)
-    for (int kv = 0; kv < 2; ++kv)
-      for (int64_t t = 0; t < shape_.tokens; ++t)
-        std::copy_n(expected_.data() +
-                        ((2 * l + kv) * shape_.tokens + t) * width,
-                    width, (kv ? values : keys) + cacheRow(l, t) * width);
+  for (size_t i = 0; i < chunks_.size(); ++i)
+    for (int64_t l = 0; l < shape_.layers; ++l)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int64_t t = 0; t < shape_.tokens; ++t)
+          std::copy_n(expected_.data() + expectedRow(i, l, kv, t), width,
+                      (kv ? values : keys) +
+                          cacheRow(chunks_[i], l, t) * width);
 }
 
 int64_t KernelCase::cacheValues() const {
-  return (firstLayer_ + shape_.layers) * layerRows_ * shape_.width();
+  return layerSpan() * layerRows_ * shape_.width();
 }
 
 CacheErrors KernelCase::check(const uint16_t *keys, const uint16_t *values,
@@ -210,25 +238,32 @@ CacheErrors KernelCase::check(const uint16_t *keys, const uint16_t *values,
       errors.payload += payload[i] != uint8_t(payload_[i]);
   const int64_t width = shape_.width();
   std::vector<char> written(cacheValues() / width, 0);
-  for (int64_t l = 0; l < shape_.layers; ++l)
-    for (int kv = 0; kv < 2; ++kv)
-      for (int64_t t = 0; t < shape_.tokens; ++t) {
-        const int64_t row = cacheRow(l, t);
-        written[row] = 1;
-        const uint16_t *got = (kv ? values : keys) + row * width;
-        const uint16_t *want =
-            expected_.data() + ((2 * l + kv) * shape_.tokens + t) * width;
-        for (int64_t c = 0; c < width; ++c) {
-          if (got[c] == kPoison && want[c] != kPoison)
-            ++errors.unwritten;
-          else if (got[c] != want[c])
-            ++errors.mismatches;
+  for (size_t i = 0; i < chunks_.size(); ++i)
+    for (int64_t l = 0; l < shape_.layers; ++l)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int64_t t = 0; t < shape_.tokens; ++t) {
+          const int64_t row = cacheRow(chunks_[i], l, t);
+          written[row] = 1;
+          const uint16_t *got = (kv ? values : keys) + row * width;
+          const uint16_t *want = expected_.data() + expectedRow(i, l, kv, t);
+          for (int64_t c = 0; c < width; ++c) {
+            if (got[c] == kPoison && want[c] != kPoison)
+              ++errors.unwritten;
+            else if (got[c] != want[c])
+              ++errors.mismatches;
+          }
         }
-      }
   for (int64_t row = 0; row < int64_t(written.size()); ++row)
     if (!written[row])
       for (int64_t c = 0; c < width; ++c)
         errors.clobbered += (keys[row * width + c] != kPoison) +
                             (values[row * width + c] != kPoison);
   return errors;
+}
+
+int64_t KernelCase::expectedRow(size_t chunk, int64_t l, int kv,
+                                int64_t t) const {
+  const int64_t tokens = shape_.tokens, width = shape_.width();
+  return ((int64_t(chunk) * shape_.layers + l) * 2 * tokens + kv * tokens + t) *
+         width;
 }

@@ -16,9 +16,12 @@
 
 #include "kvc/Transforms/KernelGen.h"
 
+#include "mlir/Analysis/SliceAnalysis.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/NVVMDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/Utils/StaticValueUtils.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -135,10 +138,38 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     args.push_back(
         ::kvc::bundleKernelArgNames(kernel.spec.kind)[arg.getArgNumber()]);
   }
+  // The grid's y is the launch's chunks, computed from the size of the
+  // chunks argument alone; the bundle records it as 1, and the runtime sets
+  // it per launch.
+  auto isChunkCount = [&](Value v) {
+    SetVector<Operation *> slice;
+    getBackwardSlice(v, &slice);
+    slice.insert(v.getDefiningOp());
+    bool readsChunks = false;
+    for (Operation *op : slice) {
+      auto dim = dyn_cast_or_null<memref::DimOp>(op);
+      auto source = dim ? dyn_cast<BlockArgument>(dim.getSource()) : nullptr;
+      if (source) {
+        if (source.getOwner()->getParentOp() != kernel.func ||
+            ::kvc::bundleKernelArgNames(
+                kernel.spec.kind)[source.getArgNumber()] != "chunks")
+          return false;
+        readsChunks = true;
+        continue;
+      }
+      if (!op || !isPure(op) || llvm::any_of(op->getOperands(), [](Value x) {
+            return isa<BlockArgument>(x);
+          }))
+        return false;
+    }
+    return readsChunks;
+  };
   auto dims = [&](gpu::KernelDim3 dim3, StringRef key) -> LogicalResult {
     SmallVector<int64_t> sizes;
     for (Value v : {dim3.x, dim3.y, dim3.z}) {
       std::optional<int64_t> c = getConstantIntValue(v);
+      if (!c && key == "grid" && v == dim3.y && isChunkCount(v))
+        c = 1;
       if (!c)
         return launch.emitOpError("has a launch size that is not a constant");
       sizes.push_back(*c);

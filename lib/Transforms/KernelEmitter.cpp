@@ -147,9 +147,21 @@ Value ItemEmitter::slice(Value vector, int64_t offset, int64_t size) {
   return b.create<vector::ShuffleOp>(loc, vector, vector, mask);
 }
 
+void ItemEmitter::beginChunk(Value chunk) {
+  Value record = mul(chunk, 3);
+  auto field = [&](int64_t i) -> Value {
+    Value stored = b.create<memref::LoadOp>(loc, args[4],
+                                            ValueRange{add(record, index(i))});
+    return b.create<arith::IndexCastOp>(loc, b.getIndexType(), stored);
+  };
+  payloadOffset = field(0);
+  firstToken = field(1);
+  firstLayer = field(2);
+}
+
 Value ItemEmitter::matrixOffset(bool value, Value layer) {
   MatrixLayout k = matrixLayout(spec, false), v = matrixLayout(spec, true);
-  Value offset = mul(layer, k.bytes + v.bytes);
+  Value offset = add(payloadOffset, mul(layer, k.bytes + v.bytes));
   return value ? add(offset, index(k.bytes)) : offset;
 }
 
@@ -349,7 +361,8 @@ Value ItemEmitter::hadamard(Value values, Value channel, int64_t laneStride) {
 Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
                                  Value channel) {
   const int64_t width = spec.width(), matrix = 4 * spec.tokens * width;
-  Value offset = add(add(mul(layer, 2 * matrix), index(value ? matrix : 0)),
+  Value offset = add(add(payloadOffset, add(mul(layer, 2 * matrix),
+                                            index(value ? matrix : 0))),
                      mul(add(mul(token, width), channel), 4));
   int64_t align = alignmentOf({2 * matrix, matrix, 4 * width, 32});
   return b.create<vector::BitCastOp>(loc, vec(8, b.getF32Type()),
@@ -369,15 +382,15 @@ Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
       b.create<arith::SubIOp>(loc, channel, index(half)));
   Value partner = loadProjected(false, layer, token, partnerChannel);
   // Table row first_token + token: half cosines, then half sines.
-  Value row = add(args[4], token);
+  Value row = add(firstToken, token);
   Value cosOffset = mul(add(mul(row, spec.headDim), rem(inHead, half)), 4);
   int64_t align = alignmentOf({4 * spec.headDim, 32});
   Type f32 = b.getF32Type();
   Value cos = b.create<vector::BitCastOp>(
-      loc, vec(8, f32), loadBytes(args[7], cosOffset, 32, align));
+      loc, vec(8, f32), loadBytes(ropeTable(), cosOffset, 32, align));
   Value sin = b.create<vector::BitCastOp>(
       loc, vec(8, f32),
-      loadBytes(args[7], add(cosOffset, index(4 * half)), 32, align));
+      loadBytes(ropeTable(), add(cosOffset, index(4 * half)), 32, align));
   Value ownCos = b.create<arith::MulFOp>(loc, own, cos);
   Value partnerSin = b.create<arith::MulFOp>(loc, partner, sin);
   Value low = b.create<arith::SubFOp>(loc, ownCos, partnerSin);
@@ -414,14 +427,14 @@ Value ItemEmitter::roundToBf16(Value values) {
 
 Value ItemEmitter::destination(Value layer, Value token, Value channel) {
   // The token's row: table[t / B] * B + t % B, in layer first_layer + layer.
-  Value position = add(args[4], token);
+  Value position = add(firstToken, token);
   Value block = b.create<arith::IndexCastOp>(
       loc, b.getIndexType(),
-      b.create<memref::LoadOp>(loc, args[3],
+      b.create<memref::LoadOp>(loc, blockTable(),
                                ValueRange{div(position, spec.blockSize)}));
   Value slot = add(mul(block, spec.blockSize), rem(position, spec.blockSize));
-  Value row =
-      add(b.create<arith::MulIOp>(loc, add(args[5], layer), args[6]), slot);
+  Value row = add(
+      b.create<arith::MulIOp>(loc, add(firstLayer, layer), layerRows()), slot);
   return add(mul(row, spec.width()), channel);
 }
 
@@ -469,8 +482,9 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   MLIRContext *ctx = builder.getContext();
   Type bytes = MemRefType::get({ShapedType::kDynamic}, builder.getI8Type());
   Type table = MemRefType::get({ShapedType::kDynamic}, builder.getI32Type());
+  Type chunks = MemRefType::get({ShapedType::kDynamic}, builder.getI64Type());
   Type index = builder.getIndexType();
-  SmallVector<Type> args = {bytes, bytes, bytes, table, index, index, index};
+  SmallVector<Type> args = {bytes, bytes, bytes, table, chunks, index};
   if (spec.kind == KernelKind::RopeScatter)
     args.push_back(bytes); // rope_table
   if (spec.kind == KernelKind::RmsNorm)
@@ -480,16 +494,26 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   OpBuilder b = OpBuilder::atBlockBegin(func.addEntryBlock());
   ItemEmitter emitter(b, loc, spec, func);
   auto constant = [&](int64_t v) { return emitter.index(v); };
-  // Blocks x threads; leaves the builder in the threads' body.
+  // Blocks (x the launch's chunks, for a kernel that addresses the cache) x
+  // threads; leaves the builder in the threads' body, after the chunk's
+  // record is read.
   auto nest = [&](int64_t blocks) -> std::pair<Value, Value> {
-    auto grid = b.create<scf::ParallelOp>(loc, ValueRange{constant(0)},
-                                          ValueRange{constant(blocks)},
-                                          ValueRange{constant(1)});
+    SmallVector<Value> lower = {constant(0)}, upper = {constant(blocks)},
+                       step = {constant(1)};
+    if (spec.kind != KernelKind::RmsNorm) {
+      lower.push_back(constant(0));
+      upper.push_back(emitter.div(
+          b.create<memref::DimOp>(loc, func.getArgument(4), constant(0)), 3));
+      step.push_back(constant(1));
+    }
+    auto grid = b.create<scf::ParallelOp>(loc, lower, upper, step);
     b.setInsertionPoint(grid.getBody()->getTerminator());
     auto block = b.create<scf::ParallelOp>(loc, ValueRange{constant(0)},
                                            ValueRange{constant(spec.threads)},
                                            ValueRange{constant(1)});
     b.setInsertionPoint(block.getBody()->getTerminator());
+    if (spec.kind != KernelKind::RmsNorm)
+      emitter.beginChunk(grid.getInductionVars()[1]);
     return {grid.getInductionVars()[0], block.getInductionVars()[0]};
   };
   auto finish = [&] {

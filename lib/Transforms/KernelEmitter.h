@@ -111,6 +111,11 @@ public:
   /// Builds `body` where `condition` holds.
   void ifThen(Value condition, function_ref<void()> body);
 
+  /// Reads record `chunk` of the launch's chunk table (KernelGen.h: the
+  /// chunk's payload offset, first token and first layer) at the builder's
+  /// insertion point: the origin of the items built after it.
+  void beginChunk(Value chunk);
+
   /// rms_norm: normalizes row `row` of the chunk (layer, then token), the
   /// pieces `lane`, lane + L, ... of it in the GPU form, all of it in the
   /// host form; stores where `inRange` holds.
@@ -125,6 +130,9 @@ public:
 
 private:
   Value payload() const { return args[0]; }
+  Value blockTable() const { return args[3]; }
+  Value layerRows() const { return args[5]; }
+  Value ropeTable() const { return args[6]; }
   VectorType vec(int64_t n, Type element) {
     return VectorType::get({n}, element);
   }
@@ -222,6 +230,9 @@ private:
   const KernelSpec &spec;
   ValueRange args;
   Block *entry;
+  /// The current chunk's origin (beginChunk): its payload's first byte, its
+  /// first token in the request and first layer in the cache.
+  Value payloadOffset, firstToken, firstLayer;
   llvm::DenseMap<int64_t, Value> constants;
 };
 

@@ -10,7 +10,8 @@
 // int4 save) at each stage of kvc-kernels-to-ptx,
 // and the host lowering the unit tests run: kvc-lower-kernels' two parallel
 // loops become one gpu.launch (int8: 64 tokens x 128 / 8 pieces per matrix,
-// 2 per thread, so 2 blocks of 256 threads per matrix, 4 in all), outlined
+// 2 per thread, so 2 blocks of 256 threads per matrix, 4 in all, times the
+// launch's chunks in y: the chunk table's records), outlined
 // into a gpu.func, NVVM with 16-byte vector loads and stores and the
 // Hadamard's lane exchanges as shfl.sync.bfly, then PTX with ld.global.v4 /
 // st.global.v4, no fused multiply-adds (.rn: the runtime's rounding, step by
@@ -25,8 +26,10 @@
 // form llvm.intr.sqrt).
 
 // LAUNCH-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16
+// LAUNCH:         %[[CHUNKS:.+]] = arith.divui
 // LAUNCH:         %[[GRID:.+]] = affine.apply {{.+}}(%c4)
-// LAUNCH:         gpu.launch blocks(%{{.+}}, %{{.+}}, %{{.+}}) in (%{{.+}} = %[[GRID]], %{{.+}} = %c1{{.*}}, %{{.+}} = %c1{{.*}}) threads
+// LAUNCH:         %[[GRID_Y:.+]] = affine.apply {{.+}}(%[[CHUNKS]])
+// LAUNCH:         gpu.launch blocks(%{{.+}}, %{{.+}}, %{{.+}}) in (%{{.+}} = %[[GRID]], %{{.+}} = %[[GRID_Y]], %{{.+}} = %c1{{.*}}) threads
 // LAUNCH:           gpu.terminator
 // LAUNCH-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16
 // LAUNCH:         gpu.launch blocks
@@ -39,16 +42,17 @@
 // LAUNCH:           gpu.shuffle  xor %{{.+}}, %c2_i32
 
 // OUTLINED-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
-// OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c4{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})
+// OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c4{{.*}}, %{{.+}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})
 // OUTLINED:       gpu.module @[[R]]
-// OUTLINED:         gpu.func @[[R]]({{.+}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>, known_grid_size = array<i32: 4, 1, 1>}
+// OUTLINED:         gpu.func @[[R]](%{{.+}}: memref<?xi64>, {{.+}}) kernel attributes {known_block_size = array<i32: 256, 1, 1>}
 // OUTLINED-LABEL: func.func @kvc_rope_scatter_t64_l1_h2x64_b16(
-// OUTLINED:         gpu.launch_func @[[E:kvc_rope_scatter_t64_l1_h2x64_b16_kernel]]::@[[E]] blocks in (%c8{{.*}}, %c1{{.*}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}}) args({{.*}}%arg7 : memref<?xi8>
+// OUTLINED:         gpu.launch_func @[[E:kvc_rope_scatter_t64_l1_h2x64_b16_kernel]]::@[[E]] blocks in (%c8{{.*}}, %{{.+}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}}) args({{.*}}%arg6 : memref<?xi8>
 // OUTLINED:       gpu.module @[[E]]
 
 // NVVM:       gpu.module @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#nvvm.target<O = 3, chip = "sm_90">]
 // NVVM:         llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel({{.+}}) attributes {gpu.kernel, {{.*}}nvvm.kernel
 // NVVM:           nvvm.read.ptx.sreg.ctaid.x
+// NVVM:           nvvm.read.ptx.sreg.ctaid.y
 // NVVM:           nvvm.read.ptx.sreg.tid.x
 // NVVM:           llvm.fmul {{.+}} : vector<8xf32>
 // NVVM:           llvm.fadd {{.+}} : vector<8xf32>

@@ -6,13 +6,19 @@
 // heads of 64): 64 * (128 / 8) work items per matrix, 4 per thread, so one
 // block of 256 threads for V and one for K, each running its own matrix's
 // code: all 4 items loaded and decoded (4-byte packed loads; K's scales and
-// minimums in 16-byte loads) before the 4 guarded 16-byte stores.
+// minimums in 16-byte loads) before the 4 guarded 16-byte stores. The grid
+// runs once per record of the chunk table (3 values each), whose record
+// gives the chunk's payload offset, first token and first layer.
 // CHECK-LABEL: func.func @f
 // CHECK:         kvc.kernel "dequant_scatter"{{.*}} attributes {kvc.entry = @[[K:kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
-// CHECK:       func.func @[[K]](%[[PAYLOAD:.+]]: memref<?xi8>, %[[KEYS:.+]]: memref<?xi8>, %[[VALUES:.+]]: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
+// CHECK:       func.func @[[K]](%[[PAYLOAD:.+]]: memref<?xi8>, %[[KEYS:.+]]: memref<?xi8>, %[[VALUES:.+]]: memref<?xi8>, %{{.+}}: memref<?xi32>, %[[CHUNKS:.+]]: memref<?xi64>, %{{.+}}: index)
 // CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, codec = #kvc.codec<quant = int4>, head_dim = 64 : i64, kind = "restore", kv_heads = 2 : i64, layers = 1 : i64, storage = bf16, threads = 256 : i64, tokens = 64 : i64}}
-// CHECK:         scf.parallel (%[[B:.+]]) = (%c0) to (%c2) step (%c1)
+// CHECK:         %[[RECORDS:.+]] = memref.dim %[[CHUNKS]], %c0
+// CHECK:         %[[N:.+]] = arith.divui %[[RECORDS]], %c3
+// CHECK:         scf.parallel (%[[B:.+]], %[[C:.+]]) = (%c0, %c0) to (%c2, %[[N]]) step (%c1, %c1)
 // CHECK:           scf.parallel (%[[T:.+]]) = (%c0) to (%c256) step (%c1)
+// CHECK:             %[[RECORD:.+]] = arith.muli %[[C]], %c3
+// CHECK:             memref.load %[[CHUNKS]][%[[RECORD]]]
 // CHECK:             %[[IS_V:.+]] = arith.cmpi ne
 // CHECK:             scf.if %[[IS_V]] {
 // CHECK:               arith.minui %[[T]], %c1023
@@ -52,7 +58,7 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, co
 // and a loop that scales, weights, rounds and stores.
 // CHECK-LABEL: func.func @project
 // CHECK:         kvc.kernel "project_scatter"{{.*}} attributes {kvc.entry = @[[E:kvc_rope_scatter_t64_l2_h2x64_b16]], kvc.prologue = @[[N:kvc_rms_norm_bf16_t64_l2_d256]]}
-// CHECK:       func.func @[[E]](%[[PROJ:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index, %[[ROPE:.+]]: memref<?xi8>)
+// CHECK:       func.func @[[E]](%[[PROJ:.+]]: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: memref<?xi64>, %{{.+}}: index, %[[ROPE:.+]]: memref<?xi8>)
 // CHECK-SAME:    attributes {kvc.entry = {block_size = 16 : i64, head_dim = 64 : i64, kind = "rope_scatter", kv_heads = 2 : i64, layers = 2 : i64, storage = f32, threads = 256 : i64, tokens = 64 : i64}}
 // CHECK:             scf.if
 // CHECK:               memref.view %[[PROJ]]{{.+}} to memref<?xvector<4xi32>>
@@ -110,7 +116,7 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
 // per item and rounds in integers; kvc-kernels-to-llvm lowers only that one.
 // CHECK-LABEL: func.func @hadamard
 // CHECK:       func.func @kvc_restore_int4_kc_vt_g32_had_t64_l1_h2x64_b16(
-// CHECK:         scf.parallel (%{{.+}}) = (%c0) to (%c2) step (%c1)
+// CHECK:         scf.parallel (%{{.+}}, %{{.+}}) = (%c0, %c0) to (%c2, %{{.+}}) step (%c1, %c1)
 // CHECK:           arith.subf {{.+}} : vector<4xf32>
 // CHECK:           %[[D1:.+]] = arith.constant 1 : i32
 // CHECK-COUNT-8:   gpu.shuffle  xor %{{.+}}, %[[D1]], %{{.+}} : f32
@@ -128,7 +134,7 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
 // HOST-LABEL:  func.func @hadamard
 // HOST:        func.func @kvc_restore_int4_kc_vt_g32_had_host_t64_l1_h2x64_b16(
 // HOST-SAME:     host
-// HOST:          scf.parallel (%{{.+}}) = (%c0) to (%c2) step (%c1)
+// HOST:          scf.parallel (%{{.+}}, %{{.+}}) = (%c0, %c0) to (%c2, %{{.+}}) step (%c1, %c1)
 // HOST-NOT:      gpu.shuffle
 // HOST:          arith.subf {{.+}} : vector<32xf32>
 // HOST-NOT:      arith.truncf
@@ -164,9 +170,9 @@ func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, dev
 // In the host form a V item is a whole group of 32 values.
 // CHECK-LABEL: func.func @save
 // CHECK:         kvc.kernel "gather_quant"(){{.*}} attributes {kvc.entry = @[[S:kvc_save_int4_kc_vt_g32_t64_l1_h2x64_b16]]}
-// CHECK:       func.func @[[S]](%[[PAYLOAD:.+]]: memref<?xi8>, %[[KEYS:.+]]: memref<?xi8>, %[[VALUES:.+]]: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: index, %{{.+}}: index, %{{.+}}: index)
+// CHECK:       func.func @[[S]](%[[PAYLOAD:.+]]: memref<?xi8>, %[[KEYS:.+]]: memref<?xi8>, %[[VALUES:.+]]: memref<?xi8>, %{{.+}}: memref<?xi32>, %{{.+}}: memref<?xi64>, %{{.+}}: index)
 // CHECK-SAME:    kind = "save"
-// CHECK:         scf.parallel (%[[B:.+]]) = (%c0) to (%c8) step (%c1)
+// CHECK:         scf.parallel (%[[B:.+]], %{{.+}}) = (%c0, %c0) to (%c8, %{{.+}}) step (%c1, %c1)
 // CHECK:           scf.parallel (%[[T:.+]]) = (%c0) to (%c256) step (%c1)
 // CHECK:             scf.if
 // CHECK:               memref.view %[[VALUES]]{{.+}} to memref<?xvector<4xi32>>

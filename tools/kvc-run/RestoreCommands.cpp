@@ -185,11 +185,13 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   return setup;
 }
 
-/// Prints the chunks generated kernels decoded on the device, and why any
+/// Prints the chunks generated kernels wrote on the device, and why any
 /// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics) {
-  if (metrics.kernelLaunches > 0)
-    std::printf("  generated kernels decoded %lld chunks on the device\n",
+  if (metrics.kernelChunks > 0)
+    std::printf("  generated kernels wrote %lld chunks on the device in %lld "
+                "launches\n",
+                (long long)metrics.kernelChunks,
                 (long long)metrics.kernelLaunches);
   for (const std::string &why : metrics.kernelsNotLaunched)
     std::printf("  decoded on the host instead: %s\n", why.c_str());
@@ -634,7 +636,7 @@ Status compareCommand(Args &args) {
                   plans[i].name.c_str(), plans[sameAs[i]].name.c_str());
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const RestoreMetrics &m = runs[i].metrics;
-    if (sameAs[i] != i || (!m.kernelLaunches && m.kernelsNotLaunched.empty()))
+    if (sameAs[i] != i || (!m.kernelChunks && m.kernelsNotLaunched.empty()))
       continue;
     std::printf("%s:\n", plans[i].name.c_str());
     printKernels(m);

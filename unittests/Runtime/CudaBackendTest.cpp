@@ -122,7 +122,7 @@ TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
   ASSERT_TRUE(bundle) << bundle.status().toString();
   StatusOr<RestoreMetrics> fp32 = restoreWith(*bundle, *store_);
   ASSERT_TRUE(fp32) << fp32.status().toString();
-  EXPECT_EQ(fp32->kernelLaunches, 0);
+  EXPECT_EQ(fp32->kernelChunks, 0);
   ASSERT_FALSE(fp32->kernelsNotLaunched.empty());
   EXPECT_NE(fp32->kernelsNotLaunched.front().find("fp32 inputs"),
             std::string::npos)

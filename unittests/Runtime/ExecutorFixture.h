@@ -370,9 +370,10 @@ protected:
     ASSERT_TRUE(model_->prefill(reference_, tokens_.data(), kTokens).isOk());
   }
 
-  std::unique_ptr<ChunkStore> makeStore(const LlamaModel &model) {
+  std::unique_ptr<ChunkStore> makeStore(const LlamaModel &model,
+                                        int64_t chunkTokens = 64) {
     StoreLayout layout;
-    layout.chunkTokens = 64;
+    layout.chunkTokens = chunkTokens;
     layout.layerGroup = 2;
     return std::make_unique<ChunkStore>(tier_, model.config(),
                                         model.fingerprint(), "", layout);
@@ -481,9 +482,11 @@ protected:
     }
   }
 
-  /// A store of the request's KV in `codec`.
-  std::unique_ptr<ChunkStore> storeIn(const CodecSpec &codec) {
-    std::unique_ptr<ChunkStore> store = makeStore(*model_);
+  /// A store of the request's KV in `codec`, in objects of `chunkTokens`
+  /// tokens.
+  std::unique_ptr<ChunkStore> storeIn(const CodecSpec &codec,
+                                      int64_t chunkTokens = 64) {
+    std::unique_ptr<ChunkStore> store = makeStore(*model_, chunkTokens);
     SaveOptions options;
     options.forms = {Form::KV};
     options.codec = codec;
@@ -547,12 +550,12 @@ protected:
       StatusOr<RestoreMetrics> metrics =
           restoreWith(*bundle, *store, &byKernels);
       ASSERT_TRUE(metrics) << metrics.status().toString();
-      EXPECT_EQ(metrics->kernelLaunches, (kTokens + 63) / 64);
+      EXPECT_EQ(metrics->kernelChunks, (kTokens + 63) / 64);
       EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
           << metrics->kernelsNotLaunched.front();
       metrics = restoreWith(*bundle, *store, &onHost, /*kernels=*/false);
       ASSERT_TRUE(metrics) << metrics.status().toString();
-      EXPECT_EQ(metrics->kernelLaunches, 0);
+      EXPECT_EQ(metrics->kernelChunks, 0);
       EXPECT_TRUE(byKernels == onHost);
     }
   }
@@ -572,7 +575,7 @@ protected:
     StatusOr<RestoreMetrics> metrics =
         restoreWith(*bundle, *store_, nullptr, /*kernels=*/true, &error);
     ASSERT_TRUE(metrics) << metrics.status().toString();
-    EXPECT_EQ(metrics->kernelLaunches, (kTokens + 63) / 64);
+    EXPECT_EQ(metrics->kernelChunks, (kTokens + 63) / 64);
     EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
         << metrics->kernelsNotLaunched.front();
     EXPECT_LT(error, 1.0 / 32);

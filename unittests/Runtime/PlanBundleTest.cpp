@@ -167,12 +167,12 @@ TEST(PlanBundleTest, RejectsMalformedAndTruncatedText) {
 }
 
 TEST(PlanBundleTest, RejectsUnknownVersion) {
-  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 3; }),
-            "version: unsupported plan bundle version 3 (this runtime reads "
-            "versions 1 to 2)");
+  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 4; }),
+            "version: unsupported plan bundle version 4 (this runtime reads "
+            "versions 1 to 3)");
   EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 0; }),
             "version: unsupported plan bundle version 0 (this runtime reads "
-            "versions 1 to 2)");
+            "versions 1 to 3)");
 }
 
 TEST(PlanBundleTest, RejectsBadFields) {
@@ -277,8 +277,8 @@ constexpr const char *kRestoreKernel =
 
 /// A kernel table entry as kvc-emit-bundle writes one.
 Json kernelEntry(const char *name, const char *kind) {
-  Json args = {"payload",     "key_cache",   "value_cache", "block_table",
-               "first_token", "first_layer", "layer_rows"};
+  Json args = {"payload",     "key_cache", "value_cache",
+               "block_table", "chunks",    "layer_rows"};
   const bool rope = std::string(kind) == "rope_scatter";
   if (rope)
     args.push_back("rope_table");
@@ -305,10 +305,10 @@ Json kernelEntry(const char *name, const char *kind) {
           {"payload_bytes", 1}};
 }
 
-/// validBundle() as version 2, its dequant-scatter tasks naming a kernel.
+/// validBundle() as version 3, its dequant-scatter tasks naming a kernel.
 std::string kernelErrorAfter(const std::function<void(Json &)> &edit) {
   return errorAfter([&](Json &b) {
-    b["version"] = 2;
+    b["version"] = 3;
     b["kernels"] = {kernelEntry(kRestoreKernel, "restore")};
     task(b, 3)["entry"] = kRestoreKernel;
     task(b, 7)["entry"] = kRestoreKernel;
@@ -318,7 +318,7 @@ std::string kernelErrorAfter(const std::function<void(Json &)> &edit) {
 
 TEST(PlanBundleTest, ReadsTheKernelTable) {
   Json bundle = validBundle();
-  bundle["version"] = 2;
+  bundle["version"] = 3;
   bundle["kernels"] = {kernelEntry(kRestoreKernel, "restore"),
                        kernelEntry("kvc_rope_scatter_t512_l4_h8x128_b16",
                                    "rope_scatter")};
@@ -330,7 +330,7 @@ TEST(PlanBundleTest, ReadsTheKernelTable) {
   EXPECT_EQ(restore->kind, BundleKernel::Kind::Restore);
   EXPECT_EQ(restore->codec.quant, CodecSpec::Quant::Int8);
   EXPECT_EQ(restore->grid, (std::array<int64_t, 3>{2048, 1, 1}));
-  EXPECT_EQ(restore->args.size(), 7u);
+  EXPECT_EQ(restore->args.size(), 6u);
   const BundleKernel *rope =
       parsed->findKernel("kvc_rope_scatter_t512_l4_h8x128_b16");
   ASSERT_NE(rope, nullptr);
@@ -351,9 +351,20 @@ TEST(PlanBundleTest, ReadsTheKernelTable) {
   EXPECT_EQ(norm->kind, BundleKernel::Kind::RmsNorm);
   EXPECT_EQ(norm->hidden, 4096);
   EXPECT_EQ(norm->eps, 1e-5);
-  // A kernel without a kind (the first version 2 bundles) restores.
+  // A kernel without a kind restores.
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0].erase("kind"); }),
             "");
+}
+
+TEST(PlanBundleTest, RefusesTheKernelsOfVersion2) {
+  // Version 2's kernels took one chunk's origin as scalars: its plans read
+  // without a kernel table, and a table is refused, not misread.
+  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 2; }), "");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["version"] = 2; }),
+            "kernels: a version 2 bundle's kernels take one chunk's "
+            "first_token and first_layer; this runtime launches kernels over "
+            "a table of chunks (version 3): compile the plans again with "
+            "kvc-opt");
 }
 
 TEST(PlanBundleTest, RejectsBadKernels) {
@@ -368,18 +379,16 @@ TEST(PlanBundleTest, RejectsBadKernels) {
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "gemm"; }),
             "kernels[0].kind: unknown kind \"gemm\" (expected \"restore\", "
             "\"rope_scatter\", \"save\" or \"rms_norm\")");
-  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["args"].erase(6); }),
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["args"].erase(5); }),
             "kernels[0].args: a restore kernel takes each of payload, "
-            "key_cache, value_cache, block_table, first_token, first_layer, "
-            "layer_rows once");
+            "key_cache, value_cache, block_table, chunks, layer_rows once");
   // A rope_scatter kernel takes the RoPE table, reads f32 projections, and
   // serves only tasks that project hidden states.
-  EXPECT_EQ(kernelErrorAfter([](Json &b) {
-              b["kernels"][0]["kind"] = "rope_scatter";
-            }),
+  EXPECT_EQ(kernelErrorAfter(
+                [](Json &b) { b["kernels"][0]["kind"] = "rope_scatter"; }),
             "kernels[0].args: a rope_scatter kernel takes each of payload, "
-            "key_cache, value_cache, block_table, first_token, first_layer, "
-            "layer_rows, rope_table once");
+            "key_cache, value_cache, block_table, chunks, layer_rows, "
+            "rope_table once");
   EXPECT_EQ(kernelErrorAfter([](Json &b) {
               b["kernels"][0] = kernelEntry(kRestoreKernel, "rope_scatter");
               b["kernels"][0]["storage"] = "bf16";

@@ -131,6 +131,114 @@ TEST(TaskGraphTest, RejectsBadGraphsBeforeRunningAnything) {
   EXPECT_FALSE(ResourcePools::create({{"io", 0}}));
 }
 
+/// A gate task on io, then `n` tasks on compute that wait for it and run
+/// in batches of key "k", each batch's tasks logged as one entry.
+TaskGraph gatedBatches(int n, std::vector<std::vector<int64_t>> &batches,
+                       std::mutex &m) {
+  TaskGraph graph;
+  int64_t gate =
+      graph.add({"gate", "io", {}, [](int) { return Status::ok(); }});
+  for (int i = 0; i < n; ++i)
+    graph.add({"chunk " + std::to_string(i), "compute", {gate}, nullptr}, "k");
+  graph.batches["k"] = [&](int, const std::vector<int64_t> &tasks) {
+    std::lock_guard<std::mutex> lock(m);
+    batches.push_back(tasks);
+    return Status::ok();
+  };
+  return graph;
+}
+
+TEST(TaskGraphTest, TasksReleasedTogetherRunAsOneBatch) {
+  auto pools = makePools();
+  std::vector<std::vector<int64_t>> batches;
+  std::mutex m;
+  TaskGraph graph = gatedBatches(5, batches, m);
+  RunResult result = runGraph(*pools, graph);
+  ASSERT_TRUE(result.status.isOk()) << result.status.toString();
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0], (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  for (int64_t task = 1; task <= 5; ++task) {
+    EXPECT_TRUE(result.timings[task].ran);
+    EXPECT_EQ(result.timings[task].start, result.timings[1].start);
+    EXPECT_GE(result.timings[task].start, result.timings[0].end);
+  }
+  // Counted once in the resource's busy time.
+  EXPECT_EQ(result.busy["compute"],
+            result.timings[1].end - result.timings[1].start);
+
+  // At most maxBatch per call, every task once.
+  batches.clear();
+  graph.maxBatch = 2;
+  result = runGraph(*pools, graph);
+  ASSERT_TRUE(result.status.isOk()) << result.status.toString();
+  std::vector<int64_t> all;
+  for (const std::vector<int64_t> &batch : batches) {
+    EXPECT_LE(batch.size(), 2u);
+    all.insert(all.end(), batch.begin(), batch.end());
+  }
+  EXPECT_EQ(batches.size(), 3u);
+  EXPECT_EQ(all, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+TEST(TaskGraphTest, ATaskThatFindsItsResourceIdleRunsAlone) {
+  auto pools = makePools();
+  // A chain: each batchable task is released by the one before it.
+  std::vector<std::vector<int64_t>> batches;
+  std::mutex m;
+  TaskGraph graph;
+  for (int64_t i = 0; i < 3; ++i)
+    graph.add({"chunk", "compute",
+               i ? std::vector<int64_t>{i - 1} : std::vector<int64_t>{},
+               nullptr},
+              "k");
+  graph.batches["k"] = [&](int, const std::vector<int64_t> &tasks) {
+    std::lock_guard<std::mutex> lock(m);
+    batches.push_back(tasks);
+    return Status::ok();
+  };
+  ASSERT_TRUE(runGraph(*pools, graph).status.isOk());
+  EXPECT_EQ(batches, (std::vector<std::vector<int64_t>>{{0}, {1}, {2}}));
+}
+
+TEST(TaskGraphTest, AFailingBatchFailsTheRun) {
+  auto pools = makePools();
+  std::vector<std::vector<int64_t>> batches;
+  std::mutex m;
+  TaskGraph graph = gatedBatches(3, batches, m);
+  std::atomic<int> after{0};
+  graph.batches["k"] = [](int, const std::vector<int64_t> &) {
+    return Status(StatusCode::Internal, "launch failed");
+  };
+  graph.add({"after", "io", {3}, [&](int) {
+               ++after;
+               return Status::ok();
+             }});
+  RunResult result = runGraph(*pools, graph);
+  EXPECT_EQ(result.status.message(), "chunk 0: launch failed");
+  EXPECT_EQ(after.load(), 0);
+  EXPECT_FALSE(result.timings[4].ran);
+}
+
+TEST(TaskGraphTest, RejectsBatchesWithoutAFunctionOrAcrossResources) {
+  auto pools = makePools();
+  std::vector<std::vector<int64_t>> batches;
+  std::mutex m;
+  TaskGraph graph = gatedBatches(2, batches, m);
+  graph.tasks[2].resource = "decode";
+  EXPECT_EQ(runGraph(*pools, graph).status.message(),
+            "task 2 (chunk 1): batch \"k\" spans resources \"compute\" and "
+            "\"decode\"");
+  graph = gatedBatches(2, batches, m);
+  graph.batches.clear();
+  EXPECT_EQ(runGraph(*pools, graph).status.message(),
+            "task 1 (chunk 0): no function for batch \"k\"");
+  graph = gatedBatches(2, batches, m);
+  graph.maxBatch = 0;
+  EXPECT_EQ(runGraph(*pools, graph).status.message(),
+            "a batch of at most 0 tasks");
+  EXPECT_TRUE(batches.empty());
+}
+
 // A hand-off as calibration measures it: a time, not a failure, on two
 // resources of the pools; a chain of fewer than two tasks or a missing
 // resource is an error.

@@ -54,6 +54,8 @@ struct JitCase {
   int64_t tokens, layers, kvHeads, headDim, blockSize, firstToken;
   /// rms_norm: the rows' width.
   int64_t hidden = 0;
+  /// restore: chunks of one launch (KernelCase::make).
+  int64_t chunks = 1;
 };
 
 std::ostream &operator<<(std::ostream &os, const JitCase &c) {
@@ -61,8 +63,11 @@ std::ostream &operator<<(std::ostream &os, const JitCase &c) {
      << " l" << c.layers;
   if (c.hidden)
     return os << " d" << c.hidden;
-  return os << " h" << c.kvHeads << "x" << c.headDim << " b" << c.blockSize
-            << " from " << c.firstToken;
+  os << " h" << c.kvHeads << "x" << c.headDim << " b" << c.blockSize << " from "
+     << c.firstToken;
+  if (c.chunks > 1)
+    os << " x" << c.chunks << " chunks";
+  return os;
 }
 
 /// A buffer aligned as the kernels' 16-byte accesses need.
@@ -125,7 +130,8 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
                                            /*firstLayer=*/1, seed)
       : save ? KernelCase::makeSave(shape, p.firstToken, /*firstLayer=*/1, seed)
       : norm ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
-             : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed);
+             : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed,
+                                p.chunks);
   ASSERT_TRUE(made) << made.status().message();
   const KernelCase &c = *made;
 
@@ -148,7 +154,13 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   spec.codec = mlir::kvc::getCodecAttr(&context, *codec);
   spec.threads = 64;
   spec.host = true; // The form the host lowering takes (KernelGen.h).
-  ASSERT_EQ(spec.payloadBytes(), int64_t(c.payload().size()));
+  for (const ::kvc::KernelChunk &chunk : c.chunks()) {
+    ASSERT_LE(chunk.payloadOffset + spec.payloadBytes(),
+              int64_t(c.payload().size()));
+  }
+  if (p.chunks == 1) {
+    ASSERT_EQ(spec.payloadBytes(), int64_t(c.payload().size()));
+  }
 
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
@@ -204,20 +216,23 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
     c.fillCache(keyBits, valueBits);
   AlignedBuffer<int32_t> table(c.blockTable().size());
   std::copy(c.blockTable().begin(), c.blockTable().end(), table.data.get());
+  AlignedBuffer<int64_t> chunks(3 * c.chunks().size());
+  std::memcpy(chunks.data.get(), c.chunks().data(), chunks.count * 8);
 
   auto payloadRef = payload.memref(), keyRef = keys.memref(),
        valueRef = values.memref(), ropeRef = ropeTable.memref();
   auto tableRef = table.memref();
+  auto chunksRef = chunks.memref();
   auto *payloadArg = &payloadRef, *keyArg = &keyRef, *valueArg = &valueRef,
        *ropeArg = &ropeRef;
   auto *tableArg = &tableRef;
-  int64_t firstToken = c.firstToken(), firstLayer = c.firstLayer(),
-          layerRows = c.layerRows();
+  auto *chunksArg = &chunksRef;
+  int64_t layerRows = c.layerRows();
   llvm::Error error =
       rope ? (*engine)->invoke(symbol, payloadArg, keyArg, valueArg, tableArg,
-                               firstToken, firstLayer, layerRows, ropeArg)
+                               chunksArg, layerRows, ropeArg)
            : (*engine)->invoke(symbol, payloadArg, keyArg, valueArg, tableArg,
-                               firstToken, firstLayer, layerRows);
+                               chunksArg, layerRows);
   ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
 
   ::kvc::testing::CacheErrors errors = c.check(
@@ -254,6 +269,19 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
                 64, 16, 9}));
+
+// Chunks of one launch (the chunk table's records, blockIdx.y on a GPU):
+// three and five chunks over two layer groups, payloads in the reverse
+// order of the records, for raw data, KIVI's int4, a per-channel int8 and
+// Hadamard with int2, on shapes that start and end mid-block.
+INSTANTIATE_TEST_SUITE_P(
+    Batched, KernelJitTest,
+    ::testing::Values(JitCase{"raw", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 3},
+                      JitCase{"int4", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 5},
+                      JitCase{"int8/k=channel/v=channel/g8", DType::BF16, 21, 1,
+                              1, 128, 32, 30, 0, 3},
+                      JitCase{"hadamard+int2", DType::BF16, 16, 1, 2, 64, 16, 0,
+                              0, 5}));
 
 // The save side, gathering from the cache and encoding: the same
 // compositions and shapes, and per-token groups that span head rows

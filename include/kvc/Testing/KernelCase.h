@@ -27,6 +27,7 @@
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Exec/KernelAbi.h"
 
 #include <cstdint>
 #include <random>
@@ -63,12 +64,15 @@ struct CacheErrors {
 
 class KernelCase {
 public:
-  /// A restore kernel's case whose chunk starts at token `firstToken` of
-  /// the request and layer `firstLayer` of the cache; `seed` draws the KV
-  /// and the table.
-  static StatusOr<KernelCase> make(const KernelShape &shape,
-                                          int64_t firstToken,
-                                          int64_t firstLayer, uint32_t seed);
+  /// A restore kernel's case whose first chunk starts at token
+  /// `firstToken` of the request and layer `firstLayer` of the cache; `seed`
+  /// draws the KV and the table. A launch over `chunks` > 1 chunks covers
+  /// two layer groups: chunk i at tokens firstToken + (i / 2) * tokens,
+  /// layers firstLayer + (i % 2) * layers, their payloads in the reverse
+  /// order, 16 bytes apart.
+  static StatusOr<KernelCase> make(const KernelShape &shape, int64_t firstToken,
+                                   int64_t firstLayer, uint32_t seed,
+                                   int64_t chunks = 1);
   /// A rope_scatter kernel's case (the shape's codec and storage unused),
   /// rotating as Llama 3.1 does (base 500000, its long-context scaling).
   static StatusOr<KernelCase> makeRopeScatter(const KernelShape &shape,
@@ -91,9 +95,12 @@ public:
   static constexpr uint16_t kPoison = 0x7FC1;
 
   const KernelShape &shape() const { return shape_; }
-  /// The kernel's input (the encoded chunk, or the f32 projections), or a
+  /// The kernel's input (the encoded chunks, or the f32 projections), or a
   /// save kernel's expected output.
   const std::string &payload() const { return payload_; }
+  /// The launch's chunk table (the kernel's "chunks" argument): one record
+  /// per chunk, offsets into payload().
+  const std::vector<KernelChunk> &chunks() const { return chunks_; }
   /// rope_scatter: the RoPE table's rows 0 .. firstToken + tokens, f32.
   const std::vector<float> &ropeTable() const { return ropeTable_; }
   /// rms_norm: f32 [layers][hidden], every layer of the model up to the
@@ -126,25 +133,31 @@ public:
   void fillCache(uint16_t *keys, uint16_t *values) const;
 
 private:
-  KernelCase(const KernelShape &shape, int64_t firstToken,
-                    int64_t firstLayer)
-      : shape_(shape), firstToken_(firstToken), firstLayer_(firstLayer) {}
+  KernelCase(const KernelShape &shape, int64_t firstToken, int64_t firstLayer)
+      : shape_(shape), chunks_{{0, firstToken, firstLayer}},
+        firstToken_(firstToken), firstLayer_(firstLayer) {}
   /// Draws the chunk's values: keys with per-channel outliers, values around
   /// zero (KIVI's setting).
   static std::vector<float> drawValues(const ChunkShape &chunk,
                                        std::mt19937 &rng);
-  /// Draws the block table and sizes the cache.
+  /// Draws the block table and sizes the cache for the chunks' tokens.
   void drawTable(std::mt19937 &rng);
-  /// The cache row of token `t` of the chunk in its layer `l`.
-  int64_t cacheRow(int64_t l, int64_t t) const;
+  /// The cache row of token `t` of chunk `c` in its layer `l`.
+  int64_t cacheRow(const KernelChunk &c, int64_t l, int64_t t) const;
+  /// Layers of the cache: up to the last chunk's end.
+  int64_t layerSpan() const;
+  /// Where row `t` of K (`kv` 0) or V of layer `l` of chunk `chunk` starts
+  /// in expected_.
+  int64_t expectedRow(size_t chunk, int64_t l, int kv, int64_t t) const;
 
   KernelShape shape_;
   std::string payload_;
-  /// What the chunk's rows of the cache hold after the kernel, per layer K
-  /// then V, [tokens][width].
+  /// What the chunks' rows of the cache hold after the kernel, per chunk,
+  /// per layer K then V, [tokens][width].
   std::vector<uint16_t> expected_;
   std::vector<int32_t> table_;
   std::vector<float> ropeTable_, normWeights_;
+  std::vector<KernelChunk> chunks_;
   int64_t firstToken_ = 0, firstLayer_ = 0, layerRows_ = 0;
   bool saves_ = false;
 };

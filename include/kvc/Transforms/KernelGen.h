@@ -21,19 +21,21 @@
 //
 // A kernel function's arguments (its ABI, recorded in the plan bundle):
 //
-//   payload      memref<?xi8>   restore: the chunk after its lossless stage,
-//                               as the runtime's codecs lay it out (save:
-//                               the same, written);
-//                               rope_scatter: the projection's f32 output,
+//   payload      memref<?xi8>   restore: the chunks after their lossless
+//                               stage, as the runtime's codecs lay them out
+//                               (save: the same, written);
+//                               rope_scatter: the projections' f32 output,
 //                               per layer K then V, [tokens][kv width]
-//                               (16-byte aligned either way)
 //   key_cache    memref<?xi8>   [layers][layer_rows][kv_heads * head_dim]
 //                               (read by a save kernel)
 //   value_cache  memref<?xi8>   bf16, the same shape (vLLM's flash layout
 //                               with a layer stride of layer_rows rows)
 //   block_table  memref<?xi32>  logical block -> physical block
-//   first_token  index          the chunk's first token in the request
-//   first_layer  index          the chunk's first layer in the cache
+//   chunks       memref<?xi64>  the launch's chunks, 3 values each: the
+//                               chunk's first payload byte (a multiple of
+//                               16), its first token in the request and
+//                               first layer in the cache (KernelAbi.h's
+//                               KernelChunk); blockIdx.y picks one
 //   layer_rows   index          rows of one layer's cache (blocks * block size)
 //   rope_table   memref<?xi8>   rope_scatter only: the model's RoPE table,
 //                               f32 [position][head_dim] (Rope.h), indexed

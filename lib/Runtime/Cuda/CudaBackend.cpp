@@ -251,8 +251,8 @@ public:
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(out, scratch.take<char>(kernel.payloadBytes));
-    KVC_ASSIGN_OR_RETURN(params,
-                         cacheParams(kernel, out, cache, table, box, scratch));
+    KVC_ASSIGN_OR_RETURN(
+        params, cacheParams(kernel, {{out, box}}, cache, table, scratch));
     KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
     payload.resize(size_t(kernel.payloadBytes));
     KVC_CUDA_RETURN_IF_ERROR(
@@ -310,8 +310,8 @@ public:
     KVC_ASSIGN_OR_RETURN(normed, scratch.take<uint16_t>(layers * tokens * h));
     KVC_ASSIGN_OR_RETURN(projected,
                          scratch.take<float>(layers * 2 * tokens * kvDim));
-    KVC_ASSIGN_OR_RETURN(
-        scatter, cacheParams(epilogue, projected, cache, table, box, scratch));
+    KVC_ASSIGN_OR_RETURN(scatter, cacheParams(epilogue, {{projected, box}},
+                                              cache, table, scratch));
     KernelParams norm;
     norm.buffer("hidden", in.memory.get<char>(), 2 * in.words);
     norm.buffer("norm_weights", gpu->attnNorms(),
@@ -332,23 +332,29 @@ public:
     return model.projectFlops(tokens, layers);
   }
 
-  Status launchRestore(const BundleKernel &kernel, const DeviceBuffer &payload,
-                       const ChunkBox &box, PagedKVCache &cache,
-                       const BlockTable &table) override {
+  Status launchRestore(const BundleKernel &kernel,
+                       const std::vector<RestoreChunk> &chunks,
+                       PagedKVCache &cache, const BlockTable &table) override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
-    const CudaBuffer &in = bufferOf(payload);
-    if (kernel.tokens != box.tokens() || kernel.layers != box.layers() ||
-        2 * in.words < kernel.payloadBytes)
-      return Status(StatusCode::Internal,
-                    "launchRestore: kernel \"" + kernel.name +
-                        "\" does not decode this chunk's payload");
+    std::vector<Placed> placed;
+    for (const RestoreChunk &chunk : chunks) {
+      const CudaBuffer &in = bufferOf(*chunk.payload);
+      if (kernel.tokens != chunk.box.tokens() ||
+          kernel.layers != chunk.box.layers() ||
+          2 * in.words < kernel.payloadBytes)
+        return Status(StatusCode::Internal,
+                      "launchRestore: kernel \"" + kernel.name +
+                          "\" does not decode this chunk's payload");
+      placed.push_back({in.memory.get<char>(), chunk.box});
+    }
     KVC_ASSIGN_OR_RETURN(lease, acquire()); // The device's context current.
     Lane &lane = *lease;
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
-    KVC_ASSIGN_OR_RETURN(params, cacheParams(kernel, in.memory.get<char>(),
-                                             cache, table, box, scratch));
-    KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
+    KVC_ASSIGN_OR_RETURN(params,
+                         cacheParams(kernel, placed, cache, table, scratch));
+    KVC_RETURN_IF_ERROR(
+        launch(kernel, function, params, lane, int64_t(placed.size())));
     return lane.sync("generated restore kernel");
   }
 
@@ -667,40 +673,62 @@ private:
     return gpu.get();
   }
 
-  /// The parameters restore, rope_scatter and save kernels share over the
-  /// box of `cache`: `payload`, the cache's bases and layer_rows
-  /// (kernelArgsFor), the block table (copied to the device in `scratch`)
-  /// and the box's first token and layer.
-  static StatusOr<KernelParams>
-  cacheParams(const BundleKernel &kernel, const void *payload,
-              const PagedKVCache &cache, const BlockTable &table,
-              const ChunkBox &box, Scratch &scratch) {
+  /// A chunk of a launch: its payload on the device and its box.
+  struct Placed {
+    const void *payload;
+    ChunkBox box;
+  };
+
+  /// The parameters restore, rope_scatter and save kernels share over
+  /// `chunks` of `cache`: the payloads' span, the cache's bases and
+  /// layer_rows (kernelArgsFor), and the block table and chunk table,
+  /// copied to the device in `scratch` in one upload.
+  static StatusOr<KernelParams> cacheParams(const BundleKernel &kernel,
+                                            const std::vector<Placed> &chunks,
+                                            const PagedKVCache &cache,
+                                            const BlockTable &table,
+                                            Scratch &scratch) {
     KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
-    KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
-                                         box.tokenBegin, box.tokens()));
+    std::vector<ChunkAt> at;
+    for (const Placed &chunk : chunks) {
+      const ChunkBox &box = chunk.box;
+      KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
+                                           box.tokenBegin, box.tokens()));
+      at.push_back({chunk.payload, box.tokenBegin, box.layerBegin});
+    }
+    KVC_ASSIGN_OR_RETURN(chunkTable, kvc::chunkTable(kernel, at));
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
-    KVC_ASSIGN_OR_RETURN(deviceBlocks,
-                         scratch.copy(blocks.data(), int64_t(blocks.size())));
+    // [block table, padded to 8 bytes][chunk records]
+    const int64_t blockWords = (int64_t(blocks.size()) + 1) / 2;
+    std::vector<int64_t> tables(
+        size_t(blockWords + 3 * int64_t(chunkTable.records.size())));
+    std::memcpy(tables.data(), blocks.data(), blocks.size() * sizeof(int32_t));
+    std::memcpy(tables.data() + blockWords, chunkTable.records.data(),
+                chunkTable.records.size() * sizeof(KernelChunk));
+    KVC_ASSIGN_OR_RETURN(device,
+                         scratch.copy(tables.data(), int64_t(tables.size())));
     KernelParams params;
-    params.buffer("payload", payload, kernel.payloadBytes);
+    params.buffer("payload", chunkTable.base, chunkTable.bytes);
     params.buffer("key_cache", args.keys, args.bytes);
     params.buffer("value_cache", args.values, args.bytes);
-    params.buffer("block_table", deviceBlocks, int64_t(blocks.size()));
-    params.scalar("first_token", box.tokenBegin);
-    params.scalar("first_layer", box.layerBegin);
+    params.buffer("block_table", device, int64_t(blocks.size()));
+    params.buffer("chunks", device + blockWords,
+                  3 * int64_t(chunkTable.records.size()));
     params.scalar("layer_rows", args.layerRows);
     return params;
   }
 
-  /// Enqueues `function`, `kernel`'s, with `params` on the lane.
+  /// Enqueues `function`, `kernel`'s, with `params` on the lane, its grid
+  /// run once per chunk of the chunk table (`chunks` of them).
   Status launch(const BundleKernel &kernel, CUfunction function,
-                KernelParams &params, Lane &lane) {
+                KernelParams &params, Lane &lane, int64_t chunks = 1) {
     KVC_ASSIGN_OR_RETURN(pointers, params.pointers(kernel));
     return driver_->check(
         driver_->cuLaunchKernel(
-            function, unsigned(kernel.grid[0]), unsigned(kernel.grid[1]),
-            unsigned(kernel.grid[2]), unsigned(kernel.block[0]),
-            unsigned(kernel.block[1]), unsigned(kernel.block[2]), 0,
+            function, unsigned(kernel.grid[0]),
+            unsigned(kernel.grid[1] * chunks), unsigned(kernel.grid[2]),
+            unsigned(kernel.block[0]), unsigned(kernel.block[1]),
+            unsigned(kernel.block[2]), 0,
             reinterpret_cast<CUstream>(lane.stream), pointers.data(), nullptr),
         ("launching generated kernel " + kernel.name).c_str());
   }

@@ -265,6 +265,7 @@ Status ChunkSteps::project(ChunkValue &value) {
     std::lock_guard<std::mutex> lock(mutex_);
     flops_ += flops;
     ++kernelLaunches_;
+    ++kernelChunks_;
     return Status::ok();
   }
   std::unique_ptr<DeviceBuffer> own;
@@ -298,25 +299,43 @@ Status ChunkSteps::compute(ChunkValue &value) {
   return Status::ok();
 }
 
-Status ChunkSteps::scatter(ChunkValue &value) {
-  if (!value.inCache) {
-    if (value.form != Form::KV)
+Status ChunkSteps::scatter(ChunkValue &value) { return scatter({&value}); }
+
+Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
+  std::vector<ChunkValue *> launched;
+  std::vector<RestoreChunk> chunks;
+  for (ChunkValue *value : values) {
+    if (value->inCache)
+      continue;
+    if (value->form != Form::KV)
       return Status(StatusCode::Internal,
                     "restore: scatter of hidden states (missing project)");
-    KVC_RETURN_IF_ERROR(toDevice(value));
-    if (value.payload) {
-      KVC_RETURN_IF_ERROR(backend_.launchRestore(*value.kernel, *value.device,
-                                                 value.box(), cache_, table_));
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++kernelLaunches_;
-    } else {
-      KVC_RETURN_IF_ERROR(
-          backend_.scatter(*value.device, value.box(), cache_, table_));
+    KVC_RETURN_IF_ERROR(toDevice(*value));
+    if (value->payload) {
+      if (value->kernel != values.front()->kernel)
+        return Status(StatusCode::Internal,
+                      "restore: one launch of chunks of different kernels");
+      launched.push_back(value);
+      chunks.push_back({value->device, value->box()});
+      continue;
     }
-    release(value);
+    KVC_RETURN_IF_ERROR(
+        backend_.scatter(*value->device, value->box(), cache_, table_));
+    release(*value);
+  }
+  if (!launched.empty()) {
+    KVC_RETURN_IF_ERROR(backend_.launchRestore(*launched.front()->kernel,
+                                               chunks, cache_, table_));
+    for (ChunkValue *value : launched)
+      release(*value);
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++kernelLaunches_;
+    kernelChunks_ += int64_t(launched.size());
   }
   if (progress_)
-    progress_->add(value.layers.begin, value.layers.end, value.tokens.size());
+    for (ChunkValue *value : values)
+      progress_->add(value->layers.begin, value->layers.end,
+                     value->tokens.size());
   return Status::ok();
 }
 
@@ -364,6 +383,11 @@ void ChunkSteps::kernelNotLaunched(const std::string &why) {
 int64_t ChunkSteps::kernelLaunches() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return kernelLaunches_;
+}
+
+int64_t ChunkSteps::kernelChunks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kernelChunks_;
 }
 
 std::vector<std::string> ChunkSteps::kernelsNotLaunched() const {

@@ -10,7 +10,8 @@
 //   project    the backend's hidden states -> K, V
 //   compute    the backend's prefill of the box into the paged cache
 //   scatter    the backend's write of K and V into the paged cache, or its
-//              launch of the chunk's generated kernel; counts the box's
+//              launch of the chunk's generated kernel (one launch for
+//              chunks of one kernel scattered together); counts the box's
 //              layers as written (LayerProgress)
 //
 // A chunk's host buffers may be a staging slot's, reused across chunks and
@@ -125,6 +126,9 @@ public:
   /// Prefills the box's tokens through layers [0, box.layerEnd).
   Status compute(ChunkValue &value);
   Status scatter(ChunkValue &value);
+  /// Scatters `values`, chunks a generated kernel decodes in one launch
+  /// (they name the same one; Internal otherwise) and the others one by one.
+  Status scatter(const std::vector<ChunkValue *> &values);
   /// Prefills `box` exactly into the cache (Cake's front, a chunk that
   /// failed to load) and counts it as written.
   Status computeBox(const ChunkBox &box);
@@ -137,6 +141,7 @@ public:
 
   double flops() const;
   int64_t kernelLaunches() const;
+  int64_t kernelChunks() const;
   std::vector<std::string> kernelsNotLaunched() const;
   int64_t exactContextBytes() const { return prefill_->exactContextBytes(); }
   std::map<std::string, int64_t> bytesRead() const;
@@ -166,7 +171,7 @@ private:
       refs_;
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;
-  int64_t kernelLaunches_ = 0;
+  int64_t kernelLaunches_ = 0, kernelChunks_ = 0;
   std::vector<std::string> kernelsNotLaunched_;
 };
 

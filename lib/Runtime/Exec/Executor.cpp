@@ -105,8 +105,18 @@ public:
                 std::to_string(task.steps.size() - 1);
       label += " " + std::to_string(first.tokens.begin) + ":" +
                std::to_string(first.tokens.end);
+      // Chunks of one restore kernel that are ready together share a
+      // launch.
+      std::string batch;
+      if (values_[i]->kernel && task.steps.back().kind == StepKind::Scatter) {
+        batch = values_[i]->kernel->name;
+        graph.batches[batch] = [this](int, const std::vector<int64_t> &tasks) {
+          return runBatch(tasks);
+        };
+      }
       graph.add({label, poolOf(task), task.after,
-                 [this, i](int) { return runTask(i); }});
+                 [this, i](int) { return runTask(i); }},
+                batch);
     }
     return graph;
   }
@@ -259,20 +269,62 @@ public:
   }
 
 private:
-  Status runTask(std::size_t index) {
+  /// Records a failure of `value`'s chunk that a recompute recovers (after
+  /// the graph), returning ok; returns any other status as it is.
+  Status recover(exec_detail::ChunkValue &value, Status status) {
+    if (status.isOk() || !recoverableByRecompute(status))
+      return status;
+    value.fault = status.toString();
+    steps_.release(value);
+    return Status::ok();
+  }
+
+  /// Runs the first `count` steps of task `index`, until its chunk faults.
+  Status runSteps(std::size_t index, std::size_t count) {
     const BundleTask &task = plan_.tasks[index];
     exec_detail::ChunkValue &value = *values_[index];
-    for (const BundleStep &step : task.steps) {
-      if (!value.fault.empty())
-        return Status::ok(); // To be recomputed after the graph.
-      Status status = runStep(step, value, task.slot);
-      if (!status.isOk()) {
-        if (!recoverableByRecompute(status))
-          return status;
-        value.fault = status.toString();
-        steps_.release(value);
-      }
+    for (std::size_t i = 0; i < count && value.fault.empty(); ++i)
+      KVC_RETURN_IF_ERROR(
+          recover(value, runStep(task.steps[i], value, task.slot)));
+    return Status::ok();
+  }
+
+  Status runTask(std::size_t index) {
+    return runSteps(index, plan_.tasks[index].steps.size());
+  }
+
+  /// Runs tasks whose last step scatters a chunk one restore kernel
+  /// decodes: each task's other steps and its chunk's upload, then one
+  /// launch for the chunks that did not fault.
+  Status runBatch(const std::vector<int64_t> &tasks) {
+    std::vector<exec_detail::ChunkValue *> launch;
+    for (int64_t index : tasks) {
+      const BundleTask &task = plan_.tasks[index];
+      exec_detail::ChunkValue &value = *values_[index];
+      KVC_RETURN_IF_ERROR(runSteps(index, task.steps.size() - 1));
+      if (value.fault.empty())
+        KVC_RETURN_IF_ERROR(wholeChunk(task.steps.back(), value));
+      if (value.fault.empty())
+        KVC_RETURN_IF_ERROR(recover(value, steps_.toDevice(value)));
+      if (value.fault.empty())
+        launch.push_back(&value);
     }
+    if (launch.empty())
+      return Status::ok();
+    Status status = steps_.scatter(launch);
+    for (exec_detail::ChunkValue *value : launch)
+      KVC_RETURN_IF_ERROR(recover(*value, status));
+    return Status::ok();
+  }
+
+  /// Unimplemented unless `step` works on the whole of its chunk.
+  static Status wholeChunk(const BundleStep &step,
+                           const exec_detail::ChunkValue &value) {
+    if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
+      return unimplemented(std::string("restore: step ") + name(step.kind) +
+                           " over tokens " + std::to_string(step.tokens.begin) +
+                           " to " + std::to_string(step.tokens.end) +
+                           " works on part of its chunk");
     return Status::ok();
   }
 
@@ -296,11 +348,7 @@ private:
       return unimplemented(std::string("restore: step ") + name(step.kind) +
                            " has no implementation in the executor");
     }
-    if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
-      return unimplemented(std::string("restore: step ") + name(step.kind) +
-                           " over tokens " + std::to_string(step.tokens.begin) +
-                           " to " + std::to_string(step.tokens.end) +
-                           " works on part of its chunk");
+    KVC_RETURN_IF_ERROR(wholeChunk(step, value));
     switch (step.kind) {
     case StepKind::Project:
       return steps_.project(value);
@@ -381,6 +429,7 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   metrics.bytesRead = run.steps().bytesRead();
   metrics.flops = run.steps().flops();
   metrics.kernelLaunches = run.steps().kernelLaunches();
+  metrics.kernelChunks = run.steps().kernelChunks();
   metrics.kernelsNotLaunched = run.steps().kernelsNotLaunched();
   metrics.stagingBytes = run.stagingBytes();
   metrics.exactContextBytes = run.steps().exactContextBytes();

@@ -2,6 +2,7 @@
 
 #include "kvc/Runtime/Exec/KernelAbi.h"
 
+#include <algorithm>
 #include <limits>
 
 namespace kvc {
@@ -52,6 +53,32 @@ KernelParams::pointers(const BundleKernel &kernel) {
     }
   }
   return out;
+}
+
+StatusOr<ChunkTable> chunkTable(const BundleKernel &kernel,
+                                const std::vector<ChunkAt> &chunks) {
+  if (chunks.empty())
+    return invalidArgument("kernel \"" + kernel.name +
+                           "\": a launch over no chunk");
+  // Device addresses of separate allocations: compared and subtracted as
+  // integers.
+  auto address = [](const void *p) { return reinterpret_cast<uintptr_t>(p); };
+  uintptr_t low = std::numeric_limits<uintptr_t>::max(), high = 0;
+  for (const ChunkAt &chunk : chunks) {
+    if (address(chunk.payload) % 16)
+      return invalidArgument("kernel \"" + kernel.name +
+                             "\": a payload that is not 16-byte aligned");
+    low = std::min(low, address(chunk.payload));
+    high =
+        std::max(high, address(chunk.payload) + uintptr_t(kernel.payloadBytes));
+  }
+  ChunkTable table;
+  table.base = reinterpret_cast<const char *>(low);
+  table.bytes = int64_t(high - low);
+  for (const ChunkAt &chunk : chunks)
+    table.records.push_back({int64_t(address(chunk.payload) - low),
+                             chunk.firstToken, chunk.firstLayer});
+  return table;
 }
 
 StatusOr<std::vector<int32_t>>

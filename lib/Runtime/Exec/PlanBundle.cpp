@@ -60,9 +60,9 @@ std::optional<BundleKernel::Kind> parseBundleKernelKind(std::string_view name) {
 
 const std::vector<std::string> &
 bundleKernelArgNames(BundleKernel::Kind kind) {
-  static const std::vector<std::string> restore = {
-      "payload",     "key_cache",   "value_cache", "block_table",
-      "first_token", "first_layer", "layer_rows"};
+  static const std::vector<std::string> restore = {"payload",     "key_cache",
+                                                   "value_cache", "block_table",
+                                                   "chunks",      "layer_rows"};
   static const std::vector<std::string> ropeScatter = [] {
     std::vector<std::string> names = restore;
     names.push_back("rope_table");
@@ -612,6 +612,11 @@ StatusOr<PlanBundle> parsePlanBundle(std::string_view text) {
     const Json *kernels;
     KVC_RETURN_IF_ERROR(
         readArray(root, "", "kernels", kernels, Presence::Optional));
+    if (bundle.version == 2 && kernels && !kernels->empty())
+      return invalidArgument(
+          "kernels: a version 2 bundle's kernels take one chunk's first_token "
+          "and first_layer; this runtime launches kernels over a table of "
+          "chunks (version 3): compile the plans again with kvc-opt");
     for (std::size_t i = 0; kernels && i < kernels->size(); ++i) {
       bundle.kernels.emplace_back();
       KVC_RETURN_IF_ERROR(parseKernel((*kernels)[i], indexPath("kernels", i),

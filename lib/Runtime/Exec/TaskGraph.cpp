@@ -91,40 +91,103 @@ struct RunState {
         users(graph.tasks.size()), timings(graph.tasks.size()),
         remaining(int64_t(graph.tasks.size())) {}
 
-  /// Submits the ready tasks, or skips them (and whatever they make ready)
-  /// once the run has failed.
+  /// Submits the ready tasks (a batch key's to its queue, with a job to
+  /// drain it where none is pending), or skips them (and whatever they make
+  /// ready) once the run has failed. Tasks released together join their
+  /// queues before any drain job of theirs can run, so they batch.
   void release(std::vector<int64_t> ready,
                const std::shared_ptr<RunState> &self) {
-    while (!ready.empty()) {
-      int64_t task = ready.back();
-      ready.pop_back();
-      bool skip;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        skip = !status.isOk();
-      }
-      if (!skip) {
-        pools.submit(graph.tasks[task].resource,
-                     [self, task](int worker) { self->run(task, worker, self); });
-        continue;
-      }
+    std::vector<int64_t> alone;
+    std::vector<int64_t> drains; // A task of each key to drain.
+    {
       std::lock_guard<std::mutex> lock(mutex);
-      finishLocked(task, ready);
+      // In order; skipped tasks append what they release.
+      for (std::size_t next = 0; next < ready.size(); ++next) {
+        int64_t task = ready[next];
+        if (!status.isOk()) {
+          finishLocked(task, ready);
+          continue;
+        }
+        const std::string &key = graph.batchOf(task);
+        if (key.empty()) {
+          alone.push_back(task);
+          continue;
+        }
+        std::deque<int64_t> &queue = waiting[key];
+        if (queue.empty())
+          drains.push_back(task);
+        queue.push_back(task);
+      }
     }
+    for (int64_t task : alone)
+      pools.submit(graph.tasks[task].resource,
+                   [self, task](int worker) { self->run(task, worker, self); });
+    for (int64_t task : drains)
+      submitDrain(task, self);
+  }
+
+  /// Queues a job that drains the batch of `task`'s key.
+  void submitDrain(int64_t task, const std::shared_ptr<RunState> &self) {
+    pools.submit(graph.tasks[task].resource,
+                 [self, key = graph.batchOf(task)](int worker) {
+                   self->drain(key, worker, self);
+                 });
   }
 
   void run(int64_t task, int worker, const std::shared_ptr<RunState> &self) {
     double start = seconds();
     Status result = graph.tasks[task].fn ? graph.tasks[task].fn(worker)
                                          : Status::ok();
+    finish({task}, start, worker, result, self);
+  }
+
+  /// Runs up to maxBatch tasks waiting under `key` as one batch.
+  void drain(const std::string &key, int worker,
+             const std::shared_ptr<RunState> &self) {
+    std::vector<int64_t> tasks;
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      std::deque<int64_t> &queue = waiting[key];
+      while (!queue.empty() && int64_t(tasks.size()) < graph.maxBatch) {
+        tasks.push_back(queue.front());
+        queue.pop_front();
+      }
+      if (!queue.empty())
+        submitDrain(queue.front(), self);
+      failed = !status.isOk();
+    }
+    if (tasks.empty())
+      return;
+    if (failed) {
+      std::vector<int64_t> ready;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        for (int64_t task : tasks)
+          finishLocked(task, ready);
+      }
+      release(std::move(ready), self);
+      return;
+    }
+    double start = seconds();
+    finish(tasks, start, worker, graph.batches.at(key)(worker, tasks), self);
+  }
+
+  /// Records `tasks`, run from `start` by `worker` with `result`, as done
+  /// and releases what they make ready.
+  void finish(const std::vector<int64_t> &tasks, double start, int worker,
+              const Status &result, const std::shared_ptr<RunState> &self) {
     double end = seconds();
     std::vector<int64_t> ready;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      timings[task] = TaskTiming{start, end, worker, true};
       if (!result.isOk() && status.isOk())
-        status = result.withContext(graph.tasks[task].name);
-      finishLocked(task, ready);
+        status = result.withContext(graph.tasks[tasks.front()].name);
+      busy[graph.tasks[tasks.front()].resource] += end - start;
+      for (int64_t task : tasks) {
+        timings[task] = TaskTiming{start, end, worker, true};
+        finishLocked(task, ready);
+      }
     }
     release(std::move(ready), self);
   }
@@ -150,12 +213,18 @@ struct RunState {
   std::vector<int64_t> pending;
   std::vector<std::vector<int64_t>> users;
   std::vector<TaskTiming> timings;
+  /// Tasks of each batch key waiting for a drain job; non-empty exactly
+  /// while one is queued or running.
+  std::map<std::string, std::deque<int64_t>> waiting;
+  /// Seconds each resource ran this run's calls (a batch counted once).
+  std::map<std::string, double> busy;
   int64_t remaining;
   Status status;
 };
 
 Status checkGraph(const ResourcePools &pools, const TaskGraph &graph) {
   const int64_t n = int64_t(graph.tasks.size());
+  std::map<std::string, std::string> batchResource;
   for (int64_t i = 0; i < n; ++i) {
     const GraphTask &task = graph.tasks[i];
     if (!pools.has(task.resource))
@@ -167,7 +236,22 @@ Status checkGraph(const ResourcePools &pools, const TaskGraph &graph) {
         return invalidArgument("task " + std::to_string(i) + " (" +
                                task.name + "): bad dependency " +
                                std::to_string(dep));
+    const std::string &batch = graph.batchOf(i);
+    if (batch.empty())
+      continue;
+    if (!graph.batches.count(batch))
+      return invalidArgument("task " + std::to_string(i) + " (" + task.name +
+                             "): no function for batch \"" + batch + "\"");
+    const std::string &resource =
+        batchResource.emplace(batch, task.resource).first->second;
+    if (resource != task.resource)
+      return invalidArgument("task " + std::to_string(i) + " (" + task.name +
+                             "): batch \"" + batch + "\" spans resources \"" +
+                             resource + "\" and \"" + task.resource + "\"");
   }
+  if (graph.maxBatch < 1)
+    return invalidArgument("a batch of at most " +
+                           std::to_string(graph.maxBatch) + " tasks");
   int64_t onCycle = 0;
   if (int64_t(exec_detail::topologicalOrder(
                   n,
@@ -197,9 +281,9 @@ RunResult runGraph(ResourcePools &pools, const TaskGraph &graph) {
       ++state->pending[i];
     }
   }
-  for (int64_t i = int64_t(graph.tasks.size()) - 1; i >= 0; --i)
+  for (int64_t i = 0; i < int64_t(graph.tasks.size()); ++i)
     if (state->pending[i] == 0)
-      ready.push_back(i); // Released from the back: task order.
+      ready.push_back(i);
   if (!graph.tasks.empty())
     state->release(std::move(ready), state);
 
@@ -207,13 +291,10 @@ RunResult runGraph(ResourcePools &pools, const TaskGraph &graph) {
   state->done.wait(lock, [&] { return state->remaining == 0; });
   result.status = state->status;
   result.timings = state->timings;
-  for (std::size_t i = 0; i < graph.tasks.size(); ++i) {
-    const TaskTiming &t = result.timings[i];
-    if (!t.ran)
-      continue;
-    result.makespan = std::max(result.makespan, t.end);
-    result.busy[graph.tasks[i].resource] += t.end - t.start;
-  }
+  result.busy = state->busy;
+  for (const TaskTiming &t : result.timings)
+    if (t.ran)
+      result.makespan = std::max(result.makespan, t.end);
   return result;
 }
 

@@ -17,9 +17,9 @@
 //   copyRows      rows of one paged cache into another
 //   scatter       a chunk's K and V -> the paged cache through the block
 //                 table                           (scatter)
-//   launchRestore a plan bundle's generated restore kernel: a chunk's
-//                 stored payload (quantized, transformed) -> the paged
-//                 cache                           (dequant, untransform,
+//   launchRestore a plan bundle's generated restore kernel: chunks'
+//                 stored payloads (quantized, transformed) -> the paged
+//                 cache, in one launch            (dequant, untransform,
 //                                                  scatter; KernelAbi.h)
 //   launchSave    a bundle's generated save kernel: K and V of the cache
 //                 -> a stored object's payload on the host (gather,
@@ -80,6 +80,14 @@ struct ChunkBox {
   int64_t layerBegin = 0, layerEnd = 0;
   int64_t tokens() const { return tokenEnd - tokenBegin; }
   int64_t layers() const { return layerEnd - layerBegin; }
+};
+
+/// One chunk of a generated restore kernel's launch: its stored payload
+/// after the lossless stage (ChunkObjects::payload, the objects back to
+/// back), uploaded, and its box.
+struct RestoreChunk {
+  const DeviceBuffer *payload = nullptr;
+  ChunkBox box;
 };
 
 /// One request's prefill into its paged cache: the computed part of a
@@ -160,14 +168,14 @@ public:
                          " backend launches no generated kernels");
   }
 
-  /// Runs the generated restore kernel `kernel` over `payload`, the box's
-  /// stored payload after its lossless stage (ChunkObjects::payload, the
-  /// objects back to back), uploaded: it dequantizes, untransforms and
-  /// writes the box's K and V into `cache` through `table`.
+  /// Runs the generated restore kernel `kernel` over `chunks` in one launch
+  /// (KernelAbi.h's chunk table): it dequantizes and untransforms each
+  /// chunk's payload and writes its box's K and V into `cache` through
+  /// `table`.
   virtual Status launchRestore(const BundleKernel &kernel,
-                               const DeviceBuffer &payload, const ChunkBox &box,
+                               const std::vector<RestoreChunk> &chunks,
                                PagedKVCache &cache, const BlockTable &table) {
-    (void)payload, (void)box, (void)table;
+    (void)chunks, (void)table;
     return Backend::canLaunch(kernel, cache); // Unimplemented.
   }
 

@@ -102,7 +102,11 @@ struct RestoreMetrics {
   int64_t exactContextBytes = 0;
   /// One line per chunk recomputed instead of loaded, with why.
   std::vector<std::string> fallbacks;
-  /// Chunks a generated restore kernel decoded and scattered on the device.
+  /// Chunks generated kernels wrote into the cache on the device: restore
+  /// kernels decoding stored KV, projections' epilogues.
+  int64_t kernelChunks = 0;
+  /// Launches that wrote them: chunks of one restore kernel that were
+  /// ready together share a launch; a projection counts once.
   int64_t kernelLaunches = 0;
   /// Why chunks whose task names a generated kernel were decoded on the
   /// host instead, one line per kernel and reason (none on a backend that

@@ -32,6 +32,40 @@
 
 namespace kvc {
 
+/// One record of a launch's chunk table, a kernel's "chunks" argument
+/// (KernelGen.h): the chunk's payload at `payloadOffset` bytes from the
+/// payload argument's base (a multiple of 16), its first token in the
+/// request and first layer in the cache. A launch runs the kernel's grid
+/// once per record (blockIdx.y), so chunks of one shape and encoding that
+/// are ready together take one launch.
+struct KernelChunk {
+  int64_t payloadOffset = 0, firstToken = 0, firstLayer = 0;
+};
+static_assert(sizeof(KernelChunk) == 3 * sizeof(int64_t),
+              "the kernels read records of three int64 values");
+
+/// Where one chunk of a launch lies: its payload's address (on the device
+/// the kernel runs on), its first token and first layer.
+struct ChunkAt {
+  const void *payload = nullptr;
+  int64_t firstToken = 0, firstLayer = 0;
+};
+
+/// A launch's payload argument and chunk table.
+struct ChunkTable {
+  /// The payload argument: the lowest of the chunks' payloads.
+  const char *base = nullptr;
+  /// Bytes from `base` to the end of the highest payload.
+  int64_t bytes = 0;
+  std::vector<KernelChunk> records;
+};
+
+/// The chunk table of a launch of `kernel` over `chunks` (each payload
+/// kernel.payloadBytes long), in their order; InvalidArgument when there is
+/// none or a payload is not 16-byte aligned.
+StatusOr<ChunkTable> chunkTable(const BundleKernel &kernel,
+                                const std::vector<ChunkAt> &chunks);
+
 /// The cache arguments of a restore kernel.
 struct KernelCacheArgs {
   /// Layer 0's key and value caches: the kernel's key_cache and value_cache.
@@ -56,7 +90,7 @@ public:
   /// Buffer argument `name` ("payload", "key_cache", ...): `elements`
   /// elements of its memref type at device address `address`.
   void buffer(const std::string &name, const void *address, int64_t elements);
-  /// Integer argument `name` ("first_token", ...).
+  /// Integer argument `name` ("layer_rows", ...).
   void scalar(const std::string &name, int64_t value);
   /// Pointers to the parameters in `kernel`'s order, as cuLaunchKernel takes
   /// them, valid while this object lives; InvalidArgument naming an

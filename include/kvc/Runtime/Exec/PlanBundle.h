@@ -33,8 +33,9 @@ namespace kvc {
 
 /// The bundle format version the compiler writes; this runtime reads it and
 /// every version from kOldestPlanBundleVersion on (version 1 has no kernel
-/// table).
-inline constexpr int64_t kPlanBundleVersion = 2;
+/// table; version 2's kernels, which took one chunk's origin as scalars,
+/// are refused: its plans are read only without them).
+inline constexpr int64_t kPlanBundleVersion = 3;
 inline constexpr int64_t kOldestPlanBundleVersion = 1;
 
 /// A half-open range [begin, end).
@@ -125,15 +126,17 @@ struct BundleKernel {
   /// "sm_90", ...: the architecture the PTX targets.
   std::string arch;
   std::string ptx;
-  /// Blocks and threads per block, x y z: constants, the chunk being part of
-  /// the specialization.
+  /// Blocks and threads per block, x y z, for one chunk: constants, the
+  /// chunk's shape being part of the specialization. A kernel that
+  /// addresses the cache runs grid[1] (1 here) times the chunks of its
+  /// launch's chunk table (KernelAbi.h).
   std::array<int64_t, 3> grid{1, 1, 1}, block{1, 1, 1};
   /// The kernel's parameters in order, by name (KernelGen.h): buffers
-  /// ("payload", "key_cache", "value_cache", "block_table", for RopeScatter
-  /// "rope_table"; for RmsNorm "hidden", "norm_weights", "normed") each pass
-  /// as the five values of an MLIR memref descriptor (base, aligned base,
-  /// offset, size, stride), integers ("first_token", "first_layer",
-  /// "layer_rows") as one 64-bit value.
+  /// ("payload", "key_cache", "value_cache", "block_table", "chunks", for
+  /// RopeScatter "rope_table"; for RmsNorm "hidden", "norm_weights",
+  /// "normed") each pass as the five values of an MLIR memref descriptor
+  /// (base, aligned base, offset, size, stride), integers ("layer_rows";
+  /// RmsNorm's "first_layer") as one 64-bit value.
   std::vector<std::string> args;
   /// The specialization.
   int64_t tokens = 0, layers = 0, kvHeads = 0, headDim = 0, blockSize = 0;

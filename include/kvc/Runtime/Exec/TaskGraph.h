@@ -1,4 +1,5 @@
-//===- TaskGraph.h - Running task graphs on shared resource pools -*- C++ -*-===//
+//===- TaskGraph.h - Running task graphs on shared resource pools -*- C++
+//-*-===//
 //
 // The executor's engine, independent of what tasks do. A plan becomes a
 // TaskGraph: tasks, each on a named resource ("io:ssd", "decode", "h2d",
@@ -14,9 +15,16 @@
 // after draining); a run owns its graph and its bookkeeping and blocks its
 // caller until every task has finished or been skipped. Errors are values:
 // the first failing task's Status is the run's, and once a task has failed
-// the run's tasks not yet started are skipped (those running finish). Tasks that can
-// recover (a corrupt chunk recomputed) do so inside their function and
+// the run's tasks not yet started are skipped (those running finish). Tasks
+// that can recover (a corrupt chunk recomputed) do so inside their function and
 // succeed.
+//
+// Batches: tasks of a graph that share a batch key (chunks a generated
+// kernel of one shape decodes) and are waiting for a worker at the same
+// time run as one call of the key's BatchFn. Nothing waits to fill a batch:
+// a task that finds its resource idle runs alone; those released together
+// (by one finishing task) or queued behind a busy worker run together, up
+// to TaskGraph::maxBatch per call.
 //
 // Every run records each task's start and end on a steady clock, giving the
 // measured makespan, the busy time of each resource and a Chrome trace
@@ -46,6 +54,11 @@ namespace kvc {
 /// its resource (0 .. lanes-1), for tasks that keep per-worker scratch.
 using TaskFn = std::function<Status(int worker)>;
 
+/// Runs a batch: `tasks`, indices into the graph, in the order they became
+/// ready.
+using BatchFn =
+    std::function<Status(int worker, const std::vector<int64_t> &tasks)>;
+
 struct GraphTask {
   std::string name;     ///< Shown in traces ("fetch 1536:1792").
   std::string resource; ///< A resource of the pools.
@@ -57,9 +70,23 @@ struct GraphTask {
 /// bundle guarantees it; run() checks it again).
 struct TaskGraph {
   std::vector<GraphTask> tasks;
-  int64_t add(GraphTask task) {
+  /// Each task's batch key, a key of `batches`: the task runs in a batch of
+  /// that key's tasks (its `fn` unused); empty (or missing): alone.
+  std::vector<std::string> batchKeys;
+  /// What runs each key's batches; the tasks of a key share their resource.
+  std::map<std::string, BatchFn> batches;
+  /// The most tasks one batch call runs.
+  int64_t maxBatch = 64;
+
+  int64_t add(GraphTask task, std::string batch = {}) {
     tasks.push_back(std::move(task));
+    batchKeys.resize(tasks.size());
+    batchKeys.back() = std::move(batch);
     return int64_t(tasks.size()) - 1;
+  }
+  const std::string &batchOf(int64_t task) const {
+    static const std::string alone;
+    return task < int64_t(batchKeys.size()) ? batchKeys[task] : alone;
   }
 };
 
@@ -109,13 +136,14 @@ struct RunResult {
   double makespan = 0; ///< Seconds from the run's start to its last task.
   std::vector<TaskTiming> timings;
   /// Seconds each resource spent running this run's tasks (summed over its
-  /// workers).
+  /// workers; a batch's time once).
   std::map<std::string, double> busy;
 };
 
 /// Runs `graph` on `pools`, blocking until it is done. Fails before running
-/// anything when a task names a missing resource, a missing task or the
-/// graph has a cycle.
+/// anything when a task names a missing resource, a missing task or batch
+/// key, a key's tasks name different resources, or the graph has a cycle.
+/// Each task of a batch gets the batch call's start, end and worker.
 RunResult runGraph(ResourcePools &pools, const TaskGraph &graph);
 
 /// What a task pays to start after a task on another resource releases it,

@@ -3,9 +3,14 @@
 // Each kvc.kernel of a generated kind becomes a function (KernelGen.h)
 // whose body is
 //
-//   scf.parallel %block = 0 to G {          // -> blockIdx.x
-//     scf.parallel %thread = 0 to T {       // -> threadIdx.x
+//   scf.parallel (%block, %chunk) = (0, 0) to (G, N) {   // -> blockIdx.x, y
+//     scf.parallel %thread = 0 to T {                   // -> threadIdx.x
+//       the chunk's record: payload offset, first token, first layer
 //       if (the block's matrix is V) { P items of V } else { P items of K }
+//
+// N is the launch's chunks, the records of its chunk table (an rms_norm
+// prologue has no chunk dimension), so chunks of one specialization that
+// are ready together take one launch.
 //
 // One work item writes (a save kernel's reads) 8 bf16 values of one cache
 // row, one 16-byte access; in the host form of a Hadamard kernel, a whole

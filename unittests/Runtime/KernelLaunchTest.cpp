@@ -126,25 +126,19 @@ public:
            chunk.box.tokenBegin, chunk.box.layerBegin});
     KVC_ASSIGN_OR_RETURN(launch, chunkTable(kernel, at));
     for (const KernelChunk &record : launch.records) {
-      ChunkShape shape;
-      shape.tokens = kernel.tokens;
-      shape.layers = kernel.layers;
-      shape.width = kernel.kvHeads * kernel.headDim;
-      shape.headDim = kernel.headDim;
-      shape.firstLayer = record.firstLayer;
-      shape.modelLayers = cache.config().layers;
+      const ChunkShape shape = shapeOf(kernel, record.firstLayer, cache);
       std::vector<uint16_t> values(shape.numel());
       KVC_RETURN_IF_ERROR(
           decodeChunkToBf16(std::string_view(launch.base + record.payloadOffset,
                                              kernel.payloadBytes),
                             shape, kernel.codec, DType::BF16, values.data()));
-      const int64_t width = shape.width, b = kernel.blockSize;
+      const int64_t width = shape.width;
       for (int64_t l = 0; l < shape.layers; ++l)
         for (int64_t m = 0; m < 2; ++m)
           for (int64_t t = 0; t < shape.tokens; ++t) {
-            const int64_t p = record.firstToken + t;
-            const int64_t row = (record.firstLayer + l) * args.layerRows +
-                                int64_t(blocks[p / b]) * b + p % b;
+            const int64_t row =
+                rowOf(args, blocks, kernel, record.firstLayer + l,
+                      record.firstToken + t);
             uint16_t *base =
                 const_cast<uint16_t *>(m ? args.values : args.keys);
             std::memcpy(base + row * width,
@@ -204,11 +198,9 @@ public:
                 normed[t * h + j] * llama.layer(layer).v[o * h + j];
           }
       applyRope(k.data(), n, c.numKvHeads, c.headDim, rotations.data());
-      const int64_t b = epilogue.blockSize;
       for (int64_t t = 0; t < n; ++t) {
-        const int64_t p = box.tokenBegin + t;
         const int64_t row =
-            layer * args.layerRows + int64_t(blocks[p / b]) * b + p % b;
+            rowOf(args, blocks, epilogue, layer, box.tokenBegin + t);
         for (int64_t o = 0; o < width; ++o) {
           const_cast<uint16_t *>(args.keys)[row * width + o] =
               floatToBf16(k[t * width + o]);
@@ -233,21 +225,14 @@ public:
                     std::string &payload) override {
     KVC_ASSIGN_OR_RETURN(args, kernelArgsFor(kernel, cache));
     KVC_ASSIGN_OR_RETURN(blocks, args.blocks(table));
-    ChunkShape shape;
-    shape.tokens = kernel.tokens;
-    shape.layers = kernel.layers;
-    shape.width = kernel.kvHeads * kernel.headDim;
-    shape.headDim = kernel.headDim;
-    shape.firstLayer = box.layerBegin;
-    shape.modelLayers = cache.config().layers;
+    const ChunkShape shape = shapeOf(kernel, box.layerBegin, cache);
     std::vector<float> values(shape.numel());
-    const int64_t width = shape.width, b = kernel.blockSize;
+    const int64_t width = shape.width;
     for (int64_t l = 0; l < shape.layers; ++l)
       for (int64_t m = 0; m < 2; ++m)
         for (int64_t t = 0; t < shape.tokens; ++t) {
-          const int64_t p = box.tokenBegin + t;
-          const int64_t row = (box.layerBegin + l) * args.layerRows +
-                              int64_t(blocks[p / b]) * b + p % b;
+          const int64_t row = rowOf(args, blocks, kernel, box.layerBegin + l,
+                                    box.tokenBegin + t);
           const uint16_t *base = m ? args.values : args.keys;
           for (int64_t o = 0; o < width; ++o)
             values[((l * 2 + m) * shape.tokens + t) * width + o] =
@@ -267,6 +252,29 @@ public:
       projections{0}, saves{0};
 
 private:
+  /// The chunk `kernel` decodes or encodes, from layer `firstLayer` of
+  /// `cache`'s model.
+  static ChunkShape shapeOf(const BundleKernel &kernel, int64_t firstLayer,
+                            const PagedKVCache &cache) {
+    ChunkShape shape;
+    shape.tokens = kernel.tokens;
+    shape.layers = kernel.layers;
+    shape.width = kernel.kvHeads * kernel.headDim;
+    shape.headDim = kernel.headDim;
+    shape.firstLayer = firstLayer;
+    shape.modelLayers = cache.config().layers;
+    return shape;
+  }
+
+  /// The cache row of token `p` of `layer` through the kernel's ABI:
+  /// layer * layer_rows + table[p / B] * B + p % B.
+  static int64_t rowOf(const KernelCacheArgs &args,
+                       const std::vector<int32_t> &blocks,
+                       const BundleKernel &kernel, int64_t layer, int64_t p) {
+    const int64_t b = kernel.blockSize;
+    return layer * args.layerRows + int64_t(blocks[p / b]) * b + p % b;
+  }
+
   /// Layer `l`'s `count` hidden values of an uploaded chunk, as fp32.
   static void hiddenRows(const HostBuffer &buffer, DType dtype, int64_t l,
                          int64_t count, float *out) {

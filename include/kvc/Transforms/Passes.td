@@ -475,7 +475,8 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     width, the codec (quantization bits, the axis and group of K's and V's
     scales, Hadamard over head_dim), the chunk's tokens and layers and the
     paged cache's block size are constants. The body is two `scf.parallel`
-    loops (blocks x threads; each K or V matrix of a layer its own blocks;
+    loops ((blocks, chunks) x threads: the grid runs once per record of the
+    launch's chunk table; each K or V matrix of a layer its own blocks;
     a thread loads all its work items before storing any) of arith, memref
     and vector ops that decode the payload as the runtime's codecs lay it
     out and store bf16 rows into the paged cache through the block table,
@@ -509,10 +510,12 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     kvc.kernel "dequant_scatter"(%c) : ... {kvc.entry = @kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16} { ... }
     func.func @kvc_restore_int4_kc_vt_g32_t64_l1_h2x64_b16(
         %payload: memref<?xi8>, %key_cache: memref<?xi8>, %value_cache: memref<?xi8>,
-        %block_table: memref<?xi32>, %first_token: index, %first_layer: index,
+        %block_table: memref<?xi32>, %chunks: memref<?xi64>,
         %layer_rows: index) attributes {kvc.entry} {
-      scf.parallel (%block) = (%c0) to (%c2) step (%c1) {
+      %n = arith.divui %records, %c3 : index   // the launch's chunks
+      scf.parallel (%block, %chunk) = (%c0, %c0) to (%c2, %n) step (%c1, %c1) {
         scf.parallel (%thread) = (%c0) to (%c256) step (%c1) {
+          ... // the chunk's record: payload offset, first token, first layer
           scf.if %block_is_v {
             ... // 4 items: load and decode 8 values each, round to bf16
             ... // 4 guarded 16-byte stores

@@ -239,27 +239,39 @@ public:
   }
 
   Status launchSave(const BundleKernel &kernel, const PagedKVCache &cache,
-                    const BlockTable &table, const ChunkBox &box,
-                    std::string &payload) override {
+                    const BlockTable &table, const std::vector<ChunkBox> &boxes,
+                    std::vector<std::string> &payloads) override {
     KVC_RETURN_IF_ERROR(canLaunchSave(kernel, cache));
-    if (kernel.tokens != box.tokens() || kernel.layers != box.layers())
-      return Status(StatusCode::Internal, "launchSave: kernel \"" +
-                                              kernel.name +
-                                              "\" does not encode this chunk");
+    for (const ChunkBox &box : boxes)
+      if (kernel.tokens != box.tokens() || kernel.layers != box.layers())
+        return Status(StatusCode::Internal,
+                      "launchSave: kernel \"" + kernel.name +
+                          "\" does not encode this chunk");
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
-    KVC_ASSIGN_OR_RETURN(out, scratch.take<char>(kernel.payloadBytes));
-    KVC_ASSIGN_OR_RETURN(
-        params, cacheParams(kernel, {{out, box}}, cache, table, scratch));
-    KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane));
-    payload.resize(size_t(kernel.payloadBytes));
-    KVC_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(payload.data(), out, payload.size(),
-                        cudaMemcpyDeviceToHost, lane.stream),
-        "device-to-host copy");
-    return lane.sync("generated save kernel");
+    // The payloads back to back, each 16-byte aligned.
+    const int64_t n = int64_t(boxes.size());
+    const int64_t stride = (kernel.payloadBytes + 15) / 16 * 16;
+    KVC_ASSIGN_OR_RETURN(out, scratch.take<char>(n * stride));
+    std::vector<Placed> placed;
+    for (int64_t i = 0; i < n; ++i)
+      placed.push_back({out + i * stride, boxes[i]});
+    KVC_ASSIGN_OR_RETURN(params,
+                         cacheParams(kernel, placed, cache, table, scratch));
+    KVC_RETURN_IF_ERROR(launch(kernel, function, params, lane, n));
+    std::string all(size_t(n * stride), '\0');
+    KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(all.data(), out, all.size(),
+                                             cudaMemcpyDeviceToHost,
+                                             lane.stream),
+                             "device-to-host copy");
+    KVC_RETURN_IF_ERROR(lane.sync("generated save kernel"));
+    payloads.clear();
+    for (int64_t i = 0; i < n; ++i)
+      payloads.push_back(
+          all.substr(size_t(i * stride), size_t(kernel.payloadBytes)));
+    return Status::ok();
   }
 
   Status canLaunchProject(const BundleKernel &prologue,

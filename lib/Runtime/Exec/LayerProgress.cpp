@@ -79,9 +79,10 @@ Status LayerProgress::waitTokens(
   return *finished_;
 }
 
-bool LayerProgress::ready(int64_t layer) const {
+bool LayerProgress::ready(int64_t layer, int64_t tokens) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return layer >= 0 && layer < int64_t(written_.size()) && readyLocked(layer);
+  return layer >= 0 && layer < int64_t(written_.size()) &&
+         readyLocked(layer, tokens);
 }
 
 } // namespace kvc

@@ -53,14 +53,41 @@ Status PagedCacheSource::canGatherPayload(const BundleKernel &kernel) const {
   return backend_.canLaunchSave(kernel, cache_);
 }
 
-Status PagedCacheSource::gatherPayload(const BundleKernel &kernel,
-                                       const ChunkObjects &,
-                                       const ChunkRef &ref,
-                                       std::string &payload) {
-  KVC_RETURN_IF_ERROR(waitFor(ref));
-  return backend_.launchSave(
-      kernel, cache_, table_,
-      {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd}, payload);
+bool PagedCacheSource::holds(const ChunkRef &ref) const {
+  if (filling_)
+    for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l)
+      if (!filling_->ready(l, ref.tokenEnd))
+        return false;
+  return true;
+}
+
+StatusOr<int64_t> PagedCacheSource::gatherPayloads(
+    const BundleKernel &kernel, const ChunkObjects &,
+    const std::vector<ChunkRef> &refs, std::vector<std::string> &payloads) {
+  payloads.assign(refs.size(), {});
+  // Waits only for the next object not yet there; those already there join
+  // its launch.
+  int64_t launches = 0;
+  for (std::size_t next = 0; next < refs.size(); ++launches) {
+    std::vector<ChunkBox> boxes;
+    std::size_t end = next;
+    do {
+      const ChunkRef &ref = refs[end];
+      KVC_RETURN_IF_ERROR(waitFor(ref));
+      boxes.push_back(
+          {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd});
+    } while (++end < refs.size() && holds(refs[end]));
+    std::vector<std::string> out;
+    KVC_RETURN_IF_ERROR(
+        backend_.launchSave(kernel, cache_, table_, boxes, out));
+    if (out.size() != boxes.size())
+      return Status(StatusCode::Internal,
+                    "save: a launch returned another number of payloads");
+    for (std::size_t i = 0; i < out.size(); ++i)
+      payloads[next + i] = std::move(out[i]);
+    next = end;
+  }
+  return launches;
 }
 
 void PrefillSnapshots::put(const ChunkRef &ref, const float *values,
@@ -204,18 +231,28 @@ public:
               std::string("save: step ") + kvc::name(step.kind) +
               " over tokens " + std::to_string(step.tokens.begin) + " to " +
               std::to_string(step.tokens.end) + " works on part of its object");
+      // Gathers of one save kernel that are ready together share a launch.
+      std::string batch;
+      if (values_[i]->kernel && first.kind == StepKind::Gather) {
+        batch = values_[i]->kernel->name;
+        graph.batches[batch] = [this](int, const std::vector<int64_t> &tasks) {
+          return runBatch(tasks);
+        };
+      }
       graph.add({std::string(kvc::name(first.kind)) + " " +
                      std::to_string(ref.tokenBegin) + ":" +
                      std::to_string(ref.tokenEnd) + " L" +
                      std::to_string(ref.layerBegin),
                  poolOf(task), task.after,
-                 [this, i](int) { return runTask(i); }});
+                 [this, i](int) { return runTask(i); }},
+                batch);
     }
     return graph;
   }
 
   void fillMetrics(SaveMetrics &metrics) {
     metrics.kernelLaunches = kernelLaunches_;
+    metrics.kernelChunks = kernelChunks_;
     metrics.kernelsNotLaunched = kernelsNotLaunched_;
     metrics.written = written_;
     metrics.skipped = skipped_;
@@ -275,6 +312,29 @@ private:
     return Status::ok();
   }
 
+  /// Runs gather tasks whose objects one save kernel encodes: their
+  /// gathers through the source at once, then each task's other steps.
+  Status runBatch(const std::vector<int64_t> &tasks) {
+    std::vector<ChunkRef> refs;
+    for (int64_t index : tasks)
+      refs.push_back(values_[index]->ref);
+    std::vector<std::string> payloads;
+    KVC_ASSIGN_OR_RETURN(launches, target_.source->gatherPayloads(
+                                       *values_[tasks.front()]->kernel, *store_,
+                                       refs, payloads));
+    kernelLaunches_ += launches;
+    kernelChunks_ += int64_t(tasks.size());
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      SaveValue &value = *values_[tasks[i]];
+      value.payload = std::move(payloads[i]);
+      gathered();
+      const std::vector<BundleStep> &steps = plan_.tasks[tasks[i]].steps;
+      for (std::size_t s = 1; s < steps.size(); ++s)
+        KVC_RETURN_IF_ERROR(runStep(steps[s], value));
+    }
+    return Status::ok();
+  }
+
   Status runStep(const BundleStep &step, SaveValue &value) {
     switch (step.kind) {
     case StepKind::Gather:
@@ -294,21 +354,21 @@ private:
     }
   }
 
+  /// A gather that names no save kernel (those run in batches, runBatch).
   Status gather(SaveValue &value) {
-    if (value.kernel) {
-      KVC_RETURN_IF_ERROR(target_.source->gatherPayload(
-          *value.kernel, *store_, value.ref, value.payload));
-      ++kernelLaunches_;
-    } else {
-      KVC_RETURN_IF_ERROR(
-          target_.source->gather(*store_, value.ref, value.values));
-    }
+    KVC_RETURN_IF_ERROR(
+        target_.source->gather(*store_, value.ref, value.values));
+    gathered();
+    return Status::ok();
+  }
+
+  /// Counts a gather done; the last one ends the snapshot.
+  void gathered() {
     if (gathers_.fetch_sub(1) == 1) {
       snapshotSeconds_ = secondsSince(start_);
       if (options_.snapshotted)
         options_.snapshotted();
     }
-    return Status::ok();
   }
 
   Status encode(SaveValue &value) {
@@ -345,7 +405,7 @@ private:
   const SaveRunOptions &options_;
   ChunkStore *store_ = nullptr;
   std::vector<std::shared_ptr<SaveValue>> values_;
-  std::atomic<int64_t> gathers_{0}, kernelLaunches_{0};
+  std::atomic<int64_t> gathers_{0}, kernelLaunches_{0}, kernelChunks_{0};
   std::vector<std::string> kernelsNotLaunched_; ///< Guarded by mutex_.
   Clock::time_point start_ = Clock::now();
   double snapshotSeconds_ = 0;

@@ -22,8 +22,8 @@
 //                 cache, in one launch            (dequant, untransform,
 //                                                  scatter; KernelAbi.h)
 //   launchSave    a bundle's generated save kernel: K and V of the cache
-//                 -> a stored object's payload on the host (gather,
-//                                                  transform, quant)
+//                 -> stored objects' payloads on the host, in one launch
+//                                                 (gather, transform, quant)
 //   launchProject a bundle's generated projection: RMSNorm prologue, the
 //                 backend's K/V GEMM, RoPE/scatter epilogue: hidden
 //                 states -> the paged cache       (project, scatter)
@@ -187,14 +187,15 @@ public:
                          " backend launches no generated save kernels");
   }
 
-  /// Runs the generated save kernel `kernel` over the box's K and V in
-  /// `cache` (through `table`): `payload` gets the object it encodes, on
-  /// the host, before its lossless stage (ChunkObjects::encodePayload ends
-  /// it).
+  /// Runs the generated save kernel `kernel` over the K and V of `boxes` in
+  /// `cache` (through `table`) in one launch: `payloads` gets, per box, the
+  /// object it encodes, on the host, before its lossless stage
+  /// (ChunkObjects::encodePayload ends it).
   virtual Status launchSave(const BundleKernel &kernel,
                             const PagedKVCache &cache, const BlockTable &table,
-                            const ChunkBox &box, std::string &payload) {
-    (void)table, (void)box, (void)payload;
+                            const std::vector<ChunkBox> &boxes,
+                            std::vector<std::string> &payloads) {
+    (void)table, (void)boxes, (void)payloads;
     return Backend::canLaunchSave(kernel, cache);
   }
 

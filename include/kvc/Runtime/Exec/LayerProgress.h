@@ -56,8 +56,9 @@ public:
   Status waitTokens(
       int64_t layer, int64_t tokens,
       std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
-  /// Whether `layer` is complete now.
-  bool ready(int64_t layer) const;
+  /// Whether `layer` is complete now (holds `tokens` tokens, when not
+  /// negative).
+  bool ready(int64_t layer, int64_t tokens = -1) const;
 
 private:
   /// `tokens` < 0: all of them.

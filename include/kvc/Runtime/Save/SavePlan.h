@@ -69,18 +69,20 @@ public:
   /// exist (a source still being filled waits for them).
   virtual Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                         std::vector<float> &out) = 0;
-  /// Whether gatherPayload can run the generated save kernel `kernel`: ok,
+  /// Whether gatherPayloads can run the generated save kernel `kernel`: ok,
   /// or why not.
   virtual Status canGatherPayload(const BundleKernel &kernel) const {
     (void)kernel;
     return unimplemented("the source launches no save kernels");
   }
-  /// The object `ref` names as `kernel` encodes it where the values are
-  /// (its payload before the lossless stage), once they exist.
-  virtual Status gatherPayload(const BundleKernel &kernel,
-                               const ChunkObjects &objects, const ChunkRef &ref,
-                               std::string &payload) {
-    (void)objects, (void)ref, (void)payload;
+  /// The objects `refs` name as `kernel` encodes them where the values are
+  /// (their payloads before the lossless stage), once they exist, in as
+  /// few launches as the values already there allow; returns how many.
+  virtual StatusOr<int64_t> gatherPayloads(const BundleKernel &kernel,
+                                           const ChunkObjects &objects,
+                                           const std::vector<ChunkRef> &refs,
+                                           std::vector<std::string> &payloads) {
+    (void)objects, (void)refs, (void)payloads;
     return SaveSource::canGatherPayload(kernel);
   }
 };
@@ -102,12 +104,16 @@ public:
                 std::vector<float> &out) override;
   /// Through the backend's save kernels (Backend::launchSave).
   Status canGatherPayload(const BundleKernel &kernel) const override;
-  Status gatherPayload(const BundleKernel &kernel, const ChunkObjects &objects,
-                       const ChunkRef &ref, std::string &payload) override;
+  StatusOr<int64_t> gatherPayloads(const BundleKernel &kernel,
+                                   const ChunkObjects &objects,
+                                   const std::vector<ChunkRef> &refs,
+                                   std::vector<std::string> &payloads) override;
 
 private:
   /// Waits until a filling cache holds `ref`'s tokens and layers.
   Status waitFor(const ChunkRef &ref) const;
+  /// Whether the cache holds them now.
+  bool holds(const ChunkRef &ref) const;
 
   Backend &backend_;
   const PagedKVCache &cache_;
@@ -161,7 +167,8 @@ struct SaveRunOptions {
   std::function<void()> snapshotted;
   /// The plan bundle's kernel table: a gather task naming a generated save
   /// kernel has the source encode its object where the values are
-  /// (SaveSource::gatherPayload) when it can, the host's encoder otherwise.
+  /// (SaveSource::gatherPayloads) when it can, the host's encoder otherwise;
+  /// gathers of one kernel that are ready together share a launch.
   const std::vector<BundleKernel> *kernels = nullptr;
 };
 
@@ -173,9 +180,10 @@ struct SaveMetrics {
   int64_t written = 0, skipped = 0;
   std::map<std::string, int64_t> bytesWritten; ///< Per tier.
   std::optional<double> predictedSeconds;
-  /// Objects a generated save kernel encoded, and why kernels did not run
-  /// (one line per kernel and reason).
-  int64_t kernelLaunches = 0;
+  /// Objects generated save kernels encoded, the launches that encoded
+  /// them (gathers of one kernel ready together share one), and why
+  /// kernels did not run (one line per kernel and reason).
+  int64_t kernelChunks = 0, kernelLaunches = 0;
   std::vector<std::string> kernelsNotLaunched;
 };
 

@@ -157,7 +157,7 @@ withKernels(BundlePlan plan, const ModelConfig &model, const CodecSpec &codec,
             const std::vector<BundleKernel> *generated = nullptr) {
   CodecSpec onDevice = codec;
   onDevice.lossless = CodecSpec::Lossless::None;
-  PlanBundle bundle{2, "", {}, {}};
+  PlanBundle bundle{kPlanBundleVersion, "", {}, {}};
   for (BundleTask &task : plan.tasks)
     if (task.steps[0].kind == StepKind::Fetch)
       task.steps[0].codec = codec;
@@ -220,7 +220,7 @@ withKernels(BundlePlan plan, const ModelConfig &model, const CodecSpec &codec,
 inline StatusOr<PlanBundle>
 withProjectionKernels(BundlePlan plan, const ModelConfig &model,
                       const std::vector<BundleKernel> *generated = nullptr) {
-  PlanBundle bundle{2, "", {}, {}};
+  PlanBundle bundle{kPlanBundleVersion, "", {}, {}};
   // Adds the kernel (once per name) and returns its name.
   auto add = [&](BundleKernel kernel,
                  const std::string &name) -> StatusOr<std::string> {
@@ -284,7 +284,7 @@ withSaveKernels(BundlePlan plan, const ChunkObjects &store,
   const ModelConfig &model = store.model();
   CodecSpec onDevice = codec;
   onDevice.lossless = CodecSpec::Lossless::None;
-  PlanBundle bundle{2, "", {}, {}};
+  PlanBundle bundle{kPlanBundleVersion, "", {}, {}};
   for (BundleTask &task : plan.tasks) {
     const BundleStep &gather = task.steps.front();
     if (gather.kind != StepKind::Gather)

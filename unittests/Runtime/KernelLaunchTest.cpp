@@ -25,7 +25,9 @@
 #include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace kvc::exec_test {
 namespace {
@@ -644,6 +646,57 @@ TEST_F(KernelLaunchTest, SaveKernelsEncodeWhereTheCacheIs) {
     // each kernel (a 64-token one, and one for the last 44 tokens) share a
     // launch.
     EXPECT_EQ(kernels_.saveLaunches, 2);
+  }
+  cache_->release(table);
+}
+
+// During a prefill a batch of gathers launches for the objects already in
+// the cache and waits only for the next one missing: objects of tokens
+// [0, 128) go in one launch while the prefill has written 128 tokens, the
+// last one in another once it has written it.
+TEST_F(KernelLaunchTest, SaveBatchesLaunchWhatThePrefillHasWritten) {
+  BlockTable table = prefilledTable();
+  const int64_t layers = model_->config().numLayers;
+  std::vector<ChunkRef> refs;
+  for (const ChunkRef &ref :
+       store_->refs(tokens_.data(), kTokens, Form::KV, codec("int8")))
+    if (ref.layerBegin == 0 && ref.tokenEnd - ref.tokenBegin == 64)
+      refs.push_back(ref);
+  ASSERT_GE(refs.size(), 3u);
+  refs.resize(3); // Tokens [0, 192) of the first layer group.
+  BundleStep gather = step("gather", "kv", 0, 64, 0, refs[0].layerEnd);
+  BundleKernel kernel =
+      kernelOver(BundleKernel::Kind::Save, gather, model_->config());
+  kernel.codec = codec("int8");
+  LayerProgress filling;
+  filling.reset(layers, kTokens);
+  filling.add(0, layers, 128);
+  PagedCacheSource source(kernels_, *cache_, table, &filling);
+  ASSERT_TRUE(source.canGatherPayload(kernel).isOk());
+  kernels_.saveLaunches = 0;
+  std::vector<std::string> payloads;
+  StatusOr<int64_t> launches = Status::ok();
+  std::thread saver([&] {
+    launches = source.gatherPayloads(kernel, *store_, refs, payloads);
+  });
+  for (int i = 0; i < 10000 && kernels_.saveLaunches == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(kernels_.saveLaunches, 1); // The third object is not there.
+  filling.add(0, layers, kTokens - 128);
+  saver.join();
+  ASSERT_TRUE(launches) << launches.status().toString();
+  EXPECT_EQ(*launches, 2);
+  EXPECT_EQ(kernels_.saveLaunches, 2);
+  ASSERT_EQ(payloads.size(), refs.size());
+  for (std::size_t i = 0; i < refs.size(); ++i) {
+    std::string alone;
+    ASSERT_TRUE(kernels_
+                    .saveOne(kernel, *cache_, table,
+                             {refs[i].tokenBegin, refs[i].tokenEnd,
+                              refs[i].layerBegin, refs[i].layerEnd},
+                             alone)
+                    .isOk());
+    EXPECT_EQ(payloads[i], alone) << "object " << i;
   }
   cache_->release(table);
 }

@@ -213,8 +213,8 @@ struct RunState {
   std::vector<int64_t> pending;
   std::vector<std::vector<int64_t>> users;
   std::vector<TaskTiming> timings;
-  /// Tasks of each batch key waiting for a drain job; non-empty exactly
-  /// while one is queued or running.
+  /// Tasks of each batch key waiting for a drain job, which is queued
+  /// whenever they are some.
   std::map<std::string, std::deque<int64_t>> waiting;
   /// Seconds each resource ran this run's calls (a batch counted once).
   std::map<std::string, double> busy;

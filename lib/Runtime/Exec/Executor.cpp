@@ -110,9 +110,10 @@ public:
       std::string batch;
       if (values_[i]->kernel && task.steps.back().kind == StepKind::Scatter) {
         batch = values_[i]->kernel->name;
-        graph.batches[batch] = [this](int, const std::vector<int64_t> &tasks) {
-          return runBatch(tasks);
-        };
+        graph.batches.try_emplace(
+            batch, [this](int, const std::vector<int64_t> &tasks) {
+              return runBatch(tasks);
+            });
       }
       graph.add({label, poolOf(task), task.after,
                  [this, i](int) { return runTask(i); }},

@@ -235,9 +235,10 @@ public:
       std::string batch;
       if (values_[i]->kernel && first.kind == StepKind::Gather) {
         batch = values_[i]->kernel->name;
-        graph.batches[batch] = [this](int, const std::vector<int64_t> &tasks) {
-          return runBatch(tasks);
-        };
+        graph.batches.try_emplace(
+            batch, [this](int, const std::vector<int64_t> &tasks) {
+              return runBatch(tasks);
+            });
       }
       graph.add({std::string(kvc::name(first.kind)) + " " +
                      std::to_string(ref.tokenBegin) + ":" +
@@ -356,6 +357,9 @@ private:
 
   /// A gather that names no save kernel (those run in batches, runBatch).
   Status gather(SaveValue &value) {
+    if (value.kernel)
+      return Status(StatusCode::Internal,
+                    "save: a save kernel's gather outside its batch");
     KVC_RETURN_IF_ERROR(
         target_.source->gather(*store_, value.ref, value.values));
     gathered();

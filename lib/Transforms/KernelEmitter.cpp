@@ -13,24 +13,29 @@
 // are ready together take one launch.
 //
 // One work item writes (a save kernel's reads) 8 bf16 values of one cache
-// row, one 16-byte access; in the host form of a Hadamard kernel, a whole
-// head row (of a save kernel's per-token layout, whole groups). Each K or V
-// matrix of a layer gets its own blocks, so a block runs one layout's code
-// (each specialized for its own quantization axis). Within a matrix, items
-// are numbered token, then piece of the row: thread t of the matrix's block
-// g computes items g * T * P + s * T + t for s < P, so each load and store
-// instruction of a warp touches consecutive pieces, and a thread issues the
-// loads of all P items before its first store (P = 16 / bits for quantized
-// restore payloads: 16 bytes of packed values in flight per thread). Every
-// payload access loads the widest unit its statically known alignment allows,
-// up to 16 bytes, through a memref of vector elements, so the NVPTX backend
-// emits ld.global.v4.u32 and st.global.v4.b32.
+// row, one 16-byte access (a host-form save item of a Hadamard or per-token
+// layout: whole head rows or groups). Each K or V matrix of a layer gets its
+// own blocks, so a block runs one layout's code (each specialized for its
+// own quantization axis). Within a matrix, items are numbered token, then
+// piece of the row: thread t of the matrix's block g computes items
+// g * T * P + s * T + t for s < P, so each load and store instruction of a
+// warp touches consecutive pieces, and a thread issues the loads of all P
+// items before its first store (P = 16 / bits for quantized restore
+// payloads: 16 bytes of packed values in flight per thread). Every payload
+// access loads the widest unit its statically known alignment allows, up to
+// 16 bytes, through a memref of vector elements, so the NVPTX backend emits
+// ld.global.v4.u32 and st.global.v4.b32.
 //
-// Under Hadamard the GPU form keeps one piece per thread: the butterflies
-// of stages 1, 2 and 4 run within the piece, those of stages 8 .. head_dim/2
-// across the lanes of the head row through gpu.shuffle xor (a head row is
-// head_dim / 8 consecutive lanes of one warp). The host form, which
-// kvc-kernels-to-llvm can lower, transforms the row within one item.
+// Under Hadamard a restore thread's P items are pieces of one head row
+// instead, R = head_dim / 8 / P pieces apart (KernelSpec::rowLanes; P =
+// min(16 / bits, head_dim / 8), 1 unquantized): thread u of the matrix holds
+// pieces u % R + R * s of head row u / R, and the R lanes beside it hold the
+// rest of the row. The butterflies of stages 1, 2 and 4 run within each
+// piece, those of stages 8 .. 4 * R across the R lanes through gpu.shuffle
+// xor, and the rest within the thread, across its pieces: with P = 4 (int4)
+// and head_dim 128, two of the seven stages shuffle. The host form, which
+// kvc-kernels-to-llvm can lower, is the case R = 1: a thread holds a whole
+// row. A save item transforms its one piece across head_dim / 8 lanes.
 //
 // A rope_scatter item loads its 8 f32 projections, and for K the 8 it is
 // paired with (channel +- head_dim / 2) and 8 cosines and sines of the
@@ -279,16 +284,17 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
     scale = b.create<vector::ShuffleOp>(loc, pairs, pairs, even);
     minimum = b.create<vector::ShuffleOp>(loc, pairs, pairs, odd);
   }
-  return b.create<arith::AddFOp>(loc, minimum,
-                                 b.create<arith::MulFOp>(loc, scale, q));
+  // minimum + scale * q: the product is exact, so an FMA (one instruction)
+  // rounds as the runtime's multiply and add do.
+  return b.create<vector::FMAOp>(loc, scale, q, minimum);
 }
 
-Value ItemEmitter::butterflies(Value row, int64_t n) {
+Value ItemEmitter::butterflies(Value row, int64_t first, int64_t end) {
   // The runtime's butterflies (ChunkCodec.cpp, hadamard()): for each stage
   // `len`, x[j], x[j + len] = x[j] + x[j + len], x[j] - x[j + len] for the
   // j whose bit `len` is clear.
-  const int64_t size = cast<VectorType>(row.getType()).getNumElements();
-  for (int64_t len = 1; len < n; len *= 2) {
+  const int64_t size = count(row);
+  for (int64_t len = first; len < end; len *= 2) {
     SmallVector<int64_t> lowMask, highMask, merge(size);
     for (int64_t j = 0; j < size; ++j)
       if (!(j & len)) {
@@ -306,46 +312,45 @@ Value ItemEmitter::butterflies(Value row, int64_t n) {
   return row;
 }
 
-Value ItemEmitter::laneButterflies(Value piece, Value lane,
+Value ItemEmitter::laneButterflies(Value values, Value lane, int64_t rowLanes,
                                    int64_t laneStride) {
-  // Stage len >= 8 pairs piece p with piece p ^ (len / 8) of the same head
-  // row, held by the lane that far away. The lane whose bit is clear holds
-  // the low values and keeps low + high; the other keeps low - high, which
-  // it computes as low + (-high) (the same rounding: IEEE defines a - b as
-  // a + (-b)), -high being its own value with the sign bit flipped: a shuffle,
-  // an xor and an add per value and stage.
-  Type f32 = b.getF32Type(), i32 = b.getI32Type();
-  VectorType type = vec(8, f32), words = vec(8, i32);
-  for (int64_t len = 8; len < spec.headDim; len *= 2) {
-    const int64_t distance = len / 8;
+  // A stage whose pairs lie `distance` pieces apart in the head row, for
+  // distance < rowLanes, pairs each value with the one at the same place
+  // of the lane that far away. The lane whose bit is clear holds the low
+  // values and keeps low + high; the other keeps low - high. Both are
+  // partner + sign * own, with sign +1 or -1: an FMA whose product is exact,
+  // so it rounds once, as the runtime's add or subtract does. A shuffle
+  // and an FMA per value and stage.
+  const int64_t n = count(values);
+  Type f32 = b.getF32Type();
+  VectorType type = vec(n, f32);
+  Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
+  for (int64_t distance = 1; distance < rowLanes; distance *= 2) {
     Value high = b.create<arith::CmpIOp>(
         loc, arith::CmpIPredicate::ne,
         b.create<arith::AndIOp>(loc, lane, index(distance)), index(0));
     Value sign = b.create<vector::BroadcastOp>(
-        loc, words,
-        b.create<arith::SelectOp>(
-            loc, high,
-            b.create<arith::ConstantIntOp>(loc, int32_t(0x80000000), 32),
-            b.create<arith::ConstantIntOp>(loc, 0, 32)));
+        loc, type,
+        b.create<arith::SelectOp>(loc, high,
+                                  b.create<arith::ConstantFloatOp>(
+                                      loc, APFloat(-1.0f), b.getF32Type()),
+                                  b.create<arith::ConstantFloatOp>(
+                                      loc, APFloat(1.0f), b.getF32Type())));
     Value partner = splat(type, b.getF32FloatAttr(0));
     Value offset =
         b.create<arith::ConstantIntOp>(loc, distance * laneStride, 32);
-    Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
-    for (int64_t j = 0; j < 8; ++j) {
-      Value own = b.create<vector::ExtractOp>(loc, piece, ArrayRef<int64_t>{j});
+    for (int64_t j = 0; j < n; ++j) {
+      Value own =
+          b.create<vector::ExtractOp>(loc, values, ArrayRef<int64_t>{j});
       Value theirs = b.create<gpu::ShuffleOp>(loc, own, offset, width,
                                               gpu::ShuffleMode::XOR)
                          .getShuffleResult();
       partner = b.create<vector::InsertOp>(loc, theirs, partner,
                                            ArrayRef<int64_t>{j});
     }
-    Value signed_ = b.create<arith::BitcastOp>(
-        loc, type,
-        b.create<arith::XOrIOp>(
-            loc, b.create<arith::BitcastOp>(loc, words, piece), sign));
-    piece = b.create<arith::AddFOp>(loc, partner, signed_);
+    values = b.create<vector::FMAOp>(loc, sign, values, partner);
   }
-  return piece;
+  return values;
 }
 
 Value ItemEmitter::normalize(Value values) {
@@ -357,10 +362,17 @@ Value ItemEmitter::normalize(Value values) {
 }
 
 Value ItemEmitter::hadamard(Value values, Value channel, int64_t laneStride) {
-  if (spec.host)
-    return normalize(butterflies(values, spec.headDim));
-  Value lane = rem(div(channel, 8), spec.headDim / 8);
-  return normalize(laneButterflies(butterflies(values, 8), lane, laneStride));
+  // The runtime's stages 1, 2, 4, ... head_dim / 2 in order: those within a
+  // piece, then those across the row's lanes, then those across a thread's
+  // pieces, which for pieces `rowLanes` apart are `8 * rowLanes` values
+  // apart in the row and 8 apart in `values`.
+  const int64_t rowValues = std::min(count(values), spec.headDim);
+  const int64_t rowLanes = spec.headDim / rowValues;
+  values = butterflies(values, 1, 8);
+  if (rowLanes > 1)
+    values = laneButterflies(values, rem(div(channel, 8), spec.headDim / 8),
+                             rowLanes, laneStride);
+  return normalize(butterflies(values, 8, rowValues));
 }
 
 Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
@@ -443,35 +455,44 @@ Value ItemEmitter::destination(Value layer, Value token, Value channel) {
   return add(mul(row, spec.width()), channel);
 }
 
-ItemEmitter::Result ItemEmitter::compute(bool value, Value layer, Value item) {
+SmallVector<ItemEmitter::Result> ItemEmitter::compute(bool value, Value layer,
+                                                      ArrayRef<Value> items) {
   const int64_t perItem = spec.valuesPerItem(value);
   const int64_t perRow = spec.width() / perItem;
-  Value token = div(item, perRow);
-  Value first = mul(rem(item, perRow), perItem);
-  Result result;
-  if (spec.kind == KernelKind::RopeScatter) {
-    Value projected = loadProjected(value, layer, token, first);
-    if (!value)
-      projected = rope(projected, layer, token, first);
-    result.pieces.push_back(roundToBf16(projected));
-  } else if (!spec.bits() && !spec.hadamard() && spec.storage.isBF16()) {
-    // Raw bf16: a 16-byte copy per item.
-    result.pieces.push_back(loadRawBf16(value, layer, token, first));
-  } else {
-    SmallVector<Value> values;
-    for (int64_t s = 0; s < perItem / 8; ++s)
-      values.push_back(loadValues(value, layer, token,
-                                  s ? add(first, index(8 * s)) : first));
-    if (spec.hadamard()) {
-      Value rowValues = hadamard(concat(values), first);
+  SmallVector<Result> results;
+  SmallVector<Value> values; // Decoded 8-value pieces, in item order.
+  Value firstChannel;
+  for (Value item : items) {
+    Value token = div(item, perRow);
+    Value first = mul(rem(item, perRow), perItem);
+    Result &result = results.emplace_back();
+    result.element = destination(layer, token, first);
+    if (spec.kind == KernelKind::RopeScatter) {
+      Value projected = loadProjected(value, layer, token, first);
+      if (!value)
+        projected = rope(projected, layer, token, first);
+      result.pieces.push_back(roundToBf16(projected));
+    } else if (!spec.bits() && !spec.hadamard() && spec.storage.isBF16()) {
+      // Raw bf16: a 16-byte copy per item.
+      result.pieces.push_back(loadRawBf16(value, layer, token, first));
+    } else {
+      if (!firstChannel)
+        firstChannel = first;
       for (int64_t s = 0; s < perItem / 8; ++s)
-        values[s] = perItem == 8 ? rowValues : slice(rowValues, 8 * s, 8);
+        values.push_back(loadValues(value, layer, token,
+                                    s ? add(first, index(8 * s)) : first));
     }
-    for (Value v : values)
-      result.pieces.push_back(roundToBf16(v));
   }
-  result.element = destination(layer, token, first);
-  return result;
+  if (values.empty())
+    return results;
+  if (spec.hadamard()) {
+    Value row = hadamard(concat(values), firstChannel);
+    for (auto [s, piece] : llvm::enumerate(values))
+      piece = slice(row, 8 * int64_t(s), 8);
+  }
+  for (auto [s, piece] : llvm::enumerate(values))
+    results[s / (perItem / 8)].pieces.push_back(roundToBf16(piece));
+  return results;
 }
 
 void ItemEmitter::write(bool value, const Result &result) {
@@ -547,9 +568,10 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   // code of one layout. Thread t of the matrix's block g computes items
   // g * T * P + s * T + t, s < P: each of its P loads and stores is a
   // warp's consecutive pieces, and the P items are loaded and decoded
-  // before the first store, so a thread keeps P items' bytes in flight.
-  // Past the matrix's last item a thread recomputes that item and does not
-  // write it.
+  // before the first store, so a thread keeps P items' bytes in flight (a
+  // Hadamard restore's items lie in one head row instead: rowLanes()).
+  // Past the matrix's last item a thread recomputes that item (that row)
+  // and does not write it.
   // The matrices of a save kernel may be tiled differently (a per-channel
   // K, a per-token V): each has the blocks the larger one needs.
   const int64_t perThread = spec.itemsPerThread();
@@ -560,8 +582,7 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
   auto [blockId, threadId] = nest(2 * spec.layers * blocksPerMatrix);
   Value matrix = emitter.div(blockId, blocksPerMatrix);
   Value layer = emitter.div(matrix, 2);
-  Value firstItem = emitter.add(
-      emitter.mul(emitter.rem(blockId, blocksPerMatrix), span), threadId);
+  Value blockInMatrix = emitter.rem(blockId, blocksPerMatrix);
   Value isValue = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ne,
                                           emitter.rem(matrix, 2), zero);
   auto ifOp = b.create<scf::IfOp>(loc, isValue, /*withElseRegion=*/true);
@@ -570,11 +591,31 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
     b.setInsertionPointToStart(value ? ifOp.thenBlock() : ifOp.elseBlock());
     const int64_t items = spec.itemsOf(value);
     SmallVector<std::pair<Value, Value>> pending; // (item, clamped)
-    for (int64_t s = 0; s < perThread; ++s) {
-      Value item =
-          s ? emitter.add(firstItem, constant(s * spec.threads)) : firstItem;
-      pending.emplace_back(
-          item, b.create<arith::MinUIOp>(loc, item, constant(items - 1)));
+    if (const int64_t lanes = spec.rowLanes()) {
+      // Thread u of the matrix holds pieces u % lanes + lanes * s of head
+      // row u / lanes (a row's lanes are all in range or all past it).
+      const int64_t rows = spec.tokens * spec.kvHeads;
+      const int64_t pieces = spec.headDim / 8;
+      Value thread =
+          emitter.add(emitter.mul(blockInMatrix, spec.threads), threadId);
+      Value row = emitter.div(thread, lanes);
+      Value clamped = b.create<arith::MinUIOp>(loc, row, constant(rows - 1));
+      Value piece = emitter.rem(thread, lanes);
+      Value first = emitter.mul(row, pieces);
+      Value clampedFirst = emitter.mul(clamped, pieces);
+      for (int64_t s = 0; s < perThread; ++s) {
+        Value inRow = emitter.add(piece, constant(s * lanes));
+        pending.emplace_back(emitter.add(first, inRow),
+                             emitter.add(clampedFirst, inRow));
+      }
+    } else {
+      Value firstItem = emitter.add(emitter.mul(blockInMatrix, span), threadId);
+      for (int64_t s = 0; s < perThread; ++s) {
+        Value item =
+            s ? emitter.add(firstItem, constant(s * spec.threads)) : firstItem;
+        pending.emplace_back(
+            item, b.create<arith::MinUIOp>(loc, item, constant(items - 1)));
+      }
     }
     auto inRange = [&](Value item) -> Value {
       return b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, item,
@@ -590,14 +631,14 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
       if (ceilDiv(items, span) == blocksPerMatrix)
         work();
       else
-        emitter.ifThen(
-            inRange(emitter.mul(emitter.rem(blockId, blocksPerMatrix), span)),
-            work);
+        emitter.ifThen(inRange(emitter.mul(blockInMatrix, span)), work);
       continue;
     }
-    SmallVector<ItemEmitter::Result> computed;
-    for (auto [item, clamped] : pending)
-      computed.push_back(emitter.compute(value, layer, clamped));
+    SmallVector<Value> clamped;
+    for (auto [item, clampedItem] : pending)
+      clamped.push_back(clampedItem);
+    SmallVector<ItemEmitter::Result> computed =
+        emitter.compute(value, layer, clamped);
     for (auto [item, result] : llvm::zip(pending, computed))
       emitter.ifThen(inRange(item.first),
                      [&] { emitter.write(value, result); });

@@ -102,9 +102,12 @@ public:
     SmallVector<Value> pieces;
   };
 
-  /// Every load of item `item` of K or V (`value`) of `layer` (items of a
-  /// matrix are numbered token, then piece of the row) and its arithmetic.
-  Result compute(bool value, Value layer, Value item);
+  /// Every load of items `items` of K or V (`value`) of `layer` (items of
+  /// a matrix are numbered token, then piece of the row) and their
+  /// arithmetic, one result per item. Under Hadamard the items are the
+  /// thread's part of one head row: the whole row (host form), or a GPU
+  /// restore's pieces KernelSpec::rowLanes() apart.
+  SmallVector<Result> compute(bool value, Value layer, ArrayRef<Value> items);
   /// The stores of a computed item of K or V.
   void write(bool value, const Result &result);
 
@@ -164,17 +167,21 @@ private:
   Value loadRawBf16(bool value, Value layer, Value token, Value channel);
   Value concat(ArrayRef<Value> pieces);
   Value slice(Value vector, int64_t offset, int64_t size);
-  /// The Hadamard butterflies of stages 1 .. n/2 over `row`'s values.
-  Value butterflies(Value row, int64_t n);
-  /// The stages 8 .. head_dim/2 of an 8-value piece held by `lane` (the
-  /// piece's index in its head), exchanged with the other lanes of the head
-  /// row through gpu.shuffle; consecutive pieces are `laneStride` lanes
-  /// apart.
-  Value laneButterflies(Value piece, Value lane, int64_t laneStride = 1);
+  /// The Hadamard butterflies over `row`'s elements `len` apart, for `len`
+  /// from `first` up to (not including) `end`, in that order.
+  Value butterflies(Value row, int64_t first, int64_t end);
+  /// The butterflies of the head row's stages that pair values held by
+  /// different lanes: `values` are pieces of 8 of one head row held by
+  /// `lane` (the first piece's index in its head), the row's pieces being
+  /// spread over `rowLanes` lanes that are `laneStride` lanes apart.
+  Value laneButterflies(Value values, Value lane, int64_t rowLanes,
+                        int64_t laneStride);
   Value normalize(Value values);
-  /// The orthonormal Hadamard transform, in the spec's form, of `values`
-  /// starting at `channel`: whole head rows (host form) or one 8-value piece
-  /// whose head row spans its neighbouring lanes (GPU form).
+  /// The orthonormal Hadamard transform of `values`, pieces of 8 of head
+  /// rows starting at `channel`: whole rows (host form), or one head row's
+  /// pieces whose other pieces the neighbouring lanes hold (GPU form: one
+  /// 8-value piece of a save item, a restore thread's items), a row's
+  /// lanes `laneStride` lanes apart.
   Value hadamard(Value values, Value channel, int64_t laneStride = 1);
   /// save: `n` values of K or V of `layer` at (token, channel) of the
   /// cache, as f32.

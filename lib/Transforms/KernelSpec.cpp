@@ -49,14 +49,14 @@ int64_t KernelSpec::bits() const {
 }
 
 int64_t KernelSpec::valuesPerItem(bool value) const {
-  // The GPU form: 8 values (16 bytes of the cache), whatever the codec;
-  // Hadamard rows and per-token groups wider than that span lanes.
-  if (!host)
+  // 8 values (16 bytes of the cache), whatever the codec, but in a host-form
+  // save: a head row under Hadamard, whole per-token groups; in the GPU form
+  // those span lanes.
+  if (!host || kind != KernelKind::Save)
     return 8;
   const int64_t row = hadamard() ? headDim : 8;
-  if (kind != KernelKind::Save || !bits())
+  if (!bits())
     return row;
-  // A save item holds whole groups: their extremes are reduced in it.
   MatrixLayout m = matrixLayout(*this, value);
   return m.tokenAxis ? std::lcm(row, m.size) : row;
 }
@@ -95,12 +95,27 @@ int64_t KernelSpec::itemsOf(bool value) const {
 }
 
 int64_t KernelSpec::itemsPerThread() const {
-  // A quantized item reads bits() bytes of packed values for 16 bytes it
-  // writes; enough items that a thread's packed loads add up to 16 bytes.
-  // (A host-form Hadamard item is a whole head row already; a save item
-  // reads 16 bytes of the cache or more.)
-  int64_t b = bits();
-  return b && kind != KernelKind::Save && !(hadamard() && host) ? 16 / b : 1;
+  // A save item reads 16 bytes of the cache or more.
+  if (kind == KernelKind::Save)
+    return 1;
+  // A quantized item reads bits() bytes of packed values for the 16 bytes
+  // it writes: enough items that a thread's packed loads add up to 16 bytes.
+  const int64_t packed = bits() ? 16 / bits() : 1;
+  if (!hadamard())
+    return packed;
+  // Under Hadamard a thread's items are pieces of one head row: the whole
+  // row in the host form, which has no lanes to share it with.
+  const int64_t pieces = headDim / 8;
+  return host ? pieces : std::min(packed, pieces);
+}
+
+int64_t KernelSpec::rowLanes() const {
+  // Fewer lanes per head row leave fewer butterfly stages to shuffles: a
+  // stage across lanes costs a shuffle and an FMA per value, one within a
+  // thread an add or a subtract.
+  if (!hadamard() || kind != KernelKind::Restore)
+    return 0;
+  return headDim / 8 / itemsPerThread();
 }
 
 int64_t KernelSpec::payloadBytes() const {
@@ -281,9 +296,11 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
   if (spec.width() % 32)
     return fail("kv_heads * head_dim = " + Twine(spec.width()) +
                 " is not a multiple of 32");
-  if (spec.hadamard() && !llvm::isPowerOf2_64(spec.headDim))
+  // A head row is whole 8-value pieces.
+  if (spec.hadamard() &&
+      (!llvm::isPowerOf2_64(spec.headDim) || spec.headDim < 8))
     return fail("Hadamard over head_dim " + Twine(spec.headDim) +
-                " needs a power of two");
+                " needs a power of two of at least 8");
   if (spec.hadamard() && !host && (spec.headDim > 256 || threads % 32))
     return fail("Hadamard across a warp's lanes needs head_dim <= 256 and "
                 "whole warps per block (threads " +

@@ -2,7 +2,8 @@
 // RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining | FileCheck %s --check-prefix=OUTLINED
 // RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining \
 // RUN:   | kvc-opt --pass-pipeline='builtin.module(nvvm-attach-target{chip=sm_90 O=3}, gpu.module(convert-scf-to-cf, convert-vector-to-llvm, convert-gpu-to-nvvm, canonicalize, cse, reconcile-unrealized-casts))' | FileCheck %s --check-prefix=NVVM
-// RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | FileCheck %s --check-prefix=PTX --implicit-check-not=fma.rn
+// RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | FileCheck %s --check-prefix=PTX
+// RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | grep -o -E 'gpu.binary @[a-z0-9_]+|fma.rn.f32' | uniq | FileCheck %s --check-prefix=FMA
 // RUN: kvc-opt %s --kvc-lower-kernels=host=true --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
 
 // Tests the IR of one kernel of each kind (an int8 restore, a projection's
@@ -14,8 +15,12 @@
 // launch's chunks in y: the chunk table's records), outlined
 // into a gpu.func, NVVM with 16-byte vector loads and stores and the
 // Hadamard's lane exchanges as shfl.sync.bfly, then PTX with ld.global.v4 /
-// st.global.v4, no fused multiply-adds (.rn: the runtime's rounding, step by
-// step) and the hardware's round-to-nearest-even conversion to bf16. The
+// st.global.v4 and the hardware's round-to-nearest-even conversion to bf16.
+// Fused multiply-adds appear only where the product is exact, so that one
+// rounding is the runtime's multiply and add: a dequantized value (its f16
+// scale times its integer) and a butterfly across lanes (+-1 times the
+// lane's own value); the RoPE epilogue and the RMSNorm prologue, whose
+// products round, have none. The
 // save kernel scans K's per-channel groups of 32 tokens in 4 lanes of 8
 // tokens each (the Hadamard's pieces of a head row 4 lanes apart, so its
 // first stage shuffles xor 4; the lanes' extremes then combine with xor 1
@@ -54,8 +59,7 @@
 // NVVM:           nvvm.read.ptx.sreg.ctaid.x
 // NVVM:           nvvm.read.ptx.sreg.ctaid.y
 // NVVM:           nvvm.read.ptx.sreg.tid.x
-// NVVM:           llvm.fmul {{.+}} : vector<8xf32>
-// NVVM:           llvm.fadd {{.+}} : vector<8xf32>
+// NVVM:           llvm.intr.fmuladd({{.+}}) : (vector<8xf32>, vector<8xf32>, vector<8xf32>) -> vector<8xf32>
 // NVVM:           llvm.store {{.+}} : vector<4xi32>, !llvm.ptr
 // NVVM:           llvm.load {{.+}} -> vector<4xi32>
 // NVVM:       gpu.module @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
@@ -79,7 +83,7 @@
 // PTX-SAME:  .target sm_90
 // PTX-SAME:  .entry kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel(
 // PTX-SAME:  ld.global.v4.u32
-// PTX-SAME:  mul.rn.f32
+// PTX-SAME:  fma.rn.f32
 // PTX-SAME:  st.global.v4.b32
 // PTX:     gpu.binary @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
 // PTX-SAME:  .entry kvc_rope_scatter_t64_l1_h2x64_b16_kernel(
@@ -106,6 +110,16 @@
 // PTX-SAME:  cvt.rn.f16.f32
 // PTX-SAME:  rcp.rn.f32
 // PTX-SAME:  st.global.u32
+
+// FMA:      gpu.binary @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel
+// FMA-NEXT: fma.rn.f32
+// FMA-NEXT: gpu.binary @kvc_rope_scatter_t64_l1_h2x64_b16_kernel
+// FMA-NEXT: gpu.binary @kvc_rms_norm_bf16_t64_l1_d256_kernel
+// FMA-NEXT: gpu.binary @kvc_restore_raw_bf16_had_t64_l1_h2x64_b16_kernel
+// FMA-NEXT: fma.rn.f32
+// FMA-NEXT: gpu.binary @kvc_save_int4_kc_vt_g32_had_t64_l1_h2x64_b16_kernel
+// FMA-NEXT: fma.rn.f32
+// FMA-NOT:  {{.}}
 
 // HOST-NOT:   gpu.
 // HOST:       llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(

@@ -106,27 +106,36 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
 
 // -----
 
-// Tests the two forms of a Hadamard restore (int4, head_dim 64). The GPU
-// form gives each work item one 8-value piece (4 items per thread, as
-// without Hadamard): the butterflies of stages 1, 2 and 4 run in the
-// thread, those of stages 8, 16 and 32 across the 8 lanes of a head row
-// (gpu.shuffle xor 1, 2, 4; the lane with the bit set adds its own value
-// with the sign flipped), then bf16 by truncf, and the stores follow the
-// 4th item. The host form (host=true) transforms a whole 64-value head row
-// per item and rounds in integers; kvc-kernels-to-llvm lowers only that one.
+// Tests the two forms of a Hadamard restore (int4, head_dim 64). In the GPU
+// form a thread holds 4 pieces of one head row, 2 pieces apart (thread u:
+// row u / 2, clamped to the last of 128 rows; pieces u % 2 + 2 * s), and
+// the row's other 4 pieces are the next lane's: each piece dequantizes by
+// an FMA; the butterflies of stages 1, 2 and 4 run within the pieces, that
+// of stage 8 across the two lanes (gpu.shuffle xor 1 of all 32 values, then
+// an FMA by +-1), those of stages 16 and 32 across the thread's pieces;
+// then bf16 by truncf, and the stores follow the 4th piece. In the host
+// form (host=true) a thread holds a whole head row, its 8 pieces, and
+// rounds in integers; kvc-kernels-to-llvm lowers only that one.
 // CHECK-LABEL: func.func @hadamard
 // CHECK:       func.func @kvc_restore_int4_kc_vt_g32_had_t64_l1_h2x64_b16(
 // CHECK:         scf.parallel (%{{.+}}, %{{.+}}) = (%c0, %c0) to (%c2, %{{.+}}) step (%c1, %c1)
-// CHECK:           arith.subf {{.+}} : vector<4xf32>
+// CHECK:         scf.parallel (%[[T:.+]]) = (%c0) to (%c256) step (%c1)
+// CHECK:           %[[ROW:.+]] = arith.divui %[[T]], %c2 : index
+// CHECK:           arith.minui %[[ROW]], %c127 : index
+// CHECK:           %[[PIECE:.+]] = arith.remui %[[T]], %c2 : index
+// CHECK:           arith.addi %[[PIECE]], %c2 : index
+// CHECK:           arith.addi %[[PIECE]], %c4 : index
+// CHECK:           arith.addi %[[PIECE]], %c6 : index
+// CHECK-COUNT-4:   vector.fma {{.+}} : vector<8xf32>
+// CHECK-COUNT-3:   arith.subf {{.+}} : vector<16xf32>
+// CHECK:           %[[SIGN:.+]] = vector.broadcast {{.+}} : f32 to vector<32xf32>
 // CHECK:           %[[D1:.+]] = arith.constant 1 : i32
-// CHECK-COUNT-8:   gpu.shuffle  xor %{{.+}}, %[[D1]], %{{.+}} : f32
-// CHECK:           %[[FLIPPED:.+]] = arith.xori
-// CHECK:           %[[SIGNED:.+]] = arith.bitcast %[[FLIPPED]] : vector<8xi32> to vector<8xf32>
-// CHECK:           arith.addf %{{.+}}, %[[SIGNED]] : vector<8xf32>
-// CHECK:           %[[D2:.+]] = arith.constant 2 : i32
-// CHECK:           gpu.shuffle  xor %{{.+}}, %[[D2]]
-// CHECK:           %[[D4:.+]] = arith.constant 4 : i32
-// CHECK-COUNT-8:   gpu.shuffle  xor %{{.+}}, %[[D4]]
+// CHECK-COUNT-32:  gpu.shuffle  xor %{{.+}}, %[[D1]], %{{.+}} : f32
+// CHECK-NOT:       gpu.shuffle
+// CHECK:           vector.fma %[[SIGN]], %{{.+}}, %{{.+}} : vector<32xf32>
+// CHECK-NOT:       gpu.shuffle
+// CHECK-COUNT-2:   arith.subf {{.+}} : vector<16xf32>
+// CHECK-NOT:       gpu.shuffle
 // CHECK:           arith.truncf {{.+}} : vector<8xf32> to vector<8xbf16>
 // CHECK-NOT:       memref.store
 // CHECK-COUNT-3:   arith.truncf
@@ -135,6 +144,9 @@ func.func @project(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, 
 // HOST:        func.func @kvc_restore_int4_kc_vt_g32_had_host_t64_l1_h2x64_b16(
 // HOST-SAME:     host
 // HOST:          scf.parallel (%{{.+}}, %{{.+}}) = (%c0, %c0) to (%c2, %{{.+}}) step (%c1, %c1)
+// HOST:          %[[HROW:.+]] = arith.minui %{{.+}}, %c127 : index
+// HOST:          %[[HFIRST:.+]] = arith.muli %[[HROW]], %c8 : index
+// HOST-COUNT-7:  arith.addi %[[HFIRST]], %c{{[1-7]}} : index
 // HOST-NOT:      gpu.shuffle
 // HOST:          arith.subf {{.+}} : vector<32xf32>
 // HOST-NOT:      arith.truncf
@@ -336,6 +348,42 @@ func.func @save_tiles() {
       : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
       -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8, group = 64, key_axis = token>>
     kvc.yield %r : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8, group = 64, key_axis = token>>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that a Hadamard transform over a head_dim that is not a power of
+// two is diagnosed in both forms.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 192, heads = 4, kv_heads = 2, head_dim = 48, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @had_pow2(%c: !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>) {
+  // expected-error @+1 {{cannot be generated: Hadamard over head_dim 48 needs a power of two of at least 8}}
+  kvc.kernel "untransform_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>):
+    %u = kvc.untransform %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+    kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+  }
+  return
+}
+}
+
+// -----
+
+// Tests that a Hadamard transform over a head row shorter than one 8-value
+// piece is diagnosed in both forms.
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 32, heads = 8, kv_heads = 8, head_dim = 4, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @had_narrow(%c: !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>) {
+  // expected-error @+1 {{cannot be generated: Hadamard over head_dim 4 needs a power of two of at least 8}}
+  kvc.kernel "untransform_scatter" (%c) : (!kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>):
+    %u = kvc.untransform %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device, codec <transform = hadamard>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
+    kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 1, device>
   }
   return
 }

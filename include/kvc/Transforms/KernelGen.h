@@ -90,9 +90,10 @@ struct KernelSpec {
   /// rms_norm: the model's hidden size and RMSNorm epsilon.
   int64_t hidden = 0;
   double eps = 0;
-  /// The host form, which kvc-kernels-to-llvm can lower: under Hadamard one
-  /// work item transforms a whole head row, where the GPU form spreads the
-  /// row over a warp's lanes (8 values each) that exchange values through
+  /// The host form, which kvc-kernels-to-llvm can lower: under Hadamard a
+  /// restore thread transforms a whole head row (a save item holds one),
+  /// where the GPU form spreads the row over a warp's lanes (rowLanes() of
+  /// a restore, head_dim / 8 of a save) that exchange values through
   /// gpu.shuffle; and it rounds to bf16 in integer ops, where the GPU form
   /// uses arith.truncf (cvt.rn.bf16.f32). The forms differ in nothing else.
   bool host = false;
@@ -102,8 +103,8 @@ struct KernelSpec {
   /// 0 when unquantized.
   int64_t bits() const;
   /// Values of a cache row one work item of the K (or V, `value`) matrix
-  /// covers: 8 in the GPU form; in the host form a head row under Hadamard,
-  /// and for a save kernel whole per-token groups.
+  /// covers: 8, but in the host form of a save kernel a head row under
+  /// Hadamard and whole per-token groups.
   int64_t valuesPerItem(bool value) const;
   /// Tokens one work item covers: a save kernel's per-channel groups (in
   /// the GPU form shared by groupLanes items); else 1.
@@ -116,6 +117,12 @@ struct KernelSpec {
   int64_t itemsOf(bool value) const;
   /// Work items one GPU thread computes (all loaded before any is stored).
   int64_t itemsPerThread() const;
+  /// A Hadamard restore's thread holds items that are pieces of one head
+  /// row, rowLanes() pieces apart; the row's other pieces are held by the
+  /// rowLanes() - 1 lanes beside it (GPU form; 1 in the host form, whose
+  /// thread holds the whole row). 0 for every other kernel, whose thread's
+  /// items are independent.
+  int64_t rowLanes() const;
   /// Bytes of the payload the kernel reads.
   int64_t payloadBytes() const;
   /// A symbol naming the specialization, e.g.

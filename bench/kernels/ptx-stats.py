@@ -13,6 +13,7 @@ closely enough to compare code generations (docs/kernels.md, "Cost per
 value").
 
   python3 bench/kernels/ptx-stats.py build/bench/kernels.json [--tokens 1024]
+      [--ptxas /usr/local/cuda/bin/ptxas]
 """
 import argparse
 import collections
@@ -21,9 +22,6 @@ import os
 import re
 import subprocess
 import tempfile
-
-PTXAS = os.environ.get("PTXAS", "/usr/local/cuda/bin/ptxas")
-
 
 def longest_path(ptx):
     """Opcode counts along the longest path through the entry's blocks (a
@@ -64,14 +62,14 @@ def longest_path(ptx):
     return walk(0)
 
 
-def registers(ptx, arch):
+def registers(ptxas, ptx, arch):
     """(registers, spill store bytes) from ptxas -v."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.ptx")
         with open(path, "w") as f:
             f.write(ptx)
         out = subprocess.run(
-            [PTXAS, f"-arch={arch}", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+            [ptxas, f"-arch={arch}", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
             capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spills = re.search(r"(\d+) bytes spill stores", out)
@@ -82,6 +80,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle")
     parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--ptxas", default="/usr/local/cuda/bin/ptxas")
     args = parser.parse_args()
     with open(args.bundle) as f:
         kernels = json.load(f)["kernels"]
@@ -94,7 +93,7 @@ def main():
         threads = k["grid"][0] // (2 * k["layers"]) * k["block"][0]
         values = k["tokens"] * k["kv_heads"] * k["head_dim"] / threads
         per = lambda n: n / values
-        regs, spills = registers(k["ptx"], k["arch"])
+        regs, spills = registers(args.ptxas, k["ptx"], k["arch"])
         print(f"{k['name']:56} {per(sum(ops.values()) - ops['ret']):11.1f} "
               f"{per(ops['shfl']):10.1f} {per(ops['fma']):9.1f} {regs:9} {spills:6}")
 

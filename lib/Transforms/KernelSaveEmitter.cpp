@@ -417,39 +417,56 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
   }
 
   // Groups of m.size tokens of one channel: the item's n channels over its
-  // part of the group's tokens (all of them in the host form), scanned
-  // twice (extremes, then values), in the GPU form `unroll` tokens' loads
-  // at a time before their use; the group's lanes combine their extremes
-  // through gpu.shuffle. Lanes past the chunk's last token rescan that
-  // token, so all lanes run every shuffle.
+  // part of the group's tokens (all of them in the host form), `unroll`
+  // tokens' loads at a time before their use; the group's lanes combine
+  // their extremes through gpu.shuffle. A part of at most 8 tokens (a
+  // Hadamard group's lanes, groups of 8) is one batch, loaded and
+  // transformed once and held for the encoding; a longer one is scanned
+  // twice in scf.for loops (extremes, then values). Lanes past the chunk's
+  // last token rescan that token, so all lanes run every shuffle.
   const int64_t S = m.size, share = S / parts;
-  const int64_t unroll = spec.host ? 1 : inFlight(share);
+  const int64_t unroll = inFlight(share);
   Value first = add(mul(row, S), mul(part, share));
   auto tokenAt = [&](Value i) -> Value {
     return b.create<arith::MinUIOp>(loc, add(first, i), index(spec.tokens - 1));
   };
-  VectorType f32 = vec(n, b.getF32Type());
-  auto scan = b.create<scf::ForOp>(
-      loc, index(0), index(share), index(unroll),
-      ValueRange{splat(f32, b.getF32FloatAttr(INFINITY)),
-                 splat(f32, b.getF32FloatAttr(-INFINITY))});
-  {
-    OpBuilder::InsertionGuard guard(b);
-    b.setInsertionPointToStart(scan.getBody());
+  // The transformed values of tokens start .. start + unroll - 1 of the
+  // part, every load issued before the first transform.
+  auto loadBatch = [&](Value start) {
     SmallVector<Value> xs;
     for (int64_t u = 0; u < unroll; ++u)
-      xs.push_back(loadCache(value, layer,
-                             tokenAt(add(scan.getInductionVar(), index(u))),
-                             channel, n));
-    Value lo = scan.getRegionIterArgs()[0], hi = scan.getRegionIterArgs()[1];
-    for (Value x : xs) {
+      xs.push_back(
+          loadCache(value, layer, tokenAt(add(start, index(u))), channel, n));
+    for (Value &x : xs)
       x = transformed(x, channel, parts);
+    return xs;
+  };
+  auto extremes = [&](ArrayRef<Value> xs, Value &lo, Value &hi) {
+    for (Value x : xs) {
       lo = b.create<arith::MinNumFOp>(loc, lo, x);
       hi = b.create<arith::MaxNumFOp>(loc, hi, x);
     }
-    b.create<scf::YieldOp>(loc, ValueRange{lo, hi});
+  };
+  VectorType f32 = vec(n, b.getF32Type());
+  Value lo = splat(f32, b.getF32FloatAttr(INFINITY));
+  Value hi = splat(f32, b.getF32FloatAttr(-INFINITY));
+  SmallVector<Value> held; // The one batch, when the part is one.
+  if (share == unroll) {
+    held = loadBatch(index(0));
+    extremes(held, lo, hi);
+  } else {
+    auto scan = b.create<scf::ForOp>(loc, index(0), index(share), index(unroll),
+                                     ValueRange{lo, hi});
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(scan.getBody());
+    Value scanLo = scan.getRegionIterArgs()[0];
+    Value scanHi = scan.getRegionIterArgs()[1];
+    extremes(loadBatch(scan.getInductionVar()), scanLo, scanHi);
+    b.create<scf::YieldOp>(loc, ValueRange{scanLo, scanHi});
+    b.setInsertionPointAfter(scan);
+    lo = scan.getResult(0);
+    hi = scan.getResult(1);
   }
-  Value lo = scan.getResult(0), hi = scan.getResult(1);
   if (parts > 1) {
     lo = laneReduce(lo, parts, Combine::Min);
     hi = laneReduce(hi, parts, Combine::Max);
@@ -469,22 +486,24 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     storeBytes(payload(), add(base, mul(group, 4)), words,
                alignmentOf({layerBytes, kOffset, 4 * width, 4 * n}));
   });
+  auto encodeBatch = [&](Value start, ArrayRef<Value> xs) {
+    for (auto [u, x] : llvm::enumerate(xs)) {
+      Value i = add(start, index(int64_t(u)));
+      Value packed = quantize(x, params.minimum, params.inverse, m.bits);
+      Value inChunk = b.create<arith::CmpIOp>(
+          loc, arith::CmpIPredicate::ult, add(first, i), index(spec.tokens));
+      ifThen(b.create<arith::AndIOp>(loc, inRange, inChunk), [&] {
+        storeBytes(payload(), packedOffset(tokenAt(i)), packed, packedAlign);
+      });
+    }
+  };
+  if (share == unroll) {
+    encodeBatch(index(0), held);
+    return;
+  }
   auto encode =
       b.create<scf::ForOp>(loc, index(0), index(share), index(unroll));
   OpBuilder::InsertionGuard guard(b);
   b.setInsertionPoint(encode.getBody()->getTerminator());
-  SmallVector<std::pair<Value, Value>> batch; // (i, values)
-  for (int64_t u = 0; u < unroll; ++u) {
-    Value i = add(encode.getInductionVar(), index(u));
-    batch.push_back({i, loadCache(value, layer, tokenAt(i), channel, n)});
-  }
-  for (auto [i, x] : batch) {
-    Value packed = quantize(transformed(x, channel, parts), params.minimum,
-                            params.inverse, m.bits);
-    Value inChunk = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult,
-                                            add(first, i), index(spec.tokens));
-    ifThen(b.create<arith::AndIOp>(loc, inRange, inChunk), [&] {
-      storeBytes(payload(), packedOffset(tokenAt(i)), packed, packedAlign);
-    });
-  }
+  encodeBatch(encode.getInductionVar(), loadBatch(encode.getInductionVar()));
 }

@@ -21,10 +21,11 @@
 // scale times its integer) and a butterfly across lanes (+-1 times the
 // lane's own value); the RoPE epilogue and the RMSNorm prologue, whose
 // products round, have none. The
-// save kernel scans K's per-channel groups of 32 tokens in 4 lanes of 8
-// tokens each (the Hadamard's pieces of a head row 4 lanes apart, so its
-// first stage shuffles xor 4; the lanes' extremes then combine with xor 1
-// and 2), reduces V's per-token groups of 32 across 4 lanes (3 stages of
+// save kernel splits K's per-channel groups of 32 tokens among 4 lanes of 8
+// tokens each, which each load and transform their 8 tokens once, without a
+// loop, and hold them for the encoding (the Hadamard's pieces of a head row
+// 4 lanes apart, so its first stage shuffles xor 4; the lanes' extremes then
+// combine with xor 1 and 2, and no transform follows), reduces V's per-token groups of 32 across 4 lanes (3 stages of
 // 8 Hadamard shuffles, then 2 of a min and a max), and converts its scales
 // and minimums with cvt.rn.f16.f32. The prologue sums a row's squares
 // across 32 lanes and takes PTX's IEEE square root (sqrt.rn.f32; the host
@@ -40,11 +41,14 @@
 // LAUNCH:         gpu.launch blocks
 // LAUNCH-LABEL: func.func @kvc_save_int4_kc_vt_g32_had_t64_l1_h2x64_b16
 // LAUNCH:         gpu.launch blocks
-// LAUNCH:           scf.for %{{.+}} = %c0 to %c8 step %c8
-// LAUNCH:             gpu.shuffle  xor %{{.+}}, %c4_i32
-// LAUNCH:             scf.yield
-// LAUNCH:           gpu.shuffle  xor %{{.+}}, %c1_i32
-// LAUNCH:           gpu.shuffle  xor %{{.+}}, %c2_i32
+// LAUNCH:           } else {
+// LAUNCH-NOT:         scf.for
+// LAUNCH-COUNT-8:     gpu.shuffle  xor %{{.+}}, %c4_i32
+// LAUNCH-NOT:         scf.for
+// LAUNCH:             gpu.shuffle  xor %{{.+}}, %c1_i32
+// LAUNCH:             gpu.shuffle  xor %{{.+}}, %c2_i32
+// LAUNCH-NOT:         gpu.shuffle  xor %{{.+}}, %c4_i32
+// LAUNCH:           gpu.terminator
 
 // OUTLINED-LABEL: func.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16(
 // OUTLINED:         gpu.launch_func @[[R:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel]]::@[[R]] blocks in (%c4{{.*}}, %{{.+}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}})

@@ -287,7 +287,9 @@ INSTANTIATE_TEST_SUITE_P(
 // compositions and shapes, and per-token groups that span head rows
 // (hadamard+int4 g256 over head_dim 64), a per-channel K whose last token
 // group is partial beside a per-token V (KIVI's axes, 37 tokens in groups
-// of 32) and per-channel groups of a chunk shorter than the group.
+// of 32) and per-channel groups of a chunk shorter than the group. A
+// thread loads a per-channel group of 8 tokens (g8) in one batch and
+// encodes what it holds; one of 32, in four batches per scan.
 INSTANTIATE_TEST_SUITE_P(
     Save, KernelJitTest,
     ::testing::Values(
@@ -310,6 +312,8 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"save:hadamard+int8", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"save:hadamard+int4", DType::BF16, 37, 2, 1, 128, 16, 5},
         JitCase{"save:hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"save:hadamard+int4/k=channel/v=channel/g8", DType::BF16, 37, 2,
+                2, 64, 16, 5},
         JitCase{"save:hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
                 64, 16, 9},
         JitCase{"save:hadamard+int4/k=token/v=token/g256", DType::BF16, 19, 1,

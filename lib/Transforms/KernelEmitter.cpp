@@ -322,7 +322,7 @@ Value ItemEmitter::laneButterflies(Value values, Value lane, int64_t rowLanes,
   // so it rounds once, as the runtime's add or subtract does. A shuffle
   // and an FMA per value and stage.
   const int64_t n = count(values);
-  Type f32 = b.getF32Type();
+  FloatType f32 = b.getF32Type();
   VectorType type = vec(n, f32);
   Value width = b.create<arith::ConstantIntOp>(loc, 32, 32);
   for (int64_t distance = 1; distance < rowLanes; distance *= 2) {
@@ -331,11 +331,10 @@ Value ItemEmitter::laneButterflies(Value values, Value lane, int64_t rowLanes,
         b.create<arith::AndIOp>(loc, lane, index(distance)), index(0));
     Value sign = b.create<vector::BroadcastOp>(
         loc, type,
-        b.create<arith::SelectOp>(loc, high,
-                                  b.create<arith::ConstantFloatOp>(
-                                      loc, APFloat(-1.0f), b.getF32Type()),
-                                  b.create<arith::ConstantFloatOp>(
-                                      loc, APFloat(1.0f), b.getF32Type())));
+        b.create<arith::SelectOp>(
+            loc, high,
+            b.create<arith::ConstantFloatOp>(loc, APFloat(-1.0f), f32),
+            b.create<arith::ConstantFloatOp>(loc, APFloat(1.0f), f32)));
     Value partner = splat(type, b.getF32FloatAttr(0));
     Value offset =
         b.create<arith::ConstantIntOp>(loc, distance * laneStride, 32);

@@ -22,6 +22,7 @@
 
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
 
 using namespace kvc;
@@ -31,24 +32,33 @@ namespace {
 
 std::unique_ptr<Backend> gpu;
 
-/// The bundle kvc-opt generated for the fixture's model: $KVC_EXEC_KERNELS,
-/// else the build's; "" when neither names one.
-std::string generatedKernelsPath() {
-  if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
-    return given;
-#ifdef KVC_EXEC_KERNELS
-  return KVC_EXEC_KERNELS;
-#else
-  return "";
-#endif
-}
-
 class CudaBackendTest : public ExecutorTest {
 protected:
   void SetUp() override {
     backend_ = gpu.get();
     ExecutorTest::SetUp();
   }
+
+  /// Reads the bundle kvc-opt generated for the fixture's model
+  /// ($KVC_EXEC_KERNELS, else the build's) into `generated_`; skips the
+  /// test where neither names one. The caller returns when the test is
+  /// skipped or has failed.
+  void readGeneratedKernels() {
+    std::string path;
+    if (const char *given = std::getenv("KVC_EXEC_KERNELS"))
+      path = given;
+#ifdef KVC_EXEC_KERNELS
+    else
+      path = KVC_EXEC_KERNELS;
+#endif
+    if (path.empty())
+      GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
+    StatusOr<PlanBundle> bundle = readPlanBundle(path);
+    ASSERT_TRUE(bundle) << bundle.status().toString();
+    generated_ = std::move(*bundle);
+  }
+
+  std::optional<PlanBundle> generated_;
 
   /// Tokens [0, n) of `layer` from `cache` through `backend`.
   std::pair<std::vector<float>, std::vector<float>>
@@ -98,12 +108,10 @@ TEST_F(CudaBackendTest, LostAndCorruptChunksAreRecomputedExactly) {
 // executor: every chunk decoded on the GPU, the cache bit for bit the one
 // the host's decode and the backend's scatter make.
 TEST_F(CudaBackendTest, GeneratedKernelsDecodeAsTheHostDoes) {
-  const std::string path = generatedKernelsPath();
-  if (path.empty())
-    GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
-  StatusOr<PlanBundle> generated = readPlanBundle(path);
-  ASSERT_TRUE(generated) << generated.status().toString();
-  expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
+  readGeneratedKernels();
+  if (IsSkipped() || HasFatalFailure())
+    return;
+  expectGeneratedKernelsDecodeAsTheHost(generated_->kernels);
 }
 
 // The compiler's projection kernels (the same bundle's): the RMSNorm
@@ -111,14 +119,13 @@ TEST_F(CudaBackendTest, GeneratedKernelsDecodeAsTheHostDoes) {
 // every hidden chunk's K and V into the cache. They need bf16 GEMMs: on
 // the fp32 backend the executor says why it runs its own projection.
 TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
-  const std::string path = generatedKernelsPath();
-  if (path.empty())
-    GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
-  StatusOr<PlanBundle> generated = readPlanBundle(path);
-  ASSERT_TRUE(generated) << generated.status().toString();
+  readGeneratedKernels();
+  if (IsSkipped() || HasFatalFailure())
+    return;
   const int64_t layers = model_->config().numLayers;
-  StatusOr<PlanBundle> bundle = withProjectionKernels(
-      makePlan({0, layers, 64}, layers), model_->config(), &generated->kernels);
+  StatusOr<PlanBundle> bundle =
+      withProjectionKernels(makePlan({0, layers, 64}, layers), model_->config(),
+                            &generated_->kernels);
   ASSERT_TRUE(bundle) << bundle.status().toString();
   StatusOr<RestoreMetrics> fp32 = restoreWith(*bundle, *store_);
   ASSERT_TRUE(fp32) << fp32.status().toString();
@@ -134,19 +141,17 @@ TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
   ASSERT_TRUE(bf16) << bf16.status().toString();
   backend_ = bf16->get();
   cache_ = std::move(backend_->createCache(cache_->config()).value());
-  expectGeneratedProjectionsExact(generated->kernels);
+  expectGeneratedProjectionsExact(generated_->kernels);
   cache_.reset();
 }
 
 // The same bundle's save kernels over the GPU's cache: every object
 // encoded on the GPU, stored byte for byte as the host's encoder stores it.
 TEST_F(CudaBackendTest, GeneratedSaveKernelsStoreWhatTheHostDoes) {
-  const std::string path = generatedKernelsPath();
-  if (path.empty())
-    GTEST_SKIP() << "no generated kernels (set KVC_EXEC_KERNELS)";
-  StatusOr<PlanBundle> generated = readPlanBundle(path);
-  ASSERT_TRUE(generated) << generated.status().toString();
-  expectGeneratedSavesAsTheHost(generated->kernels);
+  readGeneratedKernels();
+  if (IsSkipped() || HasFatalFailure())
+    return;
+  expectGeneratedSavesAsTheHost(generated_->kernels);
 }
 
 TEST_F(CudaBackendTest, EightConcurrentRestoresAreAllExact) {

@@ -458,14 +458,24 @@ SmallVector<ItemEmitter::Result> ItemEmitter::compute(bool value, Value layer,
                                                       ArrayRef<Value> items) {
   const int64_t perItem = spec.valuesPerItem(value);
   const int64_t perRow = spec.width() / perItem;
+  // A Hadamard restore's items are one head row's pieces, `lanes` pieces
+  // apart: one token, one block-table lookup.
+  const int64_t lanes = spec.rowLanes();
   SmallVector<Result> results;
   SmallVector<Value> values; // Decoded 8-value pieces, in item order.
-  Value firstChannel;
-  for (Value item : items) {
-    Value token = div(item, perRow);
-    Value first = mul(rem(item, perRow), perItem);
+  Value token, rowFirst, firstChannel;
+  for (auto [s, item] : llvm::enumerate(items)) {
     Result &result = results.emplace_back();
-    result.element = destination(layer, token, first);
+    Value first;
+    if (lanes && s) {
+      Value step = index(8 * lanes * int64_t(s));
+      first = add(rowFirst, step);
+      result.element = add(results.front().element, step);
+    } else {
+      token = div(item, perRow);
+      first = rowFirst = mul(rem(item, perRow), perItem);
+      result.element = destination(layer, token, first);
+    }
     if (spec.kind == KernelKind::RopeScatter) {
       Value projected = loadProjected(value, layer, token, first);
       if (!value)
@@ -477,9 +487,9 @@ SmallVector<ItemEmitter::Result> ItemEmitter::compute(bool value, Value layer,
     } else {
       if (!firstChannel)
         firstChannel = first;
-      for (int64_t s = 0; s < perItem / 8; ++s)
+      for (int64_t p = 0; p < perItem / 8; ++p)
         values.push_back(loadValues(value, layer, token,
-                                    s ? add(first, index(8 * s)) : first));
+                                    p ? add(first, index(8 * p)) : first));
     }
   }
   if (values.empty())

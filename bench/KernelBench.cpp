@@ -1,6 +1,7 @@
 //===- KernelBench.cpp - Generated kernels on a GPU -----------------------===//
 //
 // kvc-kernel-bench --bundle kernels.json [--iters N] [--out results.json]
+//                  [--only REGEX]
 //
 // For every kernel of a plan bundle's kernel table (bench/kernels/
 // gen-kernels.py makes one per kind, codec composition and chunk size):
@@ -16,7 +17,8 @@
 // same bytes, measured in the same run. A restore kernel is also checked
 // and timed over 16 chunks in one launch (its chunk table's records): the
 // time per chunk there, beside a launch's of one chunk, is what batching
-// small chunks saves.
+// small chunks saves. --only runs the kernels whose names REGEX matches
+// (ECMAScript, anywhere in the name): a profiler's run of a few kernels.
 //
 // Exits 77 where no GPU is usable, 1 on any mismatch or CUDA error.
 //
@@ -29,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -299,7 +302,7 @@ private:
 int main(int argc, char **argv) {
   // Line by line, so that a run cut short still shows how far it got.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::string bundlePath, outPath;
+  std::string bundlePath, outPath, only;
   int iters = 200;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -309,9 +312,11 @@ int main(int argc, char **argv) {
       outPath = argv[++i];
     else if (arg == "--iters" && i + 1 < argc)
       iters = std::max(1, std::atoi(argv[++i]));
+    else if (arg == "--only" && i + 1 < argc)
+      only = argv[++i];
     else {
-      std::fprintf(
-          stderr, "usage: kvc-kernel-bench --bundle F [--iters N] [--out F]\n");
+      std::fprintf(stderr, "usage: kvc-kernel-bench --bundle F [--iters N] "
+                           "[--out F] [--only REGEX]\n");
       return 2;
     }
   }
@@ -325,6 +330,22 @@ int main(int argc, char **argv) {
                  bundle.status().message().c_str());
     return 1;
   }
+  std::vector<kvc::BundleKernel> kernels;
+  try {
+    const std::regex selected(only);
+    for (const kvc::BundleKernel &kernel : bundle->kernels)
+      if (std::regex_search(kernel.name, selected))
+        kernels.push_back(kernel);
+  } catch (const std::regex_error &e) {
+    std::fprintf(stderr, "kvc-kernel-bench: --only %s: %s\n", only.c_str(),
+                 e.what());
+    return 2;
+  }
+  if (kernels.empty()) {
+    std::fprintf(stderr, "kvc-kernel-bench: no kernel of %s matches \"%s\"\n",
+                 bundlePath.c_str(), only.c_str());
+    return 1;
+  }
   kvc::StatusOr<const kvc::CudaDriver *> driver = kvc::CudaDriver::get();
   int devices = 0;
   if (driver)
@@ -335,7 +356,6 @@ int main(int argc, char **argv) {
                 driver ? "no device" : driver.status().message().c_str());
     return 77;
   }
-  std::vector<kvc::BundleKernel> kernels = bundle->kernels;
   std::sort(kernels.begin(), kernels.end(), [](const auto &a, const auto &b) {
     return std::make_pair(a.tokens, a.name) < std::make_pair(b.tokens, b.name);
   });

@@ -33,7 +33,17 @@
 #                                     K and V (generated model and
 #                                     stories260K) against transformers'
 #                                     (scripts/hf-reference.py), and writes
-#                                     the outputs to $OUT (else DIR/results).
+#                                     the outputs to $OUT (else DIR/results);
+#   scripts/gpu-check.sh profile [DIR]
+#                                     there: Nsight Compute (ncu) over one
+#                                     launch of each kernel of the bundle
+#                                     whose name PROFILE_KERNELS matches
+#                                     (default: the 1024-token ones), the
+#                                     raw metrics of each in $OUT/ncu/ and
+#                                     a line per kernel (throughputs, issue
+#                                     slots, occupancy, stalls) in
+#                                     $OUT/ncu-summary.txt; exits 77 without
+#                                     ncu.
 #
 # The main job (docs/cuda-backend.md, "The main job"), a Llama-3.1-8B-shaped
 # model with random weights, in three steps:
@@ -100,6 +110,7 @@ pack)
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
     "$root/build/unittests/exec-kernels.json" \
     "$root/bench/kernels/torch-baseline.py" \
+    "$root/bench/kernels/ncu-summary.py" \
     "$root/build-gpu/unittests/KVCCudaBackendTests" \
     "$root/build-gpu/bench/kvc-gpu-bench" "$root/bench/prefill-torch.py" \
     "$dir/"
@@ -306,6 +317,39 @@ main-calibrate | main)
       --plan joint --trace "$out/main-joint-trace-$tokens.json" 2>&1 |
       tee "$out/main-joint-$tokens.txt" || status=$?
   done
+  exit "$status"
+  ;;
+profile)
+  # There: one launch of each selected kernel under Nsight Compute (the
+  # first, kvc-kernel-bench's checked launch), its raw metrics imported to
+  # CSV, then the summary of them all.
+  prepare
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu \
+    /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1 || true)
+  if [ -z "$ncu" ]; then
+    echo "gpu-check: no Nsight Compute (ncu) on this machine; skipped"
+    exit 77
+  fi
+  mkdir -p "$out/ncu"
+  status=0
+  names=$(python3 -c 'import json, re, sys
+for k in json.load(open(sys.argv[1]))["kernels"]:
+    if re.search(sys.argv[2], k["name"]):
+        print(k["name"], k["function"])' "$dir/kernels.json" \
+    "${PROFILE_KERNELS:-_t1024_}")
+  while read -r name function; do
+    "$ncu" --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats \
+      --kernel-name "$function" --launch-count 1 \
+      -f -o "$out/ncu/$name" \
+      "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
+      --only "^$name\$" --iters 1 >"$out/ncu/$name.log" 2>&1 || status=$?
+    "$ncu" --import "$out/ncu/$name.ncu-rep" --csv --page raw \
+      >"$out/ncu/$name.csv" 2>>"$out/ncu/$name.log" || status=$?
+    rm -f "$out/ncu/$name.ncu-rep"
+  done <<<"$names"
+  python3 "$dir/ncu-summary.py" "$out"/ncu/*.csv |
+    tee "$out/ncu-summary.txt" || status=$?
   exit "$status"
   ;;
 run)

@@ -342,8 +342,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (kernels.empty()) {
-    std::fprintf(stderr, "kvc-kernel-bench: no kernel of %s matches \"%s\"\n",
-                 bundlePath.c_str(), only.c_str());
+    if (only.empty())
+      std::fprintf(stderr, "kvc-kernel-bench: %s has no kernels\n",
+                   bundlePath.c_str());
+    else
+      std::fprintf(stderr, "kvc-kernel-bench: no kernel of %s matches \"%s\"\n",
+                   bundlePath.c_str(), only.c_str());
     return 1;
   }
   kvc::StatusOr<const kvc::CudaDriver *> driver = kvc::CudaDriver::get();

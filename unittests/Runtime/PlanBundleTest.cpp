@@ -154,6 +154,11 @@ TEST(PlanBundleTest, RejectsMalformedAndTruncatedText) {
     EXPECT_NE(parsed.status().message().find("invalid JSON"),
               std::string::npos);
   }
+  // A number beyond a double is malformed text too, not a crash.
+  StatusOr<PlanBundle> huge = parsePlanBundle(R"({"version": 1E1072})");
+  ASSERT_FALSE(huge);
+  EXPECT_EQ(huge.status().message(),
+            "invalid JSON: number overflow parsing '1E1072'");
   EXPECT_EQ(errorAfter([](Json &b) { b = Json::array(); }),
             "document: expected a JSON object");
   EXPECT_EQ(errorAfter([](Json &b) { b["format"] = "other"; }),

@@ -18,7 +18,8 @@ std::string fieldPath(const std::string &path, std::string_view key) {
 StatusOr<Json> parseJson(std::string_view text) {
   try {
     return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error &e) {
+  } catch (const Json::exception &e) {
+    // Syntax (parse_error) or a number beyond a double (out_of_range 406).
     // e.what() is "[json.exception.parse_error.101] parse error at line ..".
     std::string message = e.what();
     std::size_t pos = message.find("] ");

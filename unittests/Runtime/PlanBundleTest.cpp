@@ -258,6 +258,16 @@ TEST(PlanBundleTest, RejectsUnsafeStagingSlotReuse) {
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 4)["slot"] = 1; }),
             "plans[0].tasks[4].slot: slot 1 is outside the plan's 1 staging "
             "slots");
+  // Every slot is a task's: a count beyond the tasks (which the validator
+  // and the executor would keep state for) is refused, however large.
+  EXPECT_EQ(errorAfter([](Json &b) { b["plans"][0]["staging_slots"] = 9; }),
+            "plans[0].staging_slots: 9 slots for 8 tasks (expected 0 to the "
+            "number of tasks)");
+  EXPECT_EQ(errorAfter([](Json &b) {
+              b["plans"][0]["staging_slots"] = int64_t(1) << 62;
+            }),
+            "plans[0].staging_slots: 4611686018427387904 slots for 8 tasks "
+            "(expected 0 to the number of tasks)");
   // Two slots make the concurrent fill legal.
   EXPECT_EQ(errorAfter([](Json &b) {
               task(b, 4).erase("after");

@@ -266,10 +266,14 @@ private:
 Status validatePlan(const BundlePlan &plan, const std::string &path) {
   if (plan.name.empty())
     return invalidArgument(fieldPath(path, "name") + ": must not be empty");
-  if (plan.stagingSlots < 0)
-    return invalidArgument(fieldPath(path, "staging_slots") +
-                           ": must be >= 0");
   const std::size_t n = plan.tasks.size();
+  // Each slot is some task's (kvc-emit-bundle writes the largest slot + 1);
+  // the validator and the executor keep state per slot.
+  if (plan.stagingSlots < 0 || plan.stagingSlots > int64_t(n))
+    return invalidArgument(fieldPath(path, "staging_slots") + ": " +
+                           std::to_string(plan.stagingSlots) + " slots for " +
+                           std::to_string(n) +
+                           " tasks (expected 0 to the number of tasks)");
   const std::string tasksPath = fieldPath(path, "tasks");
 
   // Ids, references, ranges and slots of each task on its own.

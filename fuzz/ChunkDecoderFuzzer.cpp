@@ -12,6 +12,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Mutations.h"
+
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Store/ChunkFormat.h"
 
@@ -106,22 +108,12 @@ int main(int argc, char **argv) {
   std::vector<std::string> corpus = seeds();
   for (long i = 0; i < iterations; ++i) {
     std::string input = corpus[rng() % corpus.size()];
-    switch (rng() % 4) {
-    case 0: // Flip bytes.
-      for (int f = 0, n = 1 + int(rng() % 8); f < n && !input.empty(); ++f)
-        input[rng() % input.size()] ^= char(1 + rng() % 255);
-      break;
-    case 1: // Truncate.
-      input.resize(rng() % (input.size() + 1));
-      break;
-    case 2: // Append garbage.
-      for (int f = 0, n = int(rng() % 64); f < n; ++f)
-        input.push_back(char(rng()));
-      break;
-    default: // Random bytes.
+    if (rng() % 4 == 0) { // Random bytes.
       input.assign(rng() % 512, '\0');
       for (char &c : input)
         c = char(rng());
+    } else {
+      fuzz::damage(input, rng);
     }
     fuzzOne(reinterpret_cast<const uint8_t *>(input.data()), input.size());
   }

@@ -17,6 +17,8 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Mutations.h"
+
 #include "kvc/Runtime/Exec/PlanBundle.h"
 
 #include <nlohmann/json.hpp>
@@ -114,22 +116,6 @@ void mutate(Json &root, std::mt19937_64 &rng) {
   }
 }
 
-/// `input`'s bytes flipped, cut short or grown with garbage.
-void damage(std::string &input, std::mt19937_64 &rng) {
-  switch (rng() % 3) {
-  case 0:
-    for (int f = 0, n = 1 + int(rng() % 8); f < n && !input.empty(); ++f)
-      input[rng() % input.size()] ^= char(1 + rng() % 255);
-    break;
-  case 1:
-    input.resize(rng() % (input.size() + 1));
-    break;
-  default:
-    for (int f = 0, n = int(rng() % 64); f < n; ++f)
-      input.push_back(char(rng()));
-  }
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
@@ -162,7 +148,7 @@ int main(int argc, char **argv) {
       mutate(tree, rng);
     std::string input = tree.dump();
     if (rng() % 8 == 0)
-      damage(input, rng);
+      fuzz::damage(input, rng);
     accepted +=
         fuzzOne(reinterpret_cast<const uint8_t *>(input.data()), input.size());
   }

@@ -1,5 +1,4 @@
-//===- Mutations.h - Byte-level mutations the fuzz drivers share -*- C++
-//-*-===//
+//===- Mutations.h - Byte edits the fuzz drivers share ----------*- C++ -*-===//
 //
 // The drivers that run without libFuzzer mutate their seeds themselves;
 // these are the edits that know nothing of the input's format.

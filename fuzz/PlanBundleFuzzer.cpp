@@ -29,7 +29,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -128,17 +127,14 @@ int main(int argc, char **argv) {
   const long iterations = std::atol(argv[1]);
   std::vector<Json> seeds;
   for (int i = 2; i < argc; ++i) {
-    std::ifstream in(argv[i]);
-    std::stringstream text;
-    text << in.rdbuf();
     // A seed the reader refuses fuzzes nothing behind the syntax.
-    StatusOr<PlanBundle> bundle = parsePlanBundle(text.str());
-    if (!in || !bundle) {
-      std::fprintf(stderr, "kvc-bundle-fuzz: seed %s: %s\n", argv[i],
-                   bundle ? "unreadable" : bundle.status().toString().c_str());
+    StatusOr<PlanBundle> bundle = readPlanBundle(argv[i]);
+    if (!bundle) {
+      std::fprintf(stderr, "kvc-bundle-fuzz: seed: %s\n",
+                   bundle.status().toString().c_str());
       return 1;
     }
-    seeds.push_back(Json::parse(text.str()));
+    seeds.push_back(Json::parse(std::ifstream(argv[i])));
   }
   std::mt19937_64 rng(20261123);
   long accepted = 0;

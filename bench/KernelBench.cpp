@@ -5,20 +5,21 @@
 //
 // For every kernel of a plan bundle's kernel table (bench/kernels/
 // gen-kernels.py makes one per kind, codec composition and chunk size):
-// loads its PTX with the CUDA driver API, launches it on a KernelCase
-// (KernelCase.h: random KV encoded by the runtime's codecs, f32 projections
-// and Llama 3.1's RoPE table, a filled cache to save from, or hidden states
-// to normalize; a paged cache
-// with a shuffled block table, a chunk starting mid-block, one layer of
-// offset), which checks every written value against the runtime's own code
-// bit for bit and that nothing else was written; the host JIT test shares
-// it. Then times the kernel from a block-aligned start and prints its
-// bandwidth (payload + cache rows) beside a device-to-device copy of the
-// same bytes, measured in the same run. A restore kernel is also checked
-// and timed over 16 chunks in one launch (its chunk table's records): the
-// time per chunk there, beside a launch's of one chunk, is what batching
-// small chunks saves. --only runs the kernels whose names REGEX matches
-// (ECMAScript, anywhere in the name): a profiler's run of a few kernels.
+// loads its PTX with the CUDA driver API and runs the check of
+// KernelDevice.h on the GPU (a KernelCase: random KV encoded by the
+// runtime's codecs, f32 projections and Llama 3.1's RoPE table, a filled
+// cache to save from, or hidden states to normalize; a paged cache with a
+// shuffled block table, a chunk starting mid-block, one layer of offset;
+// every written value against the runtime's own code, bit for bit, and
+// nothing else written; the unit tests run the same check in the PTX
+// interpreter). Then times the kernel from a block-aligned start and prints
+// its bandwidth (payload + cache rows) beside a device-to-device copy of
+// the same bytes, measured in the same run. A restore kernel is also
+// checked and timed over 16 chunks in one launch (its chunk table's
+// records): the time per chunk there, beside a launch's of one chunk, is
+// what batching small chunks saves. --only runs the kernels whose names
+// REGEX matches (ECMAScript, anywhere in the name): a profiler's run of a
+// few kernels.
 //
 // Exits 77 where no GPU is usable, 1 on any mismatch or CUDA error.
 //
@@ -27,7 +28,7 @@
 #include "kvc/Runtime/Cuda/CudaDriver.h"
 #include "kvc/Runtime/Exec/KernelAbi.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
-#include "kvc/Testing/KernelCase.h"
+#include "kvc/Testing/KernelDevice.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -65,10 +66,61 @@ struct DeviceBuffer {
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
 };
 
-kvc::DType dtypeOf(const std::string &name) {
-  return name == "f32"   ? kvc::DType::F32
-         : name == "f16" ? kvc::DType::F16
-                         : kvc::DType::BF16;
+/// The GPU as the checks' device: one kernel's module, launched on a
+/// stream (enqueue) or to completion (run).
+class CudaDevice : public kvc::testing::KernelDevice {
+public:
+  explicit CudaDevice(const kvc::BundleKernel &kernel) : k(kernel) {
+    check(cu->cuModuleLoadData(&module, k.ptx.c_str()), "cuModuleLoadData");
+    check(cu->cuModuleGetFunction(&fn, module, k.function.c_str()),
+          "cuModuleGetFunction");
+    check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
+  }
+  ~CudaDevice() override {
+    cu->cuStreamDestroy(stream);
+    cu->cuModuleUnload(module);
+  }
+  kvc::StatusOr<uint64_t> allocate(size_t bytes) override {
+    CUdeviceptr ptr = 0;
+    KVC_RETURN_IF_ERROR(cu->check(cu->cuMemAlloc(&ptr, bytes), "cuMemAlloc"));
+    return uint64_t(ptr);
+  }
+  void release(uint64_t address) override { cu->cuMemFree(address); }
+  kvc::Status copyIn(uint64_t to, const void *from, size_t bytes) override {
+    return cu->check(cu->cuMemcpyHtoD(to, from, bytes), "upload");
+  }
+  kvc::Status copyOut(void *to, uint64_t from, size_t bytes) override {
+    return cu->check(cu->cuMemcpyDtoH(to, from, bytes), "download");
+  }
+  kvc::Status run(int64_t chunks, void **params) override {
+    enqueue(chunks, params);
+    return cu->check(cu->cuCtxSynchronize(), "kernel");
+  }
+  /// Launches the kernel over `chunks` chunks on the stream.
+  void enqueue(int64_t chunks, void **params) {
+    check(cu->cuLaunchKernel(fn, unsigned(k.grid[0]),
+                             unsigned(k.grid[1] * chunks), unsigned(k.grid[2]),
+                             unsigned(k.block[0]), unsigned(k.block[1]),
+                             unsigned(k.block[2]), 0, stream, params, nullptr),
+          "cuLaunchKernel");
+  }
+  CUstream stream = nullptr;
+
+private:
+  const kvc::BundleKernel &k;
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+};
+
+template <typename T> T orThrow(kvc::StatusOr<T> value) {
+  if (!value)
+    throw CudaError{value.status().message()};
+  return std::move(*value);
+}
+
+void orThrow(const kvc::Status &status) {
+  if (!status.isOk())
+    throw CudaError{status.message()};
 }
 
 struct Result {
@@ -83,43 +135,30 @@ struct Result {
 
 class Bench {
 public:
-  Bench(const kvc::BundleKernel &kernel, int iters) : k(kernel), iters(iters) {}
+  Bench(const kvc::BundleKernel &kernel, int iters)
+      : k(kernel), iters(iters), device(kernel) {}
 
   Result run() {
+    using kvc::testing::CaseOnDevice;
     Result r;
     r.name = k.name;
     r.tokens = k.tokens;
     r.layers = k.layers;
-    check(cu->cuModuleLoadData(&module, k.ptx.c_str()), "cuModuleLoadData");
-    check(cu->cuModuleGetFunction(&fn, module, k.function.c_str()),
-          "cuModuleGetFunction");
-    check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");
     check(cu->cuEventCreate(&start, CU_EVENT_DEFAULT), "event");
     check(cu->cuEventCreate(&stop, CU_EVENT_DEFAULT), "event");
 
-    shape.tokens = k.tokens;
-    shape.layers = k.layers;
-    shape.kvHeads = k.kvHeads;
-    shape.headDim = k.headDim;
-    shape.blockSize = k.blockSize;
-    shape.codec = k.codec;
-    shape.storage = dtypeOf(k.storage);
-    shape.hidden = k.hidden;
-    shape.eps = float(k.eps);
-    const KernelCase c = makeCase(1);
-    if (int64_t(c.payload().size()) != k.payloadBytes)
-      throw CudaError{"payload of " + std::to_string(c.payload().size()) +
-                      " bytes, the kernel expects " +
-                      std::to_string(k.payloadBytes)};
-    OnDevice one(c, norm());
-    r.errors = launchAndCheck(one, c);
+    const kvc::testing::KernelCase c = orThrow(kvc::testing::caseFor(k));
+    std::unique_ptr<CaseOnDevice> one =
+        orThrow(CaseOnDevice::make(device, k, c));
+    r.errors = orThrow(one->check());
 
     // Timing from a block-aligned start; the copy of the same bytes
     // (payload + cache rows written) between two buffers.
     if (!norm())
-      one.records(c, /*fromToken=*/0);
-    r.kernelUs = timeUs([&] { launch(one, 1); });
-    const double rowBytes = 2.0 * k.layers * k.tokens * shape.width() * 2;
+      orThrow(one->moveChunks(/*fromToken=*/0));
+    std::vector<void *> params = orThrow(one->pointers());
+    r.kernelUs = timeUs([&] { device.enqueue(1, params.data()); });
+    const double rowBytes = 2.0 * k.layers * k.tokens * c.shape().width() * 2;
     // Bytes that must move: the payload, the RoPE rows of the chunk's
     // tokens, the cache rows written (or, saving, read); for RMSNorm the
     // hidden states, the chunk's layers' weights and the bf16 output.
@@ -131,23 +170,26 @@ public:
     size_t copyBytes = size_t(r.bytes / 2) & ~size_t(15);
     DeviceBuffer a(copyBytes), b(copyBytes);
     r.copyUs = timeUs([&] {
-      check(cu->cuMemcpyDtoDAsync(b.ptr, a.ptr, copyBytes, stream), "copy");
+      check(cu->cuMemcpyDtoDAsync(b.ptr, a.ptr, copyBytes, device.stream),
+            "copy");
     });
 
     // A restore kernel's chunks of one launch: checked, and timed per chunk.
     if (k.kind == kvc::BundleKernel::Kind::Restore) {
-      const KernelCase batch = makeCase(kBatch);
-      OnDevice many(batch, false);
-      kvc::testing::CacheErrors errors = launchAndCheck(many, batch);
+      const kvc::testing::KernelCase batch =
+          orThrow(kvc::testing::caseFor(k, kBatch));
+      std::unique_ptr<CaseOnDevice> many =
+          orThrow(CaseOnDevice::make(device, k, batch));
+      kvc::testing::CacheErrors errors = orThrow(many->check());
       r.errors.mismatches += errors.mismatches;
       r.errors.unwritten += errors.unwritten;
       r.errors.clobbered += errors.clobbered;
-      r.batchedUs = timeUs([&] { launch(many, kBatch); }) / kBatch;
+      std::vector<void *> batched = orThrow(many->pointers());
+      r.batchedUs =
+          timeUs([&] { device.enqueue(kBatch, batched.data()); }) / kBatch;
     }
     cu->cuEventDestroy(start);
     cu->cuEventDestroy(stop);
-    cu->cuStreamDestroy(stream);
-    cu->cuModuleUnload(module);
     return r;
   }
 
@@ -155,133 +197,18 @@ public:
   static constexpr int64_t kBatch = 16;
 
 private:
-  using KernelCase = kvc::testing::KernelCase;
-
   bool rope() const { return k.kind == kvc::BundleKernel::Kind::RopeScatter; }
-  bool save() const { return k.kind == kvc::BundleKernel::Kind::Save; }
   bool norm() const { return k.kind == kvc::BundleKernel::Kind::RmsNorm; }
-
-  KernelCase makeCase(int64_t chunks) const {
-    const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
-    kvc::StatusOr<KernelCase> made =
-        rope()   ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
-                                               /*firstLayer=*/1, seed)
-        : save() ? KernelCase::makeSave(shape, /*firstToken=*/5,
-                                        /*firstLayer=*/1, seed)
-        : norm() ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
-                 : KernelCase::make(shape, /*firstToken=*/5, /*firstLayer=*/1,
-                                    seed, chunks);
-    if (!made)
-      throw CudaError{"case: " + made.status().message()};
-    return std::move(*made);
-  }
-
-  /// A case's buffers on the device and the kernel's parameters over them.
-  struct OnDevice {
-    OnDevice(const KernelCase &c, bool norm)
-        : payload(c.payload().size()), table(c.blockTable().size() * 4),
-          chunks(c.chunks().size() * sizeof(kvc::KernelChunk)),
-          keys(c.cacheValues() * 2), values(c.cacheValues() * 2),
-          rope(c.ropeTable().size() * 4), weights(c.normWeights().size() * 4),
-          normed(c.normedValues() * 2), cacheValues(c.cacheValues()) {
-      auto at = [](const DeviceBuffer &b) {
-        return reinterpret_cast<const void *>(b.ptr);
-      };
-      const int64_t bytes = int64_t(c.payload().size());
-      params.buffer("payload", at(payload), bytes);
-      params.buffer("hidden", at(payload), bytes);
-      params.buffer("key_cache", at(keys), cacheValues * 2);
-      params.buffer("value_cache", at(values), cacheValues * 2);
-      params.buffer("block_table", at(table), int64_t(c.blockTable().size()));
-      params.buffer("chunks", at(chunks), 3 * int64_t(c.chunks().size()));
-      params.buffer("rope_table", at(rope), int64_t(c.ropeTable().size() * 4));
-      params.buffer("norm_weights", at(weights),
-                    int64_t(c.normWeights().size() * 4));
-      params.buffer("normed", at(normed), c.normedValues() * 2);
-      params.scalar("first_layer", c.firstLayer());
-      params.scalar("layer_rows", c.layerRows());
-      upload(rope, c.ropeTable().data());
-      upload(weights, c.normWeights().data());
-      upload(table, c.blockTable().data());
-      if (!norm)
-        records(c, -1);
-    }
-    /// Uploads the case's chunk table, every chunk moved to `fromToken`
-    /// when it is not negative.
-    void records(const KernelCase &c, int64_t fromToken) {
-      std::vector<kvc::KernelChunk> moved = c.chunks();
-      for (kvc::KernelChunk &chunk : moved)
-        if (fromToken >= 0)
-          chunk.firstToken = fromToken;
-      upload(chunks, moved.data());
-    }
-    static void upload(const DeviceBuffer &to, const void *from) {
-      if (to.bytes)
-        check(cu->cuMemcpyHtoD(to.ptr, from, to.bytes), "upload");
-    }
-    DeviceBuffer payload, table, chunks, keys, values, rope, weights, normed;
-    int64_t cacheValues;
-    kvc::KernelParams params;
-  };
-
-  /// Launches the kernel over `chunks` chunks of `d` on the stream.
-  void launch(OnDevice &d, int64_t chunks) {
-    kvc::StatusOr<std::vector<void *>> pointers = d.params.pointers(k);
-    if (!pointers)
-      throw CudaError{pointers.status().message()};
-    check(cu->cuLaunchKernel(
-              fn, unsigned(k.grid[0]), unsigned(k.grid[1] * chunks),
-              unsigned(k.grid[2]), unsigned(k.block[0]), unsigned(k.block[1]),
-              unsigned(k.block[2]), 0, stream, pointers->data(), nullptr),
-          "cuLaunchKernel");
-  }
-
-  /// Runs the kernel once over `c`, set up on `d`, and checks what it wrote
-  /// against the runtime's. A save kernel reads a filled cache and writes a
-  /// poisoned payload; the others the other way round.
-  kvc::testing::CacheErrors launchAndCheck(OnDevice &d, const KernelCase &c) {
-    const int64_t n = d.cacheValues;
-    std::vector<uint16_t> keys(n), vals(n);
-    if (save()) {
-      c.fillCache(keys.data(), vals.data());
-      OnDevice::upload(d.keys, keys.data());
-      OnDevice::upload(d.values, vals.data());
-      check(cu->cuMemsetD8(d.payload.ptr, 0xA5, d.payload.bytes), "poison");
-    } else {
-      OnDevice::upload(d.payload, c.payload().data());
-      check(cu->cuMemsetD16(d.keys.ptr, KernelCase::kPoison, n), "poison");
-      check(cu->cuMemsetD16(d.values.ptr, KernelCase::kPoison, n), "poison");
-    }
-    if (norm())
-      check(
-          cu->cuMemsetD16(d.normed.ptr, KernelCase::kPoison, c.normedValues()),
-          "poison");
-    launch(d, int64_t(c.chunks().size()));
-    check(cu->cuCtxSynchronize(), "kernel");
-    if (norm()) {
-      std::vector<uint16_t> normed(c.normedValues());
-      check(cu->cuMemcpyDtoH(normed.data(), d.normed.ptr, normed.size() * 2),
-            "download");
-      return c.checkNormed(normed.data());
-    }
-    check(cu->cuMemcpyDtoH(keys.data(), d.keys.ptr, n * 2), "download");
-    check(cu->cuMemcpyDtoH(vals.data(), d.values.ptr, n * 2), "download");
-    std::string written(d.payload.bytes, '\0');
-    check(cu->cuMemcpyDtoH(written.data(), d.payload.ptr, d.payload.bytes),
-          "download");
-    return c.check(keys.data(), vals.data(),
-                   reinterpret_cast<const uint8_t *>(written.data()));
-  }
 
   /// Microseconds per call of `body`: events around `iters` calls, after a
   /// warm-up.
   template <typename Body> double timeUs(Body &&body) {
     for (int i = 0; i < 3; ++i)
       body();
-    check(cu->cuEventRecord(start, stream), "record");
+    check(cu->cuEventRecord(start, device.stream), "record");
     for (int i = 0; i < iters; ++i)
       body();
-    check(cu->cuEventRecord(stop, stream), "record");
+    check(cu->cuEventRecord(stop, device.stream), "record");
     check(cu->cuEventSynchronize(stop), "sync");
     float ms = 0;
     check(cu->cuEventElapsedTime(&ms, start, stop), "elapsed");
@@ -290,10 +217,7 @@ private:
 
   const kvc::BundleKernel &k;
   int iters;
-  kvc::testing::KernelShape shape;
-  CUmodule module = nullptr;
-  CUfunction fn = nullptr;
-  CUstream stream = nullptr;
+  CudaDevice device;
   CUevent start = nullptr, stop = nullptr;
 };
 

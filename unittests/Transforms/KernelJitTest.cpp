@@ -6,18 +6,26 @@
 // paged cache must equal the runtime's own code bit for bit (the decoder for
 // every codec composition the planner can choose; RoPE and rounding after a
 // projection), for shapes that stress the index arithmetic
-// (KernelCase.h).
+// (KernelCase.h). The GPU form of each case is lowered to PTX as well and
+// run by the PTX interpreter (PtxInterpreter.h) through the checks
+// kvc-kernel-bench runs on a GPU (KernelDevice.h).
 //
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Testing/KernelCase.h"
+#include "kvc/Testing/KernelDevice.h"
 #include "kvc/Transforms/Descriptions.h"
+#include "kvc/Transforms/EmitBundle.h"
 #include "kvc/Transforms/KernelGen.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -27,8 +35,11 @@
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
+#include "mlir/Target/LLVM/NVVM/Target.h"
 #include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
 #include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
+#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
 
 #include "llvm/Support/TargetSelect.h"
 
@@ -93,47 +104,57 @@ protected:
   }
 
   KernelJitTest() {
-    context.loadDialect<arith::ArithDialect, func::FuncDialect,
-                        math::MathDialect, memref::MemRefDialect,
-                        scf::SCFDialect, vector::VectorDialect,
-                        LLVM::LLVMDialect, mlir::kvc::KVCDialect>();
-    registerBuiltinDialectTranslation(context);
-    registerLLVMDialectTranslation(context);
+    DialectRegistry registry;
+    registry
+        .insert<arith::ArithDialect, cf::ControlFlowDialect, func::FuncDialect,
+                gpu::GPUDialect, math::MathDialect, memref::MemRefDialect,
+                scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect,
+                NVVM::NVVMDialect, mlir::kvc::KVCDialect>();
+    NVVM::registerNVVMTargetInterfaceExternalModels(registry);
+    registerBuiltinDialectTranslation(registry);
+    registerGPUDialectTranslation(registry);
+    registerLLVMDialectTranslation(registry);
+    registerNVVMDialectTranslation(registry);
+    context.appendDialectRegistry(registry);
+    context.loadAllAvailableDialects();
   }
 
   MLIRContext context;
 };
 
-TEST_P(KernelJitTest, EqualsTheRuntime) {
-  const JitCase &p = GetParam();
+/// The case JitCase `p` describes, and the kernel's spec for it in the
+/// host (`host`) or the GPU form.
+struct Prepared {
+  KernelCase kernelCase;
+  mlir::kvc::KernelSpec spec;
+};
+
+::kvc::StatusOr<Prepared> prepare(MLIRContext &context, const JitCase &p,
+                                  bool host) {
   const std::string name = p.codec;
   const bool rope = name == "rope_scatter", norm = name == "rms_norm";
   const bool save = name.rfind("save:", 0) == 0;
-  ::kvc::StatusOr<::kvc::CodecSpec> codec =
-      ::kvc::parseCodecSpec(rope || norm ? "raw"
-                            : save       ? name.substr(5)
-                                         : name);
-  ASSERT_TRUE(codec) << codec.status().message();
-
+  KVC_ASSIGN_OR_RETURN(codec, ::kvc::parseCodecSpec(rope || norm ? "raw"
+                                                    : save ? name.substr(5)
+                                                           : name));
   KernelShape shape;
   shape.tokens = p.tokens;
   shape.layers = p.layers;
   shape.kvHeads = p.kvHeads;
   shape.headDim = p.headDim;
   shape.blockSize = p.blockSize;
-  shape.codec = *codec;
+  shape.codec = codec;
   shape.storage = p.storage;
   shape.hidden = p.hidden;
   const uint32_t seed = uint32_t(p.tokens);
-  ::kvc::StatusOr<KernelCase> made =
-      rope   ? KernelCase::makeRopeScatter(shape, p.firstToken,
-                                           /*firstLayer=*/1, seed)
-      : save ? KernelCase::makeSave(shape, p.firstToken, /*firstLayer=*/1, seed)
-      : norm ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
-             : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed,
-                                p.chunks);
-  ASSERT_TRUE(made) << made.status().message();
-  const KernelCase &c = *made;
+  KVC_ASSIGN_OR_RETURN(
+      c, rope ? KernelCase::makeRopeScatter(shape, p.firstToken,
+                                            /*firstLayer=*/1, seed)
+         : save
+             ? KernelCase::makeSave(shape, p.firstToken, /*firstLayer=*/1, seed)
+         : norm ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
+                : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed,
+                                   p.chunks));
 
   mlir::kvc::KernelSpec spec;
   spec.kind = rope   ? mlir::kvc::KernelKind::RopeScatter
@@ -147,20 +168,38 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   spec.kvHeads = p.kvHeads;
   spec.headDim = p.headDim;
   spec.blockSize = p.blockSize;
+  if (norm) { // A prologue keeps its epilogue's cache shape; it reads none.
+    spec.kvHeads = 1;
+    spec.headDim = 8;
+    spec.blockSize = 16;
+  }
   Builder b(&context);
   spec.storage = p.storage == DType::F32   ? Type(b.getF32Type())
                  : p.storage == DType::F16 ? Type(b.getF16Type())
                                            : Type(b.getBF16Type());
-  spec.codec = mlir::kvc::getCodecAttr(&context, *codec);
+  spec.codec = mlir::kvc::getCodecAttr(&context, codec);
   spec.threads = 64;
-  spec.host = true; // The form the host lowering takes (KernelGen.h).
-  for (const ::kvc::KernelChunk &chunk : c.chunks()) {
-    ASSERT_LE(chunk.payloadOffset + spec.payloadBytes(),
-              int64_t(c.payload().size()));
-  }
-  if (p.chunks == 1) {
-    ASSERT_EQ(spec.payloadBytes(), int64_t(c.payload().size()));
-  }
+  spec.host = host; // KernelGen.h: the two forms.
+  for (const ::kvc::KernelChunk &chunk : c.chunks())
+    if (chunk.payloadOffset + spec.payloadBytes() > int64_t(c.payload().size()))
+      return ::kvc::Status(::kvc::StatusCode::Internal,
+                           "a chunk's payload overruns the case's");
+  if (p.chunks == 1 && spec.payloadBytes() != int64_t(c.payload().size()))
+    return ::kvc::Status(::kvc::StatusCode::Internal,
+                         "the kernel's payload is not the case's");
+  return Prepared{std::move(c), spec};
+}
+
+// Tests the host form, JIT-compiled.
+TEST_P(KernelJitTest, EqualsTheRuntime) {
+  const JitCase &p = GetParam();
+  const std::string name = p.codec;
+  const bool rope = name == "rope_scatter", norm = name == "rms_norm";
+  const bool save = name.rfind("save:", 0) == 0;
+  ::kvc::StatusOr<Prepared> prepared = prepare(context, p, /*host=*/true);
+  ASSERT_TRUE(prepared) << prepared.status().message();
+  const KernelCase &c = prepared->kernelCase;
+  const mlir::kvc::KernelSpec &spec = prepared->spec;
 
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
@@ -238,6 +277,41 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   ::kvc::testing::CacheErrors errors = c.check(
       keyBits, valueBits, reinterpret_cast<uint8_t *>(payload.data.get()));
   EXPECT_TRUE(errors.ok()) << errors.str();
+}
+
+// Tests the GPU form: the PTX a bundle carries, run by the PTX interpreter
+// (its warps' shuffles and the GPU's rounding; PtxInterpreter.h) on the
+// same case, through the checks kvc-kernel-bench runs on a GPU.
+TEST_P(KernelJitTest, GpuFormEqualsTheRuntime) {
+  ::kvc::StatusOr<Prepared> prepared =
+      prepare(context, GetParam(), /*host=*/false);
+  ASSERT_TRUE(prepared) << prepared.status().message();
+  OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
+  OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
+  func::FuncOp func =
+      mlir::kvc::buildKernel(builder, builder.getUnknownLoc(), prepared->spec);
+  // What kvc-lower-kernels records, for kvc-emit-bundle.
+  func->setAttr(mlir::kvc::KVCDialect::kEntryAttrName,
+                prepared->spec.toAttr(&context));
+  PassManager pm(&context);
+  mlir::kvc::buildKernelsToPTXPipeline(pm, "sm_90");
+  ASSERT_TRUE(succeeded(pm.run(*module)));
+  std::string json;
+  llvm::raw_string_ostream os(json);
+  ASSERT_TRUE(succeeded(mlir::kvc::writePlanBundle(*module, os)));
+  ::kvc::StatusOr<::kvc::PlanBundle> bundle = ::kvc::parsePlanBundle(os.str());
+  ASSERT_TRUE(bundle) << bundle.status().message();
+  ASSERT_EQ(bundle->kernels.size(), 1u);
+  const ::kvc::BundleKernel &kernel = bundle->kernels.front();
+
+  auto device = ::kvc::testing::PtxDevice::make(kernel);
+  ASSERT_TRUE(device) << device.status().message();
+  auto onDevice = ::kvc::testing::CaseOnDevice::make(**device, kernel,
+                                                     prepared->kernelCase);
+  ASSERT_TRUE(onDevice) << onDevice.status().message();
+  ::kvc::StatusOr<::kvc::testing::CacheErrors> errors = (*onDevice)->check();
+  ASSERT_TRUE(errors) << errors.status().message();
+  EXPECT_TRUE(errors->ok()) << errors->str();
 }
 
 // The planner's compositions (kvc-select-codec): raw data in each storage

@@ -666,7 +666,7 @@ struct Thread {
 
 struct PtxModule::Impl {
   std::vector<Entry> entries;
-  mutable uint64_t instructions = 0;
+  mutable PtxStats stats;
 };
 
 PtxModule::PtxModule(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -674,7 +674,7 @@ PtxModule::PtxModule(PtxModule &&) noexcept = default;
 PtxModule &PtxModule::operator=(PtxModule &&) noexcept = default;
 PtxModule::~PtxModule() = default;
 
-uint64_t PtxModule::instructionsRun() const { return impl_->instructions; }
+const PtxStats &PtxModule::stats() const { return impl_->stats; }
 
 StatusOr<PtxModule> PtxModule::parse(std::string_view ptx) {
   auto impl = std::make_unique<Impl>();
@@ -741,9 +741,9 @@ class WarpRunner {
 public:
   WarpRunner(const Entry &e, Memory &memory, const std::vector<uint8_t> &params,
              PtxModule::Dim3 grid, PtxModule::Dim3 block,
-             const uint32_t ctaid[3], uint64_t &instructions)
+             const uint32_t ctaid[3], PtxStats &stats)
       : e(e), memory(memory), params(params), grid(grid), block(block),
-        ctaid(ctaid), instructions(instructions) {}
+        ctaid(ctaid), stats(stats) {}
 
   /// Runs `lanes` (consecutive threads of the block); an error or empty.
   std::string run(std::vector<Thread> &lanes) {
@@ -822,7 +822,7 @@ private:
   std::string step(Thread &t) {
     while (!t.exited && !atShuffle(t)) {
       const Instr &in = e.code[t.pc];
-      ++instructions;
+      ++stats.instructions;
       if (++t.executed > kMaxInstructions)
         return fault(t, in,
                      "still running after " + std::to_string(kMaxInstructions) +
@@ -1056,8 +1056,10 @@ private:
           data.kind == Operand::Vec ? data.regs : one;
       const uint32_t bytes = uint32_t(w / 8);
       const uint64_t address = t.r[addr.reg] + addr.value;
-      std::string error = memory.access(address, bytes * uint32_t(regs.size()),
-                                        store, t.global);
+      const uint32_t total = bytes * uint32_t(regs.size());
+      std::string error = memory.access(address, total, store, t.global);
+      ++(store ? stats.stores : stats.loads);
+      (store ? stats.storeBytes : stats.loadBytes) += total;
       if (!error.empty())
         return error;
       auto *at = reinterpret_cast<uint8_t *>(address);
@@ -1090,7 +1092,8 @@ private:
   /// The shuffle `leader` waits at, for every lane of `lanes`.
   std::string shuffle(std::vector<Thread> &lanes, const Thread &leader) {
     const Instr &in = e.code[leader.pc];
-    ++instructions;
+    stats.instructions += lanes.size();
+    stats.shuffles += lanes.size();
     // shfl.sync.bfly.b32 d, a, b, c, membermask (PTX ISA's definition).
     const uint64_t members = value(leader, in.ops[4]) & 0xFFFFFFFF;
     for (const Thread &t : lanes) {
@@ -1133,7 +1136,7 @@ private:
   const std::vector<uint8_t> &params;
   PtxModule::Dim3 grid, block;
   const uint32_t *ctaid;
-  uint64_t &instructions;
+  PtxStats &stats;
 };
 
 } // namespace
@@ -1159,14 +1162,13 @@ Status PtxModule::launch(std::string_view name, Dim3 grid, Dim3 block,
                 e.params[i].second);
 
   Memory global(memory);
-  impl_->instructions = 0;
+  impl_->stats = {};
   uint32_t ctaid[3];
   uint32_t blockIndex = 0;
   for (ctaid[2] = 0; ctaid[2] < grid[2]; ++ctaid[2])
     for (ctaid[1] = 0; ctaid[1] < grid[1]; ++ctaid[1])
       for (ctaid[0] = 0; ctaid[0] < grid[0]; ++ctaid[0], ++blockIndex) {
-        WarpRunner runner(e, global, buffer, grid, block, ctaid,
-                          impl_->instructions);
+        WarpRunner runner(e, global, buffer, grid, block, ctaid, impl_->stats);
         for (uint64_t first = 0; first < threads; first += 32) {
           std::vector<Thread> lanes(std::min<uint64_t>(32, threads - first));
           for (size_t i = 0; i < lanes.size(); ++i) {

@@ -104,8 +104,8 @@ public:
   Status copyIn(uint64_t to, const void *from, size_t bytes) override;
   Status copyOut(void *to, uint64_t from, size_t bytes) override;
   Status run(int64_t chunks, void **params) override;
-  /// Instructions the last run executed, over all threads.
-  uint64_t instructionsRun() const { return module_.instructionsRun(); }
+  /// What the last run executed.
+  const PtxStats &stats() const { return module_.stats(); }
 
 private:
   PtxDevice(const BundleKernel &kernel, PtxModule module)

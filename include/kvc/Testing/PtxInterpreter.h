@@ -45,6 +45,15 @@ struct PtxRegion {
   uint64_t base = 0, bytes = 0;
 };
 
+/// What a launch executed, summed over its threads. An instruction a guard
+/// predicate turns off counts (a GPU issues it too).
+struct PtxStats {
+  uint64_t instructions = 0;
+  uint64_t shuffles = 0;
+  /// Global loads and stores (a vector access is one), and their bytes.
+  uint64_t loads = 0, loadBytes = 0, stores = 0, storeBytes = 0;
+};
+
 /// A parsed PTX module: its entries, ready to run.
 class PtxModule {
 public:
@@ -62,8 +71,8 @@ public:
                 void *const *params,
                 const std::vector<PtxRegion> &memory) const;
 
-  /// Instructions run by the last launch, over all threads.
-  uint64_t instructionsRun() const;
+  /// What the last launch executed.
+  const PtxStats &stats() const;
 
   PtxModule(PtxModule &&) noexcept;
   PtxModule &operator=(PtxModule &&) noexcept;

@@ -157,21 +157,9 @@ enum class Op : uint8_t {
   Ret
 };
 enum class Cmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
-enum class Special : uint8_t {
-  TidX,
-  TidY,
-  TidZ,
-  NtidX,
-  NtidY,
-  NtidZ,
-  CtaidX,
-  CtaidY,
-  CtaidZ,
-  NctaidX,
-  NctaidY,
-  NctaidZ,
-  LaneId
-};
+/// A special register: which, and its axis (x, y, z) where it has one;
+/// an operand holds 3 * which + axis.
+enum class Special : uint8_t { Tid, Ntid, Ctaid, Nctaid, LaneId };
 
 struct Operand {
   enum Kind : uint8_t { Reg, Imm, Sreg, Vec, Addr } kind = Imm;
@@ -371,20 +359,20 @@ private:
       return o;
     }
     if (s.front() == '%') {
-      static const std::pair<const char *, Special> specials[] = {
-          {"%tid.x", Special::TidX},       {"%tid.y", Special::TidY},
-          {"%tid.z", Special::TidZ},       {"%ntid.x", Special::NtidX},
-          {"%ntid.y", Special::NtidY},     {"%ntid.z", Special::NtidZ},
-          {"%ctaid.x", Special::CtaidX},   {"%ctaid.y", Special::CtaidY},
-          {"%ctaid.z", Special::CtaidZ},   {"%nctaid.x", Special::NctaidX},
-          {"%nctaid.y", Special::NctaidY}, {"%nctaid.z", Special::NctaidZ},
-          {"%laneid", Special::LaneId}};
-      for (const auto &[name, which] : specials)
-        if (s == name) {
-          o.kind = Operand::Sreg;
-          o.value = uint64_t(which);
-          return o;
-        }
+      static const char *const specials[] = {"%tid", "%ntid", "%ctaid",
+                                             "%nctaid"};
+      for (size_t which = 0; which < std::size(specials); ++which)
+        for (size_t axis = 0; axis < 3; ++axis)
+          if (s == std::string(specials[which]) + "." + "xyz"[axis]) {
+            o.kind = Operand::Sreg;
+            o.value = 3 * which + axis;
+            return o;
+          }
+      if (s == "%laneid") {
+        o.kind = Operand::Sreg;
+        o.value = 3 * uint64_t(Special::LaneId);
+        return o;
+      }
       if (s.find('.') != std::string_view::npos)
         fail(line, text, "unsupported special register");
       o.kind = Operand::Reg;
@@ -776,36 +764,22 @@ private:
       return t.r[o.reg];
     case Operand::Imm:
       return o.value;
-    case Operand::Sreg:
-      switch (Special(o.value)) {
-      case Special::TidX:
-        return t.tid[0];
-      case Special::TidY:
-        return t.tid[1];
-      case Special::TidZ:
-        return t.tid[2];
-      case Special::NtidX:
-        return block[0];
-      case Special::NtidY:
-        return block[1];
-      case Special::NtidZ:
-        return block[2];
-      case Special::CtaidX:
-        return ctaid[0];
-      case Special::CtaidY:
-        return ctaid[1];
-      case Special::CtaidZ:
-        return ctaid[2];
-      case Special::NctaidX:
-        return grid[0];
-      case Special::NctaidY:
-        return grid[1];
-      case Special::NctaidZ:
-        return grid[2];
+    case Operand::Sreg: {
+      const uint64_t axis = o.value % 3;
+      switch (Special(o.value / 3)) {
+      case Special::Tid:
+        return t.tid[axis];
+      case Special::Ntid:
+        return block[axis];
+      case Special::Ctaid:
+        return ctaid[axis];
+      case Special::Nctaid:
+        return grid[axis];
       case Special::LaneId:
         return t.lane;
       }
       return 0;
+    }
     default:
       return 0;
     }

@@ -93,6 +93,9 @@ public:
     return cu->check(cu->cuMemcpyDtoH(to, from, bytes), "download");
   }
   kvc::Status run(int64_t chunks, void **params) override {
+    // The copies ran on the legacy stream, which a non-blocking stream
+    // does not wait for.
+    KVC_RETURN_IF_ERROR(cu->check(cu->cuCtxSynchronize(), "upload"));
     enqueue(chunks, params);
     return cu->check(cu->cuCtxSynchronize(), "kernel");
   }

@@ -40,7 +40,8 @@ enum class Ty : uint8_t {
   S64,
   F16,
   BF16,
-  F32
+  F32,
+  F16x2 // Two f16 values in a 32-bit register, the first in the low half.
 };
 
 int bitsOf(Ty t) {
@@ -61,6 +62,7 @@ int bitsOf(Ty t) {
   case Ty::U32:
   case Ty::S32:
   case Ty::F32:
+  case Ty::F16x2:
     return 32;
   case Ty::B64:
   case Ty::U64:
@@ -72,16 +74,18 @@ int bitsOf(Ty t) {
 bool isSigned(Ty t) {
   return t == Ty::S8 || t == Ty::S16 || t == Ty::S32 || t == Ty::S64;
 }
-bool isFloat(Ty t) { return t == Ty::F16 || t == Ty::BF16 || t == Ty::F32; }
+bool isFloat(Ty t) {
+  return t == Ty::F16 || t == Ty::BF16 || t == Ty::F32 || t == Ty::F16x2;
+}
 
 bool parseType(std::string_view s, Ty &t) {
   static const std::pair<const char *, Ty> names[] = {
-      {"pred", Ty::Pred}, {"b8", Ty::B8},   {"u8", Ty::U8},
-      {"s8", Ty::S8},     {"b16", Ty::B16}, {"u16", Ty::U16},
-      {"s16", Ty::S16},   {"b32", Ty::B32}, {"u32", Ty::U32},
-      {"s32", Ty::S32},   {"b64", Ty::B64}, {"u64", Ty::U64},
-      {"s64", Ty::S64},   {"f16", Ty::F16}, {"bf16", Ty::BF16},
-      {"f32", Ty::F32}};
+      {"pred", Ty::Pred}, {"b8", Ty::B8},      {"u8", Ty::U8},
+      {"s8", Ty::S8},     {"b16", Ty::B16},    {"u16", Ty::U16},
+      {"s16", Ty::S16},   {"b32", Ty::B32},    {"u32", Ty::U32},
+      {"s32", Ty::S32},   {"b64", Ty::B64},    {"u64", Ty::U64},
+      {"s64", Ty::S64},   {"f16", Ty::F16},    {"bf16", Ty::BF16},
+      {"f32", Ty::F32},   {"f16x2", Ty::F16x2}};
   for (const auto &[name, type] : names)
     if (s == name) {
       t = type;
@@ -157,6 +161,24 @@ enum class Op : uint8_t {
   Ret
 };
 enum class Cmp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
+
+template <typename T> bool compare(Cmp cmp, T a, T b) {
+  switch (cmp) {
+  case Cmp::Eq:
+    return a == b;
+  case Cmp::Ne:
+    return a != b;
+  case Cmp::Lt:
+    return a < b;
+  case Cmp::Le:
+    return a <= b;
+  case Cmp::Gt:
+    return a > b;
+  case Cmp::Ge:
+    return a >= b;
+  }
+  return false;
+}
 /// A special register: which, and its axis (x, y, z) where it has one;
 /// an operand holds 3 * which + axis.
 enum class Special : uint8_t { Tid, Ntid, Ctaid, Nctaid, LaneId };
@@ -328,8 +350,10 @@ private:
       fail(line, text, "empty operand");
       return o;
     }
-    if (s.find('|') != std::string_view::npos) {
-      fail(line, text, "unsupported predicate output");
+    if (size_t bar = s.find('|'); bar != std::string_view::npos) {
+      // setp's two outputs, for the two halves of an f16x2 comparison.
+      o.kind = Operand::Vec;
+      o.regs = {reg(trim(s.substr(0, bar))), reg(trim(s.substr(bar + 1)))};
       return o;
     }
     if (s.front() == '{') {
@@ -581,6 +605,10 @@ private:
       return in.ops.size() == 1;
     case Op::Ret:
       return in.ops.empty();
+    case Op::Setp: // f16x2 sets two predicates, p|q.
+      return in.type == Ty::F16x2
+                 ? kinds({V, X, X}) && in.ops[0].regs.size() == 2
+                 : kinds({R, X, X});
     default:
       return kinds({R, X, X});
     }
@@ -942,37 +970,22 @@ private:
       set(src(3) ? src(1) : src(2));
       break;
     case Op::Setp: {
-      bool p;
-      if (isFloat(in.type)) {
-        float a = floatOf(src(1), in.type), b = floatOf(src(2), in.type);
-        if (std::isnan(a) || std::isnan(b)) {
-          p = in.unordered;
-        } else {
-          p = in.cmp == Cmp::Eq   ? a == b
-              : in.cmp == Cmp::Ne ? a != b
-              : in.cmp == Cmp::Lt ? a < b
-              : in.cmp == Cmp::Le ? a <= b
-              : in.cmp == Cmp::Gt ? a > b
-                                  : a >= b;
-        }
-      } else if (isSigned(in.type)) {
-        int64_t a = sgn(1), b = sgn(2);
-        p = in.cmp == Cmp::Eq   ? a == b
-            : in.cmp == Cmp::Ne ? a != b
-            : in.cmp == Cmp::Lt ? a < b
-            : in.cmp == Cmp::Le ? a <= b
-            : in.cmp == Cmp::Gt ? a > b
-                                : a >= b;
-      } else {
-        uint64_t a = src(1) & mask, b = src(2) & mask;
-        p = in.cmp == Cmp::Eq   ? a == b
-            : in.cmp == Cmp::Ne ? a != b
-            : in.cmp == Cmp::Lt ? a < b
-            : in.cmp == Cmp::Le ? a <= b
-            : in.cmp == Cmp::Gt ? a > b
-                                : a >= b;
+      auto floats = [&](float a, float b) {
+        return std::isnan(a) || std::isnan(b) ? in.unordered
+                                              : compare(in.cmp, a, b);
+      };
+      if (in.type == Ty::F16x2) { // p|q: the low halves, the high halves.
+        for (int half = 0; half < 2; ++half)
+          t.r[in.ops[0].regs[half]] =
+              floats(f16ToFloat(uint16_t(src(1) >> (16 * half))),
+                     f16ToFloat(uint16_t(src(2) >> (16 * half))));
+        break;
       }
-      t.r[in.ops[0].reg] = p;
+      t.r[in.ops[0].reg] =
+          isFloat(in.type)
+              ? floats(floatOf(src(1), in.type), floatOf(src(2), in.type))
+          : isSigned(in.type) ? compare(in.cmp, sgn(1), sgn(2))
+                              : compare(in.cmp, src(1) & mask, src(2) & mask);
       break;
     }
     case Op::Mov: {

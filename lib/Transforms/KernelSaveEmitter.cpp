@@ -5,7 +5,8 @@
 // encodes them into the payload, one item per thread. Per-token groups
 // (a multiple of 8 channels) are reduced in the thread, then across the
 // group's aligned lanes (gpu.shuffle xor, min and max); the group's first
-// lane stores the scale and minimum, every lane its packed values. A
+// lane stores the scale and minimum, every lane its packed values; under
+// Hadamard an item holds KernelSpec::rowPieces() pieces of a head row. A
 // per-channel item covers a group's tokens for its 8 channels: it scans
 // them once for the extremes (an scf.for carrying them), stores the 8
 // channels' parameters, and scans again to quantize. Lanes past the
@@ -369,23 +370,37 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
   }
 
   // Packed values: row-major, `bits` per value, after the parameters.
-  auto packedOffset = [&](Value token) {
+  auto packedOffset = [&](Value token, Value at) {
     return add(add(base, index(m.paramBytes)),
-               div(mul(add(mul(token, width), channel), m.bits), 8));
+               div(mul(add(mul(token, width), at), m.bits), 8));
   };
   const int64_t packedAlign = alignmentOf(
       {layerBytes, kOffset, m.paramBytes, width * m.bits / 8, n * m.bits / 8});
 
   if (m.tokenAxis) {
-    // Groups of m.size channels of one token: within the item, or across
-    // the m.size / 8 aligned lanes that hold a group's pieces.
-    const int64_t inItem = std::min(m.size, n);
-    Value x = gather(value, layer, row, channel, n);
+    // Groups of m.size channels of one token: within a piece, or across the
+    // aligned lanes that hold a group's pieces. The item's P pieces of
+    // n / P values lie `apart` values apart in one head row (P = 1: one
+    // run of n values), so a row's lanes shuffle in fewer butterfly stages.
+    const int64_t P = spec.rowPieces(value), run = n / P;
+    const int64_t apart = spec.headDim / P;
+    if (P > 1) {
+      Value inRow = rem(rest, width / n); // Items of a row: heads x R.
+      const int64_t lanes = spec.headDim / n;
+      channel =
+          add(mul(div(inRow, lanes), spec.headDim), mul(rem(inRow, lanes), 8));
+    }
+    SmallVector<Value> loaded;
+    for (int64_t p = 0; p < P; ++p)
+      loaded.push_back(
+          loadCache(value, layer, row, add(channel, index(p * apart)), run));
+    Value x = transformed(concat(loaded), channel);
+    const int64_t inItem = std::min(m.size, run);
     Value lo = reduce(x, inItem, Combine::Min);
     Value hi = reduce(x, inItem, Combine::Max);
-    if (m.size > n) {
-      lo = laneReduce(lo, m.size / n, Combine::Min);
-      hi = laneReduce(hi, m.size / n, Combine::Max);
+    if (m.size > run) {
+      lo = laneReduce(lo, m.size / run, Combine::Min);
+      hi = laneReduce(hi, m.size / run, Combine::Max);
     }
     QuantParams params = quantParams(lo, hi, m.bits);
     SmallVector<int64_t> ofValue; // Each value's group in the item.
@@ -396,22 +411,33 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     };
     Value packed =
         quantize(x, perValue(params.minimum), perValue(params.inverse), m.bits);
-    Value group = add(mul(row, m.perRow), div(channel, m.size));
-    Value paramOffset = add(base, mul(group, 4));
     Value words = b.create<vector::BitCastOp>(
         loc, vec(4 * count(params.words), b.getI8Type()), params.words);
-    int64_t paramAlign =
-        alignmentOf({layerBytes, kOffset, 4 * m.perRow, 4 * (n / inItem)});
+    // Per piece: run * bits / 8 packed bytes, run / inItem groups' words.
+    const int64_t packedBytes = run * m.bits / 8, wordBytes = 4 * run / inItem;
+    const int64_t pieceAlign =
+        alignmentOf({layerBytes, kOffset, m.paramBytes, width * m.bits / 8,
+                     packedBytes, apart * m.bits / 8});
+    const int64_t paramAlign = alignmentOf(
+        {layerBytes, kOffset, 4 * m.perRow, wordBytes, 4 * (apart / m.size)});
     ifThen(inRange, [&] {
-      storeBytes(payload(), packedOffset(row), packed, packedAlign);
-      if (m.size <= n) {
-        storeBytes(payload(), paramOffset, words, paramAlign);
-        return;
+      for (int64_t p = 0; p < P; ++p) {
+        Value at = add(channel, index(p * apart));
+        storeBytes(payload(), packedOffset(row, at),
+                   slice(packed, p * packedBytes, packedBytes), pieceAlign);
+        Value group = add(mul(row, m.perRow), div(at, m.size));
+        auto storeWords = [&] {
+          storeBytes(payload(), add(base, mul(group, 4)),
+                     slice(words, p * wordBytes, wordBytes), paramAlign);
+        };
+        // A group across lanes: its first lane stores the parameters.
+        if (m.size <= run)
+          storeWords();
+        else
+          ifThen(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                         rem(channel, m.size), index(0)),
+                 storeWords);
       }
-      // The group's first lane stores its parameters.
-      ifThen(b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
-                                     rem(channel, m.size), index(0)),
-             [&] { storeBytes(payload(), paramOffset, words, paramAlign); });
     });
     return;
   }
@@ -493,7 +519,8 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
       Value inChunk = b.create<arith::CmpIOp>(
           loc, arith::CmpIPredicate::ult, add(first, i), index(spec.tokens));
       ifThen(b.create<arith::AndIOp>(loc, inRange, inChunk), [&] {
-        storeBytes(payload(), packedOffset(tokenAt(i)), packed, packedAlign);
+        storeBytes(payload(), packedOffset(tokenAt(i), channel), packed,
+                   packedAlign);
       });
     }
   };

@@ -51,7 +51,10 @@ int64_t KernelSpec::bits() const {
 int64_t KernelSpec::valuesPerItem(bool value) const {
   // 8 values (16 bytes of the cache), whatever the codec, but in a host-form
   // save: a head row under Hadamard, whole per-token groups; in the GPU form
-  // those span lanes.
+  // those span lanes, a per-token save item under Hadamard holding
+  // rowPieces() pieces of its head row.
+  if (kind == KernelKind::Save && !host)
+    return 8 * rowPieces(value);
   if (!host || kind != KernelKind::Save)
     return 8;
   const int64_t row = hadamard() ? headDim : 8;
@@ -59,6 +62,20 @@ int64_t KernelSpec::valuesPerItem(bool value) const {
     return row;
   MatrixLayout m = matrixLayout(*this, value);
   return m.tokenAxis ? std::lcm(row, m.size) : row;
+}
+
+int64_t KernelSpec::rowPieces(bool value) const {
+  // As a Hadamard restore's thread (itemsPerThread), a per-token save item
+  // under Hadamard holds 16 / bits pieces of one head row, fewer lanes per
+  // row leaving fewer butterfly stages to shuffles; few enough that each
+  // of its per-token groups lies on aligned lanes (of the row's
+  // head_dim / 8 / P) at one of its pieces.
+  if (host || kind != KernelKind::Save || !bits() || !hadamard())
+    return 1;
+  MatrixLayout m = matrixLayout(*this, value);
+  if (!m.tokenAxis || m.size > headDim)
+    return 1;
+  return std::min({16 / bits(), headDim / 8, headDim / m.size});
 }
 
 int64_t KernelSpec::tokensPerItem(bool value) const {

@@ -260,6 +260,53 @@ func.func @save() {
 
 // -----
 
+// Tests that a save item of per-token groups under Hadamard holds several
+// pieces of one head row, as a Hadamard restore's thread does: with int4
+// over head_dim 64, V's item holds 2 pieces (min(16 / 4, 64 / 32)) 32
+// values apart, so the row's 4 lanes exchange values in 2 butterfly stages
+// (gpu.shuffle xor 1 and 2, 16 values each) and the last stage runs within
+// the thread; each piece's group of 32 values lies on 4 aligned lanes,
+// which combine their extremes (xor 1 and 2); each piece's packed values,
+// and from its group's first lane its parameters, are stored apart.
+// CHECK-LABEL: func.func @save_had
+// CHECK:       func.func @kvc_save_int4_kc_vt_g32_had_t64_l1_h2x64_b16(
+// CHECK:         scf.if
+// CHECK-COUNT-2:   arith.extf {{.+}} : vector<8xbf16> to vector<8xf32>
+// CHECK-COUNT-16:  gpu.shuffle  xor %{{.+}}, %c1_i32,
+// CHECK-COUNT-16:  gpu.shuffle  xor %{{.+}}, %c2_i32,
+// CHECK-NOT:       gpu.shuffle  xor %{{.+}}, %c4_i32,
+// CHECK:           arith.minnumf {{.+}} : vector<2xf32>
+// CHECK:           gpu.shuffle  xor %{{.+}}, %c1_i32
+// CHECK:           gpu.shuffle  xor %{{.+}}, %c2_i32
+// CHECK:           scf.if
+// CHECK:             memref.store {{.+}} : memref<?xi32>
+// CHECK:             scf.if
+// CHECK:               memref.store {{.+}} : memref<?xi32>
+// CHECK:             memref.store {{.+}} : memref<?xi32>
+// CHECK:             scf.if
+// CHECK:               memref.store {{.+}} : memref<?xi32>
+// CHECK:         } else {
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @save_had() {
+  %q = kvc.kernel "gather_transform_quant"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>> {
+    %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    %t = kvc.transform %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+    %r = kvc.quant %t
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+    kvc.yield %r : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+  }
+  %h = kvc.transfer_to_host %q
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard, quant = int4>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, host, codec <transform = hadamard, quant = int4>>
+  return
+}
+}
+
+// -----
+
 // Tests that a kernel whose chain has no generated form (dequant ->
 // untransform, its result used outside) is left alone.
 // CHECK-LABEL: func.func @partial

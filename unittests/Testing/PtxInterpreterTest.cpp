@@ -94,7 +94,8 @@ TEST(PtxInterpreterTest, ButterflyShufflesExchangeWithinAWarp) {
 }
 
 // Tests the GPU's rounding: an FMA rounds once, bf16 conversion rounds to
-// nearest even, min ignores a NaN and a NaN result is canonical.
+// nearest even, min ignores a NaN and a NaN result is canonical; and an
+// f16x2 comparison sets one predicate per half.
 TEST(PtxInterpreterTest, ArithmeticRoundsAsTheGpu) {
   const float a = 1.0f + 0x1p-12f;
   std::vector<uint32_t> in = {bitsOf(a), bitsOf(-1.0f), bitsOf(NAN),
@@ -119,7 +120,14 @@ TEST(PtxInterpreterTest, ArithmeticRoundsAsTheGpu) {
 	cvt.rn.bf16.f32 	%rs1, %f4;
 	cvt.rn.bf16.f32 	%rs2, %f5;
 	mov.b32 	%r2, {%rs1, %rs2};
-	st.global.u32 	[%rd2+16], %r2;)"),
+	st.global.u32 	[%rd2+16], %r2;
+	mov.b32 	%r3, 0x3C004000;
+	mov.b32 	%r4, 0x3C003C00;
+	setp.le.f16x2 	%p1|%p2, %r3, %r4;
+	selp.u32 	%r5, 1, 0, %p1;
+	selp.u32 	%r6, 2, 0, %p2;
+	or.b32 	%r5, %r5, %r6;
+	st.global.u32 	[%rd2+20], %r5;)"),
                   1, in, out)
                   .isOk());
   EXPECT_EQ(out[0], bitsOf(0x1p-11f + 0x1p-24f)); // One rounding.
@@ -127,6 +135,7 @@ TEST(PtxInterpreterTest, ArithmeticRoundsAsTheGpu) {
   EXPECT_EQ(out[2], bitsOf(-1.0f));
   EXPECT_EQ(out[3], 0x7FFFFFFFu);
   EXPECT_EQ(out[4], 0x3F813F80u); // 1 + 2^-8 ties to 1.0; just above, up.
+  EXPECT_EQ(out[5], 2u);          // f16x2: 2 <= 1 in the low half, 1 <= 1.
 }
 
 // Tests that accesses outside the launch's memory, or misaligned, are

@@ -104,8 +104,12 @@ struct KernelSpec {
   int64_t bits() const;
   /// Values of a cache row one work item of the K (or V, `value`) matrix
   /// covers: 8, but in the host form of a save kernel a head row under
-  /// Hadamard and whole per-token groups.
+  /// Hadamard and whole per-token groups, and in the GPU form rowPieces()
+  /// pieces of 8.
   int64_t valuesPerItem(bool value) const;
+  /// Pieces of one head row a GPU-form save item holds, head_dim / 8 / P
+  /// pieces apart (P under Hadamard with per-token groups; else 1).
+  int64_t rowPieces(bool value) const;
   /// Tokens one work item covers: a save kernel's per-channel groups (in
   /// the GPU form shared by groupLanes items); else 1.
   int64_t tokensPerItem(bool value) const;

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <unordered_map>
 
@@ -267,6 +268,10 @@ public:
   }
 
   void statement(std::string_view s, int line) {
+    if (s.front() == '{' && s.back() == '}') {
+      block(s.substr(1, s.size() - 2), line);
+      return;
+    }
     if (s.back() == ':') {
       labels[std::string(s.substr(0, s.size() - 1))] = uint32_t(e.code.size());
       return;
@@ -327,6 +332,35 @@ public:
   }
 
 private:
+  /// A scope on one line, as NVPTX writes to take half of a register:
+  /// "{ .reg .b16 tmp; mov.b32 {tmp, %rs1}, %r2; }". Its registers are
+  /// renamed apart from every other scope's.
+  void block(std::string_view body, int line) {
+    std::vector<std::pair<std::string, std::string>> locals;
+    for (std::string_view part : split(body, ';')) {
+      if (part.empty())
+        continue;
+      std::string text(part);
+      if (text.rfind(".reg", 0) == 0) {
+        std::istringstream words(text);
+        std::string directive, type, name;
+        words >> directive >> type;
+        while (words >> name) {
+          if (name.back() == ',')
+            name.pop_back();
+          locals.push_back(
+              {name, "%scope" + std::to_string(scopes++) + "_" + name});
+        }
+        continue;
+      }
+      for (const auto &[name, renamed] : locals)
+        text = std::regex_replace(
+            text, std::regex("(^|[^%\\w.])" + name + "(?![\\w])"),
+            "$1" + renamed);
+      statement(text + ";", line);
+    }
+  }
+
   void fail(int line, std::string_view s, const char *what) {
     if (error.empty())
       error =
@@ -617,6 +651,7 @@ private:
   Entry &e;
   std::string &error;
   std::unordered_map<std::string, uint32_t> registers, labels;
+  int scopes = 0;
 };
 
 /// A launch's view of global memory: the regions, each with the thread

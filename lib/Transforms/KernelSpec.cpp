@@ -66,16 +66,16 @@ int64_t KernelSpec::valuesPerItem(bool value) const {
 
 int64_t KernelSpec::rowPieces(bool value) const {
   // As a Hadamard restore's thread (itemsPerThread), a per-token save item
-  // under Hadamard holds 16 / bits pieces of one head row, fewer lanes per
-  // row leaving fewer butterfly stages to shuffles; few enough that each
-  // of its per-token groups lies on aligned lanes (of the row's
-  // head_dim / 8 / P) at one of its pieces.
+  // under Hadamard holds several pieces of one head row, fewer lanes per
+  // row leaving fewer butterfly stages to shuffles: up to 8 (8 loads of 16
+  // bytes in flight), few enough that each of its per-token groups lies on
+  // aligned lanes (of the row's head_dim / 8 / P) at one of its pieces.
   if (host || kind != KernelKind::Save || !bits() || !hadamard())
     return 1;
   MatrixLayout m = matrixLayout(*this, value);
   if (!m.tokenAxis || m.size > headDim)
     return 1;
-  return std::min({16 / bits(), headDim / 8, headDim / m.size});
+  return std::min({int64_t(8), headDim / 8, headDim / m.size});
 }
 
 int64_t KernelSpec::tokensPerItem(bool value) const {

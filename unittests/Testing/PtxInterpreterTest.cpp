@@ -94,14 +94,15 @@ TEST(PtxInterpreterTest, ButterflyShufflesExchangeWithinAWarp) {
 }
 
 // Tests the GPU's rounding: an FMA rounds once, bf16 conversion rounds to
-// nearest even, min ignores a NaN and a NaN result is canonical; and an
-// f16x2 comparison sets one predicate per half.
+// nearest even, min ignores a NaN and a NaN result is canonical; an f16x2
+// comparison sets one predicate per half; a one-line scope's register is
+// its own.
 TEST(PtxInterpreterTest, ArithmeticRoundsAsTheGpu) {
   const float a = 1.0f + 0x1p-12f;
   std::vector<uint32_t> in = {bitsOf(a), bitsOf(-1.0f), bitsOf(NAN),
                               bitsOf(1.0f + 0x1p-8f),
                               bitsOf(1.0f + 0x1p-8f + 0x1p-20f)};
-  std::vector<uint32_t> out(6, 0);
+  std::vector<uint32_t> out(7, 0);
   ASSERT_TRUE(run(kernel(R"(
 	ld.global.f32 	%f1, [%rd1];
 	ld.global.f32 	%f2, [%rd1+4];
@@ -127,7 +128,10 @@ TEST(PtxInterpreterTest, ArithmeticRoundsAsTheGpu) {
 	selp.u32 	%r5, 1, 0, %p1;
 	selp.u32 	%r6, 2, 0, %p2;
 	or.b32 	%r5, %r5, %r6;
-	st.global.u32 	[%rd2+20], %r5;)"),
+	st.global.u32 	[%rd2+20], %r5;
+	{ .reg .b16 tmp; mov.b32 {tmp, %rs3}, %r2; }
+	cvt.u32.u16 	%r7, %rs3;
+	st.global.u32 	[%rd2+24], %r7;)"),
                   1, in, out)
                   .isOk());
   EXPECT_EQ(out[0], bitsOf(0x1p-11f + 0x1p-24f)); // One rounding.
@@ -136,6 +140,7 @@ TEST(PtxInterpreterTest, ArithmeticRoundsAsTheGpu) {
   EXPECT_EQ(out[3], 0x7FFFFFFFu);
   EXPECT_EQ(out[4], 0x3F813F80u); // 1 + 2^-8 ties to 1.0; just above, up.
   EXPECT_EQ(out[5], 2u);          // f16x2: 2 <= 1 in the low half, 1 <= 1.
+  EXPECT_EQ(out[6], 0x3F81u);     // The high half, through a scope.
 }
 
 // Tests that accesses outside the launch's memory, or misaligned, are

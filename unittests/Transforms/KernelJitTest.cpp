@@ -363,7 +363,9 @@ INSTANTIATE_TEST_SUITE_P(
 // group is partial beside a per-token V (KIVI's axes, 37 tokens in groups
 // of 32) and per-channel groups of a chunk shorter than the group. A
 // thread loads a per-channel group of 8 tokens (g8) in one batch and
-// encodes what it holds; one of 32, in four batches per scan.
+// encodes what it holds; one of 32, in four batches per scan. Under
+// Hadamard a per-token item holds 2 (g32 over head_dim 64), 4 (g32 over
+// 128) or 8 (g16 over 128) pieces of its head row.
 INSTANTIATE_TEST_SUITE_P(
     Save, KernelJitTest,
     ::testing::Values(
@@ -388,6 +390,7 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"save:hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"save:hadamard+int4/k=channel/v=channel/g8", DType::BF16, 37, 2,
                 2, 64, 16, 5},
+        JitCase{"save:hadamard+int2/g16", DType::BF16, 37, 2, 1, 128, 16, 5},
         JitCase{"save:hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
                 64, 16, 9},
         JitCase{"save:hadamard+int4/k=token/v=token/g256", DType::BF16, 19, 1,

@@ -54,6 +54,23 @@ void KernelCase::drawTable(std::mt19937 &rng) {
   layerRows_ = numBlocks * B;
 }
 
+StatusOr<KernelCase> KernelCase::forKind(BundleKernel::Kind kind,
+                                         const KernelShape &shape,
+                                         int64_t firstToken, int64_t firstLayer,
+                                         uint32_t seed, int64_t chunks) {
+  switch (kind) {
+  case BundleKernel::Kind::Restore:
+    return make(shape, firstToken, firstLayer, seed, chunks);
+  case BundleKernel::Kind::RopeScatter:
+    return makeRopeScatter(shape, firstToken, firstLayer, seed);
+  case BundleKernel::Kind::Save:
+    return makeSave(shape, firstToken, firstLayer, seed);
+  case BundleKernel::Kind::RmsNorm:
+    return makeRmsNorm(shape, firstLayer, seed);
+  }
+  return invalidArgument("unknown kernel kind");
+}
+
 StatusOr<KernelCase> KernelCase::make(const KernelShape &shape,
                                       int64_t firstToken, int64_t firstLayer,
                                       uint32_t seed, int64_t chunks) {

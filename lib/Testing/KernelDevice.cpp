@@ -32,7 +32,6 @@ Status DeviceMemory::download(void *to) const {
 }
 
 StatusOr<KernelCase> caseFor(const BundleKernel &k, int64_t chunks) {
-  using Kind = BundleKernel::Kind;
   KernelShape shape;
   shape.tokens = k.tokens;
   shape.layers = k.layers;
@@ -46,16 +45,8 @@ StatusOr<KernelCase> caseFor(const BundleKernel &k, int64_t chunks) {
   shape.hidden = k.hidden;
   shape.eps = float(k.eps);
   const uint32_t seed = uint32_t(k.tokens * 131 + k.layers);
-  StatusOr<KernelCase> made =
-      k.kind == Kind::RopeScatter
-          ? KernelCase::makeRopeScatter(shape, /*firstToken=*/5,
-                                        /*firstLayer=*/1, seed)
-      : k.kind == Kind::Save ? KernelCase::makeSave(shape, /*firstToken=*/5,
-                                                    /*firstLayer=*/1, seed)
-      : k.kind == Kind::RmsNorm
-          ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
-          : KernelCase::make(shape, /*firstToken=*/5, /*firstLayer=*/1, seed,
-                             chunks);
+  StatusOr<KernelCase> made = KernelCase::forKind(
+      k.kind, shape, /*firstToken=*/5, /*firstLayer=*/1, seed, chunks);
   if (!made)
     return made.status().withContext("case of " + k.name);
   if (chunks == 1 && int64_t(made->payload().size()) != k.payloadBytes)

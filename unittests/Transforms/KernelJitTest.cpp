@@ -147,20 +147,14 @@ struct Prepared {
   shape.storage = p.storage;
   shape.hidden = p.hidden;
   const uint32_t seed = uint32_t(p.tokens);
-  KVC_ASSIGN_OR_RETURN(
-      c, rope ? KernelCase::makeRopeScatter(shape, p.firstToken,
-                                            /*firstLayer=*/1, seed)
-         : save
-             ? KernelCase::makeSave(shape, p.firstToken, /*firstLayer=*/1, seed)
-         : norm ? KernelCase::makeRmsNorm(shape, /*firstLayer=*/1, seed)
-                : KernelCase::make(shape, p.firstToken, /*firstLayer=*/1, seed,
-                                   p.chunks));
-
   mlir::kvc::KernelSpec spec;
   spec.kind = rope   ? mlir::kvc::KernelKind::RopeScatter
               : save ? mlir::kvc::KernelKind::Save
               : norm ? mlir::kvc::KernelKind::RmsNorm
                      : mlir::kvc::KernelKind::Restore;
+  KVC_ASSIGN_OR_RETURN(c,
+                       KernelCase::forKind(spec.kind, shape, p.firstToken,
+                                           /*firstLayer=*/1, seed, p.chunks));
   spec.hidden = p.hidden;
   spec.eps = shape.eps;
   spec.tokens = p.tokens;

@@ -28,6 +28,7 @@
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
 
 #include <cstdint>
 #include <random>
@@ -90,6 +91,13 @@ public:
   /// the weights of layers 0 .. firstLayer + layers normWeights().
   static StatusOr<KernelCase> makeRmsNorm(const KernelShape &shape,
                                           int64_t firstLayer, uint32_t seed);
+
+  /// The case of a `kind` kernel: make, makeRopeScatter, makeSave or
+  /// makeRmsNorm (which takes no first token and one chunk).
+  static StatusOr<KernelCase> forKind(BundleKernel::Kind kind,
+                                      const KernelShape &shape,
+                                      int64_t firstToken, int64_t firstLayer,
+                                      uint32_t seed, int64_t chunks = 1);
 
   /// A quiet NaN no decoder produces: what the cache holds before a launch.
   static constexpr uint16_t kPoison = 0x7FC1;

@@ -93,9 +93,10 @@ struct KernelSpec {
   /// The host form, which kvc-kernels-to-llvm can lower: under Hadamard a
   /// restore thread transforms a whole head row (a save item holds one),
   /// where the GPU form spreads the row over a warp's lanes (rowLanes() of
-  /// a restore, head_dim / 8 of a save) that exchange values through
-  /// gpu.shuffle; and it rounds to bf16 in integer ops, where the GPU form
-  /// uses arith.truncf (cvt.rn.bf16.f32). The forms differ in nothing else.
+  /// a restore, head_dim / 8 / rowPieces() of a save) that exchange values
+  /// through gpu.shuffle; and it rounds to bf16 in integer ops, where the
+  /// GPU form uses arith.truncf (cvt.rn.bf16.f32). The forms differ in
+  /// nothing else.
   bool host = false;
 
   int64_t width() const { return kvHeads * headDim; }

@@ -1073,19 +1073,20 @@ private:
       const bool store = in.op == Op::StGlobal;
       const Operand &addr = in.ops[store ? 0 : 1],
                     &data = in.ops[store ? 1 : 0];
-      const std::vector<uint32_t> one{data.reg};
-      const std::vector<uint32_t> &regs =
-          data.kind == Operand::Vec ? data.regs : one;
+      // The data registers: one, or a vector's, without an allocation.
+      const bool vector = data.kind == Operand::Vec;
+      const uint32_t *regs = vector ? data.regs.data() : &data.reg;
+      const size_t count = vector ? data.regs.size() : 1;
       const uint32_t bytes = uint32_t(w / 8);
       const uint64_t address = t.r[addr.reg] + addr.value;
-      const uint32_t total = bytes * uint32_t(regs.size());
+      const uint32_t total = bytes * uint32_t(count);
       std::string error = memory.access(address, total, store, t.global);
       ++(store ? stats.stores : stats.loads);
       (store ? stats.storeBytes : stats.loadBytes) += total;
       if (!error.empty())
         return error;
       auto *at = reinterpret_cast<uint8_t *>(address);
-      for (size_t i = 0; i < regs.size(); ++i) {
+      for (size_t i = 0; i < count; ++i) {
         uint64_t v = 0;
         if (store) {
           v = t.r[regs[i]];
@@ -1136,7 +1137,7 @@ private:
       return fault(leader, in,
                    "the member mask does not name the warp's " +
                        std::to_string(lanes.size()) + " lanes, exactly");
-    std::vector<uint64_t> sources(lanes.size());
+    std::array<uint64_t, 32> sources{};
     for (size_t i = 0; i < lanes.size(); ++i)
       sources[i] = value(lanes[i], in.ops[1]) & 0xFFFFFFFF;
     for (Thread &t : lanes) {

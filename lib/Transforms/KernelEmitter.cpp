@@ -35,7 +35,9 @@
 // xor, and the rest within the thread, across its pieces: with P = 4 (int4)
 // and head_dim 128, two of the seven stages shuffle. The host form, which
 // kvc-kernels-to-llvm can lower, is the case R = 1: a thread holds a whole
-// row. A save item transforms its one piece across head_dim / 8 lanes.
+// row. A save item transforms its pieces the same way: a per-token item
+// under Hadamard holds KernelSpec::rowPieces() pieces of one row, any
+// other item one piece, across head_dim / 8 lanes.
 //
 // A rope_scatter item loads its 8 f32 projections, and for K the 8 it is
 // paired with (channel +- head_dim / 2) and 8 cosines and sines of the

@@ -417,9 +417,10 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
     const int64_t packedBytes = run * m.bits / 8, wordBytes = 4 * run / inItem;
     const int64_t pieceAlign =
         alignmentOf({layerBytes, kOffset, m.paramBytes, width * m.bits / 8,
-                     packedBytes, apart * m.bits / 8});
-    const int64_t paramAlign = alignmentOf(
-        {layerBytes, kOffset, 4 * m.perRow, wordBytes, 4 * (apart / m.size)});
+                     packedBytes, P > 1 ? apart * m.bits / 8 : 0});
+    const int64_t paramAlign =
+        alignmentOf({layerBytes, kOffset, 4 * m.perRow, wordBytes,
+                     P > 1 ? 4 * (apart / m.size) : 0});
     ifThen(inRange, [&] {
       for (int64_t p = 0; p < P; ++p) {
         Value at = add(channel, index(p * apart));

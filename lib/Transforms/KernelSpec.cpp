@@ -53,10 +53,10 @@ int64_t KernelSpec::valuesPerItem(bool value) const {
   // save: a head row under Hadamard, whole per-token groups; in the GPU form
   // those span lanes, a per-token save item under Hadamard holding
   // rowPieces() pieces of its head row.
-  if (kind == KernelKind::Save && !host)
-    return 8 * rowPieces(value);
-  if (!host || kind != KernelKind::Save)
+  if (kind != KernelKind::Save)
     return 8;
+  if (!host)
+    return 8 * rowPieces(value);
   const int64_t row = hadamard() ? headDim : 8;
   if (!bits())
     return row;

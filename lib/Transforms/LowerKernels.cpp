@@ -5,7 +5,8 @@
 // restore items; KernelSaveEmitter.cpp: save items and the RMSNorm
 // prologue; KernelSpec.cpp: the constants a kernel is specialized on). The
 // pipelines here lower those functions to PTX (map parallel loops, outline
-// into gpu kernels, NVVM, gpu-module-to-binary) or to LLVM for the host.
+// into gpu kernels, the target's data layout, NVVM, gpu-module-to-binary) or
+// to LLVM for the host.
 //
 //===----------------------------------------------------------------------===//
 
@@ -58,6 +59,7 @@ void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
   target.optLevel = 3;
   pm.addPass(createGpuNVVMAttachTarget(target));
   OpPassManager &gpu = pm.nest<gpu::GPUModuleOp>();
+  gpu.addPass(createKVCGpuDataLayoutPass());
   gpu.addPass(createConvertSCFToCFPass());
   gpu.addPass(createConvertVectorToLLVMPass());
   gpu.addPass(createConvertGpuOpsToNVVMOps());

@@ -1,7 +1,7 @@
 // RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu | FileCheck %s --check-prefix=LAUNCH
 // RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining | FileCheck %s --check-prefix=OUTLINED
 // RUN: kvc-opt %s --kvc-lower-kernels --gpu-map-parallel-loops --convert-parallel-loops-to-gpu --lower-affine --gpu-launch-sink-index-computations --gpu-kernel-outlining \
-// RUN:   | kvc-opt --pass-pipeline='builtin.module(nvvm-attach-target{chip=sm_90 O=3}, gpu.module(convert-scf-to-cf, convert-vector-to-llvm, convert-gpu-to-nvvm, canonicalize, cse, reconcile-unrealized-casts))' | FileCheck %s --check-prefix=NVVM
+// RUN:   | kvc-opt --pass-pipeline='builtin.module(nvvm-attach-target{chip=sm_90 O=3}, gpu.module(kvc-gpu-data-layout, convert-scf-to-cf, convert-vector-to-llvm, convert-gpu-to-nvvm, canonicalize, cse, reconcile-unrealized-casts))' | FileCheck %s --check-prefix=NVVM
 // RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | FileCheck %s --check-prefix=PTX
 // RUN: kvc-opt %s --kvc-lower-kernels --kvc-kernels-to-ptx | grep -o -E 'gpu.binary @[a-z0-9_]+|fma.rn.f32' | uniq | FileCheck %s --check-prefix=FMA
 // RUN: kvc-opt %s --kvc-lower-kernels=host=true --kvc-kernels-to-llvm | FileCheck %s --check-prefix=HOST
@@ -13,9 +13,10 @@
 // loops become one gpu.launch (int8: 64 tokens x 128 / 8 pieces per matrix,
 // 2 per thread, so 2 blocks of 256 threads per matrix, 4 in all, times the
 // launch's chunks in y: the chunk table's records), outlined
-// into a gpu.func, NVVM with 16-byte vector loads and stores and the
-// Hadamard's lane exchanges as shfl.sync.bfly, then PTX with ld.global.v4 /
-// st.global.v4 and the hardware's round-to-nearest-even conversion to bf16.
+// into a gpu.func, NVVM under the target's data layout with 16-byte vector
+// loads and stores and the Hadamard's lane exchanges as shfl.sync.bfly, then
+// PTX that reads the chunk record's three i64 fields with 8-byte loads, with
+// ld.global.v4 / st.global.v4 and the hardware's round-to-nearest-even conversion to bf16.
 // Fused multiply-adds appear only where the product is exact, so that one
 // rounding is the runtime's multiply and add: a dequantized value (its f16
 // scale times its integer) and a butterfly across lanes (+-1 times the
@@ -58,7 +59,7 @@
 // OUTLINED:         gpu.launch_func @[[E:kvc_rope_scatter_t64_l1_h2x64_b16_kernel]]::@[[E]] blocks in (%c8{{.*}}, %{{.+}}, %c1{{.*}}) threads in (%c256{{.*}}, %c1{{.*}}, %c1{{.*}}) args({{.*}}%arg6 : memref<?xi8>
 // OUTLINED:       gpu.module @[[E]]
 
-// NVVM:       gpu.module @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#nvvm.target<O = 3, chip = "sm_90">]
+// NVVM:       gpu.module @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#nvvm.target<O = 3, chip = "sm_90">] attributes {llvm.data_layout = "e-i64:64-{{.+}}"}
 // NVVM:         llvm.func @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel({{.+}}) attributes {gpu.kernel, {{.*}}nvvm.kernel
 // NVVM:           nvvm.read.ptx.sreg.ctaid.x
 // NVVM:           nvvm.read.ptx.sreg.ctaid.y
@@ -86,6 +87,10 @@
 // PTX:     gpu.binary @kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel [#gpu.object<#nvvm.target<O = 3, chip = "sm_90">, {{.*}}assembly = "
 // PTX-SAME:  .target sm_90
 // PTX-SAME:  .entry kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16_kernel(
+// PTX-NOT:   ld.global.u32
+// PTX-SAME:  ld.global.u64
+// PTX-SAME:  ld.global.u64
+// PTX-SAME:  ld.global.u64
 // PTX-SAME:  ld.global.v4.u32
 // PTX-SAME:  fma.rn.f32
 // PTX-SAME:  st.global.v4.b32

@@ -545,6 +545,33 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
   ];
 }
 
+def KVCGpuDataLayoutPass : Pass<"kvc-gpu-data-layout", "::mlir::gpu::GPUModuleOp"> {
+  let summary = "Gives a gpu.module its NVVM target's LLVM data layout";
+  let description = [{
+    Sets `llvm.data_layout` on a `gpu.module` to the data layout of the
+    NVPTX target machine its `#nvvm.target` names (triple, chip and
+    features). `gpu-module-to-binary` translates the module to LLVM IR
+    before it sets the target's layout, so without this a load the LLVM
+    dialect leaves unaligned gets LLVM's default ABI alignment: 4 bytes for
+    an i64, which NVPTX splits into two 32-bit loads. With the target's
+    layout an i64 (a chunk record's field) is one `ld.global.u64`. Fails on
+    a module with no `#nvvm.target` (run `nvvm-attach-target` first).
+    `kvc-kernels-to-ptx` runs it on every outlined kernel.
+
+    Before:
+    ```mlir
+    gpu.module @k [#nvvm.target<chip = "sm_90">] {
+    }
+    ```
+    After:
+    ```mlir
+    gpu.module @k [#nvvm.target<chip = "sm_90">] attributes {
+        llvm.data_layout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"} {
+    }
+    ```
+  }];
+}
+
 //===----------------------------------------------------------------------===//
 // Output
 //===----------------------------------------------------------------------===//

@@ -1,6 +1,6 @@
 //===- KernelCount.cpp - What a generated kernel executes, without a GPU --===//
 //
-// kvc-kernel-count --bundle kernels.json [--only REGEX]
+// kvc-kernel-count --bundle kernels.json [--only REGEX] [--mix]
 //
 // Runs every kernel of a bundle's kernel table (or those whose names REGEX
 // matches) in the PTX interpreter on the case kvc-kernel-bench checks it
@@ -12,7 +12,8 @@
 // one thread's longest path through a restore kernel, this counts every
 // thread of any kernel kind, loops included: a proxy for issue slots and
 // for the memory traffic a scan that reads its input twice costs
-// (docs/kernels.md, "Cost per value").
+// (docs/kernels.md, "Cost per value"). --mix adds each kernel's
+// instruction mix: the opcodes it executed, per value, most first.
 //
 // Exits 1 on a kernel that differs from the runtime or faults.
 //
@@ -29,7 +30,7 @@ using namespace kvc::testing;
 namespace {
 
 /// Counts and checks `kernel`; false when it differs from the runtime.
-bool count(const kvc::BundleKernel &kernel) {
+bool count(const kvc::BundleKernel &kernel, bool mix) {
   auto fail = [&](const kvc::Status &status) {
     std::printf("%-52s FAIL %s\n", kernel.name.c_str(),
                 status.message().c_str());
@@ -57,6 +58,10 @@ bool count(const kvc::BundleKernel &kernel) {
               double(s.shuffles) / values, double(s.loadBytes) / values,
               double(s.storeBytes) / values,
               errors->ok() ? "bit-exact" : ("FAIL " + errors->str()).c_str());
+  if (mix)
+    for (const auto &[opcode, executed] : s.mix)
+      std::printf("    %-48s %8.2f\n", opcode.c_str(),
+                  double(executed) / values);
   return errors->ok();
 }
 
@@ -65,15 +70,19 @@ bool count(const kvc::BundleKernel &kernel) {
 int main(int argc, char **argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string bundlePath, only;
+  bool mix = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--bundle" && i + 1 < argc) {
       bundlePath = argv[++i];
     } else if (arg == "--only" && i + 1 < argc) {
       only = argv[++i];
+    } else if (arg == "--mix") {
+      mix = true;
     } else {
-      std::fprintf(stderr,
-                   "usage: kvc-kernel-count --bundle F [--only REGEX]\n");
+      std::fprintf(
+          stderr,
+          "usage: kvc-kernel-count --bundle F [--only REGEX] [--mix]\n");
       return 2;
     }
   }
@@ -97,7 +106,7 @@ int main(int argc, char **argv) {
   for (const kvc::BundleKernel &kernel : bundle->kernels)
     if (std::regex_search(kernel.name, selected)) {
       ++kernels;
-      failures += !count(kernel);
+      failures += !count(kernel, mix);
     }
   if (!kernels) {
     std::fprintf(stderr, "kvc-kernel-count: no kernel of %s matches \"%s\"\n",

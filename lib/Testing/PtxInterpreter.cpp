@@ -207,6 +207,7 @@ struct Instr {
   uint32_t target = 0; // bra: the instruction index.
   int line = 0;
   std::string text;
+  std::string opcode; // With its modifiers and type: fma.rn.f32.
 };
 
 struct Entry {
@@ -303,6 +304,7 @@ public:
     }
     size_t space = s.find_first_of(" \t");
     std::string_view opcode = s.substr(0, space);
+    in.opcode = std::string(opcode);
     std::string_view rest =
         space == std::string_view::npos ? "" : trim(s.substr(space));
     if (!decode(in, opcode)) {
@@ -792,9 +794,10 @@ class WarpRunner {
 public:
   WarpRunner(const Entry &e, Memory &memory, const std::vector<uint8_t> &params,
              PtxModule::Dim3 grid, PtxModule::Dim3 block,
-             const uint32_t ctaid[3], PtxStats &stats)
+             const uint32_t ctaid[3], PtxStats &stats,
+             std::vector<uint64_t> &executedAt)
       : e(e), memory(memory), params(params), grid(grid), block(block),
-        ctaid(ctaid), stats(stats) {}
+        ctaid(ctaid), stats(stats), executedAt(executedAt) {}
 
   /// Runs `lanes` (consecutive threads of the block); an error or empty.
   std::string run(std::vector<Thread> &lanes) {
@@ -860,6 +863,7 @@ private:
     while (!t.exited && !atShuffle(t)) {
       const Instr &in = e.code[t.pc];
       ++stats.instructions;
+      ++executedAt[t.pc];
       if (++t.executed > kMaxInstructions)
         return fault(t, in,
                      "still running after " + std::to_string(kMaxInstructions) +
@@ -1117,6 +1121,7 @@ private:
     const Instr &in = e.code[leader.pc];
     stats.instructions += lanes.size();
     stats.shuffles += lanes.size();
+    executedAt[leader.pc] += lanes.size();
     // shfl.sync.bfly.b32 d, a, b, c, membermask (PTX ISA's definition).
     const uint64_t members = value(leader, in.ops[4]) & 0xFFFFFFFF;
     for (const Thread &t : lanes) {
@@ -1160,7 +1165,24 @@ private:
   PtxModule::Dim3 grid, block;
   const uint32_t *ctaid;
   PtxStats &stats;
+  std::vector<uint64_t> &executedAt; // Per instruction of the entry.
 };
+
+/// `executedAt`'s counts summed by opcode, most first.
+std::vector<std::pair<std::string, uint64_t>>
+instructionMix(const Entry &e, const std::vector<uint64_t> &executedAt) {
+  std::map<std::string_view, uint64_t> byOpcode;
+  for (size_t pc = 0; pc < e.code.size(); ++pc)
+    if (executedAt[pc])
+      byOpcode[e.code[pc].opcode] += executedAt[pc];
+  std::vector<std::pair<std::string, uint64_t>> mix;
+  for (const auto &[op, count] : byOpcode)
+    mix.emplace_back(std::string(op), count);
+  std::stable_sort(mix.begin(), mix.end(), [](const auto &a, const auto &b) {
+    return a.second > b.second;
+  });
+  return mix;
+}
 
 } // namespace
 
@@ -1186,12 +1208,14 @@ Status PtxModule::launch(std::string_view name, Dim3 grid, Dim3 block,
 
   Memory global(memory);
   impl_->stats = {};
+  std::vector<uint64_t> executedAt(e.code.size());
   uint32_t ctaid[3];
   uint32_t blockIndex = 0;
   for (ctaid[2] = 0; ctaid[2] < grid[2]; ++ctaid[2])
     for (ctaid[1] = 0; ctaid[1] < grid[1]; ++ctaid[1])
       for (ctaid[0] = 0; ctaid[0] < grid[0]; ++ctaid[0], ++blockIndex) {
-        WarpRunner runner(e, global, buffer, grid, block, ctaid, impl_->stats);
+        WarpRunner runner(e, global, buffer, grid, block, ctaid, impl_->stats,
+                          executedAt);
         for (uint64_t first = 0; first < threads; first += 32) {
           std::vector<Thread> lanes(std::min<uint64_t>(32, threads - first));
           for (size_t i = 0; i < lanes.size(); ++i) {
@@ -1212,6 +1236,7 @@ Status PtxModule::launch(std::string_view name, Dim3 grid, Dim3 block,
                               std::to_string(ctaid[2]) + "), " + error);
         }
       }
+  impl_->stats.mix = instructionMix(e, executedAt);
   return Status::ok();
 }
 

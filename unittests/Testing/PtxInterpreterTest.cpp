@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,50 @@ TEST(PtxInterpreterTest, ButterflyShufflesExchangeWithinAWarp) {
   for (int i = 0; i < 64; ++i)
     EXPECT_EQ(out[i], bitsOf(float((i ^ 1) * (i ^ 1) + (i ^ 16) * (i ^ 16))))
         << "thread " << i;
+}
+
+// Tests what stats() counts over every lane: instructions (a guarded-off
+// one too), shuffles, global accesses and their bytes, and the mix by
+// opcode, most executed first.
+TEST(PtxInterpreterTest, StatsCountWhatEveryLaneExecuted) {
+  kvc::StatusOr<PtxModule> module = PtxModule::parse(kernel(R"(
+	ld.global.f32 	%f1, [%rd4];
+	setp.lt.u32 	%p1, %r1, 32;
+	@%p1 add.rn.f32 	%f1, %f1, %f1;
+	shfl.sync.bfly.b32	%f2, %f1, 1, 31, -1;
+	st.global.f32 	[%rd5], %f2;)"));
+  ASSERT_TRUE(module.isOk()) << module.status().message();
+  std::vector<uint32_t> in(64, bitsOf(1.0f)), out(64, 0);
+  uint64_t inAddress = reinterpret_cast<uint64_t>(in.data()),
+           outAddress = reinterpret_cast<uint64_t>(out.data());
+  void *params[] = {&inAddress, &outAddress};
+  ASSERT_TRUE(module
+                  ->launch("k", {1, 1, 1}, {64, 1, 1}, params,
+                           {{inAddress, 256}, {outAddress, 256}})
+                  .isOk());
+  EXPECT_EQ(out[0], bitsOf(2.0f));
+  EXPECT_EQ(out[32], bitsOf(1.0f));
+  const kvc::testing::PtxStats &stats = module->stats();
+  // 6 instructions of the prologue, 5 of the body and ret, per thread.
+  EXPECT_EQ(stats.instructions, 64u * 12);
+  EXPECT_EQ(stats.shuffles, 64u);
+  EXPECT_EQ(stats.loads, 64u);
+  EXPECT_EQ(stats.loadBytes, 256u);
+  EXPECT_EQ(stats.stores, 64u);
+  EXPECT_EQ(stats.storeBytes, 256u);
+  std::map<std::string, uint64_t> mix(stats.mix.begin(), stats.mix.end());
+  EXPECT_EQ(mix.size(), stats.mix.size());
+  EXPECT_EQ(mix["add.s64"], 128u);
+  EXPECT_EQ(mix["add.rn.f32"], 64u);
+  EXPECT_EQ(mix["shfl.sync.bfly.b32"], 64u);
+  EXPECT_EQ(mix["ret"], 64u);
+  uint64_t total = 0;
+  for (size_t i = 0; i < stats.mix.size(); ++i) {
+    total += stats.mix[i].second;
+    if (i)
+      EXPECT_GE(stats.mix[i - 1].second, stats.mix[i].second);
+  }
+  EXPECT_EQ(total, stats.instructions);
 }
 
 // Tests the GPU's rounding: an FMA rounds once, bf16 conversion rounds to

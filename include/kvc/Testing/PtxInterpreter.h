@@ -36,6 +36,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvc::testing {
@@ -52,6 +53,9 @@ struct PtxStats {
   uint64_t shuffles = 0;
   /// Global loads and stores (a vector access is one), and their bytes.
   uint64_t loads = 0, loadBytes = 0, stores = 0, storeBytes = 0;
+  /// The instructions by opcode with its modifiers and type (`fma.rn.f32`,
+  /// `ld.global.v4.u32`), most executed first: an instruction mix.
+  std::vector<std::pair<std::string, uint64_t>> mix;
 };
 
 /// A parsed PTX module: its entries, ready to run.

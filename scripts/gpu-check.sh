@@ -5,8 +5,9 @@
 #
 #   scripts/gpu-check.sh pack [DIR]   here: builds kvc-kernel-bench and the
 #                                     kernel bundle (build/; its 16-token
-#                                     kernels checked in the PTX
-#                                     interpreter first), the runtime
+#                                     kernels checked first by that
+#                                     kvc-kernel-bench on the emulated
+#                                     driver), the runtime
 #                                     alone (build-gpu/: kvc-run and the
 #                                     CUDA backend's tests, no LLVM), copies
 #                                     them, the libraries the GPU machine
@@ -103,11 +104,15 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
 case "$mode" in
 pack)
   ninja -C "$root/build" kvc-kernel-bench bench/kernels.json kvc-opt kvc-run \
-    kvc-exec-kernels kvc-kernel-count
-  # The bundle's 16-token kernels, bit-exact in the PTX interpreter before
-  # any device time goes to them (the larger ones take minutes there).
-  "$root/build/bin/kvc-kernel-count" --bundle "$root/build/bench/kernels.json" \
-    --only _t16_ | tail -n 1
+    kvc-exec-kernels kvc-emulated-cuda
+  # The bundle's 16-token kernels through the kvc-kernel-bench the GPU will
+  # run, on the emulated driver (lib/Testing/EmulatedCuda.cpp: the PTX
+  # interpreter), bit-exact before any device time goes to them (the larger
+  # ones take minutes there).
+  LD_LIBRARY_PATH="$root/build/lib/emulated-cuda" \
+    "$root/build/bench/kvc-kernel-bench" \
+    --bundle "$root/build/bench/kernels.json" --only _t16_ --iters 1 |
+    tail -n 1
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVC_BUILD_COMPILER=OFF >/dev/null
   ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests kvc-gpu-bench

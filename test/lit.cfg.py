@@ -34,6 +34,15 @@ if config.ptxas and os.path.exists(config.ptxas):
     config.available_features.add("ptxas")
     config.substitutions.append(("%ptxas", config.ptxas))
 
+# kvc-kernel-bench and a libcuda.so.1 whose kernels run in the PTX
+# interpreter (lib/Testing/EmulatedCuda.cpp).
+emulated_cuda = os.path.join(config.kvc_obj_root, "lib", "emulated-cuda")
+kernel_bench = os.path.join(config.kvc_obj_root, "bench", "kvc-kernel-bench")
+if os.path.exists(os.path.join(emulated_cuda, "libcuda.so.1")) and os.path.exists(kernel_bench):
+    config.available_features.add("emulated-cuda")
+    config.substitutions.append(("%emulated_cuda", emulated_cuda))
+    config.substitutions.append(("%kernel_bench", kernel_bench))
+
 # The trained stories260K checkpoint (KVC_MODELS_DIR), read where it is.
 stories = os.path.join(config.kvc_models, "stories260K")
 if os.path.exists(os.path.join(stories, "stories260K.bin")):

@@ -729,6 +729,11 @@ PtxModule::~PtxModule() = default;
 
 const PtxStats &PtxModule::stats() const { return impl_->stats; }
 
+bool PtxModule::hasEntry(std::string_view name) const {
+  return std::any_of(impl_->entries.begin(), impl_->entries.end(),
+                     [&](const Entry &e) { return e.name == name; });
+}
+
 StatusOr<PtxModule> PtxModule::parse(std::string_view ptx) {
   auto impl = std::make_unique<Impl>();
   std::string error;

@@ -67,6 +67,9 @@ public:
   /// interpreter's subset.
   static StatusOr<PtxModule> parse(std::string_view ptx);
 
+  /// Whether the module has an entry `name`.
+  bool hasEntry(std::string_view name) const;
+
   /// Runs entry `name` over `grid` x `block` to completion. `params` holds
   /// a pointer to each parameter's value, in order, as cuLaunchKernel takes
   /// them; global accesses must fall in `memory`. FailedPrecondition (the

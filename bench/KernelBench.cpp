@@ -66,6 +66,15 @@ struct DeviceBuffer {
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
 };
 
+/// A CUDA event.
+struct Event {
+  CUevent event = nullptr;
+  Event() { check(cu->cuEventCreate(&event, CU_EVENT_DEFAULT), "event"); }
+  ~Event() { cu->cuEventDestroy(event); }
+  Event(const Event &) = delete;
+  Event &operator=(const Event &) = delete;
+};
+
 /// The GPU as the checks' device: one kernel's module, launched on a
 /// stream (enqueue) or to completion (run).
 class CudaDevice : public kvc::testing::KernelDevice {
@@ -147,9 +156,6 @@ public:
     r.name = k.name;
     r.tokens = k.tokens;
     r.layers = k.layers;
-    check(cu->cuEventCreate(&start, CU_EVENT_DEFAULT), "event");
-    check(cu->cuEventCreate(&stop, CU_EVENT_DEFAULT), "event");
-
     const kvc::testing::KernelCase c = orThrow(kvc::testing::caseFor(k));
     std::unique_ptr<CaseOnDevice> one =
         orThrow(CaseOnDevice::make(device, k, c));
@@ -191,8 +197,6 @@ public:
       r.batchedUs =
           timeUs([&] { device.enqueue(kBatch, batched.data()); }) / kBatch;
     }
-    cu->cuEventDestroy(start);
-    cu->cuEventDestroy(stop);
     return r;
   }
 
@@ -208,20 +212,20 @@ private:
   template <typename Body> double timeUs(Body &&body) {
     for (int i = 0; i < 3; ++i)
       body();
-    check(cu->cuEventRecord(start, device.stream), "record");
+    check(cu->cuEventRecord(start.event, device.stream), "record");
     for (int i = 0; i < iters; ++i)
       body();
-    check(cu->cuEventRecord(stop, device.stream), "record");
-    check(cu->cuEventSynchronize(stop), "sync");
+    check(cu->cuEventRecord(stop.event, device.stream), "record");
+    check(cu->cuEventSynchronize(stop.event), "sync");
     float ms = 0;
-    check(cu->cuEventElapsedTime(&ms, start, stop), "elapsed");
+    check(cu->cuEventElapsedTime(&ms, start.event, stop.event), "elapsed");
     return 1000.0 * ms / iters;
   }
 
   const kvc::BundleKernel &k;
   int iters;
   CudaDevice device;
-  CUevent start = nullptr, stop = nullptr;
+  Event start, stop;
 };
 
 } // namespace

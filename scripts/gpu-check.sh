@@ -4,8 +4,9 @@
 # (docs/kernels.md and docs/runtime.md, "On a GPU").
 #
 #   scripts/gpu-check.sh pack [DIR]   here: builds kvc-kernel-bench and the
-#                                     kernel bundle (build/; its 16-token
-#                                     kernels checked first by that
+#                                     kernel bundle and its variants
+#                                     (build/; their 16-token kernels
+#                                     checked first by that
 #                                     kvc-kernel-bench on the emulated
 #                                     driver), the runtime
 #                                     alone (build-gpu/: kvc-run and the
@@ -20,7 +21,8 @@
 #                                     decodes from BOS;
 #   scripts/gpu-check.sh run [DIR]    there, from the repository root with
 #                                     DIR beside it: checks every kernel bit
-#                                     for bit and times it against the copy,
+#                                     for bit and times it against the copy
+#                                     (the variants too),
 #                                     reruns the checks under
 #                                     compute-sanitizer's memcheck, runs the
 #                                     CUDA backend's tests (and once under
@@ -113,12 +115,28 @@ pack)
     "$root/build/bench/kvc-kernel-bench" \
     --bundle "$root/build/bench/kernels.json" --only _t16_ --iters 1 |
     tail -n 1
+  # Variants the counts cannot decide between (docs/kernels.md, "Cost per
+  # value"): unrotated per-channel saves whose groups' tokens 4 lanes hold,
+  # K read once at more registers; checked the same way.
+  python3 "$root/bench/kernels/gen-kernels.py" --saves \
+    --codecs '^quant = int[248]$' --shapes 16x1,256x32,1024x32 \
+    >"$root/build/bench/kernel-variants.mlir"
+  "$root/build/bin/kvc-opt" "$root/build/bench/kernel-variants.mlir" \
+    --kvc-import-model="$root/examples/models/llama-3.1-8b/config.json" \
+    --kvc-lower-kernels=group-lanes=4 --kvc-kernels-to-ptx \
+    --kvc-emit-bundle=file="$root/build/bench/kernel-variants.json" \
+    -o /dev/null
+  LD_LIBRARY_PATH="$root/build/lib/emulated-cuda" \
+    "$root/build/bench/kvc-kernel-bench" \
+    --bundle "$root/build/bench/kernel-variants.json" --only _t16_ \
+    --iters 1 | tail -n 1
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVC_BUILD_COMPILER=OFF >/dev/null
   ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests kvc-gpu-bench
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd) # file:// stores need absolute paths.
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
+    "$root/build/bench/kernel-variants.json" \
     "$root/build/unittests/exec-kernels.json" \
     "$root/bench/kernels/torch-baseline.py" \
     "$root/bench/kernels/ncu-summary.py" \
@@ -370,6 +388,9 @@ run)
     --out "$out/kernel-bench.json" | tee "$out/kernel-bench.txt" ||
     status=$?
   [ "$status" = 77 ] && exit 77
+  "$dir/kvc-kernel-bench" --bundle "$dir/kernel-variants.json" \
+    --out "$out/kernel-variants.json" | tee "$out/kernel-variants.txt" ||
+    status=$?
   sanitizer=/usr/local/cuda/bin/compute-sanitizer
   if [ -x "$sanitizer" ]; then
     "$sanitizer" --tool memcheck --leak-check full --error-exitcode 3 \

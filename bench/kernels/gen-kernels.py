@@ -15,8 +15,12 @@ only what a restore plan over such chunks launches (the restore kernels and
 the projection's), and --save-shapes TxL,... makes the save kernels at
 those shapes instead (the executor's tests of generated kernels take
 restores at the plans' chunk shapes and saves at the store's objects').
+--saves makes only the save kernels, and --codecs REGEX only the
+compositions whose codec ("none" when raw) REGEX matches: with
+kvc-lower-kernels' options, variants of a few kernels.
 """
 import argparse
+import re
 import sys
 
 # (codec, storage): the compositions kvc-select-codec chooses among, each
@@ -42,8 +46,10 @@ def chunk(codec, storage, tokens, layers):
             f"layers 0 to {layers}, device{c}>")
 
 
-def main(out, shapes, save_shapes):
+def main(out, shapes, save_shapes, codecs):
     for i, (codec, storage) in enumerate(CODECS):
+        if not re.search(codecs, codec or "none"):
+            continue
         for tokens, layers in shapes:
             src = chunk(codec, storage, tokens, layers)
             dst = chunk(None, storage, tokens, layers)
@@ -62,7 +68,7 @@ def main(out, shapes, save_shapes):
                 value = "%u"
             out.write(f"    kvc.scatter {value} : {dst}\n")
             out.write("  }\n  return\n}\n")
-    for tokens, layers in shapes:
+    for tokens, layers in shapes if re.search(codecs, "none") else []:
         hidden = (f"!kvc.chunk<hidden x bf16, tokens 0 to {tokens}, "
                   f"layers 0 to {layers}, device>")
         kv = chunk(None, "bf16", tokens, layers)
@@ -73,6 +79,8 @@ def main(out, shapes, save_shapes):
         out.write(f"    kvc.scatter %p : {kv}\n")
         out.write("  }\n  return\n}\n")
     for i, (codec, storage) in enumerate(CODECS):
+        if not re.search(codecs, codec or "none"):
+            continue
         for tokens, layers in save_shapes:
             # gather [transform] [quant], yielding the encoded chunk.
             out_type = chunk(codec, storage, tokens, layers)
@@ -97,6 +105,10 @@ if __name__ == "__main__":
     parser.add_argument("--shapes", help="chunk shapes TOKENSxLAYERS,...")
     parser.add_argument("--restores", action="store_true")
     parser.add_argument("--save-shapes", help="save kernels' shapes TxL,...")
+    parser.add_argument("--saves", action="store_true",
+                        help="only the save kernels")
+    parser.add_argument("--codecs", default="",
+                        help="only the compositions whose codec matches")
     args = parser.parse_args()
 
     def parse(text):
@@ -107,4 +119,4 @@ if __name__ == "__main__":
         save_shapes = parse(args.save_shapes)
     else:
         save_shapes = [] if args.restores else shapes
-    main(sys.stdout, shapes, save_shapes)
+    main(sys.stdout, [] if args.saves else shapes, save_shapes, args.codecs)

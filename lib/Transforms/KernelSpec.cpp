@@ -93,10 +93,14 @@ int64_t KernelSpec::groupLanes(bool value) const {
   // hide that (an H100 saves int8 with Hadamard 20% faster at 1024 tokens);
   // memory-bound scans without it run faster unsplit (25%). A head row's
   // lanes times the group's stay within a warp.
-  if (host || kind != KernelKind::Save || !bits() || !hadamard())
+  if (host || kind != KernelKind::Save || !bits())
     return 1;
   MatrixLayout m = matrixLayout(*this, value);
   if (m.tokenAxis)
+    return 1;
+  if (groupLanesOption)
+    return groupLanesOption;
+  if (!hadamard())
     return 1;
   const int64_t rowLanes = hadamard() ? headDim / 8 : 1;
   int64_t lanes = 1;
@@ -166,6 +170,8 @@ std::string KernelSpec::symbolName() const {
   }
   if (hadamard())
     name += host ? "had_host_" : "had_";
+  if (groupLanesOption)
+    name += "gl" + std::to_string(groupLanesOption) + "_";
   return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
          "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) + "_b" +
          std::to_string(blockSize);
@@ -191,6 +197,9 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   }
   if (host)
     fields.push_back(b.getNamedAttr("host", b.getUnitAttr()));
+  if (groupLanesOption)
+    fields.push_back(
+        b.getNamedAttr("group_lanes", b.getI64IntegerAttr(groupLanesOption)));
   return b.getDictionaryAttr(fields);
 }
 
@@ -222,6 +231,12 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
   if (attr.get("codec") && !spec.codec)
     return failure();
   spec.host = attr.contains("host");
+  if (attr.contains("group_lanes")) {
+    auto lanes = attr.getAs<IntegerAttr>("group_lanes");
+    if (!lanes || lanes.getInt() < 1)
+      return failure();
+    spec.groupLanesOption = lanes.getInt();
+  }
   if (spec.kind == KernelKind::RmsNorm) {
     auto hidden = attr.getAs<IntegerAttr>("hidden");
     auto eps = attr.getAs<FloatAttr>("eps");
@@ -265,7 +280,7 @@ std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
 
 FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
                                       int64_t blockSize, int64_t threads,
-                                      bool host) {
+                                      bool host, int64_t groupLanes) {
   std::optional<KernelKind> kind = kindOf(kernel);
   assert(kind && "not a kernel of a generated kind");
   // The chunk a save kernel encodes is its result; the others' their input.
@@ -344,6 +359,26 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
                     "(groups of " +
                     Twine(layout.size) + ", threads " + Twine(threads) + ")");
     }
+  }
+  // The option splits the GPU form's per-channel groups of a save; the host
+  // form's items hold whole groups.
+  if (groupLanes < 0)
+    return fail("group-lanes " + Twine(groupLanes) + " is negative");
+  if (!groupLanes || host || *kind != KernelKind::Save)
+    return spec;
+  for (bool value : {false, true}) {
+    MatrixLayout layout = matrixLayout(spec, value);
+    if (!layout.bits || layout.tokenAxis)
+      continue;
+    const int64_t rowLanes = spec.hadamard() ? spec.headDim / 8 : 1;
+    if (!llvm::isPowerOf2_64(groupLanes) || layout.size % groupLanes ||
+        rowLanes * groupLanes > 32 || threads % 32)
+      return fail("per-channel groups of " + Twine(layout.size) +
+                  " tokens split among " + Twine(groupLanes) +
+                  " lanes need a power of two dividing the group, at most " +
+                  Twine(32 / rowLanes) +
+                  " lanes a group here, and whole warps per block");
+    spec.groupLanesOption = groupLanes;
   }
   return spec;
 }

@@ -102,7 +102,7 @@ struct KVCLowerKernelsPass
       if (!KernelSpec::kindOf(kernel))
         return WalkResult::advance();
       FailureOr<KernelSpec> spec =
-          KernelSpec::get(kernel, model, blockSize, threads, host);
+          KernelSpec::get(kernel, model, blockSize, threads, host, groupLanes);
       if (failed(spec))
         return WalkResult::interrupt();
       auto generate = [&](const KernelSpec &generated) {

@@ -67,6 +67,8 @@ struct JitCase {
   int64_t hidden = 0;
   /// restore: chunks of one launch (KernelCase::make).
   int64_t chunks = 1;
+  /// save: kvc-lower-kernels' group-lanes (0: the generator's choice).
+  int64_t groupLanes = 0;
 };
 
 std::ostream &operator<<(std::ostream &os, const JitCase &c) {
@@ -78,6 +80,8 @@ std::ostream &operator<<(std::ostream &os, const JitCase &c) {
      << c.firstToken;
   if (c.chunks > 1)
     os << " x" << c.chunks << " chunks";
+  if (c.groupLanes)
+    os << " groups over " << c.groupLanes << " lanes";
   return os;
 }
 
@@ -174,6 +178,7 @@ struct Prepared {
   spec.codec = mlir::kvc::getCodecAttr(&context, codec);
   spec.threads = 64;
   spec.host = host; // KernelGen.h: the two forms.
+  spec.groupLanesOption = p.groupLanes;
   for (const ::kvc::KernelChunk &chunk : c.chunks())
     if (chunk.payloadOffset + spec.payloadBytes() > int64_t(c.payload().size()))
       return ::kvc::Status(::kvc::StatusCode::Internal,
@@ -389,6 +394,19 @@ INSTANTIATE_TEST_SUITE_P(
                 64, 16, 9},
         JitCase{"save:hadamard+int4/k=token/v=token/g256", DType::BF16, 19, 1,
                 4, 64, 16, 9}));
+
+// kvc-lower-kernels' group-lanes over per-channel groups of 32 tokens: 4
+// lanes of 8 tokens, each held in registers (37 tokens: the second group
+// partial, lanes past the chunk's end), 2 lanes of 16 scanned twice in
+// batches of 8, 32 lanes of one token, and a Hadamard group unsplit.
+INSTANTIATE_TEST_SUITE_P(
+    SaveGroupLanes, KernelJitTest,
+    ::testing::Values(
+        JitCase{"save:int4", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 1, 4},
+        JitCase{"save:int8", DType::BF16, 16, 1, 8, 128, 16, 0, 0, 1, 2},
+        JitCase{"save:int2", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 1, 32},
+        JitCase{"save:hadamard+int4", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 1,
+                1}));
 
 // The projection's prologue: rows of 4096 (32 lanes of 16 pieces), 2880
 // (32 lanes, not all with the same number of pieces), 64 (8 lanes, one

@@ -98,6 +98,10 @@ struct KernelSpec {
   /// GPU form uses arith.truncf (cvt.rn.bf16.f32). The forms differ in
   /// nothing else.
   bool host = false;
+  /// Lanes a per-channel group of a GPU-form save is split among, where
+  /// kvc-lower-kernels' group-lanes option sets them; 0: groupLanes()
+  /// chooses.
+  int64_t groupLanesOption = 0;
 
   int64_t width() const { return kvHeads * headDim; }
   bool hadamard() const;
@@ -115,8 +119,9 @@ struct KernelSpec {
   /// the GPU form shared by groupLanes items); else 1.
   int64_t tokensPerItem(bool value) const;
   /// Consecutive items (lanes) that share one per-channel group of a save
-  /// kernel, each scanning its own part of the group's tokens: 1 in the
-  /// host form and for every other layout.
+  /// kernel, each scanning its own part of the group's tokens (held in
+  /// registers where it is at most 8 tokens): groupLanesOption where set,
+  /// else chosen; 1 in the host form and for every other layout.
   int64_t groupLanes(bool value) const;
   /// Work items of one K (or V) matrix of a layer.
   int64_t itemsOf(bool value) const;
@@ -134,7 +139,8 @@ struct KernelSpec {
   /// kvc_restore_int4_kc_vt_g32_t256_l32_h8x128_b16,
   /// kvc_save_raw_bf16_had_t16_l1_h8x128_b16,
   /// kvc_rope_scatter_t256_l32_h8x128_b16 or
-  /// kvc_rms_norm_bf16_t256_l32_d4096.
+  /// kvc_rms_norm_bf16_t256_l32_d4096; a save whose group lanes the option
+  /// set says so (kvc_save_int4_kc_vt_g32_gl4_t256_l32_h8x128_b16).
   std::string symbolName() const;
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
@@ -150,7 +156,7 @@ struct KernelSpec {
   /// shape or encoding has no generated form.
   static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
                                    int64_t blockSize, int64_t threads,
-                                   bool host);
+                                   bool host, int64_t groupLanes = 0);
   /// The rms_norm prologue of a rope_scatter kernel `kernel` of `spec`.
   static FailureOr<KernelSpec> prologue(KernelOp kernel, ModelAttr model,
                                         const KernelSpec &spec);

@@ -535,6 +535,11 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
            "Generate the host form (kvc-kernels-to-llvm): under Hadamard a "
            "work item transforms a whole head row instead of a warp's lanes "
            "sharing it through gpu.shuffle">,
+    Option<"groupLanes", "group-lanes", "int64_t", /*default=*/"0",
+           "Lanes each per-channel group of a GPU-form save is split among "
+           "(a power of two dividing the group; a lane holds its tokens "
+           "when they are at most 8); 0 chooses. Its kernels' names say "
+           "so (_gl4_)">,
   ];
   let dependentDialects = [
     "::mlir::kvc::KVCDialect", "::mlir::arith::ArithDialect",

@@ -92,7 +92,8 @@ int64_t KernelSpec::groupLanes(bool value) const {
   // with shuffles: a lane's scans are shuffle-bound there, and more lanes
   // hide that (an H100 saves int8 with Hadamard 20% faster at 1024 tokens);
   // memory-bound scans without it run faster unsplit (25%). A head row's
-  // lanes times the group's stay within a warp.
+  // lanes times the group's stay within a warp. kvc-lower-kernels'
+  // group-lanes option overrides the choice.
   if (host || kind != KernelKind::Save || !bits())
     return 1;
   MatrixLayout m = matrixLayout(*this, value);
@@ -102,7 +103,7 @@ int64_t KernelSpec::groupLanes(bool value) const {
     return groupLanesOption;
   if (!hadamard())
     return 1;
-  const int64_t rowLanes = hadamard() ? headDim / 8 : 1;
+  const int64_t rowLanes = headDim / 8;
   int64_t lanes = 1;
   while (m.size % (2 * lanes) == 0 && m.size / (2 * lanes) >= 8 &&
          rowLanes * 2 * lanes <= 32)

@@ -55,18 +55,23 @@ std::string kernel(const std::string &body) {
 }
 
 /// Runs `ptx`'s entry over one block of `threads` threads with `in` and
-/// `out` (host buffers) as its parameters and memory.
+/// `out` (host buffers) as its parameters and memory; what it executed
+/// into `stats` where given.
 kvc::Status run(const std::string &ptx, uint32_t threads,
-                std::vector<uint32_t> &in, std::vector<uint32_t> &out) {
+                std::vector<uint32_t> &in, std::vector<uint32_t> &out,
+                kvc::testing::PtxStats *stats = nullptr) {
   kvc::StatusOr<PtxModule> module = PtxModule::parse(ptx);
   if (!module)
     return module.status();
   uint64_t inAddress = reinterpret_cast<uint64_t>(in.data()),
            outAddress = reinterpret_cast<uint64_t>(out.data());
   void *params[] = {&inAddress, &outAddress};
-  return module->launch(
+  kvc::Status status = module->launch(
       "k", {1, 1, 1}, {threads, 1, 1}, params,
       {{inAddress, in.size() * 4}, {outAddress, out.size() * 4}});
+  if (stats)
+    *stats = module->stats();
+  return status;
 }
 
 uint32_t bitsOf(float f) {
@@ -98,24 +103,18 @@ TEST(PtxInterpreterTest, ButterflyShufflesExchangeWithinAWarp) {
 // one too), shuffles, global accesses and their bytes, and the mix by
 // opcode, most executed first.
 TEST(PtxInterpreterTest, StatsCountWhatEveryLaneExecuted) {
-  kvc::StatusOr<PtxModule> module = PtxModule::parse(kernel(R"(
+  std::vector<uint32_t> in(64, bitsOf(1.0f)), out(64, 0);
+  kvc::testing::PtxStats stats;
+  kvc::Status status = run(kernel(R"(
 	ld.global.f32 	%f1, [%rd4];
 	setp.lt.u32 	%p1, %r1, 32;
 	@%p1 add.rn.f32 	%f1, %f1, %f1;
 	shfl.sync.bfly.b32	%f2, %f1, 1, 31, -1;
-	st.global.f32 	[%rd5], %f2;)"));
-  ASSERT_TRUE(module.isOk()) << module.status().message();
-  std::vector<uint32_t> in(64, bitsOf(1.0f)), out(64, 0);
-  uint64_t inAddress = reinterpret_cast<uint64_t>(in.data()),
-           outAddress = reinterpret_cast<uint64_t>(out.data());
-  void *params[] = {&inAddress, &outAddress};
-  ASSERT_TRUE(module
-                  ->launch("k", {1, 1, 1}, {64, 1, 1}, params,
-                           {{inAddress, 256}, {outAddress, 256}})
-                  .isOk());
+	st.global.f32 	[%rd5], %f2;)"),
+                           64, in, out, &stats);
+  ASSERT_TRUE(status.isOk()) << status.message();
   EXPECT_EQ(out[0], bitsOf(2.0f));
   EXPECT_EQ(out[32], bitsOf(1.0f));
-  const kvc::testing::PtxStats &stats = module->stats();
   // 6 instructions of the prologue, 5 of the body and ret, per thread.
   EXPECT_EQ(stats.instructions, 64u * 12);
   EXPECT_EQ(stats.shuffles, 64u);

@@ -3,8 +3,11 @@
 // Finds maximal chains of fusible steps on device chunks, each feeding only
 // the next (dequant -> untransform -> scatter, project -> scatter, ...), and
 // folds every chain of two or more into one kvc.kernel (kvc-lower-kernels
-// generates the kinds listed in KernelGen.h). Values a chain produces for
-// steps outside it become the kernel's results.
+// generates the kinds listed in KernelGen.h). A lone step that copies
+// between the paged cache and a chunk crossing the host link (the scatter
+// of a loaded raw chunk, the gather of a saved one) is a kernel of its own:
+// a launch that can take many chunks. Values a chain produces for steps
+// outside it become the kernel's results.
 //
 //===----------------------------------------------------------------------===//
 
@@ -46,6 +49,17 @@ Operation *nextInChain(Operation *op) {
   if (user->getBlock() != op->getBlock() || !isDeviceFusible(user))
     return nullptr;
   return user;
+}
+
+/// A scatter of a chunk copied to the device, or a gather of one copied to
+/// the host: a kernel even alone.
+bool isCacheCopy(Operation *op) {
+  if (isa<ScatterOp>(op))
+    return op->getOperand(0).getDefiningOp<TransferToDeviceOp>() != nullptr;
+  if (auto gather = dyn_cast<GatherOp>(op))
+    return gather->hasOneUse() &&
+           isa<TransferToHostOp>(*gather->getUsers().begin());
+  return false;
 }
 
 std::string kernelName(ArrayRef<Operation *> chain) {
@@ -108,7 +122,7 @@ struct KVCFusePass : public mlir::kvc::impl::KVCFusePassBase<KVCFusePass> {
       SmallVector<Operation *> chain{op};
       while (Operation *next = nextInChain(chain.back()))
         chain.push_back(next);
-      if (chain.size() >= 2)
+      if (chain.size() >= 2 || isCacheCopy(op))
         chains.push_back(std::move(chain));
     });
     for (ArrayRef<Operation *> chain : chains)

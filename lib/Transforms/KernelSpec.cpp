@@ -256,9 +256,12 @@ std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
       steps.push_back(&op);
   if (steps.empty())
     return std::nullopt;
-  // gather [transform] [quant], yielding the encoded chunk.
-  if (isa<GatherOp>(steps.front())) {
-    if (!kernel.getInputs().empty() || kernel.getNumResults() != 1 ||
+  // gather [transform] [quant] of KV, yielding the encoded chunk. A save's
+  // hidden states are the prefill's activations, not rows of the paged
+  // cache: the runtime encodes them on the host.
+  if (auto gather = dyn_cast<GatherOp>(steps.front())) {
+    if (gather.getResult().getType().getForm() != Form::kv ||
+        !kernel.getInputs().empty() || kernel.getNumResults() != 1 ||
         kernel.getBody().front().getTerminator()->getOperand(0) !=
             steps.back()->getResult(0) ||
         !llvm::all_of(ArrayRef(steps).drop_front(), [](Operation *op) {
@@ -317,10 +320,6 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
                   " needs a multiple of 16");
     return spec;
   }
-  if (chunk.getForm() != Form::kv)
-    return fail(*kind == KernelKind::Save
-                    ? "it gathers hidden states, not KV"
-                    : "it scatters hidden states, not KV");
   if (spec.codec && spec.codec.getLossless() != Lossless::none)
     return fail("its input still carries a lossless coder (decompress on "
                 "the host first)");

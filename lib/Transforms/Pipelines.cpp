@@ -9,6 +9,25 @@
 using namespace mlir;
 using namespace mlir::kvc;
 
+/// What both pipelines run once their plans are chosen: per-chunk dataflow,
+/// fused kernels, tasks with predicted times and, for a GPU chip, the
+/// kernels as PTX.
+static void buildLowering(OpPassManager &pm, StringRef codecProfile,
+                          int64_t chunkTokens, int64_t stagingMiB,
+                          StringRef gpuChip) {
+  pm.addPass(
+      createKVCExpandPass({codecProfile.str(), chunkTokens, stagingMiB}));
+  pm.addPass(createKVCFusePass());
+  pm.addPass(
+      createKVCSchedulePass({codecProfile.str(), chunkTokens, stagingMiB}));
+  pm.addPass(
+      createKVCEstimatePass({codecProfile.str(), chunkTokens, stagingMiB}));
+  if (!gpuChip.empty()) {
+    pm.addPass(createKVCLowerKernelsPass());
+    buildKernelsToPTXPipeline(pm, gpuChip);
+  }
+}
+
 void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
                                      const RestorePipelineOptions &options) {
   KVCPlanPassOptions plan;
@@ -19,20 +38,8 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   plan.strategy = options.strategy;
   plan.allowSloMiss = options.allowSloMiss;
   pm.addPass(createKVCPlanPass(plan));
-  KVCExpandPassOptions expand{options.codecProfile, options.chunkTokens,
-                              options.stagingMiB};
-  pm.addPass(createKVCExpandPass(expand));
-  pm.addPass(createKVCFusePass());
-  KVCSchedulePassOptions schedule{options.codecProfile, options.chunkTokens,
-                                  options.stagingMiB};
-  pm.addPass(createKVCSchedulePass(schedule));
-  KVCEstimatePassOptions estimate{options.codecProfile, options.chunkTokens,
-                                  options.stagingMiB};
-  pm.addPass(createKVCEstimatePass(estimate));
-  if (!options.gpuChip.empty()) {
-    pm.addPass(createKVCLowerKernelsPass());
-    buildKernelsToPTXPipeline(pm, options.gpuChip);
-  }
+  buildLowering(pm, options.codecProfile, options.chunkTokens,
+                options.stagingMiB, options.gpuChip);
 }
 
 void mlir::kvc::buildSavePipeline(OpPassManager &pm,
@@ -40,12 +47,8 @@ void mlir::kvc::buildSavePipeline(OpPassManager &pm,
   // Saves keep their layout's chunks: no chunk-tokens choice to pass.
   pm.addPass(
       createKVCSelectCodecPass({options.codecProfile, 0, options.stagingMiB}));
-  pm.addPass(
-      createKVCExpandPass({options.codecProfile, 0, options.stagingMiB}));
-  pm.addPass(
-      createKVCSchedulePass({options.codecProfile, 0, options.stagingMiB}));
-  pm.addPass(
-      createKVCEstimatePass({options.codecProfile, 0, options.stagingMiB}));
+  buildLowering(pm, options.codecProfile, 0, options.stagingMiB,
+                options.gpuChip);
 }
 
 namespace {
@@ -80,7 +83,8 @@ void mlir::kvc::registerKVCPipelines() {
   PassPipelineRegistration<SavePipelineOptions>(
       "kvc-save-pipeline",
       "Chooses every kvc.save's codec and lowers it to scheduled tasks with "
-      "predicted times (kvc-select-codec, kvc-expand, kvc-schedule, "
-      "kvc-estimate)",
+      "predicted times (kvc-select-codec, kvc-expand, kvc-fuse, "
+      "kvc-schedule, kvc-estimate), and with gpu-chip its save kernels to "
+      "PTX",
       buildSavePipeline);
 }

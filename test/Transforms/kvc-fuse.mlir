@@ -54,7 +54,7 @@ func.func @escaping(%g: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, dev
 }
 
 // Tests that projecting hidden states and scattering them fuse, and that a
-// lone step is left alone.
+// lone scatter of a computed chunk is left alone.
 // CHECK-LABEL: func.func @project
 // CHECK:         kvc.kernel "project_scatter"
 // CHECK:         %[[C:.+]] = kvc.chunk_compute
@@ -97,5 +97,32 @@ func.func @save_chain() {
       : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4>>
       -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
   kvc.store %z to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
+  return
+}
+
+// Tests that a raw chunk's lone scatter after its copy to the device, and a
+// raw save's lone gather before its copy to the host, are kernels of their
+// own.
+// CHECK-LABEL: func.func @raw_copies
+// CHECK:         %[[D:.+]] = kvc.transfer_to_device
+// CHECK-NEXT:    kvc.kernel "scatter"(%[[D]]) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {
+// CHECK-NEXT:    ^bb0(%[[ARG:.+]]: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>):
+// CHECK-NEXT:      kvc.scatter %[[ARG]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[G:.+]] = kvc.kernel "gather"() : () -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device> {
+// CHECK-NEXT:      %[[R:.+]] = kvc.gather
+// CHECK-NEXT:      kvc.yield %[[R]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    kvc.transfer_to_host %[[G]]
+func.func @raw_copies(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>) {
+  %d = kvc.transfer_to_device %c
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %h = kvc.transfer_to_host %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+  kvc.store %h to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
   return
 }

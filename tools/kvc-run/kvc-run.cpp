@@ -37,6 +37,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 using namespace kvc;
@@ -196,8 +197,9 @@ Status profileCodecs(Args &args) {
   return runCodecProfile(*model, tokens, uint64_t(seed), decodeSteps, out);
 }
 
-/// Validates a plan bundle and summarizes each plan: its tasks per resource
-/// and lanes, staging slots and predicted makespan.
+/// Validates a plan bundle and summarizes each plan (its tasks per resource
+/// and lanes, staging slots, predicted makespan, what it moves and the tasks
+/// that launch generated kernels) and each kernel of its table.
 Status inspectBundle(Args &args) {
   KVC_ASSIGN_OR_RETURN(path, args.required("bundle"));
   KVC_RETURN_IF_ERROR(args.checkUnused());
@@ -229,7 +231,30 @@ Status inspectBundle(Args &args) {
       std::printf("  %-8s %lld tasks on %lld lane(s)\n", name(resource),
                   (long long)counts.first, (long long)counts.second);
     printLoads(plan);
+    // Fused tasks, and those of them that launch generated kernels.
+    std::set<std::string> entries;
+    int64_t fused = 0, launching = 0;
+    for (const BundleTask &task : plan.tasks) {
+      fused += !task.kernel.empty();
+      launching += !task.entry.empty();
+      for (const std::string *entry : {&task.entry, &task.prologue})
+        if (!entry->empty())
+          entries.insert(*entry);
+    }
+    if (fused)
+      std::printf("  %-8s %lld of %lld fused tasks launch %zu generated "
+                  "kernels\n",
+                  "kernels", (long long)launching, (long long)fused,
+                  entries.size());
   }
+  for (const BundleKernel &kernel : bundle.kernels)
+    std::printf("kernel %s: %s for %s, grid %lldx%lldx%lld of %lld threads "
+                "a chunk, %lld payload bytes, %zu bytes of PTX\n",
+                kernel.name.c_str(), bundleKernelKindName(kernel.kind),
+                kernel.arch.c_str(), (long long)kernel.grid[0],
+                (long long)kernel.grid[1], (long long)kernel.grid[2],
+                (long long)kernel.block[0], (long long)kernel.payloadBytes,
+                kernel.ptx.size());
   return Status::ok();
 }
 

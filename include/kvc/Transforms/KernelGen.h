@@ -149,7 +149,7 @@ struct KernelSpec {
 
   /// The kind of `kernel`'s chain, if it has a generated form:
   /// [dequant] [untransform] scatter, project -> scatter, or gather
-  /// [transform] [quant] yielding its result.
+  /// [transform] [quant] of KV yielding its result.
   static std::optional<KernelKind> kindOf(KernelOp kernel);
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with a diagnostic on the kernel when its chunk's

@@ -61,9 +61,15 @@ struct SavePipelineOptions : public PassPipelineOptions<SavePipelineOptions> {
   PassOptions::Option<int64_t> stagingMiB{
       *this, "staging-mib", llvm::cl::desc("Host staging memory, MiB"),
       llvm::cl::init(256)};
+  PassOptions::Option<std::string> gpuChip{
+      *this, "gpu-chip",
+      llvm::cl::desc("Generate the save kernels as PTX for this GPU "
+                     "architecture (sm_90: H100, H200); empty: none"),
+      llvm::cl::init("")};
 };
 
-/// kvc-select-codec, kvc-expand, kvc-schedule, kvc-estimate.
+/// kvc-select-codec, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate; with
+/// a GPU chip, kvc-lower-kernels and kvc-kernels-to-ptx.
 void buildSavePipeline(OpPassManager &pm, const SavePipelineOptions &options);
 
 /// Registers kvc-restore-pipeline and kvc-save-pipeline.

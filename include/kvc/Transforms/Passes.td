@@ -342,7 +342,11 @@ def KVCFusePass : Pass<"kvc-fuse", "::mlir::ModuleOp"> {
     the next, into one `kvc.kernel` named after its steps (dequant ->
     untransform -> scatter, project -> scatter, ...). A value the chain
     produces for a step outside it (a prefix of a later chunk compute)
-    becomes the kernel's result. Host decoding and copies stay outside.
+    becomes the kernel's result. Host decoding and copies stay outside. A
+    lone scatter of a chunk copied to the device, or a lone gather of one
+    copied to the host (a raw chunk loaded or saved), becomes a kernel too:
+    one launch can then copy many chunks between the link and the paged
+    cache.
 
     Before:
     ```mlir

@@ -138,6 +138,8 @@ pack)
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
     "$root/build/bench/kernel-variants.json" \
     "$root/build/unittests/exec-kernels.json" \
+    "$root/build/unittests/exec-restores.json" \
+    "$root/build/unittests/exec-saves.json" \
     "$root/bench/kernels/torch-baseline.py" \
     "$root/bench/kernels/ncu-summary.py" \
     "$root/build-gpu/unittests/KVCCudaBackendTests" \
@@ -401,13 +403,15 @@ run)
   # The CUDA backend: its tests, once more under memcheck and racecheck,
   # then every plan restored on the GPU beside the CPU, and calibration.
   export KVC_EXEC_KERNELS="$dir/exec-kernels.json"
+  export KVC_EXEC_RESTORES="$dir/exec-restores.json"
+  export KVC_EXEC_SAVES="$dir/exec-saves.json"
   "$dir/KVCCudaBackendTests" 2>&1 | tee "$out/cuda-backend-tests.txt" ||
     status=$?
   if [ -x "$sanitizer" ]; then
     for tool in memcheck racecheck; do
       "$sanitizer" --tool $tool --error-exitcode 3 \
         "$dir/KVCCudaBackendTests" \
-        --gtest_filter='*EveryStrategy*:*Concurrent*:*Generated*' \
+        --gtest_filter='*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*' \
         >"$out/cuda-backend-$tool.txt" 2>&1 || status=$?
       tail -n 2 "$out/cuda-backend-$tool.txt"
     done

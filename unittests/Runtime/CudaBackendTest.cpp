@@ -154,6 +154,18 @@ TEST_F(CudaBackendTest, GeneratedSaveKernelsStoreWhatTheHostDoes) {
   expectGeneratedSavesAsTheHost(generated_->kernels);
 }
 
+// The plans kvc-opt's pipelines compiled for the fixture's model with
+// gpu-chip ($KVC_EXEC_RESTORES and $KVC_EXEC_SAVES, which
+// scripts/gpu-check.sh sets) launch their kernels on the GPU.
+TEST_F(CudaBackendTest, ThePipelinesPlansLaunchTheirKernels) {
+  const char *restores = std::getenv("KVC_EXEC_RESTORES");
+  const char *saves = std::getenv("KVC_EXEC_SAVES");
+  if (!restores || !saves)
+    GTEST_SKIP() << "no compiled plans (set KVC_EXEC_RESTORES and "
+                    "KVC_EXEC_SAVES)";
+  expectCompiledPlansLaunchTheirKernels(restores, saves);
+}
+
 TEST_F(CudaBackendTest, EightConcurrentRestoresAreAllExact) {
   expectConcurrentRestoresExact();
 }

@@ -613,32 +613,38 @@ protected:
     return table;
   }
 
-  /// Saves the request from `table` of the test's cache into `store` with
-  /// savePlanFor's plan in `codec`, its gathers naming save kernels
-  /// (withSaveKernels: from `generated`, or made up; `edit` changes them
-  /// first), which the save launches when `launch`.
-  StatusOr<SaveMetrics> saveWithKernels(
-      const BlockTable &table, ChunkStore &store, const CodecSpec &codec,
-      bool launch, const std::vector<BundleKernel> *generated = nullptr,
-      const std::function<void(std::vector<BundleKernel> &)> &edit = {}) {
-    KVC_ASSIGN_OR_RETURN(
-        bundle,
-        withSaveKernels(savePlanFor(store, kTokens, {Form::KV}, codec, "disk"),
-                        store, codec, generated));
-    if (edit)
-      edit(bundle.kernels);
+  /// savePlanFor's save of the request in `codec` to tier "disk" of
+  /// `store`'s layout, its gathers naming save kernels (withSaveKernels:
+  /// from `generated`, or made up).
+  StatusOr<PlanBundle>
+  savePlanWithKernels(const ChunkStore &store, const CodecSpec &codec,
+                      const std::vector<BundleKernel> *generated = nullptr) {
+    return withSaveKernels(
+        savePlanFor(store, kTokens, {Form::KV}, codec, "disk"), store, codec,
+        generated);
+  }
+
+  /// Runs `bundle`'s first save plan over `table` of the test's cache into
+  /// `store` (the tier its stores name), launching the bundle's save
+  /// kernels when `launch`.
+  StatusOr<SaveMetrics> saveWithKernels(const BlockTable &table,
+                                        ChunkStore &store,
+                                        const PlanBundle &bundle, bool launch) {
     EXPECT_TRUE(validatePlanBundle(bundle).isOk());
+    const BundlePlan &plan = bundle.plans.front();
     PagedCacheSource source(*backend_, *cache_, table);
     SaveTarget target;
     target.source = &source;
-    target.stores["disk"] = &store;
+    for (const BundleTask &task : plan.tasks)
+      for (const BundleStep &step : task.steps)
+        if (step.kind == StepKind::Store)
+          target.stores[step.tier] = &store;
     target.tokens = &tokens_;
     SaveRunOptions options;
     if (launch)
       options.kernels = &bundle.kernels;
-    KVC_ASSIGN_OR_RETURN(pools,
-                         backend_->createPools(planResources(bundle.plans[0])));
-    return save(*pools, bundle.plans[0], target, options);
+    KVC_ASSIGN_OR_RETURN(pools, backend_->createPools(planResources(plan)));
+    return save(*pools, plan, target, options);
   }
 
   /// A store of the test's layout on a tier of its own.
@@ -647,19 +653,19 @@ protected:
                       "", store_->layout());
   }
 
-  /// Saves `codec` from `table` with its save kernels (saveWithKernels)
-  /// launched and not: both write every object, the first through the
-  /// kernels, and the stores hold the same bytes.
-  void expectSaveKernelsStoreAsTheHost(
-      const BlockTable &table, const CodecSpec &codec,
-      const std::vector<BundleKernel> *generated = nullptr) {
+  /// Saves `bundle`'s first plan (KV in `codec`) from `table` with its save
+  /// kernels launched and not: both write every object, the first through
+  /// the kernels, and the stores hold the same bytes.
+  void expectSaveKernelsStoreAsTheHost(const BlockTable &table,
+                                       const PlanBundle &bundle,
+                                       const CodecSpec &codec) {
     SCOPED_TRACE(codec.str());
     std::map<bool, std::shared_ptr<Tier>> tiers;
     for (bool launch : {true, false}) {
       tiers[launch] = std::shared_ptr<Tier>(*openTier("mem://"));
       ChunkStore store = storeOn(tiers[launch]);
       StatusOr<SaveMetrics> saved =
-          saveWithKernels(table, store, codec, launch, generated);
+          saveWithKernels(table, store, bundle, launch);
       ASSERT_TRUE(saved) << saved.status().toString();
       const int64_t objects =
           int64_t(store.refs(tokens_.data(), kTokens, Form::KV, codec).size());
@@ -681,6 +687,16 @@ protected:
     }
   }
 
+  /// The same, for savePlanWithKernels' plan in `codec`.
+  void expectSaveKernelsStoreAsTheHost(
+      const BlockTable &table, const CodecSpec &codec,
+      const std::vector<BundleKernel> *generated = nullptr) {
+    StatusOr<PlanBundle> bundle =
+        savePlanWithKernels(*store_, codec, generated);
+    ASSERT_TRUE(bundle) << bundle.status().toString();
+    expectSaveKernelsStoreAsTheHost(table, *bundle, codec);
+  }
+
   /// A prefilled cache saved with every save kernel composition in
   /// `generated` (kvc-opt's, for the store's objects, zstd after them on
   /// the host): stored as the host's encoder stores it, byte for byte.
@@ -696,6 +712,68 @@ protected:
     for (CodecSpec codec : codecs) {
       codec.lossless = CodecSpec::Lossless::Zstd;
       expectSaveKernelsStoreAsTheHost(table, codec, &generated);
+    }
+    cache_->release(table);
+  }
+
+  /// `plan`'s only codec on steps of `kind` (its fetches', or its stores').
+  static CodecSpec codecOf(const BundlePlan &plan, StepKind kind) {
+    std::optional<CodecSpec> found;
+    for (const BundleTask &task : plan.tasks)
+      for (const BundleStep &step : task.steps)
+        if (step.kind == kind) {
+          EXPECT_TRUE(!found || *found == step.codec) << plan.name;
+          found = step.codec;
+        }
+    EXPECT_TRUE(found) << plan.name << " has no such step";
+    return found.value_or(CodecSpec());
+  }
+
+  /// The plans kvc-opt's pipelines compiled for this model with gpu-chip
+  /// (`restoresPath`: exec-restores.json, `savesPath`: exec-saves.json):
+  /// every fused task names a kernel of the bundle's table, every chunk a
+  /// restore plan loads, raw or quantized, is decoded by that kernel into
+  /// the cache the host decode makes, and every object a save plan stores
+  /// is encoded by its gather's kernel, byte for byte as the host encodes
+  /// it.
+  void expectCompiledPlansLaunchTheirKernels(const std::string &restoresPath,
+                                             const std::string &savesPath) {
+    std::map<std::string, PlanBundle> bundles;
+    for (const std::string &path : {restoresPath, savesPath}) {
+      StatusOr<PlanBundle> bundle = readPlanBundle(path);
+      ASSERT_TRUE(bundle) << bundle.status().toString();
+      ASSERT_EQ(bundle->plans.size(), 2u) << path;
+      for (const BundlePlan &plan : bundle->plans)
+        for (const BundleTask &task : plan.tasks)
+          EXPECT_EQ(task.kernel.empty(), task.entry.empty())
+              << path << ": " << plan.name << " task " << task.id;
+      bundles[path] = std::move(*bundle);
+    }
+    const PlanBundle &restores = bundles[restoresPath];
+    for (const BundlePlan &plan : restores.plans) {
+      SCOPED_TRACE(plan.name);
+      PlanBundle one = restores;
+      one.plans = {plan};
+      std::unique_ptr<ChunkStore> store =
+          storeIn(codecOf(plan, StepKind::Fetch));
+      std::vector<float> byKernels, onHost;
+      StatusOr<RestoreMetrics> metrics = restoreWith(one, *store, &byKernels);
+      ASSERT_TRUE(metrics) << metrics.status().toString();
+      EXPECT_EQ(metrics->kernelChunks, (kTokens + 63) / 64);
+      EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
+          << metrics->kernelsNotLaunched.front();
+      metrics = restoreWith(one, *store, &onHost, /*kernels=*/false);
+      ASSERT_TRUE(metrics) << metrics.status().toString();
+      EXPECT_TRUE(byKernels == onHost);
+    }
+    const PlanBundle &saves = bundles[savesPath];
+    BlockTable table = prefilledTable();
+    for (const BundlePlan &plan : saves.plans) {
+      SCOPED_TRACE(plan.name);
+      PlanBundle one = saves;
+      one.plans = {plan};
+      expectSaveKernelsStoreAsTheHost(table, one,
+                                      codecOf(plan, StepKind::Store));
     }
     cache_->release(table);
   }

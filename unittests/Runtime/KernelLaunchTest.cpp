@@ -707,12 +707,12 @@ TEST_F(KernelLaunchTest, SaveBatchesLaunchWhatThePrefillHasWritten) {
 TEST_F(KernelLaunchTest, SaveKernelsThatDoNotFitTheSave) {
   BlockTable table = prefilledTable();
   ChunkStore store = storeOn(std::shared_ptr<Tier>(*openTier("mem://")));
+  StatusOr<PlanBundle> bundle = savePlanWithKernels(store, codec("int8"));
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  for (BundleKernel &kernel : bundle->kernels)
+    kernel.blockSize = 32;
   StatusOr<SaveMetrics> saved =
-      saveWithKernels(table, store, codec("int8"), /*launch=*/true, nullptr,
-                      [](std::vector<BundleKernel> &kernels) {
-                        for (BundleKernel &kernel : kernels)
-                          kernel.blockSize = 32;
-                      });
+      saveWithKernels(table, store, *bundle, /*launch=*/true);
   ASSERT_TRUE(saved) << saved.status().toString();
   EXPECT_EQ(saved->kernelChunks, 0);
   EXPECT_GT(saved->written, 0);
@@ -721,11 +721,11 @@ TEST_F(KernelLaunchTest, SaveKernelsThatDoNotFitTheSave) {
             std::string::npos)
       << saved->kernelsNotLaunched.front();
 
-  saved = saveWithKernels(table, store, codec("int8"), /*launch=*/true, nullptr,
-                          [&](std::vector<BundleKernel> &kernels) {
-                            for (BundleKernel &kernel : kernels)
-                              kernel.codec = codec("int4");
-                          });
+  bundle = savePlanWithKernels(store, codec("int8"));
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  for (BundleKernel &kernel : bundle->kernels)
+    kernel.codec = codec("int4");
+  saved = saveWithKernels(table, store, *bundle, /*launch=*/true);
   ASSERT_FALSE(saved);
   EXPECT_NE(saved.status().message().find("layers as int4/g32 over bf16"),
             std::string::npos)
@@ -744,6 +744,16 @@ TEST_F(KernelLaunchTest, TheCompilersKernelsFitTheExecutor) {
   expectGeneratedKernelsDecodeAsTheHost(generated->kernels);
   expectGeneratedProjectionsExact(generated->kernels);
   expectGeneratedSavesAsTheHost(generated->kernels);
+#endif
+}
+
+// The plans kvc-opt's pipelines compile for this model with gpu-chip
+// (Inputs/exec-restores.mlir, exec-saves.mlir) launch their kernels.
+TEST_F(KernelLaunchTest, ThePipelinesPlansLaunchTheirKernels) {
+#if !defined(KVC_EXEC_RESTORES) || !defined(KVC_EXEC_SAVES)
+  GTEST_SKIP() << "built without the compiler: no compiled plans";
+#else
+  expectCompiledPlansLaunchTheirKernels(KVC_EXEC_RESTORES, KVC_EXEC_SAVES);
 #endif
 }
 

@@ -1,0 +1,9 @@
+// Restores of the executor fixture's request (300 tokens of exec-model) from
+// its store's KV in tier "dram", raw and as int4+zstd: compiled with
+// kvc-restore-pipeline's gpu-chip (strategy=kv, chunk-tokens=64, the store's
+// objects), each chunk's task names the restore kernel that decodes it.
+kvc.restore @raw tokens 0 to 300 from [
+    #kvc.source<tier = "dram", form = kv, tokens = 0 to 300, layers = 0 to 4>]
+kvc.restore @int4 tokens 0 to 300 from [
+    #kvc.source<tier = "dram", form = kv, codec = <quant = int4, lossless = zstd>,
+                tokens = 0 to 300, layers = 0 to 4>]

@@ -120,6 +120,7 @@ Status serve(const std::string &targetPath, std::string modelDir) {
     compile.strategies = options.strategies;
     compile.chunkTokens = chunkTokens;
     compile.stagingMiB = options.stagingMiB;
+    compile.gpuChip = options.gpuChip;
     return compileRestore(m.config(), m.fingerprint(), t, request, compile);
   };
   KVC_ASSIGN_OR_RETURN(tier, host::storeTier(target, store->tier()));

@@ -15,6 +15,7 @@
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/EmitBundle.h"
+#include "kvc/Transforms/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
@@ -67,6 +68,9 @@ StatusOr<PlanBundle> compileRestore(const ModelConfig &model,
                                     const CompileRestoreOptions &options) {
   // The caller runs its own threads; the compile needs none.
   MLIRContext context(MLIRContext::Threading::DISABLED);
+  DialectRegistry registry;
+  registerKernelDialects(registry);
+  context.appendDialectRegistry(registry);
   context.getOrLoadDialect<KVCDialect>();
   std::string diagnostics;
   ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
@@ -86,6 +90,7 @@ StatusOr<PlanBundle> compileRestore(const ModelConfig &model,
     pipeline.chunkTokens = options.chunkTokens;
     pipeline.stagingMiB = options.stagingMiB;
     pipeline.codecProfile = options.codecProfile;
+    pipeline.gpuChip = options.gpuChip;
     buildRestorePipeline(pm, pipeline);
     std::string json;
     llvm::raw_string_ostream os(json);
@@ -98,6 +103,10 @@ StatusOr<PlanBundle> compileRestore(const ModelConfig &model,
                                            " plan");
     for (BundlePlan &plan : compiled->plans)
       bundle.plans.push_back(std::move(plan));
+    // Kernels of one specialization are the same code in every plan.
+    for (BundleKernel &kernel : compiled->kernels)
+      if (!bundle.findKernel(kernel.name))
+        bundle.kernels.push_back(std::move(kernel));
   }
   return bundle;
 }

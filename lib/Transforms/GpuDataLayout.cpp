@@ -16,6 +16,7 @@
 #include "mlir/Target/LLVM/NVVM/Utils.h"
 
 #include "llvm/IR/DataLayout.h"
+#include "llvm/MC/MCSubtargetInfo.h"
 #include "llvm/MC/TargetRegistry.h"
 #include "llvm/Target/TargetMachine.h"
 
@@ -49,6 +50,16 @@ struct KVCGpuDataLayoutPass
     if (!llvmTarget) {
       module.emitError() << "cannot create the target " << target.getTriple()
                          << ": " << error;
+      return signalPassFailure();
+    }
+    // Asked for a chip it does not know, NVPTX only warns, and the runtime
+    // refuses the PTX later: refuse it here.
+    std::unique_ptr<llvm::MCSubtargetInfo> subtarget(
+        llvmTarget->createMCSubtargetInfo(target.getTriple(), "", ""));
+    if (!subtarget || !subtarget->isCPUStringValid(target.getChip())) {
+      module.emitError() << "targets chip \"" << target.getChip()
+                         << "\", which NVPTX does not know (sm_90: H100, "
+                            "H200)";
       return signalPassFailure();
     }
     std::unique_ptr<llvm::TargetMachine> machine(

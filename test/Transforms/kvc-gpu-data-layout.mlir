@@ -24,3 +24,11 @@ gpu.module @stale [#nvvm.target<chip = "sm_90">] attributes {llvm.data_layout = 
 // expected-error @+1 {{has no #nvvm.target to take a data layout from (run nvvm-attach-target first)}}
 gpu.module @untargeted {
 }
+
+// -----
+
+// Tests that a chip NVPTX does not know is an error, not PTX the runtime
+// would refuse.
+// expected-error @+1 {{targets chip "sm_1", which NVPTX does not know (sm_90: H100, H200)}}
+gpu.module @unknown [#nvvm.target<chip = "sm_1">] {
+}

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
+#include "kvc/Transforms/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
@@ -24,10 +25,6 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
-#include "mlir/Target/LLVM/NVVM/Target.h"
-#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
-#include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
-#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
 #include "mlir/Tools/mlir-opt/MlirOptMain.h"
 #include "mlir/Transforms/Passes.h"
 
@@ -42,16 +39,7 @@ int main(int argc, char **argv) {
     option.second->setHiddenFlag(llvm::cl::Hidden);
 
   mlir::DialectRegistry registry;
-  registry.insert<mlir::kvc::KVCDialect, mlir::arith::ArithDialect,
-                  mlir::cf::ControlFlowDialect, mlir::func::FuncDialect,
-                  mlir::gpu::GPUDialect, mlir::LLVM::LLVMDialect,
-                  mlir::memref::MemRefDialect, mlir::NVVM::NVVMDialect,
-                  mlir::scf::SCFDialect, mlir::vector::VectorDialect>();
-  // Without the target interface, nvvm-attach-target silently crashes.
-  mlir::NVVM::registerNVVMTargetInterfaceExternalModels(registry);
-  mlir::registerGPUDialectTranslation(registry);
-  mlir::registerLLVMDialectTranslation(registry);
-  mlir::registerNVVMDialectTranslation(registry);
+  mlir::kvc::registerKernelDialects(registry);
 
   mlir::kvc::registerKVCPasses();
   mlir::kvc::registerKVCPipelines();

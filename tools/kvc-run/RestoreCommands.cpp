@@ -74,6 +74,7 @@ PlanHook compilerHook() {
     compile.chunkTokens = chunkTokens;
     compile.stagingMiB = options.stagingMiB;
     compile.codecProfile = options.codecProfile;
+    compile.gpuChip = options.gpuChip;
     return compileRestore(model.config(), model.fingerprint(), target, request,
                           compile);
   };
@@ -132,6 +133,7 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   PlanOptions options;
   options.stagingMiB = stagingMiB;
   options.codecProfile = args.get("codec-profile");
+  options.gpuChip = args.get("gpu-chip");
   KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
   if (maxKl) {
     if (!(*maxKl >= 0))

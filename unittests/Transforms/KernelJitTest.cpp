@@ -35,11 +35,6 @@
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/PassManager.h"
-#include "mlir/Target/LLVM/NVVM/Target.h"
-#include "mlir/Target/LLVMIR/Dialect/Builtin/BuiltinToLLVMIRTranslation.h"
-#include "mlir/Target/LLVMIR/Dialect/GPU/GPUToLLVMIRTranslation.h"
-#include "mlir/Target/LLVMIR/Dialect/LLVMIR/LLVMToLLVMIRTranslation.h"
-#include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
 
 #include "llvm/Support/TargetSelect.h"
 
@@ -109,16 +104,7 @@ protected:
 
   KernelJitTest() {
     DialectRegistry registry;
-    registry
-        .insert<arith::ArithDialect, cf::ControlFlowDialect, func::FuncDialect,
-                gpu::GPUDialect, math::MathDialect, memref::MemRefDialect,
-                scf::SCFDialect, vector::VectorDialect, LLVM::LLVMDialect,
-                NVVM::NVVMDialect, mlir::kvc::KVCDialect>();
-    NVVM::registerNVVMTargetInterfaceExternalModels(registry);
-    registerBuiltinDialectTranslation(registry);
-    registerGPUDialectTranslation(registry);
-    registerLLVMDialectTranslation(registry);
-    registerNVVMDialectTranslation(registry);
+    mlir::kvc::registerKernelDialects(registry);
     context.appendDialectRegistry(registry);
     context.loadAllAvailableDialects();
   }

@@ -43,6 +43,9 @@ struct PlanOptions {
   /// The request's quality budget in next-token KL divergence (nats;
   /// planning::Request::maxKl), judged by the profile's measures.
   double maxKl = std::numeric_limits<double>::infinity();
+  /// The GPU architecture to generate the plans' fused kernels for (sm_90:
+  /// H100, H200), into the bundle's kernel table; empty: none.
+  std::string gpuChip;
 };
 
 /// Compiles a restore of `request` for `target`: one plan per strategy.

@@ -31,6 +31,10 @@ struct CompileRestoreOptions {
   int64_t chunkTokens = 0;
   int64_t stagingMiB = 256;
   std::string codecProfile;
+  /// As its gpu-chip: each plan's fused kernels generated as PTX for this
+  /// GPU architecture (sm_90: H100, H200) into the bundle's kernel table,
+  /// which plans of several strategies share; empty: none.
+  std::string gpuChip;
 };
 
 /// Compiles `request` for `model` (whose weights' fingerprint the bundle

@@ -172,6 +172,11 @@ void buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip);
 /// kernel functions -> host LLVM dialect, callable through C interfaces.
 void buildKernelsToLLVMPipeline(OpPassManager &pm);
 
+/// The dialects, the NVVM target interface and the LLVM IR translations
+/// that kvc-lower-kernels' functions need on their way through both
+/// pipelines (without the target interface, nvvm-attach-target crashes).
+void registerKernelDialects(DialectRegistry &registry);
+
 } // namespace mlir::kvc
 
 #endif // KVC_TRANSFORMS_KERNELGEN_H

@@ -564,7 +564,9 @@ def KVCGpuDataLayoutPass : Pass<"kvc-gpu-data-layout", "::mlir::gpu::GPUModuleOp
     dialect leaves unaligned gets LLVM's default ABI alignment: 4 bytes for
     an i64, which NVPTX splits into two 32-bit loads. With the target's
     layout an i64 (a chunk record's field) is one `ld.global.u64`. Fails on
-    a module with no `#nvvm.target` (run `nvvm-attach-target` first).
+    a module with no `#nvvm.target` (run `nvvm-attach-target` first), and on
+    a chip NVPTX does not know (for which it would only warn, and emit PTX
+    the runtime refuses).
     `kvc-kernels-to-ptx` runs it on every outlined kernel.
 
     Before:

@@ -1,0 +1,95 @@
+//===- CompileRestoreTest.cpp - The compiler in process -------------------===//
+//
+// compileRestore, as a server binds it through a PlanHook: one plan per
+// strategy, and with a GPU chip every kernel those plans launch in the
+// bundle's table, once.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Transforms/CompileRestore.h"
+
+#include "kvc/Runtime/Desc/ModelConfig.h"
+#include "kvc/Runtime/Desc/TargetDesc.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+namespace kvc {
+namespace {
+
+class CompileRestoreTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    StatusOr<ModelConfig> config = loadModelConfig(
+        KVC_SOURCE_DIR "/unittests/Runtime/Inputs/exec-model/config.json");
+    ASSERT_TRUE(config) << config.status().toString();
+    model_ = *config;
+    StatusOr<TargetDesc> target =
+        loadTargetDesc(KVC_SOURCE_DIR "/targets/h100-sxm.json");
+    ASSERT_TRUE(target) << target.status().toString();
+    target_ = *target;
+    // 300 tokens of raw KV in DRAM, in objects of 64 tokens x 2 layers.
+    planning::Source kv;
+    kv.tier = "dram";
+    kv.box = {0, 300, 0, model_.numLayers};
+    kv.tokenGroup = 64;
+    kv.layerGroup = 2;
+    request_.tokens = 300;
+    request_.sources = {kv};
+  }
+
+  ModelConfig model_;
+  TargetDesc target_;
+  planning::Request request_;
+};
+
+TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
+  CompileRestoreOptions options;
+  options.strategies = {"kv", "joint"};
+  options.chunkTokens = 64;
+  StatusOr<PlanBundle> plain =
+      compileRestore(model_, "", target_, request_, options);
+  ASSERT_TRUE(plain) << plain.status().toString();
+  EXPECT_TRUE(plain->kernels.empty());
+
+  options.gpuChip = "sm_90";
+  StatusOr<PlanBundle> bundle =
+      compileRestore(model_, "", target_, request_, options);
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  ASSERT_EQ(bundle->plans.size(), 2u);
+  std::set<std::string> named, listed;
+  for (const BundlePlan &plan : bundle->plans)
+    for (const BundleTask &task : plan.tasks) {
+      EXPECT_EQ(task.kernel.empty(), task.entry.empty())
+          << plan.name << " task " << task.id;
+      if (!task.entry.empty())
+        named.insert(task.entry);
+    }
+  for (const BundleKernel &kernel : bundle->kernels) {
+    EXPECT_TRUE(listed.insert(kernel.name).second)
+        << kernel.name << " appears twice";
+    EXPECT_EQ(kernel.arch, "sm_90");
+    EXPECT_FALSE(kernel.ptx.empty()) << kernel.name;
+  }
+  EXPECT_FALSE(named.empty());
+  EXPECT_EQ(named, listed);
+  EXPECT_TRUE(validatePlanBundle(*bundle).isOk());
+}
+
+TEST_F(CompileRestoreTest, AnUnknownChipIsAnError) {
+  CompileRestoreOptions options;
+  options.strategies = {"kv"};
+  options.gpuChip = "sm_1";
+  StatusOr<PlanBundle> bundle =
+      compileRestore(model_, "", target_, request_, options);
+  ASSERT_FALSE(bundle);
+  EXPECT_NE(bundle.status().message().find(
+                "compiling a kv plan: targets chip \"sm_1\", which NVPTX "
+                "does not know"),
+            std::string::npos)
+      << bundle.status().message();
+}
+
+} // namespace
+} // namespace kvc

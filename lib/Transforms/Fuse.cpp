@@ -1,13 +1,15 @@
 //===- Fuse.cpp - kvc-fuse: elementwise device chains into kernels --------===//
 //
-// Finds maximal chains of fusible steps on device chunks, each feeding only
-// the next (dequant -> untransform -> scatter, project -> scatter, ...), and
-// folds every chain of two or more into one kvc.kernel (kvc-lower-kernels
+// Finds maximal chains of fusible steps on device chunks of KV, each feeding
+// only the next (dequant -> untransform -> scatter, project -> scatter, ...),
+// and folds every chain of two or more into one kvc.kernel (kvc-lower-kernels
 // generates the kinds listed in KernelGen.h). A lone step that copies
 // between the paged cache and a chunk crossing the host link (the scatter
 // of a loaded raw chunk, the gather of a saved one) is a kernel of its own:
-// a launch that can take many chunks. Values a chain produces for steps
-// outside it become the kernel's results.
+// a launch that can take many chunks. Steps on hidden states other than
+// their projection stay steps. Values a chain produces for steps outside it
+// become the kernel's results; a chunk compute that runs after one does not
+// end the chain.
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,8 +29,12 @@ using namespace mlir::kvc;
 
 namespace {
 
-/// A fusible step on a device chunk: its one input, or for a step without
-/// one (gather, which reads the cache), its result.
+/// A fusible step on a device chunk of KV (its one input, or for a step
+/// without one, gather, its result), or the projection of hidden states into
+/// KV. The other steps on hidden states (a save's gather, transform and
+/// quant, a load's dequant and untransform) have no generated kernel: the
+/// runtime's host encode and decode do them, so a kernel of them would name
+/// code that does not exist.
 bool isDeviceFusible(Operation *op) {
   auto step = dyn_cast<DataflowOpInterface>(op);
   if (!step || !step.isFusible() || op->getNumOperands() > 1)
@@ -37,16 +43,27 @@ bool isDeviceFusible(Operation *op) {
                      : op->getNumResults() == 1 ? op->getResult(0)
                                                 : Value();
   auto chunk = chunkValue ? dyn_cast<ChunkType>(chunkValue.getType()) : nullptr;
-  return chunk && chunk.getSpace() == Space::device;
+  return chunk && chunk.getSpace() == Space::device &&
+         (chunk.getForm() == Form::kv || isa<ProjectOp>(op));
 }
 
 /// The next step of a chain: the single user of `op`'s single result, when
-/// it is fusible and in the same block.
+/// it is fusible and in the same block. Chunk computes that take the result
+/// as a prefix (they run after it) do not count: the chain goes on into the
+/// scatter and the kernel yields the value, so the computes wait for the
+/// whole kernel.
 Operation *nextInChain(Operation *op) {
-  if (op->getNumResults() != 1 || !op->getResult(0).hasOneUse())
+  if (op->getNumResults() != 1)
     return nullptr;
-  Operation *user = *op->getResult(0).getUsers().begin();
-  if (user->getBlock() != op->getBlock() || !isDeviceFusible(user))
+  Operation *user = nullptr;
+  for (Operation *other : op->getResult(0).getUsers()) {
+    if (isa<ChunkComputeOp>(other))
+      continue;
+    if (user && user != other)
+      return nullptr;
+    user = other;
+  }
+  if (!user || user->getBlock() != op->getBlock() || !isDeviceFusible(user))
     return nullptr;
   return user;
 }

@@ -37,8 +37,34 @@ func.func @dequant_chain(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2
 // CHECK:         %[[KV:.+]] = kvc.kernel "dequant_untransform"(%{{.+}}) : (!kvc.chunk<{{.*}}>) -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device> {
 // CHECK:           kvc.yield %{{.+}} : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
 // CHECK:         kvc.scatter %[[KV]]
-// CHECK:         kvc.chunk_compute tokens 64 to 128 layers 0 to 2 after(%[[KV]] :
+// CHECK:         kvc.transfer_to_host %[[KV]]
 func.func @escaping(%g: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int8>>) {
+  %q = kvc.dequant %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int8>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+  %u = kvc.untransform %q
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  kvc.scatter %u : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %h = kvc.transfer_to_host %u
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+  kvc.store %h to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+  return
+}
+
+// Tests that a chunk compute running after a loaded chunk does not end the
+// chain: the chain goes on into the scatter, the kernel yields the chunk,
+// and the compute runs after the whole kernel.
+// CHECK-LABEL: func.func @compute_after
+// CHECK:         %[[KV:.+]] = kvc.kernel "dequant_untransform_scatter"(%{{.+}}) : (!kvc.chunk<{{.*}}>) -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device> {
+// CHECK:           %[[U:.+]] = kvc.untransform
+// CHECK-NEXT:      kvc.scatter %[[U]]
+// CHECK-NEXT:      kvc.yield %[[U]]
+// CHECK-NEXT:    }
+// CHECK-NEXT:    %[[C:.+]] = kvc.chunk_compute tokens 64 to 128 layers 0 to 2 after(%[[KV]] :
+// CHECK-NEXT:    kvc.scatter %[[C]]
+func.func @compute_after(%g: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int8>>) {
   %q = kvc.dequant %g
       : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard, quant = int8>>
       -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device, codec <transform = hadamard>>
@@ -124,5 +150,39 @@ func.func @raw_copies(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, h
       : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
       -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
   kvc.store %h to "ssd" : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, host>
+  return
+}
+
+// Tests that steps on hidden states stay steps, the runtime's host decode
+// and encode doing them, except their projection: a quantized hidden chunk's
+// dequant is left out of the projection's kernel, and a save's gather and
+// quantization of hidden states fuse neither together nor alone.
+// CHECK-LABEL: func.func @hidden_steps
+// CHECK:         %[[D:.+]] = kvc.transfer_to_device
+// CHECK-NEXT:    %[[H:.+]] = kvc.dequant %[[D]]
+// CHECK-NEXT:    kvc.kernel "project_scatter"(%[[H]])
+// CHECK:         %[[G:.+]] = kvc.gather : !kvc.chunk<hidden
+// CHECK-NEXT:    %[[Q:.+]] = kvc.quant %[[G]]
+// CHECK-NEXT:    kvc.transfer_to_host %[[Q]]
+// CHECK-NOT:     kvc.kernel
+func.func @hidden_steps(%c: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, host, codec <quant = int8>>) {
+  %d = kvc.transfer_to_device %c
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, host, codec <quant = int8>>
+      -> !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int8>>
+  %h = kvc.dequant %d
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int8>>
+      -> !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %p = kvc.project %h
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  kvc.scatter %p : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %g = kvc.gather : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+  %q = kvc.quant %g
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+      -> !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int8>>
+  %t = kvc.transfer_to_host %q
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device, codec <quant = int8>>
+      -> !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, host, codec <quant = int8>>
+  kvc.store %t to "ssd" : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, host, codec <quant = int8>>
   return
 }

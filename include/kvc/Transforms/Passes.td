@@ -338,15 +338,17 @@ def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
 def KVCFusePass : Pass<"kvc-fuse", "::mlir::ModuleOp"> {
   let summary = "Fuses chains of elementwise device steps into kvc.kernel";
   let description = [{
-    Folds maximal chains of fusible steps on device chunks, each feeding only
-    the next, into one `kvc.kernel` named after its steps (dequant ->
-    untransform -> scatter, project -> scatter, ...). A value the chain
-    produces for a step outside it (a prefix of a later chunk compute)
-    becomes the kernel's result. Host decoding and copies stay outside. A
-    lone scatter of a chunk copied to the device, or a lone gather of one
-    copied to the host (a raw chunk loaded or saved), becomes a kernel too:
-    one launch can then copy many chunks between the link and the paged
-    cache.
+    Folds maximal chains of fusible steps on device chunks of KV, each
+    feeding only the next, into one `kvc.kernel` named after its steps
+    (dequant -> untransform -> scatter, project -> scatter, ...). A value the
+    chain produces for a step outside it becomes the kernel's result; a
+    chunk compute that takes it as a prefix does not end the chain, so the
+    compute runs after the whole kernel, scatter included. Host decoding and
+    copies stay outside, and so do the steps on hidden states other than
+    their projection (the runtime's host decode and encode do those). A lone
+    scatter of a chunk copied to the device, or a lone gather of one copied
+    to the host (a raw chunk loaded or saved), becomes a kernel too: one
+    launch can then copy many chunks between the link and the paged cache.
 
     Before:
     ```mlir

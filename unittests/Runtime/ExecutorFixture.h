@@ -482,13 +482,14 @@ protected:
     }
   }
 
-  /// A store of the request's KV in `codec`, in objects of `chunkTokens`
-  /// tokens.
+  /// A store of the request's KV (or `form`) in `codec`, in objects of
+  /// `chunkTokens` tokens.
   std::unique_ptr<ChunkStore> storeIn(const CodecSpec &codec,
-                                      int64_t chunkTokens = 64) {
+                                      int64_t chunkTokens = 64,
+                                      Form form = Form::KV) {
     std::unique_ptr<ChunkStore> store = makeStore(*model_, chunkTokens);
     SaveOptions options;
-    options.forms = {Form::KV};
+    options.forms = {form};
     options.codec = codec;
     Status saved = saveContext(*model_, *store, tokens_, options).status();
     EXPECT_TRUE(saved.isOk()) << saved.toString();
@@ -716,34 +717,37 @@ protected:
     cache_->release(table);
   }
 
-  /// `plan`'s only codec on steps of `kind` (its fetches', or its stores').
-  static CodecSpec codecOf(const BundlePlan &plan, StepKind kind) {
-    std::optional<CodecSpec> found;
+  /// `plan`'s only form and codec on steps of `kind` (its fetches', or its
+  /// stores').
+  static std::pair<Form, CodecSpec> storedAs(const BundlePlan &plan,
+                                             StepKind kind) {
+    std::optional<std::pair<Form, CodecSpec>> found;
     for (const BundleTask &task : plan.tasks)
       for (const BundleStep &step : task.steps)
         if (step.kind == kind) {
-          EXPECT_TRUE(!found || *found == step.codec) << plan.name;
-          found = step.codec;
+          EXPECT_TRUE(!found || *found == std::pair(step.form, step.codec))
+              << plan.name;
+          found = {step.form, step.codec};
         }
     EXPECT_TRUE(found) << plan.name << " has no such step";
-    return found.value_or(CodecSpec());
+    return found.value_or(std::pair(Form::KV, CodecSpec()));
   }
 
   /// The plans kvc-opt's pipelines compiled for this model with gpu-chip
   /// (`restoresPath`: exec-restores.json, `savesPath`: exec-saves.json):
-  /// every fused task names a kernel of the bundle's table, every chunk a
-  /// restore plan loads, raw or quantized (before a computed rest too), is
-  /// decoded by that kernel into the cache the host decode makes, and every
-  /// object a save plan stores
-  /// is encoded by its gather's kernel, byte for byte as the host encodes
-  /// it.
+  /// every fused task names a kernel of the bundle's table; every KV chunk
+  /// a restore plan loads, raw or quantized (before a computed rest too), is
+  /// decoded by that kernel into the cache the host decode makes; every
+  /// chunk of int8 hidden states is projected by the projection's kernels
+  /// near the full prefill; and every object a save plan stores is encoded
+  /// by its gather's kernel, byte for byte as the host encodes it.
   void expectCompiledPlansLaunchTheirKernels(const std::string &restoresPath,
                                              const std::string &savesPath) {
     std::map<std::string, PlanBundle> bundles;
     for (const std::string &path : {restoresPath, savesPath}) {
       StatusOr<PlanBundle> bundle = readPlanBundle(path);
       ASSERT_TRUE(bundle) << bundle.status().toString();
-      ASSERT_EQ(bundle->plans.size(), path == restoresPath ? 3u : 2u) << path;
+      ASSERT_EQ(bundle->plans.size(), path == restoresPath ? 4u : 2u) << path;
       for (const BundlePlan &plan : bundle->plans)
         for (const BundleTask &task : plan.tasks)
           EXPECT_EQ(task.kernel.empty(), task.entry.empty())
@@ -755,10 +759,12 @@ protected:
       SCOPED_TRACE(plan.name);
       PlanBundle one = restores;
       one.plans = {plan};
-      std::unique_ptr<ChunkStore> store =
-          storeIn(codecOf(plan, StepKind::Fetch));
+      const auto [form, codec] = storedAs(plan, StepKind::Fetch);
+      std::unique_ptr<ChunkStore> store = storeIn(codec, 64, form);
       std::vector<float> byKernels, onHost;
-      StatusOr<RestoreMetrics> metrics = restoreWith(one, *store, &byKernels);
+      double error = 1;
+      StatusOr<RestoreMetrics> metrics =
+          restoreWith(one, *store, &byKernels, /*kernels=*/true, &error);
       ASSERT_TRUE(metrics) << metrics.status().toString();
       // Every loaded chunk of 64 tokens: all of them, or the 192 tokens
       // loaded before the computed rest.
@@ -767,6 +773,12 @@ protected:
                                            : (kTokens + 63) / 64);
       EXPECT_TRUE(metrics->kernelsNotLaunched.empty())
           << metrics->kernelsNotLaunched.front();
+      if (form == Form::Hidden) {
+        // As expectGeneratedProjectionsExact's, from int8 hidden states
+        // that the host dequantizes before the kernels.
+        EXPECT_LT(error, 1.0 / 32);
+        continue;
+      }
       metrics = restoreWith(one, *store, &onHost, /*kernels=*/false);
       ASSERT_TRUE(metrics) << metrics.status().toString();
       EXPECT_TRUE(byKernels == onHost);
@@ -778,7 +790,7 @@ protected:
       PlanBundle one = saves;
       one.plans = {plan};
       expectSaveKernelsStoreAsTheHost(table, one,
-                                      codecOf(plan, StepKind::Store));
+                                      storedAs(plan, StepKind::Store).second);
     }
     cache_->release(table);
   }

@@ -1,13 +1,13 @@
 //===- SelectCodec.cpp - kvc-select-codec: codecs under budgets -----------===//
 //
 // KVServe's selection. For a save or transfer without a codec, every codec
-// of the profile (and raw data) is a candidate; a candidate is feasible when
-// its error is within `max_error` (0 when absent: lossless only) and its
-// latency within `slo_ms`, where
-// latency is KVServe's model: encoding on the host, the encoded bytes over
-// the tier's write bandwidth (save) or the NIC (transfer), and decoding at
-// the other end. The fastest feasible codec wins; when none is feasible the
-// op is rejected with the closest candidates named.
+// of the profile (and raw data) is a candidate, a Hadamard one only where
+// the model's rows rotate; a candidate is feasible when its error is within
+// `max_error` (0 when absent: lossless only) and its latency within
+// `slo_ms`, where latency is KVServe's model: encoding on the host, the
+// encoded bytes over the tier's write bandwidth (save) or the NIC
+// (transfer), and decoding at the other end. The fastest feasible codec wins;
+// when none is feasible the op is rejected with the closest candidates named.
 //
 // For a restore storing the same form and ranges in several encodings, the
 // sources that break the error budget or that are slower to load than
@@ -18,6 +18,7 @@
 #include "PlanningSupport.h"
 
 #include "kvc/Support/Format.h"
+#include "kvc/Support/Hadamard.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/Passes.h"
 
@@ -119,8 +120,18 @@ struct KVCSelectCodecPass
     double maxError = optionalDouble(errorAttr, 0.0);
     std::vector<planning::CodecProfileEntry> candidates{
         planning::CodecProfileEntry{}}; // Raw data.
+    // A Hadamard codec only where the model's rows rotate (the verifiers
+    // refuse the others).
+    const ::kvc::ModelConfig &model = cost.model();
+    const bool rotates =
+        (!kv || ::kvc::hadamardRotates(::kvc::Form::KV,
+                                       model.numKvHeads * model.headDim,
+                                       model.headDim)) &&
+        (!hidden || ::kvc::hadamardRotates(::kvc::Form::Hidden,
+                                           model.hiddenSize, model.headDim));
     for (const planning::CodecProfileEntry &e : cost.profile().entries())
-      candidates.push_back(e);
+      if (rotates || e.codec.transform != ::kvc::CodecSpec::Transform::Hadamard)
+        candidates.push_back(e);
 
     const planning::CodecProfileEntry *best = nullptr, *fastest = nullptr,
                                       *fastestAccurate = nullptr;

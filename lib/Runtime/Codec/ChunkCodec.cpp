@@ -13,6 +13,7 @@
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 
 #include "kvc/Runtime/Base/Half.h"
+#include "kvc/Support/Hadamard.h"
 
 #include <algorithm>
 #include <cassert>
@@ -43,16 +44,9 @@ ChunkShape chunkShape(const ModelConfig &model, Form form, int64_t tokens,
 
 namespace {
 
-bool isPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
-
 /// The Hadamard block of a matrix row.
 int64_t hadamardBlock(const ChunkShape &shape) {
-  if (shape.form == Form::KV)
-    return shape.headDim;
-  int64_t block = 1;
-  while (block < 256 && shape.width % (block * 2) == 0)
-    block *= 2;
-  return block;
+  return hadamardBlock(shape.form, shape.width, shape.headDim);
 }
 
 /// Bits of matrix `m`: the layer's bin, or the codec's width.
@@ -324,7 +318,7 @@ void hadamard(float *values, int64_t count, int64_t block) {
 Status checkCodec(const CodecSpec &codec, const ChunkShape &shape) {
   if (codec.transform == CodecSpec::Transform::Hadamard) {
     int64_t block = hadamardBlock(shape);
-    if (!isPowerOfTwo(block) || block < 2 || shape.width % block)
+    if (!hadamardRotates(shape.form, shape.width, shape.headDim))
       return unimplemented("hadamard needs rows in power-of-two blocks; " +
                            std::string(name(shape.form)) + " rows of " +
                            std::to_string(shape.width) +

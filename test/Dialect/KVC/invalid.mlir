@@ -50,6 +50,44 @@ module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 64, h
 
 // -----
 
+// A Hadamard codec needs the power-of-two blocks the runtime rotates: KV
+// over head_dim, hidden states over a power of two dividing their rows.
+module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 240, heads = 3,
+    kv_heads = 1, head_dim = 80, ffn = 128, vocab = 100, max_positions = 1024,
+    rope_theta = 10000, dtype = bf16>} {
+  // expected-error @+1 {{'kvc.restore' op rotates KV with Hadamard over head_dim 80, which is not a power of two}}
+  kvc.restore @r tokens 0 to 16 from [#kvc.source<tier = "ssd", form = kv, codec = <transform = hadamard, quant = int4>, tokens = 0 to 16, layers = 0 to 4>]
+}
+
+// -----
+
+module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 240, heads = 3,
+    kv_heads = 1, head_dim = 80, ffn = 128, vocab = 100, max_positions = 1024,
+    rope_theta = 10000, dtype = bf16>} {
+  // expected-error @+1 {{'kvc.save' op rotates KV with Hadamard over head_dim 80, which is not a power of two}}
+  kvc.save @s tokens 0 to 16 kv to "ssd" codec <transform = hadamard, quant = int8>
+}
+
+// -----
+
+module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 240, heads = 3,
+    kv_heads = 1, head_dim = 80, ffn = 128, vocab = 100, max_positions = 1024,
+    rope_theta = 10000, dtype = bf16>} {
+  // expected-error @+1 {{'kvc.transfer' op rotates KV with Hadamard over head_dim 80, which is not a power of two}}
+  kvc.transfer @t tokens 0 to 16 to "decode-0" codec <transform = hadamard, quant = int8>
+}
+
+// -----
+
+module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 9, heads = 9,
+    kv_heads = 1, head_dim = 1, ffn = 128, vocab = 100, max_positions = 1024,
+    rope_theta = 10000, dtype = bf16>} {
+  // expected-error @+1 {{'kvc.save' op rotates hidden states with Hadamard, whose rows of 9 values have no power-of-two blocks}}
+  kvc.save @s tokens 0 to 16 hidden to "ssd" codec <transform = hadamard, quant = int8>
+}
+
+// -----
+
 // expected-error @+1 {{tokens range 4 to 0 is reversed}}
 func.func private @f(!kvc.chunk<kv x bf16, tokens 4 to 0, layers 0 to 1, host>)
 

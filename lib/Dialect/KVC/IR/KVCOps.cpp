@@ -7,6 +7,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
+#include "kvc/Dialect/KVC/IR/KVCVocabulary.h"
+#include "kvc/Support/Hadamard.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -75,6 +77,26 @@ LogicalResult verifyTier(Operation *op, StringRef tier) {
          << "\" does not have";
 }
 
+/// Checks that a Hadamard `codec` of `form` rows has the power-of-two blocks
+/// the runtime's codec rotates, when the enclosing module has a model: KV
+/// rows head by head, hidden-state rows in the largest power of two (up to
+/// 256) dividing them.
+LogicalResult verifyRotation(Operation *op, Form form, CodecAttr codec) {
+  ModelAttr model = lookupModel(op);
+  if (!model || !codec || codec.getTransform() != Transform::hadamard)
+    return success();
+  const int64_t width = form == Form::kv
+                            ? model.getKvHeads() * model.getHeadDim()
+                            : model.getHidden();
+  if (::kvc::hadamardRotates(toVocabulary(form), width, model.getHeadDim()))
+    return success();
+  if (form == Form::kv)
+    return op->emitOpError("rotates KV with Hadamard over head_dim ")
+           << model.getHeadDim() << ", which is not a power of two";
+  return op->emitOpError("rotates hidden states with Hadamard, whose rows of ")
+         << width << " values have no power-of-two blocks";
+}
+
 /// Checks a source against the model and the target.
 LogicalResult verifySource(Operation *op, SourceAttr source) {
   ModelAttr model = lookupModel(op);
@@ -82,6 +104,8 @@ LogicalResult verifySource(Operation *op, SourceAttr source) {
     return op->emitOpError("source layers ")
            << str(source.getLayers()) << " exceed the model's layers ("
            << model.getLayers() << ")";
+  if (failed(verifyRotation(op, source.getForm(), source.getCodec())))
+    return failure();
   return verifyTier(op, source.getTier());
 }
 
@@ -195,6 +219,10 @@ LogicalResult SaveOp::verify() {
     return emitOpError("saves nothing: name kv, hidden or both");
   if (failed(verifyObjectLayout(*this)))
     return failure();
+  for (auto [saved, form] :
+       {std::pair(getKv(), Form::kv), std::pair(getHidden(), Form::hidden)})
+    if (saved && failed(verifyRotation(*this, form, getCodecAttr())))
+      return failure();
   return verifyTier(*this, getTier());
 }
 
@@ -205,6 +233,8 @@ LogicalResult TransferOp::verify() {
     return emitOpError("needs a destination node");
   if (getSenderNode().empty())
     return emitOpError("needs a sending node when it names one");
+  if (failed(verifyRotation(*this, Form::kv, getCodecAttr())))
+    return failure();
   return verifyObjectLayout(*this);
 }
 

@@ -97,8 +97,9 @@ def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
     lossless coder, or raw data) whose error is within `max_error` (0 when
     absent: lossless codecs only) and whose latency is within `slo_ms`;
     a Hadamard codec only when the model's rows rotate (head_dim a power of
-    two for KV). Latency follows KVServe's model: host encoding, the encoded bytes over
-    the tier's write bandwidth (save) or the NIC (transfer), and decoding.
+    two for KV). Latency follows KVServe's model: host encoding, the encoded
+    bytes over the tier's write bandwidth (save) or the NIC (transfer), and
+    decoding.
     When no codec is feasible the op is rejected, naming the fastest codec
     within the error budget and the fastest overall. For a `kvc.restore`
     that stores the same data in several encodings, sources beyond the error

@@ -46,7 +46,7 @@ namespace {
 
 /// The Hadamard block of a matrix row.
 int64_t hadamardBlock(const ChunkShape &shape) {
-  return hadamardBlock(shape.form, shape.width, shape.headDim);
+  return kvc::hadamardBlock(shape.form, shape.width, shape.headDim);
 }
 
 /// Bits of matrix `m`: the layer's bin, or the codec's width.

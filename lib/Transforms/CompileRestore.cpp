@@ -76,6 +76,9 @@ StatusOr<PlanBundle> compileRestore(const ModelConfig &model,
   ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {
     if (diag.getSeverity() == DiagnosticSeverity::Error)
       diagnostics += (diagnostics.empty() ? "" : "; ") + diag.str();
+    else if (diag.getSeverity() == DiagnosticSeverity::Warning &&
+             options.warnings)
+      options.warnings->push_back(diag.str());
     return success();
   });
 

@@ -310,60 +310,31 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
   if (blockSize <= 0 || threads <= 0 || threads > 1024)
     return fail("block size and threads per block must be positive (threads "
                 "at most 1024)");
+  if (groupLanes < 0)
+    return fail("group-lanes " + Twine(groupLanes) + " is negative");
   if (*kind == KernelKind::RopeScatter) {
     // The GEMM before the kernel writes f32, whatever the hidden states'
-    // storage; RoPE rotates 8-channel pieces within one half of a head.
+    // storage.
     spec.storage = Float32Type::get(kernel.getContext());
     spec.codec = nullptr;
-    if (spec.headDim % 16)
-      return fail("RoPE over head_dim " + Twine(spec.headDim) +
-                  " needs a multiple of 16");
-    return spec;
   }
-  if (spec.codec && spec.codec.getLossless() != Lossless::none)
-    return fail("its input still carries a lossless coder (decompress on "
-                "the host first)");
-  if (!spec.storage.isBF16() && !spec.storage.isF16() && !spec.storage.isF32())
-    return fail("values are stored as neither bf16, f16 nor f32");
-  if (spec.width() % 32)
-    return fail("kv_heads * head_dim = " + Twine(spec.width()) +
-                " is not a multiple of 32");
-  // A head row is whole 8-value pieces.
-  if (spec.hadamard() &&
-      (!llvm::isPowerOf2_64(spec.headDim) || spec.headDim < 8))
-    return fail("Hadamard over head_dim " + Twine(spec.headDim) +
-                " needs a power of two of at least 8");
-  if (spec.hadamard() && !host && (spec.headDim > 256 || threads % 32))
-    return fail("Hadamard across a warp's lanes needs head_dim <= 256 and "
-                "whole warps per block (threads " +
-                Twine(threads) + ")");
-  if (spec.bits()) {
-    for (bool value : {false, true}) {
-      MatrixLayout layout = matrixLayout(spec, value);
-      if (!layout.tokenAxis)
-        continue;
-      if (layout.size % 8)
-        return fail("per-token groups of " + Twine(layout.size) +
-                    " values are not a multiple of 8");
-      if (*kind != KernelKind::Save)
-        continue;
-      // A save item reduces whole groups: in the GPU form across the
-      // aligned lanes of one warp, in the host form within the item.
-      if (spec.width() % std::lcm(layout.size, spec.valuesPerItem(value)))
-        return fail("per-token groups of " + Twine(layout.size) +
-                    " values do not tile rows of " + Twine(spec.width()));
-      if (!host && (!llvm::isPowerOf2_64(layout.size) || layout.size > 256 ||
-                    threads % 32))
-        return fail("per-token groups across a warp's lanes need a power of "
-                    "two of at most 256 values and whole warps per block "
-                    "(groups of " +
-                    Twine(layout.size) + ", threads " + Twine(threads) + ")");
-    }
+  // A chunk no generated form covers leaves the options nothing to shape.
+  if (!spec.unsupported().empty() || *kind == KernelKind::RopeScatter)
+    return spec;
+  if (!host && threads % 32) {
+    if (spec.hadamard())
+      return fail("Hadamard across a warp's lanes needs whole warps per "
+                  "block (threads " +
+                  Twine(threads) + ")");
+    for (bool value : {false, true})
+      if (*kind == KernelKind::Save && spec.bits() &&
+          matrixLayout(spec, value).tokenAxis)
+        return fail("per-token groups across a warp's lanes need whole "
+                    "warps per block (threads " +
+                    Twine(threads) + ")");
   }
   // The option splits the GPU form's per-channel groups of a save; the host
   // form's items hold whole groups.
-  if (groupLanes < 0)
-    return fail("group-lanes " + Twine(groupLanes) + " is negative");
   if (!groupLanes || host || *kind != KernelKind::Save)
     return spec;
   for (bool value : {false, true}) {
@@ -381,6 +352,56 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
     spec.groupLanesOption = groupLanes;
   }
   return spec;
+}
+
+std::string KernelSpec::unsupported() const {
+  std::string why;
+  llvm::raw_string_ostream os(why);
+  if (kind == KernelKind::RopeScatter) {
+    // RoPE rotates 8-channel pieces within one half of a head.
+    if (headDim % 16)
+      os << "RoPE over head_dim " << headDim << " needs a multiple of 16";
+    return why;
+  }
+  if (codec && codec.getLossless() != Lossless::none)
+    os << "its input still carries a lossless coder (decompress on the host "
+          "first)";
+  else if (!storage.isBF16() && !storage.isF16() && !storage.isF32())
+    os << "values are stored as neither bf16, f16 nor f32";
+  else if (width() % 32)
+    os << "kv_heads * head_dim = " << width() << " is not a multiple of 32";
+  // A head row is whole 8-value pieces.
+  else if (hadamard() && (!llvm::isPowerOf2_64(headDim) || headDim < 8))
+    os << "Hadamard over head_dim " << headDim
+       << " needs a power of two of at least 8";
+  else if (hadamard() && !host && headDim > 256)
+    os << "Hadamard across a warp's lanes needs head_dim <= 256";
+  if (!why.empty() || !bits())
+    return why;
+  for (bool value : {false, true}) {
+    MatrixLayout layout = matrixLayout(*this, value);
+    if (!layout.tokenAxis)
+      continue;
+    if (layout.size % 8) {
+      os << "per-token groups of " << layout.size
+         << " values are not a multiple of 8";
+      return why;
+    }
+    if (kind != KernelKind::Save)
+      continue;
+    // A save item reduces whole groups: in the GPU form across the aligned
+    // lanes of one warp, in the host form within the item.
+    if (width() % std::lcm(layout.size, valuesPerItem(value)))
+      os << "per-token groups of " << layout.size << " values do not tile "
+         << "rows of " << width();
+    else if (!host && (!llvm::isPowerOf2_64(layout.size) || layout.size > 256))
+      os << "per-token groups across a warp's lanes need a power of two of "
+            "at most 256 values (groups of "
+         << layout.size << ")";
+    if (!why.empty())
+      return why;
+  }
+  return why;
 }
 
 FailureOr<KernelSpec> KernelSpec::prologue(KernelOp kernel, ModelAttr model,

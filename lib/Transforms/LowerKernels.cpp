@@ -117,6 +117,14 @@ struct KVCLowerKernelsPass
     auto model = module->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName);
     SymbolTable symbols(module);
     OpBuilder builder = OpBuilder::atBlockEnd(module.getBody());
+    // Kernels without a generated form, by name and reason: the first, and
+    // how many.
+    struct Ungenerated {
+      KernelOp first;
+      std::string why;
+      int64_t count;
+    };
+    SmallVector<Ungenerated> ungenerated;
     WalkResult result = module.walk([&](KernelOp kernel) {
       // Other chains stay for the runtime to run step by step.
       if (!KernelSpec::kindOf(kernel))
@@ -125,6 +133,17 @@ struct KVCLowerKernelsPass
           KernelSpec::get(kernel, model, blockSize, threads, host, groupLanes);
       if (failed(spec))
         return WalkResult::interrupt();
+      if (std::string why = spec->unsupported(); !why.empty()) {
+        auto same = llvm::find_if(ungenerated, [&](Ungenerated &u) {
+          return u.first.getKernelName() == kernel.getKernelName() &&
+                 u.why == why;
+        });
+        if (same == ungenerated.end())
+          ungenerated.push_back({kernel, why, 1});
+        else
+          ++same->count;
+        return WalkResult::advance();
+      }
       auto generate = [&](const KernelSpec &generated) {
         std::string name = generated.symbolName();
         if (!symbols.lookup(name)) {
@@ -146,7 +165,16 @@ struct KVCLowerKernelsPass
       return WalkResult::advance();
     });
     if (result.wasInterrupted())
-      signalPassFailure();
+      return signalPassFailure();
+    // One warning per kind of kernel left to the runtime, on its first.
+    for (Ungenerated &u : ungenerated) {
+      InFlightDiagnostic warning = u.first.emitWarning("kernel \"")
+                                   << u.first.getKernelName() << "\"";
+      if (u.count > 1)
+        warning << " (and " << u.count - 1 << " more like it)";
+      warning << " has no generated form, so the runtime runs its steps: "
+              << u.why;
+    }
   }
 };
 

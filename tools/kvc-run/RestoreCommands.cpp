@@ -75,8 +75,13 @@ PlanHook compilerHook() {
     compile.stagingMiB = options.stagingMiB;
     compile.codecProfile = options.codecProfile;
     compile.gpuChip = options.gpuChip;
-    return compileRestore(model.config(), model.fingerprint(), target, request,
-                          compile);
+    std::vector<std::string> warnings;
+    compile.warnings = &warnings;
+    StatusOr<PlanBundle> bundle = compileRestore(
+        model.config(), model.fingerprint(), target, request, compile);
+    for (const std::string &warning : warnings)
+      std::fprintf(stderr, "kvc-run: warning: %s\n", warning.c_str());
+    return bundle;
   };
 #else
   return {};

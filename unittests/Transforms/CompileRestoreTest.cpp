@@ -77,6 +77,41 @@ TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
   EXPECT_TRUE(validatePlanBundle(*bundle).isOk());
 }
 
+// A model whose heads are too narrow for the generated RoPE epilogue (as
+// stories260K's, head_dim 8) still compiles: the projection's kernel is left
+// to the runtime, and the caller is told why.
+TEST_F(CompileRestoreTest, AKernelWithoutAGeneratedFormIsLeftToTheRuntime) {
+  model_.numHeads = 16;
+  model_.numKvHeads = 4;
+  model_.headDim = 8;
+  planning::Source hidden = request_.sources.front();
+  hidden.form = Form::Hidden;
+  request_.sources = {hidden};
+  CompileRestoreOptions options;
+  options.strategies = {"hidden"};
+  options.chunkTokens = 64;
+  options.gpuChip = "sm_90";
+  std::vector<std::string> warnings;
+  options.warnings = &warnings;
+  StatusOr<PlanBundle> bundle =
+      compileRestore(model_, "", target_, request_, options);
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings.front().find("RoPE over head_dim 8 needs a multiple of "
+                                  "16"),
+            std::string::npos)
+      << warnings.front();
+  int64_t projections = 0;
+  for (const BundleTask &task : bundle->plans.front().tasks)
+    if (task.kernel == "project_scatter") {
+      ++projections;
+      EXPECT_TRUE(task.entry.empty()) << task.id;
+    }
+  EXPECT_GT(projections, 0);
+  EXPECT_TRUE(bundle->kernels.empty());
+  EXPECT_TRUE(validatePlanBundle(*bundle).isOk());
+}
+
 TEST_F(CompileRestoreTest, AnUnknownChipIsAnError) {
   CompileRestoreOptions options;
   options.strategies = {"kv"};

@@ -35,6 +35,9 @@ struct CompileRestoreOptions {
   /// GPU architecture (sm_90: H100, H200) into the bundle's kernel table,
   /// which plans of several strategies share; empty: none.
   std::string gpuChip;
+  /// When set, receives the compiler's warnings: a fused kernel that has no
+  /// generated form for this model or codec, whose steps the runtime runs.
+  std::vector<std::string> *warnings = nullptr;
 };
 
 /// Compiles `request` for `model` (whose weights' fingerprint the bundle

@@ -152,11 +152,15 @@ struct KernelSpec {
   /// [transform] [quant] of KV yielding its result.
   static std::optional<KernelKind> kindOf(KernelOp kernel);
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
-  /// is `model`; fails with a diagnostic on the kernel when its chunk's
-  /// shape or encoding has no generated form.
+  /// is `model`; fails with an error on the kernel when there is no model or
+  /// the options (block size, threads, group lanes) cannot shape its code.
   static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
                                    int64_t blockSize, int64_t threads,
                                    bool host, int64_t groupLanes = 0);
+  /// Why no generated form covers the spec's chunk (its model's head_dim or
+  /// KV width, its codec's groups); empty when one does. Such a kernel's
+  /// chain is left to the runtime, which runs its steps.
+  std::string unsupported() const;
   /// The rms_norm prologue of a rope_scatter kernel `kernel` of `spec`.
   static FailureOr<KernelSpec> prologue(KernelOp kernel, ModelAttr model,
                                         const KernelSpec &spec);

@@ -493,17 +493,21 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     Hadamard, the lanes of a warp that hold one head row exchange values
     with `gpu.shuffle`, and a save kernel reduces per-token groups across
     lanes likewise; `host=true` generates the form `kvc-kernels-to-llvm` can
-    lower instead (a head row, or whole groups, per work item). Kernels of the same specialization share one
-    function; the kernel op names it in `kvc.entry`. The function lowers to
+    lower instead (a head row, or whole groups, per work item). Kernels of
+    the same specialization share one function; the kernel op names it in
+    `kvc.entry`. The function lowers to
     PTX with `kvc-kernels-to-ptx` and to host LLVM with `kvc-kernels-to-llvm`
-    (docs/kernels.md). Kernels of other chains are left alone; a kernel the
-    generator cannot specialize (a still-compressed input, a width that is
-    not a multiple of 32, per-token groups not a multiple of 8, a head_dim
-    that is not a multiple of 16 under RoPE, a Hadamard head row wider than
-    a warp or blocks that are not whole warps; for a save kernel, per-token
-    groups that do not tile a row or, in the GPU form, span more than a
-    warp's lanes; an RMSNorm prologue in blocks that are not whole warps)
-    fails the pass with a message on the kernel.
+    (docs/kernels.md). Kernels of other chains are left alone, and so is a
+    kernel whose model or codec has no generated form, with a warning that
+    says why (a still-compressed input, a width that is not a multiple of
+    32, per-token groups not a multiple of 8, a head_dim that is not a
+    multiple of 16 under RoPE or not a power of two of at least 8 under
+    Hadamard, a Hadamard head row wider than a warp; for a save kernel,
+    per-token groups that do not tile a row or, in the GPU form, span more
+    than a warp's lanes): the runtime runs its steps. Options no kernel can
+    take (Hadamard, per-token save groups or an RMSNorm prologue in blocks
+    that are not whole warps; group lanes a group cannot split into) fail
+    the pass with a message on the kernel.
 
     Before (a module with `kvc.model`, kv_heads = 2, head_dim = 64):
     ```

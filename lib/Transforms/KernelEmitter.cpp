@@ -40,9 +40,9 @@
 // other item one piece, across head_dim / 8 lanes.
 //
 // A rope_scatter item loads its 8 f32 projections, and for K the 8 it is
-// paired with (channel +- head_dim / 2) and 8 cosines and sines of the
-// token's RoPE table row, then rotates and rounds as the runtime does
-// (Rope.h).
+// paired with (channel +- head_dim / 2; a head of 8 pairs within its piece)
+// and 8 cosines and sines of the token's RoPE table row, then rotates and
+// rounds as the runtime does (Rope.h).
 //
 // Restore items decode. The arithmetic is the runtime's, operation for
 // operation:
@@ -390,8 +390,28 @@ Value ItemEmitter::loadProjected(bool value, Value layer, Value token,
 Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
   // applyRope (Rope.h): with h = head_dim / 2 and j < h, channel j of a head
   // becomes x[j] * cos - x[j + h] * sin and channel j + h becomes
-  // x[j + h] * cos + x[j] * sin. The 8 channels lie in one half.
+  // x[j + h] * cos + x[j] * sin. The 8 channels lie in one half, or are the
+  // whole head (head_dim 8).
   const int64_t half = spec.headDim / 2;
+  Type f32 = b.getF32Type();
+  if (spec.headDim == 8) {
+    // The piece is the head: its partner is its halves swapped, and the
+    // table row (4 cosines, then 4 sines) serves both halves.
+    Value row = b.create<vector::BitCastOp>(
+        loc, vec(8, f32),
+        loadBytes(ropeTable(), mul(mul(add(firstToken, token), 8), 4), 32, 16));
+    auto shuffle = [&](Value x, Value y, ArrayRef<int64_t> mask) -> Value {
+      return b.create<vector::ShuffleOp>(loc, x, y, mask);
+    };
+    Value partner = shuffle(own, own, {4, 5, 6, 7, 0, 1, 2, 3});
+    Value cos = shuffle(row, row, {0, 1, 2, 3, 0, 1, 2, 3});
+    Value sin = shuffle(row, row, {4, 5, 6, 7, 4, 5, 6, 7});
+    Value ownCos = b.create<arith::MulFOp>(loc, own, cos);
+    Value partnerSin = b.create<arith::MulFOp>(loc, partner, sin);
+    Value low = b.create<arith::SubFOp>(loc, ownCos, partnerSin);
+    Value high = b.create<arith::AddFOp>(loc, ownCos, partnerSin);
+    return shuffle(low, high, {0, 1, 2, 3, 12, 13, 14, 15});
+  }
   Value inHead = rem(channel, spec.headDim);
   Value first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, inHead,
                                         index(half));
@@ -403,7 +423,6 @@ Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
   Value row = add(firstToken, token);
   Value cosOffset = mul(add(mul(row, spec.headDim), rem(inHead, half)), 4);
   int64_t align = alignmentOf({4 * spec.headDim, 32});
-  Type f32 = b.getF32Type();
   Value cos = b.create<vector::BitCastOp>(
       loc, vec(8, f32), loadBytes(ropeTable(), cosOffset, 32, align));
   Value sin = b.create<vector::BitCastOp>(

@@ -358,9 +358,10 @@ std::string KernelSpec::unsupported() const {
   std::string why;
   llvm::raw_string_ostream os(why);
   if (kind == KernelKind::RopeScatter) {
-    // RoPE rotates 8-channel pieces within one half of a head.
-    if (headDim % 16)
-      os << "RoPE over head_dim " << headDim << " needs a multiple of 16";
+    // RoPE rotates 8-channel pieces within one half of a head, or a whole
+    // head of 8.
+    if (headDim % 16 && headDim != 8)
+      os << "RoPE over head_dim " << headDim << " needs 8 or a multiple of 16";
     return why;
   }
   if (codec && codec.getLossless() != Lossless::none)
@@ -413,8 +414,8 @@ FailureOr<KernelSpec> KernelSpec::prologue(KernelOp kernel, ModelAttr model,
                      .getElementType();
   norm.hidden = model.getHidden();
   norm.eps = model.getRmsNormEps().convertToDouble();
-  // hidden = heads * head_dim, and RoPE's head_dim is a multiple of 16:
-  // rows are whole 16-byte pieces.
+  // hidden = heads * head_dim, and RoPE's head_dim is 8 or a multiple of
+  // 16: rows are whole 8-value pieces.
   assert(norm.hidden % 8 == 0 && "rope_scatter implies whole pieces");
   if (!norm.host && norm.threads % 32)
     return kernel.emitOpError("cannot be generated: RMSNorm across a warp's "

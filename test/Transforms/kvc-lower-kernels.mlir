@@ -379,7 +379,7 @@ func.func @group(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device
 module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 192, heads = 8, kv_heads = 4, head_dim = 24, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
 func.func @odd_head(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>,
                     %h2: !kvc.chunk<hidden x bf16, tokens 64 to 128, layers 0 to 2, device>) {
-  // expected-warning @+1 {{kernel "project_scatter" (and 1 more like it) has no generated form, so the runtime runs its steps: RoPE over head_dim 24 needs a multiple of 16}}
+  // expected-warning @+1 {{kernel "project_scatter" (and 1 more like it) has no generated form, so the runtime runs its steps: RoPE over head_dim 24 needs 8 or a multiple of 16}}
   kvc.kernel "project_scatter" (%h) : (!kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) -> () {
   ^bb0(%in: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>):
     %p = kvc.project %in

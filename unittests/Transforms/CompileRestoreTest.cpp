@@ -77,13 +77,15 @@ TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
   EXPECT_TRUE(validatePlanBundle(*bundle).isOk());
 }
 
-// A model whose heads are too narrow for the generated RoPE epilogue (as
-// stories260K's, head_dim 8) still compiles: the projection's kernel is left
-// to the runtime, and the caller is told why.
+// A model whose heads the generated RoPE epilogue cannot rotate (head_dim
+// 24: its 8-channel pieces would straddle a head's halves) still compiles:
+// the projection's kernel is left to the runtime, and the caller is told
+// why.
 TEST_F(CompileRestoreTest, AKernelWithoutAGeneratedFormIsLeftToTheRuntime) {
-  model_.numHeads = 16;
+  model_.hiddenSize = 192;
+  model_.numHeads = 8;
   model_.numKvHeads = 4;
-  model_.headDim = 8;
+  model_.headDim = 24;
   planning::Source hidden = request_.sources.front();
   hidden.form = Form::Hidden;
   request_.sources = {hidden};
@@ -97,8 +99,8 @@ TEST_F(CompileRestoreTest, AKernelWithoutAGeneratedFormIsLeftToTheRuntime) {
       compileRestore(model_, "", target_, request_, options);
   ASSERT_TRUE(bundle) << bundle.status().toString();
   ASSERT_FALSE(warnings.empty());
-  EXPECT_NE(warnings.front().find("RoPE over head_dim 8 needs a multiple of "
-                                  "16"),
+  EXPECT_NE(warnings.front().find("RoPE over head_dim 24 needs 8 or a "
+                                  "multiple of 16"),
             std::string::npos)
       << warnings.front();
   int64_t projections = 0;

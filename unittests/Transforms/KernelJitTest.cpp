@@ -405,11 +405,13 @@ INSTANTIATE_TEST_SUITE_P(
                       JitCase{"rms_norm", DType::F16, 37, 2, 0, 0, 0, 0, 64},
                       JitCase{"rms_norm", DType::F32, 9, 1, 0, 0, 0, 0, 40}));
 
-// The projection's epilogue: head_dim 64 and 128, one to eight KV heads,
-// positions past Llama 3's original context (scaled frequencies).
+// The projection's epilogue: head_dim 8 (stories260K's: a head in one
+// piece), 64 and 128, one to eight KV heads, positions past Llama 3's
+// original context (scaled frequencies).
 INSTANTIATE_TEST_SUITE_P(
     RopeScatter, KernelJitTest,
-    ::testing::Values(JitCase{"rope_scatter", DType::F32, 37, 2, 2, 64, 16, 5},
+    ::testing::Values(JitCase{"rope_scatter", DType::F32, 19, 2, 4, 8, 16, 3},
+                      JitCase{"rope_scatter", DType::F32, 37, 2, 2, 64, 16, 5},
                       JitCase{"rope_scatter", DType::F32, 16, 1, 8, 128, 16, 0},
                       JitCase{"rope_scatter", DType::F32, 21, 1, 1, 128, 32,
                               9000}));

@@ -500,9 +500,9 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     (docs/kernels.md). Kernels of other chains are left alone, and so is a
     kernel whose model or codec has no generated form, with a warning that
     says why (a still-compressed input, a width that is not a multiple of
-    32, per-token groups not a multiple of 8, a head_dim that is not a
-    multiple of 16 under RoPE or not a power of two of at least 8 under
-    Hadamard, a Hadamard head row wider than a warp; for a save kernel,
+    32, per-token groups not a multiple of 8, a head_dim that is neither 8
+    nor a multiple of 16 under RoPE or not a power of two of at least 8
+    under Hadamard, a Hadamard head row wider than a warp; for a save kernel,
     per-token groups that do not tile a row or, in the GPU form, span more
     than a warp's lanes): the runtime runs its steps. Options no kernel can
     take (Hadamard, per-token save groups or an RMSNorm prologue in blocks

@@ -394,44 +394,43 @@ Value ItemEmitter::rope(Value own, Value layer, Value token, Value channel) {
   // whole head (head_dim 8).
   const int64_t half = spec.headDim / 2;
   Type f32 = b.getF32Type();
-  if (spec.headDim == 8) {
-    // The piece is the head: its partner is its halves swapped, and the
-    // table row (4 cosines, then 4 sines) serves both halves.
-    Value row = b.create<vector::BitCastOp>(
-        loc, vec(8, f32),
-        loadBytes(ropeTable(), mul(mul(add(firstToken, token), 8), 4), 32, 16));
-    auto shuffle = [&](Value x, Value y, ArrayRef<int64_t> mask) -> Value {
-      return b.create<vector::ShuffleOp>(loc, x, y, mask);
-    };
-    Value partner = shuffle(own, own, {4, 5, 6, 7, 0, 1, 2, 3});
-    Value cos = shuffle(row, row, {0, 1, 2, 3, 0, 1, 2, 3});
-    Value sin = shuffle(row, row, {4, 5, 6, 7, 4, 5, 6, 7});
-    Value ownCos = b.create<arith::MulFOp>(loc, own, cos);
-    Value partnerSin = b.create<arith::MulFOp>(loc, partner, sin);
-    Value low = b.create<arith::SubFOp>(loc, ownCos, partnerSin);
-    Value high = b.create<arith::AddFOp>(loc, ownCos, partnerSin);
-    return shuffle(low, high, {0, 1, 2, 3, 12, 13, 14, 15});
-  }
-  Value inHead = rem(channel, spec.headDim);
-  Value first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, inHead,
-                                        index(half));
-  Value partnerChannel = b.create<arith::SelectOp>(
-      loc, first, add(channel, index(half)),
-      b.create<arith::SubIOp>(loc, channel, index(half)));
-  Value partner = loadProjected(false, layer, token, partnerChannel);
+  auto shuffle = [&](Value x, Value y, ArrayRef<int64_t> mask) -> Value {
+    return b.create<vector::ShuffleOp>(loc, x, y, mask);
+  };
   // Table row first_token + token: half cosines, then half sines.
   Value row = add(firstToken, token);
-  Value cosOffset = mul(add(mul(row, spec.headDim), rem(inHead, half)), 4);
-  int64_t align = alignmentOf({4 * spec.headDim, 32});
-  Value cos = b.create<vector::BitCastOp>(
-      loc, vec(8, f32), loadBytes(ropeTable(), cosOffset, 32, align));
-  Value sin = b.create<vector::BitCastOp>(
-      loc, vec(8, f32),
-      loadBytes(ropeTable(), add(cosOffset, index(4 * half)), 32, align));
+  Value partner, cos, sin, first;
+  if (spec.headDim == 8) {
+    // The piece is the head: its partner is its halves swapped, and the
+    // row's 4 cosines and 4 sines serve both halves.
+    Value table = b.create<vector::BitCastOp>(
+        loc, vec(8, f32), loadBytes(ropeTable(), mul(row, 32), 32, 16));
+    partner = shuffle(own, own, {4, 5, 6, 7, 0, 1, 2, 3});
+    cos = shuffle(table, table, {0, 1, 2, 3, 0, 1, 2, 3});
+    sin = shuffle(table, table, {4, 5, 6, 7, 4, 5, 6, 7});
+  } else {
+    Value inHead = rem(channel, spec.headDim);
+    first = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::ult, inHead,
+                                    index(half));
+    Value partnerChannel = b.create<arith::SelectOp>(
+        loc, first, add(channel, index(half)),
+        b.create<arith::SubIOp>(loc, channel, index(half)));
+    partner = loadProjected(false, layer, token, partnerChannel);
+    Value cosOffset = mul(add(mul(row, spec.headDim), rem(inHead, half)), 4);
+    int64_t align = alignmentOf({4 * spec.headDim, 32});
+    cos = b.create<vector::BitCastOp>(
+        loc, vec(8, f32), loadBytes(ropeTable(), cosOffset, 32, align));
+    sin = b.create<vector::BitCastOp>(
+        loc, vec(8, f32),
+        loadBytes(ropeTable(), add(cosOffset, index(4 * half)), 32, align));
+  }
   Value ownCos = b.create<arith::MulFOp>(loc, own, cos);
   Value partnerSin = b.create<arith::MulFOp>(loc, partner, sin);
   Value low = b.create<arith::SubFOp>(loc, ownCos, partnerSin);
   Value high = b.create<arith::AddFOp>(loc, ownCos, partnerSin);
+  // Channels of the first half take `low`, of the second `high`.
+  if (!first)
+    return shuffle(low, high, {0, 1, 2, 3, 12, 13, 14, 15});
   return b.create<arith::SelectOp>(loc, first, low, high);
 }
 

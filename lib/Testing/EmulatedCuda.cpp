@@ -110,6 +110,26 @@ template <typename Release> CUresult callToRelease(Release &&release) {
   return state(d);
 }
 
+/// Creates a stream or event handle into `out`.
+template <typename Handle> CUresult createHandle(Handle **out) {
+  return call([&](Driver &) -> CUresult {
+    if (!out)
+      return CUDA_ERROR_INVALID_VALUE;
+    *out = new Handle;
+    return CUDA_SUCCESS;
+  });
+}
+
+/// Destroys a handle createHandle made, after a fault too.
+template <typename Handle> CUresult destroyHandle(Handle *handle) {
+  return callToRelease([&](Driver &) {
+    if (!handle)
+      return CUDA_ERROR_INVALID_HANDLE;
+    delete handle;
+    return CUDA_SUCCESS;
+  });
+}
+
 } // namespace
 
 extern "C" {
@@ -355,40 +375,18 @@ CUresult CUDAAPI cuMemsetD16(CUdeviceptr to, unsigned short value, size_t n) {
 }
 
 CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int) {
-  return call([&](Driver &d) -> CUresult {
-    if (!stream)
-      return CUDA_ERROR_INVALID_VALUE;
-    *stream = new CUstream_st;
-    return CUDA_SUCCESS;
-  });
+  return createHandle(stream);
 }
 
 CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
-  return callToRelease([&](Driver &) {
-    if (!stream)
-      return CUDA_ERROR_INVALID_HANDLE;
-    delete stream;
-    return CUDA_SUCCESS;
-  });
+  return destroyHandle(stream);
 }
 
 CUresult CUDAAPI cuEventCreate(CUevent *event, unsigned int) {
-  return call([&](Driver &d) -> CUresult {
-    if (!event)
-      return CUDA_ERROR_INVALID_VALUE;
-    *event = new CUevent_st;
-    return CUDA_SUCCESS;
-  });
+  return createHandle(event);
 }
 
-CUresult CUDAAPI cuEventDestroy(CUevent event) {
-  return callToRelease([&](Driver &) {
-    if (!event)
-      return CUDA_ERROR_INVALID_HANDLE;
-    delete event;
-    return CUDA_SUCCESS;
-  });
-}
+CUresult CUDAAPI cuEventDestroy(CUevent event) { return destroyHandle(event); }
 
 CUresult CUDAAPI cuEventRecord(CUevent event, CUstream) {
   return call([&](Driver &d) -> CUresult {

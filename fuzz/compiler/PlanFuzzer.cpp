@@ -151,17 +151,16 @@ enum class Outcome { Refused, Failed, Bundled, Lowered };
 /// Aborts where a pass succeeds and leaves IR the verifiers refuse: a pass
 /// fails with a diagnostic or keeps the module valid, whatever its input.
 struct VerifyAfterEachPass : PassInstrumentation {
-  const std::string &input, &diagnostics;
-  VerifyAfterEachPass(const std::string &input, const std::string &diagnostics)
-      : input(input), diagnostics(diagnostics) {}
+  const std::string &diagnostics;
+  explicit VerifyAfterEachPass(const std::string &diagnostics)
+      : diagnostics(diagnostics) {}
   void runAfterPass(Pass *pass, Operation *op) override {
     if (succeeded(verify(op)))
       return;
     std::fprintf(stderr,
                  "kvc-plan-fuzz: %s succeeded and left IR the verifiers "
-                 "refuse:\n%s\ninput:\n%s\n",
-                 pass->getName().str().c_str(), diagnostics.c_str(),
-                 input.c_str());
+                 "refuse:\n%s",
+                 pass->getName().str().c_str(), diagnostics.c_str());
     std::abort();
   }
 };
@@ -208,7 +207,7 @@ struct Fuzzer {
   /// Runs `passes` on `module`; `verifyEach` as the pass manager's own
   /// verifier, else through VerifyAfterEachPass.
   LogicalResult run(ModuleOp module, const std::string &passes, bool verifyEach,
-                    const std::string &input, const std::string &diagnostics) {
+                    const std::string &diagnostics) {
     PassManager pm(context.get());
     if (failed(parsePassPipeline(passes, pm))) {
       std::fprintf(stderr, "kvc-plan-fuzz: cannot build pipeline %s\n",
@@ -217,13 +216,12 @@ struct Fuzzer {
     }
     pm.enableVerifier(verifyEach);
     if (!verifyEach)
-      pm.addInstrumentation(
-          std::make_unique<VerifyAfterEachPass>(input, diagnostics));
+      pm.addInstrumentation(std::make_unique<VerifyAfterEachPass>(diagnostics));
     return pm.run(module);
   }
 
-  /// Compiles `text` with pipeline `which`; aborts, printing the input,
-  /// where the compiler writes a bundle the runtime refuses. Diagnostics,
+  /// Compiles `text` with pipeline `which`; aborts, saying why, where the
+  /// compiler writes a bundle the runtime refuses. Diagnostics,
   /// the expected answer to most mutants, print only where `loud`.
   Outcome compile(const std::string &text, int which, bool loud = false) {
     std::string diagnostics; // This input's, for a report.
@@ -233,10 +231,9 @@ struct Fuzzer {
     });
     OwningOpRef<ModuleOp> module =
         parseSourceString<ModuleOp>(text, context.get());
-    if (!module ||
-        failed(run(*module, descriptions(), true, text, diagnostics)))
+    if (!module || failed(run(*module, descriptions(), true, diagnostics)))
       return Outcome::Refused;
-    if (failed(run(*module, pipeline(which), false, text, diagnostics)))
+    if (failed(run(*module, pipeline(which), false, diagnostics)))
       return Outcome::Failed;
     if (which == 3)
       return Outcome::Lowered;
@@ -249,9 +246,8 @@ struct Fuzzer {
     if (!bundle) {
       std::fprintf(stderr,
                    "kvc-plan-fuzz: the compiler wrote a bundle the runtime "
-                   "refuses: %s\npipeline: %s\ninput:\n%s\n",
-                   bundle.status().toString().c_str(), pipeline(which).c_str(),
-                   text.c_str());
+                   "refuses: %s\n",
+                   bundle.status().toString().c_str());
       std::abort();
     }
     return Outcome::Bundled;
@@ -267,7 +263,8 @@ constexpr unsigned kTimeoutSeconds = 120;
 /// definition, then a parse error: llvm/llvm-project#107121, fixed upstream
 /// by #127778 in February 2025), which corrupts the heap of a process that
 /// goes on parsing; the child that parsed it ends with `_exit`. Exits,
-/// naming the input, where the child crashes or hangs.
+/// printing the input, where the child crashes (its aborts say why) or
+/// hangs.
 Outcome compileIsolated(Fuzzer &fuzzer, const std::string &text, int which) {
   std::fflush(nullptr);
   const pid_t child = fork();

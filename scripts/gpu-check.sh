@@ -116,16 +116,28 @@ pack)
     --bundle "$root/build/bench/kernels.json" --only _t16_ --iters 1 |
     tail -n 1
   # Variants the counts cannot decide between (docs/kernels.md, "Cost per
-  # value"): unrotated per-channel saves whose groups' tokens 4 lanes hold,
-  # K read once at more registers; checked the same way.
-  python3 "$root/bench/kernels/gen-kernels.py" --saves \
-    --codecs '^quant = int[248]$' --shapes 16x1,256x32,1024x32 \
-    >"$root/build/bench/kernel-variants.mlir"
-  "$root/build/bin/kvc-opt" "$root/build/bench/kernel-variants.mlir" \
-    --kvc-import-model="$root/examples/models/llama-3.1-8b/config.json" \
-    --kvc-lower-kernels=group-lanes=4 --kvc-kernels-to-ptx \
-    --kvc-emit-bundle=file="$root/build/bench/kernel-variants.json" \
-    -o /dev/null
+  # value"), K read once at more registers: unrotated per-channel saves
+  # whose groups' tokens 4 lanes hold, and Hadamard saves whose lanes hold
+  # 16 tokens, transformed once; one bundle, checked the same way.
+  variants() { # CODECS OPTIONS BUNDLE
+    python3 "$root/bench/kernels/gen-kernels.py" --saves --codecs "$1" \
+      --shapes 16x1,256x32,1024x32 >"$root/build/bench/kernel-variants.mlir"
+    "$root/build/bin/kvc-opt" "$root/build/bench/kernel-variants.mlir" \
+      --kvc-import-model="$root/examples/models/llama-3.1-8b/config.json" \
+      --kvc-lower-kernels="$2" --kvc-kernels-to-ptx \
+      --kvc-emit-bundle=file="$3" -o /dev/null
+  }
+  variants '^quant = int[248]$' group-lanes=4 \
+    "$root/build/bench/kernel-variants.json"
+  variants '^transform = hadamard, quant = int[248]$' held-tokens=16 \
+    "$root/build/bench/kernel-variants-held.json"
+  python3 - "$root/build/bench/kernel-variants.json" \
+    "$root/build/bench/kernel-variants-held.json" <<'EOF'
+import json, sys
+bundle = json.load(open(sys.argv[1]))
+bundle["kernels"] += json.load(open(sys.argv[2]))["kernels"]
+json.dump(bundle, open(sys.argv[1], "w"))
+EOF
   LD_LIBRARY_PATH="$root/build/lib/emulated-cuda" \
     "$root/build/bench/kvc-kernel-bench" \
     --bundle "$root/build/bench/kernel-variants.json" --only _t16_ \

@@ -446,13 +446,14 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
   // Groups of m.size tokens of one channel: the item's n channels over its
   // part of the group's tokens (all of them in the host form), `unroll`
   // tokens' loads at a time before their use; the group's lanes combine
-  // their extremes through gpu.shuffle. A part of at most 8 tokens (a
-  // Hadamard group's lanes, groups of 8) is one batch, loaded and
-  // transformed once and held for the encoding; a longer one is scanned
-  // twice in scf.for loops (extremes, then values). Lanes past the chunk's
-  // last token rescan that token, so all lanes run every shuffle.
+  // their extremes through gpu.shuffle. A part of at most heldTokens (8
+  // unless kvc-lower-kernels' held-tokens says otherwise: a Hadamard
+  // group's lanes, groups of 8) is one batch, loaded and transformed once
+  // and held for the encoding; a longer one is scanned twice in scf.for
+  // loops (extremes, then values). Lanes past the chunk's last token rescan
+  // that token, so all lanes run every shuffle.
   const int64_t S = m.size, share = S / parts;
-  const int64_t unroll = inFlight(share);
+  const int64_t unroll = share <= spec.heldTokens ? share : inFlight(share);
   Value first = add(mul(row, S), mul(part, share));
   auto tokenAt = [&](Value i) -> Value {
     return b.create<arith::MinUIOp>(loc, add(first, i), index(spec.tokens - 1));

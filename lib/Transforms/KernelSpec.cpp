@@ -173,6 +173,8 @@ std::string KernelSpec::symbolName() const {
     name += host ? "had_host_" : "had_";
   if (groupLanesOption)
     name += "gl" + std::to_string(groupLanesOption) + "_";
+  if (heldTokens != Options().heldTokens)
+    name += "ht" + std::to_string(heldTokens) + "_";
   return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
          "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) + "_b" +
          std::to_string(blockSize);
@@ -201,6 +203,9 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   if (groupLanesOption)
     fields.push_back(
         b.getNamedAttr("group_lanes", b.getI64IntegerAttr(groupLanesOption)));
+  if (heldTokens != Options().heldTokens)
+    fields.push_back(
+        b.getNamedAttr("held_tokens", b.getI64IntegerAttr(heldTokens)));
   return b.getDictionaryAttr(fields);
 }
 
@@ -237,6 +242,12 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
     if (!lanes || lanes.getInt() < 1)
       return failure();
     spec.groupLanesOption = lanes.getInt();
+  }
+  if (attr.contains("held_tokens")) {
+    auto held = attr.getAs<IntegerAttr>("held_tokens");
+    if (!held || held.getInt() < 1)
+      return failure();
+    spec.heldTokens = held.getInt();
   }
   if (spec.kind == KernelKind::RmsNorm) {
     auto hidden = attr.getAs<IntegerAttr>("hidden");
@@ -283,8 +294,10 @@ std::optional<KernelKind> KernelSpec::kindOf(KernelOp kernel) {
 }
 
 FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
-                                      int64_t blockSize, int64_t threads,
-                                      bool host, int64_t groupLanes) {
+                                      const Options &options) {
+  const int64_t blockSize = options.blockSize, threads = options.threads;
+  const int64_t groupLanes = options.groupLanes;
+  const bool host = options.host;
   std::optional<KernelKind> kind = kindOf(kernel);
   assert(kind && "not a kernel of a generated kind");
   // The chunk a save kernel encodes is its result; the others' their input.
@@ -312,6 +325,9 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
                 "at most 1024)");
   if (groupLanes < 0)
     return fail("group-lanes " + Twine(groupLanes) + " is negative");
+  if (options.heldTokens < 1 || options.heldTokens > 16)
+    return fail("held-tokens " + Twine(options.heldTokens) +
+                " is not between 1 and 16 (a lane holds at most 128 values)");
   if (*kind == KernelKind::RopeScatter) {
     // The GEMM before the kernel writes f32, whatever the hidden states'
     // storage.
@@ -333,13 +349,16 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
                     "warps per block (threads " +
                     Twine(threads) + ")");
   }
-  // The option splits the GPU form's per-channel groups of a save; the host
-  // form's items hold whole groups.
-  if (!groupLanes || host || *kind != KernelKind::Save)
+  // The options split and hold the GPU form's per-channel groups of a
+  // save; the host form's items hold whole groups.
+  if (host || *kind != KernelKind::Save)
     return spec;
   for (bool value : {false, true}) {
     MatrixLayout layout = matrixLayout(spec, value);
     if (!layout.bits || layout.tokenAxis)
+      continue;
+    spec.heldTokens = options.heldTokens;
+    if (!groupLanes)
       continue;
     const int64_t rowLanes = spec.hadamard() ? spec.headDim / 8 : 1;
     if (!llvm::isPowerOf2_64(groupLanes) || layout.size % groupLanes ||

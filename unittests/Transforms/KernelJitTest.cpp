@@ -64,6 +64,8 @@ struct JitCase {
   int64_t chunks = 1;
   /// save: kvc-lower-kernels' group-lanes (0: the generator's choice).
   int64_t groupLanes = 0;
+  /// save: kvc-lower-kernels' held-tokens.
+  int64_t heldTokens = 8;
 };
 
 std::ostream &operator<<(std::ostream &os, const JitCase &c) {
@@ -77,6 +79,8 @@ std::ostream &operator<<(std::ostream &os, const JitCase &c) {
     os << " x" << c.chunks << " chunks";
   if (c.groupLanes)
     os << " groups over " << c.groupLanes << " lanes";
+  if (c.heldTokens != 8)
+    os << " holding " << c.heldTokens << " tokens";
   return os;
 }
 
@@ -165,6 +169,7 @@ struct Prepared {
   spec.threads = 64;
   spec.host = host; // KernelGen.h: the two forms.
   spec.groupLanesOption = p.groupLanes;
+  spec.heldTokens = p.heldTokens;
   for (const ::kvc::KernelChunk &chunk : c.chunks())
     if (chunk.payloadOffset + spec.payloadBytes() > int64_t(c.payload().size()))
       return ::kvc::Status(::kvc::StatusCode::Internal,
@@ -393,6 +398,19 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"save:int2", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 1, 32},
         JitCase{"save:hadamard+int4", DType::BF16, 37, 2, 2, 64, 16, 5, 0, 1,
                 1}));
+
+// kvc-lower-kernels' held-tokens: a Hadamard group over head_dim 128 on 2
+// lanes that hold their 16 tokens, transformed once (the second group
+// partial), an unrotated group on 2 lanes of 16 held tokens, and 4 lanes
+// of 8 tokens over head_dim 64 that hold 4 at most, so scan twice.
+INSTANTIATE_TEST_SUITE_P(
+    SaveHeldTokens, KernelJitTest,
+    ::testing::Values(JitCase{"save:hadamard+int4", DType::BF16, 37, 2, 2, 128,
+                              16, 5, 0, 1, 0, 16},
+                      JitCase{"save:int8", DType::BF16, 37, 1, 2, 64, 16, 5, 0,
+                              1, 2, 16},
+                      JitCase{"save:hadamard+int2", DType::BF16, 37, 2, 2, 64,
+                              16, 5, 0, 1, 0, 4}));
 
 // The projection's prologue: rows of 4096 (32 lanes of 16 pieces), 2880
 // (32 lanes, not all with the same number of pieces), 64 (8 lanes, one

@@ -102,6 +102,11 @@ struct KernelSpec {
   /// kvc-lower-kernels' group-lanes option sets them; 0: groupLanes()
   /// chooses.
   int64_t groupLanesOption = 0;
+  /// Tokens of a per-channel group's part that a GPU-form save lane loads,
+  /// transforms and holds in registers for its encoding, where its part is
+  /// no longer; a longer part is scanned twice, up to 8 tokens' loads at a
+  /// time (kvc-lower-kernels' held-tokens option; 8 in the host form).
+  int64_t heldTokens = 8;
 
   int64_t width() const { return kvHeads * headDim; }
   bool hadamard() const;
@@ -120,7 +125,7 @@ struct KernelSpec {
   int64_t tokensPerItem(bool value) const;
   /// Consecutive items (lanes) that share one per-channel group of a save
   /// kernel, each scanning its own part of the group's tokens (held in
-  /// registers where it is at most 8 tokens): groupLanesOption where set,
+  /// registers where it is at most heldTokens): groupLanesOption where set,
   /// else chosen; 1 in the host form and for every other layout.
   int64_t groupLanes(bool value) const;
   /// Work items of one K (or V) matrix of a layer.
@@ -140,7 +145,8 @@ struct KernelSpec {
   /// kvc_save_raw_bf16_had_t16_l1_h8x128_b16,
   /// kvc_rope_scatter_t256_l32_h8x128_b16 or
   /// kvc_rms_norm_bf16_t256_l32_d4096; a save whose group lanes the option
-  /// set says so (kvc_save_int4_kc_vt_g32_gl4_t256_l32_h8x128_b16).
+  /// set says so (kvc_save_int4_kc_vt_g32_gl4_t256_l32_h8x128_b16), and
+  /// one whose held tokens it set (_ht16_).
   std::string symbolName() const;
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
@@ -151,12 +157,20 @@ struct KernelSpec {
   /// [dequant] [untransform] scatter, project -> scatter, or gather
   /// [transform] [quant] of KV yielding its result.
   static std::optional<KernelKind> kindOf(KernelOp kernel);
+  /// kvc-lower-kernels' options, which shape every kernel it generates.
+  struct Options {
+    int64_t blockSize = 16;
+    int64_t threads = 256;
+    bool host = false;
+    /// 0: groupLanes() chooses.
+    int64_t groupLanes = 0;
+    int64_t heldTokens = 8;
+  };
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with an error on the kernel when there is no model or
-  /// the options (block size, threads, group lanes) cannot shape its code.
+  /// the options cannot shape its code.
   static FailureOr<KernelSpec> get(KernelOp kernel, ModelAttr model,
-                                   int64_t blockSize, int64_t threads,
-                                   bool host, int64_t groupLanes = 0);
+                                   const Options &options);
   /// Why no generated form covers the spec's chunk (its model's head_dim or
   /// KV width, its codec's groups); empty when one does. Such a kernel's
   /// chain is left to the runtime, which runs its steps.

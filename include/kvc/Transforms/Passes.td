@@ -552,6 +552,11 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
            "(a power of two dividing the group; a lane holds its tokens "
            "when they are at most 8); 0 chooses. Its kernels' names say "
            "so (_gl4_)">,
+    Option<"heldTokens", "held-tokens", "int64_t", /*default=*/"8",
+           "Tokens of a per-channel group's part that a GPU-form save lane "
+           "holds in registers, loaded and transformed once (1 to 16); a "
+           "longer part is scanned twice. Its kernels' names say so "
+           "(_ht16_) where it is not 8">,
   ];
   let dependentDialects = [
     "::mlir::kvc::KVCDialect", "::mlir::arith::ArithDialect",

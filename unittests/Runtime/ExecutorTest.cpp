@@ -302,7 +302,8 @@ TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
   auto pools = ResourcePools::create(
       {{"io:dram", 6}, {"decode", 2}, {"h2d", 1}, {"compute", 1}});
   ASSERT_TRUE(pools);
-  StatusOr<RestoreMetrics> metrics = Status::ok();
+  StatusOr<RestoreMetrics> metrics =
+      Status(StatusCode::Internal, "the restore has not ended");
   std::thread restoring([&] {
     metrics = restore(**pools, makePlan({0, /*hiddenLayers=*/2, 64}, layers),
                       target, options);

@@ -111,7 +111,8 @@ private:
   BundlePlan plan_;
   RestoreTarget target_;
   LayerProgress progress_;
-  StatusOr<RestoreMetrics> result_ = Status::ok();
+  StatusOr<RestoreMetrics> result_ =
+      Status(StatusCode::Internal, "the restore has not ended");
   std::thread thread_;
 };
 

@@ -462,7 +462,8 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
   // The save ends before the prefill only when it fails: then nothing is
   // left to prefill for.
   std::atomic<bool> saveEnded{false};
-  StatusOr<SaveMetrics> saved = Status::ok();
+  StatusOr<SaveMetrics> saved =
+      Status(StatusCode::Internal, "the save has not ended");
   std::thread saver([&] {
     saved = save(*pools, plan, target);
     saveEnded = true;

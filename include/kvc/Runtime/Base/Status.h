@@ -10,7 +10,6 @@
 #ifndef KVC_RUNTIME_BASE_STATUS_H
 #define KVC_RUNTIME_BASE_STATUS_H
 
-#include <cassert>
 #include <string>
 #include <utility>
 #include <variant>
@@ -77,8 +76,13 @@ inline Status dataLoss(std::string message) {
 template <typename T> class [[nodiscard]] StatusOr {
 public:
   StatusOr(T value) : state_(std::move(value)) {}
+  /// A failure. An OK status carries no value, so it is a caller's bug and
+  /// becomes an internal error (as in absl::StatusOr): a StatusOr is never
+  /// "not OK" with an OK status.
   StatusOr(Status status) : state_(std::move(status)) {
-    assert(!std::get<Status>(state_).isOk() && "StatusOr needs a failure");
+    if (std::get<Status>(state_).isOk())
+      state_ = Status(StatusCode::Internal,
+                      "a StatusOr was given an OK status and no value");
   }
 
   bool isOk() const { return std::holds_alternative<T>(state_); }

@@ -550,8 +550,8 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
     Option<"groupLanes", "group-lanes", "int64_t", /*default=*/"0",
            "Lanes each per-channel group of a GPU-form save is split among "
            "(a power of two dividing the group; a lane holds its tokens "
-           "when they are at most 8); 0 chooses. Its kernels' names say "
-           "so (_gl4_)">,
+           "when they are at most held-tokens); 0 chooses. Its kernels' "
+           "names say so (_gl4_)">,
     Option<"heldTokens", "held-tokens", "int64_t", /*default=*/"8",
            "Tokens of a per-channel group's part that a GPU-form save lane "
            "holds in registers, loaded and transformed once (1 to 16); a "

@@ -173,7 +173,7 @@ std::string KernelSpec::symbolName() const {
     name += host ? "had_host_" : "had_";
   if (groupLanesOption)
     name += "gl" + std::to_string(groupLanesOption) + "_";
-  if (heldTokens != Options().heldTokens)
+  if (heldTokens != kDefaultHeldTokens)
     name += "ht" + std::to_string(heldTokens) + "_";
   return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
          "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) + "_b" +
@@ -203,7 +203,7 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   if (groupLanesOption)
     fields.push_back(
         b.getNamedAttr("group_lanes", b.getI64IntegerAttr(groupLanesOption)));
-  if (heldTokens != Options().heldTokens)
+  if (heldTokens != kDefaultHeldTokens)
     fields.push_back(
         b.getNamedAttr("held_tokens", b.getI64IntegerAttr(heldTokens)));
   return b.getDictionaryAttr(fields);

@@ -65,7 +65,7 @@ struct JitCase {
   /// save: kvc-lower-kernels' group-lanes (0: the generator's choice).
   int64_t groupLanes = 0;
   /// save: kvc-lower-kernels' held-tokens.
-  int64_t heldTokens = 8;
+  int64_t heldTokens = mlir::kvc::KernelSpec::kDefaultHeldTokens;
 };
 
 std::ostream &operator<<(std::ostream &os, const JitCase &c) {
@@ -79,7 +79,7 @@ std::ostream &operator<<(std::ostream &os, const JitCase &c) {
     os << " x" << c.chunks << " chunks";
   if (c.groupLanes)
     os << " groups over " << c.groupLanes << " lanes";
-  if (c.heldTokens != 8)
+  if (c.heldTokens != mlir::kvc::KernelSpec::kDefaultHeldTokens)
     os << " holding " << c.heldTokens << " tokens";
   return os;
 }

@@ -105,8 +105,10 @@ struct KernelSpec {
   /// Tokens of a per-channel group's part that a GPU-form save lane loads,
   /// transforms and holds in registers for its encoding, where its part is
   /// no longer; a longer part is scanned twice, up to 8 tokens' loads at a
-  /// time (kvc-lower-kernels' held-tokens option; 8 in the host form).
-  int64_t heldTokens = 8;
+  /// time (kvc-lower-kernels' held-tokens option; the default in the host
+  /// form). A spec names it only where it is not the default.
+  static constexpr int64_t kDefaultHeldTokens = 8;
+  int64_t heldTokens = kDefaultHeldTokens;
 
   int64_t width() const { return kvHeads * headDim; }
   bool hadamard() const;
@@ -164,7 +166,7 @@ struct KernelSpec {
     bool host = false;
     /// 0: groupLanes() chooses.
     int64_t groupLanes = 0;
-    int64_t heldTokens = 8;
+    int64_t heldTokens = kDefaultHeldTokens;
   };
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with an error on the kernel when there is no model or

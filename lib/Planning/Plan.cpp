@@ -3,7 +3,11 @@
 #include "kvc/Planning/Plan.h"
 
 #include <algorithm>
+#include <cassert>
+#include <map>
+#include <queue>
 #include <set>
+#include <tuple>
 
 namespace kvc::planning {
 
@@ -37,6 +41,80 @@ std::vector<Chunk> chunkPlan(const Plan &plan, int64_t chunkTokens,
     }
   }
   return chunks;
+}
+
+bool dependsOn(const Chunk &later, const Chunk &earlier) {
+  if (later.method != Method::Compute)
+    return false;
+  const Box &a = later.box, &b = earlier.box;
+  bool overlap = b.l0 < a.l1 && a.l0 < b.l1;
+  bool hiddenInput = earlier.method == Method::Compute && b.t0 == a.t0 &&
+                     b.t1 == a.t1 && b.l1 == a.l0;
+  return (b.t0 < a.t0 && overlap) || hiddenInput;
+}
+
+void orderChunks(std::vector<Chunk> &chunks, ChunkOrder order) {
+  if (order == ChunkOrder::TokenMajor) {
+    std::stable_sort(
+        chunks.begin(), chunks.end(), [](const Chunk &a, const Chunk &b) {
+          return std::tie(a.box.t0, a.box.l0) < std::tie(b.box.t0, b.box.l0);
+        });
+    return;
+  }
+  // Each chunk's place within its segment: loads layer by layer, computes
+  // token by token (chunkPlan's order).
+  const size_t n = chunks.size();
+  std::map<int, std::vector<size_t>> bySegment;
+  for (size_t i = 0; i < n; ++i)
+    bySegment[chunks[i].segment].push_back(i);
+  std::vector<double> place(n);
+  for (auto &[segment, members] : bySegment) {
+    std::stable_sort(members.begin(), members.end(), [&](size_t a, size_t b) {
+      const Box &x = chunks[a].box, &y = chunks[b].box;
+      return chunks[a].method == Method::Compute
+                 ? std::tie(x.t0, x.l0) < std::tie(y.t0, y.l0)
+                 : std::tie(x.l0, x.t0) < std::tie(y.l0, y.t0);
+    });
+    for (size_t r = 0; r < members.size(); ++r)
+      place[members[r]] = double(r + 1) / double(members.size());
+  }
+  // Issue the ready chunk of least place (of least segment on a tie): a
+  // topological order of the dependencies. Loads depend on nothing, so
+  // only computed chunks wait.
+  std::vector<int> waitingOn(n, 0);
+  std::vector<std::vector<size_t>> users(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (chunks[i].method != Method::Compute)
+      continue;
+    for (size_t j = 0; j < n; ++j)
+      if (j != i && dependsOn(chunks[i], chunks[j])) {
+        users[j].push_back(i);
+        ++waitingOn[i];
+      }
+  }
+  auto later = [&](size_t a, size_t b) {
+    return std::tie(place[a], chunks[a].segment, a) >
+           std::tie(place[b], chunks[b].segment, b);
+  };
+  std::priority_queue<size_t, std::vector<size_t>, decltype(later)> ready(
+      later);
+  for (size_t i = 0; i < n; ++i)
+    if (waitingOn[i] == 0)
+      ready.push(i);
+  std::vector<Chunk> out;
+  out.reserve(n);
+  while (!ready.empty()) {
+    size_t i = ready.top();
+    ready.pop();
+    out.push_back(chunks[i]);
+    for (size_t user : users[i])
+      if (--waitingOn[user] == 0)
+        ready.push(user);
+  }
+  // Chunks of a plan that verifyPlan accepts never wait on each other in a
+  // cycle (a dependency is on earlier tokens or lower layers).
+  assert(out.size() == n && "cyclic chunk dependencies");
+  chunks = std::move(out);
 }
 
 namespace {

@@ -63,9 +63,12 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
   int64_t objects = 1;
   for (const Source &source : request_.sources)
     objects = std::lcm(objects, std::max<int64_t>(source.layerGroup, 1));
-  layerGroup_ = std::min(
-      (layerGroup_ + objects - 1) / objects * objects,
-      std::max<int64_t>(model.numLayers, 1));
+  const int64_t layers = std::max<int64_t>(model.numLayers, 1);
+  if (options_.layerWise)
+    layerGroup_ = (layers + PlanOptions::kMaxLayerGroups - 1) /
+                  PlanOptions::kMaxLayerGroups;
+  layerGroup_ =
+      std::min((layerGroup_ + objects - 1) / objects * objects, layers);
 
   const TargetDesc &target = cost_.target();
   for (const Source &source : request_.sources) {
@@ -281,9 +284,8 @@ std::vector<Candidate> Planner::enumerate(Filter filter) const {
 
 std::vector<Chunk> Planner::chunks(const Plan &plan) const {
   std::vector<Chunk> out = chunkPlan(plan, chunk_, layerGroup_);
-  std::stable_sort(out.begin(), out.end(), [](const Chunk &a, const Chunk &b) {
-    return std::tie(a.box.t0, a.box.l0) < std::tie(b.box.t0, b.box.l0);
-  });
+  orderChunks(out, options_.layerWise ? ChunkOrder::LayerWise
+                                      : ChunkOrder::TokenMajor);
   return out;
 }
 
@@ -344,7 +346,7 @@ JobGraph Planner::buildJobs(const Plan &plan,
     int last = -1, holder = -1;
     for (size_t s = 0; s < steps.size();) {
       SimJob job{chain.resources[s], 0, stepPriority(steps[s].kind)};
-      JobInfo what{steps[s].kind, chunk, 0, 0};
+      JobInfo what{steps[s].kind, chunk, 0, 0, box};
       bool frees = false;
       for (; s < steps.size() && chain.resources[s] == job.resource; ++s) {
         StepCost c = stepCost(cost_, steps[s], box, chain.tier);
@@ -352,6 +354,7 @@ JobGraph Planner::buildJobs(const Plan &plan,
         what.bytesRead += c.bytesRead;
         what.flops += c.flops;
         frees |= freesStaging(steps[s].kind);
+        what.writesCache |= steps[s].kind == StepKind::Scatter;
         if (steps[s].kind == StepKind::Fetch)
           job.stagingBytes = int64_t(stagingBytes(cost_, chain.source->form,
                                                   chain.source->codec, box));
@@ -376,16 +379,16 @@ JobGraph Planner::buildJobs(const Plan &plan,
           addChain(chunk, chainOf(c.source, /*toCache=*/true), c.box, {});
       continue;
     }
-    // Attention needs the KV of every earlier token in these layers.
+    // Attention needs the KV of every earlier token in these layers, and
+    // the chunk the hidden states entering its first layer, where computed.
     std::vector<int> deps;
     int hiddenFrom = -1;
     for (size_t j = 0; j < i; ++j) {
-      const Box &b = chunks[j].box;
-      bool overlap = b.l0 < c.box.l1 && c.box.l0 < b.l1;
-      if (b.t0 < c.box.t0 && overlap)
+      if (!dependsOn(c, chunks[j]))
+        continue;
+      if (chunks[j].box.t0 < c.box.t0)
         deps.push_back(final[j]);
-      if (b.t0 == c.box.t0 && b.t1 == c.box.t1 && b.l1 == c.box.l0 &&
-          chunks[j].method == Method::Compute)
+      else
         hiddenFrom = final[j];
     }
     if (c.box.l0 > 0) {
@@ -415,9 +418,16 @@ Evaluation Planner::evaluate(const Plan &plan) const {
   e.jobs = graph.numJobs();
   for (int r = 0; r < graph.numResources(); ++r)
     e.resources.push_back(graph.resourceName(r));
-  for (const JobInfo &job : info) {
+  e.layerReadySeconds.assign(
+      size_t(std::max<int64_t>(cost_.model().numLayers, 0)), 0);
+  for (size_t j = 0; j < info.size(); ++j) {
+    const JobInfo &job = info[j];
     e.bytesRead += job.bytesRead;
     e.flops += job.flops;
+    if (job.writesCache)
+      for (int64_t l = job.box.l0; l < job.box.l1; ++l)
+        e.layerReadySeconds[l] =
+            std::max(e.layerReadySeconds[l], sim.finish[j]);
   }
   return e;
 }

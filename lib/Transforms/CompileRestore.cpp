@@ -92,6 +92,7 @@ StatusOr<PlanBundle> compileRestore(const ModelConfig &model,
     pipeline.strategy = strategy;
     pipeline.chunkTokens = options.chunkTokens;
     pipeline.stagingMiB = options.stagingMiB;
+    pipeline.layerWise = options.layerWise;
     pipeline.codecProfile = options.codecProfile;
     pipeline.gpuChip = options.gpuChip;
     buildRestorePipeline(pm, pipeline);

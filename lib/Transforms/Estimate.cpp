@@ -62,8 +62,9 @@ std::string resourceName(Operation *step) {
 }
 
 struct KVCEstimatePass
-    : public mlir::kvc::impl::KVCEstimatePassBase<KVCEstimatePass> {
-  using Base::Base;
+    : public PlanningPass<KVCEstimatePass,
+                          mlir::kvc::impl::KVCEstimatePassBase> {
+  using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
     auto estimate = [&](PlanOp plan, const PlanningContext &context) {
@@ -76,9 +77,9 @@ struct KVCEstimatePass
           OpBuilder(plan).getI64IntegerAttr(std::llround(*seconds * 1e6)));
       return success();
     };
-    if (failed(forEachPlan(getOperation(), getArgument(), codecProfile,
-                           chunkTokens, stagingMiB,
-                           [](PlanOp) { return true; }, estimate)))
+    if (failed(forEachPlan(
+            getOperation(), getArgument(), costModelFlags(),
+            [](PlanOp) { return true; }, estimate)))
       signalPassFailure();
   }
 

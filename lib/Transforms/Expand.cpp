@@ -158,18 +158,17 @@ private:
 };
 
 struct KVCExpandPass
-    : public mlir::kvc::impl::KVCExpandPassBase<KVCExpandPass> {
-  using Base::Base;
+    : public PlanningPass<KVCExpandPass, mlir::kvc::impl::KVCExpandPassBase> {
+  using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
     if (failed(expandIntents()))
       return signalPassFailure();
-    if (failed(forEachPlan(
-            getOperation(), getArgument(), codecProfile, chunkTokens,
-            stagingMiB, holdsSegments,
-            [&](PlanOp plan, const PlanningContext &context) {
-              return expand(plan, context);
-            })))
+    if (failed(forEachPlan(getOperation(), getArgument(), costModelFlags(),
+                           holdsSegments,
+                           [&](PlanOp plan, const PlanningContext &context) {
+                             return expand(plan, context);
+                           })))
       signalPassFailure();
   }
 
@@ -180,8 +179,8 @@ struct KVCExpandPass
     SmallVector<TransferOp> transfers(getOperation().getOps<TransferOp>());
     if (saves.empty() && transfers.empty())
       return success();
-    FailureOr<PlanningContext> context = getPlanningContext(
-        getOperation(), getArgument(), codecProfile, chunkTokens, stagingMiB);
+    FailureOr<PlanningContext> context =
+        getPlanningContext(getOperation(), getArgument(), costModelFlags());
     if (failed(context))
       return failure();
     for (SaveOp save : saves)
@@ -286,11 +285,9 @@ struct KVCExpandPass
       }
       // Attention reads every earlier token of these layers.
       SmallVector<Value> prefix;
-      for (size_t j = 0; j < i; ++j) {
-        const planning::Box &b = chunks[j].box;
-        if (b.t0 < c.box.t0 && b.l0 < c.box.l1 && c.box.l0 < b.l1)
+      for (size_t j = 0; j < i; ++j)
+        if (planning::dependsOn(c, chunks[j]) && chunks[j].box.t0 < c.box.t0)
           prefix.push_back(kv[j]);
-      }
       Value hidden;
       if (c.box.l0 > 0) {
         if (c.source < 0)

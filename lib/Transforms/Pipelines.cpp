@@ -14,14 +14,14 @@ using namespace mlir::kvc;
 /// kernels as PTX.
 static void buildLowering(OpPassManager &pm, StringRef codecProfile,
                           int64_t chunkTokens, int64_t stagingMiB,
-                          StringRef gpuChip) {
-  pm.addPass(
-      createKVCExpandPass({codecProfile.str(), chunkTokens, stagingMiB}));
+                          bool layerWise, StringRef gpuChip) {
+  pm.addPass(createKVCExpandPass(
+      {codecProfile.str(), chunkTokens, stagingMiB, layerWise}));
   pm.addPass(createKVCFusePass());
-  pm.addPass(
-      createKVCSchedulePass({codecProfile.str(), chunkTokens, stagingMiB}));
-  pm.addPass(
-      createKVCEstimatePass({codecProfile.str(), chunkTokens, stagingMiB}));
+  pm.addPass(createKVCSchedulePass(
+      {codecProfile.str(), chunkTokens, stagingMiB, layerWise}));
+  pm.addPass(createKVCEstimatePass(
+      {codecProfile.str(), chunkTokens, stagingMiB, layerWise}));
   if (!gpuChip.empty()) {
     pm.addPass(createKVCLowerKernelsPass());
     buildKernelsToPTXPipeline(pm, gpuChip);
@@ -34,12 +34,13 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   plan.codecProfile = options.codecProfile;
   plan.chunkTokens = options.chunkTokens;
   plan.stagingMiB = options.stagingMiB;
+  plan.layerWise = options.layerWise;
   plan.report = options.report;
   plan.strategy = options.strategy;
   plan.allowSloMiss = options.allowSloMiss;
   pm.addPass(createKVCPlanPass(plan));
   buildLowering(pm, options.codecProfile, options.chunkTokens,
-                options.stagingMiB, options.gpuChip);
+                options.stagingMiB, options.layerWise, options.gpuChip);
 }
 
 void mlir::kvc::buildSavePipeline(OpPassManager &pm,
@@ -48,7 +49,7 @@ void mlir::kvc::buildSavePipeline(OpPassManager &pm,
   pm.addPass(
       createKVCSelectCodecPass({options.codecProfile, 0, options.stagingMiB}));
   buildLowering(pm, options.codecProfile, 0, options.stagingMiB,
-                options.gpuChip);
+                /*layerWise=*/false, options.gpuChip);
 }
 
 namespace {

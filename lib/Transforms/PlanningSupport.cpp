@@ -13,8 +13,7 @@ namespace planning = ::kvc::planning;
 
 FailureOr<PlanningContext>
 mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
-                              StringRef profilePath, int64_t chunkTokens,
-                              int64_t stagingMiB) {
+                              const CostModelFlags &flags) {
   ModelAttr model = lookupModel(op);
   TargetAttr target = lookupTarget(op);
   if (!model)
@@ -26,9 +25,9 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
                            << " needs the machine: attach one with "
                               "--kvc-attach-target=targets/NAME.json";
   planning::CodecProfile profile = planning::CodecProfile::defaults();
-  if (!profilePath.empty()) {
+  if (!flags.codecProfile.empty()) {
     ::kvc::StatusOr<planning::CodecProfile> loaded =
-        planning::CodecProfile::load(profilePath.str());
+        planning::CodecProfile::load(flags.codecProfile);
     if (!loaded.isOk())
       return op->emitError() << loaded.status().message();
     profile = std::move(*loaded);
@@ -36,16 +35,17 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
   PlanningContext context;
   context.cost = std::make_unique<planning::CostModel>(
       getModelConfig(model), getTargetDesc(target), std::move(profile));
-  context.options.chunkTokens = chunkTokens;
-  context.options.stagingBytes = stagingMiB << 20;
+  context.options.chunkTokens = flags.chunkTokens;
+  context.options.stagingBytes = flags.stagingMiB << 20;
+  context.options.layerWise = flags.layerWise;
   context.layers = model.getLayers();
   context.elementType = model.getDtype();
   return context;
 }
 
 LogicalResult mlir::kvc::forEachPlan(
-    ModuleOp module, StringRef passArgument, StringRef profilePath,
-    int64_t chunkTokens, int64_t stagingMiB, function_ref<bool(PlanOp)> select,
+    ModuleOp module, StringRef passArgument, const CostModelFlags &flags,
+    function_ref<bool(PlanOp)> select,
     function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn) {
   SmallVector<PlanOp> plans;
   module.walk([&](PlanOp plan) {
@@ -54,8 +54,8 @@ LogicalResult mlir::kvc::forEachPlan(
   });
   if (plans.empty())
     return success();
-  FailureOr<PlanningContext> context = getPlanningContext(
-      module, passArgument, profilePath, chunkTokens, stagingMiB);
+  FailureOr<PlanningContext> context =
+      getPlanningContext(module, passArgument, flags);
   if (failed(context))
     return failure();
   for (PlanOp plan : plans)

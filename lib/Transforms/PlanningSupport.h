@@ -27,21 +27,40 @@ struct PlanningContext {
   Type elementType;
 };
 
+/// The options every pass that plans takes (KVC_CostModelOptions).
+struct CostModelFlags {
+  std::string codecProfile; ///< Empty: the built-in estimate.
+  int64_t chunkTokens = 0;
+  int64_t stagingMiB = 256;
+  bool layerWise = false;
+};
+
+/// A pass that plans, on its generated base (whose options include
+/// KVC_CostModelOptions).
+template <typename DerivedT, template <typename> class GeneratedBaseT>
+struct PlanningPass : public GeneratedBaseT<DerivedT> {
+  using GeneratedBaseT<DerivedT>::GeneratedBaseT;
+
+  /// The values of its cost-model options.
+  CostModelFlags costModelFlags() const {
+    return {this->codecProfile, this->chunkTokens, this->stagingMiB,
+            this->layerWise};
+  }
+};
+
 /// Builds the cost model from the `kvc.model` and `kvc.target` around `op`
-/// and the codec profile at `profilePath` (built-in when empty). Reports
-/// what is missing on `op` and fails.
-FailureOr<PlanningContext>
-getPlanningContext(Operation *op, StringRef passArgument,
-                   StringRef profilePath, int64_t chunkTokens,
-                   int64_t stagingMiB);
+/// and `flags`' codec profile (built-in when empty). Reports what is
+/// missing on `op` and fails.
+FailureOr<PlanningContext> getPlanningContext(Operation *op,
+                                              StringRef passArgument,
+                                              const CostModelFlags &flags);
 
 /// Calls `fn` on every plan of `module` that `select` accepts, with the
 /// planning context built once (only when some plan is selected). Fails at
 /// the first failure.
 LogicalResult
-forEachPlan(ModuleOp module, StringRef passArgument, StringRef profilePath,
-            int64_t chunkTokens, int64_t stagingMiB,
-            function_ref<bool(PlanOp)> select,
+forEachPlan(ModuleOp module, StringRef passArgument,
+            const CostModelFlags &flags, function_ref<bool(PlanOp)> select,
             function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn);
 
 /// The tier a step reads or writes: its fetch's or its store's (inside a

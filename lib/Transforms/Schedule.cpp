@@ -34,8 +34,9 @@ using namespace mlir::kvc;
 namespace {
 
 struct KVCSchedulePass
-    : public mlir::kvc::impl::KVCSchedulePassBase<KVCSchedulePass> {
-  using Base::Base;
+    : public PlanningPass<KVCSchedulePass,
+                          mlir::kvc::impl::KVCSchedulePassBase> {
+  using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
     // Dataflow-level plans: no segments, no tasks yet.
@@ -43,8 +44,8 @@ struct KVCSchedulePass
       return !holdsSegments(plan) && plan.getBody().getOps<TaskOp>().empty() &&
              !plan.getBody().front().empty();
     };
-    if (failed(forEachPlan(getOperation(), getArgument(), codecProfile,
-                           chunkTokens, stagingMiB, dataflow,
+    if (failed(forEachPlan(getOperation(), getArgument(), costModelFlags(),
+                           dataflow,
                            [&](PlanOp plan, const PlanningContext &context) {
                              schedule(plan, context);
                              return success();

@@ -44,8 +44,9 @@ double optionalDouble(FloatAttr attr, double otherwise) {
 }
 
 struct KVCSelectCodecPass
-    : public mlir::kvc::impl::KVCSelectCodecPassBase<KVCSelectCodecPass> {
-  using Base::Base;
+    : public PlanningPass<KVCSelectCodecPass,
+                          mlir::kvc::impl::KVCSelectCodecPassBase> {
+  using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
     ModuleOp module = getOperation();
@@ -58,8 +59,8 @@ struct KVCSelectCodecPass
     });
     if (ops.empty())
       return;
-    FailureOr<PlanningContext> context = getPlanningContext(
-        module, getArgument(), codecProfile, chunkTokens, stagingMiB);
+    FailureOr<PlanningContext> context =
+        getPlanningContext(module, getArgument(), costModelFlags());
     if (failed(context))
       return signalPassFailure();
     for (Operation *op : ops) {

@@ -1,5 +1,6 @@
 // RUN: kvc-opt %s --split-input-file --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand | FileCheck %s
 // RUN: kvc-opt %s --split-input-file --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand=chunk-tokens=128 | FileCheck %s --check-prefix=OBJECTS
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json "--kvc-expand=chunk-tokens=128 layer-wise=true" | FileCheck %s --check-prefix=LAYERWISE
 
 #hidden = #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 1024, layers = 0 to 4>
 #kv = #kvc.source<tier = "dram", form = kv,
@@ -76,6 +77,19 @@ kvc.plan @compute_from_hidden tokens 0 to 512 layers 0 to 4 {
 // OBJECTS:         kvc.fetch #{{.+}} tokens 768 to 1024 layers 0 to 4 :
 // OBJECTS-NEXT:    kvc.transfer_to_device
 // OBJECTS-NOT:     kvc.fetch
+
+// Tests that layer-wise, loads are as deep as the stored objects and issued
+// layer by layer: every token of layers 0 to 2 before any of layers 2 to 4.
+// LAYERWISE-LABEL: kvc.plan @whole_objects
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 0 to 256 layers 0 to 2 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 256 to 512 layers 0 to 2 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 512 to 768 layers 0 to 2 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 768 to 1024 layers 0 to 2 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 0 to 256 layers 2 to 4 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 256 to 512 layers 2 to 4 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 512 to 768 layers 2 to 4 :
+// LAYERWISE:         kvc.fetch #{{.+}} tokens 768 to 1024 layers 2 to 4 :
+// LAYERWISE-NOT:     kvc.fetch
 kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
 }

@@ -1,5 +1,6 @@
 // RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=allow-slo-miss=true | FileCheck %s
 // RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json "--kvc-plan=report=true allow-slo-miss=true" 2>&1 | FileCheck %s --check-prefix=REPORT
+// RUN: kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json "--kvc-plan=report=true allow-slo-miss=true layer-wise=true" 2>&1 | FileCheck %s --check-prefix=LAYERWISE
 
 // Tests that the joint planner mixes methods no single paper does: here
 // recomputing the first layers from tokens and loading int8 KV, compressed
@@ -10,17 +11,18 @@
 // CHECK-NEXT:  }
 
 // Tests that the report shows every baseline beside the chosen plan, with
-// busy time per resource, bytes read, FLOPs, and its time over the chosen
+// when layer 0 is complete (computed with every layer: at the end), busy
+// time per resource, bytes read, FLOPs, and its time over the chosen
 // plan's (compute takes longer: above 1), then what each plan chose.
 // REPORT:      remark: kvc-plan @chat:
-// REPORT-NEXT: strategy makespan compute h2d decode io:dram io:ssd read GB TFLOP time/chosen
-// REPORT-NEXT: compute {{[0-9.]+}} ms {{.*}} 0.000 57.451 {{[1-9][0-9.]*}}x
+// REPORT-NEXT: strategy makespan layer 0 compute h2d decode io:dram io:ssd read GB TFLOP time/chosen
+// REPORT-NEXT: compute [[COMPUTE:[0-9.]+]] ms [[COMPUTE]] ms {{.*}} 0.000 57.451 {{[1-9][0-9.]*}}x
 // REPORT-NEXT: kv
 // REPORT-NEXT: hidden
 // REPORT-NEXT: cake
 // REPORT-NEXT: hcache
 // REPORT-NEXT: joint {{[0-9.]+}} ms {{.*}} 1.00x
-// REPORT-NEXT: (time/chosen: each plan's makespan over the chosen joint plan's)
+// REPORT-NEXT: (layer 0: when it holds every token; time/chosen: each plan's makespan over the chosen joint plan's)
 // REPORT-NEXT: compute compute tokens 0-4096 layers 0-32
 // REPORT-NEXT: kv load kv tokens 0-4096 layers 0-32 (dram, int8/g32+deflate)
 // REPORT-NEXT: hidden load hidden tokens 0-4096 layers 0-32 (ssd, raw)
@@ -28,6 +30,8 @@
 // REPORT-NEXT: hcache {{.*}}load hidden tokens 0-4096 {{.*}}(ssd, raw)
 // REPORT-NEXT: joint compute tokens 0-4096 layers 0-3; load kv tokens 0-4096 layers 3-32 (dram, int8/g32+deflate)
 // REPORT-NEXT: chunks of 512 tokens, loads in groups of 4 layers
+// LAYERWISE:   remark: kvc-plan @chat:
+// LAYERWISE:   chunks of 512 tokens, loads in groups of 2 layers, issued layer by layer
 kvc.restore @chat tokens 0 to 4096 from [
     #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
     #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,

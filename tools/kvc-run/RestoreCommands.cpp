@@ -73,6 +73,7 @@ PlanHook compilerHook() {
     compile.strategies = options.strategies;
     compile.chunkTokens = chunkTokens;
     compile.stagingMiB = options.stagingMiB;
+    compile.layerWise = options.layerWise;
     compile.codecProfile = options.codecProfile;
     compile.gpuChip = options.gpuChip;
     std::vector<std::string> warnings;
@@ -137,6 +138,7 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   KVC_RETURN_IF_ERROR(printStored(store, tokens));
   PlanOptions options;
   options.stagingMiB = stagingMiB;
+  options.layerWise = args.has("layer-wise");
   options.codecProfile = args.get("codec-profile");
   options.gpuChip = args.get("gpu-chip");
   KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
@@ -340,6 +342,29 @@ void printLoads(const BundlePlan &plan) {
   }
 }
 
+/// Prints when layer 0 and the last layer to complete held every token,
+/// beside the plan's predictions where it has them.
+void printLayerReadiness(const RestoreMetrics &metrics) {
+  if (metrics.layerReadySeconds.empty())
+    return;
+  auto print = [&](const char *what, double measured,
+                   const std::vector<double> &predicted, bool first) {
+    std::printf("%s %.3f ms", what, measured * 1e3);
+    if (!predicted.empty())
+      std::printf(
+          " (predicted %.3f ms)",
+          (first ? predicted.front()
+                 : *std::max_element(predicted.begin(), predicted.end())) *
+              1e3);
+  };
+  const std::vector<double> &ready = metrics.layerReadySeconds;
+  print("  layer 0 ready after", ready.front(),
+        metrics.predictedLayerReadySeconds, true);
+  print("; every layer after", *std::max_element(ready.begin(), ready.end()),
+        metrics.predictedLayerReadySeconds, false);
+  std::printf("\n");
+}
+
 /// Restores a request by running one plan of a bundle into a paged cache;
 /// prints measured beside predicted, and with --verify the error against a
 /// full prefill (failing above --max-error, by default bf16 rounding).
@@ -391,6 +416,7 @@ Status restoreCommand(Args &args) {
     std::printf("  read %-10s %.3f MB", tier.c_str(), double(bytes) * 1e-6);
     predicted(metrics.predictedBytesRead, tier, 1e-6, "MB");
   }
+  printLayerReadiness(metrics);
   std::printf("  staging  %.3f MB in %lld slot(s)\n",
               double(metrics.stagingBytes) * 1e-6,
               (long long)plan->stagingSlots);

@@ -330,6 +330,9 @@ const std::vector<Command> &commands() {
        "the target's tier for the store (default the first "
        "of its kind)"},
       {"staging-mib", "N", "--strategy's staging budget (default 256)"},
+      {"layer-wise", "",
+       "--strategy's loads layer by layer, for a forward pass that runs "
+       "beside the restore"},
       {"gpu-chip", "ARCH",
        "--strategy's generated kernels, as PTX for this GPU (sm_90: H100, "
        "H200; default none)"},

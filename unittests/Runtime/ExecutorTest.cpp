@@ -144,6 +144,17 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   EXPECT_DOUBLE_EQ(metrics->predictedBusySeconds["io:dram"],
                    double(fetches) * 3e-6);
   EXPECT_EQ(metrics->predictedBytesRead["dram"], 100 * fetches);
+  // Every layer is complete once its last scatter is: at 2 us, predicted;
+  // measured, within the restore.
+  const size_t layers = size_t(model_->config().numLayers);
+  ASSERT_EQ(metrics->predictedLayerReadySeconds.size(), layers);
+  for (double seconds : metrics->predictedLayerReadySeconds)
+    EXPECT_DOUBLE_EQ(seconds, 2e-6);
+  ASSERT_EQ(metrics->layerReadySeconds.size(), layers);
+  for (double seconds : metrics->layerReadySeconds) {
+    EXPECT_GT(seconds, 0);
+    EXPECT_LE(seconds, metrics->makespanSeconds);
+  }
   // Without fallbacks the run computes exactly what the plan says.
   EXPECT_TRUE(metrics->fallbacks.empty());
   EXPECT_DOUBLE_EQ(metrics->plannedFlops, metrics->flops);
@@ -328,11 +339,19 @@ TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
   }
   EXPECT_LT(maxError / maxValue, 1.0 / 128);
 
+  // The held layers complete only once the store lets their KV go, at
+  // least this long after the others: the restore measures when.
+  const auto held = std::chrono::milliseconds(50);
+  std::this_thread::sleep_for(held);
   gate->open();
   restoring.join();
   ASSERT_TRUE(metrics) << metrics.status().toString();
   EXPECT_TRUE(metrics->fallbacks.empty());
   EXPECT_TRUE(progress.wait(layers - 1).isOk());
+  ASSERT_EQ(metrics->layerReadySeconds.size(), size_t(layers));
+  EXPECT_GE(metrics->layerReadySeconds[2] - metrics->layerReadySeconds[1],
+            std::chrono::duration<double>(held).count());
+  EXPECT_LE(metrics->layerReadySeconds[layers - 1], metrics->makespanSeconds);
   EXPECT_LT(relativeError(table), 1.0 / 128);
   EXPECT_EQ(progress.wait(layers).code(), StatusCode::InvalidArgument);
 }

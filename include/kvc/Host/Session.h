@@ -37,6 +37,10 @@ struct PlanOptions {
   /// cake, hcache); "all" is every strategy the sources allow.
   std::vector<std::string> strategies = {"joint"};
   int64_t stagingMiB = 256;
+  /// For a server that runs its forward pass beside the restore, waiting on
+  /// each layer: loads issued layer by layer, so the first layers complete
+  /// early (planning::PlanOptions::layerWise).
+  bool layerWise = false;
   /// A measured codec profile (kvc-codec-profile/1) the planner reads; the
   /// built-in estimate when empty.
   std::string codecProfile;

@@ -94,6 +94,23 @@ struct Chunk {
 std::vector<Chunk> chunkPlan(const Plan &plan, int64_t chunkTokens,
                              int64_t layerGroup);
 
+/// Whether chunk `later` reads what chunk `earlier` writes: a computed
+/// chunk attends over every earlier token of its layers, and starts above
+/// layer 0 from the hidden states a computed chunk of its tokens ends with.
+bool dependsOn(const Chunk &later, const Chunk &earlier);
+
+/// The order chunks are issued in. Token-major: by first token, then first
+/// layer. Layer-wise, for a server that runs its forward pass beside the
+/// restore and needs layer 0 first: each segment's loads layer by layer
+/// (every token of a layer group before the next group's), its computes by
+/// token; the segments advance together, each chunk placed at the fraction
+/// of its segment it completes, so the resources they use stay as busy as
+/// token-major keeps them. Either way no chunk precedes one it depends on.
+enum class ChunkOrder { TokenMajor, LayerWise };
+
+/// Sorts `chunks` (as chunkPlan made them) into `order`.
+void orderChunks(std::vector<Chunk> &chunks, ChunkOrder order);
+
 /// Checks that `plan`'s segments tile [0, tokens) x [0, layers) exactly and
 /// that every load names a source of its form that holds its block.
 Status verifyPlan(const Plan &plan, const Request &request, int64_t layers);

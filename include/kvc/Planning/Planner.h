@@ -36,6 +36,14 @@ struct PlanOptions {
   int64_t stagingBytes = int64_t(256) << 20;
   /// Analytic candidates the search times with the simulator.
   int candidates = 4;
+  /// Plan for a server that runs its forward pass beside the restore,
+  /// waiting on each layer (RestoreHandle::waitLayer): loads as deep as
+  /// the stored objects (at most kMaxLayerGroups groups) in ChunkOrder::
+  /// LayerWise, so that the first layers complete early. Otherwise loads
+  /// take as many layers as a quarter of the staging holds, token-major,
+  /// and layers complete together near the end.
+  bool layerWise = false;
+  static constexpr int64_t kMaxLayerGroups = 16;
 };
 
 /// What one simulated job is, for reports and traces: the chunk it works
@@ -46,6 +54,8 @@ struct JobInfo {
   int chunk = -1;
   double bytesRead = 0;
   double flops = 0;
+  Box box;                  ///< What it works on.
+  bool writesCache = false; ///< It scatters `box` into the paged cache.
 };
 
 /// A plan timed by the simulator.
@@ -59,6 +69,8 @@ struct Evaluation {
   double flops = 0;
   int64_t peakStagingBytes = 0;
   int jobs = 0; ///< Simulated jobs.
+  /// Per layer, when its last chunk is in the paged cache.
+  std::vector<double> layerReadySeconds;
 };
 
 /// A point of the search space.
@@ -86,6 +98,7 @@ public:
   /// Layers per load chunk: a chunk's staging is at most a quarter of the
   /// budget, so four chunks are in flight.
   int64_t layerGroup() const { return layerGroup_; }
+  const PlanOptions &options() const { return options_; }
 
   /// `plan`'s chunks in the order they are simulated and expanded: by first
   /// token, then first layer, so that every chunk's prefix comes before it.

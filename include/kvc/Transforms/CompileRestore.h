@@ -30,6 +30,7 @@ struct CompileRestoreOptions {
   /// As kvc-restore-pipeline's options.
   int64_t chunkTokens = 0;
   int64_t stagingMiB = 256;
+  bool layerWise = false;
   std::string codecProfile;
   /// As its gpu-chip: each plan's fused kernels generated as PTX for this
   /// GPU architecture (sm_90: H100, H200) into the bundle's kernel table,

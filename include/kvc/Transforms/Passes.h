@@ -28,6 +28,11 @@ struct RestorePipelineOptions
   PassOptions::Option<int64_t> stagingMiB{
       *this, "staging-mib", llvm::cl::desc("Host staging memory, MiB"),
       llvm::cl::init(256)};
+  PassOptions::Option<bool> layerWise{
+      *this, "layer-wise",
+      llvm::cl::desc("Issue loads layer by layer, as deep as the stored "
+                     "objects, so the first layers complete early"),
+      llvm::cl::init(false)};
   PassOptions::Option<bool> report{
       *this, "report",
       llvm::cl::desc("Print the baselines beside the chosen plan"),

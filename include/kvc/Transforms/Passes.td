@@ -80,6 +80,11 @@ defvar KVC_CostModelOptions = [
          "Tokens per chunk; 0 chooses from the target">,
   Option<"stagingMiB", "staging-mib", "int64_t", /*default=*/"256",
          "Host staging memory for fetched chunks, MiB">,
+  Option<"layerWise", "layer-wise", "bool", /*default=*/"false",
+         "Plan restores for a server that runs its forward pass beside "
+         "them, layer by layer: loads as deep as the stored objects (at most "
+         "16 layer groups), issued layer by layer so the first layers "
+         "complete early">,
 ];
 
 /// Options every pass that plans a kvc.restore takes.

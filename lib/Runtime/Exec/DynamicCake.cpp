@@ -211,6 +211,9 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
   walk.finish(out);
   out.predictedMergeToken = options.predictedMergeToken;
   out.metrics.makespanSeconds = result.makespan;
+  out.metrics.layerReadySeconds = exec_detail::layerReadySeconds(
+      *run.progress, target.model->config().numLayers, result.begin,
+      result.makespan);
   out.metrics.busySeconds = result.busy;
   if (!run.tracePath.empty())
     KVC_RETURN_IF_ERROR(writeChromeTrace(graph, result, run.tracePath));
@@ -223,9 +226,12 @@ StatusOr<DynamicCakeResult>
 restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
                    const DynamicCakeOptions &options,
                    const RestoreOptions &run) {
-  return exec_detail::trackProgress(run.progress, target, [&] {
-    return runWalk(pools, target, options, run);
-  });
+  return exec_detail::trackProgress(
+      run.progress, target, [&](LayerProgress &progress) {
+        RestoreOptions tracked = run;
+        tracked.progress = &progress;
+        return runWalk(pools, target, options, tracked);
+      });
 }
 
 } // namespace kvc

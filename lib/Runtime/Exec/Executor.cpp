@@ -393,6 +393,13 @@ void addPredictions(const BundlePlan &plan, const ModelCompute &model,
       metrics.predictedBusySeconds[poolOf(task)] +=
           double(task.predictedNs->second - task.predictedNs->first) * 1e-9;
     for (const BundleStep &step : task.steps) {
+      if (step.kind == StepKind::Scatter && task.predictedNs) {
+        std::vector<double> &ready = metrics.predictedLayerReadySeconds;
+        ready.resize(std::max<size_t>(ready.size(), step.layers.end));
+        for (int64_t l = step.layers.begin; l < step.layers.end; ++l)
+          ready[l] =
+              std::max(ready[l], double(task.predictedNs->second) * 1e-9);
+      }
       if (step.kind == StepKind::Fetch && step.predictedBytes)
         metrics.predictedBytesRead[step.tier] += *step.predictedBytes;
       else if (step.kind == StepKind::ChunkCompute) // Layers [0, end).
@@ -426,6 +433,9 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   RestoreMetrics metrics;
   KVC_RETURN_IF_ERROR(run.recoverFallbacks(metrics));
   metrics.makespanSeconds = result.makespan + metrics.fallbackSeconds;
+  metrics.layerReadySeconds = exec_detail::layerReadySeconds(
+      *options.progress, target.model->config().numLayers, result.begin,
+      metrics.makespanSeconds);
   metrics.busySeconds = result.busy;
   metrics.bytesRead = run.steps().bytesRead();
   metrics.flops = run.steps().flops();
@@ -447,9 +457,12 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
 StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,
                                  const RestoreOptions &options) {
-  return exec_detail::trackProgress(options.progress, target, [&] {
-    return runRestore(pools, plan, target, options);
-  });
+  return exec_detail::trackProgress(
+      options.progress, target, [&](LayerProgress &progress) {
+        RestoreOptions run = options;
+        run.progress = &progress;
+        return runRestore(pools, plan, target, run);
+      });
 }
 
 StatusOr<RestoreError> restoreError(const ModelCompute &model,

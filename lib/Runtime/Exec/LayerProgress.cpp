@@ -11,6 +11,7 @@ void LayerProgress::reset(int64_t layers, int64_t tokens) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     written_.assign(std::max<int64_t>(layers, 0), 0);
+    completed_.assign(written_.size(), std::nullopt);
     tokens_ = tokens;
     started_ = true;
     finished_.reset();
@@ -20,10 +21,14 @@ void LayerProgress::reset(int64_t layers, int64_t tokens) {
 
 void LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens) {
   {
+    const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mutex_);
     for (int64_t l = std::max<int64_t>(layerBegin, 0);
-         l < std::min<int64_t>(layerEnd, written_.size()); ++l)
+         l < std::min<int64_t>(layerEnd, written_.size()); ++l) {
       written_[l] += tokens;
+      if (!completed_[l] && written_[l] >= tokens_)
+        completed_[l] = now;
+    }
   }
   changed_.notify_all();
 }
@@ -83,6 +88,14 @@ bool LayerProgress::ready(int64_t layer, int64_t tokens) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return layer >= 0 && layer < int64_t(written_.size()) &&
          readyLocked(layer, tokens);
+}
+
+std::optional<Clock::time_point>
+LayerProgress::completedAt(int64_t layer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (layer < 0 || layer >= int64_t(completed_.size()))
+    return std::nullopt;
+  return completed_[layer];
 }
 
 } // namespace kvc

@@ -290,6 +290,7 @@ RunResult runGraph(ResourcePools &pools, const TaskGraph &graph) {
   std::unique_lock<std::mutex> lock(state->mutex);
   state->done.wait(lock, [&] { return state->remaining == 0; });
   result.status = state->status;
+  result.begin = state->begin;
   result.timings = state->timings;
   result.busy = state->busy;
   for (const TaskTiming &t : result.timings)

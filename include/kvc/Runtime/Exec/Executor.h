@@ -112,13 +112,19 @@ struct RestoreMetrics {
   /// host instead, one line per kernel and reason (none on a backend that
   /// launches no kernels: it decodes every chunk on the host by design).
   std::vector<std::string> kernelsNotLaunched;
+  /// Per layer, seconds from the restore's start to when the layer held
+  /// every token, so waitLayer(i) returned (its last write; the end of the
+  /// restore for a layer its writes did not complete).
+  std::vector<double> layerReadySeconds;
   /// The plan's predictions beside the measures above: the compiler's
-  /// makespan, busy time per resource (its tasks' predicted times) and
-  /// bytes per tier (its fetches' priced bytes), when the plan was
-  /// estimated; and the FLOPs the plan's compute and projections take.
+  /// makespan, busy time per resource (its tasks' predicted times), bytes
+  /// per tier (its fetches' priced bytes) and per layer when its last
+  /// scatter finishes, when the plan was estimated; and the FLOPs the
+  /// plan's compute and projections take.
   std::optional<double> predictedSeconds;
   std::map<std::string, double> predictedBusySeconds;
   std::map<std::string, int64_t> predictedBytesRead;
+  std::vector<double> predictedLayerReadySeconds;
   double plannedFlops = 0;
 };
 

@@ -10,7 +10,9 @@
 //
 // A layer is complete once every token of it has been written; plans write
 // each (token, layer) exactly once (the executor checks that before it
-// starts). finish() ends the restore: on success every layer is complete,
+// starts), and the moment the last of them is counted is kept
+// (completedAt: the executor reports it as RestoreMetrics::layerReadySeconds).
+// finish() ends the restore: on success every layer is complete,
 // on failure every waiter wakes with the restore's error. Thread-safe; it
 // outlives the restore it watches.
 //
@@ -19,6 +21,7 @@
 #ifndef KVC_RUNTIME_EXEC_LAYERPROGRESS_H
 #define KVC_RUNTIME_EXEC_LAYERPROGRESS_H
 
+#include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/Status.h"
 
 #include <chrono>
@@ -60,6 +63,10 @@ public:
   /// negative).
   bool ready(int64_t layer, int64_t tokens = -1) const;
 
+  /// When the write that completed `layer` was counted, if one has (not
+  /// set by finish()).
+  std::optional<Clock::time_point> completedAt(int64_t layer) const;
+
 private:
   /// `tokens` < 0: all of them.
   bool readyLocked(int64_t layer, int64_t tokens = -1) const;
@@ -67,6 +74,7 @@ private:
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
   std::vector<int64_t> written_;
+  std::vector<std::optional<Clock::time_point>> completed_;
   int64_t tokens_ = 0;
   bool started_ = false;
   std::optional<Status> finished_;

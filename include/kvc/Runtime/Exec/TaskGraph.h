@@ -35,6 +35,7 @@
 #ifndef KVC_RUNTIME_EXEC_TASKGRAPH_H
 #define KVC_RUNTIME_EXEC_TASKGRAPH_H
 
+#include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/Status.h"
 
 #include <condition_variable>
@@ -133,6 +134,7 @@ struct TaskTiming {
 
 struct RunResult {
   Status status;
+  Clock::time_point begin; ///< The run's start, which timings count from.
   double makespan = 0; ///< Seconds from the run's start to its last task.
   std::vector<TaskTiming> timings;
   /// Seconds each resource spent running this run's tasks (summed over its

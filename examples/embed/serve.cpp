@@ -8,8 +8,8 @@
 //   2. request A is prefilled into it (here with kvc's reference model, the
 //      server's own model in a real one) and its KV saved to a store;
 //   3. request B has A's prompt: the server asks the store how much of it
-//      is held, plans a restore through the planning hook (the compiler,
-//      in-process), and restores into blocks of its own cache;
+//      is held, plans a layer-wise restore through the planning hook (the
+//      compiler, in-process), and restores into blocks of its own cache;
 //   4. it consumes each layer as soon as that layer is resident, while
 //      later layers still load, and checks it equals what A computed;
 //   5. it prints the restore's metrics.
@@ -120,12 +120,15 @@ Status serve(const std::string &targetPath, std::string modelDir) {
     compile.strategies = options.strategies;
     compile.chunkTokens = chunkTokens;
     compile.stagingMiB = options.stagingMiB;
+    compile.layerWise = options.layerWise;
     compile.gpuChip = options.gpuChip;
     return compileRestore(m.config(), m.fingerprint(), t, request, compile);
   };
   KVC_ASSIGN_OR_RETURN(tier, host::storeTier(target, store->tier()));
   host::PlanOptions planOptions;
   planOptions.strategies = {"kv"};
+  // The server consumes the restore layer by layer: plan for that.
+  planOptions.layerWise = true;
   KVC_ASSIGN_OR_RETURN(bundle,
                        host::planRestore(hook, *model, *store, prompt, target,
                                          tier->name, planOptions));

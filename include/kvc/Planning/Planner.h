@@ -95,13 +95,15 @@ public:
   const Request &request() const { return request_; }
   int64_t chunkTokens() const { return chunk_; }
   int64_t numChunks() const { return numChunks_; }
-  /// Layers per load chunk: a chunk's staging is at most a quarter of the
-  /// budget, so four chunks are in flight.
+  /// Layers per load chunk, in whole stored objects: as many as keep a
+  /// chunk's staging within a quarter of the budget (four chunks in
+  /// flight), or layer-wise 1/kMaxLayerGroups of the layers.
   int64_t layerGroup() const { return layerGroup_; }
   const PlanOptions &options() const { return options_; }
 
-  /// `plan`'s chunks in the order they are simulated and expanded: by first
-  /// token, then first layer, so that every chunk's prefix comes before it.
+  /// `plan`'s chunks in the order they are simulated and expanded
+  /// (orderChunks: layer-wise or token-major, as the options say), so that
+  /// every chunk's dependencies come before it.
   std::vector<Chunk> chunks(const Plan &plan) const;
   /// The job graph of `plan` (and what each job is, when `info` is given).
   JobGraph buildJobs(const Plan &plan,

@@ -304,7 +304,10 @@ def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
     A plan that holds segments: every segment is split into the chunks the
     planner simulated (token blocks of `chunk-tokens`, chosen from the
     target's GEMM efficiency when 0, and for loads layer groups that fit a
-    quarter of the staging budget), and each chunk's dataflow is emitted. Loads fetch on the host, decompress there,
+    quarter of the staging budget, or with `layer-wise` 1/16 of the
+    layers), and each chunk's dataflow is emitted in the planner's order:
+    by token, or with `layer-wise` each segment's loads layer by layer.
+    Loads fetch on the host, decompress there,
     cross the link still quantized, then dequantize, untransform, project
     (hidden states) and scatter on the device. Computed chunks run a chunked
     prefill after every chunk holding their earlier tokens, reading the

@@ -1,5 +1,7 @@
 //===- Pipelines.cpp - kvc pass pipelines ---------------------------------===//
 
+#include "PlanningSupport.h"
+
 #include "kvc/Transforms/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
@@ -12,16 +14,14 @@ using namespace mlir::kvc;
 /// What both pipelines run once their plans are chosen: per-chunk dataflow,
 /// fused kernels, tasks with predicted times and, for a GPU chip, the
 /// kernels as PTX.
-static void buildLowering(OpPassManager &pm, StringRef codecProfile,
-                          int64_t chunkTokens, int64_t stagingMiB,
-                          bool layerWise, StringRef gpuChip) {
-  pm.addPass(createKVCExpandPass(
-      {codecProfile.str(), chunkTokens, stagingMiB, layerWise}));
+static void buildLowering(OpPassManager &pm, const CostModelFlags &flags,
+                          StringRef gpuChip) {
+  pm.addPass(createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(flags)));
   pm.addPass(createKVCFusePass());
-  pm.addPass(createKVCSchedulePass(
-      {codecProfile.str(), chunkTokens, stagingMiB, layerWise}));
-  pm.addPass(createKVCEstimatePass(
-      {codecProfile.str(), chunkTokens, stagingMiB, layerWise}));
+  pm.addPass(
+      createKVCSchedulePass(toPassOptions<KVCSchedulePassOptions>(flags)));
+  pm.addPass(
+      createKVCEstimatePass(toPassOptions<KVCEstimatePassOptions>(flags)));
   if (!gpuChip.empty()) {
     pm.addPass(createKVCLowerKernelsPass());
     buildKernelsToPTXPipeline(pm, gpuChip);
@@ -39,17 +39,22 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   plan.strategy = options.strategy;
   plan.allowSloMiss = options.allowSloMiss;
   pm.addPass(createKVCPlanPass(plan));
-  buildLowering(pm, options.codecProfile, options.chunkTokens,
-                options.stagingMiB, options.layerWise, options.gpuChip);
+  buildLowering(pm,
+                {options.codecProfile, options.chunkTokens, options.stagingMiB,
+                 options.layerWise},
+                options.gpuChip);
 }
 
 void mlir::kvc::buildSavePipeline(OpPassManager &pm,
                                   const SavePipelineOptions &options) {
-  // Saves keep their layout's chunks: no chunk-tokens choice to pass.
-  pm.addPass(
-      createKVCSelectCodecPass({options.codecProfile, 0, options.stagingMiB}));
-  buildLowering(pm, options.codecProfile, 0, options.stagingMiB,
-                /*layerWise=*/false, options.gpuChip);
+  // Saves keep their layout's chunks: no chunk-tokens or layer-wise choice
+  // to pass.
+  CostModelFlags flags;
+  flags.codecProfile = options.codecProfile;
+  flags.stagingMiB = options.stagingMiB;
+  pm.addPass(createKVCSelectCodecPass(
+      toPassOptions<KVCSelectCodecPassOptions>(flags)));
+  buildLowering(pm, flags, options.gpuChip);
 }
 
 namespace {

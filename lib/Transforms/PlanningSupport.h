@@ -35,6 +35,14 @@ struct CostModelFlags {
   bool layerWise = false;
 };
 
+/// `flags` as the generated options of a pass that plans (fields in
+/// KVC_CostModelOptions' order, the only options such a pass has).
+template <typename PassOptionsT>
+PassOptionsT toPassOptions(const CostModelFlags &flags) {
+  return {flags.codecProfile, flags.chunkTokens, flags.stagingMiB,
+          flags.layerWise};
+}
+
 /// A pass that plans, on its generated base (whose options include
 /// KVC_CostModelOptions).
 template <typename DerivedT, template <typename> class GeneratedBaseT>

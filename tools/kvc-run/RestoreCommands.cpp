@@ -347,21 +347,23 @@ void printLoads(const BundlePlan &plan) {
 void printLayerReadiness(const RestoreMetrics &metrics) {
   if (metrics.layerReadySeconds.empty())
     return;
-  auto print = [&](const char *what, double measured,
-                   const std::vector<double> &predicted, bool first) {
-    std::printf("%s %.3f ms", what, measured * 1e3);
-    if (!predicted.empty())
-      std::printf(
-          " (predicted %.3f ms)",
-          (first ? predicted.front()
-                 : *std::max_element(predicted.begin(), predicted.end())) *
-              1e3);
-  };
   const std::vector<double> &ready = metrics.layerReadySeconds;
+  const std::vector<double> &predicted = metrics.predictedLayerReadySeconds;
+  auto last = [](const std::vector<double> &layers) {
+    return *std::max_element(layers.begin(), layers.end());
+  };
+  auto print = [&](const char *what, double measured,
+                   std::optional<double> estimate) {
+    std::printf("%s %.3f ms", what, measured * 1e3);
+    if (estimate)
+      std::printf(" (predicted %.3f ms)", *estimate * 1e3);
+  };
   print("  layer 0 ready after", ready.front(),
-        metrics.predictedLayerReadySeconds, true);
-  print("; every layer after", *std::max_element(ready.begin(), ready.end()),
-        metrics.predictedLayerReadySeconds, false);
+        predicted.empty() ? std::nullopt
+                          : std::optional<double>(predicted.front()));
+  print("; every layer after", last(ready),
+        predicted.empty() ? std::nullopt
+                          : std::optional<double>(last(predicted)));
   std::printf("\n");
 }
 

@@ -191,14 +191,22 @@ struct KVCExpandPass
   }
 
   /// The objects of a layout of `step` tokens x `group` layers over
-  /// `tokens` x every layer, in token then layer order.
+  /// `tokens` x every layer, in token then layer order: the order a prefill
+  /// chunk by chunk completes them; layer-wise, in layer then token order,
+  /// as a prefill of the whole request in one step completes them.
   static SmallVector<planning::Box> objects(RangeAttr tokens, int64_t layers,
-                                            int64_t step, int64_t group) {
+                                            int64_t step, int64_t group,
+                                            bool layerWise) {
     SmallVector<planning::Box> boxes;
     for (int64_t t0 = tokens.getBegin(); t0 < tokens.getEnd(); t0 += step)
       for (int64_t l0 = 0; l0 < layers; l0 += group)
         boxes.push_back({t0, std::min(tokens.getEnd(), t0 + step), l0,
                          std::min(layers, l0 + group)});
+    if (layerWise)
+      llvm::stable_sort(boxes,
+                        [](const planning::Box &a, const planning::Box &b) {
+                          return a.l0 < b.l0;
+                        });
     return boxes;
   }
 
@@ -223,7 +231,7 @@ struct KVCExpandPass
     ::kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
     for (const planning::Box &box :
          objects(save.getTokens(), context.layers, save.getObjectTokens(),
-                 save.getObjectLayers()))
+                 save.getObjectLayers(), context.options.layerWise))
       for (auto [wanted, form] : {std::pair{save.getKv(), Form::kv},
                                   std::pair{save.getHidden(), Form::hidden}})
         if (wanted)
@@ -237,9 +245,9 @@ struct KVCExpandPass
   static void expandTransfer(TransferOp transfer,
                              const PlanningContext &context) {
     ::kvc::CodecSpec codec = getCodecSpec(transfer.getCodecAttr());
-    SmallVector<planning::Box> boxes =
-        objects(transfer.getTokens(), context.layers,
-                transfer.getObjectTokens(), transfer.getObjectLayers());
+    SmallVector<planning::Box> boxes = objects(
+        transfer.getTokens(), context.layers, transfer.getObjectTokens(),
+        transfer.getObjectLayers(), context.options.layerWise);
     for (bool sender : {true, false}) {
       PlanOp plan = createPlan(
           transfer,

@@ -47,11 +47,11 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
 
 void mlir::kvc::buildSavePipeline(OpPassManager &pm,
                                   const SavePipelineOptions &options) {
-  // Saves keep their layout's chunks: no chunk-tokens or layer-wise choice
-  // to pass.
+  // Saves keep their layout's chunks: no chunk-tokens choice to pass.
   CostModelFlags flags;
   flags.codecProfile = options.codecProfile;
   flags.stagingMiB = options.stagingMiB;
+  flags.layerWise = options.layerWise;
   pm.addPass(createKVCSelectCodecPass(
       toPassOptions<KVCSelectCodecPassOptions>(flags)));
   buildLowering(pm, flags, options.gpuChip);

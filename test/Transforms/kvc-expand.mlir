@@ -119,6 +119,15 @@ kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
 // CHECK-NEXT:    kvc.store %[[H]] to "ssd" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
 // CHECK-NEXT:  }
 // CHECK-NOT:   kvc.save
+//
+// Layer-wise, the objects go layer group by layer group, each object's
+// forms together.
+// LAYERWISE-LABEL: kvc.plan @save
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<hidden x f16, tokens 0 to 256, layers 0 to 2, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<hidden x f16, tokens 256 to 300, layers 0 to 2, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4, device>
 kvc.save @save tokens 0 to 300 kv hidden to "ssd"
     codec <transform = hadamard, quant = int4, lossless = zstd> {layer_group = 2 : i64}
 kvc.save @raw tokens 0 to 256 kv to "ssd"
@@ -161,6 +170,19 @@ kvc.save @raw tokens 0 to 256 kv to "ssd"
 // CHECK-NEXT:    kvc.scatter %[[V]]
 // CHECK-NEXT:  }
 // CHECK-NOT:   kvc.transfer @
+//
+// Layer-wise, both plans issue the objects layer group by layer group, as
+// a prefill of the whole request in one step completes them.
+// LAYERWISE-LABEL: kvc.plan @req_send
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4, device>
+// LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 2 to 4, device>
+// LAYERWISE-LABEL: kvc.plan @req_recv
+// LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2,
+// LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2,
+// LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4,
+// LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 256 to 300, layers 2 to 4,
 kvc.transfer @req tokens 0 to 300 from "prefill-0" to "decode-0"
     codec <quant = int8, lossless = zstd> {layer_group = 2 : i64}
 kvc.transfer @raw tokens 0 to 256 to "decode-1"

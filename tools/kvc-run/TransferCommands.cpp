@@ -207,6 +207,9 @@ Status transferRecvCommand(Args &args) {
   ChunkObjects local = localObjects(args, *model);
   KVC_ASSIGN_OR_RETURN(plan, transferPlan(args, *model, StepKind::Recv));
   if (plan) {
+    if (args.has("decoders"))
+      return invalidArgument("--bundle's plan runs on its own lanes: drop "
+                             "--decoders");
     KVC_ASSIGN_OR_RETURN(
         planned,
         receiveOptionsFor(*plan, local, int64_t(tokens.size()), options));

@@ -443,7 +443,8 @@ const std::vector<Command> &commands() {
                 "among these, most accurate first"},
                {"slo-ms", "N", "the controller's deadline for the transfer"},
                {"bundle", "FILE",
-                "send as a compiled transfer's send plan says"},
+                "run a compiled transfer's send plan: its encoding, "
+                "order and lanes"},
                {"plan", "NAME", "the bundle's plan (default its send plan)"},
                {"chunk-tokens", "N", "tokens per chunk (default 256)"},
                {"layer-group", "N", "layers per chunk (default 4)"},
@@ -464,10 +465,11 @@ const std::vector<Command> &commands() {
                 "where to listen (default 127.0.0.1:0, any port)"},
                {"port-file", "FILE", "write the port listened on here"},
                {"tenant", "SALT", "the tenant salt of the keys (as sent)"},
-               {"decoders", "N", "threads decoding chunks (default 2)"},
+               {"decoders", "N",
+                "threads decoding chunks (default 2; a plan has its lanes)"},
                {"bundle", "FILE",
-                "receive as a compiled transfer's receive plan says: its "
-                "layout and encoding"},
+                "run a compiled transfer's receive plan: its layout, "
+                "encoding and lanes"},
                {"plan", "NAME", "the bundle's plan (default its receive plan)"},
                {"timeout-ms", "N",
                 "wait at most this for the sender and each message "

@@ -247,6 +247,22 @@ TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
   BundlePlan restores = plan();
   restores.tasks[0].steps[0].kind = StepKind::Scatter;
   EXPECT_EQ(refusal(restores), "plan save has a scatter; it is no save plan");
+  BundlePlan sends = plan();
+  for (BundleStep &step : sends.tasks.back().steps)
+    if (step.kind == StepKind::Store) {
+      step.kind = StepKind::Send;
+      step.node = "decode";
+    }
+  EXPECT_EQ(refusal(sends), "save: plan save stores to \"disk\" and sends to "
+                            "\"decode\"; a save writes one");
+  for (BundleTask &task : sends.tasks)
+    for (BundleStep &step : task.steps)
+      if (step.kind == StepKind::Store) {
+        step.kind = StepKind::Send;
+        step.node = "decode";
+      }
+  EXPECT_EQ(refusal(sends), "save: plan save sends to \"decode\", and the "
+                            "save has no sender");
 }
 
 } // namespace

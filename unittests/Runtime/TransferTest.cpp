@@ -63,6 +63,103 @@ private:
   int sent_ = 0;
 };
 
+/// A link that records where each chunk it receives starts (its token and
+/// layer), in order.
+class RecordingLink : public Link {
+public:
+  RecordingLink(std::unique_ptr<Link> inner,
+                std::vector<std::pair<int64_t, int64_t>> &order)
+      : inner_(std::move(inner)), order_(order) {}
+
+  Status send(std::string_view message) override {
+    return inner_->send(message);
+  }
+  StatusOr<std::string> receive(Milliseconds timeout) override {
+    StatusOr<std::string> message = inner_->receive(timeout);
+    if (message.isOk() && message->size() > 5 && (*message)[4] == 'C')
+      if (StatusOr<ChunkHeader> header =
+              readChunkHeader(std::string_view(*message).substr(5));
+          header.isOk())
+        order_.emplace_back(header->tokenBegin, header->layerBegin);
+    return message;
+  }
+  std::string describe() const override { return inner_->describe(); }
+
+private:
+  std::unique_ptr<Link> inner_;
+  std::vector<std::pair<int64_t, int64_t>> &order_;
+};
+
+/// Where each of `objects`' objects for `tokens` starts (token, layer),
+/// token-major, or layer-major when `layerWise`.
+std::vector<std::pair<int64_t, int64_t>>
+objectOrder(const ChunkObjects &objects, const std::vector<int32_t> &tokens,
+            bool layerWise) {
+  std::vector<std::pair<int64_t, int64_t>> order;
+  for (const ChunkRef &ref : objects.refs(tokens.data(), int64_t(tokens.size()),
+                                          Form::KV, CodecSpec()))
+    order.emplace_back(ref.tokenBegin, ref.layerBegin);
+  if (layerWise)
+    std::stable_sort(
+        order.begin(), order.end(),
+        [](const auto &a, const auto &b) { return a.second < b.second; });
+  return order;
+}
+
+/// A transfer's two plans as kvc-expand shapes them, over the objects of
+/// `objects`' layout in objectOrder's order: the sender's gather, compress
+/// (a codec with a lossless stage) and send to "decode"; the receiver's
+/// recv from "prefill", copy to the device and scatter.
+std::pair<BundlePlan, BundlePlan>
+transferPlans(const ChunkObjects &objects, const std::vector<int32_t> &tokens,
+              const CodecSpec &codec, bool layerWise) {
+  const int64_t n = int64_t(tokens.size());
+  const int64_t layers = objects.model().numLayers;
+  std::pair<BundlePlan, BundlePlan> plans;
+  auto &[sender, receiver] = plans;
+  sender.name = "t_send";
+  receiver.name = "t_recv";
+  for (BundlePlan *plan : {&sender, &receiver}) {
+    plan->tokens = {0, n};
+    plan->layers = {0, layers};
+  }
+  auto add = [](BundlePlan &plan, Resource resource,
+                std::vector<BundleStep> steps, bool chained) {
+    BundleTask task;
+    task.id = int64_t(plan.tasks.size());
+    task.resource = resource;
+    if (chained)
+      task.after = task.inputs = {task.id - 1};
+    task.steps = std::move(steps);
+    plan.tasks.push_back(std::move(task));
+  };
+  const StoreLayout &layout = objects.layout();
+  for (auto [t, l] : objectOrder(objects, tokens, layerWise)) {
+    BundleStep box;
+    box.tokens = {t, std::min(n, t + layout.chunkTokens)};
+    box.layers = {l, std::min(layers, l + layout.layerGroup)};
+    auto step = [&](StepKind kind, const CodecSpec &as) {
+      BundleStep out = box;
+      out.kind = kind;
+      out.codec = as;
+      return out;
+    };
+    add(sender, Resource::Compute, {step(StepKind::Gather, {})}, false);
+    if (codec.lossless != CodecSpec::Lossless::None)
+      add(sender, Resource::Decode, {step(StepKind::Compress, codec)}, true);
+    BundleStep send = step(StepKind::Send, codec);
+    send.node = "decode";
+    add(sender, Resource::Net, {send}, true);
+    BundleStep recv = step(StepKind::Recv, codec);
+    recv.node = "prefill";
+    add(receiver, Resource::Net, {recv}, false);
+    add(receiver, Resource::H2D, {step(StepKind::TransferToDevice, codec)},
+        true);
+    add(receiver, Resource::Compute, {step(StepKind::Scatter, {})}, true);
+  }
+  return plans;
+}
+
 /// A sender process: forked first, it connects once the receiver says its
 /// port and runs `body` on the link; its exit code is what `body` returns.
 class SenderProcess {
@@ -149,12 +246,17 @@ protected:
     return int(stats->recomputed);
   }
 
-  /// Receives from `sender` into a fresh cache.
-  StatusOr<ReceiveMetrics> receive(SenderProcess &sender,
-                                   ReceiveOptions options = {}) {
+  /// Receives from `sender` into a fresh cache; records in `order` the
+  /// token and layer each chunk message starts at, as they arrive.
+  StatusOr<ReceiveMetrics>
+  receive(SenderProcess &sender, ReceiveOptions options = {},
+          std::vector<std::pair<int64_t, int64_t>> *order = nullptr) {
     KVC_ASSIGN_OR_RETURN(listener, listenUcx("127.0.0.1", 0));
     sender.connectTo(listener->port());
-    KVC_ASSIGN_OR_RETURN(link, listener->accept(5000ms));
+    KVC_ASSIGN_OR_RETURN(accepted, listener->accept(5000ms));
+    std::unique_ptr<Link> link = std::move(accepted);
+    if (order)
+      link = std::make_unique<RecordingLink>(std::move(link), *order);
     KVC_ASSIGN_OR_RETURN(into, host::destinationFor(cpuBackend(), *model_,
                                                     tokens_, nullptr, {}));
     destination_ = std::move(into);
@@ -340,6 +442,115 @@ TEST_F(TransferTest, CompiledPlansSetTheEncodingAndTheLayout) {
             "plan t_send sends objects of 128 tokens x 1 layers; the "
             "transfer's are 256 x 1 (compile with its chunk_tokens and "
             "layer_group)");
+}
+
+// A send plan's sends run in its order, whatever order the prefill
+// completes the objects in: here layer by layer, beside a prefill chunk by
+// chunk.
+TEST_F(TransferTest, ASendPlanSendsInItsOrder) {
+  const StoreLayout layout{128, 1};
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", layout);
+  const CodecSpec codec = *parseCodecSpec("int8+zstd");
+  auto [sender, receiver] = transferPlans(objects, tokens_, codec, true);
+  std::mutex mutex;
+  std::vector<std::pair<int64_t, int64_t>> sent;
+  StatusOr<SaveMetrics> metrics =
+      sendDuringPrefill(cpuBackend(), *model_, objects, tokens_, sender,
+                        [&](const ChunkRef &ref, std::string object) {
+                          EXPECT_EQ(ref.codec, codec);
+                          KVC_ASSIGN_OR_RETURN(header, readChunkHeader(object));
+                          EXPECT_EQ(header.codec, codec);
+                          std::lock_guard<std::mutex> lock(mutex);
+                          sent.emplace_back(ref.tokenBegin, ref.layerBegin);
+                          return Status::ok();
+                        });
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_EQ(metrics->written, kChunks);
+  EXPECT_EQ(sent, objectOrder(objects, tokens_, /*layerWise=*/true));
+  EXPECT_GT(metrics->prefillSeconds, 0);
+}
+
+// Both ends of a compiled transfer run their plans: the chunks cross the
+// link in the send plan's order (layer-wise), the receive plan writes them
+// all, and the cache is a full prefill's within the codec's bound.
+TEST_F(TransferTest, CompiledPlansRunAtBothEnds) {
+  const StoreLayout layout{128, 1};
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", layout);
+  const CodecSpec codec = *parseCodecSpec("int8+zstd");
+  auto [sender, receiver] = transferPlans(objects, tokens_, codec, true);
+  SenderProcess child([&](std::unique_ptr<Link> link) {
+    StatusOr<SendOptions> options =
+        sendOptionsFor(sender, objects, int64_t(tokens_.size()));
+    return options.isOk()
+               ? send(*modelDir_, std::move(link), *options, {}, layout)
+               : 5;
+  });
+  LayerProgress progress;
+  ReceiveOptions base;
+  base.progress = &progress;
+  StatusOr<ReceiveOptions> options =
+      receiveOptionsFor(receiver, objects, int64_t(tokens_.size()), base);
+  ASSERT_TRUE(options.isOk()) << options.status().toString();
+  std::vector<std::pair<int64_t, int64_t>> order;
+  StatusOr<ReceiveMetrics> metrics = receive(child, *options, &order);
+  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+  EXPECT_EQ(child.wait(), 0);
+  EXPECT_EQ(order, objectOrder(objects, tokens_, /*layerWise=*/true));
+  EXPECT_EQ(metrics->received, kChunks);
+  EXPECT_TRUE(metrics->fallbacks.empty());
+  for (int64_t layer = 0; layer < 4; ++layer)
+    EXPECT_TRUE(progress.ready(layer));
+  expectVerified({codec});
+}
+
+// A receive plan recomputes what did not arrive intact, as a restore
+// recomputes a missing or corrupt chunk: the cache is still exact.
+TEST_F(TransferTest, AReceivePlanRecomputesWhatDidNotArrive) {
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
+  BundlePlan receiver =
+      transferPlans(objects, tokens_, CodecSpec(), false).second;
+  StatusOr<ReceiveOptions> options =
+      receiveOptionsFor(receiver, objects, int64_t(tokens_.size()));
+  ASSERT_TRUE(options.isOk()) << options.status().toString();
+  {
+    SCOPED_TRACE("the sender dies after three chunks");
+    SenderProcess sender([&](std::unique_ptr<Link> link) {
+      return send(*modelDir_, std::move(link), {},
+                  [](int index, std::string &) {
+                    if (index == 4)
+                      ::_exit(9);
+                  });
+    });
+    StatusOr<ReceiveMetrics> metrics = receive(sender, *options);
+    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+    EXPECT_EQ(sender.wait(), 9);
+    EXPECT_FALSE(metrics->lost.empty());
+    EXPECT_LE(metrics->received, 3);
+    EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
+    ASSERT_FALSE(metrics->fallbacks.empty());
+    EXPECT_NE(metrics->fallbacks.back().find("not received ("),
+              std::string::npos)
+        << metrics->fallbacks.back();
+    expectVerified({CodecSpec()});
+  }
+  {
+    SCOPED_TRACE("the second chunk is corrupt");
+    SenderProcess sender([&](std::unique_ptr<Link> link) {
+      return send(*modelDir_, std::move(link), {},
+                  [](int index, std::string &message) {
+                    if (index == 2)
+                      message[message.size() / 2] ^= 0x40;
+                  });
+    });
+    StatusOr<ReceiveMetrics> metrics = receive(sender, *options);
+    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+    EXPECT_EQ(sender.wait(), 1); // The receipt: one chunk recomputed.
+    EXPECT_EQ(metrics->received, kChunks - 1);
+    ASSERT_EQ(metrics->fallbacks.size(), 1u);
+    EXPECT_NE(metrics->fallbacks[0].find("checksum"), std::string::npos)
+        << metrics->fallbacks[0];
+    expectVerified({CodecSpec()});
+  }
 }
 
 class RecordingChooser : public CodecChooser {

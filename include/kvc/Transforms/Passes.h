@@ -66,6 +66,12 @@ struct SavePipelineOptions : public PassPipelineOptions<SavePipelineOptions> {
   PassOptions::Option<int64_t> stagingMiB{
       *this, "staging-mib", llvm::cl::desc("Host staging memory, MiB"),
       llvm::cl::init(256)};
+  PassOptions::Option<bool> layerWise{
+      *this, "layer-wise",
+      llvm::cl::desc("Issue the objects layer group by layer group, as a "
+                     "prefill of the whole request in one step completes "
+                     "them (default: chunk by chunk)"),
+      llvm::cl::init(false)};
   PassOptions::Option<std::string> gpuChip{
       *this, "gpu-chip",
       llvm::cl::desc("Generate the save kernels as PTX for this GPU "

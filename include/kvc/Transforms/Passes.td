@@ -84,7 +84,9 @@ defvar KVC_CostModelOptions = [
          "Plan restores for a server that runs its forward pass beside "
          "them, layer by layer: loads as deep as the stored objects (at most "
          "16 layer groups), issued layer by layer so the first layers "
-         "complete early">,
+         "complete early; saves and transfers issue their objects layer "
+         "group by layer group, as a prefill of the whole request in one "
+         "step completes them">,
 ];
 
 /// Options every pass that plans a kvc.restore takes.
@@ -278,6 +280,10 @@ def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
     to node `to` instead of stored, and `@t_recv` (strategy "receive"), each
     object received from node `from`, decompressed on the host, copied to
     the device still quantized, dequantized, untransformed and scattered.
+    Both issue the objects chunk by chunk, each chunk's layer groups in
+    turn, as a prefill chunk by chunk completes them; with `layer-wise`,
+    layer group by layer group, as a prefill of the whole request in one
+    step completes them (so is a kvc.save's plan).
 
     Before:
     ```mlir

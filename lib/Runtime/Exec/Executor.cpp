@@ -65,13 +65,13 @@ public:
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
       const BundleTask &task = plan_.tasks[i];
       const BundleStep &first = task.steps.front();
-      if (first.kind == StepKind::Fetch ||
+      if (first.kind == StepKind::Fetch || first.kind == StepKind::Recv ||
           first.kind == StepKind::ChunkCompute) {
         auto value = std::make_shared<exec_detail::ChunkValue>();
         value->form = first.form;
         value->tokens = first.tokens;
         value->layers = first.layers;
-        value->tier = first.tier;
+        value->tier = sourceOf(first);
         value->codec = first.codec;
         values_[i] = value;
       } else if (!task.inputs.empty()) {
@@ -82,12 +82,15 @@ public:
                                " but reads no chunk");
       }
       for (const BundleStep &step : task.steps) {
-        if (step.kind == StepKind::Fetch) {
-          auto store = target_.stores.find(step.tier);
-          if (store == target_.stores.end())
-            return invalidArgument("restore: no store for tier \"" +
-                                   step.tier + "\"");
-          steps_.refs(step.tier, step.form, step.codec); // Keyed once, here.
+        if (step.kind == StepKind::Fetch || step.kind == StepKind::Recv) {
+          const std::string &source = sourceOf(step);
+          auto store = target_.stores.find(source);
+          if (store == target_.stores.end() || !store->second)
+            return invalidArgument(
+                step.kind == StepKind::Fetch
+                    ? "restore: no store for tier \"" + source + "\""
+                    : "restore: nothing receives from node \"" + source + "\"");
+          steps_.refs(source, step.form, step.codec); // Keyed once, here.
         }
         if (step.kind == StepKind::ChunkCompute && step.layers.begin != 0)
           return unimplemented("restore: chunk_compute over layers " +
@@ -318,6 +321,12 @@ private:
     return Status::ok();
   }
 
+  /// Where a fetch or recv reads: the store of its tier, or the one of
+  /// the node it receives from.
+  static const std::string &sourceOf(const BundleStep &step) {
+    return step.kind == StepKind::Recv ? step.node : step.tier;
+  }
+
   /// Unimplemented unless `step` works on the whole of its chunk.
   static Status wholeChunk(const BundleStep &step,
                            const exec_detail::ChunkValue &value) {
@@ -333,6 +342,7 @@ private:
                  std::optional<int64_t> slot) {
     switch (step.kind) {
     case StepKind::Fetch:
+    case StepKind::Recv:
       return steps_.fetch(value, slot ? &slots_[*slot] : nullptr);
     case StepKind::Decompress:
       return steps_.decode(value);

@@ -5,6 +5,8 @@
 #include "../Desc/Json.h"
 #include "kvc/Runtime/Base/BoundedQueue.h"
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/HandOver.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 
 #include <algorithm>
 #include <atomic>
@@ -125,6 +127,7 @@ StatusOr<SendOptions> sendOptionsFor(const BundlePlan &plan,
     return invalidArgument("plan " + plan.name +
                            " sends hidden states; a transfer sends KV");
   base.codec = sent.codec;
+  base.plan = &plan;
   return base;
 }
 
@@ -150,6 +153,30 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
       receiveJson(link, Kind::Accept, options.timeout).status());
   SendStats stats;
   std::mutex statsMutex, sendMutex;
+  // Puts an encoded chunk on the link, one at a time (its send time is the
+  // link's), and counts it.
+  auto sendChunk = [&](const ChunkRef &ref, std::string_view object,
+                       double encodeSeconds) -> Status {
+    std::string chunk = message(Kind::Chunk, object);
+    double sendSeconds = 0;
+    {
+      std::lock_guard<std::mutex> serial(sendMutex);
+      Clock::time_point start = Clock::now();
+      KVC_RETURN_IF_ERROR(link.send(chunk));
+      sendSeconds = secondsSince(start);
+    }
+    if (options.chooser)
+      options.chooser->sent(ref.codec,
+                            size_t(objects.shape(ref).numel()) *
+                                dtypeBytes(objects.model().dtype),
+                            chunk.size(), encodeSeconds, sendSeconds);
+    std::lock_guard<std::mutex> lock(statsMutex);
+    stats.chunks += 1;
+    stats.bytes += int64_t(chunk.size());
+    stats.sendSeconds += sendSeconds;
+    stats.chunksPerCodec[ref.codec.str()] += 1;
+    return Status::ok();
+  };
   SaveOptions stream;
   stream.forms = {Form::KV};
   stream.codec = options.codec;
@@ -157,36 +184,38 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   stream.bufferBytes = options.bufferBytes;
   stream.computed = options.computed;
   stream.prefillTokens = options.prefillTokens;
-  StatusOr<SaveStats> streamed = streamContext(
-      model, objects, tokens, stream,
-      [&](const ChunkRef &object, const float *values) -> StatusOr<bool> {
-        ChunkRef ref = object;
-        if (options.chooser)
-          ref.codec = options.chooser->choose(objects, ref, values);
-        Clock::time_point start = Clock::now();
-        KVC_ASSIGN_OR_RETURN(encoded, objects.encode(ref, values));
-        std::string chunk = message(Kind::Chunk, encoded);
-        double encodeSeconds = secondsSince(start);
-        // One chunk on the link at a time: its send time is the link's.
-        double sendSeconds = 0;
-        {
-          std::lock_guard<std::mutex> serial(sendMutex);
-          start = Clock::now();
-          KVC_RETURN_IF_ERROR(link.send(chunk));
-          sendSeconds = secondsSince(start);
-        }
-        if (options.chooser)
-          options.chooser->sent(ref.codec,
-                                size_t(objects.shape(ref).numel()) *
-                                    dtypeBytes(objects.model().dtype),
-                                chunk.size(), encodeSeconds, sendSeconds);
-        std::lock_guard<std::mutex> lock(statsMutex);
-        stats.chunks += 1;
-        stats.bytes += int64_t(chunk.size());
-        stats.sendSeconds += sendSeconds;
-        stats.chunksPerCodec[ref.codec.str()] += 1;
-        return true;
-      });
+  StatusOr<SaveStats> streamed = SaveStats();
+  if (options.plan) {
+    if (options.chooser)
+      return invalidArgument("transfer: a compiled plan sends the encoding it "
+                             "chose; it takes no chooser");
+    Clock::time_point start = Clock::now();
+    StatusOr<SaveMetrics> sent = sendDuringPrefill(
+        cpuBackend(), model, objects, tokens, *options.plan,
+        [&](const ChunkRef &ref, std::string object) {
+          return sendChunk(ref, object, 0);
+        },
+        stream);
+    if (sent.isOk()) {
+      streamed->prefillSeconds = sent->prefillSeconds;
+      streamed->totalSeconds = secondsSince(start);
+      streamed->written = sent->written;
+    } else {
+      streamed = sent.status();
+    }
+  } else {
+    streamed = streamContext(
+        model, objects, tokens, stream,
+        [&](const ChunkRef &object, const float *values) -> StatusOr<bool> {
+          ChunkRef ref = object;
+          if (options.chooser)
+            ref.codec = options.chooser->choose(objects, ref, values);
+          Clock::time_point start = Clock::now();
+          KVC_ASSIGN_OR_RETURN(encoded, objects.encode(ref, values));
+          KVC_RETURN_IF_ERROR(sendChunk(ref, encoded, secondsSince(start)));
+          return true;
+        });
+  }
   // The receiver recomputes whatever a failed prefill did not send; the end
   // tells it not to wait for more.
   Json end = {{"chunks", stats.chunks}};
@@ -284,77 +313,26 @@ std::string describeLayout(const StoreLayout &layout) {
          std::to_string(layout.layerGroup) + " layers";
 }
 
-/// receiveContext, but for its progress's reset and finish.
-StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
-                                       const RestoreTarget &target,
-                                       const ReceiveOptions &options) {
-  Backend &backend = target.backend ? *target.backend : cpuBackend();
-  const std::vector<int32_t> &tokens = *target.tokens;
-  LayerProgress *progress = options.progress;
+/// Where the reader puts what arrives: each chunk of the request that
+/// arrived first, whole, or why an expected chunk will not be written.
+struct ChunkHandler {
+  std::function<void(Arrival)> deliver;
+  std::function<void(size_t index, std::string why)> refuse;
+  /// Whether to stop reading (the chunks can no longer be written).
+  std::function<bool()> stop = [] { return false; };
+};
 
-  KVC_ASSIGN_OR_RETURN(hello, receiveJson(link, Kind::Hello, options.timeout));
-  Clock::time_point start = Clock::now();
-  StatusOr<StoreLayout> layout = checkHello(hello, local, tokens);
-  if (layout.isOk() && options.layout &&
-      (layout->chunkTokens != options.layout->chunkTokens ||
-       layout->layerGroup != options.layout->layerGroup))
-    layout = Status(StatusCode::FailedPrecondition,
-                    "the sender streams objects of " + describeLayout(*layout) +
-                        ", this node's plan receives " +
-                        describeLayout(*options.layout));
-  if (!layout.isOk()) {
-    sendLast(link, Kind::Refuse, {{"reason", layout.status().message()}},
-             options.timeout);
-    return layout.status().withContext("transfer refused");
-  }
-  KVC_RETURN_IF_ERROR(sendJson(link, Kind::Accept, Json::object()));
-
-  ChunkObjects objects(local.model(), local.fingerprint(), local.salt(),
-                       *layout);
-  const std::vector<ChunkRef> expected = objects.refs(
-      tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec());
-  ReceiveMetrics metrics;
-  metrics.chunks = int64_t(expected.size());
-  // Per expected object: why it is not in the cache ("" once written).
-  std::vector<std::string> missing(expected.size(), "not received");
+/// Reads the sender's messages until its end, its loss or a timeout
+/// (`metrics.lost` says which), handing each chunk of `expected` that
+/// arrived first to `handler` (in the options' encoding, when they name
+/// one); a message that fails its checks is recorded in `metrics` and its
+/// chunk left missing. Counts the bytes and encodings that arrived.
+void readChunks(Link &link, const ChunkObjects &objects,
+                const std::vector<ChunkRef> &expected,
+                const ReceiveOptions &options, ReceiveMetrics &metrics,
+                const ChunkHandler &handler) {
   std::vector<bool> arrived(expected.size(), false);
-  std::mutex mutex;
-  Status fatal;
-
-  BoundedQueue<Arrival> queue(options.bufferBytes);
-  std::vector<std::thread> decoders;
-  for (int d = 0; d < std::max(1, options.decoders); ++d)
-    decoders.emplace_back([&] {
-      std::unique_ptr<DeviceBuffer> device = backend.allocate();
-      std::vector<uint16_t> values;
-      Arrival arrival;
-      while (queue.pop(arrival)) {
-        const ChunkRef &ref = arrival.ref;
-        values.resize(objects.shape(ref).numel());
-        const ChunkBox box = boxOf(ref);
-        Status status = objects.decode(ref, arrival.object(), values.data());
-        if (status.isOk())
-          status = backend.upload(values, /*consume=*/true, *device);
-        if (status.isOk())
-          status = backend.scatter(*device, box, *target.cache, *target.table);
-        queue.done(arrival.bytes());
-        std::lock_guard<std::mutex> lock(mutex);
-        if (status.isOk()) {
-          missing[arrival.index].clear();
-          metrics.received += 1;
-          if (progress)
-            progress->add(box.layerBegin, box.layerEnd, box.tokens());
-        } else if (recoverableByRecompute(status)) {
-          missing[arrival.index] = status.toString();
-        } else if (fatal.isOk()) {
-          fatal = status;
-        }
-      }
-    });
-
-  // Receives until the sender's end, its loss or a timeout; a message that
-  // fails its checks is dropped and its chunk recomputed.
-  for (;;) {
+  while (!handler.stop()) {
     StatusOr<std::string> bytes = link.receive(options.timeout);
     if (!bytes.isOk()) {
       metrics.lost = bytes.status().message();
@@ -399,26 +377,87 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
       continue;
     }
     const size_t index = size_t(position);
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (arrived[index])
-        continue; // A duplicate: the first one counts.
-      arrived[index] = true;
-      missing[index] = "arrived, not yet written";
-      metrics.bytes += int64_t(bytes->size());
-      metrics.chunksPerCodec[h.codec.str()] += 1;
-      if (options.codec && h.codec != *options.codec) {
-        missing[index] = "encoded " + h.codec.str() + ", the plan receives " +
-                         options.codec->str();
-        continue;
-      }
+    if (arrived[index])
+      continue; // A duplicate: the first one counts.
+    arrived[index] = true;
+    metrics.bytes += int64_t(bytes->size());
+    metrics.chunksPerCodec[h.codec.str()] += 1;
+    if (options.codec && h.codec != *options.codec) {
+      handler.refuse(index, "encoded " + h.codec.str() +
+                                ", the plan receives " + options.codec->str());
+      continue;
     }
     // The key and codec are checked against what the header claims only
     // through the decode: the ref says which chunk this must be.
     ChunkRef ref = *match;
     ref.codec = h.codec;
-    queue.push(Arrival{index, ref, std::move(*bytes)});
+    handler.deliver(Arrival{index, ref, std::move(*bytes)});
   }
+}
+
+/// Receives into the target as the chunks arrive: decoders decode and
+/// scatter each, and what did not arrive intact is recomputed after the
+/// stream.
+StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
+                                         const ChunkObjects &objects,
+                                         const std::vector<ChunkRef> &expected,
+                                         const RestoreTarget &target,
+                                         const ReceiveOptions &options,
+                                         Clock::time_point start) {
+  Backend &backend = target.backend ? *target.backend : cpuBackend();
+  const std::vector<int32_t> &tokens = *target.tokens;
+  LayerProgress *progress = options.progress;
+  ReceiveMetrics metrics;
+  metrics.chunks = int64_t(expected.size());
+  // Per expected object: why it is not in the cache ("" once written).
+  std::vector<std::string> missing(expected.size(), "not received");
+  std::mutex mutex;
+  Status fatal;
+
+  BoundedQueue<Arrival> queue(options.bufferBytes);
+  std::vector<std::thread> decoders;
+  for (int d = 0; d < std::max(1, options.decoders); ++d)
+    decoders.emplace_back([&] {
+      std::unique_ptr<DeviceBuffer> device = backend.allocate();
+      std::vector<uint16_t> values;
+      Arrival arrival;
+      while (queue.pop(arrival)) {
+        const ChunkRef &ref = arrival.ref;
+        values.resize(objects.shape(ref).numel());
+        const ChunkBox box = boxOf(ref);
+        Status status = objects.decode(ref, arrival.object(), values.data());
+        if (status.isOk())
+          status = backend.upload(values, /*consume=*/true, *device);
+        if (status.isOk())
+          status = backend.scatter(*device, box, *target.cache, *target.table);
+        queue.done(arrival.bytes());
+        std::lock_guard<std::mutex> lock(mutex);
+        if (status.isOk()) {
+          missing[arrival.index].clear();
+          metrics.received += 1;
+          if (progress)
+            progress->add(box.layerBegin, box.layerEnd, box.tokens());
+        } else if (recoverableByRecompute(status)) {
+          missing[arrival.index] = status.toString();
+        } else if (fatal.isOk()) {
+          fatal = status;
+        }
+      }
+    });
+
+  ChunkHandler handler;
+  handler.deliver = [&](Arrival arrival) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      missing[arrival.index] = "arrived, not yet written";
+    }
+    queue.push(std::move(arrival));
+  };
+  handler.refuse = [&](size_t index, std::string why) {
+    std::lock_guard<std::mutex> lock(mutex);
+    missing[index] = std::move(why);
+  };
+  readChunks(link, objects, expected, options, metrics, handler);
   metrics.streamSeconds = secondsSince(start);
   queue.close();
   for (std::thread &t : decoders)
@@ -440,13 +479,154 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
     KVC_RETURN_IF_ERROR(session->compute(box));
     if (progress)
       progress->add(box.layerBegin, box.layerEnd, box.tokens());
+    const bool received = missing[i] != "not received";
     metrics.fallbacks.push_back(describeBox(ref) + " recomputed: " +
-                                (arrived[i] ? missing[i]
-                                 : metrics.lost.empty()
-                                     ? "not received"
+                                (received || metrics.lost.empty()
+                                     ? missing[i]
                                      : "not received (" + metrics.lost + ")"));
   }
   metrics.fallbackSeconds = secondsSince(recompute);
+  return metrics;
+}
+
+/// The objects a sender's messages carried, by name, until the receive
+/// plan's recv that reads them takes them: the tier of the store a receive
+/// plan reads (Executor.h). A read waits for its object's arrival; one
+/// whose chunk will not come (refused, or the stream ended) fails with why,
+/// as NotFound, so that the executor recomputes it. Holds at most the
+/// options' buffer while no recv waits for an object still to come.
+class Inbox final : public Tier {
+public:
+  Inbox(std::string url, size_t bufferBytes)
+      : url_(std::move(url)), arrived_(bufferBytes) {}
+
+  const std::string &url() const override { return url_; }
+  Status put(const std::string &name, std::string_view bytes) override {
+    arrived_.put(name, std::string(bytes), bytes.size());
+    return Status::ok();
+  }
+  /// Keeps an arrived message's object (the message less its framing).
+  void deliver(const std::string &name, std::string message) {
+    message.erase(0, kMagic.size() + 1);
+    const size_t bytes = message.size();
+    arrived_.put(name, std::move(message), bytes);
+  }
+  Status get(const std::string &name, std::string &buffer) override {
+    return arrived_.take(name, buffer, notFound("not received"));
+  }
+  StatusOr<bool> exists(const std::string &) override {
+    return unimplemented("an inbox is read by waiting for its objects");
+  }
+  Status remove(const std::string &) override { return Status::ok(); }
+  StatusOr<std::vector<std::string>> list(const std::string &) override {
+    return unimplemented("an inbox is read by waiting for its objects");
+  }
+  /// `name` will not arrive (intact): its read fails with `why`.
+  void refuse(const std::string &name, const std::string &why) {
+    arrived_.fail(name, notFound(why));
+  }
+  /// No more arrivals; `lost` says why the stream broke off ("" when the
+  /// sender finished).
+  void finish(const std::string &lost) {
+    arrived_.finish(lost.empty() ? Status::ok()
+                                 : notFound("not received (" + lost + ")"));
+  }
+
+private:
+  std::string url_;
+  HandOver<std::string, std::string> arrived_;
+};
+
+/// Receives into the target by running the compiled receive plan: its
+/// recvs read an Inbox the link fills, and the executor recomputes what
+/// did not arrive intact.
+StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
+                                        const std::vector<ChunkRef> &expected,
+                                        const RestoreTarget &target,
+                                        const ReceiveOptions &options,
+                                        Clock::time_point start) {
+  const BundlePlan &plan = *options.plan;
+  if (!options.codec)
+    return invalidArgument("transfer: plan " + plan.name +
+                           " without the encoding it receives "
+                           "(receiveOptionsFor)");
+  Backend &backend = target.backend ? *target.backend : cpuBackend();
+  auto inbox = std::make_shared<Inbox>(link.describe(), options.bufferBytes);
+  ChunkStore store(inbox, objects.model(), objects.fingerprint(),
+                   objects.salt(), objects.layout());
+  RestoreTarget planned = target;
+  planned.stores.clear();
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps)
+      if (step.kind == StepKind::Recv)
+        planned.stores[step.node] = &store;
+  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  RestoreOptions restoreOptions;
+  restoreOptions.progress = options.progress;
+
+  std::atomic<bool> failed{false};
+  StatusOr<RestoreMetrics> restored =
+      Status(StatusCode::Internal, "the receive plan has not ended");
+  std::thread runner([&] {
+    restored = restore(*pools, plan, planned, restoreOptions);
+    failed = !restored.isOk();
+    inbox->finish(""); // Later arrivals have no recv left to take them.
+  });
+  ReceiveMetrics metrics;
+  metrics.chunks = int64_t(expected.size());
+  ChunkHandler handler;
+  handler.deliver = [&](Arrival arrival) {
+    inbox->deliver(arrival.ref.name(), std::move(arrival.message));
+  };
+  handler.refuse = [&](size_t index, const std::string &why) {
+    ChunkRef ref = expected[index];
+    ref.codec = *options.codec;
+    inbox->refuse(ref.name(), why);
+  };
+  handler.stop = [&] { return failed.load(); };
+  readChunks(link, objects, expected, options, metrics, handler);
+  metrics.streamSeconds = secondsSince(start);
+  inbox->finish(metrics.lost);
+  runner.join();
+  if (!restored.isOk())
+    return restored.status();
+  metrics.fallbacks = restored->fallbacks;
+  metrics.fallbackSeconds = restored->fallbackSeconds;
+  metrics.received = metrics.chunks - int64_t(metrics.fallbacks.size());
+  return metrics;
+}
+
+/// receiveContext, but for its progress's reset and finish.
+StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
+                                       const RestoreTarget &target,
+                                       const ReceiveOptions &options) {
+  const std::vector<int32_t> &tokens = *target.tokens;
+  KVC_ASSIGN_OR_RETURN(hello, receiveJson(link, Kind::Hello, options.timeout));
+  Clock::time_point start = Clock::now();
+  StatusOr<StoreLayout> layout = checkHello(hello, local, tokens);
+  if (layout.isOk() && options.layout &&
+      (layout->chunkTokens != options.layout->chunkTokens ||
+       layout->layerGroup != options.layout->layerGroup))
+    layout = Status(StatusCode::FailedPrecondition,
+                    "the sender streams objects of " + describeLayout(*layout) +
+                        ", this node's plan receives " +
+                        describeLayout(*options.layout));
+  if (!layout.isOk()) {
+    sendLast(link, Kind::Refuse, {{"reason", layout.status().message()}},
+             options.timeout);
+    return layout.status().withContext("transfer refused");
+  }
+  KVC_RETURN_IF_ERROR(sendJson(link, Kind::Accept, Json::object()));
+
+  ChunkObjects objects(local.model(), local.fingerprint(), local.salt(),
+                       *layout);
+  const std::vector<ChunkRef> expected = objects.refs(
+      tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec());
+  KVC_ASSIGN_OR_RETURN(
+      metrics,
+      options.plan
+          ? receivePlanned(link, objects, expected, target, options, start)
+          : receiveStreamed(link, objects, expected, target, options, start));
   metrics.seconds = secondsSince(start);
   sendLast(link, Kind::Receipt,
            {{"received", metrics.received},
@@ -480,6 +660,7 @@ StatusOr<ReceiveOptions> receiveOptionsFor(const BundlePlan &plan,
                            " receives hidden states; a transfer sends KV");
   base.layout = layout;
   base.codec = received.codec;
+  base.plan = &plan;
   return base;
 }
 

@@ -92,52 +92,23 @@ StatusOr<int64_t> PagedCacheSource::gatherPayloads(
 
 void PrefillSnapshots::put(const ChunkRef &ref, const float *values,
                            size_t count) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  const size_t bytes = count * sizeof(float);
-  // Room, unless a gather waits for an object still to come: then holding
-  // more is the way forward.
-  changed_.wait(lock, [&] {
-    return bytes_ == 0 || bytes_ + bytes <= capacity_ || waiting_ > 0 ||
-           finished_;
-  });
-  if (finished_)
-    return; // No gather will take it.
-  kept_[{ref.form, ref.tokenBegin, ref.layerBegin}].assign(values,
-                                                           values + count);
-  bytes_ += bytes;
-  changed_.notify_all();
+  kept_.put({ref.form, ref.tokenBegin, ref.layerBegin},
+            std::vector<float>(values, values + count), count * sizeof(float));
 }
 
-void PrefillSnapshots::finish(const Status &status) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  finished_ = status;
-  changed_.notify_all();
-}
+void PrefillSnapshots::finish(const Status &status) { kept_.finish(status); }
 
 Status PrefillSnapshots::gather(const ChunkObjects &objects,
                                 const ChunkRef &ref, std::vector<float> &out) {
-  const Key key{ref.form, ref.tokenBegin, ref.layerBegin};
-  std::unique_lock<std::mutex> lock(mutex_);
-  ++waiting_;
-  changed_.notify_all();
-  changed_.wait(lock, [&] { return kept_.count(key) || finished_; });
-  --waiting_;
-  auto kept = kept_.find(key);
-  if (kept == kept_.end())
-    return finished_->isOk()
-               ? Status(StatusCode::FailedPrecondition,
-                        "save: the prefill computed no " +
-                            std::string(name(ref.form)) + " of tokens " +
-                            std::to_string(ref.tokenBegin) + " of layer " +
-                            std::to_string(ref.layerBegin))
-               : *finished_;
-  if (kept->second.size() != size_t(objects.shape(ref).numel()))
+  KVC_RETURN_IF_ERROR(kept_.take(
+      {ref.form, ref.tokenBegin, ref.layerBegin}, out,
+      Status(StatusCode::FailedPrecondition,
+             "save: the prefill computed no " + std::string(name(ref.form)) +
+                 " of tokens " + std::to_string(ref.tokenBegin) + " of layer " +
+                 std::to_string(ref.layerBegin))));
+  if (out.size() != size_t(objects.shape(ref).numel()))
     return invalidArgument("save: the prefill handed over an object of " +
-                           std::to_string(kept->second.size()) + " values");
-  out = std::move(kept->second);
-  bytes_ -= out.size() * sizeof(float);
-  kept_.erase(kept);
-  changed_.notify_all();
+                           std::to_string(out.size()) + " values");
   return Status::ok();
 }
 
@@ -165,9 +136,10 @@ public:
   StatusOr<TaskGraph> build() {
     const std::string &name = plan_.name;
     const int64_t n = int64_t(target_.tokens->size());
-    // The stores' tier, and the encoding and objects of the plan, checked
-    // as any save plan is.
+    // The stores' tier (or the peer a send plan sends to), and the encoding
+    // and objects of the plan, checked as any save plan is.
     std::string tier;
+    StepKind endpoint = StepKind::Store;
     for (const BundleTask &task : plan_.tasks)
       for (const BundleStep &step : task.steps) {
         if (step.kind == StepKind::Gather && !target_.source->holds(step.form))
@@ -175,23 +147,35 @@ public:
               "save: plan " + name + " saves " + kvc::name(step.form) +
               ", which a paged cache does not hold (a prefill's hand-over "
               "does: saveDuringPrefill)");
-        if (step.kind != StepKind::Store)
+        if (step.kind != StepKind::Store && step.kind != StepKind::Send)
           continue;
-        if (!tier.empty() && step.tier != tier)
-          return invalidArgument("save: plan " + name + " stores to tiers \"" +
-                                 tier + "\" and \"" + step.tier +
-                                 "\"; a save writes one");
-        tier = step.tier;
+        const std::string &to =
+            step.kind == StepKind::Send ? step.node : step.tier;
+        if (!tier.empty() && (to != tier || step.kind != endpoint))
+          return invalidArgument("save: plan " + name + " " +
+                                 endpointName(endpoint) + " \"" + tier +
+                                 "\" and " + endpointName(step.kind) + " \"" +
+                                 to + "\"; a save writes one");
+        tier = to;
+        endpoint = step.kind;
       }
-    auto store = target_.stores.find(tier);
-    if (store == target_.stores.end() || !store->second)
-      return invalidArgument("save: no store for tier \"" + tier + "\"");
-    store_ = store->second;
-    KVC_ASSIGN_OR_RETURN(what, planObjects(plan_, *store_, n, StepKind::Store));
-    KVC_RETURN_IF_ERROR(target_.source->check(*store_, n));
+    if (endpoint == StepKind::Send) {
+      if (!target_.send || !target_.objects)
+        return invalidArgument("save: plan " + name + " sends to \"" + tier +
+                               "\", and the save has no sender");
+      objects_ = target_.objects;
+    } else {
+      auto store = target_.stores.find(tier);
+      if (store == target_.stores.end() || !store->second)
+        return invalidArgument("save: no store for tier \"" + tier + "\"");
+      store_ = store->second;
+      objects_ = store_;
+    }
+    KVC_ASSIGN_OR_RETURN(what, planObjects(plan_, *objects_, n, endpoint));
+    KVC_RETURN_IF_ERROR(target_.source->check(*objects_, n));
     std::map<Form, std::vector<ChunkRef>> refs;
     for (Form form : what.forms)
-      refs[form] = store_->refs(target_.tokens->data(), n, form, what.codec);
+      refs[form] = objects_->refs(target_.tokens->data(), n, form, what.codec);
 
     values_.resize(plan_.tasks.size());
     TaskGraph graph;
@@ -200,10 +184,10 @@ public:
       const BundleStep &first = task.steps.front();
       if (first.kind == StepKind::Gather) {
         const int64_t at =
-            store_->position(first.tokens.begin, first.layers.begin);
+            objects_->position(first.tokens.begin, first.layers.begin);
         if (first.tokens.begin < 0 || first.tokens.begin >= n ||
             first.layers.begin < 0 ||
-            first.layers.begin >= store_->model().numLayers)
+            first.layers.begin >= objects_->model().numLayers)
           return invalidArgument("save: plan " + name + " gathers tokens " +
                                  std::to_string(first.tokens.begin) +
                                  " of layer " +
@@ -280,7 +264,8 @@ private:
     stored.lossless = CodecSpec::Lossless::None;
     const bool unquantized = stored.quant == CodecSpec::Quant::None;
     if (kernel->codec != stored ||
-        (unquantized && kernel->storage != dtypeName(store_->model().dtype)) ||
+        (unquantized &&
+         kernel->storage != dtypeName(objects_->model().dtype)) ||
         kernel->tokens != value.ref.tokenEnd - value.ref.tokenBegin ||
         kernel->layers != value.ref.layerEnd - value.ref.layerBegin)
       return invalidArgument(
@@ -321,8 +306,8 @@ private:
       refs.push_back(values_[index]->ref);
     std::vector<std::string> payloads;
     KVC_ASSIGN_OR_RETURN(launches, target_.source->gatherPayloads(
-                                       *values_[tasks.front()]->kernel, *store_,
-                                       refs, payloads));
+                                       *values_[tasks.front()]->kernel,
+                                       *objects_, refs, payloads));
     kernelLaunches_ += launches;
     kernelChunks_ += int64_t(tasks.size());
     for (std::size_t i = 0; i < tasks.size(); ++i) {
@@ -348,6 +333,8 @@ private:
       return encode(value);
     case StepKind::Store:
       return storeObject(value);
+    case StepKind::Send:
+      return sendObject(value);
     default:
       return invalidArgument(std::string("save: plan ") + plan_.name +
                              " has a " + kvc::name(step.kind) +
@@ -361,7 +348,7 @@ private:
       return Status(StatusCode::Internal,
                     "save: a save kernel's gather outside its batch");
     KVC_RETURN_IF_ERROR(
-        target_.source->gather(*store_, value.ref, value.values));
+        target_.source->gather(*objects_, value.ref, value.values));
     gathered();
     return Status::ok();
   }
@@ -379,8 +366,8 @@ private:
     if (value.encoded)
       return Status::ok();
     StatusOr<std::string> object =
-        value.kernel ? store_->encodePayload(value.ref, value.payload)
-                     : store_->encode(value.ref, value.values.data());
+        value.kernel ? objects_->encodePayload(value.ref, value.payload)
+                     : objects_->encode(value.ref, value.values.data());
     if (!object.isOk())
       return object.status();
     value.object = std::move(*object);
@@ -404,9 +391,28 @@ private:
     return Status::ok();
   }
 
+  /// Hands the object to the target's sender.
+  Status sendObject(SaveValue &value) {
+    KVC_RETURN_IF_ERROR(encode(value));
+    const int64_t bytes = int64_t(value.object.size());
+    KVC_RETURN_IF_ERROR(target_.send(value.ref, std::move(value.object)));
+    value.object = {};
+    std::lock_guard<std::mutex> lock(mutex_);
+    bytesWritten_[value.tier] += bytes;
+    ++written_;
+    return Status::ok();
+  }
+
+  static const char *endpointName(StepKind kind) {
+    return kind == StepKind::Send ? "sends to" : "stores to";
+  }
+
   const BundlePlan &plan_;
   const SaveTarget &target_;
   const SaveRunOptions &options_;
+  /// The objects' layout and encoder: the store's, or the target's for a
+  /// plan that sends (then store_ is null).
+  const ChunkObjects *objects_ = nullptr;
   ChunkStore *store_ = nullptr;
   std::vector<std::shared_ptr<SaveValue>> values_;
   std::atomic<int64_t> gathers_{0}, kernelLaunches_{0}, kernelChunks_{0};
@@ -443,21 +449,20 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
   return metrics;
 }
 
-StatusOr<SaveMetrics>
-saveDuringPrefill(Backend &backend, const LlamaModel &model,
-                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
-                  const std::map<std::string, ChunkStore *> &stores,
-                  const SaveOptions &stream) {
-  if (stores.empty() || !stores.begin()->second)
-    return invalidArgument("save: no store");
-  ChunkStore &store = *stores.begin()->second;
+namespace {
+
+/// Runs `plan` into `target` (its stores or sender; the source and tokens
+/// are set here) beside a prefill of `tokens` with `model` on `backend`
+/// that hands over the objects of `objects`' layout as it computes them.
+StatusOr<SaveMetrics> runDuringPrefill(
+    Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
+    const std::vector<int32_t> &tokens, const BundlePlan &plan,
+    SaveTarget target, StepKind endpoint, const SaveOptions &stream) {
   KVC_ASSIGN_OR_RETURN(
-      what, planObjects(plan, store, int64_t(tokens.size()), StepKind::Store));
+      what, planObjects(plan, objects, int64_t(tokens.size()), endpoint));
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   PrefillSnapshots snapshots(stream.bufferBytes);
-  SaveTarget target;
   target.source = &snapshots;
-  target.stores = stores;
   target.tokens = &tokens;
   // The save ends before the prefill only when it fails: then nothing is
   // left to prefill for.
@@ -476,18 +481,48 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
   prefill.dryRun = false;
   prefill.backend = &backend;
   StatusOr<SaveStats> streamed = streamContext(
-      model, store, tokens, prefill,
+      model, objects, tokens, prefill,
       [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
         if (saveEnded)
           return Status(StatusCode::FailedPrecondition, "the save failed");
-        snapshots.put(ref, values, size_t(store.shape(ref).numel()));
+        snapshots.put(ref, values, size_t(objects.shape(ref).numel()));
         return true;
       });
   snapshots.finish(streamed.status());
   saver.join();
-  if (!saved.isOk() || streamed.isOk())
+  if (!saved.isOk())
     return saved;
-  return streamed.status();
+  if (!streamed.isOk())
+    return streamed.status();
+  saved->prefillSeconds = streamed->prefillSeconds;
+  return saved;
+}
+
+} // namespace
+
+StatusOr<SaveMetrics>
+saveDuringPrefill(Backend &backend, const LlamaModel &model,
+                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
+                  const std::map<std::string, ChunkStore *> &stores,
+                  const SaveOptions &stream) {
+  if (stores.empty() || !stores.begin()->second)
+    return invalidArgument("save: no store");
+  SaveTarget target;
+  target.stores = stores;
+  return runDuringPrefill(backend, model, *stores.begin()->second, tokens, plan,
+                          std::move(target), StepKind::Store, stream);
+}
+
+StatusOr<SaveMetrics> sendDuringPrefill(
+    Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
+    const std::vector<int32_t> &tokens, const BundlePlan &plan,
+    std::function<Status(const ChunkRef &ref, std::string object)> send,
+    const SaveOptions &stream) {
+  SaveTarget target;
+  target.send = std::move(send);
+  target.objects = &objects;
+  return runDuringPrefill(backend, model, objects, tokens, plan,
+                          std::move(target), StepKind::Send, stream);
 }
 
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,

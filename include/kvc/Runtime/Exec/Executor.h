@@ -7,6 +7,10 @@
 // target's Backend (the CPU backend unless one is given):
 //
 //   fetch               reads the stored objects covering the step's box
+//   recv                reads them from the store the target names after
+//                       the sending node (a transfer's receive plan: the
+//                       receiver's inbox, Transfer.h, where a read waits for
+//                       its object to arrive)
 //   decompress          checks and decodes them (format, lossless stage,
 //                       dequantization and inverse transform: ChunkStore)
 //   dequant, untransform
@@ -66,7 +70,8 @@ struct RestoreTarget {
   /// The model computed chunks and projections run (kvc's LlamaModel or a
   /// server's own).
   const ModelCompute *model = nullptr;
-  /// Stores by tier name (the `tier` of the plan's fetches).
+  /// Stores by tier name (the `tier` of the plan's fetches), or by the
+  /// node a receive plan's recvs receive from.
   std::map<std::string, ChunkStore *> stores;
   const std::vector<int32_t> *tokens = nullptr;
   PagedKVCache *cache = nullptr;

@@ -22,7 +22,17 @@
 //
 // A compiled transfer (kvc-expand's send and receive plans of a
 // kvc.transfer) sets the encoding the sender sends and the layout and
-// encoding the receiver accepts (sendOptionsFor, receiveOptionsFor).
+// encoding the receiver accepts (sendOptionsFor, receiveOptionsFor), and
+// each end runs its plan's tasks on its lanes, in its order:
+//
+//   sender     the send plan beside the prefill (sendDuringPrefill,
+//              SavePlan.h): gathers take the objects the prefill hands
+//              over, encodes run on the plan's lanes, sends put them on the
+//              link one at a time
+//   receiver   the receive plan in the executor (Executor.h): its recvs
+//              read an inbox the link fills, each waiting for its object,
+//              and a recv whose object never arrives intact is recomputed
+//              as a restore's missing chunk is
 //
 // Protocol messages are "KVCT", a kind byte and a body: JSON for hello,
 // accept, refuse, end and receipt; the object for a chunk.
@@ -70,6 +80,9 @@ struct SendOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// How long to wait for the receiver's answers.
   Milliseconds timeout{10000};
+  /// The compiled send plan to run (sendOptionsFor), instead of the
+  /// writers streaming every object as the prefill completes it.
+  const BundlePlan *plan = nullptr;
 };
 
 struct SendStats {
@@ -84,10 +97,10 @@ struct SendStats {
 };
 
 /// The sender of a compiled transfer (kvc-expand's `<name>_send` plan of a
-/// kvc.transfer): its encoding, over `base`'s other options. The plan must
-/// send every KV object of `objects`' layout for `tokens` tokens once, in
-/// one encoding (planObjects, Saver.h); sendContext streams them, its
-/// prefill's snapshots standing for the plan's gathers.
+/// kvc.transfer): its encoding and the plan, over `base`'s other options.
+/// The plan must send every KV object of `objects`' layout for `tokens`
+/// tokens once, in one encoding (planObjects, Saver.h); sendContext runs
+/// it, its prefill's snapshots standing for the plan's gathers.
 StatusOr<SendOptions> sendOptionsFor(const BundlePlan &plan,
                                      const ChunkObjects &objects,
                                      int64_t tokens, SendOptions base = {});
@@ -102,9 +115,11 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
 struct ReceiveOptions {
   /// How long to wait for the hello, and for each message after it.
   Milliseconds timeout{10000};
-  /// Threads decoding and scattering arrived chunks.
+  /// Threads decoding and scattering arrived chunks (a plan runs on its
+  /// own lanes).
   int decoders = 2;
-  /// Host memory for chunks arrived and not yet scattered.
+  /// Host memory for chunks arrived and not yet scattered (not yet taken by
+  /// their recv, for a plan).
   size_t bufferBytes = size_t(256) << 20;
   /// Told of every chunk written, as a restore's (Executor.h).
   LayerProgress *progress = nullptr;
@@ -113,12 +128,15 @@ struct ReceiveOptions {
   /// dropped and recomputed. Unset: whatever the sender announces.
   std::optional<StoreLayout> layout;
   std::optional<CodecSpec> codec;
+  /// The compiled receive plan to run (receiveOptionsFor), instead of the
+  /// decoders scattering each chunk as it arrives.
+  const BundlePlan *plan = nullptr;
 };
 
 /// The receiver of a compiled transfer (kvc-expand's `<name>_recv` plan):
-/// the layout and encoding it receives, over `base`'s other options. The
-/// plan must receive every KV object of its layout for `tokens` tokens
-/// once, in one encoding (planObjects).
+/// the layout and encoding it receives and the plan, over `base`'s other
+/// options. The plan must receive every KV object of its layout for
+/// `tokens` tokens once, in one encoding (planObjects).
 StatusOr<ReceiveOptions> receiveOptionsFor(const BundlePlan &plan,
                                            const ChunkObjects &local,
                                            int64_t tokens,

@@ -15,6 +15,8 @@
 //   store           writes it to the step's tier unless a readable copy is
 //                   stored already (ChunkStore::putEncoded); encodes it
 //                   first when the plan has no compress step
+//   send            hands it, encoded, to the target's sender (a transfer's
+//                   send plan: Transfer.h puts it on the link)
 //
 // Sources: a paged cache (PagedCacheSource: a server saving a request it
 // holds, Backend::readBack), or a prefill's hand-over (PrefillSnapshots:
@@ -26,7 +28,7 @@
 // it fills, each gather waiting for its object, so the save overlaps the
 // prefill. A failed save removes the objects it wrote (SaveJournal).
 //
-// The plan must store every object of the store's layout once, in one
+// The plan must store (or send) every object of the layout once, in one
 // encoding (planObjects' check, Saver.h).
 //
 //===----------------------------------------------------------------------===//
@@ -35,20 +37,18 @@
 #define KVC_RUNTIME_SAVE_SAVEPLAN_H
 
 #include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Base/HandOver.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Exec/TaskGraph.h"
 #include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
-#include <condition_variable>
-#include <mutex>
-#include <tuple>
-
 #include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace kvc {
@@ -128,7 +128,7 @@ private:
 /// deadlocks; it only holds more).
 class PrefillSnapshots final : public SaveSource {
 public:
-  explicit PrefillSnapshots(size_t bufferBytes) : capacity_(bufferBytes) {}
+  explicit PrefillSnapshots(size_t bufferBytes) : kept_(bufferBytes) {}
   bool holds(Form) const override { return true; }
   Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                 std::vector<float> &out) override;
@@ -140,13 +140,7 @@ public:
   void finish(const Status &status);
 
 private:
-  using Key = std::tuple<Form, int64_t, int64_t>;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::map<Key, std::vector<float>> kept_;
-  size_t bytes_ = 0, capacity_;
-  int waiting_ = 0;
-  std::optional<Status> finished_;
+  HandOver<std::tuple<Form, int64_t, int64_t>, std::vector<float>> kept_;
 };
 
 /// What one save reads and writes.
@@ -155,6 +149,13 @@ struct SaveTarget {
   SaveSource *source = nullptr;
   /// Stores by tier name (the `tier` of the plan's stores).
   std::map<std::string, ChunkStore *> stores;
+  /// Where a send plan's sends go (a transfer's sender, Transfer.h): each
+  /// object as encoded, from the task that sends it, in the plan's order on
+  /// its lanes.
+  std::function<Status(const ChunkRef &ref, std::string object)> send;
+  /// The layout and encoder of a send plan's objects (a store plan's are
+  /// its store's).
+  const ChunkObjects *objects = nullptr;
   const std::vector<int32_t> *tokens = nullptr;
 };
 
@@ -174,11 +175,16 @@ struct SaveRunOptions {
 
 struct SaveMetrics {
   double makespanSeconds = 0;
+  /// The prefill it ran beside (saveDuringPrefill, sendDuringPrefill),
+  /// copies included.
+  double prefillSeconds = 0;
   /// Seconds from the start until the last gather.
   double snapshotSeconds = 0;
   std::map<std::string, double> busySeconds;
+  /// Objects stored (or sent, by a send plan), and found stored already.
   int64_t written = 0, skipped = 0;
-  std::map<std::string, int64_t> bytesWritten; ///< Per tier.
+  /// Per tier (per peer node, for a send plan).
+  std::map<std::string, int64_t> bytesWritten;
   std::optional<double> predictedSeconds;
   /// Objects generated save kernels encoded, the launches that encoded
   /// them (gathers of one kernel ready together share one), and why
@@ -188,7 +194,8 @@ struct SaveMetrics {
 };
 
 /// Saves the objects of `target.tokens` from `target.source` by running
-/// `plan`.
+/// `plan`: to `target.stores` for a plan that stores, to `target.send` for
+/// one that sends.
 StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
                            const SaveTarget &target,
                            const SaveRunOptions &options = {});
@@ -204,6 +211,16 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,
                   const std::map<std::string, ChunkStore *> &stores,
                   const SaveOptions &stream = {});
+
+/// The sender of a transfer: prefills `tokens` with `model` on `backend`
+/// (SaveOptions as saveDuringPrefill's) while the send `plan` gathers,
+/// encodes and sends, through `send`, the objects of `objects`' layout the
+/// prefill computes, following the plan's tasks and lanes.
+StatusOr<SaveMetrics> sendDuringPrefill(
+    Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
+    const std::vector<int32_t> &tokens, const BundlePlan &plan,
+    std::function<Status(const ChunkRef &ref, std::string object)> send,
+    const SaveOptions &stream = {});
 
 /// The save plan a caller without the compiler runs: per object of
 /// `objects`' layout for `tokens` tokens and each of `forms`, a gather on

@@ -264,6 +264,20 @@ protected:
     return receiveContext(*link, local, destination_->target, options);
   }
 
+  /// The two ways to receive what send() sends (raw, objects of 128
+  /// tokens x 1 layer), by name: writing each chunk as it arrives, and
+  /// running a receive plan.
+  std::vector<std::pair<std::string, ReceiveOptions>> receivers() {
+    ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
+    receivePlan_ = transferPlans(objects, tokens_, CodecSpec(), false).second;
+    StatusOr<ReceiveOptions> planned =
+        receiveOptionsFor(receivePlan_, objects, int64_t(tokens_.size()));
+    EXPECT_TRUE(planned.isOk()) << planned.status().toString();
+    return {
+        {"as chunks arrive", {}},
+        {"by a receive plan", planned.isOk() ? *planned : ReceiveOptions()}};
+  }
+
   /// The received cache against a full prefill, held to `codecs`' bound.
   void expectVerified(const std::vector<CodecSpec> &codecs) {
     StatusOr<RestoreError> error = restoreError(
@@ -278,6 +292,7 @@ protected:
   std::unique_ptr<LlamaModel> model_;
   std::vector<int32_t> tokens_;
   std::unique_ptr<host::Destination> destination_;
+  BundlePlan receivePlan_;
 };
 
 std::string *TransferTest::modelDir_ = nullptr;
@@ -313,40 +328,55 @@ TEST_F(TransferTest, DeliversTheCacheAFullPrefillMakes) {
   }
 }
 
+// What did not arrive intact is recomputed, whether the chunks are written
+// as they arrive or by a receive plan (as a restore recomputes a missing or
+// corrupt chunk): the cache is exact either way.
 TEST_F(TransferTest, RecomputesWhatADeadSenderDidNotSend) {
-  SenderProcess sender([&](std::unique_ptr<Link> link) {
-    // Dies as a crash would, after the hello and three chunks.
-    return send(*modelDir_, std::move(link), {}, [](int index, std::string &) {
-      if (index == 4)
-        ::_exit(9);
+  for (const auto &[receiver, options] : receivers()) {
+    SCOPED_TRACE(receiver);
+    SenderProcess sender([&](std::unique_ptr<Link> link) {
+      // Dies as a crash would, after the hello and three chunks.
+      return send(*modelDir_, std::move(link), {},
+                  [](int index, std::string &) {
+                    if (index == 4)
+                      ::_exit(9);
+                  });
     });
-  });
-  StatusOr<ReceiveMetrics> metrics = receive(sender);
-  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
-  EXPECT_EQ(sender.wait(), 9);
-  EXPECT_FALSE(metrics->lost.empty());
-  EXPECT_LE(metrics->received, 3);
-  EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
-  expectVerified({CodecSpec()});
+    StatusOr<ReceiveMetrics> metrics = receive(sender, options);
+    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+    EXPECT_EQ(sender.wait(), 9);
+    EXPECT_FALSE(metrics->lost.empty());
+    EXPECT_LE(metrics->received, 3);
+    EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
+    ASSERT_FALSE(metrics->fallbacks.empty());
+    EXPECT_NE(metrics->fallbacks.back().find("not received ("),
+              std::string::npos)
+        << metrics->fallbacks.back();
+    expectVerified({CodecSpec()});
+  }
 }
 
 TEST_F(TransferTest, RecomputesACorruptChunk) {
-  SenderProcess sender([&](std::unique_ptr<Link> link) {
-    // Flips a payload byte of the second chunk (message 2 after the hello).
-    return send(*modelDir_, std::move(link), {},
-                [](int index, std::string &message) {
-                  if (index == 2)
-                    message[message.size() / 2] ^= 0x40;
-                });
-  });
-  StatusOr<ReceiveMetrics> metrics = receive(sender);
-  ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
-  EXPECT_EQ(sender.wait(), 1); // The receipt: one chunk recomputed.
-  EXPECT_EQ(metrics->received, kChunks - 1);
-  ASSERT_EQ(metrics->fallbacks.size(), 1u);
-  EXPECT_NE(metrics->fallbacks[0].find("checksum"), std::string::npos)
-      << metrics->fallbacks[0];
-  expectVerified({CodecSpec()});
+  for (const auto &[receiver, options] : receivers()) {
+    SCOPED_TRACE(receiver);
+    SenderProcess sender([&](std::unique_ptr<Link> link) {
+      // Flips a payload byte of the second chunk (message 2 after the
+      // hello).
+      return send(*modelDir_, std::move(link), {},
+                  [](int index, std::string &message) {
+                    if (index == 2)
+                      message[message.size() / 2] ^= 0x40;
+                  });
+    });
+    StatusOr<ReceiveMetrics> metrics = receive(sender, options);
+    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+    EXPECT_EQ(sender.wait(), 1); // The receipt: one chunk recomputed.
+    EXPECT_EQ(metrics->received, kChunks - 1);
+    ASSERT_EQ(metrics->fallbacks.size(), 1u);
+    EXPECT_NE(metrics->fallbacks[0].find("checksum"), std::string::npos)
+        << metrics->fallbacks[0];
+    expectVerified({CodecSpec()});
+  }
 }
 
 TEST_F(TransferTest, RejectsAMessageWithADamagedHeader) {
@@ -501,56 +531,6 @@ TEST_F(TransferTest, CompiledPlansRunAtBothEnds) {
   for (int64_t layer = 0; layer < 4; ++layer)
     EXPECT_TRUE(progress.ready(layer));
   expectVerified({codec});
-}
-
-// A receive plan recomputes what did not arrive intact, as a restore
-// recomputes a missing or corrupt chunk: the cache is still exact.
-TEST_F(TransferTest, AReceivePlanRecomputesWhatDidNotArrive) {
-  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
-  BundlePlan receiver =
-      transferPlans(objects, tokens_, CodecSpec(), false).second;
-  StatusOr<ReceiveOptions> options =
-      receiveOptionsFor(receiver, objects, int64_t(tokens_.size()));
-  ASSERT_TRUE(options.isOk()) << options.status().toString();
-  {
-    SCOPED_TRACE("the sender dies after three chunks");
-    SenderProcess sender([&](std::unique_ptr<Link> link) {
-      return send(*modelDir_, std::move(link), {},
-                  [](int index, std::string &) {
-                    if (index == 4)
-                      ::_exit(9);
-                  });
-    });
-    StatusOr<ReceiveMetrics> metrics = receive(sender, *options);
-    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
-    EXPECT_EQ(sender.wait(), 9);
-    EXPECT_FALSE(metrics->lost.empty());
-    EXPECT_LE(metrics->received, 3);
-    EXPECT_EQ(metrics->received + int64_t(metrics->fallbacks.size()), kChunks);
-    ASSERT_FALSE(metrics->fallbacks.empty());
-    EXPECT_NE(metrics->fallbacks.back().find("not received ("),
-              std::string::npos)
-        << metrics->fallbacks.back();
-    expectVerified({CodecSpec()});
-  }
-  {
-    SCOPED_TRACE("the second chunk is corrupt");
-    SenderProcess sender([&](std::unique_ptr<Link> link) {
-      return send(*modelDir_, std::move(link), {},
-                  [](int index, std::string &message) {
-                    if (index == 2)
-                      message[message.size() / 2] ^= 0x40;
-                  });
-    });
-    StatusOr<ReceiveMetrics> metrics = receive(sender, *options);
-    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
-    EXPECT_EQ(sender.wait(), 1); // The receipt: one chunk recomputed.
-    EXPECT_EQ(metrics->received, kChunks - 1);
-    ASSERT_EQ(metrics->fallbacks.size(), 1u);
-    EXPECT_NE(metrics->fallbacks[0].find("checksum"), std::string::npos)
-        << metrics->fallbacks[0];
-    expectVerified({CodecSpec()});
-  }
 }
 
 class RecordingChooser : public CodecChooser {

@@ -39,6 +39,28 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
   return value;
 }
 
+void printLayerReadiness(const std::vector<double> &ready,
+                         const std::vector<double> &predicted) {
+  if (ready.empty())
+    return;
+  auto last = [](const std::vector<double> &layers) {
+    return *std::max_element(layers.begin(), layers.end());
+  };
+  auto print = [&](const char *what, double measured,
+                   std::optional<double> estimate) {
+    std::printf("%s %.3f ms", what, measured * 1e3);
+    if (estimate)
+      std::printf(" (predicted %.3f ms)", *estimate * 1e3);
+  };
+  print("  layer 0 ready after", ready.front(),
+        predicted.empty() ? std::nullopt
+                          : std::optional<double>(predicted.front()));
+  print("; every layer after", last(ready),
+        predicted.empty() ? std::nullopt
+                          : std::optional<double>(last(predicted)));
+  std::printf("\n");
+}
+
 Status reportVerification(const RestoreError &error, const VerifyBound &bound) {
   Status status = checkVerification(error, bound);
   std::printf("verify: against a full prefill, max error %.3g", error.max);
@@ -342,31 +364,6 @@ void printLoads(const BundlePlan &plan) {
   }
 }
 
-/// Prints when layer 0 and the last layer to complete held every token,
-/// beside the plan's predictions where it has them.
-void printLayerReadiness(const RestoreMetrics &metrics) {
-  if (metrics.layerReadySeconds.empty())
-    return;
-  const std::vector<double> &ready = metrics.layerReadySeconds;
-  const std::vector<double> &predicted = metrics.predictedLayerReadySeconds;
-  auto last = [](const std::vector<double> &layers) {
-    return *std::max_element(layers.begin(), layers.end());
-  };
-  auto print = [&](const char *what, double measured,
-                   std::optional<double> estimate) {
-    std::printf("%s %.3f ms", what, measured * 1e3);
-    if (estimate)
-      std::printf(" (predicted %.3f ms)", *estimate * 1e3);
-  };
-  print("  layer 0 ready after", ready.front(),
-        predicted.empty() ? std::nullopt
-                          : std::optional<double>(predicted.front()));
-  print("; every layer after", last(ready),
-        predicted.empty() ? std::nullopt
-                          : std::optional<double>(last(predicted)));
-  std::printf("\n");
-}
-
 /// Restores a request by running one plan of a bundle into a paged cache;
 /// prints measured beside predicted, and with --verify the error against a
 /// full prefill (failing above --max-error, by default bf16 rounding).
@@ -418,7 +415,8 @@ Status restoreCommand(Args &args) {
     std::printf("  read %-10s %.3f MB", tier.c_str(), double(bytes) * 1e-6);
     predicted(metrics.predictedBytesRead, tier, 1e-6, "MB");
   }
-  printLayerReadiness(metrics);
+  printLayerReadiness(metrics.layerReadySeconds,
+                      metrics.predictedLayerReadySeconds);
   std::printf("  staging  %.3f MB in %lld slot(s)\n",
               double(metrics.stagingBytes) * 1e-6,
               (long long)plan->stagingSlots);

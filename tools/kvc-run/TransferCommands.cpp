@@ -233,6 +233,7 @@ Status transferRecvCommand(Args &args) {
               perCodec(metrics.chunksPerCodec).c_str(),
               double(metrics.bytes) * 1e-6, metrics.seconds,
               metrics.streamSeconds, metrics.fallbackSeconds);
+  printLayerReadiness(metrics.layerReadySeconds);
   if (!metrics.lost.empty())
     std::printf("  the stream broke off: %s\n", metrics.lost.c_str());
   for (const std::string &why : metrics.rejected)

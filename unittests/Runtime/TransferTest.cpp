@@ -530,6 +530,10 @@ TEST_F(TransferTest, CompiledPlansRunAtBothEnds) {
   EXPECT_TRUE(metrics->fallbacks.empty());
   for (int64_t layer = 0; layer < 4; ++layer)
     EXPECT_TRUE(progress.ready(layer));
+  // Layer 0 was written whole before any chunk of a later layer arrived.
+  ASSERT_EQ(metrics->layerReadySeconds.size(), 4u);
+  EXPECT_LT(metrics->layerReadySeconds[0], metrics->layerReadySeconds[1]);
+  EXPECT_LE(metrics->layerReadySeconds[3], metrics->seconds);
   expectVerified({codec});
 }
 

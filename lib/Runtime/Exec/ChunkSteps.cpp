@@ -405,16 +405,4 @@ std::map<std::string, int64_t> ChunkSteps::bytesRead() const {
   return bytesRead_;
 }
 
-std::vector<double> layerReadySeconds(const LayerProgress &progress,
-                                      int64_t layers, Clock::time_point begin,
-                                      double end) {
-  std::vector<double> out;
-  for (int64_t l = 0; l < layers; ++l) {
-    std::optional<Clock::time_point> at = progress.completedAt(l);
-    out.push_back(at ? std::chrono::duration<double>(*at - begin).count()
-                     : end);
-  }
-  return out;
-}
-
 } // namespace kvc::exec_detail

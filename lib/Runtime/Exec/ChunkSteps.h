@@ -175,29 +175,14 @@ private:
   std::vector<std::string> kernelsNotLaunched_;
 };
 
-/// Runs `run(progress)` (a restore of `target`) with a progress reset to
-/// the target's layers and tokens before and finished with the restore's
-/// status after, so that waiters wake on success and on error alike: the
-/// caller's `progress` when given, else one of its own, so that the
-/// restore measures when its layers complete either way.
+/// kvc::trackProgress over the layers and tokens of a restore of `target`.
 template <typename Run>
 auto trackProgress(LayerProgress *progress, const RestoreTarget &target,
                    Run run) -> decltype(run(*progress)) {
-  LayerProgress own;
-  LayerProgress &used = progress ? *progress : own;
-  used.reset(target.model ? target.model->config().numLayers : 0,
-             target.tokens ? int64_t(target.tokens->size()) : 0);
-  auto result = run(used);
-  used.finish(result.status());
-  return result;
+  return kvc::trackProgress(
+      progress, target.model ? target.model->config().numLayers : 0,
+      target.tokens ? int64_t(target.tokens->size()) : 0, run);
 }
-
-/// Seconds from `begin` to when each of `layers` layers of `progress`
-/// completed; `end` (the restore's end, where a finished restore wakes its
-/// waiters) for a layer its writes did not complete.
-std::vector<double> layerReadySeconds(const LayerProgress &progress,
-                                      int64_t layers, Clock::time_point begin,
-                                      double end);
 
 } // namespace kvc::exec_detail
 

@@ -211,9 +211,8 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
   walk.finish(out);
   out.predictedMergeToken = options.predictedMergeToken;
   out.metrics.makespanSeconds = result.makespan;
-  out.metrics.layerReadySeconds = exec_detail::layerReadySeconds(
-      *run.progress, target.model->config().numLayers, result.begin,
-      result.makespan);
+  out.metrics.layerReadySeconds =
+      run.progress->readySeconds(result.begin, result.makespan);
   out.metrics.busySeconds = result.busy;
   if (!run.tracePath.empty())
     KVC_RETURN_IF_ERROR(writeChromeTrace(graph, result, run.tracePath));

@@ -443,9 +443,8 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   RestoreMetrics metrics;
   KVC_RETURN_IF_ERROR(run.recoverFallbacks(metrics));
   metrics.makespanSeconds = result.makespan + metrics.fallbackSeconds;
-  metrics.layerReadySeconds = exec_detail::layerReadySeconds(
-      *options.progress, target.model->config().numLayers, result.begin,
-      metrics.makespanSeconds);
+  metrics.layerReadySeconds =
+      options.progress->readySeconds(result.begin, metrics.makespanSeconds);
   metrics.busySeconds = result.busy;
   metrics.bytesRead = run.steps().bytesRead();
   metrics.flops = run.steps().flops();

@@ -98,4 +98,14 @@ LayerProgress::completedAt(int64_t layer) const {
   return completed_[layer];
 }
 
+std::vector<double> LayerProgress::readySeconds(Clock::time_point begin,
+                                                double end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<double> out;
+  for (const std::optional<Clock::time_point> &at : completed_)
+    out.push_back(at ? std::chrono::duration<double>(*at - begin).count()
+                     : end);
+  return out;
+}
+
 } // namespace kvc

@@ -596,7 +596,8 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
   return metrics;
 }
 
-/// receiveContext, but for its progress's reset and finish.
+/// receiveContext, but for its progress's reset and finish (its options
+/// name a progress).
 StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
                                        const RestoreTarget &target,
                                        const ReceiveOptions &options) {
@@ -628,6 +629,8 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
           ? receivePlanned(link, objects, expected, target, options, start)
           : receiveStreamed(link, objects, expected, target, options, start));
   metrics.seconds = secondsSince(start);
+  metrics.layerReadySeconds =
+      options.progress->readySeconds(start, metrics.seconds);
   sendLast(link, Kind::Receipt,
            {{"received", metrics.received},
             {"recomputed", int64_t(metrics.fallbacks.size())}},
@@ -671,13 +674,13 @@ StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
       !target.cache || !target.table)
     return invalidArgument("transfer: the target needs a model, tokens, a "
                            "cache and a block table");
-  if (options.progress)
-    options.progress->reset(local.model().numLayers,
-                            int64_t(target.tokens->size()));
-  StatusOr<ReceiveMetrics> result = receiveChunks(link, local, target, options);
-  if (options.progress)
-    options.progress->finish(result.status());
-  return result;
+  return trackProgress(options.progress, local.model().numLayers,
+                       int64_t(target.tokens->size()),
+                       [&](LayerProgress &progress) {
+                         ReceiveOptions tracked = options;
+                         tracked.progress = &progress;
+                         return receiveChunks(link, local, target, tracked);
+                       });
 }
 
 } // namespace kvc

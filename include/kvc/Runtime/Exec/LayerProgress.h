@@ -67,6 +67,11 @@ public:
   /// set by finish()).
   std::optional<Clock::time_point> completedAt(int64_t layer) const;
 
+  /// Per layer, seconds from `begin` to when it completed; `end` (where a
+  /// finished restore wakes its waiters) for a layer its writes did not
+  /// complete.
+  std::vector<double> readySeconds(Clock::time_point begin, double end) const;
+
 private:
   /// `tokens` < 0: all of them.
   bool readyLocked(int64_t layer, int64_t tokens = -1) const;
@@ -79,6 +84,22 @@ private:
   bool started_ = false;
   std::optional<Status> finished_;
 };
+
+/// Runs `run(progress)` (a restore or a receive of `layers` x `tokens`)
+/// with a progress reset before and finished with its status after, so that
+/// waiters wake on success and on error alike: the caller's `progress` when
+/// given, else one of its own, so that the run measures when its layers
+/// complete either way.
+template <typename Run>
+auto trackProgress(LayerProgress *progress, int64_t layers, int64_t tokens,
+                   Run run) -> decltype(run(*progress)) {
+  LayerProgress own;
+  LayerProgress &used = progress ? *progress : own;
+  used.reset(layers, tokens);
+  auto result = run(used);
+  used.finish(result.status());
+  return result;
+}
 
 } // namespace kvc
 

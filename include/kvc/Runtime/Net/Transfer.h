@@ -157,6 +157,9 @@ struct ReceiveMetrics {
   std::vector<std::string> rejected;
   /// One line per chunk recomputed instead of received, with why.
   std::vector<std::string> fallbacks;
+  /// Per layer, seconds from the hello to when the layer held every token
+  /// (the end, for a layer its writes did not complete).
+  std::vector<double> layerReadySeconds;
 };
 
 /// Receives the KV of `target.tokens` from the sender at the other end of

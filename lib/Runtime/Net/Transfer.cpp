@@ -137,6 +137,9 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
                                 const SendOptions &options) {
   if (tokens.empty())
     return invalidArgument("transfer: no tokens to send");
+  if (options.plan && options.chooser)
+    return invalidArgument("transfer: a compiled plan sends the encoding it "
+                           "chose; it takes no chooser");
   const StoreLayout &layout = objects.layout();
   const int64_t chunks = int64_t(
       objects.refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec())
@@ -186,9 +189,6 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   stream.prefillTokens = options.prefillTokens;
   StatusOr<SaveStats> streamed = SaveStats();
   if (options.plan) {
-    if (options.chooser)
-      return invalidArgument("transfer: a compiled plan sends the encoding it "
-                             "chose; it takes no chooser");
     Clock::time_point start = Clock::now();
     StatusOr<SaveMetrics> sent = sendDuringPrefill(
         cpuBackend(), model, objects, tokens, *options.plan,
@@ -546,10 +546,6 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
                                         const ReceiveOptions &options,
                                         Clock::time_point start) {
   const BundlePlan &plan = *options.plan;
-  if (!options.codec)
-    return invalidArgument("transfer: plan " + plan.name +
-                           " without the encoding it receives "
-                           "(receiveOptionsFor)");
   Backend &backend = target.backend ? *target.backend : cpuBackend();
   auto inbox = std::make_shared<Inbox>(link.describe(), options.bufferBytes);
   ChunkStore store(inbox, objects.model(), objects.fingerprint(),
@@ -674,6 +670,10 @@ StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
       !target.cache || !target.table)
     return invalidArgument("transfer: the target needs a model, tokens, a "
                            "cache and a block table");
+  if (options.plan && !options.codec)
+    return invalidArgument("transfer: plan " + options.plan->name +
+                           " without the encoding it receives (give the "
+                           "options receiveOptionsFor makes)");
   return trackProgress(options.progress, local.model().numLayers,
                        int64_t(target.tokens->size()),
                        [&](LayerProgress &progress) {

@@ -161,6 +161,9 @@ Status transferSendCommand(Args &args) {
         planned,
         sendOptionsFor(*plan, objects, int64_t(tokens.size()), options));
     options = planned;
+    options.tracePath = args.get("trace");
+  } else if (args.has("trace")) {
+    return invalidArgument("--trace traces a compiled plan: give --bundle");
   }
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
@@ -214,6 +217,9 @@ Status transferRecvCommand(Args &args) {
         planned,
         receiveOptionsFor(*plan, local, int64_t(tokens.size()), options));
     options = planned;
+    options.tracePath = args.get("trace");
+  } else if (args.has("trace")) {
+    return invalidArgument("--trace traces a compiled plan: give --bundle");
   }
   KVC_RETURN_IF_ERROR(args.checkUnused());
 

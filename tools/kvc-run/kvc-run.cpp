@@ -133,6 +133,8 @@ Status save(Args &args) {
                   std::to_string(total) + " tokens");
   };
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
+  if (args.has("trace") && !args.has("bundle"))
+    return invalidArgument("--trace traces a compiled plan: give --bundle");
   if (args.has("bundle")) {
     // A compiled save plan decides the forms and the encoding.
     if (args.has("forms") || args.has("codec"))
@@ -153,8 +155,11 @@ Status save(Args &args) {
       for (const BundleStep &step : task.steps)
         if (step.kind == StepKind::Store)
           stores[step.tier] = store.get();
-    KVC_ASSIGN_OR_RETURN(metrics, saveDuringPrefill(backend(), *model, tokens,
-                                                    *plan, stores, options));
+    SaveRunOptions run;
+    run.tracePath = args.get("trace");
+    KVC_ASSIGN_OR_RETURN(metrics,
+                         saveDuringPrefill(backend(), *model, tokens, *plan,
+                                           stores, options, run));
     std::printf("saved %zu tokens of model %.16s to %s with codec %s: %lld "
                 "objects written, %lld already stored; plan %s: snapshots "
                 "done at %.3f s (they follow the prefill), total %.3f s",
@@ -368,7 +373,8 @@ const std::vector<Command> &commands() {
                {"bundle", "FILE",
                 "a compiled save plan (kvc-save-pipeline) choosing the "
                 "forms and codec"},
-               {"plan", "NAME", "the bundle's plan (default its only one)"}} +
+               {"plan", "NAME", "the bundle's plan (default its only one)"},
+               {"trace", "FILE", "write the plan's Chrome trace"}} +
            common,
        save},
       {"import-llama2c", "converts a llama2.c checkpoint to a model directory",
@@ -446,6 +452,7 @@ const std::vector<Command> &commands() {
                 "run a compiled transfer's send plan: its encoding, "
                 "order and lanes"},
                {"plan", "NAME", "the bundle's plan (default its send plan)"},
+               {"trace", "FILE", "write the send plan's Chrome trace"},
                {"chunk-tokens", "N", "tokens per chunk (default 256)"},
                {"layer-group", "N", "layers per chunk (default 4)"},
                {"prefill-tokens", "N",
@@ -471,6 +478,7 @@ const std::vector<Command> &commands() {
                 "run a compiled transfer's receive plan: its layout, "
                 "encoding and lanes"},
                {"plan", "NAME", "the bundle's plan (default its receive plan)"},
+               {"trace", "FILE", "write the receive plan's Chrome trace"},
                {"timeout-ms", "N",
                 "wait at most this for the sender and each message "
                 "(default 10000)"},

@@ -140,6 +140,9 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   if (options.plan && options.chooser)
     return invalidArgument("transfer: a compiled plan sends the encoding it "
                            "chose; it takes no chooser");
+  if (!options.plan && !options.tracePath.empty())
+    return invalidArgument("transfer: a trace is a plan's; the sender has "
+                           "none");
   const StoreLayout &layout = objects.layout();
   const int64_t chunks = int64_t(
       objects.refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec())
@@ -195,7 +198,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
         [&](const ChunkRef &ref, std::string object) {
           return sendChunk(ref, object, 0);
         },
-        stream);
+        stream, SaveRunOptions{options.tracePath});
     if (sent.isOk()) {
       streamed->prefillSeconds = sent->prefillSeconds;
       streamed->totalSeconds = secondsSince(start);
@@ -559,6 +562,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   RestoreOptions restoreOptions;
   restoreOptions.progress = options.progress;
+  restoreOptions.tracePath = options.tracePath;
 
   std::atomic<bool> failed{false};
   StatusOr<RestoreMetrics> restored =
@@ -670,6 +674,9 @@ StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
       !target.cache || !target.table)
     return invalidArgument("transfer: the target needs a model, tokens, a "
                            "cache and a block table");
+  if (!options.plan && !options.tracePath.empty())
+    return invalidArgument("transfer: a trace is a plan's; the receiver has "
+                           "none");
   if (options.plan && !options.codec)
     return invalidArgument("transfer: plan " + options.plan->name +
                            " without the encoding it receives (give the "

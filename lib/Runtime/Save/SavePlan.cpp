@@ -454,10 +454,12 @@ namespace {
 /// Runs `plan` into `target` (its stores or sender; the source and tokens
 /// are set here) beside a prefill of `tokens` with `model` on `backend`
 /// that hands over the objects of `objects`' layout as it computes them.
-StatusOr<SaveMetrics> runDuringPrefill(
-    Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
-    const std::vector<int32_t> &tokens, const BundlePlan &plan,
-    SaveTarget target, StepKind endpoint, const SaveOptions &stream) {
+StatusOr<SaveMetrics>
+runDuringPrefill(Backend &backend, const LlamaModel &model,
+                 const ChunkObjects &objects,
+                 const std::vector<int32_t> &tokens, const BundlePlan &plan,
+                 SaveTarget target, StepKind endpoint,
+                 const SaveOptions &stream, const SaveRunOptions &run) {
   KVC_ASSIGN_OR_RETURN(
       what, planObjects(plan, objects, int64_t(tokens.size()), endpoint));
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
@@ -470,7 +472,7 @@ StatusOr<SaveMetrics> runDuringPrefill(
   StatusOr<SaveMetrics> saved =
       Status(StatusCode::Internal, "the save has not ended");
   std::thread saver([&] {
-    saved = save(*pools, plan, target);
+    saved = save(*pools, plan, target, run);
     saveEnded = true;
     if (!saved.isOk()) // Frees a prefill waiting for room no gather makes.
       snapshots.finish(saved.status());
@@ -504,25 +506,25 @@ StatusOr<SaveMetrics>
 saveDuringPrefill(Backend &backend, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,
                   const std::map<std::string, ChunkStore *> &stores,
-                  const SaveOptions &stream) {
+                  const SaveOptions &stream, const SaveRunOptions &run) {
   if (stores.empty() || !stores.begin()->second)
     return invalidArgument("save: no store");
   SaveTarget target;
   target.stores = stores;
   return runDuringPrefill(backend, model, *stores.begin()->second, tokens, plan,
-                          std::move(target), StepKind::Store, stream);
+                          std::move(target), StepKind::Store, stream, run);
 }
 
 StatusOr<SaveMetrics> sendDuringPrefill(
     Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,
     std::function<Status(const ChunkRef &ref, std::string object)> send,
-    const SaveOptions &stream) {
+    const SaveOptions &stream, const SaveRunOptions &run) {
   SaveTarget target;
   target.send = std::move(send);
   target.objects = &objects;
   return runDuringPrefill(backend, model, objects, tokens, plan,
-                          std::move(target), StepKind::Send, stream);
+                          std::move(target), StepKind::Send, stream, run);
 }
 
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,

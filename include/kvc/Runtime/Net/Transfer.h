@@ -83,6 +83,8 @@ struct SendOptions {
   /// The compiled send plan to run (sendOptionsFor), instead of the
   /// writers streaming every object as the prefill completes it.
   const BundlePlan *plan = nullptr;
+  /// Writes the plan's Chrome trace here when not empty.
+  std::string tracePath;
 };
 
 struct SendStats {
@@ -131,6 +133,8 @@ struct ReceiveOptions {
   /// The compiled receive plan to run (receiveOptionsFor), instead of the
   /// decoders scattering each chunk as it arrives.
   const BundlePlan *plan = nullptr;
+  /// Writes the plan's Chrome trace here when not empty.
+  std::string tracePath;
 };
 
 /// The receiver of a compiled transfer (kvc-expand's `<name>_recv` plan):

@@ -205,12 +205,13 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
 /// `stream`'s writers, buffers, prefill steps and progress; its forms and
 /// codec are the plan's) while `plan` saves what it computes to `stores`,
 /// each gather taking its object as soon as the prefill handed it over.
-/// Pools come from `backend` with the plan's lanes.
+/// Pools come from `backend` with the plan's lanes; `run` as save()'s.
 StatusOr<SaveMetrics>
 saveDuringPrefill(Backend &backend, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,
                   const std::map<std::string, ChunkStore *> &stores,
-                  const SaveOptions &stream = {});
+                  const SaveOptions &stream = {},
+                  const SaveRunOptions &run = {});
 
 /// The sender of a transfer: prefills `tokens` with `model` on `backend`
 /// (SaveOptions as saveDuringPrefill's) while the send `plan` gathers,
@@ -220,7 +221,7 @@ StatusOr<SaveMetrics> sendDuringPrefill(
     Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,
     std::function<Status(const ChunkRef &ref, std::string object)> send,
-    const SaveOptions &stream = {});
+    const SaveOptions &stream = {}, const SaveRunOptions &run = {});
 
 /// The save plan a caller without the compiler runs: per object of
 /// `objects`' layout for `tokens` tokens and each of `forms`, a gather on

@@ -66,6 +66,10 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args);
 void printLayerReadiness(const std::vector<double> &ready,
                          const std::vector<double> &predicted = {});
 
+/// Prints the chunks generated kernels wrote on the device, and why any
+/// whose task names one were decoded on the host.
+void printKernels(const RestoreMetrics &metrics);
+
 /// Prints a verification and fails above the bound.
 Status reportVerification(const RestoreError &error,
                           const host::VerifyBound &bound);

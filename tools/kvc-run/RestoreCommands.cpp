@@ -216,8 +216,6 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   return setup;
 }
 
-/// Prints the chunks generated kernels wrote on the device, and why any
-/// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics) {
   if (metrics.kernelChunks > 0)
     std::printf("  generated kernels wrote %lld chunks on the device in %lld "

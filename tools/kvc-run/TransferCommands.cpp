@@ -61,18 +61,24 @@ Status writeAtomically(const std::string &path, const std::string &text) {
   return Status::ok();
 }
 
+/// A plan of a bundle, with the bundle's kernel table.
+struct CompiledPlan {
+  BundlePlan plan;
+  std::vector<BundleKernel> kernels;
+};
+
 /// The plan of `--bundle` whose objects end in `endpoint` steps: `--plan`,
 /// or the only such plan (kvc-expand makes a kvc.transfer a send and a
 /// receive plan); none without `--bundle`.
-StatusOr<std::optional<BundlePlan>>
+StatusOr<std::optional<CompiledPlan>>
 transferPlan(Args &args, const LlamaModel &model, StepKind endpoint) {
   if (!args.has("bundle"))
-    return std::optional<BundlePlan>();
+    return std::optional<CompiledPlan>();
   const std::string path = args.get("bundle");
   KVC_ASSIGN_OR_RETURN(bundle, readBundleFor(path, model));
   if (args.has("plan")) {
     KVC_ASSIGN_OR_RETURN(plan, selectPlan(bundle, path, args.get("plan")));
-    return std::optional<BundlePlan>(*plan);
+    return std::optional<CompiledPlan>({*plan, bundle.kernels});
   }
   std::optional<BundlePlan> found;
   for (const BundlePlan &plan : bundle.plans)
@@ -91,7 +97,7 @@ transferPlan(Args &args, const LlamaModel &model, StepKind endpoint) {
   if (!found)
     return invalidArgument(path + " has no plan that " +
                            (endpoint == StepKind::Send ? "sends" : "receives"));
-  return found;
+  return std::optional<CompiledPlan>({std::move(*found), bundle.kernels});
 }
 
 /// KVServe's controller over `--codecs` (most accurate first) under
@@ -159,7 +165,7 @@ Status transferSendCommand(Args &args) {
                              "--codec and --codecs");
     KVC_ASSIGN_OR_RETURN(
         planned,
-        sendOptionsFor(*plan, objects, int64_t(tokens.size()), options));
+        sendOptionsFor(plan->plan, objects, int64_t(tokens.size()), options));
     options = planned;
     options.tracePath = args.get("trace");
   } else if (args.has("trace")) {
@@ -215,8 +221,9 @@ Status transferRecvCommand(Args &args) {
                              "--decoders");
     KVC_ASSIGN_OR_RETURN(
         planned,
-        receiveOptionsFor(*plan, local, int64_t(tokens.size()), options));
+        receiveOptionsFor(plan->plan, local, int64_t(tokens.size()), options));
     options = planned;
+    options.kernels = &plan->kernels;
     options.tracePath = args.get("trace");
   } else if (args.has("trace")) {
     return invalidArgument("--trace traces a compiled plan: give --bundle");
@@ -240,6 +247,8 @@ Status transferRecvCommand(Args &args) {
               double(metrics.bytes) * 1e-6, metrics.seconds,
               metrics.streamSeconds, metrics.fallbackSeconds);
   printLayerReadiness(metrics.layerReadySeconds);
+  if (metrics.planRun)
+    printKernels(*metrics.planRun);
   if (!metrics.lost.empty())
     std::printf("  the stream broke off: %s\n", metrics.lost.c_str());
   for (const std::string &why : metrics.rejected)

@@ -192,13 +192,15 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   stream.prefillTokens = options.prefillTokens;
   StatusOr<SaveStats> streamed = SaveStats();
   if (options.plan) {
+    SaveRunOptions run;
+    run.tracePath = options.tracePath;
     Clock::time_point start = Clock::now();
     StatusOr<SaveMetrics> sent = sendDuringPrefill(
         cpuBackend(), model, objects, tokens, *options.plan,
         [&](const ChunkRef &ref, std::string object) {
           return sendChunk(ref, object, 0);
         },
-        stream, SaveRunOptions{options.tracePath});
+        stream, run);
     if (sent.isOk()) {
       streamed->prefillSeconds = sent->prefillSeconds;
       streamed->totalSeconds = secondsSince(start);
@@ -563,6 +565,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
   RestoreOptions restoreOptions;
   restoreOptions.progress = options.progress;
   restoreOptions.tracePath = options.tracePath;
+  restoreOptions.kernels = options.kernels;
 
   std::atomic<bool> failed{false};
   StatusOr<RestoreMetrics> restored =
@@ -593,6 +596,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
   metrics.fallbacks = restored->fallbacks;
   metrics.fallbackSeconds = restored->fallbackSeconds;
   metrics.received = metrics.chunks - int64_t(metrics.fallbacks.size());
+  metrics.planRun = std::move(*restored);
   return metrics;
 }
 

@@ -47,6 +47,7 @@
 #include "kvc/Runtime/Save/Saver.h"
 
 #include <map>
+#include <optional>
 
 namespace kvc {
 
@@ -133,6 +134,9 @@ struct ReceiveOptions {
   /// The compiled receive plan to run (receiveOptionsFor), instead of the
   /// decoders scattering each chunk as it arrives.
   const BundlePlan *plan = nullptr;
+  /// The plan bundle's kernel table: the plan's tasks that name a generated
+  /// restore kernel launch it where the backend can (RestoreOptions).
+  const std::vector<BundleKernel> *kernels = nullptr;
   /// Writes the plan's Chrome trace here when not empty.
   std::string tracePath;
 };
@@ -164,6 +168,9 @@ struct ReceiveMetrics {
   /// Per layer, seconds from the hello to when the layer held every token
   /// (the end, for a layer its writes did not complete).
   std::vector<double> layerReadySeconds;
+  /// A compiled receiver's run of its plan: busy time per lane, bytes per
+  /// peer, the chunks generated kernels wrote.
+  std::optional<RestoreMetrics> planRun;
 };
 
 /// Receives the KV of `target.tokens` from the sender at the other end of

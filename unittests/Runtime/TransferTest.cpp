@@ -537,6 +537,29 @@ TEST_F(TransferTest, CompiledPlansRunAtBothEnds) {
   expectVerified({codec});
 }
 
+// A receive that fails after accepting (here a receive plan whose scatters
+// leave part of the cache unwritten) tells the sender why instead of
+// leaving it to wait for a receipt.
+TEST_F(TransferTest, AFailedReceiveTellsTheSenderWhy) {
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
+  BundlePlan receiver =
+      transferPlans(objects, tokens_, CodecSpec(), false).second;
+  receiver.tasks.back().steps.back().layers = {0, 0};
+  StatusOr<ReceiveOptions> options =
+      receiveOptionsFor(receiver, objects, int64_t(tokens_.size()));
+  ASSERT_TRUE(options.isOk()) << options.status().toString();
+  SenderProcess sender([&](std::unique_ptr<Link> link) {
+    SendOptions sending;
+    sending.timeout = 60000ms; // Far past the test's: only the refusal ends it.
+    return send(*modelDir_, std::move(link), sending);
+  });
+  StatusOr<ReceiveMetrics> metrics = receive(sender, *options);
+  ASSERT_FALSE(metrics.isOk());
+  EXPECT_NE(metrics.status().message().find("unwritten"), std::string::npos)
+      << metrics.status().toString();
+  EXPECT_EQ(sender.wait(), 3); // FailedPrecondition: refused, with why.
+}
+
 class RecordingChooser : public CodecChooser {
 public:
   explicit RecordingChooser(CodecChooser &inner) : inner_(inner) {}

@@ -323,8 +323,6 @@ std::string describeLayout(const StoreLayout &layout) {
 struct ChunkHandler {
   std::function<void(Arrival)> deliver;
   std::function<void(size_t index, std::string why)> refuse;
-  /// Whether to stop reading (the chunks can no longer be written).
-  std::function<bool()> stop = [] { return false; };
 };
 
 /// Reads the sender's messages until its end, its loss or a timeout
@@ -337,7 +335,7 @@ void readChunks(Link &link, const ChunkObjects &objects,
                 const ReceiveOptions &options, ReceiveMetrics &metrics,
                 const ChunkHandler &handler) {
   std::vector<bool> arrived(expected.size(), false);
-  while (!handler.stop()) {
+  for (;;) {
     StatusOr<std::string> bytes = link.receive(options.timeout);
     if (!bytes.isOk()) {
       metrics.lost = bytes.status().message();
@@ -567,13 +565,13 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
   restoreOptions.tracePath = options.tracePath;
   restoreOptions.kernels = options.kernels;
 
-  std::atomic<bool> failed{false};
   StatusOr<RestoreMetrics> restored =
       Status(StatusCode::Internal, "the receive plan has not ended");
   std::thread runner([&] {
     restored = restore(*pools, plan, planned, restoreOptions);
-    failed = !restored.isOk();
-    inbox->finish(""); // Later arrivals have no recv left to take them.
+    // Later arrivals (all of them, if the plan failed) have no recv left to
+    // take them: the reader goes on to the sender's end, and drops them.
+    inbox->finish("");
   });
   ReceiveMetrics metrics;
   metrics.chunks = int64_t(expected.size());
@@ -586,7 +584,6 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
     ref.codec = *options.codec;
     inbox->refuse(ref.name(), why);
   };
-  handler.stop = [&] { return failed.load(); };
   readChunks(link, objects, expected, options, metrics, handler);
   metrics.streamSeconds = secondsSince(start);
   inbox->finish(metrics.lost);
@@ -627,11 +624,17 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
                        *layout);
   const std::vector<ChunkRef> expected = objects.refs(
       tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec());
-  KVC_ASSIGN_OR_RETURN(
-      metrics,
+  StatusOr<ReceiveMetrics> received =
       options.plan
           ? receivePlanned(link, objects, expected, target, options, start)
-          : receiveStreamed(link, objects, expected, target, options, start));
+          : receiveStreamed(link, objects, expected, target, options, start);
+  if (!received.isOk()) {
+    // The sender hears why in place of its receipt, instead of waiting.
+    sendLast(link, Kind::Refuse, {{"reason", received.status().toString()}},
+             options.timeout);
+    return received.status();
+  }
+  ReceiveMetrics &metrics = *received;
   metrics.seconds = secondsSince(start);
   metrics.layerReadySeconds =
       options.progress->readySeconds(start, metrics.seconds);
@@ -639,7 +642,7 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
            {{"received", metrics.received},
             {"recomputed", int64_t(metrics.fallbacks.size())}},
            options.timeout);
-  return metrics;
+  return received;
 }
 
 } // namespace

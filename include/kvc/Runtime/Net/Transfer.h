@@ -177,8 +177,10 @@ struct ReceiveMetrics {
 /// `link` into `target.cache`. `local` names this node's model and tenant
 /// (its layout is the sender's, from the hello). A refused transfer is a
 /// FailedPrecondition error, after the sender was told why; one that
-/// breaks off is recomputed (ReceiveMetrics says what). `target.stores`
-/// is unused.
+/// breaks off is recomputed (ReceiveMetrics says what); one that fails
+/// after the hello (a receive plan the executor refuses, a device error)
+/// tells the sender why in place of its receipt. `target.stores` is
+/// unused.
 StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
                                         const RestoreTarget &target,
                                         const ReceiveOptions &options = {});

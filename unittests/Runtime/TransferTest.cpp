@@ -7,6 +7,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Net/Transfer.h"
+#include "ForwardingBackend.h"
+#include "MemoryLink.h"
 #include "TestModel.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
@@ -16,12 +18,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <functional>
 #include <mutex>
 #include <random>
 #include <sys/wait.h>
+#include <thread>
 #include <unistd.h>
 
 namespace kvc {
@@ -558,6 +562,55 @@ TEST_F(TransferTest, AFailedReceiveTellsTheSenderWhy) {
   EXPECT_NE(metrics.status().message().find("unwritten"), std::string::npos)
       << metrics.status().toString();
   EXPECT_EQ(sender.wait(), 3); // FailedPrecondition: refused, with why.
+}
+
+/// The CPU backend, counting the prefills it streams.
+class CountingBackend final : public ForwardingBackend {
+public:
+  StatusOr<std::unique_ptr<PrefillStream>>
+  streamPrefill(const ModelCompute &model, int64_t tokens) override {
+    ++prefills;
+    return Backend::streamPrefill(model, tokens);
+  }
+  std::atomic<int> prefills{0};
+};
+
+// The sender prefills on the backend its options name (a GPU's, on a
+// prefill node), whether it streams or runs a send plan.
+TEST_F(TransferTest, TheSenderPrefillsOnItsBackend) {
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
+  const BundlePlan plan =
+      transferPlans(objects, tokens_, CodecSpec(), false).first;
+  for (bool planned : {false, true}) {
+    SCOPED_TRACE(planned ? "a send plan" : "streamed");
+    CountingBackend counting;
+    SendOptions options;
+    options.backend = &counting;
+    if (planned) {
+      StatusOr<SendOptions> compiled =
+          sendOptionsFor(plan, objects, int64_t(tokens_.size()), options);
+      ASSERT_TRUE(compiled.isOk()) << compiled.status().toString();
+      options = *compiled;
+    }
+    auto [sending, receiving] = MemoryLink::pair();
+    StatusOr<SendStats> sent = Status(StatusCode::Internal, "not sent");
+    std::thread sender([&, &sending = sending] {
+      sent = sendContext(*model_, objects, tokens_, sending, options);
+      sending.close();
+    });
+    StatusOr<std::unique_ptr<host::Destination>> into =
+        host::destinationFor(cpuBackend(), *model_, tokens_, nullptr, {});
+    ASSERT_TRUE(into.isOk()) << into.status().toString();
+    destination_ = std::move(*into);
+    StatusOr<ReceiveMetrics> metrics =
+        receiveContext(receiving, objects, destination_->target);
+    sender.join();
+    ASSERT_TRUE(sent.isOk()) << sent.status().toString();
+    ASSERT_TRUE(metrics.isOk()) << metrics.status().toString();
+    EXPECT_GE(counting.prefills, 1);
+    EXPECT_EQ(metrics->received, kChunks);
+    expectVerified({CodecSpec()});
+  }
 }
 
 class RecordingChooser : public CodecChooser {

@@ -190,13 +190,15 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   stream.bufferBytes = options.bufferBytes;
   stream.computed = options.computed;
   stream.prefillTokens = options.prefillTokens;
+  stream.backend = options.backend;
   StatusOr<SaveStats> streamed = SaveStats();
   if (options.plan) {
     SaveRunOptions run;
     run.tracePath = options.tracePath;
     Clock::time_point start = Clock::now();
     StatusOr<SaveMetrics> sent = sendDuringPrefill(
-        cpuBackend(), model, objects, tokens, *options.plan,
+        options.backend ? *options.backend : cpuBackend(), model, objects,
+        tokens, *options.plan,
         [&](const ChunkRef &ref, std::string object) {
           return sendChunk(ref, object, 0);
         },

@@ -73,6 +73,9 @@ struct SendOptions {
   CodecChooser *chooser = nullptr;
   /// The request's KV computed before: sent without a prefill.
   const ModelCompute::Cache *computed = nullptr;
+  /// Where the prefill runs (SaveOptions::backend); the CPU backend when
+  /// null.
+  Backend *backend = nullptr;
   /// Tokens per prefill step (SaveOptions::prefillTokens): a step of the
   /// whole request streams layer group by layer group, so the receiver's
   /// first layers complete first.

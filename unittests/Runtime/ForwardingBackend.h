@@ -11,6 +11,8 @@
 
 #include "kvc/Runtime/Backend/Backend.h"
 
+#include <atomic>
+
 namespace kvc {
 
 class ForwardingBackend : public Backend {
@@ -69,6 +71,17 @@ public:
     return cpuBackend().timePrefill(model, context, tokens, position, n);
   }
   StatusOr<double> uploadGBs() override { return cpuBackend().uploadGBs(); }
+};
+
+/// The CPU backend, its prefill streams counted (from any thread).
+class CountingBackend final : public ForwardingBackend {
+public:
+  StatusOr<std::unique_ptr<PrefillStream>>
+  streamPrefill(const ModelCompute &model, int64_t tokens) override {
+    ++streams;
+    return Backend::streamPrefill(model, tokens);
+  }
+  std::atomic<int> streams{0};
 };
 
 } // namespace kvc

@@ -12,17 +12,6 @@
 namespace kvc::exec_test {
 namespace {
 
-/// The CPU backend, its prefill streams counted.
-class CountingBackend final : public ForwardingBackend {
-public:
-  StatusOr<std::unique_ptr<PrefillStream>>
-  streamPrefill(const ModelCompute &model, int64_t tokens) override {
-    ++streams;
-    return Backend::streamPrefill(model, tokens);
-  }
-  int streams = 0;
-};
-
 class PrefillStreamTest : public ExecutorTest {
 protected:
   void SetUp() override {
@@ -35,7 +24,7 @@ protected:
 TEST_F(PrefillStreamTest, TheFullPrefillIsTheModelsOwn) {
   StatusOr<ModelCompute::Cache> full = fullPrefill(*model_, tokens_, counting_);
   ASSERT_TRUE(full) << full.status().toString();
-  EXPECT_EQ(counting_.streams, 1);
+  EXPECT_EQ(counting_.streams.load(), 1);
   EXPECT_EQ(full->tokens, kTokens);
   for (int64_t l = 0; l < model_->config().numLayers; ++l) {
     EXPECT_EQ(full->k[l], reference_.k[l]) << "layer " << l;
@@ -85,7 +74,7 @@ TEST_F(PrefillStreamTest, SavesAndVerificationPrefillOnTheirBackend) {
   options.backend = &counting_;
   StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
   ASSERT_TRUE(saved) << saved.status().toString();
-  EXPECT_EQ(counting_.streams, 1);
+  EXPECT_EQ(counting_.streams.load(), 1);
   EXPECT_GT(forEachObjectAsSaved(*store,
                                  [](const ChunkRef &ref,
                                     const std::vector<float> &ours,
@@ -102,7 +91,7 @@ TEST_F(PrefillStreamTest, SavesAndVerificationPrefillOnTheirBackend) {
   StatusOr<RestoreError> error =
       restoreError(*model_, tokens_, *cache_, table, counting_);
   ASSERT_TRUE(error) << error.status().toString();
-  EXPECT_EQ(counting_.streams, 2);
+  EXPECT_EQ(counting_.streams.load(), 2);
   EXPECT_GT(error->max, 0.0); // The projected layers round apart.
   EXPECT_EQ(error->max, relativeError(table));
 }

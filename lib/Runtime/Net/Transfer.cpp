@@ -314,6 +314,12 @@ ChunkBox boxOf(const ChunkRef &ref) {
   return {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd};
 }
 
+/// Why a chunk the sender never sent is missing, with why the stream broke
+/// off (`lost`) when it did.
+std::string notReceived(const std::string &lost) {
+  return lost.empty() ? "not received" : "not received (" + lost + ")";
+}
+
 /// "256 tokens x 4 layers".
 std::string describeLayout(const StoreLayout &layout) {
   return std::to_string(layout.chunkTokens) + " tokens x " +
@@ -414,8 +420,9 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
   LayerProgress *progress = options.progress;
   ReceiveMetrics metrics;
   metrics.chunks = int64_t(expected.size());
-  // Per expected object: why it is not in the cache ("" once written).
-  std::vector<std::string> missing(expected.size(), "not received");
+  // Per expected object: why it is not in the cache ("" once written),
+  // none while nothing of it arrived.
+  std::vector<std::optional<std::string>> missing(expected.size());
   std::mutex mutex;
   Status fatal;
 
@@ -438,7 +445,7 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
         queue.done(arrival.bytes());
         std::lock_guard<std::mutex> lock(mutex);
         if (status.isOk()) {
-          missing[arrival.index].clear();
+          missing[arrival.index] = "";
           metrics.received += 1;
           if (progress)
             progress->add(box.layerBegin, box.layerEnd, box.tokens());
@@ -474,7 +481,7 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
   Clock::time_point recompute = Clock::now();
   std::unique_ptr<PrefillSession> session;
   for (size_t i = 0; i < expected.size(); ++i) {
-    if (missing[i].empty())
+    if (missing[i] && missing[i]->empty())
       continue;
     if (!session)
       session =
@@ -484,11 +491,9 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
     KVC_RETURN_IF_ERROR(session->compute(box));
     if (progress)
       progress->add(box.layerBegin, box.layerEnd, box.tokens());
-    const bool received = missing[i] != "not received";
-    metrics.fallbacks.push_back(describeBox(ref) + " recomputed: " +
-                                (received || metrics.lost.empty()
-                                     ? missing[i]
-                                     : "not received (" + metrics.lost + ")"));
+    metrics.fallbacks.push_back(
+        describeBox(ref) + " recomputed: " +
+        (missing[i] ? *missing[i] : notReceived(metrics.lost)));
   }
   metrics.fallbackSeconds = secondsSince(recompute);
   return metrics;
@@ -517,7 +522,7 @@ public:
     arrived_.put(name, std::move(message), bytes);
   }
   Status get(const std::string &name, std::string &buffer) override {
-    return arrived_.take(name, buffer, notFound("not received"));
+    return arrived_.take(name, buffer, notFound(notReceived("")));
   }
   StatusOr<bool> exists(const std::string &) override {
     return unimplemented("an inbox is read by waiting for its objects");
@@ -533,8 +538,7 @@ public:
   /// No more arrivals; `lost` says why the stream broke off ("" when the
   /// sender finished).
   void finish(const std::string &lost) {
-    arrived_.finish(lost.empty() ? Status::ok()
-                                 : notFound("not received (" + lost + ")"));
+    arrived_.finish(lost.empty() ? Status::ok() : notFound(notReceived(lost)));
   }
 
 private:

@@ -70,6 +70,10 @@ void printLayerReadiness(const std::vector<double> &ready,
 /// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics);
 
+/// --trace of a command that traces a compiled plan: its path ("" when not
+/// given); refused without --bundle.
+StatusOr<std::string> planTracePath(Args &args);
+
 /// Prints a verification and fails above the bound.
 Status reportVerification(const RestoreError &error,
                           const host::VerifyBound &bound);

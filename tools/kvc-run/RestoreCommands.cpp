@@ -39,6 +39,12 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
   return value;
 }
 
+StatusOr<std::string> planTracePath(Args &args) {
+  if (args.has("trace") && !args.has("bundle"))
+    return invalidArgument("--trace traces a compiled plan: give --bundle");
+  return args.get("trace");
+}
+
 void printLayerReadiness(const std::vector<double> &ready,
                          const std::vector<double> &predicted) {
   if (ready.empty())

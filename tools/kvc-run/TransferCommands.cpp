@@ -168,10 +168,9 @@ Status transferSendCommand(Args &args) {
         planned,
         sendOptionsFor(plan->plan, objects, int64_t(tokens.size()), options));
     options = planned;
-    options.tracePath = args.get("trace");
-  } else if (args.has("trace")) {
-    return invalidArgument("--trace traces a compiled plan: give --bundle");
   }
+  KVC_ASSIGN_OR_RETURN(tracePath, planTracePath(args));
+  options.tracePath = tracePath;
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));
@@ -225,10 +224,9 @@ Status transferRecvCommand(Args &args) {
         receiveOptionsFor(plan->plan, local, int64_t(tokens.size()), options));
     options = planned;
     options.kernels = &plan->kernels;
-    options.tracePath = args.get("trace");
-  } else if (args.has("trace")) {
-    return invalidArgument("--trace traces a compiled plan: give --bundle");
   }
+  KVC_ASSIGN_OR_RETURN(tracePath, planTracePath(args));
+  options.tracePath = tracePath;
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(listener, listenUcx(host, port));

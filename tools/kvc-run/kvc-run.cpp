@@ -133,8 +133,7 @@ Status save(Args &args) {
                   std::to_string(total) + " tokens");
   };
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
-  if (args.has("trace") && !args.has("bundle"))
-    return invalidArgument("--trace traces a compiled plan: give --bundle");
+  KVC_ASSIGN_OR_RETURN(tracePath, planTracePath(args));
   if (args.has("bundle")) {
     // A compiled save plan decides the forms and the encoding.
     if (args.has("forms") || args.has("codec"))
@@ -156,7 +155,7 @@ Status save(Args &args) {
         if (step.kind == StepKind::Store)
           stores[step.tier] = store.get();
     SaveRunOptions run;
-    run.tracePath = args.get("trace");
+    run.tracePath = tracePath;
     KVC_ASSIGN_OR_RETURN(metrics,
                          saveDuringPrefill(backend(), *model, tokens, *plan,
                                            stores, options, run));

@@ -6,6 +6,8 @@
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Model/Tokenizer.h"
 
+#include "TestModel.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -18,8 +20,10 @@ namespace {
 
 const std::string kStories = std::string(KVC_MODELS_DIR) + "/stories260K";
 
+/// A directory of this process's own: ctest runs the suite's cases, and the
+/// whole suite under each OpenBLAS kernel family, side by side.
 std::string scratch(const std::string &name) {
-  std::string dir = ::testing::TempDir() + "kvc-llama2c-" + name;
+  std::string dir = test::tempPath("llama2c-" + name);
   std::filesystem::remove_all(dir);
   return dir;
 }

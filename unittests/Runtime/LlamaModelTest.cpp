@@ -9,8 +9,6 @@
 
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -173,8 +171,7 @@ TEST(LlamaModel, RejectsTokensOutsideVocabAndContext) {
 }
 
 TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
-  std::string dir = testing::TempDir() + "/kvc-llama-model-broken-" +
-                    std::to_string(getpid());
+  std::string dir = test::tempPath("llama-model-broken");
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(modelDir() + "/config.json", dir + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
@@ -196,8 +193,7 @@ TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
 }
 
 TEST(Safetensors, RejectsTruncatedFiles) {
-  std::string dir = testing::TempDir() + "/kvc-safetensors-truncated-" +
-                    std::to_string(getpid());
+  std::string dir = test::tempPath("safetensors-truncated");
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(modelDir() + "/model.safetensors",
                              dir + "/model.safetensors",

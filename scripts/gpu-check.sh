@@ -230,6 +230,18 @@ EOF
     --kvc-expand=chunk-tokens=256 --kvc-fuse --kvc-schedule --kvc-estimate \
     --kvc-lower-kernels --kvc-kernels-to-ptx \
     --kvc-emit-bundle=file="$e2e/plans-int4.json" -o /dev/null
+  # A save plan of KV with its generated save kernels (on the GPU the
+  # prefill fills the backend's cache and the kernels encode each object
+  # there) and without (the prefill hands the objects to the host).
+  printf '%s\n' 'kvc.save @kv tokens 0 to '$tokens' kv to "ssd" {max_error = 0.05, layer_group = 1 : i64}' \
+    >"$e2e/save-kv.mlir"
+  for chip in sm_90 ""; do
+    "$root/build/bin/kvc-opt" "$e2e/save-kv.mlir" \
+      --kvc-import-model="$e2e/model/config.json" \
+      --kvc-attach-target="$root/targets/h100-sxm.json" \
+      --kvc-save-pipeline=gpu-chip=$chip \
+      --kvc-emit-bundle=file="$e2e/save-kv${chip:+-$chip}.json" -o /dev/null
+  done
   cp "$root/targets/h100-sxm.json" "$e2e/"
   models=${KVC_MODELS_DIR:-$root/../shared/models}
   if [ -f "$models/stories260K/stories260K.bin" ]; then
@@ -455,6 +467,20 @@ run)
   "$dir/kvc-run" compare "${context[@]}" --store "file://$e2e/store-gpu" \
     --bundle "$e2e/plans.json" --backend cuda --repeat 3 2>&1 |
     tee "$out/compare-cuda-bf16.txt" || status=$?
+  # A compiled save of KV whose generated save kernels encode each object
+  # in the cache the GPU's prefill fills, against the same plan without
+  # kernels (the GPU's prefill hands the objects over to the host's
+  # encoder); the stores must hold the same bytes.
+  for bundle in save-kv-sm_90 save-kv; do
+    rm -rf "$e2e/store-$bundle"
+    "$dir/kvc-run" save "${context[@]}" --backend cuda \
+      --store "file://$e2e/store-$bundle" --bundle "$e2e/$bundle.json" \
+      2>&1 | tee "$out/$bundle.txt" || status=$?
+  done
+  grep -q "generated kernels encoded" "$out/save-kv-sm_90.txt" ||
+    { echo "gpu-check: no generated save kernel ran beside the prefill"; status=1; }
+  diff -r "$e2e/store-save-kv-sm_90" "$e2e/store-save-kv" >/dev/null ||
+    { echo "gpu-check: the save kernels stored other bytes than the host"; status=1; }
   "$dir/kvc-run" restore "${request[@]}" "${cuda[@]}" --plan joint \
     --verify --trace "$out/joint-trace.json" | tee "$out/restore-joint.txt" ||
     status=$?

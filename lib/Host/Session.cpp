@@ -3,6 +3,7 @@
 #include "kvc/Host/Session.h"
 
 #include <algorithm>
+#include <tuple>
 
 namespace kvc::host {
 
@@ -46,19 +47,11 @@ StatusOr<std::unique_ptr<Destination>>
 destinationFor(Backend &backend, const ModelCompute &model,
                const std::vector<int32_t> &tokens, ChunkStore *store,
                const std::vector<std::string> &tiers, int64_t room) {
-  const ModelConfig &config = model.config();
-  PagedCacheConfig cacheConfig;
-  cacheConfig.layers = config.numLayers;
-  cacheConfig.numKvHeads = config.numKvHeads;
-  cacheConfig.headDim = config.headDim;
-  const int64_t n = int64_t(tokens.size()) + std::max<int64_t>(room, 0);
-  cacheConfig.numBlocks =
-      (n + cacheConfig.blockSize - 1) / cacheConfig.blockSize;
   auto out = std::make_unique<Destination>();
-  KVC_ASSIGN_OR_RETURN(cache, backend.createCache(cacheConfig));
-  out->cache = std::move(cache);
-  KVC_ASSIGN_OR_RETURN(table, out->cache->allocate(n));
-  out->table = std::move(table);
+  KVC_ASSIGN_OR_RETURN(
+      cache, backend.cacheFor(model.config(), int64_t(tokens.size()) +
+                                                  std::max<int64_t>(room, 0)));
+  std::tie(out->cache, out->table) = std::move(cache);
   out->target.backend = &backend;
   out->target.model = &model;
   for (const std::string &tier : tiers)

@@ -9,6 +9,7 @@
 #include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <memory>
@@ -69,6 +70,8 @@ void printLayerReadiness(const std::vector<double> &ready,
 /// Prints the chunks generated kernels wrote on the device, and why any
 /// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics);
+/// The same for a save or send plan's objects, which they encode.
+void printKernels(const SaveMetrics &metrics);
 
 /// --trace of a command that traces a compiled plan: its path ("" when not
 /// given); refused without --bundle.

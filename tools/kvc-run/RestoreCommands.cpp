@@ -222,14 +222,31 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   return setup;
 }
 
-void printKernels(const RestoreMetrics &metrics) {
-  if (metrics.kernelChunks > 0)
-    std::printf("  generated kernels wrote %lld chunks on the device in %lld "
+namespace {
+
+/// The kernel lines of a run whose generated kernels `did` `chunks` in
+/// `launches`, the rest `instead` on the host.
+void printKernels(int64_t chunks, int64_t launches,
+                  const std::vector<std::string> &notLaunched, const char *did,
+                  const char *instead) {
+  if (chunks > 0)
+    std::printf("  generated kernels %s %lld chunks on the device in %lld "
                 "launches\n",
-                (long long)metrics.kernelChunks,
-                (long long)metrics.kernelLaunches);
-  for (const std::string &why : metrics.kernelsNotLaunched)
-    std::printf("  decoded on the host instead: %s\n", why.c_str());
+                did, (long long)chunks, (long long)launches);
+  for (const std::string &why : notLaunched)
+    std::printf("  %s on the host instead: %s\n", instead, why.c_str());
+}
+
+} // namespace
+
+void printKernels(const RestoreMetrics &metrics) {
+  printKernels(metrics.kernelChunks, metrics.kernelLaunches,
+               metrics.kernelsNotLaunched, "wrote", "decoded");
+}
+
+void printKernels(const SaveMetrics &metrics) {
+  printKernels(metrics.kernelChunks, metrics.kernelLaunches,
+               metrics.kernelsNotLaunched, "encoded", "encoded");
 }
 
 /// Prints the chunks a restore recomputed instead of loading, and the

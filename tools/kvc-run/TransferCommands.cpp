@@ -168,6 +168,7 @@ Status transferSendCommand(Args &args) {
         planned,
         sendOptionsFor(plan->plan, objects, int64_t(tokens.size()), options));
     options = planned;
+    options.kernels = &plan->kernels;
   }
   KVC_ASSIGN_OR_RETURN(tracePath, planTracePath(args));
   options.tracePath = tracePath;
@@ -185,6 +186,8 @@ Status transferSendCommand(Args &args) {
               perCodec(stats.chunksPerCodec).c_str(),
               double(stats.bytes) * 1e-6, stats.stream.prefillSeconds,
               stats.stream.totalSeconds);
+  if (stats.planRun)
+    printKernels(*stats.planRun);
   std::printf("the receiver wrote %lld chunks as sent and recomputed %lld\n",
               (long long)stats.received, (long long)stats.recomputed);
   if (controller)

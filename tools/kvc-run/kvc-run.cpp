@@ -147,7 +147,8 @@ Status save(Args &args) {
         saveOptionsFor(*plan, *store, int64_t(tokens.size()), options));
     options = std::move(planned);
     // The executor runs the plan beside the prefill, each gather taking
-    // its object as the prefill hands it over.
+    // its object as soon as the prefill computed it (where the backend
+    // launches the bundle's save kernels, in its cache).
     KVC_RETURN_IF_ERROR(args.checkUnused());
     std::map<std::string, ChunkStore *> stores;
     for (const BundleTask &task : plan->tasks)
@@ -156,6 +157,7 @@ Status save(Args &args) {
           stores[step.tier] = store.get();
     SaveRunOptions run;
     run.tracePath = tracePath;
+    run.kernels = &bundle.kernels;
     KVC_ASSIGN_OR_RETURN(metrics,
                          saveDuringPrefill(backend(), *model, tokens, *plan,
                                            stores, options, run));
@@ -171,6 +173,7 @@ Status save(Args &args) {
       std::printf(" (predicted %.3f s once prefilled)",
                   *metrics.predictedSeconds);
     std::printf("\n");
+    printKernels(metrics);
     return reportOtherEncodings(*store, tokens, options);
   }
   KVC_RETURN_IF_ERROR(args.checkUnused());

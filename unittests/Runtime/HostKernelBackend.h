@@ -83,6 +83,17 @@ public:
     return model.projectFlops(n, box.layers());
   }
 
+  /// The CPU's prefill, failing at position failPrefillAt when set.
+  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+                     const BlockTable &table, const int32_t *tokens,
+                     int64_t position, int64_t n, int64_t layers) override {
+    if (position == failPrefillAt)
+      return Status(StatusCode::Unavailable,
+                    "prefill failed at " + std::to_string(position));
+    return ForwardingBackend::prefillInto(model, cache, table, tokens, position,
+                                          n, layers);
+  }
+
   Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {
     static_cast<HostBuffer &>(to).words = host;
     uploadedBytes += int64_t(host.size() * 2);
@@ -258,6 +269,7 @@ public:
 
   std::atomic<int64_t> launches{0}, launchedChunks{0}, uploadedBytes{0},
       projections{0}, saves{0}, saveLaunches{0};
+  std::atomic<int64_t> failPrefillAt{-1};
 
 private:
   /// The chunk `kernel` decodes or encodes, from layer `firstLayer` of

@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <thread>
 
 namespace kvc::exec_test {
@@ -439,6 +440,84 @@ TEST_F(KernelLaunchTest, SaveKernelsThatDoNotFitTheSave) {
             std::string::npos)
       << saved.status().message();
   cache_->release(table);
+}
+
+// A prefill node's save of KV with the bundle's kernel table, on a backend
+// that launches kernels, prefills into a cache of the backend's and has the
+// save kernels encode every object there as each prefill step writes it;
+// the store then holds what the host's encoder stores from the prefill's
+// hand-over, byte for byte. Without the table, or on a backend that
+// launches none, the prefill hands the objects over to the host's encoder.
+TEST_F(KernelLaunchTest, SavesBesideAPrefillEncodeInItsCache) {
+  for (const char *text : {"int8", "hadamard+int4+zstd"}) {
+    SCOPED_TRACE(text);
+    StatusOr<PlanBundle> bundle = savePlanWithKernels(*store_, codec(text));
+    ASSERT_TRUE(bundle) << bundle.status().toString();
+    const int64_t objects = int64_t(
+        store_->refs(tokens_.data(), kTokens, Form::KV, codec(text)).size());
+    struct Run {
+      const char *name;
+      Backend *backend;
+      const std::vector<BundleKernel> *kernels;
+    };
+    std::map<std::string, std::shared_ptr<Tier>> tiers;
+    for (const Run &run : {Run{"device", &kernels_, &bundle->kernels},
+                           Run{"cpu", &cpuBackend(), &bundle->kernels},
+                           Run{"hand-over", &kernels_, nullptr}}) {
+      SCOPED_TRACE(run.name);
+      tiers[run.name] = std::shared_ptr<Tier>(*openTier("mem://"));
+      ChunkStore store = storeOn(tiers[run.name]);
+      kernels_.saves = 0;
+      SaveRunOptions options;
+      options.kernels = run.kernels;
+      StatusOr<SaveMetrics> saved = saveDuringPrefill(
+          *run.backend, *model_, tokens_, bundle->plans.front(),
+          {{"disk", &store}}, {}, options);
+      ASSERT_TRUE(saved) << saved.status().toString();
+      EXPECT_EQ(saved->written, objects);
+      EXPECT_GT(saved->prefillSeconds, 0);
+      const bool device = run.backend == &kernels_ && run.kernels;
+      EXPECT_EQ(saved->kernelChunks, device ? objects : 0);
+      EXPECT_EQ(kernels_.saves, device ? objects : 0);
+      EXPECT_EQ(saved->kernelsNotLaunched.empty(), device || !run.kernels);
+      if (!saved->kernelsNotLaunched.empty())
+        EXPECT_NE(saved->kernelsNotLaunched.front().find("on the host"),
+                  std::string::npos)
+            << saved->kernelsNotLaunched.front();
+    }
+    std::vector<std::string> names = *tiers["hand-over"]->list("");
+    ASSERT_EQ(int64_t(names.size()), objects);
+    for (const char *name : {"device", "cpu"}) {
+      EXPECT_EQ(*tiers[name]->list(""), names) << name;
+      for (const std::string &object : names) {
+        std::string ours, hosts;
+        ASSERT_TRUE(tiers[name]->get(object, ours).isOk()) << object;
+        ASSERT_TRUE(tiers["hand-over"]->get(object, hosts).isOk()) << object;
+        EXPECT_EQ(ours, hosts) << name << ": " << object;
+      }
+    }
+  }
+}
+
+// A prefill that fails beside a save into the backend's cache ends the
+// save with its error, and the store keeps nothing of it.
+TEST_F(KernelLaunchTest, AFailedPrefillEndsASaveInItsCache) {
+  StatusOr<PlanBundle> bundle = savePlanWithKernels(*store_, codec("int8"));
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  std::shared_ptr<Tier> tier(*openTier("mem://"));
+  ChunkStore store = storeOn(tier);
+  kernels_.failPrefillAt = 128;
+  SaveRunOptions options;
+  options.kernels = &bundle->kernels;
+  StatusOr<SaveMetrics> saved =
+      saveDuringPrefill(kernels_, *model_, tokens_, bundle->plans.front(),
+                        {{"disk", &store}}, {}, options);
+  kernels_.failPrefillAt = -1;
+  ASSERT_FALSE(saved);
+  EXPECT_NE(saved.status().message().find("prefill failed at 128"),
+            std::string::npos)
+      << saved.status().toString();
+  EXPECT_TRUE(tier->list("")->empty());
 }
 
 // The kernels kvc-opt generated for this model: their specializations,

@@ -140,9 +140,9 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   if (options.plan && options.chooser)
     return invalidArgument("transfer: a compiled plan sends the encoding it "
                            "chose; it takes no chooser");
-  if (!options.plan && !options.tracePath.empty())
-    return invalidArgument("transfer: a trace is a plan's; the sender has "
-                           "none");
+  if (!options.plan && (!options.tracePath.empty() || options.kernels))
+    return invalidArgument("transfer: a trace and a kernel table are a "
+                           "plan's; the sender has none");
   const StoreLayout &layout = objects.layout();
   const int64_t chunks = int64_t(
       objects.refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec())
@@ -195,6 +195,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   if (options.plan) {
     SaveRunOptions run;
     run.tracePath = options.tracePath;
+    run.kernels = options.kernels;
     Clock::time_point start = Clock::now();
     StatusOr<SaveMetrics> sent = sendDuringPrefill(
         options.backend ? *options.backend : cpuBackend(), model, objects,
@@ -207,6 +208,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
       streamed->prefillSeconds = sent->prefillSeconds;
       streamed->totalSeconds = secondsSince(start);
       streamed->written = sent->written;
+      stats.planRun = *sent;
     } else {
       streamed = sent.status();
     }

@@ -6,7 +6,9 @@
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Save/Saver.h"
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -451,52 +453,112 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
 
 namespace {
 
+/// Whether a save beside a prefill reads the paged cache the prefill fills
+/// rather than the prefill's host hand-over: a plan of KV only, the bundle's
+/// kernel table, and a backend that launches kernels, so that the plan's
+/// save kernels encode each object where the prefill wrote it.
+bool savesFromTheCache(const Backend &backend, const PlanObjects &what,
+                       const SaveOptions &stream, const SaveRunOptions &run) {
+  return run.kernels && backend.launchesKernels() && !stream.computed &&
+         what.forms == std::vector<Form>{Form::KV};
+}
+
+/// Prefills `tokens` with `model` into `cache` through `table`, `span`
+/// tokens a step through every layer, counting each step in `filling`;
+/// stops early once `stop` is set. Its seconds.
+StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
+                                 const std::vector<int32_t> &tokens,
+                                 int64_t span, PagedKVCache &cache,
+                                 const BlockTable &table,
+                                 LayerProgress &filling,
+                                 const SaveOptions &stream,
+                                 const std::atomic<bool> &stop) {
+  const int64_t n = int64_t(tokens.size()), layers = model.config().numLayers;
+  Clock::time_point start = Clock::now();
+  for (int64_t s0 = 0; s0 < n; s0 += span) {
+    if (stop)
+      return Status(StatusCode::FailedPrecondition, "the save failed");
+    const int64_t s1 = std::min(n, s0 + span);
+    KVC_RETURN_IF_ERROR(backend.prefillInto(
+        model, cache, table, tokens.data() + s0, s0, s1 - s0, layers));
+    filling.add(0, layers, s1 - s0);
+    if (stream.progress)
+      stream.progress(s1, n);
+  }
+  return secondsSince(start);
+}
+
 /// Runs `plan` into `target` (its stores or sender; the source and tokens
 /// are set here) beside a prefill of `tokens` with `model` on `backend`
-/// that hands over the objects of `objects`' layout as it computes them.
+/// that computes the objects of `objects`' layout: the plan's gathers read
+/// the backend's paged cache as the prefill fills it (savesFromTheCache),
+/// or take each object as the prefill hands it over on the host.
 StatusOr<SaveMetrics>
 runDuringPrefill(Backend &backend, const LlamaModel &model,
                  const ChunkObjects &objects,
                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
                  SaveTarget target, StepKind endpoint,
                  const SaveOptions &stream, const SaveRunOptions &run) {
-  KVC_ASSIGN_OR_RETURN(
-      what, planObjects(plan, objects, int64_t(tokens.size()), endpoint));
+  const int64_t n = int64_t(tokens.size());
+  KVC_ASSIGN_OR_RETURN(what, planObjects(plan, objects, n, endpoint));
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
-  PrefillSnapshots snapshots(stream.bufferBytes);
-  target.source = &snapshots;
   target.tokens = &tokens;
   // The save ends before the prefill only when it fails: then nothing is
-  // left to prefill for.
+  // left to prefill for, and `failed` frees a prefill waiting on the save.
   std::atomic<bool> saveEnded{false};
   StatusOr<SaveMetrics> saved =
       Status(StatusCode::Internal, "the save has not ended");
-  std::thread saver([&] {
-    saved = save(*pools, plan, target, run);
-    saveEnded = true;
-    if (!saved.isOk()) // Frees a prefill waiting for room no gather makes.
-      snapshots.finish(saved.status());
-  });
-  SaveOptions prefill = stream;
-  prefill.forms = what.forms;
-  prefill.codec = what.codec;
-  prefill.dryRun = false;
-  prefill.backend = &backend;
-  StatusOr<SaveStats> streamed = streamContext(
-      model, objects, tokens, prefill,
-      [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
-        if (saveEnded)
-          return Status(StatusCode::FailedPrecondition, "the save failed");
-        snapshots.put(ref, values, size_t(objects.shape(ref).numel()));
-        return true;
-      });
-  snapshots.finish(streamed.status());
-  saver.join();
+  auto startSave = [&](std::function<void(const Status &)> failed) {
+    return std::thread([&, failed] {
+      saved = save(*pools, plan, target, run);
+      saveEnded = true;
+      if (!saved.isOk())
+        failed(saved.status());
+    });
+  };
+  StatusOr<double> prefilled = 0.0;
+  if (savesFromTheCache(backend, what, stream, run)) {
+    KVC_ASSIGN_OR_RETURN(span, prefillSpan(stream, objects.layout()));
+    KVC_ASSIGN_OR_RETURN(cache, backend.cacheFor(model.config(), n));
+    auto &[paged, table] = cache;
+    LayerProgress filling;
+    filling.reset(model.config().numLayers, n);
+    PagedCacheSource source(backend, *paged, table, &filling);
+    target.source = &source;
+    std::thread saver = startSave([](const Status &) {});
+    prefilled = prefillCounting(backend, model, tokens, span, *paged, table,
+                                filling, stream, saveEnded);
+    filling.finish(prefilled.status());
+    saver.join();
+    paged->release(table);
+  } else {
+    PrefillSnapshots snapshots(stream.bufferBytes);
+    target.source = &snapshots;
+    std::thread saver =
+        startSave([&](const Status &status) { snapshots.finish(status); });
+    SaveOptions prefill = stream;
+    prefill.forms = what.forms;
+    prefill.codec = what.codec;
+    prefill.dryRun = false;
+    prefill.backend = &backend;
+    StatusOr<SaveStats> streamed = streamContext(
+        model, objects, tokens, prefill,
+        [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
+          if (saveEnded)
+            return Status(StatusCode::FailedPrecondition, "the save failed");
+          snapshots.put(ref, values, size_t(objects.shape(ref).numel()));
+          return true;
+        });
+    snapshots.finish(streamed.status());
+    saver.join();
+    prefilled = streamed.isOk() ? StatusOr<double>(streamed->prefillSeconds)
+                                : StatusOr<double>(streamed.status());
+  }
   if (!saved.isOk())
     return saved;
-  if (!streamed.isOk())
-    return streamed.status();
-  saved->prefillSeconds = streamed->prefillSeconds;
+  if (!prefilled.isOk())
+    return prefilled.status();
+  saved->prefillSeconds = *prefilled;
   return saved;
 }
 

@@ -162,6 +162,17 @@ StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
   return base;
 }
 
+StatusOr<int64_t> prefillSpan(const SaveOptions &options,
+                              const StoreLayout &layout) {
+  if (options.prefillTokens < 0 ||
+      options.prefillTokens % layout.chunkTokens != 0)
+    return invalidArgument("stream: prefill steps of " +
+                           std::to_string(options.prefillTokens) +
+                           " tokens; they must be whole chunks of " +
+                           std::to_string(layout.chunkTokens));
+  return options.prefillTokens > 0 ? options.prefillTokens : layout.chunkTokens;
+}
+
 StatusOr<SaveStats> streamContext(const LlamaModel &model,
                                   const ChunkObjects &objects,
                                   const std::vector<int32_t> &tokens,
@@ -178,12 +189,7 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
     return invalidArgument("stream: computed KV must hold every token and "
                            "layer of the request, and only KV can be taken "
                            "from it");
-  if (options.prefillTokens < 0 ||
-      options.prefillTokens % layout.chunkTokens != 0)
-    return invalidArgument("stream: prefill steps of " +
-                           std::to_string(options.prefillTokens) +
-                           " tokens; they must be whole chunks of " +
-                           std::to_string(layout.chunkTokens));
+  KVC_ASSIGN_OR_RETURN(span, prefillSpan(options, layout));
   SaveStats stats;
   BoundedQueue<Job> queue(options.bufferBytes);
   std::mutex statsMutex;
@@ -216,8 +222,6 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   // Each prefill step runs a span of whole chunks through every layer; its
   // objects go out layer group by layer group, every chunk of the span at
   // once.
-  const int64_t span =
-      options.prefillTokens > 0 ? options.prefillTokens : layout.chunkTokens;
   const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
   Clock::time_point start = Clock::now();
   std::unique_ptr<PrefillStream> stream;

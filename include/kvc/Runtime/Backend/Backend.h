@@ -5,7 +5,8 @@
 // device the KV cache lives on:
 //
 //   lanes         the worker pools a plan's tasks run on
-//   createCache   a paged KV cache in device memory
+//   createCache   a paged KV cache in device memory (cacheFor: one sized
+//                 for a request)
 //   allocate      device buffers for chunks in flight (staging slots)
 //   upload        host staging -> device          (transfer_to_device)
 //   project       hidden states -> K, V           (project; HCache)
@@ -61,6 +62,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvc {
@@ -132,6 +134,11 @@ public:
   /// A paged KV cache in this backend's memory, holding `config`.
   virtual StatusOr<std::unique_ptr<PagedKVCache>>
   createCache(const PagedCacheConfig &config) = 0;
+
+  /// A cache of this backend's (createCache) just large enough for `tokens`
+  /// tokens of `model`'s KV, and the table that holds them in it.
+  StatusOr<std::pair<std::unique_ptr<PagedKVCache>, BlockTable>>
+  cacheFor(const ModelConfig &model, int64_t tokens);
 
   /// An empty device buffer; upload and project size it.
   virtual std::unique_ptr<DeviceBuffer> allocate() = 0;

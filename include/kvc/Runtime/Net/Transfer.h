@@ -44,7 +44,7 @@
 
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Net/Link.h"
-#include "kvc/Runtime/Save/Saver.h"
+#include "kvc/Runtime/Save/SavePlan.h"
 
 #include <map>
 #include <optional>
@@ -89,6 +89,10 @@ struct SendOptions {
   const BundlePlan *plan = nullptr;
   /// Writes the plan's Chrome trace here when not empty.
   std::string tracePath;
+  /// The plan bundle's kernel table: a send plan's gathers that name a
+  /// generated save kernel encode on the device, where the backend launches
+  /// kernels (sendDuringPrefill).
+  const std::vector<BundleKernel> *kernels = nullptr;
 };
 
 struct SendStats {
@@ -100,6 +104,8 @@ struct SendStats {
   /// The receiver's receipt: chunks it wrote as sent and chunks it
   /// recomputed.
   int64_t received = 0, recomputed = 0;
+  /// A send plan's run (its kernels among them), when there was one.
+  std::optional<SaveMetrics> planRun;
 };
 
 /// The sender of a compiled transfer (kvc-expand's `<name>_send` plan of a

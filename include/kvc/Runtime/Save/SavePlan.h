@@ -19,12 +19,13 @@
 //                   send plan: Transfer.h puts it on the link)
 //
 // Sources: a paged cache (PagedCacheSource: a server saving a request it
-// holds, Backend::readBack), or a prefill's hand-over (PrefillSnapshots:
-// K, V and hidden states as each layer group is computed; HCache's hidden
-// states exist only there). HCache's two stages: the gathers copy out of
-// the source (stage one), and once the last has run the source may be
-// released while the encodes and writes go on (stage two;
-// SaveRunOptions::snapshotted). A source still being filled is saved while
+// holds, Backend::readBack, or the cache a prefill node's prefill fills,
+// where generated save kernels encode on the device), or a prefill's
+// hand-over (PrefillSnapshots: K, V and hidden states on the host as each
+// layer group is computed; HCache's hidden states exist only there). HCache's
+// two stages: the gathers copy out of the source (stage one), and once the last
+// has run the source may be released while the encodes and writes go on (stage
+// two; SaveRunOptions::snapshotted). A source still being filled is saved while
 // it fills, each gather waiting for its object, so the save overlaps the
 // prefill. A failed save removes the objects it wrote (SaveJournal).
 //
@@ -130,6 +131,9 @@ class PrefillSnapshots final : public SaveSource {
 public:
   explicit PrefillSnapshots(size_t bufferBytes) : kept_(bufferBytes) {}
   bool holds(Form) const override { return true; }
+  Status canGatherPayload(const BundleKernel &) const override {
+    return unimplemented("the prefill hands its objects over on the host");
+  }
   Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                 std::vector<float> &out) override;
   /// Keeps `count` values of the object `ref` names (whatever its codec);
@@ -201,11 +205,19 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
                            const SaveRunOptions &options = {});
 
 /// A prefill node's save: prefills `tokens` with `model` on `backend`
-/// (streamContext,
-/// `stream`'s writers, buffers, prefill steps and progress; its forms and
-/// codec are the plan's) while `plan` saves what it computes to `stores`,
-/// each gather taking its object as soon as the prefill handed it over.
-/// Pools come from `backend` with the plan's lanes; `run` as save()'s.
+/// (`stream`'s buffers, prefill steps and progress; its forms and codec are
+/// the plan's) while `plan` saves what it computes to `stores`, each gather
+/// taking its object as soon as the prefill computed it. Pools come from
+/// `backend` with the plan's lanes; `run` as save()'s.
+///
+/// Where the gathers read: a plan of KV only with `run.kernels`, on a
+/// backend that launches kernels, prefills into a paged cache of the
+/// backend's (Backend::cacheFor, prefillInto, a step of `stream`'s prefill
+/// tokens at a time through every layer) and reads it there
+/// (PagedCacheSource, waiting for each step), so that the plan's save
+/// kernels encode each object on the device; any other save takes the
+/// objects streamContext hands over on the host (PrefillSnapshots, within
+/// `stream`'s buffer bytes).
 StatusOr<SaveMetrics>
 saveDuringPrefill(Backend &backend, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,
@@ -214,9 +226,10 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
                   const SaveRunOptions &run = {});
 
 /// The sender of a transfer: prefills `tokens` with `model` on `backend`
-/// (SaveOptions as saveDuringPrefill's) while the send `plan` gathers,
-/// encodes and sends, through `send`, the objects of `objects`' layout the
-/// prefill computes, following the plan's tasks and lanes.
+/// (the options, and where the gathers read, as saveDuringPrefill's) while
+/// the send `plan` gathers, encodes and sends, through `send`, the objects
+/// of `objects`' layout the prefill computes, following the plan's tasks
+/// and lanes.
 StatusOr<SaveMetrics> sendDuringPrefill(
     Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,

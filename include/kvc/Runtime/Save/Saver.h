@@ -107,6 +107,12 @@ StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
 using ObjectSink =
     std::function<StatusOr<bool>(const ChunkRef &ref, const float *values)>;
 
+/// The tokens each of a save's prefill steps runs (SaveOptions::
+/// prefillTokens, or one chunk of `layout`); InvalidArgument for a step
+/// that is not whole chunks.
+StatusOr<int64_t> prefillSpan(const SaveOptions &options,
+                              const StoreLayout &layout);
+
 /// Prefills `tokens` chunk by chunk (`objects`' layout) and hands every
 /// object of `options.forms` to `sink` as soon as its layer group is
 /// computed, from `options.writers` threads, the two stages overlapping

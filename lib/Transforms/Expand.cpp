@@ -275,8 +275,7 @@ struct KVCExpandPass
     std::vector<planning::Chunk> chunks = planner.chunks(strategy);
 
     Block &body = plan.getBody().front();
-    for (Operation &op : llvm::make_early_inc_range(body))
-      op.erase();
+    body.clear();
     OpBuilder builder = OpBuilder::atBlockEnd(&body);
     ChunkEmitter emit(builder, plan.getLoc(), context.elementType);
 

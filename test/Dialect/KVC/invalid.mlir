@@ -375,6 +375,17 @@ kvc.plan @p tokens 0 to 256 layers 0 to 2 {
 
 // -----
 
+// Segments and the steps that carry them out are two levels of one plan.
+// expected-error @+1 {{'kvc.plan' op 'p' holds segments and 'kvc.chunk_compute': a plan holds segments or the steps that carry them out, not both}}
+kvc.plan @p tokens 0 to 16 layers 0 to 2 {
+  kvc.segment compute tokens 0 to 16 layers 0 to 2
+  %c = kvc.chunk_compute tokens 0 to 16 layers 0 to 2
+      : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+  kvc.scatter %c : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+}
+
+// -----
+
 // expected-error @+1 {{'kvc.plan' op 'p' scatters leave tokens 0 to 16 of layers 0 to 2 uncovered}}
 kvc.plan @p tokens 0 to 16 layers 0 to 2 {
 }

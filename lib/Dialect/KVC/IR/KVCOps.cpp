@@ -286,8 +286,19 @@ LogicalResult PlanOp::verifyRegions() {
     blocks.push_back(Tile::of(segment.getTokens(), segment.getLayers()));
     owners.push_back(segment);
   }
-  if (!blocks.empty())
+  if (!blocks.empty()) {
+    // Segments say what to do, steps how: both in one plan would be two
+    // descriptions of the same work, and kvc-expand would replace the
+    // steps with the segments'.
+    for (Operation &op : getBody().front())
+      if (!isa<SegmentOp>(op))
+        return emitOpError("'")
+               << getSymName() << "' holds segments and '"
+               << op.getName().getStringRef()
+               << "': a plan holds segments or the steps that carry them "
+                  "out, not both";
     return verifyTiling(*this, blocks, owners, "segments");
+  }
   getBody().walk([&](ScatterOp scatter) {
     auto chunk = cast<ChunkType>(scatter.getInput().getType());
     blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));

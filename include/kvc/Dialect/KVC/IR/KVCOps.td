@@ -146,8 +146,9 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
   let summary = "How one request's KV is obtained";
   let description = [{
     A plan covers `tokens` x `layers`. At the strategy level its body holds
-    `kvc.segment`s; after `kvc-expand`, dataflow ops whose `kvc.scatter`s
-    write the cache; after `kvc-schedule`, tasks. At every level the
+    `kvc.segment`s and nothing else; after `kvc-expand`, dataflow ops whose
+    `kvc.scatter`s write the cache; after `kvc-schedule`, tasks. At every
+    level the
     segments (or the scattered chunks) must tile the plan exactly: no
     overlap and no gap. A save plan (what `kvc-expand` makes of a
     `kvc.save`) scatters nothing: the chunks its `kvc.store`s write must

@@ -104,7 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 #ifndef KVC_LIBFUZZER
 int main(int argc, char **argv) {
   long iterations = argc > 1 ? std::atol(argv[1]) : 20000;
-  std::mt19937_64 rng(20261121);
+  std::mt19937_64 rng(fuzz::mutationSeed(20261121));
   std::vector<std::string> corpus = seeds();
   for (long i = 0; i < iterations; ++i) {
     std::string input = corpus[rng() % corpus.size()];

@@ -8,10 +8,20 @@
 #ifndef KVC_FUZZ_MUTATIONS_H
 #define KVC_FUZZ_MUTATIONS_H
 
+#include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 
 namespace kvc::fuzz {
+
+/// The seed of a driver's mutations: KVC_FUZZ_SEED when set (a longer
+/// exploration than the ctest's, on inputs of its own), else the driver's
+/// fixed `ctestSeed`, so that the ctest tries the same inputs on every run.
+inline uint64_t mutationSeed(uint64_t ctestSeed) {
+  const char *seed = std::getenv("KVC_FUZZ_SEED");
+  return seed && *seed ? std::strtoull(seed, nullptr, 10) : ctestSeed;
+}
 
 /// `input` with one to eight bytes flipped, cut short at a random length,
 /// or grown by up to 64 random bytes.

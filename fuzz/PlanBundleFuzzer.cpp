@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
     }
     seeds.push_back(Json::parse(std::ifstream(argv[i])));
   }
-  std::mt19937_64 rng(20261123);
+  std::mt19937_64 rng(fuzz::mutationSeed(20261123));
   long accepted = 0;
   for (long i = 0; i < iterations; ++i) {
     Json tree = seeds[rng() % seeds.size()];

@@ -316,7 +316,7 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  std::mt19937_64 rng(20261124);
+  std::mt19937_64 rng(::kvc::fuzz::mutationSeed(20261124));
   long counts[4] = {};
   for (long i = 0; i < iterations; ++i) {
     std::string text = seeds[rng() % seeds.size()];

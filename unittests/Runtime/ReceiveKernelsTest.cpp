@@ -10,8 +10,8 @@
 
 #include "HostKernelBackend.h"
 
-#include "MemoryLink.h"
 #include "kvc/Runtime/Net/Transfer.h"
+#include "kvc/Testing/MemoryLink.h"
 
 #include <thread>
 

@@ -8,12 +8,12 @@
 
 #include "kvc/Runtime/Net/Transfer.h"
 #include "ForwardingBackend.h"
-#include "MemoryLink.h"
 #include "TestModel.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
 #include "kvc/Runtime/Net/CodecController.h"
 #include "kvc/Runtime/Save/SavePlan.h"
+#include "kvc/Testing/MemoryLink.h"
 
 #include <gtest/gtest.h>
 

@@ -1,13 +1,13 @@
-//===- MemoryLink.h - An in-process link for tests ---------------*- C++
-//-*-===//
+//===- MemoryLink.h - An in-process link for tests --------------*- C++ -*-===//
 //
 // Two ends of a Link in one process, for transfer tests that run the sender
-// in a thread instead of a child process (no UCX).
+// in a thread instead of a child process (no UCX), and for the transfer
+// fuzzer, which queues a sender's messages, mutated, for a receiver.
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_UNITTESTS_RUNTIME_MEMORYLINK_H
-#define KVC_UNITTESTS_RUNTIME_MEMORYLINK_H
+#ifndef KVC_TESTING_MEMORYLINK_H
+#define KVC_TESTING_MEMORYLINK_H
 
 #include "kvc/Runtime/Net/Link.h"
 
@@ -70,4 +70,4 @@ private:
 
 } // namespace kvc
 
-#endif // KVC_UNITTESTS_RUNTIME_MEMORYLINK_H
+#endif // KVC_TESTING_MEMORYLINK_H

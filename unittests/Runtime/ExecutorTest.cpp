@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <numeric>
 #include <thread>
 
 using namespace kvc;
@@ -29,6 +30,38 @@ TEST_F(ExecutorTest, ModelsOfEveryDTypeRestoreExactly) {
       }
     }
   }
+}
+
+// A prefill into the paged cache tells each layer, in order, once its K
+// and V are there: what a reader told of a layer reads then is what the
+// finished prefill holds.
+TEST_F(ExecutorTest, APrefillTellsEachLayerOnceItIsWritten) {
+  BlockTable table = *cache_->allocate(kTokens);
+  const int64_t layers = model_->config().numLayers, kv = model_->kvDim();
+  std::vector<int64_t> told;
+  std::vector<std::vector<float>> seen(static_cast<size_t>(layers));
+  auto read = [&](int64_t layer, std::vector<float> &out) {
+    out.resize(size_t(2 * kTokens * kv));
+    return backend_->readBack(*cache_, table, layer, 0, kTokens, out.data(),
+                              out.data() + kTokens * kv);
+  };
+  ASSERT_TRUE(backend_
+                  ->prefillInto(*model_, *cache_, table, tokens_.data(), 0,
+                                kTokens, layers,
+                                [&](int64_t layer) {
+                                  told.push_back(layer);
+                                  EXPECT_TRUE(read(layer, seen[layer]).isOk());
+                                })
+                  .isOk());
+  std::vector<int64_t> inOrder(static_cast<size_t>(layers));
+  std::iota(inOrder.begin(), inOrder.end(), 0);
+  EXPECT_EQ(told, inOrder);
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<float> after;
+    ASSERT_TRUE(read(l, after).isOk());
+    EXPECT_TRUE(seen[l] == after) << "layer " << l;
+  }
+  cache_->release(table);
 }
 
 TEST_F(ExecutorTest, EveryStrategyEqualsAFullPrefill) {

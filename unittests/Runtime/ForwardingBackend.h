@@ -44,9 +44,10 @@ public:
   }
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers) override {
+                     int64_t position, int64_t n, int64_t layers,
+                     const LayerWritten &written) override {
     return cpuBackend().prefillInto(model, cache, table, tokens, position, n,
-                                    layers);
+                                    layers, written);
   }
   Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
                   PagedKVCache &to, const BlockTable &toTable, int64_t layer,

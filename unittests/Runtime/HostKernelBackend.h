@@ -83,15 +83,24 @@ public:
     return model.projectFlops(n, box.layers());
   }
 
-  /// The CPU's prefill, failing at position failPrefillAt when set.
+  /// The CPU's prefill, failing at position failPrefillAt when set, and
+  /// showing each layer it writes to beforeWritten first.
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers) override {
+                     int64_t position, int64_t n, int64_t layers,
+                     const LayerWritten &written) override {
     if (position == failPrefillAt)
       return Status(StatusCode::Unavailable,
                     "prefill failed at " + std::to_string(position));
+    LayerWritten shown;
+    if (written)
+      shown = [&](int64_t layer) {
+        if (beforeWritten)
+          beforeWritten(layer);
+        written(layer);
+      };
     return ForwardingBackend::prefillInto(model, cache, table, tokens, position,
-                                          n, layers);
+                                          n, layers, shown);
   }
 
   Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {
@@ -270,6 +279,7 @@ public:
   std::atomic<int64_t> launches{0}, launchedChunks{0}, uploadedBytes{0},
       projections{0}, saves{0}, saveLaunches{0};
   std::atomic<int64_t> failPrefillAt{-1};
+  LayerWritten beforeWritten;
 
 private:
   /// The chunk `kernel` decodes or encodes, from layer `firstLayer` of

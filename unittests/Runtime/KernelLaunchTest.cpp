@@ -480,10 +480,11 @@ TEST_F(KernelLaunchTest, SavesBesideAPrefillEncodeInItsCache) {
       EXPECT_EQ(saved->kernelChunks, device ? objects : 0);
       EXPECT_EQ(kernels_.saves, device ? objects : 0);
       EXPECT_EQ(saved->kernelsNotLaunched.empty(), device || !run.kernels);
-      if (!saved->kernelsNotLaunched.empty())
+      if (!saved->kernelsNotLaunched.empty()) {
         EXPECT_NE(saved->kernelsNotLaunched.front().find("on the host"),
                   std::string::npos)
             << saved->kernelsNotLaunched.front();
+      }
     }
     std::vector<std::string> names = *tiers["hand-over"]->list("");
     ASSERT_EQ(int64_t(names.size()), objects);
@@ -497,6 +498,38 @@ TEST_F(KernelLaunchTest, SavesBesideAPrefillEncodeInItsCache) {
       }
     }
   }
+}
+
+// Beside a prefill of the whole request in one step, the save kernels
+// encode the first layers' objects while the prefill computes the later
+// ones: the backend tells the save each layer as it writes it. (The
+// prefill waits, before telling it the last layer, for a save to launch.)
+TEST_F(KernelLaunchTest, ASaveBesideAOneStepPrefillFollowsItsLayers) {
+  StatusOr<PlanBundle> bundle = savePlanWithKernels(*store_, codec("int8"));
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  ChunkStore store = storeOn(std::shared_ptr<Tier>(*openTier("mem://")));
+  const int64_t last = model_->config().numLayers - 1;
+  ASSERT_GT(last, store.layout().layerGroup - 1);
+  int64_t launchedBeforeTheLastLayer = 0;
+  kernels_.saveLaunches = 0;
+  kernels_.beforeWritten = [&](int64_t layer) {
+    if (layer != last)
+      return;
+    for (int i = 0; i < 10000 && kernels_.saveLaunches == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    launchedBeforeTheLastLayer = kernels_.saveLaunches;
+  };
+  SaveOptions stream;
+  stream.prefillTokens = (kTokens + 63) / 64 * 64;
+  SaveRunOptions options;
+  options.kernels = &bundle->kernels;
+  StatusOr<SaveMetrics> saved =
+      saveDuringPrefill(kernels_, *model_, tokens_, bundle->plans.front(),
+                        {{"disk", &store}}, stream, options);
+  kernels_.beforeWritten = nullptr;
+  ASSERT_TRUE(saved) << saved.status().toString();
+  EXPECT_GT(launchedBeforeTheLastLayer, 0);
+  EXPECT_EQ(saved->kernelChunks, saved->written);
 }
 
 // A prefill that fails beside a save into the backend's cache ends the

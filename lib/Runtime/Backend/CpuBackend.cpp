@@ -152,9 +152,22 @@ public:
 
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers) override {
+                     int64_t position, int64_t n, int64_t layers,
+                     const LayerWritten &written) override {
     PagedContext context(cache, table);
-    return model.prefill(context, position, tokens, n, {}, layers);
+    if (!written)
+      return model.prefill(context, position, tokens, n, {}, layers);
+    // The model shows a layer before it appends the layer's K and V to the
+    // context: layer l is written once layer l + 1 is shown.
+    KVC_RETURN_IF_ERROR(model.prefill(
+        context, position, tokens, n,
+        [&](const LayerSnapshot &shown) {
+          if (shown.layer > 0)
+            written(shown.layer - 1);
+        },
+        layers));
+    written((layers < 0 ? model.config().numLayers : layers) - 1);
+    return Status::ok();
   }
 
   Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,

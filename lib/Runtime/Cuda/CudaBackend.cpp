@@ -372,7 +372,8 @@ public:
 
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers) override {
+                     int64_t position, int64_t n, int64_t layers,
+                     const LayerWritten &written) override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (layers < 0)
       layers = model.config().numLayers;
@@ -382,8 +383,16 @@ public:
     Lane &lane = *lease;
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table));
-    KVC_RETURN_IF_ERROR(
-        gpu->forward(lane, tokens, position, n, layers, layouts));
+    // Each layer's K and V are readable once the lane's work up to them is
+    // done: one synchronization per layer, only for a caller that asks.
+    auto shown = [&](int64_t layer, const float *) -> Status {
+      KVC_RETURN_IF_ERROR(lane.sync("prefill"));
+      written(layer);
+      return Status::ok();
+    };
+    KVC_RETURN_IF_ERROR(gpu->forward(
+        lane, tokens, position, n, layers, layouts, nullptr,
+        written ? CudaModel::LayerHook(shown) : CudaModel::LayerHook()));
     return lane.sync("prefill");
   }
 
@@ -514,7 +523,7 @@ public:
     Clock::time_point start = Clock::now();
     KVC_RETURN_IF_ERROR(prefillInto(model, *cache, table,
                                     tokens.data() + position, position, n,
-                                    c.numLayers));
+                                    c.numLayers, {}));
     return secondsSince(start);
   }
 

@@ -464,8 +464,9 @@ bool savesFromTheCache(const Backend &backend, const PlanObjects &what,
 }
 
 /// Prefills `tokens` with `model` into `cache` through `table`, `span`
-/// tokens a step through every layer, counting each step in `filling`;
-/// stops early once `stop` is set. Its seconds.
+/// tokens a step through every layer, counting each layer of each step in
+/// `filling` as the backend writes it; stops early once `stop` is set. Its
+/// seconds.
 StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
                                  const std::vector<int32_t> &tokens,
                                  int64_t span, PagedKVCache &cache,
@@ -480,8 +481,8 @@ StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
       return Status(StatusCode::FailedPrecondition, "the save failed");
     const int64_t s1 = std::min(n, s0 + span);
     KVC_RETURN_IF_ERROR(backend.prefillInto(
-        model, cache, table, tokens.data() + s0, s0, s1 - s0, layers));
-    filling.add(0, layers, s1 - s0);
+        model, cache, table, tokens.data() + s0, s0, s1 - s0, layers,
+        [&](int64_t layer) { filling.add(layer, layer + 1, s1 - s0); }));
     if (stream.progress)
       stream.progress(s1, n);
   }

@@ -59,6 +59,7 @@
 #include "kvc/Runtime/Exec/TaskGraph.h"
 #include "kvc/Runtime/Model/ModelCompute.h"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -240,12 +241,18 @@ public:
                                           PagedKVCache &cache,
                                           const BlockTable &table);
 
+  /// Called with each layer, in order, once a prefill's K and V of it are
+  /// in the cache, readable from other threads and device streams.
+  using LayerWritten = std::function<void(int64_t layer)>;
+
   /// Runs `n` tokens at positions position.. through the first `layers`
   /// layers of `model`, over `cache`, which holds tokens [0, position) of
-  /// those layers through `table`: writes their K and V there.
+  /// those layers through `table`: writes their K and V there, telling
+  /// `written` (when set) as each layer's are.
   virtual Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                              const BlockTable &table, const int32_t *tokens,
-                             int64_t position, int64_t n, int64_t layers) = 0;
+                             int64_t position, int64_t n, int64_t layers,
+                             const LayerWritten &written = {}) = 0;
 
   /// Copies rows first.. first+n of `layer` from one cache of this backend
   /// to another (same model).

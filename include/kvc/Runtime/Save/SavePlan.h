@@ -214,9 +214,9 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
 /// backend that launches kernels, prefills into a paged cache of the
 /// backend's (Backend::cacheFor, prefillInto, a step of `stream`'s prefill
 /// tokens at a time through every layer) and reads it there
-/// (PagedCacheSource, waiting for each step), so that the plan's save
-/// kernels encode each object on the device; any other save takes the
-/// objects streamContext hands over on the host (PrefillSnapshots, within
+/// (PagedCacheSource, waiting for each layer of each step), so that the
+/// plan's save kernels encode each object on the device; any other save takes
+/// the objects streamContext hands over on the host (PrefillSnapshots, within
 /// `stream`'s buffer bytes).
 StatusOr<SaveMetrics>
 saveDuringPrefill(Backend &backend, const LlamaModel &model,

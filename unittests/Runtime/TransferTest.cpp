@@ -430,9 +430,10 @@ TEST_F(TransferTest, ASilentSenderTimesOutAndIsRecomputed) {
   expectVerified({CodecSpec()});
 }
 
-/// The controller's choices, in order.
-// A compiled transfer's plans set what each end does; a plan of another
-// kind, or one that sends hidden states, is refused with why.
+// A compiled transfer's plans set what each end does (a plan that sends
+// layer by layer, a prefill of the whole request in one step, unless the
+// caller chose the step); a plan of another kind, or one that sends hidden
+// states, is refused with why.
 TEST_F(TransferTest, CompiledPlansSetTheEncodingAndTheLayout) {
   const StoreLayout layout{128, 1};
   ChunkObjects objects(model_->config(), model_->fingerprint(), "", layout);
@@ -454,6 +455,16 @@ TEST_F(TransferTest, CompiledPlansSetTheEncodingAndTheLayout) {
   StatusOr<SendOptions> send = sendOptionsFor(sender, objects, n);
   ASSERT_TRUE(send.isOk()) << send.status().toString();
   EXPECT_EQ(send->codec, int8);
+  EXPECT_EQ(send->prefillTokens, 0); // Chunk by chunk, as the plan sends.
+  BundlePlan layerWise = transferPlans(objects, tokens_, int8, true).first;
+  send = sendOptionsFor(layerWise, objects, n);
+  ASSERT_TRUE(send.isOk()) << send.status().toString();
+  EXPECT_EQ(send->prefillTokens, (n + 127) / 128 * 128);
+  SendOptions chosen;
+  chosen.prefillTokens = 128;
+  send = sendOptionsFor(layerWise, objects, n, chosen);
+  ASSERT_TRUE(send.isOk()) << send.status().toString();
+  EXPECT_EQ(send->prefillTokens, 128);
   StatusOr<ReceiveOptions> receive = receiveOptionsFor(receiver, objects, n);
   ASSERT_TRUE(receive.isOk()) << receive.status().toString();
   EXPECT_EQ(receive->codec, std::optional<CodecSpec>(int8));

@@ -78,7 +78,8 @@ struct SendOptions {
   Backend *backend = nullptr;
   /// Tokens per prefill step (SaveOptions::prefillTokens): a step of the
   /// whole request streams layer group by layer group, so the receiver's
-  /// first layers complete first.
+  /// first layers complete first. 0: one chunk, or, for a send plan that
+  /// sends layer group by layer group (sendOptionsFor), the whole request.
   int64_t prefillTokens = 0;
   int writers = 2;
   size_t bufferBytes = size_t(256) << 20;
@@ -109,7 +110,9 @@ struct SendStats {
 };
 
 /// The sender of a compiled transfer (kvc-expand's `<name>_send` plan of a
-/// kvc.transfer): its encoding and the plan, over `base`'s other options.
+/// kvc.transfer): its encoding and the plan, over `base`'s other options;
+/// for a plan that sends layer group by layer group, a prefill of the whole
+/// request in one step unless `base` chose the step.
 /// The plan must send every KV object of `objects`' layout for `tokens`
 /// tokens once, in one encoding (planObjects, Saver.h); sendContext runs
 /// it, its prefill's snapshots standing for the plan's gathers.

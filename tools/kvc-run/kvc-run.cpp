@@ -459,7 +459,8 @@ const std::vector<Command> &commands() {
                {"layer-group", "N", "layers per chunk (default 4)"},
                {"prefill-tokens", "N",
                 "tokens per prefill step, whole chunks; a step of several "
-                "streams layer by layer (default one chunk)"},
+                "streams layer by layer (default one chunk; the whole "
+                "request for a layer-wise --bundle)"},
                {"tenant", "SALT", "the tenant salt of the keys (as received)"},
                {"gbps", "N", "emulate a link of N GB/s"},
                {"timeout-ms", "N",

@@ -386,6 +386,19 @@ kvc.plan @p tokens 0 to 16 layers 0 to 2 {
 
 // -----
 
+// A step outside the plan, though no scatter ends its chain.
+kvc.plan @p tokens 0 to 16 layers 0 to 2 {
+  %c = kvc.chunk_compute tokens 0 to 16 layers 0 to 2
+      : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+  kvc.scatter %c : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+  // expected-error @+1 {{'kvc.fetch' op covers tokens 16 to 32 of layers 0 to 2, outside plan @p (tokens 0 to 16, layers 0 to 2)}}
+  %f = kvc.fetch #kvc.source<tier = "ssd", form = kv, tokens = 0 to 32, layers = 0 to 2>
+      tokens 16 to 32 layers 0 to 2
+      : !kvc.chunk<kv x bf16, tokens 16 to 32, layers 0 to 2, host>
+}
+
+// -----
+
 // expected-error @+1 {{'kvc.plan' op 'p' scatters leave tokens 0 to 16 of layers 0 to 2 uncovered}}
 kvc.plan @p tokens 0 to 16 layers 0 to 2 {
 }
@@ -448,9 +461,9 @@ kvc.plan @p tokens 0 to 16 layers 0 to 2 {
   %c = kvc.chunk_compute tokens 0 to 16 layers 0 to 2
       : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
   kvc.scatter %c : !kvc.chunk<kv x bf16, tokens 0 to 16, layers 0 to 2, device>
+  // expected-error @+1 {{'kvc.chunk_compute' op covers tokens 0 to 32 of layers 0 to 2, outside plan @p}}
   %c2 = kvc.chunk_compute tokens 0 to 32 layers 0 to 2
       : !kvc.chunk<kv x bf16, tokens 0 to 32, layers 0 to 2, device>
-  // expected-error @+1 {{'kvc.scatter' op covers tokens 0 to 32 of layers 0 to 2, outside plan @p}}
   kvc.scatter %c2 : !kvc.chunk<kv x bf16, tokens 0 to 32, layers 0 to 2, device>
 }
 

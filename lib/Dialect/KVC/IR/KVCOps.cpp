@@ -244,20 +244,26 @@ LogicalResult TransferOp::verify() {
 
 namespace {
 
+/// Checks that `block` (which `owner` covers) lies inside `plan`.
+LogicalResult verifyInside(PlanOp plan, const Tile &block, Operation *owner) {
+  Tile whole = Tile::of(plan.getTokens(), plan.getLayers());
+  if (block.t0 >= whole.t0 && block.t1 <= whole.t1 && block.l0 >= whole.l0 &&
+      block.l1 <= whole.l1)
+    return success();
+  return owner->emitOpError("covers tokens ")
+         << block.t0 << " to " << block.t1 << " of layers " << block.l0
+         << " to " << block.l1 << ", outside plan @" << plan.getSymName()
+         << " (tokens " << str(plan.getTokens()) << ", layers "
+         << str(plan.getLayers()) << ")";
+}
+
 /// Checks that `blocks` (written by `owners`) tile `plan` exactly.
 LogicalResult verifyTiling(PlanOp plan, ArrayRef<Tile> blocks,
                            ArrayRef<Operation *> owners, StringRef what) {
   Tile whole = Tile::of(plan.getTokens(), plan.getLayers());
-  for (auto [block, owner] : llvm::zip(blocks, owners)) {
-    if (block.t0 < whole.t0 || block.t1 > whole.t1 || block.l0 < whole.l0 ||
-        block.l1 > whole.l1) {
-      return owner->emitOpError("covers tokens ")
-             << block.t0 << " to " << block.t1 << " of layers " << block.l0
-             << " to " << block.l1 << ", outside plan @" << plan.getSymName()
-             << " (tokens " << str(plan.getTokens()) << ", layers "
-             << str(plan.getLayers()) << ")";
-    }
-  }
+  for (auto [block, owner] : llvm::zip(blocks, owners))
+    if (failed(verifyInside(plan, block, owner)))
+      return failure();
   std::optional<CoverageFault> fault =
       findCoverageFault(blocks, whole, /*checkOverlap=*/true);
   if (!fault)
@@ -299,6 +305,18 @@ LogicalResult PlanOp::verifyRegions() {
                   "out, not both";
     return verifyTiling(*this, blocks, owners, "segments");
   }
+  // Every chunk a step makes lies inside the plan, whether or not a scatter,
+  // store or send ends its chain.
+  WalkResult inside = getBody().walk([&](Operation *op) {
+    for (Type type : op->getResultTypes())
+      if (auto chunk = dyn_cast<ChunkType>(type))
+        if (failed(verifyInside(
+                *this, Tile::of(chunk.getTokens(), chunk.getLayers()), op)))
+          return WalkResult::interrupt();
+    return WalkResult::advance();
+  });
+  if (inside.wasInterrupted())
+    return failure();
   getBody().walk([&](ScatterOp scatter) {
     auto chunk = cast<ChunkType>(scatter.getInput().getType());
     blocks.push_back(Tile::of(chunk.getTokens(), chunk.getLayers()));

@@ -16,7 +16,8 @@
 // width, a form, a tier, a segment's method), a line dropped or repeated;
 // one input in sixteen also has bytes flipped, cut or appended. Pipelines:
 // kvc-restore-pipeline and kvc-save-pipeline (one run in sixteen with
-// gpu-chip=sm_90, the kernels lowered to PTX), the plans as written
+// gpu-chip=sm_90, the kernels lowered to PTX, two with layer-wise=true,
+// the objects issued layer by layer), the plans as written
 // (kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate), and the kernels'
 // host lowering (kvc-lower-kernels{host}, kvc-kernels-to-llvm).
 //
@@ -188,7 +189,8 @@ struct Fuzzer {
   }
 
   /// Pipeline `which` of the file comment's list (0, 1: the restore and save
-  /// pipelines, without and with kernels; 2: as written; 3: the host form).
+  /// pipelines, without and with kernels; 2: as written; 3: the host form;
+  /// 4: the pipelines layer-wise).
   static std::string pipeline(int which) {
     switch (which) {
     case 0:
@@ -198,9 +200,12 @@ struct Fuzzer {
              "kvc-save-pipeline{gpu-chip=sm_90}";
     case 2:
       return "kvc-expand,kvc-fuse,kvc-schedule,kvc-estimate";
-    default:
+    case 3:
       return "kvc-expand,kvc-fuse,kvc-lower-kernels{host=true},"
              "kvc-kernels-to-llvm";
+    default:
+      return "kvc-restore-pipeline{layer-wise=true},"
+             "kvc-save-pipeline{layer-wise=true}";
     }
   }
 
@@ -325,7 +330,11 @@ int main(int argc, char **argv) {
     if (rng() % 16 == 0)
       ::kvc::fuzz::damage(text, rng);
     const unsigned pick = rng() % 16;
-    const int which = pick == 0 ? 1 : pick < 8 ? 0 : pick < 12 ? 2 : 3;
+    const int which = pick == 0   ? 1
+                      : pick < 6  ? 0
+                      : pick < 8  ? 4
+                      : pick < 12 ? 2
+                                  : 3;
     ++counts[int(compileIsolated(fuzzer, text, which))];
   }
   std::printf("%ld mutated plans compiled without a crash: %ld refused by "

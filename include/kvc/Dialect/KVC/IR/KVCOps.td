@@ -148,12 +148,13 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     A plan covers `tokens` x `layers`. At the strategy level its body holds
     `kvc.segment`s and nothing else; after `kvc-expand`, dataflow ops whose
     `kvc.scatter`s write the cache; after `kvc-schedule`, tasks. At every
-    level the
-    segments (or the scattered chunks) must tile the plan exactly: no
-    overlap and no gap. A save plan (what `kvc-expand` makes of a
-    `kvc.save`) scatters nothing: the chunks its `kvc.store`s write must
-    tile it, form by form; so must a transfer sender's `kvc.send`s. Planning passes record the `strategy` that chose
-    the plan and `kvc-estimate` its simulated time in microseconds.
+    level the segments (or the scattered chunks) must tile the plan exactly:
+    no overlap and no gap; and no step makes a chunk outside the plan. A
+    save plan (what `kvc-expand` makes of a `kvc.save`) scatters nothing:
+    the chunks its `kvc.store`s write must tile it, form by form; so must a
+    transfer sender's `kvc.send`s. Planning passes record the `strategy`
+    that chose the plan and `kvc-estimate` its simulated time in
+    microseconds.
 
     ```mlir
     kvc.plan @cake tokens 0 to 512 layers 0 to 2 {

@@ -166,7 +166,9 @@ public:
             written(shown.layer - 1);
         },
         layers));
-    written((layers < 0 ? model.config().numLayers : layers) - 1);
+    const int64_t last = (layers < 0 ? model.config().numLayers : layers) - 1;
+    if (last >= 0)
+      written(last);
     return Status::ok();
   }
 

@@ -7,8 +7,8 @@
 //
 // With clang (-DKVC_LIBFUZZER=ON) this is a libFuzzer target:
 //   build-fuzz/fuzz/kvc-bundle-fuzzer -max_total_time=60 SEED_DIR
-// Otherwise a driver mutates seed bundles (a ctest, over the bundle the
-// build compiles from fuzz/seeds/plans.mlir):
+// Otherwise a driver mutates seed bundles (a ctest, over the bundles the
+// build compiles from fuzz/seeds/plans.mlir and fuzz/seeds/saves.mlir):
 //   build/fuzz/kvc-bundle-fuzz ITERATIONS SEED.json [SEED.json ...]
 // Most mutations edit the parsed JSON (a number made negative, huge or
 // off by one; a string swapped for another of the bundle's; a key or an

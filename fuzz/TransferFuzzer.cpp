@@ -3,11 +3,12 @@
 // Feeds a transfer's receiver (receiveContext, Transfer.h) the messages a
 // real sender sent, mutated as a broken or hostile peer might send them: a
 // message's bytes flipped, cut or grown (anywhere, or in its first bytes,
-// where the kind and the object's header are), a message dropped, repeated
-// or moved, one chunk's object sent in another's place, the stream cut
-// short. Whatever arrives, the receiver must return (no crash, no hang) and,
-// when it succeeds, leave a cache within its codec's bound of a full
-// prefill: a chunk it cannot trust is recomputed, never written wrong.
+// where the kind and the object's header are), a number of a hello or an
+// end moved, a message dropped, repeated or moved, one chunk's object sent
+// in another's place, the stream cut short. Whatever arrives, the receiver must
+// return (no crash, no hang) and, when it succeeds, leave a cache within its
+// codec's bound of a full prefill: a chunk it cannot trust is recomputed, never
+// written wrong.
 //
 //   build/fuzz/kvc-transfer-fuzz ITERATIONS
 //
@@ -29,6 +30,7 @@
 #include "kvc/Runtime/Net/Transfer.h"
 #include "kvc/Testing/MemoryLink.h"
 
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <csignal>
@@ -42,6 +44,7 @@
 #include <vector>
 
 using namespace kvc;
+using Json = nlohmann::json;
 
 namespace {
 
@@ -154,11 +157,32 @@ BundlePlan receivePlan(const ChunkObjects &objects, int64_t tokens,
   return plan;
 }
 
+/// `message` (a hello or an end: "KVCT", its kind, a JSON object) with
+/// one of its numbers moved, so that the edit reaches the checks behind the
+/// JSON syntax; other messages stay as they are.
+void moveANumber(std::string &message, std::mt19937_64 &rng) {
+  constexpr size_t kHeader = 5;
+  if (message.size() <= kHeader)
+    return;
+  Json body = Json::parse(message.substr(kHeader), nullptr,
+                          /*allow_exceptions=*/false);
+  if (!body.is_object() || body.empty())
+    return;
+  auto field = std::next(body.begin(), long(rng() % body.size()));
+  if (!field->is_number_integer())
+    return;
+  const int64_t value = field->get<int64_t>();
+  const int64_t moved[] = {-1,        0,         value - 1,
+                           value + 1, 2 * value, int64_t(1) << 40};
+  *field = moved[rng() % std::size(moved)];
+  message = message.substr(0, kHeader) + body.dump();
+}
+
 /// `messages` with one to three edits.
 void mutate(std::vector<std::string> &messages, std::mt19937_64 &rng) {
   for (int m = 0, n = 1 + int(rng() % 3); m < n && !messages.empty(); ++m) {
     const size_t i = rng() % messages.size();
-    switch (rng() % 7) {
+    switch (rng() % 8) {
     case 0:
       fuzz::damage(messages[i], rng);
       break;
@@ -179,6 +203,9 @@ void mutate(std::vector<std::string> &messages, std::mt19937_64 &rng) {
       break;
     case 5: // Another message's bytes in this one's place.
       messages[i] = messages[rng() % messages.size()];
+      break;
+    case 6:
+      moveANumber(messages[i], rng);
       break;
     default:
       messages.resize(i);

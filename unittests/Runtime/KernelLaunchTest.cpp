@@ -532,6 +532,26 @@ TEST_F(KernelLaunchTest, ASaveBesideAOneStepPrefillFollowsItsLayers) {
   EXPECT_EQ(saved->kernelChunks, saved->written);
 }
 
+// A kernel table without save kernels (a plan compiled without gpu-chip)
+// leaves a save beside a prefill to the prefill's host hand-over.
+TEST_F(KernelLaunchTest, ASaveWithoutSaveKernelsTakesTheHandOver) {
+  ChunkStore store = storeOn(std::shared_ptr<Tier>(*openTier("mem://")));
+  const BundlePlan plan =
+      savePlanFor(store, kTokens, {Form::KV}, codec("int8"), "disk");
+  const std::vector<BundleKernel> none;
+  int64_t layersTold = 0;
+  kernels_.beforeWritten = [&](int64_t) { ++layersTold; };
+  SaveRunOptions options;
+  options.kernels = &none;
+  StatusOr<SaveMetrics> saved = saveDuringPrefill(
+      kernels_, *model_, tokens_, plan, {{"disk", &store}}, {}, options);
+  kernels_.beforeWritten = nullptr;
+  ASSERT_TRUE(saved) << saved.status().toString();
+  EXPECT_GT(saved->written, 0);
+  EXPECT_EQ(saved->kernelChunks, 0);
+  EXPECT_EQ(layersTold, 0); // No prefill into the backend's cache.
+}
+
 // A prefill that fails beside a save into the backend's cache ends the
 // save with its error, and the store keeps nothing of it.
 TEST_F(KernelLaunchTest, AFailedPrefillEndsASaveInItsCache) {

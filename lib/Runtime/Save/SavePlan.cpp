@@ -454,12 +454,17 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
 namespace {
 
 /// Whether a save beside a prefill reads the paged cache the prefill fills
-/// rather than the prefill's host hand-over: a plan of KV only, the bundle's
-/// kernel table, and a backend that launches kernels, so that the plan's
-/// save kernels encode each object where the prefill wrote it.
+/// rather than the prefill's host hand-over: a plan of KV only, a kernel
+/// table with save kernels, and a backend that launches kernels, so that
+/// the plan's save kernels encode each object where the prefill wrote it.
 bool savesFromTheCache(const Backend &backend, const PlanObjects &what,
                        const SaveOptions &stream, const SaveRunOptions &run) {
-  return run.kernels && backend.launchesKernels() && !stream.computed &&
+  return run.kernels &&
+         std::any_of(run.kernels->begin(), run.kernels->end(),
+                     [](const BundleKernel &kernel) {
+                       return kernel.kind == BundleKernel::Kind::Save;
+                     }) &&
+         backend.launchesKernels() && !stream.computed &&
          what.forms == std::vector<Form>{Form::KV};
 }
 

@@ -210,14 +210,14 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
 /// taking its object as soon as the prefill computed it. Pools come from
 /// `backend` with the plan's lanes; `run` as save()'s.
 ///
-/// Where the gathers read: a plan of KV only with `run.kernels`, on a
-/// backend that launches kernels, prefills into a paged cache of the
-/// backend's (Backend::cacheFor, prefillInto, a step of `stream`'s prefill
-/// tokens at a time through every layer) and reads it there
-/// (PagedCacheSource, waiting for each layer of each step), so that the
-/// plan's save kernels encode each object on the device; any other save takes
-/// the objects streamContext hands over on the host (PrefillSnapshots, within
-/// `stream`'s buffer bytes).
+/// Where the gathers read: a plan of KV only with `run.kernels` holding
+/// save kernels, on a backend that launches kernels, prefills into a paged
+/// cache of the backend's (Backend::cacheFor, prefillInto, a step of
+/// `stream`'s prefill tokens at a time through every layer) and reads it
+/// there (PagedCacheSource, waiting for each layer of each step), so that
+/// the plan's save kernels encode each object on the device; any other save
+/// takes the objects streamContext hands over on the host
+/// (PrefillSnapshots, within `stream`'s buffer bytes).
 StatusOr<SaveMetrics>
 saveDuringPrefill(Backend &backend, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,

@@ -11,6 +11,7 @@
 
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Net/CodecController.h"
 #include "kvc/Runtime/Net/Transfer.h"
 
@@ -211,8 +212,7 @@ Status transferRecvCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(timeout, timeoutOption(args));
   options.timeout = timeout;
   KVC_ASSIGN_OR_RETURN(decoders, args.integer("decoders", options.decoders));
-  if (decoders <= 0)
-    return invalidArgument("--decoders must be positive");
+  KVC_RETURN_IF_ERROR(checkWorkers("--decoders", decoders));
   options.decoders = int(decoders);
   const bool verify = args.has("verify");
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));

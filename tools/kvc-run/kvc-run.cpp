@@ -29,6 +29,7 @@
 
 #include "kvc/Host/Calibrate.h"
 #include "kvc/Host/Session.h"
+#include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Llama2c.h"
@@ -121,6 +122,7 @@ Status save(Args &args) {
   KVC_ASSIGN_OR_RETURN(bufferMb, args.integer("buffer-mb", 256));
   if (writers <= 0 || bufferMb <= 0)
     return invalidArgument("--writers and --buffer-mb must be positive");
+  KVC_RETURN_IF_ERROR(checkWorkers("--writers", writers));
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");

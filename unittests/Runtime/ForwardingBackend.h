@@ -74,15 +74,19 @@ public:
   StatusOr<double> uploadGBs() override { return cpuBackend().uploadGBs(); }
 };
 
-/// The CPU backend, its prefill streams counted (from any thread).
+/// The CPU backend, its prefill streams counted (from any thread), or
+/// refused with `refusal` when set.
 class CountingBackend final : public ForwardingBackend {
 public:
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(const ModelCompute &model, int64_t tokens) override {
     ++streams;
+    if (!refusal.isOk())
+      return refusal;
     return Backend::streamPrefill(model, tokens);
   }
   std::atomic<int> streams{0};
+  Status refusal;
 };
 
 } // namespace kvc

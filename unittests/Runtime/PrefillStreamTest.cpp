@@ -66,6 +66,25 @@ TEST_F(PrefillStreamTest, SpansShowEveryLayerInOrder) {
       << past.message();
 }
 
+// A backend that cannot open a save's prefill stream (a device out of
+// memory) ends the save with its error before any writer starts; a save
+// asking for more writers than any machine needs is refused.
+TEST_F(PrefillStreamTest, ASaveWhoseStreamCannotOpenEndsWithItsError) {
+  std::unique_ptr<ChunkStore> store = makeStore(*model_);
+  SaveOptions options;
+  options.backend = &counting_;
+  counting_.refusal = Status(StatusCode::Unavailable, "no device memory");
+  StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
+  counting_.refusal = Status::ok();
+  ASSERT_FALSE(saved);
+  EXPECT_EQ(saved.status().message(), "no device memory");
+  options.writers = 100000;
+  saved = saveContext(*model_, *store, tokens_, options);
+  ASSERT_FALSE(saved);
+  EXPECT_EQ(saved.status().message(),
+            "stream: the writers: 100000 workers (expected 1 to 1024)");
+}
+
 // A save and the verification of a restore prefill on the backend they
 // were given, and save what the CPU's prefill saves.
 TEST_F(PrefillStreamTest, SavesAndVerificationPrefillOnTheirBackend) {

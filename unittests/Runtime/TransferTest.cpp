@@ -412,6 +412,23 @@ TEST_F(TransferTest, RefusesTheKVOfAnotherModel) {
   EXPECT_EQ(sender.wait(), 3); // The sender was told: refused.
 }
 
+// A receiver asking for more decoders than any machine needs is refused
+// before it reads the link.
+TEST_F(TransferTest, RefusesMoreDecodersThanAnyMachineNeeds) {
+  ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
+  auto [sending, receiving] = MemoryLink::pair();
+  StatusOr<std::unique_ptr<host::Destination>> into =
+      host::destinationFor(cpuBackend(), *model_, tokens_, nullptr, {});
+  ASSERT_TRUE(into.isOk()) << into.status().toString();
+  ReceiveOptions options;
+  options.decoders = 5000;
+  StatusOr<ReceiveMetrics> metrics =
+      receiveContext(receiving, objects, (*into)->target, options);
+  ASSERT_FALSE(metrics.isOk());
+  EXPECT_EQ(metrics.status().message(),
+            "transfer: the decoders: 5000 workers (expected 1 to 1024)");
+}
+
 TEST_F(TransferTest, ASilentSenderTimesOutAndIsRecomputed) {
   SenderProcess sender([&](std::unique_ptr<Link> link) {
     // Sends the hello and two chunks, then hangs.

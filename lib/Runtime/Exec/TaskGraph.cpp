@@ -5,6 +5,7 @@
 #include "GraphOrder.h"
 
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Threads.h"
 
 #include <nlohmann/json.hpp>
 
@@ -19,17 +20,16 @@ namespace kvc {
 
 StatusOr<std::unique_ptr<ResourcePools>>
 ResourcePools::create(const std::map<std::string, int> &lanes) {
+  for (const auto &[name, count] : lanes)
+    KVC_RETURN_IF_ERROR(checkWorkers("resource \"" + name + "\"", count));
+  // On a failure the destructor stops and joins the workers started.
   std::unique_ptr<ResourcePools> pools(new ResourcePools());
   for (const auto &[name, count] : lanes) {
-    if (count <= 0 || count > 1024)
-      return invalidArgument("resource \"" + name + "\": " +
-                             std::to_string(count) +
-                             " workers (expected 1 to 1024)");
-    auto pool = std::make_unique<Pool>();
+    Pool &pool =
+        *pools->pools_.emplace(name, std::make_unique<Pool>()).first->second;
     for (int worker = 0; worker < count; ++worker)
-      pool->workers.emplace_back(&ResourcePools::work, std::ref(*pool),
-                                 worker);
-    pools->pools_.emplace(name, std::move(pool));
+      KVC_RETURN_IF_ERROR(startThread(pool.workers, &ResourcePools::work,
+                                      std::ref(pool), worker));
   }
   return pools;
 }

@@ -6,6 +6,7 @@
 #include "kvc/Runtime/Base/BoundedQueue.h"
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/HandOver.h"
+#include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 
 #include <algorithm>
@@ -464,36 +465,45 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
   std::mutex mutex;
   Status fatal;
 
+  const int decoderCount = std::max(1, options.decoders);
   BoundedQueue<Arrival> queue(options.bufferBytes);
   std::vector<std::thread> decoders;
-  for (int d = 0; d < std::max(1, options.decoders); ++d)
-    decoders.emplace_back([&] {
-      std::unique_ptr<DeviceBuffer> device = backend.allocate();
-      std::vector<uint16_t> values;
-      Arrival arrival;
-      while (queue.pop(arrival)) {
-        const ChunkRef &ref = arrival.ref;
-        values.resize(objects.shape(ref).numel());
-        const ChunkBox box = boxOf(ref);
-        Status status = objects.decode(ref, arrival.object(), values.data());
-        if (status.isOk())
-          status = backend.upload(values, /*consume=*/true, *device);
-        if (status.isOk())
-          status = backend.scatter(*device, box, *target.cache, *target.table);
-        queue.done(arrival.bytes());
-        std::lock_guard<std::mutex> lock(mutex);
-        if (status.isOk()) {
-          missing[arrival.index] = "";
-          metrics.received += 1;
-          if (progress)
-            progress->add(box.layerBegin, box.layerEnd, box.tokens());
-        } else if (recoverableByRecompute(status)) {
-          missing[arrival.index] = status.toString();
-        } else if (fatal.isOk()) {
-          fatal = status;
-        }
+  auto decode = [&] {
+    std::unique_ptr<DeviceBuffer> device = backend.allocate();
+    std::vector<uint16_t> values;
+    Arrival arrival;
+    while (queue.pop(arrival)) {
+      const ChunkRef &ref = arrival.ref;
+      values.resize(objects.shape(ref).numel());
+      const ChunkBox box = boxOf(ref);
+      Status status = objects.decode(ref, arrival.object(), values.data());
+      if (status.isOk())
+        status = backend.upload(values, /*consume=*/true, *device);
+      if (status.isOk())
+        status = backend.scatter(*device, box, *target.cache, *target.table);
+      queue.done(arrival.bytes());
+      std::lock_guard<std::mutex> lock(mutex);
+      if (status.isOk()) {
+        missing[arrival.index] = "";
+        metrics.received += 1;
+        if (progress)
+          progress->add(box.layerBegin, box.layerEnd, box.tokens());
+      } else if (recoverableByRecompute(status)) {
+        missing[arrival.index] = status.toString();
+      } else if (fatal.isOk()) {
+        fatal = status;
       }
-    });
+    }
+  };
+  Status started;
+  for (int d = 0; d < decoderCount && started.isOk(); ++d)
+    started = startThread(decoders, decode);
+  if (!started.isOk()) {
+    queue.close();
+    for (std::thread &t : decoders)
+      t.join();
+    return started;
+  }
 
   ChunkHandler handler;
   handler.deliver = [&](Arrival arrival) {
@@ -732,6 +742,8 @@ StatusOr<ReceiveMetrics> receiveContext(Link &link, const ChunkObjects &local,
     return invalidArgument("transfer: plan " + options.plan->name +
                            " without the encoding it receives (give the "
                            "options receiveOptionsFor makes)");
+  KVC_RETURN_IF_ERROR(
+      checkWorkers("transfer: the decoders", std::max(1, options.decoders)));
   return trackProgress(options.progress, local.model().numLayers,
                        int64_t(target.tokens->size()),
                        [&](LayerProgress &progress) {

@@ -4,6 +4,7 @@
 
 #include "kvc/Runtime/Base/BoundedQueue.h"
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Threads.h"
 
 #include <algorithm>
 #include <atomic>
@@ -190,39 +191,9 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
                            "layer of the request, and only KV can be taken "
                            "from it");
   KVC_ASSIGN_OR_RETURN(span, prefillSpan(options, layout));
-  SaveStats stats;
-  BoundedQueue<Job> queue(options.bufferBytes);
-  std::mutex statsMutex;
-  Status firstError;
-  std::atomic<bool> failed{false};
-
-  std::vector<std::thread> writers;
-  if (!options.dryRun)
-    for (int w = 0; w < std::max(1, options.writers); ++w)
-      writers.emplace_back([&] {
-        Job job;
-        while (queue.pop(job)) {
-          // After a failure the rest is dropped, not written.
-          StatusOr<bool> written =
-              failed ? StatusOr<bool>(false) : sink(job.ref, job.values.data());
-          size_t bytes = job.bytes();
-          job.values = {};
-          queue.done(bytes);
-          std::lock_guard<std::mutex> lock(statsMutex);
-          if (!written.isOk()) {
-            if (firstError.isOk())
-              firstError = written.status();
-            failed = true;
-          } else if (!failed) {
-            (*written ? stats.written : stats.skipped) += 1;
-          }
-        }
-      });
-
-  // Each prefill step runs a span of whole chunks through every layer; its
-  // objects go out layer group by layer group, every chunk of the span at
-  // once.
-  const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
+  const int writerCount = std::max(1, options.writers);
+  KVC_RETURN_IF_ERROR(checkWorkers("stream: the writers", writerCount));
+  // Opened before any writer starts: nothing returns past a running thread.
   Clock::time_point start = Clock::now();
   std::unique_ptr<PrefillStream> stream;
   if (!options.computed && n > 0) {
@@ -230,6 +201,46 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
     KVC_ASSIGN_OR_RETURN(opened, backend.streamPrefill(model, n));
     stream = std::move(opened);
   }
+  SaveStats stats;
+  BoundedQueue<Job> queue(options.bufferBytes);
+  std::mutex statsMutex;
+  Status firstError;
+  std::atomic<bool> failed{false};
+
+  std::vector<std::thread> writers;
+  auto write = [&] {
+    Job job;
+    while (queue.pop(job)) {
+      // After a failure the rest is dropped, not written.
+      StatusOr<bool> written =
+          failed ? StatusOr<bool>(false) : sink(job.ref, job.values.data());
+      size_t bytes = job.bytes();
+      job.values = {};
+      queue.done(bytes);
+      std::lock_guard<std::mutex> lock(statsMutex);
+      if (!written.isOk()) {
+        if (firstError.isOk())
+          firstError = written.status();
+        failed = true;
+      } else if (!failed) {
+        (*written ? stats.written : stats.skipped) += 1;
+      }
+    }
+  };
+  Status started;
+  for (int w = 0; w < writerCount && started.isOk() && !options.dryRun; ++w)
+    started = startThread(writers, write);
+  if (!started.isOk()) {
+    queue.close();
+    for (std::thread &t : writers)
+      t.join();
+    return started;
+  }
+
+  // Each prefill step runs a span of whole chunks through every layer; its
+  // objects go out layer group by layer group, every chunk of the span at
+  // once.
+  const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
   Status prefill;
   for (int64_t s0 = 0; s0 < n && prefill.isOk() && !failed; s0 += span) {
     const int64_t s1 = std::min(n, s0 + span);

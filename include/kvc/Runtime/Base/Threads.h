@@ -1,0 +1,52 @@
+//===- Threads.h - Starting the runtime's worker threads --------*- C++ -*-===//
+//
+// Worker counts come from callers (a save's writers, a receiver's decoders,
+// a plan's lanes) and threads come from the system: a count no machine
+// needs is refused before any thread starts, and a thread the system cannot
+// start is an error, not std::thread's exception.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_BASE_THREADS_H
+#define KVC_RUNTIME_BASE_THREADS_H
+
+#include "kvc/Runtime/Base/Status.h"
+
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+namespace kvc {
+
+/// The most workers one pool, a save's writers or a receiver's decoders may
+/// have.
+constexpr int64_t kMaxWorkers = 1024;
+
+/// InvalidArgument unless 1 <= `count` <= kMaxWorkers; `what` names whose
+/// workers they are ("resource \"decode\"", "save").
+inline Status checkWorkers(const std::string &what, int64_t count) {
+  if (count >= 1 && count <= kMaxWorkers)
+    return Status::ok();
+  return invalidArgument(what + ": " + std::to_string(count) +
+                         " workers (expected 1 to " +
+                         std::to_string(kMaxWorkers) + ")");
+}
+
+/// Runs `fn(args...)` on a new thread appended to `threads`; Unavailable
+/// when the system cannot start one.
+template <typename Threads, typename Fn, typename... Args>
+Status startThread(Threads &threads, Fn &&fn, Args &&...args) {
+  try {
+    threads.emplace_back(std::forward<Fn>(fn), std::forward<Args>(args)...);
+  } catch (const std::system_error &e) {
+    return Status(StatusCode::Unavailable,
+                  std::string("cannot start a thread: ") + e.what());
+  }
+  return Status::ok();
+}
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_BASE_THREADS_H

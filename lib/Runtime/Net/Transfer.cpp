@@ -495,15 +495,8 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
       }
     }
   };
-  Status started;
-  for (int d = 0; d < decoderCount && started.isOk(); ++d)
-    started = startThread(decoders, decode);
-  if (!started.isOk()) {
-    queue.close();
-    for (std::thread &t : decoders)
-      t.join();
-    return started;
-  }
+  KVC_RETURN_IF_ERROR(
+      startWorkers(decoders, decoderCount, decode, [&] { queue.close(); }));
 
   ChunkHandler handler;
   handler.deliver = [&](Arrival arrival) {

@@ -227,15 +227,9 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
       }
     }
   };
-  Status started;
-  for (int w = 0; w < writerCount && started.isOk() && !options.dryRun; ++w)
-    started = startThread(writers, write);
-  if (!started.isOk()) {
-    queue.close();
-    for (std::thread &t : writers)
-      t.join();
-    return started;
-  }
+  if (!options.dryRun)
+    KVC_RETURN_IF_ERROR(
+        startWorkers(writers, writerCount, write, [&] { queue.close(); }));
 
   // Each prefill step runs a span of whole chunks through every layer; its
   // objects go out layer group by layer group, every chunk of the span at

@@ -17,6 +17,7 @@
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace kvc {
 
@@ -43,6 +44,26 @@ Status startThread(Threads &threads, Fn &&fn, Args &&...args) {
   } catch (const std::system_error &e) {
     return Status(StatusCode::Unavailable,
                   std::string("cannot start a thread: ") + e.what());
+  }
+  return Status::ok();
+}
+
+/// Starts `count` threads running `fn` (a queue's consumers) into
+/// `threads`; when one cannot start, calls `stop` (which must make the
+/// started ones return, as closing their queue does), joins them and
+/// returns why.
+template <typename Fn, typename Stop>
+Status startWorkers(std::vector<std::thread> &threads, int64_t count,
+                    const Fn &fn, Stop &&stop) {
+  for (int64_t i = 0; i < count; ++i) {
+    Status started = startThread(threads, fn);
+    if (!started.isOk()) {
+      stop();
+      for (std::thread &thread : threads)
+        thread.join();
+      threads.clear();
+      return started;
+    }
   }
   return Status::ok();
 }

@@ -1,5 +1,4 @@
-//===- ForwardingBackend.h - A test backend over the CPU backend -*- C++
-//-*-===//
+//===- ForwardingBackend.h - Test backends over the CPU one -----*- C++ -*-===//
 //
 // Tests' stand-ins for a device backend override what they change and
 // forward the rest to the CPU backend.

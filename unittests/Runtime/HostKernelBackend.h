@@ -1,5 +1,4 @@
-//===- HostKernelBackend.h - A kernel-launching backend on the host -*- C++
-//-*-===//
+//===- HostKernelBackend.h - A kernel-launching host backend ----*- C++ -*-===//
 //
 // For tests of the executor's side of generated kernels without a GPU: a
 // backend that "launches" a kernel by doing what the generated code does

@@ -614,12 +614,13 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
 
   StatusOr<RestoreMetrics> restored =
       Status(StatusCode::Internal, "the receive plan has not ended");
-  std::thread runner([&] {
+  auto run = [&] {
     restored = restore(*pools, plan, planned, restoreOptions);
     // Later arrivals (all of them, if the plan failed) have no recv left to
     // take them: the reader goes on to the sender's end, and drops them.
     inbox->finish("");
-  });
+  };
+  KVC_ASSIGN_OR_RETURN(runner, startThread(run));
   ReceiveMetrics metrics;
   metrics.chunks = int64_t(expected.size());
   ChunkHandler handler;

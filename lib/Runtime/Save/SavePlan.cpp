@@ -3,6 +3,7 @@
 #include "kvc/Runtime/Save/SavePlan.h"
 
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Save/Saver.h"
 
@@ -515,7 +516,7 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
   StatusOr<SaveMetrics> saved =
       Status(StatusCode::Internal, "the save has not ended");
   auto startSave = [&](std::function<void(const Status &)> failed) {
-    return std::thread([&, failed] {
+    return startThread([&, failed] {
       saved = save(*pools, plan, target, run);
       saveEnded = true;
       if (!saved.isOk())
@@ -531,7 +532,7 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
     filling.reset(model.config().numLayers, n);
     PagedCacheSource source(backend, *paged, table, &filling);
     target.source = &source;
-    std::thread saver = startSave([](const Status &) {});
+    KVC_ASSIGN_OR_RETURN(saver, startSave([](const Status &) {}));
     prefilled = prefillCounting(backend, model, tokens, span, *paged, table,
                                 filling, stream, saveEnded);
     filling.finish(prefilled.status());
@@ -540,8 +541,8 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
   } else {
     PrefillSnapshots snapshots(stream.bufferBytes);
     target.source = &snapshots;
-    std::thread saver =
-        startSave([&](const Status &status) { snapshots.finish(status); });
+    auto release = [&](const Status &status) { snapshots.finish(status); };
+    KVC_ASSIGN_OR_RETURN(saver, startSave(release));
     SaveOptions prefill = stream;
     prefill.forms = what.forms;
     prefill.codec = what.codec;

@@ -1,5 +1,4 @@
-//===- HandOver.h - Values handed from producers to takers by key -*- C++
-//-*-===//
+//===- HandOver.h - Values handed from producers to takers ------*- C++ -*-===//
 //
 // A bounded hand-over between threads where the taker names what it wants:
 // a prefill hands a save plan's gathers the objects it computes

@@ -35,16 +35,24 @@ inline Status checkWorkers(const std::string &what, int64_t count) {
                          std::to_string(kMaxWorkers) + ")");
 }
 
-/// Runs `fn(args...)` on a new thread appended to `threads`; Unavailable
-/// when the system cannot start one.
-template <typename Threads, typename Fn, typename... Args>
-Status startThread(Threads &threads, Fn &&fn, Args &&...args) {
+/// A thread running `fn(args...)`; Unavailable when the system cannot
+/// start one.
+template <typename Fn, typename... Args>
+StatusOr<std::thread> startThread(Fn &&fn, Args &&...args) {
   try {
-    threads.emplace_back(std::forward<Fn>(fn), std::forward<Args>(args)...);
+    return std::thread(std::forward<Fn>(fn), std::forward<Args>(args)...);
   } catch (const std::system_error &e) {
     return Status(StatusCode::Unavailable,
                   std::string("cannot start a thread: ") + e.what());
   }
+}
+
+/// The same, appended to `threads`.
+template <typename Fn, typename... Args>
+Status startThread(std::vector<std::thread> &threads, Fn &&fn, Args &&...args) {
+  KVC_ASSIGN_OR_RETURN(
+      thread, startThread(std::forward<Fn>(fn), std::forward<Args>(args)...));
+  threads.push_back(std::move(thread));
   return Status::ok();
 }
 

@@ -1,5 +1,4 @@
-//===- TaskGraph.h - Running task graphs on shared resource pools -*- C++
-//-*-===//
+//===- TaskGraph.h - Task graphs on shared resource pools -------*- C++ -*-===//
 //
 // The executor's engine, independent of what tasks do. A plan becomes a
 // TaskGraph: tasks, each on a named resource ("io:ssd", "decode", "h2d",

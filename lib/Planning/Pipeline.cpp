@@ -4,6 +4,8 @@
 
 #include "kvc/Planning/CostModel.h"
 
+#include <algorithm>
+#include <cassert>
 #include <utility>
 
 namespace kvc::planning {
@@ -203,12 +205,26 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
     c.seconds = tier ? cost.writeSeconds(*tier, encoded(step.in)) : 0;
     break;
   case StepKind::Send:
-    c.seconds = cost.networkSeconds(encoded(step.in));
-    break;
   case StepKind::Recv:
+    // The wire: a recv ends no earlier than its object could cross it.
+    c.seconds = cost.networkSeconds(encoded(step.in));
     break;
   }
   return c;
+}
+
+double prefillReadySeconds(const CostModel &cost, int64_t tokens, int64_t step,
+                           int64_t layers, const Box &box) {
+  assert(step > 0 && layers > 0 && box.t1 <= tokens &&
+         "a prefill of the box's tokens, something a step");
+  double start = 0;
+  int64_t t0 = 0;
+  for (; t0 + step < box.t1; t0 += step)
+    start += cost.prefillSeconds(t0, t0 + step, layers);
+  // The step holding the box's last token computes all its tokens a layer
+  // at a time.
+  return start + cost.prefillSeconds(t0, std::min(tokens, t0 + step), layers) *
+                     double(box.l1) / double(layers);
 }
 
 } // namespace kvc::planning

@@ -98,8 +98,11 @@ SimResult simulate(const JobGraph &graph, int64_t stagingBudget,
   double now = 0;
   int done = 0;
   // When a job may arrive: after each dependency on its own resource, and
-  // `handoffSeconds` after each on another (or after the start).
-  std::vector<double> arrival(n, handoffSeconds);
+  // `handoffSeconds` after each on another (or after the start, or after
+  // its input from outside the graph is made).
+  std::vector<double> arrival(n);
+  for (int j = 0; j < n; ++j)
+    arrival[j] = graph.job(j).notBefore + handoffSeconds;
   auto arrive = [&](int j) {
     if (arrival[j] > now)
       events.push({arrival[j], Arrive, j});

@@ -293,6 +293,8 @@ LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan,
                plan.getLayers().getEnd());
     if (std::optional<int64_t> predicted = plan.getPredictedUs())
       json.attribute("predicted_us", *predicted);
+    if (std::optional<int64_t> step = plan.getPrefillStep())
+      json.attribute("prefill_step", *step);
     json.attribute("staging_slots", slots);
     json.attributeArray("tasks", [&] {
       for (Operation &op : plan.getBody().front())

@@ -9,6 +9,15 @@
 // `predicted` microseconds, each step `kvc.time_ns = array<i64: start, finish>`
 // and each fetch `kvc.bytes`, what it is priced to read.
 //
+// Two inputs come from outside a plan. A save's or a sender's gathers wait
+// for the prefill they run beside (a plan's `prefill_step`) to compute
+// their chunk's last layer. A receive plan `X_recv` is priced after its
+// sender `X_send` (the two plans kvc-expand makes of a kvc.transfer): each
+// recv starts no earlier than the sender's send of the same object does,
+// and takes the wire's time, as that send does; a recv with no such send
+// starts at once. So a transfer's prediction at the receiver includes the
+// sender's prefill, encoding and link.
+//
 //===----------------------------------------------------------------------===//
 
 #include "PlanningSupport.h"
@@ -19,6 +28,8 @@
 #include "mlir/IR/Builders.h"
 
 #include <cmath>
+#include <map>
+#include <tuple>
 
 namespace mlir::kvc {
 #define GEN_PASS_DEF_KVCESTIMATEPASS
@@ -31,13 +42,23 @@ namespace planning = ::kvc::planning;
 
 namespace {
 
-/// The fetch inside `step` (a fetch, or a task holding one), or null.
-FetchOp findFetch(Operation *step) {
-  if (auto fetch = dyn_cast<FetchOp>(step))
-    return fetch;
-  FetchOp found;
-  step->walk([&](FetchOp fetch) { found = fetch; });
+/// The first op of type `OpTy` inside `step` (or `step` itself), or null.
+template <typename OpTy> OpTy findStep(Operation *step) {
+  OpTy found;
+  step->walk([&](OpTy op) {
+    found = op;
+    return WalkResult::interrupt();
+  });
   return found;
+}
+
+/// The tokens x layers of the chunk a step makes or takes.
+planning::Box boxOf(Value chunk) {
+  return getBox(cast<ChunkType>(chunk.getType()));
+}
+using BoxKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;
+BoxKey keyOf(const planning::Box &box) {
+  return {box.t0, box.t1, box.l0, box.l1};
 }
 
 /// True when `step` (or a step inside it) frees its chunk's staging memory
@@ -66,6 +87,9 @@ struct KVCEstimatePass
                           mlir::kvc::impl::KVCEstimatePassBase> {
   using PlanningPass::PlanningPass;
 
+  /// When each object a sender plan sends starts on the link, by plan.
+  llvm::StringMap<std::map<BoxKey, double>> sendStarts;
+
   void runOnOperation() override {
     auto estimate = [&](PlanOp plan, const PlanningContext &context) {
       std::optional<double> seconds = holdsSegments(plan)
@@ -77,10 +101,17 @@ struct KVCEstimatePass
           OpBuilder(plan).getI64IntegerAttr(std::llround(*seconds * 1e6)));
       return success();
     };
-    if (failed(forEachPlan(
-            getOperation(), getArgument(), costModelFlags(),
-            [](PlanOp) { return true; }, estimate)))
-      signalPassFailure();
+    // Senders before receivers, whose recvs wait for their sends.
+    sendStarts.clear();
+    auto receives = [](PlanOp plan) {
+      return !holdsSegments(plan) && findStep<RecvOp>(plan);
+    };
+    for (bool receivers : {false, true})
+      if (failed(forEachPlan(
+              getOperation(), getArgument(), costModelFlags(),
+              [&](PlanOp plan) { return receives(plan) == receivers; },
+              estimate)))
+        return signalPassFailure();
   }
 
   std::optional<double> estimateSegments(PlanOp plan,
@@ -108,6 +139,26 @@ struct KVCEstimatePass
     SmallVector<Operation *> steps;
     for (Operation &step : plan.getBody().front())
       steps.push_back(&step);
+    // Inputs made outside the plan: the prefill's layers a gather takes,
+    // the sender's objects a recv takes.
+    const int64_t layers = plan.getLayers().getEnd();
+    std::optional<int64_t> prefillStep = plan.getPrefillStep();
+    const std::map<BoxKey, double> *sent = nullptr;
+    if (StringRef name = plan.getSymName(); name.consume_back("_recv"))
+      if (auto it = sendStarts.find((name + "_send").str());
+          it != sendStarts.end())
+        sent = &it->second;
+    auto notBefore = [&](Operation *step) -> double {
+      if (auto gather = findStep<GatherOp>(step); gather && prefillStep)
+        return planning::prefillReadySeconds(cost, plan.getTokens().getEnd(),
+                                             *prefillStep, layers,
+                                             boxOf(gather.getResult()));
+      if (auto recv = findStep<RecvOp>(step); recv && sent) {
+        auto it = sent->find(keyOf(boxOf(recv.getResult())));
+        return it == sent->end() ? 0 : it->second;
+      }
+      return 0;
+    };
 
     for (Operation *step : steps) {
       std::string name = resourceName(step);
@@ -121,6 +172,7 @@ struct KVCEstimatePass
       }
       StepCost c = getStepCost(step, cost);
       planning::SimJob job{it->second, c.seconds, c.priority};
+      job.notBefore = notBefore(step);
       std::vector<int> deps;
       int holder = -1;
       for (Value operand : stepInputs(step)) {
@@ -131,7 +183,7 @@ struct KVCEstimatePass
         if (auto staged = stagedBy.find(operand); staged != stagedBy.end())
           holder = staged->second;
       }
-      if (FetchOp fetch = findFetch(step)) {
+      if (auto fetch = findStep<FetchOp>(step)) {
         ChunkType chunk = fetch.getResult().getType();
         ::kvc::Form form = toVocabulary(chunk.getForm());
         ::kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());
@@ -160,8 +212,15 @@ struct KVCEstimatePass
     planning::SimResult sim =
         planning::simulate(graph, context.options.stagingBytes,
                            cost.target().host.handoffUs * 1e-6);
+    std::map<BoxKey, double> &starts = sendStarts[plan.getSymName()];
+    starts.clear();
     for (Operation *step : steps) {
       int j = jobOf[step];
+      // The object starts on the link its wire time before the send (or
+      // the task holding it) ends.
+      if (auto send = findStep<SendOp>(step))
+        starts[keyOf(boxOf(send.getInput()))] =
+            sim.finish[j] - getStepCost(send, cost).seconds;
       step->setAttr(KVCDialect::kTimeAttrName,
                     DenseI64ArrayAttr::get(
                         plan.getContext(),

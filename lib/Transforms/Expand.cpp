@@ -210,14 +210,30 @@ struct KVCExpandPass
     return boxes;
   }
 
-  /// An empty plan over `tokens` x every layer, placed before `intent`.
+  /// The tokens a step of the prefill beside a save or sender computes:
+  /// the whole request for a layer-wise plan, whose first layer groups are
+  /// then complete long before its last (a step of one object would
+  /// complete the first group only with the last object); else one
+  /// object's tokens, which completes the objects in the plan's order.
+  static int64_t prefillStep(RangeAttr tokens, int64_t objectTokens,
+                             bool layerWise) {
+    if (!layerWise)
+      return objectTokens;
+    return llvm::divideCeil(tokens.getEnd(), objectTokens) * objectTokens;
+  }
+
+  /// An empty plan over `tokens` x every layer, placed before `intent`;
+  /// one that gathers runs beside a prefill of `prefillStep` tokens a step.
   static PlanOp createPlan(Operation *intent, StringRef name, RangeAttr tokens,
-                           const PlanningContext &context, StringRef strategy) {
+                           const PlanningContext &context, StringRef strategy,
+                           std::optional<int64_t> prefillStep = {}) {
     OpBuilder builder(intent);
     auto plan = builder.create<PlanOp>(
         intent->getLoc(), name, tokens,
         RangeAttr::get(builder.getContext(), 0, context.layers),
-        builder.getStringAttr(strategy), IntegerAttr());
+        builder.getStringAttr(strategy),
+        prefillStep ? builder.getI64IntegerAttr(*prefillStep) : IntegerAttr(),
+        IntegerAttr());
     plan.getBody().emplaceBlock();
     return plan;
   }
@@ -225,7 +241,9 @@ struct KVCExpandPass
   /// A kvc.save's plan: per object of its layout and form, the save steps.
   static void expandSave(SaveOp save, const PlanningContext &context) {
     PlanOp plan =
-        createPlan(save, save.getSymName(), save.getTokens(), context, "save");
+        createPlan(save, save.getSymName(), save.getTokens(), context, "save",
+                   prefillStep(save.getTokens(), save.getObjectTokens(),
+                               context.options.layerWise));
     OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().front());
     ChunkEmitter emit(body, save.getLoc(), context.elementType);
     ::kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
@@ -252,7 +270,11 @@ struct KVCExpandPass
       PlanOp plan = createPlan(
           transfer,
           (transfer.getSymName() + (sender ? "_send" : "_recv")).str(),
-          transfer.getTokens(), context, sender ? "send" : "receive");
+          transfer.getTokens(), context, sender ? "send" : "receive",
+          sender ? std::optional<int64_t>(prefillStep(
+                       transfer.getTokens(), transfer.getObjectTokens(),
+                       context.options.layerWise))
+                 : std::nullopt);
       OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().front());
       ChunkEmitter emit(body, transfer.getLoc(), context.elementType);
       for (const planning::Box &box : boxes) {

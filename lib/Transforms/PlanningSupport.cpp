@@ -159,7 +159,7 @@ PlanOp mlir::kvc::buildPlanOp(OpBuilder &builder, Location loc,
   auto op = builder.create<PlanOp>(
       loc, name, RangeAttr::get(context, 0, request.tokens),
       RangeAttr::get(context, 0, layers), builder.getStringAttr(plan.strategy),
-      /*predicted_us=*/IntegerAttr());
+      /*prefill_step=*/IntegerAttr(), /*predicted_us=*/IntegerAttr());
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToStart(&op.getBody().emplaceBlock());
   for (const planning::Segment &s : plan.segments) {

@@ -3,6 +3,7 @@
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-fuse --kvc-schedule --kvc-estimate | FileCheck %s --check-prefixes=PLAN,TASKS
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-wakeup.json --kvc-estimate | FileCheck %s --check-prefix=HANDOFF-PLAN
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-wakeup.json --kvc-expand --kvc-estimate | FileCheck %s --check-prefixes=HANDOFF-PLAN,HANDOFF
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-expand --kvc-estimate | FileCheck %s --check-prefix=TRANSFER
 
 #kv = #kvc.source<tier = "ssd", form = kv, codec = <quant = int8, lossless = zstd>,
                   tokens = 0 to 1024, layers = 0 to 4>
@@ -23,6 +24,7 @@
 // TASKS:         kvc.task on io[0] slot 0 attributes {kvc.time_ns = array<i64: 0, 2268333>}
 // TASKS-NEXT:      kvc.fetch {{.+}} {kvc.bytes = {{[0-9]+}} : i64}
 // SEGMENTS-NOT:  kvc.time_ns
+// SEGMENTS:      kvc.transfer @t
 
 // Tests that with host.handoff_us = 50 a step released by the start or by
 // a step on another resource starts 50 us later (the fetch, the
@@ -40,4 +42,29 @@
 // HANDOFF-NEXT:  kvc.decompress {{.*}}{kvc.time_ns = array<i64: [[DECODED]],
 kvc.plan @p tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_kv tokens 0 to 1024 layers 0 to 4 from #kv
+}
+
+// Tests that a transfer is priced end to end. The sender runs beside a
+// prefill of 256 tokens a step (2.67 ms on this target): the gather of
+// tokens 0 to 256, layers 0 to 2 starts when half that step is done, the
+// one of layers 2 to 4 when all of it is. Each of the receiver's recvs starts when the sender's send of
+// the same object starts and takes as long, the wire's time. A receive
+// plan without its sender starts its recvs at once, priced as the wire.
+// TRANSFER-LABEL: kvc.plan @t_send tokens 0 to 512 layers 0 to 4 strategy "send" prefill_step 256
+// TRANSFER:         kvc.gather {kvc.time_ns = array<i64: 1335321,
+// TRANSFER:         kvc.send {{.*}}{kvc.time_ns = array<i64: [[#SEND0:]], [[#SENT0:]]>}
+// TRANSFER:         kvc.gather {kvc.time_ns = array<i64: 2670642,
+// TRANSFER:         kvc.send {{.*}}{kvc.time_ns = array<i64: [[#SEND1:]], [[#SENT1:]]>}
+// TRANSFER-LABEL: kvc.plan @t_recv tokens 0 to 512 layers 0 to 4 strategy "receive" predicted
+// TRANSFER-NEXT:    kvc.recv from "prefill" {kvc.time_ns = array<i64: [[#SEND0]], [[#SENT0]]>}
+// TRANSFER:         kvc.recv from "prefill" {kvc.time_ns = array<i64: [[#SEND1]], [[#SENT1]]>}
+// TRANSFER-LABEL: kvc.plan @lone_recv
+// TRANSFER-NEXT:    kvc.recv from "prefill" {kvc.time_ns = array<i64: 0, [[#SENT0-SEND0]]>}
+kvc.transfer @t tokens 0 to 512 to "decode" {layer_group = 2 : i64}
+kvc.plan @lone_recv tokens 0 to 256 layers 0 to 2 strategy "receive" {
+  %r = kvc.recv from "prefill" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host>
+  %d = kvc.transfer_to_device %r
+      : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host>
+      -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
+  kvc.scatter %d : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
 }

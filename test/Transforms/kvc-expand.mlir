@@ -100,7 +100,7 @@ kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
 // tokens x 2 layers, the last chunk partial) and form, gather, quant on the
 // device, the copy to the host, compress and store; the transform comes
 // first when the codec has one, and raw data goes straight to the host.
-// CHECK-LABEL: kvc.plan @save tokens 0 to 300 layers 0 to 4 strategy "save" {
+// CHECK-LABEL: kvc.plan @save tokens 0 to 300 layers 0 to 4 strategy "save" prefill_step 256 {
 // CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
 // CHECK-NEXT:    %[[T:.+]] = kvc.transform %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <transform = hadamard>>
 // CHECK-NEXT:    %[[Q:.+]] = kvc.quant %[[T]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <transform = hadamard, quant = int4>>
@@ -113,7 +113,7 @@ kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
 // CHECK:         %[[LAST:.+]] = kvc.compress {{.*}} -> !kvc.chunk<hidden x f16, tokens 256 to 300, layers 2 to 4, host, codec <transform = hadamard, quant = int4, lossless = zstd>>
 // CHECK-NEXT:    kvc.store %[[LAST]] to "ssd"
 // CHECK-NEXT:  }
-// CHECK-LABEL: kvc.plan @raw tokens 0 to 256 layers 0 to 4 strategy "save" {
+// CHECK-LABEL: kvc.plan @raw tokens 0 to 256 layers 0 to 4 strategy "save" prefill_step 256 {
 // CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
 // CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
 // CHECK-NEXT:    kvc.store %[[H]] to "ssd" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
@@ -121,8 +121,9 @@ kvc.plan @whole_objects tokens 0 to 1024 layers 0 to 4 {
 // CHECK-NOT:   kvc.save
 //
 // Layer-wise, the objects go layer group by layer group, each object's
-// forms together.
-// LAYERWISE-LABEL: kvc.plan @save
+// forms together, beside a prefill of the whole request in one step (the
+// multiple of the 256-token objects that covers it).
+// LAYERWISE-LABEL: kvc.plan @save tokens 0 to 300 layers 0 to 4 strategy "save" prefill_step 512 {
 // LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
 // LAYERWISE:         kvc.gather : !kvc.chunk<hidden x f16, tokens 0 to 256, layers 0 to 2, device>
 // LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2, device>
@@ -140,7 +141,7 @@ kvc.save @raw tokens 0 to 256 kv to "ssd"
 // the receiving node; the receiver's receives each from the sending node,
 // decompresses it on the host, copies it to the device still quantized,
 // dequantizes and scatters it.
-// CHECK-LABEL: kvc.plan @req_send tokens 0 to 300 layers 0 to 4 strategy "send" {
+// CHECK-LABEL: kvc.plan @req_send tokens 0 to 300 layers 0 to 4 strategy "send" prefill_step 256 {
 // CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
 // CHECK-NEXT:    %[[Q:.+]] = kvc.quant %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device, codec <quant = int8>>
 // CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[Q]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, host, codec <quant = int8>>
@@ -159,7 +160,7 @@ kvc.save @raw tokens 0 to 256 kv to "ssd"
 // CHECK-NEXT:    kvc.scatter %[[X]]
 // CHECK:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 256 to 300, layers 2 to 4, host, codec <quant = int8, lossless = zstd>>
 // CHECK:       }
-// CHECK-LABEL: kvc.plan @raw_send tokens 0 to 256 layers 0 to 4 strategy "send" {
+// CHECK-LABEL: kvc.plan @raw_send tokens 0 to 256 layers 0 to 4 strategy "send" prefill_step 256 {
 // CHECK-NEXT:    %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
 // CHECK-NEXT:    %[[H:.+]] = kvc.transfer_to_host %[[G]] : {{.*}} -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host>
 // CHECK-NEXT:    kvc.send %[[H]] to "decode-1"
@@ -173,12 +174,12 @@ kvc.save @raw tokens 0 to 256 kv to "ssd"
 //
 // Layer-wise, both plans issue the objects layer group by layer group, as
 // a prefill of the whole request in one step completes them.
-// LAYERWISE-LABEL: kvc.plan @req_send
+// LAYERWISE-LABEL: kvc.plan @req_send tokens 0 to 300 layers 0 to 4 strategy "send" prefill_step 512 {
 // LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2, device>
 // LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2, device>
 // LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4, device>
 // LAYERWISE:         kvc.gather : !kvc.chunk<kv x f16, tokens 256 to 300, layers 2 to 4, device>
-// LAYERWISE-LABEL: kvc.plan @req_recv
+// LAYERWISE-LABEL: kvc.plan @req_recv tokens 0 to 300 layers 0 to 4 strategy "receive" {
 // LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 2,
 // LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 256 to 300, layers 0 to 2,
 // LAYERWISE:         kvc.recv from "prefill-0" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 2 to 4,

@@ -11,9 +11,11 @@
 // to the host, is a kernel alone; a gather of hidden states stays a step)
 // and schedules them as tasks with predicted
 // times: kernels on the compute stream, the copy on d2h, compression on the
-// decode lanes, stores on the tier's io lanes.
-// CHECK-LABEL: kvc.plan @lossy tokens 0 to 512 layers 0 to 4 strategy "save" predicted {{[0-9]+}} us {
-// CHECK:         %{{.+}}, %[[ENC:.+]] = kvc.task on compute[0] attributes {kvc.time_ns = array<i64: 0, {{[0-9]+}}>} {
+// decode lanes, stores on the tier's io lanes. Each save runs beside a
+// prefill of one object's tokens a step, so its first gather starts once
+// that prefill has computed the first object's layers, not at 0.
+// CHECK-LABEL: kvc.plan @lossy tokens 0 to 512 layers 0 to 4 strategy "save" prefill_step 256 predicted {{[0-9]+}} us {
+// CHECK:         %{{.+}}, %[[ENC:.+]] = kvc.task on compute[0] attributes {kvc.time_ns = array<i64: {{[1-9][0-9]*}}, {{[0-9]+}}>} {
 // CHECK-NEXT:      kvc.kernel "gather_quant"() : () -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device, codec <quant = {{int[248]}}
 // CHECK-NEXT:        %[[G:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
 // CHECK-NEXT:        %[[Q:.+]] = kvc.quant %[[G]]
@@ -26,7 +28,7 @@
 // CHECK-NEXT:      kvc.store %{{.+}} to "net" : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, host, codec <quant = {{int[248]}}
 // CHECK:         kvc.task on io[{{[0-9]}}] after
 // CHECK-NEXT:      kvc.store %{{.+}} to "net" : !kvc.chunk<kv x f16, tokens 256 to 512, layers 0 to 4, host
-// CHECK-LABEL: kvc.plan @exact tokens 0 to 512 layers 0 to 4 strategy "save" predicted {{[0-9]+}} us {
+// CHECK-LABEL: kvc.plan @exact tokens 0 to 512 layers 0 to 4 strategy "save" prefill_step 256 predicted {{[0-9]+}} us {
 // CHECK-NOT:     quant =
 // CHECK:           kvc.kernel "gather"() : () -> !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device> {
 // CHECK-NEXT:        %[[KV:.+]] = kvc.gather : !kvc.chunk<kv x f16, tokens 0 to 256, layers 0 to 4, device>
@@ -40,9 +42,9 @@
 kvc.save @lossy tokens 0 to 512 kv to "net" {max_error = 0.12}
 kvc.save @exact tokens 0 to 512 kv hidden to "net"
 
-// BUNDLE:      plan lossy: tokens 0 to 512, layers 0 to 4, 8 tasks, 0 staging slots, predicted {{[0-9]+}} us
+// BUNDLE:      plan lossy: tokens 0 to 512, layers 0 to 4, 8 tasks, 0 staging slots, beside a prefill of 256 tokens a step, predicted {{[0-9]+}} us
 // BUNDLE:        stores   kv as {{int[248]}}/g{{[0-9]+}}{{.*}} to net: tokens 0 to 512, layers 0 to 4
-// BUNDLE:      plan exact: tokens 0 to 512, layers 0 to 4, 16 tasks, 0 staging slots, predicted {{[0-9]+}} us
+// BUNDLE:      plan exact: tokens 0 to 512, layers 0 to 4, 16 tasks, 0 staging slots, beside a prefill of 256 tokens a step, predicted {{[0-9]+}} us
 // BUNDLE:        stores   kv as [[LOSSLESS:deflate|zstd|lz4]] to net: tokens 0 to 512, layers 0 to 4
 // BUNDLE-NEXT:   stores   hidden as [[LOSSLESS]] to net: tokens 0 to 512, layers 0 to 4
 // BUNDLE-NEXT:   kernels  0 of 2 fused tasks launch 0 generated kernels

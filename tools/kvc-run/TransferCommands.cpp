@@ -248,7 +248,13 @@ Status transferRecvCommand(Args &args) {
               perCodec(metrics.chunksPerCodec).c_str(),
               double(metrics.bytes) * 1e-6, metrics.seconds,
               metrics.streamSeconds, metrics.fallbackSeconds);
-  printLayerReadiness(metrics.layerReadySeconds);
+  // A receive plan's predictions count from the sender's start, as the
+  // measurements count from its hello (kvc-estimate prices the sender's
+  // prefill, encoding and link before each recv).
+  printLayerReadiness(metrics.layerReadySeconds,
+                      metrics.planRun
+                          ? metrics.planRun->predictedLayerReadySeconds
+                          : std::vector<double>());
   if (metrics.planRun)
     printKernels(*metrics.planRun);
   if (!metrics.lost.empty())

@@ -172,8 +172,7 @@ Status save(Args &args) {
                 plan->name.c_str(), metrics.snapshotSeconds,
                 metrics.makespanSeconds);
     if (metrics.predictedSeconds)
-      std::printf(" (predicted %.3f s once prefilled)",
-                  *metrics.predictedSeconds);
+      std::printf(" (predicted %.3f s)", *metrics.predictedSeconds);
     std::printf("\n");
     printKernels(metrics);
     return reportOtherEncodings(*store, tokens, options);
@@ -226,6 +225,9 @@ Status inspectBundle(Args &args) {
                 (long long)plan.tokens.end, (long long)plan.layers.begin,
                 (long long)plan.layers.end, plan.tasks.size(),
                 (long long)plan.stagingSlots);
+    if (plan.prefillStep)
+      std::printf(", beside a prefill of %lld tokens a step",
+                  (long long)*plan.prefillStep);
     if (plan.predictedUs)
       std::printf(", predicted %lld us", (long long)*plan.predictedUs);
     std::printf("\n");

@@ -111,4 +111,22 @@ TEST(Simulator, HandoffCountsForEveryDependency) {
   EXPECT_DOUBLE_EQ(s.start[join], 2.0); // fromA ends at 1.5, + 0.5.
 }
 
+// A job whose input comes from outside the graph (a prefill's layer, an
+// object on the link) starts no earlier than it is made, hand-off after;
+// the lane it leaves free meanwhile runs the jobs that are ready.
+TEST(Simulator, AJobWaitsForItsInputFromOutsideTheGraph) {
+  JobGraph g;
+  int r = g.addResource("r", 1), other = g.addResource("other", 1);
+  SimJob late{r, 1.0};
+  late.notBefore = 3.0;
+  int waits = g.addJob(late);
+  int ready = g.addJob({r, 1.0});
+  int after = g.addJob({other, 0.5}, {waits});
+  SimResult s = simulate(g, 0, 0.25);
+  EXPECT_DOUBLE_EQ(s.start[ready], 0.25);
+  EXPECT_DOUBLE_EQ(s.start[waits], 3.25);
+  EXPECT_DOUBLE_EQ(s.start[after], 4.5);
+  EXPECT_DOUBLE_EQ(s.makespan, 5.0);
+}
+
 } // namespace

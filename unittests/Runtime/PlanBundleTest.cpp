@@ -221,6 +221,52 @@ TEST(PlanBundleTest, RejectsBadFields) {
             "bytes, >= 0");
 }
 
+// A save's or a sender's prefill step: read, part of its schedule, and
+// refused where it cannot mean anything.
+TEST(PlanBundleTest, ReadsASavePlansPrefillStep) {
+  Json gather = {{"op", "gather"},
+                 {"form", "kv"},
+                 {"tokens", {0, 256}},
+                 {"layers", {0, 4}},
+                 {"codec", "raw"}};
+  Json store = gather;
+  store["op"] = "store";
+  store["tier"] = "ssd";
+  Json bundle = {{"format", "kvc-plan-bundle"},
+                 {"version", 3},
+                 {"model_fingerprint", ""},
+                 {"plans",
+                  {{{"name", "s"},
+                    {"tokens", {0, 256}},
+                    {"layers", {0, 4}},
+                    {"prefill_step", 256},
+                    {"staging_slots", 0},
+                    {"tasks",
+                     {{{"id", 0},
+                       {"resource", "compute"},
+                       {"lane", 0},
+                       {"steps", {gather}}},
+                      {{"id", 1},
+                       {"resource", "io"},
+                       {"lane", 0},
+                       {"after", {0}},
+                       {"inputs", {0}},
+                       {"steps", {store}}}}}}}}};
+  StatusOr<PlanBundle> parsed = parsePlanBundle(bundle.dump());
+  ASSERT_TRUE(parsed) << parsed.status().toString();
+  EXPECT_EQ(parsed->plans[0].prefillStep, 256);
+  Json other = bundle;
+  other["plans"][0]["prefill_step"] = 512;
+  EXPECT_FALSE(
+      parsed->plans[0].sameSchedule(parsePlanBundle(other.dump())->plans[0]));
+  other["plans"][0]["prefill_step"] = 0;
+  EXPECT_EQ(parsePlanBundle(other.dump()).status().message(),
+            "plans[0].prefill_step: 0 tokens a step (expected 1 or more)");
+  EXPECT_EQ(errorAfter([](Json &b) { b["plans"][0]["prefill_step"] = 256; }),
+            "plans[0].prefill_step: the plan gathers nothing; only a save or "
+            "a sender runs beside a prefill");
+}
+
 TEST(PlanBundleTest, RejectsBadTaskReferences) {
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 1)["id"] = 7; }),
             "plans[0].tasks[1].id: expected 1 (ids number the tasks in "

@@ -700,6 +700,15 @@ TEST(Saver, RunsWhatASavePlanChoosesAndRefusesOtherPlans) {
   ASSERT_TRUE(options.isOk()) << options.status().toString();
   EXPECT_EQ(options->forms, std::vector<Form>{Form::Hidden});
   EXPECT_EQ(options->codec, int8);
+  EXPECT_EQ(options->prefillTokens, 0); // The plan names no step: one chunk.
+  // The plan's prefill step, unless the caller chose one.
+  const int64_t chunk = store.layout().chunkTokens;
+  BundlePlan stepped = plan;
+  stepped.prefillStep = 2 * chunk;
+  EXPECT_EQ(saveOptionsFor(stepped, store, 300)->prefillTokens, 2 * chunk);
+  SaveOptions chosen;
+  chosen.prefillTokens = chunk;
+  EXPECT_EQ(saveOptionsFor(stepped, store, 300, chosen)->prefillTokens, chunk);
   StatusOr<SaveStats> saved = saveContext(*f.model, store, f.tokens, *options);
   ASSERT_TRUE(saved.isOk()) << saved.status().toString();
   std::vector<ChunkRef> refs =

@@ -112,8 +112,9 @@ objectOrder(const ChunkObjects &objects, const std::vector<int32_t> &tokens,
 
 /// A transfer's two plans as kvc-expand shapes them, over the objects of
 /// `objects`' layout in objectOrder's order: the sender's gather, compress
-/// (a codec with a lossless stage) and send to "decode"; the receiver's
-/// recv from "prefill", copy to the device and scatter.
+/// (a codec with a lossless stage) and send to "decode", beside a prefill
+/// of the whole request in one step when layer-wise; the receiver's recv
+/// from "prefill", copy to the device and scatter.
 std::pair<BundlePlan, BundlePlan>
 transferPlans(const ChunkObjects &objects, const std::vector<int32_t> &tokens,
               const CodecSpec &codec, bool layerWise) {
@@ -127,6 +128,10 @@ transferPlans(const ChunkObjects &objects, const std::vector<int32_t> &tokens,
     plan->tokens = {0, n};
     plan->layers = {0, layers};
   }
+  const StoreLayout &layout = objects.layout();
+  if (layerWise)
+    sender.prefillStep =
+        (n + layout.chunkTokens - 1) / layout.chunkTokens * layout.chunkTokens;
   auto add = [](BundlePlan &plan, Resource resource,
                 std::vector<BundleStep> steps, bool chained) {
     BundleTask task;
@@ -137,7 +142,6 @@ transferPlans(const ChunkObjects &objects, const std::vector<int32_t> &tokens,
     task.steps = std::move(steps);
     plan.tasks.push_back(std::move(task));
   };
-  const StoreLayout &layout = objects.layout();
   for (auto [t, l] : objectOrder(objects, tokens, layerWise)) {
     BundleStep box;
     box.tokens = {t, std::min(n, t + layout.chunkTokens)};
@@ -472,11 +476,13 @@ TEST_F(TransferTest, CompiledPlansSetTheEncodingAndTheLayout) {
   StatusOr<SendOptions> send = sendOptionsFor(sender, objects, n);
   ASSERT_TRUE(send.isOk()) << send.status().toString();
   EXPECT_EQ(send->codec, int8);
-  EXPECT_EQ(send->prefillTokens, 0); // Chunk by chunk, as the plan sends.
+  EXPECT_EQ(send->prefillTokens, 0); // The plan names no step: one chunk.
+  // The plan's step, unless the caller chose one.
   BundlePlan layerWise = transferPlans(objects, tokens_, int8, true).first;
+  layerWise.prefillStep = 384;
   send = sendOptionsFor(layerWise, objects, n);
   ASSERT_TRUE(send.isOk()) << send.status().toString();
-  EXPECT_EQ(send->prefillTokens, (n + 127) / 128 * 128);
+  EXPECT_EQ(send->prefillTokens, 384);
   SendOptions chosen;
   chosen.prefillTokens = 128;
   send = sendOptionsFor(layerWise, objects, n, chosen);

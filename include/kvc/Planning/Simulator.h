@@ -33,6 +33,10 @@ struct SimJob {
   int priority = 0;          ///< Higher runs first among ready jobs.
   int64_t stagingBytes = 0;  ///< Held from this job's start...
   int releasedBy = -1;       ///< ...until this job finishes (-1: own finish).
+  /// The job starts no earlier than this (seconds from the start): an input
+  /// made outside the graph, such as a layer of the prefill a save runs
+  /// beside, or an object a transfer's sender puts on the link.
+  double notBefore = 0;
 };
 
 /// Jobs and their dependencies; a job may only depend on earlier jobs.
@@ -77,7 +81,8 @@ struct SimResult {
 
 /// Schedules every job; staging above `stagingBudget` bytes waits (a single
 /// job larger than the budget runs alone), and a job waits `handoffSeconds`
-/// after the start and after each dependency on another resource.
+/// after the start, after its `notBefore` and after each dependency on
+/// another resource.
 SimResult simulate(const JobGraph &graph, int64_t stagingBudget,
                    double handoffSeconds = 0);
 

@@ -30,6 +30,7 @@ bool BundlePlan::sameSchedule(const BundlePlan &other) const {
                       b.steps.end(), sameStep);
   };
   return tokens == other.tokens && layers == other.layers &&
+         prefillStep == other.prefillStep &&
          stagingSlots == other.stagingSlots &&
          std::equal(tasks.begin(), tasks.end(), other.tasks.begin(),
                     other.tasks.end(), sameTask);
@@ -231,6 +232,11 @@ Status parsePlan(const Json &obj, const std::string &path, BundlePlan &plan) {
       readInt(obj, path, "predicted_us", predicted, Presence::Optional));
   if (predicted >= 0)
     plan.predictedUs = predicted;
+  int64_t prefillStep = INT64_MIN; // Absent.
+  KVC_RETURN_IF_ERROR(
+      readInt(obj, path, "prefill_step", prefillStep, Presence::Optional));
+  if (prefillStep != INT64_MIN)
+    plan.prefillStep = prefillStep;
   KVC_RETURN_IF_ERROR(readInt(obj, path, "staging_slots", plan.stagingSlots,
                               Presence::Required));
   const Json *tasks;
@@ -275,6 +281,20 @@ Status validatePlan(const BundlePlan &plan, const std::string &path) {
                            std::to_string(n) +
                            " tasks (expected 0 to the number of tasks)");
   const std::string tasksPath = fieldPath(path, "tasks");
+  if (plan.prefillStep) {
+    if (*plan.prefillStep <= 0)
+      return invalidArgument(fieldPath(path, "prefill_step") + ": " +
+                             std::to_string(*plan.prefillStep) +
+                             " tokens a step (expected 1 or more)");
+    bool gathers = false;
+    for (const BundleTask &task : plan.tasks)
+      for (const BundleStep &step : task.steps)
+        gathers |= step.kind == StepKind::Gather;
+    if (!gathers)
+      return invalidArgument(fieldPath(path, "prefill_step") +
+                             ": the plan gathers nothing; only a save or a "
+                             "sender runs beside a prefill");
+  }
 
   // Ids, references, ranges and slots of each task on its own.
   for (std::size_t i = 0; i < n; ++i) {

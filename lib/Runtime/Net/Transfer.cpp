@@ -119,34 +119,6 @@ std::string requestKey(const ChunkObjects &objects,
 // Sender
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-/// Whether `plan` sends every token of a layer group before the next
-/// group's (kvc-expand's layer-wise order), over more than one group and
-/// more than one chunk.
-bool sendsLayerByLayer(const BundlePlan &plan) {
-  std::optional<int64_t> firstLayer, firstToken;
-  bool layers = false, tokens = false;
-  int64_t previous = 0;
-  for (const BundleTask &task : plan.tasks)
-    for (const BundleStep &step : task.steps) {
-      if (step.kind != StepKind::Send)
-        continue;
-      if (firstLayer && step.layers.begin < previous)
-        return false;
-      if (!firstLayer) {
-        firstLayer = step.layers.begin;
-        firstToken = step.tokens.begin;
-      }
-      layers |= step.layers.begin != *firstLayer;
-      tokens |= step.tokens.begin != *firstToken;
-      previous = step.layers.begin;
-    }
-  return layers && tokens;
-}
-
-} // namespace
-
 StatusOr<SendOptions> sendOptionsFor(const BundlePlan &plan,
                                      const ChunkObjects &objects,
                                      int64_t tokens, SendOptions base) {
@@ -157,14 +129,8 @@ StatusOr<SendOptions> sendOptionsFor(const BundlePlan &plan,
                            " sends hidden states; a transfer sends KV");
   base.codec = sent.codec;
   base.plan = &plan;
-  // A plan that sends layer group by layer group wants the prefill's
-  // layers in that order: one step of the whole request, whose first layers
-  // are complete long before its last (a step of one chunk would complete
-  // the first layer group only with the last chunk).
-  if (base.prefillTokens == 0 && sendsLayerByLayer(plan)) {
-    const int64_t chunk = objects.layout().chunkTokens;
-    base.prefillTokens = (tokens + chunk - 1) / chunk * chunk;
-  }
+  if (base.prefillTokens == 0 && plan.prefillStep)
+    base.prefillTokens = *plan.prefillStep;
   return base;
 }
 

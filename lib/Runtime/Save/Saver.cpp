@@ -160,6 +160,8 @@ StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                        planObjects(plan, store, tokens, StepKind::Store));
   base.forms = objects.forms;
   base.codec = objects.codec;
+  if (base.prefillTokens == 0 && plan.prefillStep)
+    base.prefillTokens = *plan.prefillStep;
   return base;
 }
 

@@ -417,6 +417,29 @@ kvc.plan @p tokens 0 to 16 layers 0 to 2 strategy "send" {
 
 // -----
 
+// expected-error @+1 {{'kvc.plan' op prefill_step 0: a prefill step computes 1 token or more}}
+kvc.plan @p tokens 0 to 8 layers 0 to 2 strategy "send" prefill_step 0 {
+  %k = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, device>
+  %kh = kvc.transfer_to_host %k
+      : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, host>
+  kvc.send %kh to "decode-0" : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, host>
+}
+
+// -----
+
+// A receiver runs beside no prefill.
+// expected-error @+1 {{'kvc.plan' op 'p' has a prefill_step but gathers nothing: only a save or a sender runs beside a prefill}}
+kvc.plan @p tokens 0 to 8 layers 0 to 2 strategy "receive" prefill_step 8 {
+  %r = kvc.recv from "prefill-0" : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, host>
+  %d = kvc.transfer_to_device %r
+      : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, host>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, device>
+  kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 8, layers 0 to 2, device>
+}
+
+// -----
+
 // A save plan: each form's stores must tile it.
 // expected-error @+1 {{'kvc.plan' op 'p' hidden stores leave tokens 0 to 16 of layers 1 to 2 uncovered}}
 kvc.plan @p tokens 0 to 16 layers 0 to 2 strategy "save" {

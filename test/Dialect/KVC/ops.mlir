@@ -160,6 +160,17 @@ func.func @save() {
   return
 }
 
+// A sender runs beside a prefill of 128 tokens a step.
+// CHECK-LABEL: kvc.plan @t_send tokens 0 to 128 layers 0 to 2 strategy "send" prefill_step 128 predicted 9 us {
+// CHECK:         kvc.send %{{.+}} to "decode-0"
+kvc.plan @t_send tokens 0 to 128 layers 0 to 2 strategy "send" prefill_step 128 predicted 9 us {
+  %g = kvc.gather : !kvc.chunk<kv x bf16, tokens 0 to 128, layers 0 to 2, device>
+  %h = kvc.transfer_to_host %g
+      : !kvc.chunk<kv x bf16, tokens 0 to 128, layers 0 to 2, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 128, layers 0 to 2, host>
+  kvc.send %h to "decode-0" : !kvc.chunk<kv x bf16, tokens 0 to 128, layers 0 to 2, host>
+}
+
 // Exec level.
 
 // CHECK-LABEL: func.func @exec

@@ -96,6 +96,10 @@ struct BundlePlan {
   BundleRange layers;
   /// The compiler's predicted makespan, when estimated.
   std::optional<int64_t> predictedUs;
+  /// A save's or a sender's: the tokens a step of the prefill it runs beside
+  /// computes (kvc-expand's choice, which saveOptionsFor and sendOptionsFor
+  /// follow unless the caller chose), when the plan names one.
+  std::optional<int64_t> prefillStep;
   /// Number of staging slots (1 + the largest slot used; 0 when none).
   int64_t stagingSlots = 0;
   std::vector<BundleTask> tasks;

@@ -78,8 +78,8 @@ struct SendOptions {
   Backend *backend = nullptr;
   /// Tokens per prefill step (SaveOptions::prefillTokens): a step of the
   /// whole request streams layer group by layer group, so the receiver's
-  /// first layers complete first. 0: one chunk, or, for a send plan that
-  /// sends layer group by layer group (sendOptionsFor), the whole request.
+  /// first layers complete first. 0: one chunk, or the send plan's
+  /// `prefill_step` (sendOptionsFor).
   int64_t prefillTokens = 0;
   int writers = 2;
   size_t bufferBytes = size_t(256) << 20;
@@ -111,8 +111,8 @@ struct SendStats {
 
 /// The sender of a compiled transfer (kvc-expand's `<name>_send` plan of a
 /// kvc.transfer): its encoding and the plan, over `base`'s other options;
-/// for a plan that sends layer group by layer group, a prefill of the whole
-/// request in one step unless `base` chose the step.
+/// the plan's prefill step (kvc-expand's: the whole request for a plan that
+/// sends layer group by layer group) unless `base` chose one.
 /// The plan must send every KV object of `objects`' layout for `tokens`
 /// tokens once, in one encoding (planObjects, Saver.h); sendContext runs
 /// it, its prefill's snapshots standing for the plan's gathers.

@@ -41,10 +41,10 @@ struct SaveOptions {
   /// it is, without a prefill. Only the KV form can be taken from it.
   const ModelCompute::Cache *computed = nullptr;
   /// Tokens each prefill step runs through every layer, a multiple of the
-  /// layout's chunk (0: one chunk). A step of several chunks hands over its
-  /// objects layer group by layer group, so a transfer's first layers
-  /// complete at the receiver while the prefill computes the later ones;
-  /// its activations grow with the span.
+  /// layout's chunk (0: one chunk; saveOptionsFor sets a compiled plan's). A
+  /// step of several chunks hands over its objects layer group by layer group,
+  /// so a transfer's first layers complete at the receiver while the prefill
+  /// computes the later ones; its activations grow with the span.
   int64_t prefillTokens = 0;
   /// Called after each prefill step with the tokens prefilled so far and
   /// the request's (a long save's progress).
@@ -90,9 +90,10 @@ StatusOr<PlanObjects> planObjects(const BundlePlan &plan,
                                   const ChunkObjects &objects, int64_t tokens,
                                   StepKind endpoint);
 
-/// The save a compiled save plan describes (kvc-save-pipeline): its forms
-/// and the encoding it stores (planObjects' check, with the store's
-/// layout), over `base`'s other options: what saveContext needs to save as
+/// The save a compiled save plan describes (kvc-save-pipeline): its forms,
+/// the encoding it stores (planObjects' check, with the store's layout) and
+/// its prefill step unless `base` chose one, over `base`'s other options:
+/// what saveContext needs to save as
 /// the plan would, not following its tasks and lanes. saveDuringPrefill
 /// (SavePlan.h) runs the plan itself.
 StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,

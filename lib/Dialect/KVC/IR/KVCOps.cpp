@@ -282,6 +282,18 @@ LogicalResult verifyTiling(PlanOp plan, ArrayRef<Tile> blocks,
 LogicalResult PlanOp::verifyRegions() {
   if (failed(verifyTokensAndLayers(*this, getTokens(), getLayers())))
     return failure();
+  if (std::optional<int64_t> step = getPrefillStep()) {
+    if (*step <= 0)
+      return emitOpError("prefill_step ")
+             << *step << ": a prefill step computes 1 token or more";
+    bool gathers = false;
+    getBody().walk([&](GatherOp) { gathers = true; });
+    if (!gathers)
+      return emitOpError("'") << getSymName()
+                              << "' has a prefill_step but gathers nothing: "
+                                 "only a save or a sender runs beside a "
+                                 "prefill";
+  }
 
   // A plan is checked at its level: segments if it has any, else the chunks
   // its scatters write (dataflow and exec levels), else, for a save plan or

@@ -152,9 +152,12 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
     no overlap and no gap; and no step makes a chunk outside the plan. A
     save plan (what `kvc-expand` makes of a `kvc.save`) scatters nothing:
     the chunks its `kvc.store`s write must tile it, form by form; so must a
-    transfer sender's `kvc.send`s. Planning passes record the `strategy`
-    that chose the plan and `kvc-estimate` its simulated time in
-    microseconds.
+    transfer sender's `kvc.send`s. A plan that gathers (a save, a sender)
+    runs beside the prefill that computes what it gathers: `prefill_step`
+    is the tokens the prefill computes a step, which `kvc-expand` chooses
+    (the whole request for a layer-wise plan, else one object's tokens) and
+    the runtime follows. Planning passes record the `strategy` that chose
+    the plan and `kvc-estimate` its simulated time in microseconds.
 
     ```mlir
     kvc.plan @cake tokens 0 to 512 layers 0 to 2 {
@@ -186,11 +189,13 @@ def KVC_PlanOp : KVC_Op<"plan", [Symbol, NoTerminator, SingleBlock]> {
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
                        KVC_RangeAttr:$layers,
                        OptionalAttr<StrAttr>:$strategy,
+                       OptionalAttr<I64Attr>:$prefill_step,
                        OptionalAttr<I64Attr>:$predicted_us);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) `layers` custom<Range>($layers)
-    (`strategy` $strategy^)? (`predicted` $predicted_us^ `us`)?
+    (`strategy` $strategy^)? (`prefill_step` $prefill_step^)?
+    (`predicted` $predicted_us^ `us`)?
     attr-dict-with-keyword $body
   }];
   let hasRegionVerifier = 1;

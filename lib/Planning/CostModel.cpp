@@ -101,6 +101,14 @@ double CostModel::prefillSeconds(int64_t t0, int64_t t1,
          attention / (c.attentionTflops * 1e12 * c.restoreShare);
 }
 
+double CostModel::kvWrittenSeconds(int64_t t0, int64_t t1) const {
+  double hidden = double(model_.hiddenSize);
+  double qDim = double(model_.numHeads * model_.headDim);
+  double kvDim = double(model_.numKvHeads * model_.headDim);
+  return computeSeconds(2.0 * hidden * (qDim + 2.0 * kvDim) * double(t1 - t0),
+                        t1 - t0);
+}
+
 double CostModel::deviceDecodeSeconds(const CodecSpec &codec,
                                       double rawBytes) const {
   return dequantSeconds(codec, rawBytes) + untransformSeconds(codec, rawBytes) +

@@ -222,9 +222,11 @@ double prefillReadySeconds(const CostModel &cost, int64_t tokens, int64_t step,
   for (; t0 + step < box.t1; t0 += step)
     start += cost.prefillSeconds(t0, t0 + step, layers);
   // The step holding the box's last token computes all its tokens a layer
-  // at a time.
-  return start + cost.prefillSeconds(t0, std::min(tokens, t0 + step), layers) *
-                     double(box.l1) / double(layers);
+  // at a time, and writes a layer's K and V once it has projected them.
+  const int64_t t1 = std::min(tokens, t0 + step);
+  const double layer = cost.prefillSeconds(t0, t1, layers) / double(layers);
+  return start + layer * double(box.l1 - 1) +
+         std::min(layer, cost.kvWrittenSeconds(t0, t1));
 }
 
 } // namespace kvc::planning

@@ -1,6 +1,7 @@
 //===- CostModelTest.cpp - Tests for the cost model -----------------------===//
 
 #include "kvc/Planning/CostModel.h"
+#include "kvc/Planning/Pipeline.h"
 
 #include <gtest/gtest.h>
 
@@ -71,6 +72,32 @@ TEST(CostModel, AttentionRunsAtItsOwnRateWhenTheTargetGivesOne) {
   EXPECT_GT(own.prefillSeconds(1024, 1280, 32) - own.prefillSeconds(0, 256, 32),
             gemmRate.prefillSeconds(1024, 1280, 32) -
                 gemmRate.prefillSeconds(0, 256, 32));
+}
+
+// A prefill step writes a layer's K and V once it has projected Q, K and
+// V (3 of Llama-2-7B's 4 attention matrices), a small share of the layer.
+TEST(CostModel, AKvWriteWaitsForTheQkvProjectionOnly) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  EXPECT_DOUBLE_EQ(cost.kvWrittenSeconds(0, 512),
+                   cost.computeSeconds(2.0 * 3 * 4096 * 4096 * 512, 512));
+  EXPECT_LT(cost.kvWrittenSeconds(0, 512),
+            0.25 * cost.prefillSeconds(0, 512, 1));
+}
+
+// The prefill beside a save: a box waits for the steps before the one
+// holding its last token, that step's layers below its last, and the
+// projection of its last layer.
+TEST(CostModel, APrefillWritesABoxAfterItsStepsLayersAndProjection) {
+  CostModel cost(llama2_7b(), target("a100-40gb"), CodecProfile::defaults());
+  const double step0 = cost.prefillSeconds(0, 256, 32);
+  const double layer1 = cost.prefillSeconds(256, 300, 32) / 32;
+  EXPECT_DOUBLE_EQ(prefillReadySeconds(cost, 300, 256, 32, {0, 256, 0, 1}),
+                   cost.kvWrittenSeconds(0, 256));
+  EXPECT_DOUBLE_EQ(prefillReadySeconds(cost, 300, 256, 32, {256, 300, 4, 8}),
+                   step0 + 7 * layer1 + cost.kvWrittenSeconds(256, 300));
+  // One step of the whole request: the first layer long before the last.
+  EXPECT_LT(prefillReadySeconds(cost, 300, 512, 32, {256, 300, 0, 1}),
+            prefillReadySeconds(cost, 300, 256, 32, {256, 300, 0, 1}));
 }
 
 TEST(CostModel, SmallChunksRunBelowPeak) {

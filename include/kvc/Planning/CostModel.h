@@ -59,6 +59,10 @@ public:
   /// the GEMM rate, attention at the target's attention rate (the GEMM rate
   /// when it gives none).
   double prefillSeconds(int64_t t0, int64_t t1, int64_t layers) const;
+  /// Time into one layer of a prefill of tokens [t0, t1) until the layer's
+  /// K and V are written: its Q, K and V projections (the rest of the
+  /// layer, attention included, comes after).
+  double kvWrittenSeconds(int64_t t0, int64_t t1) const;
   /// Seconds to dequantize/untransform (per `codec`) and scatter `rawBytes`
   /// of decoded output on the device: the sum of the three below.
   double deviceDecodeSeconds(const CodecSpec &codec, double rawBytes) const;

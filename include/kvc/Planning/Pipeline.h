@@ -104,11 +104,12 @@ struct StepCost {
 StepCost stepCost(const CostModel &cost, const PipelineStep &step,
                   const Box &box, const TierDesc *tier = nullptr);
 
-/// When the prefill a save or a sender runs beside has computed `box`'s
-/// last token in `box`'s last layer, in seconds from its start. The prefill
-/// computes tokens [0, `tokens`) in steps of `step` tokens, every one of
-/// `layers` layers of a step before the next step, each layer a
-/// `layers`-th of the step's time (CostModel::prefillSeconds).
+/// When the prefill a save or a sender runs beside has written the K and V
+/// of `box`'s last token in `box`'s last layer, in seconds from its start.
+/// The prefill computes tokens [0, `tokens`) in steps of `step` tokens,
+/// every one of `layers` layers of a step before the next step, each layer
+/// a `layers`-th of the step's time (CostModel::prefillSeconds), whose K and
+/// V are written once projected (CostModel::kvWrittenSeconds).
 double prefillReadySeconds(const CostModel &cost, int64_t tokens, int64_t step,
                            int64_t layers, const Box &box);
 

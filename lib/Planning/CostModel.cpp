@@ -92,12 +92,17 @@ double CostModel::computeSeconds(double flops, int64_t rows) const {
 
 double CostModel::prefillSeconds(int64_t t0, int64_t t1,
                                  int64_t layers) const {
+  return prefillSeconds(t0, t1, layers, t1 - t0);
+}
+
+double CostModel::prefillSeconds(int64_t t0, int64_t t1, int64_t layers,
+                                 int64_t rows) const {
   const ComputeDesc &c = target_.compute;
   if (c.attentionTflops <= 0)
-    return computeSeconds(prefillFlops(t0, t1, layers), t1 - t0);
+    return computeSeconds(prefillFlops(t0, t1, layers), rows);
   double linear = double(layers) * linearFlops_ * double(t1 - t0);
   double attention = double(layers) * attentionFlops(t0, t1);
-  return computeSeconds(linear, t1 - t0) +
+  return computeSeconds(linear, rows) +
          attention / (c.attentionTflops * 1e12 * c.restoreShare);
 }
 

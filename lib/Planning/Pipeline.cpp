@@ -217,10 +217,9 @@ double prefillReadySeconds(const CostModel &cost, int64_t tokens, int64_t step,
                            int64_t layers, const Box &box) {
   assert(step > 0 && layers > 0 && box.t1 <= tokens &&
          "a prefill of the box's tokens, something a step");
-  double start = 0;
-  int64_t t0 = 0;
-  for (; t0 + step < box.t1; t0 += step)
-    start += cost.prefillSeconds(t0, t0 + step, layers);
+  // The steps before the one holding the box's last token.
+  const int64_t t0 = (box.t1 - 1) / step * step;
+  const double start = cost.prefillSeconds(0, t0, layers, step);
   // The step holding the box's last token computes all its tokens a layer
   // at a time, and writes a layer's K and V once it has projected them.
   const int64_t t1 = std::min(tokens, t0 + step);

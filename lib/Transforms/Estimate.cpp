@@ -10,13 +10,14 @@
 // and each fetch `kvc.bytes`, what it is priced to read.
 //
 // Two inputs come from outside a plan. A save's or a sender's gathers wait
-// for the prefill they run beside (a plan's `prefill_step`) to compute
-// their chunk's last layer. A receive plan `X_recv` is priced after its
-// sender `X_send` (the two plans kvc-expand makes of a kvc.transfer): each
-// recv starts no earlier than the sender's send of the same object does,
-// and takes the wire's time, as that send does; a recv with no such send
-// starts at once. So a transfer's prediction at the receiver includes the
-// sender's prefill, encoding and link.
+// for the prefill they run beside (a plan's `prefill_step`) to write their
+// chunk's last layer (planning::prefillReadySeconds). A receive plan
+// `X_recv` is priced after its sender `X_send` (the two plans kvc-expand
+// makes of a kvc.transfer): each recv starts no earlier than the sender's
+// send of the same object does, and takes the wire's time, as that send
+// does; a recv with no such send starts at once. So a transfer's
+// prediction at the receiver includes the sender's prefill, encoding and
+// link.
 //
 //===----------------------------------------------------------------------===//
 

@@ -74,6 +74,22 @@ TEST(CostModel, AttentionRunsAtItsOwnRateWhenTheTargetGivesOne) {
                 gemmRate.prefillSeconds(0, 256, 32));
 }
 
+// A prefill in steps prices as its steps summed, in closed form.
+TEST(CostModel, APrefillInStepsCostsItsStepsSummed) {
+  // Attention at the GEMM rate, and at a rate of its own.
+  TargetDesc ownRate = target("a100-40gb");
+  ownRate.compute.attentionTflops = 100;
+  for (const TargetDesc &t : {target("a100-40gb"), ownRate}) {
+    CostModel cost(llama2_7b(), t, CodecProfile::defaults());
+    double steps = 0;
+    for (int64_t t0 = 0; t0 < 1024; t0 += 256)
+      steps += cost.prefillSeconds(t0, t0 + 256, 32);
+    EXPECT_NEAR(cost.prefillSeconds(0, 1024, 32, 256), steps, 1e-12 * steps);
+    EXPECT_GT(cost.prefillSeconds(0, 1024, 32, 256),
+              cost.prefillSeconds(0, 1024, 32)); // Smaller GEMMs.
+  }
+}
+
 // A prefill step writes a layer's K and V once it has projected Q, K and
 // V (3 of Llama-2-7B's 4 attention matrices), a small share of the layer.
 TEST(CostModel, AKvWriteWaitsForTheQkvProjectionOnly) {

@@ -59,6 +59,11 @@ public:
   /// the GEMM rate, attention at the target's attention rate (the GEMM rate
   /// when it gives none).
   double prefillSeconds(int64_t t0, int64_t t1, int64_t layers) const;
+  /// The same with GEMMs of `rows` rows: tokens [t0, t1) prefilled in steps
+  /// of `rows` tokens, the steps' times summed (attention's FLOPs add up
+  /// over the steps, and every step's GEMMs run at one efficiency).
+  double prefillSeconds(int64_t t0, int64_t t1, int64_t layers,
+                        int64_t rows) const;
   /// Time into one layer of a prefill of tokens [t0, t1) until the layer's
   /// K and V are written: its Q, K and V projections (the rest of the
   /// layer, attention included, comes after).

@@ -457,8 +457,8 @@ def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
     Two inputs come from outside a plan. The gathers of a plan with a
     `prefill_step` (a save, a transfer's sender) wait until the prefill
     beside it, computing that many tokens a step through every layer, has
-    computed their chunk's last layer; its prediction therefore includes
-    the prefill. A receive plan `X_recv` is timed after its sender `X_send`
+    written their chunk's last layer (the layers below it, then its Q, K
+    and V projections); its prediction therefore includes the prefill. A receive plan `X_recv` is timed after its sender `X_send`
     (kvc-expand's two plans of a kvc.transfer): each recv starts no earlier
     than the send of the same object does and takes the wire's time, as
     that send does, so the receiver's predicted layer times include the

@@ -93,8 +93,8 @@ StatusOr<PlanObjects> planObjects(const BundlePlan &plan,
 /// The save a compiled save plan describes (kvc-save-pipeline): its forms,
 /// the encoding it stores (planObjects' check, with the store's layout) and
 /// its prefill step unless `base` chose one, over `base`'s other options:
-/// what saveContext needs to save as
-/// the plan would, not following its tasks and lanes. saveDuringPrefill
+/// what saveContext needs to save as the plan would, not following its
+/// tasks and lanes. saveDuringPrefill
 /// (SavePlan.h) runs the plan itself.
 StatusOr<SaveOptions> saveOptionsFor(const BundlePlan &plan,
                                      const ChunkStore &store, int64_t tokens,

@@ -101,6 +101,9 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
     }
     loadCosts_.push_back(c);
   }
+  if (request_.forwardTokens > 0)
+    forwardLayer_ = cost_.prefillSeconds(
+        request_.tokens, request_.tokens + request_.forwardTokens, 1);
   computePrefix_.assign(numChunks_ + 1, 0.0);
   for (int64_t i = 0; i < numChunks_; ++i) {
     int64_t t0 = i * chunk_, t1 = std::min(tokens, t0 + chunk_);
@@ -118,6 +121,13 @@ Status Planner::validate() const {
     return invalidArgument("the request's " + std::to_string(request_.tokens) +
                            " tokens exceed the model's context of " +
                            std::to_string(model.maxPositions));
+  if (request_.forwardTokens < 0 ||
+      request_.tokens + request_.forwardTokens > model.maxPositions)
+    return invalidArgument(
+        "a forward pass of " + std::to_string(request_.forwardTokens) +
+        " tokens after the request's " + std::to_string(request_.tokens) +
+        " does not fit the model's context of " +
+        std::to_string(model.maxPositions));
   for (size_t i = 0; i < request_.sources.size(); ++i) {
     const Source &s = request_.sources[i];
     std::string name = "source " + std::to_string(i) + " (" +
@@ -221,7 +231,33 @@ double Planner::estimate(const Candidate &c, double *fillOut) const {
   }
   if (fillOut)
     *fillOut = fill;
-  return std::max({compute, decode, copy, io[0], io[1]}) + fill;
+  const double loads = std::max({decode, copy, io[0], io[1]});
+  const double restore = std::max(compute, loads);
+  if (forwardLayer_ <= 0)
+    return restore + fill;
+  // The server's forward pass ends no sooner than the compute it shares
+  // runs both, than the layers the loads complete last run after them
+  // (token-major every loaded layer, layer-wise the last group), or than
+  // every layer runs after the computed ones complete.
+  const double forward = forwardLayer_ * double(layers);
+  int64_t loaded = 0;
+  bool computed = m > 0;
+  if (rest > 0) {
+    if (c.split > 0 && c.lower == Method::Compute)
+      computed = true;
+    else if (c.split > 0)
+      loaded += c.split;
+    if (c.split < layers)
+      loaded += layers - c.split;
+  }
+  const int64_t tail =
+      options_.layerWise ? std::min(layerGroup_, loaded) : loaded;
+  double end = compute + forward;
+  if (loaded > 0)
+    end = std::max(end, restore + double(tail) * forwardLayer_);
+  if (computed)
+    end = std::max(end, std::min(compute, restore) + forward);
+  return end + fill;
 }
 
 template <typename Fn>
@@ -401,7 +437,35 @@ JobGraph Planner::buildJobs(const Plan &plan,
     }
     final[i] = addChain(chunk, chainOf(-1, false), c.box, deps);
   }
+  addForward(graph, jobs, resources[poolName(Resource::Compute)]);
   return graph;
+}
+
+void Planner::addForward(JobGraph &graph, std::vector<JobInfo> &jobs,
+                         int compute) const {
+  if (request_.forwardTokens <= 0)
+    return;
+  const int64_t layers = cost_.model().numLayers;
+  std::vector<std::vector<int>> writers(size_t(std::max<int64_t>(layers, 0)));
+  for (size_t j = 0; j < jobs.size(); ++j)
+    if (jobs[j].writesCache)
+      for (int64_t l = jobs[j].box.l0; l < jobs[j].box.l1; ++l)
+        writers[l].push_back(int(j));
+  const int64_t t0 = request_.tokens, t1 = t0 + request_.forwardTokens;
+  const double flops = cost_.prefillFlops(t0, t1, 1);
+  // Ahead of every step of the restore: a server runs its layer once the
+  // restore has written it.
+  const int priority = 1 + stepPriority(StepKind::Scatter);
+  int previous = -1;
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<int> deps = writers[l];
+    if (previous >= 0)
+      deps.push_back(previous);
+    previous = graph.addJob(SimJob{compute, forwardLayer_, priority}, deps);
+    JobInfo what{StepKind::ChunkCompute, -1, 0, flops, Box{t0, t1, l, l + 1}};
+    what.forward = true;
+    jobs.push_back(what);
+  }
 }
 
 Evaluation Planner::evaluate(const Plan &plan) const {
@@ -411,7 +475,7 @@ Evaluation Planner::evaluate(const Plan &plan) const {
                            cost_.target().host.handoffUs * 1e-6);
   Evaluation e;
   e.plan = plan;
-  e.seconds = sim.makespan;
+  e.firstTokenSeconds = sim.makespan;
   for (int r = 0; r < graph.numResources(); ++r)
     e.busy.push_back(sim.busy[r] / graph.lanes(r));
   e.peakStagingBytes = sim.peakStagingBytes;
@@ -422,6 +486,9 @@ Evaluation Planner::evaluate(const Plan &plan) const {
       size_t(std::max<int64_t>(cost_.model().numLayers, 0)), 0);
   for (size_t j = 0; j < info.size(); ++j) {
     const JobInfo &job = info[j];
+    if (job.forward)
+      continue;
+    e.seconds = std::max(e.seconds, sim.finish[j]);
     e.bytesRead += job.bytesRead;
     e.flops += job.flops;
     if (job.writesCache)
@@ -500,9 +567,9 @@ std::optional<Evaluation> Planner::search(Filter filter,
     if (seconds.empty())
       jobBudget = simulations * int64_t(e.jobs);
     jobBudget -= e.jobs;
-    seconds[key(c)] = e.seconds;
-    double result = e.seconds;
-    if (!best || e.seconds < best->seconds)
+    seconds[key(c)] = e.firstTokenSeconds;
+    double result = e.firstTokenSeconds;
+    if (!best || e.firstTokenSeconds < best->firstTokenSeconds)
       best = std::move(e);
     return result;
   };
@@ -668,7 +735,7 @@ std::vector<Evaluation> Planner::baselines() const {
 Evaluation Planner::joint() const {
   Evaluation best = *search([](const Candidate &) { return true; }, "joint");
   for (Evaluation &baseline : baselines())
-    if (baseline.seconds < best.seconds) {
+    if (baseline.firstTokenSeconds < best.firstTokenSeconds) {
       best = std::move(baseline);
       best.plan.strategy = "joint";
     }
@@ -693,7 +760,7 @@ Evaluation Planner::exhaustive() const {
   std::optional<Evaluation> best;
   for (const Candidate &c : enumerate([](const Candidate &) { return true; })) {
     Evaluation e = evaluateCandidate(c, "exhaustive");
-    if (!best || e.seconds < best->seconds)
+    if (!best || e.firstTokenSeconds < best->firstTokenSeconds)
       best = std::move(e);
   }
   return *best;

@@ -53,7 +53,10 @@ OwningOpRef<ModuleOp> buildRequestModule(MLIRContext &context,
   builder.create<RestoreOp>(
       loc, name, RangeAttr::get(&context, 0, request.tokens),
       builder.getArrayAttr(sources), finite(request.sloSeconds * 1e3),
-      finite(request.maxError), finite(request.maxKl));
+      finite(request.maxError), finite(request.maxKl),
+      request.forwardTokens > 0
+          ? builder.getI64IntegerAttr(request.forwardTokens)
+          : IntegerAttr());
   return module;
 }
 

@@ -114,6 +114,7 @@ planning::Request mlir::kvc::getRequest(RestoreOp restore) {
     request.maxKl = kl.getValueAsDouble();
   if (FloatAttr slo = restore.getSloMsAttr())
     request.sloSeconds = slo.getValueAsDouble() * 1e-3;
+  request.forwardTokens = int64_t(restore.getForwardTokens().value_or(0));
   return request;
 }
 

@@ -57,3 +57,32 @@ kvc.restore @strict tokens 0 to 4096 from [
 // CHECK-LABEL: kvc.plan @hurry tokens 0 to 4096 layers 0 to 32 strategy "joint"
 // REPORT: warning: the best joint plan takes {{[0-9.]+}} ms, more than slo_ms = 1
 kvc.restore @hurry tokens 0 to 4096 from [] {slo_ms = 1.0}
+
+// -----
+
+// Tests that a forward pass after the restore changes what the search
+// minimizes: its end, the first token. Layer-wise, the request alone
+// recomputes its first layers; with a forward pass of 1024 tokens it loads
+// every layer instead, since recomputed layers complete only with the last
+// computed chunk and the pass would wait for them. The report adds when
+// each plan's first token comes.
+// CHECK-LABEL: kvc.plan @alone tokens 0 to 3072
+// CHECK-LABEL: kvc.plan @next tokens 0 to 3072 layers 0 to 32 strategy "joint"
+// CHECK-NEXT:    kvc.segment compute tokens 0 to 3072 layers 0 to 2
+// CHECK-NEXT:    kvc.segment load_kv tokens 0 to 3072 layers 2 to 32
+// REPORT:      remark: kvc-plan @next:
+// REPORT-NEXT: strategy makespan layer 0 first token compute h2d decode io:dram io:ssd read GB TFLOP time/chosen
+// REPORT:      joint {{[0-9.]+}} ms {{[0-9.]+}} ms {{[0-9.]+}} ms {{.*}} 1.00x
+// REPORT-NEXT: (layer 0: when it holds every token; first token: when the server's forward pass over 1024 tokens ends beside the restore, its layers on the compute counted in its busy time; time/chosen: each plan's first token over the chosen joint plan's)
+// LAYERWISE:   remark: kvc-plan @alone:
+// LAYERWISE:   joint compute tokens 0-3072 layers 0-3; load kv tokens 0-3072 layers 3-32 (dram, int8/g32+deflate)
+// LAYERWISE:   remark: kvc-plan @next:
+// LAYERWISE:   joint load kv tokens 0-3072 layers 0-32 (dram, int8/g32+deflate)
+kvc.restore @alone tokens 0 to 3072 from [
+    #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 3072, layers = 0 to 32>,
+    #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                tokens = 0 to 3072, layers = 0 to 32>]
+kvc.restore @next tokens 0 to 3072 from [
+    #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 3072, layers = 0 to 32>,
+    #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,
+                tokens = 0 to 3072, layers = 0 to 32>] {forward_tokens = 1024}

@@ -63,6 +63,12 @@ struct Request {
   double maxKl = std::numeric_limits<double>::infinity();
   /// Restore-time objective; plans slower than this are reported.
   double sloSeconds = std::numeric_limits<double>::infinity();
+  /// The server's forward pass after the restore: the new tokens it runs
+  /// (a suffix's prefill, or 1 for the first decode step), layer by layer
+  /// as the restore completes each. With any, the planner minimizes when
+  /// that pass ends (Evaluation::firstTokenSeconds); 0: the restore's
+  /// makespan.
+  int64_t forwardTokens = 0;
 };
 
 /// One method over a block. Loads read `source`; a compute segment that

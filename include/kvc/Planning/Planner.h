@@ -4,8 +4,8 @@
 // the four papers and their combinations:
 //
 //   tokens [0, m)       x layers [0, L)  compute          (Cake's front)
-//   tokens [m, T)       x layers [0, k)  compute | load KV (HCache's complement)
-//   tokens [m, T)       x layers [k, L)  load hidden | load KV
+//   tokens [m, T)       x layers [0, k)  compute | load KV (HCache's
+//   complement) tokens [m, T)       x layers [k, L)  load hidden | load KV
 //
 // with m on the chunk grid, k in [0, L] and a choice among the stored
 // sources of each form (codecs). Compute-only is m = T; KV-only and
@@ -15,6 +15,13 @@
 // best candidates are then timed with the simulator, improved by a local
 // search in (m, k) and compared with the simulated baselines, so the chosen
 // plan is never slower than any baseline by the simulator.
+//
+// What "slower" means is the request's: the restore's makespan, or, for a
+// request with Request::forwardTokens, when the server's forward pass over
+// them ends. That pass is simulated with the restore: a job per layer on
+// the device's compute, after the restore's last write of the layer and
+// the pass's previous layer, ahead of the restore's own compute jobs (a
+// server launches its layer as soon as it may).
 //
 //===----------------------------------------------------------------------===//
 
@@ -56,12 +63,18 @@ struct JobInfo {
   double flops = 0;
   Box box;                  ///< What it works on.
   bool writesCache = false; ///< It scatters `box` into the paged cache.
+  /// A layer of the server's forward pass (Request::forwardTokens), not
+  /// the restore's.
+  bool forward = false;
 };
 
 /// A plan timed by the simulator.
 struct Evaluation {
   Plan plan;
-  double seconds = 0;  ///< Simulated makespan.
+  double seconds = 0; ///< Simulated makespan of the restore.
+  /// When the server's forward pass over Request::forwardTokens ends, or
+  /// `seconds` without one: what the search minimizes.
+  double firstTokenSeconds = 0;
   double estimate = 0; ///< Analytic estimate the search ranked it by.
   std::vector<std::string> resources;
   std::vector<double> busy; ///< Per resource, busy seconds per lane.
@@ -126,7 +139,7 @@ public:
   std::optional<Evaluation> hcache() const;
   /// Every baseline that applies, in the order above.
   std::vector<Evaluation> baselines() const;
-  /// The joint plan: never slower than any baseline.
+  /// The joint plan: never slower than any baseline (by firstTokenSeconds).
   Evaluation joint() const;
   /// The best point of the space by simulating all of it (for tests).
   Evaluation exhaustive() const;
@@ -143,6 +156,11 @@ private:
   /// Ranks by estimate, simulates the best, refines locally in (m, k).
   std::optional<Evaluation> search(Filter filter, const char *strategy) const;
   bool usable(int source, Form form, int64_t l0, int64_t l1) const;
+  /// Adds the server's forward pass to `graph`, whose `jobs` are the
+  /// restore's: a layer's job on `compute` after the restore's writes of
+  /// it and the previous layer's.
+  void addForward(JobGraph &graph, std::vector<JobInfo> &jobs,
+                  int compute) const;
   Evaluation evaluateCandidate(const Candidate &candidate,
                                const char *strategy) const;
 
@@ -154,6 +172,8 @@ private:
   int64_t layerGroup_ = 1;
   /// Seconds to recompute chunks [0, i) through one layer.
   std::vector<double> computePrefix_;
+  /// Seconds of one layer of the server's forward pass (0 without one).
+  double forwardLayer_ = 0;
   /// Per source: whether it may be loaded at all, and the seconds each
   /// resource spends per token x layer loading it (all are linear in both).
   struct LoadCost {

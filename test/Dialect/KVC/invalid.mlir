@@ -31,6 +31,20 @@ module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 64, h
 
 // -----
 
+// expected-error @+1 {{'kvc.restore' op forward_tokens must be 1 or more, got 0}}
+kvc.restore @r tokens 0 to 16 from [] {forward_tokens = 0 : i64}
+
+// -----
+
+module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 64, heads = 4,
+    kv_heads = 2, head_dim = 16, ffn = 128, vocab = 100, max_positions = 1024,
+    rope_theta = 10000, dtype = bf16>} {
+  // expected-error @+1 {{'kvc.restore' op forward_tokens 32 after 1000 restored tokens exceed the model's max_positions (1024)}}
+  kvc.restore @r tokens 0 to 1000 from [] {forward_tokens = 32 : i64}
+}
+
+// -----
+
 module attributes {kvc.model = #kvc.model<name = "m", layers = 4, hidden = 64, heads = 4,
     kv_heads = 2, head_dim = 16, ffn = 128, vocab = 100, max_positions = 1024,
     rope_theta = 10000, dtype = bf16>} {

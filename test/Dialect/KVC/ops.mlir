@@ -19,8 +19,8 @@
 
 // Intent level.
 
-// CHECK: kvc.restore @chat tokens 0 to 4096 from [#[[HIDDEN]], #[[KV8]]] {max_error = 1.000000e-02 : f64, slo_ms = 2.000000e+02 : f64}
-kvc.restore @chat tokens 0 to 4096 from [#hidden, #kv8] {slo_ms = 200.0, max_error = 0.01}
+// CHECK: kvc.restore @chat tokens 0 to 4096 from [#[[HIDDEN]], #[[KV8]]] {forward_tokens = 512 : i64, max_error = 1.000000e-02 : f64, slo_ms = 2.000000e+02 : f64}
+kvc.restore @chat tokens 0 to 4096 from [#hidden, #kv8] {slo_ms = 200.0, max_error = 0.01, forward_tokens = 512}
 // CHECK: kvc.restore @cold tokens 0 to 128 from []
 kvc.restore @cold tokens 0 to 128 from []
 // CHECK: kvc.save @doc tokens 0 to 4096 kv hidden to "ssd" codec <quant = int8, lossless = zstd>

@@ -201,6 +201,17 @@ LogicalResult RestoreOp::verify() {
   for (Attribute attr : getSources())
     if (failed(verifySource(*this, cast<SourceAttr>(attr))))
       return failure();
+  if (std::optional<uint64_t> forward = getForwardTokens()) {
+    const int64_t tokens = int64_t(*forward);
+    if (tokens <= 0)
+      return emitOpError("forward_tokens must be 1 or more, got ") << tokens;
+    ModelAttr model = lookupModel(*this);
+    if (model && getTokens().getEnd() + tokens > model.getMaxPositions())
+      return emitOpError("forward_tokens ")
+             << tokens << " after " << getTokens().getEnd()
+             << " restored tokens exceed the model's max_positions ("
+             << model.getMaxPositions() << ")";
+  }
   return success();
 }
 

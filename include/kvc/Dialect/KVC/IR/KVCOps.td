@@ -47,8 +47,12 @@ def KVC_RestoreOp : KVC_IntentOp<"restore"> {
     from tokens. Optional `slo_ms` bounds the restore time, `max_error`
     the relative error a lossy source may add and `max_kl` the KL divergence
     (nats) of the next-token distribution it may add, as the codec profile
-    measured it on the model. The planning passes replace
-    it with a `kvc.plan` of the same name.
+    measured it on the model. Optional `forward_tokens` is the server's
+    forward pass after the restore (the new tokens it prefills, 1 for a
+    first decode step), which waits for each layer of the restore in turn:
+    the planning passes then choose the plan whose first token (the end of
+    that pass) comes first rather than the one that restores fastest. The
+    planning passes replace it with a `kvc.plan` of the same name.
 
     ```mlir
     kvc.restore @chat tokens 0 to 8192 from [
@@ -57,14 +61,15 @@ def KVC_RestoreOp : KVC_IntentOp<"restore"> {
         #kvc.source<tier = "dram", form = kv,
                     codec = <quant = int8, lossless = deflate>,
                     tokens = 0 to 4096, layers = 0 to 32>]
-        {slo_ms = 200.0 : f64}
+        {slo_ms = 200.0 : f64, forward_tokens = 512 : i64}
     ```
   }];
   let arguments = (ins SymbolNameAttr:$sym_name, KVC_RangeAttr:$tokens,
                        KVC_SourceArrayArg:$sources,
                        OptionalAttr<F64Attr>:$slo_ms,
                        OptionalAttr<F64Attr>:$max_error,
-                       OptionalAttr<F64Attr>:$max_kl);
+                       OptionalAttr<F64Attr>:$max_kl,
+                       OptionalAttr<I64Attr>:$forward_tokens);
   let assemblyFormat = [{
     $sym_name `tokens` custom<Range>($tokens) `from` $sources attr-dict
   }];

@@ -18,20 +18,40 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
     for (const BundleStep &step : task.steps)
       if (step.kind == StepKind::Fetch)
         tiers.push_back(step.tier);
-  KVC_ASSIGN_OR_RETURN(into,
-                       destinationFor(backend, *request.model, request.tokens,
-                                      request.store, tiers,
-                                      std::max<int64_t>(keepRoom, 0)));
+  const int64_t n = int64_t(request.tokens.size());
+  KVC_ASSIGN_OR_RETURN(
+      into, destinationFor(
+                backend, *request.model, request.tokens, request.store, tiers,
+                std::max({keepRoom, request.forwardTokens, int64_t(0)})));
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   PlanRun run;
   run.cacheBytes = into->cache->bytes();
   run.residentBefore = residentBytes();
   resetPeakResident();
-  KVC_ASSIGN_OR_RETURN(metrics, restore(*pools, plan, into->target, options));
+  if (request.forwardTokens > 0) {
+    if (n == 0)
+      return invalidArgument("a forward pass after an empty request");
+    std::vector<int32_t> next(size_t(request.forwardTokens));
+    for (size_t i = 0; i < next.size(); ++i)
+      next[i] = request.tokens[i % size_t(n)];
+    std::vector<float> logits(size_t(request.model->config().vocabSize));
+    Clock::time_point start = Clock::now();
+    std::unique_ptr<RestoreHandle> restoring =
+        RestoreHandle::start(*pools, plan, into->target, options);
+    Status forward = backend.decode(
+        *request.model, *into->cache, into->table, n, next.data(),
+        request.forwardTokens, logits.data(),
+        [&](int64_t layer) { return restoring->waitLayer(layer); });
+    run.firstTokenSeconds = secondsSince(start);
+    KVC_ASSIGN_OR_RETURN(metrics, restoring->wait());
+    KVC_RETURN_IF_ERROR(forward);
+    run.metrics = std::move(metrics);
+  } else {
+    KVC_ASSIGN_OR_RETURN(metrics, restore(*pools, plan, into->target, options));
+    run.metrics = std::move(metrics);
+  }
   run.residentPeak = peakResidentBytes();
-  run.metrics = std::move(metrics);
   if (verify) {
-    const int64_t n = int64_t(request.tokens.size());
     if (!request.reference) {
       KVC_ASSIGN_OR_RETURN(
           reference, fullPrefill(*request.model, request.tokens, backend));

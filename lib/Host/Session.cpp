@@ -37,6 +37,7 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
   request.tokens = int64_t(tokens.size());
   request.sources = sourcesOf(store, matches, request.tokens, tier);
   request.maxKl = options.maxKl;
+  request.forwardTokens = options.forwardTokens;
   PlanOptions resolved = options;
   if (resolved.strategies == std::vector<std::string>{"all"})
     resolved.strategies = strategiesFor(request.sources);

@@ -167,6 +167,8 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   PlanOptions options;
   options.stagingMiB = stagingMiB;
   options.layerWise = args.has("layer-wise");
+  KVC_ASSIGN_OR_RETURN(forwardTokens, args.integer("forward-tokens", 0));
+  options.forwardTokens = forwardTokens;
   options.codecProfile = args.get("codec-profile");
   options.gpuChip = args.get("gpu-chip");
   KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
@@ -195,6 +197,14 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
+  KVC_ASSIGN_OR_RETURN(forwardTokens, args.integer("forward-tokens", 0));
+  const int64_t n = int64_t(tokens.size()),
+                context = model->config().maxPositions;
+  if (forwardTokens < 0 || forwardTokens > context - n)
+    return invalidArgument("--forward-tokens " + std::to_string(forwardTokens) +
+                           " after the request's " + std::to_string(n) +
+                           " tokens: the model holds at most " +
+                           std::to_string(context) + " positions");
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   setup.maxError = maxError;
@@ -219,6 +229,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   setup.request.model = setup.model.get();
   setup.request.store = setup.store.get();
   setup.request.tokens = std::move(tokens);
+  setup.request.forwardTokens = forwardTokens;
   return setup;
 }
 
@@ -394,6 +405,10 @@ Status restoreCommand(Args &args) {
   bool verify = args.has("verify");
   bool dynamic = args.has("dynamic");
   const std::string dumpPath = args.get("dump-kv");
+  const int64_t forwardTokens = setup.request.forwardTokens;
+  if (forwardTokens > 0 && dynamic)
+    return invalidArgument("--forward-tokens runs beside a plan's restore, "
+                           "not --dynamic");
   RestoreOptions options;
   options.tracePath = args.get("trace");
   options.kernels = &setup.bundle.kernels;
@@ -438,6 +453,11 @@ Status restoreCommand(Args &args) {
   }
   printLayerReadiness(metrics.layerReadySeconds,
                       metrics.predictedLayerReadySeconds);
+  if (run.firstTokenSeconds)
+    std::printf("  first token %.3f ms: a forward pass of %lld tokens beside "
+                "the restore, %.3f ms after its last layer\n",
+                *run.firstTokenSeconds * 1e3, (long long)forwardTokens,
+                (*run.firstTokenSeconds - metrics.makespanSeconds) * 1e3);
   std::printf("  staging  %.3f MB in %lld slot(s)\n",
               double(metrics.stagingBytes) * 1e-6,
               (long long)plan->stagingSlots);

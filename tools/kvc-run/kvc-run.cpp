@@ -408,6 +408,10 @@ const std::vector<Command> &commands() {
                {"plan", "NAME", "the bundle's plan (default its first)"},
                {"verify", "", "check the cache against a full prefill"},
                {"dynamic", "", "run a Cake-shaped plan as Cake's walk"},
+               {"forward-tokens", "N",
+                "run a server's forward pass of N tokens after the request "
+                "beside the restore, each layer once restored, and report "
+                "its first token (--strategy plans for it)"},
                {"trace", "FILE", "write a Chrome trace"},
                {"dump-kv", "FILE",
                 "write the restored K and V (safetensors) for "

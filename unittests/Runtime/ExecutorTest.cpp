@@ -324,43 +324,63 @@ private:
   bool open_ = false;
 };
 
-// A server waits for layer i of a restore while later layers still load, to
-// overlap the restore with its forward pass: here layers 0 and 1 come from
-// hidden states and are complete (and exact) while every KV object of
-// layers 2 and 3 is held back by the store.
-TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
-  const int64_t layers = model_->config().numLayers;
-  std::set<std::string> kvObjects;
-  for (const ChunkRef &ref :
-       store_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec()))
-    kvObjects.insert(ref.name());
-  auto gate = std::make_shared<GatedTier>(tier_, kvObjects);
-  tier_ = gate;
-  std::unique_ptr<ChunkStore> gated = makeStore(*model_);
-  BlockTable table = *cache_->allocate(kTokens);
-  RestoreTarget target = targetFor(table, gated.get());
-  LayerProgress progress;
-  RestoreOptions options;
-  options.progress = &progress;
-  // An io worker per held KV fetch (5 chunks) and one for the hidden states.
-  auto pools = ResourcePools::create(
-      {{"io:dram", 6}, {"decode", 2}, {"h2d", 1}, {"compute", 1}});
-  ASSERT_TRUE(pools);
-  StatusOr<RestoreMetrics> metrics =
-      Status(StatusCode::Internal, "the restore has not ended");
-  std::thread restoring([&] {
-    metrics = restore(**pools, makePlan({0, /*hiddenLayers=*/2, 64}, layers),
-                      target, options);
-  });
+/// A restore whose layers 0 and 1 come from hidden states while the store
+/// holds back every KV object (layers 2 and 3) until `gate_` opens.
+class HeldKvTest : public ExecutorTest {
+protected:
+  void SetUp() override {
+    ExecutorTest::SetUp();
+    std::set<std::string> kvObjects;
+    for (const ChunkRef &ref :
+         store_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec()))
+      kvObjects.insert(ref.name());
+    gate_ = std::make_shared<GatedTier>(tier_, kvObjects);
+    tier_ = gate_;
+    held_ = makeStore(*model_);
+    // An io worker per held KV fetch (5 chunks) and one for the hidden
+    // states.
+    heldPools_ = std::move(
+        ResourcePools::create(
+            {{"io:dram", 6}, {"decode", 2}, {"h2d", 1}, {"compute", 1}})
+            .value());
+    options_.progress = &progress_;
+  }
 
-  Status layer0 = progress.wait(0, std::chrono::seconds(60));
+  /// Starts the restore into `table` on a thread of its own.
+  std::thread start(const BlockTable &table) {
+    return std::thread([this, &table] {
+      metrics_ = restore(
+          *heldPools_,
+          makePlan({0, /*hiddenLayers=*/2, 64}, model_->config().numLayers),
+          targetFor(table, held_.get()), options_);
+    });
+  }
+
+  std::shared_ptr<GatedTier> gate_;
+  std::unique_ptr<ChunkStore> held_;
+  std::unique_ptr<ResourcePools> heldPools_;
+  LayerProgress progress_;
+  RestoreOptions options_;
+  StatusOr<RestoreMetrics> metrics_ =
+      Status(StatusCode::Internal, "the restore has not ended");
+};
+
+// A server waits for layer i of a restore while later layers still load, to
+// overlap the restore with its forward pass: here layers 0 and 1 are
+// complete (and exact) while layers 2 and 3 are held back.
+TEST_F(HeldKvTest, LayersCompleteWhileLaterLayersStillLoad) {
+  const int64_t layers = model_->config().numLayers;
+  BlockTable table = *cache_->allocate(kTokens);
+  std::thread restoring = start(table);
+
+  Status layer0 = progress_.wait(0, std::chrono::seconds(60));
   if (!layer0.isOk()) { // Fail, and end the restore: not a hang.
-    gate->open();
+    gate_->open();
     restoring.join();
     FAIL() << layer0.toString();
   }
-  EXPECT_TRUE(progress.ready(1));
-  EXPECT_FALSE(progress.ready(layers - 1));
+  EXPECT_TRUE(progress_.ready(1));
+  EXPECT_FALSE(progress_.ready(layers - 1));
   // Layer 0 is already what a full prefill computes.
   const int64_t kv = model_->kvDim();
   std::vector<float> k(kTokens * kv), v(kTokens * kv);
@@ -376,17 +396,67 @@ TEST_F(ExecutorTest, LayersCompleteWhileLaterLayersStillLoad) {
   // least this long after the others: the restore measures when.
   const auto held = std::chrono::milliseconds(50);
   std::this_thread::sleep_for(held);
-  gate->open();
+  gate_->open();
   restoring.join();
-  ASSERT_TRUE(metrics) << metrics.status().toString();
-  EXPECT_TRUE(metrics->fallbacks.empty());
-  EXPECT_TRUE(progress.wait(layers - 1).isOk());
-  ASSERT_EQ(metrics->layerReadySeconds.size(), size_t(layers));
-  EXPECT_GE(metrics->layerReadySeconds[2] - metrics->layerReadySeconds[1],
+  ASSERT_TRUE(metrics_) << metrics_.status().toString();
+  EXPECT_TRUE(metrics_->fallbacks.empty());
+  EXPECT_TRUE(progress_.wait(layers - 1).isOk());
+  ASSERT_EQ(metrics_->layerReadySeconds.size(), size_t(layers));
+  EXPECT_GE(metrics_->layerReadySeconds[2] - metrics_->layerReadySeconds[1],
             std::chrono::duration<double>(held).count());
-  EXPECT_LE(metrics->layerReadySeconds[layers - 1], metrics->makespanSeconds);
+  EXPECT_LE(metrics_->layerReadySeconds[layers - 1], metrics_->makespanSeconds);
   EXPECT_LT(relativeError(table), 1.0 / 128);
-  EXPECT_EQ(progress.wait(layers).code(), StatusCode::InvalidArgument);
+  EXPECT_EQ(progress_.wait(layers).code(), StatusCode::InvalidArgument);
+}
+
+// A server's forward pass beside the restore (Backend::decode gated on the
+// restore's layers) opens each layer in turn and stops at the first one not
+// yet written; its logits are those of the same step run after the restore.
+TEST_F(HeldKvTest, AForwardPassBesideTheRestoreWaitsForEachLayer) {
+  const int64_t layers = model_->config().numLayers, n = 8;
+  BlockTable table = *cache_->allocate(kTokens + n);
+  std::thread restoring = start(table);
+  std::vector<int32_t> next(tokens_.begin(), tokens_.begin() + n);
+  std::vector<float> logits(size_t(model_->config().vocabSize));
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<int64_t> opened;
+  auto attend = [&](int64_t layer) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      opened.push_back(layer);
+    }
+    changed.notify_all();
+    return progress_.wait(layer, std::chrono::seconds(60));
+  };
+  Status forward(StatusCode::Internal, "the forward pass has not ended");
+  std::thread forwarding([&] {
+    forward = backend_->decode(*model_, *cache_, table, kTokens, next.data(), n,
+                               logits.data(), attend);
+  });
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    EXPECT_TRUE(changed.wait_for(lock, std::chrono::seconds(60),
+                                 [&] { return opened.size() >= 3; }));
+    // Layer 2 stays closed while the store holds its KV.
+    changed.wait_for(lock, std::chrono::milliseconds(50));
+    EXPECT_EQ(opened, (std::vector<int64_t>{0, 1, 2}));
+    EXPECT_FALSE(progress_.ready(2));
+  }
+  gate_->open();
+  restoring.join();
+  forwarding.join();
+  ASSERT_TRUE(metrics_) << metrics_.status().toString();
+  ASSERT_TRUE(forward.isOk()) << forward.toString();
+  std::vector<int64_t> every(static_cast<size_t>(layers));
+  std::iota(every.begin(), every.end(), 0);
+  EXPECT_EQ(opened, every);
+  std::vector<float> after(logits.size());
+  ASSERT_TRUE(backend_
+                  ->decode(*model_, *cache_, table, kTokens, next.data(), n,
+                           after.data())
+                  .isOk());
+  EXPECT_EQ(logits, after);
 }
 
 // A restore that fails wakes whoever waits for its layers, with its error.

@@ -60,9 +60,10 @@ public:
   }
   Status decode(const ModelCompute &model, PagedKVCache &cache,
                 const BlockTable &table, int64_t position,
-                const int32_t *tokens, int64_t n, float *logits) override {
-    return cpuBackend().decode(model, cache, table, position, tokens, n,
-                               logits);
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
+    return cpuBackend().decode(model, cache, table, position, tokens, n, logits,
+                               attend);
   }
   StatusOr<double> timePrefill(const ModelCompute &model,
                                const ModelCompute::Cache &context,

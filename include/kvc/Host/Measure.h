@@ -2,8 +2,9 @@
 //
 // A request restored many times (kvc-run restore and compare, benchmarks):
 // each run into a fresh paged cache, its memory measured, optionally
-// verified against a full prefill computed once; and the statistics
-// compare reports over several runs of several plans.
+// verified against a full prefill computed once, optionally beside the
+// forward pass a server runs after it; and the statistics compare reports
+// over several runs of several plans.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,6 +26,10 @@ struct MeasuredRequest {
   const ModelCompute *model = nullptr;
   std::vector<int32_t> tokens;
   ChunkStore *store = nullptr;
+  /// A server's forward pass after the restore, run beside it: this many
+  /// tokens at positions tokens.size().. (the request's first ones again),
+  /// each layer once the restore has written it; 0: none.
+  int64_t forwardTokens = 0;
   /// A full prefill of the request on the backend, computed on the first
   /// verification.
   std::optional<ModelCompute::Cache> reference;
@@ -38,12 +43,15 @@ struct PlanRun {
   int64_t residentBefore = 0, residentPeak = 0, cacheBytes = 0;
   /// The restored cache, when the run was asked to keep it.
   std::shared_ptr<Destination> destination;
+  /// With a forward pass: when its next-token logits were ready, from the
+  /// restore's start.
+  std::optional<double> firstTokenSeconds;
 };
 
 /// Restores the request with `plan` into a fresh paged cache on pools of
-/// the plan's lanes; verifies the cache when asked. With `keepRoom` >= 0
-/// the run keeps its cache, sized for that many tokens more (to decode
-/// after the restore).
+/// the plan's lanes, beside its forward pass when it has one; verifies the
+/// cache when asked. With `keepRoom` >= 0 the run keeps its cache, sized
+/// for that many tokens more (to decode after the restore).
 StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
                           const RestoreOptions &options, bool verify,
                           int64_t keepRoom = -1);

@@ -41,6 +41,10 @@ struct PlanOptions {
   /// each layer: loads issued layer by layer, so the first layers complete
   /// early (planning::PlanOptions::layerWise).
   bool layerWise = false;
+  /// The tokens of that forward pass (planning::Request::forwardTokens):
+  /// plans are chosen for when it ends, the first token; 0: for the
+  /// restore's end.
+  int64_t forwardTokens = 0;
   /// A measured codec profile (kvc-codec-profile/1) the planner reads; the
   /// built-in estimate when empty.
   std::string codecProfile;

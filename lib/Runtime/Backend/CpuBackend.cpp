@@ -21,18 +21,22 @@ namespace kvc {
 namespace {
 
 /// A request's paged cache as a prefill's attention context: appends write
-/// blocks, reads convert one run of rows at a time into scratch.
+/// blocks, reads convert one run of rows at a time into scratch. With a
+/// gate, each layer is first opened through it (Backend::LayerGate).
 class PagedContext final : public KVContext {
 public:
-  PagedContext(PagedKVCache &cache, const BlockTable &table)
-      : cache_(cache), table_(table) {}
+  PagedContext(PagedKVCache &cache, const BlockTable &table,
+               const Backend::LayerGate &gate = {})
+      : cache_(cache), table_(table), gate_(gate) {}
 
   Status append(int64_t layer, int64_t position, int64_t n, const float *k,
                 const float *v) override {
+    KVC_RETURN_IF_ERROR(open(layer));
     return cache_.write(table_, layer, position, n, k, v);
   }
   Status rows(int64_t layer, int64_t first, int64_t count,
               KeyValueRows &out) override {
+    KVC_RETURN_IF_ERROR(open(layer));
     k_.resize(count * cache_.kvDim());
     v_.resize(count * cache_.kvDim());
     KVC_RETURN_IF_ERROR(
@@ -42,8 +46,17 @@ public:
   }
 
 private:
+  /// Passes the gate for every layer up to `layer` not yet opened.
+  Status open(int64_t layer) {
+    for (; gate_ && opened_ < layer; ++opened_)
+      KVC_RETURN_IF_ERROR(gate_(opened_ + 1));
+    return Status::ok();
+  }
+
   PagedKVCache &cache_;
   const BlockTable &table_;
+  const Backend::LayerGate &gate_;
+  int64_t opened_ = -1;
   std::vector<float> k_, v_;
 };
 
@@ -189,8 +202,9 @@ public:
 
   Status decode(const ModelCompute &model, PagedKVCache &cache,
                 const BlockTable &table, int64_t position,
-                const int32_t *tokens, int64_t n, float *logits) override {
-    PagedContext context(cache, table);
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
+    PagedContext context(cache, table, attend);
     return model.nextLogits(context, position, tokens, n, logits);
   }
 

@@ -457,7 +457,8 @@ public:
 
   Status decode(const ModelCompute &model, PagedKVCache &cache,
                 const BlockTable &table, int64_t position,
-                const int32_t *tokens, int64_t n, float *logits) override {
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (n <= 0)
       return invalidArgument("logits need at least one token");
@@ -470,8 +471,12 @@ public:
     const int64_t vocab = model.config().vocabSize;
     KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table));
     KVC_ASSIGN_OR_RETURN(out, scratch.take<float>(vocab));
-    KVC_RETURN_IF_ERROR(gpu->forward(lane, tokens, position, n,
-                                     model.config().numLayers, layouts, out));
+    // The forward shows each layer after storing its K and V (rows
+    // position.., the step's own) and before its attention reads the cache.
+    auto gate = [&](int64_t layer, const float *) { return attend(layer); };
+    KVC_RETURN_IF_ERROR(gpu->forward(
+        lane, tokens, position, n, model.config().numLayers, layouts, out,
+        attend ? CudaModel::LayerHook(gate) : CudaModel::LayerHook()));
     KVC_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(logits, out, size_t(vocab) * sizeof(float),
                         cudaMemcpyDeviceToHost, lane.stream),

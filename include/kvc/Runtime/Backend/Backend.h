@@ -271,13 +271,21 @@ public:
                           int64_t layer, int64_t first, int64_t n, float *k,
                           float *v) = 0;
 
+  /// Called with each layer, in order, before a step's attention reads it
+  /// from the cache; an error ends the step with it.
+  using LayerGate = std::function<Status(int64_t layer)>;
+
   /// A decode step after a restore: runs `n` tokens at `position` through
   /// every layer of `model` over `cache` (which holds tokens [0, position)
   /// through `table`), writing their K and V, and the next-token logits
-  /// ([vocab], host memory) after the last of them.
+  /// ([vocab], host memory) after the last of them. A server's forward pass
+  /// beside a restore gates each layer on the restore's writing it
+  /// (`attend`: RestoreHandle::waitLayer); the step writes only rows
+  /// position.. of each layer, which the restore does not.
   virtual Status decode(const ModelCompute &model, PagedKVCache &cache,
                         const BlockTable &table, int64_t position,
-                        const int32_t *tokens, int64_t n, float *logits) = 0;
+                        const int32_t *tokens, int64_t n, float *logits,
+                        const LayerGate &attend = {}) = 0;
 
   /// Calibration: seconds of one prefill of `n` tokens at `position` over a
   /// context holding the tokens before it (`context`, copied first, not

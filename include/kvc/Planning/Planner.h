@@ -3,9 +3,9 @@
 // The planner searches one discretized space that contains every strategy of
 // the four papers and their combinations:
 //
-//   tokens [0, m)       x layers [0, L)  compute          (Cake's front)
-//   tokens [m, T)       x layers [0, k)  compute | load KV (HCache's
-//   complement) tokens [m, T)       x layers [k, L)  load hidden | load KV
+//   tokens [0, m)  x layers [0, L)  compute          (Cake's front)
+//   tokens [m, T)  x layers [0, k)  compute | load KV (HCache's complement)
+//   tokens [m, T)  x layers [k, L)  load hidden | load KV
 //
 // with m on the chunk grid, k in [0, L] and a choice among the stored
 // sources of each form (codecs). Compute-only is m = T; KV-only and

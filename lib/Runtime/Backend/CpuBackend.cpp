@@ -22,12 +22,13 @@ namespace {
 
 /// A request's paged cache as a prefill's attention context: appends write
 /// blocks, reads convert one run of rows at a time into scratch. With a
-/// gate, each layer is first opened through it (Backend::LayerGate).
+/// gate (not owned), each layer is first opened through it
+/// (Backend::LayerGate).
 class PagedContext final : public KVContext {
 public:
   PagedContext(PagedKVCache &cache, const BlockTable &table,
-               const Backend::LayerGate &gate = {})
-      : cache_(cache), table_(table), gate_(gate) {}
+               const Backend::LayerGate *gate = nullptr)
+      : cache_(cache), table_(table), gate_(gate && *gate ? gate : nullptr) {}
 
   Status append(int64_t layer, int64_t position, int64_t n, const float *k,
                 const float *v) override {
@@ -49,13 +50,13 @@ private:
   /// Passes the gate for every layer up to `layer` not yet opened.
   Status open(int64_t layer) {
     for (; gate_ && opened_ < layer; ++opened_)
-      KVC_RETURN_IF_ERROR(gate_(opened_ + 1));
+      KVC_RETURN_IF_ERROR((*gate_)(opened_ + 1));
     return Status::ok();
   }
 
   PagedKVCache &cache_;
   const BlockTable &table_;
-  const Backend::LayerGate &gate_;
+  const Backend::LayerGate *gate_;
   int64_t opened_ = -1;
   std::vector<float> k_, v_;
 };
@@ -204,7 +205,7 @@ public:
                 const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const LayerGate &attend) override {
-    PagedContext context(cache, table, attend);
+    PagedContext context(cache, table, &attend);
     return model.nextLogits(context, position, tokens, n, logits);
   }
 

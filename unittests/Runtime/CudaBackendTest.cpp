@@ -60,6 +60,23 @@ protected:
 
   std::optional<PlanBundle> generated_;
 
+  /// Moves the test onto a backend of bf16 GEMMs (a server's precision,
+  /// which the generated projection kernels need) with a cache of its own.
+  void useBf16Gemms() {
+    CudaBackendOptions options;
+    options.gemm = CudaBackendOptions::Gemm::BF16;
+    StatusOr<std::unique_ptr<Backend>> backend = createCudaBackend(options);
+    ASSERT_TRUE(backend) << backend.status().toString();
+    bf16_ = std::move(*backend);
+    backend_ = bf16_.get();
+    cache_ = std::move(backend_->createCache(cache_->config()).value());
+  }
+
+  // The cache goes before the backend that made it.
+  void TearDown() override { cache_.reset(); }
+
+  std::unique_ptr<Backend> bf16_;
+
   /// Tokens [0, n) of `layer` from `cache` through `backend`.
   std::pair<std::vector<float>, std::vector<float>>
   rows(Backend &backend, const PagedKVCache &cache, const BlockTable &table,
@@ -135,14 +152,10 @@ TEST_F(CudaBackendTest, GeneratedProjectionsWriteTheCache) {
             std::string::npos)
       << fp32->kernelsNotLaunched.front();
 
-  CudaBackendOptions options;
-  options.gemm = CudaBackendOptions::Gemm::BF16;
-  auto bf16 = createCudaBackend(options);
-  ASSERT_TRUE(bf16) << bf16.status().toString();
-  backend_ = bf16->get();
-  cache_ = std::move(backend_->createCache(cache_->config()).value());
+  useBf16Gemms();
+  if (HasFatalFailure())
+    return;
   expectGeneratedProjectionsExact(generated_->kernels);
-  cache_.reset();
 }
 
 // The same bundle's save kernels over the GPU's cache: every object
@@ -156,13 +169,17 @@ TEST_F(CudaBackendTest, GeneratedSaveKernelsStoreWhatTheHostDoes) {
 
 // The plans kvc-opt's pipelines compiled for the fixture's model with
 // gpu-chip ($KVC_EXEC_RESTORES and $KVC_EXEC_SAVES, which
-// scripts/gpu-check.sh sets) launch their kernels on the GPU.
+// scripts/gpu-check.sh sets) launch their kernels on the GPU, on bf16
+// GEMMs: the int8 hidden plan's projection kernels need them.
 TEST_F(CudaBackendTest, ThePipelinesPlansLaunchTheirKernels) {
   const char *restores = std::getenv("KVC_EXEC_RESTORES");
   const char *saves = std::getenv("KVC_EXEC_SAVES");
   if (!restores || !saves)
     GTEST_SKIP() << "no compiled plans (set KVC_EXEC_RESTORES and "
                     "KVC_EXEC_SAVES)";
+  useBf16Gemms();
+  if (HasFatalFailure())
+    return;
   expectCompiledPlansLaunchTheirKernels(restores, saves);
 }
 
@@ -249,15 +266,17 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
     EXPECT_LE(relativeMax(full->v[l], reference_.v[l]), 1.0 / 128) << l;
   }
 
-  std::unique_ptr<ChunkStore> store = makeStore(*model_);
+  // On a tier of its own: on the fixture's, objects equal to the CPU's
+  // would be kept as they were, and compared with themselves.
+  ChunkStore store = storeOn(std::shared_ptr<Tier>(*openTier("mem://")));
   SaveOptions options;
   options.backend = gpu.get();
   options.prefillTokens = 128; // Spans of two chunks.
-  StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
+  StatusOr<SaveStats> saved = saveContext(*model_, store, tokens_, options);
   ASSERT_TRUE(saved) << saved.status().toString();
   const int64_t objects = forEachObjectAsSaved(
-      *store, [](const ChunkRef &ref, const std::vector<float> &ours,
-                 const std::vector<float> &cpus) {
+      store, [](const ChunkRef &ref, const std::vector<float> &ours,
+                const std::vector<float> &cpus) {
         EXPECT_LE(relativeMax(ours, cpus), 1.0 / 128) << ref.name();
       });
   EXPECT_EQ(objects, saved->written);
@@ -266,7 +285,7 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
   BlockTable table = *cache_->allocate(kTokens);
   const int64_t layers = model_->config().numLayers;
   ASSERT_TRUE(
-      run(makePlan({128, layers / 2, 64}, layers), table, store.get()).isOk());
+      run(makePlan({128, layers / 2, 64}, layers), table, &store).isOk());
   StatusOr<RestoreError> error =
       restoreError(*model_, tokens_, *cache_, table, *gpu);
   ASSERT_TRUE(error) << error.status().toString();

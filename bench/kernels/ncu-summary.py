@@ -16,9 +16,11 @@ import csv
 import re
 import sys
 
-METRICS = [  # (column, metric, format)
+METRICS = [  # (column, metric or its names across versions, format)
     ("us", "gpu__time_duration.sum", "{:.1f}"),
-    ("dram%", "dram__throughput.avg.pct_of_peak_sustained_elapsed", "{:.0f}"),
+    ("dram%", ("dram__throughput.avg.pct_of_peak_sustained_elapsed",
+               "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"),
+     "{:.0f}"),
     ("sm%", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "{:.0f}"),
     ("issue%", "smsp__issue_active.avg.pct_of_peak_sustained_active", "{:.0f}"),
     ("occupancy%", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.0f}"),
@@ -54,8 +56,11 @@ def rows(path):
 
 def summarize(name, record):
     cells = []
-    for column, metric, form in METRICS:
-        value, unit = record.get(metric, (None, ""))
+    for column, metrics, form in METRICS:
+        if isinstance(metrics, str):
+            metrics = (metrics,)
+        value, unit = next((record[m] for m in metrics if m in record),
+                           (None, ""))
         if value is not None and column == "us":
             value *= TO_US.get(unit, 1.0)
         cells.append("-" if value is None else form.format(value))

@@ -19,9 +19,9 @@
 // chunks in one launch (its chunk table's records): the time per chunk
 // there, beside a launch's of one chunk, is what batching small chunks
 // saves. Larger chunks are not batched: a launch's cost is amortized there,
-// and encoding 16 of them on the host for the check takes minutes. --only runs the kernels whose names
-// REGEX matches (ECMAScript, anywhere in the name): a profiler's run of a
-// few kernels.
+// and encoding 16 of them on the host for the check takes minutes. --only
+// runs the kernels whose names REGEX matches (ECMAScript, anywhere in the
+// name): a profiler's run of a few kernels.
 //
 // Exits 77 where no GPU is usable, 1 on any mismatch or CUDA error.
 //

@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
 #include <cblas.h>

@@ -23,6 +23,7 @@
 #include "kvc/Host/Session.h"
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Transforms/CompileRestore.h"
 
@@ -145,8 +146,8 @@ Status serve(const std::string &targetPath, std::string modelDir) {
   into.table = &tableB;
   KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   Clock::time_point start = Clock::now();
-  std::unique_ptr<host::RestoreHandle> restoring =
-      host::RestoreHandle::start(*pools, plan, into);
+  KVC_ASSIGN_OR_RETURN(restoring,
+                       host::RestoreHandle::start(*pools, plan, into));
   const int64_t kv = model->kvDim();
   std::vector<float> kA(n * kv), vA(n * kv), kB(n * kv), vB(n * kv);
   for (int64_t l = 0; l < config.numLayers; ++l) {

@@ -36,8 +36,8 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
       next[i] = request.tokens[i % size_t(n)];
     std::vector<float> logits(size_t(request.model->config().vocabSize));
     Clock::time_point start = Clock::now();
-    std::unique_ptr<RestoreHandle> restoring =
-        RestoreHandle::start(*pools, plan, into->target, options);
+    KVC_ASSIGN_OR_RETURN(restoring,
+                         RestoreHandle::start(*pools, plan, into->target, options));
     Status forward = backend.decode(
         *request.model, *into->cache, into->table, n, next.data(),
         request.forwardTokens, logits.data(),

@@ -2,6 +2,8 @@
 
 #include "kvc/Host/Session.h"
 
+#include "kvc/Runtime/Base/Threads.h"
+
 #include <algorithm>
 #include <tuple>
 
@@ -63,18 +65,19 @@ destinationFor(Backend &backend, const ModelCompute &model,
   return out;
 }
 
-std::unique_ptr<RestoreHandle> RestoreHandle::start(ResourcePools &pools,
-                                                    const BundlePlan &plan,
-                                                    const RestoreTarget &target,
-                                                    RestoreOptions options) {
+StatusOr<std::unique_ptr<RestoreHandle>>
+RestoreHandle::start(ResourcePools &pools, const BundlePlan &plan,
+                     const RestoreTarget &target, RestoreOptions options) {
   std::unique_ptr<RestoreHandle> handle(new RestoreHandle);
   handle->plan_ = plan;
   handle->target_ = target;
   options.progress = &handle->progress_;
   RestoreHandle *self = handle.get();
-  handle->thread_ = std::thread([self, &pools, options] {
-    self->result_ = restore(pools, self->plan_, self->target_, options);
-  });
+  KVC_ASSIGN_OR_RETURN(thread, startThread([self, &pools, options] {
+                         self->result_ =
+                             restore(pools, self->plan_, self->target_, options);
+                       }));
+  handle->thread_ = std::move(thread);
   return handle;
 }
 

@@ -31,6 +31,7 @@
 #include "kvc/Host/Session.h"
 #include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Llama2c.h"
 #include "kvc/Runtime/Save/SavePlan.h"
@@ -569,6 +570,13 @@ int main(int argc, char **argv) {
   }
   if (status.isOk())
     status = selectBackend(args->get("backend", "cpu"), args->get("gemm"));
+  // Timings on the CPU backend depend on OpenBLAS's kernels: say so once
+  // where it picked its generic ones on a CPU with wider vectors.
+  if (status.isOk() && args->get("backend", "cpu") == "cpu" &&
+      (name == "calibrate" || name == "compare"))
+    if (std::optional<std::string> slow = slowBlasWarning())
+      std::fprintf(stderr, "kvc-run %s: warning: %s\n", name.c_str(),
+                   slow->c_str());
   if (status.isOk())
     status = command->run(*args);
   if (!status.isOk()) {

@@ -2,6 +2,8 @@
 
 #include "kvc/Runtime/Model/Attention.h"
 
+#include "Tolerance.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -89,13 +91,12 @@ TEST(CausalAttention, MatchesOneSoftmaxPerRowAcrossBlocks) {
           column(k, pos0 + n, kvHeads * d, hd / 2),
           column(v, pos0 + n, kvHeads * d, hd / 2), d, pos0, n,
           1.0f / std::sqrt(float(d)));
+      // Each row of a head within fp32 summation noise of its largest value.
       for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < d; ++c) {
-          float got = out[i * heads * d + hd * d + c];
-          ASSERT_NEAR(got, expected[i * d + c],
-                      1e-4f * (1 + std::abs(expected[i * d + c])))
-              << "pos0 " << pos0 << ", head " << hd << ", row " << i;
-        }
+        ASSERT_LE(test::relativeMaxError(out.data() + i * heads * d + hd * d,
+                                         expected.data() + i * d, size_t(d)),
+                  1e-4)
+            << "pos0 " << pos0 << ", head " << hd << ", row " << i;
     }
   }
 }

@@ -18,6 +18,14 @@
 
 using namespace kvc;
 
+namespace kvc::planning {
+/// How a failing case names its codec (gtest's default is a hex dump).
+void PrintTo(const CodecProfileEntry &entry, std::ostream *os) {
+  *os << entry.codec.str() << " (ratio " << entry.ratio << ", quality "
+      << entry.quality << ")";
+}
+} // namespace kvc::planning
+
 namespace {
 
 /// KV and hidden states of a real (random-weight) model, 96 tokens, 4 layers.

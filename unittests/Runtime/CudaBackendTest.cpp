@@ -243,16 +243,7 @@ TEST_F(CudaBackendTest, HostCachesAreRefused) {
   EXPECT_EQ(status.code(), StatusCode::FailedPrecondition) << status.toString();
 }
 
-/// The largest |a - b| relative to the largest |b|.
-double relativeMax(const std::vector<float> &a, const std::vector<float> &b) {
-  EXPECT_EQ(a.size(), b.size());
-  double peak = 0, error = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    peak = std::max(peak, double(std::fabs(b[i])));
-    error = std::max(error, double(std::fabs(a[i] - b[i])));
-  }
-  return peak > 0 ? error / peak : error;
-}
+using test::relativeMaxError;
 
 // A save's prefill and verification's full prefill on the GPU
 // (streamPrefill): what they show equals the CPU model's within bf16
@@ -262,8 +253,8 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
   ASSERT_TRUE(full) << full.status().toString();
   ASSERT_EQ(full->tokens, kTokens);
   for (int64_t l = 0; l < model_->config().numLayers; ++l) {
-    EXPECT_LE(relativeMax(full->k[l], reference_.k[l]), 1.0 / 128) << l;
-    EXPECT_LE(relativeMax(full->v[l], reference_.v[l]), 1.0 / 128) << l;
+    EXPECT_LE(relativeMaxError(full->k[l], reference_.k[l]), 1.0 / 128) << l;
+    EXPECT_LE(relativeMaxError(full->v[l], reference_.v[l]), 1.0 / 128) << l;
   }
 
   // On a tier of its own: on the fixture's, objects equal to the CPU's
@@ -277,7 +268,7 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
   const int64_t objects = forEachObjectAsSaved(
       store, [](const ChunkRef &ref, const std::vector<float> &ours,
                 const std::vector<float> &cpus) {
-        EXPECT_LE(relativeMax(ours, cpus), 1.0 / 128) << ref.name();
+        EXPECT_LE(relativeMaxError(ours, cpus), 1.0 / 128) << ref.name();
       });
   EXPECT_EQ(objects, saved->written);
 
@@ -393,7 +384,7 @@ TEST(CudaKernels, TiledAttentionMatchesTheFp32Kernel) {
         worst = std::max(worst, double(std::fabs(tiled[i] - exact[i])));
       }
       EXPECT_LT(worst, 0.05);
-      EXPECT_GT(relativeMax(tiled, exact), 0.0); // Not the fp32 kernel.
+      EXPECT_GT(relativeMaxError(tiled, exact), 0.0); // Not the fp32 kernel.
     }
 }
 

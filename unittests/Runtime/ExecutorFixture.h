@@ -10,6 +10,7 @@
 #define KVC_UNITTESTS_RUNTIME_EXECUTORFIXTURE_H
 
 #include "TestModel.h"
+#include "Tolerance.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/Executor.h"

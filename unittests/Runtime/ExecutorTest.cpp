@@ -385,12 +385,7 @@ TEST_F(HeldKvTest, LayersCompleteWhileLaterLayersStillLoad) {
   const int64_t kv = model_->kvDim();
   std::vector<float> k(kTokens * kv), v(kTokens * kv);
   EXPECT_TRUE(cache_->read(table, 0, 0, kTokens, k.data(), v.data()).isOk());
-  double maxError = 0, maxValue = 0;
-  for (int64_t i = 0; i < kTokens * kv; ++i) {
-    maxError = std::max(maxError, double(std::abs(k[i] - reference_.k[0][i])));
-    maxValue = std::max(maxValue, double(std::abs(reference_.k[0][i])));
-  }
-  EXPECT_LT(maxError / maxValue, 1.0 / 128);
+  EXPECT_LT(test::relativeMaxError(k, reference_.k[0]), test::kOneBf16Step);
 
   // The held layers complete only once the store lets their KV go, at
   // least this long after the others: the restore measures when.

@@ -1,11 +1,13 @@
 //===- LlamaModelTest.cpp - Tests for the reference model -----------------===//
 
+#include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/RmsNorm.h"
 
 #include "TestModel.h"
+#include "Tolerance.h"
 
 #include <gtest/gtest.h>
 
@@ -32,23 +34,14 @@ std::vector<int32_t> tokens(int64_t n, uint64_t seed) {
   return out;
 }
 
-/// Max |a - b| / max(|b|).
-double relativeMaxError(const std::vector<float> &a,
-                        const std::vector<float> &b) {
-  double err = 0, scale = 1e-30;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-    scale = std::max(scale, double(std::fabs(b[i])));
-  }
-  return err / scale;
-}
+using test::kOneBf16Step;
+using test::relativeMaxError;
 
-/// Two prefills of one prompt chunked differently agree to about 1e-6 in
-/// fp32 (attention's GEMMs are shaped by the chunking), and K and V are
-/// rounded to bf16, where such a difference can land on neighbouring
-/// values: one bf16 step, at most 2^-7 of the largest value. A misplaced
-/// or missing context token moves values by far more.
-constexpr double kOneBf16Step = 1.0 / 128;
+// Two prefills of one prompt chunked differently agree to about 1e-6 in fp32
+// (attention's GEMMs are shaped by the chunking), and K and V are rounded to
+// bf16, where such a difference can land on neighbouring values: one bf16
+// step of the largest value (kOneBf16Step). A misplaced or missing context
+// token moves values by far more.
 
 TEST(LlamaModel, LoadsGeneratedModel) {
   StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(modelDir());
@@ -237,10 +230,12 @@ TEST(RmsNormTest, SumsInItsOrder) {
       for (int64_t j = 0; j < h; ++j)
         sum += double(x[i * h + j]) * x[i * h + j];
       const double scale = 1 / std::sqrt(sum / h + 1e-5);
+      std::vector<float> exact(h);
       for (int64_t j = 0; j < h; ++j)
-        EXPECT_NEAR(out[i * h + j], x[i * h + j] * scale * weight[j],
-                    1e-5 * std::abs(x[i * h + j] * scale * weight[j]) + 1e-7)
-            << "h " << h << " row " << i << " value " << j;
+        exact[j] = float(x[i * h + j] * scale * weight[j]);
+      EXPECT_LE(relativeMaxError(out.data() + i * h, exact.data(), size_t(h)),
+                1e-5)
+          << "h " << h << " row " << i;
     }
     std::vector<float> inPlace = x;
     rmsNorm(inPlace.data(), 2, h, 1e-5f, weight.data(), inPlace.data());

@@ -78,6 +78,9 @@ struct BadConfig {
   const char *message;
 };
 
+/// How a failing case names itself (gtest's default is a hex dump).
+void PrintTo(const BadConfig &c, std::ostream *os) { *os << c.name; }
+
 class ModelConfigErrors : public ::testing::TestWithParam<BadConfig> {};
 
 TEST_P(ModelConfigErrors, RejectedWithFieldName) {

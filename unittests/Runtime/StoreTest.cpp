@@ -6,6 +6,7 @@
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include "TestModel.h"
+#include "Tolerance.h"
 
 #include <gtest/gtest.h>
 
@@ -465,14 +466,12 @@ TEST(ChunkStore, SaveIsIdempotentAndRestoresExactly) {
                        hidden.tokenBegin, k.data(), v.data());
       const float *sk = saved.data() + (2 * l) * n * kv;
       const float *sv = sk + n * kv;
-      double err = 0, scale = 0;
-      for (int64_t i = 0; i < n * kv; ++i) {
-        err = std::max({err, double(std::fabs(k[i] - sk[i])),
-                        double(std::fabs(v[i] - sv[i]))});
-        scale = std::max({scale, double(std::fabs(sk[i])),
-                          double(std::fabs(sv[i]))});
-      }
-      EXPECT_LT(err / scale, 2.0 / 128) << hidden.name() << " layer " << l;
+      EXPECT_LT(test::relativeMaxError(k.data(), sk, size_t(n * kv)),
+                2 * test::kOneBf16Step)
+          << hidden.name() << " layer " << l << " K";
+      EXPECT_LT(test::relativeMaxError(v.data(), sv, size_t(n * kv)),
+                2 * test::kOneBf16Step)
+          << hidden.name() << " layer " << l << " V";
     }
   }
 }

@@ -92,6 +92,9 @@ struct BadTarget {
   const char *message;
 };
 
+/// How a failing case names itself (gtest's default is a hex dump).
+void PrintTo(const BadTarget &c, std::ostream *os) { *os << c.name; }
+
 class TargetErrors : public ::testing::TestWithParam<BadTarget> {};
 
 TEST_P(TargetErrors, RejectedWithFieldName) {

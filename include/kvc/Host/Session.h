@@ -93,11 +93,11 @@ destinationFor(Backend &backend, const ModelCompute &model,
 /// A restore running on a thread of its own (its tasks run on the pools).
 class RestoreHandle {
 public:
-  /// Starts `plan` (copied) into `target`.
-  static std::unique_ptr<RestoreHandle> start(ResourcePools &pools,
-                                              const BundlePlan &plan,
-                                              const RestoreTarget &target,
-                                              RestoreOptions options = {});
+  /// Starts `plan` (copied) into `target`; Unavailable when the system
+  /// cannot start the restore's thread.
+  static StatusOr<std::unique_ptr<RestoreHandle>>
+  start(ResourcePools &pools, const BundlePlan &plan,
+        const RestoreTarget &target, RestoreOptions options = {});
   /// Waits for the restore.
   ~RestoreHandle();
 

@@ -15,10 +15,6 @@
 
 namespace kvc {
 
-void setComputeThreads(int threads) {
-  openblas_set_num_threads(std::max(threads, 1));
-}
-
 namespace {
 
 /// y[n][out] = x[n][in] * W[out][in]^T.

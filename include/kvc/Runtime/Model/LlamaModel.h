@@ -31,15 +31,6 @@
 
 namespace kvc {
 
-/// Threads the CPU backend's GEMMs use, process-wide (OpenBLAS's pool).
-/// kvc-run sets 1 unless told otherwise: the compute "device" is then one
-/// core and the host-side workers (IO lanes, decoding, copies) have the
-/// others, as a GPU's host has its CPU. Spread over every core, GEMMs
-/// competed with those workers (OpenBLAS's idle threads spin in
-/// sched_yield) and their speed swung with the second vCPU's availability
-/// on a shared VM: docs/executor.md, "The CPU backend's compute device".
-void setComputeThreads(int threads);
-
 class LlamaModel final : public ModelCompute {
 public:
   /// Loads config.json and the safetensors weights of `dir`, checking every

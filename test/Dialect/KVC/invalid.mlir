@@ -987,3 +987,135 @@ func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>) {
   }
   return
 }
+
+// -----
+
+// expected-error @+3 {{gemm_peak_fraction must lie in (0, 1], got 1.5}}
+// expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1, gemm_peak_fraction = 1.5>,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>]>} {}
+
+// -----
+
+// expected-error @+3 {{gemm_half_tokens must not be negative}}
+// expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1, gemm_half_tokens = -1>,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>]>} {}
+
+// -----
+
+// expected-error @+1 {{latency_us must not be negative}}
+module attributes {kvc.example = #kvc.link<h2d_gbs = 10, d2h_gbs = 10, latency_us = -1>} {}
+
+// -----
+
+// expected-error @+1 {{tier name must not be empty}}
+module attributes {kvc.example = #kvc.tier<name = "", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>} {}
+
+// -----
+
+// expected-error @+1 {{latency_us must not be negative}}
+module attributes {kvc.example = #kvc.tier<name = "ssd", kind = disk, read_gbs = 1, write_gbs = 1, latency_us = -3>} {}
+
+// -----
+
+// expected-error @+1 {{target name must not be empty}}
+module attributes {kvc.target = #kvc.target<name = "",
+    compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1>,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>]>} {}
+
+// -----
+
+// expected-error @+1 {{codecs must hold #kvc.codec_rate attributes, got 1 : i64}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1>,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>],
+    codecs = [1 : i64]>} {}
+
+// -----
+
+// expected-error @+1 {{source tier must not be empty}}
+kvc.restore @r tokens 0 to 4 from [#kvc.source<tier = "", form = kv, tokens = 0 to 4, layers = 0 to 1>]
+
+// -----
+
+func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, host, codec <quant = int8>>) {
+  // expected-error @+1 {{'kvc.compress' op result names no lossless coder}}
+  %z = kvc.compress %c : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, host, codec <quant = int8>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, host, codec <quant = int8>>
+  return
+}
+
+// -----
+
+func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>) {
+  // expected-error @+1 {{'kvc.transform' op input is already transformed}}
+  %t = kvc.transform %c : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <transform = hadamard>>
+  return
+}
+
+// -----
+
+func.func @f(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>) {
+  // expected-error @+1 {{'kvc.transform' op result names no transform}}
+  %t = kvc.transform %c : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+      -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'kvc.fetch' op result ranges differ from the fetched tokens 0 to 64 and layers 0 to 1}}
+  %c = kvc.fetch #kvc.source<tier = "ssd", form = kv, tokens = 0 to 64, layers = 0 to 1> tokens 0 to 64 layers 0 to 1
+      : !kvc.chunk<kv x bf16, tokens 0 to 32, layers 0 to 1, host>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'kvc.chunk_compute' op result must be raw KV on the device, got a hidden chunk}}
+  %c = kvc.chunk_compute tokens 0 to 64 layers 0 to 2
+      : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>
+  return
+}
+
+// -----
+
+func.func @f(%k: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>) {
+  // expected-error @+1 {{'kvc.chunk_compute' op 'from' operand must hold hidden states, got a kv chunk}}
+  %c = kvc.chunk_compute tokens 0 to 64 layers 2 to 4
+      from %k : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 2, device>
+      : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 2 to 4, device>
+  return
+}
+
+// -----
+
+func.func @f(%h: !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>) {
+  // expected-error @+1 {{'kvc.chunk_compute' op 'after' operands must hold KV, got a hidden chunk}}
+  %c = kvc.chunk_compute tokens 64 to 128 layers 0 to 2
+      after(%h : !kvc.chunk<hidden x bf16, tokens 0 to 64, layers 0 to 2, device>)
+      : !kvc.chunk<kv x bf16, tokens 64 to 128, layers 0 to 2, device>
+  return
+}
+
+// -----
+
+func.func @f() {
+  // expected-error @+1 {{'kvc.recv' op needs a source node}}
+  %r = kvc.recv from "" : !kvc.chunk<kv x f32, tokens 0 to 64, layers 0 to 32, host>
+  return
+}

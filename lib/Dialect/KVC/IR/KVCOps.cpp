@@ -599,9 +599,11 @@ LogicalResult ChunkComputeOp::verify() {
   if (failed(verifyTokensAndLayers(*this, getTokens(), getLayers())))
     return failure();
   ChunkType result = getResult().getType();
-  if (result.getForm() != Form::kv ||
-      failed(verifyDeviceRaw(*this, "result", result)))
-    return emitOpError("result must be raw KV on the device");
+  if (result.getForm() != Form::kv)
+    return emitOpError("result must be raw KV on the device, got a ")
+           << stringifyForm(result.getForm()) << " chunk";
+  if (failed(verifyDeviceRaw(*this, "result", result)))
+    return failure();
   if (result.getTokens() != getTokens() || result.getLayers() != getLayers())
     return emitOpError("result ranges differ from the computed tokens ")
            << str(getTokens()) << " and layers " << str(getLayers());

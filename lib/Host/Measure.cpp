@@ -2,7 +2,7 @@
 
 #include "kvc/Host/Measure.h"
 
-#include "kvc/Host/Memory.h"
+#include "kvc/Runtime/Base/Memory.h"
 #include "kvc/Host/Session.h"
 
 #include <algorithm>

@@ -38,6 +38,15 @@ std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
 }
 
 Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
+  if (error.nonFiniteReference > 0)
+    return dataLoss("the full prefill holds " +
+                    std::to_string(error.nonFiniteReference) +
+                    " non-finite K or V values: the model's weights or inputs "
+                    "hold NaN or infinity");
+  if (error.nonFiniteRestored > 0)
+    return dataLoss("the restored cache holds " +
+                    std::to_string(error.nonFiniteRestored) +
+                    " non-finite K or V values (NaN or infinity)");
   if (error.relativeL2 > bound.relativeL2)
     return dataLoss("the restored cache differs from a full prefill by more "
                     "than the plan's codecs allow");

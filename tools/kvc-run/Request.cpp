@@ -6,7 +6,7 @@
 #include "kvc/Runtime/Cuda/CudaBackend.h"
 #endif
 
-#include "kvc/Host/Memory.h"
+#include "kvc/Runtime/Base/Memory.h"
 #include "kvc/Host/Stores.h"
 #include "kvc/Runtime/Model/Llama2c.h"
 #include "kvc/Runtime/Model/Tokenizer.h"

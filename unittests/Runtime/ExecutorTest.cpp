@@ -3,6 +3,8 @@
 #include "ExecutorFixture.h"
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <condition_variable>
 #include <mutex>
 #include <numeric>
@@ -218,6 +220,57 @@ TEST_F(ExecutorTest, CorruptedByteIsRecomputedAndReported) {
   bytes[bytes.size() / 2] ^= 0x10;
   ASSERT_TRUE(tier_->put(name, bytes).isOk());
   expectExact({0, 0, 64}, 1);
+}
+
+// Values stored with valid checksums that are NaN or infinite (a faulty
+// writer, a model whose weights held NaN) make a corrupt chunk: recomputed
+// and reported, in either form, never served.
+TEST_F(ExecutorTest, NonFiniteValuesAreRecomputedAndReported) {
+  const int64_t layers = model_->config().numLayers;
+  for (Form form : {Form::KV, Form::Hidden})
+    for (const ChunkRef &ref :
+         store_->refs(tokens_.data(), kTokens, form, CodecSpec()))
+      if (ref.tokenBegin == 192 && ref.layerBegin == 0) {
+        std::vector<float> values(store_->shape(ref).numel());
+        ASSERT_TRUE(store_->get(ref, values.data()).isOk()) << ref.name();
+        values[3] = std::nanf("");
+        values[7] = std::numeric_limits<float>::infinity();
+        ASSERT_TRUE(store_->remove(ref).isOk());
+        ASSERT_TRUE(store_->put(ref, values.data()).isOk());
+      }
+  for (Split split : {Split{0, 0, 64}, Split{0, layers, 64}}) {
+    BlockTable table = *cache_->allocate(kTokens);
+    StatusOr<RestoreMetrics> metrics = run(makePlan(split, layers), table);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    ASSERT_FALSE(metrics->fallbacks.empty());
+    EXPECT_NE(metrics->fallbacks[0].find("holds 2 non-finite values"),
+              std::string::npos)
+        << metrics->fallbacks[0];
+    EXPECT_LT(relativeError(table), 1.0 / 128);
+    cache_->release(table);
+  }
+}
+
+// Verification counts non-finite values on either side, and a cache holding
+// one is infinitely wrong (a maximum over NaN would drop it).
+TEST_F(ExecutorTest, VerificationSeesNonFiniteValues) {
+  const int64_t layers = model_->config().numLayers, kv = model_->kvDim();
+  BlockTable table = *cache_->allocate(kTokens);
+  ASSERT_TRUE(run(makePlan({kTokens, 0, 64}, layers), table).isOk());
+  std::vector<float> k(kv, std::nanf("")), v(kv, 1.0f);
+  ASSERT_TRUE(cache_->write(table, 1, 17, 1, k.data(), v.data()).isOk());
+  StatusOr<RestoreError> error =
+      restoreError(*model_, reference_, kTokens, *cache_, table, *backend_);
+  ASSERT_TRUE(error) << error.status().toString();
+  EXPECT_EQ(error->nonFiniteRestored, kv);
+  EXPECT_EQ(error->nonFiniteReference, 0);
+  EXPECT_TRUE(std::isinf(error->max));
+  EXPECT_TRUE(std::isinf(error->relativeL2));
+  ModelCompute::Cache poisoned = reference_;
+  poisoned.v[0][5] = std::numeric_limits<float>::infinity();
+  error = restoreError(*model_, poisoned, kTokens, *cache_, table, *backend_);
+  ASSERT_TRUE(error) << error.status().toString();
+  EXPECT_EQ(error->nonFiniteReference, 1);
 }
 
 TEST_F(ExecutorTest, ChunkOfAnotherModelIsRecomputedAndReported) {

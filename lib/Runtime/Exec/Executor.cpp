@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 namespace kvc {
@@ -502,6 +503,11 @@ StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                    std::pair{&v, &reference.v[l]}}) {
       double squaredError = 0, squaredValue = 0;
       for (int64_t i = 0; i < n * kv; ++i) {
+        if (!std::isfinite((*restored)[i]) || !std::isfinite((*exact)[i])) {
+          out.nonFiniteRestored += !std::isfinite((*restored)[i]);
+          out.nonFiniteReference += !std::isfinite((*exact)[i]);
+          continue;
+        }
         double error = double((*restored)[i]) - double((*exact)[i]);
         double value = (*exact)[i];
         maxError = std::max(maxError, std::abs(error));
@@ -516,6 +522,8 @@ StatusOr<RestoreError> restoreError(const ModelCompute &model,
     }
   }
   out.max = maxValue > 0 ? maxError / maxValue : maxError;
+  if (out.nonFiniteRestored + out.nonFiniteReference > 0)
+    out.max = out.relativeL2 = std::numeric_limits<double>::infinity();
   return out;
 }
 

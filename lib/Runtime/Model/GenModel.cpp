@@ -2,10 +2,13 @@
 
 #include "kvc/Runtime/Model/GenModel.h"
 
+#include "kvc/Runtime/Base/Memory.h"
+
 #include "kvc/Runtime/Model/Safetensors.h"
 
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -31,6 +34,25 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
                            ") must be a multiple of heads (" +
                            std::to_string(o.heads) + ")");
 
+  // Sizes are checked against memory before anything is allocated: the
+  // weights are held in fp32 and then written out in the model's dtype.
+  const double h = double(o.hidden), d = h / double(o.heads);
+  const double perLayer = 2 * h + 2 * h * double(o.heads) * d +
+                          2 * h * double(o.kvHeads) * d + 3 * h * double(o.ffn);
+  const double parameters =
+      2 * double(o.vocab) * h + h + double(o.layers) * perLayer;
+  const double needed = parameters * double(4 + dtypeBytes(o.dtype));
+  if (const int64_t available = availableMemoryBytes();
+      available > 0 && needed > double(available)) {
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "a model of %.3g parameters needs about %.1f GiB of memory "
+                  "to generate; %.1f GiB is available",
+                  parameters, needed / double(1 << 30),
+                  double(available) / double(1 << 30));
+    return Status(StatusCode::FailedPrecondition, text);
+  }
+
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   TensorMap tensors;
@@ -44,22 +66,22 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
   auto ones = [&](const std::string &name, int64_t size) {
     tensors[name] = Tensor{{size}, std::vector<float>(size, 1.0f)};
   };
-  const int64_t h = o.hidden, d = o.hidden / o.heads;
-  random("model.embed_tokens.weight", {o.vocab, h});
+  const int64_t hidden = o.hidden, headDim = o.hidden / o.heads;
+  random("model.embed_tokens.weight", {o.vocab, hidden});
   for (int64_t l = 0; l < o.layers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
-    ones(p + "input_layernorm.weight", h);
-    random(p + "self_attn.q_proj.weight", {o.heads * d, h});
-    random(p + "self_attn.k_proj.weight", {o.kvHeads * d, h});
-    random(p + "self_attn.v_proj.weight", {o.kvHeads * d, h});
-    random(p + "self_attn.o_proj.weight", {h, o.heads * d});
-    ones(p + "post_attention_layernorm.weight", h);
-    random(p + "mlp.gate_proj.weight", {o.ffn, h});
-    random(p + "mlp.up_proj.weight", {o.ffn, h});
-    random(p + "mlp.down_proj.weight", {h, o.ffn});
+    ones(p + "input_layernorm.weight", hidden);
+    random(p + "self_attn.q_proj.weight", {o.heads * headDim, hidden});
+    random(p + "self_attn.k_proj.weight", {o.kvHeads * headDim, hidden});
+    random(p + "self_attn.v_proj.weight", {o.kvHeads * headDim, hidden});
+    random(p + "self_attn.o_proj.weight", {hidden, o.heads * headDim});
+    ones(p + "post_attention_layernorm.weight", hidden);
+    random(p + "mlp.gate_proj.weight", {o.ffn, hidden});
+    random(p + "mlp.up_proj.weight", {o.ffn, hidden});
+    random(p + "mlp.down_proj.weight", {hidden, o.ffn});
   }
-  ones("model.norm.weight", h);
-  random("lm_head.weight", {o.vocab, h});
+  ones("model.norm.weight", hidden);
+  random("lm_head.weight", {o.vocab, hidden});
 
   return writeModelDirectory(
       dir, check, tensors,

@@ -2,6 +2,9 @@
 
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include <cmath>
+#include <cstring>
+
 namespace kvc {
 
 ChunkObjects::ChunkObjects(ModelConfig model, std::string fingerprint,
@@ -176,36 +179,86 @@ Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
   return Status::ok();
 }
 
+/// Whether a 16-bit float of `dtype` (bf16 or f16) is infinite or NaN: its
+/// exponent bits all set.
+bool nonFinite16(uint16_t word, DType dtype) {
+  const uint16_t exponent = dtype == DType::F16 ? 0x7C00 : 0x7F80;
+  return (word & exponent) == exponent;
+}
+
+/// DataLoss unless every decoded value is finite: a chunk whose checksums
+/// hold but whose values are NaN or infinite (written so, or by a model
+/// whose weights hold them) is a corrupt chunk, recomputed, never served.
+template <typename IsNonFinite>
+Status checkFinite(const ChunkRef &ref, int64_t n, IsNonFinite nonFinite) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    count += nonFinite(i);
+  if (count == 0)
+    return Status::ok();
+  return chunkError(ChunkFault::Corrupt,
+                    ref.name() + ": holds " + std::to_string(count) +
+                        " non-finite values (NaN or infinity)");
+}
+
 } // namespace
 
 Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
                             float *out) const {
-  return checkAndDecode(
+  KVC_RETURN_IF_ERROR(checkAndDecode(
       ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {
         return decodeChunk(payload, shape(ref), header.codec, header.dtype,
                            out);
-      });
+      }));
+  return checkFinite(ref, shape(ref).numel(),
+                     [&](int64_t i) { return !std::isfinite(out[i]); });
 }
 
 Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
                             uint16_t *out) const {
-  return checkAndDecode(
+  KVC_RETURN_IF_ERROR(checkAndDecode(
       ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {
         return decodeChunkToBf16(payload, shape(ref), header.codec,
                                  header.dtype, out);
-      });
+      }));
+  return checkFinite(ref, shape(ref).numel(), [&](int64_t i) {
+    return nonFinite16(out[i], DType::BF16);
+  });
 }
 
 Status ChunkObjects::payload(const ChunkRef &ref, std::string_view bytes,
                              std::string &out) const {
-  return checkAndDecode(
+  CodecSpec codec;
+  DType dtype = model_.dtype;
+  KVC_RETURN_IF_ERROR(checkAndDecode(
       ref, bytes, expected(ref), model_.dtype,
       [&](std::string_view payload, const ChunkHeader &header) {
+        codec = header.codec;
+        dtype = header.dtype;
         return decompressChunk(payload, shape(ref), header.codec, header.dtype,
                                out);
-      });
+      }));
+  // A payload of plain values (no quantization, rotated or not) is checked
+  // value by value before a kernel reads it; a quantized one's values come
+  // from its codes and scales on the device.
+  if (codec.quant != CodecSpec::Quant::None)
+    return Status::ok();
+  if (dtype == DType::F32) {
+    const int64_t n = int64_t(out.size() / sizeof(float));
+    return checkFinite(ref, n, [&](int64_t i) {
+      float value;
+      std::memcpy(&value, out.data() + i * sizeof(float), sizeof(float));
+      return !std::isfinite(value);
+    });
+  }
+  const int64_t n = int64_t(out.size() / sizeof(uint16_t));
+  return checkFinite(ref, n, [&](int64_t i) {
+    uint16_t word;
+    std::memcpy(&word, out.data() + i * sizeof(uint16_t), sizeof(uint16_t));
+    return nonFinite16(word, dtype);
+  });
 }
 
 StatusOr<std::vector<StoredExtent>>

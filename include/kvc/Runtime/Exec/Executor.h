@@ -157,6 +157,10 @@ struct RestoreError {
   /// The worst relative L2 error of one layer's K or V: the measure a lossy
   /// codec's stated quality bounds.
   double relativeL2 = 0;
+  /// Values of the restored cache, and of the full prefill, that are NaN or
+  /// infinite; either makes both measures above infinite (a comparison with
+  /// NaN would drop it).
+  int64_t nonFiniteRestored = 0, nonFiniteReference = 0;
 };
 
 /// Verification of `cache` against a full prefill of `tokens` on `backend`.

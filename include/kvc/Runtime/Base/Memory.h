@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_HOST_MEMORY_H
-#define KVC_HOST_MEMORY_H
+#ifndef KVC_RUNTIME_BASE_MEMORY_H
+#define KVC_RUNTIME_BASE_MEMORY_H
 
 #include <cstdint>
 #include <fstream>
@@ -45,4 +45,4 @@ inline void resetPeakResident() {
 
 } // namespace kvc
 
-#endif // KVC_HOST_MEMORY_H
+#endif // KVC_RUNTIME_BASE_MEMORY_H

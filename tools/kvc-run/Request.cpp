@@ -127,7 +127,14 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
       return invalidArgument("--prompt needs a model with a tokenizer.bin "
                              "(import-llama2c writes one); give --tokens");
     KVC_ASSIGN_OR_RETURN(tokenizer, Tokenizer::load(path, model.vocabSize));
-    tokens = tokenizer->encode(args.get("prompt"));
+    const std::string prompt = args.get("prompt");
+    if (int64_t fewest = tokenizer->fewestTokens(prompt);
+        fewest > model.maxPositions)
+      return invalidArgument(
+          "--prompt: " + std::to_string(prompt.size()) + " bytes, at least " +
+          std::to_string(fewest) + " tokens; the model holds at most " +
+          std::to_string(model.maxPositions) + " positions");
+    tokens = tokenizer->encode(prompt);
     if (int64_t(tokens.size()) > model.maxPositions)
       return tooLong("--prompt", int64_t(tokens.size()));
     return tokens;
@@ -146,8 +153,13 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
             path + ": token " + std::to_string(tokens.size() + 1) + " is \"" +
             word + "\", not a token id below the vocabulary of " +
             std::to_string(model.vocabSize));
-      if (int64_t(tokens.size()) == model.maxPositions)
-        return tooLong(path, int64_t(tokens.size()) + 1);
+      if (int64_t(tokens.size()) == model.maxPositions) {
+        // Count the rest (without keeping them) to say how long it is.
+        int64_t n = int64_t(tokens.size()) + 1;
+        for (std::string more; in >> more;)
+          ++n;
+        return tooLong(path, n);
+      }
       tokens.push_back(int32_t(t));
     }
     if (tokens.empty())
@@ -157,8 +169,11 @@ StatusOr<std::vector<int32_t>> requestTokens(Args &args,
   }
   KVC_ASSIGN_OR_RETURN(count, args.integer("random-tokens", 0));
   KVC_ASSIGN_OR_RETURN(seed, args.integer("seed", 0));
-  if (count <= 0)
+  if (!args.has("random-tokens"))
     return invalidArgument("give --tokens FILE or --random-tokens N");
+  if (count <= 0)
+    return invalidArgument("--random-tokens must be positive, got " +
+                           std::to_string(count));
   if (count > model.maxPositions)
     return tooLong("--random-tokens", count);
   KVC_RETURN_IF_ERROR(checkFits(model, count));

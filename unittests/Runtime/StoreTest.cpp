@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 #include <random>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <thread>
 #include <unistd.h>
@@ -318,6 +319,24 @@ TEST(FileTier, WritesAtomically) {
   writer.join();
   reader.join();
   EXPECT_FALSE(torn);
+}
+
+// An object that is no regular file (a FIFO, a directory) is a corrupt
+// one, reported at once: opening a FIFO to read it used to wait forever for
+// a writer.
+TEST(FileTier, ObjectsThatAreNoFilesAreCorrupt) {
+  std::string dir = tempDir("fifo");
+  auto tier = std::move(*openTier("file://" + dir));
+  fs::create_directories(fs::path(dir) / "k" / "kv");
+  ASSERT_EQ(::mkfifo((fs::path(dir) / "k/kv/0-1").c_str(), 0600), 0);
+  fs::create_directories(fs::path(dir) / "k/kv/1-2");
+  std::string buffer;
+  for (const char *name : {"k/kv/0-1", "k/kv/1-2"}) {
+    Status got = tier->get(name, buffer);
+    EXPECT_EQ(got.code(), StatusCode::DataLoss) << got.toString();
+    EXPECT_NE(got.message().find("not a regular file"), std::string::npos)
+        << got.message();
+  }
 }
 
 TEST(Tiers, BadURLsAndUnreachableServers) {

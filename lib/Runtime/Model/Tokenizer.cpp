@@ -44,6 +44,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string &path,
     if (!read(piece.data(), size_t(length)))
       return corrupt("truncated in piece " + std::to_string(t->pieces_.size()));
     t->ids_.emplace(piece, int32_t(t->pieces_.size())); // First id wins.
+    t->longestPiece_ = std::max(t->longestPiece_, int64_t(piece.size()));
     t->pieces_.push_back(std::move(piece));
     t->scores_.push_back(score);
   }

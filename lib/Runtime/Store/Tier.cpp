@@ -158,7 +158,8 @@ public:
 
   Status get(const std::string &name, std::string &buffer) override {
     fs::path path = root_ / name;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // Non-blocking: opening a FIFO for reading would wait for a writer.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
       return errno == ENOENT ? missing(url_, name)
                              : unavailable(path.string() + ": " +
@@ -167,6 +168,11 @@ public:
     if (::fstat(fd, &st) != 0) {
       ::close(fd);
       return unavailable(path.string() + ": " + std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return chunkError(ChunkFault::Corrupt,
+                        path.string() + ": not a regular file");
     }
     // One object is read whole and once: tell the kernel to read ahead.
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <algorithm>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -35,8 +36,15 @@ public:
 
   int64_t vocabSize() const { return int64_t(pieces_.size()); }
 
-  /// The ids of `text`, after BOS when `bos`.
+  /// The ids of `text`, after BOS when `bos`. Merging takes time quadratic
+  /// in the text's length: check fewestTokens first.
   std::vector<int32_t> encode(std::string_view text, bool bos = true) const;
+  /// A lower bound on encode(text).size(), known without encoding: BOS, and
+  /// the text with its dummy-prefix space in pieces of the longest length.
+  int64_t fewestTokens(std::string_view text) const {
+    const int64_t bytes = int64_t(text.size()) + 1;
+    return 1 + (bytes + longestPiece_ - 1) / std::max<int64_t>(longestPiece_, 1);
+  }
   /// The text of `id` following `previous` (the leading space of the first
   /// piece after BOS dropped; byte pieces as their byte; BOS and EOS as
   /// nothing).
@@ -52,6 +60,7 @@ private:
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int32_t> ids_;
+  int64_t longestPiece_ = 1;
 };
 
 } // namespace kvc

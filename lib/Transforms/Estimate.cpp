@@ -83,6 +83,19 @@ std::string resourceName(Operation *step) {
   return ::kvc::poolName(toVocabulary(resource), getStepTier(step));
 }
 
+/// The longest prediction the attributes hold: kvc.time_ns counts int64
+/// nanoseconds (about 292 years).
+constexpr double kMaxPredictedSeconds = 9.2e9;
+
+/// An error on `plan` unless `seconds` fits kvc.time_ns and predicted_us.
+LogicalResult checkRepresentable(PlanOp plan, double seconds) {
+  if (seconds >= 0 && seconds < kMaxPredictedSeconds)
+    return success();
+  return plan.emitOpError("is predicted to take ")
+         << seconds << " s, beyond the " << kMaxPredictedSeconds
+         << " s that kvc.time_ns (int64 nanoseconds) holds";
+}
+
 struct KVCEstimatePass
     : public PlanningPass<KVCEstimatePass,
                           mlir::kvc::impl::KVCEstimatePassBase> {
@@ -96,7 +109,7 @@ struct KVCEstimatePass
       std::optional<double> seconds = holdsSegments(plan)
                                           ? estimateSegments(plan, context)
                                           : estimateSteps(plan, context);
-      if (!seconds)
+      if (!seconds || failed(checkRepresentable(plan, *seconds)))
         return failure();
       plan.setPredictedUsAttr(
           OpBuilder(plan).getI64IntegerAttr(std::llround(*seconds * 1e6)));
@@ -213,6 +226,8 @@ struct KVCEstimatePass
     planning::SimResult sim =
         planning::simulate(graph, context.options.stagingBytes,
                            cost.target().host.handoffUs * 1e-6);
+    if (failed(checkRepresentable(plan, sim.makespan)))
+      return std::nullopt;
     std::map<BoxKey, double> &starts = sendStarts[plan.getSymName()];
     starts.clear();
     for (Operation *step : steps) {

@@ -48,3 +48,14 @@ stories = os.path.join(config.kvc_models, "stories260K")
 if os.path.exists(os.path.join(stories, "stories260K.bin")):
     config.available_features.add("stories260k")
     config.substitutions.append(("%stories", stories))
+
+# A CPU with AVX2 (and FMA): OpenBLAS's generic kernels then run below what
+# the CPU could, which kvc-run says (test/Runtime/slow-blas.test).
+try:
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next((l.split(":", 1)[1].split() for l in cpuinfo
+                      if l.startswith("flags")), [])
+    if "avx2" in flags and "fma" in flags:
+        config.available_features.add("avx2")
+except OSError:
+    pass

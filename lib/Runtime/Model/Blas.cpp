@@ -65,8 +65,9 @@ std::optional<std::string> slowBlasWarning() {
     char text[512];
     std::snprintf(
         text, sizeof(text),
-        "OpenBLAS does not recognise this CPU and runs its generic %s "
-        "kernels (SSE3) although the CPU has %s: GEMMs at %.1f GFLOP/s here. "
+        "OpenBLAS runs its generic %s kernels (SSE3; it picks them for a "
+        "CPU it does not recognise) although this CPU has %s: GEMMs at "
+        "%.1f GFLOP/s here. "
         "Set OPENBLAS_CORETYPE=%s to use its %s kernels (docs/executor.md, "
         "\"OpenBLAS's kernels\").",
         kernels.core.c_str(), kernels.cpuVectors.c_str(), measureGemmGflops(),

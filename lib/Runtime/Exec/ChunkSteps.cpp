@@ -30,6 +30,24 @@ Status decodeAs(const ChunkStore &store, const ChunkRef &ref,
   return Status::ok();
 }
 
+/// `missing` (no object for `ref`) with what the store holds of that chunk
+/// instead: a plan compiled for one encoding of a store that saved another
+/// says which, rather than only that its object is missing.
+Status withStoredEncodings(ChunkStore &store, const ChunkRef &ref,
+                           const Status &missing) {
+  StatusOr<std::vector<CodecSpec>> held = store.encodings(ref);
+  if (!held)
+    return missing;
+  std::string text = missing.message() + " (the plan loads it as " +
+                     ref.codec.str() + "; the store holds ";
+  if (held->empty())
+    text += "no encoding of it)";
+  for (std::size_t i = 0; i < held->size(); ++i)
+    text += (i ? ", " : "it as ") + (*held)[i].str() +
+            (i + 1 == held->size() ? ")" : "");
+  return chunkError(ChunkFault::Missing, text);
+}
+
 bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
   return ref.tokenBegin < value.tokens.end &&
          value.tokens.begin < ref.tokenEnd &&
@@ -88,7 +106,10 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
       value.objects.emplace_back();
     auto &[stored, buffer] = value.objects[value.objectCount++];
     stored = ref;
-    KVC_RETURN_IF_ERROR(store.tier().get(ref.name(), buffer));
+    Status got = store.tier().get(ref.name(), buffer);
+    if (got.code() == StatusCode::NotFound)
+      return withStoredEncodings(store, ref, got);
+    KVC_RETURN_IF_ERROR(got);
     bytes += int64_t(buffer.size());
   }
   if (value.objectCount == 0)

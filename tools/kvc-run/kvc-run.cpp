@@ -37,6 +37,8 @@
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -104,6 +106,34 @@ Status reportOtherEncodings(ChunkStore &store,
   return Status::ok();
 }
 
+/// SIGINT and SIGTERM, while one lives, stop a save (SaveOptions::cancel)
+/// instead of the process: the save ends as a failed one and takes back what
+/// it wrote. A second signal acts as it would without this (the handler is
+/// reset by the first).
+class InterruptsStopTheSave {
+public:
+  InterruptsStopTheSave() {
+    interrupted().store(false);
+    struct sigaction action = {};
+    action.sa_handler = [](int) { interrupted().store(true); };
+    action.sa_flags = SA_RESETHAND;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &oldInt_);
+    sigaction(SIGTERM, &action, &oldTerm_);
+  }
+  ~InterruptsStopTheSave() {
+    sigaction(SIGINT, &oldInt_, nullptr);
+    sigaction(SIGTERM, &oldTerm_, nullptr);
+  }
+  static std::atomic<bool> &interrupted() {
+    static std::atomic<bool> flag{false};
+    return flag;
+  }
+
+private:
+  struct sigaction oldInt_ = {}, oldTerm_ = {};
+};
+
 Status save(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
@@ -135,6 +165,8 @@ Status save(Args &args) {
     progress.show("save: prefilled " + std::to_string(done) + " of " +
                   std::to_string(total) + " tokens");
   };
+  InterruptsStopTheSave interrupts;
+  options.cancel = &InterruptsStopTheSave::interrupted();
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Create));
   KVC_ASSIGN_OR_RETURN(tracePath, planTracePath(args));
   if (args.has("bundle")) {

@@ -485,6 +485,8 @@ StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
   for (int64_t s0 = 0; s0 < n; s0 += span) {
     if (stop)
       return Status(StatusCode::FailedPrecondition, "the save failed");
+    if (stream.cancel && stream.cancel->load())
+      return saveInterrupted();
     const int64_t s1 = std::min(n, s0 + span);
     KVC_RETURN_IF_ERROR(backend.prefillInto(
         model, cache, table, tokens.data() + s0, s0, s1 - s0, layers,

@@ -208,6 +208,7 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   std::mutex statsMutex;
   Status firstError;
   std::atomic<bool> failed{false};
+  auto cancelled = [&] { return options.cancel && options.cancel->load(); };
 
   std::vector<std::thread> writers;
   auto write = [&] {
@@ -215,7 +216,9 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
     while (queue.pop(job)) {
       // After a failure the rest is dropped, not written.
       StatusOr<bool> written =
-          failed ? StatusOr<bool>(false) : sink(job.ref, job.values.data());
+          failed        ? StatusOr<bool>(false)
+          : cancelled() ? StatusOr<bool>(saveInterrupted())
+                        : sink(job.ref, job.values.data());
       size_t bytes = job.bytes();
       job.values = {};
       queue.done(bytes);
@@ -239,6 +242,10 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   const std::vector<Digest> keys = objects.keys().keys(tokens.data(), n);
   Status prefill;
   for (int64_t s0 = 0; s0 < n && prefill.isOk() && !failed; s0 += span) {
+    if (cancelled()) {
+      prefill = saveInterrupted();
+      break;
+    }
     const int64_t s1 = std::min(n, s0 + span);
     const int64_t chunks =
         (s1 - s0 + layout.chunkTokens - 1) / layout.chunkTokens;
@@ -307,6 +314,10 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   KVC_RETURN_IF_ERROR(firstError);
   KVC_RETURN_IF_ERROR(prefill);
   return stats;
+}
+
+Status saveInterrupted() {
+  return Status(StatusCode::Unavailable, "the save was interrupted");
 }
 
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,

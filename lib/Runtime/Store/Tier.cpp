@@ -16,6 +16,8 @@
 #include <mutex>
 #include <thread>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -136,16 +138,25 @@ public:
     fs::create_directories(path.parent_path(), error);
     if (error)
       return unavailable(path.parent_path().string() + ": " + error.message());
-    fs::path tmp = path;
-    tmp += ".tmp." + std::to_string(::getpid()) + "." +
-           std::to_string(counter_++);
+    // Written under .tmp/PID.N, then renamed into place: an object is never
+    // visible half-written, and what a killed writer leaves there is removed
+    // by the next process that opens the store (removeStaleTemporaries).
+    const fs::path temporaries = root_ / kTemporaries;
+    fs::create_directories(temporaries, error);
+    if (error)
+      return unavailable(temporaries.string() + ": " + error.message());
+    fs::path tmp = temporaries / (std::to_string(::getpid()) + "." +
+                                  std::to_string(counter_++));
     {
+      errno = 0;
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
       out.write(bytes.data(), std::streamsize(bytes.size()));
       out.flush();
       if (!out) {
+        const int why = errno;
         fs::remove(tmp, error);
-        return unavailable(tmp.string() + ": write failed (disk full?)");
+        return unavailable(tmp.string() + ": cannot write: " +
+                           (why ? std::strerror(why) : "unknown error"));
       }
     }
     fs::rename(tmp, path, error);
@@ -226,7 +237,8 @@ public:
       if (!it->is_regular_file())
         continue;
       std::string name = fs::relative(it->path(), root_).generic_string();
-      if (name.find(".tmp.") == std::string::npos &&
+      if (name.rfind(std::string(kTemporaries) + "/", 0) != 0 &&
+          name.find(".tmp.") == std::string::npos &&
           name.compare(0, prefix.size(), prefix) == 0)
         names.push_back(name);
     }
@@ -234,7 +246,29 @@ public:
     return names;
   }
 
+  /// Removes the temporaries of writers that no longer run (a save killed
+  /// between writing an object and renaming it into place).
+  void removeStaleTemporaries() {
+    std::error_code error;
+    const fs::path temporaries = root_ / kTemporaries;
+    if (!fs::is_directory(temporaries, error))
+      return;
+    for (const fs::directory_entry &entry :
+         fs::directory_iterator(temporaries, error)) {
+      const std::string name = entry.path().filename().string();
+      char *end = nullptr;
+      const long pid = std::strtol(name.c_str(), &end, 10);
+      if (end == name.c_str() || *end != '.' || pid <= 0)
+        continue;
+      if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH)
+        fs::remove(entry.path(), error);
+    }
+  }
+
 private:
+  /// The directory, under the root, of objects being written.
+  static constexpr const char *kTemporaries = ".tmp";
+
   Status unavailable(std::string message) {
     return chunkError(ChunkFault::Unavailable, url_ + ": " + message);
   }
@@ -369,7 +403,9 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
                           url + ": cannot create " + dir + ": " +
                               existing.string() + " is no writable directory");
     }
-    tier = std::make_unique<FileTier>(url, fs::path(dir));
+    auto file = std::make_unique<FileTier>(url, fs::path(dir));
+    file->removeStaleTemporaries();
+    tier = std::move(file);
   } else if (base.rfind("redis://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> redis = openRedisTier(url, base.substr(8));
     if (!redis.isOk())

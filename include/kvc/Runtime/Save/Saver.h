@@ -20,6 +20,7 @@
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <vector>
@@ -49,7 +50,14 @@ struct SaveOptions {
   /// Called after each prefill step with the tokens prefilled so far and
   /// the request's (a long save's progress).
   std::function<void(int64_t done, int64_t total)> progress;
+  /// Set (by another thread, or a signal handler: a lock-free store) to stop
+  /// the save: it ends as a failed save, Unavailable "the save was
+  /// interrupted", and takes back the objects it wrote.
+  const std::atomic<bool> *cancel = nullptr;
 };
+
+/// The error of a save stopped through SaveOptions::cancel.
+Status saveInterrupted();
 
 struct SaveStats {
   double prefillSeconds = 0; ///< The prefill itself, copies included.

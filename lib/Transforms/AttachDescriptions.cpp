@@ -9,6 +9,10 @@
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/Passes.h"
 
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include <filesystem>
+
 namespace mlir::kvc {
 #define GEN_PASS_DEF_KVCATTACHTARGETPASS
 #define GEN_PASS_DEF_KVCIMPORTMODELPASS
@@ -50,8 +54,13 @@ struct AttachDescriptionPass : public GeneratedBaseT<DerivedT> {
       emitError(module.getLoc()) << desc.status().message();
       return this->signalPassFailure();
     }
-    module->setAttr(DerivedT::kAttrName,
-                    DerivedT::convert(module.getContext(), *desc));
+    ::kvc::StatusOr<Attribute> attr =
+        DerivedT::convert(module.getContext(), *desc, this->path);
+    if (!attr.isOk()) {
+      emitError(module.getLoc()) << attr.status().message();
+      return this->signalPassFailure();
+    }
+    module->setAttr(DerivedT::kAttrName, *attr);
   }
 };
 
@@ -61,9 +70,20 @@ struct KVCImportModelPass
   using AttachDescriptionPass::AttachDescriptionPass;
   static constexpr StringLiteral kAttrName = KVCDialect::kModelAttrName;
   static constexpr auto load = ::kvc::loadModelConfig;
-  static ModelAttr convert(MLIRContext *context,
-                           const ::kvc::ModelConfig &config) {
-    return getModelAttr(context, config);
+  /// The model, named by its fingerprint when its weights sit beside its
+  /// config.json (as a checkpoint directory holds them): a bundle compiled
+  /// for it is then refused for any other model.
+  static ::kvc::StatusOr<Attribute> convert(MLIRContext *context,
+                                            const ::kvc::ModelConfig &config,
+                                            StringRef path) {
+    const std::string dir =
+        std::filesystem::path(path.str()).parent_path().string();
+    ::kvc::StatusOr<std::string> fingerprint = ::kvc::modelFingerprint(dir);
+    if (fingerprint.isOk())
+      return Attribute(getModelAttr(context, config, *fingerprint));
+    if (fingerprint.status().code() != ::kvc::StatusCode::NotFound)
+      return fingerprint.status();
+    return Attribute(getModelAttr(context, config));
   }
 };
 
@@ -73,7 +93,11 @@ struct KVCAttachTargetPass
   using AttachDescriptionPass::AttachDescriptionPass;
   static constexpr StringLiteral kAttrName = KVCDialect::kTargetAttrName;
   static constexpr auto load = ::kvc::loadTargetDesc;
-  static constexpr auto convert = getTargetAttr;
+  static ::kvc::StatusOr<Attribute> convert(MLIRContext *context,
+                                            const ::kvc::TargetDesc &target,
+                                            StringRef) {
+    return Attribute(getTargetAttr(context, target));
+  }
 };
 
 } // namespace

@@ -128,3 +128,13 @@ kvc.plan @hcache tokens 0 to 1024 layers 0 to 4 {
   kvc.segment load_hidden tokens 0 to 1024 layers 0 to 3 from #hid
   kvc.segment load_kv tokens 0 to 1024 layers 3 to 4 from #kv
 }
+
+// Tests that kvc-opt names the bundle's model by its fingerprint when the
+// weights sit beside the config.json it imports, so that a model of the same
+// shape with other weights is refused rather than run with predictions made
+// for another model.
+// RUN: %python -c "import json; print(json.load(open('%t/plans.json'))['model_fingerprint'])" | FileCheck %s --check-prefix=NAMED
+// NAMED: {{^[0-9a-f]{64}$}}
+// RUN: kvc-run gen-model --out %t/twin --layers 4 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 512 --seed 2
+// RUN: not kvc-run restore --model %t/twin --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan compute 2>&1 | FileCheck %s --check-prefix=TWIN
+// TWIN: kvc-run restore: failed_precondition: {{.*}}plans.json was compiled for model {{[0-9a-f]+}}, not {{[0-9a-f]+}}

@@ -43,6 +43,21 @@ using test::relativeMaxError;
 // step of the largest value (kOneBf16Step). A misplaced or missing context
 // token moves values by far more.
 
+// A compiler names a bundle's model without loading it: the fingerprint
+// read from the files is the loaded model's; a directory without weights has
+// none.
+TEST(LlamaModel, FingerprintWithoutLoading) {
+  StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(modelDir());
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  StatusOr<std::string> fingerprint = modelFingerprint(modelDir());
+  ASSERT_TRUE(fingerprint.isOk()) << fingerprint.status().toString();
+  EXPECT_EQ(*fingerprint, (*model)->fingerprint());
+  const std::string other = kvc::test::generateTestModel("llama-model-other", 8, 3);
+  EXPECT_NE(*modelFingerprint(other), *fingerprint);
+  EXPECT_EQ(modelFingerprint("/nonexistent").status().code(),
+            StatusCode::NotFound);
+}
+
 TEST(LlamaModel, LoadsGeneratedModel) {
   StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::load(modelDir());
   ASSERT_TRUE(model.isOk()) << model.status().toString();

@@ -26,7 +26,8 @@ BlasKernels blasKernels() {
   kernels.generic = lower == "prescott";
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+      __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl")) {
     kernels.cpuVectors = "AVX-512";
     kernels.better = "SkylakeX";
   } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {

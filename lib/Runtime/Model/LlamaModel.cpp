@@ -24,6 +24,22 @@ void linear(const float *x, const std::vector<float> &w, int64_t n,
               int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
 }
 
+/// A model's fingerprint: its shape and the digest of its weights.
+std::string fingerprintOf(const ModelConfig &c,
+                          const std::string &weightsDigest) {
+  Sha256 hash;
+  hash.update(c.modelType)
+      .update(uint64_t(c.numLayers))
+      .update(uint64_t(c.hiddenSize))
+      .update(uint64_t(c.numHeads))
+      .update(uint64_t(c.numKvHeads))
+      .update(uint64_t(c.headDim))
+      .update(uint64_t(c.intermediateSize))
+      .update(std::to_string(c.ropeTheta))
+      .update(weightsDigest);
+  return toHex(hash.finish());
+}
+
 /// Rounds `n` values to bf16, the element type of the KV cache.
 void roundToBf16(float *x, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
@@ -91,18 +107,16 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir) {
     KVC_RETURN_IF_ERROR(
         take(t, "lm_head.weight", {c.vocabSize, h}, model->lmHead_));
   model->invFreq_ = ropeFrequencies(c);
-  Sha256 hash;
-  hash.update(c.modelType)
-      .update(uint64_t(c.numLayers))
-      .update(uint64_t(c.hiddenSize))
-      .update(uint64_t(c.numHeads))
-      .update(uint64_t(c.numKvHeads))
-      .update(uint64_t(c.headDim))
-      .update(uint64_t(c.intermediateSize))
-      .update(std::to_string(c.ropeTheta))
-      .update(weightsDigest);
-  model->fingerprint_ = toHex(hash.finish());
+  model->fingerprint_ = fingerprintOf(c, weightsDigest);
   return model;
+}
+
+StatusOr<std::string> modelFingerprint(const std::string &dir) {
+  KVC_ASSIGN_OR_RETURN(
+      config,
+      loadModelConfig((std::filesystem::path(dir) / "config.json").string()));
+  KVC_ASSIGN_OR_RETURN(digest, safetensorsDigest(dir));
+  return fingerprintOf(config, digest);
 }
 
 void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,

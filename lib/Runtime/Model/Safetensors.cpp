@@ -92,8 +92,9 @@ private:
   size_t size_ = 0;
 };
 
-/// Parses one file's tensors into `out`, hashing them into `hash`.
-Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
+/// Parses one file's tensors into `out` (when given), hashing them into
+/// `hash`.
+Status loadFile(const std::string &path, TensorMap *out, Sha256 &hash) {
   StatusOr<MappedFile> file = MappedFile::open(path);
   if (!file.isOk())
     return file.status();
@@ -143,6 +144,12 @@ Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
         return dataLoss(path + ": tensor " + name +
                         " size does not match its shape and dtype");
       const char *src = bytes.data() + dataStart + offsets[0];
+      hash.update(name).update(dtypeName);
+      for (int64_t d : tensor.shape)
+        hash.update(uint64_t(d));
+      hash.update(src, offsets[1] - offsets[0]);
+      if (!out)
+        continue;
       tensor.data.resize(numel);
       float *to = tensor.data.data();
       if (info->dtype == DType::F32) {
@@ -155,11 +162,7 @@ Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
           to[i] = bf16 ? bf16ToFloat(bits) : f16ToFloat(bits);
         }
       }
-      hash.update(name).update(dtypeName);
-      for (int64_t d : tensor.shape)
-        hash.update(uint64_t(d));
-      hash.update(src, offsets[1] - offsets[0]);
-      out[name] = std::move(tensor);
+      (*out)[name] = std::move(tensor);
     } catch (const Json::exception &e) {
       return dataLoss(path + ": tensor " + name + ": " + e.what());
     }
@@ -167,17 +170,13 @@ Status loadFile(const std::string &path, TensorMap &out, Sha256 &hash) {
   return Status::ok();
 }
 
-} // namespace
-
-StatusOr<TensorMap> loadSafetensors(const std::string &dir,
-                                    std::string *digest) {
-  TensorMap tensors;
-  Sha256 hash;
+/// Every file of the checkpoint in `dir`, in order, through loadFile.
+Status forEachFile(const std::string &dir, TensorMap *tensors, Sha256 &hash) {
   fs::path single = fs::path(dir) / "model.safetensors";
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  if (fs::exists(single)) {
-    KVC_RETURN_IF_ERROR(loadFile(single.string(), tensors, hash));
-  } else if (fs::exists(index)) {
+  if (fs::exists(single))
+    return loadFile(single.string(), tensors, hash);
+  if (fs::exists(index)) {
     StatusOr<std::string> text = readAll(index.string());
     if (!text.isOk())
       return text.status();
@@ -196,13 +195,28 @@ StatusOr<TensorMap> loadSafetensors(const std::string &dir,
       KVC_RETURN_IF_ERROR(
           loadFile((fs::path(dir) / shard).string(), tensors, hash));
     }
-  } else {
-    return notFound(dir + ": no model.safetensors or "
-                          "model.safetensors.index.json");
+    return Status::ok();
   }
+  return notFound(dir + ": no model.safetensors or "
+                        "model.safetensors.index.json");
+}
+
+} // namespace
+
+StatusOr<TensorMap> loadSafetensors(const std::string &dir,
+                                    std::string *digest) {
+  TensorMap tensors;
+  Sha256 hash;
+  KVC_RETURN_IF_ERROR(forEachFile(dir, &tensors, hash));
   if (digest)
     *digest = toHex(hash.finish());
   return tensors;
+}
+
+StatusOr<std::string> safetensorsDigest(const std::string &dir) {
+  Sha256 hash;
+  KVC_RETURN_IF_ERROR(forEachFile(dir, nullptr, hash));
+  return toHex(hash.finish());
 }
 
 Status writeSafetensors(const std::string &path, const TensorMap &tensors,

@@ -31,6 +31,11 @@
 
 namespace kvc {
 
+/// The fingerprint LlamaModel::load(dir) gives the model in `dir` (its
+/// config.json and weights), read without converting any weight: what a
+/// compiler names a bundle's model by. NotFound when `dir` holds no weights.
+StatusOr<std::string> modelFingerprint(const std::string &dir);
+
 class LlamaModel final : public ModelCompute {
 public:
   /// Loads config.json and the safetensors weights of `dir`, checking every

@@ -40,6 +40,10 @@ using TensorMap = std::map<std::string, Tensor>;
 StatusOr<TensorMap> loadSafetensors(const std::string &dir,
                                     std::string *digest = nullptr);
 
+/// loadSafetensors' digest alone, from the mapped files, without converting
+/// any tensor.
+StatusOr<std::string> safetensorsDigest(const std::string &dir);
+
 /// Writes `tensors` to `path` stored as `dtype`.
 Status writeSafetensors(const std::string &path, const TensorMap &tensors,
                         DType dtype);

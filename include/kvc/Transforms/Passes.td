@@ -13,7 +13,11 @@ def KVCImportModelPass : Pass<"kvc-import-model", "::mlir::ModuleOp"> {
     and attaches it to the module as `kvc.model`, replacing any model already
     there. Missing fields, wrong JSON types and architectures kvc does not
     implement (biased projections, sliding windows, other activations) fail
-    the pass with a message naming the field. The path may be given bare:
+    the pass with a message naming the field. Where the checkpoint's
+    safetensors sit beside the `config.json`, the model's `fingerprint` is
+    the one the runtime gives it (its shape and a SHA-256 of its weights), so
+    that a bundle compiled for it names it and is refused for any other
+    model; unreadable weights fail the pass. The path may be given bare:
     `--kvc-import-model=models/llama-2-7b/config.json`.
 
     Before:

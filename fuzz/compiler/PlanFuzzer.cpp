@@ -194,7 +194,8 @@ struct Fuzzer {
   static std::string pipeline(int which) {
     switch (which) {
     case 0:
-      return "kvc-restore-pipeline,kvc-save-pipeline";
+      return "kvc-restore-pipeline{gpu-chip=none},"
+             "kvc-save-pipeline{gpu-chip=none}";
     case 1:
       return "kvc-restore-pipeline{gpu-chip=sm_90},"
              "kvc-save-pipeline{gpu-chip=sm_90}";
@@ -204,8 +205,8 @@ struct Fuzzer {
       return "kvc-expand,kvc-fuse,kvc-lower-kernels{host=true},"
              "kvc-kernels-to-llvm";
     default:
-      return "kvc-restore-pipeline{layer-wise=true},"
-             "kvc-save-pipeline{layer-wise=true}";
+      return "kvc-restore-pipeline{layer-wise=true gpu-chip=none},"
+             "kvc-save-pipeline{layer-wise=true gpu-chip=none}";
     }
   }
 

@@ -84,7 +84,7 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
                              ::kvc::computeKindName(c.kind)),
       c.name, f64(c.denseTflops), f64(c.memGBs), f64(c.memGiB),
       f64(c.restoreShare), f64(c.gemmPeakFraction), f64(c.gemmHalfTokens),
-      f64(c.attentionTflops));
+      f64(c.attentionTflops), c.chip);
   auto host =
       HostAttr::get(context, target.host.cores, f64(target.host.dramGiB),
                     f64(target.host.nicGBs), f64(target.host.handoffUs));
@@ -123,6 +123,7 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
   desc.compute.gemmPeakFraction = f64(c.getGemmPeakFraction());
   desc.compute.gemmHalfTokens = f64(c.getGemmHalfTokens());
   desc.compute.attentionTflops = f64(c.getAttentionTflops());
+  desc.compute.chip = c.getChip().str();
   HostAttr h = target.getHost();
   desc.host = {h.getCores(), f64(h.getDramGib()), f64(h.getNicGbs()),
                f64(h.getHandoffUs())};

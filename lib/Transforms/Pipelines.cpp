@@ -12,8 +12,8 @@ using namespace mlir;
 using namespace mlir::kvc;
 
 /// What both pipelines run once their plans are chosen: per-chunk dataflow,
-/// fused kernels, tasks with predicted times and, for a GPU chip, the
-/// kernels as PTX.
+/// fused kernels, tasks with predicted times and, for the target's GPU chip
+/// or `gpuChip` ("none": no kernels), the kernels as PTX.
 static void buildLowering(OpPassManager &pm, const CostModelFlags &flags,
                           StringRef gpuChip) {
   pm.addPass(createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(flags)));
@@ -22,10 +22,9 @@ static void buildLowering(OpPassManager &pm, const CostModelFlags &flags,
       createKVCSchedulePass(toPassOptions<KVCSchedulePassOptions>(flags)));
   pm.addPass(
       createKVCEstimatePass(toPassOptions<KVCEstimatePassOptions>(flags)));
-  if (!gpuChip.empty()) {
-    pm.addPass(createKVCLowerKernelsPass());
-    buildKernelsToPTXPipeline(pm, gpuChip);
-  }
+  KVCGenerateKernelsPassOptions kernels;
+  kernels.chip = gpuChip.str();
+  pm.addPass(createKVCGenerateKernelsPass(kernels));
 }
 
 void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
@@ -84,13 +83,14 @@ void mlir::kvc::registerKVCPipelines() {
       "kvc-restore-pipeline",
       "Plans every kvc.restore jointly and lowers it to scheduled tasks with "
       "predicted times (kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, "
-      "kvc-estimate), and with gpu-chip its fused kernels to PTX",
+      "kvc-estimate), and its fused kernels to PTX for the target's GPU chip "
+      "or gpu-chip",
       buildRestorePipeline);
   PassPipelineRegistration<SavePipelineOptions>(
       "kvc-save-pipeline",
       "Chooses every kvc.save's codec and lowers it to scheduled tasks with "
       "predicted times (kvc-select-codec, kvc-expand, kvc-fuse, "
-      "kvc-schedule, kvc-estimate), and with gpu-chip its save kernels to "
-      "PTX",
+      "kvc-schedule, kvc-estimate), and its save kernels to PTX for the "
+      "target's GPU chip or gpu-chip",
       buildSavePipeline);
 }

@@ -10,7 +10,7 @@
 // RUN: not kvc-opt %s --kvc-attach-target=%inputs/bad-target.json 2>&1 | FileCheck %s --check-prefix=BAD
 
 // Tests that the HCache testbed keeps its four SSDs as four lanes of one tier.
-// A100: #[[T:.+]] = #kvc.target<name = "a100-40gb", compute = <kind = gpu, name = "NVIDIA A100-SXM4-40GB", dense_tflops = 312, mem_gbs = 1555, mem_gib = 40, restore_share = 1>
+// A100: #[[T:.+]] = #kvc.target<name = "a100-40gb", compute = <kind = gpu, name = "NVIDIA A100-SXM4-40GB", dense_tflops = 312, mem_gbs = 1555, mem_gib = 40, restore_share = 1, chip = "sm_80">
 // A100-SAME: link = <h2d_gbs = 32, d2h_gbs = 32, latency_us = 10>
 // A100-SAME: #kvc.tier<name = "ssd", kind = disk, read_gbs = 27.6, write_gbs = 16.4, latency_us = 80, lanes = 4>
 // A100-SAME: #kvc.codec_rate<stage = deflate, encode_gbs = 0.12, decode_gbs = 0.3125>

@@ -2,6 +2,12 @@
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-restore-pipeline=report=true -o /dev/null 2>&1 | FileCheck %s --check-prefix=REPORT
 // RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-restore-pipeline=gpu-chip=sm_90 --kvc-emit-bundle=file=%t.json -o /dev/null
 // RUN: kvc-run inspect-bundle --bundle %t.json | FileCheck %s --check-prefix=GPU
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/h100-sxm.json --kvc-restore-pipeline --kvc-emit-bundle=file=%t-h100.json -o /dev/null
+// RUN: kvc-run inspect-bundle --bundle %t-h100.json | FileCheck %s --check-prefix=GPU
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%kvc_src/targets/h100-sxm.json --kvc-restore-pipeline=gpu-chip=none --kvc-emit-bundle=file=%t-none.json -o /dev/null
+// RUN: kvc-run inspect-bundle --bundle %t-none.json | FileCheck %s --check-prefix=NONE
+// RUN: kvc-opt %s --kvc-import-model=%inputs/four-layers/config.json --kvc-attach-target=%inputs/slow-wakeup.json --kvc-restore-pipeline --kvc-emit-bundle=file=%t-cpu.json -o /dev/null
+// RUN: kvc-run inspect-bundle --bundle %t-cpu.json | FileCheck %s --check-prefix=NONE
 
 // Tests that the pipeline takes a restore intent down to scheduled tasks with
 // fused kernels and predicted times: int8 KV from DRAM for three layers,
@@ -28,7 +34,15 @@
 
 // Tests that with gpu-chip every fused task of each plan launches a kernel
 // the bundle carries as PTX: the int8 restore, the projection's epilogue and
-// prologue, and the raw restore.
+// prologue, and the raw restore; that a GPU target's own chip (the H100's
+// sm_90) gives the same without gpu-chip, while an explicit gpu-chip wins
+// over the target's (sm_90 on the A100 target, whose chip is sm_80); and
+// that gpu-chip=none, or a target without a chip, gives no kernels.
+// NONE:     plan chat:
+// NONE:       kernels  0 of {{[0-9]+}} fused tasks launch 0 generated kernels
+// NONE:     plan raw:
+// NONE:       kernels  0 of {{[0-9]+}} fused tasks launch 0 generated kernels
+// NONE-NOT: kernel kvc_
 // GPU:      plan chat:
 // GPU:        kernels  [[N:[0-9]+]] of [[N]] fused tasks launch 3 generated kernels
 // GPU:      plan raw:

@@ -170,7 +170,9 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   KVC_ASSIGN_OR_RETURN(forwardTokens, args.integer("forward-tokens", 0));
   options.forwardTokens = forwardTokens;
   options.codecProfile = args.get("codec-profile");
-  options.gpuChip = args.get("gpu-chip");
+  // The CPU backend launches no PTX: its plans need none unless asked.
+  options.gpuChip =
+      args.get("gpu-chip", &backend() == &cpuBackend() ? "none" : "");
   KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
   if (maxKl) {
     if (!(*maxKl >= 0))

@@ -379,7 +379,8 @@ const std::vector<Command> &commands() {
        "beside the restore"},
       {"gpu-chip", "ARCH",
        "--strategy's generated kernels, as PTX for this GPU (sm_90: H100, "
-       "H200; default none)"},
+       "H200; none: no kernels; default the target's chip with --backend "
+       "cuda, none with cpu)"},
       {"max-error", "X",
        "verification bound on the largest error (default "
        "what the plan's codecs allow)"}};

@@ -536,14 +536,23 @@ TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {
             "restore: plan test covers tokens 0 to 512, the request has 300");
 
   // A plan that would leave part of the cache unwritten, or write part of
-  // it twice, is refused before it runs.
-  BundlePlan gappy = makePlan({0, 0, 64}, model_->config().numLayers);
-  gappy.tasks.back().steps.back().tokens.end -= 4; // Last scatter: 256..296.
-  EXPECT_EQ(run(gappy, table).status().message(),
+  // it twice, is refused before it runs: here the last chunk (tokens 256
+  // to 300), every step of it, made shorter or moved back.
+  auto lastChunk = [&](const std::function<void(BundleRange &)> &edit) {
+    BundlePlan edited = makePlan({0, 0, 64}, model_->config().numLayers);
+    for (BundleTask &task : edited.tasks)
+      for (BundleStep &step : task.steps)
+        if (step.tokens.begin == 256)
+          edit(step.tokens);
+    return edited;
+  };
+  EXPECT_EQ(run(lastChunk([](BundleRange &r) { r.end -= 4; }), table)
+                .status()
+                .message(),
             "restore: plan test leaves tokens 296 to 300 of layer 0 unwritten");
-  BundlePlan twice = makePlan({0, 0, 64}, model_->config().numLayers);
-  twice.tasks.back().steps.back().tokens.begin -= 8;
-  EXPECT_EQ(run(twice, table).status().message(),
+  EXPECT_EQ(run(lastChunk([](BundleRange &r) { r.begin -= 8; }), table)
+                .status()
+                .message(),
             "restore: plan test writes tokens 248 to 256 of layer 0 twice");
 
   RestoreTarget empty;

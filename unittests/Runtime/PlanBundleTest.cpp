@@ -292,6 +292,23 @@ TEST(PlanBundleTest, RejectsValuesReadBeforeWritten) {
             "it is written (task 1 is not among its dependencies)");
 }
 
+// A step that computes, projects or scatters part of its chunk is refused
+// before anything runs (the executor runs such steps on whole chunks).
+TEST(PlanBundleTest, RejectsStepsOverPartOfTheirChunk) {
+  EXPECT_EQ(errorAfter([](Json &b) {
+              task(b, 3)["steps"][1]["tokens"] = {0, 256};
+            }),
+            "plans[0].tasks[3].steps[1]: scatter over tokens 0 to 256 of "
+            "layers 0 to 4 works on part of its chunk (tokens 0 to 512 of "
+            "layers 0 to 4); the executor runs it on whole chunks");
+  EXPECT_EQ(errorAfter([](Json &b) {
+              task(b, 7)["steps"][1]["layers"] = {0, 2};
+            }),
+            "plans[0].tasks[7].steps[1]: scatter over tokens 512 to 1024 of "
+            "layers 0 to 2 works on part of its chunk (tokens 512 to 1024 of "
+            "layers 0 to 4); the executor runs it on whole chunks");
+}
+
 TEST(PlanBundleTest, RejectsUnsafeStagingSlotReuse) {
   // The second fetch refills slot 0 while the first chunk is still decoding.
   EXPECT_EQ(errorAfter([](Json &b) { task(b, 4)["after"] = {0}; }),
@@ -431,8 +448,8 @@ TEST(PlanBundleTest, RefusesTheKernelsOfVersion2) {
 TEST(PlanBundleTest, RejectsBadKernels) {
   EXPECT_EQ(kernelErrorAfter([](Json &) {}), "");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["arch"] = "sm_70"; }),
-            "kernels[0].arch: unknown architecture \"sm_70\" (expected sm_80 "
-            "to sm_90a)");
+            "kernels[0].arch: unknown architecture \"sm_70\" (expected sm_80, "
+            "sm_86, sm_89, sm_90 or sm_90a)");
   EXPECT_EQ(
       kernelErrorAfter([](Json &b) { b["kernels"][0]["ptx"] = ".target sm_90"; }),
       "kernels[0].ptx: has no entry \"" + std::string(kRestoreKernel) +

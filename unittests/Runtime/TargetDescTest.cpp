@@ -128,7 +128,14 @@ INSTANTIATE_TEST_SUITE_P(
                   mutated("nic_gbs", "0, \"handoff_us\": -1"),
                   "host.handoff_us: expected a non-negative number"},
         BadTarget{"ZeroLanes", mutated("lanes", "0"),
-                  "tiers[0].lanes: expected a positive integer"}),
+                  "tiers[0].lanes: expected a positive integer"},
+        BadTarget{"ChipOnACpu",
+                  mutated("gemm_half_tokens", "128, \"chip\": \"sm_90\""),
+                  "compute.chip: a cpu has no GPU architecture, got sm_90"},
+        BadTarget{"UnknownChip",
+                  mutated("kind", "\"gpu\", \"chip\": \"sm_70\""),
+                  "compute.chip: unknown architecture \"sm_70\" (expected "
+                  "sm_80, sm_86, sm_89, sm_90 or sm_90a)"}),
     [](const ::testing::TestParamInfo<BadTarget> &info) {
       return std::string(info.param.name);
     });
@@ -174,6 +181,20 @@ TEST(TargetDesc, CodecRatesNameTheDataTheyHoldFor) {
   EXPECT_NE(bad.status().message().find("codecs[0].on: unknown value \"int3\""),
             std::string::npos)
       << bad.status().toString();
+}
+
+// A GPU target names the chip its kernels are generated for, and keeps it
+// through printing; the shipped H100 target's is sm_90.
+TEST(TargetDesc, GpuTargetsNameTheirChip) {
+  StatusOr<TargetDesc> h100 = loadTargetDesc(targetPath("h100-sxm"));
+  ASSERT_TRUE(h100.isOk()) << h100.status().toString();
+  EXPECT_EQ(h100->compute.chip, "sm_90");
+  StatusOr<TargetDesc> again = parseTargetDesc(printTargetDesc(*h100));
+  ASSERT_TRUE(again.isOk()) << again.status().toString();
+  EXPECT_EQ(again->compute.chip, "sm_90");
+  StatusOr<TargetDesc> cpu = loadTargetDesc(targetPath("cpu-2core"));
+  ASSERT_TRUE(cpu.isOk());
+  EXPECT_EQ(cpu->compute.chip, "");
 }
 
 TEST(TargetDesc, MissingSection) {

@@ -52,7 +52,8 @@ struct PlanOptions {
   /// planning::Request::maxKl), judged by the profile's measures.
   double maxKl = std::numeric_limits<double>::infinity();
   /// The GPU architecture to generate the plans' fused kernels for (sm_90:
-  /// H100, H200), into the bundle's kernel table; empty: none.
+  /// H100, H200), into the bundle's kernel table; empty: the target's chip,
+  /// if it names one; "none": no kernels (a CPU backend runs none).
   std::string gpuChip;
 };
 

@@ -34,7 +34,8 @@ struct CompileRestoreOptions {
   std::string codecProfile;
   /// As its gpu-chip: each plan's fused kernels generated as PTX for this
   /// GPU architecture (sm_90: H100, H200) into the bundle's kernel table,
-  /// which plans of several strategies share; empty: none.
+  /// which plans of several strategies share; empty: the target's chip, if
+  /// it names one; "none": no kernels.
   std::string gpuChip;
   /// When set, receives the compiler's warnings: a fused kernel that has no
   /// generated form for this model or codec, whose steps the runtime runs.

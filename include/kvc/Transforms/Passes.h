@@ -50,12 +50,13 @@ struct RestorePipelineOptions
   PassOptions::Option<std::string> gpuChip{
       *this, "gpu-chip",
       llvm::cl::desc("Generate the fused kernels as PTX for this GPU "
-                     "architecture (sm_90: H100, H200); empty: none"),
+                     "architecture (sm_90: H100, H200); empty: the target's "
+                     "chip, if any; none: no kernels"),
       llvm::cl::init("")};
 };
 
-/// kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate; with a GPU
-/// chip, kvc-lower-kernels and kvc-kernels-to-ptx.
+/// kvc-plan, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate and
+/// kvc-generate-kernels (for the target's GPU chip or gpuChip).
 void buildRestorePipeline(OpPassManager &pm,
                           const RestorePipelineOptions &options);
 
@@ -75,12 +76,13 @@ struct SavePipelineOptions : public PassPipelineOptions<SavePipelineOptions> {
   PassOptions::Option<std::string> gpuChip{
       *this, "gpu-chip",
       llvm::cl::desc("Generate the save kernels as PTX for this GPU "
-                     "architecture (sm_90: H100, H200); empty: none"),
+                     "architecture (sm_90: H100, H200); empty: the target's "
+                     "chip, if any; none: no kernels"),
       llvm::cl::init("")};
 };
 
-/// kvc-select-codec, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate; with
-/// a GPU chip, kvc-lower-kernels and kvc-kernels-to-ptx.
+/// kvc-select-codec, kvc-expand, kvc-fuse, kvc-schedule, kvc-estimate and
+/// kvc-generate-kernels (for the target's GPU chip or gpuChip).
 void buildSavePipeline(OpPassManager &pm, const SavePipelineOptions &options);
 
 /// Registers kvc-restore-pipeline and kvc-save-pipeline.

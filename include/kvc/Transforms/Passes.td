@@ -596,6 +596,27 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
   ];
 }
 
+def KVCGenerateKernelsPass : Pass<"kvc-generate-kernels", "::mlir::ModuleOp"> {
+  let summary = "Generates the plans' kernels as PTX for the target's GPU";
+  let description = [{
+    Runs `kvc-lower-kernels` and `kvc-kernels-to-ptx` for the chip the
+    `chip` option names or, when it is empty (the default), for the chip of
+    the module's `#kvc.target` (its compute's `chip`, which the shipped GPU
+    targets carry: `targets/h100-sxm.json` names `sm_90`). A target without a
+    chip (a CPU) and `chip=none` leave the module unchanged. The restore and
+    save pipelines end with it, passing their `gpu-chip`, so a plan compiled
+    for an H100 target carries its kernels without the chip repeated: each
+    generated kernel's `kvc.kernel` names its function (`kvc.entry`), and
+    the module holds the `gpu.binary` of that function's PTX for `sm_90`
+    (docs/kernels.md shows both).
+  }];
+  let options = [
+    Option<"chip", "chip", "std::string", /*default=*/"\"\"",
+           "GPU architecture (sm_90: H100, H200); empty: the target's; none: "
+           "no kernels">,
+  ];
+}
+
 def KVCGpuDataLayoutPass : Pass<"kvc-gpu-data-layout", "::mlir::gpu::GPUModuleOp"> {
   let summary = "Gives a gpu.module its NVVM target's LLVM data layout";
   let description = [{

@@ -5,6 +5,7 @@
 #include "Json.h"
 
 #include "kvc/Support/Format.h"
+#include "kvc/Support/KernelChips.h"
 
 #include <functional>
 #include <iterator>
@@ -67,6 +68,7 @@ Status parseCompute(const Json &obj, const std::string &path, ComputeDesc &c) {
                                  c.gemmHalfTokens, Presence::Optional));
   KVC_RETURN_IF_ERROR(readNumber(obj, path, "attention_tflops",
                                  c.attentionTflops, Presence::Optional));
+  KVC_RETURN_IF_ERROR(readString(obj, path, "chip", c.chip, Presence::Optional));
   return readNumber(obj, path, "restore_share", c.restoreShare,
                     Presence::Optional);
 }
@@ -143,6 +145,14 @@ Status TargetDesc::validate() const {
       checkPositive(compute.gemmHalfTokens, "compute.gemm_half_tokens", true));
   KVC_RETURN_IF_ERROR(checkPositive(compute.attentionTflops,
                                     "compute.attention_tflops", true));
+  if (!compute.chip.empty() && compute.kind != ComputeDesc::Kind::GPU)
+    return invalidArgument("compute.chip: a " +
+                           std::string(computeKindName(compute.kind)) +
+                           " has no GPU architecture, got " + compute.chip);
+  if (!compute.chip.empty() && !isKernelChip(compute.chip))
+    return invalidArgument("compute.chip: unknown architecture \"" +
+                           compute.chip + "\" (expected " + kKernelChips +
+                           ")");
   if (host.cores <= 0)
     return invalidArgument("host.cores: expected a positive integer, got " +
                            std::to_string(host.cores));
@@ -268,6 +278,8 @@ std::string printTargetDesc(const TargetDesc &target) {
                     {"gemm_half_tokens", c.gemmHalfTokens}};
   if (c.attentionTflops > 0)
     obj["compute"]["attention_tflops"] = c.attentionTflops;
+  if (!c.chip.empty())
+    obj["compute"]["chip"] = c.chip;
   obj["host"] = {{"cores", target.host.cores},
                  {"dram_gib", target.host.dramGiB},
                  {"nic_gbs", target.host.nicGBs}};

@@ -7,6 +7,7 @@
 #include "../Desc/Json.h"
 
 #include "kvc/Support/EnumNames.h"
+#include "kvc/Support/KernelChips.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -363,6 +364,42 @@ Status validatePlan(const BundlePlan &plan, const std::string &path) {
             " is not among its dependencies)");
   }
 
+  // The steps that compute, project or scatter a chunk work on the whole of
+  // it: a chunk is what a task's fetch, recv or compute makes, or the chunk
+  // of its first input.
+  std::vector<std::optional<std::pair<BundleRange, BundleRange>>> chunks(n);
+  for (int64_t i : order) {
+    const BundleTask &task = plan.tasks[i];
+    if (task.steps.empty())
+      continue;
+    const BundleStep &first = task.steps.front();
+    if (first.kind == StepKind::Fetch || first.kind == StepKind::Recv ||
+        first.kind == StepKind::ChunkCompute)
+      chunks[i] = std::make_pair(first.tokens, first.layers);
+    else if (!task.inputs.empty())
+      chunks[i] = chunks[task.inputs.front()];
+    if (!chunks[i])
+      continue;
+    const auto &[tokens, layers] = *chunks[i];
+    for (std::size_t s = 0; s < task.steps.size(); ++s) {
+      const BundleStep &step = task.steps[s];
+      if ((step.kind != StepKind::Project &&
+           step.kind != StepKind::ChunkCompute &&
+           step.kind != StepKind::Scatter) ||
+          (step.tokens == tokens && step.layers == layers))
+        continue;
+      auto range = [](const BundleRange &r) {
+        return std::to_string(r.begin) + " to " + std::to_string(r.end);
+      };
+      return invalidArgument(
+          indexPath(fieldPath(indexPath(tasksPath, i), "steps"), s) + ": " +
+          name(step.kind) + " over tokens " + range(step.tokens) +
+          " of layers " + range(step.layers) + " works on part of its chunk "
+          "(tokens " + range(tokens) + " of layers " + range(layers) +
+          "); the executor runs it on whole chunks");
+    }
+  }
+
   // A slot is refilled only after every reader of its previous contents.
   std::vector<std::vector<int64_t>> readers(n);
   for (std::size_t i = 0; i < n; ++i)
@@ -483,12 +520,10 @@ Status parseKernel(const Json &obj, const std::string &path,
 }
 
 Status validateKernel(const BundleKernel &kernel, const std::string &path) {
-  static const char *const kArchs[] = {"sm_80", "sm_86", "sm_89", "sm_90",
-                                       "sm_90a"};
-  if (std::find(std::begin(kArchs), std::end(kArchs), kernel.arch) ==
-      std::end(kArchs))
+  if (!isKernelChip(kernel.arch))
     return invalidArgument(path + ".arch: unknown architecture \"" +
-                           kernel.arch + "\" (expected sm_80 to sm_90a)");
+                           kernel.arch + "\" (expected " + kKernelChips +
+                           ")");
   if (kernel.ptx.empty() || kernel.ptx.size() > kMaxPtxBytes)
     return invalidArgument(path + ".ptx: " + std::to_string(kernel.ptx.size()) +
                            " bytes of PTX (expected 1 to " +

@@ -1119,3 +1119,23 @@ func.func @f() {
   %r = kvc.recv from "" : !kvc.chunk<kv x f32, tokens 0 to 64, layers 0 to 32, host>
   return
 }
+
+// -----
+
+// expected-error @+3 {{chip "sm_90" names a GPU architecture, but the compute is a cpu}}
+// expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = cpu, name = "c", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1, chip = "sm_90">,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>]>} {}
+
+// -----
+
+// expected-error @+3 {{chip "sm_70" is no architecture kvc generates kernels for (expected sm_80, sm_86, sm_89, sm_90 or sm_90a)}}
+// expected-error @+2 {{failed to parse KVC_TargetAttr parameter 'compute'}}
+module attributes {kvc.target = #kvc.target<name = "t",
+    compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1, chip = "sm_70">,
+    host = <cores = 2, dram_gib = 24, nic_gbs = 0>,
+    link = <h2d_gbs = 10, d2h_gbs = 10, latency_us = 1>,
+    tiers = [#kvc.tier<name = "dram", kind = dram, read_gbs = 10, write_gbs = 10, latency_us = 1>]>} {}

@@ -41,7 +41,11 @@ struct ComputeDesc {
   double gemmHalfTokens = 128;
   /// Rate of attention FLOPs; 0 prices them like GEMMs.
   double attentionTflops = 0;
+  /// The GPU architecture the plans' kernels are generated for ("sm_90");
+  /// empty where none is (a CPU, or a GPU kvc generates no kernels for).
+  std::string chip;
 };
+
 
 /// The host that runs IO and codec threads.
 struct HostDesc {

@@ -4,6 +4,7 @@
 
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
 #include "kvc/Support/Format.h"
+#include "kvc/Support/KernelChips.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/DialectImplementation.h"
@@ -154,13 +155,22 @@ int64_t ModelAttr::getElementBytes() const {
 }
 
 LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                  ComputeKind, StringRef,
+                                  ComputeKind kind, StringRef,
                                   llvm::APFloat denseTflops,
                                   llvm::APFloat memGbs, llvm::APFloat memGib,
                                   llvm::APFloat restoreShare,
                                   llvm::APFloat gemmPeakFraction,
                                   llvm::APFloat gemmHalfTokens,
-                                  llvm::APFloat attentionTflops) {
+                                  llvm::APFloat attentionTflops,
+                                  StringRef chip) {
+  if (!chip.empty() && kind != ComputeKind::gpu)
+    return emitError() << "chip \"" << chip << "\" names a GPU architecture, "
+                       << "but the compute is a " << stringifyComputeKind(kind);
+  if (!chip.empty() && !::kvc::isKernelChip(std::string_view(chip.data(), chip.size())))
+    return emitError() << "chip \"" << chip
+                       << "\" is no architecture kvc generates kernels for "
+                          "(expected "
+                       << ::kvc::kKernelChips << ")";
   if (failed(requirePositive(emitError, "dense_tflops",
                              denseTflops.convertToDouble())) ||
       failed(requirePositive(emitError, "mem_gbs", memGbs.convertToDouble())) ||

@@ -133,7 +133,9 @@ def KVC_ComputeAttr : KVC_Attr<"Compute", "compute"> {
     (defaults 0.75 and 128). `attention_tflops`, when positive, is the rate
     of the attention FLOPs (scores and weighted values), which on backends
     without fused attention kernels is far below the GEMM rate; 0 (the
-    default) prices them like GEMMs.
+    default) prices them like GEMMs. `chip`, on a GPU, names the architecture
+    the restore and save pipelines generate kernels for by default
+    (`"sm_90"`); empty (the default), they generate none unless told a chip.
   }];
   let parameters = (ins
     EnumParameter<KVC_ComputeKind>:$kind,
@@ -144,7 +146,8 @@ def KVC_ComputeAttr : KVC_Attr<"Compute", "compute"> {
     KVC_F64Parameter<"share in (0, 1]">:$restore_share,
     KVC_F64Parameter<"share of peak large GEMMs reach", "0.75">:$gemm_peak_fraction,
     KVC_F64Parameter<"rows at half efficiency", "128.0">:$gemm_half_tokens,
-    KVC_F64Parameter<"attention TFLOP/s (0: as GEMMs)", "0.0">:$attention_tflops
+    KVC_F64Parameter<"attention TFLOP/s (0: as GEMMs)", "0.0">:$attention_tflops,
+    StringRefParameter<"GPU architecture of the generated kernels", "\"\"">:$chip
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

@@ -11,7 +11,7 @@
 // with and without the prefill.
 //
 //   kvc-transfer-bench [--model DIR] [--tokens N] [--repeat R]
-//                      [--gbps 0.005,0.01,...] [--codecs raw,lz4,...]
+//                      [--gbs 0.005,0.01,...] [--codecs raw,lz4,...]
 //                      [--chunk-tokens T] [--layer-group L]
 //
 //===----------------------------------------------------------------------===//
@@ -50,9 +50,9 @@ struct Setup {
   StoreLayout layout{256, 2};
 };
 
-/// One transfer at `gbps`: static `codec`, or adaptive (`controller`).
+/// One transfer at `gbs` GB/s: static `codec`, or adaptive (`controller`).
 /// Returns the transfer's seconds and, for the adaptive one, its choices.
-StatusOr<double> transfer(const Setup &setup, double gbps,
+StatusOr<double> transfer(const Setup &setup, double gbs,
                           const CodecSpec *codec, CodecController &controller,
                           std::string *choices) {
   KVC_ASSIGN_OR_RETURN(listener, listenUcx("127.0.0.1", 0));
@@ -79,7 +79,7 @@ StatusOr<double> transfer(const Setup &setup, double gbps,
       connectUcx("127.0.0.1", port, Milliseconds(10000));
   Status sentStatus = connected.status();
   if (connected.isOk()) {
-    ThrottledLink link(std::move(*connected), gbps);
+    ThrottledLink link(std::move(*connected), gbs);
     SendOptions options;
     options.computed = &setup.computed;
     if (codec)
@@ -107,7 +107,7 @@ StatusOr<double> transfer(const Setup &setup, double gbps,
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string modelDir, gbpsList = "0.005,0.01,0.02,0.05,0.1,0.2,0.5,1,2,5";
+  std::string modelDir, gbsList = "0.005,0.01,0.02,0.05,0.1,0.2,0.5,1,2,5";
   std::string codecList = "raw,lz4,zstd,int8+zstd,int4+zstd";
   int64_t tokens = 4096, repeat = 9;
   Setup setup;
@@ -119,8 +119,8 @@ int main(int argc, char **argv) {
       tokens = std::stoll(value);
     else if (key == "--repeat")
       repeat = std::stoll(value);
-    else if (key == "--gbps")
-      gbpsList = value;
+    else if (key == "--gbs")
+      gbsList = value;
     else if (key == "--codecs")
       codecList = value;
     else if (key == "--chunk-tokens")
@@ -189,8 +189,8 @@ int main(int argc, char **argv) {
     std::printf(" %12s", c.str().c_str());
   std::printf(" %12s %9s  %s\n", "adaptive", "vs best", "adaptive's chunks");
   std::vector<double> sums(codecs.size() + 1, 0);
-  for (const std::string &g : split(gbpsList)) {
-    const double gbps = std::stod(g);
+  for (const std::string &g : split(gbsList)) {
+    const double gbs = std::stod(g);
     std::vector<std::vector<double>> runs(codecs.size() + 1);
     std::string choices;
     // One controller per emulated link, kept across its transfers as a
@@ -201,7 +201,7 @@ int main(int argc, char **argv) {
     for (int64_t r = 0; r < repeat; ++r)
       for (size_t c = 0; c <= codecs.size(); ++c) {
         StatusOr<double> seconds =
-            transfer(setup, gbps, c < codecs.size() ? &codecs[c] : nullptr,
+            transfer(setup, gbs, c < codecs.size() ? &codecs[c] : nullptr,
                      controller, c == codecs.size() ? &choices : nullptr);
         if (!seconds.isOk()) {
           std::fprintf(stderr, "%s\n", seconds.status().toString().c_str());
@@ -209,7 +209,7 @@ int main(int argc, char **argv) {
         }
         runs[c].push_back(*seconds);
       }
-    std::printf("%8g", gbps);
+    std::printf("%8g", gbs);
     double best = 1e30;
     for (size_t c = 0; c <= codecs.size(); ++c) {
       const double jct = median(runs[c]);
@@ -226,7 +226,7 @@ int main(int argc, char **argv) {
   for (double s : sums)
     std::printf(" %12.1f", s * 1e3);
   std::printf("\n%8s", "JCT sum");
-  const double rows = double(split(gbpsList).size());
+  const double rows = double(split(gbsList).size());
   for (double s : sums)
     std::printf(" %12.1f", (s + rows * prefill) * 1e3);
   std::printf("   (prefill + transfer)\n");

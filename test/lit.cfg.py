@@ -24,7 +24,7 @@ config.substitutions.append(("%inputs", os.path.join(config.test_source_root, "I
 config.substitutions.append(("%python", config.python_executable))
 
 llvm_config.add_tool_substitutions(
-    ["kvc-opt", "kvc-run", "kvc-kernel-count", "not"], [config.kvc_tools_dir, config.llvm_tools_dir])
+    ["kvc-opt", "kvc-run", "kvc-kernel-count", "kvc-embed-example", "not"], [config.kvc_tools_dir, config.llvm_tools_dir])
 
 # util-linux's `script` runs a command on a pseudo-terminal.
 if shutil.which("script"):

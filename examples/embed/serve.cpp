@@ -28,6 +28,7 @@
 #include "kvc/Transforms/CompileRestore.h"
 
 #include <cstdio>
+#include <string>
 #include <cstdlib>
 #include <filesystem>
 
@@ -186,9 +187,16 @@ Status serve(const std::string &targetPath, std::string modelDir) {
 } // namespace
 
 int main(int argc, char **argv) {
-  if (argc < 2 || argc > 3) {
-    std::fprintf(stderr, "usage: %s TARGET_JSON [MODEL_DIR]\n", argv[0]);
-    return 2;
+  const std::string first = argc > 1 ? argv[1] : "";
+  const bool help = first == "--help" || first == "-h";
+  if (help || argc < 2 || argc > 3 || first.rfind("-", 0) == 0) {
+    std::fprintf(help ? stdout : stderr,
+                 "usage: %s TARGET_JSON [MODEL_DIR]\n"
+                 "  a server in miniature: saves a request's KV, plans and "
+                 "runs its restore\n  through kvc's library for the target "
+                 "TARGET_JSON, on a generated model or\n  MODEL_DIR's\n",
+                 argv[0]);
+    return help ? 0 : 2;
   }
   setComputeThreads(1);
   Status status = serve(argv[1], argc == 3 ? argv[2] : "");

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <unistd.h>
 
 namespace kvc {
 
@@ -83,11 +84,23 @@ StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
 StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
                                TargetDesc target, const std::string &scratchDir,
                                std::FILE *log) {
+  // Disk tiers are timed in a directory of this process's under scratchDir,
+  // which must exist: two calibrations beside each other do not collide,
+  // and a mistyped scratch is an error before anything is measured.
+  std::error_code error;
+  if (!std::filesystem::is_directory(scratchDir, error) ||
+      ::access(scratchDir.c_str(), W_OK | X_OK) != 0)
+    return invalidArgument("scratch " + scratchDir +
+                           ": no writable directory");
+  const std::string scratch =
+      scratchDir + "/kvc-calibrate-" + std::to_string(::getpid()) + "-";
+
   const ModelConfig &config = model.config();
   planning::CostModel cost(config, target, planning::CodecProfile::defaults());
 
   ComputeDesc &c = target.compute;
   c.kind = ComputeDesc::Kind::CPU;
+  c.chip.clear(); // What is measured is this CPU.
 
   // Prefill: chunks of 16-512 tokens from position 0 (the GEMM efficiency
   // curve) and the reference chunk after longer and longer prefixes (its
@@ -202,7 +215,7 @@ StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
     if (tier.kind == TierDesc::Kind::DRAM)
       url = "mem://";
     else if (tier.kind == TierDesc::Kind::Disk)
-      url = "file://" + scratchDir + "/kvc-calibrate-" + tier.name;
+      url = "file://" + scratch + tier.name;
     if (url.empty()) {
       std::fprintf(log,
                    "tier %s: %.2f GB/s (kept: remote tiers are not measured)\n",
@@ -217,8 +230,7 @@ StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
                  url.c_str(), *gbs);
     if (tier.kind == TierDesc::Kind::Disk) {
       std::error_code ignored;
-      std::filesystem::remove_all(scratchDir + "/kvc-calibrate-" + tier.name,
-                                  ignored);
+      std::filesystem::remove_all(scratch + tier.name, ignored);
     }
   }
   // Codec stages, per core, on this model's KV stored as a store holds it

@@ -194,6 +194,10 @@ StatusOr<CodecProfile> CodecProfile::parse(std::string_view text) {
         entry.kl = e.at("kl").get<double>();
       if (e.contains("agreement"))
         entry.agreement = e.at("agreement").get<double>();
+      if (e.contains("codec_encode_gbs"))
+        entry.codecEncodeGBs = e.at("codec_encode_gbs").get<double>();
+      if (e.contains("codec_decode_gbs"))
+        entry.codecDecodeGBs = e.at("codec_decode_gbs").get<double>();
     } catch (const Json::exception &ex) {
       return invalidArgument(path + ": " + ex.what());
     }
@@ -239,6 +243,10 @@ std::string CodecProfile::print() const {
       j["kl"] = *e.kl;
     if (e.agreement)
       j["agreement"] = *e.agreement;
+    if (e.codecEncodeGBs)
+      j["codec_encode_gbs"] = *e.codecEncodeGBs;
+    if (e.codecDecodeGBs)
+      j["codec_decode_gbs"] = *e.codecDecodeGBs;
     entries.push_back(std::move(j));
   }
   return Json{{"schema", kCodecProfileSchema}, {"entries", entries}}.dump(2) +

@@ -20,6 +20,9 @@
 
 #include "llvm/Support/CommandLine.h"
 
+#include <algorithm>
+#include <vector>
+
 int main(int argc, char **argv) {
   // LLVM's backends register their options when the library loads
   // (--aarch64-..., --amdgpu-..., hundreds of them); none concerns kvc, so
@@ -44,6 +47,14 @@ int main(int argc, char **argv) {
   mlir::registerPass([] { return mlir::createLowerAffinePass(); });
   mlir::registerPass([] { return mlir::createConvertVectorToLLVMPass(); });
 
-  return mlir::asMainReturnCode(
-      mlir::MlirOptMain(argc, argv, "kvc optimizer driver\n", registry));
+  // A diagnostic names its op by location; printing the op after it (MLIR's
+  // default) dumps a whole module when the op is one. On request only.
+  std::vector<char *> args(argv, argv + argc);
+  static char quiet[] = "--mlir-print-op-on-diagnostic=false";
+  if (std::none_of(args.begin(), args.end(), [](const char *arg) {
+        return llvm::StringRef(arg).starts_with("--mlir-print-op-on-diagnostic");
+      }))
+    args.insert(args.begin() + 1, quiet);
+  return mlir::asMainReturnCode(mlir::MlirOptMain(
+      int(args.size()), args.data(), "kvc optimizer driver\n", registry));
 }

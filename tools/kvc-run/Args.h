@@ -38,8 +38,12 @@ public:
                               const std::string &command,
                               const std::vector<Option> &options) {
     Args args;
+    for (const Option &option : options)
+      args.known_.push_back(option.name);
     for (int i = first; i < argc; ++i) {
       std::string key = argv[i];
+      if (key == "-h")
+        key = "--help";
       if (key.rfind("--", 0) != 0)
         return invalidArgument("unexpected argument " + key);
       key = key.substr(2);
@@ -93,6 +97,10 @@ public:
       return invalidArgument("--" + key + " expects a number, got " + text);
     return std::optional<double>(v);
   }
+  /// Whether the command takes option `key` at all.
+  bool takes(const std::string &key) const {
+    return std::find(known_.begin(), known_.end(), key) != known_.end();
+  }
   /// Gives `key` `value` where the command line did not.
   void setDefault(const std::string &key, const std::string &value) {
     values_.emplace(key, value);
@@ -113,7 +121,7 @@ public:
 
 private:
   std::map<std::string, std::string> values_;
-  std::vector<std::string> used_;
+  std::vector<std::string> used_, known_;
 };
 
 /// One line of progress on a terminal's stderr, rewritten in place and

@@ -34,6 +34,10 @@ Status runCodecProfile(const LlamaModel &model, const std::vector<int32_t> &ids,
   // KV as a store holds it, one object per layer (rates are timed on
   // these), and as one chunk of every layer, layer-major (K then V per
   // layer), which the errors are measured on.
+  std::printf("profile-codecs: %lld tokens prefilled; timing each codec of "
+              "the planner's space (a few seconds each)\n",
+              (long long)tokens);
+  std::fflush(stdout);
   const KVObjects objects = kvObjects(model, cache, tokens);
   ChunkShape shape = chunkShape(c, Form::KV, tokens, 0, c.numLayers);
   std::vector<float> kv;
@@ -77,6 +81,8 @@ Status runCodecProfile(const LlamaModel &model, const std::vector<int32_t> &ids,
     KVC_ASSIGN_OR_RETURN(rates, timeCodec(objects, codec));
     entry.encodeGBs = rates.losslessEncodeGBs;
     entry.decodeGBs = rates.losslessDecodeGBs;
+    entry.codecEncodeGBs = rates.encodeGBs;
+    entry.codecDecodeGBs = rates.decodeGBs;
     std::string kl = "-", agree = "-";
     if (probe) {
       KVC_ASSIGN_OR_RETURN(quality, probe->measure(codec));
@@ -91,6 +97,7 @@ Status runCodecProfile(const LlamaModel &model, const std::vector<int32_t> &ids,
     if (codec.lossless != CodecSpec::Lossless::None)
       std::printf(" %10.2f %10.2f", entry.encodeGBs, entry.decodeGBs);
     std::printf("\n");
+    std::fflush(stdout); // A row as it is measured, not all at the end.
     entries.push_back(entry);
   }
   std::ofstream out(outPath);

@@ -36,6 +36,11 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
   if (value && !(*value > 0))
     return invalidArgument("--max-error expects a positive number, got " +
                            args.get("max-error"));
+  // Where verification is asked for (not where it always runs, as in
+  // compare), a bound without it would bound nothing.
+  if (value && args.takes("verify") && !args.has("verify"))
+    return invalidArgument("--max-error bounds --verify's check: give "
+                           "--verify too");
   return value;
 }
 
@@ -156,6 +161,9 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
   KVC_ASSIGN_OR_RETURN(stagingMiB, args.integer("staging-mib", 256));
+  if (stagingMiB <= 0)
+    return invalidArgument("--staging-mib must be positive, got " +
+                           std::to_string(stagingMiB));
   KVC_ASSIGN_OR_RETURN(tier, storeTier(target, store.tier(), args.get("tier")));
   std::printf("planning for %s: the store is tier %s at %.3g GB/s",
               target.name.c_str(), tier->name.c_str(), tier->readGBs);
@@ -436,6 +444,17 @@ Status restoreCommand(Args &args) {
     std::printf(", %.3f ms predicted", *metrics.predictedSeconds * 1e3);
   std::printf(", %.3f GFLOP (plan: %.3f)\n", metrics.flops * 1e-9,
               metrics.plannedFlops * 1e-9);
+  // Far off, a prediction usually prices another machine than this one: a
+  // target's nominal numbers, not this machine's calibrated ones.
+  if (metrics.predictedSeconds && *metrics.predictedSeconds > 0) {
+    const double ratio = metrics.makespanSeconds / *metrics.predictedSeconds;
+    if (ratio > 2 || ratio < 0.5)
+      std::printf("  (measured %.1fx the prediction: the plan was priced for "
+                  "its target's numbers; for predictions that hold here, "
+                  "compile for a target kvc-run calibrate measured on this "
+                  "machine)\n",
+                  ratio);
+  }
   printLoads(*plan);
   // Measured, and beside it what the compiler predicted where it did.
   auto predicted = [](const auto &map, const std::string &key, double scale,

@@ -154,9 +154,9 @@ Status transferSendCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(layout, storeLayout(args));
   KVC_ASSIGN_OR_RETURN(prefillTokens, args.integer("prefill-tokens", 0));
   options.prefillTokens = prefillTokens;
-  KVC_ASSIGN_OR_RETURN(gbps, args.number("gbps"));
-  if (gbps && !(*gbps > 0))
-    return invalidArgument("--gbps expects a positive number");
+  KVC_ASSIGN_OR_RETURN(gbs, args.number("gbs"));
+  if (gbs && !(*gbs > 0))
+    return invalidArgument("--gbs expects a positive number (GB/s)");
   ChunkObjects objects = localObjects(args, *model, layout);
   KVC_ASSIGN_OR_RETURN(controller, codecController(args, objects, tokens));
   options.chooser = controller.get();
@@ -176,8 +176,8 @@ Status transferSendCommand(Args &args) {
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));
-  if (gbps)
-    link = std::make_unique<ThrottledLink>(std::move(link), *gbps);
+  if (gbs)
+    link = std::make_unique<ThrottledLink>(std::move(link), *gbs);
   KVC_ASSIGN_OR_RETURN(stats,
                        sendContext(*model, objects, tokens, *link, options));
   std::printf("sent %zu tokens of model %.16s to %s: %lld chunks (%s), "

@@ -39,10 +39,15 @@
 
 #include <atomic>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 using namespace kvc;
 using namespace kvc::run;
@@ -147,6 +152,9 @@ Status save(Args &args) {
       return invalidArgument("--forms expects kv and/or hidden, got " + form);
     options.forms.push_back(*parsed);
   }
+  if (options.forms.empty())
+    return invalidArgument("--forms names no form (expected kv, hidden or "
+                           "kv,hidden)");
   KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(args.get("codec", "raw")));
   options.codec = codec;
   KVC_ASSIGN_OR_RETURN(writers, args.integer("writers", options.writers));
@@ -307,8 +315,15 @@ Status calibrateCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(basePath, args.required("base"));
   KVC_ASSIGN_OR_RETURN(out, args.required("out"));
-  std::string scratch = args.get("scratch", "/tmp");
+  const char *tmp = std::getenv("TMPDIR");
+  std::string scratch = args.get("scratch", tmp && *tmp ? tmp : "/tmp");
   KVC_RETURN_IF_ERROR(args.checkUnused());
+  // Where the target goes is checked before minutes of measuring.
+  const std::filesystem::path outDir =
+      std::filesystem::absolute(out).parent_path();
+  if (::access(outDir.c_str(), W_OK | X_OK) != 0)
+    return invalidArgument("--out " + out + ": cannot write to " +
+                           outDir.string() + ": " + std::strerror(errno));
   KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
   KVC_ASSIGN_OR_RETURN(base, loadTargetDesc(basePath));
   KVC_ASSIGN_OR_RETURN(target, calibrate(backend(), *model, base, scratch));
@@ -504,7 +519,7 @@ const std::vector<Command> &commands() {
                 "streams layer by layer (default one chunk; the whole "
                 "request for a layer-wise --bundle)"},
                {"tenant", "SALT", "the tenant salt of the keys (as received)"},
-               {"gbps", "N", "emulate a link of N GB/s"},
+               {"gbs", "N", "emulate a link of N GB/s (gigabytes per second)"},
                {"timeout-ms", "N",
                 "wait at most this for the receiver (default 10000)"}} +
            common,
@@ -538,7 +553,9 @@ const std::vector<Command> &commands() {
            {"model", "DIR", "the model to time"},
            {"base", "FILE", "the target to start from"},
            {"out", "FILE", "the calibrated target"},
-           {"scratch", "DIR", "where tier reads are timed (default /tmp)"}} +
+           {"scratch", "DIR",
+            "an existing directory where disk tiers are timed (default "
+            "$TMPDIR or /tmp)"}} +
            common,
        calibrateCommand},
   };
@@ -567,8 +584,15 @@ void usage(FILE *out, const Command &command) {
 
 int main(int argc, char **argv) {
   std::string name = argc < 2 ? "" : argv[1];
-  if (name == "--help" || name == "help") {
+  if (name == "--help" || name == "-h" || name == "help") {
     usage(stdout);
+    return 0;
+  }
+  if (name == "--version") {
+    std::printf("kvc-run %s (plan bundles up to version %lld, chunk format "
+                "version %d)\n",
+                KVC_VERSION, (long long)kPlanBundleVersion,
+                int(kChunkFormatVersion));
     return 0;
   }
   const auto &all = commands();

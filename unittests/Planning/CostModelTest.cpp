@@ -239,6 +239,17 @@ TEST(CodecProfile, KeepsTheMeasuredNextTokenQuality) {
   ASSERT_TRUE(again.isOk()) << again.status().toString();
   EXPECT_EQ(again->print(), profile->print());
   EXPECT_EQ(again->entries()[0].agreement, 0.97);
+  // The whole codec's measured rates travel with it too (profile-codecs'
+  // table prints them; the planner prices stages).
+  StatusOr<CodecProfile> rates = CodecProfile::parse(
+      R"({"schema": "kvc-codec-profile/1", "entries": [{"quant": "int4",
+          "ratio": 0.16, "quality": 0.03, "codec_encode_gbs": 1.5,
+          "codec_decode_gbs": 2.5}]})");
+  ASSERT_TRUE(rates.isOk()) << rates.status().toString();
+  StatusOr<CodecProfile> ratesAgain = CodecProfile::parse(rates->print());
+  ASSERT_TRUE(ratesAgain.isOk()) << ratesAgain.status().toString();
+  EXPECT_EQ(ratesAgain->entries()[0].codecEncodeGBs, 1.5);
+  EXPECT_EQ(ratesAgain->entries()[0].codecDecodeGBs, 2.5);
   // Both budgets apply; an infinite KL budget ignores the measure.
   EXPECT_TRUE(profile->allows(int4, 0.05, 0.01));
   EXPECT_FALSE(profile->allows(int4, 0.05, 0.001));

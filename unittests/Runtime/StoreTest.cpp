@@ -85,8 +85,7 @@ RedisServer &redis() {
 //===----------------------------------------------------------------------===//
 
 std::string tempDir(const std::string &name) {
-  std::string dir = testing::TempDir() + "/kvc-store-test-" + name + "-" +
-                    std::to_string(getpid());
+  std::string dir = test::tempPath("store-test-" + name);
   fs::remove_all(dir);
   return dir;
 }
@@ -339,6 +338,21 @@ TEST(FileTier, ObjectsThatAreNoFilesAreCorrupt) {
   }
 }
 
+// A database number the server refuses is named as such (it used to read
+// "connection lost").
+TEST(Tiers, ARefusedRedisDatabaseIsNamed) {
+  if (!redis().running())
+    GTEST_SKIP() << "redis-server is not installed";
+  StatusOr<std::unique_ptr<Tier>> tier = openTier(redis().url() + "/99999");
+  ASSERT_FALSE(tier.isOk());
+  EXPECT_EQ(tier.status().code(), StatusCode::InvalidArgument);
+  EXPECT_NE(tier.status().message().find("database 99999 refused by the "
+                                         "server: ERR DB index is out of "
+                                         "range"),
+            std::string::npos)
+      << tier.status().message();
+}
+
 TEST(Tiers, BadURLsAndUnreachableServers) {
   EXPECT_EQ(openTier("s3://bucket").status().code(),
             StatusCode::InvalidArgument);
@@ -349,10 +363,8 @@ TEST(Tiers, BadURLsAndUnreachableServers) {
   EXPECT_EQ(openTier("mem://?speed=1").status().code(),
             StatusCode::InvalidArgument);
   // Reading needs the store to exist; saving creates it.
-  const std::string missing =
-      (std::filesystem::temp_directory_path() /
-       ("kvc-missing-store-" + std::to_string(::getpid())))
-          .string();
+  const std::string missing = test::tempPath("missing-store");
+  std::filesystem::remove_all(missing);
   StatusOr<std::unique_ptr<Tier>> absent =
       openTier("file://" + missing, TierAccess::Existing);
   ASSERT_FALSE(absent.isOk());

@@ -7,16 +7,49 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <mutex>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace kvc::test {
 
-/// A temporary directory of this test process (tests run in parallel
-/// processes and must not share files).
+/// The paths tempPath handed out, removed when the process that asked for
+/// them exits (not when a child it forked does).
+class TempPaths {
+public:
+  static TempPaths &get() {
+    static TempPaths paths;
+    return paths;
+  }
+  void add(const std::string &path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    paths_.push_back(path);
+  }
+  ~TempPaths() {
+    if (::getpid() != owner_)
+      return;
+    for (const std::string &path : paths_) {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  }
+
+private:
+  TempPaths() : owner_(::getpid()) {}
+  pid_t owner_;
+  std::mutex mutex_;
+  std::vector<std::string> paths_;
+};
+
+/// A temporary path of this test process (tests run in parallel processes
+/// and must not share files), removed when the process exits.
 inline std::string tempPath(const std::string &name) {
-  return ::testing::TempDir() + "/kvc-" + name + "-" +
-         std::to_string(::getpid());
+  std::string path = ::testing::TempDir() + "/kvc-" + name + "-" +
+                     std::to_string(::getpid());
+  TempPaths::get().add(path);
+  return path;
 }
 
 /// Writes a random Llama model with `layers` layers, `hidden` hidden size

@@ -37,6 +37,10 @@ struct CodecProfileEntry {
   /// exact cache's, and the fraction of positions whose greedy token
   /// agrees (host/DecodeQuality.h); unset where not measured.
   std::optional<double> kl, agreement;
+  /// The whole codec's rates per core, GB/s of raw KV (to bf16 on decode),
+  /// as profile-codecs measures and prints them; unset where not measured.
+  /// The planner prices stages from the rates above and the target's.
+  std::optional<double> codecEncodeGBs, codecDecodeGBs;
 };
 
 class CodecProfile {

@@ -26,17 +26,17 @@ Status parseHostPort(const std::string &address, std::string &host, int &port) {
   return Status::ok();
 }
 
-ThrottledLink::ThrottledLink(std::unique_ptr<Link> inner, double gbps)
-    : inner_(std::move(inner)), gbps_(gbps) {}
+ThrottledLink::ThrottledLink(std::unique_ptr<Link> inner, double gbs)
+    : inner_(std::move(inner)), gbs_(gbs) {}
 
-void ThrottledLink::setGBs(double gbps) {
+void ThrottledLink::setGBs(double gbs) {
   std::lock_guard<std::mutex> lock(mutex_);
-  gbps_ = gbps;
+  gbs_ = gbs;
 }
 
 double ThrottledLink::gbs() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return gbps_;
+  return gbs_;
 }
 
 Status ThrottledLink::send(std::string_view message) {
@@ -47,11 +47,11 @@ Status ThrottledLink::send(std::string_view message) {
     std::chrono::steady_clock::time_point start =
         std::max(std::chrono::steady_clock::now(), freeAt_);
     freeAt_ = start;
-    if (gbps_ > 0)
+    if (gbs_ > 0)
       freeAt_ +=
           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
               std::chrono::duration<double>(double(message.size()) /
-                                            (gbps_ * 1e9)));
+                                            (gbs_ * 1e9)));
     until = freeAt_;
   }
 #ifdef __linux__
@@ -70,11 +70,11 @@ StatusOr<std::string> ThrottledLink::receive(Milliseconds timeout) {
 }
 
 std::string ThrottledLink::describe() const {
-  const double gbps = gbs();
-  if (gbps <= 0)
+  const double limit = gbs();
+  if (limit <= 0)
     return inner_->describe();
   char rate[48];
-  std::snprintf(rate, sizeof rate, " throttled to %g GB/s", gbps);
+  std::snprintf(rate, sizeof rate, " throttled to %g GB/s", limit);
   return inner_->describe() + rate;
 }
 

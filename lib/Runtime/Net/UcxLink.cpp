@@ -320,6 +320,11 @@ public:
     ucs_status_t s = ucp_listener_create(worker_->worker, &params, &listener_);
     if (s != UCS_OK) {
       listener_ = nullptr;
+      // UCX reports an address already in use as "Device is busy".
+      if (s == UCS_ERR_BUSY)
+        return Status(StatusCode::Unavailable,
+                      "ucx: listening: the address is already in use (another "
+                      "listener holds the port)");
       return ucxError("ucx: listening", s);
     }
     ucp_listener_attr_t attr{};

@@ -140,11 +140,18 @@ public:
     if (db_ != 0) {
       auto *reply = static_cast<redisReply *>(
           redisCommand(context_, "SELECT %d", db_));
-      bool ok = reply && reply->type != REDIS_REPLY_ERROR;
-      if (reply)
-        freeReplyObject(reply);
-      if (!ok)
+      if (!reply)
         return lostConnection();
+      const bool refused = reply->type == REDIS_REPLY_ERROR;
+      const std::string why = refused ? std::string(reply->str, reply->len)
+                                      : std::string();
+      freeReplyObject(reply);
+      if (refused) {
+        disconnect();
+        return Status(StatusCode::InvalidArgument,
+                      url_ + ": database " + std::to_string(db_) +
+                          " refused by the server: " + why);
+      }
     }
     return Status::ok();
   }
@@ -415,6 +422,13 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb) {
   std::string rest = hostPortDb, host;
   int port = 6379, db = 0;
+  // A user or password in the URL is never echoed: not in this error, and
+  // not in the tier's name.
+  if (size_t at = rest.rfind('@'); at != std::string::npos)
+    return invalidArgument("redis://(user information hidden)@" +
+                           rest.substr(at + 1) +
+                           ": a user or password in a redis URL is not "
+                           "supported");
   size_t slash = rest.find('/');
   if (slash != std::string::npos) {
     std::string dbText = rest.substr(slash + 1);

@@ -400,8 +400,11 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
       if (!fs::is_directory(existing, error) ||
           ::access(existing.c_str(), W_OK | X_OK) != 0)
         return chunkError(ChunkFault::Unavailable,
-                          url + ": cannot create " + dir + ": " +
-                              existing.string() + " is no writable directory");
+                          existing == fs::path(dir)
+                              ? url + ": " + dir + " is not writable"
+                              : url + ": cannot create " + dir + ": " +
+                                    existing.string() +
+                                    " is no writable directory");
     }
     auto file = std::make_unique<FileTier>(url, fs::path(dir));
     file->removeStaleTemporaries();

@@ -69,9 +69,9 @@ Status parseHostPort(const std::string &address, std::string &host, int &port);
 /// mid-transfer); 0 means unthrottled.
 class ThrottledLink : public Link {
 public:
-  ThrottledLink(std::unique_ptr<Link> inner, double gbps);
+  ThrottledLink(std::unique_ptr<Link> inner, double gbs);
 
-  void setGBs(double gbps);
+  void setGBs(double gbs);
   double gbs() const;
 
   Status send(std::string_view message) override;
@@ -81,7 +81,7 @@ public:
 private:
   std::unique_ptr<Link> inner_;
   mutable std::mutex mutex_;
-  double gbps_;
+  double gbs_;
   /// When the emulated wire is free again.
   std::chrono::steady_clock::time_point freeAt_{};
 };

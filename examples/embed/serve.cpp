@@ -31,6 +31,7 @@
 #include <string>
 #include <cstdlib>
 #include <filesystem>
+#include <unistd.h>
 
 using namespace kvc;
 
@@ -60,14 +61,23 @@ Status fail(const std::string &message) {
 }
 
 Status serve(const std::string &targetPath, std::string modelDir) {
+  // Without a model, a generated one: written to a directory of this
+  // process's, loaded, and removed.
+  std::string generated;
   if (modelDir.empty()) {
-    modelDir =
-        (std::filesystem::temp_directory_path() / "kvc-embed-model").string();
+    generated = modelDir = (std::filesystem::temp_directory_path() /
+                            ("kvc-embed-model-" + std::to_string(::getpid())))
+                               .string();
     GenModelOptions options;
     options.seed = 3;
     KVC_RETURN_IF_ERROR(generateModel(modelDir, options));
   }
-  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  StatusOr<std::unique_ptr<LlamaModel>> loaded = LlamaModel::load(modelDir);
+  if (!generated.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(generated, ignored);
+  }
+  KVC_ASSIGN_OR_RETURN(model, std::move(loaded));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
   const ModelConfig &config = model->config();
   Backend &backend = cpuBackend();

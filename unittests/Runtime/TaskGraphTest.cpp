@@ -289,7 +289,7 @@ TEST(TaskGraphTest, WritesAChromeTraceWithALanePerWorker) {
   RunResult result = runGraph(*pools, graph);
   ASSERT_TRUE(result.status.isOk());
   // Per process: ctest runs this suite in several processes at once.
-  std::string path = kvc::test::tempPath("trace") + ".json";
+  std::string path = kvc::test::tempPath("trace");
   ASSERT_TRUE(writeChromeTrace(graph, result, path).isOk());
   std::ifstream in(path);
   nlohmann::json trace = nlohmann::json::parse(in);

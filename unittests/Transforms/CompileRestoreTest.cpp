@@ -48,10 +48,19 @@ TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
   CompileRestoreOptions options;
   options.strategies = {"kv", "joint"};
   options.chunkTokens = 64;
+  options.gpuChip = "none";
   StatusOr<PlanBundle> plain =
       compileRestore(model_, "", target_, request_, options);
   ASSERT_TRUE(plain) << plain.status().toString();
   EXPECT_TRUE(plain->kernels.empty());
+  // Without a chip, a target's own: an explicit one wins.
+  options.gpuChip = "";
+  target_.compute.chip = "sm_80";
+  StatusOr<PlanBundle> targets =
+      compileRestore(model_, "", target_, request_, options);
+  ASSERT_TRUE(targets) << targets.status().toString();
+  ASSERT_FALSE(targets->kernels.empty());
+  EXPECT_EQ(targets->kernels.front().arch, "sm_80");
 
   options.gpuChip = "sm_90";
   StatusOr<PlanBundle> bundle =

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 using namespace kvc;
@@ -139,6 +140,28 @@ TEST(Codec, CorruptionNeverCrashes) {
       // Either an error or some values: never a crash or an overrun.
       (void)decodeChunk(corrupt, s.kvShape, codec, DType::BF16, out.data());
     }
+  }
+}
+
+// What a generated kernel would read is checked for non-finite numbers
+// first: a plain payload's values, a quantized one's scales and minimums
+// (one NaN scale makes its whole group NaN on the device).
+TEST(Codec, PayloadsCountTheirNonFiniteNumbers) {
+  const Sample &s = sample();
+  for (const char *spec : {"raw", "hadamard", "int8+zstd", "int4/k=token",
+                           "hadamard+int2/g16"}) {
+    CodecSpec codec = *parseCodecSpec(spec);
+    std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, DType::BF16);
+    std::string payload;
+    ASSERT_TRUE(
+        decompressChunk(bytes, s.kvShape, codec, DType::BF16, payload).isOk());
+    EXPECT_EQ(payloadNonFinite(payload, s.kvShape, codec, DType::BF16), 0)
+        << spec;
+    // The first 16-bit number: a value (bf16 NaN) or a scale (f16 NaN).
+    const uint16_t nan = codec.quant == CodecSpec::Quant::None ? 0x7FC0 : 0x7E00;
+    std::memcpy(payload.data(), &nan, 2);
+    EXPECT_EQ(payloadNonFinite(payload, s.kvShape, codec, DType::BF16), 1)
+        << spec;
   }
 }
 

@@ -299,6 +299,44 @@ Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
   return Status::ok();
 }
 
+int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
+                         const CodecSpec &codec, DType storage) {
+  // A 16-bit float is infinite or NaN when its exponent bits are all set.
+  auto nonFinite16 = [](const char *at, uint16_t exponent) {
+    uint16_t word;
+    std::memcpy(&word, at, 2);
+    return (word & exponent) == exponent;
+  };
+  int64_t count = 0;
+  if (codec.quant == CodecSpec::Quant::None) {
+    const int64_t n =
+        std::min<int64_t>(shape.numel(), int64_t(payload.size()) /
+                                             dtypeBytes(storage));
+    for (int64_t i = 0; i < n; ++i) {
+      if (storage == DType::F32) {
+        float value;
+        std::memcpy(&value, payload.data() + 4 * i, 4);
+        count += !std::isfinite(value);
+      } else {
+        count += nonFinite16(payload.data() + 2 * i,
+                             storage == DType::F16 ? 0x7C00 : 0x7F80);
+      }
+    }
+    return count;
+  }
+  // Each matrix: its groups' (scale, minimum) pairs of f16, then its codes.
+  int64_t offset = 0;
+  for (int64_t m = 0; m < shape.matrices(); ++m) {
+    const int64_t pairs =
+        grouping(codec, shape, matrixAxis(codec, shape, m)).count;
+    for (int64_t h = 0; h < 2 * pairs; ++h)
+      if (offset + 2 * h + 2 <= int64_t(payload.size()))
+        count += nonFinite16(payload.data() + offset + 2 * h, 0x7C00);
+    offset += quantizedMatrixBytes(codec, shape, m);
+  }
+  return count;
+}
+
 void hadamard(float *values, int64_t count, int64_t block) {
   const float norm = 1.0f / std::sqrt(float(block));
   for (int64_t start = 0; start + block <= count; start += block) {

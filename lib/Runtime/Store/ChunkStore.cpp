@@ -179,21 +179,10 @@ Status checkAndDecode(const ChunkRef &ref, std::string_view bytes,
   return Status::ok();
 }
 
-/// Whether a 16-bit float of `dtype` (bf16 or f16) is infinite or NaN: its
-/// exponent bits all set.
-bool nonFinite16(uint16_t word, DType dtype) {
-  const uint16_t exponent = dtype == DType::F16 ? 0x7C00 : 0x7F80;
-  return (word & exponent) == exponent;
-}
-
-/// DataLoss unless every decoded value is finite: a chunk whose checksums
-/// hold but whose values are NaN or infinite (written so, or by a model
+/// DataLoss when `count` of a chunk's values are NaN or infinite: a chunk
+/// whose checksums hold but whose values do not (written so, or by a model
 /// whose weights hold them) is a corrupt chunk, recomputed, never served.
-template <typename IsNonFinite>
-Status checkFinite(const ChunkRef &ref, int64_t n, IsNonFinite nonFinite) {
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i)
-    count += nonFinite(i);
+Status refuseNonFinite(const ChunkRef &ref, int64_t count) {
   if (count == 0)
     return Status::ok();
   return chunkError(ChunkFault::Corrupt,
@@ -211,8 +200,11 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
         return decodeChunk(payload, shape(ref), header.codec, header.dtype,
                            out);
       }));
-  return checkFinite(ref, shape(ref).numel(),
-                     [&](int64_t i) { return !std::isfinite(out[i]); });
+  const int64_t n = shape(ref).numel();
+  return refuseNonFinite(
+      ref, payloadNonFinite(std::string_view(reinterpret_cast<const char *>(out),
+                                             size_t(n) * sizeof(float)),
+                            shape(ref), CodecSpec(), DType::F32));
 }
 
 Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
@@ -223,9 +215,11 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
         return decodeChunkToBf16(payload, shape(ref), header.codec,
                                  header.dtype, out);
       }));
-  return checkFinite(ref, shape(ref).numel(), [&](int64_t i) {
-    return nonFinite16(out[i], DType::BF16);
-  });
+  const int64_t n = shape(ref).numel();
+  return refuseNonFinite(
+      ref, payloadNonFinite(std::string_view(reinterpret_cast<const char *>(out),
+                                             size_t(n) * sizeof(uint16_t)),
+                            shape(ref), CodecSpec(), DType::BF16));
 }
 
 Status ChunkObjects::payload(const ChunkRef &ref, std::string_view bytes,
@@ -240,25 +234,8 @@ Status ChunkObjects::payload(const ChunkRef &ref, std::string_view bytes,
         return decompressChunk(payload, shape(ref), header.codec, header.dtype,
                                out);
       }));
-  // A payload of plain values (no quantization, rotated or not) is checked
-  // value by value before a kernel reads it; a quantized one's values come
-  // from its codes and scales on the device.
-  if (codec.quant != CodecSpec::Quant::None)
-    return Status::ok();
-  if (dtype == DType::F32) {
-    const int64_t n = int64_t(out.size() / sizeof(float));
-    return checkFinite(ref, n, [&](int64_t i) {
-      float value;
-      std::memcpy(&value, out.data() + i * sizeof(float), sizeof(float));
-      return !std::isfinite(value);
-    });
-  }
-  const int64_t n = int64_t(out.size() / sizeof(uint16_t));
-  return checkFinite(ref, n, [&](int64_t i) {
-    uint16_t word;
-    std::memcpy(&word, out.data() + i * sizeof(uint16_t), sizeof(uint16_t));
-    return nonFinite16(word, dtype);
-  });
+  // Before a kernel reads it: its values, or its quantization's scales.
+  return refuseNonFinite(ref, payloadNonFinite(out, shape(ref), codec, dtype));
 }
 
 StatusOr<std::vector<StoredExtent>>

@@ -74,6 +74,12 @@ Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
 Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
                        const CodecSpec &codec, DType storage, std::string &out);
 
+/// How many of decompressChunk's `payload` numbers are NaN or infinite: its
+/// values, or a quantized payload's scales and minimums (any one of which
+/// makes its group decode to non-finite values). 0 for a finite chunk.
+int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
+                         const CodecSpec &codec, DType storage);
+
 /// Applies the lossless stage alone to `payload`, encodeChunk's bytes
 /// before that stage (what a generated save kernel writes): encodeChunk's
 /// result for the same values. DataLoss unless the payload is exactly as

@@ -349,16 +349,25 @@ std::vector<Option> operator+(std::vector<Option> a,
 }
 
 const std::vector<Command> &commands() {
-  static const std::vector<Option> common = {
-      {"backend", "NAME",
-       "cpu (default) or cuda: where the paged cache lives and restores "
-       "compute"},
-      {"gemm", "PRECISION",
-       "the cuda backend's GEMM inputs, f32 or bf16 (default the model's: "
-       "f32 for f32 checkpoints, else bf16)"},
-      {"compute-threads", "N",
-       "threads of the CPU backend's GEMMs, at most the cores (default 1)"},
+  // Every command takes --help; those that compute take the CPU's GEMM
+  // threads; those that run on a backend take the backend's options too.
+  static const std::vector<Option> help = {
       {"help", "", "print this and exit"}};
+  static const std::vector<Option> cpu =
+      std::vector<Option>{
+          {"compute-threads", "N",
+           "threads of the CPU backend's GEMMs, at most the cores (default "
+           "1)"}} +
+      help;
+  static const std::vector<Option> common =
+      std::vector<Option>{
+          {"backend", "NAME",
+           "cpu (default) or cuda: where the paged cache lives and restores "
+           "compute"},
+          {"gemm", "PRECISION",
+           "the cuda backend's GEMM inputs, f32 or bf16 (default the model's: "
+           "f32 for f32 checkpoints, else bf16)"}} +
+      cpu;
   // What save and restore must agree on: the request and the store layout.
   static const std::vector<Option> request = {
       {"model", "DIR", "the model directory (config.json + safetensors)"},
@@ -411,7 +420,7 @@ const std::vector<Command> &commands() {
                            {"max-positions", "N", "default 32768"},
                            {"dtype", "TYPE", "bf16, f16 or f32 (default bf16)"},
                            {"seed", "S", "default 0"}} +
-           common,
+           help,
        genModel},
       {"save", "prefills a request and saves its KV and hidden states",
        request + store +
@@ -437,7 +446,7 @@ const std::vector<Command> &commands() {
            {"checkpoint", "FILE", "the llama2.c .bin"},
            {"tokenizer", "FILE", "its tokenizer .bin (optional)"},
            {"out", "DIR", "where to write the model"}} +
-           common,
+           help,
        importLlama2cCommand},
       {"profile-codecs", "measures every codec composition on the model's KV",
        request +
@@ -446,10 +455,10 @@ const std::vector<Command> &commands() {
                 "decode steps after each of 4 cuts for the next-token KL "
                 "and agreement (default 8; 0: none)"},
                {"out", "FILE", "the profile (JSON)"}} +
-           common,
+           cpu,
        profileCodecs},
       {"inspect-bundle", "prints a plan bundle's plans and kernels",
-       std::vector<Option>{{"bundle", "FILE", "the bundle"}} + common,
+       std::vector<Option>{{"bundle", "FILE", "the bundle"}} + help,
        inspectBundle},
       {"restore", "restores a request with one plan and reports it",
        request + store + plan +

@@ -447,6 +447,16 @@ TEST(PlanBundleTest, RefusesTheKernelsOfVersion2) {
 
 TEST(PlanBundleTest, RejectsBadKernels) {
   EXPECT_EQ(kernelErrorAfter([](Json &) {}), "");
+  // Too many threads, also where their product would overflow (the bundle
+  // fuzzer found 256 x 2^62 under UBSan).
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["kernels"][0]["block"] = {64, 32, 1};
+            }),
+            "kernels[0].block: more than 1024 threads per block");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["kernels"][0]["block"] = {256, int64_t(1) << 62, 1};
+            }),
+            "kernels[0].block: more than 1024 threads per block");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["arch"] = "sm_70"; }),
             "kernels[0].arch: unknown architecture \"sm_70\" (expected sm_80, "
             "sm_86, sm_89, sm_90 or sm_90a)");

@@ -533,7 +533,9 @@ Status validateKernel(const BundleKernel &kernel, const std::string &path) {
   if (kernel.ptx.find(".entry " + kernel.function + "(") == std::string::npos)
     return invalidArgument(path + ".ptx: has no entry \"" + kernel.function +
                            "\"");
-  if (kernel.block[0] * kernel.block[1] * kernel.block[2] > 1024)
+  // Each dimension first, so that the product cannot overflow.
+  if (std::max({kernel.block[0], kernel.block[1], kernel.block[2]}) > 1024 ||
+      kernel.block[0] * kernel.block[1] * kernel.block[2] > 1024)
     return invalidArgument(path + ".block: more than 1024 threads per block");
   const std::vector<std::string> &names = bundleKernelArgNames(kernel.kind);
   std::vector<std::string> sorted = kernel.args, expected = names;

@@ -5,10 +5,13 @@
 // RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=magic 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 
 // NOMODEL: error: kvc-plan needs the model: attach one with --kvc-import-model=PATH/config.json
+// NOMODEL-NOT: see current operation
 // NOTARGET: error: kvc-plan needs the machine: attach one with --kvc-attach-target=targets/NAME.json
 // UNKNOWN: error: 'kvc.restore' op cannot be planned with strategy "magic" (expected joint, compute, kv, hidden, cake or hcache)
 
-// Tests that planning rejects requests it cannot serve, naming the problem.
+// Tests that planning rejects requests it cannot serve, naming the problem,
+// and that kvc-opt names the op of a diagnostic by its location only (the
+// module is not printed after it; --mlir-print-op-on-diagnostic asks for it).
 
 // expected-error @+1 {{'kvc.restore' op names tier "nvme", which target "a100-40gb" does not have}}
 kvc.restore @r tokens 0 to 4096 from [

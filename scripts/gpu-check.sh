@@ -64,7 +64,9 @@
 #                                     in transformers (SDPA) at 2048 and
 #                                     8192 tokens;
 #   scripts/gpu-check.sh main-plan TARGET [DIR]
-#                                     here: every strategy's plan for each
+#                                     here or there (the pack's kvc-opt
+#                                     links its compiler statically and
+#                                     needs no LLVM): every strategy's plan for each
 #                                     context (MAIN_TOKENS, default
 #                                     "8192 32768") and link (MAIN_LINKS,
 #                                     Gbps, default "7 32 100") compiled
@@ -87,18 +89,34 @@ MAIN_TOKENS=${MAIN_TOKENS:-8192 32768}
 MAIN_LINKS=${MAIN_LINKS:-7 32 100}
 root=$(cd "$(dirname "$0")/.." && pwd)
 
+# There: what the pack carries compressed (OpenBLAS, kvc-run and kvc-opt
+# with their compiler) unpacked once, with python's lzma (the GPU machine
+# may have no xz).
+unpack() {
+  local packed
+  if [ -f "$dir/compiler.tar.xz" ] && [ ! -f "$dir/kvc-run" ]; then
+    python3 -c 'import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$dir/compiler.tar.xz" "$dir"
+  fi
+  for packed in "$dir"/*.xz; do
+    [ -f "$packed" ] && [ "${packed%.tar.xz}" = "$packed" ] &&
+      [ ! -f "${packed%.xz}" ] || continue
+    python3 -c 'import lzma, os, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))
+os.chmod(sys.argv[2], 0o755)' "$packed" "${packed%.xz}"
+  done
+}
+
 # There: DIR absolute, the outputs' folder, the packed libraries found (and
-# OpenBLAS unpacked), the device recorded; exits 77 without a GPU.
+# unpacked), the device recorded; exits 77 without a GPU.
 prepare() {
   dir=$(cd "$dir" && pwd)
   out=${OUT:-$dir/results}
   mkdir -p "$out"
   export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  if [ -f "$dir/libopenblas.so.0.xz" ] && [ ! -f "$dir/libopenblas.so.0" ]; then
-    python3 -c 'import lzma, shutil, sys
-shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
-      "$dir/libopenblas.so.0.xz" "$dir/libopenblas.so.0"
-  fi
+  unpack
+
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv |
     tee "$out/device.txt" || exit 77
 }
@@ -144,7 +162,13 @@ EOF
     --iters 1 | tail -n 1
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVC_BUILD_COMPILER=OFF >/dev/null
-  ninja -C "$root/build-gpu" kvc-run KVCCudaBackendTests kvc-gpu-bench
+  ninja -C "$root/build-gpu" KVCCudaBackendTests kvc-gpu-bench
+  # kvc-run and kvc-opt with the compiler linked from MLIR's and LLVM's
+  # archives (cmake/StaticCompiler.cmake): they plan there, where there is
+  # no LLVM, so calibrate -> plan -> run is one call.
+  cmake -S "$root" -B "$root/build-static" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKVC_STATIC_COMPILER=ON -DKVC_BUILD_TESTS=OFF >/dev/null
+  ninja -C "$root/build-static" kvc-run kvc-opt
   mkdir -p "$dir"
   dir=$(cd "$dir" && pwd) # file:// stores need absolute paths.
   cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
@@ -157,10 +181,10 @@ EOF
     "$root/build-gpu/unittests/KVCCudaBackendTests" \
     "$root/build-gpu/bench/kvc-gpu-bench" "$root/bench/prefill-torch.py" \
     "$dir/"
-  cp "$root/build-gpu/bin/kvc-run" "$dir/kvc-run"
+  cp "$root/build-static/bin/kvc-run" "$root/build-static/bin/kvc-opt" "$dir/"
   # The device tool carries at most 64 MiB: no symbols.
-  strip "$dir/kvc-run" "$dir/KVCCudaBackendTests" "$dir/kvc-kernel-bench" \
-    "$dir/kvc-gpu-bench"
+  strip "$dir/kvc-run" "$dir/kvc-opt" "$dir/KVCCudaBackendTests" \
+    "$dir/kvc-kernel-bench" "$dir/kvc-gpu-bench"
   # Libraries outside the C/C++ runtime and CUDA: a GPU machine's image may
   # lack them.
   for binary in "$dir/kvc-kernel-bench" "$dir/kvc-run" \
@@ -169,8 +193,12 @@ EOF
   done | sort -u |
     grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
     grep -v '/cuda' | xargs -r cp -L -t "$dir/"
-  # OpenBLAS is most of it: xz brings it from 36 to 4 MB; run unpacks it.
+  # OpenBLAS and the compiler are most of it: xz brings OpenBLAS from 36 to
+  # 4 MB, and kvc-run and kvc-opt (59 and 49 MB, mostly the same MLIR and
+  # LLVM code) to 18 MB in one stream; prepare unpacks them there.
   xz -f -T2 "$dir/libopenblas.so.0"
+  tar -C "$dir" -cf - kvc-run kvc-opt | xz -9e -T1 >"$dir/compiler.tar.xz"
+  rm "$dir/kvc-run" "$dir/kvc-opt"
   # The end-to-end restores: a generated model's context saved in every
   # form, and a plan per strategy compiled for an H100 (the CUDA backend
   # runs any plan; calibrating on the GPU makes the predictions its own).
@@ -282,7 +310,14 @@ main-plan)
   dir=${3:-.gpu}
   main="$dir/main"
   mkdir -p "$main"
-  ninja -C "$root/build" kvc-opt
+  # Here the build's kvc-opt; there the pack's, which needs no LLVM.
+  if [ -f "$dir/compiler.tar.xz" ] || [ -x "$dir/kvc-opt" ]; then
+    unpack
+    opt="$dir/kvc-opt"
+  else
+    ninja -C "$root/build" kvc-opt
+    opt="$root/build/bin/kvc-opt"
+  fi
   cp "$root/examples/models/llama-3.1-8b/config.json" "$main/config.json"
   cp "$target" "$main/target.json"
   for tokens in $MAIN_TOKENS; do
@@ -300,7 +335,7 @@ PY
         printf '%s\n' "kvc.restore @$strategy tokens 0 to $tokens from [" \
           "  #kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $tokens, layers = 0 to 32>," \
           "  #kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $tokens, layers = 0 to 32>]" |
-          "$root/build/bin/kvc-opt" --kvc-import-model="$main/config.json" \
+          "$opt" --kvc-import-model="$main/config.json" \
             --kvc-attach-target="$main/target-$gbps.json" \
             "--kvc-restore-pipeline=strategy=$strategy chunk-tokens=256" \
             --kvc-emit-bundle=file="$main/$strategy.json" -o /dev/null

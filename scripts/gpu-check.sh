@@ -77,6 +77,13 @@
 #                                     each link (MAIN_REPEAT runs, default
 #                                     2), a trace of a joint restore.
 #
+#   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
+#                                     a GPU: main-calibrate, main-plan for
+#                                     that calibration with the pack's
+#                                     compiler, main, then run; each step's
+#                                     time in $OUT/all.txt. MAIN_LAYERS=N
+#                                     keeps N of the model's layers.
+#
 # Exits non-zero when a kernel differs from the runtime, memcheck finds an
 # error or transformers decodes other tokens; 77 when the machine has no
 # GPU.
@@ -87,7 +94,25 @@ dir=${2:-.gpu}
 # The main job's contexts and links (gigabits per second, Cake's grid).
 MAIN_TOKENS=${MAIN_TOKENS:-8192 32768}
 MAIN_LINKS=${MAIN_LINKS:-7 32 100}
+# MAIN_LAYERS keeps only the first N layers of the main job's model (the
+# same shape otherwise), where a device call's minutes cannot hold all 32;
+# MAIN_GPU_CHIP (default none) has its plans launch generated kernels.
+MAIN_LAYERS=${MAIN_LAYERS:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
+
+# The main job's config.json in DIR/main, with MAIN_LAYERS layers when set;
+# prints its layer count.
+main_config() {
+  python3 - "$1/config.json" "$MAIN_LAYERS" <<'PY'
+import json, sys
+path, layers = sys.argv[1], sys.argv[2]
+config = json.load(open(path))
+config.setdefault("kvc_full_layers", config["num_hidden_layers"])
+config["num_hidden_layers"] = int(layers) if layers else config["kvc_full_layers"]
+json.dump(config, open(path, "w"), indent=1)
+print(config["num_hidden_layers"])
+PY
+}
 
 # There: what the pack carries compressed (OpenBLAS, kvc-run and kvc-opt
 # with their compiler) unpacked once, with python's lzma (the GPU machine
@@ -319,6 +344,7 @@ main-plan)
     opt="$root/build/bin/kvc-opt"
   fi
   cp "$root/examples/models/llama-3.1-8b/config.json" "$main/config.json"
+  layers=$(main_config "$main")
   cp "$target" "$main/target.json"
   for tokens in $MAIN_TOKENS; do
     for gbps in $MAIN_LINKS; do
@@ -333,11 +359,11 @@ PY
       bundles=()
       for strategy in compute kv hidden cake hcache joint; do
         printf '%s\n' "kvc.restore @$strategy tokens 0 to $tokens from [" \
-          "  #kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $tokens, layers = 0 to 32>," \
-          "  #kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $tokens, layers = 0 to 32>]" |
+          "  #kvc.source<tier = \"ssd\", form = hidden, tokens = 0 to $tokens, layers = 0 to $layers>," \
+          "  #kvc.source<tier = \"ssd\", form = kv, tokens = 0 to $tokens, layers = 0 to $layers>]" |
           "$opt" --kvc-import-model="$main/config.json" \
             --kvc-attach-target="$main/target-$gbps.json" \
-            "--kvc-restore-pipeline=strategy=$strategy chunk-tokens=256" \
+            "--kvc-restore-pipeline=strategy=$strategy chunk-tokens=256 gpu-chip=${MAIN_GPU_CHIP:-none}" \
             --kvc-emit-bundle=file="$main/$strategy.json" -o /dev/null
         bundles+=("$main/$strategy.json")
       done
@@ -369,7 +395,10 @@ main-calibrate | main)
   prepare
   main="$dir/main"
   work=${MAIN_WORK:-/tmp/kvc-main}
-  model="$work/model"
+  layers=$(main_config "$main")
+  model="$work/model-$layers-layers"
+  echo "main job: $layers layers of $main/config.json's model" |
+    tee "$out/main-model.txt"
   mkdir -p "$work"
   [ -f "$model/model.safetensors" ] ||
     python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
@@ -390,8 +419,8 @@ main-calibrate | main)
   fi
   for tokens in $MAIN_TOKENS; do
     request=(--model "$model" --random-tokens "$tokens" --seed 7)
-    store="file://$work/store-$tokens"
-    [ -d "$work/store-$tokens" ] ||
+    store="file://$work/store-$layers-$tokens"
+    [ -d "$work/store-$layers-$tokens" ] ||
       "$dir/kvc-run" save "${request[@]}" --backend cuda --store "$store" \
         --forms kv,hidden --prefill-tokens 2048 --writers 8 --buffer-mb 4096 2>&1 |
         tee "$out/main-save-$tokens.txt" || status=$?
@@ -555,6 +584,28 @@ run)
       --expect "$(cat "$dir/stories260K/expected.txt")" |
       tee "$out/hf-reference.txt" || status=$?
   fi
+  exit "$status"
+  ;;
+all)
+  # There: everything a GPU must show, in order of value, each step's
+  # results in $OUT as it ends and its time in $OUT/all.txt: the main job
+  # (calibration, planning for it with the pack's compiler, the grid),
+  # then `run` (kernels, the backend's tests, sanitizers, transformers).
+  prepare
+  export OUT="$out"
+  status=0
+  step() {
+    local started=$SECONDS code=0
+    bash "$0" "$@" || code=$?
+    echo "$1: exit $code after $((SECONDS - started)) s" | tee -a "$out/all.txt"
+    [ "$code" = 0 ] || status=$code
+  }
+  echo "all: MAIN_TOKENS=$MAIN_TOKENS MAIN_LINKS=$MAIN_LINKS" \
+    "MAIN_LAYERS=${MAIN_LAYERS:-all}" | tee "$out/all.txt"
+  step main-calibrate "$dir"
+  step main-plan "$out/h100-8b.json" "$dir"
+  step main "$dir"
+  step run "$dir"
   exit "$status"
   ;;
 *)

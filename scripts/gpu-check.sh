@@ -77,12 +77,17 @@
 #                                     each link (MAIN_REPEAT runs, default
 #                                     2), a trace of a joint restore.
 #
+#   scripts/gpu-check.sh main-grid [DIR]
+#                                     there: the main job in one process
+#                                     (kvc-run grid: calibrate, save, plan
+#                                     every strategy with the compiler the
+#                                     pack carries, compare each link), then
+#                                     kvc-gpu-bench and PyTorch's prefill;
 #   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
-#                                     a GPU: main-calibrate, main-plan for
-#                                     that calibration with the pack's
-#                                     compiler, main, then run; each step's
-#                                     time in $OUT/all.txt. MAIN_LAYERS=N
-#                                     keeps N of the model's layers.
+#                                     a GPU: main-grid, then run; each
+#                                     step's time in $OUT/all.txt.
+#                                     MAIN_LAYERS=N keeps N of the model's
+#                                     layers.
 #
 # Exits non-zero when a kernel differs from the runtime, memcheck finds an
 # error or transformers decodes other tokens; 77 when the machine has no
@@ -586,11 +591,41 @@ run)
   fi
   exit "$status"
   ;;
+main-grid)
+  # There: the main job in one process (kvc-run grid: the model read once,
+  # the GPU calibrated, each context saved through its prefill, every
+  # strategy planned in-process for each link and compared, every run
+  # verified; $OUT/main.md and .json as each cell ends), then the backend
+  # against the hardware and PyTorch with the same model.
+  prepare
+  main="$dir/main"
+  work=${MAIN_WORK:-/tmp/kvc-main}
+  layers=$(main_config "$main")
+  model="$work/model-$layers-layers"
+  mkdir -p "$work"
+  echo "main job: $layers layers of $main/config.json's model" |
+    tee "$out/main-model.txt"
+  [ -f "$model/model.safetensors" ] ||
+    python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
+  status=0
+  "$dir/kvc-run" grid --backend cuda --model "$model" --calibrate \
+    --target "$dir/e2e/h100-sxm.json" --tokens "${MAIN_TOKENS// /,}" \
+    --links "${MAIN_LINKS// /,}" --repeat "${MAIN_REPEAT:-2}" \
+    --prefill-tokens 2048 --work "$work" --out "$out/main" || status=$?
+  for tokens in 2048 8192; do
+    "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
+      --out "$out/gpu-bench-$tokens.json" 2>&1 |
+      tee "$out/gpu-bench-$tokens.txt" || status=$?
+    python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
+      tee "$out/prefill-torch-$tokens.txt" || status=$?
+  done
+  exit "$status"
+  ;;
 all)
   # There: everything a GPU must show, in order of value, each step's
   # results in $OUT as it ends and its time in $OUT/all.txt: the main job
-  # (calibration, planning for it with the pack's compiler, the grid),
-  # then `run` (kernels, the backend's tests, sanitizers, transformers).
+  # in one process (main-grid), then `run` (kernels, the backend's tests,
+  # sanitizers, transformers).
   prepare
   export OUT="$out"
   status=0
@@ -602,9 +637,7 @@ all)
   }
   echo "all: MAIN_TOKENS=$MAIN_TOKENS MAIN_LINKS=$MAIN_LINKS" \
     "MAIN_LAYERS=${MAIN_LAYERS:-all}" | tee "$out/all.txt"
-  step main-calibrate "$dir"
-  step main-plan "$out/h100-8b.json" "$dir"
-  step main "$dir"
+  step main-grid "$dir"
   step run "$dir"
   exit "$status"
   ;;

@@ -25,6 +25,10 @@ Backend &backend();
 /// `gemm` ("", f32 or bf16) forces the cuda backend's GEMM input precision.
 Status selectBackend(const std::string &name, const std::string &gemm = "");
 
+/// The model in `dir`, read once a process: a command that runs others (the
+/// grid) reads a checkpoint once, whatever its steps ask for.
+StatusOr<std::shared_ptr<LlamaModel>> loadModel(const std::string &dir);
+
 /// --chunk-tokens and --layer-group: how a request's KV is cut into objects
 /// (default 256 x 4), both positive.
 StatusOr<StoreLayout> storeLayout(Args &args);

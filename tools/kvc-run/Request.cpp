@@ -11,7 +11,9 @@
 #include "kvc/Runtime/Model/Llama2c.h"
 #include "kvc/Runtime/Model/Tokenizer.h"
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 namespace kvc::run {
@@ -21,6 +23,20 @@ Backend *selected = nullptr;
 } // namespace
 
 Backend &backend() { return selected ? *selected : cpuBackend(); }
+
+StatusOr<std::shared_ptr<LlamaModel>> loadModel(const std::string &dir) {
+  static std::map<std::string, std::shared_ptr<LlamaModel>> loaded;
+  std::error_code error;
+  const std::string key =
+      std::filesystem::weakly_canonical(dir, error).string();
+  auto it = loaded.find(key);
+  if (it != loaded.end())
+    return it->second;
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(dir));
+  std::shared_ptr<LlamaModel> shared = std::move(model);
+  loaded.emplace(key, shared);
+  return shared;
+}
 
 Status selectBackend(const std::string &name, const std::string &gemm) {
   if (!gemm.empty() && gemm != "f32" && gemm != "bf16")

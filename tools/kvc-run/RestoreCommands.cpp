@@ -85,7 +85,7 @@ Status reportVerification(const RestoreError &error, const VerifyBound &bound) {
 /// What restore and compare share: the model, the request, the store and
 /// plans for them (from a bundle, or compiled in-process).
 struct RestoreSetup {
-  std::unique_ptr<LlamaModel> model;
+  std::shared_ptr<LlamaModel> model;
   std::unique_ptr<ChunkStore> store;
   /// The request over them (its tokens, the reference prefill).
   MeasuredRequest request;
@@ -205,7 +205,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
                                         const std::string &defaultStrategy) {
   RestoreSetup setup;
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
-  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(model, loadModel(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   KVC_ASSIGN_OR_RETURN(forwardTokens, args.integer("forward-tokens", 0));
   const int64_t n = int64_t(tokens.size()),
@@ -769,7 +769,7 @@ StatusOr<CodecSpec> cakeEncoding(Args &args,
 /// the back of the store's chunks, meeting where this run's rates put them.
 Status cakeCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
-  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(model, loadModel(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
   KVC_ASSIGN_OR_RETURN(matches, matchPrefix(*store, tokens));

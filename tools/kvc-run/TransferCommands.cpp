@@ -139,7 +139,7 @@ codecController(Args &args, const ChunkObjects &objects,
 
 Status transferSendCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
-  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(model, loadModel(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   KVC_ASSIGN_OR_RETURN(to, args.required("to"));
   std::string host;
@@ -200,7 +200,7 @@ Status transferSendCommand(Args &args) {
 
 Status transferRecvCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
-  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(modelDir));
+  KVC_ASSIGN_OR_RETURN(model, loadModel(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   std::string host;
   int port = 0;

@@ -138,6 +138,34 @@ os.chmod(sys.argv[2], 0o755)' "$packed" "${packed%.xz}"
   done
 }
 
+# There: the main job's model ($model: MAIN_LAYERS of its layers, drawn on
+# the GPU once; MAIN_WORK keeps it, and the saved contexts, for a warm
+# machine) and its folders ($main, $work).
+main_model() {
+  main="$dir/main"
+  work=${MAIN_WORK:-/tmp/kvc-main}
+  layers=$(main_config "$main")
+  model="$work/model-$layers-layers"
+  mkdir -p "$work"
+  echo "main job: $layers layers of $main/config.json's model" |
+    tee "$out/main-model.txt"
+  [ -f "$model/model.safetensors" ] ||
+    python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
+}
+
+# There: the backend against the hardware and PyTorch, the main job's model,
+# at 2048 and 8192 tokens; a failure sets $status.
+hardware_bench() {
+  local tokens
+  for tokens in 2048 8192; do
+    "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
+      --out "$out/gpu-bench-$tokens.json" 2>&1 |
+      tee "$out/gpu-bench-$tokens.txt" || status=$?
+    python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
+      tee "$out/prefill-torch-$tokens.txt" || status=$?
+  done
+}
+
 # There: DIR absolute, the outputs' folder, the packed libraries found (and
 # unpacked), the device recorded; exits 77 without a GPU.
 prepare() {
@@ -398,28 +426,13 @@ main-calibrate | main)
   # compiled, the store throttled to each link of MAIN_LINKS, with a trace
   # of one joint restore per context.
   prepare
-  main="$dir/main"
-  work=${MAIN_WORK:-/tmp/kvc-main}
-  layers=$(main_config "$main")
-  model="$work/model-$layers-layers"
-  echo "main job: $layers layers of $main/config.json's model" |
-    tee "$out/main-model.txt"
-  mkdir -p "$work"
-  [ -f "$model/model.safetensors" ] ||
-    python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
+  main_model
   status=0
   if [ "$mode" = main-calibrate ]; then
     "$dir/kvc-run" calibrate --backend cuda --model "$model" \
       --base "$dir/e2e/h100-sxm.json" --out "$out/h100-8b.json" \
       --scratch "$work" 2>&1 | tee "$out/main-calibrate.txt" || status=$?
-    # The backend against the hardware and PyTorch, same model, same run.
-    for tokens in 2048 8192; do
-      "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
-        --out "$out/gpu-bench-$tokens.json" 2>&1 |
-        tee "$out/gpu-bench-$tokens.txt" || status=$?
-      python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
-        tee "$out/prefill-torch-$tokens.txt" || status=$?
-    done
+    hardware_bench
     exit "$status"
   fi
   for tokens in $MAIN_TOKENS; do
@@ -598,27 +611,13 @@ main-grid)
   # verified; $OUT/main.md and .json as each cell ends), then the backend
   # against the hardware and PyTorch with the same model.
   prepare
-  main="$dir/main"
-  work=${MAIN_WORK:-/tmp/kvc-main}
-  layers=$(main_config "$main")
-  model="$work/model-$layers-layers"
-  mkdir -p "$work"
-  echo "main job: $layers layers of $main/config.json's model" |
-    tee "$out/main-model.txt"
-  [ -f "$model/model.safetensors" ] ||
-    python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
+  main_model
   status=0
   "$dir/kvc-run" grid --backend cuda --model "$model" --calibrate \
     --target "$dir/e2e/h100-sxm.json" --tokens "${MAIN_TOKENS// /,}" \
     --links "${MAIN_LINKS// /,}" --repeat "${MAIN_REPEAT:-2}" \
     --prefill-tokens 2048 --work "$work" --out "$out/main" || status=$?
-  for tokens in 2048 8192; do
-    "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
-      --out "$out/gpu-bench-$tokens.json" 2>&1 |
-      tee "$out/gpu-bench-$tokens.txt" || status=$?
-    python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
-      tee "$out/prefill-torch-$tokens.txt" || status=$?
-  done
+  hardware_bench
   exit "$status"
   ;;
 all)

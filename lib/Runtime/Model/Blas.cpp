@@ -5,6 +5,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -24,16 +25,17 @@ BlasKernels blasKernels() {
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return char(std::tolower(c)); });
   kernels.generic = lower == "prescott";
+#if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl")) {
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
     kernels.cpuVectors = "AVX-512";
     kernels.better = "SkylakeX";
   } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     kernels.cpuVectors = "AVX2";
     kernels.better = __builtin_cpu_is("amd") ? "Zen" : "Haswell";
   }
+#endif
   return kernels;
 }
 

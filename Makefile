@@ -20,10 +20,13 @@ configure: $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Every test: lit (compiler) and ctest (unit tests, runtime); fails on any failure.
+# Every test: lit (compiler), ctest (unit tests, runtime) and the GPU
+# check's script end to end at toy scale on the CPU (its pack built and held
+# to 64 MiB); fails on any failure.
 check: build
 	cmake --build $(BUILD) --target check-kvc
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	bash scripts/gpu-check.sh toy $(BUILD)/gpu-toy
 
 # Regenerates the ODS reference in docs/ from the .td files.
 docs: configure

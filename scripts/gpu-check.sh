@@ -83,6 +83,9 @@
 #                                     every strategy with the compiler the
 #                                     pack carries, compare each link), then
 #                                     kvc-gpu-bench and PyTorch's prefill;
+#   scripts/gpu-check.sh toy [DIR]   here (make check): pack, the pack held
+#                                     to 64 MiB, then all on the CPU backend
+#                                     with a toy model;
 #   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
 #                                     a GPU: main-grid, then run; each
 #                                     step's time in $OUT/all.txt.
@@ -102,6 +105,9 @@ MAIN_LINKS=${MAIN_LINKS:-7 32 100}
 # MAIN_LAYERS keeps only the first N layers of the main job's model (the
 # same shape otherwise), where a device call's minutes cannot hold all 32;
 # MAIN_GPU_CHIP (default none) has its plans launch generated kernels.
+# GPU_CHECK_BACKEND=cpu runs the main job's steps on the CPU backend, a
+# toy model standing in for the 8B one (`toy` does, in `make check`).
+backend=${GPU_CHECK_BACKEND:-cuda}
 MAIN_LAYERS=${MAIN_LAYERS:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -149,14 +155,23 @@ main_model() {
   mkdir -p "$work"
   echo "main job: $layers layers of $main/config.json's model" |
     tee "$out/main-model.txt"
-  [ -f "$model/model.safetensors" ] ||
+  [ -f "$model/model.safetensors" ] || if [ "$backend" = cpu ]; then
+    # A toy of the same kind, small enough for the CPU.
+    "$dir/kvc-run" gen-model --out "$model" --layers "$layers" --hidden 256 \
+      --heads 8 --kv-heads 2 --ffn 512 --vocab 1024 --seed 1 >/dev/null
+  else
     python3 "$dir/gen-weights.py" "$main/config.json" "$model" --seed 1
+  fi
 }
 
 # There: the backend against the hardware and PyTorch, the main job's model,
 # at 2048 and 8192 tokens; a failure sets $status.
 hardware_bench() {
   local tokens
+  if [ "$backend" = cpu ]; then
+    echo "hardware bench: skipped on the CPU backend" | tee "$out/gpu-bench.txt"
+    return
+  fi
   for tokens in 2048 8192; do
     "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
       --out "$out/gpu-bench-$tokens.json" 2>&1 |
@@ -175,6 +190,10 @@ prepare() {
   export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   unpack
 
+  if [ "$backend" = cpu ]; then
+    echo "no GPU: the CPU backend stands in" | tee "$out/device.txt"
+    return
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv |
     tee "$out/device.txt" || exit 77
 }
@@ -613,7 +632,7 @@ main-grid)
   prepare
   main_model
   status=0
-  "$dir/kvc-run" grid --backend cuda --model "$model" --calibrate \
+  "$dir/kvc-run" grid --backend "$backend" --model "$model" --calibrate \
     --target "$dir/e2e/h100-sxm.json" --tokens "${MAIN_TOKENS// /,}" \
     --links "${MAIN_LINKS// /,}" --repeat "${MAIN_REPEAT:-2}" \
     --prefill-tokens 2048 --work "$work" --out "$out/main" || status=$?
@@ -637,8 +656,47 @@ all)
   echo "all: MAIN_TOKENS=$MAIN_TOKENS MAIN_LINKS=$MAIN_LINKS" \
     "MAIN_LAYERS=${MAIN_LAYERS:-all}" | tee "$out/all.txt"
   step main-grid "$dir"
-  step run "$dir"
+  if [ "$backend" = cpu ]; then
+    echo "run: skipped on the CPU backend (GPU kernels and tests)" |
+      tee -a "$out/all.txt"
+  else
+    step run "$dir"
+  fi
   exit "$status"
+  ;;
+toy)
+  # Here, in `make check`: the pack built and held to what the device tool
+  # carries, then `all` end to end on the CPU backend with a toy model (two
+  # contexts, two links), so that the script, the pack and kvc-run grid
+  # cannot break unseen before a GPU runs them.
+  if ! command -v nvcc >/dev/null && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    echo "toy: skipped: no CUDA toolkit to build the pack with"
+    exit 0
+  fi
+  rm -rf "$dir"
+  bash "$0" pack "$dir" >"$root/build/gpu-toy-pack.log" 2>&1 || {
+    tail -n 40 "$root/build/gpu-toy-pack.log"
+    exit 1
+  }
+  size=$(du -sb "$dir" | cut -f1)
+  limit=$((64 << 20))
+  echo "toy: the pack is $size bytes of the $limit the device tool carries"
+  [ "$size" -le "$limit" ] || {
+    echo "toy: the pack exceeds what the device tool carries"
+    exit 1
+  }
+  OUT="$dir/results" GPU_CHECK_BACKEND=cpu MAIN_LAYERS=2 MAIN_TOKENS="256 512" \
+    MAIN_LINKS="7 100" MAIN_REPEAT=1 MAIN_WORK="$dir/work" \
+    bash "$0" all "$dir"
+  python3 - "$dir/results/main.json" <<'PY'
+import json, sys
+cells = json.load(open(sys.argv[1]))["cells"]
+failed = [c for c in cells if c["status"] != "ok"]
+steps = [c["step"] for c in cells]
+assert steps.count("compare") == 4 and "calibrate" in steps, steps
+assert not failed, failed
+print(f"toy: the grid ran {len(cells)} steps, all ok")
+PY
   ;;
 *)
   sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'

@@ -695,6 +695,7 @@ failed = [c for c in cells if c["status"] != "ok"]
 steps = [c["step"] for c in cells]
 assert steps.count("compare") == 4 and "calibrate" in steps, steps
 assert not failed, failed
+assert all(len(c["plans"]) == 6 for c in cells if c["step"] == "compare"), cells
 print(f"toy: the grid ran {len(cells)} steps, all ok")
 PY
   ;;

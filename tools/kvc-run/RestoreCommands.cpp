@@ -23,8 +23,11 @@
 #include "kvc/Transforms/CompileRestore.h"
 #endif
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 namespace kvc::run {
@@ -602,6 +605,7 @@ Status compareCommand(Args &args) {
   if (repeat <= 0)
     return invalidArgument("--repeat must be positive");
   const std::string tracePrefix = args.get("trace");
+  const std::string jsonPath = args.get("json");
   KVC_RETURN_IF_ERROR(args.checkUnused());
   const std::vector<BundlePlan> &plans = setup.bundle.plans;
   // A plan with the schedule of an earlier one is measured once and shown
@@ -698,6 +702,7 @@ Status compareCommand(Args &args) {
     std::printf(" %10s", ("vs " + base.name).substr(0, 10).c_str());
   std::printf("\n");
   Status worst;
+  nlohmann::json table = nlohmann::json::array();
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const RestoreMetrics &m = runs[i].metrics;
     int64_t bytes = 0;
@@ -718,6 +723,19 @@ Status compareCommand(Args &args) {
     for (const PlanRun &base : runs)
       std::printf(" %9.2fx", base.metrics.makespanSeconds / m.makespanSeconds);
     std::printf("\n");
+    nlohmann::json row = {{"plan", plans[i].name},
+                          {"fastest_ms", m.makespanSeconds * 1e3},
+                          {"median_ms", medians[i] * 1e3},
+                          {"read_mb", double(bytes) * 1e-6},
+                          {"gflop", m.flops * 1e-9},
+                          {"fallbacks", m.fallbacks.size()},
+                          {"max_error", runs[i].error->max},
+                          {"relative_l2", runs[i].error->relativeL2}};
+    if (m.predictedSeconds)
+      row["predicted_ms"] = *m.predictedSeconds * 1e3;
+    if (sameAs[i] != i)
+      row["same_schedule_as"] = plans[sameAs[i]].name;
+    table.push_back(std::move(row));
     if (worst.isOk())
       worst =
           checkVerification(*runs[i].error,
@@ -744,6 +762,17 @@ Status compareCommand(Args &args) {
   std::printf("verify: every plan within what its codecs allow of a full "
               "prefill: %s\n",
               worst.isOk() ? "ok" : "FAILED");
+  if (!jsonPath.empty()) {
+    std::ofstream json(jsonPath);
+    json << nlohmann::json{{"plans", table},
+                           {"repeat", repeat},
+                           {"verified", worst.isOk()}}
+                .dump(1)
+         << "\n";
+    if (!json)
+      return Status(StatusCode::Unavailable,
+                    jsonPath + ": cannot write the comparison");
+  }
   return worst;
 }
 

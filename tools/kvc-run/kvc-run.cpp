@@ -397,16 +397,45 @@ Status gridCommand(Args &args) {
   Json cells = Json::array();
   std::string table = "| step | tokens | link Gbps | status | seconds | "
                       "output |\n|---|---|---|---|---|---|\n";
+  std::string planTable =
+      "| tokens | link Gbps | plan | predicted ms | fastest ms | off | "
+      "median ms | fallbacks |\n|---|---|---|---|---|---|---|---|\n";
   Status first;
   auto record = [&](const std::string &step, int64_t tokens, int64_t gbps,
                     const std::string &output, const Status &status,
-                    double seconds) -> Status {
+                    double seconds,
+                    const Json &plans = Json::array()) -> Status {
     cells.push_back({{"step", step},
                      {"tokens", tokens},
                      {"gbps", gbps},
                      {"status", status.isOk() ? "ok" : status.toString()},
                      {"seconds", seconds},
-                     {"output", output}});
+                     {"output", output},
+                     {"plans", plans}});
+    for (const Json &plan : plans) {
+      const double fastest = plan.value("fastest_ms", 0.0);
+      std::string predicted = "-", off = "-";
+      if (plan.contains("predicted_ms")) {
+        const double priced = plan.value("predicted_ms", 0.0);
+        char text[32];
+        std::snprintf(text, sizeof(text), "%.3f", priced);
+        predicted = text;
+        if (priced > 0) {
+          std::snprintf(text, sizeof(text), "%+.0f%%",
+                        (fastest / priced - 1) * 100);
+          off = text;
+        }
+      }
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "| %lld | %lld | %s | %s | %.3f | %s | %.3f | %lld |\n",
+                    (long long)tokens, (long long)gbps,
+                    plan.value("plan", std::string()).c_str(),
+                    predicted.c_str(), fastest, off.c_str(),
+                    plan.value("median_ms", 0.0),
+                    (long long)plan.value("fallbacks", 0));
+      planTable += line;
+    }
     char row[512];
     std::snprintf(row, sizeof(row), "| %s | %s | %s | %s | %.1f | %s |\n",
                   step.c_str(),
@@ -419,7 +448,7 @@ Status gridCommand(Args &args) {
     if (!status.isOk() && first.isOk())
       first = status;
     std::ofstream md(prefix + ".md"), json(prefix + ".json");
-    md << table;
+    md << table << "\n" << planTable;
     json << Json{{"model", modelDir},
                  {"target", target},
                  {"cells", cells}}
@@ -479,11 +508,18 @@ Status gridCommand(Args &args) {
       if (l + 1 == links.size())
         words.insert(words.end(),
                      {"--trace", prefix + "-trace-" + request});
-      const std::string output =
-          prefix + "-" + request + "-" + gbps + ".txt";
-      auto [status, seconds] = timed("compare", words, output);
-      KVC_RETURN_IF_ERROR(
-          record("compare", tokens, links[l], output, status, seconds));
+      const std::string cell = prefix + "-" + request + "-" + gbps;
+      words.insert(words.end(), {"--json", cell + ".json"});
+      auto [status, seconds] = timed("compare", words, cell + ".txt");
+      // The comparison's own table, where it got as far as writing it.
+      Json plans = Json::array();
+      if (std::ifstream in(cell + ".json"); in) {
+        Json written = Json::parse(in, nullptr, /*allow_exceptions=*/false);
+        if (written.is_object() && written.contains("plans"))
+          plans = written["plans"];
+      }
+      KVC_RETURN_IF_ERROR(record("compare", tokens, links[l], cell + ".txt",
+                                 status, seconds, plans));
     }
   }
   return first;
@@ -644,7 +680,8 @@ const std::vector<Command> &commands() {
                {"repeat", "N", "runs per plan, round robin (default 1)"},
                {"trace", "PREFIX",
                 "write each plan's fastest run as a Chrome trace, "
-                "PREFIX-PLAN.json"}} +
+                "PREFIX-PLAN.json"},
+               {"json", "FILE", "write the table as JSON too"}} +
            common,
        compareCommand},
       {"cake", "restores with Cake's dynamic walk over what the store holds",

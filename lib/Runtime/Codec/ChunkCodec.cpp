@@ -309,19 +309,21 @@ int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
   };
   int64_t count = 0;
   if (codec.quant == CodecSpec::Quant::None) {
+    // Every chunk a restore loads passes here: one tight loop per type.
     const int64_t n =
         std::min<int64_t>(shape.numel(), int64_t(payload.size()) /
                                              dtypeBytes(storage));
-    for (int64_t i = 0; i < n; ++i) {
-      if (storage == DType::F32) {
+    if (storage == DType::F32) {
+      for (int64_t i = 0; i < n; ++i) {
         float value;
         std::memcpy(&value, payload.data() + 4 * i, 4);
         count += !std::isfinite(value);
-      } else {
-        count += nonFinite16(payload.data() + 2 * i,
-                             storage == DType::F16 ? 0x7C00 : 0x7F80);
       }
+      return count;
     }
+    const uint16_t exponent = storage == DType::F16 ? 0x7C00 : 0x7F80;
+    for (int64_t i = 0; i < n; ++i)
+      count += nonFinite16(payload.data() + 2 * i, exponent);
     return count;
   }
   // Each matrix: its groups' (scale, minimum) pairs of f16, then its codes.

@@ -90,7 +90,10 @@
 #                                     a GPU: main-grid, then run; each
 #                                     step's time in $OUT/all.txt.
 #                                     MAIN_LAYERS=N keeps N of the model's
-#                                     layers.
+#                                     layers; GRID_S (default 300),
+#                                     BENCH_S (60) and SANITIZER_S (45)
+#                                     bound the grid, each hardware bench
+#                                     and each sanitizer run (seconds).
 #
 # Exits non-zero when a kernel differs from the runtime, memcheck finds an
 # error or transformers decodes other tokens; 77 when the machine has no
@@ -173,10 +176,12 @@ hardware_bench() {
     return
   fi
   for tokens in 2048 8192; do
-    "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
+    timeout "${BENCH_S:-0}" \
+      "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
       --out "$out/gpu-bench-$tokens.json" 2>&1 |
       tee "$out/gpu-bench-$tokens.txt" || status=$?
-    python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
+    timeout "${BENCH_S:-0}" \
+      python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
       tee "$out/prefill-torch-$tokens.txt" || status=$?
   done
 }
@@ -511,32 +516,34 @@ for k in json.load(open(sys.argv[1]))["kernels"]:
 run)
   prepare
   status=0
-  "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
-    --out "$out/kernel-bench.json" | tee "$out/kernel-bench.txt" ||
-    status=$?
-  [ "$status" = 77 ] && exit 77
-  "$dir/kvc-kernel-bench" --bundle "$dir/kernel-variants.json" \
-    --out "$out/kernel-variants.json" | tee "$out/kernel-variants.txt" ||
-    status=$?
-  sanitizer=/usr/local/cuda/bin/compute-sanitizer
-  if [ -x "$sanitizer" ]; then
-    "$sanitizer" --tool memcheck --leak-check full --error-exitcode 3 \
-      "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" --iters 1 \
-      >"$out/memcheck.txt" 2>&1 || status=$?
-    tail -n 3 "$out/memcheck.txt"
-  fi
-  # The CUDA backend: its tests, once more under memcheck and racecheck,
-  # then every plan restored on the GPU beside the CPU, and calibration.
+  # The CUDA backend's tests, then the kernels against the copy, then the
+  # sanitizers, each under SANITIZER_S seconds (default 0: no limit; a
+  # sanitizer stopped by it is reported as exit 124).
   export KVC_EXEC_KERNELS="$dir/exec-kernels.json"
   export KVC_EXEC_RESTORES="$dir/exec-restores.json"
   export KVC_EXEC_SAVES="$dir/exec-saves.json"
   "$dir/KVCCudaBackendTests" 2>&1 | tee "$out/cuda-backend-tests.txt" ||
     status=$?
+  "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
+    --out "$out/kernel-bench.json" | tee "$out/kernel-bench.txt" ||
+    status=$?
+  "$dir/kvc-kernel-bench" --bundle "$dir/kernel-variants.json" \
+    --out "$out/kernel-variants.json" | tee "$out/kernel-variants.txt" ||
+    status=$?
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+  limit=${SANITIZER_S:-0}
   if [ -x "$sanitizer" ]; then
-    for tool in memcheck racecheck; do
-      "$sanitizer" --tool $tool --error-exitcode 3 \
-        "$dir/KVCCudaBackendTests" \
-        --gtest_filter='*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*' \
+    timeout "$limit" "$sanitizer" --tool memcheck --leak-check full \
+      --error-exitcode 3 "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
+      --iters 1 >"$out/memcheck.txt" 2>&1 || status=$?
+    tail -n 3 "$out/memcheck.txt"
+    # memcheck over the backend's restores; racecheck over the kernels that
+    # share memory (tiled attention, generated restores).
+    for check in "memcheck:*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*" \
+      "racecheck:*TiledAttention*:*GeneratedKernelsDecode*"; do
+      tool=${check%%:*}
+      timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 3 \
+        "$dir/KVCCudaBackendTests" --gtest_filter="${check#*:}" \
         >"$out/cuda-backend-$tool.txt" 2>&1 || status=$?
       tail -n 2 "$out/cuda-backend-$tool.txt"
     done
@@ -632,7 +639,8 @@ main-grid)
   prepare
   main_model
   status=0
-  "$dir/kvc-run" grid --backend "$backend" --model "$model" --calibrate \
+  timeout "${GRID_S:-0}" \
+    "$dir/kvc-run" grid --backend "$backend" --model "$model" --calibrate \
     --target "$dir/e2e/h100-sxm.json" --tokens "${MAIN_TOKENS// /,}" \
     --links "${MAIN_LINKS// /,}" --repeat "${MAIN_REPEAT:-2}" \
     --prefill-tokens 2048 --work "$work" --out "$out/main" || status=$?
@@ -646,6 +654,11 @@ all)
   # sanitizers, transformers).
   prepare
   export OUT="$out"
+  # Each step's limits (seconds), so that the whole stays inside a device
+  # call with room for a rerun: the grid, each hardware bench, each
+  # sanitizer run.
+  export GRID_S=${GRID_S:-300} BENCH_S=${BENCH_S:-60} \
+    SANITIZER_S=${SANITIZER_S:-45}
   status=0
   step() {
     local started=$SECONDS code=0
@@ -654,7 +667,8 @@ all)
     [ "$code" = 0 ] || status=$code
   }
   echo "all: MAIN_TOKENS=$MAIN_TOKENS MAIN_LINKS=$MAIN_LINKS" \
-    "MAIN_LAYERS=${MAIN_LAYERS:-all}" | tee "$out/all.txt"
+    "MAIN_LAYERS=${MAIN_LAYERS:-all} GRID_S=$GRID_S BENCH_S=$BENCH_S" \
+    "SANITIZER_S=$SANITIZER_S" | tee "$out/all.txt"
   step main-grid "$dir"
   if [ "$backend" = cpu ]; then
     echo "run: skipped on the CPU backend (GPU kernels and tests)" |

@@ -76,6 +76,7 @@ RestoreHandle::start(ResourcePools &pools, const BundlePlan &plan,
   KVC_ASSIGN_OR_RETURN(thread, startThread([self, &pools, options] {
                          self->result_ =
                              restore(pools, self->plan_, self->target_, options);
+                         self->ended_ = true;
                        }));
   handle->thread_ = std::move(thread);
   return handle;

@@ -8,13 +8,20 @@ namespace kvc::host {
 
 StatusOr<std::unique_ptr<ChunkStore>> openStore(const StoreOptions &options,
                                                 const ModelCompute &model) {
-  if (options.layout.chunkTokens <= 0 || options.layout.layerGroup <= 0)
+  StoreLayout layout = options.layout;
+  if (layout.chunkTokens < 0 || layout.layerGroup <= 0)
     return invalidArgument("a store's chunk tokens and layer group must be "
                            "positive");
-  KVC_ASSIGN_OR_RETURN(tier, openTier(options.url, options.access));
+  KVC_ASSIGN_OR_RETURN(opened, openTier(options.url, options.access));
+  std::shared_ptr<Tier> tier = std::move(opened);
+  if (layout.chunkTokens == 0) {
+    KVC_ASSIGN_OR_RETURN(recorded, recordedLayouts(*tier, model.fingerprint(),
+                                                   options.tenant));
+    layout = recorded.empty() ? StoreLayout() : recorded.front();
+  }
   return std::make_unique<ChunkStore>(std::move(tier), model.config(),
                                       model.fingerprint(), options.tenant,
-                                      options.layout);
+                                      layout);
 }
 
 StatusOr<std::vector<PrefixMatch>>

@@ -24,9 +24,10 @@ def files(store: Path) -> tuple[int, int]:
     if store.is_dir():
         for path in store.rglob("*"):
             if path.is_file():
-                if path.relative_to(store).parts[0] == ".tmp" or ".tmp." in path.name:
+                top = path.relative_to(store).parts[0]
+                if top == ".tmp" or ".tmp." in path.name:
                     temporaries += 1
-                else:
+                elif top != "layouts":  # The store's layout records.
                     objects += 1
     return objects, temporaries
 

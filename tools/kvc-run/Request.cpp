@@ -93,9 +93,13 @@ StatusOr<std::unique_ptr<ChunkStore>>
 openStore(Args &args, const LlamaModel &model, TierAccess access) {
   host::StoreOptions options;
   KVC_ASSIGN_OR_RETURN(url, args.required("store"));
+  // A reader without --chunk-tokens or --layer-group reads the layout the
+  // store records (host::openStore); a writer records its own.
+  const bool recorded = access == TierAccess::Existing &&
+                        !args.has("chunk-tokens") && !args.has("layer-group");
   KVC_ASSIGN_OR_RETURN(layout, storeLayout(args));
   options.url = url;
-  options.layout = layout;
+  options.layout = recorded ? StoreLayout{0, 1} : layout;
   options.tenant = args.get("tenant");
   options.access = access;
   return host::openStore(options, model);

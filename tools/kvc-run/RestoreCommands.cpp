@@ -20,7 +20,7 @@
 #include "kvc/Runtime/Model/Tokenizer.h"
 
 #ifdef KVC_RUN_WITH_COMPILER
-#include "kvc/Transforms/CompileRestore.h"
+#include "kvc/Host/CompilerHook.h"
 #endif
 
 #include <nlohmann/json.hpp>
@@ -102,24 +102,9 @@ struct RestoreSetup {
 /// The planning hook kvc-run binds: the compiler in-process.
 PlanHook compilerHook() {
 #ifdef KVC_RUN_WITH_COMPILER
-  return [](const ModelCompute &model, const TargetDesc &target,
-            const planning::Request &request, int64_t chunkTokens,
-            const PlanOptions &options) {
-    CompileRestoreOptions compile;
-    compile.strategies = options.strategies;
-    compile.chunkTokens = chunkTokens;
-    compile.stagingMiB = options.stagingMiB;
-    compile.layerWise = options.layerWise;
-    compile.codecProfile = options.codecProfile;
-    compile.gpuChip = options.gpuChip;
-    std::vector<std::string> warnings;
-    compile.warnings = &warnings;
-    StatusOr<PlanBundle> bundle = compileRestore(
-        model.config(), model.fingerprint(), target, request, compile);
-    for (const std::string &warning : warnings)
-      std::fprintf(stderr, "kvc-run: warning: %s\n", warning.c_str());
-    return bundle;
-  };
+  return compilerPlanHook([](const std::string &warning) {
+    std::fprintf(stderr, "kvc-run: warning: %s\n", warning.c_str());
+  });
 #else
   return {};
 #endif

@@ -569,8 +569,12 @@ const std::vector<Command> &commands() {
       {"store", "URL",
        "mem://, file:///DIR or redis://HOST:PORT[/DB], "
        "?gbps=N throttles"},
-      {"chunk-tokens", "N", "tokens per stored object (default 256; as saved)"},
-      {"layer-group", "N", "layers per stored object (default 4; as saved)"},
+      {"chunk-tokens", "N",
+       "tokens per stored object (default 256; a reader: as the store "
+       "records)"},
+      {"layer-group", "N",
+       "layers per stored object (default 4; a reader: as the store "
+       "records)"},
       {"tenant", "SALT",
        "the tenant salt of the keys (default none; as saved)"}};
   static const std::vector<Option> plan = {

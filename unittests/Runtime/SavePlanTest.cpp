@@ -1,6 +1,7 @@
 //===- SavePlanTest.cpp - Save plans run over a paged cache ---------------===//
 
 #include "ExecutorFixture.h"
+#include "StoreObjects.h"
 
 #include "kvc/Runtime/Save/SavePlan.h"
 
@@ -162,17 +163,17 @@ TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
   // The first chunk's objects reach the store before the prefill dies.
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (disk_->list("")->size() < 2 &&
+  while (test::chunkObjects(*disk_).size() < 2 &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  ASSERT_EQ(disk_->list("")->size(), 2u);
+  ASSERT_EQ(test::chunkObjects(*disk_).size(), 2u);
   filling.finish(Status(StatusCode::Unavailable, "the prefill died"));
   saver.join();
   ASSERT_FALSE(saved.isOk());
   EXPECT_NE(saved.status().message().find("the prefill died"),
             std::string::npos)
       << saved.status().toString();
-  EXPECT_TRUE(disk_->list("")->empty());
+  EXPECT_TRUE(test::chunkObjects(*disk_).empty());
 }
 
 // A plan of both forms run beside the prefill that hands them over stores
@@ -195,9 +196,9 @@ TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
     StatusOr<SaveMetrics> saved = saveDuringPrefill(
         *backend_, *model_, tokens_, both, {{"disk", &store}}, stream);
     ASSERT_TRUE(saved.isOk()) << saved.status().toString();
-    std::vector<std::string> names = *reference->list("");
+    std::vector<std::string> names = test::chunkObjects(*reference);
     EXPECT_EQ(saved->written, int64_t(names.size()));
-    EXPECT_EQ(*disk->list(""), names);
+    EXPECT_EQ(test::chunkObjects(*disk), names);
     for (const std::string &name : names) {
       std::string want, got;
       ASSERT_TRUE(reference->get(name, want).isOk());
@@ -220,7 +221,7 @@ TEST_F(SavePlanTest, AFailedStoreEndsASaveDuringPrefill) {
   EXPECT_NE(saved.status().message().find("exceeds the tier's capacity"),
             std::string::npos)
       << saved.status().toString();
-  EXPECT_TRUE(tiny->list("")->empty());
+  EXPECT_TRUE(test::chunkObjects(*tiny).empty());
 }
 
 // Plans the executor cannot run as a save are refused before anything is
@@ -230,7 +231,7 @@ TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
   auto refusal = [&](const BundlePlan &p) {
     StatusOr<SaveMetrics> refused = runSave(p);
     EXPECT_FALSE(refused.isOk());
-    EXPECT_TRUE(disk_->list("")->empty());
+    EXPECT_TRUE(test::chunkObjects(*disk_).empty());
     return refused.status().message();
   };
   EXPECT_EQ(refusal(savePlanFor(*saved_, kTokens, {Form::Hidden}, CodecSpec(),

@@ -25,6 +25,7 @@
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 
+#include <atomic>
 #include <functional>
 #include <limits>
 #include <thread>
@@ -110,6 +111,8 @@ public:
     return progress_.wait(layer, timeout);
   }
   bool layerReady(int64_t layer) const { return progress_.ready(layer); }
+  /// Whether the restore has ended (wait() then returns at once).
+  bool ended() const { return ended_.load(); }
 
   /// Blocks until the restore ends; its metrics or its error. Once.
   StatusOr<RestoreMetrics> wait();
@@ -120,6 +123,7 @@ private:
   BundlePlan plan_;
   RestoreTarget target_;
   LayerProgress progress_;
+  std::atomic<bool> ended_{false};
   StatusOr<RestoreMetrics> result_ =
       Status(StatusCode::Internal, "the restore has not ended");
   std::thread thread_;

@@ -23,11 +23,14 @@
 
 namespace kvc::host {
 
-/// Where a store is and how its objects are laid out: save and restore must
-/// agree on all of it.
+/// Where a store is and how its objects are laid out.
 struct StoreOptions {
   /// mem://, file:///path, redis://host:port, with an optional ?gbps=N.
   std::string url;
+  /// The layout; with chunkTokens 0, the one the store records for the
+  /// model and tenant (recordedLayouts, ChunkStore.h: the first), else
+  /// StoreLayout's default. A store records the layout of every object
+  /// written into it.
   StoreLayout layout;
   /// Salts every key: tenants never share objects.
   std::string tenant;
@@ -38,6 +41,7 @@ struct StoreOptions {
 /// The store `options` names, for `model`'s objects.
 StatusOr<std::unique_ptr<ChunkStore>> openStore(const StoreOptions &options,
                                                 const ModelCompute &model);
+
 
 /// How much of a request one store holds in one form and encoding.
 struct PrefixMatch {

@@ -41,7 +41,8 @@ class Run {
 public:
   Run(const BundlePlan &plan, const RestoreTarget &target,
       const RestoreOptions &options)
-      : plan_(plan), target_(target), config_(target.model->config()),
+      : plan_(plan), target_(target), options_(options),
+        config_(target.model->config()),
         backend_(target.backend ? *target.backend : cpuBackend()),
         kernels_(options.kernels),
         steps_(backend_, *target.model, target.stores, *target.tokens,
@@ -60,6 +61,7 @@ public:
                              " does not cover the model's " +
                              std::to_string(config_.numLayers) + " layers");
     KVC_RETURN_IF_ERROR(checkCoverage(n));
+    KVC_RETURN_IF_ERROR(checkResident());
     values_.resize(plan_.tasks.size());
     slots_ = std::make_unique<exec_detail::StagingSlot[]>(plan_.stagingSlots);
     TaskGraph graph;
@@ -120,7 +122,11 @@ public:
             });
       }
       graph.add({label, poolOf(task), task.after,
-                 [this, i](int) { return runTask(i); }},
+                 [this, i](int) {
+                   if (cancelled())
+                     return restoreCancelled();
+                   return belowResident(i) ? Status::ok() : runTask(i);
+                 }},
                 batch);
     }
     return graph;
@@ -232,7 +238,43 @@ public:
     return Status::ok();
   }
 
-  /// Recomputes the chunks that could not be loaded.
+  /// Fails unless every chunk lies wholly above or below the resident
+  /// prefix, and no chunk above it is computed.
+  Status checkResident() const {
+    const int64_t resident = options_.resident;
+    if (resident < 0 || resident > int64_t(target_.tokens->size()))
+      return invalidArgument("restore: " + std::to_string(resident) +
+                             " resident tokens of a request of " +
+                             std::to_string(target_.tokens->size()));
+    if (resident == 0)
+      return Status::ok();
+    for (const BundleTask &task : plan_.tasks)
+      for (const BundleStep &step : task.steps) {
+        if (step.tokens.begin < resident && resident < step.tokens.end)
+          return invalidArgument(
+              "restore: plan " + plan_.name + " has a chunk of tokens " +
+              std::to_string(step.tokens.begin) + " to " +
+              std::to_string(step.tokens.end) + " across the " +
+              std::to_string(resident) + " resident tokens");
+        if (step.kind == StepKind::ChunkCompute && step.tokens.begin >= resident)
+          return unimplemented(
+              "restore: plan " + plan_.name + " computes tokens " +
+              std::to_string(step.tokens.begin) + " to " +
+              std::to_string(step.tokens.end) +
+              " above resident tokens (only loads may follow them)");
+      }
+    return Status::ok();
+  }
+
+  /// Whether task `index` works on a chunk of the resident prefix.
+  bool belowResident(std::size_t index) const {
+    return plan_.tasks[index].steps.front().tokens.end <= options_.resident;
+  }
+
+  bool cancelled() const { return options_.cancel && options_.cancel->load(); }
+
+  /// Recomputes the chunks that could not be loaded (or, without
+  /// RestoreOptions::recomputeFallbacks, lists them).
   Status recoverFallbacks(RestoreMetrics &metrics) {
     std::vector<std::shared_ptr<exec_detail::ChunkValue>> failed;
     for (const auto &value : values_)
@@ -243,13 +285,18 @@ public:
       return Status::ok();
     Clock::time_point start = Clock::now();
     for (const auto &value : failed) {
-      KVC_RETURN_IF_ERROR(steps_.computeBox(value->box()));
+      if (options_.recomputeFallbacks)
+        KVC_RETURN_IF_ERROR(steps_.computeBox(value->box()));
       metrics.fallbacks.push_back(
           std::string(name(value->form)) + " tokens " +
           std::to_string(value->tokens.begin) + " to " +
           std::to_string(value->tokens.end) + ", layers " +
           std::to_string(value->layers.begin) + " to " +
-          std::to_string(value->layers.end) + " recomputed: " + value->fault);
+          std::to_string(value->layers.end) +
+          (options_.recomputeFallbacks ? " recomputed: "
+                                       : " left unwritten: ") +
+          value->fault);
+      metrics.fallbackTokens.push_back(value->tokens);
     }
     metrics.fallbackSeconds = secondsSince(start);
     return Status::ok();
@@ -302,8 +349,12 @@ private:
   /// decodes: each task's other steps and its chunk's upload, then one
   /// launch for the chunks that did not fault.
   Status runBatch(const std::vector<int64_t> &tasks) {
+    if (cancelled())
+      return restoreCancelled();
     std::vector<exec_detail::ChunkValue *> launch;
     for (int64_t index : tasks) {
+      if (belowResident(index))
+        continue;
       const BundleTask &task = plan_.tasks[index];
       exec_detail::ChunkValue &value = *values_[index];
       KVC_RETURN_IF_ERROR(runSteps(index, task.steps.size() - 1));
@@ -373,6 +424,7 @@ private:
 
   const BundlePlan &plan_;
   const RestoreTarget &target_;
+  const RestoreOptions &options_;
   const ModelConfig &config_;
   Backend &backend_;
   const std::vector<BundleKernel> *kernels_;
@@ -438,6 +490,9 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   StatusOr<TaskGraph> graph = run.build();
   if (!graph)
     return graph.status();
+  if (options.resident > 0) // Written before the restore: count them.
+    options.progress->add(0, target.model->config().numLayers,
+                          options.resident);
   RunResult result = runGraph(pools, *graph);
   if (!result.status.isOk())
     return result.status;
@@ -463,6 +518,10 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
 }
 
 } // namespace
+
+Status restoreCancelled() {
+  return Status(StatusCode::Unavailable, "the restore was cancelled");
+}
 
 StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,

@@ -2,8 +2,13 @@
 
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include "kvc/Runtime/Base/Sha256.h"
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <sstream>
+#include <tuple>
 
 namespace kvc {
 
@@ -135,6 +140,7 @@ Status putUnlessStored(ChunkStore &store, const ChunkRef &ref, bool *written,
   if (stored)
     return Status::ok();
   KVC_ASSIGN_OR_RETURN(object, encodeFn());
+  KVC_RETURN_IF_ERROR(store.recordLayout());
   KVC_RETURN_IF_ERROR(store.tier().put(ref.name(), object));
   if (written)
     *written = true;
@@ -142,6 +148,60 @@ Status putUnlessStored(ChunkStore &store, const ChunkRef &ref, bool *written,
 }
 
 } // namespace
+
+namespace {
+
+/// The folder of a model's and tenant's layout records.
+std::string layoutFolder(const std::string &fingerprint,
+                         const std::string &salt) {
+  Sha256 hash;
+  hash.update("kvc-layouts-v1")
+      .update(fingerprint)
+      .update(uint64_t(salt.size()))
+      .update(salt);
+  return "layouts/" + toHex(hash.finish(), 16) + "/";
+}
+
+} // namespace
+
+StatusOr<std::vector<StoreLayout>> recordedLayouts(Tier &tier,
+                                                   const std::string &fingerprint,
+                                                   const std::string &salt) {
+  KVC_ASSIGN_OR_RETURN(names, tier.list(layoutFolder(fingerprint, salt)));
+  std::vector<StoreLayout> layouts;
+  for (const std::string &name : names) {
+    StoreLayout layout;
+    char x = 0, rest = 0;
+    std::istringstream in(name.substr(name.rfind('/') + 1));
+    // Anything else under the folder is not a record: skipped.
+    if (!(in >> layout.chunkTokens >> x >> layout.layerGroup) || x != 'x' ||
+        in >> rest || layout.chunkTokens <= 0 || layout.layerGroup <= 0)
+      continue;
+    layouts.push_back(layout);
+  }
+  std::sort(layouts.begin(), layouts.end(),
+            [](const StoreLayout &a, const StoreLayout &b) {
+              return std::tie(a.chunkTokens, a.layerGroup) <
+                     std::tie(b.chunkTokens, b.layerGroup);
+            });
+  return layouts;
+}
+
+Status ChunkStore::recordLayout() {
+  if (*recorded_)
+    return Status::ok();
+  const std::string name = layoutFolder(fingerprint(), salt()) +
+                           std::to_string(layout().chunkTokens) + "x" +
+                           std::to_string(layout().layerGroup);
+  KVC_ASSIGN_OR_RETURN(exists, tier_->exists(name));
+  if (!exists)
+    KVC_RETURN_IF_ERROR(tier_->put(
+        name, "kvc-layout/1 chunk_tokens=" +
+                  std::to_string(layout().chunkTokens) +
+                  " layer_group=" + std::to_string(layout().layerGroup) + "\n"));
+  *recorded_ = true;
+  return Status::ok();
+}
 
 Status ChunkStore::put(const ChunkRef &ref, const float *values,
                        bool *written) {

@@ -56,6 +56,7 @@
 #include "kvc/Runtime/Exec/TaskGraph.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <string>
@@ -88,7 +89,24 @@ struct RestoreOptions {
   /// The kernel table of the plan's bundle: the generated code its tasks
   /// name. Without it, every task runs the runtime's own code.
   const std::vector<BundleKernel> *kernels = nullptr;
+  /// Tokens [0, resident) are in the cache already (a server's own prefix
+  /// hit) and are not written: the tasks of chunks below it do not run, and
+  /// their layers count as written. A plan with a chunk across it, or a
+  /// compute chunk above it, is refused: the first would overwrite blocks
+  /// the server may share, the second reads a context the plan did not
+  /// restore.
+  int64_t resident = 0;
+  /// When set and true, the restore stops at its next task and fails with
+  /// restoreCancelled(); what it wrote stays written.
+  const std::atomic<bool> *cancel = nullptr;
+  /// Whether chunks that could not be loaded intact are recomputed (exact,
+  /// with the target's model) before the restore ends; when false they are
+  /// left unwritten for the caller, in RestoreMetrics::fallbackTokens.
+  bool recomputeFallbacks = true;
 };
+
+/// The error of a restore stopped through RestoreOptions::cancel.
+Status restoreCancelled();
 
 struct RestoreMetrics {
   double makespanSeconds = 0; ///< The graph plus any fallback recompute.
@@ -105,8 +123,11 @@ struct RestoreMetrics {
   /// after loaded tokens): 0 otherwise, since computed chunks attend over
   /// the paged cache itself.
   int64_t exactContextBytes = 0;
-  /// One line per chunk recomputed instead of loaded, with why.
+  /// One line per chunk recomputed instead of loaded (or, without
+  /// RestoreOptions::recomputeFallbacks, left unwritten), with why.
   std::vector<std::string> fallbacks;
+  /// The tokens of those chunks, one range per chunk, in plan order.
+  std::vector<BundleRange> fallbackTokens;
   /// Chunks generated kernels wrote into the cache on the device: restore
   /// kernels decoding stored KV, projections' epilogues.
   int64_t kernelChunks = 0;

@@ -16,6 +16,7 @@
 #include "kvc/Runtime/Store/ChunkFormat.h"
 #include "kvc/Runtime/Store/Tier.h"
 
+#include <atomic>
 #include <memory>
 #include <optional>
 
@@ -122,6 +123,8 @@ public:
              std::string fingerprint, std::string salt, StoreLayout layout);
 
   Tier &tier() { return *tier_; }
+  /// The tier, for another store over it (another layout).
+  const std::shared_ptr<Tier> &sharedTier() const { return tier_; }
 
   /// The encodings `ref`'s chunk is stored in, whatever `ref.codec` is.
   StatusOr<std::vector<CodecSpec>> encodings(const ChunkRef &ref);
@@ -149,6 +152,9 @@ public:
                     bool *written = nullptr);
   /// Whether a readable object `ref` names is stored (a corrupt one is not).
   StatusOr<bool> has(const ChunkRef &ref);
+  /// Records this store's layout for its model and tenant in the tier,
+  /// unless recorded (put and putEncoded do before their first object).
+  Status recordLayout();
   /// Removes the object `ref` names, if stored.
   Status remove(const ChunkRef &ref) { return tier_->remove(ref.name()); }
 
@@ -157,7 +163,21 @@ public:
 
 private:
   std::shared_ptr<Tier> tier_;
+  /// Whether recordLayout found or wrote the record (held apart so that a
+  /// store stays movable).
+  std::unique_ptr<std::atomic<bool>> recorded_ =
+      std::make_unique<std::atomic<bool>>(false);
 };
+
+/// The layouts `tier` records objects of the model with `fingerprint` (hex)
+/// under for tenant `salt`, ordered by chunk tokens, then layer group: one
+/// small object per layout, "layouts/<digest>/<tokens>x<group>", which a
+/// store adds before the first object it writes (ChunkStore::recordLayout),
+/// so that a reader need not be told how a writer chose. Not objects of any
+/// save: a failed save leaves its record.
+StatusOr<std::vector<StoreLayout>> recordedLayouts(Tier &tier,
+                                                   const std::string &fingerprint,
+                                                   const std::string &salt);
 
 } // namespace kvc
 

@@ -1,0 +1,47 @@
+//===- CompilerHook.h - The compiler as a server's planner ------*- C++ -*-===//
+//
+// The PlanHook of a host that links the compiler (KVCTransforms: MLIR and
+// LLVM): each plan compiled in-process by compileRestore with the hook's
+// options. Header-only, so that KVCHost itself stays free of the compiler;
+// a host without it passes bundles compiled ahead (bundleHook, Connector.h).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_HOST_COMPILERHOOK_H
+#define KVC_HOST_COMPILERHOOK_H
+
+#include "kvc/Host/Session.h"
+#include "kvc/Transforms/CompileRestore.h"
+
+#include <functional>
+
+namespace kvc::host {
+
+/// Compiles each request with compileRestore; `warn` receives the
+/// compiler's warnings (a fused kernel left to the runtime, and why).
+inline PlanHook
+compilerPlanHook(std::function<void(const std::string &)> warn = {}) {
+  return [warn](const ModelCompute &model, const TargetDesc &target,
+                const planning::Request &request, int64_t chunkTokens,
+                const PlanOptions &options) {
+    CompileRestoreOptions compile;
+    compile.strategies = options.strategies;
+    compile.chunkTokens = chunkTokens;
+    compile.stagingMiB = options.stagingMiB;
+    compile.layerWise = options.layerWise;
+    compile.codecProfile = options.codecProfile;
+    compile.gpuChip = options.gpuChip;
+    std::vector<std::string> warnings;
+    compile.warnings = &warnings;
+    StatusOr<PlanBundle> bundle = compileRestore(
+        model.config(), model.fingerprint(), target, request, compile);
+    if (warn)
+      for (const std::string &warning : warnings)
+        warn(warning);
+    return bundle;
+  };
+}
+
+} // namespace kvc::host
+
+#endif // KVC_HOST_COMPILERHOOK_H

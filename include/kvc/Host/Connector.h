@@ -1,0 +1,238 @@
+//===- Connector.h - The one object a server calls ---------------*- C++ -*-===//
+//
+// A server configures a Connector once (its model, its stores by URL, the
+// target machine, the backend, where plans come from) and then, per
+// request:
+//
+//   lookup      how much of the request's prefix the stores hold, per form
+//               and encoding: a local index of what this process saved or
+//               saw first, the stores where it knows less than the request
+//   decide      how many prefix tokens to load, by which plan, and how many
+//               to leave to the server's own prefill: the plan that makes
+//               the server's first token earliest, the server's forward
+//               pass over the rest running beside a layer-wise load, or
+//               nothing when recomputing is as fast; and why
+//   startLoad   the decided plan into the server's paged KV memory, in the
+//               background; waitLayer(i) returns once layer i is written
+//   saveLayer   a request's KV to the first store, layer by layer as the
+//               server's forward pass writes it; waitSave
+//   finished    the loads that ended and the saves whose blocks the server
+//               may reuse, since the last call
+//   cancel      stops a request's load and save and forgets it
+//
+// Decisions are priced with the planner (no compiler), and the plan each
+// shape needs (loaded tokens, the server's tokens rounded up to a chunk,
+// the stores' forms and encodings) is compiled once through the PlanHook
+// and cached: on a warm cache neither decide nor startLoad compiles.
+//
+// A store describes itself: every layout it records for the model and
+// tenant (recordedLayouts) is opened and looked up; saves go out in
+// ConnectorOptions::saveLayout and record it.
+//
+// Threading: any thread may call; a request's calls are ordered by the
+// caller. Nothing blocks except waitLayer and waitSave. Ownership: the
+// Connector owns its stores, plans and pools; the server owns its caches
+// (viewServerCaches) and the model, and keeps them alive as long as the
+// Connector. Errors are values: an unknown request, bad block ids, caches
+// of another shape or dtype are refused; a chunk that cannot be loaded
+// intact is recomputed (or, without recomputeFailures, reported by
+// failedBlocks for the server to recompute); a store that cannot be reached
+// makes a lookup find nothing there.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_HOST_CONNECTOR_H
+#define KVC_HOST_CONNECTOR_H
+
+#include "kvc/Host/Session.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvc::host {
+
+/// How a server lays out one layer's paged K and V (as vLLM allocates
+/// them; block_size tokens of num_kv_heads x head_dim values a block).
+enum class CacheLayout {
+  /// Two tensors, K and V, each [num_blocks, block_size, heads, head_dim].
+  Separate,
+  /// One tensor [2, num_blocks, block_size, heads, head_dim]: K then V
+  /// (vLLM's FlashAttention backend).
+  KeysFirst,
+  /// One tensor [num_blocks, 2, block_size, heads, head_dim]: each block's
+  /// K then its V (FlashInfer's).
+  BlocksFirst,
+};
+
+/// A server's KV memory: base pointers per layer and how it is laid out.
+struct ServerCaches {
+  CacheLayout layout = CacheLayout::Separate;
+  /// The element type; kvc's paged caches hold bf16.
+  DType dtype = DType::BF16;
+  CacheMemory memory = CacheMemory::Host;
+  int64_t numBlocks = 0;
+  int64_t blockSize = 16;
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+  /// Per layer: the K tensor (Separate) or the layer's one tensor.
+  std::vector<void *> keys;
+  /// Per layer: the V tensor (Separate only).
+  std::vector<void *> values;
+};
+
+/// `caches` as a paged cache of `model`'s layers: InvalidArgument for a
+/// shape, layer count or missing pointer that does not fit the model,
+/// Unimplemented for an element type other than bf16.
+StatusOr<std::unique_ptr<PagedKVCache>>
+viewServerCaches(const ServerCaches &caches, const ModelConfig &model);
+
+/// A store the Connector reads (and the first, writes).
+struct StoreSpec {
+  /// mem://, file:///path, redis://host:port, with an optional ?gbps=N.
+  std::string url;
+  /// The target's tier it is; empty: the first of its URL's kind.
+  std::string tier;
+};
+
+struct ConnectorOptions {
+  /// The model (required): its config, fingerprint, and the computation of
+  /// the chunks a plan computes or recomputes.
+  const ModelCompute *model = nullptr;
+  std::vector<StoreSpec> stores;
+  std::string tenant;
+  /// Saves' layout and encoding (recorded in the first store).
+  StoreLayout saveLayout{256, 1};
+  CodecSpec saveCodec;
+  /// The machine plans are priced and compiled for.
+  TargetDesc target;
+  /// Where caches live and work runs; the CPU backend when null.
+  Backend *backend = nullptr;
+  /// Compiles a plan (compilerPlanHook, or bundleHook over bundles compiled
+  /// ahead); required.
+  PlanHook planner;
+  /// Strategies to choose among ("joint" alone searches them all), the
+  /// staging budget, a codec profile, a KL budget, generated kernels.
+  /// Loads are always planned layer-wise, for the server's forward pass.
+  PlanOptions plans;
+  /// Chunks that cannot be loaded intact: recomputed by kvc with the model
+  /// (true), or left to the server (failedBlocks).
+  bool recomputeFailures = true;
+  /// Compiled plans kept (least recently used go first).
+  std::size_t planCacheEntries = 256;
+};
+
+/// What the stores hold of a request's prefix.
+struct Lookup {
+  /// Per store, layout, form and encoding held: the longest prefix whose
+  /// every object exists.
+  struct Held {
+    int store = 0;
+    StoreLayout layout;
+    PrefixMatch match;
+  };
+  std::vector<Held> held;
+  /// The longest of them.
+  int64_t tokens = 0;
+  /// Whether the local index answered (no store was asked).
+  bool fromIndex = false;
+};
+
+/// What decide chose for a request.
+struct Decision {
+  /// Tokens [0, loadTokens) are resident after the load (those below the
+  /// request's tokens on the device were already); the server prefills
+  /// [loadTokens, n). Equal to the tokens on the device when nothing loads.
+  int64_t loadTokens = 0;
+  /// The strategy of the plan that loads them; empty when nothing loads.
+  std::string strategy;
+  /// The first token's predicted seconds with that choice, and when the
+  /// server recomputes everything past its own tokens instead.
+  double predictedSeconds = 0;
+  double recomputeSeconds = 0;
+  /// Why, in a sentence.
+  std::string why;
+  bool loads() const { return !strategy.empty(); }
+};
+
+/// The loads and saves that ended since the last call.
+struct Finished {
+  /// Loads whose restore ended (ok or not: failedBlocks says what to
+  /// recompute); their blocks are the server's again.
+  std::vector<std::string> loads;
+  /// Saves that no longer read the server's blocks (they may be reused;
+  /// the writes may still go on: waitSave waits for them).
+  std::vector<std::string> saves;
+};
+
+class Connector {
+public:
+  /// Opens the stores and checks the options.
+  static StatusOr<std::unique_ptr<Connector>> create(ConnectorOptions options);
+  ~Connector();
+
+  /// The server's KV memory, which every load writes and every save reads,
+  /// once, before the first startLoad or saveLayer.
+  Status registerCaches(std::unique_ptr<PagedKVCache> caches);
+
+  /// What the stores hold of `tokens`. Reads no object's payload.
+  StatusOr<Lookup> lookup(const std::vector<int32_t> &tokens);
+
+  /// Decides request `id`'s load: `tokens` is its prompt and
+  /// `tokensOnDevice` how many of them the server's own cache holds.
+  /// Remembers the request (and replaces an undecided or finished one).
+  StatusOr<Decision> decide(const std::string &id,
+                            const std::vector<int32_t> &tokens,
+                            int64_t tokensOnDevice);
+
+  /// Starts the decided load into the blocks `blockIds` (the request's
+  /// table from token 0, covering at least its loaded tokens).
+  Status startLoad(const std::string &id, const std::vector<int32_t> &blockIds);
+  /// Blocks until `layer` holds the loaded tokens (or the load failed, or
+  /// `timeout` passed: Unavailable).
+  Status waitLayer(const std::string &id, int64_t layer,
+                   std::optional<std::chrono::milliseconds> timeout =
+                       std::nullopt);
+  /// Blocks until the load ends; its metrics.
+  StatusOr<RestoreMetrics> waitLoad(const std::string &id);
+  /// The blocks of `id` the server must recompute: those a failed chunk
+  /// left unwritten (without recomputeFailures), or every loaded block of
+  /// a load that failed. Empty while the load runs.
+  StatusOr<std::vector<int32_t>> failedBlocks(const std::string &id);
+
+  /// Saves layer `layer` of request `id` (`tokens`, in `blockIds` from
+  /// token 0) once the server's forward pass has written it; the whole
+  /// chunks of the request are saved, objects already stored skipped.
+  Status saveLayer(const std::string &id, const std::vector<int32_t> &tokens,
+                   int64_t layer, const std::vector<int32_t> &blockIds);
+  /// Blocks until `id`'s save ends (every layer must have been given);
+  /// its metrics. The request's save is forgotten.
+  StatusOr<SaveMetrics> waitSave(const std::string &id);
+
+  /// Stops `id`'s load and save and forgets the request; returns at once.
+  /// Its blocks are the server's again once finished() lists it (a chunk
+  /// in flight may still be written until then); a save it stops leaves no
+  /// object behind.
+  Status cancel(const std::string &id);
+
+  Finished finished();
+
+  /// Plans compiled so far, and decisions answered from the plan cache.
+  int64_t plansCompiled() const;
+  int64_t planCacheHits() const;
+
+private:
+  struct State;
+  explicit Connector(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+/// A PlanHook over bundles compiled ahead: for each request, the first plan
+/// of the strategy asked for whose tokens are the request's.
+PlanHook bundleHook(std::vector<PlanBundle> bundles);
+
+} // namespace kvc::host
+
+#endif // KVC_HOST_CONNECTOR_H

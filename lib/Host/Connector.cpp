@@ -1,0 +1,994 @@
+//===- Connector.cpp - The one object a server calls ----------------------===//
+//
+// State: the stores (one ChunkStore per recorded layout of each), a local
+// prefix index, two caches keyed by a request's shape (the priced decision,
+// the compiled plan), the pools per set of lanes, and the requests. One
+// mutex guards them; loads and saves run on threads of their own and are
+// waited for without it.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Host/Connector.h"
+
+#include "kvc/Planning/Planner.h"
+#include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Sha256.h"
+#include "kvc/Runtime/Base/Threads.h"
+#include "kvc/Runtime/Save/Saver.h"
+
+#include <algorithm>
+#include <list>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+namespace kvc::host {
+
+namespace {
+
+//===----------------------------------------------------------------------===//
+// The local prefix index
+//===----------------------------------------------------------------------===//
+
+/// One chunk of a request held by one store under one layout, form and
+/// encoding.
+struct HeldChunk {
+  int store = 0;
+  int layout = 0; ///< Index into the store's layouts.
+  Form form = Form::KV;
+  CodecSpec codec;
+  bool operator==(const HeldChunk &other) const {
+    return store == other.store && layout == other.layout &&
+           form == other.form && codec == other.codec;
+  }
+};
+
+/// What this process saved or saw stored, by a 64-bit chain over each
+/// chunk's tokens (fast to compute; a collision can only make a load miss
+/// an object, which is recomputed, since loads use the stores' own keys).
+class PrefixIndex {
+public:
+  /// Keys of the whole chunks of `tokens`.
+  static std::vector<uint64_t> keys(const std::vector<int32_t> &tokens,
+                                    int64_t chunkTokens, uint64_t seed) {
+    std::vector<uint64_t> out;
+    uint64_t parent = seed;
+    for (int64_t begin = 0; begin + chunkTokens <= int64_t(tokens.size());
+         begin += chunkTokens) {
+      uint64_t h = parent ^ (uint64_t(chunkTokens) * 0x9e3779b97f4a7c15ull);
+      for (int64_t i = begin; i < begin + chunkTokens; ++i) {
+        h ^= uint64_t(uint32_t(tokens[i])) * 0xff51afd7ed558ccdull;
+        h = (h << 31 | h >> 33) * 0xc4ceb9fe1a85ec53ull;
+      }
+      h ^= h >> 29; // splitmix64's finalizer
+      h *= 0xbf58476d1ce4e5b9ull;
+      h ^= h >> 32;
+      out.push_back(parent = h);
+    }
+    return out;
+  }
+
+  void add(uint64_t key, const HeldChunk &held) {
+    if (chunks_.size() >= kMaxChunks)
+      chunks_.clear(); // A server's index is a cache: start again.
+    std::vector<HeldChunk> &entries = chunks_[key];
+    if (std::find(entries.begin(), entries.end(), held) == entries.end())
+      entries.push_back(held);
+  }
+  const std::vector<HeldChunk> *find(uint64_t key) const {
+    auto it = chunks_.find(key);
+    return it == chunks_.end() ? nullptr : &it->second;
+  }
+
+private:
+  static constexpr std::size_t kMaxChunks = std::size_t(1) << 20;
+  std::unordered_map<uint64_t, std::vector<HeldChunk>> chunks_;
+};
+
+/// A seed per model and tenant, so that two tenants' chunks never meet.
+uint64_t indexSeed(const std::string &fingerprint, const std::string &tenant) {
+  Sha256 hash;
+  hash.update("kvc-index-v1").update(fingerprint).update(tenant);
+  Digest digest = hash.finish();
+  uint64_t seed = 0;
+  for (int i = 0; i < 8; ++i)
+    seed = seed << 8 | digest[i];
+  return seed;
+}
+
+//===----------------------------------------------------------------------===//
+// Requests
+//===----------------------------------------------------------------------===//
+
+/// A plan compiled for one shape.
+struct CompiledPlan {
+  PlanBundle bundle;
+  const BundlePlan *plan = nullptr;
+};
+
+/// A running (or ended) load.
+struct LoadJob {
+  std::vector<int32_t> tokens; ///< The loaded prefix.
+  BlockTable table;
+  int64_t resident = 0;
+  std::shared_ptr<const CompiledPlan> plan;
+  RestoreTarget target;
+  std::atomic<bool> cancel{false};
+  std::unique_ptr<RestoreHandle> handle;
+  bool reported = false;
+  /// Set once, under the Connector's mutex; `waiting` lets one caller
+  /// collect it from the handle.
+  std::optional<StatusOr<RestoreMetrics>> result;
+  std::mutex waiting;
+};
+
+/// A running (or ended) save.
+struct SaveJob {
+  std::vector<int32_t> tokens; ///< The saved whole chunks.
+  BlockTable table;
+  BundlePlan plan;
+  LayerProgress filling;
+  std::vector<bool> given; ///< Layers handed over by saveLayer.
+  std::unique_ptr<PagedCacheSource> source;
+  SaveTarget target;
+  std::atomic<bool> copied{false}, ended{false};
+  std::thread thread;
+  StatusOr<SaveMetrics> result = SaveMetrics();
+  bool reported = false;
+  ~SaveJob() {
+    if (thread.joinable())
+      thread.join();
+  }
+};
+
+struct Request {
+  std::vector<int32_t> tokens;
+  int64_t onDevice = 0;
+  std::optional<Decision> decision;
+  /// The decided plan and the stores its tiers read.
+  std::shared_ptr<const CompiledPlan> plan;
+  std::map<std::string, ChunkStore *> stores;
+  std::shared_ptr<LoadJob> load;
+  std::shared_ptr<SaveJob> save;
+};
+
+/// A decision's price for one shape: the best strategy and its seconds.
+struct Priced {
+  std::string strategy;
+  double seconds = std::numeric_limits<double>::infinity();
+};
+
+std::string codecKey(const CodecSpec &codec) { return codec.str(); }
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// State
+//===----------------------------------------------------------------------===//
+
+struct Connector::State {
+  struct OpenStore {
+    StoreSpec spec;
+    std::string tier;
+    std::vector<std::unique_ptr<ChunkStore>> layouts;
+    std::shared_ptr<Tier> shared;
+  };
+
+  ConnectorOptions options;
+  Backend *backend = nullptr;
+  TargetDesc target; ///< With each store's tier capped at its throttle.
+  std::unique_ptr<planning::CostModel> cost;
+  std::vector<OpenStore> stores;
+  ChunkStore *saveStore = nullptr;
+  uint64_t seed = 0;
+
+  mutable std::mutex mutex;
+  PrefixIndex index;
+  /// Chunks no store held when last asked, and when: for a while a lookup
+  /// that reaches one needs not ask again (a server asks each step while a
+  /// request waits).
+  std::unordered_map<uint64_t, Clock::time_point> misses;
+  static constexpr double kMissSeconds = 1.0;
+  std::unique_ptr<PagedKVCache> caches;
+  std::map<std::string, Priced> prices;
+  std::map<int64_t, double> computeSeconds;
+  /// Compiled plans by shape, most recently used first.
+  std::list<std::pair<std::string, std::shared_ptr<const CompiledPlan>>>
+      plans;
+  std::map<std::string, std::unique_ptr<ResourcePools>> pools;
+  std::map<std::string, Request> requests;
+  /// Cancelled requests' jobs, until they end.
+  std::vector<std::pair<std::string, std::shared_ptr<LoadJob>>> retiredLoads;
+  std::vector<std::pair<std::string, std::shared_ptr<SaveJob>>> retiredSaves;
+  int64_t compiled = 0, hits = 0;
+
+  StatusOr<ResourcePools *> poolsFor(const BundlePlan &plan) {
+    std::map<std::string, int> lanes = planResources(plan);
+    std::string key;
+    for (const auto &[name, count] : lanes)
+      key += name + "=" + std::to_string(count) + ";";
+    auto &slot = pools[key];
+    if (!slot) {
+      KVC_ASSIGN_OR_RETURN(created, backend->createPools(lanes));
+      slot = std::move(created);
+    }
+    return slot.get();
+  }
+
+  /// Seconds to compute tokens [0, tokens) through the model (the
+  /// planner's compute-only price), cached.
+  StatusOr<double> computePrice(int64_t tokens) {
+    if (tokens <= 0)
+      return 0.0;
+    auto it = computeSeconds.find(tokens);
+    if (it != computeSeconds.end())
+      return it->second;
+    planning::Request request;
+    request.tokens = tokens;
+    planning::PlanOptions planOptions;
+    planOptions.chunkTokens = options.saveLayout.chunkTokens;
+    planning::Planner planner(*cost, request, planOptions);
+    KVC_RETURN_IF_ERROR(planner.validate());
+    const double seconds = planner.computeOnly().seconds;
+    computeSeconds[tokens] = seconds;
+    return seconds;
+  }
+
+  /// The best of `strategies` for `request`, by the first token.
+  StatusOr<Priced> price(const planning::Request &request,
+                         int64_t chunkTokens,
+                         const std::vector<std::string> &strategies) {
+    planning::PlanOptions planOptions;
+    planOptions.chunkTokens = chunkTokens;
+    planOptions.stagingBytes = options.plans.stagingMiB << 20;
+    planOptions.layerWise = true;
+    planning::Planner planner(*cost, request, planOptions);
+    KVC_RETURN_IF_ERROR(planner.validate());
+    Priced best;
+    for (const std::string &strategy : strategies) {
+      std::optional<planning::Evaluation> evaluation;
+      if (strategy == "joint")
+        evaluation = planner.joint();
+      else if (strategy == "compute")
+        evaluation = planner.computeOnly();
+      else if (strategy == "kv")
+        evaluation = planner.kvOnly();
+      else if (strategy == "hidden")
+        evaluation = planner.hiddenOnly();
+      else if (strategy == "cake")
+        evaluation = planner.cake();
+      else if (strategy == "hcache")
+        evaluation = planner.hcache();
+      else
+        return invalidArgument("connector: no strategy " + strategy);
+      if (evaluation && evaluation->firstTokenSeconds < best.seconds)
+        best = {strategy, evaluation->firstTokenSeconds};
+    }
+    return best;
+  }
+
+  /// The plan of `strategy` for `request`, compiled once per shape `key`.
+  StatusOr<std::shared_ptr<const CompiledPlan>>
+  planFor(const std::string &key, const planning::Request &request,
+          int64_t chunkTokens, const std::string &strategy) {
+    for (auto it = plans.begin(); it != plans.end(); ++it)
+      if (it->first == key) {
+        plans.splice(plans.begin(), plans, it);
+        ++hits;
+        return it->second;
+      }
+    PlanOptions planOptions = options.plans;
+    planOptions.strategies = {strategy};
+    planOptions.layerWise = true;
+    planOptions.forwardTokens = request.forwardTokens;
+    KVC_ASSIGN_OR_RETURN(bundle, options.planner(*options.model, target,
+                                                 request, chunkTokens,
+                                                 planOptions));
+    auto compiledPlan = std::make_shared<CompiledPlan>();
+    compiledPlan->bundle = std::move(bundle);
+    for (const BundlePlan &plan : compiledPlan->bundle.plans)
+      if (plan.name == strategy && !compiledPlan->plan)
+        compiledPlan->plan = &plan;
+    if (!compiledPlan->plan && compiledPlan->bundle.plans.size() == 1)
+      compiledPlan->plan = &compiledPlan->bundle.plans.front();
+    if (!compiledPlan->plan)
+      return Status(StatusCode::FailedPrecondition,
+                    "connector: the planner returned no plan " + strategy +
+                        " for " + std::to_string(request.tokens) + " tokens");
+    ++compiled;
+    plans.emplace_front(key, compiledPlan);
+    if (plans.size() > std::max<std::size_t>(options.planCacheEntries, 1))
+      plans.pop_back();
+    return std::shared_ptr<const CompiledPlan>(compiledPlan);
+  }
+
+  /// The stores' answers for `tokens`, from the index when it knows the
+  /// whole request, else from the stores (what they hold recorded).
+  StatusOr<Lookup> lookupLocked(const std::vector<int32_t> &tokens) {
+    Lookup out;
+    const int64_t n = int64_t(tokens.size());
+    // From the index: per store and layout, each holding that starts at
+    // chunk 0, as far as it goes.
+    bool whole = false;
+    std::map<int64_t, std::vector<uint64_t>> keysByChunk;
+    for (std::size_t s = 0; s < stores.size(); ++s)
+      for (std::size_t l = 0; l < stores[s].layouts.size(); ++l) {
+        const int64_t ct = stores[s].layouts[l]->layout().chunkTokens;
+        auto [it, inserted] = keysByChunk.try_emplace(ct);
+        if (inserted)
+          it->second = PrefixIndex::keys(tokens, ct, seed);
+        const std::vector<uint64_t> &keys = it->second;
+        if (keys.empty())
+          continue;
+        const std::vector<HeldChunk> *first = index.find(keys.front());
+        if (!first)
+          continue;
+        for (const HeldChunk &held : *first) {
+          if (held.store != int(s) || held.layout != int(l))
+            continue;
+          std::size_t run = 1;
+          while (run < keys.size()) {
+            const std::vector<HeldChunk> *next = index.find(keys[run]);
+            if (!next ||
+                std::find(next->begin(), next->end(), held) == next->end())
+              break;
+            ++run;
+          }
+          out.held.push_back({int(s),
+                              stores[s].layouts[l]->layout(),
+                              {held.form, int64_t(run) * ct, held.codec}});
+          // Every whole chunk, or as far as the stores held lately.
+          whole |= run == keys.size() || recentMiss(keys[run]);
+        }
+      }
+    if (whole) {
+      out.fromIndex = true;
+    } else {
+      out.held.clear();
+      std::map<int64_t, int64_t> reach; // Per chunk size, chunks held.
+      for (std::size_t s = 0; s < stores.size(); ++s)
+        for (std::size_t l = 0; l < stores[s].layouts.size(); ++l) {
+          ChunkStore &store = *stores[s].layouts[l];
+          const int64_t ct = store.layout().chunkTokens;
+          for (Form form : {Form::KV, Form::Hidden}) {
+            StatusOr<std::vector<StoredExtent>> extents =
+                store.stored(tokens.data(), n, form);
+            if (!extents)
+              continue; // An unreachable store holds nothing for now.
+            for (const StoredExtent &extent : *extents) {
+              if (extent.tokens <= 0)
+                continue;
+              out.held.push_back(
+                  {int(s), store.layout(), {form, extent.tokens, extent.codec}});
+              const std::vector<uint64_t> &keys = keysByChunk[ct];
+              for (int64_t c = 0; c < extent.tokens / ct; ++c)
+                index.add(keys[c], {int(s), int(l), form, extent.codec});
+              reach[ct] = std::max(reach[ct], extent.tokens / ct);
+            }
+          }
+        }
+      const Clock::time_point now = Clock::now();
+      if (misses.size() >= (std::size_t(1) << 16))
+        misses.clear();
+      for (const auto &[ct, keys] : keysByChunk)
+        if (reach[ct] < int64_t(keys.size()))
+          misses[keys[reach[ct]]] = now;
+    }
+    for (const Lookup::Held &held : out.held)
+      out.tokens = std::max(out.tokens, std::min(held.match.tokens, n));
+    return out;
+  }
+
+  bool recentMiss(uint64_t key) const {
+    auto it = misses.find(key);
+    return it != misses.end() && secondsSince(it->second) < kMissSeconds;
+  }
+
+  Request *find(const std::string &id) {
+    auto it = requests.find(id);
+    return it == requests.end() ? nullptr : &it->second;
+  }
+
+  /// The blocks of `ids` for tokens [0, tokens), checked against the
+  /// registered caches.
+  StatusOr<BlockTable> tableFor(const std::vector<int32_t> &ids,
+                                int64_t tokens) const {
+    if (!caches)
+      return Status(StatusCode::FailedPrecondition,
+                    "connector: no caches registered (registerCaches)");
+    const PagedCacheConfig &config = caches->config();
+    const int64_t needed = (tokens + config.blockSize - 1) / config.blockSize;
+    if (int64_t(ids.size()) < needed)
+      return invalidArgument("connector: " + std::to_string(ids.size()) +
+                             " block ids for " + std::to_string(tokens) +
+                             " tokens, which need " + std::to_string(needed));
+    BlockTable table;
+    std::set<int32_t> seen;
+    for (int64_t b = 0; b < needed; ++b) {
+      const int32_t id = ids[b];
+      if (id < 0 || id >= config.numBlocks)
+        return invalidArgument("connector: block id " + std::to_string(id) +
+                               " outside the caches' " +
+                               std::to_string(config.numBlocks) + " blocks");
+      if (!seen.insert(id).second)
+        return invalidArgument("connector: block id " + std::to_string(id) +
+                               " given twice");
+      table.blocks.push_back(id);
+    }
+    return table;
+  }
+};
+
+//===----------------------------------------------------------------------===//
+// Caches
+//===----------------------------------------------------------------------===//
+
+StatusOr<std::unique_ptr<PagedKVCache>>
+viewServerCaches(const ServerCaches &caches, const ModelConfig &model) {
+  if (caches.dtype != DType::BF16)
+    return unimplemented(std::string("connector: ") + dtypeName(caches.dtype) +
+                         " caches (kvc's paged caches hold bf16)");
+  if (caches.numKvHeads != model.numKvHeads || caches.headDim != model.headDim)
+    return invalidArgument(
+        "connector: caches of " + std::to_string(caches.numKvHeads) + " heads x " +
+        std::to_string(caches.headDim) + " values for a model of " +
+        std::to_string(model.numKvHeads) + " x " + std::to_string(model.headDim));
+  if (int64_t(caches.keys.size()) != model.numLayers ||
+      (caches.layout == CacheLayout::Separate &&
+       caches.values.size() != caches.keys.size()))
+    return invalidArgument("connector: caches of " +
+                           std::to_string(caches.keys.size()) +
+                           " layers for a model of " +
+                           std::to_string(model.numLayers));
+  PagedCacheConfig config;
+  config.layers = model.numLayers;
+  config.numKvHeads = model.numKvHeads;
+  config.headDim = model.headDim;
+  config.blockSize = caches.blockSize;
+  config.numBlocks = caches.numBlocks;
+  const int64_t block = caches.blockSize * model.numKvHeads * model.headDim;
+  std::vector<PagedLayerMemory> layers;
+  for (std::size_t l = 0; l < caches.keys.size(); ++l) {
+    auto *keys = static_cast<uint16_t *>(caches.keys[l]);
+    switch (caches.layout) {
+    case CacheLayout::Separate:
+      layers.push_back({keys, static_cast<uint16_t *>(caches.values[l])});
+      break;
+    case CacheLayout::KeysFirst:
+      layers.push_back({keys, keys ? keys + caches.numBlocks * block : nullptr});
+      break;
+    case CacheLayout::BlocksFirst:
+      config.blockStride = 2 * block;
+      layers.push_back({keys, keys ? keys + block : nullptr});
+      break;
+    }
+  }
+  return PagedKVCache::view(config, std::move(layers), caches.memory);
+}
+
+//===----------------------------------------------------------------------===//
+// Connector
+//===----------------------------------------------------------------------===//
+
+Connector::Connector(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Connector::~Connector() {
+  for (auto &[id, request] : state_->requests) {
+    if (request.load)
+      request.load->cancel = true;
+    if (request.save)
+      request.save->filling.finish(saveInterrupted());
+  }
+  // Jobs join as they are destroyed (RestoreHandle, SaveJob).
+}
+
+StatusOr<std::unique_ptr<Connector>>
+Connector::create(ConnectorOptions options) {
+  if (!options.model)
+    return invalidArgument("connector: no model");
+  if (!options.planner)
+    return invalidArgument("connector: no planner (compilerPlanHook, or "
+                           "bundleHook over bundles compiled ahead)");
+  if (options.saveLayout.chunkTokens <= 0 || options.saveLayout.layerGroup <= 0)
+    return invalidArgument("connector: the save layout's chunk tokens and "
+                           "layer group must be positive");
+  auto state = std::make_unique<State>();
+  state->backend = options.backend ? options.backend : &cpuBackend();
+  state->target = options.target;
+  state->seed = indexSeed(options.model->fingerprint(), options.tenant);
+  std::set<std::string> tiers;
+  for (std::size_t s = 0; s < options.stores.size(); ++s) {
+    State::OpenStore open;
+    open.spec = options.stores[s];
+    StoreOptions first;
+    first.url = open.spec.url;
+    first.tenant = options.tenant;
+    first.layout = options.saveLayout;
+    // The first store is written: it may be created, and records the
+    // saves' layout.
+    first.access = s == 0 ? TierAccess::Create : TierAccess::Existing;
+    KVC_ASSIGN_OR_RETURN(written, openStore(first, *options.model));
+    KVC_ASSIGN_OR_RETURN(tier, storeTier(state->target, written->tier(),
+                                         open.spec.tier));
+    open.tier = tier->name;
+    if (!tiers.insert(open.tier).second)
+      return invalidArgument("connector: two stores on tier " + open.tier +
+                             " (name a tier per store)");
+    KVC_ASSIGN_OR_RETURN(recorded,
+                         recordedLayouts(written->tier(),
+                                         options.model->fingerprint(),
+                                         options.tenant));
+    std::shared_ptr<Tier> shared = written->sharedTier();
+    const bool writes = s == 0;
+    open.layouts.push_back(std::move(written));
+    for (const StoreLayout &layout : recorded) {
+      if (layout.chunkTokens == options.saveLayout.chunkTokens &&
+          layout.layerGroup == options.saveLayout.layerGroup)
+        continue;
+      open.layouts.push_back(std::make_unique<ChunkStore>(
+          shared, options.model->config(), options.model->fingerprint(),
+          options.tenant, layout));
+    }
+    if (writes)
+      state->saveStore = open.layouts.front().get();
+    state->stores.push_back(std::move(open));
+  }
+  KVC_ASSIGN_OR_RETURN(profile,
+                       options.plans.codecProfile.empty()
+                           ? StatusOr<planning::CodecProfile>(
+                                 planning::CodecProfile::defaults())
+                           : planning::CodecProfile::load(
+                                 options.plans.codecProfile));
+  state->cost = std::make_unique<planning::CostModel>(
+      options.model->config(), state->target, std::move(profile));
+  state->options = std::move(options);
+  return std::unique_ptr<Connector>(new Connector(std::move(state)));
+}
+
+Status Connector::registerCaches(std::unique_ptr<PagedKVCache> caches) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!caches)
+    return invalidArgument("connector: no caches");
+  const ModelConfig &model = state_->options.model->config();
+  const PagedCacheConfig &config = caches->config();
+  if (config.layers != model.numLayers || config.numKvHeads != model.numKvHeads ||
+      config.headDim != model.headDim)
+    return invalidArgument("connector: caches of another model's shape");
+  if (state_->caches)
+    return Status(StatusCode::FailedPrecondition,
+                  "connector: caches are registered already");
+  if (caches->memory() == CacheMemory::Device &&
+      std::string(state_->backend->name()) == "cpu")
+    return invalidArgument("connector: device caches with the cpu backend");
+  state_->caches = std::move(caches);
+  return Status::ok();
+}
+
+StatusOr<Lookup> Connector::lookup(const std::vector<int32_t> &tokens) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->lookupLocked(tokens);
+}
+
+StatusOr<Decision> Connector::decide(const std::string &id,
+                                     const std::vector<int32_t> &tokens,
+                                     int64_t tokensOnDevice) {
+  State &s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const int64_t n = int64_t(tokens.size());
+  if (n == 0)
+    return invalidArgument("connector: request " + id + " has no tokens");
+  if (tokensOnDevice < 0 || tokensOnDevice > n)
+    return invalidArgument("connector: " + std::to_string(tokensOnDevice) +
+                           " tokens on the device of a request of " +
+                           std::to_string(n));
+  if (Request *old = s.find(id); old && old->load && !old->load->handle->ended())
+    return Status(StatusCode::FailedPrecondition,
+                  "connector: request " + id + " is loading");
+  const int64_t onDevice = tokensOnDevice;
+  KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
+  KVC_ASSIGN_OR_RETURN(all, s.computePrice(n));
+  KVC_ASSIGN_OR_RETURN(resident, s.computePrice(onDevice));
+  Decision decision;
+  decision.loadTokens = onDevice;
+  decision.recomputeSeconds = decision.predictedSeconds = all - resident;
+
+  // Candidates: per store and layout, each prefix length its holdings end
+  // at (whole chunks, leaving the server at least one token), loaded from
+  // every holding that covers it.
+  struct Best {
+    Priced priced;
+    int64_t tokens = 0;
+    int store = -1;
+    StoreLayout layout;
+    planning::Request request;
+    std::string key;
+    std::string what;
+  } best;
+  std::vector<std::string> strategies = s.options.plans.strategies;
+  if (strategies == std::vector<std::string>{"all"})
+    strategies = {"compute", "kv", "hidden", "cake", "hcache", "joint"};
+  if (onDevice > 0) // Only loads may follow the server's own tokens.
+    strategies = {"kv", "hidden"};
+  for (const Lookup::Held &held : found.held) {
+    const int64_t ct = held.layout.chunkTokens;
+    const int64_t length = std::min(held.match.tokens, n - 1) / ct * ct;
+    if (length <= onDevice || (onDevice % ct) != 0)
+      continue;
+    planning::Request request;
+    request.tokens = length;
+    request.maxKl = s.options.plans.maxKl;
+    // The server's own pass: its tokens rounded up to a chunk, so that
+    // requests of one shape share a plan.
+    request.forwardTokens = (n - length + ct - 1) / ct * ct;
+    std::string key = std::to_string(length) + "|" +
+                      std::to_string(request.forwardTokens) + "|" +
+                      std::to_string(onDevice) + "|" +
+                      std::to_string(held.store) + "|" +
+                      std::to_string(ct) + "x" +
+                      std::to_string(held.layout.layerGroup);
+    std::string what;
+    for (const Lookup::Held &other : found.held) {
+      if (other.store != held.store ||
+          other.layout.chunkTokens != held.layout.chunkTokens ||
+          other.layout.layerGroup != held.layout.layerGroup ||
+          other.match.tokens < length)
+        continue;
+      planning::Source source;
+      source.tier = s.stores[held.store].tier;
+      source.form = other.match.form;
+      source.codec = other.match.codec;
+      source.box = {0, length, 0, s.options.model->config().numLayers};
+      source.tokenGroup = ct;
+      source.layerGroup = other.layout.layerGroup;
+      request.sources.push_back(source);
+      key += "|" + std::string(name(source.form)) + ":" + codecKey(source.codec);
+      what += std::string(what.empty() ? "" : ", ") + name(source.form) + " " +
+              source.codec.str();
+    }
+    for (const std::string &strategy : strategies)
+      key += "|" + strategy;
+    auto cached = s.prices.find(key);
+    if (cached == s.prices.end()) {
+      KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, strategies));
+      cached = s.prices.emplace(key, priced).first;
+    }
+    if (cached->second.seconds < best.priced.seconds)
+      best = {cached->second, length, held.store, held.layout, request, key,
+              what};
+  }
+
+  Request &request = s.requests[id];
+  std::shared_ptr<SaveJob> saving = std::move(request.save);
+  request = Request();
+  request.save = std::move(saving); // A save of the same id goes on.
+  request.tokens = tokens;
+  request.onDevice = onDevice;
+  auto ms = [](double seconds) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.2f ms", seconds * 1e3);
+    return std::string(text);
+  };
+  const std::string recompute =
+      ms(decision.recomputeSeconds) + " recomputing " +
+      std::to_string(n - onDevice) + " tokens";
+  if (best.store < 0) {
+    decision.why = found.held.empty()
+                       ? "recomputes: the stores hold none of its prefix"
+                       : "recomputes: the stores hold no whole chunk past the "
+                         "server's own " +
+                             std::to_string(onDevice) + " tokens";
+  } else if (best.priced.seconds >= decision.recomputeSeconds) {
+    decision.why = "recomputes: loading " + std::to_string(best.tokens) +
+                   " tokens by " + best.priced.strategy + " is predicted at " +
+                   ms(best.priced.seconds) + ", not faster than " + recompute;
+  } else {
+    KVC_ASSIGN_OR_RETURN(plan, s.planFor(best.key, best.request,
+                                         best.layout.chunkTokens,
+                                         best.priced.strategy));
+    decision.loadTokens = best.tokens;
+    decision.strategy = best.priced.strategy;
+    decision.predictedSeconds = best.priced.seconds;
+    decision.why = "loads " + std::to_string(best.tokens) + " of " +
+                   std::to_string(n) + " tokens (" + best.what + " from " +
+                   s.stores[best.store].spec.url + ") by " +
+                   best.priced.strategy + ": first token predicted at " +
+                   ms(best.priced.seconds) + " against " + recompute;
+    request.plan = std::move(plan);
+    ChunkStore *store = nullptr;
+    for (const auto &layout : s.stores[best.store].layouts)
+      if (layout->layout().chunkTokens == best.layout.chunkTokens &&
+          layout->layout().layerGroup == best.layout.layerGroup)
+        store = layout.get();
+    request.stores[s.stores[best.store].tier] = store;
+  }
+  request.decision = decision;
+  return decision;
+}
+
+Status Connector::startLoad(const std::string &id,
+                            const std::vector<int32_t> &blockIds) {
+  State &s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Request *request = s.find(id);
+  if (!request || !request->decision)
+    return Status(StatusCode::NotFound,
+                  "connector: no decided request " + id);
+  if (!request->decision->loads())
+    return Status(StatusCode::FailedPrecondition,
+                  "connector: request " + id + " loads nothing (" +
+                      request->decision->why + ")");
+  if (request->load)
+    return Status(StatusCode::FailedPrecondition,
+                  "connector: request " + id + " was started already");
+  const int64_t tokens = request->decision->loadTokens;
+  KVC_ASSIGN_OR_RETURN(table, s.tableFor(blockIds, tokens));
+  auto job = std::make_shared<LoadJob>();
+  job->tokens.assign(request->tokens.begin(), request->tokens.begin() + tokens);
+  job->table = std::move(table);
+  job->resident = request->onDevice;
+  job->plan = request->plan;
+  job->target.backend = s.backend;
+  job->target.model = s.options.model;
+  job->target.stores = request->stores;
+  job->target.tokens = &job->tokens;
+  job->target.cache = s.caches.get();
+  job->target.table = &job->table;
+  KVC_ASSIGN_OR_RETURN(pools, s.poolsFor(*job->plan->plan));
+  RestoreOptions options;
+  options.kernels = &job->plan->bundle.kernels;
+  options.resident = job->resident;
+  options.cancel = &job->cancel;
+  options.recomputeFallbacks = s.options.recomputeFailures;
+  KVC_ASSIGN_OR_RETURN(handle, RestoreHandle::start(*pools, *job->plan->plan,
+                                                    job->target, options));
+  job->handle = std::move(handle);
+  request->load = std::move(job);
+  return Status::ok();
+}
+
+namespace {
+
+/// A request's load, or why there is none.
+StatusOr<std::shared_ptr<LoadJob>> loadOf(std::mutex &mutex,
+                                          std::map<std::string, Request> &all,
+                                          const std::string &id) {
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = all.find(id);
+  if (it == all.end())
+    return Status(StatusCode::NotFound, "connector: no request " + id);
+  if (!it->second.load)
+    return Status(StatusCode::FailedPrecondition,
+                  "connector: request " + id + " has no load");
+  return it->second.load;
+}
+
+/// The load's result, waiting for it once.
+const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, std::mutex &mutex) {
+  std::lock_guard<std::mutex> collecting(job.waiting);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (job.result)
+      return *job.result;
+  }
+  StatusOr<RestoreMetrics> result = job.handle->wait();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!job.result)
+    job.result = std::move(result);
+  return *job.result;
+}
+
+} // namespace
+
+Status Connector::waitLayer(const std::string &id, int64_t layer,
+                            std::optional<std::chrono::milliseconds> timeout) {
+  KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
+  return job->handle->waitLayer(layer, timeout);
+}
+
+StatusOr<RestoreMetrics> Connector::waitLoad(const std::string &id) {
+  KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
+  return resultOf(*job, state_->mutex);
+}
+
+StatusOr<std::vector<int32_t>>
+Connector::failedBlocks(const std::string &id) {
+  KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
+  std::vector<int32_t> failed;
+  if (!job->handle->ended())
+    return failed;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!job->result)
+    return failed; // finished() or waitLoad collects it.
+  const int64_t blockSize = state_->caches->config().blockSize;
+  auto add = [&](int64_t from, int64_t to) {
+    for (int64_t b = std::max(from, job->resident) / blockSize;
+         b * blockSize < to && b < int64_t(job->table.blocks.size()); ++b)
+      if (std::find(failed.begin(), failed.end(), job->table.blocks[b]) ==
+          failed.end())
+        failed.push_back(job->table.blocks[b]);
+  };
+  if (!job->result->isOk())
+    add(job->resident, int64_t(job->tokens.size()));
+  else if (!state_->options.recomputeFailures)
+    for (const BundleRange &range : (*job->result)->fallbackTokens)
+      add(range.begin, range.end);
+  std::sort(failed.begin(), failed.end());
+  return failed;
+}
+
+Status Connector::saveLayer(const std::string &id,
+                            const std::vector<int32_t> &tokens, int64_t layer,
+                            const std::vector<int32_t> &blockIds) {
+  State &s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (!s.saveStore)
+    return Status(StatusCode::FailedPrecondition,
+                  "connector: no store to save to");
+  const int64_t layers = s.options.model->config().numLayers;
+  if (layer < 0 || layer >= layers)
+    return invalidArgument("connector: no layer " + std::to_string(layer) +
+                           " in a model of " + std::to_string(layers));
+  Request &request = s.requests[id];
+  if (request.tokens.empty())
+    request.tokens = tokens;
+  if (!request.save) {
+    const int64_t ct = s.saveStore->layout().chunkTokens;
+    const int64_t whole = int64_t(tokens.size()) / ct * ct;
+    auto job = std::make_shared<SaveJob>();
+    job->tokens.assign(tokens.begin(), tokens.begin() + whole);
+    job->given.assign(layers, false);
+    if (whole == 0) {
+      job->copied = job->ended = true; // Nothing whole to keep.
+    } else {
+      KVC_ASSIGN_OR_RETURN(table, s.tableFor(blockIds, whole));
+      job->table = std::move(table);
+      job->filling.reset(layers, whole);
+      job->plan = savePlanFor(*s.saveStore, whole, {Form::KV},
+                              s.options.saveCodec, "store");
+      job->source = std::make_unique<PagedCacheSource>(
+          *s.backend, *s.caches, job->table, &job->filling);
+      job->target.source = job->source.get();
+      job->target.stores["store"] = s.saveStore;
+      job->target.tokens = &job->tokens;
+      KVC_ASSIGN_OR_RETURN(pools, s.poolsFor(job->plan));
+      SaveJob *raw = job.get();
+      State *state = &s;
+      KVC_ASSIGN_OR_RETURN(thread, startThread([raw, pools, state] {
+        SaveRunOptions run;
+        run.snapshotted = [raw] { raw->copied = true; };
+        StatusOr<SaveMetrics> result =
+            save(*pools, raw->plan, raw->target, run);
+        if (result.isOk()) {
+          // What this process saved, for later lookups.
+          std::lock_guard<std::mutex> lock(state->mutex);
+          ChunkStore &store = *state->saveStore;
+          const std::vector<uint64_t> keys = PrefixIndex::keys(
+              raw->tokens, store.layout().chunkTokens, state->seed);
+          for (uint64_t key : keys)
+            state->index.add(key,
+                             {0, 0, Form::KV, state->options.saveCodec});
+        }
+        raw->result = std::move(result);
+        raw->copied = true;
+        raw->ended = true;
+      }));
+      job->thread = std::move(thread);
+    }
+    request.save = std::move(job);
+  }
+  SaveJob &job = *request.save;
+  if (!job.given[layer] && !job.tokens.empty())
+    job.filling.add(layer, layer + 1, int64_t(job.tokens.size()));
+  job.given[layer] = true;
+  return Status::ok();
+}
+
+StatusOr<SaveMetrics> Connector::waitSave(const std::string &id) {
+  std::shared_ptr<SaveJob> job;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    Request *request = state_->find(id);
+    if (!request || !request->save)
+      return Status(StatusCode::NotFound, "connector: no save of " + id);
+    job = request->save;
+    for (std::size_t l = 0; l < job->given.size(); ++l)
+      if (!job->given[l])
+        return Status(StatusCode::FailedPrecondition,
+                      "connector: the save of " + id + " waits for layer " +
+                          std::to_string(l) + " (saveLayer)");
+    request->save.reset();
+  }
+  if (job->thread.joinable())
+    job->thread.join();
+  return std::move(job->result);
+}
+
+Status Connector::cancel(const std::string &id) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  auto it = state_->requests.find(id);
+  if (it == state_->requests.end())
+    return Status(StatusCode::NotFound, "connector: no request " + id);
+  Request &request = it->second;
+  if (request.load) {
+    request.load->cancel = true;
+    state_->retiredLoads.emplace_back(id, std::move(request.load));
+  }
+  if (request.save) {
+    request.save->filling.finish(saveInterrupted());
+    state_->retiredSaves.emplace_back(id, std::move(request.save));
+  }
+  state_->requests.erase(it);
+  return Status::ok();
+}
+
+Finished Connector::finished() {
+  State &s = *state_;
+  Finished out;
+  std::vector<std::shared_ptr<LoadJob>> collect;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    for (auto &[id, request] : s.requests) {
+      if (request.load && !request.load->reported &&
+          request.load->handle->ended()) {
+        request.load->reported = true;
+        collect.push_back(request.load);
+        out.loads.push_back(id);
+      }
+      if (request.save && !request.save->reported && request.save->copied) {
+        request.save->reported = true;
+        out.saves.push_back(id);
+      }
+    }
+    for (auto it = s.retiredLoads.begin(); it != s.retiredLoads.end();)
+      if (it->second->handle->ended()) {
+        out.loads.push_back(it->first);
+        collect.push_back(it->second);
+        it = s.retiredLoads.erase(it);
+      } else {
+        ++it;
+      }
+    for (auto it = s.retiredSaves.begin(); it != s.retiredSaves.end();)
+      if (it->second->ended) {
+        out.saves.push_back(it->first);
+        it = s.retiredSaves.erase(it); // Joins its thread, which has ended.
+      } else {
+        ++it;
+      }
+  }
+  for (const std::shared_ptr<LoadJob> &job : collect)
+    (void)resultOf(*job, s.mutex); // Ended: returns at once.
+  return out;
+}
+
+int64_t Connector::plansCompiled() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->compiled;
+}
+
+int64_t Connector::planCacheHits() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->hits;
+}
+
+PlanHook bundleHook(std::vector<PlanBundle> bundles) {
+  auto held = std::make_shared<std::vector<PlanBundle>>(std::move(bundles));
+  return [held](const ModelCompute &model, const TargetDesc &,
+                const planning::Request &request, int64_t,
+                const PlanOptions &options) -> StatusOr<PlanBundle> {
+    for (const PlanBundle &bundle : *held)
+      for (const BundlePlan &plan : bundle.plans)
+        if (plan.tokens.begin == 0 && plan.tokens.end == request.tokens &&
+            std::find(options.strategies.begin(), options.strategies.end(),
+                      plan.name) != options.strategies.end()) {
+          PlanBundle one = bundle;
+          one.plans = {plan};
+          (void)model;
+          return one;
+        }
+    return Status(StatusCode::NotFound,
+                  "no bundle holds a plan of " +
+                      std::to_string(request.tokens) + " tokens");
+  };
+}
+
+} // namespace kvc::host

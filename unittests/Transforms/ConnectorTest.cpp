@@ -1,0 +1,501 @@
+//===- ConnectorTest.cpp - The one object a server calls ------------------===//
+//
+// A server in miniature around host::Connector, planning with the compiler
+// in-process: it prefills and saves a request layer by layer, then serves
+// later requests that share a prefix, whole or in part, loading what the
+// Connector decides into blocks of its own cache and prefilling the rest
+// itself; every cache is held against a full prefill.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kvc/Host/CompilerHook.h"
+#include "kvc/Host/Connector.h"
+#include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Model/LlamaModel.h"
+
+#include "../Runtime/TestModel.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <thread>
+
+namespace kvc::host {
+namespace {
+
+constexpr int64_t kBlocks = 256; ///< 4096 tokens of 16-token blocks.
+
+class ConnectorTest : public ::testing::Test {
+protected:
+  static void SetUpTestSuite() {
+    StatusOr<std::unique_ptr<LlamaModel>> loaded =
+        LlamaModel::load(test::generateTestModel("connector", 5));
+    ASSERT_TRUE(loaded) << loaded.status().toString();
+    model_ = std::move(*loaded).release();
+  }
+  static void TearDownTestSuite() { delete model_; }
+
+  void SetUp() override {
+    StatusOr<TargetDesc> target =
+        loadTargetDesc(KVC_SOURCE_DIR "/targets/cpu-2core.json");
+    ASSERT_TRUE(target) << target.status().toString();
+    options_.model = model_;
+    options_.target = *target;
+    options_.planner = compilerPlanHook();
+    options_.saveLayout = {128, 1};
+    options_.stores = {{freshStore(), ""}};
+    const ModelConfig &c = model_->config();
+    memory_.assign(2 * c.numLayers * kBlocks * 16 * c.numKvHeads * c.headDim,
+                   0);
+  }
+
+  /// A file:// store of its own (created by the Connector's first save).
+  static std::string freshStore() {
+    static int count = 0;
+    return "file://" + test::tempPath("connector-store-" +
+                                      std::to_string(count++));
+  }
+
+  /// The server's caches: per layer a K and a V tensor of kBlocks blocks.
+  ServerCaches caches() {
+    const ModelConfig &c = model_->config();
+    ServerCaches out;
+    out.numBlocks = kBlocks;
+    out.numKvHeads = c.numKvHeads;
+    out.headDim = c.headDim;
+    const int64_t perLayer = kBlocks * 16 * c.numKvHeads * c.headDim;
+    for (int64_t l = 0; l < c.numLayers; ++l) {
+      out.keys.push_back(memory_.data() + 2 * l * perLayer);
+      out.values.push_back(memory_.data() + (2 * l + 1) * perLayer);
+    }
+    return out;
+  }
+
+  std::unique_ptr<Connector> connect() {
+    StatusOr<std::unique_ptr<Connector>> connector = Connector::create(options_);
+    EXPECT_TRUE(connector) << connector.status().toString();
+    if (!connector)
+      return nullptr;
+    StatusOr<std::unique_ptr<PagedKVCache>> view =
+        viewServerCaches(caches(), model_->config());
+    EXPECT_TRUE(view) << view.status().toString();
+    view_ = view->get();
+    Status registered = (*connector)->registerCaches(std::move(*view));
+    EXPECT_TRUE(registered.isOk()) << registered.toString();
+    return std::move(*connector);
+  }
+
+  /// Blocks [first, first + count).
+  static std::vector<int32_t> blocks(int32_t first, int64_t count) {
+    std::vector<int32_t> ids(count);
+    std::iota(ids.begin(), ids.end(), first);
+    return ids;
+  }
+
+  static std::vector<int32_t> prompt(int64_t n, int32_t seed) {
+    std::vector<int32_t> tokens(n);
+    for (int64_t i = 0; i < n; ++i)
+      tokens[i] = int32_t((i * 131 + seed * 17 + 7) % 512);
+    return tokens;
+  }
+
+  /// The server's own prefill of tokens [from, n) into `ids`.
+  void prefill(const std::vector<int32_t> &tokens, int64_t from,
+               const std::vector<int32_t> &ids) {
+    BlockTable table{ids};
+    Status status =
+        cpuBackend()
+            .prefill(*model_, tokens, *view_, table)
+            ->compute({from, int64_t(tokens.size()), 0,
+                       model_->config().numLayers});
+    ASSERT_TRUE(status.isOk()) << status.toString();
+  }
+
+  /// Prefills `tokens` into `ids` and saves them through `connector`, layer
+  /// by layer.
+  void prefillAndSave(Connector &connector, const std::string &id,
+                      const std::vector<int32_t> &tokens,
+                      const std::vector<int32_t> &ids) {
+    prefill(tokens, 0, ids);
+    for (int64_t l = 0; l < model_->config().numLayers; ++l)
+      ASSERT_TRUE(connector.saveLayer(id, tokens, l, ids).isOk());
+    StatusOr<SaveMetrics> saved = connector.waitSave(id);
+    ASSERT_TRUE(saved) << saved.status().toString();
+  }
+
+  /// The cache's rows of `tokens` in `ids` against a full prefill.
+  void expectExact(const std::vector<int32_t> &tokens,
+                   const std::vector<int32_t> &ids) {
+    BlockTable table{ids};
+    StatusOr<RestoreError> error =
+        restoreError(*model_, tokens, *view_, table, cpuBackend());
+    ASSERT_TRUE(error) << error.status().toString();
+    Status checked = checkVerification(*error, verifyBound({}));
+    EXPECT_TRUE(checked.isOk()) << checked.toString();
+  }
+
+  static LlamaModel *model_;
+  ConnectorOptions options_;
+  std::vector<uint16_t> memory_;
+  PagedKVCache *view_ = nullptr;
+};
+
+LlamaModel *ConnectorTest::model_ = nullptr;
+
+TEST_F(ConnectorTest, APartialPrefixIsLoadedInPartAndComputedInPart) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> saved = prompt(512, 1);
+  prefillAndSave(*connector, "a", saved, blocks(0, 32));
+
+  // Request b: a's 512 tokens, then 200 of its own.
+  std::vector<int32_t> tokens = saved;
+  for (int32_t t : prompt(200, 2))
+    tokens.push_back(t);
+  StatusOr<Lookup> found = connector->lookup(tokens);
+  ASSERT_TRUE(found) << found.status().toString();
+  EXPECT_EQ(found->tokens, 512);
+  // The index knows what this process saved, not whether another saved
+  // more: the store is asked, then (for a while) no more.
+  EXPECT_FALSE(found->fromIndex);
+  found = connector->lookup(tokens);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->tokens, 512);
+  EXPECT_TRUE(found->fromIndex);
+  std::vector<int32_t> whole(saved.begin(), saved.begin() + 384);
+  found = connector->lookup(whole);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->tokens, 384);
+  EXPECT_TRUE(found->fromIndex); // Every whole chunk of it.
+
+  StatusOr<Decision> decision = connector->decide("b", tokens, 0);
+  ASSERT_TRUE(decision) << decision.status().toString();
+  ASSERT_TRUE(decision->loads()) << decision->why;
+  EXPECT_EQ(decision->loadTokens, 512) << decision->why;
+  EXPECT_LT(decision->predictedSeconds, decision->recomputeSeconds);
+  EXPECT_NE(decision->why.find("loads 512 of 712 tokens"), std::string::npos)
+      << decision->why;
+
+  const std::vector<int32_t> ids = blocks(100, 45);
+  ASSERT_TRUE(connector->startLoad("b", ids).isOk());
+  for (int64_t l = 0; l < model_->config().numLayers; ++l)
+    ASSERT_TRUE(connector->waitLayer("b", l).isOk());
+  StatusOr<RestoreMetrics> metrics = connector->waitLoad("b");
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_TRUE(metrics->fallbacks.empty());
+  ASSERT_EQ(metrics->bytesRead.size(), 1u);
+  EXPECT_GT(metrics->bytesRead.begin()->second, 0);
+  StatusOr<std::vector<int32_t>> failed = connector->failedBlocks("b");
+  ASSERT_TRUE(failed);
+  EXPECT_TRUE(failed->empty());
+  Finished done = connector->finished();
+  EXPECT_EQ(done.loads, std::vector<std::string>{"b"});
+
+  prefill(tokens, 512, ids); // The server's share.
+  expectExact(tokens, ids);
+}
+
+TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "kvc recomputes" : "the server recomputes");
+    options_.recomputeFailures = recompute;
+    options_.stores = {{freshStore(), ""}};
+    std::fill(memory_.begin(), memory_.end(), 0);
+    auto connector = connect();
+    ASSERT_TRUE(connector);
+    const std::vector<int32_t> tokens = prompt(400, 3);
+    prefillAndSave(*connector, "a", tokens, blocks(0, 25));
+
+    // Layer 2 of the second chunk (tokens 128 to 256) damaged in the store.
+    StatusOr<std::unique_ptr<ChunkStore>> store = openStore(
+        {options_.stores[0].url, {128, 1}, "", TierAccess::Existing}, *model_);
+    ASSERT_TRUE(store) << store.status().toString();
+    for (const ChunkRef &ref :
+         (*store)->refs(tokens.data(), 384, Form::KV, CodecSpec()))
+      if (ref.tokenBegin == 128 && ref.layerBegin == 2)
+        ASSERT_TRUE((*store)->tier().put(ref.name(), "not a chunk").isOk());
+
+    StatusOr<Decision> decision = connector->decide("b", tokens, 0);
+    ASSERT_TRUE(decision) << decision.status().toString();
+    ASSERT_EQ(decision->loadTokens, 384) << decision->why;
+    const std::vector<int32_t> ids = blocks(100, 25);
+    ASSERT_TRUE(connector->startLoad("b", ids).isOk());
+    StatusOr<RestoreMetrics> metrics = connector->waitLoad("b");
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    ASSERT_EQ(metrics->fallbacks.size(), 1u);
+    ASSERT_EQ(metrics->fallbackTokens.size(), 1u);
+    EXPECT_EQ(metrics->fallbackTokens[0].begin, 128);
+    StatusOr<std::vector<int32_t>> failed = connector->failedBlocks("b");
+    ASSERT_TRUE(failed);
+    if (recompute) {
+      EXPECT_TRUE(failed->empty());
+      prefill(tokens, 384, ids);
+    } else {
+      // Blocks 8 to 15 of the table hold tokens 128 to 256, left unwritten
+      // in layer 2 (the cache was zero).
+      EXPECT_EQ(*failed, blocks(108, 8));
+      const ModelConfig &c = model_->config();
+      const int64_t block = 16 * c.numKvHeads * c.headDim;
+      const uint16_t *k2 = memory_.data() + 2 * 2 * kBlocks * block;
+      EXPECT_TRUE(std::all_of(k2 + 108 * block, k2 + 116 * block,
+                              [](uint16_t v) { return v == 0; }));
+      prefill(tokens, 128, ids); // The server recomputes from there.
+    }
+    expectExact(tokens, ids);
+  }
+}
+
+TEST_F(ConnectorTest, ASlowStoreIsNotLoadedFrom) {
+  const std::string url = options_.stores[0].url;
+  auto writer = connect();
+  ASSERT_TRUE(writer);
+  const std::vector<int32_t> tokens = prompt(700, 4);
+  prefillAndSave(*writer, "a", tokens, blocks(0, 44));
+
+  // The same store read at 1 kB/s.
+  options_.stores = {{url + "?gbps=0.000008", ""}};
+  auto slow = Connector::create(options_);
+  ASSERT_TRUE(slow) << slow.status().toString();
+  StatusOr<Decision> decision = (*slow)->decide("b", tokens, 0);
+  ASSERT_TRUE(decision) << decision.status().toString();
+  EXPECT_FALSE(decision->loads()) << decision->why;
+  EXPECT_EQ(decision->loadTokens, 0);
+  EXPECT_NE(decision->why.find("not faster than"), std::string::npos)
+      << decision->why;
+  EXPECT_EQ((*slow)->startLoad("b", blocks(100, 44)).code(),
+            StatusCode::FailedPrecondition);
+
+  // And at the target's own rate: loaded.
+  StatusOr<Decision> fast = writer->decide("b", tokens, 0);
+  ASSERT_TRUE(fast) << fast.status().toString();
+  EXPECT_TRUE(fast->loads()) << fast->why;
+  EXPECT_EQ(fast->loadTokens, 640);
+}
+
+TEST_F(ConnectorTest, DecisionsOfOneShapeCompileOnce) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> first = prompt(300, 5), second = prompt(300, 6);
+  prefillAndSave(*connector, "a", first, blocks(0, 19));
+  prefillAndSave(*connector, "b", second, blocks(20, 19));
+  // Two requests of one shape: 256 tokens stored, 44 (and 50) their own.
+  std::vector<int32_t> c = first, d = second;
+  c.resize(300);
+  d.push_back(1);
+  ASSERT_TRUE(connector->decide("c", c, 0));
+  EXPECT_EQ(connector->plansCompiled(), 1);
+  StatusOr<Decision> again = connector->decide("d", d, 0);
+  ASSERT_TRUE(again) << again.status().toString();
+  EXPECT_EQ(again->loadTokens, 256);
+  EXPECT_EQ(connector->plansCompiled(), 1);
+  EXPECT_EQ(connector->planCacheHits(), 1);
+  ASSERT_TRUE(connector->startLoad("d", blocks(40, 19)).isOk());
+  ASSERT_TRUE(connector->waitLoad("d"));
+  prefill(d, 256, blocks(40, 19));
+  expectExact(d, blocks(40, 19));
+}
+
+TEST_F(ConnectorTest, AStoreSavedInAnotherLayoutIsRead) {
+  options_.saveLayout = {64, 2};
+  auto writer = connect();
+  ASSERT_TRUE(writer);
+  const std::vector<int32_t> tokens = prompt(300, 7);
+  prefillAndSave(*writer, "a", tokens, blocks(0, 19));
+
+  // A reader that would save otherwise finds what the store records.
+  options_.saveLayout = {128, 1};
+  std::fill(memory_.begin(), memory_.end(), 0);
+  auto reader = connect();
+  ASSERT_TRUE(reader);
+  StatusOr<Lookup> found = reader->lookup(tokens);
+  ASSERT_TRUE(found) << found.status().toString();
+  EXPECT_FALSE(found->fromIndex);
+  EXPECT_EQ(found->tokens, 256);
+  StatusOr<Decision> decision = reader->decide("b", tokens, 0);
+  ASSERT_TRUE(decision && decision->loads());
+  EXPECT_EQ(decision->loadTokens, 256) << decision->why;
+  ASSERT_TRUE(reader->startLoad("b", blocks(50, 19)).isOk());
+  ASSERT_TRUE(reader->waitLoad("b"));
+  prefill(tokens, 256, blocks(50, 19));
+  expectExact(tokens, blocks(50, 19));
+  // What it saw, it remembers.
+  StatusOr<Lookup> again = reader->lookup(tokens);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->fromIndex);
+  EXPECT_EQ(again->tokens, 256);
+}
+
+TEST_F(ConnectorTest, TokensOnTheDeviceAreNotWritten) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(600, 8);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 38));
+  // Request b shares a's first 128 tokens' blocks (the server's own prefix
+  // hit); kvc must load from token 128 on.
+  std::vector<int32_t> ids = blocks(0, 8);
+  for (int32_t b : blocks(100, 30))
+    ids.push_back(b);
+  // Mark the shared blocks (layer 0's K): a write into them would show.
+  const ModelConfig &c = model_->config();
+  const int64_t block = 16 * c.numKvHeads * c.headDim;
+  std::vector<uint16_t> before(memory_.begin(), memory_.begin() + 8 * block);
+  std::fill(memory_.begin(), memory_.begin() + 8 * block, 0x7fc1);
+  StatusOr<Decision> decision = connector->decide("b", tokens, 128);
+  ASSERT_TRUE(decision) << decision.status().toString();
+  ASSERT_TRUE(decision->loads()) << decision->why;
+  EXPECT_EQ(decision->loadTokens, 512);
+  EXPECT_TRUE(decision->strategy == "kv" || decision->strategy == "hidden")
+      << decision->strategy;
+  ASSERT_TRUE(connector->startLoad("b", ids).isOk());
+  StatusOr<RestoreMetrics> metrics = connector->waitLoad("b");
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_TRUE(std::all_of(memory_.begin(), memory_.begin() + 8 * block,
+                          [](uint16_t v) { return v == 0x7fc1; }));
+  std::copy(before.begin(), before.end(), memory_.begin());
+  prefill(tokens, 512, ids);
+  expectExact(tokens, ids);
+  // A prefix hit off the store's chunk grid loads nothing past it.
+  StatusOr<Decision> off = connector->decide("c", tokens, 100);
+  ASSERT_TRUE(off);
+  EXPECT_FALSE(off->loads()) << off->why;
+}
+
+TEST_F(ConnectorTest, EveryServerCacheLayoutIsWritten) {
+  auto writer = connect();
+  ASSERT_TRUE(writer);
+  const std::vector<int32_t> tokens = prompt(300, 9);
+  prefillAndSave(*writer, "a", tokens, blocks(0, 19));
+  const ModelConfig &c = model_->config();
+  const int64_t block = 16 * c.numKvHeads * c.headDim;
+  for (CacheLayout layout : {CacheLayout::KeysFirst, CacheLayout::BlocksFirst}) {
+    // One tensor per layer, [2][blocks] or [blocks][2], then a full
+    // prefill through a Separate view of the same memory must agree.
+    std::vector<uint16_t> memory(2 * c.numLayers * kBlocks * block, 0);
+    ServerCaches caches;
+    caches.layout = layout;
+    caches.numBlocks = kBlocks;
+    caches.numKvHeads = c.numKvHeads;
+    caches.headDim = c.headDim;
+    for (int64_t l = 0; l < c.numLayers; ++l)
+      caches.keys.push_back(memory.data() + 2 * l * kBlocks * block);
+    auto reader = Connector::create(options_);
+    ASSERT_TRUE(reader);
+    StatusOr<std::unique_ptr<PagedKVCache>> view =
+        viewServerCaches(caches, c);
+    ASSERT_TRUE(view) << view.status().toString();
+    PagedKVCache *cache = view->get();
+    ASSERT_TRUE((*reader)->registerCaches(std::move(*view)).isOk());
+    StatusOr<Decision> decision = (*reader)->decide("b", tokens, 0);
+    ASSERT_TRUE(decision && decision->loads());
+    const std::vector<int32_t> ids = blocks(7, 19);
+    ASSERT_TRUE((*reader)->startLoad("b", ids).isOk());
+    ASSERT_TRUE((*reader)->waitLoad("b"));
+    BlockTable table{ids};
+    ASSERT_TRUE(cpuBackend()
+                    .prefill(*model_, tokens, *cache, table)
+                    ->compute({256, 300, 0, c.numLayers})
+                    .isOk());
+    StatusOr<RestoreError> error =
+        restoreError(*model_, tokens, *cache, table, cpuBackend());
+    ASSERT_TRUE(error);
+    EXPECT_TRUE(checkVerification(*error, verifyBound({})).isOk());
+    // The values are where the layout puts them: layer 0's K of the first
+    // loaded block is in the first half (KeysFirst) or the block's first
+    // half (BlocksFirst), and nonzero.
+    const uint16_t *k = memory.data() +
+                        (layout == CacheLayout::KeysFirst ? 7 * block
+                                                          : 7 * 2 * block);
+    EXPECT_TRUE(std::any_of(k, k + block, [](uint16_t v) { return v != 0; }));
+  }
+}
+
+TEST_F(ConnectorTest, BadInputIsRefused) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(300, 10);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 19));
+  EXPECT_EQ(connector->startLoad("nobody", blocks(0, 19)).code(),
+            StatusCode::NotFound);
+  EXPECT_EQ(connector->waitLayer("nobody", 0).code(), StatusCode::NotFound);
+  EXPECT_EQ(connector->cancel("nobody").code(), StatusCode::NotFound);
+  EXPECT_EQ(connector->decide("b", tokens, 301).status().code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(connector->decide("b", {}, 0).status().code(),
+            StatusCode::InvalidArgument);
+  ASSERT_TRUE(connector->decide("b", tokens, 0));
+  std::vector<int32_t> out = blocks(kBlocks - 5, 16);
+  EXPECT_EQ(connector->startLoad("b", out).code(), StatusCode::InvalidArgument);
+  std::vector<int32_t> twice = blocks(20, 16);
+  twice[3] = twice[2];
+  EXPECT_EQ(connector->startLoad("b", twice).code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(connector->startLoad("b", blocks(20, 3)).code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(connector->waitLayer("b", 0).code(),
+            StatusCode::FailedPrecondition); // Not started.
+  ASSERT_TRUE(connector->startLoad("b", blocks(20, 16)).isOk());
+  EXPECT_EQ(connector->startLoad("b", blocks(40, 16)).code(),
+            StatusCode::FailedPrecondition);
+  EXPECT_EQ(connector->waitLayer("b", 99).code(), StatusCode::InvalidArgument);
+  ASSERT_TRUE(connector->waitLoad("b"));
+  // A save that waits for layers it was not given says so.
+  ASSERT_TRUE(connector->saveLayer("c", tokens, 0, blocks(0, 19)).isOk());
+  EXPECT_EQ(connector->waitSave("c").status().code(),
+            StatusCode::FailedPrecondition);
+  EXPECT_EQ(connector->saveLayer("c", tokens, 9, blocks(0, 19)).code(),
+            StatusCode::InvalidArgument);
+  ASSERT_TRUE(connector->cancel("c").isOk());
+  // Caches that do not fit the model.
+  ServerCaches wrong = caches();
+  wrong.headDim *= 2;
+  EXPECT_EQ(viewServerCaches(wrong, model_->config()).status().code(),
+            StatusCode::InvalidArgument);
+  wrong = caches();
+  wrong.keys.pop_back();
+  EXPECT_EQ(viewServerCaches(wrong, model_->config()).status().code(),
+            StatusCode::InvalidArgument);
+  wrong = caches();
+  wrong.dtype = DType::F16;
+  EXPECT_EQ(viewServerCaches(wrong, model_->config()).status().code(),
+            StatusCode::Unimplemented);
+  StatusOr<std::unique_ptr<PagedKVCache>> again =
+      viewServerCaches(caches(), model_->config());
+  ASSERT_TRUE(again);
+  EXPECT_EQ(connector->registerCaches(std::move(*again)).code(),
+            StatusCode::FailedPrecondition);
+  ConnectorOptions none = options_;
+  none.planner = nullptr;
+  EXPECT_EQ(Connector::create(none).status().code(),
+            StatusCode::InvalidArgument);
+}
+
+TEST_F(ConnectorTest, ACancelledRequestIsForgottenAndFinishes) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(1200, 11);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 75));
+  StatusOr<Decision> decision = connector->decide("b", tokens, 0);
+  ASSERT_TRUE(decision && decision->loads());
+  ASSERT_TRUE(connector->startLoad("b", blocks(100, 75)).isOk());
+  ASSERT_TRUE(connector->cancel("b").isOk());
+  EXPECT_EQ(connector->waitLayer("b", 0).code(), StatusCode::NotFound);
+  // A save stopped half way leaves nothing behind.
+  ASSERT_TRUE(connector->saveLayer("c", prompt(300, 12), 0, blocks(0, 19))
+                  .isOk());
+  ASSERT_TRUE(connector->cancel("c").isOk());
+  std::vector<std::string> loads, saves;
+  for (int i = 0; i < 500 && (loads.empty() || saves.empty()); ++i) {
+    Finished done = connector->finished();
+    loads.insert(loads.end(), done.loads.begin(), done.loads.end());
+    saves.insert(saves.end(), done.saves.begin(), done.saves.end());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(loads, std::vector<std::string>{"b"});
+  EXPECT_EQ(saves, std::vector<std::string>{"c"});
+  StatusOr<Lookup> found = connector->lookup(prompt(300, 12));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->tokens, 0);
+}
+
+} // namespace
+} // namespace kvc::host

@@ -671,13 +671,17 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   const std::string recompute =
       ms(decision.recomputeSeconds) + " recomputing " +
       std::to_string(n - onDevice) + " tokens";
-  if (best.store < 0) {
+  const LoadPolicy policy = s.options.policy;
+  if (policy == LoadPolicy::Never) {
+    decision.why = "recomputes: the connector never loads (LoadPolicy::Never)";
+  } else if (best.store < 0) {
     decision.why = found.held.empty()
                        ? "recomputes: the stores hold none of its prefix"
                        : "recomputes: the stores hold no whole chunk past the "
                          "server's own " +
                              std::to_string(onDevice) + " tokens";
-  } else if (best.priced.seconds >= decision.recomputeSeconds) {
+  } else if (policy == LoadPolicy::Cheapest &&
+             best.priced.seconds >= decision.recomputeSeconds) {
     decision.why = "recomputes: loading " + std::to_string(best.tokens) +
                    " tokens by " + best.priced.strategy + " is predicted at " +
                    ms(best.priced.seconds) + ", not faster than " + recompute;

@@ -99,15 +99,14 @@ protected:
     return tokens;
   }
 
-  /// The server's own prefill of tokens [from, n) into `ids`.
+  /// The server's own prefill of tokens [from, n) into `ids`, attending
+  /// over the cache's tokens before them (a chunked prefill).
   void prefill(const std::vector<int32_t> &tokens, int64_t from,
                const std::vector<int32_t> &ids) {
     BlockTable table{ids};
-    Status status =
-        cpuBackend()
-            .prefill(*model_, tokens, *view_, table)
-            ->compute({from, int64_t(tokens.size()), 0,
-                       model_->config().numLayers});
+    Status status = cpuBackend().prefillInto(
+        *model_, *view_, table, tokens.data() + from, from,
+        int64_t(tokens.size()) - from, model_->config().numLayers);
     ASSERT_TRUE(status.isOk()) << status.toString();
   }
 
@@ -265,11 +264,27 @@ TEST_F(ConnectorTest, ASlowStoreIsNotLoadedFrom) {
   EXPECT_EQ((*slow)->startLoad("b", blocks(100, 44)).code(),
             StatusCode::FailedPrecondition);
 
-  // And at the target's own rate: loaded.
+  // Unless told to load whatever it costs.
+  options_.policy = LoadPolicy::Always;
+  auto always = Connector::create(options_);
+  ASSERT_TRUE(always) << always.status().toString();
+  StatusOr<Decision> forced = (*always)->decide("b", tokens, 0);
+  ASSERT_TRUE(forced) << forced.status().toString();
+  EXPECT_TRUE(forced->loads()) << forced->why;
+  EXPECT_GT(forced->predictedSeconds, forced->recomputeSeconds);
+
+  // And at the target's own rate: loaded, unless told never to.
   StatusOr<Decision> fast = writer->decide("b", tokens, 0);
   ASSERT_TRUE(fast) << fast.status().toString();
   EXPECT_TRUE(fast->loads()) << fast->why;
   EXPECT_EQ(fast->loadTokens, 640);
+  options_.stores = {{url, ""}};
+  options_.policy = LoadPolicy::Never;
+  auto never = Connector::create(options_);
+  ASSERT_TRUE(never) << never.status().toString();
+  StatusOr<Decision> refused = (*never)->decide("b", tokens, 0);
+  ASSERT_TRUE(refused) << refused.status().toString();
+  EXPECT_FALSE(refused->loads()) << refused->why;
 }
 
 TEST_F(ConnectorTest, DecisionsOfOneShapeCompileOnce) {
@@ -392,8 +407,8 @@ TEST_F(ConnectorTest, EveryServerCacheLayoutIsWritten) {
     ASSERT_TRUE((*reader)->waitLoad("b"));
     BlockTable table{ids};
     ASSERT_TRUE(cpuBackend()
-                    .prefill(*model_, tokens, *cache, table)
-                    ->compute({256, 300, 0, c.numLayers})
+                    .prefillInto(*model_, *cache, table, tokens.data() + 256,
+                                 256, 44, c.numLayers)
                     .isOk());
     StatusOr<RestoreError> error =
         restoreError(*model_, tokens, *cache, table, cpuBackend());

@@ -97,6 +97,17 @@ struct StoreSpec {
   std::string tier;
 };
 
+/// When decide loads.
+enum class LoadPolicy {
+  /// When the load's first token is predicted earlier than recomputing.
+  Cheapest,
+  /// Whenever the stores hold a whole chunk past the server's tokens (for
+  /// comparisons and tests: it may be slower than recomputing).
+  Always,
+  /// Never: every request is recomputed by the server.
+  Never,
+};
+
 struct ConnectorOptions {
   /// The model (required): its config, fingerprint, and the computation of
   /// the chunks a plan computes or recomputes.
@@ -120,6 +131,7 @@ struct ConnectorOptions {
   /// Chunks that cannot be loaded intact: recomputed by kvc with the model
   /// (true), or left to the server (failedBlocks).
   bool recomputeFailures = true;
+  LoadPolicy policy = LoadPolicy::Cheapest;
   /// Compiled plans kept (least recently used go first).
   std::size_t planCacheEntries = 256;
 };

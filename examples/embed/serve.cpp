@@ -6,12 +6,15 @@
 //   1. the server owns its paged KV cache (one allocation, vLLM's flash
 //      layout per layer) and a block manager handing out blocks;
 //   2. request A is prefilled into it (here with kvc's reference model, the
-//      server's own model in a real one) and its KV saved to a store;
-//   3. request B has A's prompt: the server asks the store how much of it
-//      is held, plans a layer-wise restore through the planning hook (the
-//      compiler, in-process), and restores into blocks of its own cache;
-//   4. it consumes each layer as soon as that layer is resident, while
-//      later layers still load, and checks it equals what A computed;
+//      server's own model in a real one) and its KV saved to a store
+//      through the Connector, layer by layer;
+//   3. request B has A's prompt: the server asks its host::Connector how
+//      much of it is stored and what to do (the Connector prices each plan
+//      with the planner and compiles the one it chooses in-process);
+//   4. the Connector loads into blocks of the server's own cache; the
+//      server consumes each layer as soon as that layer is resident, while
+//      later layers still load, checks it equals what A computed, and
+//      prefills the tokens left to it;
 //   5. it prints the restore's metrics.
 //
 // Usage: kvc-embed-example TARGET_JSON [MODEL_DIR]
@@ -20,12 +23,12 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Host/Session.h"
+#include "kvc/Host/CompilerHook.h"
+#include "kvc/Host/Connector.h"
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
-#include "kvc/Transforms/CompileRestore.h"
 
 #include <cstdio>
 #include <string>
@@ -82,7 +85,8 @@ Status serve(const std::string &targetPath, std::string modelDir) {
   const ModelConfig &config = model->config();
   Backend &backend = cpuBackend();
 
-  // 1. The server's cache: room for two 1024-token requests.
+  // 1. The server's cache: room for two 1024-token requests, K and V per
+  //    layer as vLLM allocates them, handed to the Connector once.
   ServerCache server;
   server.config.layers = config.numLayers;
   server.config.numKvHeads = config.numKvHeads;
@@ -91,102 +95,97 @@ Status serve(const std::string &targetPath, std::string modelDir) {
   const int64_t perLayer = server.config.numBlocks * server.config.blockSize *
                            config.numKvHeads * config.headDim;
   server.memory.resize(2 * config.numLayers * perLayer);
-  std::vector<PagedLayerMemory> layers;
-  for (int64_t l = 0; l < config.numLayers; ++l)
-    layers.push_back({server.memory.data() + 2 * l * perLayer,
-                      server.memory.data() + (2 * l + 1) * perLayer});
+  host::ServerCaches caches;
+  caches.numBlocks = server.config.numBlocks;
+  caches.blockSize = server.config.blockSize;
+  caches.numKvHeads = config.numKvHeads;
+  caches.headDim = config.headDim;
+  for (int64_t l = 0; l < config.numLayers; ++l) {
+    caches.keys.push_back(server.memory.data() + 2 * l * perLayer);
+    caches.values.push_back(server.memory.data() + (2 * l + 1) * perLayer);
+  }
   for (int32_t b = int32_t(server.config.numBlocks) - 1; b >= 0; --b)
     server.freeBlocks.push_back(b);
-  KVC_ASSIGN_OR_RETURN(cache, PagedKVCache::view(server.config, layers));
+  KVC_ASSIGN_OR_RETURN(view, host::viewServerCaches(caches, config));
+  PagedKVCache &cache = *view;
 
-  // 2. Request A, prefilled and saved, one object per layer and chunk.
+  // The Connector: the model, a store, the target, the compiler as its
+  // planner (a server without it passes bundles: host::bundleHook).
+  host::ConnectorOptions options;
+  options.model = model.get();
+  options.stores = {{"mem://", ""}};
+  options.saveLayout = {256, 1}; // One object per layer and chunk.
+  options.target = target;
+  options.planner = host::compilerPlanHook();
+  KVC_ASSIGN_OR_RETURN(connector, host::Connector::create(options));
+  KVC_RETURN_IF_ERROR(connector->registerCaches(std::move(view)));
+
+  // 2. Request A, prefilled by the server and saved layer by layer.
   std::vector<int32_t> prompt(1024);
   for (std::size_t i = 0; i < prompt.size(); ++i)
     prompt[i] = int32_t((i * 131 + 17) % config.vocabSize);
   const int64_t n = int64_t(prompt.size());
   KVC_ASSIGN_OR_RETURN(tableA, server.allocate(n));
-  KVC_RETURN_IF_ERROR(backend.prefill(*model, prompt, *cache, tableA)
-                          ->compute({0, n, 0, config.numLayers}));
-  host::StoreOptions storeOptions;
-  storeOptions.url = "mem://";
-  storeOptions.layout = {256, 1};
-  storeOptions.access = TierAccess::Create;
-  KVC_ASSIGN_OR_RETURN(store, host::openStore(storeOptions, *model));
-  KVC_ASSIGN_OR_RETURN(saved, host::saveFromCache(backend, *cache, tableA,
-                                                  *store, prompt, CodecSpec()));
-  std::printf("request A: prefilled %lld tokens, saved %lld objects in %.2f "
-              "ms\n",
+  Clock::time_point saving = Clock::now();
+  KVC_RETURN_IF_ERROR(backend.prefillInto(*model, cache, tableA, prompt.data(),
+                                          0, n, config.numLayers));
+  for (int64_t l = 0; l < config.numLayers; ++l)
+    KVC_RETURN_IF_ERROR(connector->saveLayer("A", prompt, l, tableA.blocks));
+  KVC_ASSIGN_OR_RETURN(saved, connector->waitSave("A"));
+  std::printf("request A: prefilled and saved %lld tokens (%lld objects) in "
+              "%.2f ms\n",
               (long long)n, (long long)saved.written,
-              saved.makespanSeconds * 1e3);
+              secondsSince(saving) * 1e3);
 
-  // 3. Request B: the same prompt. What does the store hold?
-  KVC_ASSIGN_OR_RETURN(matches, host::matchPrefix(*store, prompt));
-  for (const host::PrefixMatch &match : matches)
-    std::printf("request B: the store holds %s for %lld of %lld tokens\n",
-                name(match.form), (long long)match.tokens, (long long)n);
-  host::PlanHook hook = [](const ModelCompute &m, const TargetDesc &t,
-                           const planning::Request &request,
-                           int64_t chunkTokens,
-                           const host::PlanOptions &options) {
-    CompileRestoreOptions compile;
-    compile.strategies = options.strategies;
-    compile.chunkTokens = chunkTokens;
-    compile.stagingMiB = options.stagingMiB;
-    compile.layerWise = options.layerWise;
-    compile.gpuChip = options.gpuChip;
-    return compileRestore(m.config(), m.fingerprint(), t, request, compile);
-  };
-  KVC_ASSIGN_OR_RETURN(tier, host::storeTier(target, store->tier()));
-  host::PlanOptions planOptions;
-  planOptions.strategies = {"kv"};
-  // The server consumes the restore layer by layer: plan for that.
-  planOptions.layerWise = true;
-  KVC_ASSIGN_OR_RETURN(bundle,
-                       host::planRestore(hook, *model, *store, prompt, target,
-                                         tier->name, planOptions));
-  const BundlePlan &plan = bundle.plans.front();
+  // 3. Request B: A's prompt. What does the store hold, and what to do?
+  KVC_ASSIGN_OR_RETURN(found, connector->lookup(prompt));
+  std::printf("request B: the store holds %lld of its %lld tokens%s\n",
+              (long long)found.tokens, (long long)n,
+              found.fromIndex ? " (this process saved them)" : "");
+  KVC_ASSIGN_OR_RETURN(decision, connector->decide("B", prompt, 0));
+  std::printf("request B: %s\n", decision.why.c_str());
+  if (!decision.loads())
+    return fail("request B: nothing to load");
 
   // 4. Restore into blocks of the server's own cache, layer by layer.
   KVC_ASSIGN_OR_RETURN(tableB, server.allocate(n));
-  RestoreTarget into;
-  into.backend = &backend;
-  into.model = model.get();
-  into.stores[tier->name] = store.get();
-  into.tokens = &prompt;
-  into.cache = cache.get();
-  into.table = &tableB;
-  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
   Clock::time_point start = Clock::now();
-  KVC_ASSIGN_OR_RETURN(restoring,
-                       host::RestoreHandle::start(*pools, plan, into));
-  const int64_t kv = model->kvDim();
-  std::vector<float> kA(n * kv), vA(n * kv), kB(n * kv), vB(n * kv);
+  KVC_RETURN_IF_ERROR(connector->startLoad("B", tableB.blocks));
+  const int64_t resident = decision.loadTokens, kv = model->kvDim();
+  std::vector<float> kA(resident * kv), vA(resident * kv), kB(resident * kv),
+      vB(resident * kv);
   for (int64_t l = 0; l < config.numLayers; ++l) {
-    KVC_RETURN_IF_ERROR(restoring->waitLayer(l));
+    KVC_RETURN_IF_ERROR(connector->waitLayer("B", l));
     const double at = secondsSince(start);
-    int64_t later = 0;
-    for (int64_t m = l + 1; m < config.numLayers; ++m)
-      later += !restoring->layerReady(m);
     // The server's attention for layer l would run here; this one checks
     // the layer against request A's.
     KVC_RETURN_IF_ERROR(
-        backend.readBack(*cache, tableA, l, 0, n, kA.data(), vA.data()));
+        backend.readBack(cache, tableA, l, 0, resident, kA.data(), vA.data()));
     KVC_RETURN_IF_ERROR(
-        backend.readBack(*cache, tableB, l, 0, n, kB.data(), vB.data()));
+        backend.readBack(cache, tableB, l, 0, resident, kB.data(), vB.data()));
     if (kA != kB || vA != vB)
       return fail("layer " + std::to_string(l) +
                   " differs from the KV request A saved");
-    std::printf("request B: layer %lld resident at %.2f ms (%lld later "
-                "layers still loading), equal to request A's\n",
-                (long long)l, at * 1e3, (long long)later);
+    std::printf("request B: layer %lld resident at %.2f ms, equal to request "
+                "A's\n",
+                (long long)l, at * 1e3);
   }
-  KVC_ASSIGN_OR_RETURN(metrics, restoring->wait());
+  KVC_ASSIGN_OR_RETURN(metrics, connector->waitLoad("B"));
+  KVC_ASSIGN_OR_RETURN(failed, connector->failedBlocks("B"));
+  if (!failed.empty() || !metrics.fallbacks.empty())
+    return fail("request B: chunks were not loaded intact");
+  // The server prefills the tokens it was left.
+  KVC_RETURN_IF_ERROR(backend.prefillInto(*model, cache, tableB,
+                                          prompt.data() + resident, resident,
+                                          n - resident, config.numLayers));
 
   // 5. Metrics.
   // (The process's first restore: it pays for its pools' threads and the
   // first touch of its buffers, so no prediction is held against it.)
-  std::printf("request B: restored with plan %s in %.2f ms\n",
-              plan.name.c_str(), metrics.makespanSeconds * 1e3);
+  std::printf("request B: loaded %lld tokens by plan %s in %.2f ms, then "
+              "prefilled %lld\n",
+              (long long)resident, decision.strategy.c_str(),
+              metrics.makespanSeconds * 1e3, (long long)(n - resident));
   for (const auto &[tier, bytes] : metrics.bytesRead)
     std::printf("  read %-8s %.2f MB\n", tier.c_str(), double(bytes) * 1e-6);
   for (const auto &[resource, seconds] : metrics.busySeconds)

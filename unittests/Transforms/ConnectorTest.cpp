@@ -512,5 +512,55 @@ TEST_F(ConnectorTest, ACancelledRequestIsForgottenAndFinishes) {
   EXPECT_EQ(found->tokens, 0);
 }
 
+TEST_F(ConnectorTest, RequestsFromManyThreadsAreEachExact) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  // Four stored prefixes; four threads each serve one request over one of
+  // them, in its own blocks, while a fifth saves another request.
+  std::vector<std::vector<int32_t>> stored;
+  for (int r = 0; r < 4; ++r) {
+    stored.push_back(prompt(384, 20 + r));
+    prefillAndSave(*connector, "saved" + std::to_string(r), stored[r],
+                   blocks(r * 30, 24));
+  }
+  std::vector<std::vector<int32_t>> requests = stored;
+  for (auto &tokens : requests)
+    for (int32_t t : prompt(40, 30))
+      tokens.push_back(t);
+  std::vector<Status> results(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      const std::string id = "r" + std::to_string(r);
+      StatusOr<Decision> decision = connector->decide(id, requests[r], 0);
+      if (!decision || !decision->loads()) {
+        results[r] = decision ? Status(StatusCode::Internal, decision->why)
+                              : decision.status();
+        return;
+      }
+      Status started = connector->startLoad(id, blocks(130 + r * 27, 27));
+      for (int64_t l = 0; started.isOk() && l < model_->config().numLayers;
+           ++l)
+        started = connector->waitLayer(id, l);
+      results[r] = started.isOk() ? connector->waitLoad(id).status() : started;
+    });
+  std::thread saver([&] {
+    const std::vector<int32_t> other = prompt(300, 40);
+    for (int64_t l = 0; l < model_->config().numLayers; ++l)
+      (void)connector->saveLayer("other", other, l, blocks(240, 16));
+    (void)connector->lookup(other);
+    (void)connector->finished();
+  });
+  for (std::thread &thread : threads)
+    thread.join();
+  saver.join();
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(results[r].isOk()) << r << ": " << results[r].toString();
+    prefill(requests[r], 384, blocks(130 + r * 27, 27));
+    expectExact(requests[r], blocks(130 + r * 27, 27));
+  }
+  ASSERT_TRUE(connector->cancel("other").isOk());
+}
+
 } // namespace
 } // namespace kvc::host

@@ -20,9 +20,9 @@
 //   joint      the Connector decides with every strategy (its own compute
 //              beside the loads: Cake, HCache and their joint plan).
 //
-// The server prefills after the load ends (kvc's prefill runs whole layers
-// at once), while the planner prices a forward pass beside a layer-wise
-// load: the measured times of both loading paths include that difference.
+// The server's forward pass over its tokens (Backend::decode) runs beside
+// the load, each layer gated on the load's writing it (waitLayer), as the
+// planner prices it; recomputing is the same pass over every token.
 //
 // It also times, on a warm Connector: decide + startLoad of requests of one
 // shape (the plan cache hit) against the first decide (which compiles), and
@@ -153,6 +153,19 @@ struct Server {
                                     from, int64_t(tokens.size()) - from,
                                     model.config().numLayers);
   }
+
+  /// The server's forward pass over [from, n) to its first token, each
+  /// layer after `attend` returns for it.
+  Status forward(const std::vector<int32_t> &tokens, int64_t from,
+                 const std::vector<int32_t> &ids,
+                 const Backend::LayerGate &attend = {}) {
+    BlockTable table{ids};
+    logits.resize(model.config().vocabSize);
+    return cpuBackend().decode(model, *cache, table, from, tokens.data() + from,
+                               int64_t(tokens.size()) - from, logits.data(),
+                               attend);
+  }
+  std::vector<float> logits;
 };
 
 std::vector<int32_t> blockRange(int32_t first, int64_t tokens) {
@@ -190,9 +203,13 @@ StatusOr<std::pair<Decision, double>> serve(Connector &connector,
   KVC_ASSIGN_OR_RETURN(decision, connector.decide(id, tokens, 0));
   if (decision.loads()) {
     KVC_RETURN_IF_ERROR(connector.startLoad(id, ids));
+    KVC_RETURN_IF_ERROR(server.forward(
+        tokens, decision.loadTokens, ids,
+        [&](int64_t layer) { return connector.waitLayer(id, layer); }));
     KVC_RETURN_IF_ERROR(connector.waitLoad(id).status());
+  } else {
+    KVC_RETURN_IF_ERROR(server.forward(tokens, 0, ids));
   }
-  KVC_RETURN_IF_ERROR(server.prefill(tokens, decision.loadTokens, ids));
   const double seconds = secondsSince(start);
   (void)connector.finished();
   KVC_RETURN_IF_ERROR(connector.cancel(id)); // Forgets it.
@@ -294,7 +311,7 @@ Status run(const Flags &flags) {
     Decision kvDecision, jointDecision;
     for (int64_t r = 0; r < flags.repeat; ++r) {
       Clock::time_point start = Clock::now();
-      KVC_RETURN_IF_ERROR(server.prefill(tokens, 0, ids));
+      KVC_RETURN_IF_ERROR(server.forward(tokens, 0, ids));
       recompute = std::min(recompute, secondsSince(start));
       KVC_ASSIGN_OR_RETURN(forced, serve(*always, server, "r", tokens, ids));
       loadAll = std::min(loadAll, forced.second);

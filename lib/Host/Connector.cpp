@@ -692,11 +692,14 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     decision.loadTokens = best.tokens;
     decision.strategy = best.priced.strategy;
     decision.predictedSeconds = best.priced.seconds;
-    decision.why = "loads " + std::to_string(best.tokens) + " of " +
-                   std::to_string(n) + " tokens (" + best.what + " from " +
-                   s.stores[best.store].spec.url + ") by " +
-                   best.priced.strategy + ": first token predicted at " +
-                   ms(best.priced.seconds) + " against " + recompute;
+    // A plan of strategy kv or hidden loads every token it restores; the
+    // others compute some of them beside the loads.
+    decision.why = "restores " + std::to_string(best.tokens) + " of " +
+                   std::to_string(n) + " tokens by " + best.priced.strategy +
+                   " (" + best.what + " stored in " +
+                   s.stores[best.store].spec.url +
+                   "): first token predicted at " + ms(best.priced.seconds) +
+                   " against " + recompute;
     request.plan = std::move(plan);
     ChunkStore *store = nullptr;
     for (const auto &layout : s.stores[best.store].layouts)

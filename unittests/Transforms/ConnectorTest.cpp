@@ -172,7 +172,7 @@ TEST_F(ConnectorTest, APartialPrefixIsLoadedInPartAndComputedInPart) {
   ASSERT_TRUE(decision->loads()) << decision->why;
   EXPECT_EQ(decision->loadTokens, 512) << decision->why;
   EXPECT_LT(decision->predictedSeconds, decision->recomputeSeconds);
-  EXPECT_NE(decision->why.find("loads 512 of 712 tokens"), std::string::npos)
+  EXPECT_NE(decision->why.find("restores 512 of 712 tokens"), std::string::npos)
       << decision->why;
 
   const std::vector<int32_t> ids = blocks(100, 45);
@@ -560,6 +560,42 @@ TEST_F(ConnectorTest, RequestsFromManyThreadsAreEachExact) {
     expectExact(requests[r], blocks(130 + r * 27, 27));
   }
   ASSERT_TRUE(connector->cancel("other").isOk());
+}
+
+TEST_F(ConnectorTest, ALookupRacingASaveSeesOnlyWholeChunks) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(512, 50);
+  const std::vector<int32_t> ids = blocks(0, 32);
+  prefill(tokens, 0, ids);
+  // Layers handed over one by one while another thread looks the request
+  // up: a chunk is found only once every layer of it is stored, and what is
+  // found never shrinks.
+  std::atomic<bool> done{false};
+  std::vector<int64_t> seen;
+  std::thread looker([&] {
+    while (!done) {
+      StatusOr<Lookup> found = connector->lookup(tokens);
+      ASSERT_TRUE(found) << found.status().toString();
+      if (seen.empty() || seen.back() != found->tokens)
+        seen.push_back(found->tokens);
+    }
+  });
+  for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+    ASSERT_TRUE(connector->saveLayer("a", tokens, l, ids).isOk());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(connector->waitSave("a"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  done = true;
+  looker.join();
+  ASSERT_FALSE(seen.empty());
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  for (int64_t tokensFound : seen)
+    EXPECT_EQ(tokensFound % 128, 0) << tokensFound;
+  StatusOr<Lookup> found = connector->lookup(tokens);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->tokens, 512);
 }
 
 } // namespace

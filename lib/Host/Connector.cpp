@@ -425,9 +425,9 @@ struct Connector::State {
 
 StatusOr<std::unique_ptr<PagedKVCache>>
 viewServerCaches(const ServerCaches &caches, const ModelConfig &model) {
-  if (caches.dtype != DType::BF16)
+  if (caches.dtype != DType::BF16 && caches.dtype != DType::F16)
     return unimplemented(std::string("connector: ") + dtypeName(caches.dtype) +
-                         " caches (kvc's paged caches hold bf16)");
+                         " caches (bf16 or f16)");
   if (caches.numKvHeads != model.numKvHeads || caches.headDim != model.headDim)
     return invalidArgument(
         "connector: caches of " + std::to_string(caches.numKvHeads) + " heads x " +
@@ -441,6 +441,7 @@ viewServerCaches(const ServerCaches &caches, const ModelConfig &model) {
                            " layers for a model of " +
                            std::to_string(model.numLayers));
   PagedCacheConfig config;
+  config.dtype = caches.dtype;
   config.layers = model.numLayers;
   config.numKvHeads = model.numKvHeads;
   config.headDim = model.headDim;
@@ -560,6 +561,10 @@ Status Connector::registerCaches(std::unique_ptr<PagedKVCache> caches) {
   if (caches->memory() == CacheMemory::Device &&
       std::string(state_->backend->name()) == "cpu")
     return invalidArgument("connector: device caches with the cpu backend");
+  if (caches->memory() == CacheMemory::Device &&
+      config.dtype != DType::BF16)
+    return unimplemented(std::string("connector: device caches of ") +
+                         dtypeName(config.dtype) + " (bf16 only)");
   state_->caches = std::move(caches);
   return Status::ok();
 }

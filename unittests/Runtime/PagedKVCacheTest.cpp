@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <thread>
 
 using namespace kvc;
@@ -160,6 +161,39 @@ TEST(PagedKVCacheTest, RoundsToBf16) {
   EXPECT_EQ(outK[0], bf16ToFloat(floatToBf16(k[0])));
   EXPECT_NE(outK[0], k[0]);
   EXPECT_EQ(outV[3], bf16ToFloat(floatToBf16(v[3])));
+}
+
+TEST(PagedKVCacheTest, AnF16CacheRoundsToF16AndRefusesWhatItCannotHold) {
+  PagedCacheConfig config = smallConfig();
+  config.dtype = DType::F16;
+  auto cache = PagedKVCache::create(config);
+  ASSERT_TRUE(cache);
+  BlockTable table = *(*cache)->allocate(2);
+  // 1 + 2^-10 is f16's next value after 1 (bf16 would round it to 1).
+  std::vector<float> k(8, 1.0f + 1.0f / 1024), v(8, -3.14159f), outK(8), outV(8);
+  ASSERT_TRUE((*cache)->write(table, 0, 0, 1, k.data(), v.data()).isOk());
+  ASSERT_TRUE((*cache)->read(table, 0, 0, 1, outK.data(), outV.data()).isOk());
+  EXPECT_EQ(outK[0], k[0]);
+  EXPECT_EQ(outV[3], f16ToFloat(floatToF16(v[3])));
+  EXPECT_EQ((*cache)->keyCache(0)[0], floatToF16(k[0]));
+  // bf16 values are converted.
+  std::vector<uint16_t> bk(8, floatToBf16(2.5f)), bv(8, floatToBf16(-0.75f));
+  ASSERT_TRUE((*cache)->write(table, 1, 1, 1, bk.data(), bv.data()).isOk());
+  ASSERT_TRUE((*cache)->read(table, 1, 1, 1, outK.data(), outV.data()).isOk());
+  EXPECT_EQ(outK[5], 2.5f);
+  EXPECT_EQ(outV[0], -0.75f);
+  // Beyond 65504, an error rather than an infinity passed off as a value;
+  // an infinity written stays one.
+  std::vector<float> big(8, 70000.0f), inf(8, INFINITY);
+  EXPECT_EQ((*cache)->write(table, 0, 0, 1, big.data(), v.data()).code(),
+            StatusCode::DataLoss);
+  EXPECT_TRUE((*cache)->write(table, 0, 0, 1, inf.data(), v.data()).isOk());
+  std::vector<uint16_t> bigBf16(8, floatToBf16(1e6f));
+  EXPECT_EQ((*cache)->write(table, 0, 0, 1, bigBf16.data(), bv.data()).code(),
+            StatusCode::DataLoss);
+  config.dtype = DType::F32;
+  EXPECT_EQ(PagedKVCache::create(config).status().code(),
+            StatusCode::InvalidArgument);
 }
 
 TEST(PagedKVCacheTest, RejectsOutOfRangeAccess) {

@@ -11,6 +11,7 @@
 #include "kvc/Host/CompilerHook.h"
 #include "kvc/Host/Connector.h"
 #include "kvc/Host/Verify.h"
+#include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
 #include "../Runtime/TestModel.h"
@@ -424,6 +425,57 @@ TEST_F(ConnectorTest, EveryServerCacheLayoutIsWritten) {
   }
 }
 
+TEST_F(ConnectorTest, AnF16ServerCacheIsLoadedAndPrefilled) {
+  auto writer = connect();
+  ASSERT_TRUE(writer);
+  const std::vector<int32_t> tokens = prompt(300, 13);
+  prefillAndSave(*writer, "a", tokens, blocks(0, 19));
+  // A server of f16 caches: the stored bf16 KV is loaded into them, the
+  // server's prefill of the rest attends over them, and the whole equals a
+  // full prefill within f16's and bf16's rounding.
+  std::vector<uint16_t> memory(memory_.size(), 0);
+  ServerCaches f16 = caches();
+  f16.dtype = DType::F16;
+  for (std::size_t l = 0; l < f16.keys.size(); ++l) {
+    f16.keys[l] = memory.data() + (static_cast<uint16_t *>(f16.keys[l]) -
+                                   memory_.data());
+    f16.values[l] = memory.data() + (static_cast<uint16_t *>(f16.values[l]) -
+                                     memory_.data());
+  }
+  auto reader = Connector::create(options_);
+  ASSERT_TRUE(reader) << reader.status().toString();
+  StatusOr<std::unique_ptr<PagedKVCache>> view =
+      viewServerCaches(f16, model_->config());
+  ASSERT_TRUE(view) << view.status().toString();
+  EXPECT_EQ((*view)->config().dtype, DType::F16);
+  PagedKVCache *cache = view->get();
+  ASSERT_TRUE((*reader)->registerCaches(std::move(*view)).isOk());
+  StatusOr<Decision> decision = (*reader)->decide("b", tokens, 0);
+  ASSERT_TRUE(decision && decision->loads());
+  const std::vector<int32_t> ids = blocks(30, 19);
+  ASSERT_TRUE((*reader)->startLoad("b", ids).isOk());
+  StatusOr<RestoreMetrics> metrics = (*reader)->waitLoad("b");
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_TRUE(metrics->fallbacks.empty());
+  BlockTable table{ids};
+  ASSERT_TRUE(cpuBackend()
+                  .prefillInto(*model_, *cache, table, tokens.data() + 256,
+                               256, 44, model_->config().numLayers)
+                  .isOk());
+  StatusOr<RestoreError> error =
+      restoreError(*model_, tokens, *cache, table, cpuBackend());
+  ASSERT_TRUE(error) << error.status().toString();
+  EXPECT_TRUE(checkVerification(*error, verifyBound({})).isOk())
+      << error->max << " " << error->relativeL2;
+  // The bits are f16's: the first loaded K of layer 0 converts back to the
+  // bf16 cache's value.
+  const ModelConfig &c = model_->config();
+  const int64_t block = 16 * c.numKvHeads * c.headDim;
+  const uint16_t loaded = memory[30 * block], saved = memory_[0];
+  EXPECT_EQ(f16ToFloat(loaded), bf16ToFloat(saved));
+  EXPECT_NE(loaded, saved);
+}
+
 TEST_F(ConnectorTest, BadInputIsRefused) {
   auto connector = connect();
   ASSERT_TRUE(connector);
@@ -470,7 +522,7 @@ TEST_F(ConnectorTest, BadInputIsRefused) {
   EXPECT_EQ(viewServerCaches(wrong, model_->config()).status().code(),
             StatusCode::InvalidArgument);
   wrong = caches();
-  wrong.dtype = DType::F16;
+  wrong.dtype = DType::F32;
   EXPECT_EQ(viewServerCaches(wrong, model_->config()).status().code(),
             StatusCode::Unimplemented);
   StatusOr<std::unique_ptr<PagedKVCache>> again =

@@ -70,7 +70,8 @@ enum class CacheLayout {
 /// A server's KV memory: base pointers per layer and how it is laid out.
 struct ServerCaches {
   CacheLayout layout = CacheLayout::Separate;
-  /// The element type; kvc's paged caches hold bf16.
+  /// The element type: bf16, or f16 in host memory (the CUDA backend's
+  /// kernels write bf16 only).
   DType dtype = DType::BF16;
   CacheMemory memory = CacheMemory::Host;
   int64_t numBlocks = 0;
@@ -85,7 +86,7 @@ struct ServerCaches {
 
 /// `caches` as a paged cache of `model`'s layers: InvalidArgument for a
 /// shape, layer count or missing pointer that does not fit the model,
-/// Unimplemented for an element type other than bf16.
+/// Unimplemented for an element type other than bf16 and f16.
 StatusOr<std::unique_ptr<PagedKVCache>>
 viewServerCaches(const ServerCaches &caches, const ModelConfig &model);
 

@@ -64,6 +64,10 @@ Status needDevice(const PagedKVCache &cache) {
     return Status(StatusCode::FailedPrecondition,
                   "cuda backend: the paged cache is in host memory (create "
                   "it with the backend, or view device memory)");
+  if (cache.config().dtype != DType::BF16)
+    return unimplemented(std::string("cuda backend: a paged cache of ") +
+                         dtypeName(cache.config().dtype) +
+                         " (its kernels write bf16)");
   return Status::ok();
 }
 
@@ -85,6 +89,10 @@ public:
 
   StatusOr<std::unique_ptr<PagedKVCache>>
   createCache(const PagedCacheConfig &config) override {
+    if (config.dtype != DType::BF16)
+      return unimplemented(std::string("cuda backend: a paged cache of ") +
+                           dtypeName(config.dtype) +
+                           " (its kernels write bf16)");
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     (void)lease;
     const int64_t stride =

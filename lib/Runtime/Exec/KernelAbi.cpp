@@ -101,6 +101,9 @@ StatusOr<KernelCacheArgs> kernelCacheArgs(const PagedKVCache &cache) {
   const int64_t blockElements = config.blockSize * width;
   if (config.layers < 1 || blockElements < 1)
     return unaddressable("it holds no layer");
+  if (config.dtype != DType::BF16)
+    return unaddressable(std::string("it holds ") + dtypeName(config.dtype) +
+                         ", the kernels write bf16");
   if (cache.blockStride() % blockElements)
     return unaddressable("blocks " + std::to_string(cache.blockStride()) +
                          " elements apart are not a whole number of blocks");

@@ -4,6 +4,7 @@
 
 #include "kvc/Runtime/Base/Half.h"
 
+#include <cmath>
 #include <cstring>
 #include <new>
 
@@ -26,6 +27,9 @@ Status PagedKVCache::checkConfig(const PagedCacheConfig &config) {
                            "size and block count must be positive");
   if (config.numBlocks > INT32_MAX)
     return invalidArgument("paged cache: at most 2^31-1 blocks");
+  if (config.dtype != DType::BF16 && config.dtype != DType::F16)
+    return invalidArgument(std::string("paged cache: elements of ") +
+                           dtypeName(config.dtype) + " (bf16 or f16)");
   const int64_t block = config.blockSize * config.numKvHeads * config.headDim;
   if (config.blockStride != 0 && config.blockStride < block)
     return invalidArgument(
@@ -156,23 +160,61 @@ Status PagedKVCache::writeRows(const BlockTable &table, int64_t layer,
   return Status::ok();
 }
 
+namespace {
+
+/// Rounds `count` values to f16 into `dst`; false when a finite one is
+/// beyond f16's range (it would be stored as an infinity).
+template <typename ToFloat>
+bool storeF16(uint16_t *dst, int64_t count, ToFloat value) {
+  bool inRange = true;
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = value(i);
+    dst[i] = floatToF16(x);
+    inRange &= (dst[i] & 0x7fff) != 0x7c00 || std::isinf(x);
+  }
+  return inRange;
+}
+
+Status outOfF16Range() {
+  return Status(StatusCode::DataLoss,
+                "paged cache: a value beyond f16's range (65504) for an f16 "
+                "cache");
+}
+
+} // namespace
+
 Status PagedKVCache::write(const BlockTable &table, int64_t layer,
                            int64_t first, int64_t n, const float *k,
                            const float *v) {
-  return writeRows(table, layer, first, n, k, v,
-                   [](uint16_t *dst, const float *src, int64_t count) {
-                     for (int64_t i = 0; i < count; ++i)
-                       dst[i] = floatToBf16(src[i]);
-                   });
+  bool inRange = true;
+  KVC_RETURN_IF_ERROR(writeRows(
+      table, layer, first, n, k, v,
+      [&](uint16_t *dst, const float *src, int64_t count) {
+        if (config_.dtype == DType::F16) {
+          inRange &= storeF16(dst, count, [&](int64_t i) { return src[i]; });
+          return;
+        }
+        for (int64_t i = 0; i < count; ++i)
+          dst[i] = floatToBf16(src[i]);
+      }));
+  return inRange ? Status::ok() : outOfF16Range();
 }
 
 Status PagedKVCache::write(const BlockTable &table, int64_t layer,
                            int64_t first, int64_t n, const uint16_t *k,
                            const uint16_t *v) {
-  return writeRows(table, layer, first, n, k, v,
-                   [](uint16_t *dst, const uint16_t *src, int64_t count) {
-                     std::memcpy(dst, src, size_t(count) * sizeof(uint16_t));
-                   });
+  bool inRange = true;
+  KVC_RETURN_IF_ERROR(writeRows(
+      table, layer, first, n, k, v,
+      [&](uint16_t *dst, const uint16_t *src, int64_t count) {
+        if (config_.dtype == DType::F16) {
+          inRange &= storeF16(dst, count,
+                              [&](int64_t i) { return bf16ToFloat(src[i]); });
+          return;
+        }
+        std::memcpy(dst, src, size_t(count) * sizeof(uint16_t));
+      }));
+  return inRange ? Status::ok() : outOfF16Range();
 }
 
 Status PagedKVCache::read(const BlockTable &table, int64_t layer,
@@ -183,11 +225,13 @@ Status PagedKVCache::read(const BlockTable &table, int64_t layer,
   const int64_t dim = kvDim();
   const uint16_t *keys = layers_[layer].keys;
   const uint16_t *values = layers_[layer].values;
+  const bool f16 = config_.dtype == DType::F16;
   for (int64_t t = 0; t < n; ++t) {
     int64_t row = rowOf(table, first + t);
     for (int64_t i = 0; i < dim; ++i) {
-      k[t * dim + i] = bf16ToFloat(keys[row + i]);
-      v[t * dim + i] = bf16ToFloat(values[row + i]);
+      k[t * dim + i] = f16 ? f16ToFloat(keys[row + i]) : bf16ToFloat(keys[row + i]);
+      v[t * dim + i] =
+          f16 ? f16ToFloat(values[row + i]) : bf16ToFloat(values[row + i]);
     }
   }
   return Status::ok();

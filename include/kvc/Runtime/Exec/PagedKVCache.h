@@ -32,6 +32,7 @@
 #define KVC_RUNTIME_EXEC_PAGEDKVCACHE_H
 
 #include "kvc/Runtime/Base/Status.h"
+#include "kvc/Runtime/Desc/ModelConfig.h"
 
 #include <cstdint>
 #include <memory>
@@ -41,6 +42,10 @@
 namespace kvc {
 
 struct PagedCacheConfig {
+  /// The elements' type: bf16 (kvc's own caches), or f16 for a server's
+  /// (host caches only: values written are rounded to it, a value beyond
+  /// its range is an error, and generated kernels are not launched on it).
+  DType dtype = DType::BF16;
   int64_t layers = 0;
   int64_t numKvHeads = 0;
   int64_t headDim = 0;
@@ -52,7 +57,7 @@ struct PagedCacheConfig {
 };
 
 /// One layer's caches in memory a caller owns: the first element of block 0
-/// of its key cache and of its value cache, bf16 bits.
+/// of its key cache and of its value cache (elements of the cache's dtype).
 struct PagedLayerMemory {
   uint16_t *keys = nullptr;
   uint16_t *values = nullptr;
@@ -112,12 +117,14 @@ public:
   /// The offset of `token`'s row in a layer's cache, in elements.
   int64_t rowOf(const BlockTable &table, int64_t token) const;
 
-  /// Writes K and V ([n][kvDim] fp32, rounded to bf16) of `layer` for tokens
-  /// first.. first+n of the request mapped by `table`; FailedPrecondition on
-  /// a device cache (as for the other host accesses below).
+  /// Writes K and V ([n][kvDim] fp32, rounded to the cache's type) of
+  /// `layer` for tokens first.. first+n of the request mapped by `table`;
+  /// FailedPrecondition on a device cache (as for the other host accesses
+  /// below), DataLoss for a finite value beyond an f16 cache's range.
   Status write(const BlockTable &table, int64_t layer, int64_t first,
                int64_t n, const float *k, const float *v);
-  /// The same from bf16 values, copied as they are.
+  /// The same from bf16 values, copied as they are (converted, into an f16
+  /// cache).
   Status write(const BlockTable &table, int64_t layer, int64_t first,
                int64_t n, const uint16_t *k, const uint16_t *v);
   /// Reads them back as fp32 (for verification and the CPU attention).
@@ -125,8 +132,8 @@ public:
               int64_t n, float *k, float *v) const;
 
   /// The raw caches of `layer`: block b's [block_size, num_kv_heads,
-  /// head_dim] bf16 bits start b * blockStride() elements in (device
-  /// addresses in a device cache).
+  /// head_dim] elements (bf16 or f16 bits, config().dtype) start
+  /// b * blockStride() elements in (device addresses in a device cache).
   const uint16_t *keyCache(int64_t layer) const { return layers_[layer].keys; }
   const uint16_t *valueCache(int64_t layer) const {
     return layers_[layer].values;

@@ -212,8 +212,9 @@ TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
     ASSERT_TRUE(store) << store.status().toString();
     for (const ChunkRef &ref :
          (*store)->refs(tokens.data(), 384, Form::KV, CodecSpec()))
-      if (ref.tokenBegin == 128 && ref.layerBegin == 2)
+      if (ref.tokenBegin == 128 && ref.layerBegin == 2) {
         ASSERT_TRUE((*store)->tier().put(ref.name(), "not a chunk").isOk());
+      }
 
     StatusOr<Decision> decision = connector->decide("b", tokens, 0);
     ASSERT_TRUE(decision) << decision.status().toString();

@@ -42,10 +42,6 @@
 namespace kvc {
 
 struct PagedCacheConfig {
-  /// The elements' type: bf16 (kvc's own caches), or f16 for a server's
-  /// (host caches only: values written are rounded to it, a value beyond
-  /// its range is an error, and generated kernels are not launched on it).
-  DType dtype = DType::BF16;
   int64_t layers = 0;
   int64_t numKvHeads = 0;
   int64_t headDim = 0;
@@ -54,6 +50,10 @@ struct PagedCacheConfig {
   /// Elements from one block's start to the next's; 0: blockSize *
   /// numKvHeads * headDim (blocks back to back).
   int64_t blockStride = 0;
+  /// The elements' type: bf16 (kvc's own caches), or f16 for a server's
+  /// (host caches only: values written are rounded to it, a value beyond
+  /// its range is an error, and generated kernels are not launched on it).
+  DType dtype = DType::BF16;
 };
 
 /// One layer's caches in memory a caller owns: the first element of block 0

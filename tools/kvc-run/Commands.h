@@ -5,6 +5,7 @@
 
 #include "Args.h"
 
+#include "kvc/Host/Session.h"
 #include "kvc/Host/Verify.h"
 #include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
@@ -74,6 +75,11 @@ void printLayerReadiness(const std::vector<double> &ready,
 /// Prints the chunks generated kernels wrote on the device, and why any
 /// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics);
+/// printKernels, then the chunks recomputed instead of loaded.
+void printFallbacks(const RestoreMetrics &metrics);
+/// The planning hook kvc-run binds: the compiler in-process (none in a
+/// build without it).
+host::PlanHook compilerHook();
 /// The same for a save or send plan's objects, which they encode.
 void printKernels(const SaveMetrics &metrics);
 
@@ -90,6 +96,7 @@ Status restoreCommand(Args &args);
 Status generateCommand(Args &args);
 Status compareCommand(Args &args);
 Status cakeCommand(Args &args);
+Status serveCommand(Args &args);
 
 /// transfer-send and transfer-recv (TransferCommands.cpp).
 Status transferSendCommand(Args &args);

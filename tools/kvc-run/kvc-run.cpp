@@ -688,6 +688,31 @@ const std::vector<Command> &commands() {
                {"json", "FILE", "write the table as JSON too"}} +
            common,
        compareCommand},
+      {"serve",
+       "a server's request through the Connector: lookup, decision, load, "
+       "the server's prefill of the rest",
+       request + store +
+           std::vector<Option>{
+               {"target", "FILE", "the machine decisions are priced for"},
+               {"tier", "NAME",
+                "the target's tier the store is (default the first of its "
+                "kind)"},
+               {"strategy", "LIST",
+                "strategies to choose among (default joint: all of them)"},
+               {"policy", "P",
+                "cheapest (default), always or never: when to load"},
+               {"on-device", "N",
+                "tokens the server holds already (default 0)"},
+               {"codec-profile", "FILE", "a measured codec profile"},
+               {"gpu-chip", "ARCH",
+                "generate the plans' kernels for ARCH (default the target's "
+                "chip; none: none)"},
+               {"verify", "", "check the cache against a full prefill"},
+               {"max-error", "X",
+                "verification bound (default what the stored codecs "
+                "allow)"}} +
+           common,
+       serveCommand},
       {"cake", "restores with Cake's dynamic walk over what the store holds",
        request + store +
            std::vector<Option>{

@@ -86,8 +86,13 @@
 #   scripts/gpu-check.sh toy [DIR]   here (make check): pack, the pack held
 #                                     to 64 MiB, then all on the CPU backend
 #                                     with a toy model;
+#   scripts/gpu-check.sh connector [DIR]
+#                                     there: a server's request through the
+#                                     Connector (kvc-run serve) on the
+#                                     backend, partial prefix, the server's
+#                                     own tokens, a slow store; verified;
 #   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
-#                                     a GPU: main-grid, then run; each
+#                                     a GPU: main-grid, connector, then run; each
 #                                     step's time in $OUT/all.txt.
 #                                     MAIN_LAYERS=N keeps N of the model's
 #                                     layers; GRID_S (default 300),
@@ -630,6 +635,34 @@ run)
   fi
   exit "$status"
   ;;
+connector)
+  # There: a server's request through host::Connector on the backend
+  # (kvc-run serve): the pack's 1024-token context (saved by the CPU model,
+  # restored with fp32 GEMMs, as `run` does) is the prefix of a 1100-token
+  # request; its KV loaded (--policy always: the H100 target prices this
+  # small model's recompute at the GPU's peak) and the rest prefilled into
+  # a cache of the backend's, also with the server holding its first 256
+  # tokens; and over a store too slow to load from, recomputed; every cache
+  # verified against a full prefill.
+  prepare
+  status=0
+  e2e="$dir/e2e"
+  serve=("$dir/kvc-run" serve --model "$e2e/model" --random-tokens 1100
+    --seed 7 --target "$e2e/h100-sxm.json" --backend "$backend" --verify)
+  [ "$backend" = cuda ] && serve+=(--gemm f32)
+  serve+=(--strategy kv)
+  "${serve[@]}" --store "file://$e2e/store" --policy always 2>&1 |
+    tee "$out/connector.txt" || status=$?
+  "${serve[@]}" --store "file://$e2e/store" --policy always --on-device 256 \
+    2>&1 | tee "$out/connector-on-device.txt" || status=$?
+  "${serve[@]}" --store "file://$e2e/store?gbps=0.000001" 2>&1 |
+    tee "$out/connector-slow.txt" || status=$?
+  grep -q "decision: restores 1024 of 1100" "$out/connector.txt" ||
+    { echo "gpu-check: the Connector did not restore the stored prefix"; status=1; }
+  grep -q "decision: recomputes" "$out/connector-slow.txt" ||
+    { echo "gpu-check: the Connector loaded from a store too slow"; status=1; }
+  exit "$status"
+  ;;
 main-grid)
   # There: the main job in one process (kvc-run grid: the model read once,
   # the GPU calibrated, each context saved through its prefill, every
@@ -670,6 +703,7 @@ all)
     "MAIN_LAYERS=${MAIN_LAYERS:-all} GRID_S=$GRID_S BENCH_S=$BENCH_S" \
     "SANITIZER_S=$SANITIZER_S" | tee "$out/all.txt"
   step main-grid "$dir"
+  step connector "$dir"
   if [ "$backend" = cpu ]; then
     echo "run: skipped on the CPU backend (GPU kernels and tests)" |
       tee -a "$out/all.txt"

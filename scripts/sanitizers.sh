@@ -2,9 +2,10 @@
 # scripts/sanitizers.sh [MAIN_BUILD] [SANITIZER_BUILD] - the runtime alone
 # (no LLVM/MLIR), built with AddressSanitizer and UndefinedBehaviorSanitizer,
 # running what handles untrusted bytes and threads: the executor's, store's
-# and transfer's tests, and the chunk, plan bundle and transfer fuzzers
-# (the bundle fuzzer's seeds are compiled by MAIN_BUILD's kvc-opt, default
-# build/). Any report fails it. .ci/run runs it after `make check`.
+# and transfer's tests, the Connector's (over a plan MAIN_BUILD compiled),
+# and the chunk, plan bundle and transfer fuzzers (the bundle fuzzer's seeds
+# are compiled by MAIN_BUILD's kvc-opt, default build/). Any report fails
+# it. .ci/run runs it after `make check`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAIN=${1:-build}
@@ -19,8 +20,8 @@ if [ ! -f "$OUT/build.ninja" ]; then
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined"
 fi
 cmake --build "$OUT" -j "$(nproc)" --target KVCRuntimeExecTests \
-  KVCRuntimeStoreTests KVCRuntimeNetTests kvc-chunk-fuzz kvc-bundle-fuzz \
-  kvc-transfer-fuzz
+  KVCRuntimeStoreTests KVCRuntimeNetTests KVCHostTests kvc-chunk-fuzz \
+  kvc-bundle-fuzz kvc-transfer-fuzz
 
 # Leaks are reported too; UBSan stops at its first report.
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
@@ -39,6 +40,14 @@ run() {
 for suite in KVCRuntimeExecTests KVCRuntimeStoreTests KVCRuntimeNetTests; do
   run "$OUT/unittests/$suite"
 done
+# host::Connector, over the plan the main build compiled (it has the
+# compiler; this build does not).
+if [ -f "$MAIN/unittests/connector-plans.json" ]; then
+  KVC_CONNECTOR_PLANS="$MAIN/unittests/connector-plans.json" \
+    run "$OUT/unittests/KVCHostTests"
+else
+  echo "sanitizers: the Connector's plan is not built in $MAIN; skipped"
+fi
 run "$OUT/fuzz/kvc-chunk-fuzz" 20000
 run "$OUT/fuzz/kvc-transfer-fuzz" 2000
 if [ -f "$MAIN/fuzz/seed-plans.json" ] && [ -f "$MAIN/fuzz/seed-saves.json" ]; then

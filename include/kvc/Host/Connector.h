@@ -225,6 +225,8 @@ public:
   StatusOr<SaveMetrics> waitSave(const std::string &id);
 
   /// Stops `id`'s load and save and forgets the request; returns at once.
+  /// A server calls it for every request it is done with: until then the
+  /// Connector keeps the request's decision, load and save.
   /// Its blocks are the server's again once finished() lists it (a chunk
   /// in flight may still be written until then); a save it stops leaves no
   /// object behind.

@@ -63,6 +63,8 @@ void CopyWorkers::run(int index) {
 }
 
 void CopyWorkers::copy(void *dst, const void *src, std::size_t bytes) {
+  if (bytes == 0)
+    return; // memcpy's pointers must be valid even then; an empty one's not.
   if (threads_.empty() || bytes < kMinSplit) {
     std::memcpy(dst, src, bytes);
     return;

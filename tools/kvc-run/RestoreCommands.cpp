@@ -100,6 +100,14 @@ struct RestoreSetup {
 };
 
 /// The planning hook kvc-run binds: the compiler in-process.
+std::vector<std::string> nameList(const std::string &list) {
+  std::vector<std::string> names;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');)
+    names.push_back(name);
+  return names;
+}
+
 PlanHook compilerHook() {
 #ifdef KVC_RUN_WITH_COMPILER
   return compilerPlanHook([](const std::string &warning) {
@@ -180,10 +188,7 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
                              "give --codec-profile FILE (kvc-run "
                              "profile-codecs writes one)");
   }
-  options.strategies.clear();
-  std::stringstream names(list);
-  for (std::string name; std::getline(names, name, ',');)
-    options.strategies.push_back(name);
+  options.strategies = nameList(list);
   plannedFor = target;
   return planRestore(hook, model, store, tokens, target, tier->name, options);
 }

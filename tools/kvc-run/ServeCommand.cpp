@@ -15,7 +15,6 @@
 #include "kvc/Runtime/Base/Clock.h"
 
 #include <cstdio>
-#include <sstream>
 
 namespace kvc::run {
 
@@ -40,12 +39,8 @@ Status serveCommand(Args &args) {
   options.planner = compilerHook();
   options.plans.codecProfile = args.get("codec-profile");
   options.plans.gpuChip = args.get("gpu-chip");
-  if (std::string list = args.get("strategy", "joint"); !list.empty()) {
-    options.plans.strategies.clear();
-    std::stringstream names(list);
-    for (std::string name; std::getline(names, name, ',');)
-      options.plans.strategies.push_back(name);
-  }
+  if (std::string list = args.get("strategy", "joint"); !list.empty())
+    options.plans.strategies = nameList(list);
   const std::string policy = args.get("policy", "cheapest");
   if (policy == "always")
     options.policy = LoadPolicy::Always;

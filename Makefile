@@ -3,13 +3,18 @@ BUILD ?= build
 GENERATOR ?= Ninja
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# The project-local Python environment (scripts/python-env.sh).
+VENV ?= $(CURDIR)/.venv
 
-.PHONY: all deps configure build check demo docs clean
+.PHONY: all deps python-env configure build check demo docs clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
+
+python-env: deps
+	@bash scripts/python-env.sh $(VENV)
 
 $(BUILD)/build.ninja:
 	@$(MAKE) --no-print-directory deps
@@ -20,10 +25,13 @@ configure: $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Every test: lit (compiler), ctest (unit tests, runtime) and the GPU
+# Every test: lit (compiler), ctest (unit tests, runtime, and pytest over the
+# Python package, built against the project's environment) and the GPU
 # check's script end to end at toy scale on the CPU (its pack built and held
 # to 64 MiB); fails on any failure.
-check: build
+check: python-env configure
+	cmake -S . -B $(BUILD) -DKVC_PYTHON=ON -DPython_EXECUTABLE=$(VENV)/bin/python
+	cmake --build $(BUILD) -j $(JOBS)
 	cmake --build $(BUILD) --target check-kvc
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	bash scripts/gpu-check.sh toy $(BUILD)/gpu-toy

@@ -8,6 +8,9 @@ set -euo pipefail
 PACKAGES=(
   # Build.
   build-essential cmake ninja-build ccache python3
+  # The Python package: a project-local environment (scripts/python-env.sh)
+  # and the headers its extension module builds against.
+  python3-venv python3-dev
   # Compiler: LLVM/MLIR 19 (all four are needed, see toolchain.md).
   llvm-19-dev llvm-19-tools libmlir-19-dev mlir-19-tools
   # Tests and benchmarks.

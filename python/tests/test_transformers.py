@@ -1,0 +1,185 @@
+"""transformers as kvc's client: a stored prompt restored into a
+DynamicCache (every strategy, a partial prefix, a corrupt chunk, a lossy
+codec), and transformers decoding from it as it does without any cache.
+transformers is the independent reference: kvc's K and V, computed or
+loaded, must make transformers' own model say what it says on its own."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import kvc  # noqa: E402
+from kvc.transformers import CacheClient, PagedMemory, next_token_quality  # noqa: E402
+
+CHUNK = 64
+STEPS = 12
+
+
+def load(directory: str) -> object:
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        directory, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+@pytest.fixture(scope="module", params=["stories260K", "generated"])
+def subject(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object, list[int]]:
+    """(model directory, transformers model, a 200-token prompt it wrote)."""
+    if request.param == "stories260K":
+        directory = request.getfixturevalue("stories_dir")
+    else:
+        # A Llama of transformers' own making: kvc reads what it saves.
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            max_position_embeddings=1024, initializer_range=0.3)
+        directory = str(tmp_path_factory.mktemp("generated-llama"))
+        transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    model = load(directory)
+    # A prompt the model itself finds likely: its own greedy text.
+    with torch.no_grad():
+        prompt = model.generate(torch.tensor([[1]]), max_new_tokens=199,
+                                do_sample=False, min_new_tokens=199)[0]
+    return directory, model, prompt.tolist()
+
+
+def generate_after(model: object, prompt: list[int],
+                   cache: object | None) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), past_key_values=cache,
+                             max_new_tokens=STEPS, min_new_tokens=STEPS,
+                             do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def saved_store(tmp_path: Path, directory: str, prompt: list[int],
+                forms: str = "kv") -> str:
+    """A file store holding ``prompt``, saved by kvc-run (kvc's prefill)."""
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(" ".join(map(str, prompt)))
+    store = f"file://{tmp_path}/store"
+    kvc.run_tool(["save", "--model", directory, "--tokens", tokens,
+                  "--store", store, "--chunk-tokens", CHUNK, "--layer-group",
+                  "1", "--forms", forms])
+    return store
+
+
+@pytest.mark.parametrize("strategy",
+                         ["compute", "kv", "hidden", "cake", "hcache", "joint"])
+def test_every_strategy_restores_what_transformers_decodes_from(
+        subject: tuple[str, object, list[int]], strategy: str,
+        tmp_path: Path) -> None:
+    directory, model, prompt = subject
+    reference = generate_after(model, prompt, None)
+    store = saved_store(tmp_path, directory, prompt, forms="kv,hidden")
+    connector = kvc.Connector(directory, [store], strategies=[strategy],
+                              policy="always", chunk_tokens=CHUNK)
+    client = CacheClient(model, connector, capacity_tokens=512)
+    restored = client.restore("r", prompt)
+    assert restored.decision.loads, restored.decision.why
+    assert restored.decision.strategy == strategy
+    assert restored.tokens == 192  # three whole chunks of the 200
+    assert generate_after(model, prompt, restored.cache) == reference
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_partial_prefix_is_loaded_and_the_rest_computed(
+        subject: tuple[str, object, list[int]], tmp_path: Path,
+        dtype: str) -> None:
+    directory, model, prompt = subject
+    reference = generate_after(model, prompt, None)
+    connector = kvc.Connector(directory, [f"file://{tmp_path}/s"],
+                              policy="always", strategies=["kv"],
+                              chunk_tokens=CHUNK)
+    config = model.config
+    # The server's memory as torch tensors of either dtype, viewed by kvc.
+    memory = PagedMemory(config.num_hidden_layers, config.num_key_value_heads,
+                         config.hidden_size // config.num_attention_heads,
+                         num_blocks=32, dtype=getattr(torch, dtype))
+    client = CacheClient(model, connector, memory)
+    # transformers' own prefill of the first 128 tokens, saved through kvc.
+    metrics = client.save("a", prompt[:128])
+    assert metrics["written"] == 2 * model.config.num_hidden_layers
+    assert connector.lookup(prompt).tokens == 128
+    restored = client.restore("b", prompt)
+    assert restored.decision.load_tokens == 128 and restored.tokens == 128
+    assert generate_after(model, prompt, restored.cache) == reference
+
+
+def corrupt_one_object(store: Path) -> Path:
+    objects = sorted(p for p in store.rglob("*")
+                     if p.is_file() and "layouts" not in p.parts)
+    victim = objects[len(objects) // 2]
+    data = bytearray(victim.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+        data[i] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_a_corrupt_chunk_is_never_served(
+        subject: tuple[str, object, list[int]], tmp_path: Path,
+        recompute: bool) -> None:
+    directory, model, prompt = subject
+    reference = generate_after(model, prompt, None)
+    store = saved_store(tmp_path, directory, prompt)
+    corrupt_one_object(tmp_path / "store")
+    connector = kvc.Connector(directory, [store], policy="always",
+                              strategies=["kv"], chunk_tokens=CHUNK,
+                              recompute_failures=recompute)
+    client = CacheClient(model, connector, capacity_tokens=512)
+    restored = client.restore("r", prompt)
+    if recompute:
+        assert restored.metrics and restored.metrics["fallbacks"]
+        assert restored.tokens == 192 and not restored.failed_blocks
+    else:
+        assert restored.failed_blocks
+        assert restored.tokens < 192
+    assert generate_after(model, prompt, restored.cache) == reference
+
+
+def test_a_store_that_went_away_leaves_transformers_to_prefill(
+        subject: tuple[str, object, list[int]], tmp_path: Path) -> None:
+    directory, model, prompt = subject
+    reference = generate_after(model, prompt, None)
+    store = saved_store(tmp_path, directory, prompt)
+    connector = kvc.Connector(directory, [store], chunk_tokens=CHUNK,
+                              policy="always", strategies=["kv"])
+    client = CacheClient(model, connector, capacity_tokens=512)
+    for path in sorted((tmp_path / "store").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    restored = client.restore("r", prompt)
+    assert restored.tokens == 0 and not restored.decision.loads
+    assert generate_after(model, prompt, restored.cache) == reference
+
+
+# Bounds with room over what both models measure (docs/python.md): the
+# generated Llama's random weights make int4 costly; a broken codec or a
+# misplaced token is far beyond them.
+@pytest.mark.parametrize("codec,max_kl,min_agree",
+                         [("raw", 5e-3, 1.0), ("int8", 0.02, 0.95),
+                          ("hadamard+int4", 1.0, 0.45)])
+def test_codec_quality_on_transformers_logits(
+        subject: tuple[str, object, list[int]], tmp_path: Path, codec: str,
+        max_kl: float, min_agree: float) -> None:
+    directory, model, prompt = subject
+    connector = kvc.Connector(directory, [f"file://{tmp_path}/s"],
+                              policy="always", strategies=["kv"],
+                              chunk_tokens=CHUNK, codec=codec)
+    client = CacheClient(model, connector, capacity_tokens=512)
+    client.save("a", prompt)
+    restored = client.restore("b", prompt)
+    assert restored.tokens == 192
+    kl, agree = next_token_quality(model, restored, prompt,
+                                   generate_after(model, prompt, None))
+    print(f"{codec}: KL {kl:.3g} nats, top-1 agreement {agree:.3f}")
+    assert kl <= max_kl and agree >= min_agree

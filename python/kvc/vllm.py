@@ -1,0 +1,406 @@
+"""kvc as a vLLM KV connector (``KVConnectorBase_V1``, vLLM 0.33).
+
+vLLM loads it from its ``kv_transfer_config``::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvcConnector",
+        "kv_connector_module_path": "kvc.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"stores": ["file:///var/kvc"]}}'
+
+The scheduler side asks a kvc Connector what the stores hold of a prompt
+and whether loading beats vLLM's own prefill (``get_num_new_matched_tokens``);
+the worker side loads the decided tokens layer by layer into vLLM's paged
+KV memory while the forward pass runs (``wait_for_layer_load``) and saves
+each prompt's whole chunks as its prefill writes them (``save_kv_layer``).
+Blocks a load could not fill intact are reported to vLLM, which recomputes
+them. docs/vllm.md lists the extra-config keys and what is not supported.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from ._errors import Error
+from .connector import Connector
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+__all__ = ["KvcConnector", "KvcConnectorMetadata"]
+
+_SAVE_DRAIN_SECONDS = 30.0
+
+
+@dataclass
+class LoadSpec:
+    """A request's load this step: its prompt up to one token past the
+    loaded ones (kvc, like vLLM, leaves the server at least one token to
+    compute), how many it loads and how many vLLM already holds, and its
+    block table."""
+
+    request_id: str
+    tokens: list[int]
+    loaded: int
+    tokens_on_device: int
+    block_ids: list[int]
+
+
+@dataclass
+class SaveSpec:
+    """A request whose prompt's KV is complete after this step."""
+
+    request_id: str
+    tokens: list[int]
+    block_ids: list[int]
+
+
+@dataclass
+class KvcConnectorMetadata(KVConnectorMetadata):
+    """What the scheduler side tells the workers for one step."""
+
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+
+def _layer_index(name: str) -> int:
+    """The layer of a vLLM attention layer's name
+    (``model.layers.7.self_attn.attn`` -> 7)."""
+    found = re.findall(r"\.(\d+)\.", f".{name}.")
+    if not found:
+        raise Error(f"no layer index in the layer name {name!r}",
+                    "invalid_argument")
+    return int(found[0])
+
+
+class KvcConnector(KVConnectorBase_V1):
+    """vLLM's KV connector over kvc (see the module's documentation)."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        parallel = vllm_config.parallel_config
+        if parallel.tensor_parallel_size != 1 or \
+                parallel.pipeline_parallel_size != 1:
+            raise Error("kvc's vLLM connector runs without tensor or pipeline "
+                        "parallelism", "unimplemented")
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self._block_size = vllm_config.cache_config.block_size
+        stores = extra.pop("stores", None)
+        if not stores:
+            raise Error("kv_connector_extra_config needs 'stores': a list of "
+                        "store URLs", "invalid_argument")
+        options: dict[str, Any] = {
+            "target": extra.pop("target", "cpu-2core"),
+            "tenant": extra.pop("tenant", ""),
+            "chunk_tokens": int(extra.pop("chunk_tokens", 256)),
+            "layer_group": int(extra.pop("layer_group", 1)),
+            "codec": extra.pop("codec", "raw"),
+            "strategies": list(extra.pop("strategies", ["joint"])),
+            "device": extra.pop("device", "cpu"),
+        }
+        policy = extra.pop("policy", "cheapest")
+        model = extra.pop("model", vllm_config.model_config.model)
+        self._save = bool(extra.pop("save", True))
+        if extra:
+            raise Error("kv_connector_extra_config: unknown keys "
+                        f"{sorted(extra)}", "invalid_argument")
+        if options["chunk_tokens"] % self._block_size:
+            raise Error(f"chunk_tokens {options['chunk_tokens']} is not a "
+                        f"multiple of vLLM's block size {self._block_size}",
+                        "invalid_argument")
+        if role == KVConnectorRole.SCHEDULER:
+            # The scheduler decides; the worker loads exactly what it decided.
+            self._kvc = Connector(model, stores, policy=policy, **options)
+        else:
+            self._kvc = Connector(model, stores, policy="always",
+                                  recompute_failures=False, **options)
+        self._layers = self._kvc.model.layers
+        self._chunk_tokens = options["chunk_tokens"]
+        # Scheduler side: what get_num_new_matched_tokens found vLLM holds.
+        self._on_device: dict[str, int] = {}
+        self._pending_loads: dict[str, LoadSpec] = {}
+        self._prefills: dict[str, SaveSpec] = {}
+        self._saving: set[str] = set()
+        # Worker side.
+        self._loading: list[LoadSpec] = []
+        self._load_errors: set[int] = set()
+        self._saves_started: set[str] = set()
+        self._saves_copied: set[str] = set()
+        self._finished_requests: set[str] = set()
+        self._on_cuda = False
+
+    # ==============================
+    # Scheduler side
+    # ==============================
+
+    def get_num_new_matched_tokens(self, request: "Request",
+                                   num_computed_tokens: int
+                                   ) -> tuple[int | None, bool]:
+        prompt = list(request.prompt_token_ids or [])
+        # vLLM computes at least the prompt's last token itself.
+        tokens = prompt[:len(prompt) - 1]
+        if len(tokens) <= num_computed_tokens:
+            return 0, False
+        try:
+            decision = self._kvc.decide(request.request_id, tokens,
+                                        num_computed_tokens)
+        except Error as error:
+            logger.warning("kvc: request %s: %s; vLLM prefills it",
+                           request.request_id, error)
+            return 0, False
+        logger.debug("kvc: request %s: %s", request.request_id, decision.why)
+        self._on_device[request.request_id] = num_computed_tokens
+        if not decision.loads:
+            return 0, False
+        return max(0, decision.load_tokens - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: "Request",
+                                 blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        on_device = self._on_device.get(request.request_id, 0)
+        loaded = on_device + num_external_tokens
+        self._pending_loads[request.request_id] = LoadSpec(
+            request.request_id, list(request.prompt_token_ids or [])[:loaded + 1],
+            loaded, on_device, [])
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput"
+                             ) -> KVConnectorMetadata:
+        meta = KvcConnectorMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            blocks = list(new.block_ids[0])
+            prompt = list(new.prompt_token_ids or [])
+            load = self._pending_loads.pop(new.req_id, None)
+            if load is not None:
+                load.block_ids = blocks
+                meta.loads.append(load)
+            if self._save and len(prompt) >= self._chunk_tokens:
+                self._prefills[new.req_id] = SaveSpec(new.req_id, prompt,
+                                                      blocks)
+                self._save_when_done(meta, new.req_id, new.num_computed_tokens,
+                                     scheduler_output)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            spec = self._prefills.get(req_id)
+            if spec is None:
+                continue
+            added = cached.new_block_ids[i]
+            if added is not None:
+                spec.block_ids.extend(added[0])
+            self._save_when_done(meta, req_id, cached.num_computed_tokens[i],
+                                 scheduler_output)
+        meta.preempted = list(getattr(scheduler_output, "preempted_req_ids",
+                                      None) or [])
+        for req_id in meta.preempted:
+            # The worker stops its save before vLLM reuses the blocks
+            # (handle_preemptions), and reports nothing for it.
+            self._prefills.pop(req_id, None)
+            self._saving.discard(req_id)
+        # A load whose request was not scheduled this step is dropped: vLLM
+        # asks again when it schedules it.
+        self._pending_loads.clear()
+        return meta
+
+    def _save_when_done(self, meta: KvcConnectorMetadata, req_id: str,
+                        computed: int, out: "SchedulerOutput") -> None:
+        spec = self._prefills[req_id]
+        if computed + out.num_scheduled_tokens.get(req_id, 0) < len(spec.tokens):
+            return
+        del self._prefills[req_id]
+        meta.saves.append(SaveSpec(req_id, spec.tokens, list(spec.block_ids)))
+        self._saving.add(req_id)
+
+    def update_connector_output(self,
+                                connector_output: "KVConnectorOutput") -> None:
+        for req_id in connector_output.finished_sending or ():
+            self._saving.discard(req_id)
+
+    def request_finished(self, request: "Request", block_ids: list[int]
+                         ) -> tuple[bool, dict[str, Any] | None]:
+        req_id = request.request_id
+        self._prefills.pop(req_id, None)
+        self._pending_loads.pop(req_id, None)
+        self._on_device.pop(req_id, None)
+        self._forget(req_id)
+        # A save still copying out of the blocks holds them until the
+        # worker reports it (get_finished).
+        return req_id in self._saving, None
+
+    def take_events(self) -> tuple[()]:
+        return ()
+
+    # ==============================
+    # Worker side
+    # ==============================
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        by_layer = sorted(kv_caches.items(), key=lambda kv: _layer_index(kv[0]))
+        tensors = [t for _, t in by_layer]
+        if len(tensors) != self._layers:
+            raise Error(f"vLLM registered {len(tensors)} KV caches for a model "
+                        f"of {self._layers} layers", "failed_precondition")
+        first = tensors[0]
+        if first.dim() == 5 and first.shape[0] == 2:
+            layout = "keys_first"
+        elif first.dim() == 5 and first.shape[1] == 2:
+            layout = "blocks_first"
+        else:
+            raise Error(f"a KV cache of shape {tuple(first.shape)}: kvc reads "
+                        "[2, blocks, block_size, heads, head_dim] and "
+                        "[blocks, 2, block_size, heads, head_dim]",
+                        "unimplemented")
+        self._on_cuda = first.is_cuda
+        self._kvc.register_caches(tensors, layout=layout)
+
+    def start_load_kv(self, forward_context: "ForwardContext",
+                      **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcConnectorMetadata)
+        for load in meta.loads:
+            try:
+                decision = self._kvc.decide(load.request_id, load.tokens,
+                                            load.tokens_on_device)
+                if decision.load_tokens < load.loaded:
+                    raise Error(f"the stores hold {decision.load_tokens} of the "
+                                f"{load.loaded} tokens the scheduler "
+                                "decided to load", "not_found")
+                self._kvc.start_load(load.request_id, load.block_ids)
+                self._loading.append(load)
+            except Error as error:
+                logger.warning("kvc: request %s: load not started: %s",
+                               load.request_id, error)
+                self._fail(load)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        layer = _layer_index(layer_name)
+        for load in self._loading:
+            try:
+                self._kvc.wait_layer(load.request_id, layer)
+            except Error:
+                pass  # The load's failed blocks are collected after it.
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcConnectorMetadata)
+        if not meta.saves:
+            return
+        if self._on_cuda:
+            # kvc reads the blocks on its own stream: the layer's writes on
+            # vLLM's stream must have landed.
+            torch.cuda.current_stream().synchronize()
+        layer = _layer_index(layer_name)
+        for save in meta.saves:
+            try:
+                self._kvc.save_layer(save.request_id, save.tokens, layer,
+                                     save.block_ids)
+                self._saves_started.add(save.request_id)
+            except Error as error:
+                logger.warning("kvc: request %s: layer %d not saved: %s",
+                               save.request_id, layer, error)
+                self._forget(save.request_id)
+
+    def wait_for_save(self) -> None:
+        # Saves copy out and write in the background; the scheduler holds
+        # their blocks until get_finished reports them.
+        self._end_loads()
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata
+                           ) -> None:
+        assert isinstance(kv_connector_metadata, KvcConnectorMetadata)
+        for req_id in kv_connector_metadata.preempted:
+            if req_id in self._saves_started:
+                # Its blocks are about to be reused: stop the save and wait
+                # until it no longer reads them.
+                self._kvc.cancel(req_id)
+                self._drain(req_id)
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[set[str] | None, set[str] | None]:
+        self._finished_requests |= finished_req_ids
+        self._collect_copied()
+        done = {r for r in self._saves_copied if r in self._finished_requests}
+        for req_id in done:
+            try:
+                self._kvc.wait_save(req_id)
+            except Error as error:
+                logger.warning("kvc: request %s: save failed: %s", req_id, error)
+            self._forget(req_id)
+            self._saves_copied.discard(req_id)
+            self._saves_started.discard(req_id)
+            self._finished_requests.discard(req_id)
+        # Finished requests that saved nothing need no report.
+        self._finished_requests &= self._saves_started
+        return (done or None), None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        self._end_loads()
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        self._kvc.close()
+
+    # -- Worker helpers -------------------------------------------------------
+
+    def _end_loads(self) -> None:
+        """Waits for this step's loads and collects their failed blocks."""
+        for load in self._loading:
+            try:
+                self._kvc.wait_load(load.request_id)
+                self._load_errors.update(
+                    self._kvc.failed_blocks(load.request_id))
+            except Error as error:
+                logger.warning("kvc: request %s: load failed: %s",
+                               load.request_id, error)
+                self._fail(load)
+            self._forget(load.request_id)
+        self._loading = []
+
+    def _forget(self, req_id: str) -> None:
+        try:
+            self._kvc.cancel(req_id)
+        except Error:
+            pass  # Already forgotten.
+
+    def _fail(self, load: LoadSpec) -> None:
+        """Every block the load was to write past vLLM's own tokens."""
+        first = load.tokens_on_device // self._block_size
+        last = -(-load.loaded // self._block_size)
+        self._load_errors.update(load.block_ids[first:last])
+
+    def _collect_copied(self) -> None:
+        self._saves_copied.update(
+            r for r in self._kvc.finished().saves if r in self._saves_started)
+
+    def _drain(self, req_id: str) -> None:
+        deadline = time.monotonic() + _SAVE_DRAIN_SECONDS
+        while req_id not in self._saves_copied:
+            self._collect_copied()
+            if time.monotonic() > deadline:
+                raise Error(f"request {req_id}: a cancelled save still reads "
+                            "its blocks", "internal")
+            time.sleep(0.001)
+        self._saves_copied.discard(req_id)
+        self._saves_started.discard(req_id)

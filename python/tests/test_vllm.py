@@ -1,0 +1,340 @@
+"""vLLM as kvc's client: kvc.vllm.KvcConnector under vLLM's own Scheduler
+on the CPU (a DeviceConfig("cpu") and a local model directory, as vLLM's
+connector unit tests build one), with the worker side on CPU tensors in
+vLLM's KV layout. The forward pass is played by transformers: it writes
+the KV of the tokens vLLM computes; what kvc loads must equal what a full
+prefill writes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("vllm")
+
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig,  # noqa: E402
+                         ModelConfig, SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorRole)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
+                                        KVCacheGroupSpec)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+from kvc.vllm import KvcConnector  # noqa: E402
+
+BLOCK = 16
+BLOCKS = 96
+CHUNK = 64
+LAYERS = 2
+KV_HEADS = 2
+HEAD_DIM = 16
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=KV_HEADS, max_position_embeddings=1024,
+        initializer_range=0.3)
+    directory = str(tmp_path_factory.mktemp("vllm-llama"))
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+class Engine:
+    """vLLM's Scheduler and one worker's connector, stepped by hand; the
+    model runner's forward pass is transformers writing the computed
+    tokens' K and V into vLLM's paged caches."""
+
+    def __init__(self, model_dir: str, stores: list[str], blocks: int = BLOCKS,
+                 **extra: Any) -> None:
+        self.blocks = blocks
+        extra = {"stores": stores, "chunk_tokens": CHUNK, **extra}
+        self.config = VllmConfig(
+            model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True,
+                                     dtype="float32", seed=0,
+                                     max_model_len=1024),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=16, max_num_batched_tokens=1024,
+                max_model_len=1024, enable_chunked_prefill=True,
+                is_encoder_decoder=False),
+            # vLLM's own prefix cache off: every hit is kvc's.
+            cache_config=CacheConfig(block_size=BLOCK, cache_dtype="auto",
+                                     enable_prefix_caching=False),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="KvcConnector",
+                kv_connector_module_path="kvc.vllm", kv_role="kv_both",
+                kv_load_failure_policy="recompute",
+                kv_connector_extra_config=extra),
+            device_config=DeviceConfig("cpu"))
+        self.names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+        kv_cache_config = KVCacheConfig(
+            num_blocks=blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(self.names, FullAttentionSpec(
+                block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
+                dtype=torch.bfloat16))])
+        self.config.cache_config.num_gpu_blocks = blocks
+        self.scheduler = Scheduler(
+            vllm_config=self.config, kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(self.config),
+            block_size=BLOCK)
+        self.worker = KvcConnector(self.config, KVConnectorRole.WORKER,
+                                   kv_cache_config)
+        # vLLM's FlashAttention layout: [2, blocks, block_size, heads, dim].
+        self.caches = {name: torch.zeros(2, blocks, BLOCK, KV_HEADS, HEAD_DIM,
+                                         dtype=torch.bfloat16)
+                       for name in self.names}
+        self.worker.register_kv_caches(self.caches)
+        self.model = transformers.LlamaForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32).eval()
+        self.tables: dict[str, list[int]] = {}
+        self.prompts: dict[str, list[int]] = {}
+        self.loaded: dict[str, int] = {}
+        self.invalid: set[int] = set()
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int = 2) -> None:
+        self.prompts[request_id] = prompt
+        self.scheduler.add_request(Request(
+            request_id, prompt, SamplingParams(max_tokens=max_tokens,
+                                               ignore_eos=True), None))
+
+    @torch.no_grad()
+    def full_prefill(self, tokens: list[int]) -> list[tuple[Any, Any]]:
+        """transformers' K and V of ``tokens`` per layer, [n, heads, dim]."""
+        cache = self.model(torch.tensor([tokens]), use_cache=True).past_key_values
+        return [(layer.keys[0].transpose(0, 1), layer.values[0].transpose(0, 1))
+                for layer in cache.layers]
+
+    def rows(self, request_id: str, begin: int, end: int) -> Any:
+        t = torch.arange(begin, end)
+        table = torch.tensor(self.tables[request_id])
+        return table[t // BLOCK], t % BLOCK
+
+    def step(self) -> Any:
+        out = self.scheduler.schedule()
+        meta = out.kv_connector_metadata
+        for new in out.scheduled_new_reqs:
+            self.tables[new.req_id] = list(new.block_ids[0])
+            self.loaded[new.req_id] = new.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        computed = {new.req_id: new.num_computed_tokens
+                    for new in out.scheduled_new_reqs}
+        for i, req_id in enumerate(cached.req_ids):
+            if cached.new_block_ids[i] is not None:
+                self.tables[req_id].extend(cached.new_block_ids[i][0])
+            computed[req_id] = cached.num_computed_tokens[i]
+        self.worker.handle_preemptions(meta)
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)  # type: ignore[arg-type]
+        # The forward pass: the prompt tokens vLLM computes this step.
+        writes = {}
+        for req_id, begin in computed.items():
+            end = min(begin + out.num_scheduled_tokens[req_id],
+                      len(self.prompts[req_id]))
+            if end > begin:
+                writes[req_id] = (begin, end,
+                                  self.full_prefill(self.prompts[req_id][:end]))
+        for layer, name in enumerate(self.names):
+            self.worker.wait_for_layer_load(name)
+            for req_id, (begin, end, kv) in writes.items():
+                blocks, offsets = self.rows(req_id, begin, end)
+                self.caches[name][0, blocks, offsets] = kv[layer][0][begin:end].to(torch.bfloat16)
+                self.caches[name][1, blocks, offsets] = kv[layer][1][begin:end].to(torch.bfloat16)
+            self.worker.save_kv_layer(name, self.caches[name], None)
+        self.worker.wait_for_save()
+        sending, _ = self.worker.get_finished(out.finished_req_ids)
+        errors = self.worker.get_block_ids_with_load_errors()
+        self.invalid |= errors
+        self.worker.clear_connector_metadata()
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for req_id in ids:
+            done = computed[req_id] + out.num_scheduled_tokens[req_id]
+            sampled.append([7] if done >= len(self.prompts[req_id]) else [])
+        self.scheduler.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=KVConnectorOutput(
+                finished_sending=sending, invalid_block_ids=errors)))
+        return out
+
+    def run(self, seconds: float = 60) -> None:
+        """Steps until no request is left (vLLM's engine loop keeps stepping
+        while a finished request's save still holds its blocks)."""
+        deadline = time.monotonic() + seconds
+        while self.scheduler.requests or self.worker._saves_started:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"requests left after {seconds} s: "
+                                     f"{list(self.scheduler.requests)}")
+            out = self.step()
+            if not out.num_scheduled_tokens:
+                time.sleep(0.001)
+
+    def loaded_error(self, request_id: str) -> float:
+        """The largest difference of the loaded tokens' K and V from a full
+        prefill, relative to the largest |K| or |V|."""
+        n = self.loaded[request_id]
+        reference = self.full_prefill(self.prompts[request_id][:n])
+        blocks, offsets = self.rows(request_id, 0, n)
+        error = largest = 0.0
+        for layer, name in enumerate(self.names):
+            for kv in (0, 1):
+                mine = self.caches[name][kv, blocks, offsets].float()
+                error = max(error, float((mine - reference[layer][kv]).abs().max()))
+                largest = max(largest, float(reference[layer][kv].abs().max()))
+        return error / largest
+
+    def assert_empty(self) -> None:
+        """No request, block or connector state left behind."""
+        scheduler = self.scheduler
+        assert not scheduler.requests and not scheduler.running
+        assert len(scheduler.waiting) == 0
+        pool = scheduler.kv_cache_manager.block_pool
+        assert pool.get_num_free_blocks() == self.blocks - 1  # all but the null one
+        connector = scheduler.connector
+        assert isinstance(connector, KvcConnector)
+        assert not connector._saving and not connector._prefills
+        assert not connector._pending_loads and not connector._on_device
+        assert not self.worker._saves_started and not self.worker._loading
+
+
+def prompt_of(seed: int, n: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 256, (n,), generator=g).tolist()
+
+
+def test_full_partial_and_no_hits(model_dir: str, tmp_path: Path) -> None:
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], policy="always",
+                    strategies=["kv"])
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt)
+    engine.run()
+    engine.assert_empty()
+    assert engine.loaded["a"] == 0
+
+    # The same prompt: three whole chunks stored, vLLM computes the rest.
+    engine.add("full", prompt)
+    # A prompt sharing only the first two chunks.
+    engine.add("partial", prompt[:128] + prompt_of(2, 72))
+    # Nothing in common.
+    engine.add("miss", prompt_of(3, 150))
+    engine.run()
+    assert engine.loaded == {"a": 0, "full": 192, "partial": 128, "miss": 0}
+    assert engine.loaded_error("full") <= 1 / 64
+    assert engine.loaded_error("partial") <= 1 / 64
+    assert not engine.invalid
+    engine.assert_empty()
+
+
+def test_kvc_declines_when_recomputing_is_faster(model_dir: str,
+                                                 tmp_path: Path) -> None:
+    # A store behind a very slow link: the Cheapest policy leaves the prompt
+    # to vLLM's prefill.
+    engine = Engine(model_dir, [f"file://{tmp_path}/store?gbps=0.0001"])
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt)
+    engine.run()
+    engine.add("b", prompt)
+    engine.run()
+    assert engine.loaded["b"] == 0
+    engine.assert_empty()
+
+
+def corrupt_one_object(store: Path) -> None:
+    objects = sorted(p for p in store.rglob("*")
+                     if p.is_file() and "layouts" not in p.parts)
+    victim = objects[len(objects) // 2]
+    data = bytearray(victim.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+        data[i] ^= 0xFF
+    victim.write_bytes(bytes(data))
+
+
+def test_a_corrupt_chunk_is_recomputed_by_vllm(model_dir: str,
+                                               tmp_path: Path) -> None:
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], policy="always",
+                    strategies=["kv"])
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt)
+    engine.run()
+    corrupt_one_object(tmp_path / "store")
+    engine.add("b", prompt)
+    engine.run()
+    # vLLM was told which blocks failed and recomputed from the first.
+    assert engine.invalid
+    engine.assert_empty()
+
+
+def test_a_store_that_went_away(model_dir: str, tmp_path: Path) -> None:
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], policy="always",
+                    strategies=["kv"], save=True)
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt)
+    engine.run()
+    for path in sorted((tmp_path / "store").rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    engine.add("b", prompt)
+    engine.run()
+    assert engine.loaded["b"] == 0
+    engine.assert_empty()
+
+
+def test_an_abort_during_a_save_leaves_nothing_behind(model_dir: str,
+                                                      tmp_path: Path) -> None:
+    engine = Engine(model_dir, [f"file://{tmp_path}/store?gbps=0.01"],
+                    policy="always", strategies=["kv"])
+    # Aborted while its save still writes over a slow link: vLLM frees its
+    # blocks only once the worker reports the save done.
+    engine.add("aborted", prompt_of(1, 200), max_tokens=50)
+    engine.step()
+    engine.step()
+    assert engine.worker._saves_started == {"aborted"}
+    engine.scheduler.finish_requests("aborted", RequestStatus.FINISHED_ABORTED)
+    assert engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() \
+        < engine.blocks - 1
+    engine.run()
+    engine.assert_empty()
+
+
+def test_a_preemption_during_a_save_leaves_nothing_behind(
+        model_dir: str, tmp_path: Path) -> None:
+    # Too few blocks for both requests to decode: vLLM preempts the later
+    # one while its save still reads its blocks; the worker stops the save
+    # before vLLM reuses them.
+    engine = Engine(model_dir, [f"file://{tmp_path}/store?gbps=0.005"],
+                    blocks=20, policy="always", strategies=["kv"])
+    engine.add("q", prompt_of(4, 40), max_tokens=120)
+    engine.add("p", prompt_of(1, 200), max_tokens=40)
+    preempted = False
+    deadline = time.monotonic() + 60
+    while engine.scheduler.requests or engine.worker._saves_started:
+        assert time.monotonic() < deadline
+        saving = "p" in engine.worker._saves_started
+        out = engine.step()
+        if "p" in (out.preempted_req_ids or ()):
+            # Preempted while its save was running: stopped and forgotten.
+            assert saving and "p" not in engine.worker._saves_started
+            preempted = True
+    assert preempted
+    engine.assert_empty()
+
+
+def test_bad_configurations_are_clear_errors(model_dir: str,
+                                             tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="stores"):
+        Engine(model_dir, [])
+    with pytest.raises(Exception, match="unknown keys"):
+        Engine(model_dir, [f"file://{tmp_path}/s"], colour="blue")
+    with pytest.raises(Exception, match="multiple of vLLM's block size"):
+        Engine(model_dir, [f"file://{tmp_path}/s"], chunk_tokens=40)

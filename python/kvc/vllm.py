@@ -62,6 +62,8 @@ class LoadSpec:
     loaded: int
     tokens_on_device: int
     block_ids: list[int]
+    asynchronous: bool = False
+    cancelled: bool = False
 
 
 @dataclass
@@ -121,9 +123,22 @@ class KvcConnector(KVConnectorBase_V1):
         policy = extra.pop("policy", "cheapest")
         model = extra.pop("model", vllm_config.model_config.model)
         self._save = bool(extra.pop("save", True))
+        self._async = bool(extra.pop("async_load", False))
         if extra:
             raise Error("kv_connector_extra_config: unknown keys "
                         f"{sorted(extra)}", "invalid_argument")
+        model_config = vllm_config.model_config
+        if getattr(model_config, "use_mla", False):
+            raise Error("kvc's vLLM connector does not run MLA models",
+                        "unimplemented")
+        if kv_cache_config is not None:
+            groups = kv_cache_config.kv_cache_groups
+            spec = groups[0].kv_cache_spec if len(groups) == 1 else None
+            if spec is None or type(spec).__name__ != "FullAttentionSpec" or \
+                    getattr(spec, "sliding_window", None):
+                raise Error("kvc's vLLM connector runs models whose every layer "
+                            "is full attention (no hybrid, sliding-window or "
+                            "state-space layers)", "unimplemented")
         if options["chunk_tokens"] % self._block_size:
             raise Error(f"chunk_tokens {options['chunk_tokens']} is not a "
                         f"multiple of vLLM's block size {self._block_size}",
@@ -143,6 +158,9 @@ class KvcConnector(KVConnectorBase_V1):
         self._saving: set[str] = set()
         # Worker side.
         self._loading: list[LoadSpec] = []
+        self._receiving: dict[str, LoadSpec] = {}
+        self._loads_ended: set[str] = set()
+        self._registered = False
         self._load_errors: set[int] = set()
         self._saves_started: set[str] = set()
         self._saves_copied: set[str] = set()
@@ -172,7 +190,8 @@ class KvcConnector(KVConnectorBase_V1):
         self._on_device[request.request_id] = num_computed_tokens
         if not decision.loads:
             return 0, False
-        return max(0, decision.load_tokens - num_computed_tokens), False
+        external = max(0, decision.load_tokens - num_computed_tokens)
+        return external, self._async and external > 0
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -183,18 +202,19 @@ class KvcConnector(KVConnectorBase_V1):
         loaded = on_device + num_external_tokens
         self._pending_loads[request.request_id] = LoadSpec(
             request.request_id, list(request.prompt_token_ids or [])[:loaded + 1],
-            loaded, on_device, [])
+            loaded, on_device, list(blocks.get_block_ids()[0]),
+            asynchronous=self._async)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput"
                              ) -> KVConnectorMetadata:
         meta = KvcConnectorMetadata()
+        # Loads of this step's allocations: a synchronous one's request runs
+        # this step; an asynchronous one's waits until the worker reports it.
+        meta.loads = list(self._pending_loads.values())
+        self._pending_loads.clear()
         for new in scheduler_output.scheduled_new_reqs:
             blocks = list(new.block_ids[0])
             prompt = list(new.prompt_token_ids or [])
-            load = self._pending_loads.pop(new.req_id, None)
-            if load is not None:
-                load.block_ids = blocks
-                meta.loads.append(load)
             if self._save and len(prompt) >= self._chunk_tokens:
                 self._prefills[new.req_id] = SaveSpec(new.req_id, prompt,
                                                       blocks)
@@ -217,9 +237,6 @@ class KvcConnector(KVConnectorBase_V1):
             # (handle_preemptions), and reports nothing for it.
             self._prefills.pop(req_id, None)
             self._saving.discard(req_id)
-        # A load whose request was not scheduled this step is dropped: vLLM
-        # asks again when it schedules it.
-        self._pending_loads.clear()
         return meta
 
     def _save_when_done(self, meta: KvcConnectorMetadata, req_id: str,
@@ -272,11 +289,11 @@ class KvcConnector(KVConnectorBase_V1):
                         "unimplemented")
         self._on_cuda = first.is_cuda
         self._kvc.register_caches(tensors, layout=layout)
+        self._registered = True
 
     def start_load_kv(self, forward_context: "ForwardContext",
                       **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, KvcConnectorMetadata)
+        meta = self._metadata()
         for load in meta.loads:
             try:
                 decision = self._kvc.decide(load.request_id, load.tokens,
@@ -286,11 +303,17 @@ class KvcConnector(KVConnectorBase_V1):
                                 f"{load.loaded} tokens the scheduler "
                                 "decided to load", "not_found")
                 self._kvc.start_load(load.request_id, load.block_ids)
-                self._loading.append(load)
+                if load.asynchronous:
+                    self._receiving[load.request_id] = load
+                else:
+                    self._loading.append(load)
             except Error as error:
                 logger.warning("kvc: request %s: load not started: %s",
                                load.request_id, error)
                 self._fail(load)
+                self._forget(load.request_id)
+                if load.asynchronous:
+                    self._loads_ended.add(load.request_id)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         layer = _layer_index(layer_name)
@@ -302,8 +325,7 @@ class KvcConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: Any, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, KvcConnectorMetadata)
+        meta = self._metadata()
         if not meta.saves:
             return
         if self._on_cuda:
@@ -339,7 +361,12 @@ class KvcConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]
                      ) -> tuple[set[str] | None, set[str] | None]:
         self._finished_requests |= finished_req_ids
-        self._collect_copied()
+        for req_id in finished_req_ids & self._receiving.keys():
+            # Aborted while loading: stopped, and reported once it ended
+            # (vLLM holds the blocks until then).
+            self._receiving[req_id].cancelled = True
+            self._forget(req_id)
+        self._poll()
         done = {r for r in self._saves_copied if r in self._finished_requests}
         for req_id in done:
             try:
@@ -352,7 +379,16 @@ class KvcConnector(KVConnectorBase_V1):
             self._finished_requests.discard(req_id)
         # Finished requests that saved nothing need no report.
         self._finished_requests &= self._saves_started
-        return (done or None), None
+        received = set()
+        for req_id in list(self._receiving):
+            if req_id in self._loads_ended:
+                load = self._receiving.pop(req_id)
+                if not load.cancelled:
+                    self._end_load(load)
+                received.add(req_id)
+        received |= self._loads_ended - received
+        self._loads_ended.clear()
+        return (done or None), (received or None)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._end_loads()
@@ -364,19 +400,30 @@ class KvcConnector(KVConnectorBase_V1):
 
     # -- Worker helpers -------------------------------------------------------
 
+    def _metadata(self) -> KvcConnectorMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcConnectorMetadata)
+        if (meta.loads or meta.saves) and not self._registered:
+            raise Error("vLLM's KV caches are not registered "
+                        "(register_kv_caches)", "failed_precondition")
+        return meta
+
     def _end_loads(self) -> None:
-        """Waits for this step's loads and collects their failed blocks."""
+        """Waits for this step's synchronous loads."""
         for load in self._loading:
-            try:
-                self._kvc.wait_load(load.request_id)
-                self._load_errors.update(
-                    self._kvc.failed_blocks(load.request_id))
-            except Error as error:
-                logger.warning("kvc: request %s: load failed: %s",
-                               load.request_id, error)
-                self._fail(load)
-            self._forget(load.request_id)
+            self._end_load(load)
         self._loading = []
+
+    def _end_load(self, load: LoadSpec) -> None:
+        """Waits for ``load`` and collects the blocks it left unwritten."""
+        try:
+            self._kvc.wait_load(load.request_id)
+            self._load_errors.update(self._kvc.failed_blocks(load.request_id))
+        except Error as error:
+            logger.warning("kvc: request %s: load failed: %s",
+                           load.request_id, error)
+            self._fail(load)
+        self._forget(load.request_id)
 
     def _forget(self, req_id: str) -> None:
         try:
@@ -390,14 +437,19 @@ class KvcConnector(KVConnectorBase_V1):
         last = -(-load.loaded // self._block_size)
         self._load_errors.update(load.block_ids[first:last])
 
-    def _collect_copied(self) -> None:
+    def _poll(self) -> None:
+        """Collects the saves that no longer read their blocks and the
+        asynchronous loads that ended."""
+        finished = self._kvc.finished()
         self._saves_copied.update(
-            r for r in self._kvc.finished().saves if r in self._saves_started)
+            r for r in finished.saves if r in self._saves_started)
+        self._loads_ended.update(
+            r for r in finished.loads if r in self._receiving)
 
     def _drain(self, req_id: str) -> None:
         deadline = time.monotonic() + _SAVE_DRAIN_SECONDS
         while req_id not in self._saves_copied:
-            self._collect_copied()
+            self._poll()
             if time.monotonic() > deadline:
                 raise Error(f"request {req_id}: a cancelled save still reads "
                             "its blocks", "internal")

@@ -24,11 +24,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
     KVConnectorRole)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
-                                        KVCacheGroupSpec)
+                                        KVCacheGroupSpec, SlidingWindowSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
+import kvc  # noqa: E402
 from kvc.vllm import KvcConnector  # noqa: E402
 
 BLOCK = 16
@@ -153,7 +154,7 @@ class Engine:
                 self.caches[name][1, blocks, offsets] = kv[layer][1][begin:end].to(torch.bfloat16)
             self.worker.save_kv_layer(name, self.caches[name], None)
         self.worker.wait_for_save()
-        sending, _ = self.worker.get_finished(out.finished_req_ids)
+        sending, receiving = self.worker.get_finished(out.finished_req_ids)
         errors = self.worker.get_block_ids_with_load_errors()
         self.invalid |= errors
         self.worker.clear_connector_metadata()
@@ -166,10 +167,11 @@ class Engine:
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled,
             kv_connector_output=KVConnectorOutput(
-                finished_sending=sending, invalid_block_ids=errors)))
+                finished_sending=sending, finished_recving=receiving,
+                invalid_block_ids=errors)))
         return out
 
-    def run(self, seconds: float = 60) -> None:
+    def run(self, seconds: float = 30) -> None:
         """Steps until no request is left (vLLM's engine loop keeps stepping
         while a finished request's save still holds its blocks)."""
         deadline = time.monotonic() + seconds
@@ -207,6 +209,7 @@ class Engine:
         assert not connector._saving and not connector._prefills
         assert not connector._pending_loads and not connector._on_device
         assert not self.worker._saves_started and not self.worker._loading
+        assert not self.worker._receiving
 
 
 def prompt_of(seed: int, n: int) -> list[int]:
@@ -234,6 +237,44 @@ def test_full_partial_and_no_hits(model_dir: str, tmp_path: Path) -> None:
     assert engine.loaded_error("full") <= 1 / 64
     assert engine.loaded_error("partial") <= 1 / 64
     assert not engine.invalid
+    engine.assert_empty()
+
+
+def test_asynchronous_loads(model_dir: str, tmp_path: Path) -> None:
+    # vLLM keeps the requests out of the batch while kvc loads, and
+    # schedules them once the worker reports the loads done.
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], policy="always",
+                    strategies=["kv"], async_load=True)
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt)
+    engine.run()
+    engine.add("full", prompt)
+    engine.add("partial", prompt[:128] + prompt_of(2, 72))
+    out = engine.step()
+    assert not out.scheduled_new_reqs  # both wait for their loads
+    assert {load.request_id for load in out.kv_connector_metadata.loads} == \
+        {"full", "partial"}
+    engine.run()
+    assert engine.loaded == {"a": 0, "full": 192, "partial": 128}
+    assert engine.loaded_error("full") <= 1 / 64
+    assert engine.loaded_error("partial") <= 1 / 64
+    assert not engine.invalid
+    engine.assert_empty()
+
+
+def test_an_abort_during_an_asynchronous_load(model_dir: str,
+                                              tmp_path: Path) -> None:
+    engine = Engine(model_dir, [f"file://{tmp_path}/store?gbps=0.005"],
+                    policy="always", strategies=["kv"], async_load=True)
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt)
+    engine.run()
+    engine.add("b", prompt)
+    engine.step()
+    assert "b" in engine.worker._receiving
+    engine.scheduler.finish_requests("b", RequestStatus.FINISHED_ABORTED)
+    engine.run()
+    assert "b" not in engine.loaded
     engine.assert_empty()
 
 
@@ -338,3 +379,32 @@ def test_bad_configurations_are_clear_errors(model_dir: str,
         Engine(model_dir, [f"file://{tmp_path}/s"], colour="blue")
     with pytest.raises(Exception, match="multiple of vLLM's block size"):
         Engine(model_dir, [f"file://{tmp_path}/s"], chunk_tokens=40)
+
+
+def test_worker_calls_before_registration_and_unsupported_models(
+        model_dir: str, tmp_path: Path) -> None:
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], policy="always",
+                    strategies=["kv"])
+    engine.add("a", prompt_of(1, 200))
+    engine.run()
+    engine.add("b", prompt_of(1, 200))
+    out = engine.scheduler.schedule()
+    assert out.kv_connector_metadata.loads
+    worker = KvcConnector(engine.config, KVConnectorRole.WORKER, None)
+    worker.bind_connector_metadata(out.kv_connector_metadata)
+    with pytest.raises(kvc.Error, match="register_kv_caches"):
+        worker.start_load_kv(None)  # type: ignore[arg-type]
+    with pytest.raises(kvc.Error, match="layers"):
+        worker.register_kv_caches({"model.layers.0.self_attn.attn":
+                                   engine.caches[engine.names[0]]})
+    with pytest.raises(kvc.Error, match="shape"):
+        worker.register_kv_caches({name: torch.zeros(BLOCKS, BLOCK, KV_HEADS,
+                                                     HEAD_DIM, dtype=torch.bfloat16)
+                                   for name in engine.names})
+    sliding = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec(engine.names, SlidingWindowSpec(
+                                block_size=BLOCK, num_kv_heads=KV_HEADS,
+                                head_size=HEAD_DIM, dtype=torch.bfloat16,
+                                sliding_window=64))])
+    with pytest.raises(kvc.Error, match="full attention"):
+        KvcConnector(engine.config, KVConnectorRole.WORKER, sliding)

@@ -614,11 +614,17 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     strategies = {"compute", "kv", "hidden", "cake", "hcache", "joint"};
   if (onDevice > 0) // Only loads may follow the server's own tokens.
     strategies = {"kv", "hidden"};
+  std::vector<std::string> offGrid = {"kv"};
   for (const Lookup::Held &held : found.held) {
     const int64_t ct = held.layout.chunkTokens;
     const int64_t length = std::min(held.match.tokens, n - 1) / ct * ct;
-    if (length <= onDevice || (onDevice % ct) != 0)
+    if (length <= onDevice)
       continue;
+    // A server prefix that ends inside a chunk: the chunk is loaded and
+    // only its rows past the server's are written, which K and V allow
+    // and hidden states (projected per chunk) do not.
+    const std::vector<std::string> &allowed =
+        onDevice % ct == 0 ? strategies : offGrid;
     planning::Request request;
     request.tokens = length;
     request.maxKl = s.options.plans.maxKl;
@@ -627,7 +633,11 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     request.forwardTokens = (n - length + ct - 1) / ct * ct;
     std::string key = std::to_string(length) + "|" +
                       std::to_string(request.forwardTokens) + "|" +
-                      std::to_string(onDevice) + "|" +
+                      // The plan restores [0, length); the server's own
+                      // tokens only narrow the strategies (and are skipped
+                      // when it runs): requests share it.
+                      (onDevice == 0 ? "0" : onDevice % ct ? "in" : "at") +
+                      "|" +
                       std::to_string(held.store) + "|" +
                       std::to_string(ct) + "x" +
                       std::to_string(held.layout.layerGroup);
@@ -650,11 +660,11 @@ StatusOr<Decision> Connector::decide(const std::string &id,
       what += std::string(what.empty() ? "" : ", ") + name(source.form) + " " +
               source.codec.str();
     }
-    for (const std::string &strategy : strategies)
+    for (const std::string &strategy : allowed)
       key += "|" + strategy;
     auto cached = s.prices.find(key);
     if (cached == s.prices.end()) {
-      KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, strategies));
+      KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, allowed));
       cached = s.prices.emplace(key, priced).first;
     }
     if (cached->second.seconds < best.priced.seconds)

@@ -561,3 +561,49 @@ TEST_F(ExecutorTest, RejectsPlansForAnotherRequest) {
 }
 
 } // namespace
+
+TEST_F(ExecutorTest, TheResidentPrefixIsNeverWritten) {
+  // The server holds tokens [0, 40): inside the first 64-token chunk, which
+  // a kv plan loads and writes from token 40 on.
+  const ModelConfig &config = model_->config();
+  const int64_t kv = cache_->kvDim(), resident = 40;
+  BlockTable table = *cache_->allocate(kTokens);
+  const std::vector<float> marks(resident * kv, 3.0f);
+  for (int64_t l = 0; l < config.numLayers; ++l)
+    ASSERT_TRUE(cache_->write(table, l, 0, resident, marks.data(), marks.data())
+                    .isOk());
+  RestoreOptions options;
+  options.resident = resident;
+  StatusOr<RestoreMetrics> metrics =
+      restore(*pools_, makePlan({0, 0, 64}, config.numLayers),
+              targetFor(table), options);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  std::vector<float> k(resident * kv), v(resident * kv);
+  for (int64_t l = 0; l < config.numLayers; ++l) {
+    ASSERT_TRUE(cache_->read(table, l, 0, resident, k.data(), v.data()).isOk());
+    EXPECT_EQ(k, marks) << "layer " << l;
+    EXPECT_EQ(v, marks) << "layer " << l;
+  }
+  // Rows from 40 on are the request's.
+  std::vector<float> full(kTokens * kv), fullV(kTokens * kv);
+  BlockTable reference = *cache_->allocate(kTokens);
+  ASSERT_TRUE(run(makePlan({0, 0, 64}, config.numLayers), reference).isOk());
+  for (int64_t l = 0; l < config.numLayers; ++l) {
+    std::vector<float> mine(kTokens * kv), mineV(kTokens * kv);
+    ASSERT_TRUE(cache_->read(reference, l, 0, kTokens, full.data(),
+                             fullV.data()).isOk());
+    ASSERT_TRUE(
+        cache_->read(table, l, 0, kTokens, mine.data(), mineV.data()).isOk());
+    EXPECT_TRUE(std::equal(mine.begin() + resident * kv, mine.end(),
+                           full.begin() + resident * kv))
+        << "layer " << l;
+  }
+  // A plan that computes a chunk across (or above) the resident tokens is
+  // refused.
+  StatusOr<RestoreMetrics> computing =
+      restore(*pools_, makePlan({128, 0, 64}, config.numLayers),
+              targetFor(table), options);
+  EXPECT_FALSE(computing);
+  cache_->release(table);
+  cache_->release(reference);
+}

@@ -371,10 +371,54 @@ TEST_F(ConnectorTest, TokensOnTheDeviceAreNotWritten) {
   std::copy(before.begin(), before.end(), memory_.begin());
   prefill(tokens, 512, ids);
   expectExact(tokens, ids);
-  // A prefix hit off the store's chunk grid loads nothing past it.
-  StatusOr<Decision> off = connector->decide("c", tokens, 100);
-  ASSERT_TRUE(off);
-  EXPECT_FALSE(off->loads()) << off->why;
+}
+
+TEST_F(ConnectorTest, APrefixHitOffTheChunkGridIsLoadedPastIt) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(600, 8);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 38));
+  // The server holds 112 tokens (7 of its 16-token blocks, shared with a),
+  // inside the store's first 128-token chunk; a chunk across them, the
+  // second one, damaged in the store (recomputed from token 128 on).
+  StatusOr<std::unique_ptr<ChunkStore>> store = openStore(
+      {options_.stores[0].url, {128, 1}, "", TierAccess::Existing}, *model_);
+  ASSERT_TRUE(store) << store.status().toString();
+  for (const ChunkRef &ref :
+       (*store)->refs(tokens.data(), 512, Form::KV, CodecSpec()))
+    if (ref.tokenBegin == 0 && ref.layerBegin == 1)
+      ASSERT_TRUE((*store)->tier().put(ref.name(), "not a chunk").isOk());
+  std::vector<int32_t> ids = blocks(0, 7);
+  for (int32_t b : blocks(100, 31))
+    ids.push_back(b);
+  const ModelConfig &c = model_->config();
+  const int64_t block = 16 * c.numKvHeads * c.headDim,
+                layer = 2 * kBlocks * block;
+  // Mark the shared blocks in layers 0 and 1: a write into them would show.
+  std::vector<uint16_t> before(memory_.begin(), memory_.begin() + 2 * layer);
+  for (int64_t l = 0; l < 2; ++l)
+    std::fill(memory_.begin() + l * layer,
+              memory_.begin() + l * layer + 7 * block, 0x7fc1);
+  StatusOr<Decision> decision = connector->decide("b", tokens, 112);
+  ASSERT_TRUE(decision) << decision.status().toString();
+  ASSERT_TRUE(decision->loads()) << decision->why;
+  EXPECT_EQ(decision->loadTokens, 512);
+  EXPECT_EQ(decision->strategy, "kv");
+  ASSERT_TRUE(connector->startLoad("b", ids).isOk());
+  StatusOr<RestoreMetrics> metrics = connector->waitLoad("b");
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  ASSERT_EQ(metrics->fallbackTokens.size(), 1u);
+  EXPECT_EQ(metrics->fallbackTokens[0].begin, 112);
+  for (int64_t l = 0; l < 2; ++l)
+    EXPECT_TRUE(std::all_of(memory_.begin() + l * layer,
+                            memory_.begin() + l * layer + 7 * block,
+                            [](uint16_t v) { return v == 0x7fc1; }))
+        << "layer " << l;
+  for (int64_t l = 0; l < 2; ++l)
+    std::copy(before.begin() + l * layer, before.begin() + l * layer + 7 * block,
+              memory_.begin() + l * layer);
+  prefill(tokens, 512, ids);
+  expectExact(tokens, ids);
 }
 
 TEST_F(ConnectorTest, EveryServerCacheLayoutIsWritten) {

@@ -59,9 +59,10 @@ bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
 ChunkSteps::ChunkSteps(Backend &backend, const ModelCompute &model,
                        const std::map<std::string, ChunkStore *> &stores,
                        const std::vector<int32_t> &tokens, PagedKVCache &cache,
-                       const BlockTable &table, LayerProgress *progress)
+                       const BlockTable &table, LayerProgress *progress,
+                       int64_t resident)
     : backend_(backend), model_(model), stores_(stores), tokens_(tokens),
-      cache_(cache), table_(table), progress_(progress),
+      cache_(cache), table_(table), progress_(progress), resident_(resident),
       prefill_(backend.prefill(model, tokens, cache, table)) {}
 
 const std::vector<ChunkRef> &
@@ -246,6 +247,27 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
   // decompress for raw data).
   if (value.encoded)
     KVC_RETURN_IF_ERROR(decode(value));
+  if (value.tokens.begin < resident_ && resident_ < value.tokens.end) {
+    if (value.form != Form::KV || value.payload)
+      return Status(StatusCode::Internal,
+                    "restore: a chunk across the resident tokens that is not "
+                    "decoded K and V");
+    // Keep the rows above the server's tokens: the buffer is
+    // [layer][K, V][token][kvDim], each row moved down in place.
+    const int64_t all = value.tokens.size(),
+                  skip = resident_ - value.tokens.begin, keep = all - skip,
+                  kvDim = cache_.kvDim(), halves = 2 * value.layers.size();
+    if (int64_t(value.data.size()) != halves * all * kvDim)
+      return Status(StatusCode::Internal,
+                    "restore: a chunk across the resident tokens holds " +
+                        std::to_string(value.data.size()) + " elements");
+    uint16_t *data = value.data.data();
+    for (int64_t h = 0; h < halves; ++h)
+      std::memmove(data + h * keep * kvDim, data + (h * all + skip) * kvDim,
+                   std::size_t(keep * kvDim) * sizeof(uint16_t));
+    value.data.resize(std::size_t(halves * keep * kvDim));
+    value.tokens.begin = resident_;
+  }
   if (!value.slot) {
     value.ownDevice = backend_.allocate();
     KVC_RETURN_IF_ERROR(

@@ -109,7 +109,8 @@ public:
   ChunkSteps(Backend &backend, const ModelCompute &model,
              const std::map<std::string, ChunkStore *> &stores,
              const std::vector<int32_t> &tokens, PagedKVCache &cache,
-             const BlockTable &table, LayerProgress *progress);
+             const BlockTable &table, LayerProgress *progress,
+             int64_t resident = 0);
 
   /// The stored objects of `form` in `codec` for the request on `tier`.
   const std::vector<ChunkRef> &refs(const std::string &tier, Form form,
@@ -163,6 +164,9 @@ private:
   PagedKVCache &cache_;
   const BlockTable &table_;
   LayerProgress *progress_;
+  /// Tokens [0, resident_) are the server's: a loaded chunk across it has
+  /// only its rows above it uploaded and written (RestoreOptions::resident).
+  int64_t resident_;
   std::unique_ptr<PrefillSession> prefill_;
 
   mutable std::mutex mutex_; ///< Guards the members below.

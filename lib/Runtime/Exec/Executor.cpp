@@ -46,7 +46,8 @@ public:
         backend_(target.backend ? *target.backend : cpuBackend()),
         kernels_(options.kernels),
         steps_(backend_, *target.model, target.stores, *target.tokens,
-               *target.cache, *target.table, options.progress) {}
+               *target.cache, *target.table, options.progress,
+               options.resident) {}
 
   StatusOr<TaskGraph> build() {
     const int64_t n = int64_t(target_.tokens->size());
@@ -136,7 +137,9 @@ public:
   /// chunk (a restore kernel) or project it (useProjection), when the
   /// backend launches it into the cache.
   Status useKernel(std::size_t index, exec_detail::ChunkValue &value) {
-    if (!kernels_ || !backend_.launchesKernels())
+    // A chunk across the resident prefix is written in part: by the
+    // runtime's scatter, which takes its rows above it.
+    if (!kernels_ || !backend_.launchesKernels() || acrossResident(index))
       return Status::ok();
     const BundleTask &task = plan_.tasks[index];
     const BundleKernel *found = findKernel(*kernels_, task.entry);
@@ -238,8 +241,10 @@ public:
     return Status::ok();
   }
 
-  /// Fails unless every chunk lies wholly above or below the resident
-  /// prefix, and no chunk above it is computed.
+  /// Fails unless every chunk that computes, or loads hidden states, lies
+  /// wholly above or below the resident prefix, and no chunk above it is
+  /// computed. A loaded chunk of K and V may lie across it: only its rows
+  /// above it are written.
   Status checkResident() const {
     const int64_t resident = options_.resident;
     if (resident < 0 || resident > int64_t(target_.tokens->size()))
@@ -250,12 +255,17 @@ public:
       return Status::ok();
     for (const BundleTask &task : plan_.tasks)
       for (const BundleStep &step : task.steps) {
-        if (step.tokens.begin < resident && resident < step.tokens.end)
+        const bool across =
+            step.tokens.begin < resident && resident < step.tokens.end;
+        if (across && (step.kind == StepKind::ChunkCompute ||
+                       step.kind == StepKind::Project ||
+                       step.form == Form::Hidden))
           return invalidArgument(
               "restore: plan " + plan_.name + " has a chunk of tokens " +
               std::to_string(step.tokens.begin) + " to " +
               std::to_string(step.tokens.end) + " across the " +
-              std::to_string(resident) + " resident tokens");
+              std::to_string(resident) +
+              " resident tokens that it computes or projects");
         if (step.kind == StepKind::ChunkCompute && step.tokens.begin >= resident)
           return unimplemented(
               "restore: plan " + plan_.name + " computes tokens " +
@@ -264,6 +274,12 @@ public:
               " above resident tokens (only loads may follow them)");
       }
     return Status::ok();
+  }
+
+  /// Whether task `index` loads a chunk across the resident prefix.
+  bool acrossResident(std::size_t index) const {
+    const BundleRange &tokens = plan_.tasks[index].steps.front().tokens;
+    return tokens.begin < options_.resident && options_.resident < tokens.end;
   }
 
   /// Whether task `index` works on a chunk of the resident prefix.
@@ -285,6 +301,8 @@ public:
       return Status::ok();
     Clock::time_point start = Clock::now();
     for (const auto &value : failed) {
+      // Never rows of the server's resident prefix.
+      value->tokens.begin = std::max(value->tokens.begin, options_.resident);
       if (options_.recomputeFallbacks)
         KVC_RETURN_IF_ERROR(steps_.computeBox(value->box()));
       metrics.fallbacks.push_back(
@@ -379,10 +397,17 @@ private:
     return step.kind == StepKind::Recv ? step.node : step.tier;
   }
 
-  /// Unimplemented unless `step` works on the whole of its chunk.
-  static Status wholeChunk(const BundleStep &step,
-                           const exec_detail::ChunkValue &value) {
-    if (!(step.tokens == value.tokens) || !(step.layers == value.layers))
+  /// Unimplemented unless `step` works on the whole of its chunk (of a
+  /// chunk across the resident prefix, the rows above it).
+  Status wholeChunk(const BundleStep &step,
+                    const exec_detail::ChunkValue &value) const {
+    const int64_t begin =
+        step.tokens.begin < options_.resident &&
+                options_.resident < step.tokens.end
+            ? std::max(step.tokens.begin, value.tokens.begin)
+            : step.tokens.begin;
+    if (begin != value.tokens.begin || step.tokens.end != value.tokens.end ||
+        !(step.layers == value.layers))
       return unimplemented(std::string("restore: step ") + name(step.kind) +
                            " over tokens " + std::to_string(step.tokens.begin) +
                            " to " + std::to_string(step.tokens.end) +

@@ -109,14 +109,17 @@ private:
   size_t pos_ = 0, len_ = 0;
 };
 
+} // namespace
+
 /// One connection to the server, used by one caller at a time (the tier's
 /// pool hands it out). Commands time out (1 s to connect, 10 s each) and a
 /// failure drops the connection, which the next command re-establishes.
 class RedisConnection {
 public:
   RedisConnection(const std::string &url, const std::string &host, int port,
-                  int db)
-      : url_(url), host_(host), port_(port), db_(db) {}
+                  int db, int commandTimeoutMs, int waitReplicas)
+      : url_(url), host_(host), port_(port), db_(db),
+        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas) {}
   ~RedisConnection() { disconnect(); }
   RedisConnection(const RedisConnection &) = delete;
   RedisConnection &operator=(const RedisConnection &) = delete;
@@ -125,7 +128,9 @@ public:
   Status connect() {
     if (context_)
       return Status::ok();
-    timeval connectTimeout{1, 0}, commandTimeout{10, 0};
+    timeval connectTimeout{1, 0},
+        commandTimeout{commandTimeoutMs_ / 1000,
+                       (commandTimeoutMs_ % 1000) * 1000};
     context_ = redisConnectWithTimeout(host_.c_str(), port_, connectTimeout);
     if (!context_ || context_->err) {
       std::string why = context_ ? context_->errstr : "out of memory";
@@ -161,6 +166,15 @@ public:
                                        bytes.data(), bytes.size());
     if (!reply.isOk())
       return reply.status();
+    if (waitReplicas_ > 0) {
+      // Acknowledged once replicated (bounded by the command timeout):
+      // what a failover promotes holds it. Fewer replicas in time is no
+      // error; the master holds the object.
+      StatusOr<ReplyPtr> waited =
+          command("WAIT %d %d", waitReplicas_, commandTimeoutMs_);
+      if (!waited.isOk())
+        return waited.status();
+    }
     return Status::ok();
   }
 
@@ -238,6 +252,45 @@ public:
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
     return names;
+  }
+
+  /// Sends ASKING: the next command on this connection may address a
+  /// slot the node is importing (a redirect during resharding).
+  Status asking() {
+    StatusOr<ReplyPtr> reply = command("ASKING");
+    return reply.isOk() ? Status::ok() : reply.status();
+  }
+
+  /// CLUSTER SLOTS: each slot range's master and replicas.
+  StatusOr<std::vector<RedisSlotRange>> clusterSlots() {
+    KVC_ASSIGN_OR_RETURN(reply, command("CLUSTER SLOTS"));
+    const redisReply &r = *reply;
+    if (r.type != REDIS_REPLY_ARRAY)
+      return unavailable("unexpected CLUSTER SLOTS reply");
+    std::vector<RedisSlotRange> ranges;
+    for (size_t i = 0; i < r.elements; ++i) {
+      const redisReply &range = *r.element[i];
+      if (range.type != REDIS_REPLY_ARRAY || range.elements < 3 ||
+          range.element[0]->type != REDIS_REPLY_INTEGER ||
+          range.element[1]->type != REDIS_REPLY_INTEGER)
+        return unavailable("malformed CLUSTER SLOTS range");
+      RedisSlotRange out;
+      out.first = int(range.element[0]->integer);
+      out.last = int(range.element[1]->integer);
+      for (size_t n = 2; n < range.elements; ++n) {
+        const redisReply &node = *range.element[n];
+        if (node.type != REDIS_REPLY_ARRAY || node.elements < 2 ||
+            node.element[0]->type != REDIS_REPLY_STRING ||
+            node.element[1]->type != REDIS_REPLY_INTEGER)
+          return unavailable("malformed CLUSTER SLOTS node");
+        std::string host(node.element[0]->str, node.element[0]->len);
+        if (host.empty()) // The node that answered: its own address.
+          host = host_;
+        out.nodes.push_back(host + ":" + std::to_string(node.element[1]->integer));
+      }
+      ranges.push_back(std::move(out));
+    }
+    return ranges;
   }
 
 private:
@@ -333,93 +386,101 @@ private:
 
   const std::string &url_;
   const std::string &host_;
-  int port_, db_;
+  int port_, db_, commandTimeoutMs_, waitReplicas_;
   redisContext *context_ = nullptr;
 };
 
+//===----------------------------------------------------------------------===//
+// RedisNode
+//===----------------------------------------------------------------------===//
 
-/// The redis:// tier: a pool of connections, one per concurrent caller (up
-/// to kMaxConnections, made as callers need them), so that an executor's IO
-/// lanes read in parallel instead of queueing on one socket.
-class RedisTier final : public Tier {
+/// Exclusive use of one connection of the node's pool for one call.
+class RedisNode::Lease {
 public:
-  static constexpr std::size_t kMaxConnections = 8;
-
-  RedisTier(std::string url, std::string host, int port, int db)
-      : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db) {}
-
-  const std::string &url() const override { return url_; }
-
-  /// Connects one connection now, so that an unreachable server is an
-  /// error at open.
-  Status connect() { return Lease(*this)->connect(); }
-
-  Status put(const std::string &name, std::string_view bytes) override {
-    return Lease(*this)->put(name, bytes);
+  explicit Lease(RedisNode &node) : node_(node) {
+    std::unique_lock<std::mutex> lock(node_.mutex_);
+    node_.released_.wait(lock, [&] {
+      return !node_.idle_.empty() || node_.connections_ < kMaxConnections;
+    });
+    if (!node_.idle_.empty()) {
+      connection_ = std::move(node_.idle_.back());
+      node_.idle_.pop_back();
+      return;
+    }
+    ++node_.connections_;
+    lock.unlock();
+    connection_ = std::make_unique<RedisConnection>(
+        node_.url_, node_.host_, node_.port_, node_.db_,
+        node_.commandTimeoutMs_, node_.waitReplicas_);
   }
-  Status get(const std::string &name, std::string &buffer) override {
-    return Lease(*this)->get(name, buffer);
+  ~Lease() {
+    {
+      std::lock_guard<std::mutex> lock(node_.mutex_);
+      node_.idle_.push_back(std::move(connection_));
+    }
+    node_.released_.notify_one();
   }
-  std::vector<Status> getMany(const std::vector<std::string> &names,
-                              std::vector<std::string> &buffers) override {
-    return Lease(*this)->getMany(names, buffers);
-  }
-  StatusOr<bool> exists(const std::string &name) override {
-    return Lease(*this)->exists(name);
-  }
-  Status remove(const std::string &name) override {
-    return Lease(*this)->remove(name);
-  }
-  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
-    return Lease(*this)->list(prefix);
-  }
+  RedisConnection *operator->() { return connection_.get(); }
 
 private:
-  /// Exclusive use of one connection for one call.
-  class Lease {
-  public:
-    explicit Lease(RedisTier &tier) : tier_(tier) {
-      std::unique_lock<std::mutex> lock(tier_.mutex_);
-      tier_.released_.wait(lock, [&] {
-        return !tier_.idle_.empty() ||
-               tier_.connections_ < kMaxConnections;
-      });
-      if (!tier_.idle_.empty()) {
-        connection_ = std::move(tier_.idle_.back());
-        tier_.idle_.pop_back();
-        return;
-      }
-      ++tier_.connections_;
-      lock.unlock();
-      connection_ = std::make_unique<RedisConnection>(
-          tier_.url_, tier_.host_, tier_.port_, tier_.db_);
-    }
-    ~Lease() {
-      {
-        std::lock_guard<std::mutex> lock(tier_.mutex_);
-        tier_.idle_.push_back(std::move(connection_));
-      }
-      tier_.released_.notify_one();
-    }
-    RedisConnection *operator->() { return connection_.get(); }
-
-  private:
-    RedisTier &tier_;
-    std::unique_ptr<RedisConnection> connection_;
-  };
-
-  std::string url_, host_;
-  int port_, db_;
-  std::mutex mutex_; ///< Guards the pool below.
-  std::condition_variable released_;
-  std::vector<std::unique_ptr<RedisConnection>> idle_;
-  std::size_t connections_ = 0;
+  RedisNode &node_;
+  std::unique_ptr<RedisConnection> connection_;
 };
 
-} // namespace
+RedisNode::RedisNode(std::string url, std::string host, int port, int db,
+                     int commandTimeoutMs, int waitReplicas)
+    : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db),
+      commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas) {}
+
+RedisNode::~RedisNode() = default;
+
+Status RedisNode::connect() { return Lease(*this)->connect(); }
+
+Status RedisNode::put(const std::string &name, std::string_view bytes) {
+  return Lease(*this)->put(name, bytes);
+}
+
+Status RedisNode::get(const std::string &name, std::string &buffer) {
+  return Lease(*this)->get(name, buffer);
+}
+
+std::vector<Status> RedisNode::getMany(const std::vector<std::string> &names,
+                                       std::vector<std::string> &buffers) {
+  return Lease(*this)->getMany(names, buffers);
+}
+
+StatusOr<bool> RedisNode::exists(const std::string &name) {
+  return Lease(*this)->exists(name);
+}
+
+Status RedisNode::remove(const std::string &name) {
+  return Lease(*this)->remove(name);
+}
+
+StatusOr<std::vector<std::string>> RedisNode::list(const std::string &prefix) {
+  return Lease(*this)->list(prefix);
+}
+
+Status RedisNode::askingPut(const std::string &name, std::string_view bytes) {
+  Lease lease(*this);
+  KVC_RETURN_IF_ERROR(lease->asking());
+  return lease->put(name, bytes);
+}
+
+Status RedisNode::askingGet(const std::string &name, std::string &buffer) {
+  Lease lease(*this);
+  KVC_RETURN_IF_ERROR(lease->asking());
+  return lease->get(name, buffer);
+}
+
+StatusOr<std::vector<RedisSlotRange>> RedisNode::clusterSlots() {
+  return Lease(*this)->clusterSlots();
+}
 
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
-                                              const std::string &hostPortDb) {
+                                              const std::string &hostPortDb,
+                                              int commandTimeoutMs,
+                                              int waitReplicas) {
   std::string rest = hostPortDb, host;
   int port = 6379, db = 0;
   // A user or password in the URL is never echoed: not in this error, and
@@ -451,7 +512,9 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
   }
   if (host.empty())
     return invalidArgument(url + ": missing host");
-  auto tier = std::make_unique<RedisTier>(url, host, port, db);
+  auto tier =
+      std::make_unique<RedisNode>(url, host, port, db, commandTimeoutMs,
+                                  waitReplicas);
   // Connect now so that an unreachable server is reported at open; later
   // failures reconnect lazily.
   KVC_RETURN_IF_ERROR(tier->connect());

@@ -1,15 +1,80 @@
-//===- RedisTier.h - The redis:// tier --------------------------*- C++ -*-===//
+//===- RedisTier.h - The redis:// tier and its nodes ------------*- C++ -*-===//
+//
+// A RedisNode is a pool of connections to one Redis server: the redis://
+// tier itself, and each node of a redis-cluster:// tier (RedisClusterTier).
+//
+//===----------------------------------------------------------------------===//
 
 #ifndef KVC_LIB_RUNTIME_STORE_REDISTIER_H
 #define KVC_LIB_RUNTIME_STORE_REDISTIER_H
 
 #include "kvc/Runtime/Store/Tier.h"
 
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
 namespace kvc {
+
+class RedisConnection;
+
+/// One range of a cluster's hash slots: its master first, then replicas,
+/// each "HOST:PORT".
+struct RedisSlotRange {
+  int first = 0, last = 0;
+  std::vector<std::string> nodes;
+};
+
+/// A pool of connections to one server, one per concurrent caller (up to
+/// kMaxConnections, made as callers need them), so that an executor's IO
+/// lanes read in parallel instead of queueing on one socket. Commands time
+/// out (1 s to connect, `commandTimeoutMs` each) and a failure drops the
+/// connection, which the next call re-establishes. With `waitReplicas`, a
+/// put returns once that many replicas hold the object (WAIT, bounded by
+/// the command timeout).
+class RedisNode final : public Tier {
+public:
+  static constexpr std::size_t kMaxConnections = 8;
+
+  RedisNode(std::string url, std::string host, int port, int db = 0,
+            int commandTimeoutMs = 10000, int waitReplicas = 0);
+  ~RedisNode() override;
+
+  const std::string &url() const override { return url_; }
+  /// Connects one connection now (an unreachable server is an error).
+  Status connect();
+
+  Status put(const std::string &name, std::string_view bytes) override;
+  Status get(const std::string &name, std::string &buffer) override;
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override;
+  StatusOr<bool> exists(const std::string &name) override;
+  Status remove(const std::string &name) override;
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override;
+
+  /// The same after ASKING, on one connection (a cluster's ASK redirect).
+  Status askingPut(const std::string &name, std::string_view bytes);
+  Status askingGet(const std::string &name, std::string &buffer);
+  /// CLUSTER SLOTS.
+  StatusOr<std::vector<RedisSlotRange>> clusterSlots();
+
+private:
+  class Lease;
+
+  std::string url_, host_;
+  int port_, db_, commandTimeoutMs_, waitReplicas_;
+  std::mutex mutex_; ///< Guards the pool below.
+  std::condition_variable released_;
+  std::vector<std::unique_ptr<RedisConnection>> idle_;
+  std::size_t connections_ = 0;
+};
 
 /// Connects to `hostPortDb` ("HOST:PORT[/DB]"); `url` names it in messages.
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
-                                              const std::string &hostPortDb);
+                                              const std::string &hostPortDb,
+                                              int commandTimeoutMs = 10000,
+                                              int waitReplicas = 0);
 
 } // namespace kvc
 

@@ -2,6 +2,7 @@
 
 #include "kvc/Runtime/Store/Tier.h"
 
+#include "RedisClusterTier.h"
 #include "RedisTier.h"
 
 #include "kvc/Runtime/Store/ChunkFormat.h"
@@ -369,9 +370,15 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
     query.erase(it);
     return Status::ok();
   };
-  double gbps = 0, capacityMb = 1024;
+  double gbps = 0, capacityMb = 1024, timeoutMs = 10000, replicas = 0;
   KVC_RETURN_IF_ERROR(number("gbps", gbps));
   KVC_RETURN_IF_ERROR(number("capacity_mb", capacityMb));
+  const bool redis = base.rfind("redis://", 0) == 0 ||
+                     base.rfind("redis-cluster://", 0) == 0;
+  if (redis) {
+    KVC_RETURN_IF_ERROR(number("timeout_ms", timeoutMs));
+    KVC_RETURN_IF_ERROR(number("replicas", replicas));
+  }
   if (!query.empty())
     return invalidArgument(url + ": unknown option " + query.begin()->first);
 
@@ -410,13 +417,22 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
     file->removeStaleTemporaries();
     tier = std::move(file);
   } else if (base.rfind("redis://", 0) == 0) {
-    StatusOr<std::unique_ptr<Tier>> redis = openRedisTier(url, base.substr(8));
-    if (!redis.isOk())
-      return redis.status();
-    tier = std::move(*redis);
+    StatusOr<std::unique_ptr<Tier>> opened =
+        openRedisTier(url, base.substr(8), int(timeoutMs), int(replicas));
+    if (!opened.isOk())
+      return opened.status();
+    tier = std::move(*opened);
+  } else if (base.rfind("redis-cluster://", 0) == 0) {
+    StatusOr<std::unique_ptr<Tier>> opened =
+        openRedisClusterTier(url, base.substr(16), int(timeoutMs),
+                             int(replicas));
+    if (!opened.isOk())
+      return opened.status();
+    tier = std::move(*opened);
   } else {
     return invalidArgument(url + ": unknown tier (expected mem://, "
-                                 "file:///DIR or redis://HOST:PORT[/DB])");
+                                 "file:///DIR, redis://HOST:PORT[/DB] or "
+                                 "redis-cluster://HOST:PORT[,HOST:PORT...])");
   }
   if (gbps > 0)
     return std::unique_ptr<Tier>(

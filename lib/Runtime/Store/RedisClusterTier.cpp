@@ -1,0 +1,356 @@
+//===- RedisClusterTier.cpp - The redis-cluster:// tier -------------------===//
+//
+// A tier over a Redis Cluster, routed on the client as the cluster asks:
+// a key's hash slot is CRC16 (XMODEM) of the key, or of its hash tag (the
+// part between the first "{" and the next "}", when not empty), modulo
+// 16384. The slot map comes from CLUSTER SLOTS, asked of any node that
+// answers; a MOVED reply, or a node that cannot be reached, makes the tier
+// ask again (a failover moves a master's slots to its replica), and an ASK
+// reply (a slot being resharded) sends the one command to the node it
+// names, after ASKING. Reads of many objects are split by node, pipelined
+// per node (RedisNode::getMany) and run on all nodes at once, so that a
+// restore reads at the cluster's aggregate bandwidth.
+//
+// Failures stay values: a key whose node is down is Unavailable (a restore
+// recomputes its chunk), and every wait is bounded by the nodes' timeouts.
+//
+//===----------------------------------------------------------------------===//
+
+#include "RedisClusterTier.h"
+
+#include "RedisTier.h"
+
+#include "kvc/Runtime/Store/ChunkFormat.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <thread>
+
+namespace kvc {
+
+uint16_t redisCrc16(std::string_view bytes) {
+  uint16_t crc = 0;
+  for (unsigned char byte : bytes) {
+    crc ^= uint16_t(byte) << 8;
+    for (int bit = 0; bit < 8; ++bit)
+      crc = (crc & 0x8000) ? uint16_t((crc << 1) ^ 0x1021) : uint16_t(crc << 1);
+  }
+  return crc;
+}
+
+int redisHashSlot(std::string_view key) {
+  if (size_t open = key.find('{'); open != std::string_view::npos)
+    if (size_t close = key.find('}', open + 1);
+        close != std::string_view::npos && close > open + 1)
+      key = key.substr(open + 1, close - open - 1);
+  return redisCrc16(key) % kRedisSlots;
+}
+
+namespace {
+
+/// A reply that sends the command elsewhere: MOVED (the slot lives there
+/// now) or ASK (this once, during resharding).
+struct Redirect {
+  bool ask = false;
+  std::string node;
+};
+
+std::optional<Redirect> redirectOf(const Status &status) {
+  const std::string &text = status.message();
+  for (const char *kind : {"MOVED ", "ASK "}) {
+    size_t at = text.find(std::string("redis error: ") + kind);
+    if (at == std::string::npos)
+      continue;
+    at += std::string("redis error: ").size() + std::string(kind).size();
+    size_t space = text.find(' ', at); // After the slot number.
+    if (space == std::string::npos)
+      return std::nullopt;
+    size_t end = text.find_first_of(" \r\n", space + 1);
+    return Redirect{kind[0] == 'A', text.substr(space + 1, end - space - 1)};
+  }
+  return std::nullopt;
+}
+
+/// "HOST:PORT" -> (host, port).
+StatusOr<std::pair<std::string, int>> hostPort(const std::string &url,
+                                               const std::string &node) {
+  size_t colon = node.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return invalidArgument(url + ": " + node + " is not HOST:PORT");
+  char *end = nullptr;
+  const std::string portText = node.substr(colon + 1);
+  long port = std::strtol(portText.c_str(), &end, 10);
+  if (portText.empty() || *end || port <= 0 || port > 65535)
+    return invalidArgument(url + ": bad port in " + node);
+  return std::make_pair(node.substr(0, colon), int(port));
+}
+
+class RedisClusterTier final : public Tier {
+public:
+  /// Redirects and map refreshes one command follows before it gives up.
+  static constexpr int kAttempts = 5;
+
+  RedisClusterTier(std::string url, std::vector<std::string> seeds,
+                   int commandTimeoutMs, int waitReplicas)
+      : url_(std::move(url)), seeds_(std::move(seeds)),
+        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas) {
+    slots_.fill(-1);
+  }
+
+  const std::string &url() const override { return url_; }
+
+  /// Reads the slot map from the first node that answers.
+  Status refresh() {
+    std::unique_lock<std::mutex> refreshing(refreshMutex_);
+    std::vector<std::string> candidates = seeds_;
+    {
+      std::shared_lock<std::shared_mutex> lock(mapMutex_);
+      for (const std::string &node : masters_)
+        if (std::find(candidates.begin(), candidates.end(), node) ==
+            candidates.end())
+          candidates.push_back(node);
+    }
+    Status last = chunkError(ChunkFault::Unavailable,
+                             url_ + ": no cluster node to ask for slots");
+    for (const std::string &address : candidates) {
+      StatusOr<RedisNode *> node = nodeAt(address);
+      if (!node.isOk()) {
+        last = node.status();
+        continue;
+      }
+      StatusOr<std::vector<RedisSlotRange>> ranges = (*node)->clusterSlots();
+      if (!ranges.isOk()) {
+        last = ranges.status();
+        continue;
+      }
+      std::array<int16_t, kRedisSlots> slots;
+      slots.fill(-1);
+      std::vector<std::string> masters;
+      for (const RedisSlotRange &range : *ranges) {
+        if (range.nodes.empty() || range.first < 0 ||
+            range.last >= kRedisSlots || range.first > range.last)
+          continue;
+        auto it = std::find(masters.begin(), masters.end(), range.nodes[0]);
+        const int16_t index = int16_t(it - masters.begin());
+        if (it == masters.end())
+          masters.push_back(range.nodes[0]);
+        std::fill(slots.begin() + range.first, slots.begin() + range.last + 1,
+                  index);
+      }
+      if (masters.empty()) {
+        last = chunkError(ChunkFault::Unavailable,
+                          url_ + ": " + address + " serves no slots");
+        continue;
+      }
+      std::unique_lock<std::shared_mutex> lock(mapMutex_);
+      slots_ = slots;
+      masters_ = std::move(masters);
+      return Status::ok();
+    }
+    return last;
+  }
+
+  Status put(const std::string &name, std::string_view bytes) override {
+    return routed(name, [&](RedisNode &node, bool ask) {
+      return ask ? node.askingPut(name, bytes) : node.put(name, bytes);
+    });
+  }
+
+  Status get(const std::string &name, std::string &buffer) override {
+    return routed(name, [&](RedisNode &node, bool ask) {
+      return ask ? node.askingGet(name, buffer) : node.get(name, buffer);
+    });
+  }
+
+  std::vector<Status> getMany(const std::vector<std::string> &names,
+                              std::vector<std::string> &buffers) override {
+    buffers.resize(names.size());
+    std::vector<Status> out(names.size());
+    // Split by the node each key's slot maps to; a key with no node yet
+    // goes the single-key way, which refreshes the map.
+    std::map<RedisNode *, std::vector<size_t>> byNode;
+    std::vector<size_t> unrouted;
+    for (size_t i = 0; i < names.size(); ++i) {
+      StatusOr<RedisNode *> node = masterFor(names[i]);
+      if (node.isOk())
+        byNode[*node].push_back(i);
+      else
+        unrouted.push_back(i);
+    }
+    auto readNode = [&](RedisNode *node, const std::vector<size_t> &keys) {
+      std::vector<std::string> batch, got;
+      for (size_t i : keys)
+        batch.push_back(names[i]);
+      std::vector<Status> results = node->getMany(batch, got);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        out[keys[k]] = std::move(results[k]);
+        buffers[keys[k]] = std::move(got[k]);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (auto it = std::next(byNode.begin(), byNode.empty() ? 0 : 1);
+         it != byNode.end(); ++it)
+      threads.emplace_back(readNode, it->first, std::cref(it->second));
+    if (!byNode.empty())
+      readNode(byNode.begin()->first, byNode.begin()->second);
+    for (std::thread &thread : threads)
+      thread.join();
+    // Redirected or failed keys: one by one, following the cluster.
+    for (size_t i = 0; i < names.size(); ++i) {
+      const bool retry =
+          std::find(unrouted.begin(), unrouted.end(), i) != unrouted.end() ||
+          (!out[i].isOk() && chunkFault(out[i]) != ChunkFault::Missing);
+      if (retry)
+        out[i] = get(names[i], buffers[i]);
+    }
+    return out;
+  }
+
+  StatusOr<bool> exists(const std::string &name) override {
+    bool found = false;
+    KVC_RETURN_IF_ERROR(routed(name, [&](RedisNode &node, bool) -> Status {
+      StatusOr<bool> there = node.exists(name);
+      if (!there.isOk())
+        return there.status();
+      found = *there;
+      return Status::ok();
+    }));
+    return found;
+  }
+
+  Status remove(const std::string &name) override {
+    return routed(name, [&](RedisNode &node, bool) { return node.remove(name); });
+  }
+
+  StatusOr<std::vector<std::string>> list(const std::string &prefix) override {
+    std::vector<std::string> masters;
+    {
+      std::shared_lock<std::shared_mutex> lock(mapMutex_);
+      masters = masters_;
+    }
+    std::set<std::string> names;
+    for (const std::string &address : masters) {
+      KVC_ASSIGN_OR_RETURN(node, nodeAt(address));
+      KVC_ASSIGN_OR_RETURN(listed, node->list(prefix));
+      names.insert(listed.begin(), listed.end());
+    }
+    return std::vector<std::string>(names.begin(), names.end());
+  }
+
+private:
+  /// Runs `command` on the master of `name`'s slot, following MOVED and
+  /// ASK and refreshing the map when a node cannot be reached (a failover),
+  /// up to kAttempts times.
+  template <typename Command>
+  Status routed(const std::string &name, Command command) {
+    Status status = Status::ok();
+    std::optional<Redirect> redirect;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      StatusOr<RedisNode *> node =
+          redirect ? nodeAt(redirect->node) : masterFor(name);
+      const bool ask = redirect && redirect->ask;
+      if (node.isOk()) {
+        status = command(**node, ask);
+        if (status.isOk() || chunkFault(status) == ChunkFault::Missing ||
+            status.code() == StatusCode::InvalidArgument)
+          return status;
+        redirect = redirectOf(status);
+        if (redirect && redirect->ask)
+          continue;
+      } else {
+        status = node.status();
+        redirect.reset();
+      }
+      // MOVED, or a node that did not answer: the map is stale (a failover
+      // takes the cluster's node timeout to promote a replica).
+      redirect.reset();
+      if (attempt + 1 < kAttempts) {
+        if (!refresh().isOk())
+          std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+      }
+    }
+    return status;
+  }
+
+  /// The node serving `name`'s slot (the map read first when empty).
+  StatusOr<RedisNode *> masterFor(const std::string &name) {
+    const int slot = redisHashSlot(name);
+    std::string address;
+    {
+      std::shared_lock<std::shared_mutex> lock(mapMutex_);
+      if (slots_[slot] >= 0)
+        address = masters_[slots_[slot]];
+    }
+    if (address.empty()) {
+      KVC_RETURN_IF_ERROR(refresh());
+      std::shared_lock<std::shared_mutex> lock(mapMutex_);
+      if (slots_[slot] < 0)
+        return chunkError(ChunkFault::Unavailable,
+                          url_ + ": no node serves slot " +
+                              std::to_string(slot));
+      address = masters_[slots_[slot]];
+    }
+    return nodeAt(address);
+  }
+
+  /// The pool of connections to `address`, made on first use.
+  StatusOr<RedisNode *> nodeAt(const std::string &address) {
+    std::lock_guard<std::mutex> lock(nodesMutex_);
+    auto it = nodes_.find(address);
+    if (it == nodes_.end()) {
+      KVC_ASSIGN_OR_RETURN(where, hostPort(url_, address));
+      it = nodes_
+               .emplace(address, std::make_unique<RedisNode>(
+                                     url_ + " node " + address, where.first,
+                                     where.second, 0, commandTimeoutMs_,
+                                     waitReplicas_))
+               .first;
+    }
+    return it->second.get();
+  }
+
+  std::string url_;
+  std::vector<std::string> seeds_;
+  int commandTimeoutMs_, waitReplicas_;
+  std::mutex refreshMutex_; ///< One refresh at a time.
+  std::shared_mutex mapMutex_;
+  std::array<int16_t, kRedisSlots> slots_;
+  std::vector<std::string> masters_;
+  std::mutex nodesMutex_;
+  std::map<std::string, std::unique_ptr<RedisNode>> nodes_;
+};
+
+} // namespace
+
+StatusOr<std::unique_ptr<Tier>>
+openRedisClusterTier(const std::string &url, const std::string &nodes,
+                     int commandTimeoutMs, int waitReplicas) {
+  if (nodes.find('@') != std::string::npos)
+    return invalidArgument("redis-cluster://(user information hidden): a "
+                           "user or password in a redis URL is not supported");
+  std::vector<std::string> seeds;
+  for (size_t at = 0; at <= nodes.size();) {
+    size_t comma = nodes.find(',', at);
+    std::string node = nodes.substr(at, comma - at);
+    if (node.empty())
+      return invalidArgument(url + ": an empty node in the node list");
+    KVC_RETURN_IF_ERROR(hostPort(url, node).status());
+    seeds.push_back(node);
+    if (comma == std::string::npos)
+      break;
+    at = comma + 1;
+  }
+  auto tier = std::make_unique<RedisClusterTier>(
+      url, std::move(seeds), commandTimeoutMs, waitReplicas);
+  // Ask for the slot map now, so that an unreachable cluster is reported
+  // at open.
+  KVC_RETURN_IF_ERROR(tier->refresh());
+  return std::unique_ptr<Tier>(std::move(tier));
+}
+
+} // namespace kvc

@@ -245,12 +245,17 @@ TEST(RedisHashSlot, MatchesRedisCluster) {
 TEST(RedisClusterUrl, BadUrlsAreClearErrors) {
   for (const char *url :
        {"redis-cluster://", "redis-cluster://host", "redis-cluster://h:0",
-        "redis-cluster://h:1,,h:2", "redis-cluster://a:b@h:1"}) {
+        "redis-cluster://h:1,,h:2"}) {
     StatusOr<std::unique_ptr<Tier>> tier = openTier(url);
     ASSERT_FALSE(tier.isOk()) << url;
     EXPECT_EQ(tier.status().code(), StatusCode::InvalidArgument) << url;
-    EXPECT_EQ(tier.status().message().find("a:b"), std::string::npos);
   }
+  // Credentials never show in a message.
+  StatusOr<std::unique_ptr<Tier>> secret =
+      openTier("redis-cluster://user:pw-secret@127.0.0.1:1");
+  ASSERT_FALSE(secret.isOk());
+  EXPECT_EQ(secret.status().message().find("pw-secret"), std::string::npos)
+      << secret.status().message();
   // Nobody listening: unavailable, at once.
   StatusOr<std::unique_ptr<Tier>> none = openTier("redis-cluster://127.0.0.1:1");
   ASSERT_FALSE(none.isOk());

@@ -354,6 +354,52 @@ TEST(Tiers, ARefusedRedisDatabaseIsNamed) {
       << tier.status().message();
 }
 
+// A password or an ACL user, from the URL or the environment; a wrong one
+// is a clear error that never echoes it.
+TEST(Tiers, RedisCredentials) {
+  if (!redis().running())
+    GTEST_SKIP() << "redis-server is not installed";
+  const std::string port = std::to_string(redis().port());
+  auto cli = [&](const std::string &args) {
+    return system(("redis-cli -p " + port + " " + args + " >/dev/null 2>&1")
+                      .c_str());
+  };
+  ASSERT_EQ(cli("ACL SETUSER kvc-test on '>acl-pass-42' '~*' '+@all'"), 0);
+  ASSERT_EQ(cli("CONFIG SET requirepass shared-pass-17"), 0);
+  const std::string at = "127.0.0.1:" + port;
+  StatusOr<std::unique_ptr<Tier>> wrong =
+      openTier("redis://:not-the-pass-99@" + at);
+  ASSERT_FALSE(wrong.isOk());
+  EXPECT_EQ(wrong.status().code(), StatusCode::InvalidArgument);
+  EXPECT_NE(wrong.status().message().find("refused the credentials"),
+            std::string::npos);
+  EXPECT_EQ(wrong.status().message().find("not-the-pass-99"),
+            std::string::npos);
+  for (const std::string &url :
+       {"redis://:shared-pass-17@" + at, "redis://kvc-test:acl-pass-42@" + at}) {
+    StatusOr<std::unique_ptr<Tier>> tier = openTier(url);
+    ASSERT_TRUE(tier.isOk()) << tier.status().toString();
+    EXPECT_EQ((*tier)->url().find("pass"), std::string::npos) << (*tier)->url();
+    ASSERT_TRUE((*tier)->put("credentials", "x").isOk());
+  }
+  setenv("KVC_REDIS_PASSWORD", "shared-pass-17", 1);
+  StatusOr<std::unique_ptr<Tier>> fromEnv = openTier("redis://" + at);
+  unsetenv("KVC_REDIS_PASSWORD");
+  ASSERT_TRUE(fromEnv.isOk()) << fromEnv.status().toString();
+  std::string value;
+  EXPECT_TRUE((*fromEnv)->get("credentials", value).isOk());
+  // Without a password: refused, by the first command.
+  StatusOr<std::unique_ptr<Tier>> none = openTier("redis://" + at);
+  if (none.isOk()) {
+    Status put = (*none)->put("credentials", "y");
+    EXPECT_FALSE(put.isOk());
+  }
+  ASSERT_EQ(cli("-a shared-pass-17 --no-auth-warning CONFIG SET requirepass "
+                "''"),
+            0);
+  cli("ACL DELUSER kvc-test");
+}
+
 TEST(Tiers, BadURLsAndUnreachableServers) {
   EXPECT_EQ(openTier("s3://bucket").status().code(),
             StatusCode::InvalidArgument);
@@ -909,3 +955,77 @@ TEST(Saver, AFailedSaveLeavesNothingBehind) {
 }
 
 } // namespace
+
+namespace kvc {
+namespace {
+
+// With a deployment key, every object carries a MAC under it: a chunk
+// another writer put there, with a header and payload whose checksums
+// hold, is refused as corrupt; so is an altered or renamed one.
+TEST(SealedTier, NobodyElsesBytesAreServed) {
+  Fixture f;
+  const std::string dir = tempDir("sealed");
+  const std::string keyFile = test::tempPath("sealed-key");
+  std::ofstream(keyFile) << "a deployment key of 32 characters\n";
+  const std::string plainUrl = "file://" + dir;
+  StatusOr<std::unique_ptr<Tier>> opened =
+      openTier(plainUrl + "?key_file=" + keyFile, TierAccess::Create);
+  ASSERT_TRUE(opened) << opened.status().toString();
+  std::shared_ptr<Tier> sealed = std::move(*opened);
+  ChunkStore store = f.store(sealed);
+  ASSERT_TRUE(saveContext(*f.model, store, f.tokens, {}).isOk());
+  std::vector<ChunkRef> refs =
+      store.refs(f.tokens.data(), 300, Form::KV, CodecSpec());
+  ASSERT_FALSE(refs.empty());
+  std::vector<float> out(store.shape(refs[0]).numel());
+  ASSERT_TRUE(store.get(refs[0], out.data()).isOk());
+
+  // A writer without the key: a well-formed chunk (its CRCs hold), the
+  // same model's, under the right name.
+  std::shared_ptr<Tier> plain = std::move(*openTier(plainUrl));
+  ChunkStore forger = f.store(plain);
+  std::string forged;
+  {
+    std::shared_ptr<Tier> scratch = std::move(*openTier("mem://"));
+    ChunkStore honest = f.store(scratch);
+    ASSERT_TRUE(saveContext(*f.model, honest, f.tokens, {}).isOk());
+    ASSERT_TRUE(scratch->get(refs[0].name(), forged).isOk());
+  }
+  ASSERT_TRUE(plain->put(refs[0].name(), forged).isOk());
+  Status refused = store.get(refs[0], out.data());
+  EXPECT_EQ(chunkFault(refused), ChunkFault::Corrupt) << refused.toString();
+  EXPECT_NE(refused.message().find("deployment key"), std::string::npos);
+
+  // An object sealed under the key but moved to another name, or with a
+  // byte changed.
+  std::string moved;
+  ASSERT_TRUE(plain->get(refs[1].name(), moved).isOk());
+  ASSERT_TRUE(plain->put(refs[2].name(), moved).isOk());
+  EXPECT_EQ(chunkFault(store.get(refs[2], out.data())), ChunkFault::Corrupt);
+  std::string altered;
+  ASSERT_TRUE(plain->get(refs[3].name(), altered).isOk());
+  altered[altered.size() / 2] ^= 1;
+  ASSERT_TRUE(plain->put(refs[3].name(), altered).isOk());
+  EXPECT_EQ(chunkFault(store.get(refs[3], out.data())), ChunkFault::Corrupt);
+  // Untouched objects still read.
+  EXPECT_TRUE(store.get(refs[1], out.data()).isOk());
+
+  // Another key reads nothing; a short key, or none in the file, is refused.
+  const std::string otherKey = test::tempPath("sealed-other-key");
+  std::ofstream(otherKey) << "another key, also long enough";
+  std::shared_ptr<Tier> other =
+      std::move(*openTier(plainUrl + "?key_file=" + otherKey));
+  std::string bytes;
+  EXPECT_EQ(chunkFault(other->get(refs[1].name(), bytes)), ChunkFault::Corrupt);
+  const std::string shortKey = test::tempPath("sealed-short-key");
+  std::ofstream(shortKey) << "xyzzy";
+  StatusOr<std::unique_ptr<Tier>> weak =
+      openTier(plainUrl + "?key_file=" + shortKey);
+  ASSERT_FALSE(weak);
+  EXPECT_EQ(weak.status().message().find("xyzzy"), std::string::npos);
+  EXPECT_FALSE(openTier(plainUrl + "?key_file=/nonexistent/key"));
+  fs::remove_all(dir);
+}
+
+} // namespace
+} // namespace kvc

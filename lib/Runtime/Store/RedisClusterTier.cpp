@@ -18,8 +18,6 @@
 
 #include "RedisClusterTier.h"
 
-#include "RedisTier.h"
-
 #include "kvc/Runtime/Store/ChunkFormat.h"
 
 #include <algorithm>
@@ -96,9 +94,10 @@ public:
   static constexpr int kAttempts = 5;
 
   RedisClusterTier(std::string url, std::vector<std::string> seeds,
-                   int commandTimeoutMs, int waitReplicas)
+                   int commandTimeoutMs, int waitReplicas, RedisAuth auth)
       : url_(std::move(url)), seeds_(std::move(seeds)),
-        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas) {
+        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
+        auth_(std::move(auth)) {
     slots_.fill(-1);
   }
 
@@ -308,7 +307,7 @@ private:
                .emplace(address, std::make_unique<RedisNode>(
                                      url_ + " node " + address, where.first,
                                      where.second, 0, commandTimeoutMs_,
-                                     waitReplicas_))
+                                     waitReplicas_, auth_))
                .first;
     }
     return it->second.get();
@@ -317,6 +316,7 @@ private:
   std::string url_;
   std::vector<std::string> seeds_;
   int commandTimeoutMs_, waitReplicas_;
+  RedisAuth auth_;
   std::mutex refreshMutex_; ///< One refresh at a time.
   std::shared_mutex mapMutex_;
   std::array<int16_t, kRedisSlots> slots_;
@@ -329,10 +329,7 @@ private:
 
 StatusOr<std::unique_ptr<Tier>>
 openRedisClusterTier(const std::string &url, const std::string &nodes,
-                     int commandTimeoutMs, int waitReplicas) {
-  if (nodes.find('@') != std::string::npos)
-    return invalidArgument("redis-cluster://(user information hidden): a "
-                           "user or password in a redis URL is not supported");
+                     int commandTimeoutMs, int waitReplicas, RedisAuth auth) {
   std::vector<std::string> seeds;
   for (size_t at = 0; at <= nodes.size();) {
     size_t comma = nodes.find(',', at);
@@ -346,7 +343,7 @@ openRedisClusterTier(const std::string &url, const std::string &nodes,
     at = comma + 1;
   }
   auto tier = std::make_unique<RedisClusterTier>(
-      url, std::move(seeds), commandTimeoutMs, waitReplicas);
+      url, std::move(seeds), commandTimeoutMs, waitReplicas, std::move(auth));
   // Ask for the slot map now, so that an unreachable cluster is reported
   // at open.
   KVC_RETURN_IF_ERROR(tier->refresh());

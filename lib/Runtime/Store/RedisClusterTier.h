@@ -3,6 +3,8 @@
 #ifndef KVC_LIB_RUNTIME_STORE_REDISCLUSTERTIER_H
 #define KVC_LIB_RUNTIME_STORE_REDISCLUSTERTIER_H
 
+#include "RedisTier.h"
+
 #include "kvc/Runtime/Store/Tier.h"
 
 #include <cstdint>
@@ -25,7 +27,8 @@ int redisHashSlot(std::string_view key);
 /// returns once that many replicas of its master hold the object.
 StatusOr<std::unique_ptr<Tier>>
 openRedisClusterTier(const std::string &url, const std::string &nodes,
-                     int commandTimeoutMs = 10000, int waitReplicas = 0);
+                     int commandTimeoutMs = 10000, int waitReplicas = 0,
+                     RedisAuth auth = {});
 
 } // namespace kvc
 

@@ -117,9 +117,11 @@ private:
 class RedisConnection {
 public:
   RedisConnection(const std::string &url, const std::string &host, int port,
-                  int db, int commandTimeoutMs, int waitReplicas)
+                  int db, int commandTimeoutMs, int waitReplicas,
+                  const RedisAuth &auth)
       : url_(url), host_(host), port_(port), db_(db),
-        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas) {}
+        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
+        auth_(auth) {}
   ~RedisConnection() { disconnect(); }
   RedisConnection(const RedisConnection &) = delete;
   RedisConnection &operator=(const RedisConnection &) = delete;
@@ -142,6 +144,26 @@ public:
     // Keep the reply buffer between multi-megabyte replies instead of
     // shrinking it after each (hiredis' default frees above 16 KiB).
     context_->reader->maxbuf = 0;
+    if (!auth_.password.empty()) {
+      auto *reply = static_cast<redisReply *>(
+          auth_.user.empty()
+              ? redisCommand(context_, "AUTH %b", auth_.password.data(),
+                             auth_.password.size())
+              : redisCommand(context_, "AUTH %b %b", auth_.user.data(),
+                             auth_.user.size(), auth_.password.data(),
+                             auth_.password.size()));
+      if (!reply)
+        return lostConnection();
+      const bool refused = reply->type == REDIS_REPLY_ERROR;
+      freeReplyObject(reply);
+      if (refused) {
+        disconnect();
+        return Status(StatusCode::InvalidArgument,
+                      url_ + ": redis refused the credentials (AUTH): a "
+                             "wrong password or user, or one it does not "
+                             "know");
+      }
+    }
     if (db_ != 0) {
       auto *reply = static_cast<redisReply *>(
           redisCommand(context_, "SELECT %d", db_));
@@ -387,6 +409,7 @@ private:
   const std::string &url_;
   const std::string &host_;
   int port_, db_, commandTimeoutMs_, waitReplicas_;
+  const RedisAuth &auth_;
   redisContext *context_ = nullptr;
 };
 
@@ -411,7 +434,7 @@ public:
     lock.unlock();
     connection_ = std::make_unique<RedisConnection>(
         node_.url_, node_.host_, node_.port_, node_.db_,
-        node_.commandTimeoutMs_, node_.waitReplicas_);
+        node_.commandTimeoutMs_, node_.waitReplicas_, node_.auth_);
   }
   ~Lease() {
     {
@@ -428,9 +451,10 @@ private:
 };
 
 RedisNode::RedisNode(std::string url, std::string host, int port, int db,
-                     int commandTimeoutMs, int waitReplicas)
+                     int commandTimeoutMs, int waitReplicas, RedisAuth auth)
     : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db),
-      commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas) {}
+      commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
+      auth_(std::move(auth)) {}
 
 RedisNode::~RedisNode() = default;
 
@@ -480,16 +504,10 @@ StatusOr<std::vector<RedisSlotRange>> RedisNode::clusterSlots() {
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
                                               int commandTimeoutMs,
-                                              int waitReplicas) {
+                                              int waitReplicas,
+                                              RedisAuth auth) {
   std::string rest = hostPortDb, host;
   int port = 6379, db = 0;
-  // A user or password in the URL is never echoed: not in this error, and
-  // not in the tier's name.
-  if (size_t at = rest.rfind('@'); at != std::string::npos)
-    return invalidArgument("redis://(user information hidden)@" +
-                           rest.substr(at + 1) +
-                           ": a user or password in a redis URL is not "
-                           "supported");
   size_t slash = rest.find('/');
   if (slash != std::string::npos) {
     std::string dbText = rest.substr(slash + 1);
@@ -514,7 +532,7 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
     return invalidArgument(url + ": missing host");
   auto tier =
       std::make_unique<RedisNode>(url, host, port, db, commandTimeoutMs,
-                                  waitReplicas);
+                                  waitReplicas, std::move(auth));
   // Connect now so that an unreachable server is reported at open; later
   // failures reconnect lazily.
   KVC_RETURN_IF_ERROR(tier->connect());

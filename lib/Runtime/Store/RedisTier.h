@@ -19,6 +19,12 @@ namespace kvc {
 
 class RedisConnection;
 
+/// Credentials a connection sends (AUTH [user] password) when it has a
+/// password; never in a message or a tier's name.
+struct RedisAuth {
+  std::string user, password;
+};
+
 /// One range of a cluster's hash slots: its master first, then replicas,
 /// each "HOST:PORT".
 struct RedisSlotRange {
@@ -38,7 +44,8 @@ public:
   static constexpr std::size_t kMaxConnections = 8;
 
   RedisNode(std::string url, std::string host, int port, int db = 0,
-            int commandTimeoutMs = 10000, int waitReplicas = 0);
+            int commandTimeoutMs = 10000, int waitReplicas = 0,
+            RedisAuth auth = {});
   ~RedisNode() override;
 
   const std::string &url() const override { return url_; }
@@ -64,6 +71,7 @@ private:
 
   std::string url_, host_;
   int port_, db_, commandTimeoutMs_, waitReplicas_;
+  RedisAuth auth_;
   std::mutex mutex_; ///< Guards the pool below.
   std::condition_variable released_;
   std::vector<std::unique_ptr<RedisConnection>> idle_;
@@ -74,7 +82,8 @@ private:
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
                                               int commandTimeoutMs = 10000,
-                                              int waitReplicas = 0);
+                                              int waitReplicas = 0,
+                                              RedisAuth auth = {});
 
 } // namespace kvc
 

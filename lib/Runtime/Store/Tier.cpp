@@ -4,6 +4,7 @@
 
 #include "RedisClusterTier.h"
 #include "RedisTier.h"
+#include "SealedTier.h"
 
 #include "kvc/Runtime/Store/ChunkFormat.h"
 
@@ -352,8 +353,40 @@ std::map<std::string, std::string> parseQuery(const std::string &query) {
 
 } // namespace
 
-StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
+namespace {
+
+/// Takes `[user[:password]@]` out of a redis URL into `auth` (else from
+/// $KVC_REDIS_USER and $KVC_REDIS_PASSWORD), so that no message and no
+/// tier's name holds it.
+void takeCredentials(std::string &url, RedisAuth &auth) {
+  const bool redis = url.rfind("redis://", 0) == 0 ||
+                     url.rfind("redis-cluster://", 0) == 0;
+  if (!redis)
+    return;
+  const size_t from = url.find("://") + 3;
+  const size_t end = url.find_first_of("/?", from);
+  const size_t at = url.rfind('@', end == std::string::npos ? url.size() : end);
+  if (at != std::string::npos && at >= from) {
+    const std::string info = url.substr(from, at - from);
+    const size_t colon = info.find(':');
+    auth.user = colon == std::string::npos ? "" : info.substr(0, colon);
+    auth.password = colon == std::string::npos ? info : info.substr(colon + 1);
+    url.erase(from, at + 1 - from);
+    return;
+  }
+  if (const char *password = std::getenv("KVC_REDIS_PASSWORD"))
+    auth.password = password;
+  if (const char *user = std::getenv("KVC_REDIS_USER"))
+    auth.user = user;
+}
+
+} // namespace
+
+StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
                                          TierAccess access) {
+  std::string url = given;
+  RedisAuth auth;
+  takeCredentials(url, auth);
   size_t q = url.find('?');
   std::string base = url.substr(0, q);
   std::map<std::string, std::string> query =
@@ -378,6 +411,15 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
   if (redis) {
     KVC_RETURN_IF_ERROR(number("timeout_ms", timeoutMs));
     KVC_RETURN_IF_ERROR(number("replicas", replicas));
+  }
+  // A deployment key seals every object (SealedTier.h): from the URL, or
+  // for every store from the environment.
+  std::string keyFile;
+  if (auto it = query.find("key_file"); it != query.end()) {
+    keyFile = it->second;
+    query.erase(it);
+  } else if (const char *env = std::getenv("KVC_STORE_KEY_FILE")) {
+    keyFile = env;
   }
   if (!query.empty())
     return invalidArgument(url + ": unknown option " + query.begin()->first);
@@ -418,14 +460,15 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
     tier = std::move(file);
   } else if (base.rfind("redis://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> opened =
-        openRedisTier(url, base.substr(8), int(timeoutMs), int(replicas));
+        openRedisTier(url, base.substr(8), int(timeoutMs), int(replicas),
+                      std::move(auth));
     if (!opened.isOk())
       return opened.status();
     tier = std::move(*opened);
   } else if (base.rfind("redis-cluster://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> opened =
         openRedisClusterTier(url, base.substr(16), int(timeoutMs),
-                             int(replicas));
+                             int(replicas), std::move(auth));
     if (!opened.isOk())
       return opened.status();
     tier = std::move(*opened);
@@ -433,6 +476,11 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &url,
     return invalidArgument(url + ": unknown tier (expected mem://, "
                                  "file:///DIR, redis://HOST:PORT[/DB] or "
                                  "redis-cluster://HOST:PORT[,HOST:PORT...])");
+  }
+  if (!keyFile.empty()) {
+    KVC_ASSIGN_OR_RETURN(key, readDeploymentKey(keyFile));
+    KVC_ASSIGN_OR_RETURN(sealed, sealTier(std::move(tier), std::move(key)));
+    tier = std::move(sealed);
   }
   if (gbps > 0)
     return std::unique_ptr<Tier>(

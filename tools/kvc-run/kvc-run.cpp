@@ -36,6 +36,7 @@
 #include "kvc/Runtime/Model/Llama2c.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
+#include "kvc/Runtime/Store/StoreInspect.h"
 
 #include <nlohmann/json.hpp>
 
@@ -252,6 +253,44 @@ Status profileCodecs(Args &args) {
 /// Validates a plan bundle and summarizes each plan (its tasks per resource
 /// and lanes, staging slots, predicted makespan, what it moves and the tasks
 /// that launch generated kernels) and each kernel of its table.
+/// kvc-run store stat|verify|gc: every object of a store read and checked.
+Status storeCommand(Args &args, bool list, bool removeFailed) {
+  KVC_ASSIGN_OR_RETURN(url, args.required("store"));
+  KVC_RETURN_IF_ERROR(args.checkUnused());
+  KVC_ASSIGN_OR_RETURN(tier, openTier(url, TierAccess::Existing));
+  KVC_ASSIGN_OR_RETURN(report, inspectStore(*tier, removeFailed));
+  auto mb = [](int64_t bytes) { return double(bytes) * 1e-6; };
+  int64_t objects = 0, bytes = 0;
+  for (const auto &[model, sizes] : report.models) {
+    objects += sizes.objects;
+    bytes += sizes.bytes;
+  }
+  std::printf("%s: %lld objects, %.3f MB; %lld layout records\n",
+              tier->url().c_str(), (long long)objects, mb(bytes),
+              (long long)report.layouts.objects);
+  if (list)
+    for (const auto &[model, sizes] : report.models) {
+      std::printf("  model %s: %lld objects, %.3f MB\n",
+                  model.substr(0, 16).c_str(), (long long)sizes.objects,
+                  mb(sizes.bytes));
+      for (const auto &[encoding, each] : report.encodings.at(model))
+        std::printf("    %-24s %lld objects, %.3f MB\n", encoding.c_str(),
+                    (long long)each.objects, mb(each.bytes));
+    }
+  for (const StoreReport::Failed &failed : report.failed)
+    std::printf("  fails its checks: %s: %s\n", failed.name.c_str(),
+                failed.why.c_str());
+  if (removeFailed)
+    std::printf("removed %lld objects that fail their checks\n",
+                (long long)report.removed);
+  else if (!report.failed.empty())
+    return Status(StatusCode::DataLoss,
+                  std::to_string(report.failed.size()) +
+                      " objects fail their checks (kvc-run store gc removes "
+                      "them)");
+  return Status::ok();
+}
+
 Status inspectBundle(Args &args) {
   KVC_ASSIGN_OR_RETURN(path, args.required("bundle"));
   KVC_RETURN_IF_ERROR(args.checkUnused());
@@ -688,6 +727,16 @@ const std::vector<Command> &commands() {
                {"json", "FILE", "write the table as JSON too"}} +
            common,
        compareCommand},
+      {"store stat", "what a store holds, per model and encoding",
+       std::vector<Option>{{"store", "URL", "the store"}} + help,
+       [](Args &args) { return storeCommand(args, true, false); }},
+      {"store verify",
+       "reads every object of a store and checks it (fails if one fails)",
+       std::vector<Option>{{"store", "URL", "the store"}} + help,
+       [](Args &args) { return storeCommand(args, false, false); }},
+      {"store gc", "removes the objects of a store that fail their checks",
+       std::vector<Option>{{"store", "URL", "the store"}} + help,
+       [](Args &args) { return storeCommand(args, false, true); }},
       {"serve",
        "a server's request through the Connector: lookup, decision, load, "
        "the server's prefill of the rest",
@@ -866,6 +915,12 @@ void usage(FILE *out, const Command &command) {
 
 int main(int argc, char **argv) {
   std::string name = argc < 2 ? "" : argv[1];
+  int first = 2;
+  // Commands of two words: "store stat", "store verify", "store gc".
+  if (name == "store" && argc > 2 && argv[2][0] != '-') {
+    name += std::string(" ") + argv[2];
+    first = 3;
+  }
   if (name == "--help" || name == "-h" || name == "help") {
     usage(stdout);
     return 0;
@@ -887,7 +942,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   StatusOr<Args> args =
-      Args::parse(argc, argv, 2, command->name, command->options);
+      Args::parse(argc, argv, first, command->name, command->options);
   Status status = args.status();
   if (args.isOk() && args->has("help")) {
     usage(stdout, *command);

@@ -321,6 +321,63 @@ TEST(FileTier, WritesAtomically) {
   EXPECT_FALSE(torn);
 }
 
+// A file:// store with a capacity keeps itself within it: past it, the
+// objects used least recently go (a read is a use), down to 90%; layout
+// records stay.
+TEST(FileTier, EvictsWhatWasUsedLeastRecently) {
+  std::string dir = tempDir("capacity");
+  auto tier = std::move(*openTier("file://" + dir + "?capacity_mb=1",
+                                  TierAccess::Create));
+  const std::string object(200 << 10, 'x'); // 200 KiB: five fit in 1 MiB.
+  ASSERT_TRUE(tier->put("layouts/model/64x1", "layout").isOk());
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(tier->put("k" + std::to_string(i) + "/kv/0-1", object).isOk());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string buffer;
+  ASSERT_TRUE(tier->get("k0/kv/0-1", buffer).isOk()); // k1 is now the oldest.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (int i = 4; i < 7; ++i) {
+    ASSERT_TRUE(tier->put("k" + std::to_string(i) + "/kv/0-1", object).isOk());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::uintmax_t total = 0;
+  for (const auto &entry : fs::recursive_directory_iterator(dir))
+    if (entry.is_regular_file())
+      total += entry.file_size();
+  EXPECT_LE(total, std::uintmax_t(1) << 20);
+  EXPECT_FALSE(*tier->exists("k1/kv/0-1"));
+  EXPECT_FALSE(*tier->exists("k2/kv/0-1"));
+  EXPECT_TRUE(*tier->exists("k0/kv/0-1")); // Read after k1, k2 were written.
+  EXPECT_TRUE(*tier->exists("k6/kv/0-1"));
+  EXPECT_TRUE(*tier->exists("layouts/model/64x1"));
+  // Without a capacity nothing is evicted.
+  std::string unbounded = tempDir("unbounded");
+  auto plain = std::move(*openTier("file://" + unbounded, TierAccess::Create));
+  for (int i = 0; i < 7; ++i)
+    ASSERT_TRUE(plain->put("k" + std::to_string(i) + "/kv/0-1", object).isOk());
+  EXPECT_TRUE(*plain->exists("k0/kv/0-1"));
+  fs::remove_all(dir);
+  fs::remove_all(unbounded);
+}
+
+// A Redis tier with a TTL: objects expire that long after their last use.
+TEST(RedisTier, ObjectsExpireAfterTheirLastUse) {
+  if (!redis().running())
+    GTEST_SKIP() << "redis-server is not installed";
+  auto tier = std::move(*openTier(redis().url() + "?ttl_s=2"));
+  ASSERT_TRUE(tier->put("ttl/used", "a").isOk());
+  ASSERT_TRUE(tier->put("ttl/unused", "b").isOk());
+  std::string buffer;
+  for (int i = 0; i < 3; ++i) { // 3 s, read every second: renewed.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::vector<std::string> buffers;
+    EXPECT_TRUE(tier->getMany({"ttl/used"}, buffers).front().isOk()) << i;
+  }
+  EXPECT_TRUE(tier->get("ttl/used", buffer).isOk());
+  EXPECT_EQ(chunkFault(tier->get("ttl/unused", buffer)), ChunkFault::Missing);
+}
+
 // An object that is no regular file (a FIFO, a directory) is a corrupt
 // one, reported at once: opening a FIFO to read it used to wait forever for
 // a writer.

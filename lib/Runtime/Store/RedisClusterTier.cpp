@@ -94,10 +94,11 @@ public:
   static constexpr int kAttempts = 5;
 
   RedisClusterTier(std::string url, std::vector<std::string> seeds,
-                   int commandTimeoutMs, int waitReplicas, RedisAuth auth)
+                   int commandTimeoutMs, int waitReplicas, RedisAuth auth,
+                   int64_t ttlSeconds)
       : url_(std::move(url)), seeds_(std::move(seeds)),
         commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
-        auth_(std::move(auth)) {
+        auth_(std::move(auth)), ttlSeconds_(ttlSeconds) {
     slots_.fill(-1);
   }
 
@@ -307,7 +308,7 @@ private:
                .emplace(address, std::make_unique<RedisNode>(
                                      url_ + " node " + address, where.first,
                                      where.second, 0, commandTimeoutMs_,
-                                     waitReplicas_, auth_))
+                                     waitReplicas_, auth_, ttlSeconds_))
                .first;
     }
     return it->second.get();
@@ -317,6 +318,7 @@ private:
   std::vector<std::string> seeds_;
   int commandTimeoutMs_, waitReplicas_;
   RedisAuth auth_;
+  int64_t ttlSeconds_;
   std::mutex refreshMutex_; ///< One refresh at a time.
   std::shared_mutex mapMutex_;
   std::array<int16_t, kRedisSlots> slots_;
@@ -329,7 +331,8 @@ private:
 
 StatusOr<std::unique_ptr<Tier>>
 openRedisClusterTier(const std::string &url, const std::string &nodes,
-                     int commandTimeoutMs, int waitReplicas, RedisAuth auth) {
+                     int commandTimeoutMs, int waitReplicas, RedisAuth auth,
+                     int64_t ttlSeconds) {
   std::vector<std::string> seeds;
   for (size_t at = 0; at <= nodes.size();) {
     size_t comma = nodes.find(',', at);
@@ -343,7 +346,8 @@ openRedisClusterTier(const std::string &url, const std::string &nodes,
     at = comma + 1;
   }
   auto tier = std::make_unique<RedisClusterTier>(
-      url, std::move(seeds), commandTimeoutMs, waitReplicas, std::move(auth));
+      url, std::move(seeds), commandTimeoutMs, waitReplicas, std::move(auth),
+      ttlSeconds);
   // Ask for the slot map now, so that an unreachable cluster is reported
   // at open.
   KVC_RETURN_IF_ERROR(tier->refresh());

@@ -28,7 +28,7 @@ int redisHashSlot(std::string_view key);
 StatusOr<std::unique_ptr<Tier>>
 openRedisClusterTier(const std::string &url, const std::string &nodes,
                      int commandTimeoutMs = 10000, int waitReplicas = 0,
-                     RedisAuth auth = {});
+                     RedisAuth auth = {}, int64_t ttlSeconds = 0);
 
 } // namespace kvc
 

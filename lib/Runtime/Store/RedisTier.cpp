@@ -118,10 +118,10 @@ class RedisConnection {
 public:
   RedisConnection(const std::string &url, const std::string &host, int port,
                   int db, int commandTimeoutMs, int waitReplicas,
-                  const RedisAuth &auth)
+                  const RedisAuth &auth, int64_t ttlSeconds)
       : url_(url), host_(host), port_(port), db_(db),
         commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
-        auth_(auth) {}
+        auth_(auth), ttl_(ttlSeconds) {}
   ~RedisConnection() { disconnect(); }
   RedisConnection(const RedisConnection &) = delete;
   RedisConnection &operator=(const RedisConnection &) = delete;
@@ -184,8 +184,13 @@ public:
   }
 
   Status put(const std::string &name, std::string_view bytes) {
-    StatusOr<ReplyPtr> reply = command("SET %b %b", name.data(), name.size(),
-                                       bytes.data(), bytes.size());
+    // With a TTL, an object lives that long past its last use (GETEX
+    // renews it on every read).
+    StatusOr<ReplyPtr> reply =
+        ttl_ > 0 ? command("SET %b %b EX %lld", name.data(), name.size(),
+                           bytes.data(), bytes.size(), (long long)ttl_)
+                 : command("SET %b %b", name.data(), name.size(), bytes.data(),
+                           bytes.size());
     if (!reply.isOk())
       return reply.status();
     if (waitReplicas_ > 0) {
@@ -201,7 +206,10 @@ public:
   }
 
   Status get(const std::string &name, std::string &buffer) {
-    StatusOr<ReplyPtr> reply = command("GET %b", name.data(), name.size());
+    StatusOr<ReplyPtr> reply =
+        ttl_ > 0 ? command("GETEX %b EX %lld", name.data(), name.size(),
+                           (long long)ttl_)
+                 : command("GET %b", name.data(), name.size());
     if (!reply.isOk())
       return reply.status();
     return takeString(**reply, name, buffer);
@@ -217,7 +225,11 @@ public:
       return out;
     }
     for (const std::string &name : names)
-      redisAppendCommand(context_, "GET %b", name.data(), name.size());
+      if (ttl_ > 0)
+        redisAppendCommand(context_, "GETEX %b EX %lld", name.data(),
+                           name.size(), (long long)ttl_);
+      else
+        redisAppendCommand(context_, "GET %b", name.data(), name.size());
     for (int done = 0; !done;)
       if (redisBufferWrite(context_, &done) != REDIS_OK) {
         std::fill(out.begin(), out.end(), lostConnection());
@@ -410,6 +422,7 @@ private:
   const std::string &host_;
   int port_, db_, commandTimeoutMs_, waitReplicas_;
   const RedisAuth &auth_;
+  int64_t ttl_;
   redisContext *context_ = nullptr;
 };
 
@@ -434,7 +447,8 @@ public:
     lock.unlock();
     connection_ = std::make_unique<RedisConnection>(
         node_.url_, node_.host_, node_.port_, node_.db_,
-        node_.commandTimeoutMs_, node_.waitReplicas_, node_.auth_);
+        node_.commandTimeoutMs_, node_.waitReplicas_, node_.auth_,
+        node_.ttlSeconds_);
   }
   ~Lease() {
     {
@@ -451,10 +465,11 @@ private:
 };
 
 RedisNode::RedisNode(std::string url, std::string host, int port, int db,
-                     int commandTimeoutMs, int waitReplicas, RedisAuth auth)
+                     int commandTimeoutMs, int waitReplicas, RedisAuth auth,
+                     int64_t ttlSeconds)
     : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db),
       commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
-      auth_(std::move(auth)) {}
+      auth_(std::move(auth)), ttlSeconds_(ttlSeconds) {}
 
 RedisNode::~RedisNode() = default;
 
@@ -505,7 +520,8 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
                                               int commandTimeoutMs,
                                               int waitReplicas,
-                                              RedisAuth auth) {
+                                              RedisAuth auth,
+                                              int64_t ttlSeconds) {
   std::string rest = hostPortDb, host;
   int port = 6379, db = 0;
   size_t slash = rest.find('/');
@@ -532,7 +548,7 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
     return invalidArgument(url + ": missing host");
   auto tier =
       std::make_unique<RedisNode>(url, host, port, db, commandTimeoutMs,
-                                  waitReplicas, std::move(auth));
+                                  waitReplicas, std::move(auth), ttlSeconds);
   // Connect now so that an unreachable server is reported at open; later
   // failures reconnect lazily.
   KVC_RETURN_IF_ERROR(tier->connect());

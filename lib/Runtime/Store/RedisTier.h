@@ -38,14 +38,15 @@ struct RedisSlotRange {
 /// out (1 s to connect, `commandTimeoutMs` each) and a failure drops the
 /// connection, which the next call re-establishes. With `waitReplicas`, a
 /// put returns once that many replicas hold the object (WAIT, bounded by
-/// the command timeout).
+/// the command timeout). With `ttlSeconds`, every object expires that long
+/// after its last write or read.
 class RedisNode final : public Tier {
 public:
   static constexpr std::size_t kMaxConnections = 8;
 
   RedisNode(std::string url, std::string host, int port, int db = 0,
             int commandTimeoutMs = 10000, int waitReplicas = 0,
-            RedisAuth auth = {});
+            RedisAuth auth = {}, int64_t ttlSeconds = 0);
   ~RedisNode() override;
 
   const std::string &url() const override { return url_; }
@@ -72,6 +73,7 @@ private:
   std::string url_, host_;
   int port_, db_, commandTimeoutMs_, waitReplicas_;
   RedisAuth auth_;
+  int64_t ttlSeconds_;
   std::mutex mutex_; ///< Guards the pool below.
   std::condition_variable released_;
   std::vector<std::unique_ptr<RedisConnection>> idle_;
@@ -83,7 +85,8 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
                                               int commandTimeoutMs = 10000,
                                               int waitReplicas = 0,
-                                              RedisAuth auth = {});
+                                              RedisAuth auth = {},
+                                              int64_t ttlSeconds = 0);
 
 } // namespace kvc
 

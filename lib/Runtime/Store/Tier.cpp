@@ -129,8 +129,15 @@ private:
 /// an object visible; reads need no locks and run in parallel.
 class FileTier final : public Tier {
 public:
-  FileTier(std::string url, fs::path root)
-      : url_(std::move(url)), root_(std::move(root)) {}
+  /// `capacityBytes` > 0 bounds the objects' total size: past it, the
+  /// objects used least recently (written or read: a read touches the
+  /// file's mtime) are removed, down to 90% of it.
+  FileTier(std::string url, fs::path root, int64_t capacityBytes = 0)
+      : url_(std::move(url)), root_(std::move(root)),
+        capacityBytes_(capacityBytes) {
+    if (capacityBytes_ > 0)
+      bytes_ = int64_t(totalBytes());
+  }
 
   const std::string &url() const override { return url_; }
 
@@ -161,11 +168,17 @@ public:
                            (why ? std::strerror(why) : "unknown error"));
       }
     }
+    const auto replaced =
+        capacityBytes_ > 0 ? fs::file_size(path, error) : std::uintmax_t(0);
+    const int64_t before = error ? 0 : int64_t(replaced);
     fs::rename(tmp, path, error);
     if (error) {
       fs::remove(tmp, error);
       return unavailable(path.string() + ": " + error.message());
     }
+    if (capacityBytes_ > 0 &&
+        (bytes_ += int64_t(bytes.size()) - before) > capacityBytes_)
+      evict(name);
     return Status::ok();
   }
 
@@ -189,6 +202,10 @@ public:
     }
     // One object is read whole and once: tell the kernel to read ahead.
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    if (capacityBytes_ > 0) { // A use: the last to be evicted.
+      const timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+      ::futimens(fd, times);
+    }
     buffer.resize(size_t(st.st_size));
     size_t done = 0;
     while (done < buffer.size()) {
@@ -270,6 +287,59 @@ public:
 private:
   /// The directory, under the root, of objects being written.
   static constexpr const char *kTemporaries = ".tmp";
+  /// Records of the layouts a store holds (ChunkStore::recordLayout):
+  /// kept, whatever their age.
+  static constexpr const char *kLayouts = "layouts/";
+
+  /// Every object's size.
+  std::uintmax_t totalBytes() const {
+    std::uintmax_t total = 0;
+    std::error_code error;
+    for (auto it = fs::recursive_directory_iterator(root_, error);
+         !error && it != fs::recursive_directory_iterator();
+         it.increment(error))
+      if (it->is_regular_file(error))
+        total += it->file_size(error);
+    return total;
+  }
+
+  /// Removes the objects used least recently until the store holds at
+  /// most 90% of its capacity, never `keep` (just written) nor a layout
+  /// record. Rescans the store, so that what other processes wrote counts.
+  void evict(const std::string &keep) {
+    std::lock_guard<std::mutex> lock(evicting_);
+    struct Entry {
+      fs::file_time_type used;
+      std::uintmax_t size;
+      std::string name;
+    };
+    std::vector<Entry> entries;
+    std::uintmax_t total = 0;
+    std::error_code error;
+    for (auto it = fs::recursive_directory_iterator(root_, error);
+         !error && it != fs::recursive_directory_iterator();
+         it.increment(error)) {
+      if (!it->is_regular_file(error))
+        continue;
+      const std::uintmax_t size = it->file_size(error);
+      total += size;
+      std::string name = fs::relative(it->path(), root_).generic_string();
+      if (name == keep || name.rfind(kLayouts, 0) == 0 ||
+          name.rfind(std::string(kTemporaries) + "/", 0) == 0)
+        continue;
+      entries.push_back({it->last_write_time(error), size, std::move(name)});
+    }
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry &a, const Entry &b) { return a.used < b.used; });
+    const std::uintmax_t target = std::uintmax_t(capacityBytes_) / 10 * 9;
+    for (const Entry &entry : entries) {
+      if (total <= target)
+        break;
+      if (remove(entry.name).isOk())
+        total -= entry.size;
+    }
+    bytes_ = int64_t(total);
+  }
 
   Status unavailable(std::string message) {
     return chunkError(ChunkFault::Unavailable, url_ + ": " + message);
@@ -278,6 +348,9 @@ private:
   std::string url_;
   fs::path root_;
   std::atomic<uint64_t> counter_{0};
+  const int64_t capacityBytes_;
+  std::atomic<int64_t> bytes_{0};
+  std::mutex evicting_;
 };
 
 /// Throttles another tier to `gbps` gigabits per second: every transfer
@@ -403,7 +476,7 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
     query.erase(it);
     return Status::ok();
   };
-  double gbps = 0, capacityMb = 1024, timeoutMs = 10000, replicas = 0;
+  double gbps = 0, capacityMb = 0, timeoutMs = 10000, replicas = 0, ttlS = 0;
   KVC_RETURN_IF_ERROR(number("gbps", gbps));
   KVC_RETURN_IF_ERROR(number("capacity_mb", capacityMb));
   const bool redis = base.rfind("redis://", 0) == 0 ||
@@ -411,6 +484,7 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
   if (redis) {
     KVC_RETURN_IF_ERROR(number("timeout_ms", timeoutMs));
     KVC_RETURN_IF_ERROR(number("replicas", replicas));
+    KVC_RETURN_IF_ERROR(number("ttl_s", ttlS));
   }
   // A deployment key seals every object (SealedTier.h): from the URL, or
   // for every store from the environment.
@@ -426,7 +500,8 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
 
   std::unique_ptr<Tier> tier;
   if (base.rfind("mem://", 0) == 0) {
-    tier = std::make_unique<MemTier>(url, size_t(capacityMb * (1 << 20)));
+    tier = std::make_unique<MemTier>(
+        url, size_t((capacityMb > 0 ? capacityMb : 1024) * (1 << 20)));
   } else if (base.rfind("file://", 0) == 0) {
     std::string dir = base.substr(7);
     if (dir.empty() || dir[0] != '/')
@@ -455,20 +530,21 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
                                     existing.string() +
                                     " is no writable directory");
     }
-    auto file = std::make_unique<FileTier>(url, fs::path(dir));
+    auto file = std::make_unique<FileTier>(url, fs::path(dir),
+                                           int64_t(capacityMb * (1 << 20)));
     file->removeStaleTemporaries();
     tier = std::move(file);
   } else if (base.rfind("redis://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> opened =
         openRedisTier(url, base.substr(8), int(timeoutMs), int(replicas),
-                      std::move(auth));
+                      std::move(auth), int64_t(ttlS));
     if (!opened.isOk())
       return opened.status();
     tier = std::move(*opened);
   } else if (base.rfind("redis-cluster://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> opened =
         openRedisClusterTier(url, base.substr(16), int(timeoutMs),
-                             int(replicas), std::move(auth));
+                             int(replicas), std::move(auth), int64_t(ttlS));
     if (!opened.isOk())
       return opened.status();
     tier = std::move(*opened);

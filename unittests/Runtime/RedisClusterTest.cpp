@@ -12,222 +12,16 @@
 #include "RedisClusterTier.h"
 
 #include "kvc/Runtime/Store/ChunkFormat.h"
+#include "kvc/Testing/RedisCluster.h"
 
 #include <gtest/gtest.h>
 
-#include <csignal>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 namespace kvc {
 namespace {
 
 using namespace exec_test;
-namespace fs = std::filesystem;
-
-/// Runs `command` through the shell; its standard output.
-std::string shell(const std::string &command) {
-  std::string out;
-  if (FILE *pipe = popen(command.c_str(), "r")) {
-    char buffer[4096];
-    while (size_t n = fread(buffer, 1, sizeof(buffer), pipe))
-      out.append(buffer, n);
-    pclose(pipe);
-  }
-  return out;
-}
-
-/// Six redis-server processes of this test's own, joined into a cluster of
-/// three masters with a replica each.
-class RedisCluster {
-public:
-  static constexpr int kNodes = 6;
-
-  RedisCluster() {
-    if (system("command -v redis-server >/dev/null 2>&1 && "
-               "command -v redis-cli >/dev/null 2>&1") != 0)
-      return;
-    dir_ = test::tempPath("redis-cluster-" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    // Six free ports whose cluster bus ports (10000 above) are free too.
-    base_ = freeBase();
-    if (base_ == 0)
-      return;
-    for (int i = 0; i < kNodes; ++i)
-      start(i);
-    std::string create = "redis-cli --cluster create";
-    for (int i = 0; i < kNodes; ++i)
-      create += " 127.0.0.1:" + std::to_string(port(i));
-    create += " --cluster-replicas 1 --cluster-yes >" + dir_ + "/create.log 2>&1";
-    // Healthy: every replica in sync with its master.
-    if (system(create.c_str()) != 0 || !waitHealthy()) {
-      stop();
-      return;
-    }
-    ready_ = true;
-  }
-  ~RedisCluster() { stop(); }
-
-  bool ready() const { return ready_; }
-  int port(int node) const { return base_ + node; }
-  std::string url(const std::string &options = "") const {
-    return "redis-cluster://127.0.0.1:" + std::to_string(port(0)) +
-           ",127.0.0.1:" + std::to_string(port(1)) + options;
-  }
-
-  /// A redis-cli command against `node`.
-  std::string cli(int node, const std::string &args) const {
-    return shell("redis-cli -p " + std::to_string(port(node)) + " " + args +
-                 " 2>/dev/null");
-  }
-
-  /// The nodes that are masters now.
-  std::vector<int> masters() const {
-    std::vector<int> out;
-    for (int i = 0; i < kNodes; ++i)
-      if (pids_[i] > 0 && cli(i, "ROLE").rfind("master", 0) == 0)
-        out.push_back(i);
-    return out;
-  }
-
-  /// The node whose master serves `slot`.
-  int masterOf(int slot) const {
-    for (int i : masters()) {
-      std::string nodes = cli(i, "CLUSTER NODES");
-      std::string me = cli(i, "CLUSTER MYID");
-      me.erase(me.find_last_not_of("\r\n") + 1);
-      for (size_t at = 0; at < nodes.size();) {
-        size_t end = nodes.find('\n', at);
-        std::string line = nodes.substr(at, end - at);
-        at = end == std::string::npos ? nodes.size() : end + 1;
-        if (line.rfind(me, 0) != 0 || line.find("myself") == std::string::npos)
-          continue;
-        // Fields 9 on: slot ranges "a-b" or "a".
-        std::istringstream fields(line);
-        std::string field;
-        for (int f = 0; f < 8 && fields >> field; ++f) {
-        }
-        while (fields >> field) {
-          if (field[0] == '[')
-            continue;
-          size_t dash = field.find('-');
-          int first = std::stoi(field.substr(0, dash));
-          int last =
-              dash == std::string::npos ? first : std::stoi(field.substr(dash + 1));
-          if (first <= slot && slot <= last)
-            return i;
-        }
-      }
-    }
-    return -1;
-  }
-
-  void kill(int node) { signal(node, SIGKILL, true); }
-  void freeze(int node) { signal(node, SIGSTOP, false); }
-  void thaw(int node) { signal(node, SIGCONT, false); }
-
-  /// Waits until every running node says the cluster is ok and three of
-  /// them are masters (after a master's death, once its replica took over).
-  bool waitHealthy(int seconds = 30) const {
-    for (int tries = 0; tries < seconds * 10; ++tries) {
-      bool ok = masters().size() == 3;
-      for (int i = 0; i < kNodes && ok; ++i)
-        if (pids_[i] > 0) {
-          const std::string role = cli(i, "INFO replication");
-          ok = cli(i, "CLUSTER INFO").find("cluster_state:ok") !=
-                   std::string::npos &&
-               (role.find("role:slave") == std::string::npos ||
-                role.find("master_link_status:up") != std::string::npos);
-        }
-      if (ok)
-        return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return false;
-  }
-
-  void stop() {
-    for (int i = 0; i < kNodes; ++i)
-      if (pids_[i] > 0) {
-        ::kill(pids_[i], SIGCONT);
-        signal(i, SIGKILL, true);
-      }
-    if (!dir_.empty())
-      fs::remove_all(dir_);
-  }
-
-private:
-  static bool bindable(int port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = htons(uint16_t(port));
-    const bool free =
-        ::bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof(address)) == 0;
-    ::close(fd);
-    return free;
-  }
-
-  /// A base port for six nodes, picked from this process's id and checked.
-  static int freeBase() {
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      const int base = 21000 + int((getpid() * 7 + attempt * 131) % 900) * 10;
-      bool free = true;
-      for (int i = 0; i < kNodes && free; ++i)
-        free = bindable(base + i) && bindable(base + i + 10000);
-      if (free)
-        return base;
-    }
-    return 0;
-  }
-
-  void start(int node) {
-    const std::string p = std::to_string(port(node));
-    const std::string conf = dir_ + "/nodes-" + p + ".conf";
-    pid_t pid = fork();
-    if (pid == 0) {
-      execlp("redis-server", "redis-server", "--port", p.c_str(), "--bind",
-             "127.0.0.1", "--cluster-enabled", "yes", "--cluster-config-file",
-             conf.c_str(), "--cluster-node-timeout", "1000",
-             "--cluster-replica-validity-factor", "0",
-             "--repl-diskless-sync-delay", "0", "--save", "",
-             "--appendonly", "no", "--dir", dir_.c_str(), "--logfile",
-             (dir_ + "/" + p + ".log").c_str(), "--loglevel",
-             "warning", nullptr);
-      _exit(127);
-    }
-    pids_[node] = pid;
-    for (int i = 0; i < 100; ++i) {
-      if (cli(node, "PING").rfind("PONG", 0) == 0)
-        return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
-
-  void signal(int node, int sig, bool reap) {
-    if (pids_[node] <= 0)
-      return;
-    ::kill(pids_[node], sig);
-    if (reap) {
-      waitpid(pids_[node], nullptr, 0);
-      pids_[node] = -1;
-    }
-  }
-
-  std::string dir_;
-  int base_ = 0;
-  pid_t pids_[kNodes] = {-1, -1, -1, -1, -1, -1};
-  bool ready_ = false;
-};
 
 TEST(RedisHashSlot, MatchesRedisCluster) {
   // The specification's check value, and slots redis-cli reports
@@ -266,7 +60,8 @@ class RedisClusterTest : public ExecutorTest {
 protected:
   void SetUp() override {
     ExecutorTest::SetUp();
-    cluster_ = std::make_unique<RedisCluster>();
+    cluster_ = std::make_unique<test::RedisCluster>(
+        test::tempPath("redis-cluster-" + std::to_string(getpid())));
     if (!cluster_->ready())
       GTEST_SKIP() << "no redis cluster (redis-server and redis-cli needed)";
   }
@@ -304,7 +99,7 @@ protected:
     return metrics;
   }
 
-  std::unique_ptr<RedisCluster> cluster_;
+  std::unique_ptr<test::RedisCluster> cluster_;
 };
 
 TEST_F(RedisClusterTest, ObjectsSpreadOverEveryMasterAndRestoreExactly) {

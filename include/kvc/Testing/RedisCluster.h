@@ -1,0 +1,67 @@
+//===- RedisCluster.h - A Redis Cluster of a test's own ---------*- C++ -*-===//
+//
+// Starts redis-server processes on free loopback ports, joins them into a
+// cluster (redis-cli --cluster create, or the slots assigned by hand below
+// three masters), waits until every replica is in sync, and stops them by
+// the PIDs it started. For tests (failure drills) and benchmarks.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_TESTING_REDISCLUSTER_H
+#define KVC_TESTING_REDISCLUSTER_H
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace kvc::test {
+
+class RedisCluster {
+public:
+  /// `masters` masters with `replicas` replicas each, their files under
+  /// `dir` (made, and removed by stop()). ready() says whether it came up
+  /// (redis-server and redis-cli are needed).
+  RedisCluster(std::string dir, int masters = 3, int replicas = 1);
+  ~RedisCluster();
+  RedisCluster(const RedisCluster &) = delete;
+  RedisCluster &operator=(const RedisCluster &) = delete;
+
+  bool ready() const { return ready_; }
+  int nodes() const { return int(pids_.size()); }
+  int port(int node) const { return base_ + node; }
+  /// redis-cluster://127.0.0.1:PORT,... (two nodes to start from), with
+  /// `options` ("?replicas=1", ...) appended.
+  std::string url(const std::string &options = "") const;
+
+  /// A redis-cli command against `node`; its output.
+  std::string cli(int node, const std::string &args) const;
+  /// The running nodes that are masters now.
+  std::vector<int> masters() const;
+  /// The node that serves `slot` now (-1: none).
+  int masterOf(int slot) const;
+
+  void kill(int node);
+  void freeze(int node);
+  void thaw(int node);
+
+  /// Waits until every running node says the cluster is ok, every running
+  /// replica is in sync and `masters` (the constructor's) nodes are
+  /// masters: after a master's death, once its replica took over.
+  bool waitHealthy(int seconds = 30) const;
+  void stop();
+
+private:
+  void start(int node);
+  void signal(int node, int sig, bool reap);
+
+  std::string dir_;
+  int wantMasters_;
+  int base_ = 0;
+  std::vector<pid_t> pids_;
+  bool ready_ = false;
+};
+
+} // namespace kvc::test
+
+#endif // KVC_TESTING_REDISCLUSTER_H

@@ -175,6 +175,22 @@ bool RedisCluster::waitHealthy(int seconds) const {
   return false;
 }
 
+bool RedisCluster::waitReplicasListed(int seconds) const {
+  for (int tries = 0; tries < seconds * 10; ++tries) {
+    bool ok = true;
+    for (int m : masters()) {
+      const std::string slots = cli(m, "CLUSTER SLOTS");
+      for (int i = 0; i < nodes() && ok; ++i)
+        ok = pids_[i] <= 0 ||
+             slots.find(std::to_string(port(i))) != std::string::npos;
+    }
+    if (ok)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 void RedisCluster::stop() {
   for (int i = 0; i < nodes(); ++i)
     if (pids_[i] > 0) {

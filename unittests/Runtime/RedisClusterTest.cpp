@@ -117,6 +117,28 @@ TEST_F(RedisClusterTest, ObjectsSpreadOverEveryMasterAndRestoreExactly) {
             kTokens / 64 * ((model_->config().numLayers + 1) / 2));
 }
 
+TEST_F(RedisClusterTest, ReadsGoToReplicasWhenAsked) {
+  ASSERT_TRUE(cluster_->waitReplicasListed());
+  std::unique_ptr<ChunkStore> store =
+      clusterStore("?replicas=1&read=replicas");
+  ASSERT_TRUE(store);
+  for (int node = 0; node < cluster_->nodes(); ++node) // Count the restore's.
+    cluster_->cli(node, "CONFIG RESETSTAT");
+  StatusOr<RestoreMetrics> metrics = restoreFrom(*store);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_TRUE(metrics->fallbacks.empty());
+  // Every replica served reads; no master did.
+  const std::vector<int> masters = cluster_->masters();
+  for (int node = 0; node < cluster_->nodes(); ++node) {
+    const bool master =
+        std::find(masters.begin(), masters.end(), node) != masters.end();
+    const std::string stats = cluster_->cli(node, "INFO commandstats");
+    EXPECT_EQ(stats.find("cmdstat_get:") != std::string::npos, !master)
+        << "node " << node << (master ? " (master)" : " (replica)");
+  }
+  EXPECT_FALSE(openTier("redis://127.0.0.1:1?read=replicas"));
+}
+
 TEST_F(RedisClusterTest, ADeadMastersChunksAreRecomputedThenFailedOver) {
   std::unique_ptr<ChunkStore> store = clusterStore("?timeout_ms=2000&replicas=1");
   ASSERT_TRUE(store);
@@ -135,6 +157,42 @@ TEST_F(RedisClusterTest, ADeadMastersChunksAreRecomputedThenFailedOver) {
   EXPECT_TRUE(after->fallbacks.empty())
       << after->fallbacks.size() << " fallbacks, first: "
       << after->fallbacks.front();
+}
+
+TEST_F(RedisClusterTest, ASaveInterruptedByANodesDeathLeavesNothingVisible) {
+  StatusOr<std::unique_ptr<Tier>> tier =
+      openTier(cluster_->url("?timeout_ms=500&replicas=1"));
+  ASSERT_TRUE(tier.isOk()) << tier.status().toString();
+  StoreLayout layout;
+  layout.chunkTokens = 64;
+  layout.layerGroup = 2;
+  ChunkStore store(std::shared_ptr<Tier>(std::move(*tier)), model_->config(),
+                   model_->fingerprint(), "interrupted", layout);
+  cluster_->kill(cluster_->masters()[0]);
+  // The save meets a dead master (and, as it retries, perhaps its replica
+  // taking over): it succeeds whole, or it fails and removes what it wrote.
+  StatusOr<SaveStats> saved = saveContext(*model_, store, tokens_, {});
+  ASSERT_TRUE(cluster_->waitHealthy());
+  int64_t visible = 0, chunks = 0;
+  for (int64_t t = 0; t < kTokens; t += 64) {
+    bool whole = true;
+    for (const ChunkRef &ref :
+         store.refs(tokens_.data(), kTokens, Form::KV, CodecSpec()))
+      if (ref.tokenBegin == t) {
+        StatusOr<bool> there = store.tier().exists(ref.name());
+        ASSERT_TRUE(there.isOk()) << there.status().toString();
+        whole = whole && *there;
+      }
+    ++chunks;
+    visible += whole;
+  }
+  if (saved.isOk())
+    EXPECT_EQ(visible, chunks);
+  else
+    EXPECT_EQ(visible, 0) << saved.status().toString();
+  // Whatever is visible restores exactly; the rest is recomputed.
+  StatusOr<RestoreMetrics> metrics = restoreFrom(store);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
 }
 
 TEST_F(RedisClusterTest, AFrozenNodeTimesOutAndRecovers) {

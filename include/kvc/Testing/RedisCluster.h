@@ -49,6 +49,9 @@ public:
   /// replica is in sync and `masters` (the constructor's) nodes are
   /// masters: after a master's death, once its replica took over.
   bool waitHealthy(int seconds = 30) const;
+  /// Waits until every master's CLUSTER SLOTS lists every running node (a
+  /// node learns its peers' replicas by gossip, seconds after they sync).
+  bool waitReplicasListed(int seconds = 30) const;
   void stop();
 
 private:

@@ -18,10 +18,12 @@
 
 #include "RedisClusterTier.h"
 
+#include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Store/ChunkFormat.h"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <mutex>
@@ -94,11 +96,9 @@ public:
   static constexpr int kAttempts = 5;
 
   RedisClusterTier(std::string url, std::vector<std::string> seeds,
-                   int commandTimeoutMs, int waitReplicas, RedisAuth auth,
-                   int64_t ttlSeconds)
+                   RedisOptions options, bool readReplicas)
       : url_(std::move(url)), seeds_(std::move(seeds)),
-        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
-        auth_(std::move(auth)), ttlSeconds_(ttlSeconds) {
+        options_(std::move(options)), readReplicas_(readReplicas) {
     slots_.fill(-1);
   }
 
@@ -110,10 +110,11 @@ public:
     std::vector<std::string> candidates = seeds_;
     {
       std::shared_lock<std::shared_mutex> lock(mapMutex_);
-      for (const std::string &node : masters_)
-        if (std::find(candidates.begin(), candidates.end(), node) ==
-            candidates.end())
-          candidates.push_back(node);
+      for (const std::vector<std::string> &group : groups_)
+        for (const std::string &node : group)
+          if (std::find(candidates.begin(), candidates.end(), node) ==
+              candidates.end())
+            candidates.push_back(node);
     }
     Status last = chunkError(ChunkFault::Unavailable,
                              url_ + ": no cluster node to ask for slots");
@@ -130,26 +131,27 @@ public:
       }
       std::array<int16_t, kRedisSlots> slots;
       slots.fill(-1);
-      std::vector<std::string> masters;
+      std::vector<std::vector<std::string>> groups;
       for (const RedisSlotRange &range : *ranges) {
         if (range.nodes.empty() || range.first < 0 ||
             range.last >= kRedisSlots || range.first > range.last)
           continue;
-        auto it = std::find(masters.begin(), masters.end(), range.nodes[0]);
-        const int16_t index = int16_t(it - masters.begin());
-        if (it == masters.end())
-          masters.push_back(range.nodes[0]);
+        auto it = std::find(groups.begin(), groups.end(), range.nodes);
+        const int16_t index = int16_t(it - groups.begin());
+        if (it == groups.end())
+          groups.push_back(range.nodes);
         std::fill(slots.begin() + range.first, slots.begin() + range.last + 1,
                   index);
       }
-      if (masters.empty()) {
+      if (groups.empty()) {
         last = chunkError(ChunkFault::Unavailable,
                           url_ + ": " + address + " serves no slots");
         continue;
       }
       std::unique_lock<std::shared_mutex> lock(mapMutex_);
       slots_ = slots;
-      masters_ = std::move(masters);
+      groups_ = std::move(groups);
+      refreshed_ = Clock::now();
       return Status::ok();
     }
     return last;
@@ -162,9 +164,13 @@ public:
   }
 
   Status get(const std::string &name, std::string &buffer) override {
-    return routed(name, [&](RedisNode &node, bool ask) {
-      return ask ? node.askingGet(name, buffer) : node.get(name, buffer);
-    });
+    if (RedisNode *replica = replicaFor(name)) {
+      Status read = replica->get(name, buffer);
+      if (read.isOk())
+        return read;
+      // Missing there may be a replica behind its master: ask the master.
+    }
+    return masterGet(name, buffer);
   }
 
   std::vector<Status> getMany(const std::vector<std::string> &names,
@@ -176,6 +182,10 @@ public:
     std::map<RedisNode *, std::vector<size_t>> byNode;
     std::vector<size_t> unrouted;
     for (size_t i = 0; i < names.size(); ++i) {
+      if (RedisNode *replica = replicaFor(names[i])) {
+        byNode[replica].push_back(i);
+        continue;
+      }
       StatusOr<RedisNode *> node = masterFor(names[i]);
       if (node.isOk())
         byNode[*node].push_back(i);
@@ -200,13 +210,15 @@ public:
       readNode(byNode.begin()->first, byNode.begin()->second);
     for (std::thread &thread : threads)
       thread.join();
-    // Redirected or failed keys: one by one, following the cluster.
+    // Redirected or failed keys (and, read from a replica, missing ones):
+    // one by one from their master, following the cluster.
     for (size_t i = 0; i < names.size(); ++i) {
       const bool retry =
           std::find(unrouted.begin(), unrouted.end(), i) != unrouted.end() ||
-          (!out[i].isOk() && chunkFault(out[i]) != ChunkFault::Missing);
+          (!out[i].isOk() &&
+           (readReplicas_ || chunkFault(out[i]) != ChunkFault::Missing));
       if (retry)
-        out[i] = get(names[i], buffers[i]);
+        out[i] = masterGet(names[i], buffers[i]);
     }
     return out;
   }
@@ -231,7 +243,8 @@ public:
     std::vector<std::string> masters;
     {
       std::shared_lock<std::shared_mutex> lock(mapMutex_);
-      masters = masters_;
+      for (const std::vector<std::string> &group : groups_)
+        masters.push_back(group.front());
     }
     std::set<std::string> names;
     for (const std::string &address : masters) {
@@ -243,6 +256,39 @@ public:
   }
 
 private:
+  Status masterGet(const std::string &name, std::string &buffer) {
+    return routed(name, [&](RedisNode &node, bool ask) {
+      return ask ? node.askingGet(name, buffer) : node.get(name, buffer);
+    });
+  }
+
+  /// With replica reads, a replica of `name`'s slot (the slot picks which,
+  /// so that reads spread over them); else, or when the map knows none,
+  /// null.
+  RedisNode *replicaFor(const std::string &name) {
+    if (!readReplicas_)
+      return nullptr;
+    const int slot = redisHashSlot(name);
+    std::string address;
+    for (int attempt = 0; attempt < 2 && address.empty(); ++attempt) {
+      {
+        std::shared_lock<std::shared_mutex> lock(mapMutex_);
+        if (slots_[slot] >= 0 && groups_[slots_[slot]].size() >= 2) {
+          const std::vector<std::string> &group = groups_[slots_[slot]];
+          address = group[1 + size_t(slot) % (group.size() - 1)];
+        }
+      }
+      // A node lists a replica once gossip told it: a map without one
+      // is asked again, at most once a second.
+      if (address.empty() &&
+          (attempt > 0 || secondsSince(refreshed_.load()) < 1 ||
+           !refresh().isOk()))
+        return nullptr;
+    }
+    StatusOr<RedisNode *> node = nodeAt(address, /*readOnly=*/true);
+    return node.isOk() ? *node : nullptr;
+  }
+
   /// Runs `command` on the master of `name`'s slot, following MOVED and
   /// ASK and refreshing the map when a node cannot be reached (a failover),
   /// up to kAttempts times.
@@ -284,7 +330,7 @@ private:
     {
       std::shared_lock<std::shared_mutex> lock(mapMutex_);
       if (slots_[slot] >= 0)
-        address = masters_[slots_[slot]];
+        address = groups_[slots_[slot]].front();
     }
     if (address.empty()) {
       KVC_RETURN_IF_ERROR(refresh());
@@ -293,22 +339,26 @@ private:
         return chunkError(ChunkFault::Unavailable,
                           url_ + ": no node serves slot " +
                               std::to_string(slot));
-      address = masters_[slots_[slot]];
+      address = groups_[slots_[slot]].front();
     }
     return nodeAt(address);
   }
 
-  /// The pool of connections to `address`, made on first use.
-  StatusOr<RedisNode *> nodeAt(const std::string &address) {
+  /// The pool of connections to `address` (read-only ones, for replica
+  /// reads), made on first use.
+  StatusOr<RedisNode *> nodeAt(const std::string &address,
+                               bool readOnly = false) {
     std::lock_guard<std::mutex> lock(nodesMutex_);
-    auto it = nodes_.find(address);
-    if (it == nodes_.end()) {
+    auto &nodes = readOnly ? readers_ : nodes_;
+    auto it = nodes.find(address);
+    if (it == nodes.end()) {
       KVC_ASSIGN_OR_RETURN(where, hostPort(url_, address));
-      it = nodes_
+      RedisOptions options = options_;
+      options.readOnly = readOnly;
+      it = nodes
                .emplace(address, std::make_unique<RedisNode>(
                                      url_ + " node " + address, where.first,
-                                     where.second, 0, commandTimeoutMs_,
-                                     waitReplicas_, auth_, ttlSeconds_))
+                                     where.second, std::move(options)))
                .first;
     }
     return it->second.get();
@@ -316,23 +366,24 @@ private:
 
   std::string url_;
   std::vector<std::string> seeds_;
-  int commandTimeoutMs_, waitReplicas_;
-  RedisAuth auth_;
-  int64_t ttlSeconds_;
+  RedisOptions options_;
+  bool readReplicas_;
   std::mutex refreshMutex_; ///< One refresh at a time.
   std::shared_mutex mapMutex_;
+  /// Per slot, its group in groups_ (-1: none): each group a master and
+  /// its replicas, "HOST:PORT".
   std::array<int16_t, kRedisSlots> slots_;
-  std::vector<std::string> masters_;
+  std::vector<std::vector<std::string>> groups_;
+  std::atomic<Clock::time_point> refreshed_{Clock::time_point()};
   std::mutex nodesMutex_;
-  std::map<std::string, std::unique_ptr<RedisNode>> nodes_;
+  std::map<std::string, std::unique_ptr<RedisNode>> nodes_, readers_;
 };
 
 } // namespace
 
 StatusOr<std::unique_ptr<Tier>>
 openRedisClusterTier(const std::string &url, const std::string &nodes,
-                     int commandTimeoutMs, int waitReplicas, RedisAuth auth,
-                     int64_t ttlSeconds) {
+                     RedisOptions options, bool readReplicas) {
   std::vector<std::string> seeds;
   for (size_t at = 0; at <= nodes.size();) {
     size_t comma = nodes.find(',', at);
@@ -345,9 +396,9 @@ openRedisClusterTier(const std::string &url, const std::string &nodes,
       break;
     at = comma + 1;
   }
-  auto tier = std::make_unique<RedisClusterTier>(
-      url, std::move(seeds), commandTimeoutMs, waitReplicas, std::move(auth),
-      ttlSeconds);
+  auto tier = std::make_unique<RedisClusterTier>(url, std::move(seeds),
+                                                 std::move(options),
+                                                 readReplicas);
   // Ask for the slot map now, so that an unreachable cluster is reported
   // at open.
   KVC_RETURN_IF_ERROR(tier->refresh());

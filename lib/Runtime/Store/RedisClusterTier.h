@@ -22,13 +22,12 @@ uint16_t redisCrc16(std::string_view bytes);
 int redisHashSlot(std::string_view key);
 
 /// Connects to the cluster `nodes` ("HOST:PORT[,HOST:PORT...]", any of its
-/// nodes) and reads its slot map; `url` names it in messages. Each command
-/// waits at most `commandTimeoutMs` for a node; with `waitReplicas`, a put
-/// returns once that many replicas of its master hold the object.
+/// nodes) and reads its slot map; `url` names it in messages. `options`
+/// hold for every node; with `readReplicas`, reads go to a replica of each
+/// key's slot first (the master when it fails).
 StatusOr<std::unique_ptr<Tier>>
 openRedisClusterTier(const std::string &url, const std::string &nodes,
-                     int commandTimeoutMs = 10000, int waitReplicas = 0,
-                     RedisAuth auth = {}, int64_t ttlSeconds = 0);
+                     RedisOptions options = {}, bool readReplicas = false);
 
 } // namespace kvc
 

@@ -117,11 +117,11 @@ private:
 class RedisConnection {
 public:
   RedisConnection(const std::string &url, const std::string &host, int port,
-                  int db, int commandTimeoutMs, int waitReplicas,
-                  const RedisAuth &auth, int64_t ttlSeconds)
-      : url_(url), host_(host), port_(port), db_(db),
-        commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
-        auth_(auth), ttl_(ttlSeconds) {}
+                  const RedisOptions &options)
+      : url_(url), host_(host), port_(port), db_(options.db),
+        commandTimeoutMs_(options.commandTimeoutMs),
+        waitReplicas_(options.waitReplicas), auth_(options.auth),
+        ttl_(options.ttlSeconds), readOnly_(options.readOnly) {}
   ~RedisConnection() { disconnect(); }
   RedisConnection(const RedisConnection &) = delete;
   RedisConnection &operator=(const RedisConnection &) = delete;
@@ -162,6 +162,18 @@ public:
                       url_ + ": redis refused the credentials (AUTH): a "
                              "wrong password or user, or one it does not "
                              "know");
+      }
+    }
+    if (readOnly_) {
+      auto *reply =
+          static_cast<redisReply *>(redisCommand(context_, "READONLY"));
+      if (!reply)
+        return lostConnection();
+      const bool refused = reply->type == REDIS_REPLY_ERROR;
+      freeReplyObject(reply);
+      if (refused) {
+        disconnect();
+        return unavailable("READONLY refused (not a cluster node)");
       }
     }
     if (db_ != 0) {
@@ -423,6 +435,7 @@ private:
   int port_, db_, commandTimeoutMs_, waitReplicas_;
   const RedisAuth &auth_;
   int64_t ttl_;
+  bool readOnly_;
   redisContext *context_ = nullptr;
 };
 
@@ -446,9 +459,7 @@ public:
     ++node_.connections_;
     lock.unlock();
     connection_ = std::make_unique<RedisConnection>(
-        node_.url_, node_.host_, node_.port_, node_.db_,
-        node_.commandTimeoutMs_, node_.waitReplicas_, node_.auth_,
-        node_.ttlSeconds_);
+        node_.url_, node_.host_, node_.port_, node_.options_);
   }
   ~Lease() {
     {
@@ -464,12 +475,10 @@ private:
   std::unique_ptr<RedisConnection> connection_;
 };
 
-RedisNode::RedisNode(std::string url, std::string host, int port, int db,
-                     int commandTimeoutMs, int waitReplicas, RedisAuth auth,
-                     int64_t ttlSeconds)
-    : url_(std::move(url)), host_(std::move(host)), port_(port), db_(db),
-      commandTimeoutMs_(commandTimeoutMs), waitReplicas_(waitReplicas),
-      auth_(std::move(auth)), ttlSeconds_(ttlSeconds) {}
+RedisNode::RedisNode(std::string url, std::string host, int port,
+                     RedisOptions options)
+    : url_(std::move(url)), host_(std::move(host)), port_(port),
+      options_(std::move(options)) {}
 
 RedisNode::~RedisNode() = default;
 
@@ -518,12 +527,9 @@ StatusOr<std::vector<RedisSlotRange>> RedisNode::clusterSlots() {
 
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
-                                              int commandTimeoutMs,
-                                              int waitReplicas,
-                                              RedisAuth auth,
-                                              int64_t ttlSeconds) {
+                                              RedisOptions options) {
   std::string rest = hostPortDb, host;
-  int port = 6379, db = 0;
+  int port = 6379, db = options.db;
   size_t slash = rest.find('/');
   if (slash != std::string::npos) {
     std::string dbText = rest.substr(slash + 1);
@@ -546,9 +552,8 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
   }
   if (host.empty())
     return invalidArgument(url + ": missing host");
-  auto tier =
-      std::make_unique<RedisNode>(url, host, port, db, commandTimeoutMs,
-                                  waitReplicas, std::move(auth), ttlSeconds);
+  options.db = db;
+  auto tier = std::make_unique<RedisNode>(url, host, port, std::move(options));
   // Connect now so that an unreachable server is reported at open; later
   // failures reconnect lazily.
   KVC_RETURN_IF_ERROR(tier->connect());

@@ -25,6 +25,22 @@ struct RedisAuth {
   std::string user, password;
 };
 
+/// How a redis:// tier, or each node of a redis-cluster:// one, talks to
+/// its server (openTier's URL options).
+struct RedisOptions {
+  int db = 0;
+  /// Each command waits at most this long (?timeout_ms; connecting, 1 s).
+  int commandTimeoutMs = 10000;
+  /// A put returns once this many replicas hold the object (?replicas:
+  /// WAIT, bounded by the timeout), so that a failover keeps it.
+  int waitReplicas = 0;
+  /// Every object expires this long after its last write or read (?ttl_s).
+  int64_t ttlSeconds = 0;
+  RedisAuth auth;
+  /// Connections send READONLY: a cluster replica serves reads.
+  bool readOnly = false;
+};
+
 /// One range of a cluster's hash slots: its master first, then replicas,
 /// each "HOST:PORT".
 struct RedisSlotRange {
@@ -35,18 +51,14 @@ struct RedisSlotRange {
 /// A pool of connections to one server, one per concurrent caller (up to
 /// kMaxConnections, made as callers need them), so that an executor's IO
 /// lanes read in parallel instead of queueing on one socket. Commands time
-/// out (1 s to connect, `commandTimeoutMs` each) and a failure drops the
-/// connection, which the next call re-establishes. With `waitReplicas`, a
-/// put returns once that many replicas hold the object (WAIT, bounded by
-/// the command timeout). With `ttlSeconds`, every object expires that long
-/// after its last write or read.
+/// out and a failure drops the connection, which the next call
+/// re-establishes.
 class RedisNode final : public Tier {
 public:
   static constexpr std::size_t kMaxConnections = 8;
 
-  RedisNode(std::string url, std::string host, int port, int db = 0,
-            int commandTimeoutMs = 10000, int waitReplicas = 0,
-            RedisAuth auth = {}, int64_t ttlSeconds = 0);
+  RedisNode(std::string url, std::string host, int port,
+            RedisOptions options = {});
   ~RedisNode() override;
 
   const std::string &url() const override { return url_; }
@@ -71,22 +83,19 @@ private:
   class Lease;
 
   std::string url_, host_;
-  int port_, db_, commandTimeoutMs_, waitReplicas_;
-  RedisAuth auth_;
-  int64_t ttlSeconds_;
+  int port_;
+  RedisOptions options_;
   std::mutex mutex_; ///< Guards the pool below.
   std::condition_variable released_;
   std::vector<std::unique_ptr<RedisConnection>> idle_;
   std::size_t connections_ = 0;
 };
 
-/// Connects to `hostPortDb` ("HOST:PORT[/DB]"); `url` names it in messages.
+/// Connects to `hostPortDb` ("HOST:PORT[/DB]", the database overriding
+/// options.db); `url` names it in messages.
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
-                                              int commandTimeoutMs = 10000,
-                                              int waitReplicas = 0,
-                                              RedisAuth auth = {},
-                                              int64_t ttlSeconds = 0);
+                                              RedisOptions options = {});
 
 } // namespace kvc
 

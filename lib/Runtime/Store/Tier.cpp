@@ -481,11 +481,26 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
   KVC_RETURN_IF_ERROR(number("capacity_mb", capacityMb));
   const bool redis = base.rfind("redis://", 0) == 0 ||
                      base.rfind("redis-cluster://", 0) == 0;
+  bool readReplicas = false;
   if (redis) {
     KVC_RETURN_IF_ERROR(number("timeout_ms", timeoutMs));
     KVC_RETURN_IF_ERROR(number("replicas", replicas));
     KVC_RETURN_IF_ERROR(number("ttl_s", ttlS));
+    if (auto it = query.find("read"); it != query.end()) {
+      if (it->second != "replicas" && it->second != "masters")
+        return invalidArgument(url + ": read must be replicas or masters");
+      if (base.rfind("redis-cluster://", 0) != 0)
+        return invalidArgument(url + ": read=" + it->second +
+                               " is for redis-cluster:// tiers");
+      readReplicas = it->second == "replicas";
+      query.erase(it);
+    }
   }
+  RedisOptions redisOptions;
+  redisOptions.commandTimeoutMs = int(timeoutMs);
+  redisOptions.waitReplicas = int(replicas);
+  redisOptions.ttlSeconds = int64_t(ttlS);
+  redisOptions.auth = std::move(auth);
   // A deployment key seals every object (SealedTier.h): from the URL, or
   // for every store from the environment.
   std::string keyFile;
@@ -536,15 +551,14 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
     tier = std::move(file);
   } else if (base.rfind("redis://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> opened =
-        openRedisTier(url, base.substr(8), int(timeoutMs), int(replicas),
-                      std::move(auth), int64_t(ttlS));
+        openRedisTier(url, base.substr(8), std::move(redisOptions));
     if (!opened.isOk())
       return opened.status();
     tier = std::move(*opened);
   } else if (base.rfind("redis-cluster://", 0) == 0) {
     StatusOr<std::unique_ptr<Tier>> opened =
-        openRedisClusterTier(url, base.substr(16), int(timeoutMs),
-                             int(replicas), std::move(auth), int64_t(ttlS));
+        openRedisClusterTier(url, base.substr(16), std::move(redisOptions),
+                             readReplicas);
     if (!opened.isOk())
       return opened.status();
     tier = std::move(*opened);

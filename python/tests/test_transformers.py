@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import kvc  # noqa: E402
+from helpers import corrupt_one_object  # noqa: E402
 from kvc.transformers import CacheClient, PagedMemory, next_token_quality  # noqa: E402
 
 CHUNK = 64
@@ -112,17 +113,6 @@ def test_a_partial_prefix_is_loaded_and_the_rest_computed(
     restored = client.restore("b", prompt)
     assert restored.decision.load_tokens == 128 and restored.tokens == 128
     assert generate_after(model, prompt, restored.cache) == reference
-
-
-def corrupt_one_object(store: Path) -> Path:
-    objects = sorted(p for p in store.rglob("*")
-                     if p.is_file() and "layouts" not in p.parts)
-    victim = objects[len(objects) // 2]
-    data = bytearray(victim.read_bytes())
-    for i in range(len(data) // 2, len(data) // 2 + 16):
-        data[i] ^= 0xFF
-    victim.write_bytes(bytes(data))
-    return victim
 
 
 @pytest.mark.parametrize("recompute", [True, False])

@@ -30,6 +30,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import kvc  # noqa: E402
+from helpers import corrupt_one_object  # noqa: E402
 from kvc.vllm import KvcConnector  # noqa: E402
 
 BLOCK = 16
@@ -290,16 +291,6 @@ def test_kvc_declines_when_recomputing_is_faster(model_dir: str,
     engine.run()
     assert engine.loaded["b"] == 0
     engine.assert_empty()
-
-
-def corrupt_one_object(store: Path) -> None:
-    objects = sorted(p for p in store.rglob("*")
-                     if p.is_file() and "layouts" not in p.parts)
-    victim = objects[len(objects) // 2]
-    data = bytearray(victim.read_bytes())
-    for i in range(len(data) // 2, len(data) // 2 + 16):
-        data[i] ^= 0xFF
-    victim.write_bytes(bytes(data))
 
 
 def test_a_corrupt_chunk_is_recomputed_by_vllm(model_dir: str,

@@ -359,6 +359,10 @@ Status calibrateCommand(Args &args) {
   KVC_ASSIGN_OR_RETURN(out, args.required("out"));
   const char *tmp = std::getenv("TMPDIR");
   std::string scratch = args.get("scratch", tmp && *tmp ? tmp : "/tmp");
+  const std::string remote = args.get("remote"),
+                    remoteTier = args.get("remote-tier");
+  if (remote.empty() && !remoteTier.empty())
+    return invalidArgument("--remote-tier names the tier --remote measures");
   KVC_RETURN_IF_ERROR(args.checkUnused());
   // Where the target goes is checked before minutes of measuring.
   const std::filesystem::path outDir =
@@ -368,7 +372,18 @@ Status calibrateCommand(Args &args) {
                            outDir.string() + ": " + std::strerror(errno));
   KVC_ASSIGN_OR_RETURN(model, loadModel(modelDir));
   KVC_ASSIGN_OR_RETURN(base, loadTargetDesc(basePath));
-  KVC_ASSIGN_OR_RETURN(target, calibrate(backend(), *model, base, scratch));
+  std::map<std::string, std::string> remotes;
+  if (!remote.empty()) {
+    std::string name = remoteTier;
+    for (const TierDesc &tier : base.tiers)
+      if (name.empty() && tier.kind == TierDesc::Kind::Remote)
+        name = tier.name;
+    if (name.empty())
+      return invalidArgument("--remote: " + basePath + " has no remote tier");
+    remotes[name] = remote;
+  }
+  KVC_ASSIGN_OR_RETURN(target, calibrate(backend(), *model, base, scratch,
+                                         stdout, remotes));
   std::ofstream file(out);
   file << printTargetDesc(target);
   if (!file)
@@ -852,7 +867,11 @@ const std::vector<Command> &commands() {
            {"out", "FILE", "the calibrated target"},
            {"scratch", "DIR",
             "an existing directory where disk tiers are timed (default "
-            "$TMPDIR or /tmp)"}} +
+            "$TMPDIR or /tmp)"},
+           {"remote", "URL",
+            "a store (redis://, redis-cluster://) to time as a remote tier"},
+           {"remote-tier", "NAME",
+            "the remote tier it is (default the target's first)"}} +
            common,
        calibrateCommand},
   };

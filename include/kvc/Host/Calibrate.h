@@ -7,6 +7,8 @@
 #include "kvc/Runtime/Desc/TargetDesc.h"
 
 #include <cstdio>
+#include <map>
+#include <string>
 
 namespace kvc {
 
@@ -23,16 +25,20 @@ namespace kvc {
 ///   - host.handoff_us: what a task waits after a task on another resource
 ///     releases it, on the backend's pools (measureHandoff, 200 us idle);
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
-///     file:// under `scratchDir` (warm page cache) for disk tiers; remote
-///     tiers keep `base`'s values.
+///     file:// under `scratchDir` (warm page cache) for disk tiers; a
+///     remote tier named in `remotes` (tier name -> store URL) from that
+///     store, by as many readers as the tier has lanes, each fetching
+///     batches of 8 as a restore's IO lanes do; other remote tiers keep
+///     `base`'s values.
 ///   - codecs: per-core rates of quantization to each width, of the
 ///     Hadamard transform and of the deflate, zstd and lz4 stages on this
 ///     model's KV at each width (raw, int8, int4, int2), in objects of one
 ///     layer of 256 tokens decoded to bf16 (CodecTiming.h).
 /// Prints each measurement to `log`.
-StatusOr<TargetDesc> calibrate(Backend &backend, const ModelCompute &model,
-                               TargetDesc base, const std::string &scratchDir,
-                               std::FILE *log = stdout);
+StatusOr<TargetDesc>
+calibrate(Backend &backend, const ModelCompute &model, TargetDesc base,
+          const std::string &scratchDir, std::FILE *log = stdout,
+          const std::map<std::string, std::string> &remotes = {});
 
 /// Calibration's reference measurement: one chunk prefilled from position
 /// 0, measured (median of 3) and as the cost model for `target` prices it.

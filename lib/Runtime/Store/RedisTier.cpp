@@ -144,54 +144,49 @@ public:
     // Keep the reply buffer between multi-megabyte replies instead of
     // shrinking it after each (hiredis' default frees above 16 KiB).
     context_->reader->maxbuf = 0;
-    if (!auth_.password.empty()) {
-      auto *reply = static_cast<redisReply *>(
+    // The connection's set-up: each refusal drops it, with the reason.
+    auto setUp = [&](void *raw, auto refusal) -> Status {
+      auto *reply = static_cast<redisReply *>(raw);
+      if (!reply)
+        return lostConnection();
+      const bool refused = reply->type == REDIS_REPLY_ERROR;
+      const std::string why =
+          refused ? std::string(reply->str, reply->len) : std::string();
+      freeReplyObject(reply);
+      if (!refused)
+        return Status::ok();
+      disconnect();
+      return refusal(why);
+    };
+    if (!auth_.password.empty())
+      KVC_RETURN_IF_ERROR(setUp(
           auth_.user.empty()
               ? redisCommand(context_, "AUTH %b", auth_.password.data(),
                              auth_.password.size())
               : redisCommand(context_, "AUTH %b %b", auth_.user.data(),
                              auth_.user.size(), auth_.password.data(),
-                             auth_.password.size()));
-      if (!reply)
-        return lostConnection();
-      const bool refused = reply->type == REDIS_REPLY_ERROR;
-      freeReplyObject(reply);
-      if (refused) {
-        disconnect();
-        return Status(StatusCode::InvalidArgument,
-                      url_ + ": redis refused the credentials (AUTH): a "
-                             "wrong password or user, or one it does not "
-                             "know");
-      }
-    }
-    if (readOnly_) {
-      auto *reply =
-          static_cast<redisReply *>(redisCommand(context_, "READONLY"));
-      if (!reply)
-        return lostConnection();
-      const bool refused = reply->type == REDIS_REPLY_ERROR;
-      freeReplyObject(reply);
-      if (refused) {
-        disconnect();
-        return unavailable("READONLY refused (not a cluster node)");
-      }
-    }
-    if (db_ != 0) {
-      auto *reply = static_cast<redisReply *>(
-          redisCommand(context_, "SELECT %d", db_));
-      if (!reply)
-        return lostConnection();
-      const bool refused = reply->type == REDIS_REPLY_ERROR;
-      const std::string why = refused ? std::string(reply->str, reply->len)
-                                      : std::string();
-      freeReplyObject(reply);
-      if (refused) {
-        disconnect();
-        return Status(StatusCode::InvalidArgument,
-                      url_ + ": database " + std::to_string(db_) +
-                          " refused by the server: " + why);
-      }
-    }
+                             auth_.password.size()),
+          [&](const std::string &) {
+            // Not the server's words: they may quote what it was sent.
+            return Status(StatusCode::InvalidArgument,
+                          url_ + ": redis refused the credentials (AUTH): a "
+                                 "wrong password or user, or one it does "
+                                 "not know");
+          }));
+    if (readOnly_)
+      KVC_RETURN_IF_ERROR(setUp(redisCommand(context_, "READONLY"),
+                                [&](const std::string &why) {
+                                  return unavailable("READONLY refused: " +
+                                                     why);
+                                }));
+    if (db_ != 0)
+      KVC_RETURN_IF_ERROR(
+          setUp(redisCommand(context_, "SELECT %d", db_),
+                [&](const std::string &why) {
+                  return Status(StatusCode::InvalidArgument,
+                                url_ + ": database " + std::to_string(db_) +
+                                    " refused by the server: " + why);
+                }));
     return Status::ok();
   }
 

@@ -18,6 +18,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+
 namespace kvc {
 namespace {
 
@@ -159,6 +162,26 @@ TEST_F(RedisClusterTest, ADeadMastersChunksAreRecomputedThenFailedOver) {
       << after->fallbacks.front();
 }
 
+TEST_F(RedisClusterTest, AMasterKilledInTheMiddleOfARestore) {
+  // A slow link, so that the restore is under way when the master dies.
+  std::unique_ptr<ChunkStore> store =
+      clusterStore("?timeout_ms=2000&replicas=1&gbps=0.01");
+  ASSERT_TRUE(store);
+  const int victim = cluster_->masters()[1];
+  StatusOr<RestoreMetrics> during = Status(StatusCode::Internal, "not run");
+  std::thread restoring([&] { during = restoreFrom(*store); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  cluster_->kill(victim);
+  restoring.join();
+  // Complete and exact (restoreFrom checks), what the dead node held
+  // recomputed.
+  ASSERT_TRUE(during) << during.status().toString();
+  ASSERT_TRUE(cluster_->waitHealthy());
+  StatusOr<RestoreMetrics> after = restoreFrom(*store);
+  ASSERT_TRUE(after) << after.status().toString();
+  EXPECT_TRUE(after->fallbacks.empty());
+}
+
 TEST_F(RedisClusterTest, ASaveInterruptedByANodesDeathLeavesNothingVisible) {
   StatusOr<std::unique_ptr<Tier>> tier =
       openTier(cluster_->url("?timeout_ms=500&replicas=1"));
@@ -235,6 +258,19 @@ TEST_F(RedisClusterTest, ASlotMovedWhileRestoringIsFollowed) {
     return out.substr(0, out.find_first_of("\r\n"));
   };
   const std::string s = std::to_string(slot);
+  // Restores run all along, each complete and exact (restoreFrom checks)
+  // and loading every chunk: ASK and MOVED are followed, never a fallback.
+  std::atomic<bool> resharding{true};
+  std::atomic<int> restores{0}, fellBack{0}, failed{0};
+  std::unique_ptr<ChunkStore> reader = clusterStore();
+  std::thread restoring([&] {
+    while (resharding) {
+      StatusOr<RestoreMetrics> run = restoreFrom(*reader);
+      ++restores;
+      failed += !run.isOk();
+      fellBack += run.isOk() && !run->fallbacks.empty();
+    }
+  });
   cluster_->cli(to, "CLUSTER SETSLOT " + s + " IMPORTING " + id(from));
   cluster_->cli(from, "CLUSTER SETSLOT " + s + " MIGRATING " + id(to));
   // Mid-migration: the key still on its source is read there; moved, ASK.
@@ -246,12 +282,22 @@ TEST_F(RedisClusterTest, ASlotMovedWhileRestoringIsFollowed) {
   StatusOr<RestoreMetrics> asked = restoreFrom(*store);
   ASSERT_TRUE(asked) << asked.status().toString();
   EXPECT_TRUE(asked->fallbacks.empty());
+  // The slot's new owner first, then its old one, then the rest, as
+  // redis-cli --cluster reshard does (no redirect loops between them).
+  cluster_->cli(to, "CLUSTER SETSLOT " + s + " NODE " + id(to));
+  cluster_->cli(from, "CLUSTER SETSLOT " + s + " NODE " + id(to));
   for (int m : cluster_->masters())
-    cluster_->cli(m, "CLUSTER SETSLOT " + s + " NODE " + id(to));
+    if (m != to && m != from)
+      cluster_->cli(m, "CLUSTER SETSLOT " + s + " NODE " + id(to));
   StatusOr<RestoreMetrics> moved = restoreFrom(*store);
+  resharding = false;
+  restoring.join();
   ASSERT_TRUE(moved) << moved.status().toString();
   EXPECT_TRUE(moved->fallbacks.empty());
   EXPECT_EQ(cluster_->masterOf(slot), to);
+  EXPECT_GT(restores.load(), 0);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(fellBack.load(), 0);
 }
 
 } // namespace

@@ -202,7 +202,7 @@ class Connector:
     ) -> None:
         self.model = model if isinstance(model, Model) else Model(model)
         self._caches: tuple[Any, ...] = ()
-        self._connector = _kvc.Connector.create(
+        self._connector: _kvc.Connector | None = _kvc.Connector.create(
             self.model._model, list(stores), target_json(target), tenant,
             chunk_tokens, layer_group, codec, list(strategies), policy,
             recompute_failures, staging_mib, codec_profile, max_kl,

@@ -32,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from ._errors import Error
-from .connector import Connector
+from .connector import CacheLayout, Connector
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -98,7 +98,7 @@ class KvcConnector(KVConnectorBase_V1):
     """vLLM's KV connector over kvc (see the module's documentation)."""
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
-                 kv_cache_config: "KVCacheConfig | None" = None) -> None:
+                 kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         parallel = vllm_config.parallel_config
         if parallel.tensor_parallel_size != 1 or \
@@ -131,7 +131,7 @@ class KvcConnector(KVConnectorBase_V1):
         if getattr(model_config, "use_mla", False):
             raise Error("kvc's vLLM connector does not run MLA models",
                         "unimplemented")
-        if kv_cache_config is not None:
+        if kv_cache_config is not None:  # vLLM gives it; older callers may not.
             groups = kv_cache_config.kv_cache_groups
             spec = groups[0].kv_cache_spec if len(groups) == 1 else None
             if spec is None or type(spec).__name__ != "FullAttentionSpec" or \
@@ -278,6 +278,7 @@ class KvcConnector(KVConnectorBase_V1):
             raise Error(f"vLLM registered {len(tensors)} KV caches for a model "
                         f"of {self._layers} layers", "failed_precondition")
         first = tensors[0]
+        layout: CacheLayout
         if first.dim() == 5 and first.shape[0] == 2:
             layout = "keys_first"
         elif first.dim() == 5 and first.shape[1] == 2:

@@ -81,7 +81,7 @@ class Engine:
                 kv_connector_extra_config=extra),
             device_config=DeviceConfig("cpu"))
         self.names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-        kv_cache_config = KVCacheConfig(
+        self.kv_cache_config = kv_cache_config = KVCacheConfig(
             num_blocks=blocks, kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(self.names, FullAttentionSpec(
                 block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
@@ -381,7 +381,8 @@ def test_worker_calls_before_registration_and_unsupported_models(
     engine.add("b", prompt_of(1, 200))
     out = engine.scheduler.schedule()
     assert out.kv_connector_metadata.loads
-    worker = KvcConnector(engine.config, KVConnectorRole.WORKER, None)
+    worker = KvcConnector(engine.config, KVConnectorRole.WORKER,
+                          engine.kv_cache_config)
     worker.bind_connector_metadata(out.kv_connector_metadata)
     with pytest.raises(kvc.Error, match="register_kv_caches"):
         worker.start_load_kv(None)  # type: ignore[arg-type]

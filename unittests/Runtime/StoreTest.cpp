@@ -4,6 +4,7 @@
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
+#include "kvc/Testing/RedisCluster.h"
 
 #include "StoreObjects.h"
 #include "TestModel.h"
@@ -81,6 +82,13 @@ RedisServer &redis() {
   return server;
 }
 
+/// Three masters of a Redis Cluster of this process's own (no replicas).
+test::RedisCluster &cluster() {
+  static test::RedisCluster cluster(
+      test::tempPath("store-test-cluster-" + std::to_string(getpid())), 3, 0);
+  return cluster;
+}
+
 //===----------------------------------------------------------------------===//
 // Tiers
 //===----------------------------------------------------------------------===//
@@ -95,11 +103,14 @@ class EveryTier : public ::testing::TestWithParam<std::string> {
 protected:
   std::unique_ptr<Tier> open() {
     std::string kind = GetParam();
-    std::string url = kind == "mem"    ? "mem://"
-                      : kind == "file" ? "file://" + tempDir("tier")
-                                       : redis().url();
     if (kind == "redis" && !redis().running())
       return nullptr;
+    if (kind == "cluster" && !cluster().ready())
+      return nullptr;
+    std::string url = kind == "mem"     ? "mem://"
+                      : kind == "file"  ? "file://" + tempDir("tier")
+                      : kind == "redis" ? redis().url()
+                                        : cluster().url();
     StatusOr<std::unique_ptr<Tier>> tier = openTier(url);
     EXPECT_TRUE(tier.isOk()) << tier.status().toString();
     return tier.isOk() ? std::move(*tier) : nullptr;
@@ -109,7 +120,7 @@ protected:
 TEST_P(EveryTier, PutGetListRemove) {
   std::unique_ptr<Tier> tier = open();
   if (!tier)
-    GTEST_SKIP() << "redis-server is not installed";
+    GTEST_SKIP() << "redis-server (and redis-cli) are not installed";
   std::string binary("a\0b\xff", 4);
   ASSERT_TRUE(tier->put("p1/kv/0-4", binary).isOk());
   ASSERT_TRUE(tier->put("p1/hidden/0-4", "hidden").isOk());
@@ -133,7 +144,7 @@ TEST_P(EveryTier, PutGetListRemove) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, EveryTier,
-                         ::testing::Values("mem", "file", "redis"));
+                         ::testing::Values("mem", "file", "redis", "cluster"));
 
 TEST(RedisTier, PipelinedGetsReadEveryKindOfReply) {
   if (!redis().running() ||
@@ -280,6 +291,39 @@ TEST(RedisTier, SurvivesMalformedAndCutReplies) {
           << status.toString();
     }
   }
+}
+
+// A cluster node that answers the slot map with garbage, or a map whose
+// slots are not all served: a clear error, at once, never a hang.
+TEST(RedisClusterTier, GarbageAndUncoveredSlotsAreClearErrors) {
+  for (auto [reply, why] :
+       {std::pair<std::string, std::string>{"+OK\r\n",
+                                            "unexpected CLUSTER SLOTS reply"},
+        {"*1\r\n*1\r\n:0\r\n", "malformed CLUSTER SLOTS range"},
+        {"*0\r\n", "serves no slots"}}) {
+    CannedServer server(reply);
+    StatusOr<std::unique_ptr<Tier>> tier = openTier(
+        "redis-cluster://127.0.0.1:" + std::to_string(server.port()));
+    ASSERT_FALSE(tier.isOk()) << reply;
+    EXPECT_EQ(chunkFault(tier.status()), ChunkFault::Unavailable);
+    EXPECT_NE(tier.status().message().find(why), std::string::npos)
+        << tier.status().toString();
+  }
+  // Slots 0 to 100 served by a node nobody runs; every other slot by none.
+  CannedServer partial("*1\r\n*3\r\n:0\r\n:100\r\n*2\r\n$9\r\n127.0.0.1\r\n"
+                       ":1\r\n");
+  StatusOr<std::unique_ptr<Tier>> tier = openTier(
+      "redis-cluster://127.0.0.1:" + std::to_string(partial.port()) +
+      "?timeout_ms=200");
+  ASSERT_TRUE(tier.isOk()) << tier.status().toString();
+  const auto start = std::chrono::steady_clock::now();
+  std::string buffer;
+  Status got = (*tier)->get("foo", buffer); // Slot 12182.
+  EXPECT_EQ(chunkFault(got), ChunkFault::Unavailable) << got.toString();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                          start)
+                .count(),
+            10.0);
 }
 
 TEST(MemTier, EvictsLeastRecentlyUsed) {

@@ -297,50 +297,78 @@ private:
     Status status = Status::ok();
     std::optional<Redirect> redirect;
     for (int attempt = 0; attempt < kAttempts; ++attempt) {
-      StatusOr<RedisNode *> node =
-          redirect ? nodeAt(redirect->node) : masterFor(name);
+      StatusOr<std::string> address =
+          redirect ? StatusOr<std::string>(redirect->node) : masterOf(name);
       const bool ask = redirect && redirect->ask;
-      if (node.isOk()) {
-        status = command(**node, ask);
+      redirect.reset();
+      if (!address.isOk()) {
+        status = address.status();
+      } else if (isDown(*address)) {
+        status = chunkError(ChunkFault::Unavailable,
+                            url_ + ": node " + *address +
+                                " did not answer within the last second");
+      } else {
+        StatusOr<RedisNode *> node = nodeAt(*address);
+        status = node.isOk() ? command(**node, ask) : node.status();
         if (status.isOk() || chunkFault(status) == ChunkFault::Missing ||
             status.code() == StatusCode::InvalidArgument)
           return status;
         redirect = redirectOf(status);
         if (redirect && redirect->ask)
           continue;
-      } else {
-        status = node.status();
-        redirect.reset();
+        if (!redirect)
+          markDown(*address);
       }
-      // MOVED, or a node that did not answer: the map is stale (a failover
-      // takes the cluster's node timeout to promote a replica).
-      redirect.reset();
-      if (attempt + 1 < kAttempts) {
-        if (!refresh().isOk())
-          std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+      if (attempt + 1 == kAttempts)
+        break;
+      // MOVED, or a node that did not answer: the map may be stale (a
+      // failover promotes a replica within the cluster's node timeout).
+      // When the map still names the same silent node, fail now: a restore
+      // recomputes the chunk sooner than the cluster fails over.
+      const std::string before = address.isOk() ? *address : "";
+      if (!refresh().isOk()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+        continue;
       }
+      StatusOr<std::string> after = masterOf(name);
+      if (!redirect && after.isOk() && *after == before)
+        break;
     }
     return status;
   }
 
-  /// The node serving `name`'s slot (the map read first when empty).
-  StatusOr<RedisNode *> masterFor(const std::string &name) {
+  /// A node that failed a command other than by a redirect is skipped for
+  /// a second: the keys it holds fail at once rather than each waiting out
+  /// its timeout (a node frozen, or dead before its replica takes over).
+  void markDown(const std::string &address) {
+    std::lock_guard<std::mutex> lock(nodesMutex_);
+    down_[address] = Clock::now() + std::chrono::seconds(1);
+  }
+  bool isDown(const std::string &address) {
+    std::lock_guard<std::mutex> lock(nodesMutex_);
+    auto it = down_.find(address);
+    return it != down_.end() && Clock::now() < it->second;
+  }
+
+  /// The address of the master serving `name`'s slot.
+  StatusOr<std::string> masterOf(const std::string &name) {
     const int slot = redisHashSlot(name);
-    std::string address;
     {
       std::shared_lock<std::shared_mutex> lock(mapMutex_);
       if (slots_[slot] >= 0)
-        address = groups_[slots_[slot]].front();
+        return groups_[slots_[slot]].front();
     }
-    if (address.empty()) {
-      KVC_RETURN_IF_ERROR(refresh());
-      std::shared_lock<std::shared_mutex> lock(mapMutex_);
-      if (slots_[slot] < 0)
-        return chunkError(ChunkFault::Unavailable,
-                          url_ + ": no node serves slot " +
-                              std::to_string(slot));
-      address = groups_[slots_[slot]].front();
-    }
+    KVC_RETURN_IF_ERROR(refresh());
+    std::shared_lock<std::shared_mutex> lock(mapMutex_);
+    if (slots_[slot] < 0)
+      return chunkError(ChunkFault::Unavailable,
+                        url_ + ": no node serves slot " + std::to_string(slot));
+    return groups_[slots_[slot]].front();
+  }
+
+  /// The node serving `name`'s slot (the map read first when empty).
+  StatusOr<RedisNode *> masterFor(const std::string &name) {
+    KVC_ASSIGN_OR_RETURN(address, masterOf(name));
     return nodeAt(address);
   }
 
@@ -377,6 +405,7 @@ private:
   std::atomic<Clock::time_point> refreshed_{Clock::time_point()};
   std::mutex nodesMutex_;
   std::map<std::string, std::unique_ptr<RedisNode>> nodes_, readers_;
+  std::map<std::string, Clock::time_point> down_;
 };
 
 } // namespace

@@ -246,21 +246,11 @@ struct Connector::State {
     KVC_RETURN_IF_ERROR(planner.validate());
     Priced best;
     for (const std::string &strategy : strategies) {
-      std::optional<planning::Evaluation> evaluation;
-      if (strategy == "joint")
-        evaluation = planner.joint();
-      else if (strategy == "compute")
-        evaluation = planner.computeOnly();
-      else if (strategy == "kv")
-        evaluation = planner.kvOnly();
-      else if (strategy == "hidden")
-        evaluation = planner.hiddenOnly();
-      else if (strategy == "cake")
-        evaluation = planner.cake();
-      else if (strategy == "hcache")
-        evaluation = planner.hcache();
-      else
+      std::optional<planning::Strategy> parsed =
+          planning::parseStrategy(strategy);
+      if (!parsed)
         return invalidArgument("connector: no strategy " + strategy);
+      std::optional<planning::Evaluation> evaluation = planner.plan(*parsed);
       if (evaluation && evaluation->firstTokenSeconds < best.seconds)
         best = {strategy, evaluation->firstTokenSeconds};
     }
@@ -610,8 +600,11 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     std::string what;
   } best;
   std::vector<std::string> strategies = s.options.plans.strategies;
-  if (strategies == std::vector<std::string>{"all"})
-    strategies = {"compute", "kv", "hidden", "cake", "hcache", "joint"};
+  if (strategies == std::vector<std::string>{"all"}) {
+    strategies.clear();
+    for (planning::Strategy strategy : planning::allStrategies())
+      strategies.push_back(planning::strategyName(strategy));
+  }
   if (onDevice > 0) // Only loads may follow the server's own tokens.
     strategies = {"kv", "hidden"};
   std::vector<std::string> offGrid = {"kv"};

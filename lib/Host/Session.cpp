@@ -2,6 +2,8 @@
 
 #include "kvc/Host/Session.h"
 
+#include "kvc/Planning/Planner.h"
+
 #include "kvc/Runtime/Base/Threads.h"
 
 #include <algorithm>
@@ -16,15 +18,12 @@ strategiesFor(const std::vector<planning::Source> &sources) {
         sources.begin(), sources.end(),
         [&](const planning::Source &source) { return source.form == form; });
   };
-  const std::optional<Form> kv = Form::KV, hidden = Form::Hidden;
-  const std::pair<const char *, std::optional<Form>> all[] = {
-      {"compute", std::nullopt}, {"kv", kv},
-      {"hidden", hidden},        {"cake", kv},
-      {"hcache", hidden},        {"joint", std::nullopt}};
   std::vector<std::string> strategies;
-  for (const auto &[name, needs] : all)
+  for (planning::Strategy strategy : planning::allStrategies()) {
+    const std::optional<Form> needs = planning::strategyNeeds(strategy);
     if (!needs || stores(*needs))
-      strategies.push_back(name);
+      strategies.push_back(planning::strategyName(strategy));
+  }
   return strategies;
 }
 

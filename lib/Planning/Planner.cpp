@@ -724,6 +724,68 @@ std::optional<Evaluation> Planner::hcache() const {
       "hcache");
 }
 
+namespace {
+
+struct StrategyRow {
+  Strategy strategy;
+  const char *name;
+  std::optional<Form> needs;
+};
+
+constexpr StrategyRow kStrategies[] = {
+    {Strategy::Compute, "compute", std::nullopt},
+    {Strategy::Kv, "kv", Form::KV},
+    {Strategy::Hidden, "hidden", Form::Hidden},
+    {Strategy::Cake, "cake", Form::KV},
+    {Strategy::HCache, "hcache", Form::Hidden},
+    {Strategy::Joint, "joint", std::nullopt},
+};
+
+} // namespace
+
+const std::vector<Strategy> &allStrategies() {
+  static const std::vector<Strategy> all = [] {
+    std::vector<Strategy> out;
+    for (const StrategyRow &row : kStrategies)
+      out.push_back(row.strategy);
+    return out;
+  }();
+  return all;
+}
+
+const char *strategyName(Strategy strategy) {
+  return kStrategies[int(strategy)].name;
+}
+
+std::optional<Strategy> parseStrategy(std::string_view name) {
+  for (const StrategyRow &row : kStrategies)
+    if (name == row.name)
+      return row.strategy;
+  return std::nullopt;
+}
+
+std::optional<Form> strategyNeeds(Strategy strategy) {
+  return kStrategies[int(strategy)].needs;
+}
+
+std::optional<Evaluation> Planner::plan(Strategy strategy) const {
+  switch (strategy) {
+  case Strategy::Compute:
+    return computeOnly();
+  case Strategy::Kv:
+    return kvOnly();
+  case Strategy::Hidden:
+    return hiddenOnly();
+  case Strategy::Cake:
+    return cake();
+  case Strategy::HCache:
+    return hcache();
+  case Strategy::Joint:
+    return joint();
+  }
+  return std::nullopt;
+}
+
 std::vector<Evaluation> Planner::baselines() const {
   std::vector<Evaluation> out{computeOnly()};
   for (auto e : {kvOnly(), hiddenOnly(), cake(), hcache()})

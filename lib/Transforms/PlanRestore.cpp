@@ -222,30 +222,22 @@ struct KVCPlanPass
   std::optional<planning::Evaluation> choose(const planning::Planner &planner,
                                              RestoreOp restore) {
     StringRef name = strategy;
-    if (name == "joint")
-      return planner.joint();
-    if (name == "compute")
-      return planner.computeOnly();
-    std::optional<planning::Evaluation> baseline;
-    StringRef needs = "KV";
-    if (name == "kv") {
-      baseline = planner.kvOnly();
-    } else if (name == "cake") {
-      baseline = planner.cake();
-    } else if (name == "hidden") {
-      baseline = planner.hiddenOnly(), needs = "hidden-state";
-    } else if (name == "hcache") {
-      baseline = planner.hcache(), needs = "hidden-state";
-    } else {
+    std::optional<planning::Strategy> strategy = planning::parseStrategy(name);
+    if (!strategy) {
       restore.emitOpError() << "cannot be planned with strategy \"" << name
                             << "\" (expected joint, compute, kv, hidden, "
                                "cake or hcache)";
       return std::nullopt;
     }
-    if (!baseline)
-      restore.emitOpError() << "has no usable " << needs
-                            << " source for strategy \"" << name << "\"";
-    return baseline;
+    std::optional<planning::Evaluation> planned = planner.plan(*strategy);
+    if (!planned)
+      restore.emitOpError()
+          << "has no usable "
+          << (planning::strategyNeeds(*strategy) == ::kvc::Form::Hidden
+                  ? "hidden-state"
+                  : "KV")
+          << " source for strategy \"" << name << "\"";
+    return planned;
   }
 
   void emitReport(const planning::Planner &planner,

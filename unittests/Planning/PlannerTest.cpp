@@ -262,6 +262,28 @@ TEST(Planner, FastIOLoadsEverything) {
   EXPECT_EQ(cake.plan.segments[0].method, Method::LoadKV);
 }
 
+// One table names the strategies, says what each loads, and plans each.
+TEST(Strategy, OneTableNamesAndPlansEach) {
+  EXPECT_EQ(allStrategies().size(), 6u);
+  for (Strategy strategy : allStrategies())
+    EXPECT_EQ(parseStrategy(strategyName(strategy)), strategy);
+  EXPECT_FALSE(parseStrategy("all"));
+  EXPECT_FALSE(parseStrategy("KV"));
+  EXPECT_EQ(strategyNeeds(Strategy::Cake), Form::KV);
+  EXPECT_EQ(strategyNeeds(Strategy::HCache), Form::Hidden);
+  EXPECT_FALSE(strategyNeeds(Strategy::Joint));
+  // KV alone stored: the hidden-state strategies have nothing to load.
+  ModelConfig m = model(32, 32, 32, 128);
+  CostModel cost(m, withRemoteBandwidth(10), CodecProfile::defaults());
+  Planner planner(cost, remoteRequest(4096, {Form::KV}));
+  for (Strategy strategy : allStrategies())
+    EXPECT_EQ(planner.plan(strategy).has_value(),
+              strategyNeeds(strategy) != Form::Hidden)
+        << strategyName(strategy);
+  EXPECT_EQ(planner.plan(Strategy::Cake)->firstTokenSeconds,
+            planner.cake()->firstTokenSeconds);
+}
+
 TEST(Planner, HopelessIOFallsBackToCompute) {
   // Cake Table 5's 0.99x: with almost no bandwidth, mixing only adds cost.
   ModelConfig m = model(32, 32, 32, 128);

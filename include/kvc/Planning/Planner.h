@@ -32,6 +32,7 @@
 #include "kvc/Planning/Simulator.h"
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
 namespace kvc::planning {
@@ -96,6 +97,21 @@ struct Candidate {
   int upperSource = -1;
 };
 
+/// The strategies a restore is planned by: the papers' baselines and the
+/// joint search. One table (Planner.cpp) names them and says which stored
+/// form each needs.
+enum class Strategy { Compute, Kv, Hidden, Cake, HCache, Joint };
+
+/// Every strategy, in the order above.
+const std::vector<Strategy> &allStrategies();
+/// "compute", "kv", "hidden", "cake", "hcache", "joint".
+const char *strategyName(Strategy strategy);
+/// The strategy `name` names; none for another name.
+std::optional<Strategy> parseStrategy(std::string_view name);
+/// The form a strategy loads (none: it loads nothing, or whatever is
+/// stored).
+std::optional<Form> strategyNeeds(Strategy strategy);
+
 class Planner {
 public:
   Planner(const CostModel &cost, Request request, PlanOptions options = {});
@@ -141,6 +157,9 @@ public:
   std::vector<Evaluation> baselines() const;
   /// The joint plan: never slower than any baseline (by firstTokenSeconds).
   Evaluation joint() const;
+  /// The plan of `strategy`: one of the above; none where the request
+  /// stores nothing the strategy loads.
+  std::optional<Evaluation> plan(Strategy strategy) const;
   /// The best point of the space by simulating all of it (for tests).
   Evaluation exhaustive() const;
   /// The analytic part of the joint search alone: the point of the whole

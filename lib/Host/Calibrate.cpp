@@ -143,10 +143,10 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
   // curve) and the reference chunk after longer and longer prefixes (its
   // attention), timed in interleaved rounds and each taken at its fastest
   // round; then fitted jointly (ComputeFit.h). The fastest, as `compare`
-  // takes a plan's runs: on a shared machine a co-tenant slows the GEMMs
-  // for seconds at a time (up to 2x here), and a median taken while that
-  // lasts for half of the rounds would calibrate some chunks slow and
-  // others fast — a fit off by 30% on this VM.
+  // takes a plan's runs: on a shared machine a co-tenant can slow the GEMMs
+  // for seconds at a time (up to 2x, as measured in docs/results.md), and a
+  // median taken while that lasts for half of the rounds would calibrate
+  // some chunks slow and others fast (a fit off by 30% where it was seen).
   const int64_t chunk = referenceChunkTokens(config);
   std::vector<planning::PrefillSample> samples;
   for (int64_t m : {16, 32, 64, 128, 256, 512})

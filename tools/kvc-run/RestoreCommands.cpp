@@ -602,8 +602,9 @@ Status compareCommand(Args &args) {
   // for both (sameSchedules).
   const std::vector<std::size_t> sameAs = sameSchedules(plans);
   // One restore first, unmeasured: the first restore of a process pays for
-  // thread pools, allocator growth and first-touch page faults (on this VM
-  // 30-40% more than later ones), which would otherwise land on one plan.
+  // thread pools, allocator growth and first-touch page faults (30-40% more
+  // than later ones on the 2-core VM of docs/results.md), which would
+  // otherwise land on one plan.
   if (!plans.empty())
     KVC_RETURN_IF_ERROR(
         runPlan(setup.request, plans.front(), {}, /*verify=*/false).status());

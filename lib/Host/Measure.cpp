@@ -12,7 +12,7 @@ namespace kvc::host {
 StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
                           const RestoreOptions &options, bool verify,
                           int64_t keepRoom) {
-  Backend &backend = request.backend ? *request.backend : cpuBackend();
+  Backend &backend = backendOr(request.backend);
   std::vector<std::string> tiers;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps)

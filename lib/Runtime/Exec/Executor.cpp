@@ -43,7 +43,7 @@ public:
       const RestoreOptions &options)
       : plan_(plan), target_(target), options_(options),
         config_(target.model->config()),
-        backend_(target.backend ? *target.backend : cpuBackend()),
+        backend_(backendOr(target.backend)),
         kernels_(options.kernels),
         steps_(backend_, *target.model, target.stores, *target.tokens,
                *target.cache, *target.table, options.progress,

@@ -201,7 +201,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
     run.kernels = options.kernels;
     Clock::time_point start = Clock::now();
     StatusOr<SaveMetrics> sent = sendDuringPrefill(
-        options.backend ? *options.backend : cpuBackend(), model, objects,
+        backendOr(options.backend), model, objects,
         tokens, *options.plan,
         [&](const ChunkRef &ref, std::string object) {
           return sendChunk(ref, object, 0);
@@ -420,7 +420,7 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
                                          const RestoreTarget &target,
                                          const ReceiveOptions &options,
                                          Clock::time_point start) {
-  Backend &backend = target.backend ? *target.backend : cpuBackend();
+  Backend &backend = backendOr(target.backend);
   const std::vector<int32_t> &tokens = *target.tokens;
   LayerProgress *progress = options.progress;
   ReceiveMetrics metrics;
@@ -562,7 +562,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
                                         const ReceiveOptions &options,
                                         Clock::time_point start) {
   const BundlePlan &plan = *options.plan;
-  Backend &backend = target.backend ? *target.backend : cpuBackend();
+  Backend &backend = backendOr(target.backend);
   auto inbox = std::make_shared<Inbox>(link.describe(), options.bufferBytes);
   ChunkStore store(inbox, objects.model(), objects.fingerprint(),
                    objects.salt(), objects.layout());

@@ -199,7 +199,7 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   Clock::time_point start = Clock::now();
   std::unique_ptr<PrefillStream> stream;
   if (!options.computed && n > 0) {
-    Backend &backend = options.backend ? *options.backend : cpuBackend();
+    Backend &backend = backendOr(options.backend);
     KVC_ASSIGN_OR_RETURN(opened, backend.streamPrefill(model, n));
     stream = std::move(opened);
   }

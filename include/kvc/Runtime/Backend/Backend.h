@@ -314,6 +314,11 @@ StatusOr<ModelCompute::Cache> fullPrefill(const ModelCompute &model,
 /// per process, stateless.
 Backend &cpuBackend();
 
+/// `backend`, or the CPU backend where a caller gave none.
+inline Backend &backendOr(Backend *backend) {
+  return backend ? *backend : cpuBackend();
+}
+
 } // namespace kvc
 
 #endif // KVC_RUNTIME_BACKEND_BACKEND_H

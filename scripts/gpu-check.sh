@@ -206,6 +206,16 @@ prepare() {
   fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv |
     tee "$out/device.txt" || exit 77
+  # What a Python build of kvc for this machine must match (issue 56's GPU
+  # point: the package's extension module is built for one Python).
+  python3 -c 'import sys, sysconfig
+try:
+    import torch
+    t = "torch " + torch.__version__
+except ImportError:
+    t = "no torch"
+print("python", sys.version.split()[0], sysconfig.get_platform(), t)' 2>&1 |
+    tee -a "$out/device.txt" || true
 }
 
 case "$mode" in

@@ -343,6 +343,10 @@ class KvcConnector(KVConnectorBase_V1):
                 logger.warning("kvc: request %s: layer %d not saved: %s",
                                save.request_id, layer, error)
                 self._forget(save.request_id)
+                # Nothing reads its blocks: reported done once it finishes,
+                # so that the scheduler frees them.
+                self._saves_started.add(save.request_id)
+                self._saves_copied.add(save.request_id)
 
     def wait_for_save(self) -> None:
         # Saves copy out and write in the background; the scheduler holds

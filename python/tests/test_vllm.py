@@ -400,3 +400,24 @@ def test_worker_calls_before_registration_and_unsupported_models(
                                 sliding_window=64))])
     with pytest.raises(kvc.Error, match="full attention"):
         KvcConnector(engine.config, KVConnectorRole.WORKER, sliding)
+
+
+def test_a_save_kvc_refuses_still_frees_its_blocks(model_dir: str,
+                                                   tmp_path: Path) -> None:
+    # A save refused when handed (here: a block table too short for the
+    # prompt) is reported done, so that vLLM frees the request's blocks.
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], policy="always",
+                    strategies=["kv"])
+    scheduler_side = engine.scheduler.connector
+    build = scheduler_side.build_connector_meta
+
+    def truncated(out: Any) -> Any:
+        meta = build(out)
+        for save in meta.saves:
+            save.block_ids = save.block_ids[:1]
+        return meta
+
+    scheduler_side.build_connector_meta = truncated  # type: ignore[method-assign]
+    engine.add("a", prompt_of(1, 200))
+    engine.run()
+    engine.assert_empty()

@@ -76,20 +76,6 @@ std::optional<Redirect> redirectOf(const Status &status) {
   return std::nullopt;
 }
 
-/// "HOST:PORT" -> (host, port).
-StatusOr<std::pair<std::string, int>> hostPort(const std::string &url,
-                                               const std::string &node) {
-  size_t colon = node.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return invalidArgument(url + ": " + node + " is not HOST:PORT");
-  char *end = nullptr;
-  const std::string portText = node.substr(colon + 1);
-  long port = std::strtol(portText.c_str(), &end, 10);
-  if (portText.empty() || *end || port <= 0 || port > 65535)
-    return invalidArgument(url + ": bad port in " + node);
-  return std::make_pair(node.substr(0, colon), int(port));
-}
-
 class RedisClusterTier final : public Tier {
 public:
   /// Redirects and map refreshes one command follows before it gives up.
@@ -380,7 +366,7 @@ private:
     auto &nodes = readOnly ? readers_ : nodes_;
     auto it = nodes.find(address);
     if (it == nodes.end()) {
-      KVC_ASSIGN_OR_RETURN(where, hostPort(url_, address));
+      KVC_ASSIGN_OR_RETURN(where, parseHostPort(url_, address));
       RedisOptions options = options_;
       options.readOnly = readOnly;
       it = nodes
@@ -419,7 +405,7 @@ openRedisClusterTier(const std::string &url, const std::string &nodes,
     std::string node = nodes.substr(at, comma - at);
     if (node.empty())
       return invalidArgument(url + ": an empty node in the node list");
-    KVC_RETURN_IF_ERROR(hostPort(url, node).status());
+    KVC_RETURN_IF_ERROR(parseHostPort(url, node).status());
     seeds.push_back(node);
     if (comma == std::string::npos)
       break;

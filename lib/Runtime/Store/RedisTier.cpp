@@ -18,8 +18,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -118,10 +118,7 @@ class RedisConnection {
 public:
   RedisConnection(const std::string &url, const std::string &host, int port,
                   const RedisOptions &options)
-      : url_(url), host_(host), port_(port), db_(options.db),
-        commandTimeoutMs_(options.commandTimeoutMs),
-        waitReplicas_(options.waitReplicas), auth_(options.auth),
-        ttl_(options.ttlSeconds), readOnly_(options.readOnly) {}
+      : url_(url), host_(host), port_(port), options_(options) {}
   ~RedisConnection() { disconnect(); }
   RedisConnection(const RedisConnection &) = delete;
   RedisConnection &operator=(const RedisConnection &) = delete;
@@ -131,8 +128,8 @@ public:
     if (context_)
       return Status::ok();
     timeval connectTimeout{1, 0},
-        commandTimeout{commandTimeoutMs_ / 1000,
-                       (commandTimeoutMs_ % 1000) * 1000};
+        commandTimeout{options_.commandTimeoutMs / 1000,
+                       (options_.commandTimeoutMs % 1000) * 1000};
     context_ = redisConnectWithTimeout(host_.c_str(), port_, connectTimeout);
     if (!context_ || context_->err) {
       std::string why = context_ ? context_->errstr : "out of memory";
@@ -158,14 +155,15 @@ public:
       disconnect();
       return refusal(why);
     };
-    if (!auth_.password.empty())
+    if (!options_.auth.password.empty())
       KVC_RETURN_IF_ERROR(setUp(
-          auth_.user.empty()
-              ? redisCommand(context_, "AUTH %b", auth_.password.data(),
-                             auth_.password.size())
-              : redisCommand(context_, "AUTH %b %b", auth_.user.data(),
-                             auth_.user.size(), auth_.password.data(),
-                             auth_.password.size()),
+          options_.auth.user.empty()
+              ? redisCommand(context_, "AUTH %b", options_.auth.password.data(),
+                             options_.auth.password.size())
+              : redisCommand(context_, "AUTH %b %b", options_.auth.user.data(),
+                             options_.auth.user.size(),
+                             options_.auth.password.data(),
+                             options_.auth.password.size()),
           [&](const std::string &) {
             // Not the server's words: they may quote what it was sent.
             return Status(StatusCode::InvalidArgument,
@@ -173,20 +171,19 @@ public:
                                  "wrong password or user, or one it does "
                                  "not know");
           }));
-    if (readOnly_)
-      KVC_RETURN_IF_ERROR(setUp(redisCommand(context_, "READONLY"),
-                                [&](const std::string &why) {
-                                  return unavailable("READONLY refused: " +
-                                                     why);
-                                }));
-    if (db_ != 0)
-      KVC_RETURN_IF_ERROR(
-          setUp(redisCommand(context_, "SELECT %d", db_),
-                [&](const std::string &why) {
-                  return Status(StatusCode::InvalidArgument,
-                                url_ + ": database " + std::to_string(db_) +
-                                    " refused by the server: " + why);
-                }));
+    if (options_.readOnly)
+      KVC_RETURN_IF_ERROR(setUp(
+          redisCommand(context_, "READONLY"), [&](const std::string &why) {
+            return unavailable("READONLY refused: " + why);
+          }));
+    if (options_.db != 0)
+      KVC_RETURN_IF_ERROR(setUp(
+          redisCommand(context_, "SELECT %d", options_.db),
+          [&](const std::string &why) {
+            return Status(StatusCode::InvalidArgument,
+                          url_ + ": database " + std::to_string(options_.db) +
+                              " refused by the server: " + why);
+          }));
     return Status::ok();
   }
 
@@ -194,18 +191,20 @@ public:
     // With a TTL, an object lives that long past its last use (GETEX
     // renews it on every read).
     StatusOr<ReplyPtr> reply =
-        ttl_ > 0 ? command("SET %b %b EX %lld", name.data(), name.size(),
-                           bytes.data(), bytes.size(), (long long)ttl_)
-                 : command("SET %b %b", name.data(), name.size(), bytes.data(),
-                           bytes.size());
+        options_.ttlSeconds > 0
+            ? command("SET %b %b EX %lld", name.data(), name.size(),
+                      bytes.data(), bytes.size(),
+                      (long long)options_.ttlSeconds)
+            : command("SET %b %b", name.data(), name.size(), bytes.data(),
+                      bytes.size());
     if (!reply.isOk())
       return reply.status();
-    if (waitReplicas_ > 0) {
+    if (options_.waitReplicas > 0) {
       // Acknowledged once replicated (bounded by the command timeout):
       // what a failover promotes holds it. Fewer replicas in time is no
       // error; the master holds the object.
-      StatusOr<ReplyPtr> waited =
-          command("WAIT %d %d", waitReplicas_, commandTimeoutMs_);
+      StatusOr<ReplyPtr> waited = command("WAIT %d %d", options_.waitReplicas,
+                                          options_.commandTimeoutMs);
       if (!waited.isOk())
         return waited.status();
     }
@@ -214,9 +213,10 @@ public:
 
   Status get(const std::string &name, std::string &buffer) {
     StatusOr<ReplyPtr> reply =
-        ttl_ > 0 ? command("GETEX %b EX %lld", name.data(), name.size(),
-                           (long long)ttl_)
-                 : command("GET %b", name.data(), name.size());
+        options_.ttlSeconds > 0
+            ? command("GETEX %b EX %lld", name.data(), name.size(),
+                      (long long)options_.ttlSeconds)
+            : command("GET %b", name.data(), name.size());
     if (!reply.isOk())
       return reply.status();
     return takeString(**reply, name, buffer);
@@ -232,9 +232,9 @@ public:
       return out;
     }
     for (const std::string &name : names)
-      if (ttl_ > 0)
+      if (options_.ttlSeconds > 0)
         redisAppendCommand(context_, "GETEX %b EX %lld", name.data(),
-                           name.size(), (long long)ttl_);
+                           name.size(), (long long)options_.ttlSeconds);
       else
         redisAppendCommand(context_, "GET %b", name.data(), name.size());
     for (int done = 0; !done;)
@@ -278,8 +278,8 @@ public:
     std::string cursor = "0";
     do {
       StatusOr<ReplyPtr> reply =
-          command("SCAN %s MATCH %b COUNT 1000", cursor.c_str(),
-                  pattern.data(), pattern.size());
+          command("SCAN %s MATCH %b COUNT 1000", cursor.c_str(), pattern.data(),
+                  pattern.size());
       if (!reply.isOk())
         return reply.status();
       redisReply *r = reply->get();
@@ -327,7 +327,8 @@ public:
         std::string host(node.element[0]->str, node.element[0]->len);
         if (host.empty()) // The node that answered: its own address.
           host = host_;
-        out.nodes.push_back(host + ":" + std::to_string(node.element[1]->integer));
+        out.nodes.push_back(host + ":" +
+                            std::to_string(node.element[1]->integer));
       }
       ranges.push_back(std::move(out));
     }
@@ -356,8 +357,8 @@ private:
     if (text[0] != '$')
       return unavailable("unexpected reply to GET " + name);
     long long size = 0;
-    auto [end, ec] = std::from_chars(text.data() + 1,
-                                     text.data() + text.size(), size);
+    auto [end, ec] =
+        std::from_chars(text.data() + 1, text.data() + text.size(), size);
     if (ec != std::errc() || end != text.data() + text.size() || size < -1)
       return unavailable("malformed reply header to GET " + name);
     if (size == -1) {
@@ -395,8 +396,8 @@ private:
 
   /// Drops the connection and reports why.
   Status lostConnection() {
-    std::string why = context_ && context_->err ? context_->errstr
-                                                : "connection lost";
+    std::string why =
+        context_ && context_->err ? context_->errstr : "connection lost";
     disconnect();
     return unavailable(why);
   }
@@ -427,10 +428,8 @@ private:
 
   const std::string &url_;
   const std::string &host_;
-  int port_, db_, commandTimeoutMs_, waitReplicas_;
-  const RedisAuth &auth_;
-  int64_t ttl_;
-  bool readOnly_;
+  int port_;
+  const RedisOptions &options_; ///< The node's, which outlives it.
   redisContext *context_ = nullptr;
 };
 
@@ -520,11 +519,32 @@ StatusOr<std::vector<RedisSlotRange>> RedisNode::clusterSlots() {
   return Lease(*this)->clusterSlots();
 }
 
+StatusOr<std::pair<std::string, int>>
+parseHostPort(const std::string &url, const std::string &text,
+              std::optional<int> defaultPort) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos && !defaultPort)
+    return invalidArgument(url + ": " + text + " is not HOST:PORT");
+  const std::string host = text.substr(0, colon);
+  int port = defaultPort.value_or(0);
+  if (colon != std::string::npos) {
+    const std::string portText = text.substr(colon + 1);
+    char *end = nullptr;
+    const long parsed = std::strtol(portText.c_str(), &end, 10);
+    if (portText.empty() || *end || parsed <= 0 || parsed > 65535)
+      return invalidArgument(url + ": bad port " + portText);
+    port = int(parsed);
+  }
+  if (host.empty())
+    return invalidArgument(url + ": missing host");
+  return std::make_pair(host, port);
+}
+
 StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
                                               const std::string &hostPortDb,
                                               RedisOptions options) {
-  std::string rest = hostPortDb, host;
-  int port = 6379, db = options.db;
+  std::string rest = hostPortDb;
+  int db = options.db;
   size_t slash = rest.find('/');
   if (slash != std::string::npos) {
     std::string dbText = rest.substr(slash + 1);
@@ -536,19 +556,10 @@ StatusOr<std::unique_ptr<Tier>> openRedisTier(const std::string &url,
         return invalidArgument(url + ": bad database number " + dbText);
     }
   }
-  size_t colon = rest.rfind(':');
-  host = rest.substr(0, colon);
-  if (colon != std::string::npos) {
-    char *end = nullptr;
-    std::string portText = rest.substr(colon + 1);
-    port = int(std::strtol(portText.c_str(), &end, 10));
-    if (*end || port <= 0 || port > 65535)
-      return invalidArgument(url + ": bad port " + portText);
-  }
-  if (host.empty())
-    return invalidArgument(url + ": missing host");
+  KVC_ASSIGN_OR_RETURN(address, parseHostPort(url, rest, 6379));
   options.db = db;
-  auto tier = std::make_unique<RedisNode>(url, host, port, std::move(options));
+  auto tier = std::make_unique<RedisNode>(url, address.first, address.second,
+                                          std::move(options));
   // Connect now so that an unreachable server is reported at open; later
   // failures reconnect lazily.
   KVC_RETURN_IF_ERROR(tier->connect());

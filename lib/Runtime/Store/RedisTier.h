@@ -13,6 +13,8 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace kvc {
@@ -90,6 +92,13 @@ private:
   std::vector<std::unique_ptr<RedisConnection>> idle_;
   std::size_t connections_ = 0;
 };
+
+/// "HOST:PORT" (or "HOST" when `defaultPort` is given) as host and port;
+/// `url` names the tier in the error. InvalidArgument for an empty host, a
+/// missing port or one outside 1-65535.
+StatusOr<std::pair<std::string, int>>
+parseHostPort(const std::string &url, const std::string &text,
+              std::optional<int> defaultPort = std::nullopt);
 
 /// Connects to `hostPortDb` ("HOST:PORT[/DB]", the database overriding
 /// options.db); `url` names it in messages.

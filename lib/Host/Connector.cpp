@@ -607,7 +607,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   }
   if (onDevice > 0) // Only loads may follow the server's own tokens.
     strategies = {"kv", "hidden"};
-  std::vector<std::string> offGrid = {"kv"};
+  static const std::vector<std::string> offGrid = {"kv"};
   for (const Lookup::Held &held : found.held) {
     const int64_t ct = held.layout.chunkTokens;
     const int64_t length = std::min(held.match.tokens, n - 1) / ct * ct;

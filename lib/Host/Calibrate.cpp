@@ -279,7 +279,7 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
     }
   }
   // Codec stages, per core, on this model's KV stored as a store holds it
-  // (one object per layer of 256 tokens): quantization per width, the
+  // (one object per layer of 256 tokens): each quantization, the
   // Hadamard transform, and each lossless coder on the data of each width
   // (what it codes decides its speed: near-random bytes go as stored blocks
   // or raw literals, quantized bytes with structure through entropy coding).
@@ -311,29 +311,31 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
                    codec.str().c_str(), measured.encodeGBs, measured.decodeGBs);
       return Status::ok();
     };
-    const CodecSpec::Quant widths[] = {
-        CodecSpec::Quant::Int8, CodecSpec::Quant::Int4, CodecSpec::Quant::Int2};
-    for (CodecSpec::Quant width : widths) {
-      CodecSpec quant;
-      quant.quant = width;
-      KVC_RETURN_IF_ERROR(measure(CodecStage::Quant, width, quant));
-    }
-    CodecSpec hadamard;
-    hadamard.transform = CodecSpec::Transform::Hadamard;
-    KVC_RETURN_IF_ERROR(measure(CodecStage::Hadamard, std::nullopt, hadamard));
-    const std::pair<CodecStage, CodecSpec::Lossless> coders[] = {
-        {CodecStage::Deflate, CodecSpec::Lossless::Deflate},
-        {CodecStage::Zstd, CodecSpec::Lossless::Zstd},
-        {CodecStage::Lz4, CodecSpec::Lossless::Lz4}};
-    for (const auto &[stage, coder] : coders)
-      for (CodecSpec::Quant on :
-           {CodecSpec::Quant::None, CodecSpec::Quant::Int8,
-            CodecSpec::Quant::Int4, CodecSpec::Quant::Int2}) {
-        CodecSpec codec;
-        codec.quant = on;
-        codec.lossless = coder;
-        KVC_RETURN_IF_ERROR(measure(stage, on, codec));
+    // Every stage of the codec registry, under the rate key it names.
+    std::vector<CodecSpec::Quant> data = {CodecSpec::Quant::None};
+    for (const CodecStageInfo &stage : codecStages())
+      if (stage.kind == StageKind::Quant)
+        data.push_back(CodecSpec::Quant(stage.enumerator));
+    for (const CodecStageInfo &stage : codecStages()) {
+      CodecSpec codec;
+      switch (stage.kind) {
+      case StageKind::Transform:
+        codec.transform = CodecSpec::Transform(stage.enumerator);
+        KVC_RETURN_IF_ERROR(measure(stage.rate, std::nullopt, codec));
+        break;
+      case StageKind::Quant:
+        codec.quant = CodecSpec::Quant(stage.enumerator);
+        KVC_RETURN_IF_ERROR(measure(stage.rate, codec.quant, codec));
+        break;
+      case StageKind::Lossless:
+        codec.lossless = CodecSpec::Lossless(stage.enumerator);
+        for (CodecSpec::Quant on : data) {
+          codec.quant = on;
+          KVC_RETURN_IF_ERROR(measure(stage.rate, on, codec));
+        }
+        break;
       }
+    }
   }
 
   target.description = "calibrated by kvc-run calibrate from " + target.name;

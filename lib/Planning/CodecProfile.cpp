@@ -18,57 +18,33 @@ namespace {
 
 using Json = nlohmann::json;
 
-/// Lossless ratio on data of `bits` per element: high bytes of bf16 and
-/// narrow integers compress less as the entropy per bit rises.
-double losslessFactor(CodecSpec::Lossless coder, int bits) {
-  //                        raw bf16, int8, int4, int2
-  static const double deflate[] = {0.80, 0.82, 0.90, 0.94};
-  static const double zstd[] = {0.78, 0.80, 0.88, 0.92};
-  static const double lz4[] = {0.92, 0.95, 0.98, 1.00};
-  int row = bits == 16 ? 0 : bits == 8 ? 1 : bits == 4 ? 2 : 3;
-  switch (coder) {
-  case CodecSpec::Lossless::None:
-    return 1.0;
-  case CodecSpec::Lossless::Deflate:
-    return deflate[row];
-  case CodecSpec::Lossless::Zstd:
-    return zstd[row];
-  case CodecSpec::Lossless::Lz4:
-    return lz4[row];
-  }
-  return 1.0;
+/// Output bytes per input byte of `codec`'s lossless coder, on its
+/// elements (the registry's column for their width).
+double losslessFactor(const CodecSpec &codec) {
+  const CodecStageInfo *coder = codec.losslessStage();
+  return coder ? coder->ratioOn[ratioColumn(codec.bits())] : 1.0;
 }
 
-/// Relative L2 error of asymmetric group quantization: a group's range
-/// over (2^bits - 1) steps, uniform rounding error step / sqrt(12), for
-/// groups of near-Gaussian values (range ~4.1 sigma for 32 values, growing
-/// with ln group), with a margin. Measured on kvc's models these bound the error
-/// (unittests/Runtime/CodecTest.cpp). A Hadamard rotation helps only where
-/// channels have outliers, so the estimate assumes no gain; a measured
-/// profile shows it.
+/// Relative L2 error of `codec`'s quantization: the registry's estimate for
+/// groups of 32, grown for wider groups where a range split into levels
+/// widens with ln(group) (the range of near-Gaussian values). A Hadamard
+/// rotation helps only where channels have outliers, so the estimate
+/// assumes no gain; a measured profile shows it.
 double quantError(const CodecSpec &codec) {
-  double base = 0;
-  switch (codec.quant) {
-  case CodecSpec::Quant::None:
+  const CodecStageInfo *quant = codec.quantStage();
+  if (!quant)
     return 0;
-  case CodecSpec::Quant::Int8:
-    base = 0.006;
-    break;
-  case CodecSpec::Quant::Int4:
-    base = 0.09;
-    break;
-  case CodecSpec::Quant::Int2:
-    base = 0.45;
-    break;
-  }
+  if (!quant->errorGrowsWithGroup)
+    return quant->error32;
   double group = double(std::max<int64_t>(codec.group, 2));
-  return base * std::pow(std::log(group) / std::log(32.0), 0.75);
+  return quant->error32 * std::pow(std::log(group) / std::log(32.0), 0.75);
 }
 
+/// Whether `parse` knows `name`, the enumerator then in `out`.
 template <typename E>
-bool lookupName(const char *(*nameOf)(E), int count, const std::string &name,
-                E &out) {
-  std::optional<E> value = enumFromName(nameOf, count, name);
+bool lookupStage(std::optional<E> (*parse)(std::string_view),
+                 const std::string &name, E &out) {
+  std::optional<E> value = parse(name);
   if (value)
     out = *value;
   return value.has_value();
@@ -82,25 +58,35 @@ CodecProfileEntry estimateCodec(const CodecSpec &codec) {
   double quantized = codec.quant == CodecSpec::Quant::None
                          ? 1.0
                          : codec.bits() / 16.0 + 2.0 / codec.group;
-  entry.ratio = quantized * losslessFactor(codec.lossless, codec.bits());
+  entry.ratio = quantized * losslessFactor(codec);
   entry.quality = quantError(codec);
   return entry;
 }
 
 CodecProfile CodecProfile::defaults() {
+  // Every composition of the registry's stages, but rotations without
+  // quantization (a rotation only helps quantization) and groups of
+  // unquantized data (which has none).
+  std::vector<CodecSpec::Transform> transforms = {CodecSpec::Transform::None};
+  std::vector<CodecSpec::Quant> quants = {CodecSpec::Quant::None};
+  std::vector<CodecSpec::Lossless> coders = {CodecSpec::Lossless::None};
+  for (const CodecStageInfo &stage : codecStages()) {
+    if (stage.kind == StageKind::Transform)
+      transforms.push_back(CodecSpec::Transform(stage.enumerator));
+    else if (stage.kind == StageKind::Quant)
+      quants.push_back(CodecSpec::Quant(stage.enumerator));
+    else
+      coders.push_back(CodecSpec::Lossless(stage.enumerator));
+  }
   std::vector<CodecProfileEntry> entries;
-  using C = CodecSpec;
-  for (C::Transform transform : {C::Transform::None, C::Transform::Hadamard})
-    for (C::Quant quant :
-         {C::Quant::None, C::Quant::Int8, C::Quant::Int4, C::Quant::Int2})
+  for (CodecSpec::Transform transform : transforms)
+    for (CodecSpec::Quant quant : quants)
       for (int64_t group : {32, 64, 128})
-        for (C::Lossless lossless : {C::Lossless::None, C::Lossless::Deflate,
-                                     C::Lossless::Zstd, C::Lossless::Lz4}) {
-          // A rotation only helps quantization; unquantized data has one group.
-          if (quant == C::Quant::None &&
-              (transform != C::Transform::None || group != 32))
+        for (CodecSpec::Lossless lossless : coders) {
+          if (quant == CodecSpec::Quant::None &&
+              (transform != CodecSpec::Transform::None || group != 32))
             continue;
-          C codec;
+          CodecSpec codec;
           codec.transform = transform;
           codec.quant = quant;
           codec.group = group;
@@ -172,17 +158,20 @@ StatusOr<CodecProfile> CodecProfile::parse(std::string_view text) {
     std::string path = "entries[" + std::to_string(i) + "]";
     CodecProfileEntry entry;
     try {
+      auto axis = [](std::string_view name) {
+        return enumFromName(axisName, 2, name);
+      };
       bool ok =
-          lookupName(transformName, 2, e.value("transform", "none"),
-                     entry.codec.transform) &&
-          lookupName(quantName, 4, e.value("quant", "none"),
-                     entry.codec.quant) &&
-          lookupName(axisName, 2, e.value("key_axis", "channel"),
-                     entry.codec.keyAxis) &&
-          lookupName(axisName, 2, e.value("value_axis", "token"),
-                     entry.codec.valueAxis) &&
-          lookupName(losslessName, 4, e.value("lossless", "none"),
-                     entry.codec.lossless);
+          lookupStage(parseTransform, e.value("transform", "none"),
+                      entry.codec.transform) &&
+          lookupStage(parseQuant, e.value("quant", "none"),
+                      entry.codec.quant) &&
+          lookupStage(+axis, e.value("key_axis", "channel"),
+                      entry.codec.keyAxis) &&
+          lookupStage(+axis, e.value("value_axis", "token"),
+                      entry.codec.valueAxis) &&
+          lookupStage(parseLossless, e.value("lossless", "none"),
+                      entry.codec.lossless);
       if (!ok)
         return invalidArgument(path + ": unknown codec stage name");
       entry.codec.group = e.value("group", int64_t(32));

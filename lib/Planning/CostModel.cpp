@@ -7,33 +7,19 @@
 namespace kvc::planning {
 
 namespace {
-/// Per-core rates used when neither the profile nor the target lists a
-/// stage: ShadowServe Table 1 (deflate, lz4 decode), lzbench (encoders, zstd).
-double defaultRate(CodecStage stage, bool decode) {
-  switch (stage) {
-  case CodecStage::Deflate:
-    return decode ? 0.3125 : 0.12;
-  case CodecStage::Zstd:
-    return decode ? 1.38 : 0.51;
-  case CodecStage::Lz4:
-    return decode ? 2.325 : 0.78;
-  case CodecStage::Quant:
-    return 4.0;
-  case CodecStage::Hadamard:
-    return 2.0;
-  }
-  return 1.0;
-}
-
-CodecStage losslessStage(CodecSpec::Lossless lossless) {
-  switch (lossless) {
-  case CodecSpec::Lossless::Zstd:
-    return CodecStage::Zstd;
-  case CodecSpec::Lossless::Lz4:
-    return CodecStage::Lz4;
-  default:
-    return CodecStage::Deflate;
-  }
+/// The per-core rate assumed when neither the profile nor the target gives
+/// one: the registry's default of the stage the rate key names (for
+/// quantization, of the quantization it holds on).
+double defaultRate(CodecStage stage, bool decode, CodecSpec::Quant on) {
+  const CodecStageInfo *row = nullptr;
+  if (stage == CodecStage::Quant)
+    row = findCodecStage(StageKind::Quant, int(on));
+  for (const CodecStageInfo &candidate : codecStages())
+    if (!row && candidate.rate == stage)
+      row = &candidate;
+  if (!row)
+    return 1.0;
+  return decode ? row->defaultDecodeGBs : row->defaultEncodeGBs;
 }
 
 /// Quantized bytes per raw byte: bits/16 plus a 16-bit scale and zero per
@@ -193,7 +179,7 @@ double CostModel::stageRate(CodecStage stage, bool decode,
   }
   if (any)
     return decode ? any->decodeGBs : any->encodeGBs;
-  return defaultRate(stage, decode);
+  return defaultRate(stage, decode, on);
 }
 
 double CostModel::losslessRate(const CodecSpec &codec, bool decode) const {
@@ -201,7 +187,7 @@ double CostModel::losslessRate(const CodecSpec &codec, bool decode) const {
   double measured = !entry ? 0 : decode ? entry->decodeGBs : entry->encodeGBs;
   return measured > 0
              ? measured
-             : stageRate(losslessStage(codec.lossless), decode, codec.quant);
+             : stageRate(codec.losslessStage()->rate, decode, codec.quant);
 }
 
 double CostModel::hostDecodeSeconds(const CodecSpec &codec,

@@ -26,6 +26,14 @@ E fromName(const char *(*nameOf)(E), int count, StringRef name) {
   return *value;
 }
 
+/// The codec stage enumerator the codec registry knows by `name`.
+template <typename E>
+E fromStage(std::optional<E> (*parse)(std::string_view), StringRef name) {
+  std::optional<E> value = parse(name);
+  assert(value && "codec registry and dialect enums out of sync");
+  return *value;
+}
+
 Type getElementType(MLIRContext *context, ::kvc::DType dtype) {
   Builder b(context);
   switch (dtype) {
@@ -141,7 +149,9 @@ TargetAttr mlir::kvc::getTargetAttr(MLIRContext *context,
     auto r = cast<CodecRateAttr>(attr);
     std::optional<::kvc::CodecSpec::Quant> on;
     if (r.getOn() != CodecData::any)
-      on = fromName(::kvc::codecDataName, 4, stringifyCodecData(r.getOn()));
+      on = r.getOn() == CodecData::raw
+               ? ::kvc::CodecSpec::Quant::None
+               : fromStage(::kvc::parseQuant, stringifyCodecData(r.getOn()));
     desc.codecs.push_back({toVocabulary(r.getStage()), on,
                            f64(r.getEncodeGbs()), f64(r.getDecodeGbs())});
   }
@@ -169,16 +179,16 @@ CodecAttr mlir::kvc::getCodecAttr(MLIRContext *context,
   if (!codec)
     return spec;
   using S = ::kvc::CodecSpec;
-  spec.transform = fromName(::kvc::transformName, 2,
-                            stringifyTransform(codec.getTransform()));
-  spec.quant = fromName(::kvc::quantName, 4, stringifyQuant(codec.getQuant()));
+  spec.transform =
+      fromStage(::kvc::parseTransform, stringifyTransform(codec.getTransform()));
+  spec.quant = fromStage(::kvc::parseQuant, stringifyQuant(codec.getQuant()));
   spec.keyAxis = codec.getKeyAxis() == QuantAxis::token ? S::Axis::Token
                                                         : S::Axis::Channel;
   spec.valueAxis = codec.getValueAxis() == QuantAxis::token
                        ? S::Axis::Token
                        : S::Axis::Channel;
   spec.group = codec.getGroup();
-  spec.lossless = fromName(::kvc::losslessName, 4,
-                           stringifyLossless(codec.getLossless()));
+  spec.lossless =
+      fromStage(::kvc::parseLossless, stringifyLossless(codec.getLossless()));
   return spec;
 }

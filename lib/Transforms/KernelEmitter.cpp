@@ -47,7 +47,7 @@
 // Restore items decode. The arithmetic is the runtime's, operation for
 // operation:
 // minimum + scale * q (the product is exact: an f16 scale times an 8-bit
-// integer fits a float's mantissa), the Hadamard butterflies in the same
+// integer or an E4M3 value fits a float's mantissa), the Hadamard butterflies in the same
 // order on the same operands, then the same round-to-nearest-even to bf16
 // (the hardware's cvt.rn.bf16 in the GPU form, integer ops in the host
 // form). So the generated code equals decodeChunkToBf16 (a save kernel
@@ -189,6 +189,69 @@ Value ItemEmitter::loadRawBf16(bool value, Value layer, Value token,
   return b.create<vector::BitCastOp>(loc, vec(8, b.getI16Type()), bytes);
 }
 
+namespace {
+
+/// vector<8xf32> of 8 codes (vector<8xi32>) of a quantization's code kind
+/// (the codec registry's CodeKind).
+Value codeValues(OpBuilder &b, Location loc, ::kvc::CodeKind kind,
+                 Value codes) {
+  Type f32 = b.getF32Type(), i32 = b.getI32Type();
+  VectorType ints = VectorType::get({8}, i32), floats = VectorType::get({8}, f32);
+  auto constant = [&](int32_t value) -> Value {
+    return b.create<arith::ConstantOp>(
+        loc, DenseElementsAttr::get(ints, b.getI32IntegerAttr(value)));
+  };
+  auto real = [&](float value) -> Value {
+    return b.create<arith::ConstantOp>(
+        loc, DenseElementsAttr::get(floats, b.getF32FloatAttr(value)));
+  };
+  auto asFloats = [&](Value v) -> Value {
+    return b.create<arith::BitcastOp>(loc, floats, v);
+  };
+  switch (kind) {
+  case ::kvc::CodeKind::Levels:
+    // The integers as floats, exactly: 2^23 + q has q in its mantissa
+    // bits, and subtracting 2^23 is exact. An OR and an add on the GPU's
+    // full-rate pipes, where uitofp takes its quarter-rate conversion unit.
+    return b.create<arith::SubFOp>(
+        loc, asFloats(b.create<arith::OrIOp>(loc, codes, constant(0x4B000000))),
+        real(8388608.0f));
+  case ::kvc::CodeKind::E4M3: {
+    // As e4m3ToFloat (Float8.h), in integer and select instructions, which
+    // every PTX target and the host run alike: a normal code's exponent
+    // rebiased from 7 to 127 and its mantissa moved to the top of f32's; a
+    // subnormal's m * 2^-9 built as the normal (1 + m/8) * 2^-6 less 2^-6
+    // (exact); S.1111.111 a NaN; the sign, bit 7, moved to bit 31.
+    Value magnitude = b.create<arith::AndIOp>(loc, codes, constant(0x7F));
+    Value exponent = b.create<arith::ShRUIOp>(loc, magnitude, constant(3));
+    Value mantissa = b.create<arith::AndIOp>(loc, codes, constant(7));
+    Value subnormal = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                              exponent, constant(0));
+    Value field =
+        b.create<arith::SelectOp>(loc, subnormal, constant(1), exponent);
+    Value normal = asFloats(b.create<arith::OrIOp>(
+        loc,
+        b.create<arith::ShLIOp>(
+            loc, b.create<arith::AddIOp>(loc, field, constant(120)),
+            constant(23)),
+        b.create<arith::ShLIOp>(loc, mantissa, constant(20))));
+    Value lifted = b.create<arith::SubFOp>(loc, normal, real(0x1p-6f));
+    Value value = b.create<arith::SelectOp>(loc, subnormal, lifted, normal);
+    Value nan = b.create<arith::CmpIOp>(loc, arith::CmpIPredicate::eq,
+                                        magnitude, constant(0x7F));
+    value = b.create<arith::SelectOp>(loc, nan, real(NAN), value);
+    Value sign = b.create<arith::ShLIOp>(
+        loc, b.create<arith::AndIOp>(loc, codes, constant(0x80)),
+        constant(24));
+    return asFloats(b.create<arith::OrIOp>(
+        loc, b.create<arith::BitcastOp>(loc, ints, value), sign));
+  }
+  }
+  llvm_unreachable("unknown code kind");
+}
+
+} // namespace
+
 Value ItemEmitter::loadValues(bool value, Value layer, Value token,
                               Value channel) {
   const int64_t width = spec.width();
@@ -242,15 +305,7 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
         loc, shifted,
         splat(vec(8, i32), b.getI32IntegerAttr((1 << m.bits) - 1)));
   }
-  // The integers as floats, exactly: 2^23 + q has q in its mantissa bits,
-  // and subtracting 2^23 is exact. An OR and an add on the GPU's full-rate
-  // pipes, where uitofp takes its quarter-rate conversion unit.
-  Value biased = b.create<arith::OrIOp>(
-      loc, ints, splat(vec(8, i32), b.getI32IntegerAttr(0x4B000000)));
-  Value q = b.create<arith::SubFOp>(
-      loc, b.create<arith::BitcastOp>(loc, vec(8, f32), biased),
-      splat(vec(8, f32), b.getF32FloatAttr(8388608.0f)));
-
+  Value q = codeValues(b, loc, spec.codec.getQuantStage()->codes, ints);
   // Scale and minimum: f16 pairs, one per group.
   Type f16 = b.getF16Type();
   Value scale, minimum;
@@ -286,8 +341,9 @@ Value ItemEmitter::loadValues(bool value, Value layer, Value token,
     scale = b.create<vector::ShuffleOp>(loc, pairs, pairs, even);
     minimum = b.create<vector::ShuffleOp>(loc, pairs, pairs, odd);
   }
-  // minimum + scale * q: the product is exact, so an FMA (one instruction)
-  // rounds as the runtime's multiply and add do.
+  // minimum + scale * q: the product is exact (an f16 scale times at most
+  // 8 significant bits), so an FMA (one instruction) rounds as the
+  // runtime's multiply and add do.
   return b.create<vector::FMAOp>(loc, scale, q, minimum);
 }
 

@@ -383,9 +383,14 @@ std::string KernelSpec::unsupported() const {
       os << "RoPE over head_dim " << headDim << " needs 8 or a multiple of 16";
     return why;
   }
+  const ::kvc::CodecStageInfo *quant = codec ? codec.getQuantStage() : nullptr;
   if (codec && codec.getLossless() != Lossless::none)
     os << "its input still carries a lossless coder (decompress on the host "
           "first)";
+  else if (quant && !(kind == KernelKind::Save ? quant->deviceEncode
+                                                 : quant->deviceDecode))
+    os << quant->name << " is " << (kind == KernelKind::Save ? "en" : "de")
+       << "coded on the host (no generated kernel)";
   else if (!storage.isBF16() && !storage.isF16() && !storage.isF32())
     os << "values are stored as neither bf16, f16 nor f32";
   else if (width() % 32)

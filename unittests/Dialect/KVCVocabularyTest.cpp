@@ -35,6 +35,39 @@ TEST(KVCVocabularyTest, EnumsHaveTheVocabularysNames) {
   EXPECT_FALSE(symbolizeCodecStage(::kvc::kNumCodecStages));
 }
 
+// The dialect's codec enums are the codec registry's rows: each row's name
+// is the case of its enumerator, every case but "none" is a row, and a
+// quantization is also data a rate holds on.
+TEST(KVCVocabularyTest, CodecEnumsAreTheRegistrysRows) {
+  using ::kvc::StageKind;
+  auto caseOf = [](const ::kvc::CodecStageInfo &row) -> std::string {
+    switch (row.kind) {
+    case StageKind::Transform:
+      return stringifyTransform(Transform(row.enumerator)).str();
+    case StageKind::Quant:
+      return stringifyQuant(Quant(row.enumerator)).str();
+    case StageKind::Lossless:
+      return stringifyLossless(Lossless(row.enumerator)).str();
+    }
+    return "";
+  };
+  for (const ::kvc::CodecStageInfo &row : ::kvc::codecStages()) {
+    EXPECT_EQ(caseOf(row), row.name);
+    EXPECT_EQ(stringifyCodecStage(fromVocabulary(row.rate)),
+              ::kvc::name(row.rate));
+    if (row.kind == StageKind::Quant) {
+      std::optional<CodecData> data = symbolizeCodecData(row.name);
+      EXPECT_TRUE(data) << row.name << " is no #kvc.codec_rate data";
+    }
+  }
+  EXPECT_FALSE(
+      symbolizeTransform(1 + ::kvc::countStages(StageKind::Transform)));
+  EXPECT_FALSE(symbolizeQuant(1 + ::kvc::countStages(StageKind::Quant)));
+  EXPECT_FALSE(symbolizeLossless(1 + ::kvc::countStages(StageKind::Lossless)));
+  // "any", "raw" and the quantizations.
+  EXPECT_FALSE(symbolizeCodecData(2 + ::kvc::countStages(StageKind::Quant)));
+}
+
 TEST(KVCVocabularyTest, EveryStepKindIsADataflowOp) {
   MLIRContext context;
   context.loadDialect<KVCDialect>();

@@ -1,6 +1,7 @@
 //===- CodecTest.cpp - Round trips and robustness of the chunk codecs -----===//
 
 #include "kvc/Planning/CodecProfile.h"
+#include "kvc/Runtime/Base/Float8.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Codec/CodecQuality.h"
@@ -149,7 +150,7 @@ TEST(Codec, CorruptionNeverCrashes) {
 TEST(Codec, PayloadsCountTheirNonFiniteNumbers) {
   const Sample &s = sample();
   for (const char *spec : {"raw", "hadamard", "int8+zstd", "int4/k=token",
-                           "hadamard+int2/g16"}) {
+                           "hadamard+int2/g16", "fp8/g64"}) {
     CodecSpec codec = *parseCodecSpec(spec);
     std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, DType::BF16);
     std::string payload;
@@ -163,6 +164,94 @@ TEST(Codec, PayloadsCountTheirNonFiniteNumbers) {
     EXPECT_EQ(payloadNonFinite(payload, s.kvShape, codec, DType::BF16), 1)
         << spec;
   }
+  // E4M3 codes have a NaN of their own (either sign): the last code of the
+  // chunk, then one of the first matrix.
+  CodecSpec fp8 = *parseCodecSpec("fp8");
+  std::string payload;
+  ASSERT_TRUE(decompressChunk(*encodeChunk(s.kv.data(), s.kvShape, fp8,
+                                           DType::BF16),
+                              s.kvShape, fp8, DType::BF16, payload)
+                  .isOk());
+  payload.back() = char(0xFF);
+  EXPECT_EQ(payloadNonFinite(payload, s.kvShape, fp8, DType::BF16), 1);
+  const int64_t groups = (s.kvShape.width / 32) * 96; // Channels x tokens/32.
+  payload[4 * groups] = char(0x7F);
+  EXPECT_EQ(payloadNonFinite(payload, s.kvShape, fp8, DType::BF16), 2);
+}
+
+// FP8 E4M3 as OCP defines it (and CUDA's __nv_fp8_e4m3, torch's
+// float8_e4m3fn): every code's value, and every float rounded to the nearest
+// code with ties to even, saturating at 448.
+TEST(Codec, E4m3CodesAreOcpFp8) {
+  EXPECT_EQ(e4m3ToFloat(0x38), 1.0f);
+  EXPECT_EQ(e4m3ToFloat(0xB8), -1.0f);
+  EXPECT_EQ(e4m3ToFloat(0x7E), 448.0f);
+  EXPECT_EQ(e4m3ToFloat(0x08), 0x1p-6f);  // The smallest normal.
+  EXPECT_EQ(e4m3ToFloat(0x07), 7 * 0x1p-9f); // The largest subnormal.
+  EXPECT_EQ(e4m3ToFloat(0x01), 0x1p-9f);
+  EXPECT_TRUE(std::isnan(e4m3ToFloat(0x7F)));
+  EXPECT_TRUE(std::isnan(e4m3ToFloat(0xFF)));
+  EXPECT_TRUE(std::signbit(e4m3ToFloat(0x80)));
+  // Increasing over the positive codes; each code its own value's code.
+  for (int code = 0; code < 0x7F; ++code) {
+    EXPECT_EQ(floatToE4m3(e4m3ToFloat(uint8_t(code))), code);
+    EXPECT_EQ(floatToE4m3(e4m3ToFloat(uint8_t(code | 0x80))), code | 0x80);
+    if (code) {
+      EXPECT_LT(e4m3ToFloat(uint8_t(code - 1)), e4m3ToFloat(uint8_t(code)));
+    }
+  }
+  // Between two neighbours: below the midpoint the lower, above it the
+  // upper, at it the even one.
+  for (int code = 0; code + 1 < 0x7F; ++code) {
+    const float lo = e4m3ToFloat(uint8_t(code)),
+                hi = e4m3ToFloat(uint8_t(code + 1)), mid = (lo + hi) / 2;
+    EXPECT_EQ(floatToE4m3(std::nextafter(mid, lo)), code) << code;
+    EXPECT_EQ(floatToE4m3(std::nextafter(mid, hi)), code + 1) << code;
+    EXPECT_EQ(floatToE4m3(mid), code % 2 ? code + 1 : code) << code;
+    EXPECT_EQ(floatToE4m3(-mid), (code % 2 ? code + 1 : code) | 0x80) << code;
+  }
+  // Saturation, and NaN.
+  for (float big : {448.0f, 464.0f, 1e4f, INFINITY})
+    EXPECT_EQ(floatToE4m3(big), 0x7E) << big;
+  EXPECT_EQ(floatToE4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(floatToE4m3(NAN) & 0x7F, 0x7F);
+  EXPECT_EQ(floatToE4m3(0x1p-11f), 0x00); // Below half the smallest step.
+}
+
+// FP8 keeps a value's relative precision whatever the group's spread: a
+// group holding an outlier loses what integer levels lose, not the rest.
+TEST(Codec, Fp8KeepsSmallValuesBesideAnOutlier) {
+  ChunkShape shape;
+  shape.form = Form::Hidden;
+  shape.tokens = 4;
+  shape.layers = 1;
+  shape.width = 32;
+  shape.headDim = 32;
+  shape.modelLayers = 1;
+  std::vector<float> values(shape.numel());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  for (float &v : values)
+    v = normal(rng);
+  for (int64_t t = 0; t < shape.tokens; ++t)
+    values[t * shape.width] = 40.0f; // One outlier per per-token group.
+  auto errorOf = [&](const char *spec) {
+    CodecSpec codec = *parseCodecSpec(spec);
+    std::vector<float> out(shape.numel());
+    EXPECT_TRUE(decodeChunk(*encodeChunk(values.data(), shape, codec,
+                                         DType::F32),
+                            shape, codec, DType::F32, out.data())
+                    .isOk());
+    std::vector<float> small, smallRef;
+    for (size_t i = 0; i < values.size(); ++i)
+      if (i % shape.width) {
+        small.push_back(out[i]);
+        smallRef.push_back(values[i]);
+      }
+    return relativeL2(small, smallRef);
+  };
+  EXPECT_LT(errorOf("fp8/v=token"), 0.1);
+  EXPECT_GT(errorOf("int8/v=token"), 1.0);
 }
 
 TEST(Codec, KIVIAxesAndBinsChangeTheEncoding) {
@@ -210,7 +299,8 @@ TEST(Codec, SpecsParseAndPrint) {
   for (const char *spec :
        {"raw", "int8/g32", "hadamard+int4/g64+zstd", "int2/g128+lz4", "deflate",
         "int4/g32/bins8-4-2", "int4/g64/k=token", "int8/g32/v=channel",
-        "hadamard+int2/g32/bins4-2/k=token/v=channel"}) {
+        "hadamard+int2/g32/bins4-2/k=token/v=channel", "fp8/g32",
+        "hadamard+fp8/g64/k=token+zstd"}) {
     StatusOr<CodecSpec> codec = parseCodecSpec(spec);
     ASSERT_TRUE(codec.isOk()) << spec;
     EXPECT_EQ(codec->str(), spec);
@@ -222,6 +312,10 @@ TEST(Codec, SpecsParseAndPrint) {
             parseCodecSpec("int4")->str());
   EXPECT_FALSE(parseCodecSpec("int3").isOk());
   EXPECT_FALSE(parseCodecSpec("int4/bins8-3").isOk());
+  EXPECT_EQ(parseCodecSpec("fp8/bins8-4").status().message(),
+            "codec \"fp8/bins8-4\": fp8 has no layer-group bins (they are "
+            "integer widths) (codec strings: docs/data-plane.md)");
+  EXPECT_FALSE(parseCodecSpec("zstd/g32").isOk());
   // Errors name the part at fault and where the grammar is written.
   EXPECT_EQ(parseCodecSpec("gzip").status().message(),
             "codec \"gzip\": unknown stage \"gzip\" (codec strings: "
@@ -240,7 +334,8 @@ namespace {
 TEST(Codec, DecodeToBf16MatchesDecode) {
   const Sample &s = sample();
   for (const char *spec : {"int8", "int4", "int2/g64", "int4/k=token+zstd",
-                           "int4/bins8-2", "hadamard+int4", "deflate", "raw"})
+                           "int4/bins8-2", "hadamard+int4", "deflate", "raw",
+                           "fp8", "fp8/k=token/v=channel+lz4"})
     for (DType storage : {DType::BF16, DType::F16, DType::F32}) {
       CodecSpec codec = *parseCodecSpec(spec);
       std::string bytes = *encodeChunk(s.kv.data(), s.kvShape, codec, storage);
@@ -279,7 +374,8 @@ TEST(Codec, DecodeToBf16MatchesDecodeOnAwkwardShapes) {
       v = normal(rng);
     for (const char *spec :
          {"int8/g24", "int4/g24", "int2/g20", "int4/g7", "int2/g5/k=token",
-          "int4/g33/v=channel", "int4/g17", "int2/g18"}) {
+          "int4/g33/v=channel", "int4/g17", "int2/g18", "fp8/g24",
+          "fp8/g5/k=token"}) {
       StatusOr<CodecSpec> parsed = parseCodecSpec(spec);
       ASSERT_TRUE(parsed.isOk()) << spec;
       CodecSpec codec = *parsed;

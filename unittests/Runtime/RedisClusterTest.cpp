@@ -96,8 +96,9 @@ protected:
     BlockTable table = *cache_->allocate(kTokens);
     StatusOr<RestoreMetrics> metrics =
         run(makePlan({0, 0, 64}, model_->config().numLayers), table, &store);
-    if (metrics)
+    if (metrics) {
       EXPECT_LT(relativeError(table), 1.0 / 128);
+    }
     cache_->release(table);
     return metrics;
   }

@@ -386,8 +386,9 @@ TEST_F(ConnectorTest, APrefixHitOffTheChunkGridIsLoadedPastIt) {
   ASSERT_TRUE(store) << store.status().toString();
   for (const ChunkRef &ref :
        (*store)->refs(tokens.data(), 512, Form::KV, CodecSpec()))
-    if (ref.tokenBegin == 0 && ref.layerBegin == 1)
+    if (ref.tokenBegin == 0 && ref.layerBegin == 1) {
       ASSERT_TRUE((*store)->tier().put(ref.name(), "not a chunk").isOk());
+    }
   std::vector<int32_t> ids = blocks(0, 7);
   for (int32_t b : blocks(100, 31))
     ids.push_back(b);

@@ -306,7 +306,7 @@ TEST_P(KernelJitTest, GpuFormEqualsTheRuntime) {
 }
 
 // The planner's compositions (kvc-select-codec): raw data in each storage
-// type, Hadamard alone, and int8/int4/int2 with and without Hadamard, on
+// type, Hadamard alone, and int8/int4/int2 and FP8 with and without Hadamard, on
 // KIVI's default axes and on every other pairing of axes and group sizes.
 // Shapes: 37 tokens from token 5 (neither end on a block boundary), groups
 // that overhang the chunk, GQA-sized KV (one or two heads) and Llama's 8
@@ -333,7 +333,11 @@ INSTANTIATE_TEST_SUITE_P(
         JitCase{"hadamard+int4", DType::BF16, 37, 2, 1, 128, 16, 5},
         JitCase{"hadamard+int2", DType::BF16, 37, 2, 2, 64, 16, 5},
         JitCase{"hadamard+int4/k=token/v=token/g64", DType::BF16, 19, 1, 2,
-                64, 16, 9}));
+                64, 16, 9},
+        JitCase{"fp8", DType::BF16, 37, 2, 2, 64, 16, 5},
+        JitCase{"fp8/k=token/v=channel/g16", DType::BF16, 37, 2, 1, 128, 32,
+                7},
+        JitCase{"hadamard+fp8", DType::BF16, 37, 2, 2, 64, 16, 5}));
 
 // Chunks of one launch (the chunk table's records, blockIdx.y on a GPU):
 // three and five chunks over two layer groups, payloads in the reverse

@@ -117,11 +117,11 @@ public:
 private:
   /// Per-core rate of `stage` on data quantized as `on` (a lossless
   /// coder's input, the quant stage's width): the target's rate for that
-  /// data, else its rate for any data, else a built-in estimate.
+  /// data, else its rate for any data, else the codec registry's default.
   double stageRate(CodecStage stage, bool decode,
                    CodecSpec::Quant on = CodecSpec::Quant::None) const;
-  /// The lossless stage's per-core rate for `codec`: a profile entry's
-  /// measurement, else the target's.
+  /// The lossless stage's per-core rate for `codec` (which has one): a
+  /// profile entry's measurement, else the target's.
   double losslessRate(const CodecSpec &codec, bool decode) const;
 
   ModelConfig model_;

@@ -12,10 +12,12 @@
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 
+#include "kvc/Runtime/Base/Float8.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Support/Hadamard.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -86,8 +88,8 @@ __attribute__((target("f16c"))) void halfsToFloatsF16c(const uint16_t *in,
 }
 #endif
 
-/// The scales and minimums of a matrix's `count` groups, stored as pairs of
-/// f16 at `src` (F16C where the CPU has it: the portable conversion costs
+/// The scales and minimums (offsets, for E4M3 codes) of a matrix's `count`
+/// groups, stored as pairs of f16 at `src` (F16C where the CPU has it: the portable conversion costs
 /// as much as dequantizing a group of int4 values).
 struct QuantParams {
   std::vector<float> scale, minimum;
@@ -154,11 +156,38 @@ struct GroupWalk {
   }
 };
 
+/// The code kind of `codec`'s quantization.
+CodeKind codesOf(const CodecSpec &codec) {
+  return codec.quantStage()->codes;
+}
+
+/// A group's f16 (scale, offset) for its extremes: the minimum and the
+/// range over the levels (Levels), or 0 and the largest magnitude over
+/// E4M3's largest value (symmetric, so that values near zero keep E4M3's
+/// relative precision beside a group's outlier). Encoder and decoder use
+/// the rounded ones.
+std::pair<uint16_t, uint16_t> groupParams(CodeKind codes, int levels,
+                                          float lo, float hi) {
+  // The minimum plus 0: a zero minimum is +0 whichever zero the scan met
+  // first.
+  const uint16_t offset =
+      codes == CodeKind::E4M3 ? uint16_t(0) : floatToF16(lo + 0.0f);
+  const float spread =
+      codes == CodeKind::E4M3
+          ? std::max(std::fabs(lo), std::fabs(hi)) / kE4m3Max
+          : (hi - f16ToFloat(offset)) / float(levels);
+  uint16_t scale = floatToF16(spread > 0 ? spread : 1.0f);
+  if (f16ToFloat(scale) <= 0)
+    scale = kTinyQuantScale; // Keep it invertible.
+  return {scale, offset};
+}
+
 void quantizeMatrix(const float *x, const CodecSpec &codec,
                     const ChunkShape &shape, int64_t m, std::string &out) {
   CodecSpec::Axis axis = matrixAxis(codec, shape, m);
   Grouping g = grouping(codec, shape, axis);
   int bits = matrixBits(codec, shape, m);
+  const CodeKind codes = codesOf(codec);
   const int levels = (1 << bits) - 1;
   GroupWalk walk{shape, axis, g.size};
   std::vector<float> lo(g.count, INFINITY), hi(g.count, -INFINITY);
@@ -168,37 +197,53 @@ void quantizeMatrix(const float *x, const CodecSpec &codec,
   });
   // Parameters as fp16, and quantization against the rounded ones so that
   // encoder and decoder agree exactly. The generated save kernels
-  // (KernelGen.h) compute the same operations in the same order, so a
-  // change here is a change there: the minimum plus 0 (a zero minimum is
-  // +0 whichever zero the scan met first), the reciprocal of the scale, and
-  // the scaled value clamped, then rounded to nearest even.
-  std::vector<float> inverse(g.count), minimum(g.count);
+  // (KernelGen.h) compute the same operations in the same order for
+  // integer levels, so a change here is a change there: the minimum plus 0,
+  // the reciprocal of the scale, and the scaled value clamped, then rounded
+  // to nearest even.
+  std::vector<float> inverse(g.count), offset(g.count);
   size_t params = out.size();
   out.resize(params + g.count * 4);
   for (int64_t k = 0; k < g.count; ++k) {
-    uint16_t mn = floatToF16(lo[k] + 0.0f);
-    float range = hi[k] - f16ToFloat(mn);
-    uint16_t sc = floatToF16(range > 0 ? range / float(levels) : 1.0f);
-    if (f16ToFloat(sc) <= 0)
-      sc = kTinyQuantScale; // Keep it invertible.
+    auto [sc, off] = groupParams(codes, levels, lo[k], hi[k]);
     inverse[k] = 1.0f / f16ToFloat(sc);
-    minimum[k] = f16ToFloat(mn);
+    offset[k] = f16ToFloat(off);
     std::memcpy(&out[params + 4 * k], &sc, 2);
-    std::memcpy(&out[params + 4 * k + 2], &mn, 2);
+    std::memcpy(&out[params + 4 * k + 2], &off, 2);
   }
   size_t packed = out.size();
   out.resize(packed + packedBytes(shape.tokens * shape.width, bits), '\0');
   uint8_t *dst = reinterpret_cast<uint8_t *>(&out[packed]);
+  if (codes == CodeKind::E4M3) {
+    int64_t n = 0;
+    walk.forEach([&](int64_t group, int64_t i) {
+      float scaled = (x[i] - offset[group]) * inverse[group];
+      // A NaN encodes as the offset, as a NaN encodes as the minimum below.
+      dst[n++] = std::isnan(scaled) ? 0 : floatToE4m3(scaled);
+    });
+    return;
+  }
   int64_t n = 0;
   const int perByte = 8 / bits;
   walk.forEach([&](int64_t group, int64_t i) {
-    float scaled = (x[i] - minimum[group]) * inverse[group];
+    float scaled = (x[i] - offset[group]) * inverse[group];
     // max(0, NaN) is 0: a NaN encodes as the minimum, as on a GPU.
     float q = std::nearbyint(std::min(std::max(0.0f, scaled), float(levels)));
     uint32_t v = uint32_t(q);
     dst[n / perByte] |= uint8_t(v << ((n % perByte) * bits));
     ++n;
   });
+}
+
+/// The values of the 256 E4M3 codes.
+const float *e4m3Values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> values;
+    for (int code = 0; code < 256; ++code)
+      values[code] = e4m3ToFloat(uint8_t(code));
+    return values;
+  }();
+  return table.data();
 }
 
 void dequantizeMatrix(const uint8_t *src, const CodecSpec &codec,
@@ -209,6 +254,14 @@ void dequantizeMatrix(const uint8_t *src, const CodecSpec &codec,
   const QuantParams params(src, g.count);
   const std::vector<float> &scale = params.scale, &minimum = params.minimum;
   const uint8_t *packed = src + 4 * g.count;
+  if (codesOf(codec) == CodeKind::E4M3) {
+    const float *value = e4m3Values();
+    int64_t n = 0;
+    GroupWalk{shape, axis, g.size}.forEach([&](int64_t group, int64_t i) {
+      out[i] = minimum[group] + scale[group] * value[packed[n++]];
+    });
+    return;
+  }
   // With the width a constant, the unpacking's divisions become shifts.
   auto walk = [&](auto bitsConstant) {
     constexpr int kBits = decltype(bitsConstant)::value;
@@ -326,7 +379,9 @@ int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
       count += nonFinite16(payload.data() + 2 * i, exponent);
     return count;
   }
-  // Each matrix: its groups' (scale, minimum) pairs of f16, then its codes.
+  // Each matrix: its groups' (scale, minimum) pairs of f16, then its codes,
+  // of which E4M3's have a NaN (S.1111.111).
+  const bool e4m3 = codesOf(codec) == CodeKind::E4M3;
   int64_t offset = 0;
   for (int64_t m = 0; m < shape.matrices(); ++m) {
     const int64_t pairs =
@@ -334,6 +389,11 @@ int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
     for (int64_t h = 0; h < 2 * pairs; ++h)
       if (offset + 2 * h + 2 <= int64_t(payload.size()))
         count += nonFinite16(payload.data() + offset + 2 * h, 0x7C00);
+    const int64_t end =
+        std::min<int64_t>(offset + quantizedMatrixBytes(codec, shape, m),
+                          int64_t(payload.size()));
+    for (int64_t at = offset + 4 * pairs; e4m3 && at < end; ++at)
+      count += (uint8_t(payload[at]) & 0x7F) == 0x7F;
     offset += quantizedMatrixBytes(codec, shape, m);
   }
   return count;
@@ -356,6 +416,12 @@ void hadamard(float *values, int64_t count, int64_t block) {
 }
 
 Status checkCodec(const CodecSpec &codec, const ChunkShape &shape) {
+  if (!codec.transformStage() && codec.transform != CodecSpec::Transform::None)
+    return invalidArgument("unknown transform");
+  if (!codec.quantStage() && codec.quant != CodecSpec::Quant::None)
+    return invalidArgument("unknown quantization");
+  if (!codec.losslessStage() && codec.lossless != CodecSpec::Lossless::None)
+    return invalidArgument("unknown lossless coder");
   if (codec.transform == CodecSpec::Transform::Hadamard) {
     int64_t block = hadamardBlock(shape);
     if (!hadamardRotates(shape.form, shape.width, shape.headDim))
@@ -364,9 +430,12 @@ Status checkCodec(const CodecSpec &codec, const ChunkShape &shape) {
                            std::to_string(shape.width) +
                            " values have blocks of " + std::to_string(block));
   }
-  if (codec.quant != CodecSpec::Quant::None) {
+  if (const CodecStageInfo *quant = codec.quantStage()) {
     if (codec.group <= 0)
       return invalidArgument("quantization group must be positive");
+    if (!codec.layerBits.empty() && quant->codes != CodeKind::Levels)
+      return invalidArgument("layer-group bins are integer widths; " +
+                             std::string(quant->name) + " has none");
     for (int b : codec.layerBits)
       if (b != 2 && b != 4 && b != 8)
         return invalidArgument("layer-group bins must be 2, 4 or 8 bits, got " +
@@ -667,6 +736,21 @@ void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
   }
 }
 
+/// E4M3 codes to bf16: offset + scale * value(code), rounded, through the
+/// codes' table (a group's values in order, as dequantizeMatrix).
+void e4m3MatrixBf16(const uint8_t *src, const Grouping &g,
+                    const ChunkShape &shape, CodecSpec::Axis axis,
+                    uint16_t *out) {
+  const QuantParams params(src, g.count);
+  const uint8_t *codes = src + 4 * g.count;
+  const float *value = e4m3Values();
+  int64_t n = 0;
+  GroupWalk{shape, axis, g.size}.forEach([&](int64_t group, int64_t i) {
+    out[i] = toBf16(params.minimum[group] +
+                    params.scale[group] * value[codes[n++]]);
+  });
+}
+
 } // namespace
 
 Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
@@ -692,10 +776,16 @@ Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
   }
   const uint8_t *src = reinterpret_cast<const uint8_t *>(inner.data());
   const int64_t perMatrix = shape.tokens * shape.width;
+  const bool e4m3 = codesOf(codec) == CodeKind::E4M3;
   for (int64_t m = 0; m < shape.matrices(); ++m) {
     CodecSpec::Axis axis = matrixAxis(codec, shape, m);
     Grouping g = grouping(codec, shape, axis);
     uint16_t *dst = out + m * perMatrix;
+    if (e4m3) {
+      e4m3MatrixBf16(src, g, shape, axis, dst);
+      src += quantizedMatrixBytes(codec, shape, m);
+      continue;
+    }
     switch (matrixBits(codec, shape, m)) {
     case 8:
       dequantMatrixBf16<8>(src, g, shape, axis, dst);

@@ -14,6 +14,16 @@ int CodecSpec::bitsOfLayer(int64_t layer, int64_t layers) const {
   return layerBits[std::min(group, layerBits.size() - 1)];
 }
 
+const CodecStageInfo *CodecSpec::transformStage() const {
+  return findCodecStage(StageKind::Transform, int(transform));
+}
+const CodecStageInfo *CodecSpec::quantStage() const {
+  return findCodecStage(StageKind::Quant, int(quant));
+}
+const CodecStageInfo *CodecSpec::losslessStage() const {
+  return findCodecStage(StageKind::Lossless, int(lossless));
+}
+
 int CodecSpec::bits() const {
   if (quant != Quant::None && !layerBits.empty()) {
     int sum = 0;
@@ -21,17 +31,8 @@ int CodecSpec::bits() const {
       sum += b;
     return sum / int(layerBits.size());
   }
-  switch (quant) {
-  case Quant::None:
-    return 16;
-  case Quant::Int8:
-    return 8;
-  case Quant::Int4:
-    return 4;
-  case Quant::Int2:
-    return 2;
-  }
-  return 16;
+  const CodecStageInfo *stage = quantStage();
+  return stage ? stage->bits : 16;
 }
 
 std::string CodecSpec::str() const {
@@ -92,39 +93,35 @@ StatusOr<CodecSpec> parseCodecSpec(const std::string &text) {
   while (at <= text.size()) {
     size_t end = text.find('+', at);
     std::string part = text.substr(at, end - at);
-    if (part == "hadamard")
+    // A stage is a registry row's name; a quantization's options follow
+    // it after slashes.
+    const size_t slash = part.find('/');
+    const std::string_view word = std::string_view(part).substr(0, slash);
+    if (const CodecStageInfo *stage =
+            findCodecStage(StageKind::Transform, word);
+        stage && slash == std::string::npos) {
       KVC_RETURN_IF_ERROR(once(transformSeen, "transform"));
-    else if (part == "deflate" || part == "zstd" || part == "lz4")
+      codec.transform = Transform(stage->enumerator);
+    } else if (const CodecStageInfo *stage =
+                   findCodecStage(StageKind::Lossless, word);
+               stage && slash == std::string::npos) {
       KVC_RETURN_IF_ERROR(once(losslessSeen, "lossless"));
-    else if (part.rfind("int", 0) == 0)
+      codec.lossless = Lossless(stage->enumerator);
+    } else if (const CodecStageInfo *stage =
+                   findCodecStage(StageKind::Quant, word)) {
       KVC_RETURN_IF_ERROR(once(quantSeen, "quantization"));
-    if (part == "hadamard") {
-      codec.transform = Transform::Hadamard;
-    } else if (part == "deflate") {
-      codec.lossless = Lossless::Deflate;
-    } else if (part == "zstd") {
-      codec.lossless = Lossless::Zstd;
-    } else if (part == "lz4") {
-      codec.lossless = Lossless::Lz4;
-    } else if (part.rfind("int", 0) == 0) {
-      size_t slash = part.find('/');
-      std::string width = part.substr(0, slash);
-      if (width == "int8")
-        codec.quant = Quant::Int8;
-      else if (width == "int4")
-        codec.quant = Quant::Int4;
-      else if (width == "int2")
-        codec.quant = Quant::Int2;
-      else
-        return bad("unknown quantization " + width);
-      while (slash != std::string::npos) {
-        size_t next = part.find('/', slash + 1);
-        std::string option = part.substr(slash + 1, next - slash - 1);
+      codec.quant = Quant(stage->enumerator);
+      for (size_t from = slash; from != std::string::npos;) {
+        size_t next = part.find('/', from + 1);
+        std::string option = part.substr(from + 1, next - from - 1);
         if (option.size() > 1 && option[0] == 'g') {
           codec.group = std::atoll(option.c_str() + 1);
           if (codec.group <= 0)
             return bad("bad group " + option);
         } else if (option.rfind("bins", 0) == 0) {
+          if (stage->codes != CodeKind::Levels)
+            return bad(std::string(stage->name) +
+                       " has no layer-group bins (they are integer widths)");
           std::string bins = option.substr(4);
           size_t b = 0;
           while (b < bins.size()) {
@@ -144,8 +141,10 @@ StatusOr<CodecSpec> parseCodecSpec(const std::string &text) {
         } else {
           return bad("unknown option " + option);
         }
-        slash = next;
+        from = next;
       }
+    } else if (part.rfind("int", 0) == 0) {
+      return bad("unknown quantization " + std::string(word));
     } else {
       return bad("unknown stage \"" + part + "\"");
     }
@@ -156,22 +155,33 @@ StatusOr<CodecSpec> parseCodecSpec(const std::string &text) {
   return codec;
 }
 
+namespace {
+
+/// The registry's name of enumerator `value` of `kind`; "none" for 0.
+const char *stageName(StageKind kind, int value) {
+  const CodecStageInfo *stage = findCodecStage(kind, value);
+  return stage ? stage->name.data() : "none";
+}
+
+/// The enumerator `name` names: "none", or a registry row of `kind`.
+template <typename E>
+std::optional<E> stageEnum(StageKind kind, std::string_view name) {
+  if (name == "none")
+    return E(0);
+  const CodecStageInfo *stage = findCodecStage(kind, name);
+  if (!stage)
+    return std::nullopt;
+  return E(stage->enumerator);
+}
+
+} // namespace
+
 const char *transformName(CodecSpec::Transform transform) {
-  return transform == CodecSpec::Transform::Hadamard ? "hadamard" : "none";
+  return stageName(StageKind::Transform, int(transform));
 }
 
 const char *quantName(CodecSpec::Quant quant) {
-  switch (quant) {
-  case CodecSpec::Quant::None:
-    return "none";
-  case CodecSpec::Quant::Int8:
-    return "int8";
-  case CodecSpec::Quant::Int4:
-    return "int4";
-  case CodecSpec::Quant::Int2:
-    return "int2";
-  }
-  return "none";
+  return stageName(StageKind::Quant, int(quant));
 }
 
 const char *axisName(CodecSpec::Axis axis) {
@@ -179,17 +189,17 @@ const char *axisName(CodecSpec::Axis axis) {
 }
 
 const char *losslessName(CodecSpec::Lossless lossless) {
-  switch (lossless) {
-  case CodecSpec::Lossless::None:
-    return "none";
-  case CodecSpec::Lossless::Deflate:
-    return "deflate";
-  case CodecSpec::Lossless::Zstd:
-    return "zstd";
-  case CodecSpec::Lossless::Lz4:
-    return "lz4";
-  }
-  return "none";
+  return stageName(StageKind::Lossless, int(lossless));
+}
+
+std::optional<CodecSpec::Transform> parseTransform(std::string_view name) {
+  return stageEnum<CodecSpec::Transform>(StageKind::Transform, name);
+}
+std::optional<CodecSpec::Quant> parseQuant(std::string_view name) {
+  return stageEnum<CodecSpec::Quant>(StageKind::Quant, name);
+}
+std::optional<CodecSpec::Lossless> parseLossless(std::string_view name) {
+  return stageEnum<CodecSpec::Lossless>(StageKind::Lossless, name);
 }
 
 } // namespace kvc

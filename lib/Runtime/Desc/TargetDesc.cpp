@@ -20,7 +20,6 @@ namespace {
 /// The names of the schema's string enums, indexed by enumerator.
 constexpr const char *kComputeKinds[] = {"gpu", "cpu"};
 constexpr const char *kTierKinds[] = {"dram", "disk", "remote"};
-constexpr const char *kCodecData[] = {"raw", "int8", "int4", "int2"};
 
 /// Reads a required object-valued field.
 StatusOr<const Json *> readObject(const Json &obj, const std::string &path,
@@ -110,7 +109,8 @@ Status parseCodecRate(const Json &obj, const std::string &path,
   if (obj.contains("on")) {
     CodecSpec::Quant on;
     KVC_RETURN_IF_ERROR(readName<CodecSpec::Quant>(
-        obj, path, "on", codecDataName, int(std::size(kCodecData)), on));
+        obj, path, "on", codecDataName, 1 + countStages(StageKind::Quant),
+        on));
     c.on = on;
   }
   KVC_RETURN_IF_ERROR(
@@ -125,7 +125,7 @@ const char *computeKindName(ComputeDesc::Kind kind) {
 }
 const char *tierKindName(TierDesc::Kind kind) { return kTierKinds[int(kind)]; }
 const char *codecDataName(CodecSpec::Quant quant) {
-  return kCodecData[int(quant)];
+  return quant == CodecSpec::Quant::None ? "raw" : quantName(quant);
 }
 
 Status TargetDesc::validate() const {

@@ -251,11 +251,16 @@ StatusOr<ChunkHeader> readChunkHeader(std::string_view bytes) {
   h.payloadBytes = r.le<uint64_t>();
   h.payloadCrc = r.le<uint32_t>();
   // Enumerations out of range cannot pass the header checksum by accident,
-  // but a forged header can: reject them too.
+  // but a forged header can: reject them too. A codec stage is one the
+  // codec registry has.
+  auto outOf = [](auto stage, StageKind kind) {
+    return int(stage) > countStages(kind);
+  };
   if (uint8_t(h.form) > 1 || uint8_t(h.dtype) > 2 ||
-      uint8_t(h.codec.transform) > 1 || uint8_t(h.codec.quant) > 3 ||
+      outOf(h.codec.transform, StageKind::Transform) ||
+      outOf(h.codec.quant, StageKind::Quant) ||
       uint8_t(h.codec.keyAxis) > 1 || uint8_t(h.codec.valueAxis) > 1 ||
-      uint8_t(h.codec.lossless) > 3 || bins > kMaxBins)
+      outOf(h.codec.lossless, StageKind::Lossless) || bins > kMaxBins)
     return chunkError(ChunkFault::Corrupt, "chunk header has invalid fields");
   return h;
 }

@@ -6,10 +6,11 @@
 // each its own unit:
 //
 //   transform (orthonormal Hadamard over blocks of head_dim)
-//   -> quantization (asymmetric int8/int4/int2; per-token groups along the
-//      channels or per-channel groups along the tokens, K and V on their own
-//      axes as KIVI; an fp16 scale and minimum per group; layer-group bins as
-//      CacheGen)
+//   -> quantization (asymmetric int8/int4/int2 levels, or symmetric FP8
+//      E4M3 codes; per-token groups along the channels or
+//      per-channel groups along the tokens, K and V on their own axes as
+//      KIVI; an fp16 scale and offset per group; layer-group bins of integer
+//      widths as CacheGen)
 //   -> lossless coder (deflate via libdeflate, zstd, lz4)
 //
 // Unquantized values are stored in the model's dtype. Decoding knows every

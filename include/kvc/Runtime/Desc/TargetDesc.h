@@ -109,7 +109,8 @@ struct TargetDesc {
 
 const char *computeKindName(ComputeDesc::Kind kind);
 const char *tierKindName(TierDesc::Kind kind);
-/// The name of the data a rate holds for: "raw", "int8", "int4", "int2".
+/// The name of the data a rate holds for: "raw", or the quantization's
+/// ("int8", "fp8", ...).
 const char *codecDataName(CodecSpec::Quant quant);
 
 /// Parses a target description (schema "kvc-target/1").

@@ -306,17 +306,13 @@ LogicalResult CodecAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 }
 
 int64_t CodecAttr::getBits() const {
-  switch (getQuant()) {
-  case Quant::none:
-    return 16;
-  case Quant::int8:
-    return 8;
-  case Quant::int4:
-    return 4;
-  case Quant::int2:
-    return 2;
-  }
-  llvm_unreachable("unknown quantization");
+  const ::kvc::CodecStageInfo *stage = getQuantStage();
+  return stage ? stage->bits : 16;
+}
+
+const ::kvc::CodecStageInfo *CodecAttr::getQuantStage() const {
+  return ::kvc::findCodecStage(::kvc::StageKind::Quant,
+                               stringifyQuant(getQuant()));
 }
 
 CodecAttr CodecAttr::getOrRaw(MLIRContext *context, Transform transform,

@@ -4,6 +4,7 @@
 #define KVC_DIALECT_KVC_IR_KVCATTRS_H
 
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
+#include "kvc/Support/CodecRegistry.h"
 
 #include "mlir/IR/Attributes.h"
 #include "mlir/IR/BuiltinAttributes.h"

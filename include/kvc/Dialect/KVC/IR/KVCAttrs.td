@@ -257,8 +257,9 @@ def KVC_TargetAttr : KVC_Attr<"Target", "target"> {
 def KVC_CodecAttr : KVC_Attr<"Codec", "codec"> {
   let summary = "How stored bytes are encoded";
   let description = [{
-    A point of KVServe's strategy space: an orthogonal `transform`, integer
-    `quant`ization with the scale axis of keys and of values and the `group`
+    A point of KVServe's strategy space: an orthogonal `transform`,
+    `quant`ization (integer levels or FP8, a row each of kvc's codec
+    registry) with the scale axis of keys and of values and the `group`
     size along that axis (KIVI quantizes keys per channel and values per
     token), then a `lossless` coder. Every field defaults to "do nothing";
     raw data carries no codec at all, so `#kvc.codec<>` is rejected.
@@ -283,6 +284,8 @@ def KVC_CodecAttr : KVC_Attr<"Codec", "codec"> {
   let extraClassDeclaration = [{
     /// Bits per stored element before lossless coding (16 when unquantized).
     int64_t getBits() const;
+    /// The codec registry's row of the quantization; null when unquantized.
+    const ::kvc::CodecStageInfo *getQuantStage() const;
     /// The same codec with one stage removed or replaced; returns null (raw)
     /// when nothing is left.
     CodecAttr withTransform(Transform transform) const;

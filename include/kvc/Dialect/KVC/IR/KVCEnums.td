@@ -34,11 +34,14 @@ def KVC_Transform : KVC_Enum<"Transform", "an orthogonal transform", [
   I32EnumAttrCase<"none", 0>,
   I32EnumAttrCase<"hadamard", 1>]>;
 
-def KVC_Quant : KVC_Enum<"Quant", "integer quantization", [
+// The codec stages' cases are the codec registry's names and CodecSpec's
+// enumerators (kvc/Support/CodecRegistry.h; KVCVocabularyTest checks both).
+def KVC_Quant : KVC_Enum<"Quant", "quantization", [
   I32EnumAttrCase<"none", 0>,
   I32EnumAttrCase<"int8", 1>,
   I32EnumAttrCase<"int4", 2>,
-  I32EnumAttrCase<"int2", 3>]>;
+  I32EnumAttrCase<"int2", 3>,
+  I32EnumAttrCase<"fp8", 4>]>;
 
 def KVC_QuantAxis : KVC_Enum<"QuantAxis", "what one quantization scale spans", [
   I32EnumAttrCase<"token", 0>,
@@ -71,7 +74,8 @@ def KVC_CodecData : KVC_Enum<"CodecData", "the data a codec stage's rate holds f
   I32EnumAttrCase<"raw", 1>,
   I32EnumAttrCase<"int8", 2>,
   I32EnumAttrCase<"int4", 3>,
-  I32EnumAttrCase<"int2", 4>]>;
+  I32EnumAttrCase<"int2", 4>,
+  I32EnumAttrCase<"fp8", 5>]>;
 
 def KVC_Resource : KVC_Enum<"Resource", "a resource that runs tasks", [
   I32EnumAttrCase<"io", 0>,

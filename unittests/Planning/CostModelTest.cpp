@@ -217,6 +217,36 @@ TEST(CodecProfile, DefaultsCoverTheSpaceAndRoundTrip) {
   EXPECT_EQ(again->print(), profile.print());
 }
 
+// FP8 is priced from its registry row: int8's bytes, its own rates where a
+// target gives them, and an error estimate that does not grow with the
+// group as integer levels' does.
+TEST(CodecProfile, Fp8IsPricedFromItsRegistryRow) {
+  CodecSpec fp8 = *parseCodecSpec("fp8/g32"), int8 = *parseCodecSpec("int8/g32");
+  CostModel cost(llama2_7b(), target("cpu-2core"), CodecProfile::defaults());
+  EXPECT_DOUBLE_EQ(cost.quantizedBytes(Form::KV, fp8, 10, 2),
+                   cost.quantizedBytes(Form::KV, int8, 10, 2));
+  CodecProfile profile = CodecProfile::defaults();
+  ASSERT_NE(profile.find(fp8), nullptr);
+  EXPECT_GT(profile.quality(fp8), profile.quality(int8));
+  EXPECT_EQ(profile.quality(*parseCodecSpec("fp8/g128")), profile.quality(fp8));
+  EXPECT_GT(profile.quality(*parseCodecSpec("int8/g128")),
+            profile.quality(int8));
+  // A rate on fp8 prices fp8's dequantization, not int8's.
+  TargetDesc t = target("cpu-2core");
+  t.codecs = {{CodecStage::Quant, CodecSpec::Quant::Fp8, 1, 2.0},
+              {CodecStage::Quant, CodecSpec::Quant::Int8, 1, 8.0}};
+  CostModel rated(llama2_7b(), t, CodecProfile());
+  EXPECT_NEAR(rated.dequantSeconds(fp8, 1e9), 1e9 / 2e9, 1e-9);
+  EXPECT_NEAR(rated.dequantSeconds(int8, 1e9), 1e9 / 8e9, 1e-9);
+  // Without one, the registry's default for fp8.
+  const CodecStageInfo *row = findCodecStage(StageKind::Quant, "fp8");
+  ASSERT_NE(row, nullptr);
+  t.codecs.clear();
+  CostModel defaults(llama2_7b(), t, CodecProfile());
+  EXPECT_NEAR(defaults.dequantSeconds(fp8, 1e9),
+              1e9 / (row->defaultDecodeGBs * 1e9), 1e-9);
+}
+
 TEST(CodecProfile, RejectsBadProfiles) {
   EXPECT_FALSE(CodecProfile::parse("{}").isOk());
   StatusOr<CodecProfile> bad = CodecProfile::parse(

@@ -306,7 +306,7 @@ Status run(const Flags &flags) {
     ConnectorOptions throttled = options;
     throttled.stores[0].url += std::string("?gbps=") + rate;
     KVC_ASSIGN_OR_RETURN(joint, connect(throttled, server));
-    throttled.plans.strategies = {"kv"};
+    throttled.plans.strategies = {planning::Strategy::Kv};
     KVC_ASSIGN_OR_RETURN(kv, connect(throttled, server));
     throttled.policy = LoadPolicy::Always;
     KVC_ASSIGN_OR_RETURN(always, connect(throttled, server));

@@ -154,7 +154,7 @@ struct Request {
 
 /// A decision's price for one shape: the best strategy and its seconds.
 struct Priced {
-  std::string strategy;
+  planning::Strategy strategy = planning::Strategy::Compute;
   double seconds = std::numeric_limits<double>::infinity();
 };
 
@@ -237,20 +237,15 @@ struct Connector::State {
   /// The best of `strategies` for `request`, by the first token.
   StatusOr<Priced> price(const planning::Request &request,
                          int64_t chunkTokens,
-                         const std::vector<std::string> &strategies) {
-    planning::PlanOptions planOptions;
+                         const std::vector<planning::Strategy> &strategies) {
+    planning::PlanOptions planOptions = options.plans;
     planOptions.chunkTokens = chunkTokens;
-    planOptions.stagingBytes = options.plans.stagingMiB << 20;
     planOptions.layerWise = true;
     planning::Planner planner(*cost, request, planOptions);
     KVC_RETURN_IF_ERROR(planner.validate());
     Priced best;
-    for (const std::string &strategy : strategies) {
-      std::optional<planning::Strategy> parsed =
-          planning::parseStrategy(strategy);
-      if (!parsed)
-        return invalidArgument("connector: no strategy " + strategy);
-      std::optional<planning::Evaluation> evaluation = planner.plan(*parsed);
+    for (planning::Strategy strategy : strategies) {
+      std::optional<planning::Evaluation> evaluation = planner.plan(strategy);
       if (evaluation && evaluation->firstTokenSeconds < best.seconds)
         best = {strategy, evaluation->firstTokenSeconds};
     }
@@ -260,7 +255,7 @@ struct Connector::State {
   /// The plan of `strategy` for `request`, compiled once per shape `key`.
   StatusOr<std::shared_ptr<const CompiledPlan>>
   planFor(const std::string &key, const planning::Request &request,
-          int64_t chunkTokens, const std::string &strategy) {
+          int64_t chunkTokens, planning::Strategy strategy) {
     for (auto it = plans.begin(); it != plans.end(); ++it)
       if (it->first == key) {
         plans.splice(plans.begin(), plans, it);
@@ -269,21 +264,22 @@ struct Connector::State {
       }
     PlanOptions planOptions = options.plans;
     planOptions.strategies = {strategy};
+    planOptions.chunkTokens = chunkTokens;
     planOptions.layerWise = true;
     planOptions.forwardTokens = request.forwardTokens;
     KVC_ASSIGN_OR_RETURN(bundle, options.planner(*options.model, target,
-                                                 request, chunkTokens,
-                                                 planOptions));
+                                                 request, planOptions));
+    const std::string name = planning::strategyName(strategy);
     auto compiledPlan = std::make_shared<CompiledPlan>();
     compiledPlan->bundle = std::move(bundle);
     for (const BundlePlan &plan : compiledPlan->bundle.plans)
-      if (plan.name == strategy && !compiledPlan->plan)
+      if (plan.name == name && !compiledPlan->plan)
         compiledPlan->plan = &plan;
     if (!compiledPlan->plan && compiledPlan->bundle.plans.size() == 1)
       compiledPlan->plan = &compiledPlan->bundle.plans.front();
     if (!compiledPlan->plan)
       return Status(StatusCode::FailedPrecondition,
-                    "connector: the planner returned no plan " + strategy +
+                    "connector: the planner returned no plan " + name +
                         " for " + std::to_string(request.tokens) + " tokens");
     ++compiled;
     plans.emplace_front(key, compiledPlan);
@@ -599,15 +595,13 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     std::string key;
     std::string what;
   } best;
-  std::vector<std::string> strategies = s.options.plans.strategies;
-  if (strategies == std::vector<std::string>{"all"}) {
-    strategies.clear();
-    for (planning::Strategy strategy : planning::allStrategies())
-      strategies.push_back(planning::strategyName(strategy));
-  }
+  using planning::Strategy;
+  std::vector<Strategy> strategies = s.options.plans.strategies;
+  if (strategies.empty())
+    strategies = planning::allStrategies();
   if (onDevice > 0) // Only loads may follow the server's own tokens.
-    strategies = {"kv", "hidden"};
-  static const std::vector<std::string> offGrid = {"kv"};
+    strategies = {Strategy::Kv, Strategy::Hidden};
+  static const std::vector<Strategy> offGrid = {Strategy::Kv};
   for (const Lookup::Held &held : found.held) {
     const int64_t ct = held.layout.chunkTokens;
     const int64_t length = std::min(held.match.tokens, n - 1) / ct * ct;
@@ -616,7 +610,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     // A server prefix that ends inside a chunk: the chunk is loaded and
     // only its rows past the server's are written, which K and V allow
     // and hidden states (projected per chunk) do not.
-    const std::vector<std::string> &allowed =
+    const std::vector<Strategy> &allowed =
         onDevice % ct == 0 ? strategies : offGrid;
     planning::Request request;
     request.tokens = length;
@@ -653,8 +647,8 @@ StatusOr<Decision> Connector::decide(const std::string &id,
       what += std::string(what.empty() ? "" : ", ") + name(source.form) + " " +
               source.codec.str();
     }
-    for (const std::string &strategy : allowed)
-      key += "|" + strategy;
+    for (Strategy strategy : allowed)
+      key += std::string("|") + planning::strategyName(strategy);
     auto cached = s.prices.find(key);
     if (cached == s.prices.end()) {
       KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, allowed));
@@ -691,19 +685,20 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   } else if (policy == LoadPolicy::Cheapest &&
              best.priced.seconds >= decision.recomputeSeconds) {
     decision.why = "recomputes: loading " + std::to_string(best.tokens) +
-                   " tokens by " + best.priced.strategy + " is predicted at " +
+                   " tokens by " + planning::strategyName(best.priced.strategy) +
+                   " is predicted at " +
                    ms(best.priced.seconds) + ", not faster than " + recompute;
   } else {
     KVC_ASSIGN_OR_RETURN(plan, s.planFor(best.key, best.request,
                                          best.layout.chunkTokens,
                                          best.priced.strategy));
     decision.loadTokens = best.tokens;
-    decision.strategy = best.priced.strategy;
+    decision.strategy = planning::strategyName(best.priced.strategy);
     decision.predictedSeconds = best.priced.seconds;
     // A plan of strategy kv or hidden loads every token it restores; the
     // others compute some of them beside the loads.
     decision.why = "restores " + std::to_string(best.tokens) + " of " +
-                   std::to_string(n) + " tokens by " + best.priced.strategy +
+                   std::to_string(n) + " tokens by " + decision.strategy +
                    " (" + best.what + " stored in " +
                    s.stores[best.store].spec.url +
                    "): first token predicted at " + ms(best.priced.seconds) +
@@ -988,13 +983,18 @@ int64_t Connector::planCacheHits() const {
 PlanHook bundleHook(std::vector<PlanBundle> bundles) {
   auto held = std::make_shared<std::vector<PlanBundle>>(std::move(bundles));
   return [held](const ModelCompute &model, const TargetDesc &,
-                const planning::Request &request, int64_t,
+                const planning::Request &request,
                 const PlanOptions &options) -> StatusOr<PlanBundle> {
+    auto wanted = [&](const std::string &name) {
+      std::optional<planning::Strategy> strategy = planning::parseStrategy(name);
+      return strategy && std::find(options.strategies.begin(),
+                                   options.strategies.end(),
+                                   *strategy) != options.strategies.end();
+    };
     for (const PlanBundle &bundle : *held)
       for (const BundlePlan &plan : bundle.plans)
         if (plan.tokens.begin == 0 && plan.tokens.end == request.tokens &&
-            std::find(options.strategies.begin(), options.strategies.end(),
-                      plan.name) != options.strategies.end()) {
+            wanted(plan.name)) {
           PlanBundle one = bundle;
           one.plans = {plan};
           (void)model;

@@ -11,22 +11,6 @@
 
 namespace kvc::host {
 
-std::vector<std::string>
-strategiesFor(const std::vector<planning::Source> &sources) {
-  auto stores = [&](Form form) {
-    return std::any_of(
-        sources.begin(), sources.end(),
-        [&](const planning::Source &source) { return source.form == form; });
-  };
-  std::vector<std::string> strategies;
-  for (planning::Strategy strategy : planning::allStrategies()) {
-    const std::optional<Form> needs = planning::strategyNeeds(strategy);
-    if (!needs || stores(*needs))
-      strategies.push_back(planning::strategyName(strategy));
-  }
-  return strategies;
-}
-
 StatusOr<PlanBundle>
 planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
             const std::vector<int32_t> &tokens, const TargetDesc &target,
@@ -40,9 +24,10 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
   request.maxKl = options.maxKl;
   request.forwardTokens = options.forwardTokens;
   PlanOptions resolved = options;
-  if (resolved.strategies == std::vector<std::string>{"all"})
-    resolved.strategies = strategiesFor(request.sources);
-  return hook(model, target, request, store.layout().chunkTokens, resolved);
+  resolved.chunkTokens = store.layout().chunkTokens;
+  if (resolved.strategies.empty())
+    resolved.strategies = planning::strategiesFor(request.sources);
+  return hook(model, target, request, resolved);
 }
 
 StatusOr<std::unique_ptr<Destination>>

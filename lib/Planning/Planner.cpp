@@ -57,7 +57,7 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
                     double(std::max(model.kvBytesPerTokenLayer(),
                                     model.hiddenBytesPerTokenLayer()));
   layerGroup_ = std::clamp<int64_t>(
-      int64_t(double(options_.stagingBytes) / 4.0 / perLayer), 1,
+      int64_t(double(options_.stagingBytes()) / 4.0 / perLayer), 1,
       std::max<int64_t>(model.numLayers, 1));
   // Loads move whole stored objects: a multiple of every source's group.
   int64_t objects = 1;
@@ -471,7 +471,7 @@ void Planner::addForward(JobGraph &graph, std::vector<JobInfo> &jobs,
 Evaluation Planner::evaluate(const Plan &plan) const {
   std::vector<JobInfo> info;
   JobGraph graph = buildJobs(plan, &info);
-  SimResult sim = simulate(graph, options_.stagingBytes,
+  SimResult sim = simulate(graph, options_.stagingBytes(),
                            cost_.target().host.handoffUs * 1e-6);
   Evaluation e;
   e.plan = plan;
@@ -766,6 +766,39 @@ std::optional<Strategy> parseStrategy(std::string_view name) {
 
 std::optional<Form> strategyNeeds(Strategy strategy) {
   return kStrategies[int(strategy)].needs;
+}
+
+StatusOr<std::vector<Strategy>> parseStrategies(std::string_view list) {
+  std::vector<Strategy> out;
+  if (list == "all" || list.empty())
+    return out;
+  for (size_t at = 0; at <= list.size();) {
+    size_t end = std::min(list.find(',', at), list.size());
+    std::string_view name = list.substr(at, end - at);
+    std::optional<Strategy> strategy = parseStrategy(name);
+    if (!strategy) {
+      std::string known;
+      for (const StrategyRow &row : kStrategies)
+        known += std::string(known.empty() ? "" : ", ") + row.name;
+      return invalidArgument("unknown strategy \"" + std::string(name) +
+                             "\" (known: " + known + ", or all)");
+    }
+    out.push_back(*strategy);
+    at = end + 1;
+  }
+  return out;
+}
+
+std::vector<Strategy> strategiesFor(const std::vector<Source> &sources) {
+  auto stores = [&](Form form) {
+    return std::any_of(sources.begin(), sources.end(),
+                       [&](const Source &source) { return source.form == form; });
+  };
+  std::vector<Strategy> out;
+  for (const StrategyRow &row : kStrategies)
+    if (!row.needs || stores(*row.needs))
+      out.push_back(row.strategy);
+  return out;
 }
 
 std::optional<Evaluation> Planner::plan(Strategy strategy) const {

@@ -87,17 +87,16 @@ StatusOr<PlanBundle> compileRestore(const ModelConfig &model,
 
   PlanBundle bundle;
   bundle.modelFingerprint = fingerprint;
-  for (const std::string &strategy : options.strategies) {
+  std::vector<planning::Strategy> strategies = options.plan.strategies;
+  if (strategies.empty())
+    strategies = planning::strategiesFor(request.sources);
+  for (planning::Strategy each : strategies) {
+    const std::string strategy = planning::strategyName(each);
     OwningOpRef<ModuleOp> module = buildRequestModule(
         context, model, fingerprint, target, request, strategy);
     PassManager pm(&context);
     RestorePipelineOptions pipeline;
-    pipeline.strategy = strategy;
-    pipeline.chunkTokens = options.chunkTokens;
-    pipeline.stagingMiB = options.stagingMiB;
-    pipeline.layerWise = options.layerWise;
-    pipeline.codecProfile = options.codecProfile;
-    pipeline.gpuChip = options.gpuChip;
+    pipeline.wrap(options.plan, each);
     buildRestorePipeline(pm, pipeline);
     std::string json;
     llvm::raw_string_ostream os(json);

@@ -122,7 +122,7 @@ struct KVCEstimatePass
     };
     for (bool receivers : {false, true})
       if (failed(forEachPlan(
-              getOperation(), getArgument(), costModelFlags(),
+              getOperation(), getArgument(), planOptions(),
               [&](PlanOp plan) { return receives(plan) == receivers; },
               estimate)))
         return signalPassFailure();
@@ -224,7 +224,7 @@ struct KVCEstimatePass
     }
 
     planning::SimResult sim =
-        planning::simulate(graph, context.options.stagingBytes,
+        planning::simulate(graph, context.options.stagingBytes(),
                            cost.target().host.handoffUs * 1e-6);
     if (failed(checkRepresentable(plan, sim.makespan)))
       return std::nullopt;

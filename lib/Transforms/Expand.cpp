@@ -164,7 +164,7 @@ struct KVCExpandPass
   void runOnOperation() override {
     if (failed(expandIntents()))
       return signalPassFailure();
-    if (failed(forEachPlan(getOperation(), getArgument(), costModelFlags(),
+    if (failed(forEachPlan(getOperation(), getArgument(), planOptions(),
                            holdsSegments,
                            [&](PlanOp plan, const PlanningContext &context) {
                              return expand(plan, context);
@@ -180,7 +180,7 @@ struct KVCExpandPass
     if (saves.empty() && transfers.empty())
       return success();
     FailureOr<PlanningContext> context =
-        getPlanningContext(getOperation(), getArgument(), costModelFlags());
+        getPlanningContext(getOperation(), getArgument(), planOptions());
     if (failed(context))
       return failure();
     for (SaveOp save : saves)

@@ -14,46 +14,72 @@ using namespace mlir::kvc;
 /// What both pipelines run once their plans are chosen: per-chunk dataflow,
 /// fused kernels, tasks with predicted times and, for the target's GPU chip
 /// or `gpuChip` ("none": no kernels), the kernels as PTX.
-static void buildLowering(OpPassManager &pm, const CostModelFlags &flags,
-                          StringRef gpuChip) {
-  pm.addPass(createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(flags)));
+static void buildLowering(OpPassManager &pm,
+                          const ::kvc::planning::PlanOptions &options) {
+  pm.addPass(
+      createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(options)));
   pm.addPass(createKVCFusePass());
   pm.addPass(
-      createKVCSchedulePass(toPassOptions<KVCSchedulePassOptions>(flags)));
+      createKVCSchedulePass(toPassOptions<KVCSchedulePassOptions>(options)));
   pm.addPass(
-      createKVCEstimatePass(toPassOptions<KVCEstimatePassOptions>(flags)));
+      createKVCEstimatePass(toPassOptions<KVCEstimatePassOptions>(options)));
   KVCGenerateKernelsPassOptions kernels;
-  kernels.chip = gpuChip.str();
+  kernels.chip = options.gpuChip;
   pm.addPass(createKVCGenerateKernelsPass(kernels));
+}
+
+::kvc::planning::PlanOptions RestorePipelineOptions::planOptions() const {
+  ::kvc::planning::PlanOptions options;
+  // kvc-plan checks the name; an unknown one leaves the list empty here.
+  options.strategies.clear();
+  if (std::optional<::kvc::planning::Strategy> each =
+          ::kvc::planning::parseStrategy(strategy))
+    options.strategies.push_back(*each);
+  options.chunkTokens = chunkTokens;
+  options.stagingMiB = stagingMiB;
+  options.layerWise = layerWise;
+  options.codecProfile = codecProfile;
+  options.gpuChip = gpuChip;
+  return options;
+}
+
+void RestorePipelineOptions::wrap(const ::kvc::planning::PlanOptions &options,
+                                  ::kvc::planning::Strategy plan) {
+  strategy = ::kvc::planning::strategyName(plan);
+  chunkTokens = options.chunkTokens;
+  stagingMiB = options.stagingMiB;
+  layerWise = options.layerWise;
+  codecProfile = options.codecProfile;
+  gpuChip = options.gpuChip;
+}
+
+::kvc::planning::PlanOptions SavePipelineOptions::planOptions() const {
+  // Saves keep their layout's chunks: no chunk-tokens choice to pass.
+  ::kvc::planning::PlanOptions options;
+  options.stagingMiB = stagingMiB;
+  options.layerWise = layerWise;
+  options.codecProfile = codecProfile;
+  options.gpuChip = gpuChip;
+  return options;
 }
 
 void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
                                      const RestorePipelineOptions &options) {
-  KVCPlanPassOptions plan;
-  plan.codecProfile = options.codecProfile;
-  plan.chunkTokens = options.chunkTokens;
-  plan.stagingMiB = options.stagingMiB;
-  plan.layerWise = options.layerWise;
+  const ::kvc::planning::PlanOptions planning = options.planOptions();
+  auto plan = toPassOptions<KVCPlanPassOptions>(planning);
   plan.report = options.report;
   plan.strategy = options.strategy;
   plan.allowSloMiss = options.allowSloMiss;
   pm.addPass(createKVCPlanPass(plan));
-  buildLowering(pm,
-                {options.codecProfile, options.chunkTokens, options.stagingMiB,
-                 options.layerWise},
-                options.gpuChip);
+  buildLowering(pm, planning);
 }
 
 void mlir::kvc::buildSavePipeline(OpPassManager &pm,
                                   const SavePipelineOptions &options) {
-  // Saves keep their layout's chunks: no chunk-tokens choice to pass.
-  CostModelFlags flags;
-  flags.codecProfile = options.codecProfile;
-  flags.stagingMiB = options.stagingMiB;
-  flags.layerWise = options.layerWise;
+  const ::kvc::planning::PlanOptions planning = options.planOptions();
   pm.addPass(createKVCSelectCodecPass(
-      toPassOptions<KVCSelectCodecPassOptions>(flags)));
-  buildLowering(pm, flags, options.gpuChip);
+      toPassOptions<KVCSelectCodecPassOptions>(planning)));
+  buildLowering(pm, planning);
 }
 
 namespace {

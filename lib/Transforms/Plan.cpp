@@ -31,9 +31,14 @@ struct KVCPlanPass
     StringRef name = strategy;
     std::optional<planning::Strategy> strategy = planning::parseStrategy(name);
     if (!strategy) {
-      restore.emitOpError() << "cannot be planned with strategy \"" << name
-                            << "\" (expected joint, compute, kv, hidden, "
-                               "cake or hcache)";
+      InFlightDiagnostic diag = restore.emitOpError()
+                                << "cannot be planned with strategy \"" << name
+                                << "\" (expected ";
+      llvm::interleave(
+          planning::allStrategies(), diag,
+          [&](planning::Strategy each) { diag << planning::strategyName(each); },
+          ", ");
+      diag << ")";
       return std::nullopt;
     }
     std::optional<planning::Evaluation> planned = planner.plan(*strategy);

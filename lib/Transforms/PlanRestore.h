@@ -44,7 +44,7 @@ struct PlanRestorePass : public PlanningPass<DerivedT, GeneratedBaseT> {
     if (restores.empty())
       return;
     FailureOr<PlanningContext> context =
-        getPlanningContext(module, this->getArgument(), this->costModelFlags());
+        getPlanningContext(module, this->getArgument(), this->planOptions());
     if (failed(context))
       return this->signalPassFailure();
 

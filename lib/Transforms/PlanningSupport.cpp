@@ -13,7 +13,7 @@ namespace planning = ::kvc::planning;
 
 FailureOr<PlanningContext>
 mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
-                              const CostModelFlags &flags) {
+                              const planning::PlanOptions &options) {
   ModelAttr model = lookupModel(op);
   TargetAttr target = lookupTarget(op);
   if (!model)
@@ -25,9 +25,9 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
                            << " needs the machine: attach one with "
                               "--kvc-attach-target=targets/NAME.json";
   planning::CodecProfile profile = planning::CodecProfile::defaults();
-  if (!flags.codecProfile.empty()) {
+  if (!options.codecProfile.empty()) {
     ::kvc::StatusOr<planning::CodecProfile> loaded =
-        planning::CodecProfile::load(flags.codecProfile);
+        planning::CodecProfile::load(options.codecProfile);
     if (!loaded.isOk())
       return op->emitError() << loaded.status().message();
     profile = std::move(*loaded);
@@ -35,16 +35,15 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
   PlanningContext context;
   context.cost = std::make_unique<planning::CostModel>(
       getModelConfig(model), getTargetDesc(target), std::move(profile));
-  context.options.chunkTokens = flags.chunkTokens;
-  context.options.stagingBytes = flags.stagingMiB << 20;
-  context.options.layerWise = flags.layerWise;
+  context.options = options;
   context.layers = model.getLayers();
   context.elementType = model.getDtype();
   return context;
 }
 
 LogicalResult mlir::kvc::forEachPlan(
-    ModuleOp module, StringRef passArgument, const CostModelFlags &flags,
+    ModuleOp module, StringRef passArgument,
+    const planning::PlanOptions &options,
     function_ref<bool(PlanOp)> select,
     function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn) {
   SmallVector<PlanOp> plans;
@@ -55,7 +54,7 @@ LogicalResult mlir::kvc::forEachPlan(
   if (plans.empty())
     return success();
   FailureOr<PlanningContext> context =
-      getPlanningContext(module, passArgument, flags);
+      getPlanningContext(module, passArgument, options);
   if (failed(context))
     return failure();
   for (PlanOp plan : plans)

@@ -27,20 +27,13 @@ struct PlanningContext {
   Type elementType;
 };
 
-/// The options every pass that plans takes (KVC_CostModelOptions).
-struct CostModelFlags {
-  std::string codecProfile; ///< Empty: the built-in estimate.
-  int64_t chunkTokens = 0;
-  int64_t stagingMiB = 256;
-  bool layerWise = false;
-};
-
-/// `flags` as the generated options of a pass that plans (fields in
-/// KVC_CostModelOptions' order, the only options such a pass has).
+/// The planner's options as the generated options of a pass that plans:
+/// KVC_CostModelOptions, the first fields of each (a pass's own options
+/// after them keep their defaults).
 template <typename PassOptionsT>
-PassOptionsT toPassOptions(const CostModelFlags &flags) {
-  return {flags.codecProfile, flags.chunkTokens, flags.stagingMiB,
-          flags.layerWise};
+PassOptionsT toPassOptions(const ::kvc::planning::PlanOptions &options) {
+  return {options.codecProfile, options.chunkTokens, options.stagingMiB,
+          options.layerWise};
 }
 
 /// A pass that plans, on its generated base (whose options include
@@ -49,26 +42,31 @@ template <typename DerivedT, template <typename> class GeneratedBaseT>
 struct PlanningPass : public GeneratedBaseT<DerivedT> {
   using GeneratedBaseT<DerivedT>::GeneratedBaseT;
 
-  /// The values of its cost-model options.
-  CostModelFlags costModelFlags() const {
-    return {this->codecProfile, this->chunkTokens, this->stagingMiB,
-            this->layerWise};
+  /// Its cost-model options as the planner's options.
+  ::kvc::planning::PlanOptions planOptions() const {
+    ::kvc::planning::PlanOptions options;
+    options.codecProfile = this->codecProfile;
+    options.chunkTokens = this->chunkTokens;
+    options.stagingMiB = this->stagingMiB;
+    options.layerWise = this->layerWise;
+    return options;
   }
 };
 
 /// Builds the cost model from the `kvc.model` and `kvc.target` around `op`
-/// and `flags`' codec profile (built-in when empty). Reports what is
+/// and `options`' codec profile (built-in when empty). Reports what is
 /// missing on `op` and fails.
-FailureOr<PlanningContext> getPlanningContext(Operation *op,
-                                              StringRef passArgument,
-                                              const CostModelFlags &flags);
+FailureOr<PlanningContext>
+getPlanningContext(Operation *op, StringRef passArgument,
+                   const ::kvc::planning::PlanOptions &options);
 
 /// Calls `fn` on every plan of `module` that `select` accepts, with the
 /// planning context built once (only when some plan is selected). Fails at
 /// the first failure.
 LogicalResult
 forEachPlan(ModuleOp module, StringRef passArgument,
-            const CostModelFlags &flags, function_ref<bool(PlanOp)> select,
+            const ::kvc::planning::PlanOptions &options,
+            function_ref<bool(PlanOp)> select,
             function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn);
 
 /// The tier a step reads or writes: its fetch's or its store's (inside a

@@ -44,7 +44,7 @@ struct KVCSchedulePass
       return !holdsSegments(plan) && plan.getBody().getOps<TaskOp>().empty() &&
              !plan.getBody().front().empty();
     };
-    if (failed(forEachPlan(getOperation(), getArgument(), costModelFlags(),
+    if (failed(forEachPlan(getOperation(), getArgument(), planOptions(),
                            dataflow,
                            [&](PlanOp plan, const PlanningContext &context) {
                              schedule(plan, context);
@@ -78,7 +78,7 @@ struct KVCSchedulePass
         ++fetches;
       }
     int64_t slots = std::clamp<int64_t>(
-        int64_t(double(context.options.stagingBytes) / largestFetch), 1,
+        int64_t(double(context.options.stagingBytes()) / largestFetch), 1,
         std::max<int64_t>(fetches, 1));
 
     // The task that defines each value, the lanes handed out per tier, and

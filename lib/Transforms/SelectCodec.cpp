@@ -60,7 +60,7 @@ struct KVCSelectCodecPass
     if (ops.empty())
       return;
     FailureOr<PlanningContext> context =
-        getPlanningContext(module, getArgument(), costModelFlags());
+        getPlanningContext(module, getArgument(), planOptions());
     if (failed(context))
       return signalPassFailure();
     for (Operation *op : ops) {

@@ -208,6 +208,19 @@ host::ServerCaches serverCaches(const std::vector<AnyArray> &keys,
 // The Connector
 //===----------------------------------------------------------------------===//
 
+/// Strategy names ("all": every one the stores allow) as the planner's.
+std::vector<planning::Strategy>
+strategiesNamed(const std::vector<std::string> &names) {
+  std::vector<planning::Strategy> out;
+  for (const std::string &name : names) {
+    std::vector<planning::Strategy> each = take(planning::parseStrategies(name));
+    if (each.empty()) // "all"
+      return {};
+    out.insert(out.end(), each.begin(), each.end());
+  }
+  return out;
+}
+
 host::LoadPolicy policyNamed(const std::string &name) {
   if (name == "cheapest")
     return host::LoadPolicy::Cheapest;
@@ -270,7 +283,7 @@ createConnector(const PyModel &model, const std::vector<std::string> &stores,
   options.target = targetFrom(targetJson);
   options.backend = &backendNamed(device);
   options.planner = plannerNamed(bundles);
-  options.plans.strategies = strategies;
+  options.plans.strategies = strategiesNamed(strategies);
   options.plans.stagingMiB = stagingMiB;
   options.plans.codecProfile = codecProfile;
   options.plans.maxKl = maxKl;
@@ -346,7 +359,7 @@ compileRestorePlans(const PyModel &model, const std::string &storeUrl,
   TargetDesc target = targetFrom(targetJson);
   TierDesc *tier = take(host::storeTier(target, store->tier()));
   host::PlanOptions options;
-  options.strategies = strategies;
+  options.strategies = strategiesNamed(strategies);
   options.gpuChip = "none";
   PlanBundle bundle =
       take(host::planRestore(host::compilerPlanHook(), *model.model, *store,

@@ -7,7 +7,7 @@
 // NOMODEL: error: kvc-plan needs the model: attach one with --kvc-import-model=PATH/config.json
 // NOMODEL-NOT: see current operation
 // NOTARGET: error: kvc-plan needs the machine: attach one with --kvc-attach-target=targets/NAME.json
-// UNKNOWN: error: 'kvc.restore' op cannot be planned with strategy "magic" (expected joint, compute, kv, hidden, cake or hcache)
+// UNKNOWN: error: 'kvc.restore' op cannot be planned with strategy "magic" (expected compute, kv, hidden, cake, hcache, joint)
 
 // Tests that planning rejects requests it cannot serve, naming the problem,
 // and that kvc-opt names the op of a diagnostic by its location only (the

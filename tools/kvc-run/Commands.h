@@ -75,8 +75,6 @@ void printLayerReadiness(const std::vector<double> &ready,
 /// Prints the chunks generated kernels wrote on the device, and why any
 /// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics);
-/// The names of a comma-separated list ("kv,cake": {"kv", "cake"}).
-std::vector<std::string> nameList(const std::string &list);
 /// printKernels, then the chunks recomputed instead of loaded.
 void printFallbacks(const RestoreMetrics &metrics);
 /// The planning hook kvc-run binds: the compiler in-process (none in a

@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 namespace kvc::run {
 
@@ -100,14 +99,6 @@ struct RestoreSetup {
 };
 
 /// The planning hook kvc-run binds: the compiler in-process.
-std::vector<std::string> nameList(const std::string &list) {
-  std::vector<std::string> names;
-  std::stringstream in(list);
-  for (std::string name; std::getline(in, name, ',');)
-    names.push_back(name);
-  return names;
-}
-
 PlanHook compilerHook() {
 #ifdef KVC_RUN_WITH_COMPILER
   return compilerPlanHook([](const std::string &warning) {
@@ -188,7 +179,8 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
                              "give --codec-profile FILE (kvc-run "
                              "profile-codecs writes one)");
   }
-  options.strategies = nameList(list);
+  KVC_ASSIGN_OR_RETURN(strategies, planning::parseStrategies(list));
+  options.strategies = std::move(strategies);
   plannedFor = target;
   return planRestore(hook, model, store, tokens, target, tier->name, options);
 }

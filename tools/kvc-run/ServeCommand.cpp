@@ -39,8 +39,9 @@ Status serveCommand(Args &args) {
   options.planner = compilerHook();
   options.plans.codecProfile = args.get("codec-profile");
   options.plans.gpuChip = args.get("gpu-chip");
-  if (std::string list = args.get("strategy", "joint"); !list.empty())
-    options.plans.strategies = nameList(list);
+  KVC_ASSIGN_OR_RETURN(strategies,
+                       planning::parseStrategies(args.get("strategy", "joint")));
+  options.plans.strategies = std::move(strategies);
   const std::string policy = args.get("policy", "cheapest");
   if (policy == "always")
     options.policy = LoadPolicy::Always;

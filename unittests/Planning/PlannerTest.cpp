@@ -647,7 +647,7 @@ TEST(Planner, JointIsNeverSlowerAndNearExhaustive) {
     // A grid of 8 chunks keeps the exhaustive search affordable.
     PlanOptions options;
     options.chunkTokens = (r.tokens + 7) / 8;
-    options.stagingBytes = int64_t(1) << 40;
+    options.stagingMiB = int64_t(1) << 20;
     Planner planner(cost, r, options);
     ASSERT_TRUE(planner.validate().isOk()) << planner.validate().toString();
 
@@ -703,7 +703,7 @@ TEST(Planner, JointGivesTheFirstTokenNoLaterThanABaselineAndNearExhaustive) {
     CostModel cost(m, t, CodecProfile::defaults());
     PlanOptions options;
     options.chunkTokens = (r.tokens + 7) / 8;
-    options.stagingBytes = int64_t(1) << 40;
+    options.stagingMiB = int64_t(1) << 20;
     options.layerWise = random.uniform(0, 1) < 0.5;
     Planner planner(cost, r, options);
     ASSERT_TRUE(planner.validate().isOk()) << planner.validate().toString();

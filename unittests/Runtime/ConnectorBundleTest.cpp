@@ -49,7 +49,7 @@ protected:
     options.model = model_.get();
     options.target = *target;
     options.planner = bundleHook({*bundle});
-    options.plans.strategies = {"kv"};
+    options.plans.strategies = {planning::Strategy::Kv};
     options.saveLayout = {128, 1};
     options.stores = {{"mem://", ""}};
     StatusOr<std::unique_ptr<Connector>> connector = Connector::create(options);

@@ -46,15 +46,15 @@ protected:
 
 TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
   CompileRestoreOptions options;
-  options.strategies = {"kv", "joint"};
-  options.chunkTokens = 64;
-  options.gpuChip = "none";
+  options.plan.strategies = {planning::Strategy::Kv, planning::Strategy::Joint};
+  options.plan.chunkTokens = 64;
+  options.plan.gpuChip = "none";
   StatusOr<PlanBundle> plain =
       compileRestore(model_, "", target_, request_, options);
   ASSERT_TRUE(plain) << plain.status().toString();
   EXPECT_TRUE(plain->kernels.empty());
   // Without a chip, a target's own: an explicit one wins.
-  options.gpuChip = "";
+  options.plan.gpuChip = "";
   target_.compute.chip = "sm_80";
   StatusOr<PlanBundle> targets =
       compileRestore(model_, "", target_, request_, options);
@@ -62,7 +62,7 @@ TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
   ASSERT_FALSE(targets->kernels.empty());
   EXPECT_EQ(targets->kernels.front().arch, "sm_80");
 
-  options.gpuChip = "sm_90";
+  options.plan.gpuChip = "sm_90";
   StatusOr<PlanBundle> bundle =
       compileRestore(model_, "", target_, request_, options);
   ASSERT_TRUE(bundle) << bundle.status().toString();
@@ -99,9 +99,9 @@ TEST_F(CompileRestoreTest, AKernelWithoutAGeneratedFormIsLeftToTheRuntime) {
   hidden.form = Form::Hidden;
   request_.sources = {hidden};
   CompileRestoreOptions options;
-  options.strategies = {"hidden"};
-  options.chunkTokens = 64;
-  options.gpuChip = "sm_90";
+  options.plan.strategies = {planning::Strategy::Hidden};
+  options.plan.chunkTokens = 64;
+  options.plan.gpuChip = "sm_90";
   std::vector<std::string> warnings;
   options.warnings = &warnings;
   StatusOr<PlanBundle> bundle =
@@ -125,8 +125,8 @@ TEST_F(CompileRestoreTest, AKernelWithoutAGeneratedFormIsLeftToTheRuntime) {
 
 TEST_F(CompileRestoreTest, AnUnknownChipIsAnError) {
   CompileRestoreOptions options;
-  options.strategies = {"kv"};
-  options.gpuChip = "sm_1";
+  options.plan.strategies = {planning::Strategy::Kv};
+  options.plan.gpuChip = "sm_1";
   StatusOr<PlanBundle> bundle =
       compileRestore(model_, "", target_, request_, options);
   ASSERT_FALSE(bundle);

@@ -22,15 +22,9 @@ namespace kvc::host {
 inline PlanHook
 compilerPlanHook(std::function<void(const std::string &)> warn = {}) {
   return [warn](const ModelCompute &model, const TargetDesc &target,
-                const planning::Request &request, int64_t chunkTokens,
-                const PlanOptions &options) {
+                const planning::Request &request, const PlanOptions &options) {
     CompileRestoreOptions compile;
-    compile.strategies = options.strategies;
-    compile.chunkTokens = chunkTokens;
-    compile.stagingMiB = options.stagingMiB;
-    compile.layerWise = options.layerWise;
-    compile.codecProfile = options.codecProfile;
-    compile.gpuChip = options.gpuChip;
+    compile.plan = options;
     std::vector<std::string> warnings;
     compile.warnings = &warnings;
     StatusOr<PlanBundle> bundle = compileRestore(

@@ -22,6 +22,7 @@
 #define KVC_HOST_SESSION_H
 
 #include "kvc/Host/Stores.h"
+#include "kvc/Planning/Planner.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 
@@ -33,44 +34,29 @@
 namespace kvc::host {
 
 /// How to plan (the compiler's restore pipeline options).
-struct PlanOptions {
-  /// One plan per strategy: "joint", or a baseline (compute, kv, hidden,
-  /// cake, hcache); "all" is every strategy the sources allow.
-  std::vector<std::string> strategies = {"joint"};
-  int64_t stagingMiB = 256;
-  /// For a server that runs its forward pass beside the restore, waiting on
-  /// each layer: loads issued layer by layer, so the first layers complete
-  /// early (planning::PlanOptions::layerWise).
-  bool layerWise = false;
-  /// The tokens of that forward pass (planning::Request::forwardTokens):
-  /// plans are chosen for when it ends, the first token; 0: for the
-  /// restore's end.
+/// How a host plans: the planner's one set of options (strategies, chunk
+/// size, staging, layer-wise loads, codec profile, GPU chip) and the
+/// request's own budget and forward pass, which planRestore puts in the
+/// planning::Request.
+struct PlanOptions : planning::PlanOptions {
+  /// The tokens of the server's forward pass beside the restore
+  /// (planning::Request::forwardTokens): plans are chosen for when it
+  /// ends, the first token; 0: for the restore's end.
   int64_t forwardTokens = 0;
-  /// A measured codec profile (kvc-codec-profile/1) the planner reads; the
-  /// built-in estimate when empty.
-  std::string codecProfile;
   /// The request's quality budget in next-token KL divergence (nats;
   /// planning::Request::maxKl), judged by the profile's measures.
   double maxKl = std::numeric_limits<double>::infinity();
-  /// The GPU architecture to generate the plans' fused kernels for (sm_90:
-  /// H100, H200), into the bundle's kernel table; empty: the target's chip,
-  /// if it names one; "none": no kernels (a CPU backend runs none).
-  std::string gpuChip;
 };
 
-/// Compiles a restore of `request` for `target`: one plan per strategy.
+/// Compiles a restore of `request` for `target`: one plan per strategy of
+/// `options` (never empty), chunks of `options.chunkTokens`.
 using PlanHook = std::function<StatusOr<PlanBundle>(
     const ModelCompute &model, const TargetDesc &target,
-    const planning::Request &request, int64_t chunkTokens,
-    const PlanOptions &options)>;
-
-/// The strategies whose loads `sources` allow, in a fixed order: compute,
-/// kv, hidden, cake, hcache, joint.
-std::vector<std::string>
-strategiesFor(const std::vector<planning::Source> &sources);
+    const planning::Request &request, const PlanOptions &options)>;
 
 /// Plans the restore of `tokens` from what `store` holds (on `tier` of
-/// `target`) through `hook`.
+/// `target`) through `hook`, in the store's chunks; no strategies in
+/// `options`: every one the store's holdings allow.
 StatusOr<PlanBundle>
 planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
             const std::vector<int32_t> &tokens, const TargetDesc &target,

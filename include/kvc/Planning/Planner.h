@@ -37,11 +37,41 @@
 
 namespace kvc::planning {
 
+/// The strategies a restore is planned by: the papers' baselines and the
+/// joint search. One table (Planner.cpp) names them and says which stored
+/// form each needs.
+enum class Strategy { Compute, Kv, Hidden, Cake, HCache, Joint };
+
+/// Every strategy, in the order above.
+const std::vector<Strategy> &allStrategies();
+/// "compute", "kv", "hidden", "cake", "hcache", "joint".
+const char *strategyName(Strategy strategy);
+/// The strategy `name` names; none for another name.
+std::optional<Strategy> parseStrategy(std::string_view name);
+/// A comma-separated list of names ("kv,cake"); "all" (or "") is the empty
+/// list, every strategy the request's sources allow. An unknown name is an
+/// error listing the known ones.
+StatusOr<std::vector<Strategy>> parseStrategies(std::string_view list);
+/// The form a strategy loads (none: it loads nothing, or whatever is
+/// stored).
+std::optional<Form> strategyNeeds(Strategy strategy);
+/// The strategies whose loads `sources` allow, in the order above.
+std::vector<Strategy> strategiesFor(const std::vector<Source> &sources);
+
+/// How to plan, the one set of options of everyone who plans: the planner
+/// itself, the compiler's planning passes and kvc-restore-pipeline (whose
+/// pass options wrap it: RestorePipelineOptions, KVC_CostModelOptions),
+/// the in-process compiler (compileRestore) and a server's plan hook
+/// (host::PlanOptions adds the request's own fields).
 struct PlanOptions {
+  /// One plan per strategy, named after it (Joint searches them all);
+  /// empty: every strategy the request's sources allow (strategiesFor).
+  std::vector<Strategy> strategies = {Strategy::Joint};
   /// Tokens per chunk; 0 chooses from the target (see chunkTokens()).
   int64_t chunkTokens = 0;
-  /// Host staging memory for fetched chunks (ShadowServe's bounded buffers).
-  int64_t stagingBytes = int64_t(256) << 20;
+  /// Host staging memory for fetched chunks (ShadowServe's bounded
+  /// buffers), MiB.
+  int64_t stagingMiB = 256;
   /// Analytic candidates the search times with the simulator.
   int candidates = 4;
   /// Plan for a server that runs its forward pass beside the restore,
@@ -52,6 +82,15 @@ struct PlanOptions {
   /// and layers complete together near the end.
   bool layerWise = false;
   static constexpr int64_t kMaxLayerGroups = 16;
+  /// A measured codec profile (kvc-codec-profile/1 JSON file) the cost
+  /// model prices codecs by; empty: the built-in estimate.
+  std::string codecProfile;
+  /// The GPU architecture to generate the plans' fused kernels for (sm_90:
+  /// H100, H200), into the bundle's kernel table; empty: the target's chip,
+  /// if it names one; "none": no kernels (a CPU backend runs none).
+  std::string gpuChip;
+
+  int64_t stagingBytes() const { return stagingMiB << 20; }
 };
 
 /// What one simulated job is, for reports and traces: the chunk it works
@@ -96,21 +135,6 @@ struct Candidate {
   Method upper = Method::LoadHidden;
   int upperSource = -1;
 };
-
-/// The strategies a restore is planned by: the papers' baselines and the
-/// joint search. One table (Planner.cpp) names them and says which stored
-/// form each needs.
-enum class Strategy { Compute, Kv, Hidden, Cake, HCache, Joint };
-
-/// Every strategy, in the order above.
-const std::vector<Strategy> &allStrategies();
-/// "compute", "kv", "hidden", "cake", "hcache", "joint".
-const char *strategyName(Strategy strategy);
-/// The strategy `name` names; none for another name.
-std::optional<Strategy> parseStrategy(std::string_view name);
-/// The form a strategy loads (none: it loads nothing, or whatever is
-/// stored).
-std::optional<Form> strategyNeeds(Strategy strategy);
 
 class Planner {
 public:

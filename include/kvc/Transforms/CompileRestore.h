@@ -14,6 +14,7 @@
 #define KVC_TRANSFORMS_COMPILERESTORE_H
 
 #include "kvc/Planning/Plan.h"
+#include "kvc/Planning/Planner.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
@@ -24,19 +25,10 @@
 namespace kvc {
 
 struct CompileRestoreOptions {
-  /// One plan per entry, named after it: "joint" or a baseline that
-  /// kvc-plan{strategy} accepts (compute, kv, hidden, cake, hcache).
-  std::vector<std::string> strategies = {"joint"};
-  /// As kvc-restore-pipeline's options.
-  int64_t chunkTokens = 0;
-  int64_t stagingMiB = 256;
-  bool layerWise = false;
-  std::string codecProfile;
-  /// As its gpu-chip: each plan's fused kernels generated as PTX for this
-  /// GPU architecture (sm_90: H100, H200) into the bundle's kernel table,
-  /// which plans of several strategies share; empty: the target's chip, if
-  /// it names one; "none": no kernels.
-  std::string gpuChip;
+  /// As kvc-restore-pipeline's options (which wrap them): one plan per
+  /// strategy, named after it, whose kernels the bundle's table shares;
+  /// no strategies: every one the request's sources allow.
+  planning::PlanOptions plan;
   /// When set, receives the compiler's warnings: a fused kernel that has no
   /// generated form for this model or codec, whose steps the runtime runs.
   std::vector<std::string> *warnings = nullptr;

@@ -3,6 +3,8 @@
 #ifndef KVC_TRANSFORMS_PASSES_H
 #define KVC_TRANSFORMS_PASSES_H
 
+#include "kvc/Planning/Planner.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassOptions.h"
@@ -15,9 +17,17 @@ namespace mlir::kvc {
 #define GEN_PASS_REGISTRATION
 #include "kvc/Transforms/Passes.h.inc"
 
-/// Options of kvc-restore-pipeline, passed to each of its passes.
+/// Options of kvc-restore-pipeline, passed to each of its passes: the
+/// planner's options (planning::PlanOptions) for one strategy, as pass
+/// options, plus the pass's own (report, allow-slo-miss).
 struct RestorePipelineOptions
     : public PassPipelineOptions<RestorePipelineOptions> {
+  /// These as the planner's options (their one strategy).
+  ::kvc::planning::PlanOptions planOptions() const;
+  /// Sets these from `options`, planning `strategy`.
+  void wrap(const ::kvc::planning::PlanOptions &options,
+            ::kvc::planning::Strategy strategy);
+
   PassOptions::Option<std::string> codecProfile{
       *this, "codec-profile",
       llvm::cl::desc("Codec profile JSON; empty for the built-in estimate")};
@@ -60,7 +70,11 @@ struct RestorePipelineOptions
 void buildRestorePipeline(OpPassManager &pm,
                           const RestorePipelineOptions &options);
 
+/// Options of kvc-save-pipeline: the planner's options that apply to saves
+/// (saves keep their layout's chunks and plan no strategy).
 struct SavePipelineOptions : public PassPipelineOptions<SavePipelineOptions> {
+  ::kvc::planning::PlanOptions planOptions() const;
+
   PassOptions::Option<std::string> codecProfile{
       *this, "codec-profile",
       llvm::cl::desc("Codec profile JSON; empty for the built-in estimate")};

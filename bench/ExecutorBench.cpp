@@ -22,7 +22,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Base/Clock.h"
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 
 #include <benchmark/benchmark.h>
 

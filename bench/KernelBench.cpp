@@ -28,7 +28,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Cuda/CudaDriver.h"
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Testing/KernelDevice.h"
 

@@ -5,7 +5,7 @@
 #include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 
 #include "kvc/Planning/ComputeFit.h"
 #include "kvc/Planning/CostModel.h"

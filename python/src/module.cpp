@@ -22,9 +22,7 @@
 #ifdef KVC_PYTHON_WITH_COMPILER
 #include "kvc/Host/CompilerHook.h"
 #endif
-#ifdef KVC_PYTHON_WITH_CUDA
-#include "kvc/Runtime/Cuda/CudaBackend.h"
-#endif
+#include "kvc/Runtime/Backend/Registry.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -83,29 +81,7 @@ TargetDesc targetFrom(const std::string &json) {
 }
 
 Backend &backendNamed(const std::string &name) {
-  if (name == "cpu")
-    return cpuBackend();
-#ifdef KVC_PYTHON_WITH_CUDA
-  if (name == "cuda") {
-    static std::once_flag once;
-    static std::unique_ptr<Backend> cuda;
-    static Status failed = Status::ok();
-    std::call_once(once, [] {
-      StatusOr<std::unique_ptr<Backend>> created = createCudaBackend({});
-      if (created.isOk())
-        cuda = std::move(*created);
-      else
-        failed = created.status();
-    });
-    check(failed);
-    return *cuda;
-  }
-#endif
-  if (name == "cuda")
-    throw StatusError{Status(StatusCode::Unavailable,
-                             "device 'cuda': this kvc was built without the "
-                             "CUDA toolkit")};
-  throw StatusError{invalidArgument("device expects cpu or cuda, got " + name)};
+  return *take(openBackend(name));
 }
 
 //===----------------------------------------------------------------------===//
@@ -398,12 +374,9 @@ NB_MODULE(_kvc, m) {
 #else
       false;
 #endif
+  const std::vector<std::string> backends = backendNames();
   m.attr("has_cuda") =
-#ifdef KVC_PYTHON_WITH_CUDA
-      true;
-#else
-      false;
-#endif
+      std::find(backends.begin(), backends.end(), "cuda") != backends.end();
 
   m.def("set_compute_threads", &setComputeThreads, "threads"_a);
 

@@ -2,9 +2,7 @@
 
 #include "Commands.h"
 
-#ifdef KVC_RUN_WITH_CUDA
-#include "kvc/Runtime/Cuda/CudaBackend.h"
-#endif
+#include "kvc/Runtime/Backend/Registry.h"
 
 #include "kvc/Runtime/Base/Memory.h"
 #include "kvc/Host/Stores.h"
@@ -41,31 +39,11 @@ StatusOr<std::shared_ptr<LlamaModel>> loadModel(const std::string &dir) {
 Status selectBackend(const std::string &name, const std::string &gemm) {
   if (!gemm.empty() && gemm != "f32" && gemm != "bf16")
     return invalidArgument("--gemm expects f32 or bf16, got " + gemm);
-  if (name == "cpu") {
-    if (!gemm.empty())
-      return invalidArgument("--gemm: the cpu backend's GEMMs are fp32");
-    selected = &cpuBackend();
-    return Status::ok();
-  }
-  if (name != "cuda")
-    return invalidArgument("--backend expects cpu or cuda, got " + name);
-#ifdef KVC_RUN_WITH_CUDA
-  static std::unique_ptr<Backend> cuda;
-  if (!cuda) {
-    CudaBackendOptions options;
-    if (!gemm.empty())
-      options.gemm = gemm == "f32" ? CudaBackendOptions::Gemm::F32
-                                   : CudaBackendOptions::Gemm::BF16;
-    KVC_ASSIGN_OR_RETURN(created, createCudaBackend(options));
-    cuda = std::move(created);
-  }
-  selected = cuda.get();
+  BackendOptions options;
+  options.gemm = gemm;
+  KVC_ASSIGN_OR_RETURN(opened, openBackend(name, options));
+  selected = opened;
   return Status::ok();
-#else
-  return Status(StatusCode::Unavailable,
-                "--backend cuda: this kvc-run was built without the CUDA "
-                "toolkit");
-#endif
 }
 
 StatusOr<DType> parseDType(const std::string &name) {

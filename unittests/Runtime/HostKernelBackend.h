@@ -16,7 +16,7 @@
 #include "ForwardingBackend.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 #include "kvc/Runtime/Model/RmsNorm.h"
 #include "kvc/Runtime/Model/Rope.h"
 

@@ -20,7 +20,7 @@
 #include "StoreObjects.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 #include "kvc/Runtime/Model/RmsNorm.h"
 #include "kvc/Runtime/Model/Rope.h"
 #include "kvc/Runtime/Save/SavePlan.h"

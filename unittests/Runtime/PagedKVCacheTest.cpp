@@ -1,6 +1,6 @@
 //===- PagedKVCacheTest.cpp - The vLLM-layout restore target --------------===//
 
-#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Device/PagedKVCache.h"
 
 #include "kvc/Runtime/Backend/Backend.h"
 

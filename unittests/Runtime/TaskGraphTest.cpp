@@ -1,6 +1,6 @@
 //===- TaskGraphTest.cpp - Task graphs on shared resource pools -----------===//
 
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 
 #include "TestModel.h"
 

@@ -27,7 +27,7 @@
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 
 #include <cstdint>

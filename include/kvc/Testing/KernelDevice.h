@@ -12,7 +12,7 @@
 #ifndef KVC_TESTING_KERNELDEVICE_H
 #define KVC_TESTING_KERNELDEVICE_H
 
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Testing/KernelCase.h"
 #include "kvc/Testing/PtxInterpreter.h"

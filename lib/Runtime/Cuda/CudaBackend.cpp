@@ -29,7 +29,7 @@
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/ParallelCopy.h"
 #include "kvc/Runtime/Cuda/CudaDriver.h"
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 
 #include <algorithm>
 #include <cstring>

@@ -54,9 +54,9 @@
 #ifndef KVC_RUNTIME_BACKEND_BACKEND_H
 #define KVC_RUNTIME_BACKEND_BACKEND_H
 
-#include "kvc/Runtime/Exec/PagedKVCache.h"
-#include "kvc/Runtime/Exec/PlanBundle.h"
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/PagedKVCache.h"
+#include "kvc/Runtime/Device/Kernel.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 #include "kvc/Runtime/Model/ModelCompute.h"
 
 #include <functional>

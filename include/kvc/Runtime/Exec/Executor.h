@@ -51,9 +51,9 @@
 
 #include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
-#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Device/PagedKVCache.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <atomic>

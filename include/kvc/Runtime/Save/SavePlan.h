@@ -41,7 +41,7 @@
 #include "kvc/Runtime/Base/HandOver.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 #include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 

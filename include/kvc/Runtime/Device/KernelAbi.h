@@ -19,11 +19,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_RUNTIME_EXEC_KERNELABI_H
-#define KVC_RUNTIME_EXEC_KERNELABI_H
+#ifndef KVC_RUNTIME_DEVICE_KERNELABI_H
+#define KVC_RUNTIME_DEVICE_KERNELABI_H
 
-#include "kvc/Runtime/Exec/PagedKVCache.h"
-#include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Device/PagedKVCache.h"
+#include "kvc/Runtime/Device/Kernel.h"
 
 #include <cstdint>
 #include <map>
@@ -119,4 +119,4 @@ StatusOr<KernelCacheArgs> kernelArgsFor(const BundleKernel &kernel,
 
 } // namespace kvc
 
-#endif // KVC_RUNTIME_EXEC_KERNELABI_H
+#endif // KVC_RUNTIME_DEVICE_KERNELABI_H

@@ -1,6 +1,6 @@
 //===- PagedKVCache.cpp - The restore target, in vLLM's layout ------------===//
 
-#include "kvc/Runtime/Exec/PagedKVCache.h"
+#include "kvc/Runtime/Device/PagedKVCache.h"
 
 #include "kvc/Runtime/Base/Half.h"
 

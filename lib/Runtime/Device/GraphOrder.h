@@ -5,8 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_LIB_RUNTIME_EXEC_GRAPHORDER_H
-#define KVC_LIB_RUNTIME_EXEC_GRAPHORDER_H
+#ifndef KVC_LIB_RUNTIME_DEVICE_GRAPHORDER_H
+#define KVC_LIB_RUNTIME_DEVICE_GRAPHORDER_H
 
 #include <cstdint>
 #include <vector>
@@ -47,4 +47,4 @@ std::vector<int64_t> topologicalOrder(int64_t n, AfterFn after,
 
 } // namespace kvc::exec_detail
 
-#endif // KVC_LIB_RUNTIME_EXEC_GRAPHORDER_H
+#endif // KVC_LIB_RUNTIME_DEVICE_GRAPHORDER_H

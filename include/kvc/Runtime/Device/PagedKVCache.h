@@ -28,8 +28,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_RUNTIME_EXEC_PAGEDKVCACHE_H
-#define KVC_RUNTIME_EXEC_PAGEDKVCACHE_H
+#ifndef KVC_RUNTIME_DEVICE_PAGEDKVCACHE_H
+#define KVC_RUNTIME_DEVICE_PAGEDKVCACHE_H
 
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
@@ -163,4 +163,4 @@ private:
 
 } // namespace kvc
 
-#endif // KVC_RUNTIME_EXEC_PAGEDKVCACHE_H
+#endif // KVC_RUNTIME_DEVICE_PAGEDKVCACHE_H

@@ -31,8 +31,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_RUNTIME_EXEC_TASKGRAPH_H
-#define KVC_RUNTIME_EXEC_TASKGRAPH_H
+#ifndef KVC_RUNTIME_DEVICE_TASKGRAPH_H
+#define KVC_RUNTIME_DEVICE_TASKGRAPH_H
 
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/Status.h"
@@ -165,4 +165,4 @@ Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
 
 } // namespace kvc
 
-#endif // KVC_RUNTIME_EXEC_TASKGRAPH_H
+#endif // KVC_RUNTIME_DEVICE_TASKGRAPH_H

@@ -1,6 +1,6 @@
 //===- KernelAbi.cpp - A generated kernel's view of the paged cache -------===//
 
-#include "kvc/Runtime/Exec/KernelAbi.h"
+#include "kvc/Runtime/Device/KernelAbi.h"
 
 #include <algorithm>
 #include <limits>

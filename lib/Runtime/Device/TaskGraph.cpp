@@ -1,6 +1,6 @@
 //===- TaskGraph.cpp - Running task graphs on shared resource pools -------===//
 
-#include "kvc/Runtime/Exec/TaskGraph.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 
 #include "GraphOrder.h"
 

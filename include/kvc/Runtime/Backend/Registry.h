@@ -1,0 +1,57 @@
+//===- Registry.h - Backends by name ----------------------------*- C++ -*-===//
+//
+// Drivers side by side, found by name as IREE finds its HAL drivers: "cpu"
+// is always there; a driver linked into the program registers itself
+// ("cuda": lib/Runtime/Cuda/Register.cpp, whose object file every program
+// that links KVCCudaBackend gets). Tools, bindings and servers open a
+// backend by the name a user gave and never name a driver's factory, so a
+// new backend is its folder and its registration, not an #ifdef in each
+// caller.
+//
+// A driver opens its backend once per process, on first use, and keeps it
+// for the process's life (restores share it); later opens return it.
+// Thread-safe.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef KVC_RUNTIME_BACKEND_REGISTRY_H
+#define KVC_RUNTIME_BACKEND_REGISTRY_H
+
+#include "kvc/Runtime/Backend/Backend.h"
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvc {
+
+/// What a driver may be asked for when it opens its backend.
+struct BackendOptions {
+  /// The device's index among the driver's devices.
+  int device = 0;
+  /// The precision of the model's GEMMs: "" (the driver's choice), "f32" or
+  /// "bf16"; a driver that cannot honour it refuses.
+  std::string gemm;
+};
+
+/// A driver's entry: its backend, opened on the first call and kept (the
+/// driver owns it); every call checks `options` against it.
+using BackendFactory = std::function<StatusOr<Backend *>(const BackendOptions &)>;
+
+/// Makes `name` open through `factory` (a driver's static registration).
+/// Registering a name twice keeps the first.
+void registerBackend(std::string name, BackendFactory factory);
+
+/// The backend `name` ("cpu", "cuda", ...). Unavailable when the driver
+/// finds no device; InvalidArgument naming the registered drivers when none
+/// has that name.
+StatusOr<Backend *> openBackend(std::string_view name,
+                                const BackendOptions &options = {});
+
+/// The registered drivers' names, sorted.
+std::vector<std::string> backendNames();
+
+} // namespace kvc
+
+#endif // KVC_RUNTIME_BACKEND_REGISTRY_H

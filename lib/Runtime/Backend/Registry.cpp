@@ -1,0 +1,71 @@
+//===- Registry.cpp - Backends by name ------------------------------------===//
+
+#include "kvc/Runtime/Backend/Registry.h"
+
+#include <map>
+#include <mutex>
+
+namespace kvc {
+
+namespace {
+
+/// The drivers by name, constructed on first use (static registrations run
+/// before main, in no set order) with the CPU's.
+struct Drivers {
+  std::mutex mutex;
+  std::map<std::string, BackendFactory, std::less<>> byName;
+};
+
+Drivers &drivers() {
+  // Never destroyed: backends outlive other statics.
+  static Drivers *all = [] {
+    auto *made = new Drivers;
+    made->byName["cpu"] =
+        [](const BackendOptions &options) -> StatusOr<Backend *> {
+      if (!options.gemm.empty() && options.gemm != "f32")
+        return invalidArgument("backend cpu: its GEMMs are fp32, not " +
+                               options.gemm);
+      return &cpuBackend();
+    };
+    return made;
+  }();
+  return *all;
+}
+
+} // namespace
+
+void registerBackend(std::string name, BackendFactory factory) {
+  Drivers &all = drivers();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.byName.emplace(std::move(name), std::move(factory));
+}
+
+StatusOr<Backend *> openBackend(std::string_view name,
+                                const BackendOptions &options) {
+  BackendFactory factory;
+  {
+    Drivers &all = drivers();
+    std::lock_guard<std::mutex> lock(all.mutex);
+    auto it = all.byName.find(name);
+    if (it == all.byName.end()) {
+      std::string have;
+      for (const auto &[known, unused] : all.byName)
+        have += (have.empty() ? "" : ", ") + known;
+      return invalidArgument("no backend \"" + std::string(name) +
+                             "\" in this build (it has " + have + ")");
+    }
+    factory = it->second;
+  }
+  return factory(options);
+}
+
+std::vector<std::string> backendNames() {
+  Drivers &all = drivers();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  std::vector<std::string> names;
+  for (const auto &[name, unused] : all.byName)
+    names.push_back(name);
+  return names;
+}
+
+} // namespace kvc

@@ -82,7 +82,7 @@ struct Event {
 class CudaDevice : public kvc::testing::KernelDevice {
 public:
   explicit CudaDevice(const kvc::BundleKernel &kernel) : k(kernel) {
-    check(cu->cuModuleLoadData(&module, k.ptx.c_str()), "cuModuleLoadData");
+    check(cu->cuModuleLoadData(&module, k.binary.c_str()), "cuModuleLoadData");
     check(cu->cuModuleGetFunction(&fn, module, k.function.c_str()),
           "cuModuleGetFunction");
     check(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");

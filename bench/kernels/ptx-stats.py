@@ -89,11 +89,11 @@ def main():
     for k in kernels:
         if k["kind"] != "restore" or k["tokens"] != args.tokens:
             continue
-        ops = longest_path(k["ptx"])
+        ops = longest_path(k["binary"])
         threads = k["grid"][0] // (2 * k["layers"]) * k["block"][0]
         values = k["tokens"] * k["kv_heads"] * k["head_dim"] / threads
         per = lambda n: n / values
-        regs, spills = registers(args.ptxas, k["ptx"], k["arch"])
+        regs, spills = registers(args.ptxas, k["binary"], k["target"])
         print(f"{k['name']:56} {per(sum(ops.values()) - ops['ret']):11.1f} "
               f"{per(ops['shfl']):10.1f} {per(ops['fma']):9.1f} {regs:9} {spills:6}")
 

@@ -145,7 +145,7 @@ StatusOr<CacheErrors> CaseOnDevice::check() {
 
 StatusOr<std::unique_ptr<PtxDevice>>
 PtxDevice::make(const BundleKernel &kernel) {
-  KVC_ASSIGN_OR_RETURN(module, PtxModule::parse(kernel.ptx));
+  KVC_ASSIGN_OR_RETURN(module, PtxModule::parse(kernel.binary));
   return std::unique_ptr<PtxDevice>(new PtxDevice(kernel, std::move(module)));
 }
 

@@ -187,7 +187,8 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     json.attribute("name", kernel.func.getSymName());
     json.attribute("kind", ::kvc::bundleKernelKindName(spec.kind));
     json.attribute("function", launch.getKernelName().getValue());
-    json.attribute("arch", target.getChip());
+    json.attribute("format", "ptx");
+    json.attribute("target", target.getChip());
     if (failed(dims(launch.getGridSizeOperandValues(), "grid")) ||
         failed(dims(launch.getBlockSizeOperandValues(), "block")))
       result = failure();
@@ -211,7 +212,7 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     json.attribute("key_axis", ::kvc::axisName(codec.keyAxis));
     json.attribute("value_axis", ::kvc::axisName(codec.valueAxis));
     json.attribute("payload_bytes", spec.payloadBytes());
-    json.attribute("ptx", ptx);
+    json.attribute("binary", ptx);
   });
   return result;
 }

@@ -10,7 +10,7 @@
 // the plan and its tasks carry the estimated times, its fetches the
 // estimated bytes.
 // CHECK:      "format": "kvc-plan-bundle",
-// CHECK-NEXT: "version": 3,
+// CHECK-NEXT: "version": 4,
 // CHECK:      "name": "p",
 // CHECK:      "predicted_us": [[US:[0-9]+]],
 // CHECK-NEXT: "staging_slots": 1,

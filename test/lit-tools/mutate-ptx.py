@@ -20,10 +20,10 @@ mutated = 0
 for k in bundle.get("kernels", []):
     if not re.search(kernel, k["name"]):
         continue
-    ptx, n = re.subn(pattern, replacement, k["ptx"], count=1)
+    ptx, n = re.subn(pattern, replacement, k["binary"], count=1)
     if not n:
         sys.exit(f"mutate-ptx: {k['name']} has no match of {pattern!r}")
-    k["ptx"] = ptx
+    k["binary"] = ptx
     mutated += 1
 if not mutated:
     sys.exit(f"mutate-ptx: no kernel of {path} matches {kernel!r}")

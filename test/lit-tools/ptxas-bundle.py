@@ -18,7 +18,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for kernel in sorted(kernels, key=lambda k: k["name"]):
         src = os.path.join(tmp, kernel["name"] + ".ptx")
         with open(src, "w") as f:
-            f.write(kernel["ptx"])
-        subprocess.run([ptxas, "-arch=" + kernel["arch"], src, "-o",
+            f.write(kernel["binary"])
+        subprocess.run([ptxas, "-arch=" + kernel["target"], src, "-o",
                         src + ".cubin"], check=True)
-        print("assembled", kernel["name"], kernel["arch"])
+        print("assembled", kernel["name"], kernel["target"])

@@ -345,10 +345,10 @@ Status inspectBundle(Args &args) {
     std::printf("kernel %s: %s for %s, grid %lldx%lldx%lld of %lld threads "
                 "a chunk, %lld payload bytes, %zu bytes of PTX\n",
                 kernel.name.c_str(), bundleKernelKindName(kernel.kind),
-                kernel.arch.c_str(), (long long)kernel.grid[0],
+                kernel.target.c_str(), (long long)kernel.grid[0],
                 (long long)kernel.grid[1], (long long)kernel.grid[2],
                 (long long)kernel.block[0], (long long)kernel.payloadBytes,
-                kernel.ptx.size());
+                kernel.binary.size());
   return Status::ok();
 }
 

@@ -193,8 +193,8 @@ withKernels(BundlePlan plan, const ModelConfig &model, const CodecSpec &codec,
       kernel.name = "restore_t" + std::to_string(kernel.tokens) + "_l" +
                     std::to_string(kernel.layers);
       kernel.function = kernel.name;
-      kernel.arch = "sm_90";
-      kernel.ptx = ".target sm_90\n.entry " + kernel.name + "(\n";
+      kernel.target = "sm_90";
+      kernel.binary = ".target sm_90\n.entry " + kernel.name + "(\n";
       kernel.args = bundleKernelArgNames(kernel.kind);
       std::vector<float> zeros(2 * kernel.layers * kernel.tokens *
                                model.numKvHeads * model.headDim);
@@ -239,8 +239,8 @@ withProjectionKernels(BundlePlan plan, const ModelConfig &model,
       kernel = *found;
     } else {
       kernel.name = kernel.function = name;
-      kernel.arch = "sm_90";
-      kernel.ptx = ".target sm_90\n.entry " + name + "(\n";
+      kernel.target = "sm_90";
+      kernel.binary = ".target sm_90\n.entry " + name + "(\n";
       kernel.args = bundleKernelArgNames(kernel.kind);
     }
     const std::string added = kernel.name;
@@ -309,8 +309,8 @@ withSaveKernels(BundlePlan plan, const ChunkObjects &store,
     } else {
       kernel.name = kernel.function = "save_t" + std::to_string(kernel.tokens) +
                                       "_l" + std::to_string(kernel.layers);
-      kernel.arch = "sm_90";
-      kernel.ptx = ".target sm_90\n.entry " + kernel.name + "(\n";
+      kernel.target = "sm_90";
+      kernel.binary = ".target sm_90\n.entry " + kernel.name + "(\n";
       kernel.args = bundleKernelArgNames(kernel.kind);
       const ChunkShape shape = chunkShape(model, Form::KV, kernel.tokens,
                                           gather.layers.begin, kernel.layers);

@@ -172,12 +172,12 @@ TEST(PlanBundleTest, RejectsMalformedAndTruncatedText) {
 }
 
 TEST(PlanBundleTest, RejectsUnknownVersion) {
-  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 4; }),
-            "version: unsupported plan bundle version 4 (this runtime reads "
-            "versions 1 to 3)");
+  EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 5; }),
+            "version: unsupported plan bundle version 5 (this runtime reads "
+            "versions 1 to 4)");
   EXPECT_EQ(errorAfter([](Json &b) { b["version"] = 0; }),
             "version: unsupported plan bundle version 0 (this runtime reads "
-            "versions 1 to 3)");
+            "versions 1 to 4)");
 }
 
 TEST(PlanBundleTest, RejectsBadFields) {
@@ -365,9 +365,10 @@ Json kernelEntry(const char *name, const char *kind) {
   return {{"name", name},
           {"kind", kind},
           {"function", std::string(name) + "_kernel"},
-          {"arch", "sm_90"},
-          {"ptx", std::string(".version 8.5\n.target sm_90\n.entry ") + name +
-                      "_kernel(\n)\n{\n}\n"},
+          {"format", "ptx"},
+          {"target", "sm_90"},
+          {"binary", std::string(".version 8.5\n.target sm_90\n.entry ") +
+                         name + "_kernel(\n)\n{\n}\n"},
           {"grid", {2048, 1, 1}},
           {"block", {256, 1, 1}},
           {"args", args},
@@ -383,10 +384,10 @@ Json kernelEntry(const char *name, const char *kind) {
           {"payload_bytes", 1}};
 }
 
-/// validBundle() as version 3, its dequant-scatter tasks naming a kernel.
+/// validBundle() as version 4, its dequant-scatter tasks naming a kernel.
 std::string kernelErrorAfter(const std::function<void(Json &)> &edit) {
   return errorAfter([&](Json &b) {
-    b["version"] = 3;
+    b["version"] = 4;
     b["kernels"] = {kernelEntry(kRestoreKernel, "restore")};
     task(b, 3)["entry"] = kRestoreKernel;
     task(b, 7)["entry"] = kRestoreKernel;
@@ -396,7 +397,7 @@ std::string kernelErrorAfter(const std::function<void(Json &)> &edit) {
 
 TEST(PlanBundleTest, ReadsTheKernelTable) {
   Json bundle = validBundle();
-  bundle["version"] = 3;
+  bundle["version"] = 4;
   bundle["kernels"] = {kernelEntry(kRestoreKernel, "restore"),
                        kernelEntry("kvc_rope_scatter_t512_l4_h8x128_b16",
                                    "rope_scatter")};
@@ -408,6 +409,9 @@ TEST(PlanBundleTest, ReadsTheKernelTable) {
   EXPECT_EQ(restore->kind, BundleKernel::Kind::Restore);
   EXPECT_EQ(restore->codec.quant, CodecSpec::Quant::Int8);
   EXPECT_EQ(restore->grid, (std::array<int64_t, 3>{2048, 1, 1}));
+  EXPECT_EQ(restore->format, "ptx");
+  EXPECT_EQ(restore->target, "sm_90");
+  EXPECT_NE(restore->binary.find(".entry"), std::string::npos);
   EXPECT_EQ(restore->args.size(), 6u);
   const BundleKernel *rope =
       parsed->findKernel("kvc_rope_scatter_t512_l4_h8x128_b16");
@@ -434,6 +438,28 @@ TEST(PlanBundleTest, ReadsTheKernelTable) {
             "");
 }
 
+// Version 3 carried PTX in fields of its own; it reads as version 4's
+// format "ptx", and version 4 names its format.
+TEST(PlanBundleTest, ReadsVersion3KernelsAsPtx) {
+  EXPECT_EQ(kernelErrorAfter([](Json &b) {
+              b["version"] = 3;
+              Json &k = b["kernels"][0];
+              k["arch"] = k["target"];
+              k["ptx"] = k["binary"];
+              k.erase("format");
+              k.erase("target");
+              k.erase("binary");
+            }),
+            "");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["version"] = 3; }),
+            "kernels[0].arch: missing required field");
+  EXPECT_EQ(
+      kernelErrorAfter([](Json &b) { b["kernels"][0]["format"] = "hsaco"; }),
+      "kernels[0].format: unknown format \"hsaco\" (expected \"ptx\")");
+  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0].erase("format"); }),
+            "kernels[0].format: missing required field");
+}
+
 TEST(PlanBundleTest, RefusesTheKernelsOfVersion2) {
   // Version 2's kernels took one chunk's origin as scalars: its plans read
   // without a kernel table, and a table is refused, not misread.
@@ -457,13 +483,14 @@ TEST(PlanBundleTest, RejectsBadKernels) {
               b["kernels"][0]["block"] = {256, int64_t(1) << 62, 1};
             }),
             "kernels[0].block: more than 1024 threads per block");
-  EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["arch"] = "sm_70"; }),
-            "kernels[0].arch: unknown architecture \"sm_70\" (expected sm_80, "
-            "sm_86, sm_89, sm_90 or sm_90a)");
   EXPECT_EQ(
-      kernelErrorAfter([](Json &b) { b["kernels"][0]["ptx"] = ".target sm_90"; }),
-      "kernels[0].ptx: has no entry \"" + std::string(kRestoreKernel) +
-          "_kernel\"");
+      kernelErrorAfter([](Json &b) { b["kernels"][0]["target"] = "sm_70"; }),
+      "kernels[0].target: unknown architecture \"sm_70\" (expected sm_80, "
+      "sm_86, sm_89, sm_90 or sm_90a)");
+  EXPECT_EQ(kernelErrorAfter(
+                [](Json &b) { b["kernels"][0]["binary"] = ".target sm_90"; }),
+            "kernels[0].binary: has no entry \"" +
+                std::string(kRestoreKernel) + "_kernel\"");
   EXPECT_EQ(kernelErrorAfter([](Json &b) { b["kernels"][0]["kind"] = "gemm"; }),
             "kernels[0].kind: unknown kind \"gemm\" (expected \"restore\", "
             "\"rope_scatter\", \"save\" or \"rms_norm\")");

@@ -60,7 +60,7 @@ TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
       compileRestore(model_, "", target_, request_, options);
   ASSERT_TRUE(targets) << targets.status().toString();
   ASSERT_FALSE(targets->kernels.empty());
-  EXPECT_EQ(targets->kernels.front().arch, "sm_80");
+  EXPECT_EQ(targets->kernels.front().target, "sm_80");
 
   options.plan.gpuChip = "sm_90";
   StatusOr<PlanBundle> bundle =
@@ -78,8 +78,8 @@ TEST_F(CompileRestoreTest, AGpuChipPutsThePlansKernelsInTheTable) {
   for (const BundleKernel &kernel : bundle->kernels) {
     EXPECT_TRUE(listed.insert(kernel.name).second)
         << kernel.name << " appears twice";
-    EXPECT_EQ(kernel.arch, "sm_90");
-    EXPECT_FALSE(kernel.ptx.empty()) << kernel.name;
+    EXPECT_EQ(kernel.target, "sm_90");
+    EXPECT_FALSE(kernel.binary.empty()) << kernel.name;
   }
   EXPECT_FALSE(named.empty());
   EXPECT_EQ(named, listed);

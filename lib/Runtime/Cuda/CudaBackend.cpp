@@ -244,15 +244,26 @@ public:
 
   bool launchesKernels() const override { return true; }
 
+  /// The driver loads PTX (cuModuleLoadData), no other format.
+  static Status loads(const BundleKernel &kernel) {
+    if (kernel.format != "ptx")
+      return Status(StatusCode::FailedPrecondition,
+                    "kernel \"" + kernel.name + "\" is " + kernel.format +
+                        "; the cuda backend loads ptx");
+    return Status::ok();
+  }
+
   Status canLaunch(const BundleKernel &kernel,
                    const PagedKVCache &cache) const override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
+    KVC_RETURN_IF_ERROR(loads(kernel));
     return kernelArgsFor(kernel, cache).status();
   }
 
   Status canLaunchSave(const BundleKernel &kernel,
                        const PagedKVCache &cache) const override {
     KVC_RETURN_IF_ERROR(needDevice(cache));
+    KVC_RETURN_IF_ERROR(loads(kernel));
     if (kernel.kind != BundleKernel::Kind::Save)
       return Status(StatusCode::FailedPrecondition,
                     "kernel \"" + kernel.name + "\" is no save kernel");
@@ -300,6 +311,7 @@ public:
                           const ModelCompute &model,
                           const PagedKVCache &cache) const override {
     KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
+    KVC_RETURN_IF_ERROR(loads(prologue));
     const ModelConfig &c = model.config();
     if (!dynamic_cast<const LlamaModel *>(&model))
       return unimplemented("the backend computes with kvc's LlamaModel only");
@@ -789,17 +801,17 @@ private:
                                                 : GemmPrecision::BF16;
   }
 
-  /// `kernel`'s function, its PTX loaded on first use (the device's
+  /// `kernel`'s function, its PTX binary loaded on first use (the device's
   /// context current).
   StatusOr<CUfunction> functionOf(const BundleKernel &kernel) {
     std::lock_guard<std::mutex> lock(functionsMutex_);
     std::vector<LoadedKernel> &loaded = functions_[kernel.name];
     for (const LoadedKernel &candidate : loaded)
-      if (candidate.ptx == kernel.ptx)
+      if (candidate.ptx == kernel.binary)
         return candidate.function;
-    LoadedKernel fresh{kernel.ptx};
+    LoadedKernel fresh{kernel.binary};
     KVC_RETURN_IF_ERROR(driver_->check(
-        driver_->cuModuleLoadData(&fresh.module, kernel.ptx.c_str()),
+        driver_->cuModuleLoadData(&fresh.module, kernel.binary.c_str()),
         "loading a generated kernel's PTX"));
     Status found = driver_->check(
         driver_->cuModuleGetFunction(&fresh.function, fresh.module,

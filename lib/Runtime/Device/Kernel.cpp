@@ -6,6 +6,8 @@
 
 namespace kvc {
 
+bool isKernelFormat(std::string_view format) { return format == "ptx"; }
+
 const char *bundleKernelKindName(BundleKernel::Kind kind) {
   switch (kind) {
   case BundleKernel::Kind::Restore:

@@ -389,7 +389,7 @@ Status readTriple(const Json &obj, const std::string &path,
   return Status::ok();
 }
 
-Status parseKernel(const Json &obj, const std::string &path,
+Status parseKernel(const Json &obj, const std::string &path, int64_t version,
                    BundleKernel &kernel) {
   KVC_RETURN_IF_ERROR(expectObject(obj, path));
   KVC_RETURN_IF_ERROR(
@@ -405,10 +405,23 @@ Status parseKernel(const Json &obj, const std::string &path,
   kernel.kind = *parsed;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "function", kernel.function, Presence::Required));
-  KVC_RETURN_IF_ERROR(
-      readString(obj, path, "arch", kernel.arch, Presence::Required));
-  KVC_RETURN_IF_ERROR(
-      readString(obj, path, "ptx", kernel.ptx, Presence::Required));
+  if (version >= 4) {
+    KVC_RETURN_IF_ERROR(
+        readString(obj, path, "format", kernel.format, Presence::Required));
+    if (!isKernelFormat(kernel.format))
+      return invalidArgument(fieldPath(path, "format") + ": unknown format \"" +
+                             kernel.format + "\" (expected \"ptx\")");
+    KVC_RETURN_IF_ERROR(
+        readString(obj, path, "target", kernel.target, Presence::Required));
+    KVC_RETURN_IF_ERROR(
+        readString(obj, path, "binary", kernel.binary, Presence::Required));
+  } else { // Version 3: PTX by fields of its own.
+    kernel.format = "ptx";
+    KVC_RETURN_IF_ERROR(
+        readString(obj, path, "arch", kernel.target, Presence::Required));
+    KVC_RETURN_IF_ERROR(
+        readString(obj, path, "ptx", kernel.binary, Presence::Required));
+  }
   KVC_RETURN_IF_ERROR(readTriple(obj, path, "grid", kernel.grid));
   KVC_RETURN_IF_ERROR(readTriple(obj, path, "block", kernel.block));
   const Json *args;
@@ -465,19 +478,25 @@ Status parseKernel(const Json &obj, const std::string &path,
 }
 
 Status validateKernel(const BundleKernel &kernel, const std::string &path) {
-  if (!isKernelChip(kernel.arch))
-    return invalidArgument(path + ".arch: unknown architecture \"" +
-                           kernel.arch + "\" (expected " + kKernelChips +
+  // PTX, the one format there is: text for a known chip, naming the entry.
+  if (!isKernelFormat(kernel.format))
+    return invalidArgument(path + ".format: unknown format \"" +
+                           kernel.format + "\" (expected \"ptx\")");
+  if (!isKernelChip(kernel.target))
+    return invalidArgument(path + ".target: unknown architecture \"" +
+                           kernel.target + "\" (expected " + kKernelChips +
                            ")");
-  if (kernel.ptx.empty() || kernel.ptx.size() > kMaxPtxBytes)
-    return invalidArgument(path + ".ptx: " + std::to_string(kernel.ptx.size()) +
+  if (kernel.binary.empty() || kernel.binary.size() > kMaxPtxBytes)
+    return invalidArgument(path + ".binary: " +
+                           std::to_string(kernel.binary.size()) +
                            " bytes of PTX (expected 1 to " +
                            std::to_string(kMaxPtxBytes) + ")");
-  if (kernel.ptx.find(".target " + kernel.arch) == std::string::npos)
-    return invalidArgument(path + ".ptx: does not target " + kernel.arch);
-  if (kernel.ptx.find(".entry " + kernel.function + "(") == std::string::npos)
-    return invalidArgument(path + ".ptx: has no entry \"" + kernel.function +
-                           "\"");
+  if (kernel.binary.find(".target " + kernel.target) == std::string::npos)
+    return invalidArgument(path + ".binary: does not target " + kernel.target);
+  if (kernel.binary.find(".entry " + kernel.function + "(") ==
+      std::string::npos)
+    return invalidArgument(path + ".binary: has no entry \"" +
+                           kernel.function + "\"");
   // Each dimension first, so that the product cannot overflow.
   if (std::max({kernel.block[0], kernel.block[1], kernel.block[2]}) > 1024 ||
       kernel.block[0] * kernel.block[1] * kernel.block[2] > 1024)
@@ -626,7 +645,7 @@ StatusOr<PlanBundle> parsePlanBundle(std::string_view text) {
     for (std::size_t i = 0; kernels && i < kernels->size(); ++i) {
       bundle.kernels.emplace_back();
       KVC_RETURN_IF_ERROR(parseKernel((*kernels)[i], indexPath("kernels", i),
-                                      bundle.kernels.back()));
+                                      bundle.version, bundle.kernels.back()));
     }
   }
   KVC_RETURN_IF_ERROR(validatePlanBundle(bundle));

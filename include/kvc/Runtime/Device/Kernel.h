@@ -21,8 +21,9 @@
 
 namespace kvc {
 
-/// A generated kernel (kvc-lower-kernels, kvc-kernels-to-ptx): its PTX, its
-/// launch shape and argument ABI, and what it is specialized for.
+/// A generated kernel (kvc-lower-kernels, kvc-kernels-to-ptx): its
+/// executable (a format and its binary), its launch shape and argument ABI,
+/// and what it is specialized for.
 struct BundleKernel {
   /// What the kernel computes: `Restore` decodes a stored KV payload into
   /// the cache; `RopeScatter` is the epilogue of a hidden-state projection
@@ -36,11 +37,14 @@ struct BundleKernel {
   /// The symbol tasks name in `entry`.
   std::string name;
   Kind kind = Kind::Restore;
-  /// The PTX .entry to launch.
+  /// The entry point to launch (a PTX .entry).
   std::string function;
-  /// "sm_90", ...: the architecture the PTX targets.
-  std::string arch;
-  std::string ptx;
+  /// The executable: `binary` in `format` for the device `target` names.
+  /// Formats: "ptx" (PTX text; target "sm_80", "sm_90", ...). A backend
+  /// launches the formats it loads (Backend::canLaunch says why not).
+  std::string format = "ptx";
+  std::string target;
+  std::string binary;
   /// Blocks and threads per block, x y z, for one chunk: constants, the
   /// chunk's shape being part of the specialization. A kernel that
   /// addresses the cache runs grid[1] (1 here) times the chunks of its
@@ -69,6 +73,9 @@ struct BundleKernel {
   /// hidden states it reads).
   int64_t payloadBytes = 0;
 };
+
+/// The executable formats a bundle may carry: "ptx".
+bool isKernelFormat(std::string_view format);
 
 /// "restore", "rope_scatter", "save" or "rms_norm".
 const char *bundleKernelKindName(BundleKernel::Kind kind);

@@ -35,8 +35,10 @@ namespace kvc {
 /// The bundle format version the compiler writes; this runtime reads it and
 /// every version from kOldestPlanBundleVersion on (version 1 has no kernel
 /// table; version 2's kernels, which took one chunk's origin as scalars,
-/// are refused: its plans are read only without them).
-inline constexpr int64_t kPlanBundleVersion = 3;
+/// are refused: its plans are read only without them; version 3's kernels
+/// are PTX by fields of their own, "arch" and "ptx", which read as version
+/// 4's format "ptx", target and binary).
+inline constexpr int64_t kPlanBundleVersion = 4;
 inline constexpr int64_t kOldestPlanBundleVersion = 1;
 
 /// A half-open range [begin, end).

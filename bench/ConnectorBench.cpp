@@ -38,7 +38,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Host/Calibrate.h"
+#include "kvc/Host/Tools/Calibrate.h"
 #include "kvc/Host/CompilerHook.h"
 #include "kvc/Host/Connector.h"
 #include "kvc/Runtime/Base/Clock.h"

@@ -19,7 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Host/Generate.h"
+#include "kvc/Host/Tools/Generate.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Model/GenModel.h"

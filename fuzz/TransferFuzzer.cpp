@@ -25,7 +25,7 @@
 #include "Mutations.h"
 
 #include "kvc/Host/Session.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Net/Transfer.h"
 #include "kvc/Testing/MemoryLink.h"

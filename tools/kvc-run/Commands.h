@@ -6,7 +6,7 @@
 #include "Args.h"
 
 #include "kvc/Host/Session.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"

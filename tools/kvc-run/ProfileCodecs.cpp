@@ -1,8 +1,8 @@
 //===- ProfileCodecs.cpp - kvc-run profile-codecs -------------------------===//
 
 #include "ProfileCodecs.h"
-#include "kvc/Host/CodecTiming.h"
-#include "kvc/Host/DecodeQuality.h"
+#include "kvc/Host/Tools/CodecTiming.h"
+#include "kvc/Host/Tools/DecodeQuality.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"

@@ -9,11 +9,11 @@
 
 #include "Commands.h"
 
-#include "kvc/Host/Calibrate.h"
-#include "kvc/Host/Generate.h"
-#include "kvc/Host/Measure.h"
+#include "kvc/Host/Tools/Calibrate.h"
+#include "kvc/Host/Tools/Generate.h"
+#include "kvc/Host/Tools/Measure.h"
 #include "kvc/Host/Session.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Exec/DynamicCake.h"
 #include "kvc/Runtime/Model/Llama2c.h"

@@ -10,7 +10,7 @@
 #include "Commands.h"
 
 #include "kvc/Host/Session.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Net/CodecController.h"
 #include "kvc/Runtime/Net/Transfer.h"

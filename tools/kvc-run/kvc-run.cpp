@@ -27,7 +27,7 @@
 #include "Commands.h"
 #include "ProfileCodecs.h"
 
-#include "kvc/Host/Calibrate.h"
+#include "kvc/Host/Tools/Calibrate.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Runtime/Base/Threads.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"

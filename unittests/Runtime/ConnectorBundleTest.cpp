@@ -9,7 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Host/Connector.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
 #include "TestModel.h"

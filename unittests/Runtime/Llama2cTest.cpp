@@ -1,8 +1,8 @@
 //===- Llama2cTest.cpp - Importing llama2.c checkpoints and tokenizers ----===//
 
 #include "kvc/Runtime/Model/Llama2c.h"
-#include "kvc/Host/DecodeQuality.h"
-#include "kvc/Host/Generate.h"
+#include "kvc/Host/Tools/DecodeQuality.h"
+#include "kvc/Host/Tools/Generate.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Model/Tokenizer.h"
 

@@ -10,7 +10,7 @@
 #include "ForwardingBackend.h"
 #include "TestModel.h"
 #include "kvc/Host/Session.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Net/CodecController.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Testing/MemoryLink.h"

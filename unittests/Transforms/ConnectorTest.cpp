@@ -10,7 +10,7 @@
 
 #include "kvc/Host/CompilerHook.h"
 #include "kvc/Host/Connector.h"
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 

@@ -1,7 +1,7 @@
 //===- Calibrate.cpp - kvc-run calibrate ----------------------------------===//
 
-#include "kvc/Host/Calibrate.h"
-#include "kvc/Host/CodecTiming.h"
+#include "kvc/Host/Tools/Calibrate.h"
+#include "kvc/Host/Tools/CodecTiming.h"
 #include "kvc/Runtime/Base/Clock.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"

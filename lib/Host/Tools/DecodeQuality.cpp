@@ -1,7 +1,7 @@
 //===- DecodeQuality.cpp - A lossy codec and the next token ---------------===//
 
-#include "kvc/Host/DecodeQuality.h"
-#include "kvc/Host/Generate.h"
+#include "kvc/Host/Tools/DecodeQuality.h"
+#include "kvc/Host/Tools/Generate.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 

@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_HOST_MEASURE_H
-#define KVC_HOST_MEASURE_H
+#ifndef KVC_HOST_TOOLS_MEASURE_H
+#define KVC_HOST_TOOLS_MEASURE_H
 
 #include "kvc/Host/Session.h"
 #include "kvc/Runtime/Exec/Executor.h"
@@ -76,4 +76,4 @@ PlanSummary summarize(std::vector<PlanRun> runs);
 
 } // namespace kvc::host
 
-#endif // KVC_HOST_MEASURE_H
+#endif // KVC_HOST_TOOLS_MEASURE_H

@@ -1,6 +1,6 @@
 //===- Generate.cpp - Decoding after a restore ----------------------------===//
 
-#include "kvc/Host/Generate.h"
+#include "kvc/Host/Tools/Generate.h"
 
 #include <algorithm>
 

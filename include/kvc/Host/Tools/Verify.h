@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_HOST_VERIFY_H
-#define KVC_HOST_VERIFY_H
+#ifndef KVC_HOST_TOOLS_VERIFY_H
+#define KVC_HOST_TOOLS_VERIFY_H
 
 #include "kvc/Runtime/Exec/Executor.h"
 
@@ -52,4 +52,4 @@ Status writeRestoredKv(const std::string &path, Backend &backend,
 
 } // namespace kvc::host
 
-#endif // KVC_HOST_VERIFY_H
+#endif // KVC_HOST_TOOLS_VERIFY_H

@@ -1,6 +1,6 @@
 //===- Measure.cpp - Restores measured and verified -----------------------===//
 
-#include "kvc/Host/Measure.h"
+#include "kvc/Host/Tools/Measure.h"
 
 #include "kvc/Runtime/Base/Memory.h"
 #include "kvc/Host/Session.h"

@@ -7,8 +7,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_HOST_CODECTIMING_H
-#define KVC_HOST_CODECTIMING_H
+#ifndef KVC_HOST_TOOLS_CODECTIMING_H
+#define KVC_HOST_TOOLS_CODECTIMING_H
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Model/ModelCompute.h"
@@ -45,4 +45,4 @@ StatusOr<CodecRates> timeCodec(const KVObjects &kv, const CodecSpec &codec);
 
 } // namespace kvc
 
-#endif // KVC_HOST_CODECTIMING_H
+#endif // KVC_HOST_TOOLS_CODECTIMING_H

@@ -12,10 +12,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_HOST_DECODEQUALITY_H
-#define KVC_HOST_DECODEQUALITY_H
+#ifndef KVC_HOST_TOOLS_DECODEQUALITY_H
+#define KVC_HOST_TOOLS_DECODEQUALITY_H
 
-#include "kvc/Host/CodecTiming.h"
+#include "kvc/Host/Tools/CodecTiming.h"
 #include "kvc/Runtime/Desc/CodecSpec.h"
 #include "kvc/Runtime/Model/ModelCompute.h"
 
@@ -64,4 +64,4 @@ std::vector<double> logSoftmax(const std::vector<float> &logits);
 
 } // namespace kvc::host
 
-#endif // KVC_HOST_DECODEQUALITY_H
+#endif // KVC_HOST_TOOLS_DECODEQUALITY_H

@@ -9,8 +9,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_HOST_GENERATE_H
-#define KVC_HOST_GENERATE_H
+#ifndef KVC_HOST_TOOLS_GENERATE_H
+#define KVC_HOST_TOOLS_GENERATE_H
 
 #include "kvc/Runtime/Backend/Backend.h"
 
@@ -44,4 +44,4 @@ generateAfterPrefill(const ModelCompute &model,
 
 } // namespace kvc::host
 
-#endif // KVC_HOST_GENERATE_H
+#endif // KVC_HOST_TOOLS_GENERATE_H

@@ -1,6 +1,6 @@
 //===- CodecTiming.cpp - Per-core rates of a codec's stages ---------------===//
 
-#include "kvc/Host/CodecTiming.h"
+#include "kvc/Host/Tools/CodecTiming.h"
 #include "kvc/Runtime/Base/Clock.h"
 
 #include <cmath>

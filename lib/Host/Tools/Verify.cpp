@@ -1,6 +1,6 @@
 //===- Verify.cpp - What a restored cache is held to ----------------------===//
 
-#include "kvc/Host/Verify.h"
+#include "kvc/Host/Tools/Verify.h"
 
 #include "kvc/Planning/CodecProfile.h"
 #include "kvc/Runtime/Model/Safetensors.h"

@@ -1,7 +1,7 @@
 //===- Calibrate.h - A target description measured --------------*- C++ -*-===//
 
-#ifndef KVC_HOST_CALIBRATE_H
-#define KVC_HOST_CALIBRATE_H
+#ifndef KVC_HOST_TOOLS_CALIBRATE_H
+#define KVC_HOST_TOOLS_CALIBRATE_H
 
 #include "kvc/Runtime/Backend/Backend.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
@@ -55,4 +55,4 @@ StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
 
 } // namespace kvc
 
-#endif // KVC_HOST_CALIBRATE_H
+#endif // KVC_HOST_TOOLS_CALIBRATE_H

@@ -27,7 +27,8 @@
 
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Transforms/EmitBundle.h"
-#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Conversion/KernelGen.h"
+#include "kvc/Conversion/Passes.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/IR/Diagnostics.h"
@@ -175,6 +176,7 @@ struct Fuzzer {
       : model(std::move(model)), target(std::move(target)) {
     mlir::kvc::registerKernelDialects(registry);
     mlir::kvc::registerKVCPasses();
+    mlir::kvc::registerKVCConversionPasses();
     mlir::kvc::registerKVCPipelines();
     context = std::make_unique<MLIRContext>(registry,
                                             MLIRContext::Threading::DISABLED);

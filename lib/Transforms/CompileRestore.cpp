@@ -15,7 +15,7 @@
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/EmitBundle.h"
-#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Conversion/KernelGen.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"

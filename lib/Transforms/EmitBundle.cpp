@@ -14,7 +14,7 @@
 #include "kvc/Transforms/EmitBundle.h"
 #include "kvc/Transforms/Passes.h"
 
-#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Conversion/KernelGen.h"
 
 #include "mlir/Analysis/SliceAnalysis.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"

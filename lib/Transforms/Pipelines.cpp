@@ -2,7 +2,8 @@
 
 #include "PlanningSupport.h"
 
-#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Conversion/KernelGen.h"
+#include "kvc/Conversion/Passes.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/Pass/PassManager.h"

@@ -5,7 +5,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Conversion/KernelGen.h"
+#include "kvc/Conversion/Passes.h"
 #include "kvc/Transforms/Passes.h"
 
 #include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
   mlir::kvc::registerKernelDialects(registry);
 
   mlir::kvc::registerKVCPasses();
+  mlir::kvc::registerKVCConversionPasses();
   mlir::kvc::registerKVCPipelines();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();

@@ -52,11 +52,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_TRANSFORMS_KERNELGEN_H
-#define KVC_TRANSFORMS_KERNELGEN_H
+#ifndef KVC_CONVERSION_KERNELGEN_H
+#define KVC_CONVERSION_KERNELGEN_H
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
-#include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Device/Kernel.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Pass/PassManager.h"
@@ -199,4 +199,4 @@ void registerKernelDialects(DialectRegistry &registry);
 
 } // namespace mlir::kvc
 
-#endif // KVC_TRANSFORMS_KERNELGEN_H
+#endif // KVC_CONVERSION_KERNELGEN_H

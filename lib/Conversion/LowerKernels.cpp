@@ -10,8 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Transforms/KernelGen.h"
-#include "kvc/Transforms/Passes.h"
+#include "kvc/Conversion/KernelGen.h"
+#include "kvc/Conversion/Passes.h"
 
 #include "mlir/Conversion/AffineToStandard/AffineToStandard.h"
 #include "mlir/Conversion/ArithToLLVM/ArithToLLVM.h"
@@ -44,7 +44,7 @@
 
 namespace mlir::kvc {
 #define GEN_PASS_DEF_KVCLOWERKERNELSPASS
-#include "kvc/Transforms/Passes.h.inc"
+#include "kvc/Conversion/Passes.h.inc"
 } // namespace mlir::kvc
 
 using namespace mlir;

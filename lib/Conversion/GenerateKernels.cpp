@@ -7,14 +7,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
-#include "kvc/Transforms/KernelGen.h"
-#include "kvc/Transforms/Passes.h"
+#include "kvc/Conversion/KernelGen.h"
+#include "kvc/Conversion/Passes.h"
 
 #include "mlir/Pass/PassManager.h"
 
 namespace mlir::kvc {
 #define GEN_PASS_DEF_KVCGENERATEKERNELSPASS
-#include "kvc/Transforms/Passes.h.inc"
+#include "kvc/Conversion/Passes.h.inc"
 } // namespace mlir::kvc
 
 using namespace mlir;

@@ -10,7 +10,7 @@
 #ifndef KVC_LIB_TRANSFORMS_KERNELEMITTER_H
 #define KVC_LIB_TRANSFORMS_KERNELEMITTER_H
 
-#include "kvc/Transforms/KernelGen.h"
+#include "kvc/Conversion/KernelGen.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"

@@ -12,13 +12,13 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "kvc/Conversion/KernelGen.h"
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Testing/KernelCase.h"
 #include "kvc/Testing/KernelDevice.h"
 #include "kvc/Transforms/Descriptions.h"
 #include "kvc/Transforms/EmitBundle.h"
-#include "kvc/Transforms/KernelGen.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/ControlFlow/IR/ControlFlow.h"

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Transforms/Passes.h"
+#include "kvc/Conversion/Passes.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/LLVMIR/LLVMDialect.h"
@@ -22,7 +22,7 @@
 
 namespace mlir::kvc {
 #define GEN_PASS_DEF_KVCGPUDATALAYOUTPASS
-#include "kvc/Transforms/Passes.h.inc"
+#include "kvc/Conversion/Passes.h.inc"
 } // namespace mlir::kvc
 
 using namespace mlir;

@@ -24,13 +24,13 @@ const char *methodName(Method method) {
 }
 
 std::vector<Chunk> chunkPlan(const Plan &plan, int64_t chunkTokens,
-                             int64_t layerGroup) {
+                             int64_t loadLayers) {
   std::vector<Chunk> chunks;
   for (size_t s = 0; s < plan.segments.size(); ++s) {
     const Segment &segment = plan.segments[s];
     const Box &box = segment.box;
     int64_t group =
-        segment.method == Method::Compute ? box.layers() : layerGroup;
+        segment.method == Method::Compute ? box.layers() : loadLayers;
     for (int64_t t0 = box.t0; t0 < box.t1;) {
       int64_t t1 = std::min((t0 / chunkTokens + 1) * chunkTokens, box.t1);
       for (int64_t l0 = box.l0; l0 < box.l1; l0 += group)

@@ -56,7 +56,7 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
   double perLayer = 2.0 * double(chunk_) *
                     double(std::max(model.kvBytesPerTokenLayer(),
                                     model.hiddenBytesPerTokenLayer()));
-  layerGroup_ = std::clamp<int64_t>(
+  loadLayers_ = std::clamp<int64_t>(
       int64_t(double(options_.stagingBytes()) / 4.0 / perLayer), 1,
       std::max<int64_t>(model.numLayers, 1));
   // Loads move whole stored objects: a multiple of every source's group.
@@ -65,10 +65,10 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
     objects = std::lcm(objects, std::max<int64_t>(source.layerGroup, 1));
   const int64_t layers = std::max<int64_t>(model.numLayers, 1);
   if (options_.layerWise)
-    layerGroup_ = (layers + PlanOptions::kMaxLayerGroups - 1) /
-                  PlanOptions::kMaxLayerGroups;
-  layerGroup_ =
-      std::min((layerGroup_ + objects - 1) / objects * objects, layers);
+    loadLayers_ = (layers + PlanOptions::kMaxLoadSteps - 1) /
+                  PlanOptions::kMaxLoadSteps;
+  loadLayers_ =
+      std::min((loadLayers_ + objects - 1) / objects * objects, layers);
 
   const TargetDesc &target = cost_.target();
   for (const Source &source : request_.sources) {
@@ -194,7 +194,7 @@ double Planner::estimate(const Candidate &c, double *fillOut) const {
   auto addLoad = [&](int source, int64_t numLayers) {
     const LoadCost &lc = loadCosts_[source];
     double chunks =
-        blocks * double((numLayers + layerGroup_ - 1) / layerGroup_);
+        blocks * double((numLayers + loadLayers_ - 1) / loadLayers_);
     double volume = rest * double(numLayers);
     // Chunks spread over the tier's lanes; fewer chunks than lanes leave
     // lanes idle.
@@ -251,7 +251,7 @@ double Planner::estimate(const Candidate &c, double *fillOut) const {
       loaded += layers - c.split;
   }
   const int64_t tail =
-      options_.layerWise ? std::min(layerGroup_, loaded) : loaded;
+      options_.layerWise ? std::min(loadLayers_, loaded) : loaded;
   double end = compute + forward;
   if (loaded > 0)
     end = std::max(end, restore + double(tail) * forwardLayer_);
@@ -319,7 +319,7 @@ std::vector<Candidate> Planner::enumerate(Filter filter) const {
 //===----------------------------------------------------------------------===//
 
 std::vector<Chunk> Planner::chunks(const Plan &plan) const {
-  std::vector<Chunk> out = chunkPlan(plan, chunk_, layerGroup_);
+  std::vector<Chunk> out = chunkPlan(plan, chunk_, loadLayers_);
   orderChunks(out, options_.layerWise ? ChunkOrder::LayerWise
                                       : ChunkOrder::TokenMajor);
   return out;

@@ -8,7 +8,6 @@ namespace mlir::kvc {
 
 namespace planning = ::kvc::planning;
 
-
 /// "12.3 ms".
 std::string ms(double seconds) {
   std::string text;
@@ -102,8 +101,8 @@ std::string formatReport(const planning::Planner &planner,
   for (const planning::Evaluation &e : rows)
     os << llvm::format("%-9s ", e.plan.strategy.c_str())
        << describePlan(e.plan, request) << "\n";
-  os << "chunks of " << planner.chunkTokens() << " tokens, loads in groups of "
-     << planner.layerGroup() << " layers"
+  os << "chunks of " << planner.chunkTokens() << " tokens, loads of "
+     << planner.loadLayers() << " layers each"
      << (planner.options().layerWise ? ", issued layer by layer" : "");
   return text;
 }

@@ -29,9 +29,9 @@
 // REPORT-NEXT: cake {{.+}}
 // REPORT-NEXT: hcache {{.*}}load hidden tokens 0-4096 {{.*}}(ssd, raw)
 // REPORT-NEXT: joint compute tokens 0-4096 layers 0-3; load kv tokens 0-4096 layers 3-32 (dram, int8/g32+deflate)
-// REPORT-NEXT: chunks of 512 tokens, loads in groups of 4 layers
+// REPORT-NEXT: chunks of 512 tokens, loads of 4 layers each
 // LAYERWISE:   remark: kvc-plan @chat:
-// LAYERWISE:   chunks of 512 tokens, loads in groups of 2 layers, issued layer by layer
+// LAYERWISE:   chunks of 512 tokens, loads of 2 layers each, issued layer by layer
 kvc.restore @chat tokens 0 to 4096 from [
     #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
     #kvc.source<tier = "dram", form = kv, codec = <quant = int8, lossless = deflate>,

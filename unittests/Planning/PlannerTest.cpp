@@ -212,7 +212,7 @@ TEST(Pipeline, TheSimulatorPricesAChunkAsItsSteps) {
   PlanOptions options;
   options.chunkTokens = 256;
   Planner planner(cost, r, options);
-  ASSERT_EQ(planner.layerGroup(), 4);
+  ASSERT_EQ(planner.loadLayers(), 4);
   Plan plan;
   plan.segments.push_back({Method::LoadHidden, Box{0, 256, 0, 4}, 0});
 
@@ -384,7 +384,7 @@ TEST(Planner, LayerWisePlansCompleteTheFirstLayersEarly) {
   Evaluation tokenMajor = Planner(cost, r, options).kvOnly().value();
   options.layerWise = true;
   Planner planner(cost, r, options);
-  EXPECT_EQ(planner.layerGroup(), 2);
+  EXPECT_EQ(planner.loadLayers(), 2);
   Evaluation layerWise = planner.kvOnly().value();
   ASSERT_EQ(layerWise.layerReadySeconds.size(), 32u);
   ASSERT_EQ(tokenMajor.layerReadySeconds.size(), 32u);
@@ -397,7 +397,7 @@ TEST(Planner, LayerWisePlansCompleteTheFirstLayersEarly) {
   // 16x as many loads, each paying the tier's per-request latency: 7% here.
   EXPECT_LT(layerWise.seconds, 1.1 * tokenMajor.seconds);
   expectIssuable(layerWise.plan, planner.chunks(layerWise.plan),
-                 planner.chunkTokens(), planner.layerGroup());
+                 planner.chunkTokens(), planner.loadLayers());
 }
 
 // The server's forward pass over a request's new tokens runs a layer once
@@ -421,7 +421,7 @@ TEST(Planner, AForwardPassRunsEachLayerOnceTheRestoreWroteIt) {
   Planner planner(cost, r, options);
   Evaluation loaded = planner.kvOnly().value();
   EXPECT_GE(loaded.firstTokenSeconds,
-            loaded.seconds + planner.layerGroup() * layer);
+            loaded.seconds + planner.loadLayers() * layer);
   EXPECT_LT(loaded.firstTokenSeconds, loaded.seconds + 4 * layer);
 }
 
@@ -657,7 +657,7 @@ TEST(Planner, JointIsNeverSlowerAndNearExhaustive) {
     layerWise.layerWise = true;
     Planner issuer(cost, r, layerWise);
     expectIssuable(joint.plan, issuer.chunks(joint.plan), issuer.chunkTokens(),
-                   issuer.layerGroup());
+                   issuer.loadLayers());
     for (const Evaluation &baseline : planner.baselines())
       ASSERT_LE(joint.seconds, baseline.seconds)
           << "case " << i << ": joint slower than " << baseline.plan.strategy;
@@ -673,7 +673,7 @@ TEST(Planner, JointIsNeverSlowerAndNearExhaustive) {
     if (gap > 0.01)
       std::cerr << "busy joint:" << busy(joint) << "\nbusy best:" << busy(best)
                 << "\nchunk " << planner.chunkTokens() << " group "
-                << planner.layerGroup() << "\n";
+                << planner.loadLayers() << "\n";
     ASSERT_LE(gap, 0.01) << "case " << i << ": joint " << joint.seconds
                          << " s" << describe(joint.plan) << " (estimate "
                          << joint.estimate << ") vs exhaustive "

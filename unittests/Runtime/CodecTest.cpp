@@ -313,7 +313,7 @@ TEST(Codec, SpecsParseAndPrint) {
   EXPECT_FALSE(parseCodecSpec("int3").isOk());
   EXPECT_FALSE(parseCodecSpec("int4/bins8-3").isOk());
   EXPECT_EQ(parseCodecSpec("fp8/bins8-4").status().message(),
-            "codec \"fp8/bins8-4\": fp8 has no layer-group bins (they are "
+            "codec \"fp8/bins8-4\": fp8 has no layer bins (they are "
             "integer widths) (codec strings: docs/data-plane.md)");
   EXPECT_FALSE(parseCodecSpec("zstd/g32").isOk());
   // Errors name the part at fault and where the grammar is written.

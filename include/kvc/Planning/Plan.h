@@ -95,10 +95,10 @@ struct Chunk {
 };
 
 /// Splits every segment along the token grid of `chunkTokens`, and load
-/// segments also into groups of `layerGroup` layers (so that a chunk fits the
+/// segments also into runs of `loadLayers` layers (so that a chunk fits the
 /// staging buffers). Chunks come out segment by segment, tokens ascending.
 std::vector<Chunk> chunkPlan(const Plan &plan, int64_t chunkTokens,
-                             int64_t layerGroup);
+                             int64_t loadLayers);
 
 /// Whether chunk `later` reads what chunk `earlier` writes: a computed
 /// chunk attends over every earlier token of its layers, and starts above
@@ -108,7 +108,7 @@ bool dependsOn(const Chunk &later, const Chunk &earlier);
 /// The order chunks are issued in. Token-major: by first token, then first
 /// layer. Layer-wise, for a server that runs its forward pass beside the
 /// restore and needs layer 0 first: each segment's loads layer by layer
-/// (every token of a layer group before the next group's), its computes by
+/// (every token of a run of layers before the next run's), its computes by
 /// token; the segments advance together, each chunk placed at the fraction
 /// of its segment it completes, so the resources they use stay as busy as
 /// token-major keeps them. Either way no chunk precedes one it depends on.

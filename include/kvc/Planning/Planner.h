@@ -76,12 +76,12 @@ struct PlanOptions {
   int candidates = 4;
   /// Plan for a server that runs its forward pass beside the restore,
   /// waiting on each layer (RestoreHandle::waitLayer): loads as deep as
-  /// the stored objects (at most kMaxLayerGroups groups) in ChunkOrder::
+  /// the stored objects (at most kMaxLoadSteps steps of layers) in ChunkOrder::
   /// LayerWise, so that the first layers complete early. Otherwise loads
   /// take as many layers as a quarter of the staging holds, token-major,
   /// and layers complete together near the end.
   bool layerWise = false;
-  static constexpr int64_t kMaxLayerGroups = 16;
+  static constexpr int64_t kMaxLoadSteps = 16;
   /// A measured codec profile (kvc-codec-profile/1 JSON file) the cost
   /// model prices codecs by; empty: the built-in estimate.
   std::string codecProfile;
@@ -150,8 +150,10 @@ public:
   int64_t numChunks() const { return numChunks_; }
   /// Layers per load chunk, in whole stored objects: as many as keep a
   /// chunk's staging within a quarter of the budget (four chunks in
-  /// flight), or layer-wise 1/kMaxLayerGroups of the layers.
-  int64_t layerGroup() const { return layerGroup_; }
+  /// flight), or layer-wise 1/kMaxLoadSteps of the layers. (Not the
+  /// store's layer group, the layers of one stored object, whose multiple
+  /// it is.)
+  int64_t loadLayers() const { return loadLayers_; }
   const PlanOptions &options() const { return options_; }
 
   /// `plan`'s chunks in the order they are simulated and expanded
@@ -212,7 +214,7 @@ private:
   PlanOptions options_;
   int64_t chunk_ = 0;
   int64_t numChunks_ = 0;
-  int64_t layerGroup_ = 1;
+  int64_t loadLayers_ = 1;
   /// Seconds to recompute chunks [0, i) through one layer.
   std::vector<double> computePrefix_;
   /// Seconds of one layer of the server's forward pass (0 without one).

@@ -51,7 +51,7 @@ struct CodecStageInfo {
   /// Its enumerator in CodecSpec's enum of its kind (never 0, "none").
   int enumerator;
   bool lossy;
-  /// Quantization: bits per code (also how layer-group bins name it).
+  /// Quantization: bits per code (also how layer bins name it).
   int bits = 0;
   CodeKind codes = CodeKind::Levels;
   /// The stage a target's codec rates are keyed by; a quantization's rates

@@ -434,11 +434,11 @@ Status checkCodec(const CodecSpec &codec, const ChunkShape &shape) {
     if (codec.group <= 0)
       return invalidArgument("quantization group must be positive");
     if (!codec.layerBits.empty() && quant->codes != CodeKind::Levels)
-      return invalidArgument("layer-group bins are integer widths; " +
+      return invalidArgument("layer bins are integer widths; " +
                              std::string(quant->name) + " has none");
     for (int b : codec.layerBits)
       if (b != 2 && b != 4 && b != 8)
-        return invalidArgument("layer-group bins must be 2, 4 or 8 bits, got " +
+        return invalidArgument("layer bins must be 2, 4 or 8 bits, got " +
                                std::to_string(b));
   }
   return Status::ok();

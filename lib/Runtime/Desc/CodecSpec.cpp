@@ -121,7 +121,7 @@ StatusOr<CodecSpec> parseCodecSpec(const std::string &text) {
         } else if (option.rfind("bins", 0) == 0) {
           if (stage->codes != CodeKind::Levels)
             return bad(std::string(stage->name) +
-                       " has no layer-group bins (they are integer widths)");
+                       " has no layer bins (they are integer widths)");
           std::string bins = option.substr(4);
           size_t b = 0;
           while (b < bins.size()) {

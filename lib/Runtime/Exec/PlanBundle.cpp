@@ -462,7 +462,7 @@ Status parseKernel(const Json &obj, const std::string &path, int64_t version,
   if (spec->lossless != CodecSpec::Lossless::None || !spec->layerBits.empty())
     return invalidArgument(fieldPath(path, "codec") +
                            ": a kernel decodes neither lossless stages nor "
-                           "layer-group bins");
+                           "layer bins");
   kernel.codec = *spec;
   for (auto [key, axis] : {std::pair<const char *, CodecSpec::Axis *>{
                                "key_axis", &kernel.codec.keyAxis},

@@ -9,7 +9,7 @@
 //   -> quantization (asymmetric int8/int4/int2 levels, or symmetric FP8
 //      E4M3 codes; per-token groups along the channels or
 //      per-channel groups along the tokens, K and V on their own axes as
-//      KIVI; an fp16 scale and offset per group; layer-group bins of integer
+//      KIVI; an fp16 scale and offset per group; layer bins of integer
 //      widths as CacheGen)
 //   -> lossless coder (deflate via libdeflate, zstd, lz4)
 //

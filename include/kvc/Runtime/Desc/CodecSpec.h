@@ -35,7 +35,7 @@ struct CodecSpec {
   Axis valueAxis = Axis::Token; ///< ...values per token.
   int64_t group = 32;
   Lossless lossless = Lossless::None;
-  /// CacheGen's layer-group bins: when not empty, the layers are split into
+  /// CacheGen's layer bins: when not empty, the layers are split into
   /// as many equal groups, group i quantized to layerBits[i] bits (8, 4 or
   /// 2, integer levels), overriding `quant`'s width (which must still be an
   /// integer quantization).
@@ -52,7 +52,7 @@ struct CodecSpec {
   const CodecStageInfo *losslessStage() const;
 
   /// Bits per element after quantization (16 when unquantized; the mean
-  /// over layers with layer-group bins).
+  /// over layers with layer bins).
   int bits() const;
   /// Bits of layer `layer` of `layers`.
   int bitsOfLayer(int64_t layer, int64_t layers) const;

@@ -295,6 +295,8 @@ private:
   }
 
   Status runTask(std::size_t index) {
+    if (options_.cancel && options_.cancel->load())
+      return saveInterrupted();
     SaveValue &value = *values_[index];
     for (const BundleStep &step : plan_.tasks[index].steps)
       KVC_RETURN_IF_ERROR(runStep(step, value));
@@ -526,6 +528,10 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
     });
   };
   StatusOr<double> prefilled = 0.0;
+  SaveStats handOver; // Of a prefill handing its objects over on the host.
+  // Whose error to report: the save's when it failed first (the prefill
+  // then stops), else the prefill's (the save's gathers then fail with it).
+  bool saveFailedFirst = false;
   if (savesFromTheCache(backend, what, stream, run)) {
     KVC_ASSIGN_OR_RETURN(span, prefillSpan(stream, objects.layout()));
     KVC_ASSIGN_OR_RETURN(cache, backend.cacheFor(model.config(), n));
@@ -537,6 +543,7 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
     KVC_ASSIGN_OR_RETURN(saver, startSave([](const Status &) {}));
     prefilled = prefillCounting(backend, model, tokens, span, *paged, table,
                                 filling, stream, saveEnded);
+    saveFailedFirst = saveEnded;
     filling.finish(prefilled.status());
     saver.join();
     paged->release(table);
@@ -558,16 +565,23 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
           snapshots.put(ref, values, size_t(objects.shape(ref).numel()));
           return true;
         });
+    saveFailedFirst = saveEnded;
     snapshots.finish(streamed.status());
     saver.join();
     prefilled = streamed.isOk() ? StatusOr<double>(streamed->prefillSeconds)
                                 : StatusOr<double>(streamed.status());
+    if (streamed.isOk())
+      handOver = *streamed;
   }
+  if (!prefilled.isOk() && !saveFailedFirst)
+    return prefilled.status();
   if (!saved.isOk())
     return saved;
   if (!prefilled.isOk())
     return prefilled.status();
   saved->prefillSeconds = *prefilled;
+  saved->stallSeconds = handOver.stallSeconds;
+  saved->peakBufferedBytes = handOver.peakBufferedBytes;
   return saved;
 }
 
@@ -598,23 +612,73 @@ StatusOr<SaveMetrics> sendDuringPrefill(
                           std::move(target), StepKind::Send, stream, run);
 }
 
+StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
+                                const std::vector<int32_t> &tokens,
+                                const SaveOptions &options) {
+  if (options.dryRun) // The prefill alone: nothing to plan.
+    return streamContext(model, store, tokens, options,
+                         [](const ChunkRef &, const float *) {
+                           return StatusOr<bool>(false);
+                         });
+  // One engine: the plan a compiler would write for the store's layout,
+  // its encodes and writes on the options' writers, at most the buffers'
+  // worth of objects between a gather and its store. Options the prefill
+  // refuses are refused before it starts.
+  const ModelConfig &config = model.config();
+  const StoreLayout &layout = store.layout();
+  KVC_RETURN_IF_ERROR(prefillSpan(options, layout).status());
+  const int64_t widest = std::max(2 * config.numKvHeads * config.headDim,
+                                  config.hiddenSize);
+  const int64_t objectBytes = std::max<int64_t>(
+      layout.chunkTokens * layout.layerGroup * widest * int64_t(sizeof(float)),
+      1);
+  SavePlanShape shape;
+  shape.lanes = std::max(options.writers, 1);
+  shape.window = std::max<int64_t>(int64_t(options.bufferBytes) / objectBytes,
+                                   shape.lanes);
+  BundlePlan plan = savePlanFor(store, int64_t(tokens.size()), options.forms,
+                                options.codec, "store", shape);
+  SaveRunOptions run;
+  run.cancel = options.cancel;
+  StatusOr<SaveMetrics> metrics =
+      saveDuringPrefill(backendOr(options.backend), model, tokens, plan,
+                        {{"store", &store}}, options, run);
+  if (!metrics.isOk() && options.cancel && options.cancel->load())
+    return saveInterrupted(); // Whichever task saw it, the save was stopped.
+  KVC_RETURN_IF_ERROR(metrics.status());
+  SaveStats stats;
+  stats.prefillSeconds = metrics->prefillSeconds;
+  stats.totalSeconds = metrics->makespanSeconds;
+  stats.stallSeconds = metrics->stallSeconds;
+  stats.peakBufferedBytes = metrics->peakBufferedBytes;
+  stats.written = metrics->written;
+  stats.skipped = metrics->skipped;
+  return stats;
+}
+
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,
                        const std::vector<Form> &forms, const CodecSpec &codec,
-                       const std::string &tier) {
+                       const std::string &tier, const SavePlanShape &shape) {
   const int64_t layers = objects.model().numLayers;
   const StoreLayout &layout = objects.layout();
   BundlePlan plan;
   plan.name = "save";
   plan.tokens = {0, tokens};
   plan.layers = {0, layers};
+  std::vector<int64_t> stores; // Each object's store task, in order.
   auto add = [&](Resource resource, StepKind kind, const BundleStep &box,
                  std::optional<int64_t> input) {
     BundleTask task;
     task.id = int64_t(plan.tasks.size());
     task.resource = resource;
+    if (resource != Resource::Compute)
+      task.lane = int64_t(stores.size()) % std::max<int64_t>(shape.lanes, 1);
     if (input) {
       task.after = {*input};
       task.inputs = {*input};
+    } else if (shape.window > 0 &&
+               int64_t(stores.size()) >= shape.window) {
+      task.after = {stores[stores.size() - size_t(shape.window)]};
     }
     BundleStep step = box;
     step.kind = kind;
@@ -638,7 +702,7 @@ BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,
           last = add(Resource::Decode, StepKind::Compress, box, last);
         }
         box.codec = codec;
-        add(Resource::IO, StepKind::Store, box, last);
+        stores.push_back(add(Resource::IO, StepKind::Store, box, last));
       }
   return plan;
 }

@@ -320,22 +320,4 @@ Status saveInterrupted() {
   return Status(StatusCode::Unavailable, "the save was interrupted");
 }
 
-StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
-                                const std::vector<int32_t> &tokens,
-                                const SaveOptions &options) {
-  SaveJournal journal;
-  StatusOr<SaveStats> stats = streamContext(
-      model, store, tokens, options,
-      [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
-        bool written = false;
-        KVC_RETURN_IF_ERROR(store.put(ref, values, &written));
-        if (written)
-          journal.wrote(store, ref);
-        return written;
-      });
-  if (!stats.isOk())
-    return journal.rollback(stats.status());
-  return stats;
-}
-
 } // namespace kvc

@@ -175,6 +175,9 @@ struct SaveRunOptions {
   /// (SaveSource::gatherPayloads) when it can, the host's encoder otherwise;
   /// gathers of one kernel that are ready together share a launch.
   const std::vector<BundleKernel> *kernels = nullptr;
+  /// Set (by another thread or a signal handler) to stop the save: its next
+  /// task fails with saveInterrupted() and the save takes back what it wrote.
+  const std::atomic<bool> *cancel = nullptr;
 };
 
 struct SaveMetrics {
@@ -182,6 +185,11 @@ struct SaveMetrics {
   /// The prefill it ran beside (saveDuringPrefill, sendDuringPrefill),
   /// copies included.
   double prefillSeconds = 0;
+  /// A prefill that handed its objects over on the host: the time it
+  /// waited for room in its buffers (back-pressure from the save), and the
+  /// most its hand-over queue held.
+  double stallSeconds = 0;
+  size_t peakBufferedBytes = 0;
   /// Seconds from the start until the last gather.
   double snapshotSeconds = 0;
   std::map<std::string, double> busySeconds;
@@ -236,14 +244,26 @@ StatusOr<SaveMetrics> sendDuringPrefill(
     std::function<Status(const ChunkRef &ref, std::string object)> send,
     const SaveOptions &stream = {}, const SaveRunOptions &run = {});
 
+/// How savePlanFor spreads a save: its encodes and stores over `lanes`
+/// lanes of their pools (the two-stage saver's writers), and at most
+/// `window` objects between their gather and their store (0: no bound):
+/// the gather of the i-th object waits for the store of the (i -
+/// window)-th, so that a store slower than the prefill holds the prefill
+/// back instead of the plan holding every object.
+struct SavePlanShape {
+  int64_t lanes = 1;
+  int64_t window = 0;
+};
+
 /// The save plan a caller without the compiler runs: per object of
 /// `objects`' layout for `tokens` tokens and each of `forms`, a gather on
-/// the compute lane, a compress on the decode lane (for a codec with a
-/// stage past raw) and a store to `tier` on its io lane, in the order a
-/// prefill completes them.
+/// the compute lane, a compress on a decode lane (for a codec with a stage
+/// past raw) and a store to `tier` on an io lane, in the order a prefill
+/// completes them.
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,
                        const std::vector<Form> &forms, const CodecSpec &codec,
-                       const std::string &tier);
+                       const std::string &tier,
+                       const SavePlanShape &shape = {});
 
 } // namespace kvc
 

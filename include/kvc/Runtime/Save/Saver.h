@@ -133,8 +133,13 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
                                   const SaveOptions &options,
                                   const ObjectSink &sink);
 
-/// Prefills `tokens` and saves the chosen forms to `store`. A failed save
-/// removes the objects it wrote (SaveJournal).
+/// Prefills `tokens` and saves the chosen forms to `store` (SavePlan.cpp):
+/// the save plan a compiler would write for the store's layout
+/// (savePlanFor), run by the save executor beside the prefill as a compiled
+/// one is (saveDuringPrefill), its encodes and writes on `options.writers`
+/// lanes and at most `options.bufferBytes` of objects between a gather and
+/// its store. A dry run prefills alone. A failed save removes the objects it
+/// wrote (SaveJournal).
 StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
                                 const std::vector<int32_t> &tokens,
                                 const SaveOptions &options);

@@ -648,7 +648,8 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   KVC_RETURN_IF_ERROR(metrics.status());
   SaveStats stats;
   stats.prefillSeconds = metrics->prefillSeconds;
-  stats.totalSeconds = metrics->makespanSeconds;
+  // The save starts just after the prefill: the later end of the two.
+  stats.totalSeconds = std::max(metrics->prefillSeconds, metrics->makespanSeconds);
   stats.stallSeconds = metrics->stallSeconds;
   stats.peakBufferedBytes = metrics->peakBufferedBytes;
   stats.written = metrics->written;

@@ -1,14 +1,16 @@
 //===- Saver.h - Saving a context's KV and hidden states --------*- C++ -*-===//
 //
-// HCache's two-stage saving. The prefill runs on the caller's thread, on
-// the options' backend (Backend::streamPrefill); each layer's K, V and
-// hidden states are copied into host buffers (stage one,
-// a memcpy), and background writer threads encode complete objects (a token
-// chunk x a layer group) and write them to the store (stage two), so the
-// prefill never waits on the store. The buffers are bounded: when writers
-// fall behind, the copy waits for room (back-pressure) rather than growing
-// memory. Saving is idempotent: objects already stored in the codec are
-// skipped; the context's other encodings stay beside the new one.
+// The prefill's side of a save (streamContext): the prefill runs on the
+// caller's thread, on the options' backend (Backend::streamPrefill); each
+// layer's K, V and hidden states are copied into host buffers (HCache's
+// stage one, a memcpy) and handed, as complete objects (a token chunk x a
+// layer group), to a sink on background threads. A save's sink is a save
+// plan's hand-over (SavePlan.h: saveContext and saveDuringPrefill run the
+// plan's gathers, encodes and writes, stage two); an uncompiled transfer's
+// sends. The buffers are bounded: when the sink falls behind, the copy
+// waits for room (back-pressure) rather than growing memory. Saving is
+// idempotent: objects already stored in the codec are skipped; the
+// context's other encodings stay beside the new one.
 //
 //===----------------------------------------------------------------------===//
 

@@ -93,7 +93,9 @@
 #                                     own tokens, a slow store; verified;
 #   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
 #                                     a GPU: main-grid, connector, then run; each
-#                                     step's time in $OUT/all.txt.
+#                                     step's time in $OUT/all.txt, every
+#                                     output in $OUT/results.tgz (repacked
+#                                     as each step ends).
 #                                     MAIN_LAYERS=N keeps N of the model's
 #                                     layers; GRID_S (default 300),
 #                                     BENCH_S (60) and SANITIZER_S (45)
@@ -696,6 +698,14 @@ all)
   # in one process (main-grid), then `run` (kernels, the backend's tests,
   # sanitizers, transformers).
   prepare
+  # The device tool brings back at most 8 files of its $OUT: there the
+  # steps write into DIR/results, and each step's end packs them into
+  # $OUT/results.tgz (the K and V dumps left out), all.txt beside it.
+  back=
+  if [ -n "${OUT:-}" ] && [ "$(cd "$out" && pwd)" != "$dir/results" ]; then
+    back=$out out="$dir/results"
+    mkdir -p "$out"
+  fi
   export OUT="$out"
   # Each step's limits (seconds), so that the whole stays inside a device
   # call with room for a rerun: the grid, each hardware bench, each
@@ -708,6 +718,10 @@ all)
     bash "$0" "$@" || code=$?
     echo "$1: exit $code after $((SECONDS - started)) s" | tee -a "$out/all.txt"
     [ "$code" = 0 ] || status=$code
+    [ -z "$back" ] && return
+    tar -C "$out" --exclude='*.safetensors' -czf "$back/results.tgz.part" . &&
+      mv "$back/results.tgz.part" "$back/results.tgz"
+    cp "$out/all.txt" "$back/"
   }
   echo "all: MAIN_TOKENS=$MAIN_TOKENS MAIN_LINKS=$MAIN_LINKS" \
     "MAIN_LAYERS=${MAIN_LAYERS:-all} GRID_S=$GRID_S BENCH_S=$BENCH_S" \

@@ -35,7 +35,12 @@ CODECS = [
     ("transform = hadamard, quant = int4", "bf16"),
     ("transform = hadamard, quant = int2", "bf16"),
     ("quant = int4, key_axis = token, value_axis = token, group = 64", "bf16"),
+    ("quant = fp8", "bf16"),
+    ("transform = hadamard, quant = fp8", "bf16"),
 ]
+# Codecs whose saves encode on the host (their registry row has no device
+# encode): restore kernels only.
+HOST_ENCODED = {"quant = fp8", "transform = hadamard, quant = fp8"}
 # (tokens, layers): launch-bound small chunks and bandwidth-bound large ones.
 SHAPES = [(16, 1), (256, 32), (1024, 32)]
 
@@ -79,7 +84,7 @@ def main(out, shapes, save_shapes, codecs):
         out.write(f"    kvc.scatter %p : {kv}\n")
         out.write("  }\n  return\n}\n")
     for i, (codec, storage) in enumerate(CODECS):
-        if not re.search(codecs, codec or "none"):
+        if not re.search(codecs, codec or "none") or codec in HOST_ENCODED:
             continue
         for tokens, layers in save_shapes:
             # gather [transform] [quant], yielding the encoded chunk.

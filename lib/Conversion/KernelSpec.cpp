@@ -158,9 +158,12 @@ std::string KernelSpec::symbolName() const {
        << "_d" << hidden;
     return name;
   }
-  if (int64_t b = bits()) {
+  if (bits()) {
+    // The quantization's registry name: codes of one width (int8, fp8)
+    // decode differently, so their kernels must not share a symbol.
     auto axis = [](QuantAxis a) { return a == QuantAxis::token ? "t" : "c"; };
-    name += "int" + std::to_string(b) + "_k" + axis(codec.getKeyAxis()) + "_v" +
+    name += std::string(codec.getQuantStage()->name) + "_k" +
+            axis(codec.getKeyAxis()) + "_v" +
             axis(codec.getValueAxis()) + "_g" +
             std::to_string(codec.getGroup()) + "_";
   } else if (kind != KernelKind::RopeScatter) {

@@ -169,6 +169,36 @@ func.func @hadamard(%c: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, dev
 
 // -----
 
+// Tests that FP8 and int8 kernels of one shape have distinct symbols (the
+// quantization's registry name, not its width): codes of one width decode
+// differently, and a bundle holding both must launch each its own.
+// CHECK-LABEL: func.func @int8_and_fp8
+// CHECK:       kvc.kernel "restore"{{.+}}kvc.entry = @[[INT8:kvc_restore_int8_kc_vt_g32_t64_l1_h2x64_b16]]}
+// CHECK:       kvc.kernel "restore"{{.+}}kvc.entry = @[[FP8:kvc_restore_fp8_kc_vt_g32_t64_l1_h2x64_b16]]}
+// CHECK-DAG:   func.func @[[INT8]](
+// CHECK-DAG:   func.func @[[FP8]](
+module attributes {kvc.model = #kvc.model<name = "t", layers = 2, hidden = 256, heads = 4, kv_heads = 2, head_dim = 64, ffn = 512, vocab = 100, max_positions = 4096, rope_theta = 10000.0, dtype = bf16>} {
+func.func @int8_and_fp8(%a: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>, %b: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = fp8>>) {
+  kvc.kernel "restore" (%a) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = int8>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  kvc.kernel "restore" (%b) : (!kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = fp8>>) -> () {
+  ^bb0(%in: !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = fp8>>):
+    %d = kvc.dequant %in
+        : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device, codec <quant = fp8>>
+        -> !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+    kvc.scatter %d : !kvc.chunk<kv x bf16, tokens 0 to 64, layers 0 to 1, device>
+  }
+  return
+}
+}
+
+// -----
+
 // Tests that a gather -> quant kernel becomes a save kernel with the
 // restore's ABI, its payload written: int4 with K per channel and V per
 // token in groups of 32 (64 tokens, 2 KV heads of 64). V has 64 * 16 items,

@@ -16,6 +16,7 @@
 #include "ExecutorFixture.h"
 
 #include "Kernels.h"
+#include "kvc/Runtime/Backend/Registry.h"
 #include "kvc/Runtime/Cuda/CudaBackend.h"
 
 #include <cuda_runtime_api.h>
@@ -94,6 +95,18 @@ TEST_F(CudaBackendTest, EveryStrategyEqualsAFullPrefill) {
   const int64_t layers = model_->config().numLayers;
   expectExact({0, layers, 96, /*slots=*/2}); // staged
   expectExact({0, layers, 64, 0, /*computeLayers=*/1});
+}
+
+// The backend a server or kvc-run opens by name: the registry keeps it for
+// the process. The check is also the process's exit after the restore
+// (ctest runs each test alone): a backend destroyed among the statics
+// after those its device memory frees through crashed kvc-run at exit.
+TEST_F(CudaBackendTest, TheRegistrysBackendRestoresAndLetsTheProcessExit) {
+  StatusOr<Backend *> opened = openBackend("cuda", {0, "f32"});
+  ASSERT_TRUE(opened) << opened.status().toString();
+  backend_ = *opened;
+  cache_ = std::move(backend_->createCache(cache_->config()).value());
+  expectExact({0, model_->config().numLayers, 64});
 }
 
 TEST_F(CudaBackendTest, ModelsOfEveryDTypeRestoreExactly) {

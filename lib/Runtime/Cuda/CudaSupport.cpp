@@ -49,8 +49,11 @@ StatusOr<const Cublas *> Cublas::get() {
 }
 
 cudaStream_t DeviceArray::releaseStream() {
-  static std::mutex mutex;
-  static std::map<int, cudaStream_t> streams;
+  // Never destroyed: an array that a static owns may free itself during
+  // static destruction, after statics made later than its owner are gone.
+  static std::mutex &mutex = *new std::mutex;
+  static std::map<int, cudaStream_t> &streams =
+      *new std::map<int, cudaStream_t>;
   int device = 0;
   cudaGetDevice(&device);
   std::lock_guard<std::mutex> lock(mutex);

@@ -16,7 +16,12 @@ namespace {
 
 StatusOr<Backend *> openCuda(const BackendOptions &options) {
   static std::mutex mutex;
-  static std::unique_ptr<Backend> opened;
+  // Kept for the process's life and never destroyed: at exit, static
+  // destructors run in an order no driver object may depend on (the
+  // backend's device memory frees through statics of its own, and CUDA's
+  // runtime tears its context down on its own), so the process's end, not
+  // a destructor, releases the device.
+  static Backend *opened = nullptr;
   static Status failed = Status::ok();
   static CudaBackendOptions openedWith;
   std::lock_guard<std::mutex> lock(mutex);
@@ -32,7 +37,7 @@ StatusOr<Backend *> openCuda(const BackendOptions &options) {
   if (!opened && failed.isOk()) {
     StatusOr<std::unique_ptr<Backend>> made = createCudaBackend(wanted);
     if (made.isOk()) {
-      opened = std::move(*made);
+      opened = made->release();
       openedWith = wanted;
     } else {
       failed = made.status();
@@ -45,7 +50,7 @@ StatusOr<Backend *> openCuda(const BackendOptions &options) {
     return Status(StatusCode::FailedPrecondition,
                   "backend cuda: already open with other options (one "
                   "device and GEMM precision per process)");
-  return opened.get();
+  return opened;
 }
 
 [[maybe_unused]] const bool registered = [] {

@@ -15,8 +15,8 @@
 // alternating two halves, so that the copy of one piece into pinned memory
 // overlaps the DMA of the one before (a host buffer is pageable: the DMA
 // engine needs pinned memory to run asynchronously). Each piece is copied by
-// several threads at once (CopyWorkers: one thread copies at a fraction of
-// the host's memory bandwidth).
+// several threads at once (hostWorkers(), which a restore's host decode
+// shares: one thread copies at a fraction of the host's memory bandwidth).
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,7 +27,7 @@
 #include "Kernels.h"
 
 #include "kvc/Runtime/Base/Clock.h"
-#include "kvc/Runtime/Base/ParallelCopy.h"
+#include "kvc/Runtime/Base/HostWorkers.h"
 #include "kvc/Runtime/Cuda/CudaDriver.h"
 #include "kvc/Runtime/Device/KernelAbi.h"
 
@@ -64,13 +64,6 @@ CudaBuffer &bufferOf(DeviceBuffer &buffer) {
 /// piece's DMA outlasts the launch of the next.
 constexpr size_t kPinnedHalf = size_t(8) << 20;
 
-/// Threads beside an upload's own that copy its pieces into pinned staging:
-/// half the host's cores, at most 8 in all.
-int stagingWorkers() {
-  const int cores = int(std::thread::hardware_concurrency());
-  return std::clamp(cores / 2 - 1, 0, 7);
-}
-
 Status needDevice(const PagedKVCache &cache) {
   if (cache.memory() != CacheMemory::Device)
     return Status(StatusCode::FailedPrecondition,
@@ -86,7 +79,7 @@ Status needDevice(const PagedKVCache &cache) {
 class CudaBackend final : public Backend {
 public:
   explicit CudaBackend(const CudaBackendOptions &options)
-      : options_(options), staging_(stagingWorkers()) {}
+      : options_(options) {}
   ~CudaBackend() override {
     for (const auto &[name, loaded] : functions_)
       for (const LoadedKernel &kernel : loaded)
@@ -164,7 +157,7 @@ public:
       if (piece >= 2)
         KVC_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(lane.halves[half]),
                                  "waiting for staging");
-      staging_.copy(staging, from + offset, size);
+      hostWorkers().copy(staging, from + offset, size);
       KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(into + offset, staging, size,
                                                cudaMemcpyHostToDevice,
                                                lane.stream),
@@ -852,8 +845,6 @@ private:
   }
 
   CudaBackendOptions options_;
-  /// Copies uploads' pieces into pinned staging (every lane's, in turn).
-  CopyWorkers staging_;
   const CudaDriver *driver_ = nullptr;
   std::mutex mutex_; ///< Guards lanes_.
   std::vector<std::unique_ptr<Lane>> lanes_;

@@ -3,6 +3,7 @@
 #include "ChunkSteps.h"
 
 #include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Base/HostWorkers.h"
 
 #include <algorithm>
 #include <cstring>
@@ -200,19 +201,31 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
   const DType dtype = dtypeOf(value.form);
   const int64_t words = wordsPer(dtype);
   value.data.resize(value.layers.size() * mats * tokens * w * words);
+  auto inPlace = [&](const ChunkRef &ref) {
+    return ref.tokenBegin == value.tokens.begin &&
+           ref.tokenEnd - ref.tokenBegin == tokens &&
+           ref.layerBegin >= value.layers.begin &&
+           ref.layerEnd <= value.layers.end;
+  };
+  // Objects that hold whole layers of the chunk, laid out as the chunk lays
+  // them out, decode in place, at once: each checks its checksum, copies
+  // its payload and looks for non-finite values (a raw chunk's whole decode,
+  // on the upload lane when the plan has no decode step for it).
+  std::vector<Status> decoded(value.objectCount, Status::ok());
+  hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
+    const auto &[ref, bytes] = value.objects[o];
+    if (inPlace(ref))
+      decoded[o] = decodeAs(
+          store, ref, bytes, dtype,
+          value.data.data() +
+              (ref.layerBegin - value.layers.begin) * mats * tokens * w * words);
+  });
   std::vector<uint16_t> object;
   for (std::size_t o = 0; o < value.objectCount; ++o) {
     auto &[ref, bytes] = value.objects[o];
     const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
-    if (ref.tokenBegin == value.tokens.begin && refTokens == tokens &&
-        ref.layerBegin >= value.layers.begin &&
-        ref.layerEnd <= value.layers.end) {
-      // The object holds whole layers of the chunk, laid out as the chunk
-      // lays them out: decode in place.
-      KVC_RETURN_IF_ERROR(
-          decodeAs(store, ref, bytes, dtype,
-                   value.data.data() + (ref.layerBegin - value.layers.begin) *
-                                           mats * tokens * w * words));
+    if (inPlace(ref)) {
+      KVC_RETURN_IF_ERROR(decoded[o]);
     } else {
       object.resize(store.shape(ref).numel() * words);
       KVC_RETURN_IF_ERROR(decodeAs(store, ref, bytes, dtype, object.data()));

@@ -5,6 +5,7 @@
 
 #include "Args.h"
 
+#include "kvc/Host/Connector.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Backend/Backend.h"
@@ -90,6 +91,26 @@ StatusOr<std::string> planTracePath(Args &args);
 /// Prints a verification and fails above the bound.
 Status reportVerification(const RestoreError &error,
                           const host::VerifyBound &bound);
+
+/// A server's request through host::Connector (ServeCommand.cpp): the
+/// connector configured from the command's options, the request's prefix
+/// looked up, the decision, the load into a paged cache of the backend's
+/// (room for `room` tokens more), and the server's prefill of the rest,
+/// each printed as it goes. The server holds its first `onDevice` tokens
+/// (prefilled before the request). Reads every option it takes; the
+/// caller reads its own first.
+struct ServedRequest {
+  std::shared_ptr<LlamaModel> model;
+  std::vector<int32_t> tokens;
+  /// Owns the cache.
+  std::unique_ptr<host::Connector> connector;
+  PagedKVCache *cache = nullptr;
+  BlockTable table;
+  host::Lookup found;
+  host::Decision decision;
+};
+StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
+                                     int64_t room);
 
 /// restore, generate, compare and cake (RestoreCommands.cpp).
 Status restoreCommand(Args &args);

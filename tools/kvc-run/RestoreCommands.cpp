@@ -487,45 +487,61 @@ Status restoreCommand(Args &args) {
 /// the restored cache, and prints the tokens (and text, for a model with a
 /// tokenizer) beside what decoding after a full prefill gives.
 Status generateCommand(Args &args) {
-  KVC_ASSIGN_OR_RETURN(setup, loadRestoreSetup(args, "joint"));
-  std::string planName = args.get("plan");
-  bool dynamic = args.has("dynamic");
   KVC_ASSIGN_OR_RETURN(steps, args.integer("steps", 32));
   if (steps <= 0)
     return invalidArgument("--steps must be positive");
   const std::string tokenizerFile = tokenizerPath(args.get("model"));
-  KVC_RETURN_IF_ERROR(args.checkUnused());
-  KVC_ASSIGN_OR_RETURN(plan,
-                       selectPlan(setup.bundle, setup.planSource, planName));
+  GenerateOptions options;
+  options.steps = steps;
+  // A server's request through the Connector, unless a bundle's plan or
+  // Cake's walk is asked for by name (the plan instruments).
+  std::optional<ServedRequest> served;
+  std::optional<RestoreSetup> setup;
+  std::shared_ptr<Destination> into;
+  if (!args.has("bundle") && !args.has("dynamic")) {
+    if (args.has("plan"))
+      return invalidArgument("--plan names a plan of --bundle");
+    KVC_ASSIGN_OR_RETURN(request, serveRequest(args, 0, steps));
+    served = std::move(request);
+  } else {
+    std::string planName = args.get("plan");
+    bool dynamic = args.has("dynamic");
+    KVC_ASSIGN_OR_RETURN(loaded, loadRestoreSetup(args, "joint"));
+    setup = std::move(loaded);
+    KVC_RETURN_IF_ERROR(args.checkUnused());
+    KVC_ASSIGN_OR_RETURN(
+        plan, selectPlan(setup->bundle, setup->planSource, planName));
+    if (dynamic) {
+      KVC_ASSIGN_OR_RETURN(dest, runDynamic(*setup, *plan, {}, steps));
+      into = std::move(dest);
+    } else {
+      KVC_ASSIGN_OR_RETURN(
+          run, runPlan(setup->request, *plan, {}, /*verify=*/false, steps));
+      std::printf("restored %zu tokens with plan %s: %.3f ms\n",
+                  setup->request.tokens.size(), plan->name.c_str(),
+                  run.metrics.makespanSeconds * 1e3);
+      printFallbacks(run.metrics);
+      into = run.destination;
+    }
+  }
+  const LlamaModel &model = served ? *served->model : *setup->model;
+  const std::vector<int32_t> &prompt =
+      served ? served->tokens : setup->request.tokens;
   std::unique_ptr<Tokenizer> tokenizer;
   if (!tokenizerFile.empty()) {
     KVC_ASSIGN_OR_RETURN(
-        loaded,
-        Tokenizer::load(tokenizerFile, setup.model->config().vocabSize));
+        loaded, Tokenizer::load(tokenizerFile, model.config().vocabSize));
     tokenizer = std::move(loaded);
   }
-  const std::vector<int32_t> &prompt = setup.request.tokens;
-  GenerateOptions options;
-  options.steps = steps;
   options.stop = tokenizer ? Tokenizer::kEos : -1;
-
-  std::shared_ptr<Destination> into;
-  if (dynamic) {
-    KVC_ASSIGN_OR_RETURN(dest, runDynamic(setup, *plan, {}, steps));
-    into = std::move(dest);
-  } else {
-    KVC_ASSIGN_OR_RETURN(
-        run, runPlan(setup.request, *plan, {}, /*verify=*/false, steps));
-    std::printf("restored %zu tokens with plan %s: %.3f ms\n", prompt.size(),
-                plan->name.c_str(), run.metrics.makespanSeconds * 1e3);
-    printFallbacks(run.metrics);
-    into = run.destination;
-  }
-  KVC_ASSIGN_OR_RETURN(restored, generateAfterRestore(backend(), *setup.model,
-                                                      *into->cache, into->table,
-                                                      prompt, options));
+  KVC_ASSIGN_OR_RETURN(
+      restored,
+      served ? generateAfterRestore(backend(), model, *served->cache,
+                                    served->table, prompt, options)
+             : generateAfterRestore(backend(), model, *into->cache,
+                                    into->table, prompt, options));
   KVC_ASSIGN_OR_RETURN(reference,
-                       generateAfterPrefill(*setup.model, prompt, options));
+                       generateAfterPrefill(model, prompt, options));
   auto print = [&](const char *label, const std::vector<int32_t> &ids) {
     std::printf("%s:", label);
     for (int32_t id : ids)

@@ -5,7 +5,8 @@
 // of the backend's while the server's own prefill waits layer by layer,
 // then prefill the rest, and optionally verify the cache against a full
 // prefill. With --on-device N, the server holds the first N tokens itself
-// (prefilled first, never rewritten).
+// (prefilled first, never rewritten). `generate` decodes from the same
+// request's cache (serveRequest).
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,16 +21,20 @@ namespace kvc::run {
 
 using namespace kvc::host;
 
-Status serveCommand(Args &args) {
+StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
+                                     int64_t room) {
+  ServedRequest served;
   KVC_ASSIGN_OR_RETURN(modelDir, args.required("model"));
   KVC_ASSIGN_OR_RETURN(model, loadModel(modelDir));
   KVC_ASSIGN_OR_RETURN(tokens, requestTokens(args, model->config()));
   KVC_ASSIGN_OR_RETURN(url, args.required("store"));
   KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
-  KVC_ASSIGN_OR_RETURN(onDevice, args.integer("on-device", 0));
-  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
-  const bool verify = args.has("verify");
+  if (args.has("chunk-tokens") || args.has("layer-group"))
+    return invalidArgument(
+        "--chunk-tokens and --layer-group: the Connector reads the store's "
+        "layout from the store (they are for a save, --bundle and "
+        "--dynamic)");
   ConnectorOptions options;
   options.model = model.get();
   options.stores = {{url, args.get("tier")}};
@@ -59,7 +64,7 @@ Status serveCommand(Args &args) {
 
   KVC_ASSIGN_OR_RETURN(connector, Connector::create(options));
   const ModelConfig &config = model->config();
-  KVC_ASSIGN_OR_RETURN(cached, backend().cacheFor(config, n));
+  KVC_ASSIGN_OR_RETURN(cached, backend().cacheFor(config, n + room));
   auto [cache, table] = std::move(cached);
   PagedKVCache *view = cache.get();
   KVC_RETURN_IF_ERROR(connector->registerCaches(std::move(cache)));
@@ -113,14 +118,30 @@ Status serveCommand(Args &args) {
               (long long)(n - decision.loadTokens), seconds * 1e3,
               decision.predictedSeconds * 1e3,
               decision.recomputeSeconds * 1e3);
+  served.model = std::move(model);
+  served.tokens = std::move(tokens);
+  served.connector = std::move(connector);
+  served.cache = view;
+  served.table = std::move(table);
+  served.found = std::move(found);
+  served.decision = std::move(decision);
+  return served;
+}
+
+Status serveCommand(Args &args) {
+  KVC_ASSIGN_OR_RETURN(onDevice, args.integer("on-device", 0));
+  KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
+  const bool verify = args.has("verify");
+  KVC_ASSIGN_OR_RETURN(served, serveRequest(args, onDevice, /*room=*/0));
   if (!verify)
     return Status::ok();
-  KVC_ASSIGN_OR_RETURN(error,
-                       restoreError(*model, tokens, *view, table, backend()));
+  KVC_ASSIGN_OR_RETURN(error, restoreError(*served.model, served.tokens,
+                                           *served.cache, served.table,
+                                           backend()));
   // What the load may have read: every encoding the store holds.
   std::vector<CodecSpec> codecs;
-  if (decision.loads())
-    for (const Lookup::Held &held : found.held)
+  if (served.decision.loads())
+    for (const Lookup::Held &held : served.found.held)
       codecs.push_back(held.match.codec);
   Status checked = checkVerification(error, verifyBound(codecs, maxError));
   std::printf("verify: against a full prefill, max error %.3g, relative L2 "

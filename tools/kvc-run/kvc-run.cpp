@@ -724,9 +724,14 @@ const std::vector<Command> &commands() {
                 "scripts/hf-reference.py --kv"}} +
            common,
        restoreCommand},
-      {"generate", "restores a prompt, then decodes greedily from the cache",
+      {"generate",
+       "a server's request through the Connector (or --bundle's plan, or "
+       "Cake's walk), then decodes greedily from the cache",
        request + store + plan +
            std::vector<Option>{
+               {"policy", "P",
+                "cheapest (default), always or never: when the Connector "
+                "loads"},
                {"plan", "NAME", "the bundle's plan (default its first)"},
                {"steps", "N", "tokens to generate (default 32)"},
                {"dynamic", "", "run a Cake-shaped plan as Cake's walk"}} +

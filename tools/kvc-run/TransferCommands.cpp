@@ -171,8 +171,8 @@ Status transferSendCommand(Args &args) {
     options = planned;
     options.kernels = &plan->kernels;
   }
-  KVC_ASSIGN_OR_RETURN(tracePath, planTracePath(args));
-  options.tracePath = tracePath;
+  // The send plan: --bundle's, or the one the sender makes for the layout.
+  options.tracePath = args.get("trace");
   KVC_RETURN_IF_ERROR(args.checkUnused());
 
   KVC_ASSIGN_OR_RETURN(link, connectUcx(host, port, timeout));

@@ -21,7 +21,10 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <mutex>
 #include <random>
 #include <sys/wait.h>
@@ -309,12 +312,18 @@ std::string *TransferTest::otherDir_ = nullptr;
 /// Chunks of 128 tokens x 1 layer: 4 x 4 of them.
 constexpr int64_t kChunks = 16;
 
+// The sender runs a send plan (the one savePlanFor makes for the layout
+// when none was compiled): its trace shows each object's send, and the
+// compress a lossy codec adds before it.
 TEST_F(TransferTest, DeliversTheCacheAFullPrefillMakes) {
   for (const char *spec : {"raw", "int4+zstd"}) {
     SCOPED_TRACE(spec);
     CodecSpec codec = *parseCodecSpec(spec);
     SendOptions options;
     options.codec = codec;
+    options.tracePath = ::testing::TempDir() + "/kvc-send-" +
+                        std::string(codec.isRaw() ? "raw" : "int4") + ".json";
+    std::remove(options.tracePath.c_str());
     SenderProcess sender([&](std::unique_ptr<Link> link) {
       return send(*modelDir_, std::move(link), options);
     });
@@ -333,6 +342,12 @@ TEST_F(TransferTest, DeliversTheCacheAFullPrefillMakes) {
     for (int64_t layer = 0; layer < 4; ++layer)
       EXPECT_TRUE(progress.ready(layer));
     expectVerified({codec});
+    std::ifstream in(options.tracePath);
+    const std::string trace((std::istreambuf_iterator<char>(in)),
+                            std::istreambuf_iterator<char>());
+    EXPECT_NE(trace.find("send 0:128 L0"), std::string::npos) << trace;
+    EXPECT_EQ(trace.find("compress 0:128 L0") != std::string::npos,
+              !codec.isRaw());
   }
 }
 
@@ -524,7 +539,7 @@ TEST_F(TransferTest, ASendPlanSendsInItsOrder) {
   std::vector<std::pair<int64_t, int64_t>> sent;
   StatusOr<SaveMetrics> metrics =
       sendDuringPrefill(cpuBackend(), *model_, objects, tokens_, sender,
-                        [&](const ChunkRef &ref, std::string object) {
+                        [&](const ChunkRef &ref, std::string object, double) {
                           EXPECT_EQ(ref.codec, codec);
                           KVC_ASSIGN_OR_RETURN(header, readChunkHeader(object));
                           EXPECT_EQ(header.codec, codec);

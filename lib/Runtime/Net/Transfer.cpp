@@ -143,9 +143,9 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   if (options.plan && options.chooser)
     return invalidArgument("transfer: a compiled plan sends the encoding it "
                            "chose; it takes no chooser");
-  if (!options.plan && (!options.tracePath.empty() || options.kernels))
-    return invalidArgument("transfer: a trace and a kernel table are a "
-                           "plan's; the sender has none");
+  if (!options.plan && options.kernels)
+    return invalidArgument("transfer: a kernel table is a compiled plan's; "
+                           "the sender has none");
   const StoreLayout &layout = objects.layout();
   const int64_t chunks = int64_t(
       objects.refs(tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec())
@@ -189,44 +189,58 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   SaveOptions stream;
   stream.forms = {Form::KV};
   stream.codec = options.codec;
-  stream.writers = options.writers;
   stream.bufferBytes = options.bufferBytes;
   stream.computed = options.computed;
   stream.prefillTokens = options.prefillTokens;
   stream.backend = options.backend;
-  StatusOr<SaveStats> streamed = SaveStats();
-  if (options.plan) {
-    SaveRunOptions run;
-    run.tracePath = options.tracePath;
-    run.kernels = options.kernels;
-    Clock::time_point start = Clock::now();
-    StatusOr<SaveMetrics> sent = sendDuringPrefill(
-        backendOr(options.backend), model, objects,
-        tokens, *options.plan,
-        [&](const ChunkRef &ref, std::string object) {
-          return sendChunk(ref, object, 0);
-        },
-        stream, run);
-    if (sent.isOk()) {
-      streamed->prefillSeconds = sent->prefillSeconds;
-      streamed->totalSeconds = secondsSince(start);
-      streamed->written = sent->written;
-      stats.planRun = *sent;
-    } else {
-      streamed = sent.status();
+  // One engine: a compiled send plan, or the one a compiler would write
+  // for the layout, its encodes and sends on the writers' lanes, at most
+  // the buffers' worth of objects between a gather and its send.
+  BundlePlan own;
+  if (!options.plan) {
+    const ModelConfig &config = model.config();
+    const int64_t objectBytes = std::max<int64_t>(
+        layout.chunkTokens * layout.layerGroup * 2 * config.numKvHeads *
+            config.headDim * int64_t(sizeof(float)),
+        1);
+    SavePlanShape shape;
+    shape.lanes = std::max(options.writers, 1);
+    shape.window = std::max<int64_t>(
+        int64_t(options.bufferBytes) / objectBytes, shape.lanes);
+    shape.to = StepKind::Send;
+    if (options.chooser) {
+      // Encodes beside the sends, each choosing its codec at most two lanes
+      // of objects ahead of its send: late enough that the choice
+      // hears how the link did with the sends before it.
+      shape.encodeOnLanes = true;
+      shape.window = 2 * shape.lanes;
     }
+    own = savePlanFor(objects, int64_t(tokens.size()), {Form::KV},
+                      options.codec, "peer", shape);
+  }
+  SaveRunOptions run;
+  run.tracePath = options.tracePath;
+  run.kernels = options.kernels;
+  run.chooser = options.chooser;
+  Clock::time_point start = Clock::now();
+  StatusOr<SaveMetrics> sent = sendDuringPrefill(
+      backendOr(options.backend), model, objects, tokens,
+      options.plan ? *options.plan : own,
+      [&](const ChunkRef &ref, std::string object, double encodeSeconds) {
+        return sendChunk(ref, object, encodeSeconds);
+      },
+      stream, run);
+  StatusOr<SaveStats> streamed = SaveStats();
+  if (sent.isOk()) {
+    streamed->prefillSeconds = sent->prefillSeconds;
+    streamed->totalSeconds = secondsSince(start);
+    streamed->stallSeconds = sent->stallSeconds;
+    streamed->peakBufferedBytes = sent->peakBufferedBytes;
+    streamed->written = sent->written;
+    if (options.plan)
+      stats.planRun = *sent;
   } else {
-    streamed = streamContext(
-        model, objects, tokens, stream,
-        [&](const ChunkRef &object, const float *values) -> StatusOr<bool> {
-          ChunkRef ref = object;
-          if (options.chooser)
-            ref.codec = options.chooser->choose(objects, ref, values);
-          Clock::time_point start = Clock::now();
-          KVC_ASSIGN_OR_RETURN(encoded, objects.encode(ref, values));
-          KVC_RETURN_IF_ERROR(sendChunk(ref, encoded, secondsSince(start)));
-          return true;
-        });
+    streamed = sent.status();
   }
   // The receiver recomputes whatever a failed prefill did not send; the end
   // tells it not to wait for more.

@@ -128,6 +128,7 @@ struct SaveValue {
   std::string payload;
   std::string object; ///< Encoded, once compressed.
   bool encoded = false;
+  double encodeSeconds = 0;
 };
 
 class SaveRun {
@@ -201,8 +202,14 @@ public:
         value->tier = tier;
         values_[i] = value;
         ++gathers_;
-        if (!task.entry.empty() && options_.kernels)
+        if (!task.entry.empty() && options_.kernels) {
+          if (options_.chooser)
+            return invalidArgument(
+                "save: plan " + name + "'s task " + std::to_string(i) +
+                " names a save kernel, which encodes as it was generated; "
+                "the save's codec chooser cannot choose for it");
           KVC_RETURN_IF_ERROR(useKernel(i, *value));
+        }
       } else if (!task.inputs.empty()) {
         values_[i] = values_[task.inputs.front()];
       }
@@ -370,11 +377,16 @@ private:
   Status encode(SaveValue &value) {
     if (value.encoded)
       return Status::ok();
+    if (options_.chooser && !value.kernel)
+      value.ref.codec =
+          options_.chooser->choose(*objects_, value.ref, value.values.data());
+    Clock::time_point start = Clock::now();
     StatusOr<std::string> object =
         value.kernel ? objects_->encodePayload(value.ref, value.payload)
                      : objects_->encode(value.ref, value.values.data());
     if (!object.isOk())
       return object.status();
+    value.encodeSeconds = secondsSince(start);
     value.object = std::move(*object);
     value.values = {};
     value.payload = {};
@@ -400,7 +412,8 @@ private:
   Status sendObject(SaveValue &value) {
     KVC_RETURN_IF_ERROR(encode(value));
     const int64_t bytes = int64_t(value.object.size());
-    KVC_RETURN_IF_ERROR(target_.send(value.ref, std::move(value.object)));
+    KVC_RETURN_IF_ERROR(
+        target_.send(value.ref, std::move(value.object), value.encodeSeconds));
     value.object = {};
     std::lock_guard<std::mutex> lock(mutex_);
     bytesWritten_[value.tier] += bytes;
@@ -603,8 +616,7 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
 StatusOr<SaveMetrics> sendDuringPrefill(
     Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,
-    std::function<Status(const ChunkRef &ref, std::string object)> send,
-    const SaveOptions &stream, const SaveRunOptions &run) {
+    ObjectSender send, const SaveOptions &stream, const SaveRunOptions &run) {
   SaveTarget target;
   target.send = std::move(send);
   target.objects = &objects;
@@ -685,6 +697,8 @@ BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,
     step.kind = kind;
     if (kind == StepKind::Store)
       step.tier = tier;
+    else if (kind == StepKind::Send)
+      step.node = tier;
     task.steps.push_back(step);
     plan.tasks.push_back(std::move(task));
     return plan.tasks.back().id;
@@ -697,13 +711,16 @@ BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,
         box.tokens = {t, std::min(tokens, t + layout.chunkTokens)};
         box.layers = {l, std::min(layers, l + layout.layerGroup)};
         int64_t last = add(Resource::Compute, StepKind::Gather, box, {});
-        if (!codec.isRaw()) {
+        if (!codec.isRaw() || shape.encodeOnLanes) {
           box.codec = codec; // A compress consumes its quantized input.
           box.codec.lossless = CodecSpec::Lossless::None;
           last = add(Resource::Decode, StepKind::Compress, box, last);
         }
         box.codec = codec;
-        stores.push_back(add(Resource::IO, StepKind::Store, box, last));
+        const bool sends = shape.to == StepKind::Send;
+        stores.push_back(add(sends ? Resource::Net : Resource::IO,
+                             sends ? StepKind::Send : StepKind::Store, box,
+                             last));
       }
   return plan;
 }

@@ -4,10 +4,13 @@
 // KV and streams it to the decode node over a Link while it computes, the
 // decode node writes each chunk into its paged cache as it arrives.
 //
-//   sender     streamContext (Saver.h) prefills chunk by chunk; every KV
-//              object (a token chunk x a layer group) goes out as soon as
-//              its layers are computed, encoded with the codec the options
-//              choose for it, from writer threads, overlapping the prefill
+//   sender     a send plan beside the prefill (sendDuringPrefill,
+//              SavePlan.h), the one savePlanFor makes for the layout
+//              unless a compiled one is given: every KV object (a token
+//              chunk x a layer group) is gathered as soon as its layers
+//              are computed, encoded on a decode lane (in the codec the
+//              options' chooser picks for it, when one is set) and sent on
+//              one of `writers` net lanes, overlapping the prefill
 //   receiver   checks each message, decodes it, uploads and scatters it,
 //              counting its layers in a LayerProgress as a restore does
 //
@@ -25,10 +28,8 @@
 // encoding the receiver accepts (sendOptionsFor, receiveOptionsFor), and
 // each end runs its plan's tasks on its lanes, in its order:
 //
-//   sender     the send plan beside the prefill (sendDuringPrefill,
-//              SavePlan.h): gathers take the objects the prefill hands
-//              over, encodes run on the plan's lanes, sends put them on the
-//              link one at a time
+//   sender     the compiled send plan, run as above (sends put the objects
+//              on the link one at a time)
 //   receiver   the receive plan in the executor (Executor.h): its recvs
 //              read an inbox the link fills, each waiting for its object,
 //              and a recv whose object never arrives intact is recomputed
@@ -51,25 +52,11 @@
 
 namespace kvc {
 
-/// Chooses each chunk's encoding as it is sent, and hears how each send
-/// went (CodecController.h: KVServe's). Called from the sender's writer
-/// threads.
-class CodecChooser {
-public:
-  virtual ~CodecChooser() = default;
-  /// The encoding of the chunk `ref` holding `values` (its shape, fp32).
-  virtual CodecSpec choose(const ChunkObjects &objects, const ChunkRef &ref,
-                           const float *values) = 0;
-  /// A chunk of `rawBytes` (its raw encoding's size) went out as `bytes`
-  /// encoded with `codec`: its encoding took `encodeSeconds`, its send on
-  /// the link `sendSeconds`.
-  virtual void sent(const CodecSpec &codec, size_t rawBytes, size_t bytes,
-                    double encodeSeconds, double sendSeconds) = 0;
-};
-
 struct SendOptions {
   /// The encoding of every chunk, unless a chooser is set.
   CodecSpec codec;
+  /// Chooses each chunk's encoding at its encode step (SaveRunOptions);
+  /// not with a compiled plan, which sends the encoding it chose.
   CodecChooser *chooser = nullptr;
   /// The request's KV computed before: sent without a prefill.
   const ModelCompute::Cache *computed = nullptr;
@@ -81,14 +68,18 @@ struct SendOptions {
   /// first layers complete first. 0: one chunk, or the send plan's
   /// `prefill_step` (sendOptionsFor).
   int64_t prefillTokens = 0;
+  /// Without a compiled plan: the lanes the encodes and the sends run on,
+  /// and at most `bufferBytes`' worth of objects (fp32) between their
+  /// gather and their send; the prefill's hand-over holds at most that
+  /// much too.
   int writers = 2;
   size_t bufferBytes = size_t(256) << 20;
   /// How long to wait for the receiver's answers.
   Milliseconds timeout{10000};
-  /// The compiled send plan to run (sendOptionsFor), instead of the
-  /// writers streaming every object as the prefill completes it.
+  /// The compiled send plan to run (sendOptionsFor), instead of the one
+  /// savePlanFor makes for the layout.
   const BundlePlan *plan = nullptr;
-  /// Writes the plan's Chrome trace here when not empty.
+  /// Writes the send plan's Chrome trace here when not empty.
   std::string tracePath;
   /// The plan bundle's kernel table: a send plan's gathers that name a
   /// generated save kernel encode on the device, where the backend launches
@@ -97,7 +88,7 @@ struct SendOptions {
 };
 
 struct SendStats {
-  SaveStats stream; ///< The prefill and its writers.
+  SaveStats stream; ///< The prefill and the send plan beside it.
   int64_t chunks = 0, bytes = 0;
   /// Seconds the link took to take the chunks (sends are serialized).
   double sendSeconds = 0;

@@ -148,15 +148,37 @@ private:
 };
 
 /// What one save reads and writes.
+/// Chooses each object's encoding at its encode step, over the plan's
+/// (KVServe's controller for a transfer's sender: CodecController.h), and
+/// hears how each went. Called from the save's lanes.
+class CodecChooser {
+public:
+  virtual ~CodecChooser() = default;
+  /// The encoding of the object `ref` holding `values` (its shape, fp32).
+  virtual CodecSpec choose(const ChunkObjects &objects, const ChunkRef &ref,
+                           const float *values) = 0;
+  /// An object of `rawBytes` (its raw encoding's size) went out as `bytes`
+  /// encoded with `codec`: its encoding took `encodeSeconds`, its send on
+  /// the link `sendSeconds`.
+  virtual void sent(const CodecSpec &codec, size_t rawBytes, size_t bytes,
+                    double encodeSeconds, double sendSeconds) = 0;
+};
+
+/// Where a send plan's sends go: each object as encoded (its ref's codec
+/// the encoding it went out in), with the seconds its encode took, from
+/// the task that sends it.
+using ObjectSender = std::function<Status(const ChunkRef &ref,
+                                          std::string object,
+                                          double encodeSeconds)>;
+
 struct SaveTarget {
   /// Where the gathers read.
   SaveSource *source = nullptr;
   /// Stores by tier name (the `tier` of the plan's stores).
   std::map<std::string, ChunkStore *> stores;
-  /// Where a send plan's sends go (a transfer's sender, Transfer.h): each
-  /// object as encoded, from the task that sends it, in the plan's order on
-  /// its lanes.
-  std::function<Status(const ChunkRef &ref, std::string object)> send;
+  /// Where a send plan's sends go (a transfer's sender, Transfer.h), in
+  /// the plan's order on its lanes.
+  ObjectSender send;
   /// The layout and encoder of a send plan's objects (a store plan's are
   /// its store's).
   const ChunkObjects *objects = nullptr;
@@ -178,6 +200,10 @@ struct SaveRunOptions {
   /// Set (by another thread or a signal handler) to stop the save: its next
   /// task fails with saveInterrupted() and the save takes back what it wrote.
   const std::atomic<bool> *cancel = nullptr;
+  /// Chooses each object's encoding as it is encoded, instead of the plan's
+  /// (a plan whose gathers name save kernels, which encode as they were
+  /// generated, refuses one).
+  CodecChooser *chooser = nullptr;
 };
 
 struct SaveMetrics {
@@ -241,8 +267,8 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
 StatusOr<SaveMetrics> sendDuringPrefill(
     Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,
-    std::function<Status(const ChunkRef &ref, std::string object)> send,
-    const SaveOptions &stream = {}, const SaveRunOptions &run = {});
+    ObjectSender send, const SaveOptions &stream = {},
+    const SaveRunOptions &run = {});
 
 /// How savePlanFor spreads a save: its encodes and stores over `lanes`
 /// lanes of their pools (the two-stage saver's writers), and at most
@@ -250,16 +276,23 @@ StatusOr<SaveMetrics> sendDuringPrefill(
 /// the gather of the i-th object waits for the store of the (i -
 /// window)-th, so that a store slower than the prefill holds the prefill
 /// back instead of the plan holding every object.
+/// A plan that sends (`to` Send) has its objects sent to the peer `tier`
+/// names, on net lanes. `encodeOnLanes` gives every object a compress on a
+/// decode lane even where the codec is raw: a save whose chooser picks
+/// each object's codec (SaveRunOptions::chooser) encodes there, beside the
+/// sends, rather than on the lane that sends it.
 struct SavePlanShape {
   int64_t lanes = 1;
   int64_t window = 0;
+  StepKind to = StepKind::Store;
+  bool encodeOnLanes = false;
 };
 
 /// The save plan a caller without the compiler runs: per object of
 /// `objects`' layout for `tokens` tokens and each of `forms`, a gather on
 /// the compute lane, a compress on a decode lane (for a codec with a stage
-/// past raw) and a store to `tier` on an io lane, in the order a prefill
-/// completes them.
+/// past raw) and a store to `tier` on an io lane (or a send to the peer
+/// `tier` on a net lane), in the order a prefill completes them.
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,
                        const std::vector<Form> &forms, const CodecSpec &codec,
                        const std::string &tier,

@@ -14,6 +14,22 @@ using namespace kvc::exec_test;
 
 namespace {
 
+/// Picks int8+zstd for objects of even layers, raw for the others.
+class Picks : public CodecChooser {
+public:
+  static CodecSpec codecOf(const ChunkRef &ref) {
+    return ref.layerBegin % 2 == 0 ? *parseCodecSpec("int8+zstd")
+                                   : CodecSpec();
+  }
+  CodecSpec choose(const ChunkObjects &, const ChunkRef &ref,
+                   const float *) override {
+    ++chosen;
+    return codecOf(ref);
+  }
+  void sent(const CodecSpec &, size_t, size_t, double, double) override {}
+  std::atomic<int64_t> chosen{0};
+};
+
 class SavePlanTest : public ExecutorTest {
 protected:
   void SetUp() override {
@@ -264,6 +280,47 @@ TEST_F(SavePlanTest, RefusesWhatItCannotSave) {
       }
   EXPECT_EQ(refusal(sends), "save: plan save sends to \"decode\", and the "
                             "save has no sender");
+  // A save kernel encodes as it was generated: no chooser picks for it.
+  BundlePlan kernelled = plan();
+  kernelled.tasks[0].entry = "kvc_save_raw_bf16_t64_l1";
+  const std::vector<BundleKernel> none;
+  Picks picks;
+  SaveRunOptions choosing;
+  choosing.kernels = &none;
+  choosing.chooser = &picks;
+  StatusOr<SaveMetrics> refused = runSave(kernelled, nullptr, choosing);
+  ASSERT_FALSE(refused.isOk());
+  EXPECT_EQ(refused.status().message(),
+            "save: plan save's task 0 names a save kernel, which encodes as "
+            "it was generated; the save's codec chooser cannot choose for it");
+}
+
+// A chooser picks each object's codec as it is encoded, over the plan's
+// (a compress on every object's lanes, also under a raw default): the
+// store holds each object in the codec it was given, and the chooser heard
+// nothing of sends (a store has none).
+TEST_F(SavePlanTest, AChooserPicksEachObjectsCodec) {
+  prefill();
+  SavePlanShape shape;
+  shape.lanes = 2;
+  shape.encodeOnLanes = true;
+  Picks picks;
+  SaveRunOptions options;
+  options.chooser = &picks;
+  StatusOr<SaveMetrics> saved = runSave(
+      savePlanFor(*saved_, kTokens, {Form::KV}, CodecSpec(), "disk", shape),
+      nullptr, options);
+  ASSERT_TRUE(saved.isOk()) << saved.status().toString();
+  const std::vector<ChunkRef> refs =
+      saved_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec());
+  EXPECT_EQ(saved->written, int64_t(refs.size()));
+  EXPECT_EQ(picks.chosen.load(), int64_t(refs.size()));
+  for (const ChunkRef &ref : refs) {
+    StatusOr<std::vector<CodecSpec>> held = saved_->encodings(ref);
+    ASSERT_TRUE(held.isOk()) << held.status().toString();
+    EXPECT_EQ(*held, std::vector<CodecSpec>{Picks::codecOf(ref)})
+        << ref.name();
+  }
 }
 
 } // namespace

@@ -225,6 +225,12 @@ double CostModel::h2dSeconds(double bytes) const {
   return target_.link.latencyUs * 1e-6 + bytes / (target_.link.h2dGBs * 1e9);
 }
 
+double CostModel::uploadCheckSeconds(double storedBytes) const {
+  return target_.host.checkGBs > 0
+             ? storedBytes / (target_.host.checkGBs * 1e9)
+             : 0;
+}
+
 double CostModel::d2hSeconds(double bytes) const {
   return target_.link.latencyUs * 1e-6 + bytes / (target_.link.d2hGBs * 1e9);
 }

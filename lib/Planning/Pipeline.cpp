@@ -35,8 +35,9 @@ private:
 
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
                                        bool toCache, StepKind from) {
-  Journey journey(from, {form, codec, /*onDevice=*/false});
+  Journey journey(from, {form, codec, /*onDevice=*/false, /*asStored=*/true});
   ChunkState next = journey.state();
+  next.asStored = false; // Whatever reads them next checks them.
   if (codec.lossless != CodecSpec::Lossless::None) {
     next.codec.lossless = CodecSpec::Lossless::None;
     journey.then(StepKind::Decompress, next);
@@ -163,6 +164,11 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
     break;
   case StepKind::TransferToDevice:
     c.seconds = cost.h2dSeconds(encoded(step.in));
+    // Without a decompress before it (a chunk stored with no lossless
+    // stage), the upload checks the stored objects and copies them out
+    // first (ChunkSteps::toDevice).
+    if (step.in.asStored)
+      c.seconds += cost.uploadCheckSeconds(encoded(step.in));
     break;
   case StepKind::Dequant:
     c.seconds = cost.dequantSeconds(step.in.codec, raw(step.in));

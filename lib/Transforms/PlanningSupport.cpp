@@ -219,12 +219,20 @@ StepCost mlir::kvc::getStepCost(Operation *step,
   if (!kind)
     return {};
   // The step as Pipeline.h describes it: what it reads and what it
-  // produces, over its chunk's tokens and layers.
+  // produces, over its chunk's tokens and layers; a chunk a fetch or a recv
+  // produced is as stored (through the task that yields it, if any).
   auto stateOf = [](Value value) {
     auto chunk = cast<ChunkType>(value.getType());
-    return planning::ChunkState{toVocabulary(chunk.getForm()),
-                                getCodecSpec(chunk.getCodec()),
-                                chunk.getSpace() == Space::device};
+    Operation *producer = value.getDefiningOp();
+    if (auto task = dyn_cast_or_null<TaskOp>(producer)) {
+      auto result = cast<OpResult>(value);
+      auto yield = cast<YieldOp>(task.getBody().front().getTerminator());
+      producer = yield->getOperand(result.getResultNumber() - 1).getDefiningOp();
+    }
+    return planning::ChunkState{
+        toVocabulary(chunk.getForm()), getCodecSpec(chunk.getCodec()),
+        chunk.getSpace() == Space::device,
+        isa_and_nonnull<FetchOp, RecvOp>(producer)};
   };
   Value chunk = step->getNumOperands() ? step->getOperand(0) : Value();
   Value result = step->getNumResults() ? step->getResult(0) : Value();

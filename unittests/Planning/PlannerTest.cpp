@@ -199,6 +199,32 @@ TEST(Pipeline, RestoreStepsFollowTheCodecsStages) {
             K::Untransform);
 }
 
+TEST(Pipeline, AnUploadOfStoredObjectsPaysTheHostCheck) {
+  // Without a decompress (a chunk stored with no lossless stage) the upload
+  // checks the stored objects and copies them out first, at
+  // host.check_gbs. After a decompress it copies decoded values only.
+  ModelConfig m = model(4, 32, 8, 128);
+  TargetDesc checked = target("a100-40gb");
+  checked.host.checkGBs = 4;
+  const CostModel plain(m, target("a100-40gb"), CodecProfile::defaults()),
+      cost(m, checked, CodecProfile::defaults());
+  const Box box{0, 256, 0, 4};
+  auto upload = [&](const CostModel &model, const char *spec) {
+    for (const PipelineStep &step :
+         restoreSteps(Form::KV, *parseCodecSpec(spec), true))
+      if (step.kind == StepKind::TransferToDevice)
+        return stepCost(model, step, box, nullptr).seconds;
+    return -1.0;
+  };
+  const double raw = cost.rawBytes(Form::KV, 256, 4);
+  EXPECT_DOUBLE_EQ(upload(cost, "raw"), upload(plain, "raw") + raw / 4e9);
+  const double int4 =
+      cost.encodedBytes(Form::KV, *parseCodecSpec("int4"), 256, 4);
+  EXPECT_DOUBLE_EQ(upload(cost, "int4"), upload(plain, "int4") + int4 / 4e9);
+  EXPECT_DOUBLE_EQ(upload(cost, "int4+zstd"), upload(plain, "int4+zstd"));
+  EXPECT_DOUBLE_EQ(upload(cost, "lz4"), upload(plain, "lz4"));
+}
+
 TEST(Pipeline, TheSimulatorPricesAChunkAsItsSteps) {
   // One chunk of hidden states, compressed: nothing overlaps, so the
   // simulated time is the sum of its steps' costs, the scatter priced on

@@ -108,6 +108,10 @@ public:
   /// Host encoding (save and transfer paths) of `rawBytes`.
   double hostEncodeSeconds(const CodecSpec &codec, double rawBytes) const;
   double h2dSeconds(double bytes) const;
+  /// The host's check of `storedBytes` of objects an upload reads as stored
+  /// (no decompress before it): `host.check_gbs`, nothing where the target
+  /// gives none.
+  double uploadCheckSeconds(double storedBytes) const;
   double d2hSeconds(double bytes) const;
   /// One write of `bytes` on one lane of `tier`.
   double writeSeconds(const TierDesc &tier, double bytes) const;

@@ -37,6 +37,9 @@ struct ChunkState {
   Form form = Form::KV;
   CodecSpec codec;
   bool onDevice = false;
+  /// The stored objects as a fetch or a recv read them: no decompress has
+  /// checked and copied them out yet (an upload of them does).
+  bool asStored = false;
 };
 
 /// One step of a chunk's journey and the data it reads and produces (a

@@ -3,8 +3,10 @@
 #include "kvc/Host/Tools/Calibrate.h"
 #include "kvc/Host/Tools/CodecTiming.h"
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/HostWorkers.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
 #include "kvc/Runtime/Device/TaskGraph.h"
 
 #include "kvc/Planning/ComputeFit.h"
@@ -86,6 +88,49 @@ std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     tokens[i] = int32_t((i * 7919) % config.vocabSize);
   return tokens;
+}
+
+/// GB/s of stored objects a restore's upload checks and copies out where
+/// no decode step did (ChunkSteps::decodeElements): the model's layers (at
+/// most 32) as one chunk of `tokens` tokens stored raw, an object a layer,
+/// every object checked and copied at once on the host workers; the best of
+/// 5 rounds.
+StatusOr<double> measureUploadCheck(const ModelCompute &model, int64_t tokens) {
+  const ModelConfig &config = model.config();
+  ModelConfig shape = config;
+  shape.numLayers = std::min<int64_t>(config.numLayers, 32);
+  ChunkObjects objects(shape, model.fingerprint(), "", StoreLayout{tokens, 1});
+  const std::vector<int32_t> prompt = calibrationTokens(config, tokens);
+  const std::vector<ChunkRef> refs =
+      objects.refs(prompt.data(), tokens, Form::KV, CodecSpec());
+  std::vector<std::string> stored;
+  std::vector<float> values;
+  int64_t bytes = 0, words = 0;
+  for (const ChunkRef &ref : refs) {
+    values.resize(size_t(objects.shape(ref).numel()));
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    KVC_ASSIGN_OR_RETURN(object, objects.encode(ref, values.data()));
+    bytes += int64_t(object.size());
+    words += objects.shape(ref).numel();
+    stored.push_back(std::move(object));
+  }
+  std::vector<uint16_t> out(static_cast<size_t>(words));
+  double best = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::vector<Status> checked(refs.size(), Status::ok());
+    Clock::time_point start = Clock::now();
+    hostWorkers().forEach(refs.size(), [&](std::size_t o) {
+      checked[o] = objects.decode(
+          refs[o], stored[o],
+          out.data() + int64_t(o) * objects.shape(refs[o]).numel());
+    });
+    const double seconds = secondsSince(start);
+    for (const Status &status : checked)
+      KVC_RETURN_IF_ERROR(status);
+    best = std::max(best, double(bytes) / seconds / 1e9);
+  }
+  return best;
 }
 
 } // namespace
@@ -225,6 +270,13 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
                  link, memory);
     c.memGBs = memory;
     target.link.h2dGBs = target.link.d2hGBs = link;
+    KVC_ASSIGN_OR_RETURN(check,
+                         measureUploadCheck(model, referenceChunkTokens(config)));
+    target.host.checkGBs = check;
+    std::fprintf(log,
+                 "upload check: %.2f GB/s of stored objects checked and "
+                 "copied out on %d host threads\n",
+                 check, hostWorkers().workers() + 1);
   }
 
   // Hand-offs between lanes: a task released by a task on another resource

@@ -78,7 +78,9 @@ Status parseHost(const Json &obj, const std::string &path, HostDesc &h) {
       readNumber(obj, path, "dram_gib", h.dramGiB, Presence::Required));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "nic_gbs", h.nicGBs, Presence::Optional));
-  return readNumber(obj, path, "handoff_us", h.handoffUs, Presence::Optional);
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, path, "handoff_us", h.handoffUs, Presence::Optional));
+  return readNumber(obj, path, "check_gbs", h.checkGBs, Presence::Optional);
 }
 
 Status parseLink(const Json &obj, const std::string &path, LinkDesc &l) {
@@ -159,6 +161,7 @@ Status TargetDesc::validate() const {
   KVC_RETURN_IF_ERROR(checkPositive(host.dramGiB, "host.dram_gib"));
   KVC_RETURN_IF_ERROR(checkPositive(host.nicGBs, "host.nic_gbs", true));
   KVC_RETURN_IF_ERROR(checkPositive(host.handoffUs, "host.handoff_us", true));
+  KVC_RETURN_IF_ERROR(checkPositive(host.checkGBs, "host.check_gbs", true));
   KVC_RETURN_IF_ERROR(checkPositive(link.h2dGBs, "link.h2d_gbs"));
   KVC_RETURN_IF_ERROR(checkPositive(link.d2hGBs, "link.d2h_gbs"));
   KVC_RETURN_IF_ERROR(checkPositive(link.latencyUs, "link.latency_us", true));
@@ -285,6 +288,8 @@ std::string printTargetDesc(const TargetDesc &target) {
                  {"nic_gbs", target.host.nicGBs}};
   if (target.host.handoffUs > 0)
     obj["host"]["handoff_us"] = target.host.handoffUs;
+  if (target.host.checkGBs > 0)
+    obj["host"]["check_gbs"] = target.host.checkGBs;
   obj["link"] = {{"h2d_gbs", target.link.h2dGBs},
                  {"d2h_gbs", target.link.d2hGBs},
                  {"latency_us", target.link.latencyUs}};

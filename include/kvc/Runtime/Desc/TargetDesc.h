@@ -56,6 +56,13 @@ struct HostDesc {
   /// restore's start) releases it: the wake-up of that resource's idle
   /// worker thread. kvc-run calibrate measures it; 0 when not given.
   double handoffUs = 0;
+  /// Bytes a second of stored objects a restore's upload checks and copies
+  /// out on the host before the copy to the device, where no decode step
+  /// did (a chunk stored with no lossless stage: its checksums and
+  /// non-finite values checked, its payload copied into staging, on the
+  /// host workers). kvc-run calibrate measures it; 0 when not given, and
+  /// then not priced.
+  double checkGBs = 0;
 };
 
 /// The host<->device link (PCIe; a memcpy for a CPU target).

@@ -160,7 +160,10 @@ def KVC_HostAttr : KVC_Attr<"Host", "host"> {
     KVC_F64Parameter<"GiB">:$dram_gib,
     KVC_F64Parameter<"GB/s">:$nic_gbs,
     KVC_F64Parameter<"us a task waits to start after a task on another "
-                     "resource releases it", "0.0">:$handoff_us
+                     "resource releases it", "0.0">:$handoff_us,
+    KVC_F64Parameter<"GB/s of stored objects an upload checks and copies "
+                     "out on the host where no decode step did (0: not "
+                     "priced)", "0.0">:$check_gbs
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

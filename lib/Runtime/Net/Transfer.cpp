@@ -198,15 +198,8 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   // the buffers' worth of objects between a gather and its send.
   BundlePlan own;
   if (!options.plan) {
-    const ModelConfig &config = model.config();
-    const int64_t objectBytes = std::max<int64_t>(
-        layout.chunkTokens * layout.layerGroup * 2 * config.numKvHeads *
-            config.headDim * int64_t(sizeof(float)),
-        1);
-    SavePlanShape shape;
-    shape.lanes = std::max(options.writers, 1);
-    shape.window = std::max<int64_t>(
-        int64_t(options.bufferBytes) / objectBytes, shape.lanes);
+    SavePlanShape shape = savePlanShape(model.config(), layout,
+                                        options.writers, options.bufferBytes);
     shape.to = StepKind::Send;
     if (options.chooser) {
       // Encodes beside the sends, each choosing its codec at most two lanes

@@ -636,20 +636,11 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   // its encodes and writes on the options' writers, at most the buffers'
   // worth of objects between a gather and its store. Options the prefill
   // refuses are refused before it starts.
-  const ModelConfig &config = model.config();
-  const StoreLayout &layout = store.layout();
-  KVC_RETURN_IF_ERROR(prefillSpan(options, layout).status());
-  const int64_t widest = std::max(2 * config.numKvHeads * config.headDim,
-                                  config.hiddenSize);
-  const int64_t objectBytes = std::max<int64_t>(
-      layout.chunkTokens * layout.layerGroup * widest * int64_t(sizeof(float)),
-      1);
-  SavePlanShape shape;
-  shape.lanes = std::max(options.writers, 1);
-  shape.window = std::max<int64_t>(int64_t(options.bufferBytes) / objectBytes,
-                                   shape.lanes);
-  BundlePlan plan = savePlanFor(store, int64_t(tokens.size()), options.forms,
-                                options.codec, "store", shape);
+  KVC_RETURN_IF_ERROR(prefillSpan(options, store.layout()).status());
+  BundlePlan plan = savePlanFor(
+      store, int64_t(tokens.size()), options.forms, options.codec, "store",
+      savePlanShape(model.config(), store.layout(), options.writers,
+                    options.bufferBytes));
   SaveRunOptions run;
   run.cancel = options.cancel;
   StatusOr<SaveMetrics> metrics =
@@ -667,6 +658,20 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   stats.written = metrics->written;
   stats.skipped = metrics->skipped;
   return stats;
+}
+
+SavePlanShape savePlanShape(const ModelConfig &model, const StoreLayout &layout,
+                            int writers, size_t bufferBytes) {
+  const int64_t widest =
+      std::max(2 * model.numKvHeads * model.headDim, model.hiddenSize);
+  const int64_t objectBytes = std::max<int64_t>(
+      layout.chunkTokens * layout.layerGroup * widest * int64_t(sizeof(float)),
+      1);
+  SavePlanShape shape;
+  shape.lanes = std::max(writers, 1);
+  shape.window =
+      std::max<int64_t>(int64_t(bufferBytes) / objectBytes, shape.lanes);
+  return shape;
 }
 
 BundlePlan savePlanFor(const ChunkObjects &objects, int64_t tokens,

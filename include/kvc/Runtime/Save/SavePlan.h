@@ -288,6 +288,12 @@ struct SavePlanShape {
   bool encodeOnLanes = false;
 };
 
+/// A save's shape on `writers` lanes with at most `bufferBytes` of objects
+/// (fp32, of the model's widest form) between a gather and its store or
+/// send: a window of at least one object a lane.
+SavePlanShape savePlanShape(const ModelConfig &model, const StoreLayout &layout,
+                            int writers, size_t bufferBytes);
+
 /// The save plan a caller without the compiler runs: per object of
 /// `objects`' layout for `tokens` tokens and each of `forms`, a gather on
 /// the compute lane, a compress on a decode lane (for a codec with a stage

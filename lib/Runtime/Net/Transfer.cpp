@@ -202,11 +202,11 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
                                         options.writers, options.bufferBytes);
     shape.to = StepKind::Send;
     if (options.chooser) {
-      // Encodes beside the sends, each choosing its codec at most two lanes
-      // of objects ahead of its send: late enough that the choice
+      // Encodes beside the sends, each choosing its codec at most four
+      // objects a lane ahead of its send: late enough that the choice
       // hears how the link did with the sends before it.
       shape.encodeOnLanes = true;
-      shape.window = 2 * shape.lanes;
+      shape.window = 4 * shape.lanes;
     }
     own = savePlanFor(objects, int64_t(tokens.size()), {Form::KV},
                       options.codec, "peer", shape);

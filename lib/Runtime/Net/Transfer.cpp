@@ -218,18 +218,11 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   Clock::time_point start = Clock::now();
   StatusOr<SaveMetrics> sent = sendDuringPrefill(
       backendOr(options.backend), model, objects, tokens,
-      options.plan ? *options.plan : own,
-      [&](const ChunkRef &ref, std::string object, double encodeSeconds) {
-        return sendChunk(ref, object, encodeSeconds);
-      },
-      stream, run);
+      options.plan ? *options.plan : own, sendChunk, stream, run);
   StatusOr<SaveStats> streamed = SaveStats();
   if (sent.isOk()) {
-    streamed->prefillSeconds = sent->prefillSeconds;
-    streamed->totalSeconds = secondsSince(start);
-    streamed->stallSeconds = sent->stallSeconds;
-    streamed->peakBufferedBytes = sent->peakBufferedBytes;
-    streamed->written = sent->written;
+    streamed = saveStats(*sent);
+    streamed->totalSeconds = secondsSince(start); // The sender's setup too.
     if (options.plan)
       stats.planRun = *sent;
   } else {

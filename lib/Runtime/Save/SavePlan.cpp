@@ -649,14 +649,18 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   if (!metrics.isOk() && options.cancel && options.cancel->load())
     return saveInterrupted(); // Whichever task saw it, the save was stopped.
   KVC_RETURN_IF_ERROR(metrics.status());
+  return saveStats(*metrics);
+}
+
+SaveStats saveStats(const SaveMetrics &metrics) {
   SaveStats stats;
-  stats.prefillSeconds = metrics->prefillSeconds;
+  stats.prefillSeconds = metrics.prefillSeconds;
   // The save starts just after the prefill: the later end of the two.
-  stats.totalSeconds = std::max(metrics->prefillSeconds, metrics->makespanSeconds);
-  stats.stallSeconds = metrics->stallSeconds;
-  stats.peakBufferedBytes = metrics->peakBufferedBytes;
-  stats.written = metrics->written;
-  stats.skipped = metrics->skipped;
+  stats.totalSeconds = std::max(metrics.prefillSeconds, metrics.makespanSeconds);
+  stats.stallSeconds = metrics.stallSeconds;
+  stats.peakBufferedBytes = metrics.peakBufferedBytes;
+  stats.written = metrics.written;
+  stats.skipped = metrics.skipped;
   return stats;
 }
 

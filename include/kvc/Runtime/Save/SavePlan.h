@@ -288,6 +288,11 @@ struct SavePlanShape {
   bool encodeOnLanes = false;
 };
 
+/// A run beside a prefill (saveDuringPrefill, sendDuringPrefill) as the
+/// two-stage saver reported it: its total the later end of the prefill and
+/// the plan.
+SaveStats saveStats(const SaveMetrics &metrics);
+
 /// A save's shape on `writers` lanes with at most `bufferBytes` of objects
 /// (fp32, of the model's widest form) between a gather and its store or
 /// send: a window of at least one object a lane.

@@ -20,7 +20,7 @@
 //   joint      the Connector decides with every strategy (its own compute
 //              beside the loads: Cake, HCache and their joint plan).
 //
-// The server's forward pass over its tokens (Backend::decode) runs beside
+// The server's forward pass over its tokens (ModelRunner::decode) runs beside
 // the load, each layer gated on the load's writing it (waitLayer), as the
 // planner prices it; recomputing is the same pass over every token.
 //
@@ -131,6 +131,8 @@ struct Server {
   int64_t blocks;
   std::vector<uint16_t> memory;
   PagedKVCache *cache = nullptr; ///< The Connector's view of `memory`.
+  /// The model's forward pass on the server's device.
+  std::unique_ptr<ModelRunner> runner = cpuDevice().createRunner(model);
 
   ServerCaches caches() {
     const ModelConfig &c = model.config();
@@ -152,21 +154,21 @@ struct Server {
   Status prefill(const std::vector<int32_t> &tokens, int64_t from,
                  const std::vector<int32_t> &ids) {
     BlockTable table{ids};
-    return cpuBackend().prefillInto(model, *cache, table, tokens.data() + from,
-                                    from, int64_t(tokens.size()) - from,
-                                    model.config().numLayers);
+    return runner->prefillInto(*cache, table, tokens.data() + from, from,
+                               int64_t(tokens.size()) - from,
+                               model.config().numLayers);
   }
 
   /// The server's forward pass over [from, n) to its first token, each
   /// layer after `attend` returns for it.
   Status forward(const std::vector<int32_t> &tokens, int64_t from,
                  const std::vector<int32_t> &ids,
-                 const Backend::LayerGate &attend = {}) {
+                 const ModelRunner::LayerGate &attend = {}) {
     BlockTable table{ids};
     logits.resize(model.config().vocabSize);
-    return cpuBackend().decode(model, *cache, table, from, tokens.data() + from,
-                               int64_t(tokens.size()) - from, logits.data(),
-                               attend);
+    return runner->decode(*cache, table, from, tokens.data() + from,
+                          int64_t(tokens.size()) - from, logits.data(),
+                          attend);
   }
   std::vector<float> logits;
 };
@@ -250,7 +252,7 @@ Status run(const Flags &flags) {
   if (flags.calibrate) {
     std::FILE *quiet = std::fopen("/dev/null", "w");
     StatusOr<TargetDesc> calibrated =
-        calibrate(cpuBackend(), *model, base, scratch, quiet ? quiet : stderr);
+        calibrate(cpuDevice(), *model, base, scratch, quiet ? quiet : stderr);
     if (quiet)
       std::fclose(quiet);
     KVC_ASSIGN_OR_RETURN(measured, std::move(calibrated));

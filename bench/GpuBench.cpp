@@ -5,16 +5,16 @@
 // Measures on one GPU, in one run, the backend's paths beside what the
 // hardware does without it:
 //
-//   upload   the backend's host-to-device path (Backend::uploadGBs: a
+//   upload   the backend's host-to-device path (Device::uploadGBs: a
 //            pageable 256 MiB chunk through the lane's pinned staging)
 //            against cudaMemcpyAsync of 256 MiB from pinned memory;
 //   gemm     cuBLAS's bf16 rate (cublasGemmEx, fp32 accumulation, 8192^3),
 //            which prefill's MFU is taken against;
 //   prefill  N tokens from position 0 through every layer into a paged
-//            cache (Backend::prefillInto): FLOPs of the projections, MLP
+//            cache (ModelRunner::prefillInto): FLOPs of the projections, MLP
 //            and causal attention per second, and that over the GEMM rate;
 //   project  HCache's projection of the same N tokens' hidden states, every
-//            layer (Backend::project), alone and with their upload: per
+//            layer (ModelRunner::project), alone and with their upload: per
 //            token against the prefill's time.
 //
 // Each time is the fastest of R runs after a warm-up. Prints a table and,
@@ -24,8 +24,9 @@
 
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/Half.h"
-#include "kvc/Runtime/Cuda/CudaBackend.h"
+#include "kvc/Runtime/Cuda/CudaDevice.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -153,12 +154,12 @@ int main(int argc, char **argv) {
                          "and --repeat must be positive\n");
     return 2;
   }
-  StatusOr<std::unique_ptr<Backend>> created = createCudaBackend({});
+  StatusOr<std::unique_ptr<Device>> created = createCudaDevice({});
   if (!created) {
     std::printf("skipped: %s\n", created.status().toString().c_str());
     return 77;
   }
-  Backend &backend = **created;
+  Device &backend = **created;
   StatusOr<std::unique_ptr<LlamaModel>> loaded = LlamaModel::load(modelDir);
   check(loaded.status());
   const LlamaModel &model = **loaded;
@@ -179,6 +180,7 @@ int main(int argc, char **argv) {
   // Prefill of N tokens from position 0, every layer.
   PagedCacheConfig config{layers, c.numKvHeads,       c.headDim,
                           16,     (tokens + 15) / 16, 0};
+  std::unique_ptr<ModelRunner> runner = backend.createRunner(model);
   StatusOr<std::unique_ptr<PagedKVCache>> cache = backend.createCache(config);
   check(cache.status());
   StatusOr<BlockTable> table = (*cache)->allocate(tokens);
@@ -188,8 +190,7 @@ int main(int argc, char **argv) {
   for (int32_t &id : ids)
     id = int32_t(random() % uint32_t(c.vocabSize));
   const double prefillSeconds = fastest(repeat, [&] {
-    check(backend.prefillInto(model, **cache, *table, ids.data(), 0, tokens,
-                              layers));
+    check(runner->prefillInto(**cache, *table, ids.data(), 0, tokens, layers));
   });
   // Causal attention: QK^T and PV over position + 1 keys for each query.
   const double attentionFlops = 4.0 * double(c.numHeads * c.headDim) *
@@ -209,7 +210,7 @@ int main(int argc, char **argv) {
   const double uploadSeconds =
       fastest(repeat, [&] { check(backend.upload(hidden, false, *states)); });
   const double projectSeconds = fastest(repeat, [&] {
-    check(backend.project(model, *states, DType::BF16, box, *kv).status());
+    check(runner->project(*states, DType::BF16, box, *kv).status());
   });
 
   std::printf("kvc-gpu-bench: %s, %lld tokens, fastest of %d runs\n",

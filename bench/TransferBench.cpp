@@ -68,7 +68,7 @@ StatusOr<double> transfer(const Setup &setup, double gbs,
       return;
     }
     StatusOr<std::unique_ptr<host::Destination>> into = host::destinationFor(
-        cpuBackend(), *setup.model, setup.tokens, nullptr, {});
+        cpuDevice(), *setup.model, setup.tokens, nullptr, {});
     if (!into.isOk()) {
       received = into.status();
       return;

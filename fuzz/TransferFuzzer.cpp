@@ -111,7 +111,7 @@ std::vector<std::string> record(const LlamaModel &model,
   std::vector<std::string> messages;
   RecordingLink recording(receiving, messages);
   auto into =
-      orFail(host::destinationFor(cpuBackend(), model, tokens, nullptr, {}),
+      orFail(host::destinationFor(cpuDevice(), model, tokens, nullptr, {}),
              "a cache");
   StatusOr<ReceiveMetrics> received =
       receiveContext(recording, objects, into->target, {});
@@ -247,7 +247,8 @@ int main(int argc, char **argv) {
   const ChunkObjects objects(model->config(), model->fingerprint(), "",
                              {32, 1});
   const ModelCompute::Cache reference =
-      orFail(fullPrefill(*model, tokens, cpuBackend()), "the full prefill");
+      orFail(fullPrefill(*cpuDevice().createRunner(*model), tokens),
+             "the full prefill");
 
   // Each stream, and the receive plan of its transfer.
   struct Stream {
@@ -284,7 +285,7 @@ int main(int argc, char **argv) {
       (void)peer.send(message);
     peer.close();
     auto into =
-        orFail(host::destinationFor(cpuBackend(), *model, tokens, nullptr, {}),
+        orFail(host::destinationFor(cpuDevice(), *model, tokens, nullptr, {}),
                "a cache");
     ReceiveOptions options = planned ? stream.planned : ReceiveOptions();
     options.timeout = Milliseconds(200);

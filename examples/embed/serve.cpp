@@ -29,6 +29,7 @@
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <cstdio>
 #include <string>
@@ -83,7 +84,9 @@ Status serve(const std::string &targetPath, std::string modelDir) {
   KVC_ASSIGN_OR_RETURN(model, std::move(loaded));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
   const ModelConfig &config = model->config();
-  Backend &backend = cpuBackend();
+  // The server's device and its model's runner there (its forward pass).
+  Device &device = cpuDevice();
+  std::unique_ptr<ModelRunner> runner = device.createRunner(*model);
 
   // 1. The server's cache: room for two 1024-token requests, K and V per
   //    layer as vLLM allocates them, handed to the Connector once.
@@ -127,8 +130,8 @@ Status serve(const std::string &targetPath, std::string modelDir) {
   const int64_t n = int64_t(prompt.size());
   KVC_ASSIGN_OR_RETURN(tableA, server.allocate(n));
   Clock::time_point saving = Clock::now();
-  KVC_RETURN_IF_ERROR(backend.prefillInto(*model, cache, tableA, prompt.data(),
-                                          0, n, config.numLayers));
+  KVC_RETURN_IF_ERROR(runner->prefillInto(cache, tableA, prompt.data(), 0, n,
+                                          config.numLayers));
   for (int64_t l = 0; l < config.numLayers; ++l)
     KVC_RETURN_IF_ERROR(connector->saveLayer("A", prompt, l, tableA.blocks));
   KVC_ASSIGN_OR_RETURN(saved, connector->waitSave("A"));
@@ -160,9 +163,9 @@ Status serve(const std::string &targetPath, std::string modelDir) {
     // The server's attention for layer l would run here; this one checks
     // the layer against request A's.
     KVC_RETURN_IF_ERROR(
-        backend.readBack(cache, tableA, l, 0, resident, kA.data(), vA.data()));
+        device.readBack(cache, tableA, l, 0, resident, kA.data(), vA.data()));
     KVC_RETURN_IF_ERROR(
-        backend.readBack(cache, tableB, l, 0, resident, kB.data(), vB.data()));
+        device.readBack(cache, tableB, l, 0, resident, kB.data(), vB.data()));
     if (kA != kB || vA != vB)
       return fail("layer " + std::to_string(l) +
                   " differs from the KV request A saved");
@@ -175,7 +178,7 @@ Status serve(const std::string &targetPath, std::string modelDir) {
   if (!failed.empty() || !metrics.fallbacks.empty())
     return fail("request B: chunks were not loaded intact");
   // The server prefills the tokens it was left.
-  KVC_RETURN_IF_ERROR(backend.prefillInto(*model, cache, tableB,
+  KVC_RETURN_IF_ERROR(runner->prefillInto(cache, tableB,
                                           prompt.data() + resident, resident,
                                           n - resident, config.numLayers));
 

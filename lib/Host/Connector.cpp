@@ -175,7 +175,7 @@ struct Connector::State {
   };
 
   ConnectorOptions options;
-  Backend *backend = nullptr;
+  Device *device = nullptr;
   TargetDesc target; ///< With each store's tier capped at its throttle.
   std::unique_ptr<planning::CostModel> cost;
   std::vector<OpenStore> stores;
@@ -209,7 +209,7 @@ struct Connector::State {
       key += name + "=" + std::to_string(count) + ";";
     auto &slot = pools[key];
     if (!slot) {
-      KVC_ASSIGN_OR_RETURN(created, backend->createPools(lanes));
+      KVC_ASSIGN_OR_RETURN(created, device->createPools(lanes));
       slot = std::move(created);
     }
     return slot.get();
@@ -480,7 +480,7 @@ Connector::create(ConnectorOptions options) {
     return invalidArgument("connector: the save layout's chunk tokens and "
                            "layer group must be positive");
   auto state = std::make_unique<State>();
-  state->backend = options.backend ? options.backend : &cpuBackend();
+  state->device = options.device ? options.device : &cpuDevice();
   state->target = options.target;
   state->seed = indexSeed(options.model->fingerprint(), options.tenant);
   std::set<std::string> tiers;
@@ -545,7 +545,7 @@ Status Connector::registerCaches(std::unique_ptr<PagedKVCache> caches) {
     return Status(StatusCode::FailedPrecondition,
                   "connector: caches are registered already");
   if (caches->memory() == CacheMemory::Device &&
-      std::string(state_->backend->name()) == "cpu")
+      std::string(state_->device->name()) == "cpu")
     return invalidArgument("connector: device caches with the cpu backend");
   if (caches->memory() == CacheMemory::Device &&
       config.dtype != DType::BF16)
@@ -737,7 +737,7 @@ Status Connector::startLoad(const std::string &id,
   job->table = std::move(table);
   job->resident = request->onDevice;
   job->plan = request->plan;
-  job->target.backend = s.backend;
+  job->target.device = s.device;
   job->target.model = s.options.model;
   job->target.stores = request->stores;
   job->target.tokens = &job->tokens;
@@ -856,7 +856,7 @@ Status Connector::saveLayer(const std::string &id,
       job->plan = savePlanFor(*s.saveStore, whole, {Form::KV},
                               s.options.saveCodec, "store");
       job->source = std::make_unique<PagedCacheSource>(
-          *s.backend, *s.caches, job->table, &job->filling);
+          *s.device, *s.caches, job->table, &job->filling);
       job->target.source = job->source.get();
       job->target.stores["store"] = s.saveStore;
       job->target.tokens = &job->tokens;

@@ -31,15 +31,15 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
 }
 
 StatusOr<std::unique_ptr<Destination>>
-destinationFor(Backend &backend, const ModelCompute &model,
+destinationFor(Device &device, const ModelCompute &model,
                const std::vector<int32_t> &tokens, ChunkStore *store,
                const std::vector<std::string> &tiers, int64_t room) {
   auto out = std::make_unique<Destination>();
   KVC_ASSIGN_OR_RETURN(
-      cache, backend.cacheFor(model.config(), int64_t(tokens.size()) +
+      cache, device.cacheFor(model.config(), int64_t(tokens.size()) +
                                                   std::max<int64_t>(room, 0)));
   std::tie(out->cache, out->table) = std::move(cache);
-  out->target.backend = &backend;
+  out->target.device = &device;
   out->target.model = &model;
   for (const std::string &tier : tiers)
     out->target.stores[tier] = store;
@@ -79,14 +79,14 @@ StatusOr<RestoreMetrics> RestoreHandle::wait() {
   return std::move(result_);
 }
 
-StatusOr<SaveMetrics> saveFromCache(Backend &backend, const PagedKVCache &cache,
+StatusOr<SaveMetrics> saveFromCache(Device &device, const PagedKVCache &cache,
                                     const BlockTable &table, ChunkStore &store,
                                     const std::vector<int32_t> &tokens,
                                     const CodecSpec &codec) {
   BundlePlan plan =
       savePlanFor(store, int64_t(tokens.size()), {Form::KV}, codec, "store");
-  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
-  PagedCacheSource source(backend, cache, table);
+  KVC_ASSIGN_OR_RETURN(pools, device.createPools(planResources(plan)));
+  PagedCacheSource source(device, cache, table);
   SaveTarget target;
   target.source = &source;
   target.stores["store"] = &store;

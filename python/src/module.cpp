@@ -22,7 +22,7 @@
 #ifdef KVC_PYTHON_WITH_COMPILER
 #include "kvc/Host/CompilerHook.h"
 #endif
-#include "kvc/Runtime/Backend/Registry.h"
+#include "kvc/Runtime/Device/Registry.h"
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -80,8 +80,8 @@ TargetDesc targetFrom(const std::string &json) {
   return take(parseTargetDesc(json));
 }
 
-Backend &backendNamed(const std::string &name) {
-  return *take(openBackend(name));
+Device &backendNamed(const std::string &name) {
+  return *take(openDevice(name));
 }
 
 //===----------------------------------------------------------------------===//
@@ -257,7 +257,7 @@ createConnector(const PyModel &model, const std::vector<std::string> &stores,
   options.saveLayout = {chunkTokens, layerGroup};
   options.saveCodec = take(parseCodecSpec(codec));
   options.target = targetFrom(targetJson);
-  options.backend = &backendNamed(device);
+  options.device = &backendNamed(device);
   options.planner = plannerNamed(bundles);
   options.plans.strategies = strategiesNamed(strategies);
   options.plans.stagingMiB = stagingMiB;

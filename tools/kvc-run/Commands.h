@@ -8,7 +8,7 @@
 #include "kvc/Host/Connector.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Tools/Verify.h"
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Save/SavePlan.h"
@@ -22,7 +22,7 @@ StatusOr<DType> parseDType(const std::string &name);
 
 /// The backend restores run on (--backend: cpu, or cuda where kvc-run was
 /// built with CUDA and a GPU is present).
-Backend &backend();
+Device &backend();
 /// Selects it by name; Unavailable for cuda without a GPU.
 /// `gemm` ("", f32 or bf16) forces the cuda backend's GEMM input precision.
 Status selectBackend(const std::string &name, const std::string &gemm = "");

@@ -2,7 +2,7 @@
 
 #include "Commands.h"
 
-#include "kvc/Runtime/Backend/Registry.h"
+#include "kvc/Runtime/Device/Registry.h"
 
 #include "kvc/Runtime/Base/Memory.h"
 #include "kvc/Host/Stores.h"
@@ -17,10 +17,10 @@
 namespace kvc::run {
 
 namespace {
-Backend *selected = nullptr;
+Device *selected = nullptr;
 } // namespace
 
-Backend &backend() { return selected ? *selected : cpuBackend(); }
+Device &backend() { return selected ? *selected : cpuDevice(); }
 
 StatusOr<std::shared_ptr<LlamaModel>> loadModel(const std::string &dir) {
   static std::map<std::string, std::shared_ptr<LlamaModel>> loaded;
@@ -39,9 +39,9 @@ StatusOr<std::shared_ptr<LlamaModel>> loadModel(const std::string &dir) {
 Status selectBackend(const std::string &name, const std::string &gemm) {
   if (!gemm.empty() && gemm != "f32" && gemm != "bf16")
     return invalidArgument("--gemm expects f32 or bf16, got " + gemm);
-  BackendOptions options;
+  DeviceOptions options;
   options.gemm = gemm;
-  KVC_ASSIGN_OR_RETURN(opened, openBackend(name, options));
+  KVC_ASSIGN_OR_RETURN(opened, openDevice(name, options));
   selected = opened;
   return Status::ok();
 }

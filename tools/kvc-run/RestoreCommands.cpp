@@ -167,7 +167,7 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   options.codecProfile = args.get("codec-profile");
   // The CPU backend launches no PTX: its plans need none unless asked.
   options.gpuChip =
-      args.get("gpu-chip", &backend() == &cpuBackend() ? "none" : "");
+      args.get("gpu-chip", &backend() == &cpuDevice() ? "none" : "");
   KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
   if (maxKl) {
     if (!(*maxKl >= 0))
@@ -220,7 +220,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   }
   setup.model = std::move(model);
   setup.store = std::move(store);
-  setup.request.backend = &backend();
+  setup.request.device = &backend();
   setup.request.model = setup.model.get();
   setup.request.store = setup.store.get();
   setup.request.tokens = std::move(tokens);
@@ -419,7 +419,7 @@ Status restoreCommand(Args &args) {
                                     dumpPath.empty() ? -1 : 0));
   if (!dumpPath.empty())
     KVC_RETURN_IF_ERROR(writeRestoredKv(
-        dumpPath, *setup.request.backend, *setup.request.model,
+        dumpPath, *setup.request.device, *setup.request.model,
         *run.destination->cache, run.destination->table, setup.request.tokens));
   const RestoreMetrics &metrics = run.metrics;
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",

@@ -40,7 +40,7 @@ StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
   options.stores = {{url, args.get("tier")}};
   options.tenant = args.get("tenant");
   options.target = target;
-  options.backend = &backend();
+  options.device = &backend();
   options.planner = compilerHook();
   options.plans.codecProfile = args.get("codec-profile");
   options.plans.gpuChip = args.get("gpu-chip");
@@ -68,9 +68,10 @@ StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
   auto [cache, table] = std::move(cached);
   PagedKVCache *view = cache.get();
   KVC_RETURN_IF_ERROR(connector->registerCaches(std::move(cache)));
+  std::unique_ptr<ModelRunner> runner = backend().createRunner(*model);
   auto prefill = [&](int64_t from, int64_t to) {
-    return backend().prefillInto(*model, *view, table, tokens.data() + from,
-                                 from, to - from, config.numLayers);
+    return runner->prefillInto(*view, table, tokens.data() + from, from,
+                               to - from, config.numLayers);
   };
   // The server's own prefix, computed before the request arrives.
   KVC_RETURN_IF_ERROR(prefill(0, onDevice));

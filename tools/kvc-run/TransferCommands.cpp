@@ -146,7 +146,7 @@ Status transferSendCommand(Args &args) {
   int port = 0;
   KVC_RETURN_IF_ERROR(parseHostPort(to, host, port).withContext("--to"));
   SendOptions options;
-  options.backend = &backend();
+  options.device = &backend();
   KVC_ASSIGN_OR_RETURN(codec, parseCodecSpec(args.get("codec", "raw")));
   options.codec = codec;
   KVC_ASSIGN_OR_RETURN(timeout, timeoutOption(args));

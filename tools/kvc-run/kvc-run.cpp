@@ -169,7 +169,7 @@ Status save(Args &args) {
   options.writers = int(writers);
   options.bufferBytes = size_t(bufferMb) << 20;
   options.dryRun = args.has("dry-run");
-  options.backend = &backend();
+  options.device = &backend();
   KVC_ASSIGN_OR_RETURN(prefillTokens, args.integer("prefill-tokens", 0));
   options.prefillTokens = prefillTokens;
   Progress progress;

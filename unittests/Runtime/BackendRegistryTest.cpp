@@ -1,6 +1,6 @@
 //===- BackendRegistryTest.cpp - Backends by name -------------------------===//
 
-#include "kvc/Runtime/Backend/Registry.h"
+#include "kvc/Runtime/Device/Registry.h"
 
 #include <gtest/gtest.h>
 
@@ -11,17 +11,17 @@ using namespace kvc;
 namespace {
 
 TEST(BackendRegistry, TheCpuIsAlwaysThere) {
-  StatusOr<Backend *> cpu = openBackend("cpu");
+  StatusOr<Device *> cpu = openDevice("cpu");
   ASSERT_TRUE(cpu) << cpu.status().toString();
-  EXPECT_EQ(*cpu, &cpuBackend());
-  BackendOptions bf16;
+  EXPECT_EQ(*cpu, &cpuDevice());
+  DeviceOptions bf16;
   bf16.gemm = "bf16";
-  EXPECT_EQ(openBackend("cpu", bf16).status().code(),
+  EXPECT_EQ(openDevice("cpu", bf16).status().code(),
             StatusCode::InvalidArgument);
 }
 
 TEST(BackendRegistry, AnUnknownNameListsTheDriversThere) {
-  StatusOr<Backend *> none = openBackend("rocm");
+  StatusOr<Device *> none = openDevice("rocm");
   ASSERT_FALSE(none);
   EXPECT_EQ(none.status().code(), StatusCode::InvalidArgument);
   EXPECT_NE(none.status().message().find("no backend \"rocm\" in this build "
@@ -34,24 +34,24 @@ TEST(BackendRegistry, AnUnknownNameListsTheDriversThere) {
 // and the first registration of a name stays.
 TEST(BackendRegistry, ADriverRegistersByName) {
   int opened = 0;
-  registerBackend("test-driver", [&](const BackendOptions &options)
-                                     -> StatusOr<Backend *> {
+  registerDriver("test-driver", [&](const DeviceOptions &options)
+                                     -> StatusOr<Device *> {
     ++opened;
     if (options.device != 0)
       return Status(StatusCode::Unavailable, "no such device");
-    return &cpuBackend();
+    return &cpuDevice();
   });
-  registerBackend("test-driver", [](const BackendOptions &) {
-    return StatusOr<Backend *>(invalidArgument("second registration"));
+  registerDriver("test-driver", [](const DeviceOptions &) {
+    return StatusOr<Device *>(invalidArgument("second registration"));
   });
   std::vector<std::string> names = backendNames();
   EXPECT_NE(std::find(names.begin(), names.end(), "test-driver"), names.end());
-  StatusOr<Backend *> backend = openBackend("test-driver");
+  StatusOr<Device *> backend = openDevice("test-driver");
   ASSERT_TRUE(backend) << backend.status().toString();
-  EXPECT_EQ(*backend, &cpuBackend());
-  BackendOptions other;
+  EXPECT_EQ(*backend, &cpuDevice());
+  DeviceOptions other;
   other.device = 3;
-  EXPECT_EQ(openBackend("test-driver", other).status().code(),
+  EXPECT_EQ(openDevice("test-driver", other).status().code(),
             StatusCode::Unavailable);
   EXPECT_EQ(opened, 2);
 }

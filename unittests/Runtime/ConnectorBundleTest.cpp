@@ -82,8 +82,8 @@ protected:
   Status prefill(const std::vector<int32_t> &tokens, int64_t from,
                  const std::vector<int32_t> &ids) {
     BlockTable table{ids};
-    return cpuBackend().prefillInto(*model_, *cache_, table,
-                                    tokens.data() + from, from,
+    return cpuDevice().createRunner(*model_)->prefillInto(
+        *cache_, table, tokens.data() + from, from,
                                     int64_t(tokens.size()) - from,
                                     model_->config().numLayers);
   }
@@ -92,7 +92,7 @@ protected:
                    const std::vector<int32_t> &ids) {
     BlockTable table{ids};
     StatusOr<RestoreError> error =
-        restoreError(*model_, tokens, *cache_, table, cpuBackend());
+        restoreError(*model_, tokens, *cache_, table, cpuDevice());
     ASSERT_TRUE(error) << error.status().toString();
     EXPECT_TRUE(checkVerification(*error, verifyBound({})).isOk());
   }

@@ -16,8 +16,8 @@
 #include "ExecutorFixture.h"
 
 #include "Kernels.h"
-#include "kvc/Runtime/Backend/Registry.h"
-#include "kvc/Runtime/Cuda/CudaBackend.h"
+#include "kvc/Runtime/Device/Registry.h"
+#include "kvc/Runtime/Cuda/CudaDevice.h"
 
 #include <cuda_runtime_api.h>
 
@@ -31,12 +31,12 @@ using namespace kvc::exec_test;
 
 namespace {
 
-std::unique_ptr<Backend> gpu;
+std::unique_ptr<Device> gpu;
 
 class CudaBackendTest : public ExecutorTest {
 protected:
   void SetUp() override {
-    backend_ = gpu.get();
+    device_ = gpu.get();
     ExecutorTest::SetUp();
   }
 
@@ -64,23 +64,23 @@ protected:
   /// Moves the test onto a backend of bf16 GEMMs (a server's precision,
   /// which the generated projection kernels need) with a cache of its own.
   void useBf16Gemms() {
-    CudaBackendOptions options;
-    options.gemm = CudaBackendOptions::Gemm::BF16;
-    StatusOr<std::unique_ptr<Backend>> backend = createCudaBackend(options);
+    CudaDeviceOptions options;
+    options.gemm = CudaDeviceOptions::Gemm::BF16;
+    StatusOr<std::unique_ptr<Device>> backend = createCudaDevice(options);
     ASSERT_TRUE(backend) << backend.status().toString();
     bf16_ = std::move(*backend);
-    backend_ = bf16_.get();
-    cache_ = std::move(backend_->createCache(cache_->config()).value());
+    device_ = bf16_.get();
+    cache_ = std::move(device_->createCache(cache_->config()).value());
   }
 
   // The cache goes before the backend that made it.
   void TearDown() override { cache_.reset(); }
 
-  std::unique_ptr<Backend> bf16_;
+  std::unique_ptr<Device> bf16_;
 
   /// Tokens [0, n) of `layer` from `cache` through `backend`.
   std::pair<std::vector<float>, std::vector<float>>
-  rows(Backend &backend, const PagedKVCache &cache, const BlockTable &table,
+  rows(Device &backend, const PagedKVCache &cache, const BlockTable &table,
        int64_t layer, int64_t n) {
     std::vector<float> k(n * model_->kvDim()), v(n * model_->kvDim());
     Status status =
@@ -102,10 +102,10 @@ TEST_F(CudaBackendTest, EveryStrategyEqualsAFullPrefill) {
 // (ctest runs each test alone): a backend destroyed among the statics
 // after those its device memory frees through crashed kvc-run at exit.
 TEST_F(CudaBackendTest, TheRegistrysBackendRestoresAndLetsTheProcessExit) {
-  StatusOr<Backend *> opened = openBackend("cuda", {0, "f32"});
+  StatusOr<Device *> opened = openDevice("cuda", {0, "f32"});
   ASSERT_TRUE(opened) << opened.status().toString();
-  backend_ = *opened;
-  cache_ = std::move(backend_->createCache(cache_->config()).value());
+  device_ = *opened;
+  cache_ = std::move(device_->createCache(cache_->config()).value());
   expectExact({0, model_->config().numLayers, 64});
 }
 
@@ -234,7 +234,8 @@ TEST_F(CudaBackendTest, DecodeGivesTheCpuModelsLogits) {
   std::vector<float> logits(vocab), expected(vocab);
   const int32_t next = 5;
   Status status =
-      gpu->decode(*model_, *cache_, table, kTokens, &next, 1, logits.data());
+      gpu->createRunner(*model_)->decode(*cache_, table, kTokens, &next, 1,
+                                         logits.data());
   ASSERT_TRUE(status.isOk()) << status.toString();
   LlamaModel::Cache context = reference_;
   ASSERT_TRUE(
@@ -262,7 +263,7 @@ using test::relativeMaxError;
 // (streamPrefill): what they show equals the CPU model's within bf16
 // rounding, every layer's K, V and hidden states.
 TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
-  StatusOr<ModelCompute::Cache> full = fullPrefill(*model_, tokens_, *gpu);
+  StatusOr<ModelCompute::Cache> full = fullPrefill(*gpu->createRunner(*model_), tokens_);
   ASSERT_TRUE(full) << full.status().toString();
   ASSERT_EQ(full->tokens, kTokens);
   for (int64_t l = 0; l < model_->config().numLayers; ++l) {
@@ -274,7 +275,7 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
   // would be kept as they were, and compared with themselves.
   ChunkStore store = storeOn(std::shared_ptr<Tier>(*openTier("mem://")));
   SaveOptions options;
-  options.backend = gpu.get();
+  options.device = gpu.get();
   options.prefillTokens = 128; // Spans of two chunks.
   StatusOr<SaveStats> saved = saveContext(*model_, store, tokens_, options);
   ASSERT_TRUE(saved) << saved.status().toString();
@@ -299,12 +300,12 @@ TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
 // The bf16 GEMMs a server runs round every GEMM's inputs: a prefill drifts
 // from the fp32 CPU model by more than one bf16 rounding, but stays close.
 TEST_F(CudaBackendTest, Bf16GemmsStayNearTheCpuModel) {
-  CudaBackendOptions options;
-  options.gemm = CudaBackendOptions::Gemm::BF16;
-  auto bf16 = createCudaBackend(options);
+  CudaDeviceOptions options;
+  options.gemm = CudaDeviceOptions::Gemm::BF16;
+  auto bf16 = createCudaDevice(options);
   ASSERT_TRUE(bf16) << bf16.status().toString();
-  backend_ = bf16->get();
-  cache_ = std::move(backend_->createCache(cache_->config()).value());
+  device_ = bf16->get();
+  cache_ = std::move(device_->createCache(cache_->config()).value());
   BlockTable table = *cache_->allocate(kTokens);
   ASSERT_TRUE(run(makePlan({kTokens, 0, 64}, model_->config().numLayers), table)
                   .isOk());
@@ -406,9 +407,9 @@ TEST(CudaKernels, TiledAttentionMatchesTheFp32Kernel) {
 int main(int argc, char **argv) {
   ::testing::InitGoogleTest(&argc, argv);
   if (!::testing::GTEST_FLAG(list_tests)) {
-    CudaBackendOptions options;
-    options.gemm = CudaBackendOptions::Gemm::F32;
-    StatusOr<std::unique_ptr<Backend>> backend = createCudaBackend(options);
+    CudaDeviceOptions options;
+    options.gemm = CudaDeviceOptions::Gemm::F32;
+    StatusOr<std::unique_ptr<Device>> backend = createCudaDevice(options);
     if (!backend) {
       std::printf("skipped: %s\n", backend.status().toString().c_str());
       return 77;

@@ -1,7 +1,7 @@
 //===- DynamicCakeTest.cpp - Cake's walk at run time ----------------------===//
 
 #include "ExecutorFixture.h"
-#include "ForwardingBackend.h"
+#include "ForwardingDevice.h"
 
 #include "kvc/Runtime/Exec/DynamicCake.h"
 
@@ -73,14 +73,14 @@ TEST_F(DynamicCakeTest, SidesMeetAndTheCacheIsExact) {
 }
 
 /// The CPU backend, each prefill step `delay` late, as a busy device.
-class SlowComputeBackend final : public ForwardingBackend {
+class SlowComputeBackend final : public ForwardingDevice {
 public:
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
                      int64_t position, int64_t n, int64_t layers,
                      const LayerWritten &written) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
-    return ForwardingBackend::prefillInto(model, cache, table, tokens,
+    return ForwardingDevice::prefillInto(model, cache, table, tokens,
                                           position, n, layers, written);
   }
 };
@@ -88,7 +88,7 @@ public:
 class SlowComputeCakeTest : public DynamicCakeTest {
 protected:
   void SetUp() override {
-    backend_ = &slow_;
+    device_ = &slow_;
     DynamicCakeTest::SetUp();
   }
   SlowComputeBackend slow_;

@@ -346,9 +346,9 @@ protected:
     config.numKvHeads = model_->config().numKvHeads;
     config.headDim = model_->config().headDim;
     config.numBlocks = 8 * ((kTokens + 15) / 16);
-    cache_ = std::move(backend_->createCache(config).value());
+    cache_ = std::move(device_->createCache(config).value());
     pools_ = std::move(
-        backend_
+        device_
             ->createPools(
                 {{"io:dram", 2}, {"decode", 2}, {"h2d", 1}, {"compute", 1}})
             .value());
@@ -390,7 +390,7 @@ protected:
     target.tokens = &tokens_;
     target.cache = cache_.get();
     target.table = &table;
-    target.backend = backend_;
+    target.device = device_;
     return target;
   }
 
@@ -404,7 +404,7 @@ protected:
   /// to the largest |K| or |V| of the reference.
   double relativeError(const BlockTable &table) {
     StatusOr<RestoreError> error =
-        restoreError(*model_, reference_, kTokens, *cache_, table, *backend_);
+        restoreError(*model_, reference_, kTokens, *cache_, table, *device_);
     EXPECT_TRUE(error) << error.status().toString();
     return error ? error->max : 1.0;
   }
@@ -517,7 +517,7 @@ protected:
       const int64_t n = kTokens * model_->kvDim();
       cache->assign(2 * model_->config().numLayers * n, 0);
       for (int64_t l = 0; l < model_->config().numLayers; ++l) {
-        Status read = backend_->readBack(*cache_, table, l, 0, kTokens,
+        Status read = device_->readBack(*cache_, table, l, 0, kTokens,
                                          cache->data() + 2 * l * n,
                                          cache->data() + (2 * l + 1) * n);
         EXPECT_TRUE(read.isOk()) << read.toString();
@@ -609,7 +609,7 @@ protected:
   BlockTable prefilledTable() {
     BlockTable table = *cache_->allocate(kTokens);
     Status computed =
-        backend_->prefill(*model_, tokens_, *cache_, table)
+        runner().prefill(tokens_, *cache_, table)
             ->compute({0, kTokens, 0, model_->config().numLayers});
     EXPECT_TRUE(computed.isOk()) << computed.toString();
     return table;
@@ -634,7 +634,7 @@ protected:
                                         const PlanBundle &bundle, bool launch) {
     EXPECT_TRUE(validatePlanBundle(bundle).isOk());
     const BundlePlan &plan = bundle.plans.front();
-    PagedCacheSource source(*backend_, *cache_, table);
+    PagedCacheSource source(*device_, *cache_, table);
     SaveTarget target;
     target.source = &source;
     for (const BundleTask &task : plan.tasks)
@@ -645,7 +645,7 @@ protected:
     SaveRunOptions options;
     if (launch)
       options.kernels = &bundle.kernels;
-    KVC_ASSIGN_OR_RETURN(pools, backend_->createPools(planResources(plan)));
+    KVC_ASSIGN_OR_RETURN(pools, device_->createPools(planResources(plan)));
     return save(*pools, plan, target, options);
   }
 
@@ -796,9 +796,17 @@ protected:
     cache_->release(table);
   }
 
+  /// The model's runner on device_, made on first use.
+  ModelRunner &runner() {
+    if (!runner_)
+      runner_ = device_->createRunner(*model_);
+    return *runner_;
+  }
+
   /// The device restores run on (set before SetUp).
-  Backend *backend_ = &cpuBackend();
+  Device *device_ = &cpuDevice();
   std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<ModelRunner> runner_;
   std::vector<int32_t> tokens_;
   std::shared_ptr<Tier> tier_;
   std::unique_ptr<ChunkStore> store_;

@@ -44,11 +44,11 @@ TEST_F(ExecutorTest, APrefillTellsEachLayerOnceItIsWritten) {
   std::vector<std::vector<float>> seen(static_cast<size_t>(layers));
   auto read = [&](int64_t layer, std::vector<float> &out) {
     out.resize(size_t(2 * kTokens * kv));
-    return backend_->readBack(*cache_, table, layer, 0, kTokens, out.data(),
+    return device_->readBack(*cache_, table, layer, 0, kTokens, out.data(),
                               out.data() + kTokens * kv);
   };
-  ASSERT_TRUE(backend_
-                  ->prefillInto(*model_, *cache_, table, tokens_.data(), 0,
+  ASSERT_TRUE(runner()
+                  .prefillInto(*cache_, table, tokens_.data(), 0,
                                 kTokens, layers,
                                 [&](int64_t layer) {
                                   told.push_back(layer);
@@ -260,7 +260,7 @@ TEST_F(ExecutorTest, VerificationSeesNonFiniteValues) {
   std::vector<float> k(kv, std::nanf("")), v(kv, 1.0f);
   ASSERT_TRUE(cache_->write(table, 1, 17, 1, k.data(), v.data()).isOk());
   StatusOr<RestoreError> error =
-      restoreError(*model_, reference_, kTokens, *cache_, table, *backend_);
+      restoreError(*model_, reference_, kTokens, *cache_, table, *device_);
   ASSERT_TRUE(error) << error.status().toString();
   EXPECT_EQ(error->nonFiniteRestored, kv);
   EXPECT_EQ(error->nonFiniteReference, 0);
@@ -268,7 +268,7 @@ TEST_F(ExecutorTest, VerificationSeesNonFiniteValues) {
   EXPECT_TRUE(std::isinf(error->relativeL2));
   ModelCompute::Cache poisoned = reference_;
   poisoned.v[0][5] = std::numeric_limits<float>::infinity();
-  error = restoreError(*model_, poisoned, kTokens, *cache_, table, *backend_);
+  error = restoreError(*model_, poisoned, kTokens, *cache_, table, *device_);
   ASSERT_TRUE(error) << error.status().toString();
   EXPECT_EQ(error->nonFiniteReference, 1);
 }
@@ -457,7 +457,7 @@ TEST_F(HeldKvTest, LayersCompleteWhileLaterLayersStillLoad) {
   EXPECT_EQ(progress_.wait(layers).code(), StatusCode::InvalidArgument);
 }
 
-// A server's forward pass beside the restore (Backend::decode gated on the
+// A server's forward pass beside the restore (ModelRunner::decode gated on the
 // restore's layers) opens each layer in turn and stops at the first one not
 // yet written; its logits are those of the same step run after the restore.
 TEST_F(HeldKvTest, AForwardPassBesideTheRestoreWaitsForEachLayer) {
@@ -478,9 +478,10 @@ TEST_F(HeldKvTest, AForwardPassBesideTheRestoreWaitsForEachLayer) {
     return progress_.wait(layer, std::chrono::seconds(60));
   };
   Status forward(StatusCode::Internal, "the forward pass has not ended");
+  ModelRunner &server = runner();
   std::thread forwarding([&] {
-    forward = backend_->decode(*model_, *cache_, table, kTokens, next.data(), n,
-                               logits.data(), attend);
+    forward = server.decode(*cache_, table, kTokens, next.data(), n,
+                              logits.data(), attend);
   });
   {
     std::unique_lock<std::mutex> lock(mutex);
@@ -500,10 +501,9 @@ TEST_F(HeldKvTest, AForwardPassBesideTheRestoreWaitsForEachLayer) {
   std::iota(every.begin(), every.end(), 0);
   EXPECT_EQ(opened, every);
   std::vector<float> after(logits.size());
-  ASSERT_TRUE(backend_
-                  ->decode(*model_, *cache_, table, kTokens, next.data(), n,
-                           after.data())
-                  .isOk());
+  ASSERT_TRUE(
+      server.decode(*cache_, table, kTokens, next.data(), n, after.data())
+          .isOk());
   EXPECT_EQ(logits, after);
 }
 

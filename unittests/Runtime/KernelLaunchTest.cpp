@@ -16,7 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "HostKernelBackend.h"
+#include "HostKernelDevice.h"
 #include "StoreObjects.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
@@ -458,12 +458,12 @@ TEST_F(KernelLaunchTest, SavesBesideAPrefillEncodeInItsCache) {
         store_->refs(tokens_.data(), kTokens, Form::KV, codec(text)).size());
     struct Run {
       const char *name;
-      Backend *backend;
+      Device *device;
       const std::vector<BundleKernel> *kernels;
     };
     std::map<std::string, std::shared_ptr<Tier>> tiers;
     for (const Run &run : {Run{"device", &kernels_, &bundle->kernels},
-                           Run{"cpu", &cpuBackend(), &bundle->kernels},
+                           Run{"cpu", &cpuDevice(), &bundle->kernels},
                            Run{"hand-over", &kernels_, nullptr}}) {
       SCOPED_TRACE(run.name);
       tiers[run.name] = std::shared_ptr<Tier>(*openTier("mem://"));
@@ -472,12 +472,12 @@ TEST_F(KernelLaunchTest, SavesBesideAPrefillEncodeInItsCache) {
       SaveRunOptions options;
       options.kernels = run.kernels;
       StatusOr<SaveMetrics> saved = saveDuringPrefill(
-          *run.backend, *model_, tokens_, bundle->plans.front(),
+          *run.device, *model_, tokens_, bundle->plans.front(),
           {{"disk", &store}}, {}, options);
       ASSERT_TRUE(saved) << saved.status().toString();
       EXPECT_EQ(saved->written, objects);
       EXPECT_GT(saved->prefillSeconds, 0);
-      const bool device = run.backend == &kernels_ && run.kernels;
+      const bool device = run.device == &kernels_ && run.kernels;
       EXPECT_EQ(saved->kernelChunks, device ? objects : 0);
       EXPECT_EQ(kernels_.saves, device ? objects : 0);
       EXPECT_EQ(saved->kernelsNotLaunched.empty(), device || !run.kernels);

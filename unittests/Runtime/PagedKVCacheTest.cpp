@@ -2,7 +2,7 @@
 
 #include "kvc/Runtime/Device/PagedKVCache.h"
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include "kvc/Runtime/Base/Half.h"
 
@@ -147,7 +147,7 @@ TEST(PagedKVCacheTest, DeviceCachesRefuseHostAccess) {
   EXPECT_EQ((*cache)->read(table, 0, 0, 4, k.data(), v.data()).code(),
             StatusCode::FailedPrecondition);
   EXPECT_EQ(
-      cpuBackend().readBack(**cache, table, 0, 0, 4, k.data(), v.data()).code(),
+      cpuDevice().readBack(**cache, table, 0, 0, 4, k.data(), v.data()).code(),
       StatusCode::FailedPrecondition);
 }
 

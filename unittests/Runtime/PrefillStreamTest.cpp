@@ -1,13 +1,13 @@
 //===- PrefillStreamTest.cpp - A request's prefill on a backend -----------===//
 //
 // Saves and verification prefill on the backend they are given
-// (Backend::streamPrefill): a backend that counts its streams shows which
+// (ModelRunner::streamPrefill): a backend that counts its streams shows which
 // prefill ran where, and the default stream is the model's own prefill.
 //
 //===----------------------------------------------------------------------===//
 
 #include "ExecutorFixture.h"
-#include "ForwardingBackend.h"
+#include "ForwardingDevice.h"
 #include "Tolerance.h"
 
 namespace kvc::exec_test {
@@ -16,14 +16,14 @@ namespace {
 class PrefillStreamTest : public ExecutorTest {
 protected:
   void SetUp() override {
-    backend_ = &counting_;
+    device_ = &counting_;
     ExecutorTest::SetUp();
   }
-  CountingBackend counting_;
+  CountingDevice counting_;
 };
 
 TEST_F(PrefillStreamTest, TheFullPrefillIsTheModelsOwn) {
-  StatusOr<ModelCompute::Cache> full = fullPrefill(*model_, tokens_, counting_);
+  StatusOr<ModelCompute::Cache> full = fullPrefill(runner(), tokens_);
   ASSERT_TRUE(full) << full.status().toString();
   EXPECT_EQ(counting_.streams.load(), 1);
   EXPECT_EQ(full->tokens, kTokens);
@@ -38,7 +38,7 @@ TEST_F(PrefillStreamTest, TheFullPrefillIsTheModelsOwn) {
 // request.
 TEST_F(PrefillStreamTest, SpansShowEveryLayerInOrder) {
   StatusOr<std::unique_ptr<PrefillStream>> stream =
-      counting_.streamPrefill(*model_, kTokens);
+      runner().streamPrefill(kTokens);
   ASSERT_TRUE(stream) << stream.status().toString();
   const int64_t kv = model_->kvDim(), split = 100;
   for (auto [first, n] :
@@ -73,7 +73,7 @@ TEST_F(PrefillStreamTest, SpansShowEveryLayerInOrder) {
 TEST_F(PrefillStreamTest, ASaveWhoseStreamCannotOpenEndsWithItsError) {
   std::unique_ptr<ChunkStore> store = makeStore(*model_);
   SaveOptions options;
-  options.backend = &counting_;
+  options.device = &counting_;
   counting_.refusal = Status(StatusCode::Unavailable, "no device memory");
   StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
   counting_.refusal = Status::ok();
@@ -91,7 +91,7 @@ TEST_F(PrefillStreamTest, ASaveWhoseStreamCannotOpenEndsWithItsError) {
 TEST_F(PrefillStreamTest, SavesAndVerificationPrefillOnTheirBackend) {
   std::unique_ptr<ChunkStore> store = makeStore(*model_);
   SaveOptions options;
-  options.backend = &counting_;
+  options.device = &counting_;
   StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
   ASSERT_TRUE(saved) << saved.status().toString();
   EXPECT_EQ(counting_.streams.load(), 1);

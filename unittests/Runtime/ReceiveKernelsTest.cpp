@@ -1,14 +1,14 @@
 //===- ReceiveKernelsTest.cpp - A receive plan's generated kernels -------===//
 //
 // A transfer's receive plan run by a backend that launches generated
-// kernels (HostKernelBackend.h), its sender in a thread at the other end of
+// kernels (HostKernelDevice.h), its sender in a thread at the other end of
 // an in-process link: the plan's scatters launch the restore kernels they
 // name, as a restore's do; and a send plan's gathers the save kernels
 // they name.
 //
 //===----------------------------------------------------------------------===//
 
-#include "HostKernelBackend.h"
+#include "HostKernelDevice.h"
 
 #include "kvc/Runtime/Net/Transfer.h"
 #include "kvc/Testing/MemoryLink.h"
@@ -95,7 +95,7 @@ TEST_F(KernelLaunchTest, ASendPlanLaunchesTheSaveKernelsItNames) {
     StatusOr<SendOptions> options =
         sendOptionsFor(bundle->plans.front(), objects, kTokens);
     ASSERT_TRUE(options.isOk()) << options.status().toString();
-    options->backend = &kernels_;
+    options->device = &kernels_;
     if (kernels)
       options->kernels = &bundle->kernels;
     kernels_.saves = 0;

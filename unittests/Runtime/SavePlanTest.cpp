@@ -47,14 +47,14 @@ protected:
 
   /// Prefills the request into the test's table.
   void prefill() {
-    ASSERT_TRUE(backend_->prefill(*model_, tokens_, *cache_, table_)
+    ASSERT_TRUE(runner().prefill(tokens_, *cache_, table_)
                     ->compute({0, kTokens, 0, model_->config().numLayers})
                     .isOk());
   }
 
   SaveTarget target(const LayerProgress *filling = nullptr) {
     source_ =
-        std::make_unique<PagedCacheSource>(*backend_, *cache_, table_, filling);
+        std::make_unique<PagedCacheSource>(*device_, *cache_, table_, filling);
     SaveTarget t;
     t.source = source_.get();
     t.stores["disk"] = saved_.get();
@@ -65,7 +65,7 @@ protected:
   StatusOr<SaveMetrics> runSave(const BundlePlan &plan,
                                 const LayerProgress *filling = nullptr,
                                 const SaveRunOptions &options = {}) {
-    auto pools = backend_->createPools(planResources(plan));
+    auto pools = device_->createPools(planResources(plan));
     if (!pools.isOk())
       return pools.status();
     return save(**pools, plan, target(filling), options);
@@ -85,7 +85,7 @@ protected:
       const int64_t rows = ref.tokenEnd - ref.tokenBegin;
       std::vector<float> k(rows * kv), v(rows * kv);
       for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
-        ASSERT_TRUE(backend_
+        ASSERT_TRUE(device_
                         ->readBack(*cache_, table_, l, ref.tokenBegin, rows,
                                    k.data(), v.data())
                         .isOk());
@@ -152,7 +152,7 @@ TEST_F(SavePlanTest, SavesACacheWhileAPrefillFillsIt) {
   StatusOr<SaveMetrics> saved = invalidArgument("not run");
   std::thread saver([&] { saved = runSave(plan(), &filling); });
   std::unique_ptr<PrefillSession> session =
-      backend_->prefill(*model_, tokens_, *cache_, table_);
+      runner().prefill(tokens_, *cache_, table_);
   for (int64_t t = 0; t < kTokens; t += 64) {
     const int64_t end = std::min(kTokens, t + 64);
     ASSERT_TRUE(session->compute({t, end, 0, layers}).isOk());
@@ -172,7 +172,7 @@ TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
   filling.reset(layers, kTokens);
   StatusOr<SaveMetrics> saved = invalidArgument("not run");
   std::thread saver([&] { saved = runSave(plan(), &filling); });
-  ASSERT_TRUE(backend_->prefill(*model_, tokens_, *cache_, table_)
+  ASSERT_TRUE(runner().prefill(tokens_, *cache_, table_)
                   ->compute({0, 64, 0, layers})
                   .isOk());
   filling.add(0, layers, 64);
@@ -210,7 +210,7 @@ TEST_F(SavePlanTest, SavesWhatAPrefillHandsOver) {
     SaveOptions stream;
     stream.bufferBytes = buffer;
     StatusOr<SaveMetrics> saved = saveDuringPrefill(
-        *backend_, *model_, tokens_, both, {{"disk", &store}}, stream);
+        *device_, *model_, tokens_, both, {{"disk", &store}}, stream);
     ASSERT_TRUE(saved.isOk()) << saved.status().toString();
     std::vector<std::string> names = test::chunkObjects(*reference);
     EXPECT_EQ(saved->written, int64_t(names.size()));
@@ -232,7 +232,7 @@ TEST_F(SavePlanTest, AFailedStoreEndsASaveDuringPrefill) {
   SaveOptions stream;
   stream.bufferBytes = 1;
   StatusOr<SaveMetrics> saved = saveDuringPrefill(
-      *backend_, *model_, tokens_, plan(), {{"disk", &store}}, stream);
+      *device_, *model_, tokens_, plan(), {{"disk", &store}}, stream);
   ASSERT_FALSE(saved.isOk());
   EXPECT_NE(saved.status().message().find("exceeds the tier's capacity"),
             std::string::npos)

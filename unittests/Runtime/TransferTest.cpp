@@ -7,7 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Runtime/Net/Transfer.h"
-#include "ForwardingBackend.h"
+#include "ForwardingDevice.h"
 #include "TestModel.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Tools/Verify.h"
@@ -268,7 +268,7 @@ protected:
     std::unique_ptr<Link> link = std::move(accepted);
     if (order)
       link = std::make_unique<RecordingLink>(std::move(link), *order);
-    KVC_ASSIGN_OR_RETURN(into, host::destinationFor(cpuBackend(), *model_,
+    KVC_ASSIGN_OR_RETURN(into, host::destinationFor(cpuDevice(), *model_,
                                                     tokens_, nullptr, {}));
     destination_ = std::move(into);
     ChunkObjects local(model_->config(), model_->fingerprint(), "", {});
@@ -437,7 +437,7 @@ TEST_F(TransferTest, RefusesMoreDecodersThanAnyMachineNeeds) {
   ChunkObjects objects(model_->config(), model_->fingerprint(), "", {128, 1});
   auto [sending, receiving] = MemoryLink::pair();
   StatusOr<std::unique_ptr<host::Destination>> into =
-      host::destinationFor(cpuBackend(), *model_, tokens_, nullptr, {});
+      host::destinationFor(cpuDevice(), *model_, tokens_, nullptr, {});
   ASSERT_TRUE(into.isOk()) << into.status().toString();
   ReceiveOptions options;
   options.decoders = 5000;
@@ -538,7 +538,7 @@ TEST_F(TransferTest, ASendPlanSendsInItsOrder) {
   std::mutex mutex;
   std::vector<std::pair<int64_t, int64_t>> sent;
   StatusOr<SaveMetrics> metrics =
-      sendDuringPrefill(cpuBackend(), *model_, objects, tokens_, sender,
+      sendDuringPrefill(cpuDevice(), *model_, objects, tokens_, sender,
                         [&](const ChunkRef &ref, std::string object, double) {
                           EXPECT_EQ(ref.codec, codec);
                           KVC_ASSIGN_OR_RETURN(header, readChunkHeader(object));
@@ -621,9 +621,9 @@ TEST_F(TransferTest, TheSenderPrefillsOnItsBackend) {
       transferPlans(objects, tokens_, CodecSpec(), false).first;
   for (bool planned : {false, true}) {
     SCOPED_TRACE(planned ? "a send plan" : "streamed");
-    CountingBackend counting;
+    CountingDevice counting;
     SendOptions options;
-    options.backend = &counting;
+    options.device = &counting;
     if (planned) {
       StatusOr<SendOptions> compiled =
           sendOptionsFor(plan, objects, int64_t(tokens_.size()), options);
@@ -637,7 +637,7 @@ TEST_F(TransferTest, TheSenderPrefillsOnItsBackend) {
       sending.close();
     });
     StatusOr<std::unique_ptr<host::Destination>> into =
-        host::destinationFor(cpuBackend(), *model_, tokens_, nullptr, {});
+        host::destinationFor(cpuDevice(), *model_, tokens_, nullptr, {});
     ASSERT_TRUE(into.isOk()) << into.status().toString();
     destination_ = std::move(*into);
     StatusOr<ReceiveMetrics> metrics =

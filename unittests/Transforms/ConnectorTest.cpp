@@ -105,8 +105,8 @@ protected:
   void prefill(const std::vector<int32_t> &tokens, int64_t from,
                const std::vector<int32_t> &ids) {
     BlockTable table{ids};
-    Status status = cpuBackend().prefillInto(
-        *model_, *view_, table, tokens.data() + from, from,
+    Status status = cpuDevice().createRunner(*model_)->prefillInto(
+        *view_, table, tokens.data() + from, from,
         int64_t(tokens.size()) - from, model_->config().numLayers);
     ASSERT_TRUE(status.isOk()) << status.toString();
   }
@@ -128,7 +128,7 @@ protected:
                    const std::vector<int32_t> &ids) {
     BlockTable table{ids};
     StatusOr<RestoreError> error =
-        restoreError(*model_, tokens, *view_, table, cpuBackend());
+        restoreError(*model_, tokens, *view_, table, cpuDevice());
     ASSERT_TRUE(error) << error.status().toString();
     Status checked = checkVerification(*error, verifyBound({}));
     EXPECT_TRUE(checked.isOk()) << checked.toString();
@@ -453,12 +453,13 @@ TEST_F(ConnectorTest, EveryServerCacheLayoutIsWritten) {
     ASSERT_TRUE((*reader)->startLoad("b", ids).isOk());
     ASSERT_TRUE((*reader)->waitLoad("b"));
     BlockTable table{ids};
-    ASSERT_TRUE(cpuBackend()
-                    .prefillInto(*model_, *cache, table, tokens.data() + 256,
-                                 256, 44, c.numLayers)
+    ASSERT_TRUE(cpuDevice()
+                    .createRunner(*model_)
+                    ->prefillInto(*cache, table, tokens.data() + 256, 256, 44,
+                                  c.numLayers)
                     .isOk());
     StatusOr<RestoreError> error =
-        restoreError(*model_, tokens, *cache, table, cpuBackend());
+        restoreError(*model_, tokens, *cache, table, cpuDevice());
     ASSERT_TRUE(error);
     EXPECT_TRUE(checkVerification(*error, verifyBound({})).isOk());
     // The values are where the layout puts them: layer 0's K of the first
@@ -504,12 +505,13 @@ TEST_F(ConnectorTest, AnF16ServerCacheIsLoadedAndPrefilled) {
   ASSERT_TRUE(metrics) << metrics.status().toString();
   EXPECT_TRUE(metrics->fallbacks.empty());
   BlockTable table{ids};
-  ASSERT_TRUE(cpuBackend()
-                  .prefillInto(*model_, *cache, table, tokens.data() + 256,
-                               256, 44, model_->config().numLayers)
+  ASSERT_TRUE(cpuDevice()
+                  .createRunner(*model_)
+                  ->prefillInto(*cache, table, tokens.data() + 256, 256, 44,
+                                model_->config().numLayers)
                   .isOk());
   StatusOr<RestoreError> error =
-      restoreError(*model_, tokens, *cache, table, cpuBackend());
+      restoreError(*model_, tokens, *cache, table, cpuDevice());
   ASSERT_TRUE(error) << error.status().toString();
   EXPECT_TRUE(checkVerification(*error, verifyBound({})).isOk())
       << error->max << " " << error->relativeL2;

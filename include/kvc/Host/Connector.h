@@ -121,7 +121,7 @@ struct ConnectorOptions {
   /// The machine plans are priced and compiled for.
   TargetDesc target;
   /// Where caches live and work runs; the CPU backend when null.
-  Backend *backend = nullptr;
+  Device *device = nullptr;
   /// Compiles a plan (compilerPlanHook, or bundleHook over bundles compiled
   /// ahead); required.
   PlanHook planner;

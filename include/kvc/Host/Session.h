@@ -74,7 +74,7 @@ struct Destination {
   RestoreTarget target;
 };
 StatusOr<std::unique_ptr<Destination>>
-destinationFor(Backend &backend, const ModelCompute &model,
+destinationFor(Device &device, const ModelCompute &model,
                const std::vector<int32_t> &tokens, ChunkStore *store,
                const std::vector<std::string> &tiers, int64_t room = 0);
 
@@ -121,7 +121,7 @@ private:
 /// other encodings of the same chunks stay beside them; a failed save
 /// removes what it wrote. A server with a compiled save plan runs it with
 /// kvc::save (SavePlan.h).
-StatusOr<SaveMetrics> saveFromCache(Backend &backend, const PagedKVCache &cache,
+StatusOr<SaveMetrics> saveFromCache(Device &device, const PagedKVCache &cache,
                                     const BlockTable &table, ChunkStore &store,
                                     const std::vector<int32_t> &tokens,
                                     const CodecSpec &codec);

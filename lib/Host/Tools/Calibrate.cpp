@@ -135,7 +135,7 @@ StatusOr<double> measureUploadCheck(const ModelCompute &model, int64_t tokens) {
 
 } // namespace
 
-StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
+StatusOr<ReferenceChunk> measureReferenceChunk(Device &device,
                                                const ModelCompute &model,
                                                const TargetDesc &target) {
   const ModelConfig &config = model.config();
@@ -143,9 +143,10 @@ StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
   out.tokens = referenceChunkTokens(config);
   std::vector<int32_t> tokens = calibrationTokens(config, out.tokens);
   std::vector<double> timings;
+  std::unique_ptr<ModelRunner> runner = device.createRunner(model);
   for (int i = 0; i < 3; ++i) {
-    KVC_ASSIGN_OR_RETURN(seconds, backend.timePrefill(model, model.newCache(),
-                                                      tokens, 0, out.tokens));
+    KVC_ASSIGN_OR_RETURN(seconds, runner->timePrefill(model.newCache(), tokens,
+                                                      0, out.tokens));
     timings.push_back(seconds);
   }
   out.measuredSeconds = median(timings);
@@ -155,7 +156,7 @@ StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
 }
 
 StatusOr<TargetDesc>
-calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
+calibrate(Device &device, const ModelCompute &model, TargetDesc target,
           const std::string &scratchDir, std::FILE *log,
           const std::map<std::string, std::string> &remotes) {
   for (const auto &[name, url] : remotes)
@@ -206,24 +207,25 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
     longest = std::max(longest, s.position + s.tokens);
   }
   std::vector<int32_t> tokens = calibrationTokens(config, longest);
-  // The prefix the timed chunks attend over, prefilled by the backend (an
+  // The prefix the timed chunks attend over, prefilled by the device (an
   // 8B model's on the CPU would take longer than the calibration).
+  std::unique_ptr<ModelRunner> runner = device.createRunner(model);
   ModelCompute::Cache base = model.newCache();
   if (prefix > 0) {
     KVC_ASSIGN_OR_RETURN(
-        prefilled, fullPrefill(model,
-                               std::vector<int32_t>(tokens.begin(),
-                                                    tokens.begin() + prefix),
-                               backend));
+        prefilled,
+        fullPrefill(*runner, std::vector<int32_t>(tokens.begin(),
+                                                  tokens.begin() + prefix)));
     base = std::move(prefilled);
   }
   constexpr int kRounds = 7;
   std::vector<std::vector<double>> timings(samples.size());
   for (int round = 0; round < kRounds; ++round)
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      KVC_ASSIGN_OR_RETURN(seconds, backend.timePrefill(model, base, tokens,
-                                                        samples[i].position,
-                                                        samples[i].tokens));
+      KVC_ASSIGN_OR_RETURN(seconds,
+                           runner->timePrefill(base, tokens,
+                                               samples[i].position,
+                                               samples[i].tokens));
       timings[i].push_back(seconds);
     }
   for (std::size_t i = 0; i < samples.size(); ++i)
@@ -259,11 +261,11 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
                  "every chunk within %.0f%%\n",
                  fit.denseFlops / 1e9, fit.halfTokens, fit.worstError * 100);
 
-  // The backend's upload bandwidth (its link) and its memory's (on the CPU
-  // backend both a host-to-host copy).
+  // The device's upload bandwidth (its link) and its memory's (on the CPU
+  // device both a host-to-host copy).
   {
-    KVC_ASSIGN_OR_RETURN(link, backend.uploadGBs());
-    KVC_ASSIGN_OR_RETURN(memory, backend.memoryGBs());
+    KVC_ASSIGN_OR_RETURN(link, device.uploadGBs());
+    KVC_ASSIGN_OR_RETURN(memory, device.memoryGBs());
     std::fprintf(log,
                  "copy bandwidth: %.2f GB/s to the device, %.2f GB/s "
                  "within it\n",
@@ -285,7 +287,7 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
   // of microseconds on a VM whose idle vCPUs halt); the median of 7 chains.
   {
     KVC_ASSIGN_OR_RETURN(
-        pools, backend.createPools({{"handoff:a", 1}, {"handoff:b", 1}}));
+        pools, device.createPools({{"handoff:a", 1}, {"handoff:b", 1}}));
     std::vector<double> handoffs;
     for (int round = 0; round < 7; ++round) {
       KVC_ASSIGN_OR_RETURN(seconds,
@@ -338,7 +340,7 @@ calibrate(Backend &backend, const ModelCompute &model, TargetDesc target,
   {
     const int64_t tokens = std::min<int64_t>(256, config.maxPositions);
     std::vector<int32_t> ids = calibrationTokens(config, tokens);
-    KVC_ASSIGN_OR_RETURN(cache, fullPrefill(model, ids, backend));
+    KVC_ASSIGN_OR_RETURN(cache, fullPrefill(*device.createRunner(model), ids));
     const KVObjects kv = kvObjects(model, cache, tokens);
     auto measure = [&](CodecStage stage, std::optional<CodecSpec::Quant> on,
                        const CodecSpec &codec) -> Status {

@@ -39,7 +39,7 @@ int32_t greedyToken(const std::vector<float> &logits) {
 }
 
 StatusOr<std::vector<int32_t>>
-generateAfterRestore(Backend &backend, const ModelCompute &model,
+generateAfterRestore(Device &device, const ModelCompute &model,
                      PagedKVCache &cache, const BlockTable &table,
                      const std::vector<int32_t> &prompt,
                      const GenerateOptions &options) {
@@ -53,9 +53,10 @@ generateAfterRestore(Backend &backend, const ModelCompute &model,
         "generate: the block table holds " + std::to_string(room) +
         " tokens, " + std::to_string(n) + " prompt tokens and " +
         std::to_string(options.steps) + " generated ones need more");
+  std::unique_ptr<ModelRunner> runner = device.createRunner(model);
   auto step = [&](int64_t position, const std::vector<int32_t> &tokens,
                   float *logits) {
-    return backend.decode(model, cache, table, position, tokens.data(),
+    return runner->decode(cache, table, position, tokens.data(),
                           int64_t(tokens.size()), logits);
   };
   return decode(model, step, n - 1, {prompt.back()}, options);

@@ -12,7 +12,7 @@ namespace kvc::host {
 StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
                           const RestoreOptions &options, bool verify,
                           int64_t keepRoom) {
-  Backend &backend = backendOr(request.backend);
+  Device &device = deviceOr(request.device);
   std::vector<std::string> tiers;
   for (const BundleTask &task : plan.tasks)
     for (const BundleStep &step : task.steps)
@@ -21,9 +21,9 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
   const int64_t n = int64_t(request.tokens.size());
   KVC_ASSIGN_OR_RETURN(
       into, destinationFor(
-                backend, *request.model, request.tokens, request.store, tiers,
+                device, *request.model, request.tokens, request.store, tiers,
                 std::max({keepRoom, request.forwardTokens, int64_t(0)})));
-  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(pools, device.createPools(planResources(plan)));
   PlanRun run;
   run.cacheBytes = into->cache->bytes();
   run.residentBefore = residentBytes();
@@ -38,9 +38,9 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
     Clock::time_point start = Clock::now();
     KVC_ASSIGN_OR_RETURN(restoring,
                          RestoreHandle::start(*pools, plan, into->target, options));
-    Status forward = backend.decode(
-        *request.model, *into->cache, into->table, n, next.data(),
-        request.forwardTokens, logits.data(),
+    Status forward = device.createRunner(*request.model)->decode(
+        *into->cache, into->table, n, next.data(), request.forwardTokens,
+        logits.data(),
         [&](int64_t layer) { return restoring->waitLayer(layer); });
     run.firstTokenSeconds = secondsSince(start);
     KVC_ASSIGN_OR_RETURN(metrics, restoring->wait());
@@ -54,12 +54,13 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
   if (verify) {
     if (!request.reference) {
       KVC_ASSIGN_OR_RETURN(
-          reference, fullPrefill(*request.model, request.tokens, backend));
+          reference,
+          fullPrefill(*device.createRunner(*request.model), request.tokens));
       request.reference = std::move(reference);
     }
     KVC_ASSIGN_OR_RETURN(error,
                          restoreError(*request.model, *request.reference, n,
-                                      *into->cache, into->table, backend));
+                                      *into->cache, into->table, device));
     run.error = error;
   }
   if (keepRoom >= 0)

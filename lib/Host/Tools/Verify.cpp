@@ -57,7 +57,7 @@ Status checkVerification(const RestoreError &error, const VerifyBound &bound) {
   return Status::ok();
 }
 
-Status writeRestoredKv(const std::string &path, Backend &backend,
+Status writeRestoredKv(const std::string &path, Device &device,
                        const ModelCompute &model, const PagedKVCache &cache,
                        const BlockTable &table,
                        const std::vector<int32_t> &tokens) {
@@ -75,7 +75,7 @@ Status writeRestoredKv(const std::string &path, Backend &backend,
       t->data.resize(size_t(t->numel()));
     }
     KVC_RETURN_IF_ERROR(
-        backend.readBack(cache, table, l, 0, n, k.data.data(), v.data.data()));
+        device.readBack(cache, table, l, 0, n, k.data.data(), v.data.data()));
   }
   return writeSafetensors(path, tensors, DType::F32);
 }

@@ -62,7 +62,7 @@ public:
   bool bf16() const { return precision_ == GemmPrecision::BF16; }
 
   /// What a generated projection (an RmsNorm prologue and a RopeScatter
-  /// epilogue, Backend::launchProject) reads of the model: each layer's
+  /// epilogue, ModelRunner::launchProject) reads of the model: each layer's
   /// input RMSNorm weight, fp32 [layers][hidden] on the device ...
   const float *attnNorms() const { return attnNorms_.get<float>(); }
   /// ... the RoPE table of positions [0, max positions), fp32

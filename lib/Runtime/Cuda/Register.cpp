@@ -1,4 +1,4 @@
-//===- Register.cpp - The CUDA driver in the backend registry -------------===//
+//===- Register.cpp - The CUDA driver in the registry ---------------------===//
 //
 // Linked as an object file into every program that links KVCCudaBackend
 // (lib/Runtime/CMakeLists.txt), so that "cuda" opens wherever the backend
@@ -6,36 +6,36 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Runtime/Backend/Registry.h"
-#include "kvc/Runtime/Cuda/CudaBackend.h"
+#include "kvc/Runtime/Device/Registry.h"
+#include "kvc/Runtime/Cuda/CudaDevice.h"
 
 #include <mutex>
 
 namespace kvc {
 namespace {
 
-StatusOr<Backend *> openCuda(const BackendOptions &options) {
+StatusOr<Device *> openCuda(const DeviceOptions &options) {
   static std::mutex mutex;
   // Kept for the process's life and never destroyed: at exit, static
   // destructors run in an order no driver object may depend on (the
-  // backend's device memory frees through statics of its own, and CUDA's
+  // device's memory frees through statics of its own, and CUDA's
   // runtime tears its context down on its own), so the process's end, not
   // a destructor, releases the device.
-  static Backend *opened = nullptr;
+  static Device *opened = nullptr;
   static Status failed = Status::ok();
-  static CudaBackendOptions openedWith;
+  static CudaDeviceOptions openedWith;
   std::lock_guard<std::mutex> lock(mutex);
-  CudaBackendOptions wanted;
+  CudaDeviceOptions wanted;
   wanted.device = options.device;
   if (options.gemm == "f32")
-    wanted.gemm = CudaBackendOptions::Gemm::F32;
+    wanted.gemm = CudaDeviceOptions::Gemm::F32;
   else if (options.gemm == "bf16")
-    wanted.gemm = CudaBackendOptions::Gemm::BF16;
+    wanted.gemm = CudaDeviceOptions::Gemm::BF16;
   else if (!options.gemm.empty())
     return invalidArgument("backend cuda: gemm expects f32 or bf16, got " +
                            options.gemm);
   if (!opened && failed.isOk()) {
-    StatusOr<std::unique_ptr<Backend>> made = createCudaBackend(wanted);
+    StatusOr<std::unique_ptr<Device>> made = createCudaDevice(wanted);
     if (made.isOk()) {
       opened = made->release();
       openedWith = wanted;
@@ -45,7 +45,7 @@ StatusOr<Backend *> openCuda(const BackendOptions &options) {
   }
   KVC_RETURN_IF_ERROR(failed);
   if (wanted.device != openedWith.device ||
-      (wanted.gemm != CudaBackendOptions::Gemm::Auto &&
+      (wanted.gemm != CudaDeviceOptions::Gemm::Auto &&
        wanted.gemm != openedWith.gemm))
     return Status(StatusCode::FailedPrecondition,
                   "backend cuda: already open with other options (one "
@@ -54,7 +54,7 @@ StatusOr<Backend *> openCuda(const BackendOptions &options) {
 }
 
 [[maybe_unused]] const bool registered = [] {
-  registerBackend("cuda", openCuda);
+  registerDriver("cuda", openCuda);
   return true;
 }();
 

@@ -57,14 +57,15 @@ bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
 
 } // namespace
 
-ChunkSteps::ChunkSteps(Backend &backend, const ModelCompute &model,
+ChunkSteps::ChunkSteps(Device &device, const ModelCompute &model,
                        const std::map<std::string, ChunkStore *> &stores,
                        const std::vector<int32_t> &tokens, PagedKVCache &cache,
                        const BlockTable &table, LayerProgress *progress,
                        int64_t resident)
-    : backend_(backend), model_(model), stores_(stores), tokens_(tokens),
-      cache_(cache), table_(table), progress_(progress), resident_(resident),
-      prefill_(backend.prefill(model, tokens, cache, table)) {}
+    : device_(device), model_(model), runner_(device.createRunner(model)),
+      stores_(stores), tokens_(tokens), cache_(cache), table_(table),
+      progress_(progress), resident_(resident),
+      prefill_(runner_->prefill(tokens, cache, table)) {}
 
 const std::vector<ChunkRef> &
 ChunkSteps::refs(const std::string &tier, Form form, const CodecSpec &codec) {
@@ -282,9 +283,9 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
     value.tokens.begin = resident_;
   }
   if (!value.slot) {
-    value.ownDevice = backend_.allocate();
+    value.ownDevice = device_.allocate();
     KVC_RETURN_IF_ERROR(
-        backend_.upload(value.data, /*consume=*/true, *value.ownDevice));
+        device_.upload(value.data, /*consume=*/true, *value.ownDevice));
     value.device = value.ownDevice.get();
     return Status::ok();
   }
@@ -294,10 +295,10 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
                   "restore: the device buffer of a staging slot was "
                   "refilled before its chunk was scattered");
   if (!slot.device)
-    slot.device = backend_.allocate();
+    slot.device = device_.allocate();
   value.deviceSlot = &slot;
   KVC_RETURN_IF_ERROR(
-      backend_.upload(value.data, /*consume=*/false, *slot.device));
+      device_.upload(value.data, /*consume=*/false, *slot.device));
   value.device = slot.device.get();
   releaseSlot(value); // The upload frees the host side, as an H2D copy does.
   return Status::ok();
@@ -312,7 +313,7 @@ Status ChunkSteps::project(ChunkValue &value) {
     // The generated kernels write K and V into the cache: the scatter that
     // follows has nothing left to copy.
     KVC_ASSIGN_OR_RETURN(
-        flops, backend_.launchProject(*value.prologue, *value.epilogue, model_,
+        flops, runner_->launchProject(*value.prologue, *value.epilogue,
                                       *value.device, dtypeOf(Form::Hidden),
                                       value.box(), cache_, table_));
     release(value);
@@ -329,13 +330,13 @@ Status ChunkSteps::project(ChunkValue &value) {
   if (value.deviceSlot) {
     std::unique_ptr<DeviceBuffer> &projected = value.deviceSlot->projected;
     if (!projected)
-      projected = backend_.allocate();
+      projected = device_.allocate();
     out = projected.get();
   } else {
-    own = backend_.allocate();
+    own = device_.allocate();
     out = own.get();
   }
-  KVC_ASSIGN_OR_RETURN(flops, backend_.project(model_, *value.device,
+  KVC_ASSIGN_OR_RETURN(flops, runner_->project(*value.device,
                                                dtypeOf(Form::Hidden),
                                                value.box(), *out));
   if (own)
@@ -376,11 +377,11 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
       continue;
     }
     KVC_RETURN_IF_ERROR(
-        backend_.scatter(*value->device, value->box(), cache_, table_));
+        device_.scatter(*value->device, value->box(), cache_, table_));
     release(*value);
   }
   if (!launched.empty()) {
-    KVC_RETURN_IF_ERROR(backend_.launchRestore(*launched.front()->kernel,
+    KVC_RETURN_IF_ERROR(device_.launchRestore(*launched.front()->kernel,
                                                chunks, cache_, table_));
     for (ChunkValue *value : launched)
       release(*value);

@@ -6,10 +6,10 @@
 //   fetch      reads the stored objects covering the chunk's box (host)
 //   decode     checks and decodes them to the chunk's layout (host); for a
 //              chunk a generated kernel decodes, only their lossless stage
-//   toDevice   the backend's upload; frees the host staging
-//   project    the backend's hidden states -> K, V
-//   compute    the backend's prefill of the box into the paged cache
-//   scatter    the backend's write of K and V into the paged cache, or its
+//   toDevice   the device's upload; frees the host staging
+//   project    the model runner's hidden states -> K, V
+//   compute    the model runner's prefill of the box into the paged cache
+//   scatter    the device's write of K and V into the paged cache, or its
 //              launch of the chunk's generated kernel (one launch for
 //              chunks of one kernel scattered together); counts the box's
 //              layers as written (LayerProgress)
@@ -24,7 +24,7 @@
 #ifndef KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
 #define KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
@@ -77,13 +77,13 @@ struct ChunkValue {
   StagingSlot *slot = nullptr;
   StagingSlot *deviceSlot = nullptr;
   /// The generated restore kernel that decodes and scatters the chunk on
-  /// the device, when the backend launches it (null: the runtime's own
+  /// the device, when the device launches it (null: the runtime's own
   /// decode and scatter).
   const BundleKernel *kernel = nullptr;
   /// The generated projection that writes the chunk's K and V into the
-  /// cache from its hidden states (Backend::launchProject), when the backend
-  /// launches it: an RmsNorm prologue and a RopeScatter epilogue (null: the
-  /// backend's project, then scatter).
+  /// cache from its hidden states (ModelRunner::launchProject), when the
+  /// runner launches it: an RmsNorm prologue and a RopeScatter epilogue
+  /// (null: the runner's project, then the device's scatter).
   const BundleKernel *prologue = nullptr, *epilogue = nullptr;
   /// Whether `data`, then the device buffer, holds the stored payload for
   /// `kernel` (the objects after their lossless stage, back to back)
@@ -106,7 +106,7 @@ struct ChunkValue {
 /// for distinct chunks.
 class ChunkSteps {
 public:
-  ChunkSteps(Backend &backend, const ModelCompute &model,
+  ChunkSteps(Device &device, const ModelCompute &model,
              const std::map<std::string, ChunkStore *> &stores,
              const std::vector<int32_t> &tokens, PagedKVCache &cache,
              const BlockTable &table, LayerProgress *progress,
@@ -139,6 +139,8 @@ public:
 
   /// Records why a kernel did not run (once per distinct line).
   void kernelNotLaunched(const std::string &why);
+  /// The model's runner on the restore's device.
+  ModelRunner &runner() const { return *runner_; }
 
   double flops() const;
   int64_t kernelLaunches() const;
@@ -157,8 +159,9 @@ private:
   void releaseSlot(ChunkValue &value);
   void releaseDevice(ChunkValue &value);
 
-  Backend &backend_;
+  Device &device_;
   const ModelCompute &model_;
+  std::unique_ptr<ModelRunner> runner_;
   const std::map<std::string, ChunkStore *> &stores_;
   const std::vector<int32_t> &tokens_;
   PagedKVCache &cache_;

@@ -43,9 +43,9 @@ public:
       const RestoreOptions &options)
       : plan_(plan), target_(target), options_(options),
         config_(target.model->config()),
-        backend_(backendOr(target.backend)),
+        device_(deviceOr(target.device)),
         kernels_(options.kernels),
-        steps_(backend_, *target.model, target.stores, *target.tokens,
+        steps_(device_, *target.model, target.stores, *target.tokens,
                *target.cache, *target.table, options.progress,
                options.resident) {}
 
@@ -135,11 +135,11 @@ public:
 
   /// Lets the generated kernel task `index` names decode and scatter its
   /// chunk (a restore kernel) or project it (useProjection), when the
-  /// backend launches it into the cache.
+  /// device launches it into the cache.
   Status useKernel(std::size_t index, exec_detail::ChunkValue &value) {
     // A chunk across the resident prefix is written in part: by the
     // runtime's scatter, which takes its rows above it.
-    if (!kernels_ || !backend_.launchesKernels() || acrossResident(index))
+    if (!kernels_ || !device_.launchesKernels() || acrossResident(index))
       return Status::ok();
     const BundleTask &task = plan_.tasks[index];
     const BundleKernel *found = findKernel(*kernels_, task.entry);
@@ -163,7 +163,7 @@ public:
           std::to_string(index) + " scatters " + name(value.form) +
           " stored as " + value.codec.str() + " over " +
           dtypeName(config_.dtype));
-    Status launchable = backend_.canLaunch(kernel, *target_.cache);
+    Status launchable = device_.canLaunch(kernel, *target_.cache);
     if (!launchable.isOk()) {
       steps_.kernelNotLaunched(kernel.name + ": " + launchable.message());
       return Status::ok();
@@ -173,8 +173,8 @@ public:
   }
 
   /// Lets the generated projection task `index` names (its RmsNorm
-  /// prologue, the backend's GEMM, `epilogue`) write its chunk's K and V,
-  /// when the backend launches it into the cache.
+  /// prologue, the runner's GEMM, `epilogue`) write its chunk's K and V,
+  /// when the runner launches it into the cache.
   Status useProjection(std::size_t index, const BundleKernel &epilogue,
                        exec_detail::ChunkValue &value) {
     const BundleTask &task = plan_.tasks[index];
@@ -190,8 +190,8 @@ public:
           "\" normalizes hidden states stored as " + prologue->storage +
           "; task " + std::to_string(index) + " projects " + name(value.form) +
           " stored as " + dtypeName(config_.dtype));
-    Status launchable = backend_.canLaunchProject(
-        *prologue, epilogue, *target_.model, *target_.cache);
+    Status launchable =
+        steps_.runner().canLaunchProject(*prologue, epilogue, *target_.cache);
     if (!launchable.isOk()) {
       steps_.kernelNotLaunched(epilogue.name + ": " + launchable.message());
       return Status::ok();
@@ -451,7 +451,7 @@ private:
   const RestoreTarget &target_;
   const RestoreOptions &options_;
   const ModelConfig &config_;
-  Backend &backend_;
+  Device &device_;
   const std::vector<BundleKernel> *kernels_;
   std::vector<std::shared_ptr<exec_detail::ChunkValue>> values_;
   std::unique_ptr<exec_detail::StagingSlot[]> slots_;
@@ -562,16 +562,17 @@ StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
 StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const std::vector<int32_t> &tokens,
                                     const PagedKVCache &cache,
-                                    const BlockTable &table, Backend &backend) {
-  KVC_ASSIGN_OR_RETURN(reference, fullPrefill(model, tokens, backend));
+                                    const BlockTable &table, Device &device) {
+  std::unique_ptr<ModelRunner> runner = device.createRunner(model);
+  KVC_ASSIGN_OR_RETURN(reference, fullPrefill(*runner, tokens));
   return restoreError(model, reference, int64_t(tokens.size()), cache, table,
-                      backend);
+                      device);
 }
 
 StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const ModelCompute::Cache &reference,
                                     int64_t n, const PagedKVCache &cache,
-                                    const BlockTable &table, Backend &backend) {
+                                    const BlockTable &table, Device &device) {
   if (reference.tokens < n)
     return invalidArgument("restoreError: the reference holds " +
                            std::to_string(reference.tokens) + " tokens, not " +
@@ -582,7 +583,7 @@ StatusOr<RestoreError> restoreError(const ModelCompute &model,
   RestoreError out;
   for (int64_t l = 0; l < model.config().numLayers; ++l) {
     KVC_RETURN_IF_ERROR(
-        backend.readBack(cache, table, l, 0, n, k.data(), v.data()));
+        device.readBack(cache, table, l, 0, n, k.data(), v.data()));
     for (auto [restored, exact] : {std::pair{&k, &reference.k[l]},
                                    std::pair{&v, &reference.v[l]}}) {
       double squaredError = 0, squaredValue = 0;

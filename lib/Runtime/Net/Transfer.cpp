@@ -192,7 +192,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   stream.bufferBytes = options.bufferBytes;
   stream.computed = options.computed;
   stream.prefillTokens = options.prefillTokens;
-  stream.backend = options.backend;
+  stream.device = options.device;
   // One engine: a compiled send plan, or the one a compiler would write
   // for the layout, its encodes and sends on the writers' lanes, at most
   // the buffers' worth of objects between a gather and its send.
@@ -217,7 +217,7 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   run.chooser = options.chooser;
   Clock::time_point start = Clock::now();
   StatusOr<SaveMetrics> sent = sendDuringPrefill(
-      backendOr(options.backend), model, objects, tokens,
+      deviceOr(options.device), model, objects, tokens,
       options.plan ? *options.plan : own, sendChunk, stream, run);
   StatusOr<SaveStats> streamed = SaveStats();
   if (sent.isOk()) {
@@ -420,7 +420,7 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
                                          const RestoreTarget &target,
                                          const ReceiveOptions &options,
                                          Clock::time_point start) {
-  Backend &backend = backendOr(target.backend);
+  Device &device = deviceOr(target.device);
   const std::vector<int32_t> &tokens = *target.tokens;
   LayerProgress *progress = options.progress;
   ReceiveMetrics metrics;
@@ -435,7 +435,7 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
   BoundedQueue<Arrival> queue(options.bufferBytes);
   std::vector<std::thread> decoders;
   auto decode = [&] {
-    std::unique_ptr<DeviceBuffer> device = backend.allocate();
+    std::unique_ptr<DeviceBuffer> buffer = device.allocate();
     std::vector<uint16_t> values;
     Arrival arrival;
     while (queue.pop(arrival)) {
@@ -444,9 +444,9 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
       const ChunkBox box = boxOf(ref);
       Status status = objects.decode(ref, arrival.object(), values.data());
       if (status.isOk())
-        status = backend.upload(values, /*consume=*/true, *device);
+        status = device.upload(values, /*consume=*/true, *buffer);
       if (status.isOk())
-        status = backend.scatter(*device, box, *target.cache, *target.table);
+        status = device.scatter(*buffer, box, *target.cache, *target.table);
       queue.done(arrival.bytes());
       std::lock_guard<std::mutex> lock(mutex);
       if (status.isOk()) {
@@ -486,13 +486,15 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
 
   // What did not arrive intact is recomputed exactly.
   Clock::time_point recompute = Clock::now();
+  std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<PrefillSession> session;
   for (size_t i = 0; i < expected.size(); ++i) {
     if (missing[i] && missing[i]->empty())
       continue;
-    if (!session)
-      session =
-          backend.prefill(*target.model, tokens, *target.cache, *target.table);
+    if (!session) {
+      runner = device.createRunner(*target.model);
+      session = runner->prefill(tokens, *target.cache, *target.table);
+    }
     const ChunkRef &ref = expected[i];
     const ChunkBox box = boxOf(ref);
     KVC_RETURN_IF_ERROR(session->compute(box));
@@ -562,7 +564,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
                                         const ReceiveOptions &options,
                                         Clock::time_point start) {
   const BundlePlan &plan = *options.plan;
-  Backend &backend = backendOr(target.backend);
+  Device &device = deviceOr(target.device);
   auto inbox = std::make_shared<Inbox>(link.describe(), options.bufferBytes);
   ChunkStore store(inbox, objects.model(), objects.fingerprint(),
                    objects.salt(), objects.layout());
@@ -572,7 +574,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
     for (const BundleStep &step : task.steps)
       if (step.kind == StepKind::Recv)
         planned.stores[step.node] = &store;
-  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(pools, device.createPools(planResources(plan)));
   RestoreOptions restoreOptions;
   restoreOptions.progress = options.progress;
   restoreOptions.tracePath = options.tracePath;

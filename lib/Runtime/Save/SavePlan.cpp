@@ -46,14 +46,14 @@ Status PagedCacheSource::gather(const ChunkObjects &, const ChunkRef &ref,
   out.resize(size_t((ref.layerEnd - ref.layerBegin) * 2 * rows * kvDim));
   for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
     float *k = out.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
-    KVC_RETURN_IF_ERROR(backend_.readBack(cache_, table_, l, ref.tokenBegin,
+    KVC_RETURN_IF_ERROR(device_.readBack(cache_, table_, l, ref.tokenBegin,
                                           rows, k, k + rows * kvDim));
   }
   return Status::ok();
 }
 
 Status PagedCacheSource::canGatherPayload(const BundleKernel &kernel) const {
-  return backend_.canLaunchSave(kernel, cache_);
+  return device_.canLaunchSave(kernel, cache_);
 }
 
 bool PagedCacheSource::holds(const ChunkRef &ref) const {
@@ -82,7 +82,7 @@ StatusOr<int64_t> PagedCacheSource::gatherPayloads(
     } while (++end < refs.size() && holds(refs[end]));
     std::vector<std::string> out;
     KVC_RETURN_IF_ERROR(
-        backend_.launchSave(kernel, cache_, table_, boxes, out));
+        device_.launchSave(kernel, cache_, table_, boxes, out));
     if (out.size() != boxes.size())
       return Status(StatusCode::Internal,
                     "save: a launch returned another number of payloads");
@@ -471,24 +471,24 @@ namespace {
 
 /// Whether a save beside a prefill reads the paged cache the prefill fills
 /// rather than the prefill's host hand-over: a plan of KV only, a kernel
-/// table with save kernels, and a backend that launches kernels, so that
+/// table with save kernels, and a device that launches kernels, so that
 /// the plan's save kernels encode each object where the prefill wrote it.
-bool savesFromTheCache(const Backend &backend, const PlanObjects &what,
+bool savesFromTheCache(const Device &device, const PlanObjects &what,
                        const SaveOptions &stream, const SaveRunOptions &run) {
   return run.kernels &&
          std::any_of(run.kernels->begin(), run.kernels->end(),
                      [](const BundleKernel &kernel) {
                        return kernel.kind == BundleKernel::Kind::Save;
                      }) &&
-         backend.launchesKernels() && !stream.computed &&
+         device.launchesKernels() && !stream.computed &&
          what.forms == std::vector<Form>{Form::KV};
 }
 
 /// Prefills `tokens` with `model` into `cache` through `table`, `span`
 /// tokens a step through every layer, counting each layer of each step in
-/// `filling` as the backend writes it; stops early once `stop` is set. Its
+/// `filling` as the device writes it; stops early once `stop` is set. Its
 /// seconds.
-StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
+StatusOr<double> prefillCounting(Device &device, const LlamaModel &model,
                                  const std::vector<int32_t> &tokens,
                                  int64_t span, PagedKVCache &cache,
                                  const BlockTable &table,
@@ -496,6 +496,7 @@ StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
                                  const SaveOptions &stream,
                                  const std::atomic<bool> &stop) {
   const int64_t n = int64_t(tokens.size()), layers = model.config().numLayers;
+  std::unique_ptr<ModelRunner> runner = device.createRunner(model);
   Clock::time_point start = Clock::now();
   for (int64_t s0 = 0; s0 < n; s0 += span) {
     if (stop)
@@ -503,8 +504,8 @@ StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
     if (stream.cancel && stream.cancel->load())
       return saveInterrupted();
     const int64_t s1 = std::min(n, s0 + span);
-    KVC_RETURN_IF_ERROR(backend.prefillInto(
-        model, cache, table, tokens.data() + s0, s0, s1 - s0, layers,
+    KVC_RETURN_IF_ERROR(runner->prefillInto(
+        cache, table, tokens.data() + s0, s0, s1 - s0, layers,
         [&](int64_t layer) { filling.add(layer, layer + 1, s1 - s0); }));
     if (stream.progress)
       stream.progress(s1, n);
@@ -513,19 +514,19 @@ StatusOr<double> prefillCounting(Backend &backend, const LlamaModel &model,
 }
 
 /// Runs `plan` into `target` (its stores or sender; the source and tokens
-/// are set here) beside a prefill of `tokens` with `model` on `backend`
+/// are set here) beside a prefill of `tokens` with `model` on `device`
 /// that computes the objects of `objects`' layout: the plan's gathers read
-/// the backend's paged cache as the prefill fills it (savesFromTheCache),
+/// the device's paged cache as the prefill fills it (savesFromTheCache),
 /// or take each object as the prefill hands it over on the host.
 StatusOr<SaveMetrics>
-runDuringPrefill(Backend &backend, const LlamaModel &model,
+runDuringPrefill(Device &device, const LlamaModel &model,
                  const ChunkObjects &objects,
                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
                  SaveTarget target, StepKind endpoint,
                  const SaveOptions &stream, const SaveRunOptions &run) {
   const int64_t n = int64_t(tokens.size());
   KVC_ASSIGN_OR_RETURN(what, planObjects(plan, objects, n, endpoint));
-  KVC_ASSIGN_OR_RETURN(pools, backend.createPools(planResources(plan)));
+  KVC_ASSIGN_OR_RETURN(pools, device.createPools(planResources(plan)));
   target.tokens = &tokens;
   // The save ends before the prefill only when it fails: then nothing is
   // left to prefill for, and `failed` frees a prefill waiting on the save.
@@ -545,16 +546,16 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
   // Whose error to report: the save's when it failed first (the prefill
   // then stops), else the prefill's (the save's gathers then fail with it).
   bool saveFailedFirst = false;
-  if (savesFromTheCache(backend, what, stream, run)) {
+  if (savesFromTheCache(device, what, stream, run)) {
     KVC_ASSIGN_OR_RETURN(span, prefillSpan(stream, objects.layout()));
-    KVC_ASSIGN_OR_RETURN(cache, backend.cacheFor(model.config(), n));
+    KVC_ASSIGN_OR_RETURN(cache, device.cacheFor(model.config(), n));
     auto &[paged, table] = cache;
     LayerProgress filling;
     filling.reset(model.config().numLayers, n);
-    PagedCacheSource source(backend, *paged, table, &filling);
+    PagedCacheSource source(device, *paged, table, &filling);
     target.source = &source;
     KVC_ASSIGN_OR_RETURN(saver, startSave([](const Status &) {}));
-    prefilled = prefillCounting(backend, model, tokens, span, *paged, table,
+    prefilled = prefillCounting(device, model, tokens, span, *paged, table,
                                 filling, stream, saveEnded);
     saveFailedFirst = saveEnded;
     filling.finish(prefilled.status());
@@ -569,7 +570,7 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
     prefill.forms = what.forms;
     prefill.codec = what.codec;
     prefill.dryRun = false;
-    prefill.backend = &backend;
+    prefill.device = &device;
     StatusOr<SaveStats> streamed = streamContext(
         model, objects, tokens, prefill,
         [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
@@ -601,7 +602,7 @@ runDuringPrefill(Backend &backend, const LlamaModel &model,
 } // namespace
 
 StatusOr<SaveMetrics>
-saveDuringPrefill(Backend &backend, const LlamaModel &model,
+saveDuringPrefill(Device &device, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,
                   const std::map<std::string, ChunkStore *> &stores,
                   const SaveOptions &stream, const SaveRunOptions &run) {
@@ -609,18 +610,18 @@ saveDuringPrefill(Backend &backend, const LlamaModel &model,
     return invalidArgument("save: no store");
   SaveTarget target;
   target.stores = stores;
-  return runDuringPrefill(backend, model, *stores.begin()->second, tokens, plan,
+  return runDuringPrefill(device, model, *stores.begin()->second, tokens, plan,
                           std::move(target), StepKind::Store, stream, run);
 }
 
 StatusOr<SaveMetrics> sendDuringPrefill(
-    Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
+    Device &device, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,
     ObjectSender send, const SaveOptions &stream, const SaveRunOptions &run) {
   SaveTarget target;
   target.send = std::move(send);
   target.objects = &objects;
-  return runDuringPrefill(backend, model, objects, tokens, plan,
+  return runDuringPrefill(device, model, objects, tokens, plan,
                           std::move(target), StepKind::Send, stream, run);
 }
 
@@ -644,7 +645,7 @@ StatusOr<SaveStats> saveContext(const LlamaModel &model, ChunkStore &store,
   SaveRunOptions run;
   run.cancel = options.cancel;
   StatusOr<SaveMetrics> metrics =
-      saveDuringPrefill(backendOr(options.backend), model, tokens, plan,
+      saveDuringPrefill(deviceOr(options.device), model, tokens, plan,
                         {{"store", &store}}, options, run);
   if (!metrics.isOk() && options.cancel && options.cancel->load())
     return saveInterrupted(); // Whichever task saw it, the save was stopped.

@@ -197,10 +197,11 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   KVC_RETURN_IF_ERROR(checkWorkers("stream: the writers", writerCount));
   // Opened before any writer starts: nothing returns past a running thread.
   Clock::time_point start = Clock::now();
+  std::unique_ptr<ModelRunner> runner;
   std::unique_ptr<PrefillStream> stream;
   if (!options.computed && n > 0) {
-    Backend &backend = backendOr(options.backend);
-    KVC_ASSIGN_OR_RETURN(opened, backend.streamPrefill(model, n));
+    runner = deviceOr(options.device).createRunner(model);
+    KVC_ASSIGN_OR_RETURN(opened, runner->streamPrefill(n));
     stream = std::move(opened);
   }
   SaveStats stats;

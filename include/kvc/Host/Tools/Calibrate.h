@@ -3,7 +3,7 @@
 #ifndef KVC_HOST_TOOLS_CALIBRATE_H
 #define KVC_HOST_TOOLS_CALIBRATE_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
 
 #include <cstdio>
@@ -12,18 +12,18 @@
 
 namespace kvc {
 
-/// Measures this machine and `backend` and returns `base` with the measured
+/// Measures this machine and `device` and returns `base` with the measured
 /// values in place:
 ///   - compute: prefills of `model` at chunk sizes of 16-512 tokens and of a
 ///     256-token chunk after prefixes of up to 1536, fitted jointly to the
 ///     cost model's price of them (planning::fitComputeRates: dense_tflops,
 ///     gemm_half_tokens, attention_tflops; gemm_peak_fraction and
 ///     restore_share kept);
-///   - memory and link: the backend's memory bandwidth (memoryGBs) and its
-///     upload bandwidth (on the CPU backend both a single-thread copy: its
+///   - memory and link: the device's memory bandwidth (memoryGBs) and its
+///     upload bandwidth (on the CPU device both a single-thread copy: its
 ///     "device" is host memory);
 ///   - host.handoff_us: what a task waits after a task on another resource
-///     releases it, on the backend's pools (measureHandoff, 200 us idle);
+///     releases it, on the device's pools (measureHandoff, 200 us idle);
 ///   - tiers: reads of 1 MiB objects from mem:// for DRAM tiers and from
 ///     file:// under `scratchDir` (warm page cache) for disk tiers; a
 ///     remote tier named in `remotes` (tier name -> store URL) from that
@@ -36,7 +36,7 @@ namespace kvc {
 ///     layer of 256 tokens decoded to bf16 (CodecTiming.h).
 /// Prints each measurement to `log`.
 StatusOr<TargetDesc>
-calibrate(Backend &backend, const ModelCompute &model, TargetDesc base,
+calibrate(Device &device, const ModelCompute &model, TargetDesc base,
           const std::string &scratchDir, std::FILE *log = stdout,
           const std::map<std::string, std::string> &remotes = {});
 
@@ -49,7 +49,7 @@ struct ReferenceChunk {
   double measuredSeconds = 0;
   double predictedSeconds = 0;
 };
-StatusOr<ReferenceChunk> measureReferenceChunk(Backend &backend,
+StatusOr<ReferenceChunk> measureReferenceChunk(Device &device,
                                                const ModelCompute &model,
                                                const TargetDesc &target);
 

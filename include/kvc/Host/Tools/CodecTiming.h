@@ -2,7 +2,7 @@
 //
 // What `calibrate` and `profile-codecs` time a codec with: objects shaped as
 // a store holds them (one layer of 256 tokens), decoded to bf16 as the CPU
-// backend decodes them, on one core, each decode of a timed pass reading
+// device decodes them, on one core, each decode of a timed pass reading
 // and writing memory out of the cache, as in a restore.
 //
 //===----------------------------------------------------------------------===//

@@ -12,7 +12,7 @@
 #ifndef KVC_HOST_TOOLS_GENERATE_H
 #define KVC_HOST_TOOLS_GENERATE_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <cstdint>
 #include <vector>
@@ -30,7 +30,7 @@ int32_t greedyToken(const std::vector<float> &logits);
 /// Greedy tokens after `prompt`, whose K and V `cache` holds through
 /// `table`; the table needs room for the generated tokens too.
 StatusOr<std::vector<int32_t>>
-generateAfterRestore(Backend &backend, const ModelCompute &model,
+generateAfterRestore(Device &device, const ModelCompute &model,
                      PagedKVCache &cache, const BlockTable &table,
                      const std::vector<int32_t> &prompt,
                      const GenerateOptions &options);

@@ -22,7 +22,7 @@ namespace kvc::host {
 
 /// A request, its store and the full prefill verification compares with.
 struct MeasuredRequest {
-  Backend *backend = nullptr; ///< The CPU backend when null.
+  Device *device = nullptr; ///< The CPU device when null.
   const ModelCompute *model = nullptr;
   std::vector<int32_t> tokens;
   ChunkStore *store = nullptr;
@@ -30,7 +30,7 @@ struct MeasuredRequest {
   /// tokens at positions tokens.size().. (the request's first ones again),
   /// each layer once the restore has written it; 0: none.
   int64_t forwardTokens = 0;
-  /// A full prefill of the request on the backend, computed on the first
+  /// A full prefill of the request on the device, computed on the first
   /// verification.
   std::optional<ModelCompute::Cache> reference;
 };

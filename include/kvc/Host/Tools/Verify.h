@@ -44,8 +44,8 @@ Status checkVerification(const RestoreError &error, const VerifyBound &bound);
 /// safetensors file another implementation can hold its own KV against
 /// (scripts/hf-reference.py --kv): "tokens" [n] (the ids, exact in f32)
 /// and per layer l "layers.l.key" and "layers.l.value" [n][kv heads][head
-/// dim], the cache's bf16 values read back through `backend` as f32.
-Status writeRestoredKv(const std::string &path, Backend &backend,
+/// dim], the cache's bf16 values read back through `device` as f32.
+Status writeRestoredKv(const std::string &path, Device &device,
                        const ModelCompute &model, const PagedKVCache &cache,
                        const BlockTable &table,
                        const std::vector<int32_t> &tokens);

@@ -41,7 +41,7 @@ struct BundleKernel {
   std::string function;
   /// The executable: `binary` in `format` for the device `target` names.
   /// Formats: "ptx" (PTX text; target "sm_80", "sm_90", ...). A backend
-  /// launches the formats it loads (Backend::canLaunch says why not).
+  /// launches the formats it loads (Device::canLaunch says why not).
   std::string format = "ptx";
   std::string target;
   std::string binary;

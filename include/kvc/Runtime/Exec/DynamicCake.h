@@ -8,7 +8,7 @@
 // (when given) is reported beside the one the run found.
 //
 // The walk is a task graph on the same pools and the same chunk steps
-// (fetch, decode, upload, scatter on the target's backend) as compiled
+// (fetch, decode, upload, scatter on the target's device) as compiled
 // plans: compute runs on the "compute" worker (prefill is sequential: each
 // chunk attends to the ones before it); one loader per worker of
 // "io:<tier>" fetches, checks and decodes a whole chunk (every layer group)

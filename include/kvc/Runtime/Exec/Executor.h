@@ -4,7 +4,8 @@
 // become a TaskGraph on shared ResourcePools (lanes per store tier
 // "io:<tier>", "decode", "h2d", "compute"), and each task's steps run on the
 // values its input tasks produced, host steps here, device steps on the
-// target's Backend (the CPU backend unless one is given):
+// target's Device (the CPU device unless one is given) and the model's
+// runner on it:
 //
 //   fetch               reads the stored objects covering the step's box
 //   recv                reads them from the store the target names after
@@ -15,20 +16,20 @@
 //                       dequantization and inverse transform: ChunkStore)
 //   dequant, untransform
 //                       done by the host's decode
-//   transfer_to_device  Backend::upload
+//   transfer_to_device  Device::upload
 //
 // except where the task that scatters a loaded chunk names a generated
 // restore kernel (BundleTask::entry, in RestoreOptions::kernels) and the
-// backend launches it (Backend::launchesKernels, canLaunch): there the
+// device launches it (Device::launchesKernels, canLaunch): there the
 // decode undoes only the lossless stage, the upload carries the stored
-// payload, and Backend::launchRestore dequantizes, untransforms and
+// payload, and Device::launchRestore dequantizes, untransforms and
 // scatters it on the device. A chunk whose stored objects do not tile its
 // box exactly is decoded on the host as above.
 //
-//   project             Backend::project: hidden states -> K, V (HCache)
-//   chunk_compute       Backend::prefill of the box's tokens through its
-//                       layers
-//   scatter             Backend::scatter of the box's K and V into the
+//   project             ModelRunner::project: hidden states -> K, V (HCache)
+//   chunk_compute       ModelRunner::prefill of the box's tokens through
+//                       its layers
+//   scatter             Device::scatter of the box's K and V into the
 //                       paged cache; counted in RestoreOptions::progress
 //
 // A chunk whose objects are missing, corrupt, truncated or from another
@@ -38,7 +39,7 @@
 // the run.
 //
 // Compute chunks cover every layer from layer 0 (segments above it are
-// refused); the backend's prefill session keeps them and fallbacks exact in
+// refused); the runner's prefill session keeps them and fallbacks exact in
 // any order. Fetches that carry a staging slot read and decode into that
 // slot's host buffers, reused across chunks and rounds (ShadowServe's
 // bounded staging); the upload frees them, and the slot's device buffers
@@ -49,7 +50,7 @@
 #ifndef KVC_RUNTIME_EXEC_EXECUTOR_H
 #define KVC_RUNTIME_EXEC_EXECUTOR_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Device/PagedKVCache.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
@@ -66,8 +67,8 @@ namespace kvc {
 
 /// What one restore reads and writes.
 struct RestoreTarget {
-  /// The device the cache is on; the CPU backend when null.
-  Backend *backend = nullptr;
+  /// The device the cache is on; the CPU device when null.
+  Device *device = nullptr;
   /// The model computed chunks and projections run (kvc's LlamaModel or a
   /// server's own).
   const ModelCompute *model = nullptr;
@@ -135,7 +136,7 @@ struct RestoreMetrics {
   /// ready together share a launch; a projection counts once.
   int64_t kernelLaunches = 0;
   /// Why chunks whose task names a generated kernel were decoded on the
-  /// host instead, one line per kernel and reason (none on a backend that
+  /// host instead, one line per kernel and reason (none on a device that
   /// launches no kernels: it decodes every chunk on the host by design).
   std::vector<std::string> kernelsNotLaunched;
   /// Per layer, seconds from the restore's start to when the layer held
@@ -184,19 +185,19 @@ struct RestoreError {
   int64_t nonFiniteRestored = 0, nonFiniteReference = 0;
 };
 
-/// Verification of `cache` against a full prefill of `tokens` on `backend`.
+/// Verification of `cache` against a full prefill of `tokens` on `device`.
 StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const std::vector<int32_t> &tokens,
                                     const PagedKVCache &cache,
                                     const BlockTable &table,
-                                    Backend &backend = cpuBackend());
+                                    Device &device = cpuDevice());
 /// The same against a full prefill of the request's `tokens` tokens already
 /// computed (to verify many restores of one request).
 StatusOr<RestoreError> restoreError(const ModelCompute &model,
                                     const ModelCompute::Cache &reference,
                                     int64_t tokens, const PagedKVCache &cache,
                                     const BlockTable &table,
-                                    Backend &backend = cpuBackend());
+                                    Device &device = cpuDevice());
 
 } // namespace kvc
 

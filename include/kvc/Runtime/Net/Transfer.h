@@ -60,9 +60,9 @@ struct SendOptions {
   CodecChooser *chooser = nullptr;
   /// The request's KV computed before: sent without a prefill.
   const ModelCompute::Cache *computed = nullptr;
-  /// Where the prefill runs (SaveOptions::backend); the CPU backend when
+  /// Where the prefill runs (SaveOptions::device); the CPU device when
   /// null.
-  Backend *backend = nullptr;
+  Device *device = nullptr;
   /// Tokens per prefill step (SaveOptions::prefillTokens): a step of the
   /// whole request streams layer group by layer group, so the receiver's
   /// first layers complete first. 0: one chunk, or the send plan's
@@ -82,7 +82,7 @@ struct SendOptions {
   /// Writes the send plan's Chrome trace here when not empty.
   std::string tracePath;
   /// The plan bundle's kernel table: a send plan's gathers that name a
-  /// generated save kernel encode on the device, where the backend launches
+  /// generated save kernel encode on the device, where the device launches
   /// kernels (sendDuringPrefill).
   const std::vector<BundleKernel> *kernels = nullptr;
 };
@@ -138,7 +138,7 @@ struct ReceiveOptions {
   /// decoders scattering each chunk as it arrives.
   const BundlePlan *plan = nullptr;
   /// The plan bundle's kernel table: the plan's tasks that name a generated
-  /// restore kernel launch it where the backend can (RestoreOptions).
+  /// restore kernel launch it where the device can (RestoreOptions).
   const std::vector<BundleKernel> *kernels = nullptr;
   /// Writes the plan's Chrome trace here when not empty.
   std::string tracePath;

@@ -19,7 +19,7 @@
 //                   send plan: Transfer.h puts it on the link)
 //
 // Sources: a paged cache (PagedCacheSource: a server saving a request it
-// holds, Backend::readBack, or the cache a prefill node's prefill fills,
+// holds, Device::readBack, or the cache a prefill node's prefill fills,
 // where generated save kernels encode on the device), or a prefill's
 // hand-over (PrefillSnapshots: K, V and hidden states on the host as each
 // layer group is computed; HCache's hidden states exist only there). HCache's
@@ -37,7 +37,7 @@
 #ifndef KVC_RUNTIME_SAVE_SAVEPLAN_H
 #define KVC_RUNTIME_SAVE_SAVEPLAN_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Base/HandOver.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
@@ -88,22 +88,22 @@ public:
   }
 };
 
-/// The KV of a request in a paged cache, read back through `backend`.
+/// The KV of a request in a paged cache, read back through `device`.
 /// With `filling`, the cache's progress while a prefill still fills it in
 /// token order: each gather first waits until its layers hold its tokens,
 /// and fails with the prefill's error.
 class PagedCacheSource final : public SaveSource {
 public:
-  PagedCacheSource(Backend &backend, const PagedKVCache &cache,
+  PagedCacheSource(Device &device, const PagedKVCache &cache,
                    const BlockTable &table,
                    const LayerProgress *filling = nullptr)
-      : backend_(backend), cache_(cache), table_(table), filling_(filling) {}
+      : device_(device), cache_(cache), table_(table), filling_(filling) {}
   bool holds(Form form) const override { return form == Form::KV; }
   /// The cache holds the model's KV and the table the request's tokens.
   Status check(const ChunkObjects &objects, int64_t tokens) const override;
   Status gather(const ChunkObjects &objects, const ChunkRef &ref,
                 std::vector<float> &out) override;
-  /// Through the backend's save kernels (Backend::launchSave).
+  /// Through the device's save kernels (Device::launchSave).
   Status canGatherPayload(const BundleKernel &kernel) const override;
   StatusOr<int64_t> gatherPayloads(const BundleKernel &kernel,
                                    const ChunkObjects &objects,
@@ -116,7 +116,7 @@ private:
   /// Whether the cache holds them now.
   bool holds(const ChunkRef &ref) const;
 
-  Backend &backend_;
+  Device &device_;
   const PagedKVCache &cache_;
   const BlockTable &table_;
   const LayerProgress *filling_;
@@ -238,34 +238,34 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
                            const SaveTarget &target,
                            const SaveRunOptions &options = {});
 
-/// A prefill node's save: prefills `tokens` with `model` on `backend`
+/// A prefill node's save: prefills `tokens` with `model` on `device`
 /// (`stream`'s buffers, prefill steps and progress; its forms and codec are
 /// the plan's) while `plan` saves what it computes to `stores`, each gather
 /// taking its object as soon as the prefill computed it. Pools come from
-/// `backend` with the plan's lanes; `run` as save()'s.
+/// `device` with the plan's lanes; `run` as save()'s.
 ///
 /// Where the gathers read: a plan of KV only with `run.kernels` holding
-/// save kernels, on a backend that launches kernels, prefills into a paged
-/// cache of the backend's (Backend::cacheFor, prefillInto, a step of
+/// save kernels, on a device that launches kernels, prefills into a paged
+/// cache of the device's (Device::cacheFor, prefillInto, a step of
 /// `stream`'s prefill tokens at a time through every layer) and reads it
 /// there (PagedCacheSource, waiting for each layer of each step), so that
 /// the plan's save kernels encode each object on the device; any other save
 /// takes the objects streamContext hands over on the host
 /// (PrefillSnapshots, within `stream`'s buffer bytes).
 StatusOr<SaveMetrics>
-saveDuringPrefill(Backend &backend, const LlamaModel &model,
+saveDuringPrefill(Device &device, const LlamaModel &model,
                   const std::vector<int32_t> &tokens, const BundlePlan &plan,
                   const std::map<std::string, ChunkStore *> &stores,
                   const SaveOptions &stream = {},
                   const SaveRunOptions &run = {});
 
-/// The sender of a transfer: prefills `tokens` with `model` on `backend`
+/// The sender of a transfer: prefills `tokens` with `model` on `device`
 /// (the options, and where the gathers read, as saveDuringPrefill's) while
 /// the send `plan` gathers, encodes and sends, through `send`, the objects
 /// of `objects`' layout the prefill computes, following the plan's tasks
 /// and lanes.
 StatusOr<SaveMetrics> sendDuringPrefill(
-    Backend &backend, const LlamaModel &model, const ChunkObjects &objects,
+    Device &device, const LlamaModel &model, const ChunkObjects &objects,
     const std::vector<int32_t> &tokens, const BundlePlan &plan,
     ObjectSender send, const SaveOptions &stream = {},
     const SaveRunOptions &run = {});

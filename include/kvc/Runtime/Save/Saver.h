@@ -1,7 +1,7 @@
 //===- Saver.h - Saving a context's KV and hidden states --------*- C++ -*-===//
 //
 // The prefill's side of a save (streamContext): the prefill runs on the
-// caller's thread, on the options' backend (Backend::streamPrefill); each
+// caller's thread, on the options' device (ModelRunner::streamPrefill); each
 // layer's K, V and hidden states are copied into host buffers (HCache's
 // stage one, a memcpy) and handed, as complete objects (a token chunk x a
 // layer group), to a sink on background threads. A save's sink is a save
@@ -17,7 +17,7 @@
 #ifndef KVC_RUNTIME_SAVE_SAVER_H
 #define KVC_RUNTIME_SAVE_SAVER_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
@@ -37,9 +37,9 @@ struct SaveOptions {
   size_t bufferBytes = size_t(256) << 20;
   /// Run the prefill without saving anything (the baseline for overhead).
   bool dryRun = false;
-  /// Where the prefill runs (Backend::streamPrefill); the CPU backend when
+  /// Where the prefill runs (ModelRunner::streamPrefill); the CPU device when
   /// null.
-  Backend *backend = nullptr;
+  Device *device = nullptr;
   /// KV of the request computed before (a full prefill's): streamed as
   /// it is, without a prefill. Only the KV form can be taken from it.
   const ModelCompute::Cache *computed = nullptr;

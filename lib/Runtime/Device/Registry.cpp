@@ -1,6 +1,6 @@
-//===- Registry.cpp - Backends by name ------------------------------------===//
+//===- Registry.cpp - Devices by their backend's name --------------------===//
 
-#include "kvc/Runtime/Backend/Registry.h"
+#include "kvc/Runtime/Device/Registry.h"
 
 #include <map>
 #include <mutex>
@@ -13,19 +13,19 @@ namespace {
 /// before main, in no set order) with the CPU's.
 struct Drivers {
   std::mutex mutex;
-  std::map<std::string, BackendFactory, std::less<>> byName;
+  std::map<std::string, DriverFactory, std::less<>> byName;
 };
 
 Drivers &drivers() {
-  // Never destroyed: backends outlive other statics.
+  // Never destroyed: devices outlive other statics.
   static Drivers *all = [] {
     auto *made = new Drivers;
     made->byName["cpu"] =
-        [](const BackendOptions &options) -> StatusOr<Backend *> {
+        [](const DeviceOptions &options) -> StatusOr<Device *> {
       if (!options.gemm.empty() && options.gemm != "f32")
         return invalidArgument("backend cpu: its GEMMs are fp32, not " +
                                options.gemm);
-      return &cpuBackend();
+      return &cpuDevice();
     };
     return made;
   }();
@@ -34,15 +34,15 @@ Drivers &drivers() {
 
 } // namespace
 
-void registerBackend(std::string name, BackendFactory factory) {
+void registerDriver(std::string name, DriverFactory factory) {
   Drivers &all = drivers();
   std::lock_guard<std::mutex> lock(all.mutex);
   all.byName.emplace(std::move(name), std::move(factory));
 }
 
-StatusOr<Backend *> openBackend(std::string_view name,
-                                const BackendOptions &options) {
-  BackendFactory factory;
+StatusOr<Device *> openDevice(std::string_view name,
+                              const DeviceOptions &options) {
+  DriverFactory factory;
   {
     Drivers &all = drivers();
     std::lock_guard<std::mutex> lock(all.mutex);

@@ -1,10 +1,10 @@
-//===- CudaBackend.h - Restores into a GPU's memory -------------*- C++ -*-===//
+//===- CudaDevice.h - Restores into a GPU's memory --------------*- C++ -*-===//
 //
-// The Backend that servers run: the paged KV cache in device memory
+// The device that servers run: the paged KV cache in device memory
 // (vLLM's layout; kvc's own or a view of a caller's device tensors), chunk
 // uploads through pinned staging, scatter and row copies in the backend's
-// kernels, and the model's compute (HCache's projection, chunked prefill,
-// decode) on the GPU with cuBLAS (CudaModel.h).
+// kernels, and its runners' model compute (HCache's projection, chunked
+// prefill, decode) on the GPU with cuBLAS (CudaModel.h).
 //
 // Streams: each call in flight gets a lane (a stream and its cuBLAS handle)
 // and returns when its work on that stream is done, so that the executor's
@@ -20,26 +20,26 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_RUNTIME_CUDA_CUDABACKEND_H
-#define KVC_RUNTIME_CUDA_CUDABACKEND_H
+#ifndef KVC_RUNTIME_CUDA_CUDADEVICE_H
+#define KVC_RUNTIME_CUDA_CUDADEVICE_H
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Device/Device.h"
 
 namespace kvc {
 
-struct CudaBackendOptions {
+struct CudaDeviceOptions {
   int device = 0;
   /// The GEMMs' input precision: the checkpoint's (fp32 for f32 models,
   /// bf16 for bf16 and f16 ones) unless forced.
   enum class Gemm { Auto, F32, BF16 } gemm = Gemm::Auto;
 };
 
-/// A CUDA backend on `options.device`; Unavailable without a usable GPU.
-/// Its compute needs kvc's LlamaModel (a model a server computes with
-/// itself restores through loads only).
-StatusOr<std::unique_ptr<Backend>>
-createCudaBackend(const CudaBackendOptions &options = {});
+/// A CUDA device on `options.device`; Unavailable without a usable GPU.
+/// Its runners compute with kvc's LlamaModel (a model a server computes
+/// with itself restores through loads only: its runner's compute refuses).
+StatusOr<std::unique_ptr<Device>>
+createCudaDevice(const CudaDeviceOptions &options = {});
 
 } // namespace kvc
 
-#endif // KVC_RUNTIME_CUDA_CUDABACKEND_H
+#endif // KVC_RUNTIME_CUDA_CUDADEVICE_H

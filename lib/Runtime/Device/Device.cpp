@@ -1,11 +1,11 @@
-//===- Backend.cpp - What every backend shares ----------------------------===//
+//===- Device.cpp - What every device shares ------------------------------===//
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Device/Device.h"
 
 namespace kvc {
 
 StatusOr<std::pair<std::unique_ptr<PagedKVCache>, BlockTable>>
-Backend::cacheFor(const ModelConfig &model, int64_t tokens) {
+Device::cacheFor(const ModelConfig &model, int64_t tokens) {
   PagedCacheConfig config;
   config.layers = model.numLayers;
   config.numKvHeads = model.numKvHeads;

@@ -1,4 +1,4 @@
-//===- HostKernelBackend.h - A kernel-launching host backend ----*- C++ -*-===//
+//===- HostKernelDevice.h - A kernel-launching host device -----*- C++ -*-===//
 //
 // For tests of the executor's side of generated kernels without a GPU: a
 // backend that "launches" a kernel by doing what the generated code does
@@ -9,11 +9,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef KVC_UNITTESTS_RUNTIME_HOSTKERNELBACKEND_H
-#define KVC_UNITTESTS_RUNTIME_HOSTKERNELBACKEND_H
+#ifndef KVC_UNITTESTS_RUNTIME_HOSTKERNELDEVICE_H
+#define KVC_UNITTESTS_RUNTIME_HOSTKERNELDEVICE_H
 
 #include "ExecutorFixture.h"
-#include "ForwardingBackend.h"
+#include "ForwardingDevice.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Device/KernelAbi.h"
@@ -34,7 +34,7 @@ public:
 
 /// The CPU backend's compute, with kernels launched as the generated code
 /// computes them and a cache in one allocation, layers evenly apart.
-class HostKernelBackend final : public ForwardingBackend {
+class HostKernelDevice final : public ForwardingDevice {
 public:
   const char *name() const override { return "host-kernels"; }
   bool launchesKernels() const override { return true; }
@@ -98,7 +98,7 @@ public:
           beforeWritten(layer);
         written(layer);
       };
-    return ForwardingBackend::prefillInto(model, cache, table, tokens, position,
+    return ForwardingDevice::prefillInto(model, cache, table, tokens, position,
                                           n, layers, shown);
   }
 
@@ -321,7 +321,7 @@ private:
 class KernelLaunchTest : public ExecutorTest {
 protected:
   void SetUp() override {
-    backend_ = &kernels_;
+    device_ = &kernels_;
     ExecutorTest::SetUp();
   }
 
@@ -336,9 +336,9 @@ protected:
         << metrics->kernelsNotLaunched.front();
   }
 
-  HostKernelBackend kernels_;
+  HostKernelDevice kernels_;
 };
 
 } // namespace kvc::exec_test
 
-#endif // KVC_UNITTESTS_RUNTIME_HOSTKERNELBACKEND_H
+#endif // KVC_UNITTESTS_RUNTIME_HOSTKERNELDEVICE_H

@@ -1,8 +1,9 @@
-//===- PagedPrefill.cpp - A restore's computed part, on any backend -------===//
+//===- PagedPrefill.cpp - A restore's computed part, on any device --------===//
 //
 // Both restore paths (compiled plans and Cake's dynamic mode) compute their
 // part of a request through one PagedPrefill, which writes exact K and V
-// into the paged cache with the backend's prefillInto and copyRows.
+// into the paged cache with the runner's prefillInto and the device's
+// copyRows.
 //
 // Plans compute each layer forward from token 0: Cake's front, HCache's
 // recomputed first layers, the joint plans' both. Such a chunk is prefilled
@@ -17,13 +18,13 @@
 // computed after tokens that were loaded — is exact only over an exact
 // context, and loaded tokens need not be (a lossy codec, hidden states
 // projected). Those come from a private prefill into a second paged cache
-// of the backend's, seeded with the tokens computed into the restore's
+// of the device's, seeded with the tokens computed into the restore's
 // cache and extended as far as they need; only restores that take that
 // path hold it. Thread-safe.
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <algorithm>
 #include <mutex>
@@ -34,12 +35,12 @@ namespace {
 
 class PagedPrefill final : public PrefillSession {
 public:
-  PagedPrefill(Backend &backend, const ModelCompute &model,
-               const std::vector<int32_t> &tokens, PagedKVCache &cache,
-               const BlockTable &table)
-      : backend_(backend), model_(model), tokens_(tokens), cache_(cache),
-        table_(table), computed_(model.config().numLayers, 0),
-        held_(model.config().numLayers, 0) {}
+  PagedPrefill(ModelRunner &runner, const std::vector<int32_t> &tokens,
+               PagedKVCache &cache, const BlockTable &table)
+      : runner_(runner), device_(runner.device()), model_(runner.model()),
+        tokens_(tokens), cache_(cache),
+        table_(table), computed_(model_.config().numLayers, 0),
+        held_(model_.config().numLayers, 0) {}
 
   ~PagedPrefill() override {
     if (exact_)
@@ -54,15 +55,15 @@ public:
     for (int64_t l = 0; l < l1; ++l)
       extendsComputed &= computed_[l] == t0;
     if (extendsComputed) {
-      KVC_RETURN_IF_ERROR(backend_.prefillInto(
-          model_, cache_, table_, tokens_.data() + t0, t0, t1 - t0, l1));
+      KVC_RETURN_IF_ERROR(runner_.prefillInto(
+          cache_, table_, tokens_.data() + t0, t0, t1 - t0, l1));
       std::fill(computed_.begin(), computed_.begin() + l1, t1);
       flops_ += model_.prefillFlops(t1 - t0, l1);
       return Status::ok();
     }
     KVC_RETURN_IF_ERROR(extendExactLocked(t1, l1));
     for (int64_t l = l0; l < l1; ++l)
-      KVC_RETURN_IF_ERROR(backend_.copyRows(*exact_, exactTable_, cache_,
+      KVC_RETURN_IF_ERROR(device_.copyRows(*exact_, exactTable_, cache_,
                                             table_, l, t0, t1 - t0));
     return Status::ok();
   }
@@ -96,9 +97,9 @@ private:
     const int64_t begin = exactTokens_;
     if (end <= begin)
       return Status::ok();
-    KVC_RETURN_IF_ERROR(backend_.prefillInto(model_, *exact_, exactTable_,
-                                             tokens_.data() + begin, begin,
-                                             end - begin, depth));
+    KVC_RETURN_IF_ERROR(runner_.prefillInto(*exact_, exactTable_,
+                                            tokens_.data() + begin, begin,
+                                            end - begin, depth));
     std::fill(held_.begin(), held_.begin() + depth, end);
     exactTokens_ = end;
     flops_ += model_.prefillFlops(end - begin, depth);
@@ -113,7 +114,7 @@ private:
       config.blockStride = 0;
       config.numBlocks =
           (int64_t(tokens_.size()) + config.blockSize - 1) / config.blockSize;
-      KVC_ASSIGN_OR_RETURN(cache, backend_.createCache(config));
+      KVC_ASSIGN_OR_RETURN(cache, device_.createCache(config));
       exact_ = std::move(cache);
       KVC_ASSIGN_OR_RETURN(table, exact_->allocate(int64_t(tokens_.size())));
       exactTable_ = std::move(table);
@@ -121,14 +122,15 @@ private:
     const int64_t seeded =
         *std::min_element(computed_.begin(), computed_.end());
     for (int64_t l = 0; l < model_.config().numLayers; ++l)
-      KVC_RETURN_IF_ERROR(backend_.copyRows(cache_, table_, *exact_,
+      KVC_RETURN_IF_ERROR(device_.copyRows(cache_, table_, *exact_,
                                             exactTable_, l, 0, seeded));
     std::fill(held_.begin(), held_.end(), seeded);
     exactTokens_ = seeded;
     return Status::ok();
   }
 
-  Backend &backend_;
+  ModelRunner &runner_;
+  Device &device_;
   const ModelCompute &model_;
   const std::vector<int32_t> &tokens_;
   PagedKVCache &cache_;
@@ -148,9 +150,9 @@ private:
 } // namespace
 
 std::unique_ptr<PrefillSession>
-Backend::prefill(const ModelCompute &model, const std::vector<int32_t> &tokens,
-                 PagedKVCache &cache, const BlockTable &table) {
-  return std::make_unique<PagedPrefill>(*this, model, tokens, cache, table);
+ModelRunner::prefill(const std::vector<int32_t> &tokens, PagedKVCache &cache,
+                     const BlockTable &table) {
+  return std::make_unique<PagedPrefill>(*this, tokens, cache, table);
 }
 
 } // namespace kvc

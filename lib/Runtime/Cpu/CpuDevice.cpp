@@ -1,14 +1,15 @@
-//===- CpuBackend.cpp - The CPU backend -----------------------------------===//
+//===- CpuDevice.cpp - The CPU backend ------------------------------------===//
 //
 // The device is host memory: device buffers are vectors, an upload is a
 // copy out of staging (or takes the staging buffer when the chunk owns it),
-// the paged cache is PagedKVCache's own memory, and compute is the model's
-// (LlamaModel: OpenBLAS on the pools' "compute" worker), attending over
-// the paged cache itself (PagedContext).
+// the paged cache is PagedKVCache's own memory. Its runner computes with
+// the model itself (any ModelCompute: LlamaModel's OpenBLAS on the pools'
+// "compute" worker, or a server's own), attending over the paged cache
+// itself (PagedContext).
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Runtime/Backend/Backend.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/Half.h"
@@ -23,11 +24,11 @@ namespace {
 /// A request's paged cache as a prefill's attention context: appends write
 /// blocks, reads convert one run of rows at a time into scratch. With a
 /// gate (not owned), each layer is first opened through it
-/// (Backend::LayerGate).
+/// (ModelRunner::LayerGate).
 class PagedContext final : public KVContext {
 public:
   PagedContext(PagedKVCache &cache, const BlockTable &table,
-               const Backend::LayerGate *gate = nullptr)
+               const ModelRunner::LayerGate *gate = nullptr)
       : cache_(cache), table_(table), gate_(gate && *gate ? gate : nullptr) {}
 
   Status append(int64_t layer, int64_t position, int64_t n, const float *k,
@@ -56,7 +57,7 @@ private:
 
   PagedKVCache &cache_;
   const BlockTable &table_;
-  const Backend::LayerGate *gate_;
+  const ModelRunner::LayerGate *gate_;
   int64_t opened_ = -1;
   std::vector<float> k_, v_;
 };
@@ -91,7 +92,89 @@ void toFloats(const uint16_t *words, int64_t n, DType dtype, float *out) {
         dtype == DType::BF16 ? bf16ToFloat(words[i]) : f16ToFloat(words[i]);
 }
 
-class CpuBackend final : public Backend {
+/// The model's own compute over host memory.
+class CpuRunner final : public ModelRunner {
+public:
+  using ModelRunner::ModelRunner;
+
+  /// Layer by layer, fp32 in the projection, bf16 out.
+  StatusOr<double> project(const DeviceBuffer &hidden, DType dtype,
+                           const ChunkBox &box, DeviceBuffer &kv) override {
+    const ModelCompute &model = this->model();
+    const int64_t tokens = box.tokens();
+    const int64_t h = model.config().hiddenSize, kvDim = model.kvDim();
+    const std::vector<uint16_t> &in = wordsOf(hidden);
+    if (int64_t(in.size()) != box.layers() * tokens * h * wordsPer(dtype))
+      return Status(StatusCode::Internal,
+                    "project: the buffer does not hold the chunk's hidden "
+                    "states");
+    std::vector<uint16_t> &out = wordsOf(kv);
+    out.resize(box.layers() * 2 * tokens * kvDim);
+    std::vector<float> states(tokens * h), k(tokens * kvDim), v(tokens * kvDim);
+    for (int64_t l = 0; l < box.layers(); ++l) {
+      toFloats(in.data() + l * tokens * h * wordsPer(dtype), tokens * h, dtype,
+               states.data());
+      model.project(box.layerBegin + l, states.data(), tokens, box.tokenBegin,
+                    k.data(), v.data());
+      uint16_t *kOut = out.data() + (2 * l) * tokens * kvDim;
+      uint16_t *vOut = kOut + tokens * kvDim;
+      for (int64_t i = 0; i < tokens * kvDim; ++i) {
+        kOut[i] = floatToBf16(k[i]);
+        vOut[i] = floatToBf16(v[i]);
+      }
+    }
+    return model.projectFlops(tokens, box.layers());
+  }
+
+  Status prefillInto(PagedKVCache &cache, const BlockTable &table,
+                     const int32_t *tokens, int64_t position, int64_t n,
+                     int64_t layers, const LayerWritten &written) override {
+    const ModelCompute &model = this->model();
+    PagedContext context(cache, table);
+    if (!written)
+      return model.prefill(context, position, tokens, n, {}, layers);
+    // The model shows a layer before it appends the layer's K and V to the
+    // context: layer l is written once layer l + 1 is shown.
+    KVC_RETURN_IF_ERROR(model.prefill(
+        context, position, tokens, n,
+        [&](const LayerSnapshot &shown) {
+          if (shown.layer > 0)
+            written(shown.layer - 1);
+        },
+        layers));
+    const int64_t last = (layers < 0 ? model.config().numLayers : layers) - 1;
+    if (last >= 0)
+      written(last);
+    return Status::ok();
+  }
+
+  Status decode(PagedKVCache &cache, const BlockTable &table,
+                int64_t position, const int32_t *tokens, int64_t n,
+                float *logits, const LayerGate &attend) override {
+    PagedContext context(cache, table, &attend);
+    return model().nextLogits(context, position, tokens, n, logits);
+  }
+
+  StatusOr<double> timePrefill(const ModelCompute::Cache &context,
+                               const std::vector<int32_t> &tokens,
+                               int64_t position, int64_t n) override {
+    const ModelCompute &model = this->model();
+    if (position + n > int64_t(tokens.size()) || context.tokens < position)
+      return invalidArgument("timePrefill: tokens " + std::to_string(position) +
+                             " to " + std::to_string(position + n) +
+                             " are not in the request or its context");
+    ModelCompute::Cache cache = context;
+    cache.tokens = position;
+    for (auto *kv : {&cache.k, &cache.v})
+      for (std::vector<float> &layer : *kv)
+        layer.resize(position * model.kvDim());
+    Clock::time_point start = Clock::now();
+    KVC_RETURN_IF_ERROR(model.prefill(cache, tokens.data() + position, n));
+    return secondsSince(start);
+  }
+};
+
+class CpuDevice final : public Device {
 public:
   const char *name() const override { return "cpu"; }
 
@@ -119,35 +202,6 @@ public:
     return Status::ok();
   }
 
-  /// Layer by layer, fp32 in the projection, bf16 out.
-  StatusOr<double> project(const ModelCompute &model,
-                           const DeviceBuffer &hidden, DType dtype,
-                           const ChunkBox &box, DeviceBuffer &kv) override {
-    const int64_t tokens = box.tokens();
-    const int64_t h = model.config().hiddenSize, kvDim = model.kvDim();
-    const std::vector<uint16_t> &in = wordsOf(hidden);
-    if (int64_t(in.size()) != box.layers() * tokens * h * wordsPer(dtype))
-      return Status(StatusCode::Internal,
-                    "project: the buffer does not hold the chunk's hidden "
-                    "states");
-    std::vector<uint16_t> &out = wordsOf(kv);
-    out.resize(box.layers() * 2 * tokens * kvDim);
-    std::vector<float> states(tokens * h), k(tokens * kvDim), v(tokens * kvDim);
-    for (int64_t l = 0; l < box.layers(); ++l) {
-      toFloats(in.data() + l * tokens * h * wordsPer(dtype), tokens * h, dtype,
-               states.data());
-      model.project(box.layerBegin + l, states.data(), tokens, box.tokenBegin,
-                    k.data(), v.data());
-      uint16_t *kOut = out.data() + (2 * l) * tokens * kvDim;
-      uint16_t *vOut = kOut + tokens * kvDim;
-      for (int64_t i = 0; i < tokens * kvDim; ++i) {
-        kOut[i] = floatToBf16(k[i]);
-        vOut[i] = floatToBf16(v[i]);
-      }
-    }
-    return model.projectFlops(tokens, box.layers());
-  }
-
   Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
                  PagedKVCache &cache, const BlockTable &table) override {
     const int64_t kvDim = cache.kvDim(), tokens = box.tokens();
@@ -161,28 +215,6 @@ public:
           cache.write(table, box.layerBegin + l, box.tokenBegin, tokens,
                       words.data() + (2 * l) * tokens * kvDim,
                       words.data() + (2 * l + 1) * tokens * kvDim));
-    return Status::ok();
-  }
-
-  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
-                     const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers,
-                     const LayerWritten &written) override {
-    PagedContext context(cache, table);
-    if (!written)
-      return model.prefill(context, position, tokens, n, {}, layers);
-    // The model shows a layer before it appends the layer's K and V to the
-    // context: layer l is written once layer l + 1 is shown.
-    KVC_RETURN_IF_ERROR(model.prefill(
-        context, position, tokens, n,
-        [&](const LayerSnapshot &shown) {
-          if (shown.layer > 0)
-            written(shown.layer - 1);
-        },
-        layers));
-    const int64_t last = (layers < 0 ? model.config().numLayers : layers) - 1;
-    if (last >= 0)
-      written(last);
     return Status::ok();
   }
 
@@ -201,46 +233,25 @@ public:
     return cache.read(table, layer, first, n, k, v);
   }
 
-  Status decode(const ModelCompute &model, PagedKVCache &cache,
-                const BlockTable &table, int64_t position,
-                const int32_t *tokens, int64_t n, float *logits,
-                const LayerGate &attend) override {
-    PagedContext context(cache, table, &attend);
-    return model.nextLogits(context, position, tokens, n, logits);
-  }
-
-  StatusOr<double> timePrefill(const ModelCompute &model,
-                               const ModelCompute::Cache &context,
-                               const std::vector<int32_t> &tokens,
-                               int64_t position, int64_t n) override {
-    if (position + n > int64_t(tokens.size()) || context.tokens < position)
-      return invalidArgument("timePrefill: tokens " + std::to_string(position) +
-                             " to " + std::to_string(position + n) +
-                             " are not in the request or its context");
-    ModelCompute::Cache cache = context;
-    cache.tokens = position;
-    for (auto *kv : {&cache.k, &cache.v})
-      for (std::vector<float> &layer : *kv)
-        layer.resize(position * model.kvDim());
-    Clock::time_point start = Clock::now();
-    KVC_RETURN_IF_ERROR(model.prefill(cache, tokens.data() + position, n));
-    return secondsSince(start);
-  }
-
-  /// Single-thread copy bandwidth: the CPU backend's "link" and memory.
+  /// Single-thread copy bandwidth: the CPU device's "link" and memory.
   StatusOr<double> uploadGBs() override {
     std::vector<char> from(size_t(256) << 20, 1), to(from.size());
     double seconds =
         bestOf(3, [&] { std::memcpy(to.data(), from.data(), from.size()); });
     return double(from.size()) / seconds / 1e9;
   }
+
+  std::unique_ptr<ModelRunner>
+  createRunner(const ModelCompute &model) override {
+    return std::make_unique<CpuRunner>(*this, model);
+  }
 };
 
 } // namespace
 
-Backend &cpuBackend() {
-  static CpuBackend backend;
-  return backend;
+Device &cpuDevice() {
+  static CpuDevice device;
+  return device;
 }
 
 } // namespace kvc

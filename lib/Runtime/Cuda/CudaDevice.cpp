@@ -1,4 +1,4 @@
-//===- CudaBackend.cpp - Restores into a GPU's memory ---------------------===//
+//===- CudaDevice.cpp - Restores into a GPU's memory ----------------------===//
 //
 // Lanes come from a free list and go back after each call, so there are as
 // many streams as calls ever ran at once. Per-call device memory (block
@@ -9,7 +9,11 @@
 // Generated restore kernels (a plan bundle's PTX) are loaded with the
 // driver API on first launch, one module per distinct PTX text, in the
 // primary context the runtime API uses, and launched on the call's lane;
-// modules live as long as the backend.
+// modules live as long as the device.
+//
+// The model's work (CudaRunner) runs on the device's lanes, with the
+// model's weights in device memory (CudaModel.h) uploaded on a runner's
+// first call and kept, per model, while the device lives.
 //
 // An upload copies the host chunk into the lane's pinned staging in pieces,
 // alternating two halves, so that the copy of one piece into pinned memory
@@ -20,7 +24,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Runtime/Cuda/CudaBackend.h"
+#include "kvc/Runtime/Cuda/CudaDevice.h"
 
 #include "CudaModel.h"
 #include "CudaSupport.h"
@@ -30,6 +34,7 @@
 #include "kvc/Runtime/Base/HostWorkers.h"
 #include "kvc/Runtime/Cuda/CudaDriver.h"
 #include "kvc/Runtime/Device/KernelAbi.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <algorithm>
 #include <cstring>
@@ -76,11 +81,11 @@ Status needDevice(const PagedKVCache &cache) {
   return Status::ok();
 }
 
-class CudaBackend final : public Backend {
+class CudaDevice final : public Device {
 public:
-  explicit CudaBackend(const CudaBackendOptions &options)
+  explicit CudaDevice(const CudaDeviceOptions &options)
       : options_(options) {}
-  ~CudaBackend() override {
+  ~CudaDevice() override {
     for (const auto &[name, loaded] : functions_)
       for (const LoadedKernel &kernel : loaded)
         driver_->cuModuleUnload(kernel.module);
@@ -170,7 +175,7 @@ public:
 
   StatusOr<double> project(const ModelCompute &model,
                            const DeviceBuffer &hidden, DType dtype,
-                           const ChunkBox &box, DeviceBuffer &kv) override {
+                           const ChunkBox &box, DeviceBuffer &kv) {
     KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
@@ -302,7 +307,7 @@ public:
   Status canLaunchProject(const BundleKernel &prologue,
                           const BundleKernel &epilogue,
                           const ModelCompute &model,
-                          const PagedKVCache &cache) const override {
+                          const PagedKVCache &cache) const {
     KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
     KVC_RETURN_IF_ERROR(loads(prologue));
     const ModelConfig &c = model.config();
@@ -326,7 +331,7 @@ public:
                                  const ModelCompute &model,
                                  const DeviceBuffer &hidden, DType dtype,
                                  const ChunkBox &box, PagedKVCache &cache,
-                                 const BlockTable &table) override {
+                                 const BlockTable &table) {
     KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
     const ModelConfig &c = model.config();
     const int64_t tokens = box.tokens(), layers = box.layers(),
@@ -399,7 +404,7 @@ public:
   Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
                      int64_t position, int64_t n, int64_t layers,
-                     const LayerWritten &written) override {
+                     const ModelRunner::LayerWritten &written) {
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (layers < 0)
       layers = model.config().numLayers;
@@ -423,7 +428,7 @@ public:
   }
 
   StatusOr<std::unique_ptr<PrefillStream>>
-  streamPrefill(const ModelCompute &model, int64_t tokens) override {
+  streamPrefill(const ModelCompute &model, int64_t tokens) {
     const ModelConfig &c = model.config();
     if (tokens <= 0 || tokens > c.maxPositions)
       return invalidArgument("prefill stream: a request of " +
@@ -484,7 +489,7 @@ public:
   Status decode(const ModelCompute &model, PagedKVCache &cache,
                 const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
-                const LayerGate &attend) override {
+                const ModelRunner::LayerGate &attend) {
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (n <= 0)
       return invalidArgument("logits need at least one token");
@@ -513,7 +518,7 @@ public:
   StatusOr<double> timePrefill(const ModelCompute &model,
                                const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
-                               int64_t position, int64_t n) override {
+                               int64_t position, int64_t n) {
     if (position < 0 || n <= 0 || position + n > int64_t(tokens.size()) ||
         context.tokens < position)
       return invalidArgument("timePrefill: tokens " + std::to_string(position) +
@@ -595,6 +600,9 @@ public:
     return best / 1e9;
   }
 
+  std::unique_ptr<ModelRunner>
+  createRunner(const ModelCompute &model) override;
+
   Status start() {
     KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
     driver_ = driver;
@@ -614,9 +622,9 @@ public:
 private:
   /// A lane for one call, back to the free list when it goes.
   struct LaneLease {
-    CudaBackend *backend = nullptr;
+    CudaDevice *backend = nullptr;
     std::unique_ptr<Lane> lane;
-    LaneLease(CudaBackend *backend, std::unique_ptr<Lane> lane)
+    LaneLease(CudaDevice *backend, std::unique_ptr<Lane> lane)
         : backend(backend), lane(std::move(lane)) {}
     LaneLease(LaneLease &&) = default;
     ~LaneLease() {
@@ -647,7 +655,7 @@ private:
   /// layer's hidden states, K and V back to the host for its callback.
   class Stream final : public PrefillStream {
   public:
-    Stream(CudaBackend &backend, const CudaModel &gpu,
+    Stream(CudaDevice &backend, const CudaModel &gpu,
            std::unique_ptr<PagedKVCache> cache, BlockTable table,
            int64_t capacity)
         : backend_(backend), gpu_(gpu), cache_(std::move(cache)),
@@ -698,7 +706,7 @@ private:
     }
 
   private:
-    CudaBackend &backend_;
+    CudaDevice &backend_;
     const CudaModel &gpu_;
     std::unique_ptr<PagedKVCache> cache_;
     BlockTable table_;
@@ -787,8 +795,8 @@ private:
 
   /// The GEMM precision of `model` on this backend.
   GemmPrecision precisionFor(const ModelCompute &model) const {
-    return options_.gemm == CudaBackendOptions::Gemm::F32 ? GemmPrecision::F32
-           : options_.gemm == CudaBackendOptions::Gemm::BF16
+    return options_.gemm == CudaDeviceOptions::Gemm::F32 ? GemmPrecision::F32
+           : options_.gemm == CudaDeviceOptions::Gemm::BF16
                ? GemmPrecision::BF16
            : model.config().dtype == DType::F32 ? GemmPrecision::F32
                                                 : GemmPrecision::BF16;
@@ -844,7 +852,7 @@ private:
     return layouts;
   }
 
-  CudaBackendOptions options_;
+  CudaDeviceOptions options_;
   const CudaDriver *driver_ = nullptr;
   std::mutex mutex_; ///< Guards lanes_.
   std::vector<std::unique_ptr<Lane>> lanes_;
@@ -866,10 +874,65 @@ private:
   std::map<std::string, std::vector<LoadedKernel>> functions_;
 };
 
+/// The model's work on the device's lanes (the device's members above,
+/// which find the model's weights on the device).
+class CudaRunner final : public ModelRunner {
+public:
+  CudaRunner(CudaDevice &device, const ModelCompute &model)
+      : ModelRunner(device, model), device_(device) {}
+
+  StatusOr<double> project(const DeviceBuffer &hidden, DType dtype,
+                           const ChunkBox &box, DeviceBuffer &kv) override {
+    return device_.project(model(), hidden, dtype, box, kv);
+  }
+  Status canLaunchProject(const BundleKernel &prologue,
+                          const BundleKernel &epilogue,
+                          const PagedKVCache &cache) const override {
+    return device_.canLaunchProject(prologue, epilogue, model(), cache);
+  }
+  StatusOr<double> launchProject(const BundleKernel &prologue,
+                                 const BundleKernel &epilogue,
+                                 const DeviceBuffer &hidden, DType dtype,
+                                 const ChunkBox &box, PagedKVCache &cache,
+                                 const BlockTable &table) override {
+    return device_.launchProject(prologue, epilogue, model(), hidden, dtype,
+                                 box, cache, table);
+  }
+  Status prefillInto(PagedKVCache &cache, const BlockTable &table,
+                     const int32_t *tokens, int64_t position, int64_t n,
+                     int64_t layers, const LayerWritten &written) override {
+    return device_.prefillInto(model(), cache, table, tokens, position, n,
+                               layers, written);
+  }
+  StatusOr<std::unique_ptr<PrefillStream>>
+  streamPrefill(int64_t tokens) override {
+    return device_.streamPrefill(model(), tokens);
+  }
+  Status decode(PagedKVCache &cache, const BlockTable &table,
+                int64_t position, const int32_t *tokens, int64_t n,
+                float *logits, const LayerGate &attend) override {
+    return device_.decode(model(), cache, table, position, tokens, n, logits,
+                          attend);
+  }
+  StatusOr<double> timePrefill(const ModelCompute::Cache &context,
+                               const std::vector<int32_t> &tokens,
+                               int64_t position, int64_t n) override {
+    return device_.timePrefill(model(), context, tokens, position, n);
+  }
+
+private:
+  CudaDevice &device_;
+};
+
+std::unique_ptr<ModelRunner>
+CudaDevice::createRunner(const ModelCompute &model) {
+  return std::make_unique<CudaRunner>(*this, model);
+}
+
 } // namespace
 
-StatusOr<std::unique_ptr<Backend>>
-createCudaBackend(const CudaBackendOptions &options) {
+StatusOr<std::unique_ptr<Device>>
+createCudaDevice(const CudaDeviceOptions &options) {
   int count = 0;
   cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0)
@@ -882,9 +945,9 @@ createCudaBackend(const CudaBackendOptions &options) {
     return invalidArgument("cuda backend: no device " +
                            std::to_string(options.device) + " (there are " +
                            std::to_string(count) + ")");
-  auto backend = std::make_unique<CudaBackend>(options);
-  KVC_RETURN_IF_ERROR(backend->start());
-  return std::unique_ptr<Backend>(std::move(backend));
+  auto device = std::make_unique<CudaDevice>(options);
+  KVC_RETURN_IF_ERROR(device->start());
+  return std::unique_ptr<Device>(std::move(device));
 }
 
 } // namespace kvc

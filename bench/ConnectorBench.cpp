@@ -167,8 +167,7 @@ struct Server {
     BlockTable table{ids};
     logits.resize(model.config().vocabSize);
     return runner->decode(*cache, table, from, tokens.data() + from,
-                          int64_t(tokens.size()) - from, logits.data(),
-                          attend);
+                          int64_t(tokens.size()) - from, logits.data(), attend);
   }
   std::vector<float> logits;
 };

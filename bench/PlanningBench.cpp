@@ -86,7 +86,7 @@ BENCHMARK(Joint)->Unit(benchmark::kMillisecond);
 
 void RestorePipeline(benchmark::State &state) {
   mlir::MLIRContext context;
-  context.loadDialect<mlir::kvc::KVCDialect, mlir::func::FuncDialect>();
+  context.loadDialect<kvc::compiler::KVCDialect, mlir::func::FuncDialect>();
   const char *ir = R"mlir(
     kvc.restore @chat tokens 0 to 32768 from [
       #kvc.source<tier = "ssd", form = kv, codec = <quant = int8, lossless = zstd>,
@@ -95,15 +95,15 @@ void RestorePipeline(benchmark::State &state) {
   )mlir";
   mlir::OwningOpRef<mlir::ModuleOp> module =
       mlir::parseSourceString<mlir::ModuleOp>(ir, &context);
-  (*module)->setAttr(mlir::kvc::KVCDialect::kModelAttrName,
-                     mlir::kvc::getModelAttr(&context, llama70b()));
-  (*module)->setAttr(mlir::kvc::KVCDialect::kTargetAttrName,
-                     mlir::kvc::getTargetAttr(&context, h100()));
+  (*module)->setAttr(kvc::compiler::KVCDialect::kModelAttrName,
+                     kvc::compiler::getModelAttr(&context, llama70b()));
+  (*module)->setAttr(kvc::compiler::KVCDialect::kTargetAttrName,
+                     kvc::compiler::getTargetAttr(&context, h100()));
   for (auto _ : state) {
     state.PauseTiming();
     mlir::OwningOpRef<mlir::ModuleOp> copy = module->clone();
     mlir::PassManager pm(&context);
-    mlir::kvc::buildRestorePipeline(pm, {});
+    kvc::compiler::buildRestorePipeline(pm, {});
     state.ResumeTiming();
     if (mlir::failed(pm.run(*copy)))
       state.SkipWithError("kvc-restore-pipeline failed");

@@ -110,9 +110,8 @@ std::vector<std::string> record(const LlamaModel &model,
   });
   std::vector<std::string> messages;
   RecordingLink recording(receiving, messages);
-  auto into =
-      orFail(host::destinationFor(cpuDevice(), model, tokens, nullptr, {}),
-             "a cache");
+  auto into = orFail(
+      host::destinationFor(cpuDevice(), model, tokens, nullptr, {}), "a cache");
   StatusOr<ReceiveMetrics> received =
       receiveContext(recording, objects, into->target, {});
   sender.join();

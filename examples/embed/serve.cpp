@@ -26,8 +26,8 @@
 #include "kvc/Host/CompilerHook.h"
 #include "kvc/Host/Connector.h"
 #include "kvc/Runtime/Base/Clock.h"
-#include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/Blas.h"
+#include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Model/ModelRunner.h"
 

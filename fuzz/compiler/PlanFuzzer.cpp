@@ -174,10 +174,10 @@ struct Fuzzer {
 
   Fuzzer(std::string model, std::string target)
       : model(std::move(model)), target(std::move(target)) {
-    mlir::kvc::registerKernelDialects(registry);
-    mlir::kvc::registerKVCPasses();
-    mlir::kvc::registerKVCConversionPasses();
-    mlir::kvc::registerKVCPipelines();
+    kvc::compiler::registerKernelDialects(registry);
+    kvc::compiler::registerKVCPasses();
+    kvc::compiler::registerKVCConversionPasses();
+    kvc::compiler::registerKVCPipelines();
     context = std::make_unique<MLIRContext>(registry,
                                             MLIRContext::Threading::DISABLED);
     context->loadAllAvailableDialects();
@@ -247,10 +247,10 @@ struct Fuzzer {
       return Outcome::Lowered;
     std::string json;
     llvm::raw_string_ostream os(json);
-    if (failed(mlir::kvc::writePlanBundle(*module, os)))
+    if (failed(kvc::compiler::writePlanBundle(*module, os)))
       return Outcome::Failed;
     os.flush();
-    ::kvc::StatusOr<::kvc::PlanBundle> bundle = ::kvc::parsePlanBundle(json);
+    kvc::StatusOr<kvc::PlanBundle> bundle = kvc::parsePlanBundle(json);
     if (!bundle) {
       std::fprintf(stderr,
                    "kvc-plan-fuzz: the compiler wrote a bundle the runtime "
@@ -324,14 +324,14 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  std::mt19937_64 rng(::kvc::fuzz::mutationSeed(20261124));
+  std::mt19937_64 rng(kvc::fuzz::mutationSeed(20261124));
   long counts[4] = {};
   for (long i = 0; i < iterations; ++i) {
     std::string text = seeds[rng() % seeds.size()];
     for (int m = 0, n = 1 + int(rng() % 2); m < n; ++m)
       mutate(text, rng);
     if (rng() % 16 == 0)
-      ::kvc::fuzz::damage(text, rng);
+      kvc::fuzz::damage(text, rng);
     const unsigned pick = rng() % 16;
     const int which = pick == 0   ? 1
                       : pick < 6  ? 0

@@ -12,13 +12,13 @@
 
 #include "mlir/Pass/PassManager.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCGENERATEKERNELSPASS
 #include "kvc/Conversion/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 namespace {
 
@@ -29,7 +29,7 @@ void buildGeneration(OpPassManager &pm, StringRef chip) {
 }
 
 struct KVCGenerateKernelsPass
-    : public mlir::kvc::impl::KVCGenerateKernelsPassBase<
+    : public kvc::compiler::impl::KVCGenerateKernelsPassBase<
           KVCGenerateKernelsPass> {
   using KVCGenerateKernelsPassBase::KVCGenerateKernelsPassBase;
 

@@ -20,17 +20,18 @@
 #include "llvm/MC/TargetRegistry.h"
 #include "llvm/Target/TargetMachine.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCGPUDATALAYOUTPASS
 #include "kvc/Conversion/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
 
 namespace {
 
 struct KVCGpuDataLayoutPass
-    : public mlir::kvc::impl::KVCGpuDataLayoutPassBase<KVCGpuDataLayoutPass> {
+    : public kvc::compiler::impl::KVCGpuDataLayoutPassBase<
+          KVCGpuDataLayoutPass> {
   void runOnOperation() override {
     gpu::GPUModuleOp module = getOperation();
     NVVM::NVVMTargetAttr target;

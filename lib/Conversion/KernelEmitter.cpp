@@ -73,8 +73,8 @@
 #include <numeric>
 
 using namespace mlir;
-using namespace mlir::kvc;
-using namespace mlir::kvc::detail;
+using namespace kvc::compiler;
+using namespace kvc::compiler::detail;
 
 std::tuple<int64_t, Value, Type> ItemEmitter::units(Value memory, int64_t bytes,
                                                     int64_t align) {
@@ -193,8 +193,7 @@ namespace {
 
 /// vector<8xf32> of 8 codes (vector<8xi32>) of a quantization's code kind
 /// (the codec registry's CodeKind).
-Value codeValues(OpBuilder &b, Location loc, ::kvc::CodeKind kind,
-                 Value codes) {
+Value codeValues(OpBuilder &b, Location loc, kvc::CodeKind kind, Value codes) {
   Type f32 = b.getF32Type(), i32 = b.getI32Type();
   VectorType ints = VectorType::get({8}, i32), floats = VectorType::get({8}, f32);
   auto constant = [&](int32_t value) -> Value {
@@ -209,14 +208,14 @@ Value codeValues(OpBuilder &b, Location loc, ::kvc::CodeKind kind,
     return b.create<arith::BitcastOp>(loc, floats, v);
   };
   switch (kind) {
-  case ::kvc::CodeKind::Levels:
+  case kvc::CodeKind::Levels:
     // The integers as floats, exactly: 2^23 + q has q in its mantissa
     // bits, and subtracting 2^23 is exact. An OR and an add on the GPU's
     // full-rate pipes, where uitofp takes its quarter-rate conversion unit.
     return b.create<arith::SubFOp>(
         loc, asFloats(b.create<arith::OrIOp>(loc, codes, constant(0x4B000000))),
         real(8388608.0f));
-  case ::kvc::CodeKind::E4M3: {
+  case kvc::CodeKind::E4M3: {
     // As e4m3ToFloat (Float8.h), in integer and select instructions, which
     // every PTX target and the host run alike: a normal code's exponent
     // rebiased from 7 to 127 and its mantissa moved to the top of f32's; a
@@ -588,8 +587,8 @@ void ItemEmitter::write(bool value, const Result &result) {
   storeBytes(cache(value), mul(result.element, 2), concat(bytes), 16);
 }
 
-func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
-                                    const KernelSpec &spec) {
+func::FuncOp kvc::compiler::buildKernel(OpBuilder &builder, Location loc,
+                                        const KernelSpec &spec) {
   MLIRContext *ctx = builder.getContext();
   Type bytes = MemRefType::get({ShapedType::kDynamic}, builder.getI8Type());
   Type table = MemRefType::get({ShapedType::kDynamic}, builder.getI32Type());
@@ -637,7 +636,7 @@ func::FuncOp mlir::kvc::buildKernel(OpBuilder &builder, Location loc,
     // A row of the chunk (layer, then token) per L consecutive lanes in the
     // GPU form (RmsNorm.h), per thread in the host form. Lanes past the
     // last row recompute it and store nothing.
-    const int64_t lanes = spec.host ? 1 : ::kvc::rmsNormLanes(spec.hidden);
+    const int64_t lanes = spec.host ? 1 : kvc::rmsNormLanes(spec.hidden);
     const int64_t rows = spec.layers * spec.tokens;
     const int64_t perBlock = spec.threads / lanes;
     auto [blockId, threadId] = nest(ceilDiv(rows, perBlock));

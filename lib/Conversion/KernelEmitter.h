@@ -10,6 +10,8 @@
 #ifndef KVC_LIB_TRANSFORMS_KERNELEMITTER_H
 #define KVC_LIB_TRANSFORMS_KERNELEMITTER_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Conversion/KernelGen.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
@@ -17,7 +19,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Matchers.h"
 
-namespace mlir::kvc::detail {
+namespace kvc::compiler::detail {
 
 inline int64_t ceilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -243,6 +245,6 @@ private:
   llvm::DenseMap<int64_t, Value> constants;
 };
 
-} // namespace mlir::kvc::detail
+} // namespace kvc::compiler::detail
 
 #endif // KVC_LIB_TRANSFORMS_KERNELEMITTER_H

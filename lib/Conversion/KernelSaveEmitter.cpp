@@ -39,8 +39,8 @@
 #include <numeric>
 
 using namespace mlir;
-using namespace mlir::kvc;
-using namespace mlir::kvc::detail;
+using namespace kvc::compiler;
+using namespace kvc::compiler::detail;
 
 Value ItemEmitter::loadCache(bool value, Value layer, Value token,
                              Value channel, int64_t n) {
@@ -132,7 +132,7 @@ void ItemEmitter::rmsNormRow(Value row, Value lane, Value inRange) {
   // RmsNorm.h's order: lane l sums the squares of pieces l, l + L, ... in
   // 8 partial sums; a lane's total; the lanes' totals pairwise.
   const int64_t h = spec.hidden, pieces = h / 8;
-  const int64_t lanes = ::kvc::rmsNormLanes(h);
+  const int64_t lanes = kvc::rmsNormLanes(h);
   const int64_t held = spec.host ? lanes : 1; // Lanes this item holds.
   const int64_t bytes = spec.storage.getIntOrFloatBitWidth() / 8;
   Type f32 = b.getF32Type();
@@ -267,7 +267,7 @@ ItemEmitter::QuantParams ItemEmitter::quantParams(Value lo, Value hi,
   Value underflow = b.create<arith::CmpFOp>(
       loc, arith::CmpFPredicate::OLE,
       b.create<arith::ExtFOp>(loc, f32, scale16), constant(0));
-  APFloat tiny(APFloat::IEEEhalf(), APInt(16, ::kvc::kTinyQuantScale));
+  APFloat tiny(APFloat::IEEEhalf(), APInt(16, kvc::kTinyQuantScale));
   scale16 = b.create<arith::SelectOp>(
       loc, underflow, splat(f16, b.getFloatAttr(b.getF16Type(), tiny)),
       scale16);

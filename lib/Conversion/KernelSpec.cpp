@@ -15,11 +15,11 @@
 #include <numeric>
 
 using namespace mlir;
-using namespace mlir::kvc;
-using namespace mlir::kvc::detail;
+using namespace kvc::compiler;
+using namespace kvc::compiler::detail;
 
-MatrixLayout mlir::kvc::detail::matrixLayout(const KernelSpec &spec,
-                                             bool value) {
+MatrixLayout kvc::compiler::detail::matrixLayout(const KernelSpec &spec,
+                                                 bool value) {
   MatrixLayout layout;
   layout.bits = spec.bits();
   const int64_t width = spec.width();
@@ -151,7 +151,7 @@ int64_t KernelSpec::payloadBytes() const {
 
 std::string KernelSpec::symbolName() const {
   std::string name =
-      std::string("kvc_") + ::kvc::bundleKernelKindName(kind) + "_";
+      std::string("kvc_") + kvc::bundleKernelKindName(kind) + "_";
   if (kind == KernelKind::RmsNorm) {
     llvm::raw_string_ostream os(name);
     os << storage << (host ? "_host" : "") << "_t" << tokens << "_l" << layers
@@ -186,8 +186,7 @@ std::string KernelSpec::symbolName() const {
 DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   Builder b(context);
   SmallVector<NamedAttribute> fields = {
-      b.getNamedAttr("kind",
-                     b.getStringAttr(::kvc::bundleKernelKindName(kind))),
+      b.getNamedAttr("kind", b.getStringAttr(kvc::bundleKernelKindName(kind))),
       b.getNamedAttr("tokens", b.getI64IntegerAttr(tokens)),
       b.getNamedAttr("layers", b.getI64IntegerAttr(layers)),
       b.getNamedAttr("kv_heads", b.getI64IntegerAttr(kvHeads)),
@@ -216,7 +215,7 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
   KernelSpec spec;
   auto kind = attr.getAs<StringAttr>("kind");
   std::optional<KernelKind> parsed =
-      kind ? ::kvc::parseBundleKernelKind(kind.getValue()) : std::nullopt;
+      kind ? kvc::parseBundleKernelKind(kind.getValue()) : std::nullopt;
   if (!parsed)
     return failure();
   spec.kind = *parsed;
@@ -386,7 +385,7 @@ std::string KernelSpec::unsupported() const {
       os << "RoPE over head_dim " << headDim << " needs 8 or a multiple of 16";
     return why;
   }
-  const ::kvc::CodecStageInfo *quant = codec ? codec.getQuantStage() : nullptr;
+  const kvc::CodecStageInfo *quant = codec ? codec.getQuantStage() : nullptr;
   if (codec && codec.getLossless() != Lossless::none)
     os << "its input still carries a lossless coder (decompress on the host "
           "first)";

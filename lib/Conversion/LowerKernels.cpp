@@ -42,19 +42,20 @@
 #include "mlir/Target/LLVMIR/Dialect/NVVM/NVVMToLLVMIRTranslation.h"
 #include "mlir/Transforms/Passes.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCLOWERKERNELSPASS
 #include "kvc/Conversion/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 //===----------------------------------------------------------------------===//
 // Pipelines
 //===----------------------------------------------------------------------===//
 
-void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
+void kvc::compiler::buildKernelsToPTXPipeline(OpPassManager &pm,
+                                              StringRef chip) {
   pm.addNestedPass<func::FuncOp>(createGpuMapParallelLoopsPass());
   pm.addNestedPass<func::FuncOp>(createParallelLoopToGpuPass());
   pm.addNestedPass<func::FuncOp>(createLowerAffinePass());
@@ -79,7 +80,7 @@ void mlir::kvc::buildKernelsToPTXPipeline(OpPassManager &pm, StringRef chip) {
   pm.addPass(createGpuModuleToBinaryPass(binary));
 }
 
-void mlir::kvc::buildKernelsToLLVMPipeline(OpPassManager &pm) {
+void kvc::compiler::buildKernelsToLLVMPipeline(OpPassManager &pm) {
   pm.addPass(createConvertSCFToCFPass());
   pm.addPass(createConvertVectorToLLVMPass());
   pm.addPass(createConvertMathToLLVMPass());
@@ -90,7 +91,7 @@ void mlir::kvc::buildKernelsToLLVMPipeline(OpPassManager &pm) {
   pm.addPass(createReconcileUnrealizedCastsPass());
 }
 
-void mlir::kvc::registerKernelDialects(DialectRegistry &registry) {
+void kvc::compiler::registerKernelDialects(DialectRegistry &registry) {
   registry.insert<KVCDialect, arith::ArithDialect, cf::ControlFlowDialect,
                   func::FuncDialect, gpu::GPUDialect, LLVM::LLVMDialect,
                   math::MathDialect, memref::MemRefDialect, NVVM::NVVMDialect,
@@ -109,7 +110,7 @@ void mlir::kvc::registerKernelDialects(DialectRegistry &registry) {
 namespace {
 
 struct KVCLowerKernelsPass
-    : public mlir::kvc::impl::KVCLowerKernelsPassBase<KVCLowerKernelsPass> {
+    : public kvc::compiler::impl::KVCLowerKernelsPassBase<KVCLowerKernelsPass> {
   using Base::Base;
 
   void runOnOperation() override {

@@ -37,7 +37,7 @@ destinationFor(Device &device, const ModelCompute &model,
   auto out = std::make_unique<Destination>();
   KVC_ASSIGN_OR_RETURN(
       cache, device.cacheFor(model.config(), int64_t(tokens.size()) +
-                                                  std::max<int64_t>(room, 0)));
+                                                 std::max<int64_t>(room, 0)));
   std::tie(out->cache, out->table) = std::move(cache);
   out->target.device = &device;
   out->target.model = &model;

@@ -8,20 +8,20 @@
 
 #include "kvc/Transforms/Passes.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCCHOOSEMERGEPOINTPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 namespace {
 
 struct KVCChooseMergePointPass
     : public PlanRestorePass<KVCChooseMergePointPass,
-                             mlir::kvc::impl::KVCChooseMergePointPassBase> {
+                             kvc::compiler::impl::KVCChooseMergePointPassBase> {
   using PlanRestorePass::PlanRestorePass;
 
   std::optional<planning::Evaluation> choose(const planning::Planner &planner,

@@ -25,16 +25,16 @@
 #include <cmath>
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 namespace {
 
 /// The module holding `request` as `kvc.restore @name`.
 OwningOpRef<ModuleOp> buildRequestModule(MLIRContext &context,
-                                         const ::kvc::ModelConfig &model,
+                                         const kvc::ModelConfig &model,
                                          const std::string &fingerprint,
-                                         const ::kvc::TargetDesc &target,
-                                         const ::kvc::planning::Request &request,
+                                         const kvc::TargetDesc &target,
+                                         const kvc::planning::Request &request,
                                          StringRef name) {
   OpBuilder builder(&context);
   Location loc = builder.getUnknownLoc();
@@ -44,7 +44,7 @@ OwningOpRef<ModuleOp> buildRequestModule(MLIRContext &context,
   (*module)->setAttr(KVCDialect::kTargetAttrName,
                      getTargetAttr(&context, target));
   SmallVector<Attribute> sources;
-  for (const ::kvc::planning::Source &source : request.sources)
+  for (const kvc::planning::Source &source : request.sources)
     sources.push_back(getSourceAttr(&context, source));
   auto finite = [&](double value) {
     return std::isfinite(value) ? builder.getF64FloatAttr(value) : FloatAttr();

@@ -26,13 +26,13 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/ToolOutputFile.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCEMITBUNDLEPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 namespace {
 
@@ -136,7 +136,7 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
       return launch.emitOpError("passes a value that is not an argument of "
                                 "its function; the bundle cannot name it");
     args.push_back(
-        ::kvc::bundleKernelArgNames(kernel.spec.kind)[arg.getArgNumber()]);
+        kvc::bundleKernelArgNames(kernel.spec.kind)[arg.getArgNumber()]);
   }
   // The grid's y is the launch's chunks, computed from the size of the
   // chunks argument alone; the bundle records it as 1, and the runtime sets
@@ -151,7 +151,7 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
       auto source = dim ? dyn_cast<BlockArgument>(dim.getSource()) : nullptr;
       if (source) {
         if (source.getOwner()->getParentOp() != kernel.func ||
-            ::kvc::bundleKernelArgNames(
+            kvc::bundleKernelArgNames(
                 kernel.spec.kind)[source.getArgNumber()] != "chunks")
           return false;
         readsChunks = true;
@@ -181,11 +181,11 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     return success();
   };
   const KernelSpec &spec = kernel.spec;
-  ::kvc::CodecSpec codec = getCodecSpec(spec.codec);
+  kvc::CodecSpec codec = getCodecSpec(spec.codec);
   LogicalResult result = success();
   json.object([&] {
     json.attribute("name", kernel.func.getSymName());
-    json.attribute("kind", ::kvc::bundleKernelKindName(spec.kind));
+    json.attribute("kind", kvc::bundleKernelKindName(spec.kind));
     json.attribute("function", launch.getKernelName().getValue());
     json.attribute("format", "ptx");
     json.attribute("target", target.getChip());
@@ -209,8 +209,8 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     llvm::raw_string_ostream(storage) << spec.storage;
     json.attribute("storage", storage);
     json.attribute("codec", codec.str());
-    json.attribute("key_axis", ::kvc::axisName(codec.keyAxis));
-    json.attribute("value_axis", ::kvc::axisName(codec.valueAxis));
+    json.attribute("key_axis", kvc::axisName(codec.keyAxis));
+    json.attribute("value_axis", kvc::axisName(codec.valueAxis));
     json.attribute("payload_bytes", spec.payloadBytes());
     json.attribute("binary", ptx);
   });
@@ -308,7 +308,8 @@ LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan,
 
 } // namespace
 
-LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
+LogicalResult kvc::compiler::writePlanBundle(ModuleOp module,
+                                             raw_ostream &out) {
   // Check every plan before writing anything.
   SmallVector<PlanOp> plans(module.getOps<PlanOp>());
   for (PlanOp plan : plans)
@@ -332,7 +333,7 @@ LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
     llvm::json::OStream json(os, /*IndentSize=*/1);
     json.object([&] {
       json.attribute("format", "kvc-plan-bundle");
-      json.attribute("version", ::kvc::kPlanBundleVersion);
+      json.attribute("version", kvc::kPlanBundleVersion);
       StringRef fingerprint;
       if (auto model =
               module->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName))
@@ -359,7 +360,7 @@ LogicalResult mlir::kvc::writePlanBundle(ModuleOp module, raw_ostream &out) {
 namespace {
 
 struct KVCEmitBundlePass
-    : public mlir::kvc::impl::KVCEmitBundlePassBase<KVCEmitBundlePass> {
+    : public kvc::compiler::impl::KVCEmitBundlePassBase<KVCEmitBundlePass> {
   using Base::Base;
 
   void runOnOperation() override {

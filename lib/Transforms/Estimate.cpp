@@ -32,14 +32,14 @@
 #include <map>
 #include <tuple>
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCESTIMATEPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 namespace {
 
@@ -67,7 +67,7 @@ BoxKey keyOf(const planning::Box &box) {
 bool freesStaging(Operation *step) {
   bool found = false;
   step->walk([&](Operation *op) {
-    if (std::optional<::kvc::StepKind> kind = getStepKind(op))
+    if (std::optional<kvc::StepKind> kind = getStepKind(op))
       found |= planning::freesStaging(*kind);
   });
   return found;
@@ -80,7 +80,7 @@ std::string resourceName(Operation *step) {
     resource = task.getResource();
   else
     resource = getResource(step);
-  return ::kvc::poolName(toVocabulary(resource), getStepTier(step));
+  return kvc::poolName(toVocabulary(resource), getStepTier(step));
 }
 
 /// The longest prediction the attributes hold: kvc.time_ns counts int64
@@ -98,7 +98,7 @@ LogicalResult checkRepresentable(PlanOp plan, double seconds) {
 
 struct KVCEstimatePass
     : public PlanningPass<KVCEstimatePass,
-                          mlir::kvc::impl::KVCEstimatePassBase> {
+                          kvc::compiler::impl::KVCEstimatePassBase> {
   using PlanningPass::PlanningPass;
 
   /// When each object a sender plan sends starts on the link, by plan.
@@ -135,7 +135,7 @@ struct KVCEstimatePass
       return std::nullopt;
     planning::Planner planner(*context.cost, segmentPlan->first,
                               context.options);
-    if (::kvc::Status status = planner.validate(); !status.isOk()) {
+    if (kvc::Status status = planner.validate(); !status.isOk()) {
       plan.emitOpError() << status.message();
       return std::nullopt;
     }
@@ -179,7 +179,7 @@ struct KVCEstimatePass
       auto [it, inserted] = resources.try_emplace(name, 0);
       if (inserted) {
         int lanes = 1;
-        if (const ::kvc::TierDesc *tier =
+        if (const kvc::TierDesc *tier =
                 cost.target().findTier(getStepTier(step).str()))
           lanes = int(tier->lanes);
         it->second = graph.addResource(name, lanes);
@@ -199,8 +199,8 @@ struct KVCEstimatePass
       }
       if (auto fetch = findStep<FetchOp>(step)) {
         ChunkType chunk = fetch.getResult().getType();
-        ::kvc::Form form = toVocabulary(chunk.getForm());
-        ::kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());
+        kvc::Form form = toVocabulary(chunk.getForm());
+        kvc::CodecSpec codec = getCodecSpec(chunk.getCodec());
         planning::Box box = getBox(chunk);
         double stored =
             cost.storedBytes(form, codec, box.tokens(), box.layers());

@@ -21,14 +21,14 @@
 
 #include "mlir/IR/Builders.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCEXPANDPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 namespace {
 
@@ -55,8 +55,8 @@ public:
   /// The steps of planning::saveSteps: `box` of `form` gathered on the
   /// device, encoded with `codec` and stored to tier `sink`, or sent to node
   /// `sink` (`to`: send).
-  void save(Form form, const ::kvc::CodecSpec &codec, const planning::Box &box,
-            StringRef sink, ::kvc::StepKind to = ::kvc::StepKind::Store) {
+  void save(Form form, const kvc::CodecSpec &codec, const planning::Box &box,
+            StringRef sink, kvc::StepKind to = kvc::StepKind::Store) {
     emit(
         planning::saveSteps(toVocabulary(form), codec, to), box,
         [&](RangeAttr, RangeAttr, ChunkType type) {
@@ -67,10 +67,10 @@ public:
 
   /// A transfer's receiving end of `box`: KV encoded with `codec` received
   /// from node `from`, decoded and scattered into the cache.
-  void receive(const ::kvc::CodecSpec &codec, const planning::Box &box,
+  void receive(const kvc::CodecSpec &codec, const planning::Box &box,
                StringRef from) {
     emit(planning::restoreSteps(toVocabulary(Form::kv), codec,
-                                /*toCache=*/true, ::kvc::StepKind::Recv),
+                                /*toCache=*/true, kvc::StepKind::Recv),
          box, [&](RangeAttr, RangeAttr, ChunkType type) {
            return b.create<RecvOp>(loc, type, from);
          });
@@ -104,45 +104,45 @@ private:
           step.out.onDevice ? Space::device : Space::host,
           getCodecAttr(ctx, step.out.codec));
       switch (step.kind) {
-      case ::kvc::StepKind::Fetch:
-      case ::kvc::StepKind::Gather:
-      case ::kvc::StepKind::Recv:
+      case kvc::StepKind::Fetch:
+      case kvc::StepKind::Gather:
+      case kvc::StepKind::Recv:
         value = source(tokens, layers, type);
         break;
-      case ::kvc::StepKind::Decompress:
+      case kvc::StepKind::Decompress:
         value = b.create<DecompressOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::TransferToDevice:
+      case kvc::StepKind::TransferToDevice:
         value = b.create<TransferToDeviceOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Dequant:
+      case kvc::StepKind::Dequant:
         value = b.create<DequantOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Untransform:
+      case kvc::StepKind::Untransform:
         value = b.create<UntransformOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Project:
+      case kvc::StepKind::Project:
         value = b.create<ProjectOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Scatter:
+      case kvc::StepKind::Scatter:
         b.create<ScatterOp>(loc, value);
         break;
-      case ::kvc::StepKind::Transform:
+      case kvc::StepKind::Transform:
         value = b.create<TransformOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Quant:
+      case kvc::StepKind::Quant:
         value = b.create<QuantOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::TransferToHost:
+      case kvc::StepKind::TransferToHost:
         value = b.create<TransferToHostOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Compress:
+      case kvc::StepKind::Compress:
         value = b.create<CompressOp>(loc, type, value);
         break;
-      case ::kvc::StepKind::Store:
+      case kvc::StepKind::Store:
         b.create<StoreOp>(loc, value, sink);
         break;
-      case ::kvc::StepKind::Send:
+      case kvc::StepKind::Send:
         b.create<SendOp>(loc, value, sink);
         break;
       default:
@@ -158,7 +158,8 @@ private:
 };
 
 struct KVCExpandPass
-    : public PlanningPass<KVCExpandPass, mlir::kvc::impl::KVCExpandPassBase> {
+    : public PlanningPass<KVCExpandPass,
+                          kvc::compiler::impl::KVCExpandPassBase> {
   using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
@@ -246,7 +247,7 @@ struct KVCExpandPass
                                context.options.layerWise));
     OpBuilder body = OpBuilder::atBlockEnd(&plan.getBody().front());
     ChunkEmitter emit(body, save.getLoc(), context.elementType);
-    ::kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
+    kvc::CodecSpec codec = getCodecSpec(save.getCodecAttr());
     for (const planning::Box &box :
          objects(save.getTokens(), context.layers, save.getObjectTokens(),
                  save.getObjectLayers(), context.options.layerWise))
@@ -262,7 +263,7 @@ struct KVCExpandPass
   /// a recv, the restore steps and a scatter.
   static void expandTransfer(TransferOp transfer,
                              const PlanningContext &context) {
-    ::kvc::CodecSpec codec = getCodecSpec(transfer.getCodecAttr());
+    kvc::CodecSpec codec = getCodecSpec(transfer.getCodecAttr());
     SmallVector<planning::Box> boxes = objects(
         transfer.getTokens(), context.layers, transfer.getObjectTokens(),
         transfer.getObjectLayers(), context.options.layerWise);
@@ -280,7 +281,7 @@ struct KVCExpandPass
       for (const planning::Box &box : boxes) {
         if (sender)
           emit.save(Form::kv, codec, box, transfer.getNode(),
-                    ::kvc::StepKind::Send);
+                    kvc::StepKind::Send);
         else
           emit.receive(codec, box, transfer.getSenderNode());
       }

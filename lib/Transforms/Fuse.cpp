@@ -19,13 +19,13 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCFUSEPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 namespace {
 
@@ -124,7 +124,7 @@ void fuse(ArrayRef<Operation *> chain) {
     op->erase();
 }
 
-struct KVCFusePass : public mlir::kvc::impl::KVCFusePassBase<KVCFusePass> {
+struct KVCFusePass : public kvc::compiler::impl::KVCFusePassBase<KVCFusePass> {
   void runOnOperation() override {
     // Analyze: collect chains first, then rewrite.
     SmallVector<SmallVector<Operation *>> chains;

@@ -8,20 +8,20 @@
 
 #include "kvc/Transforms/Passes.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCPARTITIONLAYERSPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 namespace {
 
 struct KVCPartitionLayersPass
     : public PlanRestorePass<KVCPartitionLayersPass,
-                             mlir::kvc::impl::KVCPartitionLayersPassBase> {
+                             kvc::compiler::impl::KVCPartitionLayersPassBase> {
   using PlanRestorePass::PlanRestorePass;
 
   std::optional<planning::Evaluation> choose(const planning::Planner &planner,

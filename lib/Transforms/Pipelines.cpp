@@ -10,13 +10,13 @@
 #include "mlir/Pass/PassRegistry.h"
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 /// What both pipelines run once their plans are chosen: per-chunk dataflow,
 /// fused kernels, tasks with predicted times and, for the target's GPU chip
 /// or `gpuChip` ("none": no kernels), the kernels as PTX.
 static void buildLowering(OpPassManager &pm,
-                          const ::kvc::planning::PlanOptions &options) {
+                          const kvc::planning::PlanOptions &options) {
   pm.addPass(
       createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(options)));
   pm.addPass(createKVCFusePass());
@@ -29,12 +29,12 @@ static void buildLowering(OpPassManager &pm,
   pm.addPass(createKVCGenerateKernelsPass(kernels));
 }
 
-::kvc::planning::PlanOptions RestorePipelineOptions::planOptions() const {
-  ::kvc::planning::PlanOptions options;
+kvc::planning::PlanOptions RestorePipelineOptions::planOptions() const {
+  kvc::planning::PlanOptions options;
   // kvc-plan checks the name; an unknown one leaves the list empty here.
   options.strategies.clear();
-  if (std::optional<::kvc::planning::Strategy> each =
-          ::kvc::planning::parseStrategy(strategy))
+  if (std::optional<kvc::planning::Strategy> each =
+          kvc::planning::parseStrategy(strategy))
     options.strategies.push_back(*each);
   options.chunkTokens = chunkTokens;
   options.stagingMiB = stagingMiB;
@@ -44,9 +44,9 @@ static void buildLowering(OpPassManager &pm,
   return options;
 }
 
-void RestorePipelineOptions::wrap(const ::kvc::planning::PlanOptions &options,
-                                  ::kvc::planning::Strategy plan) {
-  strategy = ::kvc::planning::strategyName(plan);
+void RestorePipelineOptions::wrap(const kvc::planning::PlanOptions &options,
+                                  kvc::planning::Strategy plan) {
+  strategy = kvc::planning::strategyName(plan);
   chunkTokens = options.chunkTokens;
   stagingMiB = options.stagingMiB;
   layerWise = options.layerWise;
@@ -54,9 +54,9 @@ void RestorePipelineOptions::wrap(const ::kvc::planning::PlanOptions &options,
   gpuChip = options.gpuChip;
 }
 
-::kvc::planning::PlanOptions SavePipelineOptions::planOptions() const {
+kvc::planning::PlanOptions SavePipelineOptions::planOptions() const {
   // Saves keep their layout's chunks: no chunk-tokens choice to pass.
-  ::kvc::planning::PlanOptions options;
+  kvc::planning::PlanOptions options;
   options.stagingMiB = stagingMiB;
   options.layerWise = layerWise;
   options.codecProfile = codecProfile;
@@ -64,9 +64,9 @@ void RestorePipelineOptions::wrap(const ::kvc::planning::PlanOptions &options,
   return options;
 }
 
-void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
-                                     const RestorePipelineOptions &options) {
-  const ::kvc::planning::PlanOptions planning = options.planOptions();
+void kvc::compiler::buildRestorePipeline(
+    OpPassManager &pm, const RestorePipelineOptions &options) {
+  const kvc::planning::PlanOptions planning = options.planOptions();
   auto plan = toPassOptions<KVCPlanPassOptions>(planning);
   plan.report = options.report;
   plan.strategy = options.strategy;
@@ -75,9 +75,9 @@ void mlir::kvc::buildRestorePipeline(OpPassManager &pm,
   buildLowering(pm, planning);
 }
 
-void mlir::kvc::buildSavePipeline(OpPassManager &pm,
-                                  const SavePipelineOptions &options) {
-  const ::kvc::planning::PlanOptions planning = options.planOptions();
+void kvc::compiler::buildSavePipeline(OpPassManager &pm,
+                                      const SavePipelineOptions &options) {
+  const kvc::planning::PlanOptions planning = options.planOptions();
   pm.addPass(createKVCSelectCodecPass(
       toPassOptions<KVCSelectCodecPassOptions>(planning)));
   buildLowering(pm, planning);
@@ -91,7 +91,7 @@ struct KernelsToPTXOptions : public PassPipelineOptions<KernelsToPTXOptions> {
 };
 } // namespace
 
-void mlir::kvc::registerKVCPipelines() {
+void kvc::compiler::registerKVCPipelines() {
   PassPipelineRegistration<KernelsToPTXOptions>(
       "kvc-kernels-to-ptx",
       "Lowers kvc-lower-kernels' functions to PTX: maps their parallel loops "

@@ -9,19 +9,20 @@
 
 #include "kvc/Transforms/Passes.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCPLANPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 namespace {
 
 struct KVCPlanPass
-    : public PlanRestorePass<KVCPlanPass, mlir::kvc::impl::KVCPlanPassBase> {
+    : public PlanRestorePass<KVCPlanPass,
+                             kvc::compiler::impl::KVCPlanPassBase> {
   using PlanRestorePass::PlanRestorePass;
 
   /// The joint plan, or the baseline `strategy` names; fails (with a
@@ -45,7 +46,7 @@ struct KVCPlanPass
     if (!planned)
       restore.emitOpError()
           << "has no usable "
-          << (planning::strategyNeeds(*strategy) == ::kvc::Form::Hidden
+          << (planning::strategyNeeds(*strategy) == kvc::Form::Hidden
                   ? "hidden-state"
                   : "KV")
           << " source for strategy \"" << name << "\"";

@@ -4,9 +4,9 @@
 
 #include "llvm/Support/Format.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
-namespace planning = ::kvc::planning;
+namespace planning = kvc::planning;
 
 /// "12.3 ms".
 std::string ms(double seconds) {
@@ -107,5 +107,4 @@ std::string formatReport(const planning::Planner &planner,
   return text;
 }
 
-
-} // namespace mlir::kvc
+} // namespace kvc::compiler

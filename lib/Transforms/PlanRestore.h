@@ -10,6 +10,8 @@
 #ifndef KVC_LIB_TRANSFORMS_PLANRESTORE_H
 #define KVC_LIB_TRANSFORMS_PLANRESTORE_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "PlanningSupport.h"
 
 #include "kvc/Support/Format.h"
@@ -20,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 /// "12.3 ms".
 std::string ms(double seconds);
@@ -29,9 +31,9 @@ std::string ms(double seconds);
 /// plan, with when layer 0 is complete (and, for a request with a forward
 /// pass, when its first token is), busy time per resource, bytes, FLOPs and
 /// its time over the chosen plan's; then what each chose.
-std::string formatReport(const ::kvc::planning::Planner &planner,
-                         const ::kvc::planning::Request &request,
-                         const std::vector<::kvc::planning::Evaluation> &rows);
+std::string formatReport(const kvc::planning::Planner &planner,
+                         const kvc::planning::Request &request,
+                         const std::vector<kvc::planning::Evaluation> &rows);
 
 /// Shared body: plan every kvc.restore with `DerivedT::choose`.
 template <typename DerivedT, template <typename> class GeneratedBaseT>
@@ -49,24 +51,24 @@ struct PlanRestorePass : public PlanningPass<DerivedT, GeneratedBaseT> {
       return this->signalPassFailure();
 
     for (RestoreOp restore : restores) {
-      ::kvc::planning::Request request = getRequest(restore);
-      ::kvc::planning::Planner planner(*context->cost, request, context->options);
-      if (::kvc::Status status = planner.validate(); !status.isOk()) {
+      kvc::planning::Request request = getRequest(restore);
+      kvc::planning::Planner planner(*context->cost, request, context->options);
+      if (kvc::Status status = planner.validate(); !status.isOk()) {
         restore.emitOpError() << status.message();
         return this->signalPassFailure();
       }
-      std::optional<::kvc::planning::Evaluation> best =
+      std::optional<kvc::planning::Evaluation> best =
           static_cast<DerivedT *>(this)->choose(planner, restore);
       if (!best)
         return this->signalPassFailure();
-      const ::kvc::planning::Evaluation &chosen = *best;
+      const kvc::planning::Evaluation &chosen = *best;
       if (chosen.seconds > request.sloSeconds) {
         InFlightDiagnostic diag = this->allowSloMiss
                                       ? mlir::emitWarning(restore.getLoc())
                                       : restore.emitOpError();
         diag << "the best " << chosen.plan.strategy << " plan takes "
              << ms(chosen.seconds) << ", more than slo_ms = "
-             << ::kvc::formatNumber(request.sloSeconds * 1e3);
+             << kvc::formatNumber(request.sloSeconds * 1e3);
         if (!this->allowSloMiss) {
           diag.attachNote() << "allow-slo-miss keeps it with a warning";
           return this->signalPassFailure();
@@ -85,10 +87,10 @@ struct PlanRestorePass : public PlanningPass<DerivedT, GeneratedBaseT> {
   }
 
   /// No report unless a pass asks for one.
-  void emitReport(const ::kvc::planning::Planner &, const ::kvc::planning::Evaluation &,
-              PlanOp) {}
+  void emitReport(const kvc::planning::Planner &,
+                  const kvc::planning::Evaluation &, PlanOp) {}
 };
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_LIB_TRANSFORMS_PLANRESTORE_H

@@ -8,12 +8,12 @@
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 FailureOr<PlanningContext>
-mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
-                              const planning::PlanOptions &options) {
+kvc::compiler::getPlanningContext(Operation *op, StringRef passArgument,
+                                  const planning::PlanOptions &options) {
   ModelAttr model = lookupModel(op);
   TargetAttr target = lookupTarget(op);
   if (!model)
@@ -26,7 +26,7 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
                               "--kvc-attach-target=targets/NAME.json";
   planning::CodecProfile profile = planning::CodecProfile::defaults();
   if (!options.codecProfile.empty()) {
-    ::kvc::StatusOr<planning::CodecProfile> loaded =
+    kvc::StatusOr<planning::CodecProfile> loaded =
         planning::CodecProfile::load(options.codecProfile);
     if (!loaded.isOk())
       return op->emitError() << loaded.status().message();
@@ -41,10 +41,9 @@ mlir::kvc::getPlanningContext(Operation *op, StringRef passArgument,
   return context;
 }
 
-LogicalResult mlir::kvc::forEachPlan(
+LogicalResult kvc::compiler::forEachPlan(
     ModuleOp module, StringRef passArgument,
-    const planning::PlanOptions &options,
-    function_ref<bool(PlanOp)> select,
+    const planning::PlanOptions &options, function_ref<bool(PlanOp)> select,
     function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn) {
   SmallVector<PlanOp> plans;
   module.walk([&](PlanOp plan) {
@@ -63,7 +62,7 @@ LogicalResult mlir::kvc::forEachPlan(
   return success();
 }
 
-StringRef mlir::kvc::getStepTier(Operation *step) {
+StringRef kvc::compiler::getStepTier(Operation *step) {
   StringRef tier;
   step->walk([&](Operation *op) {
     if (auto fetch = dyn_cast<FetchOp>(op))
@@ -77,11 +76,11 @@ StringRef mlir::kvc::getStepTier(Operation *step) {
   return tier;
 }
 
-bool mlir::kvc::holdsSegments(PlanOp plan) {
+bool kvc::compiler::holdsSegments(PlanOp plan) {
   return !plan.getBody().getOps<SegmentOp>().empty();
 }
 
-planning::Source mlir::kvc::getSource(SourceAttr source) {
+planning::Source kvc::compiler::getSource(SourceAttr source) {
   planning::Source out;
   out.tier = source.getTier().str();
   out.form = toVocabulary(source.getForm());
@@ -93,8 +92,8 @@ planning::Source mlir::kvc::getSource(SourceAttr source) {
   return out;
 }
 
-SourceAttr mlir::kvc::getSourceAttr(MLIRContext *context,
-                                    const planning::Source &source) {
+SourceAttr kvc::compiler::getSourceAttr(MLIRContext *context,
+                                        const planning::Source &source) {
   return SourceAttr::get(context, source.tier, fromVocabulary(source.form),
                          getCodecAttr(context, source.codec),
                          RangeAttr::get(context, source.box.t0, source.box.t1),
@@ -102,7 +101,7 @@ SourceAttr mlir::kvc::getSourceAttr(MLIRContext *context,
                          source.tokenGroup, source.layerGroup);
 }
 
-planning::Request mlir::kvc::getRequest(RestoreOp restore) {
+planning::Request kvc::compiler::getRequest(RestoreOp restore) {
   planning::Request request;
   request.tokens = restore.getTokens().getEnd();
   for (Attribute attr : restore.getSources())
@@ -118,7 +117,7 @@ planning::Request mlir::kvc::getRequest(RestoreOp restore) {
 }
 
 FailureOr<std::pair<planning::Request, planning::Plan>>
-mlir::kvc::getSegmentPlan(PlanOp plan, int64_t layers) {
+kvc::compiler::getSegmentPlan(PlanOp plan, int64_t layers) {
   if (plan.getTokens().getBegin() != 0 || plan.getLayers().getBegin() != 0 ||
       plan.getLayers().getEnd() != layers)
     return plan.emitOpError("restores tokens ")
@@ -152,9 +151,10 @@ mlir::kvc::getSegmentPlan(PlanOp plan, int64_t layers) {
   return std::make_pair(std::move(request), std::move(out));
 }
 
-PlanOp mlir::kvc::buildPlanOp(OpBuilder &builder, Location loc,
-                              StringRef name, const planning::Request &request,
-                              const planning::Plan &plan, int64_t layers) {
+PlanOp kvc::compiler::buildPlanOp(OpBuilder &builder, Location loc,
+                                  StringRef name,
+                                  const planning::Request &request,
+                                  const planning::Plan &plan, int64_t layers) {
   MLIRContext *context = builder.getContext();
   auto op = builder.create<PlanOp>(
       loc, name, RangeAttr::get(context, 0, request.tokens),
@@ -178,29 +178,29 @@ PlanOp mlir::kvc::buildPlanOp(OpBuilder &builder, Location loc,
   return op;
 }
 
-std::optional<::kvc::StepKind> mlir::kvc::getStepKind(Operation *op) {
+std::optional<kvc::StepKind> kvc::compiler::getStepKind(Operation *op) {
   if (!isa<DataflowOpInterface>(op))
     return std::nullopt;
-  return ::kvc::parseStepKind(op->getName().stripDialect());
+  return kvc::parseStepKind(op->getName().stripDialect());
 }
 
-Resource mlir::kvc::getResource(Operation *step) {
-  std::optional<::kvc::StepKind> kind = getStepKind(step);
+Resource kvc::compiler::getResource(Operation *step) {
+  std::optional<kvc::StepKind> kind = getStepKind(step);
   if (!kind)
     return Resource::compute; // A fused kernel runs on the device.
   bool onHost =
       step->getNumOperands() == 0 ||
       cast<ChunkType>(step->getOperand(0).getType()).getSpace() == Space::host;
-  return fromVocabulary(::kvc::planning::stepResource(*kind, onHost));
+  return fromVocabulary(kvc::planning::stepResource(*kind, onHost));
 }
 
-planning::Box mlir::kvc::getBox(RangeAttr tokens, RangeAttr layers) {
+planning::Box kvc::compiler::getBox(RangeAttr tokens, RangeAttr layers) {
   return {tokens.getBegin(), tokens.getEnd(), layers.getBegin(),
           layers.getEnd()};
 }
 
-StepCost mlir::kvc::getStepCost(Operation *step,
-                                const planning::CostModel &cost) {
+StepCost kvc::compiler::getStepCost(Operation *step,
+                                    const planning::CostModel &cost) {
   if (isa<KernelOp, TaskOp>(step)) {
     // A fused body or a task costs what its steps cost.
     StepCost total;
@@ -215,7 +215,7 @@ StepCost mlir::kvc::getStepCost(Operation *step,
     total.priority = std::max(total.priority, 0);
     return total;
   }
-  std::optional<::kvc::StepKind> kind = getStepKind(step);
+  std::optional<kvc::StepKind> kind = getStepKind(step);
   if (!kind)
     return {};
   // The step as Pipeline.h describes it: what it reads and what it
@@ -243,7 +243,7 @@ StepCost mlir::kvc::getStepCost(Operation *step,
   planning::Box extent =
       compute ? getBox(compute.getTokens(), compute.getLayers())
               : getBox(cast<ChunkType>((chunk ? chunk : result).getType()));
-  const ::kvc::TierDesc *tier = nullptr;
+  const kvc::TierDesc *tier = nullptr;
   if (auto fetch = dyn_cast<FetchOp>(step))
     tier = cost.target().findTier(fetch.getSource().getTier().str());
   if (auto store = dyn_cast<StoreOp>(step))
@@ -252,7 +252,7 @@ StepCost mlir::kvc::getStepCost(Operation *step,
           planning::stepPriority(*kind)};
 }
 
-SmallVector<Value> mlir::kvc::stepInputs(Operation *step) {
+SmallVector<Value> kvc::compiler::stepInputs(Operation *step) {
   SmallVector<Value> inputs(step->getOperands());
   if (isa<TaskOp>(step))
     step->walk([&](Operation *inner) {

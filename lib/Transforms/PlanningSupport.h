@@ -10,6 +10,8 @@
 #ifndef KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H
 #define KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
 #include "kvc/Planning/Pipeline.h"
 #include "kvc/Planning/Planner.h"
@@ -17,12 +19,12 @@
 #include <memory>
 #include <optional>
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 /// The planning library's view of a module.
 struct PlanningContext {
-  std::unique_ptr<::kvc::planning::CostModel> cost;
-  ::kvc::planning::PlanOptions options;
+  std::unique_ptr<kvc::planning::CostModel> cost;
+  kvc::planning::PlanOptions options;
   int64_t layers = 0;
   Type elementType;
 };
@@ -31,7 +33,7 @@ struct PlanningContext {
 /// KVC_CostModelOptions, the first fields of each (a pass's own options
 /// after them keep their defaults).
 template <typename PassOptionsT>
-PassOptionsT toPassOptions(const ::kvc::planning::PlanOptions &options) {
+PassOptionsT toPassOptions(const kvc::planning::PlanOptions &options) {
   return {options.codecProfile, options.chunkTokens, options.stagingMiB,
           options.layerWise};
 }
@@ -43,8 +45,8 @@ struct PlanningPass : public GeneratedBaseT<DerivedT> {
   using GeneratedBaseT<DerivedT>::GeneratedBaseT;
 
   /// Its cost-model options as the planner's options.
-  ::kvc::planning::PlanOptions planOptions() const {
-    ::kvc::planning::PlanOptions options;
+  kvc::planning::PlanOptions planOptions() const {
+    kvc::planning::PlanOptions options;
     options.codecProfile = this->codecProfile;
     options.chunkTokens = this->chunkTokens;
     options.stagingMiB = this->stagingMiB;
@@ -58,14 +60,14 @@ struct PlanningPass : public GeneratedBaseT<DerivedT> {
 /// missing on `op` and fails.
 FailureOr<PlanningContext>
 getPlanningContext(Operation *op, StringRef passArgument,
-                   const ::kvc::planning::PlanOptions &options);
+                   const kvc::planning::PlanOptions &options);
 
 /// Calls `fn` on every plan of `module` that `select` accepts, with the
 /// planning context built once (only when some plan is selected). Fails at
 /// the first failure.
 LogicalResult
 forEachPlan(ModuleOp module, StringRef passArgument,
-            const ::kvc::planning::PlanOptions &options,
+            const kvc::planning::PlanOptions &options,
             function_ref<bool(PlanOp)> select,
             function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn);
 
@@ -76,30 +78,30 @@ StringRef getStepTier(Operation *step);
 /// True for a strategy-level plan (one holding segments).
 bool holdsSegments(PlanOp plan);
 
-::kvc::planning::Source getSource(SourceAttr source);
+kvc::planning::Source getSource(SourceAttr source);
 SourceAttr getSourceAttr(MLIRContext *context,
-                         const ::kvc::planning::Source &source);
+                         const kvc::planning::Source &source);
 
 /// The request of a `kvc.restore`.
-::kvc::planning::Request getRequest(RestoreOp restore);
+kvc::planning::Request getRequest(RestoreOp restore);
 
 /// The request a segment-level plan loads from (its segments' sources) and
 /// the plan itself; fails (with a diagnostic) on plans not starting at
 /// token 0 or covering only some layers.
-FailureOr<std::pair<::kvc::planning::Request, ::kvc::planning::Plan>>
+FailureOr<std::pair<kvc::planning::Request, kvc::planning::Plan>>
 getSegmentPlan(PlanOp plan, int64_t layers);
 
 /// Creates `kvc.plan @name` holding `plan`'s segments.
 PlanOp buildPlanOp(OpBuilder &builder, Location loc, StringRef name,
-                   const ::kvc::planning::Request &request,
-                   const ::kvc::planning::Plan &plan, int64_t layers);
+                   const kvc::planning::Request &request,
+                   const kvc::planning::Plan &plan, int64_t layers);
 
 /// The vocabulary's kind of a dataflow step; nothing for other ops.
-std::optional<::kvc::StepKind> getStepKind(Operation *op);
+std::optional<kvc::StepKind> getStepKind(Operation *op);
 
 /// The planner's box of tokens x layers a chunk (or a range pair) spans.
-::kvc::planning::Box getBox(RangeAttr tokens, RangeAttr layers);
-inline ::kvc::planning::Box getBox(ChunkType chunk) {
+kvc::planning::Box getBox(RangeAttr tokens, RangeAttr layers);
+inline kvc::planning::Box getBox(ChunkType chunk) {
   return getBox(chunk.getTokens(), chunk.getLayers());
 }
 
@@ -118,9 +120,8 @@ struct StepCost {
   double seconds = 0;
   int priority = 0;
 };
-StepCost getStepCost(Operation *step,
-                     const ::kvc::planning::CostModel &cost);
+StepCost getStepCost(Operation *step, const kvc::planning::CostModel &cost);
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_LIB_TRANSFORMS_PLANNINGSUPPORT_H

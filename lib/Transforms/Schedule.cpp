@@ -23,19 +23,19 @@
 
 #include "mlir/IR/Builders.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCSCHEDULEPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 namespace {
 
 struct KVCSchedulePass
     : public PlanningPass<KVCSchedulePass,
-                          mlir::kvc::impl::KVCSchedulePassBase> {
+                          kvc::compiler::impl::KVCSchedulePassBase> {
   using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
@@ -55,14 +55,14 @@ struct KVCSchedulePass
 
   /// Host bytes a fetch holds (planning::stagingBytes).
   static double stagingBytes(FetchOp fetch,
-                             const ::kvc::planning::CostModel &cost) {
+                             const kvc::planning::CostModel &cost) {
     ChunkType c = fetch.getResult().getType();
-    return ::kvc::planning::stagingBytes(cost, toVocabulary(c.getForm()),
-                                         getCodecSpec(c.getCodec()), getBox(c));
+    return kvc::planning::stagingBytes(cost, toVocabulary(c.getForm()),
+                                       getCodecSpec(c.getCodec()), getBox(c));
   }
 
   void schedule(PlanOp plan, const PlanningContext &context) {
-    const ::kvc::planning::CostModel &cost = *context.cost;
+    const kvc::planning::CostModel &cost = *context.cost;
     Block &body = plan.getBody().front();
     SmallVector<Operation *> steps =
         llvm::map_to_vector(body, [](Operation &op) { return &op; });
@@ -95,7 +95,7 @@ struct KVCSchedulePass
       Resource resource = getResource(step);
       int64_t lane = 0;
       if (StringRef tier = getStepTier(step); !tier.empty()) {
-        const ::kvc::TierDesc *desc = cost.target().findTier(tier.str());
+        const kvc::TierDesc *desc = cost.target().findTier(tier.str());
         lane = nextLane[tier]++ % (desc ? desc->lanes : 1);
       }
       SmallVector<Value> deps;
@@ -159,8 +159,8 @@ struct KVCSchedulePass
       // A copy to the device frees its chunk's host buffer
       // (planning::freesStaging); the step that consumes a device chunk
       // without producing one frees its device one.
-      std::optional<::kvc::StepKind> kind = getStepKind(step);
-      if (kind && ::kvc::planning::freesStaging(*kind) && slot)
+      std::optional<kvc::StepKind> kind = getStepKind(step);
+      if (kind && kvc::planning::freesStaging(*kind) && slot)
         slotFreedBy[*slot] = task.getDone();
       if (deviceSlot && llvm::none_of(step->getResultTypes(), [](Type type) {
             auto chunk = dyn_cast<ChunkType>(type);

@@ -26,14 +26,14 @@
 
 #include <limits>
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 #define GEN_PASS_DEF_KVCSELECTCODECPASS
 #include "kvc/Transforms/Passes.h.inc"
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 using namespace mlir;
-using namespace mlir::kvc;
-namespace planning = ::kvc::planning;
+using namespace kvc::compiler;
+namespace planning = kvc::planning;
 
 namespace {
 
@@ -45,7 +45,7 @@ double optionalDouble(FloatAttr attr, double otherwise) {
 
 struct KVCSelectCodecPass
     : public PlanningPass<KVCSelectCodecPass,
-                          mlir::kvc::impl::KVCSelectCodecPassBase> {
+                          kvc::compiler::impl::KVCSelectCodecPassBase> {
   using PlanningPass::PlanningPass;
 
   void runOnOperation() override {
@@ -84,12 +84,12 @@ struct KVCSelectCodecPass
 
   /// KVServe's latency of moving `tokens` of the given forms with `codec`:
   /// encode + bytes over the link + decode, all on host cores.
-  double latency(const planning::CostModel &cost, const ::kvc::CodecSpec &codec,
+  double latency(const planning::CostModel &cost, const kvc::CodecSpec &codec,
                  int64_t tokens, bool kv, bool hidden, StringRef tier) {
     int64_t layers = cost.model().numLayers;
     double seconds = 0;
-    for (auto [wanted, form] : {std::pair{kv, ::kvc::Form::KV},
-                                std::pair{hidden, ::kvc::Form::Hidden}}) {
+    for (auto [wanted, form] :
+         {std::pair{kv, kvc::Form::KV}, std::pair{hidden, kvc::Form::Hidden}}) {
       if (!wanted)
         continue;
       double raw = cost.rawBytes(form, tokens, layers);
@@ -99,7 +99,7 @@ struct KVCSelectCodecPass
                  cost.hostDecodeSeconds(codec, quantized);
       if (tier.empty()) {
         seconds += cost.networkSeconds(stored);
-      } else if (const ::kvc::TierDesc *desc =
+      } else if (const kvc::TierDesc *desc =
                      cost.target().findTier(tier.str())) {
         seconds += desc->latencyUs * 1e-6 + stored / (desc->writeGBs * 1e9);
       }
@@ -123,15 +123,15 @@ struct KVCSelectCodecPass
         planning::CodecProfileEntry{}}; // Raw data.
     // A Hadamard codec only where the model's rows rotate (the verifiers
     // refuse the others).
-    const ::kvc::ModelConfig &model = cost.model();
+    const kvc::ModelConfig &model = cost.model();
     const bool rotates =
-        (!kv || ::kvc::hadamardRotates(::kvc::Form::KV,
-                                       model.numKvHeads * model.headDim,
-                                       model.headDim)) &&
-        (!hidden || ::kvc::hadamardRotates(::kvc::Form::Hidden,
-                                           model.hiddenSize, model.headDim));
+        (!kv ||
+         kvc::hadamardRotates(kvc::Form::KV, model.numKvHeads * model.headDim,
+                              model.headDim)) &&
+        (!hidden || kvc::hadamardRotates(kvc::Form::Hidden, model.hiddenSize,
+                                         model.headDim));
     for (const planning::CodecProfileEntry &e : cost.profile().entries())
-      if (rotates || e.codec.transform != ::kvc::CodecSpec::Transform::Hadamard)
+      if (rotates || e.codec.transform != kvc::CodecSpec::Transform::Hadamard)
         candidates.push_back(e);
 
     const planning::CodecProfileEntry *best = nullptr, *fastest = nullptr,
@@ -150,17 +150,17 @@ struct KVCSelectCodecPass
     if (!best) {
       InFlightDiagnostic diag = op->emitOpError("no codec meets ");
       if (sloAttr)
-        diag << "slo_ms = " << ::kvc::formatNumber(slo * 1e3) << " and ";
-      diag << "max_error = " << ::kvc::formatNumber(maxError) << ": ";
+        diag << "slo_ms = " << kvc::formatNumber(slo * 1e3) << " and ";
+      diag << "max_error = " << kvc::formatNumber(maxError) << ": ";
       if (fastestAccurate)
         diag << "the fastest within the error budget ("
              << fastestAccurate->codec.str() << ") takes "
-             << ::kvc::formatSignificant(accurateSeconds * 1e3) << " ms";
+             << kvc::formatSignificant(accurateSeconds * 1e3) << " ms";
       else
         diag << "every codec adds more error";
       diag << "; the fastest overall (" << fastest->codec.str() << ") takes "
-           << ::kvc::formatSignificant(fastestSeconds * 1e3) << " ms and adds "
-           << ::kvc::formatSignificant(cost.profile().quality(fastest->codec))
+           << kvc::formatSignificant(fastestSeconds * 1e3) << " ms and adds "
+           << kvc::formatSignificant(cost.profile().quality(fastest->codec))
            << " error";
       return diag;
     }
@@ -176,7 +176,7 @@ struct KVCSelectCodecPass
     planning::Request request = getRequest(restore);
     // Loading cost per token-layer: the slowest resource of the pipeline.
     auto loadCost = [&](const planning::Source &s) {
-      const ::kvc::TierDesc *tier = cost.target().findTier(s.tier);
+      const kvc::TierDesc *tier = cost.target().findTier(s.tier);
       double stored = cost.storedBytes(s.form, s.codec, 1, 1);
       double quantized = cost.quantizedBytes(s.form, s.codec, 1, 1);
       double io = tier ? stored / (tier->readGBs * 1e9) : kInf;
@@ -193,11 +193,11 @@ struct KVCSelectCodecPass
         diag << i << " (" << s.codec.str() << "): ";
         const double error = cost.profile().quality(s.codec);
         if (error > request.maxError)
-          diag << "its error " << ::kvc::formatSignificant(error)
+          diag << "its error " << kvc::formatSignificant(error)
                << " exceeds max_error";
         else
           diag << "its next-token KL "
-               << ::kvc::formatSignificant(cost.profile().kl(s.codec))
+               << kvc::formatSignificant(cost.profile().kl(s.codec))
                << " exceeds max_kl";
         continue;
       }

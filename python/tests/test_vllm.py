@@ -172,9 +172,11 @@ class Engine:
                 invalid_block_ids=errors)))
         return out
 
-    def run(self, seconds: float = 30) -> None:
+    def run(self, seconds: float = 300) -> None:
         """Steps until no request is left (vLLM's engine loop keeps stepping
-        while a finished request's save still holds its blocks)."""
+        while a finished request's save still holds its blocks). ``seconds``
+        guards against a hang only: a loaded CI machine may take tens of
+        seconds."""
         deadline = time.monotonic() + seconds
         while self.scheduler.requests or self.worker._saves_started:
             if time.monotonic() > deadline:

@@ -33,11 +33,11 @@ int main(int argc, char **argv) {
     option.second->setHiddenFlag(llvm::cl::Hidden);
 
   mlir::DialectRegistry registry;
-  mlir::kvc::registerKernelDialects(registry);
+  kvc::compiler::registerKernelDialects(registry);
 
-  mlir::kvc::registerKVCPasses();
-  mlir::kvc::registerKVCConversionPasses();
-  mlir::kvc::registerKVCPipelines();
+  kvc::compiler::registerKVCPasses();
+  kvc::compiler::registerKVCConversionPasses();
+  kvc::compiler::registerKVCPipelines();
   mlir::registerCanonicalizerPass();
   mlir::registerCSEPass();
   mlir::registerGPUPasses();

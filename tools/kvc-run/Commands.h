@@ -8,9 +8,9 @@
 #include "kvc/Host/Connector.h"
 #include "kvc/Host/Session.h"
 #include "kvc/Host/Tools/Verify.h"
-#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 

@@ -45,18 +45,18 @@
 #include <memory>
 
 using namespace mlir;
-using ::kvc::testing::KernelCase;
-using ::kvc::testing::KernelShape;
+using kvc::testing::KernelCase;
+using kvc::testing::KernelShape;
 
 namespace {
 
-using ::kvc::DType;
+using kvc::DType;
 
 struct JitCase {
   /// parseCodecSpec's grammar for a restore kernel, the same after "save:"
   /// for a save kernel, "rope_scatter" or "rms_norm".
   const char *codec;
-  ::kvc::DType storage;
+  kvc::DType storage;
   int64_t tokens, layers, kvHeads, headDim, blockSize, firstToken;
   /// rms_norm: the rows' width.
   int64_t hidden = 0;
@@ -65,12 +65,12 @@ struct JitCase {
   /// save: kvc-lower-kernels' group-lanes (0: the generator's choice).
   int64_t groupLanes = 0;
   /// save: kvc-lower-kernels' held-tokens.
-  int64_t heldTokens = mlir::kvc::KernelSpec::kDefaultHeldTokens;
+  int64_t heldTokens = kvc::compiler::KernelSpec::kDefaultHeldTokens;
 };
 
 std::ostream &operator<<(std::ostream &os, const JitCase &c) {
-  os << c.codec << " " << ::kvc::dtypeName(c.storage) << " t" << c.tokens
-     << " l" << c.layers;
+  os << c.codec << " " << kvc::dtypeName(c.storage) << " t" << c.tokens << " l"
+     << c.layers;
   if (c.hidden)
     return os << " d" << c.hidden;
   os << " h" << c.kvHeads << "x" << c.headDim << " b" << c.blockSize << " from "
@@ -79,7 +79,7 @@ std::ostream &operator<<(std::ostream &os, const JitCase &c) {
     os << " x" << c.chunks << " chunks";
   if (c.groupLanes)
     os << " groups over " << c.groupLanes << " lanes";
-  if (c.heldTokens != mlir::kvc::KernelSpec::kDefaultHeldTokens)
+  if (c.heldTokens != kvc::compiler::KernelSpec::kDefaultHeldTokens)
     os << " holding " << c.heldTokens << " tokens";
   return os;
 }
@@ -108,7 +108,7 @@ protected:
 
   KernelJitTest() {
     DialectRegistry registry;
-    mlir::kvc::registerKernelDialects(registry);
+    kvc::compiler::registerKernelDialects(registry);
     context.appendDialectRegistry(registry);
     context.loadAllAvailableDialects();
   }
@@ -120,17 +120,17 @@ protected:
 /// host (`host`) or the GPU form.
 struct Prepared {
   KernelCase kernelCase;
-  mlir::kvc::KernelSpec spec;
+  kvc::compiler::KernelSpec spec;
 };
 
-::kvc::StatusOr<Prepared> prepare(MLIRContext &context, const JitCase &p,
-                                  bool host) {
+kvc::StatusOr<Prepared> prepare(MLIRContext &context, const JitCase &p,
+                                bool host) {
   const std::string name = p.codec;
   const bool rope = name == "rope_scatter", norm = name == "rms_norm";
   const bool save = name.rfind("save:", 0) == 0;
-  KVC_ASSIGN_OR_RETURN(codec, ::kvc::parseCodecSpec(rope || norm ? "raw"
-                                                    : save ? name.substr(5)
-                                                           : name));
+  KVC_ASSIGN_OR_RETURN(codec, kvc::parseCodecSpec(rope || norm ? "raw"
+                                                  : save       ? name.substr(5)
+                                                               : name));
   KernelShape shape;
   shape.tokens = p.tokens;
   shape.layers = p.layers;
@@ -141,11 +141,11 @@ struct Prepared {
   shape.storage = p.storage;
   shape.hidden = p.hidden;
   const uint32_t seed = uint32_t(p.tokens);
-  mlir::kvc::KernelSpec spec;
-  spec.kind = rope   ? mlir::kvc::KernelKind::RopeScatter
-              : save ? mlir::kvc::KernelKind::Save
-              : norm ? mlir::kvc::KernelKind::RmsNorm
-                     : mlir::kvc::KernelKind::Restore;
+  kvc::compiler::KernelSpec spec;
+  spec.kind = rope   ? kvc::compiler::KernelKind::RopeScatter
+              : save ? kvc::compiler::KernelKind::Save
+              : norm ? kvc::compiler::KernelKind::RmsNorm
+                     : kvc::compiler::KernelKind::Restore;
   KVC_ASSIGN_OR_RETURN(c,
                        KernelCase::forKind(spec.kind, shape, p.firstToken,
                                            /*firstLayer=*/1, seed, p.chunks));
@@ -165,18 +165,18 @@ struct Prepared {
   spec.storage = p.storage == DType::F32   ? Type(b.getF32Type())
                  : p.storage == DType::F16 ? Type(b.getF16Type())
                                            : Type(b.getBF16Type());
-  spec.codec = mlir::kvc::getCodecAttr(&context, codec);
+  spec.codec = kvc::compiler::getCodecAttr(&context, codec);
   spec.threads = 64;
   spec.host = host; // KernelGen.h: the two forms.
   spec.groupLanesOption = p.groupLanes;
   spec.heldTokens = p.heldTokens;
-  for (const ::kvc::KernelChunk &chunk : c.chunks())
+  for (const kvc::KernelChunk &chunk : c.chunks())
     if (chunk.payloadOffset + spec.payloadBytes() > int64_t(c.payload().size()))
-      return ::kvc::Status(::kvc::StatusCode::Internal,
-                           "a chunk's payload overruns the case's");
+      return kvc::Status(kvc::StatusCode::Internal,
+                         "a chunk's payload overruns the case's");
   if (p.chunks == 1 && spec.payloadBytes() != int64_t(c.payload().size()))
-    return ::kvc::Status(::kvc::StatusCode::Internal,
-                         "the kernel's payload is not the case's");
+    return kvc::Status(kvc::StatusCode::Internal,
+                       "the kernel's payload is not the case's");
   return Prepared{std::move(c), spec};
 }
 
@@ -186,20 +186,20 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
   const std::string name = p.codec;
   const bool rope = name == "rope_scatter", norm = name == "rms_norm";
   const bool save = name.rfind("save:", 0) == 0;
-  ::kvc::StatusOr<Prepared> prepared = prepare(context, p, /*host=*/true);
+  kvc::StatusOr<Prepared> prepared = prepare(context, p, /*host=*/true);
   ASSERT_TRUE(prepared) << prepared.status().message();
   const KernelCase &c = prepared->kernelCase;
-  const mlir::kvc::KernelSpec &spec = prepared->spec;
+  const kvc::compiler::KernelSpec &spec = prepared->spec;
 
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
-  func::FuncOp func = mlir::kvc::buildKernel(
-      builder, builder.getUnknownLoc(), spec);
+  func::FuncOp func =
+      kvc::compiler::buildKernel(builder, builder.getUnknownLoc(), spec);
   func->setAttr(LLVM::LLVMDialect::getEmitCWrapperAttrName(),
                 builder.getUnitAttr());
   const std::string symbol = func.getSymName().str(); // Lowering erases it.
   PassManager pm(&context);
-  mlir::kvc::buildKernelsToLLVMPipeline(pm);
+  kvc::compiler::buildKernelsToLLVMPipeline(pm);
   ASSERT_TRUE(succeeded(pm.run(*module)));
 
   ExecutionEngineOptions options;
@@ -229,7 +229,7 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
     llvm::Error error =
         (*engine)->invoke(symbol, hiddenArg, weightArg, normedArg, firstLayer);
     ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
-    ::kvc::testing::CacheErrors errors = c.checkNormed(normedBits);
+    kvc::testing::CacheErrors errors = c.checkNormed(normedBits);
     EXPECT_TRUE(errors.ok()) << errors.str();
     return;
   }
@@ -265,7 +265,7 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
                                chunksArg, layerRows);
   ASSERT_FALSE(bool(error)) << llvm::toString(std::move(error));
 
-  ::kvc::testing::CacheErrors errors = c.check(
+  kvc::testing::CacheErrors errors = c.check(
       keyBits, valueBits, reinterpret_cast<uint8_t *>(payload.data.get()));
   EXPECT_TRUE(errors.ok()) << errors.str();
 }
@@ -274,33 +274,33 @@ TEST_P(KernelJitTest, EqualsTheRuntime) {
 // (its warps' shuffles and the GPU's rounding; PtxInterpreter.h) on the
 // same case, through the checks kvc-kernel-bench runs on a GPU.
 TEST_P(KernelJitTest, GpuFormEqualsTheRuntime) {
-  ::kvc::StatusOr<Prepared> prepared =
+  kvc::StatusOr<Prepared> prepared =
       prepare(context, GetParam(), /*host=*/false);
   ASSERT_TRUE(prepared) << prepared.status().message();
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
-  func::FuncOp func =
-      mlir::kvc::buildKernel(builder, builder.getUnknownLoc(), prepared->spec);
+  func::FuncOp func = kvc::compiler::buildKernel(
+      builder, builder.getUnknownLoc(), prepared->spec);
   // What kvc-lower-kernels records, for kvc-emit-bundle.
-  func->setAttr(mlir::kvc::KVCDialect::kEntryAttrName,
+  func->setAttr(kvc::compiler::KVCDialect::kEntryAttrName,
                 prepared->spec.toAttr(&context));
   PassManager pm(&context);
-  mlir::kvc::buildKernelsToPTXPipeline(pm, "sm_90");
+  kvc::compiler::buildKernelsToPTXPipeline(pm, "sm_90");
   ASSERT_TRUE(succeeded(pm.run(*module)));
   std::string json;
   llvm::raw_string_ostream os(json);
-  ASSERT_TRUE(succeeded(mlir::kvc::writePlanBundle(*module, os)));
-  ::kvc::StatusOr<::kvc::PlanBundle> bundle = ::kvc::parsePlanBundle(os.str());
+  ASSERT_TRUE(succeeded(kvc::compiler::writePlanBundle(*module, os)));
+  kvc::StatusOr<kvc::PlanBundle> bundle = kvc::parsePlanBundle(os.str());
   ASSERT_TRUE(bundle) << bundle.status().message();
   ASSERT_EQ(bundle->kernels.size(), 1u);
-  const ::kvc::BundleKernel &kernel = bundle->kernels.front();
+  const kvc::BundleKernel &kernel = bundle->kernels.front();
 
-  auto device = ::kvc::testing::PtxDevice::make(kernel);
+  auto device = kvc::testing::PtxDevice::make(kernel);
   ASSERT_TRUE(device) << device.status().message();
-  auto onDevice = ::kvc::testing::CaseOnDevice::make(**device, kernel,
-                                                     prepared->kernelCase);
+  auto onDevice =
+      kvc::testing::CaseOnDevice::make(**device, kernel, prepared->kernelCase);
   ASSERT_TRUE(onDevice) << onDevice.status().message();
-  ::kvc::StatusOr<::kvc::testing::CacheErrors> errors = (*onDevice)->check();
+  kvc::StatusOr<kvc::testing::CacheErrors> errors = (*onDevice)->check();
   ASSERT_TRUE(errors) << errors.status().message();
   EXPECT_TRUE(errors->ok()) << errors->str();
 }

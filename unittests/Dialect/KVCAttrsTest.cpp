@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 namespace {
 
@@ -38,7 +38,7 @@ protected:
 };
 
 TEST_F(KVCAttrsTest, ModelFromConfigMatchesImportedShape) {
-  ::kvc::ModelConfig config;
+  kvc::ModelConfig config;
   config.name = "tiny";
   config.numLayers = 4;
   config.hiddenSize = 256;
@@ -49,7 +49,7 @@ TEST_F(KVCAttrsTest, ModelFromConfigMatchesImportedShape) {
   config.vocabSize = 1000;
   config.maxPositions = 2048;
   config.ropeTheta = 500000;
-  config.dtype = ::kvc::DType::F16;
+  config.dtype = kvc::DType::F16;
   ASSERT_TRUE(config.validate().isOk());
   ModelAttr model = getModelAttr(&context, config);
   EXPECT_EQ(model.getName(), "tiny");
@@ -88,7 +88,7 @@ TEST_F(KVCAttrsTest, ModelVerifierRejectsInconsistentHeads) {
 }
 
 TEST_F(KVCAttrsTest, TargetFromDescriptionFindsTiersAndRates) {
-  ::kvc::StatusOr<::kvc::TargetDesc> desc = ::kvc::loadTargetDesc(
+  kvc::StatusOr<kvc::TargetDesc> desc = kvc::loadTargetDesc(
       std::string(KVC_SOURCE_DIR) + "/targets/a100-40gb.json");
   ASSERT_TRUE(desc.isOk()) << desc.status().toString();
   TargetAttr target = getTargetAttr(&context, *desc);
@@ -108,22 +108,22 @@ TEST_F(KVCAttrsTest, TargetFromDescriptionFindsTiersAndRates) {
 }
 
 TEST_F(KVCAttrsTest, CodecRatesKeepTheDataTheyHoldFor) {
-  ::kvc::StatusOr<::kvc::TargetDesc> desc = ::kvc::loadTargetDesc(
+  kvc::StatusOr<kvc::TargetDesc> desc = kvc::loadTargetDesc(
       std::string(KVC_SOURCE_DIR) + "/targets/a100-40gb.json");
   ASSERT_TRUE(desc.isOk()) << desc.status().toString();
   desc->codecs.push_back(
-      {::kvc::CodecStage::Zstd, ::kvc::CodecSpec::Quant::Int4, 0.5, 2.5});
+      {kvc::CodecStage::Zstd, kvc::CodecSpec::Quant::Int4, 0.5, 2.5});
   desc->codecs.push_back(
-      {::kvc::CodecStage::Zstd, ::kvc::CodecSpec::Quant::None, 0.25, 1.5});
+      {kvc::CodecStage::Zstd, kvc::CodecSpec::Quant::None, 0.25, 1.5});
   TargetAttr target = getTargetAttr(&context, *desc);
   auto int4 = cast<CodecRateAttr>(target.getCodecs()[desc->codecs.size() - 2]);
   EXPECT_EQ(int4.getOn(), CodecData::int4);
-  ::kvc::TargetDesc back = getTargetDesc(target);
+  kvc::TargetDesc back = getTargetDesc(target);
   ASSERT_EQ(back.codecs.size(), desc->codecs.size());
   EXPECT_FALSE(back.codecs.front().on);
   EXPECT_EQ(back.codecs[back.codecs.size() - 2].on,
-            ::kvc::CodecSpec::Quant::Int4);
-  EXPECT_EQ(back.codecs.back().on, ::kvc::CodecSpec::Quant::None);
+            kvc::CodecSpec::Quant::Int4);
+  EXPECT_EQ(back.codecs.back().on, kvc::CodecSpec::Quant::None);
   EXPECT_DOUBLE_EQ(back.codecs.back().decodeGBs, 1.5);
 }
 

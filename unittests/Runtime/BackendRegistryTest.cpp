@@ -34,13 +34,13 @@ TEST(BackendRegistry, AnUnknownNameListsTheDriversThere) {
 // and the first registration of a name stays.
 TEST(BackendRegistry, ADriverRegistersByName) {
   int opened = 0;
-  registerDriver("test-driver", [&](const DeviceOptions &options)
-                                     -> StatusOr<Device *> {
-    ++opened;
-    if (options.device != 0)
-      return Status(StatusCode::Unavailable, "no such device");
-    return &cpuDevice();
-  });
+  registerDriver("test-driver",
+                 [&](const DeviceOptions &options) -> StatusOr<Device *> {
+                   ++opened;
+                   if (options.device != 0)
+                     return Status(StatusCode::Unavailable, "no such device");
+                   return &cpuDevice();
+                 });
   registerDriver("test-driver", [](const DeviceOptions &) {
     return StatusOr<Device *>(invalidArgument("second registration"));
   });

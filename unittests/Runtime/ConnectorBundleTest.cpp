@@ -84,8 +84,7 @@ protected:
     BlockTable table{ids};
     return cpuDevice().createRunner(*model_)->prefillInto(
         *cache_, table, tokens.data() + from, from,
-                                    int64_t(tokens.size()) - from,
-                                    model_->config().numLayers);
+        int64_t(tokens.size()) - from, model_->config().numLayers);
   }
 
   void expectExact(const std::vector<int32_t> &tokens,

@@ -16,8 +16,8 @@
 #include "ExecutorFixture.h"
 
 #include "Kernels.h"
-#include "kvc/Runtime/Device/Registry.h"
 #include "kvc/Runtime/Cuda/CudaDevice.h"
+#include "kvc/Runtime/Device/Registry.h"
 
 #include <cuda_runtime_api.h>
 
@@ -233,9 +233,8 @@ TEST_F(CudaBackendTest, DecodeGivesTheCpuModelsLogits) {
   const int64_t vocab = model_->config().vocabSize;
   std::vector<float> logits(vocab), expected(vocab);
   const int32_t next = 5;
-  Status status =
-      gpu->createRunner(*model_)->decode(*cache_, table, kTokens, &next, 1,
-                                         logits.data());
+  Status status = gpu->createRunner(*model_)->decode(*cache_, table, kTokens,
+                                                     &next, 1, logits.data());
   ASSERT_TRUE(status.isOk()) << status.toString();
   LlamaModel::Cache context = reference_;
   ASSERT_TRUE(
@@ -263,7 +262,8 @@ using test::relativeMaxError;
 // (streamPrefill): what they show equals the CPU model's within bf16
 // rounding, every layer's K, V and hidden states.
 TEST_F(CudaBackendTest, SavesAndVerifiesWithTheGpusPrefill) {
-  StatusOr<ModelCompute::Cache> full = fullPrefill(*gpu->createRunner(*model_), tokens_);
+  StatusOr<ModelCompute::Cache> full =
+      fullPrefill(*gpu->createRunner(*model_), tokens_);
   ASSERT_TRUE(full) << full.status().toString();
   ASSERT_EQ(full->tokens, kTokens);
   for (int64_t l = 0; l < model_->config().numLayers; ++l) {

@@ -80,8 +80,8 @@ public:
                      int64_t position, int64_t n, int64_t layers,
                      const LayerWritten &written) override {
     std::this_thread::sleep_for(std::chrono::milliseconds(40));
-    return ForwardingDevice::prefillInto(model, cache, table, tokens,
-                                          position, n, layers, written);
+    return ForwardingDevice::prefillInto(model, cache, table, tokens, position,
+                                         n, layers, written);
   }
 };
 

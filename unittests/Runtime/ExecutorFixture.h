@@ -518,8 +518,8 @@ protected:
       cache->assign(2 * model_->config().numLayers * n, 0);
       for (int64_t l = 0; l < model_->config().numLayers; ++l) {
         Status read = device_->readBack(*cache_, table, l, 0, kTokens,
-                                         cache->data() + 2 * l * n,
-                                         cache->data() + (2 * l + 1) * n);
+                                        cache->data() + 2 * l * n,
+                                        cache->data() + (2 * l + 1) * n);
         EXPECT_TRUE(read.isOk()) << read.toString();
       }
     }
@@ -609,7 +609,8 @@ protected:
   BlockTable prefilledTable() {
     BlockTable table = *cache_->allocate(kTokens);
     Status computed =
-        runner().prefill(tokens_, *cache_, table)
+        runner()
+            .prefill(tokens_, *cache_, table)
             ->compute({0, kTokens, 0, model_->config().numLayers});
     EXPECT_TRUE(computed.isOk()) << computed.toString();
     return table;

@@ -45,15 +45,15 @@ TEST_F(ExecutorTest, APrefillTellsEachLayerOnceItIsWritten) {
   auto read = [&](int64_t layer, std::vector<float> &out) {
     out.resize(size_t(2 * kTokens * kv));
     return device_->readBack(*cache_, table, layer, 0, kTokens, out.data(),
-                              out.data() + kTokens * kv);
+                             out.data() + kTokens * kv);
   };
   ASSERT_TRUE(runner()
-                  .prefillInto(*cache_, table, tokens_.data(), 0,
-                                kTokens, layers,
-                                [&](int64_t layer) {
-                                  told.push_back(layer);
-                                  EXPECT_TRUE(read(layer, seen[layer]).isOk());
-                                })
+                  .prefillInto(*cache_, table, tokens_.data(), 0, kTokens,
+                               layers,
+                               [&](int64_t layer) {
+                                 told.push_back(layer);
+                                 EXPECT_TRUE(read(layer, seen[layer]).isOk());
+                               })
                   .isOk());
   std::vector<int64_t> inOrder(static_cast<size_t>(layers));
   std::iota(inOrder.begin(), inOrder.end(), 0);
@@ -481,7 +481,7 @@ TEST_F(HeldKvTest, AForwardPassBesideTheRestoreWaitsForEachLayer) {
   ModelRunner &server = runner();
   std::thread forwarding([&] {
     forward = server.decode(*cache_, table, kTokens, next.data(), n,
-                              logits.data(), attend);
+                            logits.data(), attend);
   });
   {
     std::unique_lock<std::mutex> lock(mutex);

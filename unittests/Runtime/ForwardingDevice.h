@@ -54,8 +54,7 @@ public:
   }
   StatusOr<double> uploadGBs() override { return cpuDevice().uploadGBs(); }
 
-  std::unique_ptr<ModelRunner>
-  createRunner(const ModelCompute &model) override;
+  std::unique_ptr<ModelRunner> createRunner(const ModelCompute &model) override;
 
   // The model's work (ModelRunner's, with the model first).
   virtual StatusOr<double> project(const ModelCompute &model,
@@ -137,9 +136,9 @@ public:
   streamPrefill(int64_t tokens) override {
     return device_.streamPrefill(model(), tokens);
   }
-  Status decode(PagedKVCache &cache, const BlockTable &table,
-                int64_t position, const int32_t *tokens, int64_t n,
-                float *logits, const LayerGate &attend) override {
+  Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
     return device_.decode(model(), cache, table, position, tokens, n, logits,
                           attend);
   }

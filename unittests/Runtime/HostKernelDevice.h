@@ -99,7 +99,7 @@ public:
         written(layer);
       };
     return ForwardingDevice::prefillInto(model, cache, table, tokens, position,
-                                          n, layers, shown);
+                                         n, layers, shown);
   }
 
   Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {

@@ -47,7 +47,8 @@ protected:
 
   /// Prefills the request into the test's table.
   void prefill() {
-    ASSERT_TRUE(runner().prefill(tokens_, *cache_, table_)
+    ASSERT_TRUE(runner()
+                    .prefill(tokens_, *cache_, table_)
                     ->compute({0, kTokens, 0, model_->config().numLayers})
                     .isOk());
   }
@@ -172,7 +173,8 @@ TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
   filling.reset(layers, kTokens);
   StatusOr<SaveMetrics> saved = invalidArgument("not run");
   std::thread saver([&] { saved = runSave(plan(), &filling); });
-  ASSERT_TRUE(runner().prefill(tokens_, *cache_, table_)
+  ASSERT_TRUE(runner()
+                  .prefill(tokens_, *cache_, table_)
                   ->compute({0, 64, 0, layers})
                   .isOk());
   filling.add(0, layers, 64);

@@ -268,8 +268,8 @@ protected:
     std::unique_ptr<Link> link = std::move(accepted);
     if (order)
       link = std::make_unique<RecordingLink>(std::move(link), *order);
-    KVC_ASSIGN_OR_RETURN(into, host::destinationFor(cpuDevice(), *model_,
-                                                    tokens_, nullptr, {}));
+    KVC_ASSIGN_OR_RETURN(
+        into, host::destinationFor(cpuDevice(), *model_, tokens_, nullptr, {}));
     destination_ = std::move(into);
     ChunkObjects local(model_->config(), model_->fingerprint(), "", {});
     return receiveContext(*link, local, destination_->target, options);

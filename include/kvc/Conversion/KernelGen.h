@@ -55,6 +55,8 @@
 #ifndef KVC_CONVERSION_KERNELGEN_H
 #define KVC_CONVERSION_KERNELGEN_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
 #include "kvc/Runtime/Device/Kernel.h"
 
@@ -64,12 +66,12 @@
 #include <optional>
 #include <string>
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 /// What a generated kernel computes: the bundle's vocabulary, whose names
 /// (bundleKernelKindName) and argument lists (bundleKernelArgNames, in the
 /// order of a kernel function's parameters) the runtime validates.
-using KernelKind = ::kvc::BundleKernel::Kind;
+using KernelKind = kvc::BundleKernel::Kind;
 
 /// What one generated kernel is specialized for.
 struct KernelSpec {
@@ -197,6 +199,6 @@ void buildKernelsToLLVMPipeline(OpPassManager &pm);
 /// pipelines (without the target interface, nvvm-attach-target crashes).
 void registerKernelDialects(DialectRegistry &registry);
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_CONVERSION_KERNELGEN_H

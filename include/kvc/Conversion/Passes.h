@@ -3,10 +3,12 @@
 #ifndef KVC_CONVERSION_PASSES_H
 #define KVC_CONVERSION_PASSES_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 #define GEN_PASS_DECL
 #include "kvc/Conversion/Passes.h.inc"
@@ -14,6 +16,6 @@ namespace mlir::kvc {
 #define GEN_PASS_REGISTRATION
 #include "kvc/Conversion/Passes.h.inc"
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_CONVERSION_PASSES_H

@@ -107,7 +107,7 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
            "(_ht16_) where it is not 8">,
   ];
   let dependentDialects = [
-    "::mlir::kvc::KVCDialect", "::mlir::arith::ArithDialect",
+    "::kvc::compiler::KVCDialect", "::mlir::arith::ArithDialect",
     "::mlir::func::FuncDialect", "::mlir::gpu::GPUDialect",
     "::mlir::LLVM::LLVMDialect", "::mlir::math::MathDialect",
     "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",

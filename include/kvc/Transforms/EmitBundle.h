@@ -9,14 +9,16 @@
 #ifndef KVC_TRANSFORMS_EMITBUNDLE_H
 #define KVC_TRANSFORMS_EMITBUNDLE_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "mlir/IR/BuiltinOps.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 /// Writes every `kvc.plan` of `module` as one bundle; fails, with a
 /// diagnostic and before writing anything, when a plan is not scheduled.
 LogicalResult writePlanBundle(ModuleOp module, raw_ostream &os);
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_TRANSFORMS_EMITBUNDLE_H

@@ -3,13 +3,15 @@
 #ifndef KVC_TRANSFORMS_PASSES_H
 #define KVC_TRANSFORMS_PASSES_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Planning/Planner.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/Pass/Pass.h"
 #include "mlir/Pass/PassOptions.h"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 #define GEN_PASS_DECL
 #include "kvc/Transforms/Passes.h.inc"
@@ -23,10 +25,10 @@ namespace mlir::kvc {
 struct RestorePipelineOptions
     : public PassPipelineOptions<RestorePipelineOptions> {
   /// These as the planner's options (their one strategy).
-  ::kvc::planning::PlanOptions planOptions() const;
+  kvc::planning::PlanOptions planOptions() const;
   /// Sets these from `options`, planning `strategy`.
-  void wrap(const ::kvc::planning::PlanOptions &options,
-            ::kvc::planning::Strategy strategy);
+  void wrap(const kvc::planning::PlanOptions &options,
+            kvc::planning::Strategy strategy);
 
   PassOptions::Option<std::string> codecProfile{
       *this, "codec-profile",
@@ -73,7 +75,7 @@ void buildRestorePipeline(OpPassManager &pm,
 /// Options of kvc-save-pipeline: the planner's options that apply to saves
 /// (saves keep their layout's chunks and plan no strategy).
 struct SavePipelineOptions : public PassPipelineOptions<SavePipelineOptions> {
-  ::kvc::planning::PlanOptions planOptions() const;
+  kvc::planning::PlanOptions planOptions() const;
 
   PassOptions::Option<std::string> codecProfile{
       *this, "codec-profile",
@@ -102,6 +104,6 @@ void buildSavePipeline(OpPassManager &pm, const SavePipelineOptions &options);
 /// Registers kvc-restore-pipeline and kvc-save-pipeline.
 void registerKVCPipelines();
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_TRANSFORMS_PASSES_H

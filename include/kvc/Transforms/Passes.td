@@ -32,7 +32,7 @@ def KVCImportModelPass : Pass<"kvc-import-model", "::mlir::ModuleOp"> {
         dtype = f16>} {}
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = [
     Option<"path", "path", "std::string", /*default=*/"\"\"",
            "Path of the Hugging Face config.json">,
@@ -64,7 +64,7 @@ def KVCAttachTargetPass : Pass<"kvc-attach-target", "::mlir::ModuleOp"> {
                            write_gbs = 10, latency_us = 1>]>} {}
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = [
     Option<"path", "path", "std::string", /*default=*/"\"\"",
            "Path of the target description (JSON)">,
@@ -128,7 +128,7 @@ def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
         codec <quant = int4, group = 128, lossless = zstd> {max_error = 0.12}
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = KVC_CostModelOptions;
 }
 
@@ -160,7 +160,7 @@ def KVCChooseMergePointPass : Pass<"kvc-choose-merge-point", "::mlir::ModuleOp">
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = KVC_RestorePlanningOptions;
 }
 
@@ -194,7 +194,7 @@ def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = KVC_RestorePlanningOptions;
 }
 
@@ -236,7 +236,7 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = !listconcat(KVC_RestorePlanningOptions, [
     Option<"report", "report", "bool", /*default=*/"false",
            "Print every baseline beside the chosen plan as a remark">,
@@ -351,7 +351,7 @@ def KVCExpandPass : Pass<"kvc-expand", "::mlir::ModuleOp"> {
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = KVC_CostModelOptions;
 }
 
@@ -395,7 +395,7 @@ def KVCFusePass : Pass<"kvc-fuse", "::mlir::ModuleOp"> {
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
 }
 
 def KVCSchedulePass : Pass<"kvc-schedule", "::mlir::ModuleOp"> {
@@ -442,7 +442,7 @@ def KVCSchedulePass : Pass<"kvc-schedule", "::mlir::ModuleOp"> {
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = KVC_CostModelOptions;
 }
 
@@ -486,7 +486,7 @@ def KVCEstimatePass : Pass<"kvc-estimate", "::mlir::ModuleOp"> {
     }
     ```
   }];
-  let dependentDialects = ["::mlir::kvc::KVCDialect"];
+  let dependentDialects = ["::kvc::compiler::KVCDialect"];
   let options = KVC_CostModelOptions;
 }
 

@@ -145,8 +145,8 @@ StatusOr<ReferenceChunk> measureReferenceChunk(Device &device,
   std::vector<double> timings;
   std::unique_ptr<ModelRunner> runner = device.createRunner(model);
   for (int i = 0; i < 3; ++i) {
-    KVC_ASSIGN_OR_RETURN(seconds, runner->timePrefill(model.newCache(), tokens,
-                                                      0, out.tokens));
+    KVC_ASSIGN_OR_RETURN(
+        seconds, runner->timePrefill(model.newCache(), tokens, 0, out.tokens));
     timings.push_back(seconds);
   }
   out.measuredSeconds = median(timings);
@@ -222,10 +222,9 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
   std::vector<std::vector<double>> timings(samples.size());
   for (int round = 0; round < kRounds; ++round)
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      KVC_ASSIGN_OR_RETURN(seconds,
-                           runner->timePrefill(base, tokens,
-                                               samples[i].position,
-                                               samples[i].tokens));
+      KVC_ASSIGN_OR_RETURN(seconds, runner->timePrefill(base, tokens,
+                                                        samples[i].position,
+                                                        samples[i].tokens));
       timings[i].push_back(seconds);
     }
   for (std::size_t i = 0; i < samples.size(); ++i)

@@ -38,10 +38,12 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
     Clock::time_point start = Clock::now();
     KVC_ASSIGN_OR_RETURN(restoring,
                          RestoreHandle::start(*pools, plan, into->target, options));
-    Status forward = device.createRunner(*request.model)->decode(
-        *into->cache, into->table, n, next.data(), request.forwardTokens,
-        logits.data(),
-        [&](int64_t layer) { return restoring->waitLayer(layer); });
+    Status forward =
+        device.createRunner(*request.model)
+            ->decode(*into->cache, into->table, n, next.data(),
+                     request.forwardTokens, logits.data(), [&](int64_t layer) {
+                       return restoring->waitLayer(layer);
+                     });
     run.firstTokenSeconds = secondsSince(start);
     KVC_ASSIGN_OR_RETURN(metrics, restoring->wait());
     KVC_RETURN_IF_ERROR(forward);

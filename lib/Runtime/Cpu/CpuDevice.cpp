@@ -148,9 +148,9 @@ public:
     return Status::ok();
   }
 
-  Status decode(PagedKVCache &cache, const BlockTable &table,
-                int64_t position, const int32_t *tokens, int64_t n,
-                float *logits, const LayerGate &attend) override {
+  Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
     PagedContext context(cache, table, &attend);
     return model().nextLogits(context, position, tokens, n, logits);
   }

@@ -83,8 +83,7 @@ Status needDevice(const PagedKVCache &cache) {
 
 class CudaDevice final : public Device {
 public:
-  explicit CudaDevice(const CudaDeviceOptions &options)
-      : options_(options) {}
+  explicit CudaDevice(const CudaDeviceOptions &options) : options_(options) {}
   ~CudaDevice() override {
     for (const auto &[name, loaded] : functions_)
       for (const LoadedKernel &kernel : loaded)
@@ -600,8 +599,7 @@ public:
     return best / 1e9;
   }
 
-  std::unique_ptr<ModelRunner>
-  createRunner(const ModelCompute &model) override;
+  std::unique_ptr<ModelRunner> createRunner(const ModelCompute &model) override;
 
   Status start() {
     KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
@@ -908,9 +906,9 @@ public:
   streamPrefill(int64_t tokens) override {
     return device_.streamPrefill(model(), tokens);
   }
-  Status decode(PagedKVCache &cache, const BlockTable &table,
-                int64_t position, const int32_t *tokens, int64_t n,
-                float *logits, const LayerGate &attend) override {
+  Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
     return device_.decode(model(), cache, table, position, tokens, n, logits,
                           attend);
   }

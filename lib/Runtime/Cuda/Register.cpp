@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Runtime/Device/Registry.h"
 #include "kvc/Runtime/Cuda/CudaDevice.h"
+#include "kvc/Runtime/Device/Registry.h"
 
 #include <mutex>
 

@@ -336,9 +336,9 @@ Status ChunkSteps::project(ChunkValue &value) {
     own = device_.allocate();
     out = own.get();
   }
-  KVC_ASSIGN_OR_RETURN(flops, runner_->project(*value.device,
-                                               dtypeOf(Form::Hidden),
-                                               value.box(), *out));
+  KVC_ASSIGN_OR_RETURN(flops,
+                       runner_->project(*value.device, dtypeOf(Form::Hidden),
+                                        value.box(), *out));
   if (own)
     value.ownDevice = std::move(own);
   value.device = out;
@@ -381,8 +381,8 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     release(*value);
   }
   if (!launched.empty()) {
-    KVC_RETURN_IF_ERROR(device_.launchRestore(*launched.front()->kernel,
-                                               chunks, cache_, table_));
+    KVC_RETURN_IF_ERROR(device_.launchRestore(*launched.front()->kernel, chunks,
+                                              cache_, table_));
     for (ChunkValue *value : launched)
       release(*value);
     std::lock_guard<std::mutex> lock(mutex_);

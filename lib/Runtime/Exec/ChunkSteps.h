@@ -24,10 +24,10 @@
 #ifndef KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
 #define KVC_LIB_RUNTIME_EXEC_CHUNKSTEPS_H
 
-#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <atomic>

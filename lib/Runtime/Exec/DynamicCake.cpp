@@ -177,9 +177,9 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
   if (target.tokens->empty())
     return invalidArgument("restore: no tokens");
 
-  exec_detail::ChunkSteps steps(deviceOr(target.device),
-                                *target.model, target.stores, *target.tokens,
-                                *target.cache, *target.table, run.progress);
+  exec_detail::ChunkSteps steps(deviceOr(target.device), *target.model,
+                                target.stores, *target.tokens, *target.cache,
+                                *target.table, run.progress);
   // The store's KV objects, grouped by token chunk.
   std::vector<ChunkBox> chunks;
   for (const ChunkRef &ref :

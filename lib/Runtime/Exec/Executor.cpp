@@ -42,8 +42,7 @@ public:
   Run(const BundlePlan &plan, const RestoreTarget &target,
       const RestoreOptions &options)
       : plan_(plan), target_(target), options_(options),
-        config_(target.model->config()),
-        device_(deviceOr(target.device)),
+        config_(target.model->config()), device_(deviceOr(target.device)),
         kernels_(options.kernels),
         steps_(device_, *target.model, target.stores, *target.tokens,
                *target.cache, *target.table, options.progress,

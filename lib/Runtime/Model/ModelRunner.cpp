@@ -44,10 +44,12 @@ Status ModelRunner::canLaunchProject(const BundleKernel &prologue,
                        " device launches no generated projections");
 }
 
-StatusOr<double> ModelRunner::launchProject(
-    const BundleKernel &prologue, const BundleKernel &epilogue,
-    const DeviceBuffer &hidden, DType dtype, const ChunkBox &box,
-    PagedKVCache &cache, const BlockTable &table) {
+StatusOr<double> ModelRunner::launchProject(const BundleKernel &prologue,
+                                            const BundleKernel &epilogue,
+                                            const DeviceBuffer &hidden,
+                                            DType dtype, const ChunkBox &box,
+                                            PagedKVCache &cache,
+                                            const BlockTable &table) {
   (void)hidden, (void)dtype, (void)box, (void)table;
   return ModelRunner::canLaunchProject(prologue, epilogue, cache);
 }

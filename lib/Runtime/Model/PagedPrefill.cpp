@@ -38,8 +38,8 @@ public:
   PagedPrefill(ModelRunner &runner, const std::vector<int32_t> &tokens,
                PagedKVCache &cache, const BlockTable &table)
       : runner_(runner), device_(runner.device()), model_(runner.model()),
-        tokens_(tokens), cache_(cache),
-        table_(table), computed_(model_.config().numLayers, 0),
+        tokens_(tokens), cache_(cache), table_(table),
+        computed_(model_.config().numLayers, 0),
         held_(model_.config().numLayers, 0) {}
 
   ~PagedPrefill() override {
@@ -63,8 +63,8 @@ public:
     }
     KVC_RETURN_IF_ERROR(extendExactLocked(t1, l1));
     for (int64_t l = l0; l < l1; ++l)
-      KVC_RETURN_IF_ERROR(device_.copyRows(*exact_, exactTable_, cache_,
-                                            table_, l, t0, t1 - t0));
+      KVC_RETURN_IF_ERROR(device_.copyRows(*exact_, exactTable_, cache_, table_,
+                                           l, t0, t1 - t0));
     return Status::ok();
   }
 
@@ -122,8 +122,8 @@ private:
     const int64_t seeded =
         *std::min_element(computed_.begin(), computed_.end());
     for (int64_t l = 0; l < model_.config().numLayers; ++l)
-      KVC_RETURN_IF_ERROR(device_.copyRows(cache_, table_, *exact_,
-                                            exactTable_, l, 0, seeded));
+      KVC_RETURN_IF_ERROR(
+          device_.copyRows(cache_, table_, *exact_, exactTable_, l, 0, seeded));
     std::fill(held_.begin(), held_.end(), seeded);
     exactTokens_ = seeded;
     return Status::ok();

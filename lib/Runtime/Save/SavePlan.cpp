@@ -47,7 +47,7 @@ Status PagedCacheSource::gather(const ChunkObjects &, const ChunkRef &ref,
   for (int64_t l = ref.layerBegin; l < ref.layerEnd; ++l) {
     float *k = out.data() + (l - ref.layerBegin) * 2 * rows * kvDim;
     KVC_RETURN_IF_ERROR(device_.readBack(cache_, table_, l, ref.tokenBegin,
-                                          rows, k, k + rows * kvDim));
+                                         rows, k, k + rows * kvDim));
   }
   return Status::ok();
 }
@@ -81,8 +81,7 @@ StatusOr<int64_t> PagedCacheSource::gatherPayloads(
           {ref.tokenBegin, ref.tokenEnd, ref.layerBegin, ref.layerEnd});
     } while (++end < refs.size() && holds(refs[end]));
     std::vector<std::string> out;
-    KVC_RETURN_IF_ERROR(
-        device_.launchSave(kernel, cache_, table_, boxes, out));
+    KVC_RETURN_IF_ERROR(device_.launchSave(kernel, cache_, table_, boxes, out));
     if (out.size() != boxes.size())
       return Status(StatusCode::Internal,
                     "save: a launch returned another number of payloads");
@@ -518,12 +517,13 @@ StatusOr<double> prefillCounting(Device &device, const LlamaModel &model,
 /// that computes the objects of `objects`' layout: the plan's gathers read
 /// the device's paged cache as the prefill fills it (savesFromTheCache),
 /// or take each object as the prefill hands it over on the host.
-StatusOr<SaveMetrics>
-runDuringPrefill(Device &device, const LlamaModel &model,
-                 const ChunkObjects &objects,
-                 const std::vector<int32_t> &tokens, const BundlePlan &plan,
-                 SaveTarget target, StepKind endpoint,
-                 const SaveOptions &stream, const SaveRunOptions &run) {
+StatusOr<SaveMetrics> runDuringPrefill(Device &device, const LlamaModel &model,
+                                       const ChunkObjects &objects,
+                                       const std::vector<int32_t> &tokens,
+                                       const BundlePlan &plan,
+                                       SaveTarget target, StepKind endpoint,
+                                       const SaveOptions &stream,
+                                       const SaveRunOptions &run) {
   const int64_t n = int64_t(tokens.size());
   KVC_ASSIGN_OR_RETURN(what, planObjects(plan, objects, n, endpoint));
   KVC_ASSIGN_OR_RETURN(pools, device.createPools(planResources(plan)));

@@ -3,8 +3,8 @@
 #ifndef KVC_HOST_TOOLS_CALIBRATE_H
 #define KVC_HOST_TOOLS_CALIBRATE_H
 
-#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <cstdio>
 #include <map>

@@ -50,11 +50,11 @@
 #ifndef KVC_RUNTIME_EXEC_EXECUTOR_H
 #define KVC_RUNTIME_EXEC_EXECUTOR_H
 
-#include "kvc/Runtime/Model/ModelRunner.h"
-#include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Device/PagedKVCache.h"
-#include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Device/TaskGraph.h"
+#include "kvc/Runtime/Exec/LayerProgress.h"
+#include "kvc/Runtime/Exec/PlanBundle.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <atomic>

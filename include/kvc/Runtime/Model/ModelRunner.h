@@ -114,8 +114,8 @@ public:
   /// of those layers through `table`: writes their K and V there, telling
   /// `written` (when set) as each layer's are.
   virtual Status prefillInto(PagedKVCache &cache, const BlockTable &table,
-                             const int32_t *tokens, int64_t position,
-                             int64_t n, int64_t layers,
+                             const int32_t *tokens, int64_t position, int64_t n,
+                             int64_t layers,
                              const LayerWritten &written = {}) = 0;
 
   /// A prefill stream for a request of at most `tokens` tokens. By default

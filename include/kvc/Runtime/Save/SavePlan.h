@@ -37,11 +37,11 @@
 #ifndef KVC_RUNTIME_SAVE_SAVEPLAN_H
 #define KVC_RUNTIME_SAVE_SAVEPLAN_H
 
-#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Base/HandOver.h"
+#include "kvc/Runtime/Device/TaskGraph.h"
 #include "kvc/Runtime/Exec/LayerProgress.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
-#include "kvc/Runtime/Device/TaskGraph.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Save/Saver.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
@@ -252,23 +252,23 @@ StatusOr<SaveMetrics> save(ResourcePools &pools, const BundlePlan &plan,
 /// the plan's save kernels encode each object on the device; any other save
 /// takes the objects streamContext hands over on the host
 /// (PrefillSnapshots, within `stream`'s buffer bytes).
-StatusOr<SaveMetrics>
-saveDuringPrefill(Device &device, const LlamaModel &model,
-                  const std::vector<int32_t> &tokens, const BundlePlan &plan,
-                  const std::map<std::string, ChunkStore *> &stores,
-                  const SaveOptions &stream = {},
-                  const SaveRunOptions &run = {});
+StatusOr<SaveMetrics> saveDuringPrefill(
+    Device &device, const LlamaModel &model, const std::vector<int32_t> &tokens,
+    const BundlePlan &plan, const std::map<std::string, ChunkStore *> &stores,
+    const SaveOptions &stream = {}, const SaveRunOptions &run = {});
 
 /// The sender of a transfer: prefills `tokens` with `model` on `device`
 /// (the options, and where the gathers read, as saveDuringPrefill's) while
 /// the send `plan` gathers, encodes and sends, through `send`, the objects
 /// of `objects`' layout the prefill computes, following the plan's tasks
 /// and lanes.
-StatusOr<SaveMetrics> sendDuringPrefill(
-    Device &device, const LlamaModel &model, const ChunkObjects &objects,
-    const std::vector<int32_t> &tokens, const BundlePlan &plan,
-    ObjectSender send, const SaveOptions &stream = {},
-    const SaveRunOptions &run = {});
+StatusOr<SaveMetrics> sendDuringPrefill(Device &device, const LlamaModel &model,
+                                        const ChunkObjects &objects,
+                                        const std::vector<int32_t> &tokens,
+                                        const BundlePlan &plan,
+                                        ObjectSender send,
+                                        const SaveOptions &stream = {},
+                                        const SaveRunOptions &run = {});
 
 /// How savePlanFor spreads a save: its encodes and stores over `lanes`
 /// lanes of their pools (the two-stage saver's writers), and at most

@@ -17,9 +17,9 @@
 #ifndef KVC_RUNTIME_SAVE_SAVER_H
 #define KVC_RUNTIME_SAVE_SAVER_H
 
-#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <atomic>

@@ -15,7 +15,7 @@
 
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 #include "kvc/Dialect/KVC/IR/KVCEnums.cpp.inc"
 
@@ -33,7 +33,7 @@ void KVCDialect::registerAttributes() {
 // Parameter parsers and printers
 //===----------------------------------------------------------------------===//
 
-FailureOr<llvm::APFloat> mlir::kvc::parseF64(AsmParser &parser) {
+FailureOr<llvm::APFloat> kvc::compiler::parseF64(AsmParser &parser) {
   // Whole numbers may be written without a dot (`rope_theta = 10000`).
   int64_t integer = 0;
   OptionalParseResult parsedInteger = parser.parseOptionalInteger(integer);
@@ -48,8 +48,8 @@ FailureOr<llvm::APFloat> mlir::kvc::parseF64(AsmParser &parser) {
   return llvm::APFloat(value);
 }
 
-std::string mlir::kvc::formatF64(double value) {
-  std::string text = ::kvc::formatNumber(value);
+std::string kvc::compiler::formatF64(double value) {
+  std::string text = kvc::formatNumber(value);
   // MLIR's float literals need a dot before an exponent: 1e-05 -> 1.0e-05.
   size_t exponent = text.find('e');
   if (exponent != std::string::npos && text.find('.') == std::string::npos)
@@ -57,11 +57,11 @@ std::string mlir::kvc::formatF64(double value) {
   return text;
 }
 
-void mlir::kvc::printF64(AsmPrinter &printer, const llvm::APFloat &value) {
+void kvc::compiler::printF64(AsmPrinter &printer, const llvm::APFloat &value) {
   printer << formatF64(value.convertToDouble());
 }
 
-FailureOr<RangeAttr> mlir::kvc::parseRangeBody(AsmParser &parser) {
+FailureOr<RangeAttr> kvc::compiler::parseRangeBody(AsmParser &parser) {
   int64_t begin = 0, end = 0;
   if (parser.parseInteger(begin) || parser.parseKeyword("to") ||
       parser.parseInteger(end))
@@ -69,11 +69,11 @@ FailureOr<RangeAttr> mlir::kvc::parseRangeBody(AsmParser &parser) {
   return RangeAttr::get(parser.getContext(), begin, end);
 }
 
-void mlir::kvc::printRangeBody(AsmPrinter &printer, RangeAttr range) {
+void kvc::compiler::printRangeBody(AsmPrinter &printer, RangeAttr range) {
   printer << range.getBegin() << " to " << range.getEnd();
 }
 
-ParseResult mlir::kvc::parseRange(OpAsmParser &parser, RangeAttr &range) {
+ParseResult kvc::compiler::parseRange(OpAsmParser &parser, RangeAttr &range) {
   FailureOr<RangeAttr> parsed = parseRangeBody(parser);
   if (failed(parsed))
     return failure();
@@ -81,15 +81,15 @@ ParseResult mlir::kvc::parseRange(OpAsmParser &parser, RangeAttr &range) {
   return success();
 }
 
-void mlir::kvc::printRange(OpAsmPrinter &printer, Operation *,
-                           RangeAttr range) {
+void kvc::compiler::printRange(OpAsmPrinter &printer, Operation *,
+                               RangeAttr range) {
   printRangeBody(printer, range);
 }
 
 LogicalResult
-mlir::kvc::verifyRange(function_ref<InFlightDiagnostic()> emitError,
-                       StringRef field, RangeAttr range, int64_t limit,
-                       StringRef limitName) {
+kvc::compiler::verifyRange(function_ref<InFlightDiagnostic()> emitError,
+                           StringRef field, RangeAttr range, int64_t limit,
+                           StringRef limitName) {
   int64_t begin = range.getBegin(), end = range.getEnd();
   if (begin < 0)
     return emitError() << field << " range " << begin << " to " << end
@@ -166,11 +166,12 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (!chip.empty() && kind != ComputeKind::gpu)
     return emitError() << "chip \"" << chip << "\" names a GPU architecture, "
                        << "but the compute is a " << stringifyComputeKind(kind);
-  if (!chip.empty() && !::kvc::isKernelChip(std::string_view(chip.data(), chip.size())))
+  if (!chip.empty() &&
+      !kvc::isKernelChip(std::string_view(chip.data(), chip.size())))
     return emitError() << "chip \"" << chip
                        << "\" is no architecture kvc generates kernels for "
                           "(expected "
-                       << ::kvc::kKernelChips << ")";
+                       << kvc::kKernelChips << ")";
   if (failed(requirePositive(emitError, "dense_tflops",
                              denseTflops.convertToDouble())) ||
       failed(requirePositive(emitError, "mem_gbs", memGbs.convertToDouble())) ||
@@ -309,13 +310,12 @@ LogicalResult CodecAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 }
 
 int64_t CodecAttr::getBits() const {
-  const ::kvc::CodecStageInfo *stage = getQuantStage();
+  const kvc::CodecStageInfo *stage = getQuantStage();
   return stage ? stage->bits : 16;
 }
 
-const ::kvc::CodecStageInfo *CodecAttr::getQuantStage() const {
-  return ::kvc::findCodecStage(::kvc::StageKind::Quant,
-                               stringifyQuant(getQuant()));
+const kvc::CodecStageInfo *CodecAttr::getQuantStage() const {
+  return kvc::findCodecStage(kvc::StageKind::Quant, stringifyQuant(getQuant()));
 }
 
 CodecAttr CodecAttr::getOrRaw(MLIRContext *context, Transform transform,

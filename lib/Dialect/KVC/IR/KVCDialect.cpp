@@ -7,7 +7,7 @@
 #include "mlir/IR/OpImplementation.h"
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 #include "kvc/Dialect/KVC/IR/KVCDialect.cpp.inc"
 

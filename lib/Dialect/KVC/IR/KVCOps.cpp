@@ -17,7 +17,7 @@
 #include <optional>
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 #include "kvc/Dialect/KVC/IR/KVCInterfaces.cpp.inc"
 
@@ -28,14 +28,14 @@ using namespace mlir::kvc;
 // Helpers
 //===----------------------------------------------------------------------===//
 
-ModelAttr mlir::kvc::lookupModel(Operation *op) {
+ModelAttr kvc::compiler::lookupModel(Operation *op) {
   for (; op; op = op->getParentOp())
     if (auto model = op->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName))
       return model;
   return {};
 }
 
-TargetAttr mlir::kvc::lookupTarget(Operation *op) {
+TargetAttr kvc::compiler::lookupTarget(Operation *op) {
   for (; op; op = op->getParentOp())
     if (auto target =
             op->getAttrOfType<TargetAttr>(KVCDialect::kTargetAttrName))
@@ -88,7 +88,7 @@ LogicalResult verifyRotation(Operation *op, Form form, CodecAttr codec) {
   const int64_t width = form == Form::kv
                             ? model.getKvHeads() * model.getHeadDim()
                             : model.getHidden();
-  if (::kvc::hadamardRotates(toVocabulary(form), width, model.getHeadDim()))
+  if (kvc::hadamardRotates(toVocabulary(form), width, model.getHeadDim()))
     return success();
   if (form == Form::kv)
     return op->emitOpError("rotates KV with Hadamard over head_dim ")
@@ -437,7 +437,7 @@ LogicalResult SegmentOp::verify() {
 // Dataflow
 //===----------------------------------------------------------------------===//
 
-LogicalResult mlir::kvc::detail::verifyStageOp(Operation *op, Stage stage) {
+LogicalResult kvc::compiler::detail::verifyStageOp(Operation *op, Stage stage) {
   auto in = cast<ChunkType>(op->getOperand(0).getType());
   auto out = cast<ChunkType>(op->getResult(0).getType());
   if (in.getForm() != out.getForm() ||

@@ -9,7 +9,7 @@
 #include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
-using namespace mlir::kvc;
+using namespace kvc::compiler;
 
 #define GET_TYPEDEF_CLASSES
 #include "kvc/Dialect/KVC/IR/KVCTypes.cpp.inc"
@@ -43,7 +43,7 @@ ChunkType ChunkType::withCodec(CodecAttr codec) const {
              getLayers(), getSpace(), codec);
 }
 
-ParseResult mlir::kvc::parseChunk(OpAsmParser &parser, Type &type) {
+ParseResult kvc::compiler::parseChunk(OpAsmParser &parser, Type &type) {
   ChunkType chunk;
   if (parser.parseType(chunk))
     return failure();
@@ -51,18 +51,18 @@ ParseResult mlir::kvc::parseChunk(OpAsmParser &parser, Type &type) {
   return success();
 }
 
-ParseResult mlir::kvc::parseChunk(OpAsmParser &parser,
-                                  SmallVectorImpl<Type> &types) {
+ParseResult kvc::compiler::parseChunk(OpAsmParser &parser,
+                                      SmallVectorImpl<Type> &types) {
   return parser.parseCommaSeparatedList(
       [&] { return parseChunk(parser, types.emplace_back()); });
 }
 
-void mlir::kvc::printChunk(OpAsmPrinter &printer, Operation *, Type type) {
+void kvc::compiler::printChunk(OpAsmPrinter &printer, Operation *, Type type) {
   printer.printType(type);
 }
 
-void mlir::kvc::printChunk(OpAsmPrinter &printer, Operation *op,
-                           TypeRange types) {
+void kvc::compiler::printChunk(OpAsmPrinter &printer, Operation *op,
+                               TypeRange types) {
   llvm::interleaveComma(types, printer,
                         [&](Type type) { printChunk(printer, op, type); });
 }

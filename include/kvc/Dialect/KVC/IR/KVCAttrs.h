@@ -3,6 +3,8 @@
 #ifndef KVC_DIALECT_KVC_IR_KVCATTRS_H
 #define KVC_DIALECT_KVC_IR_KVCATTRS_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
 #include "kvc/Support/CodecRegistry.h"
 
@@ -13,15 +15,15 @@
 
 #include "kvc/Dialect/KVC/IR/KVCEnums.h.inc"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 class RangeAttr;
 class CodecAttr;
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #define GET_ATTRDEF_CLASSES
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h.inc"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 /// The shortest text that parses back to `value` as an MLIR float or integer.
 std::string formatF64(double value);
@@ -49,6 +51,6 @@ LogicalResult verifyRange(function_ref<InFlightDiagnostic()> emitError,
                           StringRef field, RangeAttr range, int64_t limit = 0,
                           StringRef limitName = "");
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #endif // KVC_DIALECT_KVC_IR_KVCATTRS_H

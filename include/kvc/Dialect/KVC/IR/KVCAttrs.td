@@ -25,17 +25,17 @@ class KVC_Attr<string name, string attrMnemonic, list<Trait> traits = []>
 /// A real number printed in its shortest round-trip form (`12.5`, `1e-05`).
 class KVC_F64Parameter<string desc, string default = "">
     : APFloatParameter<desc> {
-  let parser = "::mlir::kvc::parseF64($_parser)";
-  let printer = "::mlir::kvc::printF64($_printer, $_self)";
+  let parser = "::kvc::compiler::parseF64($_parser)";
+  let printer = "::kvc::compiler::printF64($_printer, $_self)";
   let defaultValue = !if(!empty(default), "",
                          "::llvm::APFloat(" # default # ")");
 }
 
 /// A half-open range printed as `a to b`.
 def KVC_RangeParameter
-    : AttrParameter<"::mlir::kvc::RangeAttr", "a half-open range `a to b`"> {
-  let parser = "::mlir::kvc::parseRangeBody($_parser)";
-  let printer = "::mlir::kvc::printRangeBody($_printer, $_self)";
+    : AttrParameter<"::kvc::compiler::RangeAttr", "a half-open range `a to b`"> {
+  let parser = "::kvc::compiler::parseRangeBody($_parser)";
+  let printer = "::kvc::compiler::printRangeBody($_printer, $_self)";
 }
 
 //===----------------------------------------------------------------------===//

@@ -7,7 +7,7 @@ include "mlir/IR/OpBase.td"
 
 def KVC_Dialect : Dialect {
   let name = "kvc";
-  let cppNamespace = "::mlir::kvc";
+  let cppNamespace = "::kvc::compiler";
   let summary = "KV-cache movement plans: restore, save and transfer";
   let description = [{
     The `kvc` dialect expresses how an LLM server makes a request's KV cache

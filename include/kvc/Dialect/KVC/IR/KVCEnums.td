@@ -8,7 +8,7 @@ include "kvc/Dialect/KVC/IR/KVCDialect.td"
 
 class KVC_Enum<string name, string summary, list<I32EnumAttrCase> cases>
     : I32EnumAttr<name, summary, cases> {
-  let cppNamespace = "::mlir::kvc";
+  let cppNamespace = "::kvc::compiler";
   let genSpecializedAttr = 0;
 }
 

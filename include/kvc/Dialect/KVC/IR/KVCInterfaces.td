@@ -6,7 +6,7 @@
 include "mlir/IR/OpBase.td"
 
 def KVC_DataflowOpInterface : OpInterface<"DataflowOpInterface"> {
-  let cppNamespace = "::mlir::kvc";
+  let cppNamespace = "::kvc::compiler";
   let description = [{
     A per-chunk step of a plan. It names the resources that can run it, so
     that `kvc.task` can reject a step placed on the wrong resource and the
@@ -14,7 +14,7 @@ def KVC_DataflowOpInterface : OpInterface<"DataflowOpInterface"> {
   }];
   let methods = [
     InterfaceMethod<"Returns true when `resource` can run this step.",
-      "bool", "canRunOn", (ins "::mlir::kvc::Resource":$resource)>,
+      "bool", "canRunOn", (ins "::kvc::compiler::Resource":$resource)>,
     InterfaceMethod<[{
         Returns true when the step is elementwise over its chunk and may be
         fused with neighbours into one `kvc.kernel`.

@@ -3,6 +3,8 @@
 #ifndef KVC_DIALECT_KVC_IR_KVCOPS_H
 #define KVC_DIALECT_KVC_IR_KVCOPS_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h"
 #include "kvc/Dialect/KVC/IR/KVCDialect.h"
 #include "kvc/Dialect/KVC/IR/KVCTypes.h"
@@ -15,7 +17,7 @@
 
 #include "kvc/Dialect/KVC/IR/KVCInterfaces.h.inc"
 
-namespace mlir::kvc {
+namespace kvc::compiler {
 
 /// Returns the `kvc.model` of the closest enclosing op that has one, or null.
 ModelAttr lookupModel(Operation *op);
@@ -38,7 +40,7 @@ enum class Stage {
 LogicalResult verifyStageOp(Operation *op, Stage stage);
 } // namespace detail
 
-} // namespace mlir::kvc
+} // namespace kvc::compiler
 
 #define GET_OP_CLASSES
 #include "kvc/Dialect/KVC/IR/KVCOps.h.inc"

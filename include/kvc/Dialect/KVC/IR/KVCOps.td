@@ -21,10 +21,10 @@ class KVC_Op<string mnemonic, list<Trait> traits = []>
 
 /// A #kvc.source operand printed in full (`#kvc.source<...>` or its alias)
 /// rather than stripped, so that long sources read as `#src`.
-def KVC_SourceArg : Attr<CPred<"::llvm::isa<::mlir::kvc::SourceAttr>($_self)">,
+def KVC_SourceArg : Attr<CPred<"::llvm::isa<::kvc::compiler::SourceAttr>($_self)">,
                          "a #kvc.source attribute"> {
-  let storageType = "::mlir::kvc::SourceAttr";
-  let returnType = "::mlir::kvc::SourceAttr";
+  let storageType = "::kvc::compiler::SourceAttr";
+  let returnType = "::kvc::compiler::SourceAttr";
   let convertFromStorage = "$_self";
 }
 def KVC_SourceArrayArg : TypedArrayAttrBase<KVC_SourceArg,
@@ -244,10 +244,10 @@ class KVC_DataflowOp<string mnemonic, list<string> resources, bit fusible,
                      list<Trait> traits = []>
     : KVC_Op<mnemonic, traits # [KVC_DataflowOpInterface]> {
   defvar resourceList = !interleave(
-      !foreach(r, resources, "::mlir::kvc::Resource::" # r), ", ");
+      !foreach(r, resources, "::kvc::compiler::Resource::" # r), ", ");
   let extraClassDeclaration = [{
-    bool canRunOn(::mlir::kvc::Resource resource) {
-      for (::mlir::kvc::Resource r : {}] # resourceList # [{})
+    bool canRunOn(::kvc::compiler::Resource resource) {
+      for (::kvc::compiler::Resource r : {}] # resourceList # [{})
         if (r == resource)
           return true;
       return false;
@@ -270,8 +270,8 @@ class KVC_StageOp<string mnemonic, string stage, list<string> resources,
   let hasVerifier = 1;
   let extraClassDefinition = [{
     ::mlir::LogicalResult $cppClass::verify() {
-      return ::mlir::kvc::detail::verifyStageOp(
-          getOperation(), ::mlir::kvc::detail::Stage::}] # stage # [{);
+      return ::kvc::compiler::detail::verifyStageOp(
+          getOperation(), ::kvc::compiler::detail::Stage::}] # stage # [{);
     }
   }];
 }

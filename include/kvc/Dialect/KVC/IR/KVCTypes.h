@@ -3,6 +3,8 @@
 #ifndef KVC_DIALECT_KVC_IR_KVCTYPES_H
 #define KVC_DIALECT_KVC_IR_KVCTYPES_H
 
+#include "kvc/Support/MLIR.h"
+
 #include "kvc/Dialect/KVC/IR/KVCAttrs.h"
 
 #include "mlir/IR/Types.h"

@@ -18,6 +18,7 @@
 #include "Kernels.h"
 #include "kvc/Runtime/Cuda/CudaDevice.h"
 #include "kvc/Runtime/Device/Registry.h"
+#include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <cuda_runtime_api.h>
 
@@ -323,6 +324,68 @@ TEST_F(CudaBackendTest, Bf16GemmsStayNearTheCpuModel) {
     EXPECT_EQ(first, second) << "layer " << l;
   }
   cache_.reset();
+}
+
+// A server's model on the GPU: a runner over bf16 weights the test holds
+// in device memory, laid out as vLLM's Llama holds them (fused QKV and
+// gate/up), computes a restore's chunks within bf16 GEMMs' reach of the CPU
+// model; a weight outside the GPU's memory is refused with which.
+TEST_F(CudaBackendTest, ARunnerOverTheServersWeightsComputesTheChunks) {
+  useBf16Gemms();
+  std::vector<void *> held;
+  auto hold = [&](std::vector<const std::vector<float> *> parts) -> void * {
+    std::vector<uint16_t> bits;
+    for (const std::vector<float> *part : parts)
+      for (float x : *part)
+        bits.push_back(floatToBf16(x));
+    void *p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bits.size() * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, bits.data(), bits.size() * 2,
+                         cudaMemcpyHostToDevice),
+              cudaSuccess);
+    held.push_back(p);
+    return p;
+  };
+  CudaLlamaWeights weights;
+  weights.embedding = hold({&model_->embedding()});
+  weights.finalNorm = hold({&model_->finalNorm()});
+  weights.output = hold({&model_->outputLayer()});
+  for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+    const LlamaModel::Layer &L = model_->layer(l);
+    weights.layers.push_back({hold({&L.attnNorm}), hold({&L.mlpNorm}),
+                              hold({&L.q, &L.k, &L.v}), hold({&L.o}),
+                              hold({&L.gate, &L.up}), hold({&L.down})});
+  }
+  StatusOr<std::unique_ptr<ModelRunner>> runner =
+      createCudaRunner(*device_, *model_, weights);
+  ASSERT_TRUE(runner) << runner.status().toString();
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreTarget target = targetFor(table);
+  target.runner = runner->get();
+  StatusOr<RestoreMetrics> metrics = restore(
+      *pools_, makePlan({kTokens, 0, 64}, model_->config().numLayers), target);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  const double error = relativeError(table);
+  std::printf("the server's weights: largest error %.4g of the largest "
+              "|K|, |V|\n",
+              error);
+  EXPECT_LT(error, 1.0 / 16);
+
+  std::vector<float> onTheHost(model_->config().hiddenSize);
+  weights.layers.back().postAttentionNorm = onTheHost.data();
+  StatusOr<std::unique_ptr<ModelRunner>> refused =
+      createCudaRunner(*device_, *model_, weights);
+  ASSERT_FALSE(refused);
+  EXPECT_NE(refused.status().message().find("post-attention norm is not in "
+                                            "the memory of GPU"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(createCudaRunner(cpuDevice(), *model_, weights).status().code(),
+            StatusCode::InvalidArgument);
+  runner->reset();
+  cache_.reset();
+  for (void *p : held)
+    cudaFree(p);
 }
 
 // The tiled tensor-core attention against the fp32 kernel on the same

@@ -1,7 +1,9 @@
 //===- ExecutorTest.cpp - Restores that must equal a full prefill ---------===//
 
 #include "ExecutorFixture.h"
+#include "ForwardingDevice.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -193,6 +195,68 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   // Without fallbacks the run computes exactly what the plan says.
   EXPECT_TRUE(metrics->fallbacks.empty());
   EXPECT_DOUBLE_EQ(metrics->plannedFlops, metrics->flops);
+}
+
+/// The CPU runner of a model, its prefills counted: a server's own runner.
+class CountingRunner final : public ModelRunner {
+public:
+  CountingRunner(Device &device, const ModelCompute &model)
+      : ModelRunner(device, model), cpu_(cpuDevice().createRunner(model)) {}
+  StatusOr<double> project(const DeviceBuffer &hidden, DType dtype,
+                           const ChunkBox &box, DeviceBuffer &kv) override {
+    return cpu_->project(hidden, dtype, box, kv);
+  }
+  Status prefillInto(PagedKVCache &cache, const BlockTable &table,
+                     const int32_t *tokens, int64_t position, int64_t n,
+                     int64_t layers, const LayerWritten &written) override {
+    ++prefills;
+    return cpu_->prefillInto(cache, table, tokens, position, n, layers,
+                             written);
+  }
+  Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
+                const int32_t *tokens, int64_t n, float *logits,
+                const LayerGate &attend) override {
+    return cpu_->decode(cache, table, position, tokens, n, logits, attend);
+  }
+  StatusOr<double> timePrefill(const ModelCompute::Cache &context,
+                               const std::vector<int32_t> &tokens,
+                               int64_t position, int64_t n) override {
+    return cpu_->timePrefill(context, tokens, position, n);
+  }
+  std::atomic<int> prefills{0};
+
+private:
+  std::unique_ptr<ModelRunner> cpu_;
+};
+
+// A server's own runner of the model (on a GPU, createCudaRunner over the
+// weights it holds) computes a restore's chunks in place of one the device
+// would make; a runner of another device or model is refused.
+TEST_F(ExecutorTest, ARunnerTheServerGivesComputesTheChunks) {
+  CountingRunner server(*device_, *model_);
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreTarget target = targetFor(table);
+  target.runner = &server;
+  const BundlePlan cake = makePlan({128, 0, 64}, model_->config().numLayers);
+  StatusOr<RestoreMetrics> metrics = restore(*pools_, cake, target);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_GT(server.prefills.load(), 0);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+
+  ForwardingDevice other;
+  CountingRunner elsewhere(other, *model_);
+  target.runner = &elsewhere;
+  EXPECT_EQ(restore(*pools_, cake, target).status().code(),
+            StatusCode::InvalidArgument);
+  auto another = LlamaModel::load(
+      test::generateTestModel("exec-another", 7, 4, 128, DType::F32));
+  ASSERT_TRUE(another) << another.status().toString();
+  CountingRunner ofAnother(*device_, **another);
+  target.runner = &ofAnother;
+  EXPECT_EQ(restore(*pools_, cake, target).status().code(),
+            StatusCode::InvalidArgument);
+  EXPECT_EQ(elsewhere.prefills.load() + ofAnother.prefills.load(), 0);
+  cache_->release(table);
 }
 
 TEST_F(ExecutorTest, DeletedChunkIsRecomputedAndReported) {

@@ -172,10 +172,10 @@ public:
     return lane.sync("host-to-device copy");
   }
 
-  StatusOr<double> project(const ModelCompute &model,
+  StatusOr<double> project(const ModelCompute &model, const CudaModel *given,
                            const DeviceBuffer &hidden, DType dtype,
                            const ChunkBox &box, DeviceBuffer &kv) {
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     const int64_t tokens = box.tokens(), h = model.config().hiddenSize,
@@ -305,14 +305,14 @@ public:
 
   Status canLaunchProject(const BundleKernel &prologue,
                           const BundleKernel &epilogue,
-                          const ModelCompute &model,
+                          const ModelCompute &model, const CudaModel *given,
                           const PagedKVCache &cache) const {
     KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
     KVC_RETURN_IF_ERROR(loads(prologue));
     const ModelConfig &c = model.config();
-    if (!dynamic_cast<const LlamaModel *>(&model))
+    if (!given && !dynamic_cast<const LlamaModel *>(&model))
       return unimplemented("the backend computes with kvc's LlamaModel only");
-    if (precisionFor(model) != GemmPrecision::BF16)
+    if (precisionFor(model, given) != GemmPrecision::BF16)
       return Status(StatusCode::FailedPrecondition,
                     "the model's GEMMs take fp32 inputs; the prologue writes "
                     "bf16");
@@ -327,11 +327,11 @@ public:
 
   StatusOr<double> launchProject(const BundleKernel &prologue,
                                  const BundleKernel &epilogue,
-                                 const ModelCompute &model,
+                                 const ModelCompute &model, const CudaModel *given,
                                  const DeviceBuffer &hidden, DType dtype,
                                  const ChunkBox &box, PagedKVCache &cache,
                                  const BlockTable &table) {
-    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, cache));
+    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, given, cache));
     const ModelConfig &c = model.config();
     const int64_t tokens = box.tokens(), layers = box.layers(),
                   h = c.hiddenSize, kvDim = model.kvDim();
@@ -342,7 +342,7 @@ public:
       return Status(StatusCode::Internal,
                     "launchProject: kernels \"" + prologue.name + "\" and \"" +
                         epilogue.name + "\" do not project this chunk");
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(rope, gpu->fullRopeTable());
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
@@ -400,7 +400,7 @@ public:
     return lane.sync("generated restore kernel");
   }
 
-  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+  Status prefillInto(const ModelCompute &model, const CudaModel *given, PagedKVCache &cache,
                      const BlockTable &table, const int32_t *tokens,
                      int64_t position, int64_t n, int64_t layers,
                      const ModelRunner::LayerWritten &written) {
@@ -408,7 +408,7 @@ public:
     if (layers < 0)
       layers = model.config().numLayers;
     KVC_RETURN_IF_ERROR(cache.checkRange(table, 0, layers, 0, position + n));
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Scratch scratch(lane);
@@ -427,14 +427,14 @@ public:
   }
 
   StatusOr<std::unique_ptr<PrefillStream>>
-  streamPrefill(const ModelCompute &model, int64_t tokens) {
+  streamPrefill(const ModelCompute &model, const CudaModel *given, int64_t tokens) {
     const ModelConfig &c = model.config();
     if (tokens <= 0 || tokens > c.maxPositions)
       return invalidArgument("prefill stream: a request of " +
                              std::to_string(tokens) +
                              " tokens; the model's context holds " +
                              std::to_string(c.maxPositions));
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     PagedCacheConfig config{c.numLayers, c.numKvHeads,       c.headDim,
                             16,          (tokens + 15) / 16, 0};
     KVC_ASSIGN_OR_RETURN(cache, createCache(config));
@@ -485,7 +485,7 @@ public:
     return lane.sync("reading rows");
   }
 
-  Status decode(const ModelCompute &model, PagedKVCache &cache,
+  Status decode(const ModelCompute &model, const CudaModel *given, PagedKVCache &cache,
                 const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const ModelRunner::LayerGate &attend) {
@@ -494,7 +494,7 @@ public:
       return invalidArgument("logits need at least one token");
     KVC_RETURN_IF_ERROR(
         cache.checkRange(table, 0, cache.config().layers, 0, position + n));
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model));
+    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Scratch scratch(lane);
@@ -514,7 +514,7 @@ public:
     return lane.sync("decode");
   }
 
-  StatusOr<double> timePrefill(const ModelCompute &model,
+  StatusOr<double> timePrefill(const ModelCompute &model, const CudaModel *given,
                                const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
                                int64_t position, int64_t n) {
@@ -556,7 +556,7 @@ public:
       KVC_RETURN_IF_ERROR(lane.sync("copying the context"));
     }
     Clock::time_point start = Clock::now();
-    KVC_RETURN_IF_ERROR(prefillInto(model, *cache, table,
+    KVC_RETURN_IF_ERROR(prefillInto(model, given, *cache, table,
                                     tokens.data() + position, position, n,
                                     c.numLayers, {}));
     return secondsSince(start);
@@ -599,7 +599,16 @@ public:
     return best / 1e9;
   }
 
-  std::unique_ptr<ModelRunner> createRunner(const ModelCompute &model) override;
+  std::unique_ptr<ModelRunner>
+  createRunner(const ModelCompute &model) override;
+
+  /// A model over `weights` the caller holds on this device.
+  StatusOr<std::unique_ptr<CudaModel>>
+  borrowWeights(const ModelConfig &config, const CudaLlamaWeights &weights) {
+    KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
+                             "selecting the device");
+    return CudaModel::borrow(config, weights);
+  }
 
   Status start() {
     KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
@@ -667,7 +676,7 @@ private:
         return invalidArgument(
             "prefill stream: " + std::to_string(position_ + n) +
             " tokens exceed the request's " + std::to_string(capacity_));
-      const ModelConfig &c = gpu_.host().config();
+      const ModelConfig &c = gpu_.config();
       const int64_t h = c.hiddenSize, kvDim = cache_->kvDim();
       KVC_ASSIGN_OR_RETURN(lease, backend_.acquire());
       Lane &lane = *lease;
@@ -712,8 +721,12 @@ private:
     std::vector<float> hidden_, k_, v_; ///< The layer shown, on the host.
   };
 
-  /// The GPU copy of `model`, made on first use.
-  StatusOr<const CudaModel *> modelFor(const ModelCompute &model) {
+  /// The GPU copy of `model`, made on first use; `given` when a runner
+  /// holds its own (over a caller's weights).
+  StatusOr<const CudaModel *> modelFor(const ModelCompute &model,
+                                       const CudaModel *given = nullptr) {
+    if (given)
+      return given;
     const auto *llama = dynamic_cast<const LlamaModel *>(&model);
     if (!llama)
       return Status(StatusCode::Unimplemented,
@@ -792,7 +805,10 @@ private:
   }
 
   /// The GEMM precision of `model` on this backend.
-  GemmPrecision precisionFor(const ModelCompute &model) const {
+  GemmPrecision precisionFor(const ModelCompute &model,
+                             const CudaModel *given = nullptr) const {
+    if (given)
+      return given->bf16() ? GemmPrecision::BF16 : GemmPrecision::F32;
     return options_.gemm == CudaDeviceOptions::Gemm::F32 ? GemmPrecision::F32
            : options_.gemm == CudaDeviceOptions::Gemm::BF16
                ? GemmPrecision::BF16
@@ -872,54 +888,57 @@ private:
   std::map<std::string, std::vector<LoadedKernel>> functions_;
 };
 
-/// The model's work on the device's lanes (the device's members above,
-/// which find the model's weights on the device).
+/// The model's work on the device's lanes (the device's members above):
+/// over the weights the device uploaded for the model, or over a caller's
+/// (`own`).
 class CudaRunner final : public ModelRunner {
 public:
-  CudaRunner(CudaDevice &device, const ModelCompute &model)
-      : ModelRunner(device, model), device_(device) {}
+  CudaRunner(CudaDevice &device, const ModelCompute &model,
+             std::unique_ptr<CudaModel> own = nullptr)
+      : ModelRunner(device, model), device_(device), own_(std::move(own)) {}
 
   StatusOr<double> project(const DeviceBuffer &hidden, DType dtype,
                            const ChunkBox &box, DeviceBuffer &kv) override {
-    return device_.project(model(), hidden, dtype, box, kv);
+    return device_.project(model(), own_.get(), hidden, dtype, box, kv);
   }
   Status canLaunchProject(const BundleKernel &prologue,
                           const BundleKernel &epilogue,
                           const PagedKVCache &cache) const override {
-    return device_.canLaunchProject(prologue, epilogue, model(), cache);
+    return device_.canLaunchProject(prologue, epilogue, model(), own_.get(), cache);
   }
   StatusOr<double> launchProject(const BundleKernel &prologue,
                                  const BundleKernel &epilogue,
                                  const DeviceBuffer &hidden, DType dtype,
                                  const ChunkBox &box, PagedKVCache &cache,
                                  const BlockTable &table) override {
-    return device_.launchProject(prologue, epilogue, model(), hidden, dtype,
+    return device_.launchProject(prologue, epilogue, model(), own_.get(), hidden, dtype,
                                  box, cache, table);
   }
   Status prefillInto(PagedKVCache &cache, const BlockTable &table,
                      const int32_t *tokens, int64_t position, int64_t n,
                      int64_t layers, const LayerWritten &written) override {
-    return device_.prefillInto(model(), cache, table, tokens, position, n,
+    return device_.prefillInto(model(), own_.get(), cache, table, tokens, position, n,
                                layers, written);
   }
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(int64_t tokens) override {
-    return device_.streamPrefill(model(), tokens);
+    return device_.streamPrefill(model(), own_.get(), tokens);
   }
   Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const LayerGate &attend) override {
-    return device_.decode(model(), cache, table, position, tokens, n, logits,
+    return device_.decode(model(), own_.get(), cache, table, position, tokens, n, logits,
                           attend);
   }
   StatusOr<double> timePrefill(const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
                                int64_t position, int64_t n) override {
-    return device_.timePrefill(model(), context, tokens, position, n);
+    return device_.timePrefill(model(), own_.get(), context, tokens, position, n);
   }
 
 private:
   CudaDevice &device_;
+  std::unique_ptr<CudaModel> own_;
 };
 
 std::unique_ptr<ModelRunner>
@@ -928,6 +947,24 @@ CudaDevice::createRunner(const ModelCompute &model) {
 }
 
 } // namespace
+
+StatusOr<std::unique_ptr<ModelRunner>>
+createCudaRunner(Device &device, const ModelCompute &model,
+                 const CudaLlamaWeights &weights) {
+  auto *cuda = dynamic_cast<CudaDevice *>(&device);
+  if (!cuda)
+    return invalidArgument(std::string("cuda runner: weights on a GPU run on "
+                                       "the cuda device, not the ") +
+                           device.name() + " device");
+  const ModelConfig &c = model.config();
+  if (c.numKvHeads <= 0 || c.numHeads % c.numKvHeads != 0)
+    return invalidArgument("cuda runner: a model of " +
+                           std::to_string(c.numHeads) + " heads and " +
+                           std::to_string(c.numKvHeads) + " KV heads");
+  KVC_ASSIGN_OR_RETURN(gpu, cuda->borrowWeights(c, weights));
+  return std::unique_ptr<ModelRunner>(
+      std::make_unique<CudaRunner>(*cuda, model, std::move(gpu)));
+}
 
 StatusOr<std::unique_ptr<Device>>
 createCudaDevice(const CudaDeviceOptions &options) {

@@ -45,7 +45,7 @@ Status CudaModel::upload(const std::vector<const std::vector<float> *> &parts,
 
 StatusOr<std::unique_ptr<CudaModel>>
 CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
-  std::unique_ptr<CudaModel> gpu(new CudaModel(model, precision));
+  std::unique_ptr<CudaModel> gpu(new CudaModel(model.config(), precision));
   const ModelConfig &c = model.config();
   const int64_t h = c.hiddenSize;
   KVC_RETURN_IF_ERROR(uploadArray(model.embedding(), gpu->embedding_));
@@ -70,6 +70,83 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
   return gpu;
 }
 
+StatusOr<std::unique_ptr<CudaModel>>
+CudaModel::borrow(const ModelConfig &c, const CudaLlamaWeights &weights) {
+  if (int64_t(weights.layers.size()) != c.numLayers)
+    return invalidArgument("cuda runner: weights of " +
+                           std::to_string(weights.layers.size()) +
+                           " layers for a model of " +
+                           std::to_string(c.numLayers));
+  // Each tensor must be the current device's memory: a host pointer, or
+  // another GPU's, would fault inside a kernel instead of failing here.
+  int device = 0;
+  KVC_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device), "finding the device");
+  auto check = [&](const void *p, const std::string &what) -> Status {
+    cudaPointerAttributes attributes{};
+    if (!p || cudaPointerGetAttributes(&attributes, p) != cudaSuccess ||
+        (attributes.type != cudaMemoryTypeDevice &&
+         attributes.type != cudaMemoryTypeManaged) ||
+        attributes.device != device) {
+      cudaGetLastError(); // Clear a failed query's error.
+      return invalidArgument("cuda runner: " + what +
+                             " is not in the memory of GPU " +
+                             std::to_string(device));
+    }
+    return Status::ok();
+  };
+  KVC_RETURN_IF_ERROR(check(weights.embedding, "the embedding"));
+  KVC_RETURN_IF_ERROR(check(weights.finalNorm, "the final norm"));
+  KVC_RETURN_IF_ERROR(check(weights.output, "the output layer"));
+  for (int64_t l = 0; l < c.numLayers; ++l) {
+    const CudaLlamaWeights::Layer &L = weights.layers[l];
+    const std::string at = "layer " + std::to_string(l) + "'s ";
+    for (auto [p, what] : {std::pair{L.inputNorm, "input norm"},
+                           {L.postAttentionNorm, "post-attention norm"},
+                           {L.qkv, "QKV projection"},
+                           {L.o, "output projection"},
+                           {L.gateUp, "gate/up projection"},
+                           {L.down, "down projection"}})
+      KVC_RETURN_IF_ERROR(check(p, at + what));
+  }
+
+  std::unique_ptr<CudaModel> gpu(new CudaModel(c, GemmPrecision::BF16));
+  const int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,
+                kv = c.numKvHeads * c.headDim, f = c.intermediateSize;
+  const cudaStream_t s = DeviceArray::releaseStream();
+  // Norms are fp32 in the kernels: widened copies of the caller's.
+  auto widened = [&](const void *from, int64_t n, float *to) {
+    return cudaStatus(widen(static_cast<const uint16_t *>(from), false, n, to,
+                            s),
+                      "widening a norm");
+  };
+  KVC_RETURN_IF_ERROR(gpu->finalNorm_.reserve(size_t(h) * sizeof(float)));
+  KVC_RETURN_IF_ERROR(
+      widened(weights.finalNorm, h, gpu->finalNorm_.get<float>()));
+  KVC_RETURN_IF_ERROR(
+      gpu->attnNorms_.reserve(size_t(c.numLayers * h) * sizeof(float)));
+  gpu->layers_.resize(c.numLayers);
+  for (int64_t l = 0; l < c.numLayers; ++l) {
+    const CudaLlamaWeights::Layer &from = weights.layers[l];
+    Layer &to = gpu->layers_[l];
+    KVC_RETURN_IF_ERROR(to.attnNorm.reserve(size_t(h) * sizeof(float)));
+    KVC_RETURN_IF_ERROR(to.mlpNorm.reserve(size_t(h) * sizeof(float)));
+    KVC_RETURN_IF_ERROR(
+        widened(from.inputNorm, h, to.attnNorm.get<float>()));
+    KVC_RETURN_IF_ERROR(widened(from.inputNorm, h,
+                                gpu->attnNorms_.get<float>() + l * h));
+    KVC_RETURN_IF_ERROR(
+        widened(from.postAttentionNorm, h, to.mlpNorm.get<float>()));
+    to.qkv = {{}, from.qkv, q + 2 * kv, h};
+    to.o = {{}, from.o, h, q};
+    to.gateUp = {{}, from.gateUp, 2 * f, h};
+    to.down = {{}, from.down, h, f};
+  }
+  gpu->output_ = {{}, weights.output, c.vocabSize, h};
+  gpu->borrowedEmbedding_ = static_cast<const uint16_t *>(weights.embedding);
+  KVC_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s), "widening the norms");
+  return gpu;
+}
+
 Status CudaModel::gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
                        int64_t rows, int64_t n, float *y,
                        bool accumulate) const {
@@ -77,7 +154,7 @@ Status CudaModel::gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cudaDataType type = bf16() ? CUDA_R_16BF : CUDA_R_32F;
   const size_t element = bf16() ? sizeof(uint16_t) : sizeof(float);
-  const char *weights = w.data.get<char>() + size_t(row0 * w.columns) * element;
+  const char *weights = w.get() + size_t(row0 * w.columns) * element;
   return blasStatus(lane.cublas->cublasGemmEx(
                         lane.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(n),
                         int(w.columns), &alpha, weights, type, int(w.columns),
@@ -88,17 +165,17 @@ Status CudaModel::gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
 
 StatusOr<float *> CudaModel::ropeTable(Scratch &scratch, int64_t position,
                                        int64_t n) const {
-  std::vector<float> table(size_t(n * model_.config().headDim));
-  model_.ropeTable(position, n, table.data());
+  std::vector<float> table(size_t(n * config_.headDim));
+  ropeCosSin(invFreq_, position, n, table.data());
   return scratch.copy(table.data(), int64_t(table.size()));
 }
 
 StatusOr<const float *> CudaModel::fullRopeTable() const {
   std::lock_guard<std::mutex> lock(ropeMutex_);
   if (!ropeTable_.get()) {
-    const ModelConfig &c = model_.config();
+    const ModelConfig &c = config_;
     std::vector<float> table(size_t(c.maxPositions * c.headDim));
-    model_.ropeTable(0, c.maxPositions, table.data());
+    ropeCosSin(invFreq_, 0, c.maxPositions, table.data());
     KVC_RETURN_IF_ERROR(uploadArray(table, ropeTable_));
   }
   return ropeTable_.get<const float>();
@@ -109,7 +186,7 @@ Status CudaModel::projectKV(Lane &lane, int64_t layer, const uint16_t *x,
   if (!bf16())
     return Status(StatusCode::FailedPrecondition,
                   "projectKV: the model's GEMMs take fp32 inputs");
-  const ModelConfig &c = model_.config();
+  const ModelConfig &c = config_;
   const int64_t q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim;
   const Layer &L = layers_[layer];
   KVC_RETURN_IF_ERROR(gemm(lane, x, L.qkv, q, kv, n, k, false));
@@ -120,7 +197,7 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
                           int64_t n, int64_t layers,
                           const std::vector<RowLayout> &cache, float *logits,
                           const LayerHook &onLayer) const {
-  const ModelConfig &c = model_.config();
+  const ModelConfig &c = config_;
   if (n <= 0)
     return Status::ok();
   if (position < 0 || position + n > c.maxPositions)
@@ -152,8 +229,11 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
   KVC_ASSIGN_OR_RETURN(qkv, scratch.take<float>(n * width));
   KVC_ASSIGN_OR_RETURN(gateUp, scratch.take<float>(n * 2 * f));
 
-  KVC_CUDA_RETURN_IF_ERROR(embed(ids, n, embedding_.get<float>(), h, x, s),
-                           "embedding");
+  KVC_CUDA_RETURN_IF_ERROR(
+      borrowedEmbedding_
+          ? embedBf16(ids, n, borrowedEmbedding_, h, x, s)
+          : embed(ids, n, embedding_.get<float>(), h, x, s),
+      "embedding");
   for (int64_t l = 0; l < layers; ++l) {
     const Layer &L = layers_[l];
     KVC_CUDA_RETURN_IF_ERROR(
@@ -190,7 +270,7 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
 
 Status CudaModel::project(Lane &lane, int64_t layer, const float *hidden,
                           int64_t n, int64_t position, RowLayout out) const {
-  const ModelConfig &c = model_.config();
+  const ModelConfig &c = config_;
   if (n <= 0)
     return Status::ok();
   const int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,

@@ -1,9 +1,11 @@
 //===- CudaModel.h - A Llama model on the GPU -------------------*- C++ -*-===//
 //
-// kvc's reference model (LlamaModel) with its weights in device memory:
-// the same prefill, projection and logits, with the GEMMs in cuBLAS
-// (cublasGemmEx, fp32 accumulation) and the rest in the backend's kernels
-// (Kernels.h), attending over a paged cache in device memory.
+// A Llama model with its weights in device memory: kvc's reference model
+// (LlamaModel) uploaded, or the weights a server already holds there
+// (CudaLlamaWeights, borrowed), with the same prefill, projection and
+// logits: the GEMMs in cuBLAS (cublasGemmEx, fp32 accumulation) and the
+// rest in the backend's kernels (Kernels.h), attending over a paged cache
+// in device memory.
 //
 // Precision: the weights and GEMM inputs are fp32 (F32: the CPU model's
 // arithmetic, up to summation order) or bf16 (BF16: a server's, the GEMM
@@ -23,7 +25,9 @@
 #include "CudaSupport.h"
 #include "Kernels.h"
 
+#include "kvc/Runtime/Cuda/CudaDevice.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Runtime/Model/Rope.h"
 
 #include <functional>
 #include <mutex>
@@ -37,8 +41,13 @@ public:
   /// Copies `model`'s weights to the current device.
   static StatusOr<std::unique_ptr<CudaModel>> create(const LlamaModel &model,
                                                      GemmPrecision precision);
+  /// A model of `config` over `weights` the caller holds on the current
+  /// device (bf16; they must outlive it): only the norms are copied, to
+  /// fp32. Refuses weights it cannot address.
+  static StatusOr<std::unique_ptr<CudaModel>>
+  borrow(const ModelConfig &config, const CudaLlamaWeights &weights);
 
-  const LlamaModel &host() const { return model_; }
+  const ModelConfig &config() const { return config_; }
 
   /// Called after a layer's K and V are in the cache, with the layer's
   /// input hidden states (device, fp32 [n][hidden]), enqueued work pending.
@@ -74,10 +83,15 @@ public:
                    float *k, float *v) const;
 
 private:
-  /// A matrix [rows][columns] in the GEMM precision.
+  /// A matrix [rows][columns] in the GEMM precision: its own, or one the
+  /// caller holds.
   struct Matrix {
     DeviceArray data;
+    const void *borrowed = nullptr;
     int64_t rows = 0, columns = 0;
+    const char *get() const {
+      return borrowed ? static_cast<const char *>(borrowed) : data.get<char>();
+    }
   };
   struct Layer {
     DeviceArray attnNorm, mlpNorm; ///< fp32.
@@ -87,8 +101,9 @@ private:
     Matrix down;
   };
 
-  CudaModel(const LlamaModel &model, GemmPrecision precision)
-      : model_(model), precision_(precision) {}
+  CudaModel(const ModelConfig &config, GemmPrecision precision)
+      : config_(config), invFreq_(ropeFrequencies(config)),
+        precision_(precision) {}
   Status upload(const std::vector<const std::vector<float> *> &parts,
                 int64_t columns, Matrix &to) const;
   /// y[n][rows] = x[n][columns] * W^T (+ y when `accumulate`), over rows
@@ -99,9 +114,12 @@ private:
   StatusOr<float *> ropeTable(Scratch &scratch, int64_t position,
                               int64_t n) const;
 
-  const LlamaModel &model_;
+  ModelConfig config_;
+  std::vector<float> invFreq_; ///< RoPE frequencies, head_dim / 2.
   GemmPrecision precision_;
   DeviceArray embedding_, finalNorm_, attnNorms_; ///< fp32.
+  /// A borrowed embedding ([vocab][hidden] bf16), in place of embedding_.
+  const uint16_t *borrowedEmbedding_ = nullptr;
   Matrix output_;
   std::vector<Layer> layers_;
   mutable std::mutex ropeMutex_; ///< Guards ropeTable_.

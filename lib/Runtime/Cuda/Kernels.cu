@@ -136,6 +136,13 @@ __global__ void embedKernel(const int32_t *tokens, int64_t n,
   }
 }
 
+__global__ void embedBf16Kernel(const int32_t *tokens, int64_t n,
+                                const uint16_t *table, int64_t h, float *x) {
+  KVC_GRID_STRIDE(i, n * h) {
+    x[i] = bf16Bits(table[int64_t(tokens[i / h]) * h + i % h]);
+  }
+}
+
 /// a * c - b * s and b * c + a * s, each product rounded on its own.
 __device__ void rotate(float &a, float &b, float c, float s) {
   const float x = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
@@ -489,6 +496,13 @@ cudaError_t rmsNorm(const float *x, const float *weight, int64_t n, int64_t h,
 cudaError_t embed(const int32_t *tokens, int64_t n, const float *table,
                   int64_t h, float *x, cudaStream_t stream) {
   embedKernel<<<gridFor(n * h), kThreads, 0, stream>>>(tokens, n, table, h, x);
+  return cudaGetLastError();
+}
+
+cudaError_t embedBf16(const int32_t *tokens, int64_t n, const uint16_t *table,
+                      int64_t h, float *x, cudaStream_t stream) {
+  embedBf16Kernel<<<gridFor(n * h), kThreads, 0, stream>>>(tokens, n, table, h,
+                                                           x);
   return cudaGetLastError();
 }
 

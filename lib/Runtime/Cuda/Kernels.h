@@ -56,6 +56,9 @@ cudaError_t rmsNorm(const float *x, const float *weight, int64_t n, int64_t h,
 /// The token embedding rows of `tokens` ([n], device) into x ([n][h]).
 cudaError_t embed(const int32_t *tokens, int64_t n, const float *table,
                   int64_t h, float *x, cudaStream_t stream);
+/// The same from a bf16 table (a server's), widened to fp32.
+cudaError_t embedBf16(const int32_t *tokens, int64_t n, const uint16_t *table,
+                      int64_t h, float *x, cudaStream_t stream);
 
 /// RoPE in place on `heads` heads of each of `n` rows (`rowStride` floats
 /// apart, the heads at their start), with the rows of the model's

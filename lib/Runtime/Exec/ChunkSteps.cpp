@@ -57,12 +57,26 @@ bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
 
 } // namespace
 
+Status checkTarget(const RestoreTarget &target) {
+  if (!target.model || !target.tokens || !target.cache || !target.table)
+    return invalidArgument("restore: model, tokens, cache and block table are "
+                           "required");
+  if (target.runner && (&target.runner->device() != &deviceOr(target.device) ||
+                        &target.runner->model() != target.model))
+    return invalidArgument("restore: the runner given runs another model or "
+                           "on another device than the target's");
+  return Status::ok();
+}
+
 ChunkSteps::ChunkSteps(Device &device, const ModelCompute &model,
+                       ModelRunner *runner,
                        const std::map<std::string, ChunkStore *> &stores,
                        const std::vector<int32_t> &tokens, PagedKVCache &cache,
                        const BlockTable &table, LayerProgress *progress,
                        int64_t resident)
-    : device_(device), model_(model), runner_(device.createRunner(model)),
+    : device_(device), model_(model),
+      ownRunner_(runner ? nullptr : device.createRunner(model)),
+      runner_(runner ? runner : ownRunner_.get()),
       stores_(stores), tokens_(tokens), cache_(cache), table_(table),
       progress_(progress), resident_(resident),
       prefill_(runner_->prefill(tokens, cache, table)) {}

@@ -106,7 +106,9 @@ struct ChunkValue {
 /// for distinct chunks.
 class ChunkSteps {
 public:
-  ChunkSteps(Device &device, const ModelCompute &model,
+  /// Computes through `runner` when given, else through a runner of
+  /// `model` the device makes.
+  ChunkSteps(Device &device, const ModelCompute &model, ModelRunner *runner,
              const std::map<std::string, ChunkStore *> &stores,
              const std::vector<int32_t> &tokens, PagedKVCache &cache,
              const BlockTable &table, LayerProgress *progress,
@@ -161,7 +163,8 @@ private:
 
   Device &device_;
   const ModelCompute &model_;
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<ModelRunner> ownRunner_;
+  ModelRunner *runner_;
   const std::map<std::string, ChunkStore *> &stores_;
   const std::vector<int32_t> &tokens_;
   PagedKVCache &cache_;
@@ -181,6 +184,11 @@ private:
   int64_t kernelLaunches_ = 0, kernelChunks_ = 0;
   std::vector<std::string> kernelsNotLaunched_;
 };
+
+/// Whether `target` names what a restore needs: a model, tokens, a cache
+/// and a block table, and a runner (when given) of that model on that
+/// device.
+Status checkTarget(const RestoreTarget &target);
 
 /// kvc::trackProgress over the layers and tokens of a restore of `target`.
 template <typename Run>

@@ -162,9 +162,7 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
                                     const RestoreTarget &target,
                                     const DynamicCakeOptions &options,
                                     const RestoreOptions &run) {
-  if (!target.model || !target.tokens || !target.cache || !target.table)
-    return invalidArgument("restore: model, tokens, cache and block table are "
-                           "required");
+  KVC_RETURN_IF_ERROR(exec_detail::checkTarget(target));
   auto store = target.stores.find(options.tier);
   if (store == target.stores.end())
     return invalidArgument("restore: no store for tier \"" + options.tier +
@@ -178,6 +176,7 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
     return invalidArgument("restore: no tokens");
 
   exec_detail::ChunkSteps steps(deviceOr(target.device), *target.model,
+                                target.runner,
                                 target.stores, *target.tokens, *target.cache,
                                 *target.table, run.progress);
   // The store's KV objects, grouped by token chunk.

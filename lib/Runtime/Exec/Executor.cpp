@@ -44,7 +44,7 @@ public:
       : plan_(plan), target_(target), options_(options),
         config_(target.model->config()), device_(deviceOr(target.device)),
         kernels_(options.kernels),
-        steps_(device_, *target.model, target.stores, *target.tokens,
+        steps_(device_, *target.model, target.runner, target.stores, *target.tokens,
                *target.cache, *target.table, options.progress,
                options.resident) {}
 
@@ -507,9 +507,7 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
                                     const BundlePlan &plan,
                                     const RestoreTarget &target,
                                     const RestoreOptions &options) {
-  if (!target.model || !target.tokens || !target.cache || !target.table)
-    return invalidArgument("restore: model, tokens, cache and block table are "
-                           "required");
+  KVC_RETURN_IF_ERROR(exec_detail::checkTarget(target));
   Run run(plan, target, options);
   StatusOr<TaskGraph> graph = run.build();
   if (!graph)

@@ -25,6 +25,9 @@
 
 #include "kvc/Runtime/Device/Device.h"
 
+#include <memory>
+#include <vector>
+
 namespace kvc {
 
 struct CudaDeviceOptions {
@@ -35,10 +38,47 @@ struct CudaDeviceOptions {
 };
 
 /// A CUDA device on `options.device`; Unavailable without a usable GPU.
-/// Its runners compute with kvc's LlamaModel (a model a server computes
-/// with itself restores through loads only: its runner's compute refuses).
+/// The runners it makes (Device::createRunner) compute with kvc's
+/// LlamaModel, its weights uploaded once; a server's own Llama computes
+/// over the weights it already holds on the GPU (createCudaRunner, below;
+/// RestoreTarget::runner). Any other model restores through loads only:
+/// its runner's compute refuses.
 StatusOr<std::unique_ptr<Device>>
 createCudaDevice(const CudaDeviceOptions &options = {});
+
+class ModelCompute;
+class ModelRunner;
+
+/// A Llama model's weights that a caller (a server) holds in a GPU's
+/// memory, as vLLM's LlamaForCausalLM holds them: bf16, each projection
+/// row-major [out][in], the fused ones as vLLM fuses them.
+struct CudaLlamaWeights {
+  struct Layer {
+    const void *inputNorm = nullptr;         ///< [hidden]
+    const void *postAttentionNorm = nullptr; ///< [hidden]
+    /// [(heads + 2 * kv_heads) * head_dim][hidden]: Q's rows, K's, V's
+    /// (qkv_proj).
+    const void *qkv = nullptr;
+    const void *o = nullptr; ///< [hidden][heads * head_dim] (o_proj)
+    /// [2 * intermediate][hidden]: gate's rows, then up's (gate_up_proj).
+    const void *gateUp = nullptr;
+    const void *down = nullptr; ///< [hidden][intermediate] (down_proj)
+  };
+  std::vector<Layer> layers;
+  const void *embedding = nullptr; ///< [vocab][hidden] (embed_tokens)
+  const void *finalNorm = nullptr; ///< [hidden] (norm)
+  /// [vocab][hidden] (lm_head; the embedding's when they are tied).
+  const void *output = nullptr;
+};
+
+/// A runner (kvc/Runtime/Model/ModelRunner.h) of `model` — its config; its
+/// own compute is not used — on `device`, a CUDA device, over `weights`
+/// the caller holds on that GPU, which must outlive the runner: its GEMMs
+/// read them in place (bf16) and only the norms are copied (to fp32).
+/// Refuses another device, or a tensor outside that GPU's memory, with why.
+StatusOr<std::unique_ptr<ModelRunner>>
+createCudaRunner(Device &device, const ModelCompute &model,
+                 const CudaLlamaWeights &weights);
 
 } // namespace kvc
 

@@ -72,6 +72,10 @@ struct RestoreTarget {
   /// The model computed chunks and projections run (kvc's LlamaModel or a
   /// server's own).
   const ModelCompute *model = nullptr;
+  /// The model's runner on the device (over weights the server holds
+  /// there: createCudaRunner); the device's own runner of `model`
+  /// (Device::createRunner) when null.
+  ModelRunner *runner = nullptr;
   /// Stores by tier name (the `tier` of the plan's fetches), or by the
   /// node a receive plan's recvs receive from.
   std::map<std::string, ChunkStore *> stores;

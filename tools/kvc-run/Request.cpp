@@ -30,7 +30,12 @@ StatusOr<std::shared_ptr<LlamaModel>> loadModel(const std::string &dir) {
   auto it = loaded.find(key);
   if (it != loaded.end())
     return it->second;
-  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(dir));
+  // A model that computes on another device than the host's copies its
+  // checkpoint there as stored; its fp32 host weights are made only if a
+  // host-side step asks for them.
+  LlamaModel::LoadOptions options;
+  options.hostWeights = &backend() == &cpuDevice();
+  KVC_ASSIGN_OR_RETURN(model, LlamaModel::load(dir, options));
   std::shared_ptr<LlamaModel> shared = std::move(model);
   loaded.emplace(key, shared);
   return shared;

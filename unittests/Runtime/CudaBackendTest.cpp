@@ -340,9 +340,9 @@ TEST_F(CudaBackendTest, ARunnerOverTheServersWeightsComputesTheChunks) {
         bits.push_back(floatToBf16(x));
     void *p = nullptr;
     EXPECT_EQ(cudaMalloc(&p, bits.size() * 2), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(p, bits.data(), bits.size() * 2,
-                         cudaMemcpyHostToDevice),
-              cudaSuccess);
+    EXPECT_EQ(
+        cudaMemcpy(p, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice),
+        cudaSuccess);
     held.push_back(p);
     return p;
   };
@@ -386,6 +386,27 @@ TEST_F(CudaBackendTest, ARunnerOverTheServersWeightsComputesTheChunks) {
   cache_.reset();
   for (void *p : held)
     cudaFree(p);
+}
+
+// A model loaded without its fp32 host weights computes on the GPU from its
+// checkpoint as stored (bf16 copied straight, others converted a piece at a
+// time): the restore is exact and the host weights are never made.
+TEST_F(CudaBackendTest, AModelWithoutHostWeightsComputesFromItsCheckpoint) {
+  LlamaModel::LoadOptions options;
+  options.hostWeights = false;
+  auto lazy = LlamaModel::load(
+      test::generateTestModel("exec-bf16", 7, 4, 128, DType::BF16), options);
+  ASSERT_TRUE(lazy) << lazy.status().toString();
+  ASSERT_EQ((*lazy)->fingerprint(), model_->fingerprint());
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreTarget target = targetFor(table);
+  target.model = lazy->get();
+  StatusOr<RestoreMetrics> metrics = restore(
+      *pools_, makePlan({128, 0, 64}, model_->config().numLayers), target);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+  EXPECT_FALSE((*lazy)->hasHostWeights());
+  cache_->release(table);
 }
 
 // The tiled tensor-core attention against the fp32 kernel on the same

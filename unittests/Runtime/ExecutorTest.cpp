@@ -6,8 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <numeric>
 #include <thread>

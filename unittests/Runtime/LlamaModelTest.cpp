@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 using namespace kvc;
@@ -198,6 +199,86 @@ TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
   ASSERT_FALSE(misshapen.isOk());
   EXPECT_NE(misshapen.status().message().find("has shape [3, 3]"),
             std::string::npos);
+}
+
+// A model loaded without its fp32 host weights names itself as the loaded
+// model does and views its checkpoint as stored (what a GPU copies); its
+// first host-side compute makes the weights and computes what the eagerly
+// loaded model does.
+TEST(LlamaModel, HostWeightsAreMadeOnFirstUse) {
+  auto eager = LlamaModel::load(modelDir());
+  LlamaModel::LoadOptions options;
+  options.hostWeights = false;
+  auto lazy = LlamaModel::load(modelDir(), options);
+  ASSERT_TRUE(eager.isOk() && lazy.isOk());
+  const LlamaModel &model = **lazy;
+  EXPECT_TRUE((*eager)->hasHostWeights());
+  EXPECT_FALSE(model.hasHostWeights());
+  EXPECT_EQ(model.fingerprint(), (*eager)->fingerprint());
+
+  const ModelConfig &c = model.config();
+  const TensorView &q = model.storedLayer(1).q;
+  EXPECT_EQ(q.shape,
+            (std::vector<int64_t>{c.numHeads * c.headDim, c.hiddenSize}));
+  std::vector<float> stored(size_t(q.numel()));
+  q.toFloats(0, q.numel(), stored.data());
+  EXPECT_FALSE(model.hasHostWeights()); // Viewing made nothing.
+  EXPECT_EQ(stored, (*eager)->layer(1).q);
+
+  const std::vector<int32_t> prompt = tokens(40, 5);
+  std::vector<float> expected(size_t(c.vocabSize)), got(expected.size());
+  LlamaModel::Cache a = (*eager)->newCache(), b = model.newCache();
+  ASSERT_TRUE((*eager)
+                  ->nextLogits(a, 0, prompt.data(), int64_t(prompt.size()),
+                               expected.data())
+                  .isOk());
+  ASSERT_TRUE(
+      model.nextLogits(b, 0, prompt.data(), int64_t(prompt.size()), got.data())
+          .isOk());
+  EXPECT_TRUE(model.hasHostWeights());
+  EXPECT_EQ(got, expected);
+}
+
+// A checkpoint's tensors viewed in place are what loadSafetensors converts,
+// under the same digest; a tensor in two shards is refused.
+TEST(Safetensors, ViewsInPlaceAreTheLoadedTensors) {
+  std::string digest;
+  StatusOr<TensorMap> loaded = loadSafetensors(modelDir(), &digest);
+  StatusOr<std::unique_ptr<Checkpoint>> checkpoint =
+      Checkpoint::open(modelDir());
+  ASSERT_TRUE(loaded.isOk() && checkpoint.isOk());
+  EXPECT_EQ((*checkpoint)->digest(), digest);
+  EXPECT_EQ(*safetensorsDigest(modelDir()), digest);
+  ASSERT_EQ((*checkpoint)->tensors().size(), loaded->size());
+  for (const auto &[name, tensor] : *loaded) {
+    StatusOr<TensorView> view = (*checkpoint)->tensor(name);
+    ASSERT_TRUE(view.isOk()) << name;
+    EXPECT_EQ(view->shape, tensor.shape) << name;
+    std::vector<float> values(size_t(view->numel()));
+    view->toFloats(0, view->numel(), values.data());
+    EXPECT_EQ(values, tensor.data) << name;
+  }
+  EXPECT_EQ((*checkpoint)->tensor("no.such.weight").status().code(),
+            StatusCode::InvalidArgument);
+
+  std::string dir = test::tempPath("safetensors-twice");
+  std::filesystem::create_directories(dir);
+  std::filesystem::remove(dir + "/model.safetensors");
+  TensorMap one{{"w", Tensor{{2}, {1.0f, 2.0f}}}};
+  ASSERT_TRUE(
+      writeSafetensors(dir + "/a.safetensors", one, DType::BF16).isOk());
+  ASSERT_TRUE(
+      writeSafetensors(dir + "/b.safetensors", one, DType::BF16).isOk());
+  {
+    std::ofstream index(dir + "/model.safetensors.index.json");
+    index << R"({"weight_map": {"w": "a.safetensors", "v": "b.safetensors"}})";
+  }
+  StatusOr<std::unique_ptr<Checkpoint>> twice = Checkpoint::open(dir);
+  ASSERT_FALSE(twice.isOk());
+  EXPECT_EQ(twice.status().code(), StatusCode::DataLoss);
+  EXPECT_NE(twice.status().message().find("tensor w is in another file"),
+            std::string::npos)
+      << twice.status().message();
 }
 
 TEST(Safetensors, RejectsTruncatedFiles) {

@@ -325,13 +325,13 @@ public:
     return Status::ok();
   }
 
-  StatusOr<double> launchProject(const BundleKernel &prologue,
-                                 const BundleKernel &epilogue,
-                                 const ModelCompute &model, const CudaModel *given,
-                                 const DeviceBuffer &hidden, DType dtype,
-                                 const ChunkBox &box, PagedKVCache &cache,
-                                 const BlockTable &table) {
-    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model, given, cache));
+  StatusOr<double>
+  launchProject(const BundleKernel &prologue, const BundleKernel &epilogue,
+                const ModelCompute &model, const CudaModel *given,
+                const DeviceBuffer &hidden, DType dtype, const ChunkBox &box,
+                PagedKVCache &cache, const BlockTable &table) {
+    KVC_RETURN_IF_ERROR(
+        canLaunchProject(prologue, epilogue, model, given, cache));
     const ModelConfig &c = model.config();
     const int64_t tokens = box.tokens(), layers = box.layers(),
                   h = c.hiddenSize, kvDim = model.kvDim();
@@ -400,10 +400,10 @@ public:
     return lane.sync("generated restore kernel");
   }
 
-  Status prefillInto(const ModelCompute &model, const CudaModel *given, PagedKVCache &cache,
-                     const BlockTable &table, const int32_t *tokens,
-                     int64_t position, int64_t n, int64_t layers,
-                     const ModelRunner::LayerWritten &written) {
+  Status prefillInto(const ModelCompute &model, const CudaModel *given,
+                     PagedKVCache &cache, const BlockTable &table,
+                     const int32_t *tokens, int64_t position, int64_t n,
+                     int64_t layers, const ModelRunner::LayerWritten &written) {
     KVC_RETURN_IF_ERROR(needDevice(cache));
     if (layers < 0)
       layers = model.config().numLayers;
@@ -427,7 +427,8 @@ public:
   }
 
   StatusOr<std::unique_ptr<PrefillStream>>
-  streamPrefill(const ModelCompute &model, const CudaModel *given, int64_t tokens) {
+  streamPrefill(const ModelCompute &model, const CudaModel *given,
+                int64_t tokens) {
     const ModelConfig &c = model.config();
     if (tokens <= 0 || tokens > c.maxPositions)
       return invalidArgument("prefill stream: a request of " +
@@ -485,8 +486,8 @@ public:
     return lane.sync("reading rows");
   }
 
-  Status decode(const ModelCompute &model, const CudaModel *given, PagedKVCache &cache,
-                const BlockTable &table, int64_t position,
+  Status decode(const ModelCompute &model, const CudaModel *given,
+                PagedKVCache &cache, const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const ModelRunner::LayerGate &attend) {
     KVC_RETURN_IF_ERROR(needDevice(cache));
@@ -514,7 +515,8 @@ public:
     return lane.sync("decode");
   }
 
-  StatusOr<double> timePrefill(const ModelCompute &model, const CudaModel *given,
+  StatusOr<double> timePrefill(const ModelCompute &model,
+                               const CudaModel *given,
                                const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
                                int64_t position, int64_t n) {
@@ -599,8 +601,7 @@ public:
     return best / 1e9;
   }
 
-  std::unique_ptr<ModelRunner>
-  createRunner(const ModelCompute &model) override;
+  std::unique_ptr<ModelRunner> createRunner(const ModelCompute &model) override;
 
   /// A model over `weights` the caller holds on this device.
   StatusOr<std::unique_ptr<CudaModel>>
@@ -904,21 +905,22 @@ public:
   Status canLaunchProject(const BundleKernel &prologue,
                           const BundleKernel &epilogue,
                           const PagedKVCache &cache) const override {
-    return device_.canLaunchProject(prologue, epilogue, model(), own_.get(), cache);
+    return device_.canLaunchProject(prologue, epilogue, model(), own_.get(),
+                                    cache);
   }
   StatusOr<double> launchProject(const BundleKernel &prologue,
                                  const BundleKernel &epilogue,
                                  const DeviceBuffer &hidden, DType dtype,
                                  const ChunkBox &box, PagedKVCache &cache,
                                  const BlockTable &table) override {
-    return device_.launchProject(prologue, epilogue, model(), own_.get(), hidden, dtype,
-                                 box, cache, table);
+    return device_.launchProject(prologue, epilogue, model(), own_.get(),
+                                 hidden, dtype, box, cache, table);
   }
   Status prefillInto(PagedKVCache &cache, const BlockTable &table,
                      const int32_t *tokens, int64_t position, int64_t n,
                      int64_t layers, const LayerWritten &written) override {
-    return device_.prefillInto(model(), own_.get(), cache, table, tokens, position, n,
-                               layers, written);
+    return device_.prefillInto(model(), own_.get(), cache, table, tokens,
+                               position, n, layers, written);
   }
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(int64_t tokens) override {
@@ -927,13 +929,14 @@ public:
   Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const LayerGate &attend) override {
-    return device_.decode(model(), own_.get(), cache, table, position, tokens, n, logits,
-                          attend);
+    return device_.decode(model(), own_.get(), cache, table, position, tokens,
+                          n, logits, attend);
   }
   StatusOr<double> timePrefill(const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
                                int64_t position, int64_t n) override {
-    return device_.timePrefill(model(), own_.get(), context, tokens, position, n);
+    return device_.timePrefill(model(), own_.get(), context, tokens, position,
+                               n);
   }
 
 private:

@@ -4,64 +4,98 @@
 
 #include "kvc/Runtime/Base/Half.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvc::cuda {
 
 namespace {
 
-/// Copies host `values` into `to`, grown to fit.
-template <typename T>
-Status uploadArray(const std::vector<T> &values, DeviceArray &to) {
-  KVC_RETURN_IF_ERROR(to.reserve(values.size() * sizeof(T)));
-  return cudaStatus(cudaMemcpy(to.get(), values.data(),
-                               values.size() * sizeof(T),
-                               cudaMemcpyHostToDevice),
-                    "copying weights to the device");
+/// Elements a conversion on the host handles at once: the host never holds
+/// a whole converted tensor.
+constexpr int64_t kPiece = int64_t(1) << 22;
+
+/// Copies `parts` (stored tensors, back to back) to `to` as fp32 (`bf16`
+/// false) or bf16, from the mapped checkpoint: bf16 stored as bf16 goes
+/// straight; anything else is converted a piece at a time.
+Status copyStored(const std::vector<const TensorView *> &parts, bool bf16,
+                  char *to) {
+  const size_t element = bf16 ? 2 : 4;
+  std::vector<char> piece;
+  size_t at = 0;
+  for (const TensorView *part : parts) {
+    const int64_t n = part->numel();
+    if ((bf16 && part->dtype == DType::BF16) ||
+        (!bf16 && part->dtype == DType::F32)) {
+      KVC_CUDA_RETURN_IF_ERROR(cudaMemcpy(to + at, part->data,
+                                          size_t(n) * element,
+                                          cudaMemcpyHostToDevice),
+                               "copying weights to the device");
+      at += size_t(n) * element;
+      continue;
+    }
+    piece.resize(size_t(std::min(n, kPiece)) * element);
+    for (int64_t first = 0; first < n; first += kPiece) {
+      const int64_t count = std::min(kPiece, n - first);
+      if (bf16)
+        part->toBf16(first, count, reinterpret_cast<uint16_t *>(piece.data()));
+      else
+        part->toFloats(first, count, reinterpret_cast<float *>(piece.data()));
+      KVC_CUDA_RETURN_IF_ERROR(cudaMemcpy(to + at, piece.data(),
+                                          size_t(count) * element,
+                                          cudaMemcpyHostToDevice),
+                               "copying weights to the device");
+      at += size_t(count) * element;
+    }
+  }
+  return Status::ok();
+}
+
+/// `parts` as fp32 in `to`, grown to fit.
+Status uploadFloats(const std::vector<const TensorView *> &parts,
+                    DeviceArray &to) {
+  int64_t n = 0;
+  for (const TensorView *part : parts)
+    n += part->numel();
+  KVC_RETURN_IF_ERROR(to.reserve(size_t(n) * sizeof(float)));
+  return copyStored(parts, /*bf16=*/false, to.get<char>());
 }
 
 } // namespace
 
-Status CudaModel::upload(const std::vector<const std::vector<float> *> &parts,
+Status CudaModel::upload(const std::vector<const TensorView *> &parts,
                          int64_t columns, Matrix &to) const {
   to.columns = columns;
   to.rows = 0;
-  for (const std::vector<float> *part : parts)
-    to.rows += int64_t(part->size()) / columns;
-  if (!bf16()) {
-    std::vector<float> joined;
-    joined.reserve(size_t(to.rows * columns));
-    for (const std::vector<float> *part : parts)
-      joined.insert(joined.end(), part->begin(), part->end());
-    return uploadArray(joined, to.data);
-  }
-  std::vector<uint16_t> joined;
-  joined.reserve(size_t(to.rows * columns));
-  for (const std::vector<float> *part : parts)
-    for (float x : *part)
-      joined.push_back(floatToBf16(x));
-  return uploadArray(joined, to.data);
+  for (const TensorView *part : parts)
+    to.rows += part->numel() / columns;
+  const size_t element = bf16() ? sizeof(uint16_t) : sizeof(float);
+  KVC_RETURN_IF_ERROR(to.data.reserve(size_t(to.rows * columns) * element));
+  return copyStored(parts, bf16(), to.data.get<char>());
 }
 
 StatusOr<std::unique_ptr<CudaModel>>
 CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
+  // From the checkpoint as stored: the model's fp32 host weights are
+  // neither used nor made.
   std::unique_ptr<CudaModel> gpu(new CudaModel(model.config(), precision));
   const ModelConfig &c = model.config();
   const int64_t h = c.hiddenSize;
-  KVC_RETURN_IF_ERROR(uploadArray(model.embedding(), gpu->embedding_));
-  KVC_RETURN_IF_ERROR(uploadArray(model.finalNorm(), gpu->finalNorm_));
-  KVC_RETURN_IF_ERROR(gpu->upload({&model.outputLayer()}, h, gpu->output_));
-  std::vector<float> attnNorms;
+  KVC_RETURN_IF_ERROR(
+      uploadFloats({&model.storedEmbedding()}, gpu->embedding_));
+  KVC_RETURN_IF_ERROR(
+      uploadFloats({&model.storedFinalNorm()}, gpu->finalNorm_));
+  KVC_RETURN_IF_ERROR(gpu->upload({&model.storedOutput()}, h, gpu->output_));
+  std::vector<const TensorView *> attnNorms;
   for (int64_t l = 0; l < c.numLayers; ++l)
-    attnNorms.insert(attnNorms.end(), model.layer(l).attnNorm.begin(),
-                     model.layer(l).attnNorm.end());
-  KVC_RETURN_IF_ERROR(uploadArray(attnNorms, gpu->attnNorms_));
+    attnNorms.push_back(&model.storedLayer(l).attnNorm);
+  KVC_RETURN_IF_ERROR(uploadFloats(attnNorms, gpu->attnNorms_));
   gpu->layers_.resize(c.numLayers);
   for (int64_t l = 0; l < c.numLayers; ++l) {
-    const LlamaModel::Layer &from = model.layer(l);
+    const LlamaModel::StoredLayer &from = model.storedLayer(l);
     Layer &to = gpu->layers_[l];
-    KVC_RETURN_IF_ERROR(uploadArray(from.attnNorm, to.attnNorm));
-    KVC_RETURN_IF_ERROR(uploadArray(from.mlpNorm, to.mlpNorm));
+    KVC_RETURN_IF_ERROR(uploadFloats({&from.attnNorm}, to.attnNorm));
+    KVC_RETURN_IF_ERROR(uploadFloats({&from.mlpNorm}, to.mlpNorm));
     KVC_RETURN_IF_ERROR(gpu->upload({&from.q, &from.k, &from.v}, h, to.qkv));
     KVC_RETURN_IF_ERROR(gpu->upload({&from.o}, c.numHeads * c.headDim, to.o));
     KVC_RETURN_IF_ERROR(gpu->upload({&from.gate, &from.up}, h, to.gateUp));
@@ -73,10 +107,9 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
 StatusOr<std::unique_ptr<CudaModel>>
 CudaModel::borrow(const ModelConfig &c, const CudaLlamaWeights &weights) {
   if (int64_t(weights.layers.size()) != c.numLayers)
-    return invalidArgument("cuda runner: weights of " +
-                           std::to_string(weights.layers.size()) +
-                           " layers for a model of " +
-                           std::to_string(c.numLayers));
+    return invalidArgument(
+        "cuda runner: weights of " + std::to_string(weights.layers.size()) +
+        " layers for a model of " + std::to_string(c.numLayers));
   // Each tensor must be the current device's memory: a host pointer, or
   // another GPU's, would fault inside a kernel instead of failing here.
   int device = 0;
@@ -115,9 +148,9 @@ CudaModel::borrow(const ModelConfig &c, const CudaLlamaWeights &weights) {
   const cudaStream_t s = DeviceArray::releaseStream();
   // Norms are fp32 in the kernels: widened copies of the caller's.
   auto widened = [&](const void *from, int64_t n, float *to) {
-    return cudaStatus(widen(static_cast<const uint16_t *>(from), false, n, to,
-                            s),
-                      "widening a norm");
+    return cudaStatus(
+        widen(static_cast<const uint16_t *>(from), false, n, to, s),
+        "widening a norm");
   };
   KVC_RETURN_IF_ERROR(gpu->finalNorm_.reserve(size_t(h) * sizeof(float)));
   KVC_RETURN_IF_ERROR(
@@ -130,10 +163,9 @@ CudaModel::borrow(const ModelConfig &c, const CudaLlamaWeights &weights) {
     Layer &to = gpu->layers_[l];
     KVC_RETURN_IF_ERROR(to.attnNorm.reserve(size_t(h) * sizeof(float)));
     KVC_RETURN_IF_ERROR(to.mlpNorm.reserve(size_t(h) * sizeof(float)));
+    KVC_RETURN_IF_ERROR(widened(from.inputNorm, h, to.attnNorm.get<float>()));
     KVC_RETURN_IF_ERROR(
-        widened(from.inputNorm, h, to.attnNorm.get<float>()));
-    KVC_RETURN_IF_ERROR(widened(from.inputNorm, h,
-                                gpu->attnNorms_.get<float>() + l * h));
+        widened(from.inputNorm, h, gpu->attnNorms_.get<float>() + l * h));
     KVC_RETURN_IF_ERROR(
         widened(from.postAttentionNorm, h, to.mlpNorm.get<float>()));
     to.qkv = {{}, from.qkv, q + 2 * kv, h};
@@ -176,7 +208,11 @@ StatusOr<const float *> CudaModel::fullRopeTable() const {
     const ModelConfig &c = config_;
     std::vector<float> table(size_t(c.maxPositions * c.headDim));
     ropeCosSin(invFreq_, 0, c.maxPositions, table.data());
-    KVC_RETURN_IF_ERROR(uploadArray(table, ropeTable_));
+    KVC_RETURN_IF_ERROR(ropeTable_.reserve(table.size() * sizeof(float)));
+    KVC_CUDA_RETURN_IF_ERROR(cudaMemcpy(ropeTable_.get(), table.data(),
+                                        table.size() * sizeof(float),
+                                        cudaMemcpyHostToDevice),
+                             "copying the RoPE table");
   }
   return ropeTable_.get<const float>();
 }
@@ -230,9 +266,8 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
   KVC_ASSIGN_OR_RETURN(gateUp, scratch.take<float>(n * 2 * f));
 
   KVC_CUDA_RETURN_IF_ERROR(
-      borrowedEmbedding_
-          ? embedBf16(ids, n, borrowedEmbedding_, h, x, s)
-          : embed(ids, n, embedding_.get<float>(), h, x, s),
+      borrowedEmbedding_ ? embedBf16(ids, n, borrowedEmbedding_, h, x, s)
+                         : embed(ids, n, embedding_.get<float>(), h, x, s),
       "embedding");
   for (int64_t l = 0; l < layers; ++l) {
     const Layer &L = layers_[l];

@@ -38,7 +38,8 @@ enum class GemmPrecision { F32, BF16 };
 
 class CudaModel {
 public:
-  /// Copies `model`'s weights to the current device.
+  /// Copies `model`'s weights to the current device, from its checkpoint
+  /// as stored (its fp32 host weights are neither used nor made).
   static StatusOr<std::unique_ptr<CudaModel>> create(const LlamaModel &model,
                                                      GemmPrecision precision);
   /// A model of `config` over `weights` the caller holds on the current
@@ -104,8 +105,10 @@ private:
   CudaModel(const ModelConfig &config, GemmPrecision precision)
       : config_(config), invFreq_(ropeFrequencies(config)),
         precision_(precision) {}
-  Status upload(const std::vector<const std::vector<float> *> &parts,
-                int64_t columns, Matrix &to) const;
+  /// `parts` (stored tensors, rows back to back) into `to` in the GEMM
+  /// precision.
+  Status upload(const std::vector<const TensorView *> &parts, int64_t columns,
+                Matrix &to) const;
   /// y[n][rows] = x[n][columns] * W^T (+ y when `accumulate`), over rows
   /// [row0, row0 + rows) of `w`.
   Status gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,

@@ -76,10 +76,9 @@ ChunkSteps::ChunkSteps(Device &device, const ModelCompute &model,
                        int64_t resident)
     : device_(device), model_(model),
       ownRunner_(runner ? nullptr : device.createRunner(model)),
-      runner_(runner ? runner : ownRunner_.get()),
-      stores_(stores), tokens_(tokens), cache_(cache), table_(table),
-      progress_(progress), resident_(resident),
-      prefill_(runner_->prefill(tokens, cache, table)) {}
+      runner_(runner ? runner : ownRunner_.get()), stores_(stores),
+      tokens_(tokens), cache_(cache), table_(table), progress_(progress),
+      resident_(resident), prefill_(runner_->prefill(tokens, cache, table)) {}
 
 const std::vector<ChunkRef> &
 ChunkSteps::refs(const std::string &tier, Form form, const CodecSpec &codec) {

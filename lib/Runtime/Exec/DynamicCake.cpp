@@ -176,9 +176,8 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
     return invalidArgument("restore: no tokens");
 
   exec_detail::ChunkSteps steps(deviceOr(target.device), *target.model,
-                                target.runner,
-                                target.stores, *target.tokens, *target.cache,
-                                *target.table, run.progress);
+                                target.runner, target.stores, *target.tokens,
+                                *target.cache, *target.table, run.progress);
   // The store's KV objects, grouped by token chunk.
   std::vector<ChunkBox> chunks;
   for (const ChunkRef &ref :

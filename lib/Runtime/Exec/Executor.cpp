@@ -44,8 +44,8 @@ public:
       : plan_(plan), target_(target), options_(options),
         config_(target.model->config()), device_(deviceOr(target.device)),
         kernels_(options.kernels),
-        steps_(device_, *target.model, target.runner, target.stores, *target.tokens,
-               *target.cache, *target.table, options.progress,
+        steps_(device_, *target.model, target.runner, target.stores,
+               *target.tokens, *target.cache, *target.table, options.progress,
                options.resident) {}
 
   StatusOr<TaskGraph> build() {

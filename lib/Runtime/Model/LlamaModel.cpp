@@ -46,70 +46,110 @@ void roundToBf16(float *x, int64_t n) {
     x[i] = bf16ToFloat(floatToBf16(x[i]));
 }
 
-/// Moves tensor `name` out of `tensors` after checking its shape.
-Status take(TensorMap &tensors, const std::string &name,
-            std::vector<int64_t> shape, std::vector<float> &out) {
-  auto it = tensors.find(name);
-  if (it == tensors.end())
-    return invalidArgument("checkpoint has no tensor " + name);
-  if (it->second.shape != shape) {
+/// The checkpoint's tensor `name`, checked against `shape`.
+Status view(const Checkpoint &checkpoint, const std::string &name,
+            const std::vector<int64_t> &shape, TensorView &out) {
+  KVC_ASSIGN_OR_RETURN(found, checkpoint.tensor(name));
+  if (found.shape != shape) {
     auto str = [](const std::vector<int64_t> &s) {
       std::string text = "[";
       for (size_t i = 0; i < s.size(); ++i)
         text += (i ? ", " : "") + std::to_string(s[i]);
       return text + "]";
     };
-    return invalidArgument("tensor " + name + " has shape " +
-                           str(it->second.shape) + ", config.json implies " +
-                           str(shape));
+    return invalidArgument("tensor " + name + " has shape " + str(found.shape) +
+                           ", config.json implies " + str(shape));
   }
-  out = std::move(it->second.data);
+  out = found;
   return Status::ok();
+}
+
+/// `view` as fp32.
+std::vector<float> floatsOf(const TensorView &view) {
+  std::vector<float> out(size_t(view.numel()));
+  view.toFloats(0, view.numel(), out.data());
+  return out;
 }
 
 } // namespace
 
-StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir) {
+LlamaModel::LlamaModel() = default;
+LlamaModel::~LlamaModel() = default;
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir,
+                                                       LoadOptions options) {
   StatusOr<ModelConfig> config =
       loadModelConfig((std::filesystem::path(dir) / "config.json").string());
   if (!config.isOk())
     return config.status();
-  std::string weightsDigest;
-  StatusOr<TensorMap> tensors = loadSafetensors(dir, &weightsDigest);
-  if (!tensors.isOk())
-    return tensors.status();
+  KVC_ASSIGN_OR_RETURN(checkpoint, Checkpoint::open(dir));
 
   std::unique_ptr<LlamaModel> model(new LlamaModel());
   ModelConfig &c = model->config_;
   c = *config;
   const int64_t h = c.hiddenSize, q = c.numHeads * c.headDim,
                 kv = c.numKvHeads * c.headDim, f = c.intermediateSize;
-  TensorMap &t = *tensors;
-  KVC_RETURN_IF_ERROR(
-      take(t, "model.embed_tokens.weight", {c.vocabSize, h}, model->embed_));
-  model->layers_.resize(c.numLayers);
+  const Checkpoint &t = *checkpoint;
+  KVC_RETURN_IF_ERROR(view(t, "model.embed_tokens.weight", {c.vocabSize, h},
+                           model->storedEmbed_));
+  model->stored_.resize(c.numLayers);
   for (int64_t l = 0; l < c.numLayers; ++l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
-    Layer &L = model->layers_[l];
-    KVC_RETURN_IF_ERROR(take(t, p + "input_layernorm.weight", {h}, L.attnNorm));
-    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.q_proj.weight", {q, h}, L.q));
-    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.k_proj.weight", {kv, h}, L.k));
-    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.v_proj.weight", {kv, h}, L.v));
-    KVC_RETURN_IF_ERROR(take(t, p + "self_attn.o_proj.weight", {h, q}, L.o));
+    StoredLayer &L = model->stored_[l];
+    KVC_RETURN_IF_ERROR(view(t, p + "input_layernorm.weight", {h}, L.attnNorm));
+    KVC_RETURN_IF_ERROR(view(t, p + "self_attn.q_proj.weight", {q, h}, L.q));
+    KVC_RETURN_IF_ERROR(view(t, p + "self_attn.k_proj.weight", {kv, h}, L.k));
+    KVC_RETURN_IF_ERROR(view(t, p + "self_attn.v_proj.weight", {kv, h}, L.v));
+    KVC_RETURN_IF_ERROR(view(t, p + "self_attn.o_proj.weight", {h, q}, L.o));
     KVC_RETURN_IF_ERROR(
-        take(t, p + "post_attention_layernorm.weight", {h}, L.mlpNorm));
-    KVC_RETURN_IF_ERROR(take(t, p + "mlp.gate_proj.weight", {f, h}, L.gate));
-    KVC_RETURN_IF_ERROR(take(t, p + "mlp.up_proj.weight", {f, h}, L.up));
-    KVC_RETURN_IF_ERROR(take(t, p + "mlp.down_proj.weight", {h, f}, L.down));
+        view(t, p + "post_attention_layernorm.weight", {h}, L.mlpNorm));
+    KVC_RETURN_IF_ERROR(view(t, p + "mlp.gate_proj.weight", {f, h}, L.gate));
+    KVC_RETURN_IF_ERROR(view(t, p + "mlp.up_proj.weight", {f, h}, L.up));
+    KVC_RETURN_IF_ERROR(view(t, p + "mlp.down_proj.weight", {h, f}, L.down));
   }
-  KVC_RETURN_IF_ERROR(take(t, "model.norm.weight", {h}, model->finalNorm_));
-  if (!c.tieWordEmbeddings || t.count("lm_head.weight"))
+  KVC_RETURN_IF_ERROR(
+      view(t, "model.norm.weight", {h}, model->storedFinalNorm_));
+  model->untiedOutput_ = !c.tieWordEmbeddings || t.has("lm_head.weight");
+  if (model->untiedOutput_)
     KVC_RETURN_IF_ERROR(
-        take(t, "lm_head.weight", {c.vocabSize, h}, model->lmHead_));
+        view(t, "lm_head.weight", {c.vocabSize, h}, model->storedOutput_));
+  else
+    model->storedOutput_ = model->storedEmbed_;
   model->invFreq_ = ropeFrequencies(c);
-  model->fingerprint_ = fingerprintOf(c, weightsDigest);
+  model->fingerprint_ = fingerprintOf(c, t.digest());
+  model->checkpoint_ = std::move(checkpoint);
+  if (options.hostWeights)
+    model->hostWeights();
   return model;
 }
+
+const LlamaModel &LlamaModel::hostWeights() const {
+  std::call_once(hostOnce_, [this] {
+    embed_ = floatsOf(storedEmbed_);
+    finalNorm_ = floatsOf(storedFinalNorm_);
+    if (untiedOutput_)
+      lmHead_ = floatsOf(storedOutput_);
+    layers_.resize(stored_.size());
+    for (size_t l = 0; l < stored_.size(); ++l) {
+      const StoredLayer &from = stored_[l];
+      Layer &to = layers_[l];
+      for (auto [out, in] : {std::pair{&to.attnNorm, &from.attnNorm},
+                             {&to.q, &from.q},
+                             {&to.k, &from.k},
+                             {&to.v, &from.v},
+                             {&to.o, &from.o},
+                             {&to.mlpNorm, &from.mlpNorm},
+                             {&to.gate, &from.gate},
+                             {&to.up, &from.up},
+                             {&to.down, &from.down}})
+        *out = floatsOf(*in);
+    }
+    hasHostWeights_ = true;
+  });
+  return *this;
+}
+
+bool LlamaModel::hasHostWeights() const { return hasHostWeights_; }
 
 StatusOr<std::string> modelFingerprint(const std::string &dir) {
   KVC_ASSIGN_OR_RETURN(
@@ -131,7 +171,7 @@ void LlamaModel::ropeTable(int64_t position, int64_t n, float *out) const {
 
 void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
                          int64_t position, float *k, float *v) const {
-  const Layer &L = layers_[layer];
+  const Layer &L = this->layer(layer);
   const int64_t h = config_.hiddenSize;
   std::vector<float> normed(n * h);
   rmsNorm(hidden, L.attnNorm, n, normed.data());
@@ -161,7 +201,7 @@ Status LlamaModel::nextLogits(KVContext &context, int64_t position,
   KVC_RETURN_IF_ERROR(forward(context, position, tokens, n, {}, -1, x));
   const int64_t h = config_.hiddenSize;
   std::vector<float> normed(h);
-  rmsNorm(&x[(n - 1) * h], finalNorm_, 1, normed.data());
+  rmsNorm(&x[(n - 1) * h], finalNorm(), 1, normed.data());
   linear(normed.data(), outputLayer(), 1, h, config_.vocabSize, logits);
   return Status::ok();
 }
@@ -173,6 +213,7 @@ Status LlamaModel::forward(KVContext &context, int64_t position,
   const ModelConfig &c = config_;
   if (n <= 0)
     return Status::ok();
+  hostWeights();
   if (layers < 0)
     layers = c.numLayers;
   if (layers > c.numLayers)

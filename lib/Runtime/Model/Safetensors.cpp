@@ -92,131 +92,193 @@ private:
   size_t size_ = 0;
 };
 
-/// Parses one file's tensors into `out` (when given), hashing them into
-/// `hash`.
-Status loadFile(const std::string &path, TensorMap *out, Sha256 &hash) {
-  StatusOr<MappedFile> file = MappedFile::open(path);
-  if (!file.isOk())
-    return file.status();
-  const std::string_view bytes = file->bytes();
-  if (bytes.size() < 8)
-    return dataLoss(path + ": shorter than a safetensors header");
-  uint64_t headerSize = 0;
-  for (int i = 0; i < 8; ++i)
-    headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
-  if (headerSize > bytes.size() - 8)
-    return dataLoss(path + ": header length " + std::to_string(headerSize) +
-                    " exceeds the file");
-  Json header;
-  try {
-    header = Json::parse(bytes.begin() + 8, bytes.begin() + 8 + headerSize);
-  } catch (const Json::exception &e) {
-    return dataLoss(path + ": bad header: " + e.what());
-  }
-  if (!header.is_object())
-    return dataLoss(path + ": header is not a JSON object");
-  const uint64_t dataStart = 8 + headerSize;
-  const uint64_t dataSize = bytes.size() - dataStart;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string &name = it.key();
-    if (name == "__metadata__")
-      continue;
-    const Json &entry = it.value();
-    try {
-      std::string dtypeName = entry.at("dtype").get<std::string>();
-      const DTypeInfo *info = nullptr;
-      for (const DTypeInfo &d : kDTypes)
-        if (dtypeName == d.name)
-          info = &d;
-      if (!info)
-        return unimplemented(path + ": tensor " + name + " has dtype " +
-                             dtypeName + " (kvc reads BF16, F16, F32)");
-      Tensor tensor;
-      tensor.shape = entry.at("shape").get<std::vector<int64_t>>();
-      auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offsets.size() != 2 || offsets[0] > offsets[1] ||
-          offsets[1] > dataSize)
-        return dataLoss(path + ": tensor " + name +
-                        " has offsets outside the file");
-      int64_t numel = tensor.numel();
-      if (numel < 0 ||
-          uint64_t(numel * info->bytes) != offsets[1] - offsets[0])
-        return dataLoss(path + ": tensor " + name +
-                        " size does not match its shape and dtype");
-      const char *src = bytes.data() + dataStart + offsets[0];
-      hash.update(name).update(dtypeName);
-      for (int64_t d : tensor.shape)
-        hash.update(uint64_t(d));
-      hash.update(src, offsets[1] - offsets[0]);
-      if (!out)
-        continue;
-      tensor.data.resize(numel);
-      float *to = tensor.data.data();
-      if (info->dtype == DType::F32) {
-        std::memcpy(to, src, size_t(numel) * 4);
-      } else {
-        const bool bf16 = info->dtype == DType::BF16;
-        for (int64_t i = 0; i < numel; ++i) {
-          uint16_t bits;
-          std::memcpy(&bits, src + 2 * i, 2);
-          to[i] = bf16 ? bf16ToFloat(bits) : f16ToFloat(bits);
-        }
-      }
-      (*out)[name] = std::move(tensor);
-    } catch (const Json::exception &e) {
-      return dataLoss(path + ": tensor " + name + ": " + e.what());
-    }
-  }
-  return Status::ok();
-}
-
-/// Every file of the checkpoint in `dir`, in order, through loadFile.
-Status forEachFile(const std::string &dir, TensorMap *tensors, Sha256 &hash) {
+/// The files of the checkpoint in `dir`, in order: model.safetensors, or
+/// the shards model.safetensors.index.json lists, sorted.
+StatusOr<std::vector<std::string>> checkpointFiles(const std::string &dir) {
   fs::path single = fs::path(dir) / "model.safetensors";
   fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(single))
-    return loadFile(single.string(), tensors, hash);
-  if (fs::exists(index)) {
-    StatusOr<std::string> text = readAll(index.string());
-    if (!text.isOk())
-      return text.status();
-    std::set<std::string> shards;
-    try {
-      Json map = Json::parse(*text).at("weight_map");
-      for (auto it = map.begin(); it != map.end(); ++it)
-        shards.insert(it.value().get<std::string>());
-    } catch (const Json::exception &e) {
-      return dataLoss(index.string() + ": " + e.what());
-    }
-    for (const std::string &shard : shards) {
-      if (shard.find('/') != std::string::npos)
-        return dataLoss(index.string() + ": shard " + shard +
-                        " is not in the checkpoint directory");
-      KVC_RETURN_IF_ERROR(
-          loadFile((fs::path(dir) / shard).string(), tensors, hash));
-    }
-    return Status::ok();
+    return std::vector<std::string>{single.string()};
+  if (!fs::exists(index))
+    return notFound(dir + ": no model.safetensors or "
+                          "model.safetensors.index.json");
+  KVC_ASSIGN_OR_RETURN(text, readAll(index.string()));
+  std::set<std::string> shards;
+  try {
+    Json map = Json::parse(text).at("weight_map");
+    for (auto it = map.begin(); it != map.end(); ++it)
+      shards.insert(it.value().get<std::string>());
+  } catch (const Json::exception &e) {
+    return dataLoss(index.string() + ": " + e.what());
   }
-  return notFound(dir + ": no model.safetensors or "
-                        "model.safetensors.index.json");
+  std::vector<std::string> files;
+  for (const std::string &shard : shards) {
+    if (shard.find('/') != std::string::npos)
+      return dataLoss(index.string() + ": shard " + shard +
+                      " is not in the checkpoint directory");
+    files.push_back((fs::path(dir) / shard).string());
+  }
+  return files;
+}
+
+const DTypeInfo &infoOf(DType dtype) {
+  for (const DTypeInfo &d : kDTypes)
+    if (d.dtype == dtype)
+      return d;
+  return kDTypes[2];
+}
+
+uint16_t wordAt(const char *data, int64_t i) {
+  uint16_t bits;
+  std::memcpy(&bits, data + 2 * i, 2);
+  return bits;
 }
 
 } // namespace
 
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+void TensorView::toFloats(int64_t first, int64_t n, float *out) const {
+  if (dtype == DType::F32) {
+    std::memcpy(out, data + 4 * first, size_t(n) * 4);
+    return;
+  }
+  const bool bf16 = dtype == DType::BF16;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t bits = wordAt(data, first + i);
+    out[i] = bf16 ? bf16ToFloat(bits) : f16ToFloat(bits);
+  }
+}
+
+void TensorView::toBf16(int64_t first, int64_t n, uint16_t *out) const {
+  if (dtype == DType::BF16) {
+    std::memcpy(out, data + 2 * first, size_t(n) * 2);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    float value;
+    toFloats(first + i, 1, &value);
+    out[i] = floatToBf16(value);
+  }
+}
+
+struct Checkpoint::File {
+  explicit File(MappedFile mapped) : mapped(std::move(mapped)) {}
+  MappedFile mapped;
+};
+
+Checkpoint::Checkpoint() = default;
+Checkpoint::~Checkpoint() = default;
+
+StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::open(const std::string &dir) {
+  KVC_ASSIGN_OR_RETURN(paths, checkpointFiles(dir));
+  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint());
+  for (const std::string &path : paths) {
+    KVC_ASSIGN_OR_RETURN(mapped, MappedFile::open(path));
+    checkpoint->files_.push_back(std::make_unique<File>(std::move(mapped)));
+    const std::string_view bytes = checkpoint->files_.back()->mapped.bytes();
+    if (bytes.size() < 8)
+      return dataLoss(path + ": shorter than a safetensors header");
+    uint64_t headerSize = 0;
+    for (int i = 0; i < 8; ++i)
+      headerSize |= uint64_t(uint8_t(bytes[i])) << (8 * i);
+    if (headerSize > bytes.size() - 8)
+      return dataLoss(path + ": header length " + std::to_string(headerSize) +
+                      " exceeds the file");
+    Json header;
+    try {
+      header = Json::parse(bytes.begin() + 8, bytes.begin() + 8 + headerSize);
+    } catch (const Json::exception &e) {
+      return dataLoss(path + ": bad header: " + e.what());
+    }
+    if (!header.is_object())
+      return dataLoss(path + ": header is not a JSON object");
+    const uint64_t dataStart = 8 + headerSize;
+    const uint64_t dataSize = bytes.size() - dataStart;
+    std::vector<std::string> &order = checkpoint->order_.emplace_back();
+    for (auto it = header.begin(); it != header.end(); ++it) {
+      const std::string &name = it.key();
+      if (name == "__metadata__")
+        continue;
+      const Json &entry = it.value();
+      try {
+        std::string dtypeName = entry.at("dtype").get<std::string>();
+        const DTypeInfo *info = nullptr;
+        for (const DTypeInfo &d : kDTypes)
+          if (dtypeName == d.name)
+            info = &d;
+        if (!info)
+          return unimplemented(path + ": tensor " + name + " has dtype " +
+                               dtypeName + " (kvc reads BF16, F16, F32)");
+        TensorView view;
+        view.dtype = info->dtype;
+        view.shape = entry.at("shape").get<std::vector<int64_t>>();
+        auto offsets = entry.at("data_offsets").get<std::vector<uint64_t>>();
+        if (offsets.size() != 2 || offsets[0] > offsets[1] ||
+            offsets[1] > dataSize)
+          return dataLoss(path + ": tensor " + name +
+                          " has offsets outside the file");
+        int64_t numel = view.numel();
+        if (numel < 0 ||
+            uint64_t(numel * info->bytes) != offsets[1] - offsets[0])
+          return dataLoss(path + ": tensor " + name +
+                          " size does not match its shape and dtype");
+        view.data = bytes.data() + dataStart + offsets[0];
+        if (!checkpoint->tensors_.emplace(name, std::move(view)).second)
+          return dataLoss(path + ": tensor " + name +
+                          " is in another file of the checkpoint too");
+        order.push_back(name);
+      } catch (const Json::exception &e) {
+        return dataLoss(path + ": tensor " + name + ": " + e.what());
+      }
+    }
+  }
+  return checkpoint;
+}
+
+StatusOr<TensorView> Checkpoint::tensor(const std::string &name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end())
+    return invalidArgument("checkpoint has no tensor " + name);
+  return it->second;
+}
+
+std::string Checkpoint::digest() const {
+  Sha256 hash;
+  for (const std::vector<std::string> &names : order_)
+    for (const std::string &name : names) {
+      const TensorView &view = tensors_.at(name);
+      hash.update(name).update(std::string(infoOf(view.dtype).name));
+      for (int64_t d : view.shape)
+        hash.update(uint64_t(d));
+      hash.update(view.data, size_t(view.numel() * infoOf(view.dtype).bytes));
+    }
+  return toHex(hash.finish());
+}
+
 StatusOr<TensorMap> loadSafetensors(const std::string &dir,
                                     std::string *digest) {
+  KVC_ASSIGN_OR_RETURN(checkpoint, Checkpoint::open(dir));
   TensorMap tensors;
-  Sha256 hash;
-  KVC_RETURN_IF_ERROR(forEachFile(dir, &tensors, hash));
+  for (const auto &[name, view] : checkpoint->tensors()) {
+    Tensor &tensor = tensors[name];
+    tensor.shape = view.shape;
+    tensor.data.resize(size_t(view.numel()));
+    view.toFloats(0, view.numel(), tensor.data.data());
+  }
   if (digest)
-    *digest = toHex(hash.finish());
+    *digest = checkpoint->digest();
   return tensors;
 }
 
 StatusOr<std::string> safetensorsDigest(const std::string &dir) {
-  Sha256 hash;
-  KVC_RETURN_IF_ERROR(forEachFile(dir, nullptr, hash));
-  return toHex(hash.finish());
+  KVC_ASSIGN_OR_RETURN(checkpoint, Checkpoint::open(dir));
+  return checkpoint->digest();
 }
 
 Status writeSafetensors(const std::string &path, const TensorMap &tensors,

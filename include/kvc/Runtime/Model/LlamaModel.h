@@ -17,6 +17,13 @@
 // its own vectors (Cache) does, and a restore that computes part of the
 // request needs no private copy of the context.
 //
+// Weights: the checkpoint stays mapped (Checkpoint, Safetensors.h) and its
+// tensors are viewed as stored (stored*(): what a device copies to its
+// memory without an fp32 copy on the host). The fp32 weights the host's
+// compute uses are made from them on load, or, loaded with
+// hostWeights = false, on the first host-side use (a model that computes
+// on a GPU never makes them).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef KVC_RUNTIME_MODEL_LLAMAMODEL_H
@@ -25,7 +32,9 @@
 #include "kvc/Runtime/Model/ModelCompute.h"
 #include "kvc/Runtime/Model/Safetensors.h"
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,9 +47,19 @@ StatusOr<std::string> modelFingerprint(const std::string &dir);
 
 class LlamaModel final : public ModelCompute {
 public:
+  struct LoadOptions {
+    /// Whether the fp32 weights are made on load; when false, on the first
+    /// host-side use (compute, or layer(), embedding(), ...).
+    bool hostWeights = true;
+  };
   /// Loads config.json and the safetensors weights of `dir`, checking every
   /// tensor's presence and shape.
-  static StatusOr<std::unique_ptr<LlamaModel>> load(const std::string &dir);
+  static StatusOr<std::unique_ptr<LlamaModel>> load(const std::string &dir,
+                                                    LoadOptions options);
+  static StatusOr<std::unique_ptr<LlamaModel>> load(const std::string &dir) {
+    return load(dir, LoadOptions());
+  }
+  ~LlamaModel() override;
 
   const ModelConfig &config() const override { return config_; }
   const std::string &fingerprint() const override { return fingerprint_; }
@@ -58,21 +77,39 @@ public:
   /// what its rotations use, and what a generated kernel reads.
   void ropeTable(int64_t position, int64_t n, float *out) const;
 
-  /// The weights, fp32 as loaded (Hugging Face's shapes, [out][in]): what
-  /// a backend computing on another device copies there.
+  /// The weights as fp32 on the host (Hugging Face's shapes, [out][in]),
+  /// made on first use when loaded without them.
   struct Layer {
     std::vector<float> attnNorm, q, k, v, o, mlpNorm, gate, up, down;
   };
-  const Layer &layer(int64_t l) const { return layers_[l]; }
-  const std::vector<float> &embedding() const { return embed_; }
-  const std::vector<float> &finalNorm() const { return finalNorm_; }
+  const Layer &layer(int64_t l) const { return hostWeights().layers_[l]; }
+  const std::vector<float> &embedding() const { return hostWeights().embed_; }
+  const std::vector<float> &finalNorm() const {
+    return hostWeights().finalNorm_;
+  }
   /// The output layer ([vocab][hidden]): the embedding when tied.
   const std::vector<float> &outputLayer() const {
-    return lmHead_.empty() ? embed_ : lmHead_;
+    const LlamaModel &w = hostWeights();
+    return w.lmHead_.empty() ? w.embed_ : w.lmHead_;
   }
+  /// Whether the fp32 weights have been made.
+  bool hasHostWeights() const;
+
+  /// The weights as the checkpoint stores them, in the mapped files (the
+  /// same shapes; BF16, F16 or F32): what a device copies to its memory.
+  struct StoredLayer {
+    TensorView attnNorm, q, k, v, o, mlpNorm, gate, up, down;
+  };
+  const StoredLayer &storedLayer(int64_t l) const { return stored_[l]; }
+  const TensorView &storedEmbedding() const { return storedEmbed_; }
+  const TensorView &storedFinalNorm() const { return storedFinalNorm_; }
+  /// The output layer as stored: the embedding's when tied.
+  const TensorView &storedOutput() const { return storedOutput_; }
 
 private:
-  LlamaModel() = default;
+  LlamaModel();
+  /// This model, its fp32 weights made if they were not.
+  const LlamaModel &hostWeights() const;
   void rmsNorm(const float *x, const std::vector<float> &weight, int64_t n,
                float *out) const;
   /// prefill, leaving the hidden states leaving the last layer in `x`
@@ -83,11 +120,18 @@ private:
 
   ModelConfig config_;
   std::string fingerprint_;
-  std::vector<float> embed_;
-  std::vector<float> finalNorm_;
-  std::vector<float> lmHead_; ///< Empty when tied to embed_.
-  std::vector<Layer> layers_;
   std::vector<float> invFreq_; ///< RoPE frequencies, head_dim / 2.
+  std::unique_ptr<Checkpoint> checkpoint_;
+  std::vector<StoredLayer> stored_;
+  TensorView storedEmbed_, storedFinalNorm_, storedOutput_;
+  bool untiedOutput_ = false; ///< lm_head stored apart from the embedding.
+  /// Made from the stored weights once (hostOnce_).
+  mutable std::once_flag hostOnce_;
+  mutable std::atomic<bool> hasHostWeights_{false};
+  mutable std::vector<float> embed_;
+  mutable std::vector<float> finalNorm_;
+  mutable std::vector<float> lmHead_; ///< Empty when tied to embed_.
+  mutable std::vector<Layer> layers_;
 };
 
 } // namespace kvc

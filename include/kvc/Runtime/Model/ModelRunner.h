@@ -22,7 +22,8 @@
 //   decode        a decode step over a restored cache -> next-token logits
 //   timePrefill   what calibration measures of the model's compute
 //
-// Thread-safe, as its device is.
+// Thread-safe, as its device is. Prefill sessions and streams a runner
+// returns may outlive nothing but the runner.
 //
 //===----------------------------------------------------------------------===//
 

@@ -523,6 +523,17 @@ Status gridCommand(Args &args) {
     return std::make_pair(status, took.count());
   };
 
+  {
+    // The model, read once for every step (its weights go to a device as
+    // stored on the first step that computes there).
+    auto started = std::chrono::steady_clock::now();
+    Status loaded = loadModel(modelDir).status();
+    std::chrono::duration<double> took =
+        std::chrono::steady_clock::now() - started;
+    KVC_RETURN_IF_ERROR(record("load", 0, 0, "-", loaded, took.count()));
+    if (!loaded.isOk())
+      return loaded;
+  }
   if (calibrateFirst) {
     const std::string calibrated = prefix + "-target.json";
     auto [status, seconds] = timed(

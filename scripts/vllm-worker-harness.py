@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""vLLM's worker calls on kvc.vllm.KvcConnector, played without vLLM.
+
+A GPU machine here has PyTorch and transformers but no vLLM; this harness
+makes the calls vLLM's model runner makes on the worker side
+(register_kv_caches, bind_connector_metadata, start_load_kv,
+wait_for_layer_load, save_kv_layer, wait_for_save, get_finished,
+get_block_ids_with_load_errors) on caches in vLLM's layout
+([2, blocks, block_size, kv_heads, head_dim] per layer, bf16) on the GPU when
+there is one (kvc's "cuda" device: the caches are the device tensors
+themselves), else on the CPU. Where vLLM is not installed (or with
+--stub-vllm) the few names kvc.vllm imports from it are stood in for
+(vLLM's KVConnectorBase_V1 keeps the metadata it is bound; nothing else is
+used). A random Llama from transformers plays the model and writes what a
+forward pass writes:
+
+  1. request a's prompt, written by the "forward pass", saved layer by layer
+     (save_kv_layer), until get_finished reports the save;
+  2. request b of the same prompt loads its whole stored chunks into other
+     blocks; they must equal what the full prefill wrote;
+  3. one stored object corrupted: request c's load reports its blocks
+     (get_block_ids_with_load_errors), for vLLM to recompute.
+
+Prints one line per step (with the load's time against transformers'
+prefill of the same tokens) and exits 0 when every check holds.
+
+    python3 scripts/vllm-worker-harness.py [--cpu] [--stub-vllm] [--tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import importlib.util
+import logging
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+BLOCK = 16
+CHUNK = 64
+
+
+def stub_vllm() -> None:
+    """Stands in for the names kvc.vllm imports from vLLM."""
+    base = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
+
+    class KVConnectorRole(enum.Enum):
+        SCHEDULER = 0
+        WORKER = 1
+
+    class KVConnectorMetadata:
+        pass
+
+    class KVConnectorBase_V1:
+        """What vLLM's base class does for a connector's worker side: it
+        keeps the config and the metadata it is bound each step."""
+
+        def __init__(self, vllm_config: Any, role: KVConnectorRole,
+                     kv_cache_config: Any) -> None:
+            self._connector_metadata = None
+            self._vllm_config = vllm_config
+            self._kv_transfer_config = vllm_config.kv_transfer_config
+            self._kv_cache_config = kv_cache_config
+            self._role = role
+
+        def bind_connector_metadata(self, metadata: Any) -> None:
+            self._connector_metadata = metadata
+
+        def clear_connector_metadata(self) -> None:
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self) -> Any:
+            assert self._connector_metadata is not None
+            return self._connector_metadata
+
+    base.KVConnectorRole = KVConnectorRole  # type: ignore[attr-defined]
+    base.KVConnectorMetadata = KVConnectorMetadata  # type: ignore[attr-defined]
+    base.KVConnectorBase_V1 = KVConnectorBase_V1  # type: ignore[attr-defined]
+    log = types.ModuleType("vllm.logger")
+    log.init_logger = logging.getLogger  # type: ignore[attr-defined]
+    names = ["vllm", "vllm.distributed", "vllm.distributed.kv_transfer",
+             "vllm.distributed.kv_transfer.kv_connector",
+             "vllm.distributed.kv_transfer.kv_connector.v1"]
+    for name in names:
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules[base.__name__] = base
+    sys.modules[log.__name__] = log
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cpu", action="store_true",
+                        help="CPU tensors even where a GPU is")
+    parser.add_argument("--stub-vllm", action="store_true",
+                        help="stand in for vLLM even where it is installed")
+    parser.add_argument("--tokens", type=int, default=200,
+                        help="the prompt's tokens (default 200)")
+    args = parser.parse_args()
+    if args.stub_vllm or importlib.util.find_spec("vllm") is None:
+        stub_vllm()
+
+    import torch
+    import transformers
+
+    from kvc.vllm import KvcConnector, KvcConnectorMetadata, LoadSpec, SaveSpec
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorRole)
+
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    layers, kv_heads, head_dim = 2, 2, 16
+    work = Path(tempfile.mkdtemp(prefix="kvc-harness-"))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        initializer_range=0.3)
+    transformers.LlamaForCausalLM(config).save_pretrained(work / "model")
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        work / "model", dtype=torch.float32).to(device).eval()
+
+    store = work / "store"
+    vllm_config = types.SimpleNamespace(
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
+                                              pipeline_parallel_size=1),
+        cache_config=types.SimpleNamespace(block_size=BLOCK),
+        model_config=types.SimpleNamespace(model=str(work / "model"),
+                                           use_mla=False),
+        kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={
+            "stores": [f"file://{store}"], "chunk_tokens": CHUNK,
+            "strategies": ["kv"], "device": device,
+            "target": "h100-sxm" if device == "cuda" else "cpu-2core"}))
+    worker = KvcConnector(vllm_config, KVConnectorRole.WORKER, None)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
+    blocks = 3 * ((args.tokens + BLOCK - 1) // BLOCK)
+    caches = {name: torch.zeros(2, blocks, BLOCK, kv_heads, head_dim,
+                                dtype=torch.bfloat16, device=device)
+              for name in names}
+    worker.register_kv_caches(caches)
+    print(f"harness: {device} caches of {blocks} blocks x {BLOCK} tokens, "
+          f"{layers} layers, vLLM {'stood in for' if 'vllm' in sys.modules and not hasattr(sys.modules['vllm'], '__file__') else 'installed'}")
+
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(1, 256, (args.tokens,), generator=g).tolist()
+    per = (args.tokens + BLOCK - 1) // BLOCK
+    tables = {r: list(range(i * per, (i + 1) * per))
+              for i, r in enumerate("abc")}
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    @torch.no_grad()
+    def full_prefill(tokens: list[int]) -> list[tuple[Any, Any]]:
+        cache = model(torch.tensor([tokens], device=device),
+                      use_cache=True).past_key_values
+        return [(layer.keys[0].transpose(0, 1), layer.values[0].transpose(0, 1))
+                for layer in cache.layers]
+
+    def rows(request: str, begin: int, end: int) -> tuple[Any, Any]:
+        t = torch.arange(begin, end, device=device)
+        table = torch.tensor(tables[request], device=device)
+        return table[t // BLOCK], t % BLOCK
+
+    def step(meta: Any, finished: set[str]) -> tuple[Any, Any, set[int]]:
+        worker.bind_connector_metadata(meta)
+        worker.start_load_kv(None)
+        for name in names:
+            worker.wait_for_layer_load(name)
+            if meta.saves:
+                worker.save_kv_layer(name, caches[name], None)
+        worker.wait_for_save()
+        sending, receiving = worker.get_finished(finished)
+        errors = worker.get_block_ids_with_load_errors()
+        worker.clear_connector_metadata()
+        return sending, receiving, errors
+
+    ok = True
+    # 1. Request a: the forward pass writes its prompt, the worker saves it.
+    sync()
+    start = time.perf_counter()
+    reference = full_prefill(prompt)
+    sync()
+    prefill_ms = (time.perf_counter() - start) * 1e3
+    blocks_a, offsets_a = rows("a", 0, args.tokens)
+    for layer, name in enumerate(names):
+        for kv in (0, 1):
+            caches[name][kv, blocks_a, offsets_a] = \
+                reference[layer][kv].to(torch.bfloat16)
+    meta = KvcConnectorMetadata(saves=[SaveSpec("a", prompt, tables["a"])])
+    sending, _, _ = step(meta, {"a"})
+    deadline = time.monotonic() + 60
+    while not sending or "a" not in sending:
+        if time.monotonic() > deadline:
+            print("harness: FAILED: request a's save never finished")
+            return 1
+        time.sleep(0.01)
+        sending, _ = worker.get_finished(set())
+    stored = sum(1 for p in store.rglob("*") if p.is_file())
+    print(f"harness: request a saved ({stored} files in the store)")
+
+    # 2. Request b: the same prompt's whole chunks loaded into its blocks.
+    loaded = (args.tokens - 1) // CHUNK * CHUNK
+    meta = KvcConnectorMetadata(loads=[LoadSpec(
+        "b", prompt[:loaded + 1], loaded, 0, tables["b"])])
+    sync()
+    start = time.perf_counter()
+    _, _, errors = step(meta, set())
+    sync()
+    load_ms = (time.perf_counter() - start) * 1e3
+    blocks_b, offsets_b = rows("b", 0, loaded)
+    error = largest = 0.0
+    for layer, name in enumerate(names):
+        for kv in (0, 1):
+            mine = caches[name][kv, blocks_b, offsets_b].float()
+            exact = reference[layer][kv][:loaded].to(torch.bfloat16).float()
+            error = max(error, float((mine - exact).abs().max()))
+            largest = max(largest, float(exact.abs().max()))
+    good = not errors and error <= largest / 128
+    ok &= good
+    print(f"harness: request b loaded {loaded} of {args.tokens} tokens in "
+          f"{load_ms:.2f} ms (transformers' prefill of all {args.tokens}: "
+          f"{prefill_ms:.2f} ms); largest error {error / largest:.3g} of the "
+          f"largest |K|, |V|; blocks with load errors: {sorted(errors)}: "
+          f"{'ok' if good else 'FAILED'}")
+
+    # 3. Request c: a corrupt object is reported, never served.
+    objects = sorted(p for p in store.rglob("*")
+                     if p.is_file() and "layouts" not in p.parts)
+    victim = objects[len(objects) // 2]
+    data = bytearray(victim.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+        data[i] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    meta = KvcConnectorMetadata(loads=[LoadSpec(
+        "c", prompt[:loaded + 1], loaded, 0, tables["c"])])
+    _, _, errors = step(meta, set())
+    good = bool(errors) and errors <= set(tables["c"])
+    ok &= good
+    print(f"harness: request c with a corrupt object: blocks "
+          f"{sorted(errors)} reported for recompute: "
+          f"{'ok' if good else 'FAILED'}")
+    worker.shutdown()
+    print(f"harness: {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -91,8 +91,15 @@
 #                                     Connector (kvc-run serve) on the
 #                                     backend, partial prefix, the server's
 #                                     own tokens, a slow store; verified;
+#   scripts/gpu-check.sh python [DIR]
+#                                     there: kvc's Python package built for
+#                                     that machine's Python from the pack's
+#                                     kit (python/kit), then vLLM's worker
+#                                     calls on the GPU's caches
+#                                     (scripts/vllm-worker-harness.py);
 #   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
-#                                     a GPU: main-grid, connector, then run; each
+#                                     a GPU: main-grid, connector, python,
+#                                     then run; each
 #                                     step's time in $OUT/all.txt, every
 #                                     output in $OUT/results.tgz (repacked
 #                                     as each step ends).
@@ -272,7 +279,8 @@ EOF
     --iters 1 | tail -n 1
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKVC_BUILD_COMPILER=OFF >/dev/null
-  ninja -C "$root/build-gpu" KVCCudaBackendTests kvc-gpu-bench
+  ninja -C "$root/build-gpu" KVCCudaBackendTests kvc-gpu-bench KVCHost \
+    KVCCudaRegister
   # kvc-run and kvc-opt with the compiler linked from MLIR's and LLVM's
   # archives (cmake/StaticCompiler.cmake): they plan there, where there is
   # no LLVM, so calibrate -> plan -> run is one call.
@@ -303,6 +311,36 @@ EOF
   done | sort -u |
     grep -Ev '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)\.so' |
     grep -v '/cuda' | xargs -r cp -L -t "$dir/"
+  # The Python package's kit (python/kit/CMakeLists.txt builds the module
+  # there, for that machine's Python): the runtime's archives without debug
+  # information, the CUDA driver's registration, and nanobind's sources.
+  mkdir -p "$dir/python-kit/lib"
+  for archive in KVCHost KVCPlanning KVCRuntime KVCRuntimeBase KVCSupport \
+    KVCCudaBackend KVCCudaDriver; do
+    find "$root/build-gpu/lib" -name "lib$archive.a" -exec cp -t \
+      "$dir/python-kit/lib/" {} +
+  done
+  find "$root/build-gpu/lib" -path '*KVCCudaRegister.dir*' -name '*.o' \
+    -exec cp {} "$dir/python-kit/lib/register.o" \;
+  strip --strip-debug "$dir/python-kit/lib/"*
+  nanobind=$("$root/.venv/bin/python" -c \
+    'import nanobind, os; print(os.path.dirname(nanobind.__file__))')
+  cp -r "$nanobind" "$dir/python-kit/nanobind"
+  rm -rf "$dir/python-kit/nanobind/__pycache__"
+  # The harness's model and its loads' plans (192 tokens of raw KV, chunks
+  # of 64, the restore kernels for sm_90): that module has no compiler.
+  "$root/.venv/bin/python" "$root/scripts/vllm-worker-harness.py" \
+    --write-model "$dir/python-kit/model" >/dev/null
+  printf '%s\n' 'kvc.restore @kv tokens 0 to 192 from [' \
+    '  #kvc.source<tier = "ssd", form = kv, tokens = 0 to 192, layers = 0 to 2>]' \
+    >"$dir/python-kit/loads.mlir"
+  "$root/build/bin/kvc-opt" "$dir/python-kit/loads.mlir" \
+    --kvc-import-model="$dir/python-kit/model/config.json" \
+    --kvc-attach-target="$root/targets/h100-sxm.json" \
+    "--kvc-restore-pipeline=strategy=kv chunk-tokens=64 gpu-chip=sm_90" \
+    --kvc-emit-bundle=file="$dir/python-kit/plans.json" -o /dev/null
+  tar -C "$dir" -cf - python-kit | xz -9 -T2 >"$dir/python-kit.tar.xz"
+  rm -rf "$dir/python-kit"
   # OpenBLAS and the compiler are most of it: xz brings OpenBLAS from 36 to
   # 4 MB, and kvc-run and kvc-opt (59 and 49 MB, mostly the same MLIR and
   # LLVM code) to 18 MB in one stream; prepare unpacks them there.
@@ -686,6 +724,36 @@ connector)
     { echo "gpu-check: the Connector loaded from a store too slow"; status=1; }
   exit "$status"
   ;;
+python)
+  # There: kvc's Python package built for that machine's Python (the
+  # module from python/src/module.cpp over the pack's kit:
+  # python/kit/CMakeLists.txt), then vLLM's worker calls on the device's
+  # caches (scripts/vllm-worker-harness.py: save, load, a corrupt object).
+  prepare
+  [ -d "$dir/python-kit" ] || python3 -c 'import sys, tarfile
+tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+    "$dir/python-kit.tar.xz" "$dir"
+  build="$dir/python-build"
+  shared=$(find "$dir" -maxdepth 1 -name 'lib*.so*' ! -name '*.xz' |
+    sort | paste -sd ';')
+  python=${KVC_PYTHON:-$(command -v python3)}
+  if ! { cmake -S "$root/python/kit" -B "$build" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DKVC_SOURCE_DIR="$root" \
+    -DKVC_KIT="$dir/python-kit" -DKVC_KIT_SHARED="$shared" \
+    -DPython_EXECUTABLE="$python" && ninja -C "$build"; } \
+    >"$out/python-build.txt" 2>&1; then
+    tail -n 20 "$out/python-build.txt"
+    echo "python: the module did not build for $("$python" --version)"
+    exit 1
+  fi
+  echo "python: the module built for $("$python" --version)"
+  device_flag=
+  [ "$backend" = cpu ] && device_flag=--cpu
+  PYTHONPATH="$build" "$python" "$root/scripts/vllm-worker-harness.py" \
+    $device_flag --model "$dir/python-kit/model" \
+    --bundle "$dir/python-kit/plans.json" 2>&1 | grep -v '%|' |
+    tee "$out/python-harness.txt"
+  ;;
 main-grid)
   # There: the main job in one process (kvc-run grid: the model read once,
   # the GPU calibrated, each context saved through its prefill, every
@@ -706,8 +774,9 @@ main-grid)
 all)
   # There: everything a GPU must show, in order of value, each step's
   # results in $OUT as it ends and its time in $OUT/all.txt: the main job
-  # in one process (main-grid), then `run` (kernels, the backend's tests,
-  # sanitizers, transformers).
+  # in one process (main-grid), a server's request (connector), the Python
+  # package's worker side (python), then `run` (kernels, the backend's
+  # tests, sanitizers, transformers).
   prepare
   # The device tool brings back at most 8 files of its $OUT: there the
   # steps write into DIR/results, and each step's end packs them into
@@ -752,6 +821,7 @@ all)
     "ALL_S=$local_limit" | tee "$out/all.txt"
   step main-grid "$dir"
   step connector "$dir"
+  step python "$dir"
   if [ "$backend" = cpu ]; then
     echo "run: skipped on the CPU backend (GPU kernels and tests)" |
       tee -a "$out/all.txt"
@@ -782,7 +852,8 @@ toy)
     echo "toy: the pack exceeds what the device tool carries"
     exit 1
   }
-  OUT="$dir/results" GPU_CHECK_BACKEND=cpu MAIN_LAYERS=2 MAIN_TOKENS="256 512" \
+  OUT="$dir/results" GPU_CHECK_BACKEND=cpu KVC_PYTHON="$root/.venv/bin/python" \
+    MAIN_LAYERS=2 MAIN_TOKENS="256 512" \
     MAIN_LINKS="7 100" MAIN_REPEAT=1 MAIN_WORK="$dir/work" \
     bash "$0" all "$dir"
   python3 - "$dir/results/main.json" <<'PY'

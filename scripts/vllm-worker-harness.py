@@ -24,7 +24,13 @@ forward pass writes:
 Prints one line per step (with the load's time against transformers'
 prefill of the same tokens) and exits 0 when every check holds.
 
-    python3 scripts/vllm-worker-harness.py [--cpu] [--stub-vllm] [--tokens N]
+    python3 scripts/vllm-worker-harness.py [--cpu] [--stub-vllm]
+        [--model DIR --bundle FILE] [--write-model DIR]
+
+The model is a random Llama made here, or --model's (one --write-model
+wrote); a kvc built without the compiler needs --bundle, plans compiled
+ahead for that model's 192-token loads (scripts/gpu-check.sh pack compiles
+them).
 """
 
 from __future__ import annotations
@@ -97,56 +103,72 @@ def main() -> int:
                         help="CPU tensors even where a GPU is")
     parser.add_argument("--stub-vllm", action="store_true",
                         help="stand in for vLLM even where it is installed")
-    parser.add_argument("--tokens", type=int, default=200,
-                        help="the prompt's tokens (default 200)")
+    parser.add_argument("--model", help="the model's directory (default: a "
+                        "random Llama made here)")
+    parser.add_argument("--bundle", action="append", default=[],
+                        help="plans compiled ahead (repeatable)")
+    parser.add_argument("--write-model", metavar="DIR",
+                        help="write the random Llama to DIR and exit")
     args = parser.parse_args()
-    if args.stub_vllm or importlib.util.find_spec("vllm") is None:
-        stub_vllm()
+    length = 200  # Three whole chunks of 64 loaded, as --bundle's plans.
+    layers, kv_heads, head_dim = 2, 2, 16
 
     import torch
     import transformers
+
+    work = Path(tempfile.mkdtemp(prefix="kvc-harness-"))
+    model_dir = Path(args.model) if args.model else work / "model"
+    if not args.model:
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=kv_heads, max_position_embeddings=1024,
+            initializer_range=0.3)
+        model_dir = Path(args.write_model) if args.write_model else model_dir
+        transformers.LlamaForCausalLM(config).save_pretrained(model_dir)
+        if args.write_model:
+            print(f"harness: wrote the model to {model_dir}")
+            return 0
+
+    if args.stub_vllm or importlib.util.find_spec("vllm") is None:
+        stub_vllm()
 
     from kvc.vllm import KvcConnector, KvcConnectorMetadata, LoadSpec, SaveSpec
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
         KVConnectorRole)
 
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    layers, kv_heads, head_dim = 2, 2, 16
-    work = Path(tempfile.mkdtemp(prefix="kvc-harness-"))
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=kv_heads, max_position_embeddings=1024,
-        initializer_range=0.3)
-    transformers.LlamaForCausalLM(config).save_pretrained(work / "model")
     model = transformers.LlamaForCausalLM.from_pretrained(
-        work / "model", dtype=torch.float32).to(device).eval()
+        model_dir, dtype=torch.float32).to(device).eval()
 
     store = work / "store"
     vllm_config = types.SimpleNamespace(
         parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
                                               pipeline_parallel_size=1),
         cache_config=types.SimpleNamespace(block_size=BLOCK),
-        model_config=types.SimpleNamespace(model=str(work / "model"),
+        model_config=types.SimpleNamespace(model=str(model_dir),
                                            use_mla=False),
         kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={
             "stores": [f"file://{store}"], "chunk_tokens": CHUNK,
-            "strategies": ["kv"], "device": device,
-            "target": "h100-sxm" if device == "cuda" else "cpu-2core"}))
+            "strategies": ["kv"], "device": device, "bundles": args.bundle,
+            # Its file:// tier is "ssd", as --bundle's plans name it.
+            "target": "h100-sxm"}))
     worker = KvcConnector(vllm_config, KVConnectorRole.WORKER, None)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
-    blocks = 3 * ((args.tokens + BLOCK - 1) // BLOCK)
+    blocks = 3 * ((length + BLOCK - 1) // BLOCK)
     caches = {name: torch.zeros(2, blocks, BLOCK, kv_heads, head_dim,
                                 dtype=torch.bfloat16, device=device)
               for name in names}
     worker.register_kv_caches(caches)
+    stood_in = getattr(sys.modules["vllm"], "__file__", None) is None
     print(f"harness: {device} caches of {blocks} blocks x {BLOCK} tokens, "
-          f"{layers} layers, vLLM {'stood in for' if 'vllm' in sys.modules and not hasattr(sys.modules['vllm'], '__file__') else 'installed'}")
+          f"{layers} layers, vLLM {'stood in for' if stood_in else 'installed'}"
+          f", plans {'from ' + ', '.join(args.bundle) if args.bundle else 'compiled here'}")
 
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(1, 256, (args.tokens,), generator=g).tolist()
-    per = (args.tokens + BLOCK - 1) // BLOCK
+    prompt = torch.randint(1, 256, (length,), generator=g).tolist()
+    per = (length + BLOCK - 1) // BLOCK
     tables = {r: list(range(i * per, (i + 1) * per))
               for i, r in enumerate("abc")}
 
@@ -186,7 +208,7 @@ def main() -> int:
     reference = full_prefill(prompt)
     sync()
     prefill_ms = (time.perf_counter() - start) * 1e3
-    blocks_a, offsets_a = rows("a", 0, args.tokens)
+    blocks_a, offsets_a = rows("a", 0, length)
     for layer, name in enumerate(names):
         for kv in (0, 1):
             caches[name][kv, blocks_a, offsets_a] = \
@@ -204,7 +226,7 @@ def main() -> int:
     print(f"harness: request a saved ({stored} files in the store)")
 
     # 2. Request b: the same prompt's whole chunks loaded into its blocks.
-    loaded = (args.tokens - 1) // CHUNK * CHUNK
+    loaded = (length - 1) // CHUNK * CHUNK
     meta = KvcConnectorMetadata(loads=[LoadSpec(
         "b", prompt[:loaded + 1], loaded, 0, tables["b"])])
     sync()
@@ -222,8 +244,8 @@ def main() -> int:
             largest = max(largest, float(exact.abs().max()))
     good = not errors and error <= largest / 128
     ok &= good
-    print(f"harness: request b loaded {loaded} of {args.tokens} tokens in "
-          f"{load_ms:.2f} ms (transformers' prefill of all {args.tokens}: "
+    print(f"harness: request b loaded {loaded} of {length} tokens in "
+          f"{load_ms:.2f} ms (transformers' prefill of all {length}: "
           f"{prefill_ms:.2f} ms); largest error {error / largest:.3g} of the "
           f"largest |K|, |V|; blocks with load errors: {sorted(errors)}: "
           f"{'ok' if good else 'FAILED'}")

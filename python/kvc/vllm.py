@@ -119,6 +119,7 @@ class KvcConnector(KVConnectorBase_V1):
             "codec": extra.pop("codec", "raw"),
             "strategies": list(extra.pop("strategies", ["joint"])),
             "device": extra.pop("device", "cpu"),
+            "bundles": list(extra.pop("bundles", [])),
         }
         policy = extra.pop("policy", "cheapest")
         model = extra.pop("model", vllm_config.model_config.model)

@@ -46,6 +46,10 @@ import types
 from pathlib import Path
 from typing import Any
 
+# The Python tests' helpers (the repository's python/tests).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests"))
+from helpers import corrupt_one_object  # noqa: E402
+
 BLOCK = 16
 CHUNK = 64
 
@@ -251,13 +255,7 @@ def main() -> int:
           f"{'ok' if good else 'FAILED'}")
 
     # 3. Request c: a corrupt object is reported, never served.
-    objects = sorted(p for p in store.rglob("*")
-                     if p.is_file() and "layouts" not in p.parts)
-    victim = objects[len(objects) // 2]
-    data = bytearray(victim.read_bytes())
-    for i in range(len(data) // 2, len(data) // 2 + 16):
-        data[i] ^= 0xFF
-    victim.write_bytes(bytes(data))
+    corrupt_one_object(store)
     meta = KvcConnectorMetadata(loads=[LoadSpec(
         "c", prompt[:loaded + 1], loaded, 0, tables["c"])])
     _, _, errors = step(meta, set())

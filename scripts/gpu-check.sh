@@ -753,6 +753,8 @@ tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
     $device_flag --model "$dir/python-kit/model" \
     --bundle "$dir/python-kit/plans.json" 2>&1 | grep -v '%|' |
     tee "$out/python-harness.txt"
+  # The kit's module holds the CUDA driver (its registration linked in).
+  grep -q 'the cuda driver: True' "$out/python-harness.txt"
   ;;
 main-grid)
   # There: the main job in one process (kvc-run grid: the model read once,

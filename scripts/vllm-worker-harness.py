@@ -138,6 +138,7 @@ def main() -> int:
     if args.stub_vllm or importlib.util.find_spec("vllm") is None:
         stub_vllm()
 
+    import kvc
     from kvc.vllm import KvcConnector, KvcConnectorMetadata, LoadSpec, SaveSpec
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (
         KVConnectorRole)
@@ -168,7 +169,9 @@ def main() -> int:
     stood_in = getattr(sys.modules["vllm"], "__file__", None) is None
     print(f"harness: {device} caches of {blocks} blocks x {BLOCK} tokens, "
           f"{layers} layers, vLLM {'stood in for' if stood_in else 'installed'}"
-          f", plans {'from ' + ', '.join(args.bundle) if args.bundle else 'compiled here'}")
+          f", plans {'from ' + ', '.join(args.bundle) if args.bundle else 'compiled here'}"
+          f"; kvc has the compiler: {kvc.has_compiler}, the cuda driver: "
+          f"{kvc.has_cuda}")
 
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(1, 256, (length,), generator=g).tolist()

@@ -18,7 +18,10 @@ forward pass writes:
      (save_kv_layer), until get_finished reports the save;
   2. request b of the same prompt loads its whole stored chunks into other
      blocks; they must equal what the full prefill wrote;
-  3. one stored object corrupted: request c's load reports its blocks
+  3. transformers continues from a restore (kvc.transformers.CacheClient:
+     the model's own greedy text saved, restored into a DynamicCache on
+     the same device, generate), timed against generate from the prompt;
+  4. one stored object corrupted: request c's load reports its blocks
      (get_block_ids_with_load_errors), for vLLM to recompute.
 
 Prints one line per step (with the load's time against transformers'
@@ -257,7 +260,53 @@ def main() -> int:
           f"largest |K|, |V|; blocks with load errors: {sorted(errors)}: "
           f"{'ok' if good else 'FAILED'}")
 
-    # 3. Request c: a corrupt object is reported, never served.
+    # 3. transformers continuing from a restore, against its own prefill.
+    from kvc import Connector
+    from kvc.transformers import CacheClient, PagedMemory
+
+    steps = 8
+    with torch.no_grad():
+        start_ids = torch.tensor([[1]], device=device)
+        text = model.generate(start_ids, max_new_tokens=length - 1,
+                              min_new_tokens=length - 1,
+                              do_sample=False)[0].tolist()
+
+    @torch.no_grad()
+    def generate(cache: Any) -> list[int]:
+        out = model.generate(torch.tensor([text], device=device),
+                             past_key_values=cache, max_new_tokens=steps,
+                             min_new_tokens=steps, do_sample=False)
+        return out[0, length:].tolist()
+
+    connector = Connector(str(model_dir), [f"file://{work}/hf-store"],
+                          target="h100-sxm", chunk_tokens=CHUNK,
+                          strategies=["kv"], policy="always",
+                          bundles=args.bundle, device=device)
+    client = CacheClient(model, connector, PagedMemory(
+        layers, kv_heads, head_dim, 2 * per + 2, dtype=torch.bfloat16,
+        device=device))
+    client.save("d", text)
+    sync()
+    start = time.perf_counter()
+    expected = generate(None)
+    sync()
+    plain_ms = (time.perf_counter() - start) * 1e3
+    start = time.perf_counter()
+    restored = client.restore("e", text)
+    continued = generate(restored.cache)
+    sync()
+    restored_ms = (time.perf_counter() - start) * 1e3
+    connector.close()
+    agree = sum(a == b for a, b in zip(continued, expected))
+    good = restored.tokens == loaded and not restored.failed_blocks and \
+        len(continued) == steps
+    ok &= good
+    print(f"harness: transformers continued from {restored.tokens} restored "
+          f"tokens: {steps} tokens in {restored_ms:.2f} ms with the restore, "
+          f"{plain_ms:.2f} ms from its own prefill; {agree} of {steps} "
+          f"greedy tokens the same: {'ok' if good else 'FAILED'}")
+
+    # 4. Request c: a corrupt object is reported, never served.
     corrupt_one_object(store)
     meta = KvcConnectorMetadata(loads=[LoadSpec(
         "c", prompt[:loaded + 1], loaded, 0, tables["c"])])

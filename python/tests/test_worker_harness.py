@@ -18,7 +18,8 @@ HARNESS = Path(__file__).resolve().parents[2] / "scripts" / \
     "vllm-worker-harness.py"
 
 
-def test_the_harness_saves_loads_and_reports_a_corrupt_object() -> None:
+def test_the_harness_saves_loads_continues_and_reports_a_corrupt_object(
+) -> None:
     done = subprocess.run(
         [sys.executable, str(HARNESS), "--cpu", "--stub-vllm"],
         capture_output=True, text=True, timeout=600, env=dict(os.environ))
@@ -27,6 +28,8 @@ def test_the_harness_saves_loads_and_reports_a_corrupt_object() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM stood in for" in lines[0]
     assert any("request b loaded 192 of 200 tokens" in line and
+               line.endswith("ok") for line in lines), lines
+    assert any("transformers continued from 192 restored tokens" in line and
                line.endswith("ok") for line in lines), lines
     assert any("corrupt object" in line and line.endswith("ok")
                for line in lines), lines

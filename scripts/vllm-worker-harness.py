@@ -51,7 +51,7 @@ from typing import Any
 
 # The Python tests' helpers (the repository's python/tests).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python" / "tests"))
-from helpers import corrupt_one_object  # noqa: E402
+from helpers import corrupt_one_object, tiny_llama_config  # noqa: E402
 
 BLOCK = 16
 CHUNK = 64
@@ -118,7 +118,6 @@ def main() -> int:
                         help="write the random Llama to DIR and exit")
     args = parser.parse_args()
     length = 200  # Three whole chunks of 64 loaded, as --bundle's plans.
-    layers, kv_heads, head_dim = 2, 2, 16
 
     import torch
     import transformers
@@ -127,11 +126,7 @@ def main() -> int:
     model_dir = Path(args.model) if args.model else work / "model"
     if not args.model:
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(
-            vocab_size=256, hidden_size=64, intermediate_size=128,
-            num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=kv_heads, max_position_embeddings=1024,
-            initializer_range=0.3)
+        config = tiny_llama_config(transformers)
         model_dir = Path(args.write_model) if args.write_model else model_dir
         transformers.LlamaForCausalLM(config).save_pretrained(model_dir)
         if args.write_model:
@@ -149,6 +144,9 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     model = transformers.LlamaForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32).to(device).eval()
+    layers = model.config.num_hidden_layers
+    kv_heads = model.config.num_key_value_heads
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
 
     store = work / "store"
     vllm_config = types.SimpleNamespace(

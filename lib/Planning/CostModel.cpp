@@ -226,9 +226,8 @@ double CostModel::h2dSeconds(double bytes) const {
 }
 
 double CostModel::uploadCheckSeconds(double storedBytes) const {
-  return target_.host.checkGBs > 0
-             ? storedBytes / (target_.host.checkGBs * 1e9)
-             : 0;
+  return target_.host.checkGBs > 0 ? storedBytes / (target_.host.checkGBs * 1e9)
+                                   : 0;
 }
 
 double CostModel::d2hSeconds(double bytes) const {

@@ -227,12 +227,13 @@ StepCost kvc::compiler::getStepCost(Operation *step,
     if (auto task = dyn_cast_or_null<TaskOp>(producer)) {
       auto result = cast<OpResult>(value);
       auto yield = cast<YieldOp>(task.getBody().front().getTerminator());
-      producer = yield->getOperand(result.getResultNumber() - 1).getDefiningOp();
+      producer =
+          yield->getOperand(result.getResultNumber() - 1).getDefiningOp();
     }
-    return planning::ChunkState{
-        toVocabulary(chunk.getForm()), getCodecSpec(chunk.getCodec()),
-        chunk.getSpace() == Space::device,
-        isa_and_nonnull<FetchOp, RecvOp>(producer)};
+    return planning::ChunkState{toVocabulary(chunk.getForm()),
+                                getCodecSpec(chunk.getCodec()),
+                                chunk.getSpace() == Space::device,
+                                isa_and_nonnull<FetchOp, RecvOp>(producer)};
   };
   Value chunk = step->getNumOperands() ? step->getOperand(0) : Value();
   Value result = step->getNumResults() ? step->getResult(0) : Value();

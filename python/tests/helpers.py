@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+
+def tiny_llama_config(transformers: Any) -> Any:
+    """The small random Llama of the Python tests and the worker harness:
+    2 layers, 4 heads and 2 KV heads of 16, hidden 64, a vocabulary of
+    256."""
+    return transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, initializer_range=0.3)
 
 
 def corrupt_one_object(store: Path) -> Path:

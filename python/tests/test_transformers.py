@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import kvc  # noqa: E402
-from helpers import corrupt_one_object  # noqa: E402
+from helpers import corrupt_one_object, tiny_llama_config  # noqa: E402
 from kvc.transformers import CacheClient, PagedMemory, next_token_quality  # noqa: E402
 
 CHUNK = 64
@@ -38,10 +38,7 @@ def subject(request: pytest.FixtureRequest,
     else:
         # A Llama of transformers' own making: kvc reads what it saves.
         torch.manual_seed(0)
-        config = transformers.LlamaConfig(
-            vocab_size=256, hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=1024, initializer_range=0.3)
+        config = tiny_llama_config(transformers)
         directory = str(tmp_path_factory.mktemp("generated-llama"))
         transformers.LlamaForCausalLM(config).save_pretrained(directory)
     model = load(directory)

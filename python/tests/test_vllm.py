@@ -30,7 +30,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import kvc  # noqa: E402
-from helpers import corrupt_one_object  # noqa: E402
+from helpers import corrupt_one_object, tiny_llama_config  # noqa: E402
 from kvc.vllm import KvcConnector  # noqa: E402
 
 BLOCK = 16
@@ -44,11 +44,9 @@ HEAD_DIM = 16
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128,
-        num_hidden_layers=LAYERS, num_attention_heads=4,
-        num_key_value_heads=KV_HEADS, max_position_embeddings=1024,
-        initializer_range=0.3)
+    config = tiny_llama_config(transformers)
+    assert (config.num_hidden_layers, config.num_key_value_heads) == \
+        (LAYERS, KV_HEADS)
     directory = str(tmp_path_factory.mktemp("vllm-llama"))
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
     return directory

@@ -18,8 +18,7 @@ namespace {
 class Picks : public CodecChooser {
 public:
   static CodecSpec codecOf(const ChunkRef &ref) {
-    return ref.layerBegin % 2 == 0 ? *parseCodecSpec("int8+zstd")
-                                   : CodecSpec();
+    return ref.layerBegin % 2 == 0 ? *parseCodecSpec("int8+zstd") : CodecSpec();
   }
   CodecSpec choose(const ChunkObjects &, const ChunkRef &ref,
                    const float *) override {
@@ -320,8 +319,7 @@ TEST_F(SavePlanTest, AChooserPicksEachObjectsCodec) {
   for (const ChunkRef &ref : refs) {
     StatusOr<std::vector<CodecSpec>> held = saved_->encodings(ref);
     ASSERT_TRUE(held.isOk()) << held.status().toString();
-    EXPECT_EQ(*held, std::vector<CodecSpec>{Picks::codecOf(ref)})
-        << ref.name();
+    EXPECT_EQ(*held, std::vector<CodecSpec>{Picks::codecOf(ref)}) << ref.name();
   }
 }
 

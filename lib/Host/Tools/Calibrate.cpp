@@ -6,8 +6,8 @@
 #include "kvc/Runtime/Base/HostWorkers.h"
 
 #include "kvc/Runtime/Codec/ChunkCodec.h"
-#include "kvc/Runtime/Store/ChunkStore.h"
 #include "kvc/Runtime/Device/TaskGraph.h"
+#include "kvc/Runtime/Store/ChunkStore.h"
 
 #include "kvc/Planning/ComputeFit.h"
 #include "kvc/Planning/CostModel.h"
@@ -271,8 +271,8 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
                  link, memory);
     c.memGBs = memory;
     target.link.h2dGBs = target.link.d2hGBs = link;
-    KVC_ASSIGN_OR_RETURN(check,
-                         measureUploadCheck(model, referenceChunkTokens(config)));
+    KVC_ASSIGN_OR_RETURN(
+        check, measureUploadCheck(model, referenceChunkTokens(config)));
     target.host.checkGBs = check;
     std::fprintf(log,
                  "upload check: %.2f GB/s of stored objects checked and "

@@ -81,7 +81,11 @@ Status needDevice(const PagedKVCache &cache) {
   return Status::ok();
 }
 
+class CudaRunner;
+
 class CudaDevice final : public Device {
+  friend class CudaRunner; // Finds the model's weights (modelFor).
+
 public:
   explicit CudaDevice(const CudaDeviceOptions &options) : options_(options) {}
   ~CudaDevice() override {
@@ -172,10 +176,9 @@ public:
     return lane.sync("host-to-device copy");
   }
 
-  StatusOr<double> project(const ModelCompute &model, const CudaModel *given,
+  StatusOr<double> project(const ModelCompute &model, const CudaModel &gpu,
                            const DeviceBuffer &hidden, DType dtype,
                            const ChunkBox &box, DeviceBuffer &kv) {
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     const int64_t tokens = box.tokens(), h = model.config().hiddenSize,
@@ -204,8 +207,8 @@ public:
       }
       uint16_t *k = out.memory.get<uint16_t>() + 2 * l * tokens * kvDim;
       RowLayout rows{k, k + tokens * kvDim, nullptr, 0, 0, kvDim, 0};
-      KVC_RETURN_IF_ERROR(gpu->project(lane, box.layerBegin + l, layerStates,
-                                       tokens, box.tokenBegin, rows));
+      KVC_RETURN_IF_ERROR(gpu.project(lane, box.layerBegin + l, layerStates,
+                                      tokens, box.tokenBegin, rows));
     }
     KVC_RETURN_IF_ERROR(lane.sync("project"));
     return model.projectFlops(tokens, box.layers());
@@ -304,15 +307,11 @@ public:
   }
 
   Status canLaunchProject(const BundleKernel &prologue,
-                          const BundleKernel &epilogue,
-                          const ModelCompute &model, const CudaModel *given,
-                          const PagedKVCache &cache) const {
+                          const BundleKernel &epilogue, const ModelConfig &c,
+                          bool bf16Gemms, const PagedKVCache &cache) const {
     KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
     KVC_RETURN_IF_ERROR(loads(prologue));
-    const ModelConfig &c = model.config();
-    if (!given && !dynamic_cast<const LlamaModel *>(&model))
-      return unimplemented("the backend computes with kvc's LlamaModel only");
-    if (precisionFor(model, given) != GemmPrecision::BF16)
+    if (!bf16Gemms)
       return Status(StatusCode::FailedPrecondition,
                     "the model's GEMMs take fp32 inputs; the prologue writes "
                     "bf16");
@@ -327,11 +326,11 @@ public:
 
   StatusOr<double>
   launchProject(const BundleKernel &prologue, const BundleKernel &epilogue,
-                const ModelCompute &model, const CudaModel *given,
+                const ModelCompute &model, const CudaModel &gpu,
                 const DeviceBuffer &hidden, DType dtype, const ChunkBox &box,
                 PagedKVCache &cache, const BlockTable &table) {
-    KVC_RETURN_IF_ERROR(
-        canLaunchProject(prologue, epilogue, model, given, cache));
+    KVC_RETURN_IF_ERROR(canLaunchProject(prologue, epilogue, model.config(),
+                                         gpu.bf16(), cache));
     const ModelConfig &c = model.config();
     const int64_t tokens = box.tokens(), layers = box.layers(),
                   h = c.hiddenSize, kvDim = model.kvDim();
@@ -342,8 +341,7 @@ public:
       return Status(StatusCode::Internal,
                     "launchProject: kernels \"" + prologue.name + "\" and \"" +
                         epilogue.name + "\" do not project this chunk");
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
-    KVC_ASSIGN_OR_RETURN(rope, gpu->fullRopeTable());
+    KVC_ASSIGN_OR_RETURN(rope, gpu.fullRopeTable());
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     KVC_ASSIGN_OR_RETURN(normFunction, functionOf(prologue));
@@ -356,16 +354,16 @@ public:
                                               cache, table, scratch));
     KernelParams norm;
     norm.buffer("hidden", in.memory.get<char>(), 2 * in.words);
-    norm.buffer("norm_weights", gpu->attnNorms(),
+    norm.buffer("norm_weights", gpu.attnNorms(),
                 c.numLayers * h * int64_t(sizeof(float)));
     norm.buffer("normed", normed, layers * tokens * h * 2);
     norm.scalar("first_layer", box.layerBegin);
     KVC_RETURN_IF_ERROR(launch(prologue, normFunction, norm, lane));
     for (int64_t l = 0; l < layers; ++l) {
       float *k = projected + 2 * l * tokens * kvDim;
-      KVC_RETURN_IF_ERROR(gpu->projectKV(lane, box.layerBegin + l,
-                                         normed + l * tokens * h, tokens, k,
-                                         k + tokens * kvDim));
+      KVC_RETURN_IF_ERROR(gpu.projectKV(lane, box.layerBegin + l,
+                                        normed + l * tokens * h, tokens, k,
+                                        k + tokens * kvDim));
     }
     scatter.buffer("rope_table", rope,
                    c.maxPositions * c.headDim * int64_t(sizeof(float)));
@@ -400,7 +398,7 @@ public:
     return lane.sync("generated restore kernel");
   }
 
-  Status prefillInto(const ModelCompute &model, const CudaModel *given,
+  Status prefillInto(const ModelCompute &model, const CudaModel &gpu,
                      PagedKVCache &cache, const BlockTable &table,
                      const int32_t *tokens, int64_t position, int64_t n,
                      int64_t layers, const ModelRunner::LayerWritten &written) {
@@ -408,7 +406,6 @@ public:
     if (layers < 0)
       layers = model.config().numLayers;
     KVC_RETURN_IF_ERROR(cache.checkRange(table, 0, layers, 0, position + n));
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Scratch scratch(lane);
@@ -420,14 +417,14 @@ public:
       written(layer);
       return Status::ok();
     };
-    KVC_RETURN_IF_ERROR(gpu->forward(
+    KVC_RETURN_IF_ERROR(gpu.forward(
         lane, tokens, position, n, layers, layouts, nullptr,
         written ? CudaModel::LayerHook(shown) : CudaModel::LayerHook()));
     return lane.sync("prefill");
   }
 
   StatusOr<std::unique_ptr<PrefillStream>>
-  streamPrefill(const ModelCompute &model, const CudaModel *given,
+  streamPrefill(const ModelCompute &model, const CudaModel &gpu,
                 int64_t tokens) {
     const ModelConfig &c = model.config();
     if (tokens <= 0 || tokens > c.maxPositions)
@@ -435,13 +432,12 @@ public:
                              std::to_string(tokens) +
                              " tokens; the model's context holds " +
                              std::to_string(c.maxPositions));
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     PagedCacheConfig config{c.numLayers, c.numKvHeads,       c.headDim,
                             16,          (tokens + 15) / 16, 0};
     KVC_ASSIGN_OR_RETURN(cache, createCache(config));
     KVC_ASSIGN_OR_RETURN(table, cache->allocate(tokens));
     return std::unique_ptr<PrefillStream>(std::make_unique<Stream>(
-        *this, *gpu, std::move(cache), std::move(table), tokens));
+        *this, gpu, std::move(cache), std::move(table), tokens));
   }
 
   Status copyRows(const PagedKVCache &from, const BlockTable &fromTable,
@@ -486,7 +482,7 @@ public:
     return lane.sync("reading rows");
   }
 
-  Status decode(const ModelCompute &model, const CudaModel *given,
+  Status decode(const ModelCompute &model, const CudaModel &gpu,
                 PagedKVCache &cache, const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const ModelRunner::LayerGate &attend) {
@@ -495,7 +491,6 @@ public:
       return invalidArgument("logits need at least one token");
     KVC_RETURN_IF_ERROR(
         cache.checkRange(table, 0, cache.config().layers, 0, position + n));
-    KVC_ASSIGN_OR_RETURN(gpu, modelFor(model, given));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Scratch scratch(lane);
@@ -505,7 +500,7 @@ public:
     // The forward shows each layer after storing its K and V (rows
     // position.., the step's own) and before its attention reads the cache.
     auto gate = [&](int64_t layer, const float *) { return attend(layer); };
-    KVC_RETURN_IF_ERROR(gpu->forward(
+    KVC_RETURN_IF_ERROR(gpu.forward(
         lane, tokens, position, n, model.config().numLayers, layouts, out,
         attend ? CudaModel::LayerHook(gate) : CudaModel::LayerHook()));
     KVC_CUDA_RETURN_IF_ERROR(
@@ -515,8 +510,7 @@ public:
     return lane.sync("decode");
   }
 
-  StatusOr<double> timePrefill(const ModelCompute &model,
-                               const CudaModel *given,
+  StatusOr<double> timePrefill(const ModelCompute &model, const CudaModel &gpu,
                                const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
                                int64_t position, int64_t n) {
@@ -558,7 +552,7 @@ public:
       KVC_RETURN_IF_ERROR(lane.sync("copying the context"));
     }
     Clock::time_point start = Clock::now();
-    KVC_RETURN_IF_ERROR(prefillInto(model, given, *cache, table,
+    KVC_RETURN_IF_ERROR(prefillInto(model, gpu, *cache, table,
                                     tokens.data() + position, position, n,
                                     c.numLayers, {}));
     return secondsSince(start);
@@ -722,12 +716,8 @@ private:
     std::vector<float> hidden_, k_, v_; ///< The layer shown, on the host.
   };
 
-  /// The GPU copy of `model`, made on first use; `given` when a runner
-  /// holds its own (over a caller's weights).
-  StatusOr<const CudaModel *> modelFor(const ModelCompute &model,
-                                       const CudaModel *given = nullptr) {
-    if (given)
-      return given;
+  /// The GPU copy of `model`, made on first use.
+  StatusOr<const CudaModel *> modelFor(const ModelCompute &model) {
     const auto *llama = dynamic_cast<const LlamaModel *>(&model);
     if (!llama)
       return Status(StatusCode::Unimplemented,
@@ -806,10 +796,7 @@ private:
   }
 
   /// The GEMM precision of `model` on this backend.
-  GemmPrecision precisionFor(const ModelCompute &model,
-                             const CudaModel *given = nullptr) const {
-    if (given)
-      return given->bf16() ? GemmPrecision::BF16 : GemmPrecision::F32;
+  GemmPrecision precisionFor(const ModelCompute &model) const {
     return options_.gemm == CudaDeviceOptions::Gemm::F32 ? GemmPrecision::F32
            : options_.gemm == CudaDeviceOptions::Gemm::BF16
                ? GemmPrecision::BF16
@@ -889,9 +876,9 @@ private:
   std::map<std::string, std::vector<LoadedKernel>> functions_;
 };
 
-/// The model's work on the device's lanes (the device's members above):
-/// over the weights the device uploaded for the model, or over a caller's
-/// (`own`).
+/// The model's work on the device's lanes (the device's members above),
+/// over the model's weights on the device: the caller's (`own`), or those
+/// the device uploads for the model on first use.
 class CudaRunner final : public ModelRunner {
 public:
   CudaRunner(CudaDevice &device, const ModelCompute &model,
@@ -900,12 +887,19 @@ public:
 
   StatusOr<double> project(const DeviceBuffer &hidden, DType dtype,
                            const ChunkBox &box, DeviceBuffer &kv) override {
-    return device_.project(model(), own_.get(), hidden, dtype, box, kv);
+    KVC_ASSIGN_OR_RETURN(gpu, weights());
+    return device_.project(model(), *gpu, hidden, dtype, box, kv);
   }
+  /// Without uploading the weights: a plan's check, before any launch.
   Status canLaunchProject(const BundleKernel &prologue,
                           const BundleKernel &epilogue,
                           const PagedKVCache &cache) const override {
-    return device_.canLaunchProject(prologue, epilogue, model(), own_.get(),
+    if (!own_ && !dynamic_cast<const LlamaModel *>(&model()))
+      return unimplemented("the backend computes with kvc's LlamaModel only");
+    const bool bf16 =
+        own_ ? own_->bf16()
+             : device_.precisionFor(model()) == GemmPrecision::BF16;
+    return device_.canLaunchProject(prologue, epilogue, model().config(), bf16,
                                     cache);
   }
   StatusOr<double> launchProject(const BundleKernel &prologue,
@@ -913,33 +907,44 @@ public:
                                  const DeviceBuffer &hidden, DType dtype,
                                  const ChunkBox &box, PagedKVCache &cache,
                                  const BlockTable &table) override {
-    return device_.launchProject(prologue, epilogue, model(), own_.get(),
-                                 hidden, dtype, box, cache, table);
+    KVC_ASSIGN_OR_RETURN(gpu, weights());
+    return device_.launchProject(prologue, epilogue, model(), *gpu, hidden,
+                                 dtype, box, cache, table);
   }
   Status prefillInto(PagedKVCache &cache, const BlockTable &table,
                      const int32_t *tokens, int64_t position, int64_t n,
                      int64_t layers, const LayerWritten &written) override {
-    return device_.prefillInto(model(), own_.get(), cache, table, tokens,
-                               position, n, layers, written);
+    KVC_ASSIGN_OR_RETURN(gpu, weights());
+    return device_.prefillInto(model(), *gpu, cache, table, tokens, position, n,
+                               layers, written);
   }
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(int64_t tokens) override {
-    return device_.streamPrefill(model(), own_.get(), tokens);
+    KVC_ASSIGN_OR_RETURN(gpu, weights());
+    return device_.streamPrefill(model(), *gpu, tokens);
   }
   Status decode(PagedKVCache &cache, const BlockTable &table, int64_t position,
                 const int32_t *tokens, int64_t n, float *logits,
                 const LayerGate &attend) override {
-    return device_.decode(model(), own_.get(), cache, table, position, tokens,
-                          n, logits, attend);
+    KVC_ASSIGN_OR_RETURN(gpu, weights());
+    return device_.decode(model(), *gpu, cache, table, position, tokens, n,
+                          logits, attend);
   }
   StatusOr<double> timePrefill(const ModelCompute::Cache &context,
                                const std::vector<int32_t> &tokens,
                                int64_t position, int64_t n) override {
-    return device_.timePrefill(model(), own_.get(), context, tokens, position,
-                               n);
+    KVC_ASSIGN_OR_RETURN(gpu, weights());
+    return device_.timePrefill(model(), *gpu, context, tokens, position, n);
   }
 
 private:
+  /// The model's weights on the device.
+  StatusOr<const CudaModel *> weights() const {
+    if (own_)
+      return own_.get();
+    return device_.modelFor(model());
+  }
+
   CudaDevice &device_;
   std::unique_ptr<CudaModel> own_;
 };

@@ -109,8 +109,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir,
   }
   KVC_RETURN_IF_ERROR(
       view(t, "model.norm.weight", {h}, model->storedFinalNorm_));
-  model->untiedOutput_ = !c.tieWordEmbeddings || t.has("lm_head.weight");
-  if (model->untiedOutput_)
+  if (!c.tieWordEmbeddings || t.has("lm_head.weight"))
     KVC_RETURN_IF_ERROR(
         view(t, "lm_head.weight", {c.vocabSize, h}, model->storedOutput_));
   else
@@ -127,7 +126,7 @@ const LlamaModel &LlamaModel::hostWeights() const {
   std::call_once(hostOnce_, [this] {
     embed_ = floatsOf(storedEmbed_);
     finalNorm_ = floatsOf(storedFinalNorm_);
-    if (untiedOutput_)
+    if (storedOutput_.data != storedEmbed_.data)
       lmHead_ = floatsOf(storedOutput_);
     layers_.resize(stored_.size());
     for (size_t l = 0; l < stored_.size(); ++l) {

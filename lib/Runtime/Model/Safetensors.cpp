@@ -160,9 +160,13 @@ void TensorView::toBf16(int64_t first, int64_t n, uint16_t *out) const {
     std::memcpy(out, data + 2 * first, size_t(n) * 2);
     return;
   }
+  // One pass, converting as toFloats does.
   for (int64_t i = 0; i < n; ++i) {
     float value;
-    toFloats(first + i, 1, &value);
+    if (dtype == DType::F32)
+      std::memcpy(&value, data + 4 * (first + i), 4);
+    else
+      value = f16ToFloat(wordAt(data, first + i));
     out[i] = floatToBf16(value);
   }
 }

@@ -198,8 +198,8 @@ StatusOr<SendStats> sendContext(const LlamaModel &model,
   // the buffers' worth of objects between a gather and its send.
   BundlePlan own;
   if (!options.plan) {
-    SavePlanShape shape = savePlanShape(model.config(), layout,
-                                        options.writers, options.bufferBytes);
+    SavePlanShape shape = savePlanShape(model.config(), layout, options.writers,
+                                        options.bufferBytes);
     shape.to = StepKind::Send;
     if (options.chooser) {
       // Encodes beside the sends, each choosing its codec at most four

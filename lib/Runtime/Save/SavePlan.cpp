@@ -657,7 +657,8 @@ SaveStats saveStats(const SaveMetrics &metrics) {
   SaveStats stats;
   stats.prefillSeconds = metrics.prefillSeconds;
   // The save starts just after the prefill: the later end of the two.
-  stats.totalSeconds = std::max(metrics.prefillSeconds, metrics.makespanSeconds);
+  stats.totalSeconds =
+      std::max(metrics.prefillSeconds, metrics.makespanSeconds);
   stats.stallSeconds = metrics.stallSeconds;
   stats.peakBufferedBytes = metrics.peakBufferedBytes;
   stats.written = metrics.written;

@@ -123,8 +123,8 @@ private:
   std::vector<float> invFreq_; ///< RoPE frequencies, head_dim / 2.
   std::unique_ptr<Checkpoint> checkpoint_;
   std::vector<StoredLayer> stored_;
+  /// The output layer's view is the embedding's when they are tied.
   TensorView storedEmbed_, storedFinalNorm_, storedOutput_;
-  bool untiedOutput_ = false; ///< lm_head stored apart from the embedding.
   /// Made from the stored weights once (hostOnce_).
   mutable std::once_flag hostOnce_;
   mutable std::atomic<bool> hasHostWeights_{false};

@@ -167,9 +167,8 @@ public:
 /// Where a send plan's sends go: each object as encoded (its ref's codec
 /// the encoding it went out in), with the seconds its encode took, from
 /// the task that sends it.
-using ObjectSender = std::function<Status(const ChunkRef &ref,
-                                          std::string object,
-                                          double encodeSeconds)>;
+using ObjectSender = std::function<Status(
+    const ChunkRef &ref, std::string object, double encodeSeconds)>;
 
 struct SaveTarget {
   /// Where the gathers read.

@@ -97,6 +97,12 @@
 #                                     kit (python/kit), then vLLM's worker
 #                                     calls on the GPU's caches
 #                                     (scripts/vllm-worker-harness.py);
+#   scripts/gpu-check.sh host [DIR]  there: what the host gives a restore's
+#                                     host side (CPU, memory and its
+#                                     limits, the store's filesystem; one
+#                                     thread's read of the main job's
+#                                     stored objects, twice, and its copy
+#                                     of memory): $OUT/host.txt;
 #   scripts/gpu-check.sh all [DIR]   there: the one command to run first on
 #                                     a GPU: main-grid, connector, python,
 #                                     then run; each
@@ -128,6 +134,9 @@ MAIN_LINKS=${MAIN_LINKS:-7 32 100}
 # GPU_CHECK_BACKEND=cpu runs the main job's steps on the CPU backend, a
 # toy model standing in for the 8B one (`toy` does, in `make check`).
 backend=${GPU_CHECK_BACKEND:-cuda}
+# Whether MAIN_LAYERS was given at all (`all` keeps 8 layers unless it was;
+# MAIN_LAYERS= keeps every layer).
+main_layers_given=${MAIN_LAYERS+yes}
 MAIN_LAYERS=${MAIN_LAYERS:-}
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -696,6 +705,51 @@ run)
   fi
   exit "$status"
   ;;
+host)
+  # There: the host side of a restore, measured with what the machine has
+  # (no kvc code): whether the stored objects a restore reads are in the
+  # page cache, and how fast one thread reads them and copies memory.
+  prepare
+  work=${MAIN_WORK:-/tmp/kvc-main}
+  {
+    grep -m1 'model name' /proc/cpuinfo || true
+    echo "cpus: $(nproc)"
+    free -g | sed -n 1,2p
+    for f in /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory.current \
+      /sys/fs/cgroup/memory.stat; do
+      [ -f "$f" ] && echo "$f: $(head -c 300 "$f" | tr '\n' ' ')"
+    done
+    df -hT "$work" 2>/dev/null | tail -n 1
+    python3 - "$work" <<'PY'
+import glob, os, sys, time
+files = [f for f in glob.glob(sys.argv[1] + "/store-*/**/kv/**", recursive=True)
+         if os.path.isfile(f)][:256]
+if not files:
+    print("no stored kv objects under", sys.argv[1])
+size = max((os.path.getsize(f) for f in files), default=0)
+buffer = bytearray(size)
+for attempt in ("first", "second"):
+    total, start = 0, time.perf_counter()
+    for name in files:
+        with open(name, "rb", buffering=0) as f:
+            total += f.readinto(buffer)
+    seconds = time.perf_counter() - start
+    print(f"read {len(files)} stored kv objects ({total / 1e6:.0f} MB, "
+          f"{attempt} pass) on one thread: {total / seconds / 1e9:.2f} GB/s")
+try:
+    import numpy
+    a = numpy.ones(1 << 28, numpy.uint8)
+    b = numpy.empty_like(a)
+    start = time.perf_counter()
+    for _ in range(4):
+        numpy.copyto(b, a)
+    print(f"copy of 256 MiB on one thread: "
+          f"{4 * a.nbytes / (time.perf_counter() - start) / 1e9:.2f} GB/s")
+except ImportError:
+    print("no numpy: no copy timed")
+PY
+  } 2>&1 | tee "$out/host.txt"
+  ;;
 connector)
   # There: a server's request through host::Connector on the backend
   # (kvc-run serve): the pack's 1024-token context (saved by the CPU model,
@@ -795,9 +849,10 @@ all)
   # stopped, what it wrote kept). The main job's model keeps 8 of its 32
   # layers and each plan runs once unless told otherwise: all of it does
   # not fit a device call (docs/cuda-backend.md, "The main job").
+  [ -n "$main_layers_given" ] || MAIN_LAYERS=8
   export GRID_S=${GRID_S:-240} BENCH_S=${BENCH_S:-30} \
     SANITIZER_S=${SANITIZER_S:-30} KERNEL_ITERS=${KERNEL_ITERS:-50} \
-    MAIN_LAYERS=${MAIN_LAYERS-8} MAIN_REPEAT=${MAIN_REPEAT:-1}
+    MAIN_LAYERS MAIN_REPEAT=${MAIN_REPEAT:-1}
   local_limit=${ALL_S:-480}
   status=0
   step() {

@@ -60,13 +60,14 @@ class PagedMemory:
     def write(self, layer: int, blocks: Sequence[int], keys: torch.Tensor,
               values: torch.Tensor) -> None:
         """Writes ``[tokens, kv_heads, head_dim]`` K and V of tokens
-        ``[0, tokens)`` into ``blocks``."""
+        ``[0, tokens)`` into ``blocks``, converted to the memory's dtype and
+        device."""
         tokens = keys.shape[0]
         rows = self._rows(blocks, tokens)
-        self.keys[layer].view(-1, *keys.shape[1:])[rows] = keys.to(
-            self.keys[layer].dtype)
-        self.values[layer].view(-1, *values.shape[1:])[rows] = values.to(
-            self.values[layer].dtype)
+        for memory, given in ((self.keys[layer], keys),
+                              (self.values[layer], values)):
+            memory.view(-1, *given.shape[1:])[rows] = given.to(
+                device=memory.device, dtype=memory.dtype)
 
     def read(self, layer: int, blocks: Sequence[int],
              tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,8 +81,9 @@ class PagedMemory:
         if tokens > len(blocks) * self.block_size:
             raise Error(f"{len(blocks)} blocks hold fewer than {tokens} tokens",
                         "invalid_argument")
-        t = torch.arange(tokens)
-        table = torch.tensor(list(blocks), dtype=torch.long)
+        device = self.keys[0].device
+        t = torch.arange(tokens, device=device)
+        table = torch.tensor(list(blocks), dtype=torch.long, device=device)
         return table[t // self.block_size] * self.block_size + t % self.block_size
 
 
@@ -140,16 +142,21 @@ class CacheClient:
             ids = torch.tensor([tokens], device=self.model.device)
             cache = self.model(ids, use_cache=True).past_key_values
         blocks = self.memory.allocate(len(tokens))
+        announced = False
         try:
             for layer in range(len(self.memory.keys)):
                 k, v = _layer_kv(cache, layer)
-                self.memory.write(layer, blocks, k[0, :, :len(tokens)]
-                                  .transpose(0, 1).cpu(),
-                                  v[0, :, :len(tokens)].transpose(0, 1).cpu())
+                self.memory.write(layer, blocks,
+                                  k[0, :, :len(tokens)].transpose(0, 1),
+                                  v[0, :, :len(tokens)].transpose(0, 1))
                 self.connector.save_layer(request_id, tokens, layer, blocks)
+                announced = True
             return self.connector.wait_save(request_id)
         finally:
-            self.connector.cancel(request_id)
+            # A request the Connector never saw is not cancelled: the error
+            # that stopped it is the one raised.
+            if announced:
+                self.connector.cancel(request_id)
             self.memory.free(blocks)
 
     @torch.no_grad()

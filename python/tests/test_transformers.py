@@ -170,3 +170,19 @@ def test_codec_quality_on_transformers_logits(
                                    generate_after(model, prompt, None))
     print(f"{codec}: KL {kl:.3g} nats, top-1 agreement {agree:.3f}")
     assert kl <= max_kl and agree >= min_agree
+
+
+def test_a_save_that_fails_raises_its_own_error(
+        subject: tuple[str, object, list[int]], tmp_path: Path) -> None:
+    """A cache the memory cannot hold stops the save with its own error,
+    not with the Connector's about a request it never saw."""
+    directory, model, prompt = subject
+    connector = kvc.Connector(directory, [f"file://{tmp_path}/store"],
+                              chunk_tokens=CHUNK)
+    client = CacheClient(model, connector, capacity_tokens=512)
+    kv_heads = connector.model.kv_heads
+    wrong = [(torch.zeros(1, kv_heads, len(prompt), 3),) * 2
+             for _ in range(connector.model.layers)]
+    with pytest.raises(RuntimeError) as raised:
+        client.save("s", prompt, cache=wrong)
+    assert not isinstance(raised.value, kvc.Error)

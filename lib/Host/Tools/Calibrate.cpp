@@ -27,14 +27,19 @@ namespace kvc {
 
 namespace {
 
-/// Read bandwidth of the store at `url`: 1 MiB objects read one by one,
-/// or, with `lanes` > 1, by that many readers fetching batches of 8.
-StatusOr<double> tierReadGBs(const std::string &url, int lanes = 1) {
+/// Read bandwidth of the store at `url`, as a restore reads it: objects of
+/// a stored chunk's size (4 MiB: 256 tokens of 4 layers of 8 KV heads of
+/// 128 in bf16) read one by one into a reused buffer, or, with `lanes` > 1,
+/// by that many readers fetching batches of 8. A local store's probe reads
+/// 256 MiB, more than a CPU's last-level cache holds (else it times the
+/// cache); a remote store's 32 MiB a lane.
+StatusOr<double> tierReadGBs(const std::string &url, bool remote,
+                             int lanes = 1) {
   auto tier = openTier(url);
   if (!tier)
     return tier.status();
-  const int objects = 32 * std::max(1, lanes);
-  constexpr size_t kBytes = size_t(1) << 20;
+  constexpr size_t kBytes = size_t(4) << 20;
+  const int objects = remote ? 8 * std::max(1, lanes) : 64;
   std::string payload(kBytes, '\0');
   for (size_t i = 0; i < kBytes; ++i)
     payload[i] = char(i * 131 + 7);
@@ -317,7 +322,8 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
                    tier.name.c_str(), tier.readGBs);
       continue;
     }
-    StatusOr<double> gbs = tierReadGBs(url, lanes);
+    StatusOr<double> gbs =
+        tierReadGBs(url, tier.kind == TierDesc::Kind::Remote, lanes);
     if (!gbs)
       return gbs.status().withContext("tier " + tier.name);
     tier.readGBs = *gbs;

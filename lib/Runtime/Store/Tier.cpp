@@ -355,7 +355,10 @@ private:
 
 /// Throttles another tier to `gbps` gigabits per second: every transfer
 /// reserves its share of a single timeline, so concurrent users share the
-/// bandwidth as they would share a link.
+/// bandwidth as they would share a link. The inner tier's own work (a
+/// file's read, say) runs while the transfer's time passes, as a network
+/// card's DMA runs beside the host: a transfer takes the longer of the two,
+/// not their sum.
 class ThrottledTier final : public ForwardingTier {
 public:
   ThrottledTier(std::unique_ptr<Tier> inner, double gbps, std::string url)
@@ -365,38 +368,44 @@ public:
   const std::string &url() const override { return url_; }
 
   Status put(const std::string &name, std::string_view bytes) override {
-    wait(bytes.size());
-    return inner().put(name, bytes);
+    const Clock::time_point started = Clock::now();
+    Status status = inner().put(name, bytes);
+    wait(started, bytes.size());
+    return status;
   }
   Status get(const std::string &name, std::string &buffer) override {
+    const Clock::time_point started = Clock::now();
     Status status = inner().get(name, buffer);
     if (status.isOk())
-      wait(buffer.size());
+      wait(started, buffer.size());
     return status;
   }
   std::vector<Status> getMany(const std::vector<std::string> &names,
                               std::vector<std::string> &buffers) override {
+    const Clock::time_point started = Clock::now();
     std::vector<Status> out = inner().getMany(names, buffers);
     size_t total = 0;
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i].isOk())
         total += buffers[i].size();
-    wait(total);
+    wait(started, total);
     return out;
   }
   double throttleGBs() const override { return bytesPerSecond_ * 1e-9; }
 
 private:
-  void wait(size_t bytes) {
-    using Clock = std::chrono::steady_clock;
+  using Clock = std::chrono::steady_clock;
+
+  /// Waits until `bytes`, sent from `started` on (or from when the link is
+  /// free, if later), have crossed the link.
+  void wait(Clock::time_point started, size_t bytes) {
     Clock::time_point until;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      Clock::time_point now = Clock::now();
-      next_ = std::max(next_, now) +
-              std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::duration<double>(double(bytes) /
-                                                bytesPerSecond_));
+      next_ =
+          std::max(next_, started) +
+          std::chrono::duration_cast<Clock::duration>(
+              std::chrono::duration<double>(double(bytes) / bytesPerSecond_));
       until = next_;
     }
     std::this_thread::sleep_until(until);
@@ -405,7 +414,7 @@ private:
   double bytesPerSecond_;
   std::string url_;
   std::mutex mutex_;
-  std::chrono::steady_clock::time_point next_{};
+  Clock::time_point next_{};
 };
 
 /// "a=1&b=2" -> map.
@@ -573,9 +582,14 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
     tier = std::move(sealed);
   }
   if (gbps > 0)
-    return std::unique_ptr<Tier>(
-        std::make_unique<ThrottledTier>(std::move(tier), gbps, url));
+    return throttleTier(std::move(tier), gbps, url);
   return tier;
+}
+
+std::unique_ptr<Tier> throttleTier(std::unique_ptr<Tier> inner, double gbps,
+                                   std::string url) {
+  return std::make_unique<ThrottledTier>(std::move(inner), gbps,
+                                         std::move(url));
 }
 
 } // namespace kvc

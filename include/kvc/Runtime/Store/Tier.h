@@ -94,6 +94,13 @@ enum class TierAccess { Create, Existing };
 StatusOr<std::unique_ptr<Tier>>
 openTier(const std::string &url, TierAccess access = TierAccess::Create);
 
+/// `inner` behind a link of `gbps` gigabits per second (what a URL's
+/// `?gbps=` query opens), reporting `url`: transfers share the link's
+/// timeline, and each takes the longer of its time on the link and the
+/// inner tier's own work.
+std::unique_ptr<Tier> throttleTier(std::unique_ptr<Tier> inner, double gbps,
+                                   std::string url);
+
 } // namespace kvc
 
 #endif // KVC_RUNTIME_STORE_TIER_H

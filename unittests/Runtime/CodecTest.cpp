@@ -179,6 +179,45 @@ TEST(Codec, PayloadsCountTheirNonFiniteNumbers) {
   EXPECT_EQ(payloadNonFinite(payload, s.kvShape, fp8, DType::BF16), 2);
 }
 
+// Plain values of every storage type, NaN and infinity among the largest
+// finite numbers, at the ends of the blocks the count works in (4096
+// values) and of an unaligned payload: each counted once, and only they.
+TEST(Codec, PlainPayloadsCountEveryNonFiniteValue) {
+  ChunkShape shape;
+  shape.form = Form::Hidden;
+  shape.layers = 1;
+  shape.tokens = 3;
+  shape.width = 4099; // 12297 values: three blocks and a part.
+  const int64_t n = shape.numel();
+  const std::vector<int64_t> at = {0, 4095, 4096, 8191, 12288, n - 1};
+  struct Case {
+    DType dtype;
+    std::vector<uint32_t> nonFinite, finite;
+  };
+  for (const Case &c :
+       {Case{DType::BF16, {0x7FC0, 0xFF80, 0x7F80}, {0x7F7F, 0xFF7F, 0x3F80}},
+        Case{DType::F16, {0x7E00, 0xFC00, 0x7C00}, {0x7BFF, 0xFBFF, 0x3C00}},
+        Case{DType::F32,
+             {0x7FC00000u, 0xFF800000u, 0x7F800001u},
+             {0x7F7FFFFFu, 0xFF7FFFFFu, 0x3F800000u}}}) {
+    const int64_t size = dtypeBytes(c.dtype);
+    std::string payload(size_t(n * size + 1), '\0');
+    std::string_view view(payload.data() + 1, size_t(n * size)); // Unaligned.
+    auto put = [&](int64_t i, uint32_t bits) {
+      std::memcpy(payload.data() + 1 + i * size, &bits, size_t(size));
+    };
+    for (int64_t i = 0; i < n; ++i)
+      put(i, c.finite[size_t(i) % c.finite.size()]);
+    EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype), 0)
+        << dtypeName(c.dtype);
+    for (std::size_t k = 0; k < at.size(); ++k)
+      put(at[k], c.nonFinite[k % c.nonFinite.size()]);
+    EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype),
+              int64_t(at.size()))
+        << dtypeName(c.dtype);
+  }
+}
+
 // FP8 E4M3 as OCP defines it (and CUDA's __nv_fp8_e4m3, torch's
 // float8_e4m3fn): every code's value, and every float rounded to the nearest
 // code with ties to even, saturating at 448.

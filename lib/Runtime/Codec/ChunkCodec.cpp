@@ -352,6 +352,40 @@ Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
   return Status::ok();
 }
 
+namespace {
+
+/// How many of `n` raw values at `at` (unaligned) are NaN or infinite: 16-bit
+/// floats whose exponent bits are all set, or 32-bit ones. Every chunk a
+/// restore loads passes here, so the loop is one the compiler vectorizes:
+/// values copied a block at a time into an aligned buffer and counted into
+/// a 32-bit counter per block (a 64-bit count per element, or a branch per
+/// element, keeps it scalar: a third of the rate on an AVX2 CPU).
+int64_t countNonFinite(const char *at, int64_t n, DType storage) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t size = dtypeBytes(storage);
+  alignas(64) uint32_t words[kBlock];
+  alignas(64) uint16_t halves[kBlock];
+  const uint16_t exponent = storage == DType::F16 ? 0x7C00 : 0x7F80;
+  int64_t count = 0;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t m = std::min(kBlock, n - begin);
+    uint32_t block = 0;
+    if (size == 4) {
+      std::memcpy(words, at + 4 * begin, size_t(m) * 4);
+      for (int64_t i = 0; i < m; ++i)
+        block += uint32_t((words[i] & 0x7F800000u) == 0x7F800000u);
+    } else {
+      std::memcpy(halves, at + 2 * begin, size_t(m) * 2);
+      for (int64_t i = 0; i < m; ++i)
+        block += uint32_t((halves[i] & exponent) == exponent);
+    }
+    count += block;
+  }
+  return count;
+}
+
+} // namespace
+
 int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
                          const CodecSpec &codec, DType storage) {
   // A 16-bit float is infinite or NaN when its exponent bits are all set.
@@ -361,24 +395,12 @@ int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
     return (word & exponent) == exponent;
   };
   int64_t count = 0;
-  if (codec.quant == CodecSpec::Quant::None) {
-    // Every chunk a restore loads passes here: one tight loop per type.
-    const int64_t n =
-        std::min<int64_t>(shape.numel(), int64_t(payload.size()) /
-                                             dtypeBytes(storage));
-    if (storage == DType::F32) {
-      for (int64_t i = 0; i < n; ++i) {
-        float value;
-        std::memcpy(&value, payload.data() + 4 * i, 4);
-        count += !std::isfinite(value);
-      }
-      return count;
-    }
-    const uint16_t exponent = storage == DType::F16 ? 0x7C00 : 0x7F80;
-    for (int64_t i = 0; i < n; ++i)
-      count += nonFinite16(payload.data() + 2 * i, exponent);
-    return count;
-  }
+  if (codec.quant == CodecSpec::Quant::None)
+    return countNonFinite(
+        payload.data(),
+        std::min<int64_t>(shape.numel(),
+                          int64_t(payload.size()) / dtypeBytes(storage)),
+        storage);
   // Each matrix: its groups' (scale, minimum) pairs of f16, then its codes,
   // of which E4M3's have a NaN (S.1111.111).
   const bool e4m3 = codesOf(codec) == CodeKind::E4M3;

@@ -130,6 +130,33 @@ TEST_F(ExecutorTest, StagingSlotsAreReusedAcrossChunksAndRounds) {
                                         4096));
 }
 
+// Chunks whose plan gave them no staging slot reuse the buffers of the
+// chunks before them once those are scattered (a fresh buffer's pages fault
+// in on first touch): chunks loaded one after another need one device
+// buffer in all, not one each.
+TEST_F(ExecutorTest, ChunksWithoutASlotReuseTheBuffersOfThoseBefore) {
+  BundlePlan plan = makePlan({0, 0, 16}, model_->config().numLayers);
+  ASSERT_EQ(plan.stagingSlots, 0);
+  // Tasks per chunk: fetch, decompress, copy, scatter; each fetch after the
+  // scatter before it.
+  int64_t chunks = 0;
+  for (std::size_t t = 0; t < plan.tasks.size(); t += 4, ++chunks) {
+    ASSERT_EQ(plan.tasks[t].steps.front().kind, StepKind::Fetch);
+    if (t > 0)
+      plan.tasks[t].after.push_back(int64_t(t) - 1);
+  }
+  ASSERT_GT(chunks, 10);
+  CountingDevice counting;
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreTarget target = targetFor(table);
+  target.device = &counting;
+  StatusOr<RestoreMetrics> metrics = restore(*pools_, plan, target);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  EXPECT_EQ(counting.allocations.load(), 1);
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+  cache_->release(table);
+}
+
 TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {
   // One slot; the first chunk's scatter made to wait for the second chunk's
   // copy, which so lands in the device buffer the first still holds.

@@ -180,6 +180,10 @@ ForwardingDevice::streamPrefill(const ModelCompute &model, int64_t tokens) {
 /// refused with `refusal` when set.
 class CountingDevice final : public ForwardingDevice {
 public:
+  std::unique_ptr<DeviceBuffer> allocate() override {
+    ++allocations;
+    return ForwardingDevice::allocate();
+  }
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(const ModelCompute &model, int64_t tokens) override {
     ++streams;
@@ -187,7 +191,7 @@ public:
       return refusal;
     return ForwardingDevice::streamPrefill(model, tokens);
   }
-  std::atomic<int> streams{0};
+  std::atomic<int> streams{0}, allocations{0};
   Status refusal;
 };
 

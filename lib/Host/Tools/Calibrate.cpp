@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -27,45 +28,77 @@ namespace kvc {
 
 namespace {
 
-/// Read bandwidth of the store at `url`, as a restore reads it: objects of
-/// a stored chunk's size (4 MiB: 256 tokens of 4 layers of 8 KV heads of
-/// 128 in bf16) read one by one into a reused buffer, or, with `lanes` > 1,
-/// by that many readers fetching batches of 8. A local store's probe reads
-/// 256 MiB, more than a CPU's last-level cache holds (else it times the
-/// cache); a remote store's 32 MiB a lane.
-StatusOr<double> tierReadGBs(const std::string &url, bool remote,
-                             int lanes = 1) {
-  auto tier = openTier(url);
-  if (!tier)
-    return tier.status();
-  constexpr size_t kBytes = size_t(4) << 20;
-  const int objects = remote ? 8 * std::max(1, lanes) : 64;
-  std::string payload(kBytes, '\0');
-  for (size_t i = 0; i < kBytes; ++i)
-    payload[i] = char(i * 131 + 7);
-  std::vector<std::string> names;
-  for (int i = 0; i < objects; ++i) {
-    names.push_back("calibrate-" + std::to_string(i));
-    KVC_RETURN_IF_ERROR((*tier)->put(names.back(), payload));
+/// Runs `work` again and again on a thread of its own, from construction to
+/// destruction: the load a probe is measured beside. A restore's host side
+/// runs its fetch, the upload's check and the copy to the device at once,
+/// sharing the host's memory bandwidth (and, on a small machine, its
+/// cores); each measured alone would price a restore at fast links as if
+/// it had the host to itself.
+class Beside {
+public:
+  explicit Beside(std::function<void()> work)
+      : thread_([this, work = std::move(work)] {
+          while (!stop_.load(std::memory_order_relaxed))
+            work();
+        }) {}
+  ~Beside() {
+    stop_ = true;
+    thread_.join();
   }
-  std::mutex failure;
-  Status status;
-  double seconds = bestOf(3, [&] {
-    if (lanes <= 1) {
-      std::string buffer;
-      for (int i = 0; i < objects && status.isOk(); ++i)
-        status = (*tier)->get(names[i], buffer);
-      return;
+
+private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_; // Last: it starts once stop_ exists.
+};
+
+/// Objects in a store, read as a restore reads them: objects of a stored
+/// chunk's size (4 MiB: 256 tokens of 4 layers of 8 KV heads of 128 in
+/// bf16) one by one into a reused buffer, or, with `lanes` > 1, by that many
+/// readers fetching batches of 8. A local store's probe holds 256 MiB, more
+/// than a CPU's last-level cache (else it times the cache); a remote
+/// store's 32 MiB a lane. Removed with the probe.
+class TierProbe {
+public:
+  static StatusOr<std::unique_ptr<TierProbe>> create(const std::string &url,
+                                                     bool remote, int lanes) {
+    KVC_ASSIGN_OR_RETURN(tier, openTier(url));
+    auto probe = std::unique_ptr<TierProbe>(
+        new TierProbe(std::move(tier), std::max(1, lanes)));
+    const int objects = remote ? 8 * probe->lanes_ : 64;
+    std::string payload(kBytes, '\0');
+    for (size_t i = 0; i < kBytes; ++i)
+      payload[i] = char(i * 131 + 7);
+    for (int i = 0; i < objects; ++i) {
+      probe->names_.push_back("calibrate-" + std::to_string(i));
+      KVC_RETURN_IF_ERROR(probe->tier_->put(probe->names_.back(), payload));
     }
+    return probe;
+  }
+  ~TierProbe() {
+    for (const std::string &name : names_)
+      (void)tier_->remove(name);
+  }
+
+  /// Reads every object once.
+  Status readAll() {
+    if (lanes_ == 1) {
+      std::string buffer;
+      for (const std::string &name : names_)
+        KVC_RETURN_IF_ERROR(tier_->get(name, buffer));
+      return Status::ok();
+    }
+    const int objects = int(names_.size());
+    std::mutex failure;
+    Status status;
     std::atomic<int> next{0};
     std::vector<std::thread> readers;
-    for (int l = 0; l < lanes; ++l)
+    for (int l = 0; l < lanes_; ++l)
       readers.emplace_back([&] {
         std::vector<std::string> batch, buffers;
         for (int first; (first = next.fetch_add(8)) < objects;) {
-          batch.assign(names.begin() + first,
-                       names.begin() + std::min(objects, first + 8));
-          for (Status &read : (*tier)->getMany(batch, buffers))
+          batch.assign(names_.begin() + first,
+                       names_.begin() + std::min(objects, first + 8));
+          for (Status &read : tier_->getMany(batch, buffers))
             if (!read.isOk()) {
               std::lock_guard<std::mutex> lock(failure);
               status = read;
@@ -74,12 +107,30 @@ StatusOr<double> tierReadGBs(const std::string &url, bool remote,
       });
     for (std::thread &reader : readers)
       reader.join();
-  });
-  KVC_RETURN_IF_ERROR(status);
-  for (const std::string &name : names)
-    (void)(*tier)->remove(name);
-  return double(objects * kBytes) / seconds / 1e9;
-}
+    return status;
+  }
+
+  /// GB/s of reads: the best of 3 rounds.
+  StatusOr<double> readGBs() {
+    Status status;
+    const double seconds = bestOf(3, [&] {
+      if (status.isOk())
+        status = readAll();
+    });
+    KVC_RETURN_IF_ERROR(status);
+    return double(names_.size() * kBytes) / seconds / 1e9;
+  }
+
+private:
+  static constexpr size_t kBytes = size_t(4) << 20;
+
+  TierProbe(std::unique_ptr<Tier> tier, int lanes)
+      : tier_(std::move(tier)), lanes_(lanes) {}
+
+  std::unique_ptr<Tier> tier_;
+  int lanes_;
+  std::vector<std::string> names_;
+};
 
 /// The chunk calibration measures attention with: the planner's smallest
 /// (256 tokens), or less for short-context models.
@@ -95,48 +146,77 @@ std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
   return tokens;
 }
 
-/// GB/s of stored objects a restore's upload checks and copies out where
-/// no decode step did (ChunkSteps::decodeElements): the model's layers (at
-/// most 32) as one chunk of `tokens` tokens stored raw, an object a layer,
-/// every object checked and copied at once on the host workers; the best of
-/// 5 rounds.
-StatusOr<double> measureUploadCheck(const ModelCompute &model, int64_t tokens) {
-  const ModelConfig &config = model.config();
-  ModelConfig shape = config;
-  shape.numLayers = std::min<int64_t>(config.numLayers, 32);
-  ChunkObjects objects(shape, model.fingerprint(), "", StoreLayout{tokens, 1});
-  const std::vector<int32_t> prompt = calibrationTokens(config, tokens);
-  const std::vector<ChunkRef> refs =
-      objects.refs(prompt.data(), tokens, Form::KV, CodecSpec());
-  std::vector<std::string> stored;
-  std::vector<float> values;
-  int64_t bytes = 0, words = 0;
-  for (const ChunkRef &ref : refs) {
-    values.resize(size_t(objects.shape(ref).numel()));
-    for (size_t i = 0; i < values.size(); ++i)
-      values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
-    KVC_ASSIGN_OR_RETURN(object, objects.encode(ref, values.data()));
-    bytes += int64_t(object.size());
-    words += objects.shape(ref).numel();
-    stored.push_back(std::move(object));
+/// A restore's upload where no decode step ran before it
+/// (ChunkSteps::decodeElements): the model's layers (at most 32) as one
+/// chunk of `tokens` tokens stored raw, an object a layer, every object
+/// checked and copied out at once on the host workers, then copied to the
+/// device.
+class UploadProbe {
+public:
+  static StatusOr<std::unique_ptr<UploadProbe>>
+  create(const ModelCompute &model, int64_t tokens) {
+    const ModelConfig &config = model.config();
+    ModelConfig shape = config;
+    shape.numLayers = std::min<int64_t>(config.numLayers, 32);
+    auto probe = std::unique_ptr<UploadProbe>(new UploadProbe(
+        ChunkObjects(shape, model.fingerprint(), "", StoreLayout{tokens, 1})));
+    const std::vector<int32_t> prompt = calibrationTokens(config, tokens);
+    probe->refs_ =
+        probe->objects_.refs(prompt.data(), tokens, Form::KV, CodecSpec());
+    std::vector<float> values;
+    int64_t words = 0;
+    for (const ChunkRef &ref : probe->refs_) {
+      values.resize(size_t(probe->objects_.shape(ref).numel()));
+      for (size_t i = 0; i < values.size(); ++i)
+        values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
+      KVC_ASSIGN_OR_RETURN(object, probe->objects_.encode(ref, values.data()));
+      probe->bytes_ += int64_t(object.size());
+      words += probe->objects_.shape(ref).numel();
+      probe->stored_.push_back(std::move(object));
+    }
+    probe->out_.resize(size_t(words));
+    return probe;
   }
-  std::vector<uint16_t> out(static_cast<size_t>(words));
-  double best = 0;
-  for (int round = 0; round < 5; ++round) {
-    std::vector<Status> checked(refs.size(), Status::ok());
-    Clock::time_point start = Clock::now();
-    hostWorkers().forEach(refs.size(), [&](std::size_t o) {
-      checked[o] = objects.decode(
-          refs[o], stored[o],
-          out.data() + int64_t(o) * objects.shape(refs[o]).numel());
+
+  /// Checks and copies out every object once.
+  Status check() {
+    std::vector<Status> checked(refs_.size(), Status::ok());
+    hostWorkers().forEach(refs_.size(), [&](std::size_t o) {
+      checked[o] = objects_.decode(
+          refs_[o], stored_[o],
+          out_.data() + int64_t(o) * objects_.shape(refs_[o]).numel());
     });
-    const double seconds = secondsSince(start);
     for (const Status &status : checked)
       KVC_RETURN_IF_ERROR(status);
-    best = std::max(best, double(bytes) / seconds / 1e9);
+    return Status::ok();
   }
-  return best;
-}
+
+  /// GB/s of stored objects checked and copied out: the best of 5 rounds.
+  StatusOr<double> checkGBs() {
+    double best = 0;
+    for (int round = 0; round < 5; ++round) {
+      Clock::time_point start = Clock::now();
+      KVC_RETURN_IF_ERROR(check());
+      best = std::max(best, double(bytes_) / secondsSince(start) / 1e9);
+    }
+    return best;
+  }
+
+  /// One upload of the chunk: checked, then copied to `device`.
+  Status upload(Device &device, DeviceBuffer &into) {
+    KVC_RETURN_IF_ERROR(check());
+    return device.upload(out_, /*consume=*/false, into);
+  }
+
+private:
+  explicit UploadProbe(ChunkObjects objects) : objects_(std::move(objects)) {}
+
+  ChunkObjects objects_;
+  std::vector<ChunkRef> refs_;
+  std::vector<std::string> stored_;
+  std::vector<uint16_t> out_;
+  int64_t bytes_ = 0;
+};
 
 } // namespace
 
@@ -265,25 +345,49 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
                  "every chunk within %.0f%%\n",
                  fit.denseFlops / 1e9, fit.halfTokens, fit.worstError * 100);
 
-  // The device's upload bandwidth (its link) and its memory's (on the CPU
-  // device both a host-to-host copy).
+  // The host side of a restore: the copy to the device (its link), the
+  // upload's check of stored objects, and (below) each local tier's reads,
+  // each measured alone and beside the others, as a restore runs them; the
+  // target holds what they do beside each other. The store read beside the
+  // uploads is the first disk tier's kind, else DRAM.
+  std::string besideUrl = "mem://";
+  for (const TierDesc &tier : target.tiers)
+    if (tier.kind == TierDesc::Kind::Disk) {
+      besideUrl = "file://" + scratch + "beside";
+      break;
+    }
+  KVC_ASSIGN_OR_RETURN(
+      uploads, UploadProbe::create(model, referenceChunkTokens(config)));
   {
+    KVC_ASSIGN_OR_RETURN(reads, TierProbe::create(besideUrl, false, 1));
     KVC_ASSIGN_OR_RETURN(link, device.uploadGBs());
     KVC_ASSIGN_OR_RETURN(memory, device.memoryGBs());
+    KVC_ASSIGN_OR_RETURN(check, uploads->checkGBs());
+    StatusOr<double> linkBeside = 0.0, checkBeside = 0.0;
+    {
+      Beside fetching([&] { (void)reads->readAll(); });
+      linkBeside = device.uploadGBs();
+      if (linkBeside.isOk())
+        checkBeside = uploads->checkGBs();
+    }
+    KVC_RETURN_IF_ERROR(linkBeside.status());
+    KVC_RETURN_IF_ERROR(checkBeside.status());
     std::fprintf(log,
-                 "copy bandwidth: %.2f GB/s to the device, %.2f GB/s "
-                 "within it\n",
-                 link, memory);
+                 "copy bandwidth: %.2f GB/s to the device (%.2f GB/s beside a "
+                 "store's reads), %.2f GB/s within it\n",
+                 link, *linkBeside, memory);
     c.memGBs = memory;
-    target.link.h2dGBs = target.link.d2hGBs = link;
-    KVC_ASSIGN_OR_RETURN(
-        check, measureUploadCheck(model, referenceChunkTokens(config)));
-    target.host.checkGBs = check;
+    target.link.h2dGBs = *linkBeside;
+    target.link.d2hGBs = link; // A save's copies: not measured beside.
+    target.host.checkGBs = *checkBeside;
     std::fprintf(log,
                  "upload check: %.2f GB/s of stored objects checked and "
-                 "copied out on %d host threads\n",
-                 check, hostWorkers().workers() + 1);
+                 "copied out on %d host threads (%.2f GB/s beside a store's "
+                 "reads)\n",
+                 check, hostWorkers().workers() + 1, *checkBeside);
   }
+  std::error_code ignored;
+  std::filesystem::remove_all(scratch + "beside", ignored);
 
   // Hand-offs between lanes: a task released by a task on another resource
   // waits for that resource's idle worker to wake. Measured after 200 us of
@@ -304,37 +408,55 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
                  target.host.handoffUs);
   }
 
-  // Tiers.
-  for (TierDesc &tier : target.tiers) {
-    std::string url;
-    int lanes = 1;
-    if (tier.kind == TierDesc::Kind::DRAM) {
-      url = "mem://";
-    } else if (tier.kind == TierDesc::Kind::Disk) {
-      url = "file://" + scratch + tier.name;
-    } else if (auto remote = remotes.find(tier.name); remote != remotes.end()) {
-      url = remote->second;
-      lanes = std::max<int>(1, int(tier.lanes));
-    }
-    if (url.empty()) {
-      std::fprintf(log,
-                   "tier %s: %.2f GB/s (kept: no store given to measure)\n",
-                   tier.name.c_str(), tier.readGBs);
-      continue;
-    }
-    StatusOr<double> gbs =
-        tierReadGBs(url, tier.kind == TierDesc::Kind::Remote, lanes);
-    if (!gbs)
-      return gbs.status().withContext("tier " + tier.name);
-    tier.readGBs = *gbs;
-    // A remote store's URL may hold credentials: not printed.
-    std::fprintf(log, "tier %s (%s): %.2f GB/s read\n", tier.name.c_str(),
-                 tier.kind == TierDesc::Kind::Remote ? "the store given"
-                                                     : url.c_str(),
-                 *gbs);
-    if (tier.kind == TierDesc::Kind::Disk) {
-      std::error_code ignored;
-      std::filesystem::remove_all(scratch + tier.name, ignored);
+  // Tiers: a local one's reads alone and beside a restore's uploads.
+  {
+    std::unique_ptr<DeviceBuffer> uploaded = device.allocate();
+    for (TierDesc &tier : target.tiers) {
+      std::string url;
+      int lanes = 1;
+      const bool remote = tier.kind == TierDesc::Kind::Remote;
+      if (tier.kind == TierDesc::Kind::DRAM) {
+        url = "mem://";
+      } else if (tier.kind == TierDesc::Kind::Disk) {
+        url = "file://" + scratch + tier.name;
+      } else if (auto given = remotes.find(tier.name); given != remotes.end()) {
+        url = given->second;
+        lanes = std::max<int>(1, int(tier.lanes));
+      }
+      if (url.empty()) {
+        std::fprintf(log,
+                     "tier %s: %.2f GB/s (kept: no store given to measure)\n",
+                     tier.name.c_str(), tier.readGBs);
+        continue;
+      }
+      StatusOr<double> alone = 0.0, beside = 0.0;
+      {
+        auto probe = TierProbe::create(url, remote, lanes);
+        if (!probe)
+          return probe.status().withContext("tier " + tier.name);
+        alone = (*probe)->readGBs();
+        if (alone.isOk() && !remote) {
+          Beside uploading([&] { (void)uploads->upload(device, *uploaded); });
+          beside = (*probe)->readGBs();
+        }
+      }
+      if (tier.kind == TierDesc::Kind::Disk)
+        std::filesystem::remove_all(scratch + tier.name, ignored);
+      KVC_RETURN_IF_ERROR(alone.status().withContext("tier " + tier.name));
+      KVC_RETURN_IF_ERROR(beside.status().withContext("tier " + tier.name));
+      // A remote store's URL may hold credentials: not printed. Its reads
+      // cross the network, not this host's memory: measured alone.
+      if (remote) {
+        tier.readGBs = *alone;
+        std::fprintf(log, "tier %s (the store given): %.2f GB/s read\n",
+                     tier.name.c_str(), *alone);
+      } else {
+        tier.readGBs = *beside;
+        std::fprintf(log,
+                     "tier %s (%s): %.2f GB/s read (%.2f GB/s beside a "
+                     "restore's uploads)\n",
+                     tier.name.c_str(), url.c_str(), *alone, *beside);
+      }
     }
   }
   // Codec stages, per core, on this model's KV stored as a store holds it

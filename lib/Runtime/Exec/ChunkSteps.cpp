@@ -103,15 +103,15 @@ int64_t ChunkSteps::width(Form form) const {
 }
 
 Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
-  if (slot) {
-    if (slot->busy.exchange(true))
-      return Status(StatusCode::Internal,
-                    "restore: a staging slot was refilled before its chunk "
-                    "was copied out");
-    value.slot = slot;
-    value.objects.swap(slot->objects);
-    value.data.swap(slot->data);
-  }
+  if (!slot)
+    slot = takeSpare();
+  if (slot->busy.exchange(true))
+    return Status(StatusCode::Internal,
+                  "restore: a staging slot was refilled before its chunk "
+                  "was copied out");
+  value.slot = slot;
+  value.objects.swap(slot->objects);
+  value.data.swap(slot->data);
   ChunkStore &store = *stores_.at(value.tier);
   int64_t bytes = 0;
   value.objectCount = 0;
@@ -193,8 +193,6 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
     std::memcpy(reinterpret_cast<char *>(value.data.data()) + bytes,
                 inner.data(), inner.size());
     bytes += inner.size();
-    if (!value.slot)
-      stored = std::string(); // Unstaged bytes are not kept for reuse.
   }
   if (int64_t(bytes) != value.kernel->payloadBytes)
     return Status(StatusCode::Internal,
@@ -260,8 +258,6 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
                               w * words,
                       size_t((t1 - t0) * w * words) * sizeof(uint16_t));
     }
-    if (!value.slot)
-      bytes = std::string(); // Unstaged bytes are not kept for reuse.
   }
   value.encoded = false;
   return Status::ok();
@@ -310,8 +306,10 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
   if (!slot.device)
     slot.device = device_.allocate();
   value.deviceSlot = &slot;
+  // A device that is host memory takes the buffer and gives its former one
+  // back, which the slot keeps for its next chunk.
   KVC_RETURN_IF_ERROR(
-      device_.upload(value.data, /*consume=*/false, *slot.device));
+      device_.upload(value.data, /*consume=*/true, *slot.device));
   value.device = slot.device.get();
   releaseSlot(value); // The upload frees the host side, as an H2D copy does.
   return Status::ok();
@@ -419,13 +417,15 @@ Status ChunkSteps::computeBox(const ChunkBox &box) {
 void ChunkSteps::releaseSlot(ChunkValue &value) {
   if (!value.slot)
     return;
-  value.objects.swap(value.slot->objects);
-  value.data.swap(value.slot->data);
+  StagingSlot &slot = *value.slot;
+  value.objects.swap(slot.objects);
+  value.data.swap(slot.data);
   value.objects.clear();
   value.objectCount = 0;
   value.data.clear();
-  value.slot->busy.store(false);
   value.slot = nullptr;
+  slot.busy.store(false);
+  freeSpare(slot);
 }
 
 void ChunkSteps::releaseDevice(ChunkValue &value) {
@@ -433,8 +433,32 @@ void ChunkSteps::releaseDevice(ChunkValue &value) {
   value.ownDevice.reset();
   if (!value.deviceSlot)
     return;
-  value.deviceSlot->deviceBusy.store(false);
+  StagingSlot &slot = *value.deviceSlot;
   value.deviceSlot = nullptr;
+  slot.deviceBusy.store(false);
+  freeSpare(slot);
+}
+
+StagingSlot *ChunkSteps::takeSpare() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (freeSpares_.empty()) {
+    StagingSlot &made = spares_.emplace_back();
+    made.spare = true;
+    return &made;
+  }
+  StagingSlot *slot = freeSpares_.back();
+  freeSpares_.pop_back();
+  slot->free = false;
+  return slot;
+}
+
+void ChunkSteps::freeSpare(StagingSlot &slot) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (slot.spare && !slot.free && !slot.busy.load() &&
+      !slot.deviceBusy.load()) {
+    slot.free = true;
+    freeSpares_.push_back(&slot);
+  }
 }
 
 void ChunkSteps::release(ChunkValue &value) {

@@ -31,6 +31,7 @@
 #include "kvc/Runtime/Store/ChunkStore.h"
 
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,9 @@ namespace kvc::exec_detail {
 /// that would refill either side early into an error instead of a race.
 struct StagingSlot {
   std::atomic<bool> busy{false}, deviceBusy{false};
+  /// One of ChunkSteps' spares (a chunk whose plan gave it no slot), and
+  /// whether it is among the free ones. Guarded by ChunkSteps' mutex.
+  bool spare = false, free = false;
   std::vector<std::pair<ChunkRef, std::string>> objects;
   std::vector<uint16_t> data;
   std::unique_ptr<DeviceBuffer> device, projected;
@@ -160,6 +164,10 @@ private:
                        const std::vector<std::size_t> &order);
   void releaseSlot(ChunkValue &value);
   void releaseDevice(ChunkValue &value);
+  /// A free spare slot, made when none is.
+  StagingSlot *takeSpare();
+  /// Frees `slot` if it is a spare whose host and device sides are free.
+  void freeSpare(StagingSlot &slot);
 
   Device &device_;
   const ModelCompute &model_;
@@ -183,6 +191,14 @@ private:
   std::map<std::string, int64_t> bytesRead_;
   int64_t kernelLaunches_ = 0, kernelChunks_ = 0;
   std::vector<std::string> kernelsNotLaunched_;
+  /// Staging for chunks their plan gave no slot, kept for the next such
+  /// chunk: a fresh buffer's first touch faults in each of its pages, which
+  /// costs more than the read or the copy that fills it (page faults held a
+  /// restore's fetch and upload to a third of their rate on the CPU
+  /// backend). As many as the chunks in flight at once; freed with the
+  /// restore.
+  std::deque<StagingSlot> spares_;
+  std::vector<StagingSlot *> freeSpares_;
 };
 
 /// Whether `target` names what a restore needs: a model, tokens, a cache

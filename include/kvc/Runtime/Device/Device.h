@@ -110,7 +110,8 @@ public:
 
   /// Copies `words` 16-bit words of host memory into `to`. When `consume`
   /// is set the caller gives the host vector up, and a device that is host
-  /// memory takes it instead of copying.
+  /// memory takes it instead of copying (leaving in `host` what `to` held
+  /// before, for the caller to reuse).
   virtual Status upload(std::vector<uint16_t> &host, bool consume,
                         DeviceBuffer &to) = 0;
 

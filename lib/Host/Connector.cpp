@@ -795,6 +795,20 @@ Status Connector::waitLayer(const std::string &id, int64_t layer,
   return job->handle->waitLayer(layer, timeout);
 }
 
+Status Connector::waitLayerOn(const std::string &id, int64_t layer,
+                              void *stream) {
+  KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
+  // Where the device makes no stream wait (none on this device, none free
+  // now, or an error), the host waits: the layer is never left unwaited.
+  StatusOr<std::shared_ptr<StreamSignal>> signal =
+      state_->device->streamWait(stream);
+  if (!signal)
+    return job->handle->waitLayer(layer);
+  job->handle->whenLayerReady(
+      layer, [signal = std::move(*signal)] { signal->raise(); });
+  return Status::ok();
+}
+
 StatusOr<RestoreMetrics> Connector::waitLoad(const std::string &id) {
   KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
   return resultOf(*job, state_->mutex);

@@ -260,6 +260,16 @@ class Connector:
         (code ``unavailable``)."""
         self._get().wait_layer(request_id, layer, timeout)
 
+    def wait_layer_on(self, request_id: str, layer: int, stream: int) -> None:
+        """Makes the device stream ``stream`` (a ``cudaStream_t`` as an
+        integer: ``torch.cuda.current_stream().cuda_stream``) wait until
+        ``layer`` holds the loaded tokens or the load ends, and returns at
+        once: work queued on the stream after this call runs after the
+        layer is written. Where the device makes no stream waits (the CPU
+        device), blocks as :meth:`wait_layer` does. A failed load lets the
+        stream go on too: :meth:`failed_blocks` says what to recompute."""
+        self._get().wait_layer_on(request_id, layer, int(stream))
+
     def wait_load(self, request_id: str) -> dict[str, Any]:
         """Blocks until the load ends; its metrics (seconds, bytes read per
         tier, busy seconds per resource, fallbacks, ...)."""

@@ -319,9 +319,17 @@ class KvcConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         layer = _layer_index(layer_name)
+        # On a GPU, vLLM's stream waits for the layer (a wait on device
+        # memory the load raises), not the host: the forward pass queues
+        # on. Elsewhere the host waits.
+        stream = torch.cuda.current_stream().cuda_stream \
+            if self._on_cuda else None
         for load in self._loading:
             try:
-                self._kvc.wait_layer(load.request_id, layer)
+                if stream is None:
+                    self._kvc.wait_layer(load.request_id, layer)
+                else:
+                    self._kvc.wait_layer_on(load.request_id, layer, stream)
             except Error:
                 pass  # The load's failed blocks are collected after it.
 

@@ -472,16 +472,25 @@ NB_MODULE(_kvc, m) {
             check(c.get().waitLayer(id, layer, timeoutOf(timeout)));
           },
           "id"_a, "layer"_a, "timeout"_a.none(), Release())
-      .def("wait_load",
-           [](PyConnector &c, const std::string &id) {
-             RestoreMetrics metrics;
-             {
-               nb::gil_scoped_release release;
-               metrics = take(c.get().waitLoad(id));
-             }
-             return restoreMetrics(metrics);
-           },
-           "id"_a)
+      .def(
+          "wait_layer_on",
+          [](PyConnector &c, const std::string &id, int64_t layer,
+             uintptr_t stream) {
+            check(c.get().waitLayerOn(id, layer,
+                                      reinterpret_cast<void *>(stream)));
+          },
+          "id"_a, "layer"_a, "stream"_a, Release())
+      .def(
+          "wait_load",
+          [](PyConnector &c, const std::string &id) {
+            RestoreMetrics metrics;
+            {
+              nb::gil_scoped_release release;
+              metrics = take(c.get().waitLoad(id));
+            }
+            return restoreMetrics(metrics);
+          },
+          "id"_a)
       .def(
           "failed_blocks",
           [](PyConnector &c, const std::string &id) {
@@ -496,16 +505,17 @@ NB_MODULE(_kvc, m) {
             check(c.get().saveLayer(id, tokens, layer, blocks));
           },
           "id"_a, "tokens"_a, "layer"_a, "block_ids"_a, Release())
-      .def("wait_save",
-           [](PyConnector &c, const std::string &id) {
-             SaveMetrics metrics;
-             {
-               nb::gil_scoped_release release;
-               metrics = take(c.get().waitSave(id));
-             }
-             return saveMetrics(metrics);
-           },
-           "id"_a)
+      .def(
+          "wait_save",
+          [](PyConnector &c, const std::string &id) {
+            SaveMetrics metrics;
+            {
+              nb::gil_scoped_release release;
+              metrics = take(c.get().waitSave(id));
+            }
+            return saveMetrics(metrics);
+          },
+          "id"_a)
       .def(
           "cancel",
           [](PyConnector &c, const std::string &id) {

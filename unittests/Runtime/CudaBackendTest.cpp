@@ -22,10 +22,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <thread>
 
 using namespace kvc;
 using namespace kvc::exec_test;
@@ -246,6 +248,42 @@ TEST_F(CudaBackendTest, DecodeGivesTheCpuModelsLogits) {
     error = std::max(error, std::fabs(logits[i] - expected[i]));
   }
   EXPECT_LT(error, peak / 128) << "largest logit " << peak;
+}
+
+// A stream of the caller's waits on a signal without the host blocking: a
+// memset queued behind the wait runs only once the host raises it; the
+// wait words are reused once their stream has passed them.
+TEST_F(CudaBackendTest, AStreamWaitHoldsTheStreamUntilRaised) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  void *word = nullptr;
+  ASSERT_EQ(cudaMalloc(&word, sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(word, 0, sizeof(int), stream), cudaSuccess);
+  StatusOr<std::shared_ptr<StreamSignal>> signal = gpu->streamWait(stream);
+  if (signal.status().code() == StatusCode::Unimplemented)
+    GTEST_SKIP() << signal.status().toString();
+  ASSERT_TRUE(signal) << signal.status().toString();
+  ASSERT_EQ(cudaMemsetAsync(word, 1, sizeof(int), stream), cudaSuccess);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+  (*signal)->raise();
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  int host = 0;
+  ASSERT_EQ(cudaMemcpy(&host, word, sizeof(int), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(host, 0x01010101);
+  signal->reset();
+  // More waits than there are words, each raised (by its signal going)
+  // before the next: every one is made.
+  for (int i = 0; i < 3000; ++i) {
+    StatusOr<std::shared_ptr<StreamSignal>> next = gpu->streamWait(stream);
+    ASSERT_TRUE(next) << i << ": " << next.status().toString();
+    if (i % 100 == 99)
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaFree(word);
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(CudaBackendTest, HostCachesAreRefused) {

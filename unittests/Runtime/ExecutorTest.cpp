@@ -157,6 +157,37 @@ TEST_F(ExecutorTest, ChunksWithoutASlotReuseTheBuffersOfThoseBefore) {
   cache_->release(table);
 }
 
+// whenReady runs its callback once: when the layer completes, when the
+// restore ends (on error too), for a layer the restore does not have, and
+// for one registered before the restore started; and, when still waiting,
+// when the progress goes.
+TEST(LayerProgressTest, WhenReadyRunsOnceTheLayerIsWrittenOrTheRestoreEnds) {
+  std::vector<int> ran(6, 0);
+  auto count = [&](int i) { return [&ran, i] { ++ran[i]; }; };
+  {
+    LayerProgress progress;
+    progress.whenReady(0, count(0)); // Before the restore starts.
+    progress.reset(2, 100);
+    EXPECT_EQ(ran[0], 0);
+    progress.whenReady(1, count(1));
+    progress.whenReady(7, count(2)); // No such layer.
+    EXPECT_EQ(ran[2], 1);
+    progress.add(0, 1, 60);
+    EXPECT_EQ(ran[0], 0);
+    progress.add(0, 2, 40);
+    EXPECT_EQ(ran[0], 1);
+    EXPECT_EQ(ran[1], 0); // 40 of its 100 tokens.
+    progress.finish(dataLoss("a chunk is corrupt"));
+    EXPECT_EQ(ran[1], 1);
+    progress.whenReady(1, count(3)); // After the end: at once.
+    EXPECT_EQ(ran[3], 1);
+    progress.reset(1, 10);
+    progress.whenReady(0, count(4));
+  }
+  EXPECT_EQ(ran[4], 1); // Gone with the progress.
+  EXPECT_EQ(ran, (std::vector<int>{1, 1, 1, 1, 1, 0}));
+}
+
 TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {
   // One slot; the first chunk's scatter made to wait for the second chunk's
   // copy, which so lands in the device buffer the first still holds.

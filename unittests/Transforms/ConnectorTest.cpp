@@ -14,10 +14,12 @@
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 
+#include "../Runtime/ForwardingDevice.h"
 #include "../Runtime/TestModel.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <numeric>
 #include <thread>
 
@@ -610,6 +612,61 @@ TEST_F(ConnectorTest, ACancelledRequestIsForgottenAndFinishes) {
   StatusOr<Lookup> found = connector->lookup(prompt(300, 12));
   ASSERT_TRUE(found);
   EXPECT_EQ(found->tokens, 0);
+}
+
+// A layer wait on the server's stream does not block the caller where the
+// device makes stream waits: the device gets a signal per wait, which the
+// load raises once the layer is written, or when the load ends (cancelled
+// too): no stream is left waiting.
+TEST_F(ConnectorTest, LayerWaitsOnAStreamAreRaisedOnceWrittenOrEnded) {
+  struct StreamDevice final : ForwardingDevice {
+    struct Signal final : StreamSignal {
+      explicit Signal(std::atomic<int> &raised) : raised(raised) {}
+      ~Signal() override { raise(); }
+      void raise() override {
+        if (!done.exchange(true))
+          ++raised;
+      }
+      std::atomic<int> &raised;
+      std::atomic<bool> done{false};
+    };
+    StatusOr<std::shared_ptr<StreamSignal>> streamWait(void *stream) override {
+      if (stream != &serverStream)
+        return invalidArgument("not the server's stream");
+      ++waits;
+      return std::shared_ptr<StreamSignal>(std::make_shared<Signal>(raised));
+    }
+    int serverStream = 0;
+    std::atomic<int> waits{0}, raised{0};
+  } device;
+  options_.device = &device;
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const int64_t layers = model_->config().numLayers;
+  const std::vector<int32_t> tokens = prompt(1200, 13);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 75));
+
+  for (const char *id : {"b", "c"}) {
+    SCOPED_TRACE(id);
+    StatusOr<Decision> decision = connector->decide(id, tokens, 0);
+    ASSERT_TRUE(decision && decision->loads());
+    const std::vector<int32_t> ids = blocks(100, 75);
+    ASSERT_TRUE(connector->startLoad(id, ids).isOk());
+    for (int64_t l = 0; l < layers; ++l)
+      ASSERT_TRUE(connector->waitLayerOn(id, l, &device.serverStream).isOk());
+    if (std::string(id) == "b") {
+      ASSERT_TRUE(connector->waitLoad(id).isOk());
+      EXPECT_EQ(device.raised.load(), layers);
+      prefill(tokens, decision->loadTokens, ids); // The server's share.
+      expectExact(tokens, ids);
+    } else {
+      ASSERT_TRUE(connector->cancel(id).isOk());
+      for (int i = 0; i < 500 && device.raised.load() < 2 * layers; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      EXPECT_EQ(device.raised.load(), 2 * layers);
+    }
+  }
+  EXPECT_EQ(device.waits.load(), 2 * layers);
 }
 
 TEST_F(ConnectorTest, RequestsFromManyThreadsAreEachExact) {

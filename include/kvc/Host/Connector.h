@@ -208,6 +208,15 @@ public:
   Status waitLayer(const std::string &id, int64_t layer,
                    std::optional<std::chrono::milliseconds> timeout =
                        std::nullopt);
+  /// Makes `stream` (the device's handle of the server's stream: a
+  /// cudaStream_t on CUDA) wait until `layer` holds the loaded tokens or
+  /// the load ends, without blocking the caller (Device::streamWait, raised
+  /// when the layer completes): the server's forward pass queues its
+  /// attention for the layer behind it. Where the device makes no stream
+  /// wait (the CPU's, a GPU without memory waits), blocks as waitLayer
+  /// does. A load that fails lets the stream go on too:
+  /// what it could not write is failedBlocks' to say.
+  Status waitLayerOn(const std::string &id, int64_t layer, void *stream);
   /// Blocks until the load ends; its metrics.
   StatusOr<RestoreMetrics> waitLoad(const std::string &id);
   /// The blocks of `id` the server must recompute: those a failed chunk

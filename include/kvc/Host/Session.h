@@ -97,6 +97,11 @@ public:
     return progress_.wait(layer, timeout);
   }
   bool layerReady(int64_t layer) const { return progress_.ready(layer); }
+  /// Runs `then` when `layer` holds every token or the restore has ended
+  /// (LayerProgress::whenReady).
+  void whenLayerReady(int64_t layer, std::function<void()> then) {
+    progress_.whenReady(layer, std::move(then));
+  }
   /// Whether the restore has ended (wait() then returns at once).
   bool ended() const { return ended_.load(); }
 

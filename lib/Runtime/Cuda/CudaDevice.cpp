@@ -81,6 +81,104 @@ Status needDevice(const PagedKVCache &cache) {
   return Status::ok();
 }
 
+/// Words of mapped pinned memory that callers' streams wait on
+/// (cuStreamWaitValue32 until a word is 1), each reused once its signal is
+/// gone and its stream has passed the wait (an event recorded after it).
+class WaitWords {
+public:
+  static constexpr int kWords = 1024;
+
+  ~WaitWords() {
+    // Process teardown: a static device's words outlive every stream.
+    for (cudaEvent_t event : passed_)
+      if (event)
+        cudaEventDestroy(event);
+  }
+
+  /// A stream wait on `stream` until the returned signal is raised.
+  StatusOr<std::shared_ptr<StreamSignal>> wait(const CudaDriver &driver,
+                                               CUstream stream);
+
+private:
+  class Signal;
+
+  std::mutex mutex_;
+  volatile uint32_t *host_ = nullptr;
+  CUdeviceptr device_ = 0;
+  std::vector<cudaEvent_t> passed_;
+  std::vector<bool> held_, waited_;
+};
+
+class WaitWords::Signal final : public StreamSignal {
+public:
+  Signal(WaitWords &words, int index) : words_(words), index_(index) {}
+  ~Signal() override {
+    raise();
+    std::lock_guard<std::mutex> lock(words_.mutex_);
+    words_.held_[index_] = false;
+  }
+  void raise() override {
+    __atomic_store_n(words_.host_ + index_, 1u, __ATOMIC_RELEASE);
+  }
+
+private:
+  WaitWords &words_;
+  int index_;
+};
+
+StatusOr<std::shared_ptr<StreamSignal>>
+WaitWords::wait(const CudaDriver &driver, CUstream stream) {
+  if (!driver.cuStreamWaitValue32)
+    return unimplemented("the CUDA driver has no cuStreamWaitValue32");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!host_) {
+    void *host = nullptr;
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaHostAlloc(&host, kWords * sizeof(uint32_t),
+                      cudaHostAllocMapped | cudaHostAllocPortable),
+        "allocating stream wait words");
+    void *device = nullptr;
+    if (cudaError_t error = cudaHostGetDevicePointer(&device, host, 0);
+        error != cudaSuccess) {
+      cudaFreeHost(host);
+      return cudaStatus(error, "mapping stream wait words");
+    }
+    host_ = static_cast<volatile uint32_t *>(host);
+    device_ = reinterpret_cast<CUdeviceptr>(device);
+    passed_.assign(kWords, nullptr);
+    held_.assign(kWords, false);
+    waited_.assign(kWords, false);
+  }
+  int index = -1;
+  for (int i = 0; i < kWords && index < 0; ++i)
+    if (!held_[i] && (!waited_[i] || cudaEventQuery(passed_[i]) == cudaSuccess))
+      index = i;
+  if (index < 0)
+    return Status(StatusCode::Unavailable, "every stream wait word is in use");
+  if (!passed_[index])
+    KVC_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&passed_[index], cudaEventDisableTiming),
+        "creating a stream wait's event");
+  __atomic_store_n(host_ + index, 0u, __ATOMIC_RELEASE);
+  CUresult waited = driver.cuStreamWaitValue32(
+      stream, device_ + index * sizeof(uint32_t), 1, CU_STREAM_WAIT_VALUE_GEQ);
+  if (waited == CUDA_ERROR_NOT_SUPPORTED)
+    return unimplemented("this GPU's streams cannot wait on memory");
+  KVC_RETURN_IF_ERROR(driver.check(waited, "cuStreamWaitValue32"));
+  if (cudaError_t error =
+          cudaEventRecord(passed_[index], static_cast<cudaStream_t>(stream));
+      error != cudaSuccess) {
+    // Without the event, when the stream has passed the word cannot be
+    // told: let the stream go, and never reuse the word.
+    __atomic_store_n(host_ + index, 1u, __ATOMIC_RELEASE);
+    held_[index] = true;
+    return cudaStatus(error, "recording a stream wait's event");
+  }
+  held_[index] = true;
+  waited_[index] = true;
+  return std::shared_ptr<StreamSignal>(std::make_shared<Signal>(*this, index));
+}
+
 class CudaRunner;
 
 class CudaDevice final : public Device {
@@ -560,6 +658,13 @@ public:
 
   /// What a restore's upload reaches: a pageable host chunk through the
   /// lane's pinned staging.
+  StatusOr<std::shared_ptr<StreamSignal>> streamWait(void *stream) override {
+    KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
+    KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
+                             "selecting the device");
+    return waitWords_.wait(*driver, static_cast<CUstream>(stream));
+  }
+
   StatusOr<double> uploadGBs() override {
     std::vector<uint16_t> host(size_t(128) << 20, 1);
     CudaBuffer device;
@@ -856,6 +961,7 @@ private:
 
   CudaDeviceOptions options_;
   const CudaDriver *driver_ = nullptr;
+  WaitWords waitWords_;
   std::mutex mutex_; ///< Guards lanes_.
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::mutex modelsMutex_;

@@ -31,6 +31,11 @@ StatusOr<CudaDriver> load() {
                   " (too old for kvc)");
   KVC_CUDA_DRIVER_ENTRY_POINTS(KVC_CUDA_LOAD)
 #undef KVC_CUDA_LOAD
+#define KVC_CUDA_LOAD_OPTIONAL(name)                                           \
+  driver.name = reinterpret_cast<decltype(driver.name)>(                       \
+      dlsym(library, KVC_CUDA_SYMBOL_NAME(name)));
+  KVC_CUDA_DRIVER_OPTIONAL_ENTRY_POINTS(KVC_CUDA_LOAD_OPTIONAL)
+#undef KVC_CUDA_LOAD_OPTIONAL
   CUresult init = driver.cuInit(0);
   if (init != CUDA_SUCCESS) {
     const char *name = nullptr;

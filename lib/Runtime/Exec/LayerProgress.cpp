@@ -7,7 +7,13 @@
 
 namespace kvc {
 
+LayerProgress::~LayerProgress() {
+  for (auto &[layer, then] : whenReady_)
+    then();
+}
+
 void LayerProgress::reset(int64_t layers, int64_t tokens) {
+  std::vector<std::function<void()>> due;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     written_.assign(std::max<int64_t>(layers, 0), 0);
@@ -15,11 +21,13 @@ void LayerProgress::reset(int64_t layers, int64_t tokens) {
     tokens_ = tokens;
     started_ = true;
     finished_.reset();
+    due = dueLocked();
   }
-  changed_.notify_all();
+  changed(std::move(due));
 }
 
 void LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens) {
+  std::vector<std::function<void()>> due;
   {
     const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -29,17 +37,55 @@ void LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens) {
       if (!completed_[l] && written_[l] >= tokens_)
         completed_[l] = now;
     }
+    due = dueLocked();
   }
-  changed_.notify_all();
+  changed(std::move(due));
 }
 
 void LayerProgress::finish(const Status &status) {
+  std::vector<std::function<void()>> due;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     started_ = true;
     finished_ = status;
+    due = dueLocked();
   }
+  changed(std::move(due));
+}
+
+void LayerProgress::whenReady(int64_t layer, std::function<void()> then) {
+  std::vector<std::function<void()>> due;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    whenReady_.emplace_back(layer, std::move(then));
+    due = dueLocked();
+  }
+  for (std::function<void()> &run : due)
+    run();
+}
+
+std::vector<std::function<void()>> LayerProgress::dueLocked() {
+  std::vector<std::function<void()>> due;
+  auto isDue = [&](int64_t layer) {
+    return finished_ ||
+           (started_ && (layer < 0 || layer >= int64_t(written_.size()) ||
+                         readyLocked(layer)));
+  };
+  for (auto it = whenReady_.begin(); it != whenReady_.end();) {
+    if (isDue(it->first)) {
+      due.push_back(std::move(it->second));
+      it = whenReady_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return due;
+}
+
+void LayerProgress::changed(std::vector<std::function<void()>> due) {
   changed_.notify_all();
+  for (std::function<void()> &run : due)
+    run();
 }
 
 bool LayerProgress::readyLocked(int64_t layer, int64_t tokens) const {

@@ -21,6 +21,9 @@
 //   launchSave    a bundle's generated save kernel: K and V of the cache ->
 //                 stored objects' payloads on the host, in one launch
 //                 (gather, transform, quant)
+//   streamWait    a stream of the caller's (a server's forward pass) made
+//                 to wait, without blocking the host, until the host
+//                 raises a signal (a restored layer)
 //   uploadGBs, memoryGBs
 //                 what calibration measures of the device itself
 //   createRunner  the device's ModelRunner for a model (ModelRunner.h):
@@ -57,6 +60,16 @@ namespace kvc {
 
 class ModelCompute;
 class ModelRunner;
+
+/// What a device stream waits on (Device::streamWait): raised once, by the
+/// host, from any thread; raised on destruction if not before, so that no
+/// stream is left waiting on a signal nobody holds.
+class StreamSignal {
+public:
+  virtual ~StreamSignal() = default;
+  /// Lets the stream go on. Idempotent.
+  virtual void raise() = 0;
+};
 
 /// Device memory holding one chunk in flight.
 class DeviceBuffer {
@@ -175,6 +188,18 @@ public:
                             std::vector<std::string> &payloads) {
     (void)table, (void)boxes, (void)payloads;
     return Device::canLaunchSave(kernel, cache);
+  }
+
+  /// Makes `stream` (this device's own handle of a stream: a cudaStream_t
+  /// on CUDA) wait, without blocking the host, until the returned signal
+  /// is raised; work the caller queues on it after this call runs after
+  /// the raise. Unimplemented on a device without such waits (the CPU's),
+  /// and Unavailable when none can be made now: the caller then waits on
+  /// the host instead.
+  virtual StatusOr<std::shared_ptr<StreamSignal>> streamWait(void *stream) {
+    (void)stream;
+    return unimplemented(std::string("the ") + name() +
+                         " device has no stream waits");
   }
 
   /// Calibration: host-to-device copy bandwidth, GB/s.

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -35,6 +36,12 @@ namespace kvc {
 
 class LayerProgress {
 public:
+  LayerProgress() = default;
+  LayerProgress(const LayerProgress &) = delete;
+  LayerProgress &operator=(const LayerProgress &) = delete;
+  /// Runs the whenReady callbacks still waiting: nothing is left waiting on
+  /// a progress that is gone.
+  ~LayerProgress();
   /// Expects `tokens` tokens in each of `layers` layers; forgets anything
   /// counted before.
   void reset(int64_t layers, int64_t tokens);
@@ -63,6 +70,14 @@ public:
   /// negative).
   bool ready(int64_t layer, int64_t tokens = -1) const;
 
+  /// Runs `then` once, when `layer` is complete or the restore has ended
+  /// (on error too, and for a layer the restore does not have): at once if
+  /// so already, else on the thread whose write or end makes it so. For
+  /// what must never be left waiting, such as a device stream a server's
+  /// forward pass runs on (Device::streamWait); `then` must be quick and
+  /// must not call back into this progress.
+  void whenReady(int64_t layer, std::function<void()> then);
+
   /// When the write that completed `layer` was counted, if one has (not
   /// set by finish()).
   std::optional<Clock::time_point> completedAt(int64_t layer) const;
@@ -75,6 +90,10 @@ public:
 private:
   /// `tokens` < 0: all of them.
   bool readyLocked(int64_t layer, int64_t tokens = -1) const;
+  /// Takes the whenReady callbacks now due.
+  std::vector<std::function<void()>> dueLocked();
+  /// Notifies the waiters and runs `due`, outside the lock.
+  void changed(std::vector<std::function<void()>> due);
 
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
@@ -83,6 +102,7 @@ private:
   int64_t tokens_ = 0;
   bool started_ = false;
   std::optional<Status> finished_;
+  std::vector<std::pair<int64_t, std::function<void()>>> whenReady_;
 };
 
 /// Runs `run(progress)` (a restore or a receive of `layers` x `tokens`)

@@ -161,6 +161,17 @@ def main() -> int:
             # Its file:// tier is "ssd", as --bundle's plans name it.
             "target": "h100-sxm"}))
     worker = KvcConnector(vllm_config, KVConnectorRole.WORKER, None)
+    # The worker logs each load's metrics at debug level: kept by request.
+    loads: dict[str, dict[str, Any]] = {}
+
+    class Loads(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.msg == "kvc: request %s loaded: %s":
+                loads[record.args[0]] = record.args[1]  # type: ignore[index]
+
+    log_of_worker = logging.getLogger("kvc.vllm")
+    log_of_worker.setLevel(logging.DEBUG)
+    log_of_worker.addHandler(Loads())
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
     blocks = 3 * ((length + BLOCK - 1) // BLOCK)
     caches = {name: torch.zeros(2, blocks, BLOCK, kv_heads, head_dim,
@@ -262,6 +273,10 @@ def main() -> int:
           f"{prefill_ms:.2f} ms); largest error {error / largest:.3g} of the "
           f"largest |K|, |V|; blocks with load errors: {sorted(errors)}: "
           f"{'ok' if good else 'FAILED'}")
+    metrics = loads.get("b", {})
+    print(f"harness: request b's load: {metrics.get('kernel_chunks', 0)} "
+          f"chunks by generated kernels in {metrics.get('kernel_launches', 0)} "
+          f"launches; not launched: {metrics.get('kernels_not_launched', [])}")
     # On a GPU the layer waits are the stream's, so the host returns from
     # them long before the load ends; on the CPU they are the host's.
     print(f"harness: the host spent {waited_ms[0]:.2f} ms of the load in "

@@ -431,7 +431,9 @@ class KvcConnector(KVConnectorBase_V1):
     def _end_load(self, load: LoadSpec) -> None:
         """Waits for ``load`` and collects the blocks it left unwritten."""
         try:
-            self._kvc.wait_load(load.request_id)
+            metrics = self._kvc.wait_load(load.request_id)
+            logger.debug("kvc: request %s loaded: %s", load.request_id,
+                         metrics)
             self._load_errors.update(self._kvc.failed_blocks(load.request_id))
         except Error as error:
             logger.warning("kvc: request %s: load failed: %s",

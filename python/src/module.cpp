@@ -290,6 +290,9 @@ nb::dict restoreMetrics(const RestoreMetrics &m) {
     fallbackTokens.emplace_back(r.begin, r.end);
   d["fallback_tokens"] = fallbackTokens;
   d["staging_bytes"] = m.stagingBytes;
+  d["kernel_chunks"] = m.kernelChunks;
+  d["kernel_launches"] = m.kernelLaunches;
+  d["kernels_not_launched"] = m.kernelsNotLaunched;
   return d;
 }
 

@@ -29,6 +29,12 @@ def test_the_harness_saves_loads_continues_and_reports_a_corrupt_object(
     assert "vLLM stood in for" in lines[0]
     assert any("request b loaded 192 of 200 tokens" in line and
                line.endswith("ok") for line in lines), lines
+    # What the GPU run reads: whether generated kernels loaded, and how long
+    # the host spent in the layer waits (on the CPU: the host's own waits).
+    assert any(line.startswith("harness: request b's load: 0 chunks by "
+                               "generated kernels") for line in lines), lines
+    assert any(line.endswith("in wait_for_layer_load (waits on the host)")
+               for line in lines), lines
     assert any("transformers continued from 192 restored tokens" in line and
                line.endswith("ok") for line in lines), lines
     assert any("corrupt object" in line and line.endswith("ok")

@@ -703,6 +703,8 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                    s.stores[best.store].spec.url +
                    "): first token predicted at " + ms(best.priced.seconds) +
                    " against " + recompute;
+    if (best.priced.seconds >= decision.recomputeSeconds)
+      decision.why += ", loaded all the same (LoadPolicy::Always)";
     request.plan = std::move(plan);
     ChunkStore *store = nullptr;
     for (const auto &layout : s.stores[best.store].layouts)

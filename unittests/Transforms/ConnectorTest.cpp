@@ -276,12 +276,16 @@ TEST_F(ConnectorTest, ASlowStoreIsNotLoadedFrom) {
   ASSERT_TRUE(forced) << forced.status().toString();
   EXPECT_TRUE(forced->loads()) << forced->why;
   EXPECT_GT(forced->predictedSeconds, forced->recomputeSeconds);
+  EXPECT_NE(forced->why.find("loaded all the same (LoadPolicy::Always)"),
+            std::string::npos)
+      << forced->why;
 
   // And at the target's own rate: loaded, unless told never to.
   StatusOr<Decision> fast = writer->decide("b", tokens, 0);
   ASSERT_TRUE(fast) << fast.status().toString();
   EXPECT_TRUE(fast->loads()) << fast->why;
   EXPECT_EQ(fast->loadTokens, 640);
+  EXPECT_EQ(fast->why.find("all the same"), std::string::npos) << fast->why;
   options_.stores = {{url, ""}};
   options_.policy = LoadPolicy::Never;
   auto never = Connector::create(options_);

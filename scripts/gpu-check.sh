@@ -112,10 +112,12 @@
 #                                     MAIN_LAYERS=N keeps N of the model's
 #                                     layers (default 8; MAIN_LAYERS= all),
 #                                     MAIN_REPEAT runs of each plan (1);
-#                                     GRID_S (default 240), BENCH_S (30),
-#                                     SANITIZER_S (30) and ALL_S (480) bound
-#                                     the grid, each hardware bench, each
-#                                     sanitizer run and the whole (seconds);
+#                                     GRID_S (default 240), PYTHON_S (120),
+#                                     BENCH_S (30), SANITIZER_S (30) and
+#                                     ALL_S (480) bound the grid, the
+#                                     worker harness, each hardware bench,
+#                                     each sanitizer run and the whole
+#                                     (seconds);
 #                                     KERNEL_ITERS (50) times each kernel.
 #
 # Exits non-zero when a kernel differs from the runtime, memcheck finds an
@@ -803,7 +805,10 @@ tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
   echo "python: the module built for $("$python" --version)"
   device_flag=
   [ "$backend" = cpu ] && device_flag=--cpu
-  PYTHONPATH="$build" "$python" "$root/scripts/vllm-worker-harness.py" \
+  # Bounded (PYTHON_S, default 120 s): a layer wait on the stream that is
+  # never let go must not spend the call's time for the steps after.
+  PYTHONPATH="$build" timeout "${PYTHON_S:-120}" \
+    "$python" "$root/scripts/vllm-worker-harness.py" \
     $device_flag --model "$dir/python-kit/model" \
     --bundle "$dir/python-kit/plans.json" 2>&1 | grep -v '%|' |
     tee "$out/python-harness.txt"

@@ -158,6 +158,7 @@ def main() -> int:
         kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={
             "stores": [f"file://{store}"], "chunk_tokens": CHUNK,
             "strategies": ["kv"], "device": device, "bundles": args.bundle,
+            "stream_waits": True,
             # Its file:// tier is "ssd", as --bundle's plans name it.
             "target": "h100-sxm"}))
     worker = KvcConnector(vllm_config, KVConnectorRole.WORKER, None)

@@ -125,6 +125,8 @@ class KvcConnector(KVConnectorBase_V1):
         model = extra.pop("model", vllm_config.model_config.model)
         self._save = bool(extra.pop("save", True))
         self._async = bool(extra.pop("async_load", False))
+        # Off until a GPU has run it (docs/vllm.md): the host waits.
+        self._stream_waits = bool(extra.pop("stream_waits", False))
         if extra:
             raise Error("kv_connector_extra_config: unknown keys "
                         f"{sorted(extra)}", "invalid_argument")
@@ -319,11 +321,11 @@ class KvcConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         layer = _layer_index(layer_name)
-        # On a GPU, vLLM's stream waits for the layer (a wait on device
-        # memory the load raises), not the host: the forward pass queues
-        # on. Elsewhere the host waits.
+        # With stream_waits on a GPU, vLLM's stream waits for the layer (a
+        # wait on device memory the load raises), not the host: the forward
+        # pass queues on. Else the host waits.
         stream = torch.cuda.current_stream().cuda_stream \
-            if self._on_cuda else None
+            if self._on_cuda and self._stream_waits else None
         for load in self._loading:
             try:
                 if stream is None:

@@ -597,14 +597,18 @@ TEST(Tiers, ThrottledTransfersOverlapTheInnerTiersWork) {
 // the last piece a non-finite value, another model's object its own
 // fault, each reported for its own object only.
 TEST(ChunkObjectsTest, DecodeAllGivesWhatDecodeGives) {
-  // Llama-3.1-8B's KV shape (8 KV heads of 128, bf16), 2 of its layers.
-  StatusOr<ModelConfig> config = loadModelConfig(
-      KVC_SOURCE_DIR "/examples/models/llama-3.1-8b/config.json");
-  ASSERT_TRUE(config) << config.status().toString();
-  config->numLayers = 2;
-  ASSERT_EQ(config->dtype, DType::BF16);
-  ChunkObjects objects(*config, std::string(64, 'a'), "", {896, 1});
-  ChunkObjects another(*config, std::string(64, 'b'), "", {896, 1});
+  ModelConfig config;
+  config.numLayers = 2;
+  config.hiddenSize = 1024;
+  config.numHeads = 8;
+  config.numKvHeads = 8;
+  config.headDim = 128;
+  config.intermediateSize = 1024;
+  config.vocabSize = 256;
+  config.maxPositions = 4096;
+  config.dtype = DType::BF16;
+  ChunkObjects objects(config, std::string(64, 'a'), "", {896, 1});
+  ChunkObjects another(config, std::string(64, 'b'), "", {896, 1});
   std::vector<int32_t> tokens(1792);
   std::iota(tokens.begin(), tokens.end(), 0);
   std::vector<ChunkRef> refs = objects.refs(

@@ -16,11 +16,9 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <netinet/in.h>
-#include <numeric>
 #include <random>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -589,81 +587,6 @@ TEST(Tiers, ThrottledTransfersOverlapTheInnerTiersWork) {
   EXPECT_EQ(read, payload);
   EXPECT_GE(seconds, 0.3);
   EXPECT_LT(seconds, 0.5);
-}
-
-// decodeAll gives what decode gives, object by object: plain bf16 objects
-// checked and copied out in pieces (here 3 of 1 MiB and a part), others
-// whole; a flipped byte in a middle piece is a checksum mismatch, a NaN in
-// the last piece a non-finite value, another model's object its own
-// fault, each reported for its own object only.
-TEST(ChunkObjectsTest, DecodeAllGivesWhatDecodeGives) {
-  ModelConfig config;
-  config.numLayers = 2;
-  config.hiddenSize = 1024;
-  config.numHeads = 8;
-  config.numKvHeads = 8;
-  config.headDim = 128;
-  config.intermediateSize = 1024;
-  config.vocabSize = 256;
-  config.maxPositions = 4096;
-  config.dtype = DType::BF16;
-  ChunkObjects objects(config, std::string(64, 'a'), "", {896, 1});
-  ChunkObjects another(config, std::string(64, 'b'), "", {896, 1});
-  std::vector<int32_t> tokens(1792);
-  std::iota(tokens.begin(), tokens.end(), 0);
-  std::vector<ChunkRef> refs = objects.refs(
-      tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec());
-  ASSERT_EQ(refs.size(), 4u);                       // 2 chunks x 2 layers.
-  const int64_t n = objects.shape(refs[0]).numel(); // 1835008 values.
-  ASSERT_GT(2 * n, 3 << 20);
-  std::vector<float> values(n);
-  std::vector<std::string> stored;
-  for (const ChunkRef &ref : refs) {
-    for (int64_t i = 0; i < n; ++i)
-      values[i] = float((i * 7919 + ref.layerBegin) % 2001 - 1000) / 256;
-    stored.push_back(*objects.encode(ref, values.data()));
-  }
-  auto payloadAt = [&](std::size_t o, int64_t byte) -> char & {
-    return stored[o][stored[o].size() - 2 * n + byte];
-  };
-  payloadAt(1, (3 << 19) + 5) ^= 0x10; // In its second piece.
-  // A NaN in object 2's last piece, its checksum made to hold.
-  {
-    std::string payload = stored[2].substr(stored[2].size() - 2 * n);
-    const uint16_t nan = 0x7FC0;
-    std::memcpy(&payload[2 * (n - 3)], &nan, 2);
-    stored[2] = *objects.encodePayload(refs[2], payload);
-  }
-  // Object 3: the same chunk saved by another model.
-  {
-    std::vector<ChunkRef> theirs = another.refs(
-        tokens.data(), int64_t(tokens.size()), Form::KV, CodecSpec());
-    for (int64_t i = 0; i < n; ++i)
-      values[i] = 1;
-    std::string object = *another.encode(theirs[3], values.data());
-    stored[3] = object;
-  }
-  std::vector<std::vector<uint16_t>> all(refs.size(), std::vector<uint16_t>(n)),
-      one(refs.size(), std::vector<uint16_t>(n));
-  std::vector<ChunkObjects::Decoding> jobs;
-  for (std::size_t o = 0; o < refs.size(); ++o)
-    jobs.push_back({&refs[o], stored[o], all[o].data()});
-  std::vector<Status> statuses = objects.decodeAll(jobs);
-  ASSERT_EQ(statuses.size(), refs.size());
-  for (std::size_t o = 0; o < refs.size(); ++o) {
-    SCOPED_TRACE(o);
-    Status alone = objects.decode(refs[o], stored[o], one[o].data());
-    EXPECT_EQ(statuses[o].code(), alone.code()) << statuses[o].toString();
-    EXPECT_EQ(chunkFault(statuses[o]), chunkFault(alone));
-    if (alone.isOk()) {
-      EXPECT_EQ(all[o], one[o]);
-    }
-  }
-  EXPECT_TRUE(statuses[0].isOk());
-  EXPECT_NE(statuses[1].message().find("checksum mismatch"), std::string::npos);
-  EXPECT_NE(statuses[2].message().find("1 non-finite"), std::string::npos)
-      << statuses[2].toString();
-  EXPECT_EQ(chunkFault(statuses[3]), ChunkFault::WrongModel);
 }
 
 //===----------------------------------------------------------------------===//

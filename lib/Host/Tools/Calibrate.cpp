@@ -178,16 +178,15 @@ public:
     return probe;
   }
 
-  /// Checks and copies out every object once, as a restore's upload does
-  /// (ChunkObjects::decodeAll).
+  /// Checks and copies out every object once.
   Status check() {
-    std::vector<ChunkObjects::Decoding> jobs;
-    uint16_t *out = out_.data();
-    for (std::size_t o = 0; o < refs_.size(); ++o) {
-      jobs.push_back({&refs_[o], stored_[o], out});
-      out += objects_.shape(refs_[o]).numel();
-    }
-    for (const Status &status : objects_.decodeAll(jobs))
+    std::vector<Status> checked(refs_.size(), Status::ok());
+    hostWorkers().forEach(refs_.size(), [&](std::size_t o) {
+      checked[o] = objects_.decode(
+          refs_[o], stored_[o],
+          out_.data() + int64_t(o) * objects_.shape(refs_[o]).numel());
+    });
+    for (const Status &status : checked)
       KVC_RETURN_IF_ERROR(status);
     return Status::ok();
   }

@@ -352,13 +352,15 @@ Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
   return Status::ok();
 }
 
-/// 16-bit floats whose exponent bits are all set, or 32-bit ones. Every
-/// chunk a restore loads passes here, so the loop is one the compiler
-/// vectorizes: values copied a block at a time into an aligned buffer and
-/// counted into a 32-bit counter per block (a 64-bit count per element, or
-/// a branch per element, keeps it scalar: a third of the rate on an AVX2
-/// CPU).
-int64_t plainNonFinite(const char *at, int64_t n, DType storage) {
+namespace {
+
+/// How many of `n` raw values at `at` (unaligned) are NaN or infinite: 16-bit
+/// floats whose exponent bits are all set, or 32-bit ones. Every chunk a
+/// restore loads passes here, so the loop is one the compiler vectorizes:
+/// values copied a block at a time into an aligned buffer and counted into
+/// a 32-bit counter per block (a 64-bit count per element, or a branch per
+/// element, keeps it scalar: a third of the rate on an AVX2 CPU).
+int64_t countNonFinite(const char *at, int64_t n, DType storage) {
   constexpr int64_t kBlock = 4096;
   const int64_t size = dtypeBytes(storage);
   alignas(64) uint32_t words[kBlock];
@@ -382,6 +384,8 @@ int64_t plainNonFinite(const char *at, int64_t n, DType storage) {
   return count;
 }
 
+} // namespace
+
 int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
                          const CodecSpec &codec, DType storage) {
   // A 16-bit float is infinite or NaN when its exponent bits are all set.
@@ -392,7 +396,7 @@ int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
   };
   int64_t count = 0;
   if (codec.quant == CodecSpec::Quant::None)
-    return plainNonFinite(
+    return countNonFinite(
         payload.data(),
         std::min<int64_t>(shape.numel(),
                           int64_t(payload.size()) / dtypeBytes(storage)),

@@ -222,34 +222,16 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
   // Objects that hold whole layers of the chunk, laid out as the chunk lays
   // them out, decode in place, at once: each checks its checksum, copies
   // its payload and looks for non-finite values (a raw chunk's whole decode,
-  // on the upload lane when the plan has no decode step for it). Into bf16,
-  // a plain object's copy is split across the host workers too
-  // (ChunkObjects::decodeAll).
+  // on the upload lane when the plan has no decode step for it).
   std::vector<Status> decoded(value.objectCount, Status::ok());
-  auto into = [&](const ChunkRef &ref) {
-    return value.data.data() +
-           (ref.layerBegin - value.layers.begin) * mats * tokens * w * words;
-  };
-  if (dtype == DType::BF16) {
-    std::vector<ChunkObjects::Decoding> jobs;
-    std::vector<std::size_t> of;
-    for (std::size_t o = 0; o < value.objectCount; ++o) {
-      const auto &[ref, bytes] = value.objects[o];
-      if (inPlace(ref)) {
-        jobs.push_back({&ref, bytes, into(ref)});
-        of.push_back(o);
-      }
-    }
-    std::vector<Status> statuses = store.decodeAll(jobs);
-    for (std::size_t j = 0; j < jobs.size(); ++j)
-      decoded[of[j]] = std::move(statuses[j]);
-  } else {
-    hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
-      const auto &[ref, bytes] = value.objects[o];
-      if (inPlace(ref))
-        decoded[o] = decodeAs(store, ref, bytes, dtype, into(ref));
-    });
-  }
+  hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
+    const auto &[ref, bytes] = value.objects[o];
+    if (inPlace(ref))
+      decoded[o] = decodeAs(
+          store, ref, bytes, dtype,
+          value.data.data() +
+              (ref.layerBegin - value.layers.begin) * mats * tokens * w * words);
+  });
   std::vector<uint16_t> object;
   for (std::size_t o = 0; o < value.objectCount; ++o) {
     auto &[ref, bytes] = value.objects[o];

@@ -167,11 +167,15 @@ private:
   size_t at_ = 0;
 };
 
+uint32_t crc32(std::string_view bytes) {
+  return libdeflate_crc32(0, bytes.data(), bytes.size());
+}
+
 } // namespace
 
 std::string packChunk(ChunkHeader h, std::string_view payload) {
   h.payloadBytes = payload.size();
-  h.payloadCrc = chunkCrc32(payload);
+  h.payloadCrc = crc32(payload);
   std::string out;
   out.reserve(kChunkHeaderBytes + payload.size());
   Writer w(out);
@@ -197,7 +201,7 @@ std::string packChunk(ChunkHeader h, std::string_view payload) {
   w.bytes(h.key.data(), 32);
   w.le<uint64_t>(h.payloadBytes);
   w.le<uint32_t>(h.payloadCrc);
-  w.le<uint32_t>(chunkCrc32(std::string_view(out).substr(0, out.size())));
+  w.le<uint32_t>(crc32(std::string_view(out).substr(0, out.size())));
   out.append(payload);
   return out;
 }
@@ -221,7 +225,7 @@ StatusOr<ChunkHeader> readChunkHeader(std::string_view bytes) {
                           std::to_string(kChunkFormatVersion) + ")");
   uint32_t headerCrc = 0;
   std::memcpy(&headerCrc, bytes.data() + kChunkHeaderBytes - 4, 4);
-  if (chunkCrc32(bytes.substr(0, kChunkHeaderBytes - 4)) != headerCrc)
+  if (crc32(bytes.substr(0, kChunkHeaderBytes - 4)) != headerCrc)
     return chunkError(ChunkFault::Corrupt, "chunk header checksum mismatch");
   ChunkHeader h;
   h.form = Form(r.le<uint8_t>());
@@ -263,18 +267,6 @@ StatusOr<ChunkHeader> readChunkHeader(std::string_view bytes) {
 
 StatusOr<std::pair<ChunkHeader, std::string_view>>
 unpackChunk(std::string_view bytes) {
-  KVC_ASSIGN_OR_RETURN(unpacked, unpackChunkUnchecked(bytes));
-  if (chunkCrc32(unpacked.second) != unpacked.first.payloadCrc)
-    return chunkError(ChunkFault::Corrupt, "chunk payload checksum mismatch");
-  return unpacked;
-}
-
-uint32_t chunkCrc32(std::string_view bytes, uint32_t crc) {
-  return libdeflate_crc32(crc, bytes.data(), bytes.size());
-}
-
-StatusOr<std::pair<ChunkHeader, std::string_view>>
-unpackChunkUnchecked(std::string_view bytes) {
   KVC_ASSIGN_OR_RETURN(h, readChunkHeader(bytes));
   if (bytes.size() - kChunkHeaderBytes < h.payloadBytes)
     return chunkError(ChunkFault::Truncated,
@@ -284,7 +276,10 @@ unpackChunkUnchecked(std::string_view bytes) {
                           std::to_string(h.payloadBytes));
   if (bytes.size() - kChunkHeaderBytes > h.payloadBytes)
     return chunkError(ChunkFault::Corrupt, "chunk has trailing bytes");
-  return std::make_pair(h, bytes.substr(kChunkHeaderBytes));
+  std::string_view payload = bytes.substr(kChunkHeaderBytes);
+  if (crc32(payload) != h.payloadCrc)
+    return chunkError(ChunkFault::Corrupt, "chunk payload checksum mismatch");
+  return std::make_pair(h, payload);
 }
 
 Status checkChunk(const ChunkHeader &got, const ChunkHeader &want) {

@@ -2,7 +2,6 @@
 
 #include "kvc/Runtime/Store/ChunkStore.h"
 
-#include "kvc/Runtime/Base/HostWorkers.h"
 #include "kvc/Runtime/Base/Sha256.h"
 
 #include <algorithm>
@@ -281,77 +280,6 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
       ref, payloadNonFinite(std::string_view(reinterpret_cast<const char *>(out),
                                              size_t(n) * sizeof(uint16_t)),
                             shape(ref), CodecSpec(), DType::BF16));
-}
-
-std::vector<Status>
-ChunkObjects::decodeAll(const std::vector<Decoding> &objects) const {
-  constexpr int64_t kPiece = int64_t(1) << 20;
-  // A plain bf16 object's payload, once its header is checked, and what its
-  // pieces found: their checksums (combined in order after) and
-  // non-finite values.
-  struct Plain {
-    ChunkHeader header;
-    std::string_view payload;
-    int64_t pieces = 0, firstItem = 0;
-  };
-  std::vector<Status> status(objects.size(), Status::ok());
-  std::vector<std::optional<Plain>> plain(objects.size());
-  // Work items: per plain object, a checksum and its pieces; per other
-  // object, its whole decode.
-  std::vector<std::pair<std::size_t, int64_t>> items; // object, piece (-1)
-  for (std::size_t o = 0; o < objects.size(); ++o) {
-    const Decoding &d = objects[o];
-    auto unpacked = unpackChunkUnchecked(d.bytes);
-    const int64_t n = shape(*d.ref).numel();
-    if (unpacked && unpacked->first.codec == CodecSpec() &&
-        unpacked->first.dtype == DType::BF16 && model_.dtype == DType::BF16 &&
-        int64_t(unpacked->second.size()) == 2 * n &&
-        checkChunk(unpacked->first, expected(*d.ref)).isOk()) {
-      Plain p{unpacked->first, unpacked->second, (2 * n + kPiece - 1) / kPiece,
-              int64_t(items.size())};
-      items.emplace_back(o, -1);
-      for (int64_t piece = 0; piece < p.pieces; ++piece)
-        items.emplace_back(o, piece);
-      plain[o] = p;
-    } else {
-      items.emplace_back(o, -1);
-    }
-  }
-  std::vector<uint32_t> crcs(objects.size(), 0);
-  std::vector<int64_t> nonFinite(items.size(), 0);
-  hostWorkers().forEach(items.size(), [&](std::size_t i) {
-    const auto [o, piece] = items[i];
-    const Decoding &d = objects[o];
-    if (!plain[o]) {
-      status[o] = decode(*d.ref, d.bytes, d.out);
-      return;
-    }
-    const std::string_view payload = plain[o]->payload;
-    if (piece < 0) {
-      crcs[o] = chunkCrc32(payload);
-      return;
-    }
-    const std::size_t at = std::size_t(piece * kPiece);
-    const std::size_t size = std::min<std::size_t>(kPiece, payload.size() - at);
-    char *out = reinterpret_cast<char *>(d.out) + at;
-    std::memcpy(out, payload.data() + at, size);
-    nonFinite[i] = plainNonFinite(out, int64_t(size / 2), DType::BF16);
-  });
-  for (std::size_t o = 0; o < objects.size(); ++o) {
-    if (!plain[o])
-      continue;
-    const ChunkRef &ref = *objects[o].ref;
-    if (crcs[o] != plain[o]->header.payloadCrc) {
-      status[o] = chunkError(ChunkFault::Corrupt,
-                             ref.name() + ": chunk payload checksum mismatch");
-      continue;
-    }
-    int64_t count = 0;
-    for (int64_t p = 0; p < plain[o]->pieces; ++p)
-      count += nonFinite[std::size_t(plain[o]->firstItem + 1 + p)];
-    status[o] = refuseNonFinite(ref, count);
-  }
-  return status;
 }
 
 Status ChunkObjects::payload(const ChunkRef &ref, std::string_view bytes,

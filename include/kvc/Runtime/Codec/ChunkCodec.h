@@ -75,10 +75,6 @@ Status decodeChunk(std::string_view bytes, const ChunkShape &shape,
 Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
                        const CodecSpec &codec, DType storage, std::string &out);
 
-/// How many of the `n` plain values of `storage` at `at` (any alignment) are
-/// NaN or infinite.
-int64_t plainNonFinite(const char *at, int64_t n, DType storage);
-
 /// How many of decompressChunk's `payload` numbers are NaN or infinite: its
 /// values, or a quantized payload's scales and minimums (any one of which
 /// makes its group decode to non-finite values). 0 for a finite chunk.

@@ -97,15 +97,6 @@ StatusOr<ChunkHeader> readChunkHeader(std::string_view bytes);
 /// returns the header and a view of the payload inside `bytes`.
 StatusOr<std::pair<ChunkHeader, std::string_view>>
 unpackChunk(std::string_view bytes);
-/// The same but for the payload checksum, which the caller checks
-/// (against `header.payloadCrc`) before it trusts the payload: a reader
-/// that checksums a payload in pieces as it copies them out.
-StatusOr<std::pair<ChunkHeader, std::string_view>>
-unpackChunkUnchecked(std::string_view bytes);
-
-/// The CRC-32 (gzip's) that a chunk's header records of its payload:
-/// `crc32(bytes)`, or continued over more bytes from `crc`.
-uint32_t chunkCrc32(std::string_view bytes, uint32_t crc = 0);
 
 /// Checks that a parsed header is the chunk the reader asked for, encoding
 /// included.

@@ -98,20 +98,6 @@ public:
   Status decode(const ChunkRef &ref, std::string_view bytes,
                 uint16_t *out) const;
 
-  /// An object to decode into bf16 values at `out` (decodeAll).
-  struct Decoding {
-    const ChunkRef *ref = nullptr;
-    std::string_view bytes;
-    uint16_t *out = nullptr;
-  };
-  /// Decodes each as decode() does, at once on the host workers, and
-  /// returns each one's status. An object stored plain in bf16 (a raw
-  /// chunk, whose decode is a copy) is checksummed and copied out in 1 MiB
-  /// pieces, so that a chunk of a few objects keeps every worker busy; its
-  /// values reach `out` before its checksum is known, and are the caller's
-  /// to discard when its status is not ok.
-  std::vector<Status> decodeAll(const std::vector<Decoding> &objects) const;
-
   /// Checks them the same way and undoes only the lossless stage
   /// (decompressChunk): the payload a generated restore kernel reads.
   Status payload(const ChunkRef &ref, std::string_view bytes,

@@ -453,9 +453,10 @@ StagingSlot *ChunkSteps::takeSpare() {
 }
 
 void ChunkSteps::freeSpare(StagingSlot &slot) {
+  if (!slot.spare) // Set once, before the slot is handed out.
+    return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (slot.spare && !slot.free && !slot.busy.load() &&
-      !slot.deviceBusy.load()) {
+  if (!slot.free && !slot.busy.load() && !slot.deviceBusy.load()) {
     slot.free = true;
     freeSpares_.push_back(&slot);
   }

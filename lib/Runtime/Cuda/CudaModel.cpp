@@ -3,6 +3,7 @@
 #include "CudaModel.h"
 
 #include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Base/HostWorkers.h"
 
 #include <algorithm>
 #include <cstring>
@@ -195,11 +196,14 @@ Status CudaModel::gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
                     "cublasGemmEx");
 }
 
-StatusOr<float *> CudaModel::ropeTable(Scratch &scratch, int64_t position,
-                                       int64_t n) const {
-  std::vector<float> table(size_t(n * config_.headDim));
-  ropeCosSin(invFreq_, position, n, table.data());
-  return scratch.copy(table.data(), int64_t(table.size()));
+StatusOr<const float *> CudaModel::ropeRows(int64_t position, int64_t n) const {
+  if (position < 0 || position + n > config_.maxPositions)
+    return invalidArgument("RoPE rows up to position " +
+                           std::to_string(position + n) +
+                           " exceed the model's context of " +
+                           std::to_string(config_.maxPositions));
+  KVC_ASSIGN_OR_RETURN(table, fullRopeTable());
+  return table + position * config_.headDim;
 }
 
 StatusOr<const float *> CudaModel::fullRopeTable() const {
@@ -207,7 +211,16 @@ StatusOr<const float *> CudaModel::fullRopeTable() const {
   if (!ropeTable_.get()) {
     const ModelConfig &c = config_;
     std::vector<float> table(size_t(c.maxPositions * c.headDim));
-    ropeCosSin(invFreq_, 0, c.maxPositions, table.data());
+    // The host's cos and sin in double (as the CPU model's), 4096
+    // positions per worker: a 128K-position table in a fraction of a
+    // second.
+    constexpr int64_t kRows = 4096;
+    hostWorkers().forEach(
+        size_t((c.maxPositions + kRows - 1) / kRows), [&](size_t block) {
+          const int64_t first = int64_t(block) * kRows;
+          ropeCosSin(invFreq_, first, std::min(kRows, c.maxPositions - first),
+                     table.data() + first * c.headDim);
+        });
     KVC_RETURN_IF_ERROR(ropeTable_.reserve(table.size() * sizeof(float)));
     KVC_CUDA_RETURN_IF_ERROR(cudaMemcpy(ropeTable_.get(), table.data(),
                                         table.size() * sizeof(float),
@@ -257,7 +270,7 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
   const bool low = bf16();
   Scratch scratch(lane);
   KVC_ASSIGN_OR_RETURN(ids, scratch.copy(tokens, n));
-  KVC_ASSIGN_OR_RETURN(rotations, ropeTable(scratch, position, n));
+  KVC_ASSIGN_OR_RETURN(rotations, ropeRows(position, n));
   KVC_ASSIGN_OR_RETURN(x, scratch.take<float>(n * h));
   // GEMM inputs, fp32 or bf16: the normed states, attention's output and
   // the MLP's activation, each at most max(h, q, f) wide.
@@ -312,7 +325,7 @@ Status CudaModel::project(Lane &lane, int64_t layer, const float *hidden,
                 kv = c.numKvHeads * c.headDim;
   const Layer &L = layers_[layer];
   Scratch scratch(lane);
-  KVC_ASSIGN_OR_RETURN(rotations, ropeTable(scratch, position, n));
+  KVC_ASSIGN_OR_RETURN(rotations, ropeRows(position, n));
   KVC_ASSIGN_OR_RETURN(normed, scratch.take<float>(n * h));
   KVC_ASSIGN_OR_RETURN(y, scratch.take<float>(n * 2 * kv));
   KVC_CUDA_RETURN_IF_ERROR(rmsNorm(hidden, L.attnNorm.get<float>(), n, h,

@@ -113,9 +113,10 @@ private:
   /// [row0, row0 + rows) of `w`.
   Status gemm(Lane &lane, const void *x, const Matrix &w, int64_t row0,
               int64_t rows, int64_t n, float *y, bool accumulate) const;
-  /// RoPE rows of the chunk (the host model's table) on the device.
-  StatusOr<float *> ropeTable(Scratch &scratch, int64_t position,
-                              int64_t n) const;
+  /// RoPE rows position.. position + n of fullRopeTable: the host
+  /// model's cos and sin, computed and copied once per model rather than
+  /// per call (per layer, in a projection).
+  StatusOr<const float *> ropeRows(int64_t position, int64_t n) const;
 
   ModelConfig config_;
   std::vector<float> invFreq_; ///< RoPE frequencies, head_dim / 2.

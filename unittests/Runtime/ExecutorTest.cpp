@@ -157,6 +157,32 @@ TEST_F(ExecutorTest, ChunksWithoutASlotReuseTheBuffersOfThoseBefore) {
   cache_->release(table);
 }
 
+// Chunks are decoded into the device's host memory (pinned, on CUDA), which
+// its uploads read in place, and the staging buffers that hold it are
+// allocated once per slot, not per chunk: the plan's slots, or spares.
+TEST_F(ExecutorTest, ChunksAreDecodedIntoTheDevicesHostMemory) {
+  for (int64_t slots : {0, 2}) {
+    SCOPED_TRACE(slots);
+    BundlePlan plan = makePlan({0, 0, 16, slots}, model_->config().numLayers);
+    ASSERT_EQ(plan.stagingSlots, slots);
+    if (slots == 0) // Spares: each chunk after the one before.
+      for (std::size_t t = 4; t < plan.tasks.size(); t += 4)
+        plan.tasks[t].after.push_back(int64_t(t) - 1);
+    CountingDevice counting;
+    BlockTable table = *cache_->allocate(kTokens);
+    RestoreTarget target = targetFor(table);
+    target.device = &counting;
+    StatusOr<RestoreMetrics> metrics = restore(*pools_, plan, target);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_EQ(counting.uploadsFromItsMemory.load(), (kTokens + 15) / 16);
+    EXPECT_EQ(counting.otherUploads.load(), 0);
+    EXPECT_GE(counting.memory.allocations.load(), 1);
+    EXPECT_LE(counting.memory.allocations.load(), std::max<int64_t>(slots, 1));
+    EXPECT_LT(relativeError(table), 1.0 / 128);
+    cache_->release(table);
+  }
+}
+
 // whenReady runs its callback once: when the layer completes, when the
 // restore ends (on error too), for a layer the restore does not have, and
 // for one registered before the restore started; and, when still waiting,

@@ -34,8 +34,8 @@ public:
   std::unique_ptr<DeviceBuffer> allocate() override {
     return cpuDevice().allocate();
   }
-  Status upload(std::vector<uint16_t> &host, bool consume,
-                DeviceBuffer &to) override {
+  HostMemory *hostMemory() override { return cpuDevice().hostMemory(); }
+  Status upload(HostWords &host, bool consume, DeviceBuffer &to) override {
     return cpuDevice().upload(host, consume, to);
   }
   Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
@@ -180,10 +180,31 @@ ForwardingDevice::streamPrefill(const ModelCompute &model, int64_t tokens) {
 /// refused with `refusal` when set.
 class CountingDevice final : public ForwardingDevice {
 public:
+  /// The heap's, counted, as a device's own host memory.
+  class CountingMemory final : public HostMemory {
+  public:
+    void *allocate(std::size_t bytes) override {
+      ++allocations;
+      return heapMemory().allocate(bytes);
+    }
+    void deallocate(void *block, std::size_t bytes) override {
+      heapMemory().deallocate(block, bytes);
+    }
+    std::atomic<int> allocations{0};
+  };
+
   std::unique_ptr<DeviceBuffer> allocate() override {
     ++allocations;
     return ForwardingDevice::allocate();
   }
+  HostMemory *hostMemory() override { return &memory; }
+  /// Copies, as a GPU's upload does, and counts where from.
+  Status upload(HostWords &host, bool, DeviceBuffer &to) override {
+    ++(host.owner() == &memory ? uploadsFromItsMemory : otherUploads);
+    return ForwardingDevice::upload(host, /*consume=*/false, to);
+  }
+  CountingMemory memory;
+  std::atomic<int> uploadsFromItsMemory{0}, otherUploads{0};
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(const ModelCompute &model, int64_t tokens) override {
     ++streams;

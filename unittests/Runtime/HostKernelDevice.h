@@ -102,8 +102,8 @@ public:
                                          n, layers, shown);
   }
 
-  Status upload(std::vector<uint16_t> &host, bool, DeviceBuffer &to) override {
-    static_cast<HostBuffer &>(to).words = host;
+  Status upload(HostWords &host, bool, DeviceBuffer &to) override {
+    static_cast<HostBuffer &>(to).words.assign(host.begin(), host.end());
     uploadedBytes += int64_t(host.size() * 2);
     return Status::ok();
   }

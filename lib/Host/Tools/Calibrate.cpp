@@ -149,12 +149,12 @@ std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
 /// A restore's upload where no decode step ran before it
 /// (ChunkSteps::decodeElements): the model's layers (at most 32) as one
 /// chunk of `tokens` tokens stored raw, an object a layer, every object
-/// checked and copied out at once on the host workers, then copied to the
-/// device.
+/// checked and copied out at once on the host workers into the device's
+/// host memory (as a restore's staging slots), then copied to the device.
 class UploadProbe {
 public:
   static StatusOr<std::unique_ptr<UploadProbe>>
-  create(const ModelCompute &model, int64_t tokens) {
+  create(const ModelCompute &model, int64_t tokens, Device &device) {
     const ModelConfig &config = model.config();
     ModelConfig shape = config;
     shape.numLayers = std::min<int64_t>(config.numLayers, 32);
@@ -174,6 +174,7 @@ public:
       words += probe->objects_.shape(ref).numel();
       probe->stored_.push_back(std::move(object));
     }
+    probe->out_ = HostWords(device.hostMemory());
     probe->out_.resize(size_t(words));
     return probe;
   }
@@ -214,7 +215,7 @@ private:
   ChunkObjects objects_;
   std::vector<ChunkRef> refs_;
   std::vector<std::string> stored_;
-  std::vector<uint16_t> out_;
+  HostWords out_; ///< In the device's host memory, as a restore's slots.
   int64_t bytes_ = 0;
 };
 
@@ -357,7 +358,8 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
       break;
     }
   KVC_ASSIGN_OR_RETURN(
-      uploads, UploadProbe::create(model, referenceChunkTokens(config)));
+      uploads,
+      UploadProbe::create(model, referenceChunkTokens(config), device));
   {
     KVC_ASSIGN_OR_RETURN(reads, TierProbe::create(besideUrl, false, 1));
     KVC_ASSIGN_OR_RETURN(link, device.uploadGBs());

@@ -68,13 +68,13 @@ public:
   int64_t bytes() const override {
     return int64_t(words.capacity() * sizeof(uint16_t));
   }
-  std::vector<uint16_t> words;
+  HostWords words;
 };
 
-const std::vector<uint16_t> &wordsOf(const DeviceBuffer &buffer) {
+const HostWords &wordsOf(const DeviceBuffer &buffer) {
   return static_cast<const HostBuffer &>(buffer).words;
 }
-std::vector<uint16_t> &wordsOf(DeviceBuffer &buffer) {
+HostWords &wordsOf(DeviceBuffer &buffer) {
   return static_cast<HostBuffer &>(buffer).words;
 }
 
@@ -103,13 +103,13 @@ public:
     const ModelCompute &model = this->model();
     const int64_t tokens = box.tokens();
     const int64_t h = model.config().hiddenSize, kvDim = model.kvDim();
-    const std::vector<uint16_t> &in = wordsOf(hidden);
+    const HostWords &in = wordsOf(hidden);
     if (int64_t(in.size()) != box.layers() * tokens * h * wordsPer(dtype))
       return Status(StatusCode::Internal,
                     "project: the buffer does not hold the chunk's hidden "
                     "states");
-    std::vector<uint16_t> &out = wordsOf(kv);
-    out.resize(box.layers() * 2 * tokens * kvDim);
+    HostWords &out = wordsOf(kv);
+    out.resizeForOverwrite(box.layers() * 2 * tokens * kvDim);
     std::vector<float> states(tokens * h), k(tokens * kvDim), v(tokens * kvDim);
     for (int64_t l = 0; l < box.layers(); ++l) {
       toFloats(in.data() + l * tokens * h * wordsPer(dtype), tokens * h, dtype,
@@ -192,20 +192,19 @@ public:
     return std::make_unique<HostBuffer>();
   }
 
-  Status upload(std::vector<uint16_t> &host, bool consume,
-                DeviceBuffer &to) override {
-    std::vector<uint16_t> &words = wordsOf(to);
+  Status upload(HostWords &host, bool consume, DeviceBuffer &to) override {
+    HostWords &words = wordsOf(to);
     if (consume)
       words.swap(host);
     else
-      words.assign(host.begin(), host.end());
+      words.assign(host.data(), host.size());
     return Status::ok();
   }
 
   Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
                  PagedKVCache &cache, const BlockTable &table) override {
     const int64_t kvDim = cache.kvDim(), tokens = box.tokens();
-    const std::vector<uint16_t> &words = wordsOf(kv);
+    const HostWords &words = wordsOf(kv);
     if (int64_t(words.size()) != box.layers() * 2 * tokens * kvDim)
       return Status(StatusCode::Internal,
                     "scatter: the buffer does not hold the chunk's KV (a "

@@ -15,12 +15,13 @@
 // model's weights in device memory (CudaModel.h) uploaded on a runner's
 // first call and kept, per model, while the device lives.
 //
-// An upload copies the host chunk into the lane's pinned staging in pieces,
-// alternating two halves, so that the copy of one piece into pinned memory
-// overlaps the DMA of the one before (a host buffer is pageable: the DMA
-// engine needs pinned memory to run asynchronously). Each piece is copied by
-// several threads at once (hostWorkers(), which a restore's host decode
-// shares: one thread copies at a fraction of the host's memory bandwidth).
+// Host memory (hostMemory) is pinned, kept once given back: a restore's
+// staging slots decode chunks into it and the upload is the DMA alone. An
+// upload from other host memory (pageable) copies the chunk into the lane's
+// pinned staging in pieces, alternating two halves, so that the copy of one
+// piece overlaps the DMA of the one before; each piece is copied by several
+// threads at once (hostWorkers(), which a restore's host decode shares: one
+// thread copies at a fraction of the host's memory bandwidth).
 //
 //===----------------------------------------------------------------------===//
 
@@ -68,6 +69,73 @@ CudaBuffer &bufferOf(DeviceBuffer &buffer) {
 /// Bytes of pinned staging per half of a lane's: large enough that a
 /// piece's DMA outlasts the launch of the next.
 constexpr size_t kPinnedHalf = size_t(8) << 20;
+
+/// Pinned host memory, kept when given back for the next request of its
+/// size class (up to kKeptBytes in all): pinning is a system call per
+/// block, which a restore's staging slots would otherwise pay per restore.
+class PinnedMemory final : public HostMemory {
+public:
+  static constexpr size_t kKeptBytes = size_t(1) << 30;
+
+  ~PinnedMemory() override {
+    for (const auto &[bytes, block] : kept_)
+      cudaFreeHost(block);
+  }
+
+  void *allocate(size_t bytes) override {
+    const size_t size = sizeClass(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A kept block of the class, or of the next (a buffer half again as
+    // large as before).
+    auto it = kept_.lower_bound(size);
+    void *block = nullptr;
+    if (it != kept_.end() && it->first <= 2 * size) {
+      block = it->second;
+      keptBytes_ -= it->first;
+      live_[block] = it->first;
+      kept_.erase(it);
+      return block;
+    }
+    if (cudaHostAlloc(&block, size, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError(); // The caller falls back to the heap.
+      return nullptr;
+    }
+    live_[block] = size;
+    return block;
+  }
+
+  void deallocate(void *block, size_t) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(block);
+    if (it == live_.end())
+      return; // Not ours: HostWords gives each block back to its owner.
+    const size_t size = it->second;
+    live_.erase(it);
+    if (keptBytes_ + size > kKeptBytes) {
+      cudaFreeHost(block);
+      return;
+    }
+    keptBytes_ += size;
+    kept_.emplace(size, block);
+  }
+
+private:
+  /// Powers of two up to 1 MiB, whole MiB above.
+  static size_t sizeClass(size_t bytes) {
+    constexpr size_t kMiB = size_t(1) << 20;
+    if (bytes > kMiB)
+      return (bytes + kMiB - 1) / kMiB * kMiB;
+    size_t size = 4096;
+    while (size < bytes)
+      size *= 2;
+    return size;
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void *> kept_;
+  std::map<void *, size_t> live_;
+  size_t keptBytes_ = 0;
+};
 
 Status needDevice(const PagedKVCache &cache) {
   if (cache.memory() != CacheMemory::Device)
@@ -239,14 +307,23 @@ public:
     return std::make_unique<CudaBuffer>();
   }
 
-  Status upload(std::vector<uint16_t> &host, bool /*consume*/,
-                DeviceBuffer &to) override {
+  HostMemory *hostMemory() override { return &pinned_; }
+
+  Status upload(HostWords &host, bool /*consume*/, DeviceBuffer &to) override {
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     CudaBuffer &buffer = bufferOf(to);
     const size_t bytes = host.size() * sizeof(uint16_t);
     KVC_RETURN_IF_ERROR(buffer.memory.reserve(bytes));
     buffer.words = int64_t(host.size());
+    if (host.owner() == &pinned_) {
+      // Pinned already: the DMA reads it in place.
+      KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.memory.get(), host.data(),
+                                               bytes, cudaMemcpyHostToDevice,
+                                               lane.stream),
+                               "host-to-device copy");
+      return lane.sync("host-to-device copy");
+    }
     if (!lane.pinned) {
       KVC_CUDA_RETURN_IF_ERROR(
           cudaHostAlloc(&lane.pinned, 2 * kPinnedHalf, cudaHostAllocDefault),
@@ -665,8 +742,11 @@ public:
     return waitWords_.wait(*driver, static_cast<CUstream>(stream));
   }
 
+  /// What a restore's upload does: from the device's host memory, where
+  /// its staging slots decode chunks.
   StatusOr<double> uploadGBs() override {
-    std::vector<uint16_t> host(size_t(128) << 20, 1);
+    HostWords host(hostMemory());
+    host.resize(size_t(128) << 20);
     CudaBuffer device;
     KVC_RETURN_IF_ERROR(upload(host, false, device)); // Warms up.
     double best = 0;
@@ -962,6 +1042,7 @@ private:
   CudaDeviceOptions options_;
   const CudaDriver *driver_ = nullptr;
   WaitWords waitWords_;
+  PinnedMemory pinned_;
   std::mutex mutex_; ///< Guards lanes_.
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::mutex modelsMutex_;

@@ -186,10 +186,12 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
   std::string inner;
   size_t bytes = 0;
   value.data.clear();
+  value.data.reserve(size_t(value.kernel->payloadBytes + 1) / 2);
   for (std::size_t o : order) {
     auto &[ref, stored] = value.objects[o];
     KVC_RETURN_IF_ERROR(store.payload(ref, stored, inner));
-    value.data.resize((bytes + inner.size() + 1) / 2);
+    value.data.resizeForOverwrite((bytes + inner.size() + 1) / 2);
+    value.data[value.data.size() - 1] = 0; // An odd byte's pad.
     std::memcpy(reinterpret_cast<char *>(value.data.data()) + bytes,
                 inner.data(), inner.size());
     bytes += inner.size();
@@ -212,13 +214,27 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
   const int64_t tokens = value.tokens.size();
   const DType dtype = dtypeOf(value.form);
   const int64_t words = wordsPer(dtype);
-  value.data.resize(value.layers.size() * mats * tokens * w * words);
   auto inPlace = [&](const ChunkRef &ref) {
     return ref.tokenBegin == value.tokens.begin &&
            ref.tokenEnd - ref.tokenBegin == tokens &&
            ref.layerBegin >= value.layers.begin &&
            ref.layerEnd <= value.layers.end;
   };
+  // Objects that tile the box layer by layer write every word; else the
+  // words between them start as zero, as ever.
+  std::vector<int> layerObjects(value.layers.size());
+  for (std::size_t o = 0; o < value.objectCount; ++o) {
+    const ChunkRef &ref = value.objects[o].first;
+    for (int64_t l = std::max(ref.layerBegin, value.layers.begin);
+         l < std::min(ref.layerEnd, value.layers.end); ++l)
+      layerObjects[l - value.layers.begin] += inPlace(ref) ? 1 : 2;
+  }
+  const size_t size = value.layers.size() * mats * tokens * w * words;
+  if (std::all_of(layerObjects.begin(), layerObjects.end(),
+                  [](int n) { return n == 1; }))
+    value.data.resizeForOverwrite(size);
+  else
+    value.data.resize(size);
   // Objects that hold whole layers of the chunk, laid out as the chunk lays
   // them out, decode in place, at once: each checks its checksum, copies
   // its payload and looks for non-finite values (a raw chunk's whole decode,
@@ -444,6 +460,7 @@ StagingSlot *ChunkSteps::takeSpare() {
   if (freeSpares_.empty()) {
     StagingSlot &made = spares_.emplace_back();
     made.spare = true;
+    made.data = HostWords(device_.hostMemory());
     return &made;
   }
   StagingSlot *slot = freeSpares_.back();
@@ -465,7 +482,7 @@ void ChunkSteps::freeSpare(StagingSlot &slot) {
 void ChunkSteps::release(ChunkValue &value) {
   releaseSlot(value);
   releaseDevice(value);
-  value.data = {};
+  value.data.release();
 }
 
 void ChunkSteps::kernelNotLaunched(const std::string &why) {

@@ -14,10 +14,12 @@
 //              chunks of one kernel scattered together); counts the box's
 //              layers as written (LayerProgress)
 //
-// A chunk's host buffers may be a staging slot's, reused across chunks and
-// rounds (ShadowServe's bounded staging): held from the fetch to the upload,
-// and the slot's device buffers from the upload to the scatter. Errors are
-// values; the caller decides which ones a recompute recovers.
+// A chunk's host buffers are a staging slot's (the plan's, or a spare),
+// reused across chunks and rounds (ShadowServe's bounded staging): held from
+// the fetch to the upload, and the slot's device buffers from the upload to
+// the scatter. A slot decodes into the device's host memory
+// (Device::hostMemory: pinned, on CUDA), which the upload reads in place.
+// Errors are values; the caller decides which ones a recompute recovers.
 //
 //===----------------------------------------------------------------------===//
 
@@ -51,7 +53,7 @@ struct StagingSlot {
   /// whether it is among the free ones. Guarded by ChunkSteps' mutex.
   bool spare = false, free = false;
   std::vector<std::pair<ChunkRef, std::string>> objects;
-  std::vector<uint16_t> data;
+  HostWords data;
   std::unique_ptr<DeviceBuffer> device, projected;
 };
 
@@ -72,7 +74,7 @@ struct ChunkValue {
   std::vector<std::pair<ChunkRef, std::string>> objects;
   std::size_t objectCount = 0;
   bool encoded = false;
-  std::vector<uint16_t> data;
+  HostWords data;
   /// The chunk on the device once uploaded: the slot's buffer, or its own.
   DeviceBuffer *device = nullptr;
   std::unique_ptr<DeviceBuffer> ownDevice;

@@ -64,6 +64,8 @@ public:
     KVC_RETURN_IF_ERROR(checkResident());
     values_.resize(plan_.tasks.size());
     slots_ = std::make_unique<exec_detail::StagingSlot[]>(plan_.stagingSlots);
+    for (int64_t s = 0; s < plan_.stagingSlots; ++s)
+      slots_[s].data = HostWords(device_.hostMemory());
     TaskGraph graph;
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
       const BundleTask &task = plan_.tasks[i];

@@ -436,11 +436,11 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
   std::vector<std::thread> decoders;
   auto decode = [&] {
     std::unique_ptr<DeviceBuffer> buffer = device.allocate();
-    std::vector<uint16_t> values;
+    HostWords values(device.hostMemory());
     Arrival arrival;
     while (queue.pop(arrival)) {
       const ChunkRef &ref = arrival.ref;
-      values.resize(objects.shape(ref).numel());
+      values.resizeForOverwrite(objects.shape(ref).numel());
       const ChunkBox box = boxOf(ref);
       Status status = objects.decode(ref, arrival.object(), values.data());
       if (status.isOk())

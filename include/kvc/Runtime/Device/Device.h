@@ -10,6 +10,8 @@
 //   createCache   a paged KV cache in device memory (cacheFor: one sized
 //                 for a request)
 //   allocate      device buffers for chunks in flight (staging slots)
+//   hostMemory    host memory its uploads read in place (pinned on CUDA),
+//                 which staging slots decode chunks into (HostWords.h)
 //   upload        host staging -> device          (transfer_to_device)
 //   scatter       a chunk's K and V -> the paged cache through the block
 //                 table                           (scatter)
@@ -46,6 +48,7 @@
 #ifndef KVC_RUNTIME_DEVICE_DEVICE_H
 #define KVC_RUNTIME_DEVICE_DEVICE_H
 
+#include "kvc/Runtime/Device/HostWords.h"
 #include "kvc/Runtime/Device/Kernel.h"
 #include "kvc/Runtime/Device/PagedKVCache.h"
 #include "kvc/Runtime/Device/TaskGraph.h"
@@ -121,12 +124,16 @@ public:
   /// An empty device buffer; upload and a runner's project size it.
   virtual std::unique_ptr<DeviceBuffer> allocate() = 0;
 
-  /// Copies `words` 16-bit words of host memory into `to`. When `consume`
-  /// is set the caller gives the host vector up, and a device that is host
-  /// memory takes it instead of copying (leaving in `host` what `to` held
-  /// before, for the caller to reuse).
-  virtual Status upload(std::vector<uint16_t> &host, bool consume,
-                        DeviceBuffer &to) = 0;
+  /// Host memory that upload reads without staging it first (page-locked
+  /// memory of the device's, reused across chunks and restores); null:
+  /// the heap's serves as well as any.
+  virtual HostMemory *hostMemory() { return nullptr; }
+
+  /// Copies `host`'s 16-bit words into `to`. When `consume` is set the
+  /// caller gives the words up, and a device that is host memory takes
+  /// them instead of copying (leaving in `host` what `to` held before, for
+  /// the caller to reuse).
+  virtual Status upload(HostWords &host, bool consume, DeviceBuffer &to) = 0;
 
   /// Writes the box's K and V (bf16, per layer K then V, [tokens][kvDim]
   /// each: as ModelRunner::project writes them) into `cache` through

@@ -114,6 +114,10 @@ def main() -> int:
                         "random Llama made here)")
     parser.add_argument("--bundle", action="append", default=[],
                         help="plans compiled ahead (repeatable)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16"],
+                        default="bfloat16",
+                        help="the caches' element type (vLLM's for a bf16 "
+                        "or an fp16 model)")
     parser.add_argument("--write-model", metavar="DIR",
                         help="write the random Llama to DIR and exit")
     args = parser.parse_args()
@@ -144,6 +148,7 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     model = transformers.LlamaForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32).to(device).eval()
+    dtype = getattr(torch, args.dtype)
     layers = model.config.num_hidden_layers
     kv_heads = model.config.num_key_value_heads
     head_dim = model.config.hidden_size // model.config.num_attention_heads
@@ -176,11 +181,12 @@ def main() -> int:
     names = [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
     blocks = 3 * ((length + BLOCK - 1) // BLOCK)
     caches = {name: torch.zeros(2, blocks, BLOCK, kv_heads, head_dim,
-                                dtype=torch.bfloat16, device=device)
+                                dtype=dtype, device=device)
               for name in names}
     worker.register_kv_caches(caches)
     stood_in = getattr(sys.modules["vllm"], "__file__", None) is None
-    print(f"harness: {device} caches of {blocks} blocks x {BLOCK} tokens, "
+    print(f"harness: {device} {args.dtype} caches of {blocks} blocks x "
+          f"{BLOCK} tokens, "
           f"{layers} layers, vLLM {'stood in for' if stood_in else 'installed'}"
           f", plans {'from ' + ', '.join(args.bundle) if args.bundle else 'compiled here'}"
           f"; kvc has the compiler: {kvc.has_compiler}, the cuda driver: "
@@ -237,7 +243,7 @@ def main() -> int:
     for layer, name in enumerate(names):
         for kv in (0, 1):
             caches[name][kv, blocks_a, offsets_a] = \
-                reference[layer][kv].to(torch.bfloat16)
+                reference[layer][kv].to(dtype)
     meta = KvcConnectorMetadata(saves=[SaveSpec("a", prompt, tables["a"])])
     sending, _, _ = step(meta, {"a"})
     deadline = time.monotonic() + 60
@@ -264,7 +270,10 @@ def main() -> int:
     for layer, name in enumerate(names):
         for kv in (0, 1):
             mine = caches[name][kv, blocks_b, offsets_b].float()
-            exact = reference[layer][kv][:loaded].to(torch.bfloat16).float()
+            # As request a's cache held it, stored as bf16 (the model's KV
+            # dtype), loaded as the cache's.
+            exact = reference[layer][kv][:loaded].to(dtype).to(
+                torch.bfloat16).to(dtype).float()
             error = max(error, float((mine - exact).abs().max()))
             largest = max(largest, float(exact.abs().max()))
     good = not errors and error <= largest / 128
@@ -306,7 +315,7 @@ def main() -> int:
                           strategies=["kv"], policy="always",
                           bundles=args.bundle, device=device)
     client = CacheClient(model, connector, PagedMemory(
-        layers, kv_heads, head_dim, 2 * per + 2, dtype=torch.bfloat16,
+        layers, kv_heads, head_dim, 2 * per + 2, dtype=dtype,
         device=device))
     client.save("d", text)
     sync()

@@ -547,10 +547,6 @@ Status Connector::registerCaches(std::unique_ptr<PagedKVCache> caches) {
   if (caches->memory() == CacheMemory::Device &&
       std::string(state_->device->name()) == "cpu")
     return invalidArgument("connector: device caches with the cpu backend");
-  if (caches->memory() == CacheMemory::Device &&
-      config.dtype != DType::BF16)
-    return unimplemented(std::string("connector: device caches of ") +
-                         dtypeName(config.dtype) + " (bf16 only)");
   state_->caches = std::move(caches);
   return Status::ok();
 }

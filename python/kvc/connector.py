@@ -215,8 +215,8 @@ class Connector:
                         layout: CacheLayout = "separate") -> None:
         """Hands the Connector the server's KV memory, once.
 
-        ``keys`` (and ``values``) are per layer, bfloat16 or float16 (float16
-        in host memory only), C-contiguous, as vLLM allocates them:
+        ``keys`` (and ``values``) are per layer, bfloat16 or float16,
+        C-contiguous, as vLLM allocates them:
         ``separate``: K and V tensors ``[blocks, block_size, kv_heads,
         head_dim]``; ``keys_first``: one ``[2, blocks, ...]`` tensor per
         layer; ``blocks_first``: one ``[blocks, 2, ...]``. Torch tensors

@@ -18,16 +18,21 @@ HARNESS = Path(__file__).resolve().parents[2] / "scripts" / \
     "vllm-worker-harness.py"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_the_harness_saves_loads_continues_and_reports_a_corrupt_object(
-) -> None:
+        dtype: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(HARNESS), "--cpu", "--stub-vllm"],
+        [sys.executable, str(HARNESS), "--cpu", "--stub-vllm",
+         "--dtype", dtype],
         capture_output=True, text=True, timeout=600, env=dict(os.environ))
     lines = [line for line in done.stdout.splitlines()
              if line.startswith("harness:")]
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM stood in for" in lines[0]
+    assert f"cpu {dtype} caches" in lines[0]
+    # Loaded exactly: the bits request a's cache held, through bf16.
     assert any("request b loaded 192 of 200 tokens" in line and
+               "largest error 0 of" in line and
                line.endswith("ok") for line in lines), lines
     # What the GPU run reads: whether generated kernels loaded, and how long
     # the host spent in the layer waits (on the CPU: the host's own waits).

@@ -286,6 +286,62 @@ TEST_F(CudaBackendTest, AStreamWaitHoldsTheStreamUntilRaised) {
   cudaStreamDestroy(stream);
 }
 
+// A server's fp16 cache (an fp16 model's): every strategy loads stored
+// bf16 KV rounded to f16 and writes computed chunks as f16, within bf16
+// rounding of the full prefill; a loaded chunk's values are the stored
+// bf16 values exactly where f16 holds them (all but a handful the chunked
+// save rounded apart from the full prefill, or f16's subnormals).
+TEST_F(CudaBackendTest, Fp16CachesRestoreEveryStrategy) {
+  PagedCacheConfig config = cache_->config();
+  config.dtype = DType::F16;
+  StatusOr<std::unique_ptr<PagedKVCache>> f16 = device_->createCache(config);
+  ASSERT_TRUE(f16) << f16.status().toString();
+  cache_ = std::move(*f16);
+  expectEveryStrategyExact();
+
+  BlockTable table = *cache_->allocate(kTokens);
+  ASSERT_TRUE(run(makePlan({0, 0, 64}, model_->config().numLayers), table));
+  int64_t differ = 0, total = 0;
+  for (int64_t l = 0; l < model_->config().numLayers; ++l) {
+    auto [k, v] = rows(*device_, *cache_, table, l, kTokens);
+    for (std::size_t i = 0; i < k.size(); ++i) {
+      differ += k[i] != bf16ToFloat(floatToBf16(reference_.k[l][i]));
+      differ += v[i] != bf16ToFloat(floatToBf16(reference_.v[l][i]));
+      total += 2;
+    }
+  }
+  EXPECT_LT(double(differ) / double(total), 0.01);
+  cache_->release(table);
+}
+
+// A stored value f16 cannot hold is an error where an fp16 cache is written,
+// as the CPU's cache refuses it, never an infinity in the cache.
+TEST_F(CudaBackendTest, Fp16CachesRefuseValuesBeyondTheirRange) {
+  PagedCacheConfig config = cache_->config();
+  config.dtype = DType::F16;
+  cache_ = std::move(device_->createCache(config).value());
+  BlockTable table = *cache_->allocate(16);
+  const ChunkBox box{0, 16, 0, 1};
+  HostWords kv(device_->hostMemory());
+  kv.resize(size_t(2 * 16 * model_->kvDim()));
+  for (uint16_t &word : kv)
+    word = floatToBf16(0.5f);
+  std::unique_ptr<DeviceBuffer> buffer = device_->allocate();
+  ASSERT_TRUE(device_->upload(kv, false, *buffer).isOk());
+  ASSERT_TRUE(device_->scatter(*buffer, box, *cache_, table).isOk());
+  auto [k, v] = rows(*device_, *cache_, table, 0, 16);
+  EXPECT_EQ(k[5], 0.5f);
+  kv[7] = floatToBf16(1e6f);
+  ASSERT_TRUE(device_->upload(kv, false, *buffer).isOk());
+  Status status = device_->scatter(*buffer, box, *cache_, table);
+  EXPECT_EQ(status.code(), StatusCode::DataLoss) << status.toString();
+  // The lane's record is cleared: the next write in range succeeds.
+  kv[7] = floatToBf16(0.5f);
+  ASSERT_TRUE(device_->upload(kv, false, *buffer).isOk());
+  EXPECT_TRUE(device_->scatter(*buffer, box, *cache_, table).isOk());
+  cache_->release(table);
+}
+
 TEST_F(CudaBackendTest, HostCachesAreRefused) {
   auto host = PagedKVCache::create(cache_->config());
   ASSERT_TRUE(host);

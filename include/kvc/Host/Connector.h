@@ -70,8 +70,8 @@ enum class CacheLayout {
 /// A server's KV memory: base pointers per layer and how it is laid out.
 struct ServerCaches {
   CacheLayout layout = CacheLayout::Separate;
-  /// The element type: bf16, or f16 in host memory (the CUDA backend's
-  /// kernels write bf16 only).
+  /// The element type: bf16 or f16 (stored bf16 KV is rounded to f16 as it
+  /// is written; a value beyond f16's range is an error, not an infinity).
   DType dtype = DType::BF16;
   CacheMemory memory = CacheMemory::Host;
   int64_t numBlocks = 0;

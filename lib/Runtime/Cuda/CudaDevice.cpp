@@ -142,10 +142,10 @@ Status needDevice(const PagedKVCache &cache) {
     return Status(StatusCode::FailedPrecondition,
                   "cuda backend: the paged cache is in host memory (create "
                   "it with the backend, or view device memory)");
-  if (cache.config().dtype != DType::BF16)
+  if (cache.config().dtype != DType::BF16 && cache.config().dtype != DType::F16)
     return unimplemented(std::string("cuda backend: a paged cache of ") +
                          dtypeName(cache.config().dtype) +
-                         " (its kernels write bf16)");
+                         " (its kernels write bf16 or f16)");
   return Status::ok();
 }
 
@@ -269,10 +269,10 @@ public:
 
   StatusOr<std::unique_ptr<PagedKVCache>>
   createCache(const PagedCacheConfig &config) override {
-    if (config.dtype != DType::BF16)
+    if (config.dtype != DType::BF16 && config.dtype != DType::F16)
       return unimplemented(std::string("cuda backend: a paged cache of ") +
                            dtypeName(config.dtype) +
-                           " (its kernels write bf16)");
+                           " (its kernels write bf16 or f16)");
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     (void)lease;
     const int64_t stride =
@@ -410,7 +410,7 @@ public:
       RowLayout from{k,     k + tokens * kvDim, nullptr, 0, 0,
                      kvDim, box.tokenBegin};
       KVC_CUDA_RETURN_IF_ERROR(
-          cuda::copyRows(from, layout(cache, box.layerBegin + l, blocks),
+          cuda::copyRows(from, layout(cache, box.layerBegin + l, blocks, lane),
                          box.tokenBegin, tokens, lane.stream),
           "scatter");
     }
@@ -584,7 +584,7 @@ public:
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Scratch scratch(lane);
-    KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table));
+    KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table, lane));
     // Each layer's K and V are readable once the lane's work up to them is
     // done: one synchronization per layer, only for a caller that asks.
     auto shown = [&](int64_t layer, const float *) -> Status {
@@ -627,10 +627,11 @@ public:
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(fromBlocks, tableOn(scratch, fromTable));
     KVC_ASSIGN_OR_RETURN(toBlocks, tableOn(scratch, toTable));
-    KVC_CUDA_RETURN_IF_ERROR(cuda::copyRows(layout(from, layer, fromBlocks),
-                                            layout(to, layer, toBlocks), first,
-                                            n, lane.stream),
-                             "copying rows");
+    KVC_CUDA_RETURN_IF_ERROR(
+        cuda::copyRows(layout(from, layer, fromBlocks, lane),
+                       layout(to, layer, toBlocks, lane), first, n,
+                       lane.stream),
+        "copying rows");
     return lane.sync("copying rows");
   }
 
@@ -646,8 +647,8 @@ public:
     KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
     KVC_ASSIGN_OR_RETURN(keys, scratch.take<float>(count));
     KVC_ASSIGN_OR_RETURN(values, scratch.take<float>(count));
-    KVC_CUDA_RETURN_IF_ERROR(readRows(layout(cache, layer, blocks), first, n,
-                                      keys, values, lane.stream),
+    KVC_CUDA_RETURN_IF_ERROR(readRows(layout(cache, layer, blocks, lane), first,
+                                      n, keys, values, lane.stream),
                              "reading rows");
     for (auto [to, from] : {std::pair{k, keys}, std::pair{v, values}})
       KVC_CUDA_RETURN_IF_ERROR(
@@ -670,7 +671,7 @@ public:
     Lane &lane = *lease;
     Scratch scratch(lane);
     const int64_t vocab = model.config().vocabSize;
-    KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table));
+    KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table, lane));
     KVC_ASSIGN_OR_RETURN(out, scratch.take<float>(vocab));
     // The forward shows each layer after storing its K and V (rows
     // position.., the step's own) and before its attention reads the cache.
@@ -720,7 +721,8 @@ public:
                                    "copying the context");
         }
         RowLayout from{bits, bits + position * kvDim, nullptr, 0, 0, kvDim, 0};
-        KVC_CUDA_RETURN_IF_ERROR(cuda::copyRows(from, layout(*cache, l, blocks),
+        KVC_CUDA_RETURN_IF_ERROR(cuda::copyRows(from,
+                                                layout(*cache, l, blocks, lane),
                                                 0, position, lane.stream),
                                  "copying the context");
       }
@@ -862,7 +864,7 @@ private:
       Lane &lane = *lease;
       Scratch scratch(lane);
       KVC_ASSIGN_OR_RETURN(layouts,
-                           backend_.layoutsOf(scratch, *cache_, table_));
+                           backend_.layoutsOf(scratch, *cache_, table_, lane));
       KVC_ASSIGN_OR_RETURN(rows, scratch.take<float>(2 * n * kvDim));
       hidden_.resize(size_t(n * h));
       k_.resize(size_t(n * kvDim));
@@ -1018,24 +1020,30 @@ private:
     return scratch.copy(table.blocks.data(), int64_t(table.blocks.size()));
   }
 
+  /// Layer `layer` of `cache` through `blocks`, for kernels on `lane`
+  /// (which records an f16 cache's values out of range).
   static RowLayout layout(const PagedKVCache &cache, int64_t layer,
-                          const int32_t *blocks) {
+                          const int32_t *blocks, const Lane &lane) {
+    const bool f16 = cache.config().dtype == DType::F16;
     return {const_cast<uint16_t *>(cache.keyCache(layer)),
             const_cast<uint16_t *>(cache.valueCache(layer)),
             blocks,
             cache.config().blockSize,
             cache.blockStride(),
             cache.kvDim(),
-            0};
+            0,
+            f16,
+            f16 ? const_cast<unsigned *>(lane.outOfRange) : nullptr};
   }
 
   StatusOr<std::vector<RowLayout>> layoutsOf(Scratch &scratch,
                                              const PagedKVCache &cache,
-                                             const BlockTable &table) {
+                                             const BlockTable &table,
+                                             const Lane &lane) {
     KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
     std::vector<RowLayout> layouts;
     for (int64_t l = 0; l < cache.config().layers; ++l)
-      layouts.push_back(layout(cache, l, blocks));
+      layouts.push_back(layout(cache, l, blocks, lane));
     return layouts;
   }
 

@@ -73,6 +73,13 @@ StatusOr<std::unique_ptr<Lane>> Lane::create(int device) {
     KVC_CUDA_RETURN_IF_ERROR(
         cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
         "creating an event");
+  void *word = nullptr;
+  KVC_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&word, sizeof(unsigned),
+                    cudaHostAllocMapped | cudaHostAllocPortable),
+      "allocating a lane's range word");
+  lane->outOfRange = static_cast<volatile unsigned *>(word);
+  *lane->outOfRange = 0;
   KVC_ASSIGN_OR_RETURN(cublas, Cublas::get());
   lane->cublas = cublas;
   KVC_RETURN_IF_ERROR(
@@ -80,6 +87,16 @@ StatusOr<std::unique_ptr<Lane>> Lane::create(int device) {
   KVC_RETURN_IF_ERROR(blasStatus(
       cublas->cublasSetStream(lane->blas, lane->stream), "cublasSetStream"));
   return lane;
+}
+
+Status Lane::sync(const char *what) const {
+  KVC_RETURN_IF_ERROR(cudaStatus(cudaStreamSynchronize(stream), what));
+  if (!*outOfRange)
+    return Status::ok();
+  *outOfRange = 0;
+  return Status(StatusCode::DataLoss,
+                std::string(what) +
+                    ": a value beyond f16's range (65504) for an f16 cache");
 }
 
 Lane::~Lane() {
@@ -90,6 +107,8 @@ Lane::~Lane() {
       cudaEventDestroy(event);
   if (pinned)
     cudaFreeHost(pinned);
+  if (outOfRange)
+    cudaFreeHost(const_cast<unsigned *>(outOfRange));
   if (stream)
     cudaStreamDestroy(stream);
 }

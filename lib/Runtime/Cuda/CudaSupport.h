@@ -137,13 +137,16 @@ struct Lane {
   /// staging (cudaHostAlloc'd on the lane's first upload, a fixed size).
   void *pinned = nullptr;
   cudaEvent_t halves[2] = {nullptr, nullptr};
+  /// A word of host-mapped memory that kernels writing an f16 cache on the
+  /// stream set when a finite value is beyond f16's range
+  /// (RowLayout::outOfRange); sync reports and clears it.
+  volatile unsigned *outOfRange = nullptr;
 
   static StatusOr<std::unique_ptr<Lane>> create(int device);
   ~Lane();
-  /// Waits for everything enqueued on the stream.
-  Status sync(const char *what) const {
-    return cudaStatus(cudaStreamSynchronize(stream), what);
-  }
+  /// Waits for everything enqueued on the stream: DataLoss when it wrote a
+  /// value an f16 cache cannot hold (as the CPU's cache refuses it).
+  Status sync(const char *what) const;
 };
 
 /// Device memory for one call, allocated on its lane's stream and freed

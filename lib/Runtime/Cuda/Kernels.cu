@@ -2,7 +2,7 @@
 //
 // Plain CUDA C++, one thread per element (or 16-byte piece) in grid-stride
 // loops, except RMSNorm (a block per row) and attention. Attention has two
-// kernels: the tiled one (tensor cores, below) for bf16 models, and an fp32
+// kernels: the tiled one (tensor cores, below) for 16-bit models, and an fp32
 // one that keeps the CPU model's arithmetic (a block per query row and
 // head: four warps walk the keys 32 at a time with an online softmax, each
 // lane owning one key of a tile for the scores and head_dim / 32 output
@@ -11,6 +11,9 @@
 //
 // RoPE and the bf16 rounding use round-to-nearest intrinsics, so rotations
 // give what the CPU model's (compiled without fused multiply-adds) do.
+// Paged caches hold bf16 or f16 (RowLayout::f16): rows are read to fp32
+// and rounded back to the cache's type, and a finite value that f16 cannot
+// hold is recorded (RowLayout::outOfRange) as the CPU's cache refuses it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -47,6 +50,21 @@ __device__ float bf16Bits(uint16_t bits) {
 }
 __device__ uint16_t toBf16Bits(float x) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+/// An element of `r`'s rows as fp32.
+__device__ float load(const RowLayout &r, uint16_t bits) {
+  return r.f16 ? __half2float(__ushort_as_half(bits)) : bf16Bits(bits);
+}
+/// `x` rounded to `r`'s element type (nearest even); a finite value beyond
+/// f16's range is recorded in r.outOfRange (it becomes an infinity).
+__device__ uint16_t store(const RowLayout &r, float x) {
+  if (!r.f16)
+    return toBf16Bits(x);
+  const __half h = __float2half_rn(x);
+  if (__hisinf(h) && isfinite(x) && r.outOfRange)
+    *r.outOfRange = 1u; // Any writer's 1 will do.
+  return __half_as_ushort(h);
 }
 
 __device__ void put(void *out, int64_t i, float x, bool bf16) {
@@ -88,13 +106,24 @@ __global__ void copyRowsKernel(RowLayout from, RowLayout to, int64_t first,
   }
 }
 
+/// The same between rows of different element types, element by element.
+__global__ void convertRowsKernel(RowLayout from, RowLayout to, int64_t first,
+                                  int64_t n) {
+  KVC_GRID_STRIDE(i, n * from.kvDim) {
+    const int64_t t = first + i / from.kvDim, c = i % from.kvDim;
+    const int64_t src = rowOf(from, t) + c, dst = rowOf(to, t) + c;
+    to.keys[dst] = store(to, load(from, from.keys[src]));
+    to.values[dst] = store(to, load(from, from.values[src]));
+  }
+}
+
 __global__ void readRowsKernel(RowLayout from, int64_t first, int64_t n,
                                float *k, float *v) {
   KVC_GRID_STRIDE(i, n * from.kvDim) {
     const int64_t t = i / from.kvDim, c = i % from.kvDim;
     const int64_t src = rowOf(from, first + t) + c;
-    k[i] = bf16Bits(from.keys[src]);
-    v[i] = bf16Bits(from.values[src]);
+    k[i] = load(from, from.keys[src]);
+    v[i] = load(from, from.values[src]);
   }
 }
 
@@ -176,10 +205,10 @@ __global__ void storeKVKernel(const float *y, int64_t n, int64_t rowStride,
     float a = row[kColumn + j], b = row[kColumn + j + half];
     rotate(a, b, table[j], table[half + j]);
     const int64_t dst = rowOf(to, first + t) + hd * headDim + j;
-    to.keys[dst] = toBf16Bits(a);
-    to.keys[dst + half] = toBf16Bits(b);
-    to.values[dst] = toBf16Bits(row[vColumn + j]);
-    to.values[dst + half] = toBf16Bits(row[vColumn + j + half]);
+    to.keys[dst] = store(to, a);
+    to.keys[dst + half] = store(to, b);
+    to.values[dst] = store(to, row[vColumn + j]);
+    to.values[dst + half] = store(to, row[vColumn + j + half]);
   }
 }
 
@@ -212,7 +241,7 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
     if (valid) {
       float dot = 0;
       for (int64_t d = 0; d < headDim; ++d)
-        dot += query[d] * bf16Bits(cache.keys[row + d]);
+        dot += query[d] * load(cache, cache.keys[row + d]);
       score = dot * scale;
     }
     const float peak = fmaxf(warpMax(score), max);
@@ -227,7 +256,7 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
       for (int c = 0; c < columns; ++c) {
         const int64_t d = lane + 32 * c;
         if (d < headDim)
-          acc[c] += weight * bf16Bits(cache.values[at + d]);
+          acc[c] += weight * load(cache, cache.values[at + d]);
       }
     }
     max = peak;
@@ -259,7 +288,8 @@ __global__ void attentionKernel(const float *q, int64_t qStride,
 // The tiled attention kernel: a block per 64 query rows of one head, four
 // warps of 16 rows each. K and V stream through shared memory 64 keys at a
 // time (16-byte loads through the block table); S = Q K^T and O += P V run
-// on the tensor cores (WMMA, bf16 inputs, fp32 accumulators); each warp's
+// on the tensor cores (WMMA, inputs of the cache's type: bf16 or f16, fp32
+// accumulators); each warp's
 // online softmax works on its rows of S in shared memory, two lanes a row,
 // and rescales its rows of O there before the P V product accumulates into
 // them. Nothing grows with the context but the number of key tiles; blocks
@@ -282,7 +312,17 @@ template <int D> struct Layout {
   static constexpr size_t kBytes = kO + size_t(kRows) * kOutLd * 4;
 };
 
-template <int D>
+/// T (the cache's __nv_bfloat16 or __half) from fp32, nearest even, and
+/// back.
+template <typename T> __device__ T narrowTo(float x);
+template <> __device__ __nv_bfloat16 narrowTo(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <> __device__ __half narrowTo(float x) { return __float2half_rn(x); }
+__device__ float widened(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ float widened(__half x) { return __half2float(x); }
+
+template <int D, typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     attentionKernel(const float *q, int64_t qStride, RowLayout cache,
                     int64_t position, int64_t n, int64_t heads, int64_t kvHeads,
@@ -290,11 +330,11 @@ __global__ void __launch_bounds__(kWarps * 32)
   using namespace nvcuda;
   using L = Layout<D>;
   extern __shared__ __align__(128) char shared[];
-  auto *qs = reinterpret_cast<__nv_bfloat16 *>(shared + L::kQ);
-  auto *ks = reinterpret_cast<__nv_bfloat16 *>(shared + L::kK);
-  auto *vs = reinterpret_cast<__nv_bfloat16 *>(shared + L::kV);
+  auto *qs = reinterpret_cast<T *>(shared + L::kQ);
+  auto *ks = reinterpret_cast<T *>(shared + L::kK);
+  auto *vs = reinterpret_cast<T *>(shared + L::kV);
   auto *ss = reinterpret_cast<float *>(shared + L::kS);
-  auto *ps = reinterpret_cast<__nv_bfloat16 *>(shared + L::kP);
+  auto *ps = reinterpret_cast<T *>(shared + L::kP);
   auto *os = reinterpret_cast<float *>(shared + L::kO);
   constexpr int ld = L::kMatrixLd;
 
@@ -302,17 +342,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t head = blockIdx.y, kvHead = head / (heads / kvHeads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  // Q (bf16) and O = 0; rows past the chunk are zeros.
+  // Q (as T) and O = 0; rows past the chunk are zeros.
   for (int i = threadIdx.x; i < kRows * D; i += blockDim.x) {
     const int r = i / D, c = i % D;
     const int64_t t = q0 + r;
-    qs[r * ld + c] =
-        __float2bfloat16_rn(t < n ? q[t * qStride + head * D + c] : 0.0f);
+    qs[r * ld + c] = narrowTo<T>(t < n ? q[t * qStride + head * D + c] : 0.0f);
     os[r * L::kOutLd + c] = 0.0f;
   }
   __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>
-      qf[D / 16];
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[D / 16];
   for (int k = 0; k < D / 16; ++k)
     wmma::load_matrix_sync(qf[k], qs + warp * 16 * ld + k * 16, ld);
 
@@ -344,9 +382,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
       wmma::fill_fragment(sf, 0.0f);
       for (int k = 0; k < D / 16; ++k) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
-                       wmma::col_major>
-            kf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
         wmma::load_matrix_sync(kf, ks + j * 16 * ld + k * 16, ld);
         wmma::mma_sync(sf, qf[k], kf, sf);
       }
@@ -364,14 +400,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     tileMax = fmaxf(tileMax, __shfl_xor_sync(0xffffffffu, tileMax, 1));
     const float next = fmaxf(peak, tileMax);
     const float correction = next == -INFINITY ? 1.0f : exp2f(peak - next);
-    __nv_bfloat16 *weights = ps + row * kWeightLd + half * 32;
+    T *weights = ps + row * kWeightLd + half * 32;
     float sum = 0.0f;
     for (int c = 0; c < 32; ++c) {
       const bool valid = k0 + half * 32 + c <= lastKey;
-      const __nv_bfloat16 p =
-          __float2bfloat16_rn(valid ? exp2f(scores[c] * scale - next) : 0.0f);
+      const T p = narrowTo<T>(valid ? exp2f(scores[c] * scale - next) : 0.0f);
       weights[c] = p;
-      sum += __bfloat162float(p);
+      sum += widened(p);
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     total = total * correction + sum;
@@ -382,7 +417,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncwarp();
 
     // O += P V for the warp's rows.
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>
         pf[kKeys / 16];
     for (int k = 0; k < kKeys / 16; ++k)
       wmma::load_matrix_sync(pf[k], ps + warp * 16 * kWeightLd + k * 16,
@@ -392,9 +427,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       float *tile = os + warp * 16 * L::kOutLd + j * 16;
       wmma::load_matrix_sync(of, tile, L::kOutLd, wmma::mem_row_major);
       for (int k = 0; k < kKeys / 16; ++k) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16,
-                       wmma::row_major>
-            vf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
         wmma::load_matrix_sync(vf, vs + k * 16 * ld + j * 16, ld);
         wmma::mma_sync(of, pf[k], vf, of);
       }
@@ -411,20 +444,33 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <int D>
-cudaError_t launch(const float *q, int64_t qStride, RowLayout cache,
-                   int64_t position, int64_t n, int64_t heads, int64_t kvHeads,
-                   void *out, bool bf16Out, cudaStream_t stream) {
+template <int D, typename T>
+cudaError_t launchAs(const float *q, int64_t qStride, RowLayout cache,
+                     int64_t position, int64_t n, int64_t heads,
+                     int64_t kvHeads, void *out, bool bf16Out,
+                     cudaStream_t stream) {
   const size_t bytes = Layout<D>::kBytes;
   cudaError_t error = cudaFuncSetAttribute(
-      attentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      attentionKernel<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       int(bytes));
   if (error != cudaSuccess)
     return error;
   const dim3 grid(unsigned((n + kRows - 1) / kRows), unsigned(heads));
-  attentionKernel<D><<<grid, kWarps * 32, bytes, stream>>>(
+  attentionKernel<D, T><<<grid, kWarps * 32, bytes, stream>>>(
       q, qStride, cache, position, n, heads, kvHeads, out, bf16Out);
   return cudaGetLastError();
+}
+
+/// Over the cache's element type.
+template <int D>
+cudaError_t launch(const float *q, int64_t qStride, RowLayout cache,
+                   int64_t position, int64_t n, int64_t heads, int64_t kvHeads,
+                   void *out, bool bf16Out, cudaStream_t stream) {
+  return cache.f16
+             ? launchAs<D, __half>(q, qStride, cache, position, n, heads,
+                                   kvHeads, out, bf16Out, stream)
+             : launchAs<D, __nv_bfloat16>(q, qStride, cache, position, n, heads,
+                                          kvHeads, out, bf16Out, stream);
 }
 
 } // namespace tiled
@@ -454,7 +500,10 @@ cudaError_t copyRows(RowLayout from, RowLayout to, int64_t first, int64_t n,
                      cudaStream_t stream) {
   if (n <= 0)
     return cudaSuccess;
-  if (rowsAligned(from) && rowsAligned(to))
+  if (from.f16 != to.f16)
+    convertRowsKernel<<<gridFor(n * from.kvDim), kThreads, 0, stream>>>(
+        from, to, first, n);
+  else if (rowsAligned(from) && rowsAligned(to))
     copyRowsKernel<8><<<gridFor(n * from.kvDim / 8), kThreads, 0, stream>>>(
         from, to, first, n);
   else

@@ -24,7 +24,7 @@
 namespace kvc::cuda {
 
 /// Where K and V rows live: a layer of a paged cache (blocks on the device)
-/// or contiguous buffers (blocks null).
+/// or contiguous buffers (blocks null), and their element type.
 struct RowLayout {
   uint16_t *keys = nullptr;
   uint16_t *values = nullptr;
@@ -33,9 +33,15 @@ struct RowLayout {
   int64_t stride = 0;
   int64_t kvDim = 0;
   int64_t origin = 0; ///< The token of a contiguous buffer's first row.
+  /// f16 elements (a server's fp16 cache); else bf16.
+  bool f16 = false;
+  /// Set (to nonzero) by a kernel that rounds a finite value to f16's
+  /// infinity writing these rows (host-mapped memory; null: not recorded).
+  unsigned *outOfRange = nullptr;
 };
 
-/// bf16 rows first.. first+n of `from` into the same rows of `to`.
+/// Rows first.. first+n of `from` into the same rows of `to`, converted
+/// when their element types differ.
 cudaError_t copyRows(RowLayout from, RowLayout to, int64_t first, int64_t n,
                      cudaStream_t stream);
 /// Rows first.. first+n of `from` as fp32 ([n][kvDim] each).
@@ -67,7 +73,7 @@ cudaError_t rope(float *x, int64_t n, int64_t rowStride, int64_t heads,
                  int64_t headDim, const float *cosSin, cudaStream_t stream);
 
 /// K and V out of a projection's rows ([n][rowStride], K at column kColumn,
-/// V at vColumn): RoPE on K, both rounded to bf16, written to rows
+/// V at vColumn): RoPE on K, both rounded to `to`'s type, written to rows
 /// first.. first+n of `to`.
 cudaError_t storeKV(const float *y, int64_t n, int64_t rowStride,
                     int64_t kColumn, int64_t vColumn, int64_t kvHeads,
@@ -79,8 +85,8 @@ cudaError_t storeKV(const float *y, int64_t n, int64_t rowStride,
 /// `cache`: out ([n][heads * headDim]) fp32, or bf16 when `bf16Out`.
 /// With `tensorCores`, for head_dim 32, 64 or 128 and 16-byte aligned rows,
 /// a FlashAttention-style kernel tiled over 64 queries x 64 keys: Q and
-/// the softmax weights rounded to bf16, scores and sums fp32. Otherwise
-/// fp32 throughout, as the CPU model computes it.
+/// the softmax weights rounded to the cache's type, scores and sums fp32.
+/// Otherwise fp32 throughout, as the CPU model computes it.
 cudaError_t attention(const float *q, int64_t qStride, RowLayout cache,
                       int64_t position, int64_t n, int64_t heads,
                       int64_t kvHeads, int64_t headDim, void *out, bool bf16Out,

@@ -6,7 +6,8 @@ makes the calls vLLM's model runner makes on the worker side
 (register_kv_caches, bind_connector_metadata, start_load_kv,
 wait_for_layer_load, save_kv_layer, wait_for_save, get_finished,
 get_block_ids_with_load_errors) on caches in vLLM's layout
-([2, blocks, block_size, kv_heads, head_dim] per layer, bf16) on the GPU when
+([2, blocks, block_size, kv_heads, head_dim] per layer, bf16, or fp16 with
+--dtype float16: an fp16 model's) on the GPU when
 there is one (kvc's "cuda" device: the caches are the device tensors
 themselves), else on the CPU. Where vLLM is not installed (or with
 --stub-vllm) the few names kvc.vllm imports from it are stood in for
@@ -28,6 +29,7 @@ Prints one line per step (with the load's time against transformers'
 prefill of the same tokens) and exits 0 when every check holds.
 
     python3 scripts/vllm-worker-harness.py [--cpu] [--stub-vllm]
+        [--dtype bfloat16|float16]
         [--model DIR --bundle FILE] [--write-model DIR]
 
 The model is a random Llama made here, or --model's (one --write-model

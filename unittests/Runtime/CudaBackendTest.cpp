@@ -21,9 +21,12 @@
 #include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <cuda_runtime_api.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -339,6 +342,31 @@ TEST_F(CudaBackendTest, Fp16CachesRefuseValuesBeyondTheirRange) {
   kv[7] = floatToBf16(0.5f);
   ASSERT_TRUE(device_->upload(kv, false, *buffer).isOk());
   EXPECT_TRUE(device_->scatter(*buffer, box, *cache_, table).isOk());
+  cache_->release(table);
+}
+
+// A traced restore's trace shows the GPU's own spans of its uploads and
+// scatters, a thread per stream, within the restore's time.
+TEST_F(CudaBackendTest, ATraceShowsTheGpusSpans) {
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreOptions options;
+  options.tracePath = ::testing::TempDir() + "/kvc-gpu-spans.json";
+  StatusOr<RestoreMetrics> metrics =
+      restore(*pools_, makePlan({0, 0, 64}, model_->config().numLayers),
+              targetFor(table), options);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  std::ifstream in(options.tracePath);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::map<std::string, int> spans;
+  for (const nlohmann::json &event : trace)
+    if (event["ph"] == "X" && event["cat"] == "device") {
+      const double start = event["ts"], end = start + double(event["dur"]);
+      EXPECT_GT(start, -1e3) << event.dump(); // Microseconds.
+      EXPECT_LT(end, metrics->makespanSeconds * 1e6 + 1e3) << event.dump();
+      ++spans[event["name"].get<std::string>()];
+    }
+  EXPECT_EQ(spans["upload"], (kTokens + 63) / 64) << trace.dump();
+  EXPECT_EQ(spans["scatter"], (kTokens + 63) / 64) << trace.dump();
   cache_->release(table);
 }
 

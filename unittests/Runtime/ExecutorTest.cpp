@@ -3,13 +3,18 @@
 #include "ExecutorFixture.h"
 #include "ForwardingDevice.h"
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <thread>
 
 using namespace kvc;
@@ -153,16 +158,18 @@ TEST_F(ExecutorTest, ChunksReuseTheBuffersOfThoseBeforeInTheDevicesMemory) {
     SCOPED_TRACE(slots);
     BundlePlan plan = makePlan({0, 0, 16, slots}, model_->config().numLayers);
     ASSERT_EQ(plan.stagingSlots, slots);
-    if (slots == 0)
+    if (slots == 0) {
       ASSERT_GT(oneChunkAtATime(plan), 10);
+    }
     CountingDevice counting;
     BlockTable table = *cache_->allocate(kTokens);
     RestoreTarget target = targetFor(table);
     target.device = &counting;
     StatusOr<RestoreMetrics> metrics = restore(*pools_, plan, target);
     ASSERT_TRUE(metrics) << metrics.status().toString();
-    if (slots == 0)
+    if (slots == 0) {
       EXPECT_EQ(counting.allocations.load(), 1);
+    }
     EXPECT_EQ(counting.uploadsFromItsMemory.load(), (kTokens + 15) / 16);
     EXPECT_EQ(counting.otherUploads.load(), 0);
     EXPECT_GE(counting.memory.allocations.load(), 1);
@@ -170,6 +177,43 @@ TEST_F(ExecutorTest, ChunksReuseTheBuffersOfThoseBeforeInTheDevicesMemory) {
     EXPECT_LT(relativeError(table), 1.0 / 128);
     cache_->release(table);
   }
+}
+
+// A traced restore's trace shows the device's own spans beside the host's
+// tasks, a thread per device queue; an untraced one keeps none.
+TEST_F(ExecutorTest, ATraceShowsTheDevicesSpans) {
+  CountingDevice counting;
+  BlockTable table = *cache_->allocate(kTokens);
+  RestoreTarget target = targetFor(table);
+  target.device = &counting;
+  const BundlePlan plan = makePlan({0, 0, 64}, model_->config().numLayers);
+  ASSERT_TRUE(restore(*pools_, plan, target).isOk());
+  EXPECT_EQ(counting.keptSpans, 0);
+
+  RestoreOptions options;
+  options.tracePath = ::testing::TempDir() + "/kvc-device-spans.json";
+  std::remove(options.tracePath.c_str());
+  ASSERT_TRUE(restore(*pools_, plan, target, options).isOk());
+  EXPECT_EQ(counting.keptSpans, 2); // Kept for the run, then no more.
+  std::ifstream in(options.tracePath);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  int queue = 0;
+  for (const nlohmann::json &event : trace)
+    if (event["ph"] == "M" && event["name"] == "thread_name" &&
+        event["args"]["name"] == "device/0")
+      queue = event["tid"];
+  ASSERT_NE(queue, 0) << trace.dump();
+  std::set<std::string> spans;
+  for (const nlohmann::json &event : trace)
+    if (event["ph"] == "X" && event["cat"] == "device") {
+      EXPECT_EQ(event["tid"], queue);
+      EXPECT_GE(event["ts"].get<double>(), 0);
+      spans.insert(event["name"].get<std::string>());
+    }
+  EXPECT_EQ(spans,
+            (std::set<std::string>{"scatter 0", "scatter 64", "scatter 128",
+                                   "scatter 192", "scatter 256"}));
+  cache_->release(table);
 }
 
 // whenReady runs its callback once: when the layer completes, when the

@@ -205,6 +205,29 @@ public:
   }
   CountingMemory memory;
   std::atomic<int> uploadsFromItsMemory{0}, otherUploads{0};
+
+  /// A device with a clock of its own: each scatter kept as a span of the
+  /// queue of the scatter's layers, while spans are kept.
+  Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
+                 PagedKVCache &cache, const BlockTable &table) override {
+    Clock::time_point start = Clock::now();
+    Status status = ForwardingDevice::scatter(kv, box, cache, table);
+    std::lock_guard<std::mutex> lock(spansMutex_);
+    if (keep_)
+      spans_.push_back({"scatter " + std::to_string(box.tokenBegin),
+                        int(box.layerBegin), start, Clock::now()});
+    return status;
+  }
+  void keepSpans(bool keep) override {
+    std::lock_guard<std::mutex> lock(spansMutex_);
+    keep_ = keep;
+    ++keptSpans;
+  }
+  std::vector<DeviceSpan> takeSpans() override {
+    std::lock_guard<std::mutex> lock(spansMutex_);
+    return std::move(spans_);
+  }
+  int keptSpans = 0; ///< keepSpans calls.
   StatusOr<std::unique_ptr<PrefillStream>>
   streamPrefill(const ModelCompute &model, int64_t tokens) override {
     ++streams;
@@ -214,6 +237,11 @@ public:
   }
   std::atomic<int> streams{0}, allocations{0};
   Status refusal;
+
+private:
+  std::mutex spansMutex_;
+  bool keep_ = false;
+  std::vector<DeviceSpan> spans_;
 };
 
 } // namespace kvc

@@ -38,6 +38,7 @@
 #include "kvc/Runtime/Model/ModelRunner.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -258,6 +259,12 @@ public:
     for (const auto &[name, loaded] : functions_)
       for (const LoadedKernel &kernel : loaded)
         driver_->cuModuleUnload(kernel.module);
+    for (const KeptSpan &span : spans_) {
+      cudaEventDestroy(span.start);
+      cudaEventDestroy(span.end);
+    }
+    if (spanBase_)
+      cudaEventDestroy(spanBase_);
   }
 
   const char *name() const override { return "cuda"; }
@@ -312,6 +319,7 @@ public:
   Status upload(HostWords &host, bool /*consume*/, DeviceBuffer &to) override {
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "upload");
     CudaBuffer &buffer = bufferOf(to);
     const size_t bytes = host.size() * sizeof(uint16_t);
     KVC_RETURN_IF_ERROR(buffer.memory.reserve(bytes));
@@ -356,6 +364,7 @@ public:
                            const ChunkBox &box, DeviceBuffer &kv) {
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "project");
     const int64_t tokens = box.tokens(), h = model.config().hiddenSize,
                   kvDim = model.kvDim();
     const int64_t wordsPer = dtype == DType::F32 ? 2 : 1;
@@ -402,6 +411,7 @@ public:
                                          box.tokenBegin, tokens));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "scatter");
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
     for (int64_t l = 0; l < box.layers(); ++l) {
@@ -456,6 +466,7 @@ public:
                           "\" does not encode this chunk");
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "generated save");
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
     // The payloads back to back, each 16-byte aligned.
@@ -519,6 +530,7 @@ public:
     KVC_ASSIGN_OR_RETURN(rope, gpu.fullRopeTable());
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "generated projection");
     KVC_ASSIGN_OR_RETURN(normFunction, functionOf(prologue));
     KVC_ASSIGN_OR_RETURN(ropeFunction, functionOf(epilogue));
     Scratch scratch(lane);
@@ -564,6 +576,7 @@ public:
     }
     KVC_ASSIGN_OR_RETURN(lease, acquire()); // The device's context current.
     Lane &lane = *lease;
+    Span span(*this, lane, "generated restore");
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(params,
@@ -583,6 +596,7 @@ public:
     KVC_RETURN_IF_ERROR(cache.checkRange(table, 0, layers, 0, position + n));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "prefill");
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table, lane));
     // Each layer's K and V are readable once the lane's work up to them is
@@ -624,6 +638,7 @@ public:
     KVC_RETURN_IF_ERROR(to.checkRange(toTable, layer, first, n));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "copy rows");
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(fromBlocks, tableOn(scratch, fromTable));
     KVC_ASSIGN_OR_RETURN(toBlocks, tableOn(scratch, toTable));
@@ -642,6 +657,7 @@ public:
     KVC_RETURN_IF_ERROR(cache.checkRange(table, layer, first, n));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "read back");
     Scratch scratch(lane);
     const int64_t count = n * cache.kvDim();
     KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
@@ -669,6 +685,7 @@ public:
         cache.checkRange(table, 0, cache.config().layers, 0, position + n));
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
+    Span span(*this, lane, "decode");
     Scratch scratch(lane);
     const int64_t vocab = model.config().vocabSize;
     KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table, lane));
@@ -837,7 +854,96 @@ private:
       }
     }
     KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device));
+    lane->id = laneCount_++;
     return LaneLease(this, std::move(lane));
+  }
+
+  /// `lane`'s work from construction to destruction as a device span,
+  /// while spans are kept (keepSpans): events recorded on its stream
+  /// before and after what the call enqueues.
+  class Span {
+  public:
+    Span(CudaDevice &device, const Lane &lane, const char *name)
+        : device_(device), lane_(lane), name_(name) {
+      std::lock_guard<std::mutex> lock(device_.spansMutex_);
+      if (!device_.keepSpans_)
+        return;
+      if (cudaEventCreate(&start_) != cudaSuccess ||
+          cudaEventRecord(start_, lane_.stream) != cudaSuccess)
+        drop();
+    }
+    ~Span() {
+      if (!start_)
+        return;
+      cudaEvent_t end = nullptr;
+      if (cudaEventCreate(&end) != cudaSuccess ||
+          cudaEventRecord(end, lane_.stream) != cudaSuccess) {
+        if (end)
+          cudaEventDestroy(end);
+        drop();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(device_.spansMutex_);
+      device_.spans_.push_back({name_, lane_.id, start_, end});
+    }
+    Span(const Span &) = delete;
+    Span &operator=(const Span &) = delete;
+
+  private:
+    void drop() {
+      (void)cudaGetLastError(); // A span less, not an error of the call.
+      if (start_)
+        cudaEventDestroy(start_);
+      start_ = nullptr;
+    }
+    CudaDevice &device_;
+    const Lane &lane_;
+    const char *name_;
+    cudaEvent_t start_ = nullptr;
+  };
+
+  /// The device's clock placed on the host's: an event recorded on an
+  /// idle stream and waited for, beside Clock::now().
+  void keepSpans(bool keep) override {
+    std::lock_guard<std::mutex> lock(spansMutex_);
+    if (keep && !keepSpans_) {
+      if ((!spanBase_ && cudaEventCreate(&spanBase_) != cudaSuccess) ||
+          cudaEventRecord(spanBase_, DeviceArray::releaseStream()) !=
+              cudaSuccess ||
+          cudaEventSynchronize(spanBase_) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return; // No spans: a trace of the host's tasks alone.
+      }
+      spanBaseHost_ = Clock::now();
+    }
+    keepSpans_ = keep;
+  }
+
+  std::vector<DeviceSpan> takeSpans() override {
+    std::vector<KeptSpan> kept;
+    {
+      std::lock_guard<std::mutex> lock(spansMutex_);
+      kept.swap(spans_);
+    }
+    std::vector<DeviceSpan> spans;
+    for (const KeptSpan &span : kept) {
+      float start = 0, end = 0;
+      if (cudaEventSynchronize(span.end) == cudaSuccess &&
+          cudaEventElapsedTime(&start, spanBase_, span.start) == cudaSuccess &&
+          cudaEventElapsedTime(&end, spanBase_, span.end) == cudaSuccess) {
+        auto at = [&](float ms) {
+          return spanBaseHost_ +
+                 std::chrono::duration_cast<Clock::duration>(
+                     std::chrono::duration<double, std::milli>(ms));
+        };
+        spans.push_back({span.name, span.queue, at(start), at(end)});
+      } else {
+        (void)cudaGetLastError();
+      }
+      cudaEventDestroy(span.start);
+      cudaEventDestroy(span.end);
+    }
+    return spans;
   }
 
   /// A prefill into a paged cache of the backend's that copies each
@@ -1051,6 +1157,18 @@ private:
   const CudaDriver *driver_ = nullptr;
   WaitWords waitWords_;
   PinnedMemory pinned_;
+  std::atomic<int> laneCount_{0};
+  /// Spans kept for a trace (keepSpans), guarded by spansMutex_.
+  struct KeptSpan {
+    std::string name;
+    int queue;
+    cudaEvent_t start, end;
+  };
+  std::mutex spansMutex_;
+  bool keepSpans_ = false;
+  cudaEvent_t spanBase_ = nullptr;
+  Clock::time_point spanBaseHost_;
+  std::vector<KeptSpan> spans_;
   std::mutex mutex_; ///< Guards lanes_.
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::mutex modelsMutex_;

@@ -130,6 +130,8 @@ private:
 
 /// A stream with its cuBLAS handle and a pinned host buffer for copies.
 struct Lane {
+  /// Which of the device's lanes (its queue in a trace's device spans).
+  int id = 0;
   cudaStream_t stream = nullptr;
   const Cublas *cublas = nullptr;
   cublasHandle_t blas = nullptr;

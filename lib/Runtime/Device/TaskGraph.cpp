@@ -325,7 +325,8 @@ StatusOr<double> measureHandoff(ResourcePools &pools, const std::string &a,
 }
 
 Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
-                        const std::string &path) {
+                        const std::string &path,
+                        const std::vector<DeviceSpan> &device) {
   using Json = nlohmann::json;
   Json events = Json::array();
   // One trace thread per (resource, worker), named, in resource order.
@@ -335,6 +336,8 @@ Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
       threads.emplace(std::make_pair(graph.tasks[i].resource,
                                      result.timings[i].worker),
                       0);
+  for (const DeviceSpan &span : device)
+    threads.emplace(std::make_pair("device", span.queue), 0);
   int tid = 0;
   for (auto &[key, id] : threads) {
     id = ++tid;
@@ -363,6 +366,16 @@ Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
                       {"ts", t.start * 1e6},
                       {"dur", (t.end - t.start) * 1e6},
                       {"args", {{"task", i}}}});
+  }
+  for (const DeviceSpan &span : device) {
+    using Seconds = std::chrono::duration<double>;
+    events.push_back({{"ph", "X"},
+                      {"name", span.name},
+                      {"cat", "device"},
+                      {"pid", 1},
+                      {"tid", threads[{"device", span.queue}]},
+                      {"ts", Seconds(span.start - result.begin).count() * 1e6},
+                      {"dur", Seconds(span.end - span.start).count() * 1e6}});
   }
   std::ofstream out(path);
   if (!out)

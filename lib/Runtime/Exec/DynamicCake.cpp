@@ -202,6 +202,7 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
         {"load from the back", io, {}, [&](int) { return walk.load(); }}));
   graph.add({"recompute handed back", compute, sides,
              [&](int) { return walk.recomputeFailed(); }});
+  KeptSpans spans(deviceOr(target.device), !run.tracePath.empty());
   RunResult result = runGraph(pools, graph);
   KVC_RETURN_IF_ERROR(result.status);
 
@@ -213,7 +214,8 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
       run.progress->readySeconds(result.begin, result.makespan);
   out.metrics.busySeconds = result.busy;
   if (!run.tracePath.empty())
-    KVC_RETURN_IF_ERROR(writeChromeTrace(graph, result, run.tracePath));
+    KVC_RETURN_IF_ERROR(
+        writeChromeTrace(graph, result, run.tracePath, spans.take()));
   return out;
 }
 

@@ -517,6 +517,7 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   if (options.resident > 0) // Written before the restore: count them.
     options.progress->add(0, target.model->config().numLayers,
                           options.resident);
+  KeptSpans spans(deviceOr(target.device), !options.tracePath.empty());
   RunResult result = runGraph(pools, *graph);
   if (!result.status.isOk())
     return result.status;
@@ -537,7 +538,8 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
     metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
   addPredictions(plan, *target.model, metrics);
   if (!options.tracePath.empty())
-    KVC_RETURN_IF_ERROR(writeChromeTrace(*graph, result, options.tracePath));
+    KVC_RETURN_IF_ERROR(
+        writeChromeTrace(*graph, result, options.tracePath, spans.take()));
   return metrics;
 }
 

@@ -26,6 +26,8 @@
 //   streamWait    a stream of the caller's (a server's forward pass) made
 //                 to wait, without blocking the host, until the host
 //                 raises a signal (a restored layer)
+//   keepSpans, takeSpans
+//                 the device's own timing of its work, for traces
 //   uploadGBs, memoryGBs
 //                 what calibration measures of the device itself
 //   createRunner  the device's ModelRunner for a model (ModelRunner.h):
@@ -209,6 +211,14 @@ public:
                          " device has no stream waits");
   }
 
+  /// Starts (or stops) keeping the spans of the device's own work, for a
+  /// trace: every call's while kept, whichever restore made it. takeSpans
+  /// waits for the work kept and returns its spans, clearing them. A device
+  /// whose work is the calling thread's (the CPU's) keeps none: the host
+  /// tasks' spans are its.
+  virtual void keepSpans(bool keep) { (void)keep; }
+  virtual std::vector<DeviceSpan> takeSpans() { return {}; }
+
   /// Calibration: host-to-device copy bandwidth, GB/s.
   virtual StatusOr<double> uploadGBs() = 0;
   /// Calibration: the device memory's bandwidth, GB/s of bytes read plus
@@ -224,6 +234,29 @@ public:
   /// compute refuses with why, so that loads still run.
   virtual std::unique_ptr<ModelRunner>
   createRunner(const ModelCompute &model) = 0;
+};
+
+/// Keeps `device`'s spans while it lives, for a traced run (`on`).
+class KeptSpans {
+public:
+  KeptSpans(Device &device, bool on) : device_(device), on_(on) {
+    if (on_)
+      device_.keepSpans(true);
+  }
+  ~KeptSpans() {
+    if (on_)
+      device_.keepSpans(false);
+  }
+  KeptSpans(const KeptSpans &) = delete;
+  KeptSpans &operator=(const KeptSpans &) = delete;
+  /// The spans kept so far (none when not on).
+  std::vector<DeviceSpan> take() {
+    return on_ ? device_.takeSpans() : std::vector<DeviceSpan>{};
+  }
+
+private:
+  Device &device_;
+  bool on_;
 };
 
 /// The CPU device: host memory, compute the model's own (LlamaModel's

@@ -158,10 +158,21 @@ StatusOr<double> measureHandoff(ResourcePools &pools, const std::string &a,
                                 const std::string &b, double workSeconds,
                                 int64_t tasks);
 
+/// Work a device ran on one of its queues (a copy, kernels), timed by the
+/// device's own clock and placed on the host's (Device::takeSpans).
+struct DeviceSpan {
+  std::string name; ///< "upload", "scatter", ...
+  int queue = 0;    ///< Which of the device's queues (streams) ran it.
+  Clock::time_point start, end;
+};
+
 /// Writes a run as a Chrome trace (JSON array format): one thread per
-/// resource worker, one complete event per task that ran.
+/// resource worker, one complete event per task that ran; and one thread
+/// per device queue with the device's spans of the run (`device`), so that
+/// the trace shows when the device worked beside when the host asked it to.
 Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
-                        const std::string &path);
+                        const std::string &path,
+                        const std::vector<DeviceSpan> &device = {});
 
 } // namespace kvc
 

@@ -78,6 +78,8 @@ class PinnedMemory final : public HostMemory {
 public:
   static constexpr size_t kKeptBytes = size_t(1) << 30;
 
+  /// Pinned in the context of `device` (and usable in every other).
+  explicit PinnedMemory(int device) : device_(device) {}
   ~PinnedMemory() override {
     for (const auto &[bytes, block] : kept_)
       cudaFreeHost(block);
@@ -97,7 +99,8 @@ public:
       kept_.erase(it);
       return block;
     }
-    if (cudaHostAlloc(&block, size, cudaHostAllocPortable) != cudaSuccess) {
+    if (cudaSetDevice(device_) != cudaSuccess ||
+        cudaHostAlloc(&block, size, cudaHostAllocPortable) != cudaSuccess) {
       (void)cudaGetLastError(); // The caller falls back to the heap.
       return nullptr;
     }
@@ -132,6 +135,7 @@ private:
     return size;
   }
 
+  int device_;
   std::mutex mutex_;
   std::multimap<size_t, void *> kept_;
   std::map<void *, size_t> live_;
@@ -254,7 +258,8 @@ class CudaDevice final : public Device {
   friend class CudaRunner; // Finds the model's weights (modelFor).
 
 public:
-  explicit CudaDevice(const CudaDeviceOptions &options) : options_(options) {}
+  explicit CudaDevice(const CudaDeviceOptions &options)
+      : options_(options), pinned_(options.device) {}
   ~CudaDevice() override {
     for (const auto &[name, loaded] : functions_)
       for (const LoadedKernel &kernel : loaded)

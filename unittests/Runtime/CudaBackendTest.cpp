@@ -281,8 +281,9 @@ TEST_F(CudaBackendTest, AStreamWaitHoldsTheStreamUntilRaised) {
   for (int i = 0; i < 3000; ++i) {
     StatusOr<std::shared_ptr<StreamSignal>> next = gpu->streamWait(stream);
     ASSERT_TRUE(next) << i << ": " << next.status().toString();
-    if (i % 100 == 99)
+    if (i % 100 == 99) {
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    }
   }
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaFree(word);

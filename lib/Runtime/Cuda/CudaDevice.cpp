@@ -907,21 +907,27 @@ private:
     cudaEvent_t start_ = nullptr;
   };
 
-  /// The device's clock placed on the host's: an event recorded on an
-  /// idle stream and waited for, beside Clock::now().
+  /// Kept while any caller keeps them (traced restores at once). The
+  /// device's clock is placed on the host's when keeping starts: an event
+  /// recorded on an idle stream and waited for, beside Clock::now().
   void keepSpans(bool keep) override {
     std::lock_guard<std::mutex> lock(spansMutex_);
-    if (keep && !keepSpans_) {
-      if ((!spanBase_ && cudaEventCreate(&spanBase_) != cudaSuccess) ||
-          cudaEventRecord(spanBase_, DeviceArray::releaseStream()) !=
-              cudaSuccess ||
-          cudaEventSynchronize(spanBase_) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return; // No spans: a trace of the host's tasks alone.
-      }
-      spanBaseHost_ = Clock::now();
+    if (!keep) {
+      keepers_ = std::max(0, keepers_ - 1);
+      keepSpans_ = keepers_ > 0;
+      return;
     }
-    keepSpans_ = keep;
+    if (keepers_++ > 0)
+      return;
+    if ((!spanBase_ && cudaEventCreate(&spanBase_) != cudaSuccess) ||
+        cudaEventRecord(spanBase_, DeviceArray::releaseStream()) !=
+            cudaSuccess ||
+        cudaEventSynchronize(spanBase_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return; // No spans: traces of the host's tasks alone.
+    }
+    spanBaseHost_ = Clock::now();
+    keepSpans_ = true;
   }
 
   std::vector<DeviceSpan> takeSpans() override {
@@ -1170,6 +1176,7 @@ private:
     cudaEvent_t start, end;
   };
   std::mutex spansMutex_;
+  int keepers_ = 0;
   bool keepSpans_ = false;
   cudaEvent_t spanBase_ = nullptr;
   Clock::time_point spanBaseHost_;

@@ -212,10 +212,11 @@ public:
   }
 
   /// Starts (or stops) keeping the spans of the device's own work, for a
-  /// trace: every call's while kept, whichever restore made it. takeSpans
-  /// waits for the work kept and returns its spans, clearing them. A device
-  /// whose work is the calling thread's (the CPU's) keeps none: the host
-  /// tasks' spans are its.
+  /// trace: every call's while any caller keeps them, whichever restore
+  /// made it (keepSpans(true) and (false) pair up). takeSpans waits for the
+  /// work kept and returns its spans, clearing them. A device whose work is
+  /// the calling thread's (the CPU's) keeps none: the host tasks' spans are
+  /// its.
   virtual void keepSpans(bool keep) { (void)keep; }
   virtual std::vector<DeviceSpan> takeSpans() { return {}; }
 
@@ -243,20 +244,28 @@ public:
     if (on_)
       device_.keepSpans(true);
   }
+  /// Spans not taken (a run that failed) are dropped, not left for the
+  /// next trace.
   ~KeptSpans() {
-    if (on_)
-      device_.keepSpans(false);
+    if (!on_)
+      return;
+    if (!taken_)
+      (void)device_.takeSpans();
+    device_.keepSpans(false);
   }
   KeptSpans(const KeptSpans &) = delete;
   KeptSpans &operator=(const KeptSpans &) = delete;
   /// The spans kept so far (none when not on).
   std::vector<DeviceSpan> take() {
-    return on_ ? device_.takeSpans() : std::vector<DeviceSpan>{};
+    if (!on_)
+      return {};
+    taken_ = true;
+    return device_.takeSpans();
   }
 
 private:
   Device &device_;
-  bool on_;
+  bool on_, taken_ = false;
 };
 
 /// The CPU device: host memory, compute the model's own (LlamaModel's

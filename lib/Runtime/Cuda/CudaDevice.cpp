@@ -1150,7 +1150,7 @@ private:
             cache.kvDim(),
             0,
             f16,
-            f16 ? const_cast<unsigned *>(lane.outOfRange) : nullptr};
+            f16 ? lane.outOfRangeOnDevice : nullptr};
   }
 
   StatusOr<std::vector<RowLayout>> layoutsOf(Scratch &scratch,

@@ -80,6 +80,10 @@ StatusOr<std::unique_ptr<Lane>> Lane::create(int device) {
       "allocating a lane's range word");
   lane->outOfRange = static_cast<volatile unsigned *>(word);
   *lane->outOfRange = 0;
+  void *onDevice = nullptr;
+  KVC_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&onDevice, word, 0),
+                           "mapping a lane's range word");
+  lane->outOfRangeOnDevice = static_cast<unsigned *>(onDevice);
   KVC_ASSIGN_OR_RETURN(cublas, Cublas::get());
   lane->cublas = cublas;
   KVC_RETURN_IF_ERROR(

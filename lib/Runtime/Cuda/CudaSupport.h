@@ -141,8 +141,10 @@ struct Lane {
   cudaEvent_t halves[2] = {nullptr, nullptr};
   /// A word of host-mapped memory that kernels writing an f16 cache on the
   /// stream set when a finite value is beyond f16's range
-  /// (RowLayout::outOfRange); sync reports and clears it.
+  /// (RowLayout::outOfRange: its device address); sync reports and clears
+  /// it.
   volatile unsigned *outOfRange = nullptr;
+  unsigned *outOfRangeOnDevice = nullptr;
 
   static StatusOr<std::unique_ptr<Lane>> create(int device);
   ~Lane();

@@ -1,5 +1,6 @@
 //===- ExecutorTest.cpp - Restores that must equal a full prefill ---------===//
 
+#include "ChunkSteps.h"
 #include "ExecutorFixture.h"
 #include "ForwardingDevice.h"
 
@@ -176,6 +177,30 @@ TEST_F(ExecutorTest, ChunksReuseTheBuffersOfThoseBeforeInTheDevicesMemory) {
     EXPECT_LE(counting.memory.allocations.load(), std::max<int64_t>(slots, 1));
     EXPECT_LT(relativeError(table), 1.0 / 128);
     cache_->release(table);
+  }
+}
+
+// A restore's staging memory is kept for the next: the second restore of a
+// process obtains no new decode buffers from its device's memory, and its
+// slots read into the fetch buffers the first one's gave back.
+TEST_F(ExecutorTest, ASecondRestoreReusesTheFirstsStagingMemory) {
+  class KeptDevice final : public ForwardingDevice {
+  public:
+    HostMemory *hostMemory() override { return &memory; }
+    KeptHostMemory memory;
+  } device;
+  const BundlePlan plan =
+      makePlan({0, 0, 64, /*slots=*/2}, model_->config().numLayers);
+  for (int round = 0; round < 2; ++round) {
+    BlockTable table = *cache_->allocate(kTokens);
+    RestoreTarget target = targetFor(table);
+    target.device = &device;
+    ASSERT_TRUE(restore(*pools_, plan, target).isOk());
+    EXPECT_LT(relativeError(table), 1.0 / 128);
+    cache_->release(table);
+    EXPECT_EQ(device.memory.obtained(), 2) << "round " << round;
+    EXPECT_GT(device.memory.keptBytes(), 0u);
+    EXPECT_GT(exec_detail::keptFetchBytes(), 0u);
   }
 }
 

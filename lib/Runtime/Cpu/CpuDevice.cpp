@@ -192,6 +192,9 @@ public:
     return std::make_unique<HostBuffer>();
   }
 
+  /// The heap's, kept across restores.
+  HostMemory *hostMemory() override { return &keptHeapMemory(); }
+
   Status upload(HostWords &host, bool consume, DeviceBuffer &to) override {
     HostWords &words = wordsOf(to);
     if (consume)

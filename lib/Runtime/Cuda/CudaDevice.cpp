@@ -71,75 +71,29 @@ CudaBuffer &bufferOf(DeviceBuffer &buffer) {
 /// piece's DMA outlasts the launch of the next.
 constexpr size_t kPinnedHalf = size_t(8) << 20;
 
-/// Pinned host memory, kept when given back for the next request of its
-/// size class (up to kKeptBytes in all): pinning is a system call per
-/// block, which a restore's staging slots would otherwise pay per restore.
-class PinnedMemory final : public HostMemory {
+/// Pinned host memory, kept when given back (KeptHostMemory): pinning is a
+/// system call per block, which a restore's staging slots would otherwise
+/// pay per restore.
+class PinnedMemory final : public KeptHostMemory {
 public:
-  static constexpr size_t kKeptBytes = size_t(1) << 30;
-
   /// Pinned in the context of `device` (and usable in every other).
   explicit PinnedMemory(int device) : device_(device) {}
-  ~PinnedMemory() override {
-    for (const auto &[bytes, block] : kept_)
-      cudaFreeHost(block);
-  }
+  ~PinnedMemory() override { disposeKept(); }
 
-  void *allocate(size_t bytes) override {
-    const size_t size = sizeClass(bytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    // A kept block of the class, or of the next (a buffer half again as
-    // large as before).
-    auto it = kept_.lower_bound(size);
+protected:
+  void *obtain(size_t bytes) override {
     void *block = nullptr;
-    if (it != kept_.end() && it->first <= 2 * size) {
-      block = it->second;
-      keptBytes_ -= it->first;
-      live_[block] = it->first;
-      kept_.erase(it);
-      return block;
-    }
     if (cudaSetDevice(device_) != cudaSuccess ||
-        cudaHostAlloc(&block, size, cudaHostAllocPortable) != cudaSuccess) {
+        cudaHostAlloc(&block, bytes, cudaHostAllocPortable) != cudaSuccess) {
       (void)cudaGetLastError(); // The caller falls back to the heap.
       return nullptr;
     }
-    live_[block] = size;
     return block;
   }
-
-  void deallocate(void *block, size_t) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = live_.find(block);
-    if (it == live_.end())
-      return; // Not ours: HostWords gives each block back to its owner.
-    const size_t size = it->second;
-    live_.erase(it);
-    if (keptBytes_ + size > kKeptBytes) {
-      cudaFreeHost(block);
-      return;
-    }
-    keptBytes_ += size;
-    kept_.emplace(size, block);
-  }
+  void dispose(void *block, size_t) override { cudaFreeHost(block); }
 
 private:
-  /// Powers of two up to 1 MiB, whole MiB above.
-  static size_t sizeClass(size_t bytes) {
-    constexpr size_t kMiB = size_t(1) << 20;
-    if (bytes > kMiB)
-      return (bytes + kMiB - 1) / kMiB * kMiB;
-    size_t size = 4096;
-    while (size < bytes)
-      size *= 2;
-    return size;
-  }
-
   int device_;
-  std::mutex mutex_;
-  std::multimap<size_t, void *> kept_;
-  std::map<void *, size_t> live_;
-  size_t keptBytes_ = 0;
 };
 
 Status needDevice(const PagedKVCache &cache) {

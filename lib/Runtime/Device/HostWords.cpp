@@ -30,6 +30,86 @@ HostMemory &heapMemory() {
   return heap;
 }
 
+KeptHostMemory::~KeptHostMemory() { disposeKept(); }
+
+void KeptHostMemory::disposeKept() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto &[bytes, block] : kept_)
+    dispose(block, bytes);
+  kept_.clear();
+  keptNow_ = 0;
+}
+
+std::size_t KeptHostMemory::sizeClass(std::size_t bytes) {
+  constexpr std::size_t kMiB = std::size_t(1) << 20;
+  if (bytes > kMiB)
+    return (bytes + kMiB - 1) / kMiB * kMiB;
+  std::size_t size = 4096;
+  while (size < bytes)
+    size *= 2;
+  return size;
+}
+
+void *KeptHostMemory::allocate(std::size_t bytes) {
+  const std::size_t size = sizeClass(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // A kept block of the class, or of a larger one up to twice the size (a
+  // buffer half again as large as before).
+  auto it = kept_.lower_bound(size);
+  if (it != kept_.end() && it->first <= 2 * size) {
+    void *block = it->second;
+    keptNow_ -= it->first;
+    live_[block] = it->first;
+    kept_.erase(it);
+    return block;
+  }
+  void *block = obtain(size);
+  if (block) {
+    live_[block] = size;
+    ++obtained_;
+  }
+  return block;
+}
+
+void KeptHostMemory::deallocate(void *block, std::size_t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = live_.find(block);
+  if (it == live_.end())
+    return; // Not given out here.
+  const std::size_t size = it->second;
+  live_.erase(it);
+  if (keptNow_ + size > keptBytes_) {
+    dispose(block, size);
+    return;
+  }
+  keptNow_ += size;
+  kept_.emplace(size, block);
+}
+
+std::size_t KeptHostMemory::keptBytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return keptNow_;
+}
+
+int64_t KeptHostMemory::obtained() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return obtained_;
+}
+
+void *KeptHostMemory::obtain(std::size_t bytes) {
+  return heapMemory().allocate(bytes);
+}
+
+void KeptHostMemory::dispose(void *block, std::size_t bytes) {
+  heapMemory().deallocate(block, bytes);
+}
+
+HostMemory &keptHeapMemory() {
+  // Never destroyed: buffers of static objects may come back at exit.
+  static KeptHostMemory &memory = *new KeptHostMemory();
+  return memory;
+}
+
 HostWords::HostWords(HostWords &&other) noexcept : memory_(other.memory_) {
   swap(other);
 }

@@ -49,6 +49,54 @@ Status withStoredEncodings(ChunkStore &store, const ChunkRef &ref,
   return chunkError(ChunkFault::Missing, text);
 }
 
+/// Fetch buffers (a slot's stored objects as read) of slots gone, for the
+/// next restores' slots, as KeptHostMemory keeps decode buffers.
+class KeptObjects {
+public:
+  using Objects = std::vector<std::pair<ChunkRef, std::string>>;
+  static constexpr std::size_t kKeptBytes = std::size_t(512) << 20;
+
+  Objects take() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_.empty())
+      return {};
+    Objects objects = std::move(kept_.back());
+    kept_.pop_back();
+    bytes_ -= bytesOf(objects);
+    return objects;
+  }
+  void give(Objects &objects) {
+    const std::size_t bytes = bytesOf(objects);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes == 0 || bytes_ + bytes > kKeptBytes)
+      return;
+    bytes_ += bytes;
+    kept_.push_back(std::move(objects));
+  }
+  std::size_t bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_;
+  }
+
+private:
+  static std::size_t bytesOf(const Objects &objects) {
+    std::size_t bytes = 0;
+    for (const auto &[ref, buffer] : objects)
+      bytes += buffer.capacity();
+    return bytes;
+  }
+
+  std::mutex mutex_;
+  std::vector<Objects> kept_;
+  std::size_t bytes_ = 0;
+};
+
+KeptObjects &keptObjects() {
+  // Never destroyed: slots of static objects may go at exit.
+  static KeptObjects &kept = *new KeptObjects();
+  return kept;
+}
+
 bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
   return ref.tokenBegin < value.tokens.end &&
          value.tokens.begin < ref.tokenEnd &&
@@ -56,6 +104,12 @@ bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
 }
 
 } // namespace
+
+StagingSlot::StagingSlot() : objects(keptObjects().take()) {}
+
+StagingSlot::~StagingSlot() { keptObjects().give(objects); }
+
+std::size_t keptFetchBytes() { return keptObjects().bytes(); }
 
 Status checkTarget(const RestoreTarget &target) {
   if (!target.model || !target.tokens || !target.cache || !target.table)

@@ -48,6 +48,14 @@ namespace kvc::exec_detail {
 /// every chunk routed through the slot. `busy` and `deviceBusy` turn a plan
 /// that would refill either side early into an error instead of a race.
 struct StagingSlot {
+  /// Takes fetch buffers kept by earlier restores' slots, and gives its own
+  /// back (keptFetchBytes): a fresh buffer's pages fault in as it is read
+  /// into, at about the cost of the read on a VM.
+  StagingSlot();
+  ~StagingSlot();
+  StagingSlot(const StagingSlot &) = delete;
+  StagingSlot &operator=(const StagingSlot &) = delete;
+
   std::atomic<bool> busy{false}, deviceBusy{false};
   /// One of ChunkSteps' spares (a chunk whose plan gave it no slot), and
   /// whether it is among the free ones. Guarded by ChunkSteps' mutex.
@@ -56,6 +64,10 @@ struct StagingSlot {
   HostWords data;
   std::unique_ptr<DeviceBuffer> device, projected;
 };
+
+/// Bytes of fetch buffers kept for the next restores' staging slots (at
+/// most 512 MiB).
+std::size_t keptFetchBytes();
 
 /// A chunk on its way. Layout of `data` and of the device buffer: per layer
 /// of `layers`, K then V ([tokens][kvDim] each) for KV, or the layer's

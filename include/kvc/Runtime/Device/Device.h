@@ -126,9 +126,10 @@ public:
   /// An empty device buffer; upload and a runner's project size it.
   virtual std::unique_ptr<DeviceBuffer> allocate() = 0;
 
-  /// Host memory that upload reads without staging it first (page-locked
-  /// memory of the device's, reused across chunks and restores); null:
-  /// the heap's serves as well as any.
+  /// Host memory that staging slots decode chunks into, kept across
+  /// restores (KeptHostMemory): on CUDA page-locked, which upload reads
+  /// without staging it first; the CPU's keeps the heap's. Null: the heap's,
+  /// not kept.
   virtual HostMemory *hostMemory() { return nullptr; }
 
   /// Copies `host`'s 16-bit words into `to`. When `consume` is set the

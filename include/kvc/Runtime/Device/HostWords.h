@@ -7,8 +7,11 @@
 // the decoder writes the chunk where the DMA reads it.
 //
 //   HostMemory  where blocks of host memory come from: the heap (heapMemory)
-//               or a device's, which may keep the blocks it is given back
-//               for the next request of their size.
+//               or a device's; KeptHostMemory keeps the blocks it is given
+//               back for the next request of their size, so that staging
+//               buffers cost their first touch once a process, not once a
+//               restore (a fresh page faults in at about the cost of
+//               reading it, on a VM).
 //   HostWords   a growable array of 16-bit words over one HostMemory: the
 //               part of std::vector<uint16_t> the runtime uses, plus
 //               resizeForOverwrite, which leaves new words unset for a
@@ -26,6 +29,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 namespace kvc {
 
@@ -41,6 +46,46 @@ public:
 
 /// The heap's memory (aligned operator new).
 HostMemory &heapMemory();
+
+/// Memory that keeps blocks given back, by size class (powers of two up to
+/// 1 MiB, whole MiB above), up to `keptBytes` in all, and hands a kept
+/// block of the class (or of the next, up to twice the size) to the next
+/// request. Blocks come from obtain and go back through dispose: the
+/// heap's by default, pinned memory on CUDA. Thread-safe.
+class KeptHostMemory : public HostMemory {
+public:
+  explicit KeptHostMemory(std::size_t keptBytes = std::size_t(1) << 30)
+      : keptBytes_(keptBytes) {}
+  /// Disposes of the kept blocks; blocks still out must not come back.
+  ~KeptHostMemory() override;
+  void *allocate(std::size_t bytes) override;
+  void deallocate(void *block, std::size_t bytes) override;
+  /// Bytes kept now, and blocks obtained so far.
+  std::size_t keptBytes() const;
+  int64_t obtained() const;
+
+protected:
+  /// A new block of `bytes` (a size class), or null.
+  virtual void *obtain(std::size_t bytes);
+  virtual void dispose(void *block, std::size_t bytes);
+  /// For a subclass's destructor: disposes of the kept blocks while its
+  /// dispose is still its own.
+  void disposeKept();
+
+private:
+  static std::size_t sizeClass(std::size_t bytes);
+
+  const std::size_t keptBytes_;
+  mutable std::mutex mutex_;
+  std::multimap<std::size_t, void *> kept_;
+  std::map<void *, std::size_t> live_;
+  std::size_t keptNow_ = 0;
+  int64_t obtained_ = 0;
+};
+
+/// The process's kept heap memory: where a device without memory of its own
+/// (the CPU's) has staging buffers decode.
+HostMemory &keptHeapMemory();
 
 class HostWords {
 public:

@@ -111,5 +111,33 @@ TEST(HostWordsTest, FallsBackToTheHeapWhenItsMemoryRefuses) {
   EXPECT_EQ(words[99], 5);
 }
 
+// Blocks given back are kept by size class and handed to the next request
+// of the class (or of one up to twice the size), up to the bound; beyond it
+// they go back to where they came from.
+TEST(KeptHostMemoryTest, KeepsBlocksForTheNextRequestOfTheirSize) {
+  KeptHostMemory memory(/*keptBytes=*/size_t(3) << 20);
+  void *a = memory.allocate(1000); // The 4 KiB class.
+  memory.deallocate(a, 1000);
+  EXPECT_EQ(memory.keptBytes(), 4096u);
+  EXPECT_EQ(memory.allocate(4096), a);
+  EXPECT_EQ(memory.obtained(), 1);
+  void *big = memory.allocate((size_t(1) << 20) + 1); // 2 MiB.
+  memory.deallocate(big, (size_t(1) << 20) + 1);
+  EXPECT_EQ(memory.allocate(size_t(1) << 20), big); // 1 MiB: twice fits.
+  memory.deallocate(big, size_t(1) << 20);
+  void *small = memory.allocate(100);
+  EXPECT_NE(small, big); // 2 MiB is more than twice 4 KiB.
+  EXPECT_EQ(memory.obtained(), 3);
+  void *c = memory.allocate(size_t(2) << 20); // The kept 2 MiB block.
+  EXPECT_EQ(c, big);
+  void *d = memory.allocate(size_t(2) << 20);
+  memory.deallocate(c, size_t(2) << 20);
+  memory.deallocate(d, size_t(2) << 20); // Past the 3 MiB bound: freed.
+  EXPECT_EQ(memory.keptBytes(), size_t(2) << 20);
+  memory.deallocate(a, 4096);
+  memory.deallocate(small, 100);
+  EXPECT_EQ(memory.keptBytes(), (size_t(2) << 20) + 2 * 4096);
+}
+
 } // namespace
 } // namespace kvc

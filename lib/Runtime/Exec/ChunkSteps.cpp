@@ -66,6 +66,8 @@ public:
     return objects;
   }
   void give(Objects &objects) {
+    for (auto &[ref, buffer] : objects)
+      buffer.clear(); // Empty, its room kept.
     const std::size_t bytes = bytesOf(objects);
     std::lock_guard<std::mutex> lock(mutex_);
     if (bytes == 0 || bytes_ + bytes > kKeptBytes)

@@ -323,15 +323,17 @@ public:
 
   const exec_detail::ChunkSteps &steps() const { return steps_; }
 
-  /// Bytes of staging buffers the slots hold, host and device (they only
-  /// grow, so this is their peak).
+  /// Bytes of staging the slots hold for their chunks, host and device:
+  /// the last chunk's on the host, the largest's on the device (device
+  /// buffers only grow). Host buffers kept from earlier restores may have
+  /// room for more.
   int64_t stagingBytes() const {
     int64_t bytes = 0;
     for (int64_t s = 0; s < plan_.stagingSlots; ++s) {
       const exec_detail::StagingSlot &slot = slots_[s];
       for (const auto &object : slot.objects)
-        bytes += int64_t(object.second.capacity());
-      bytes += int64_t(slot.data.capacity() * sizeof(uint16_t));
+        bytes += int64_t(object.second.size());
+      bytes += int64_t(slot.data.size() * sizeof(uint16_t));
       for (const auto *device : {&slot.device, &slot.projected})
         if (*device)
           bytes += (*device)->bytes();

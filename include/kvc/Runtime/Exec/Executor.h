@@ -119,9 +119,10 @@ struct RestoreMetrics {
   std::map<std::string, double> busySeconds;
   std::map<std::string, int64_t> bytesRead; ///< Per tier.
   double flops = 0;
-  /// Host staging buffers held by the plan's slots: allocated on first use,
-  /// reused by every later chunk through the slot, so bounded by the slot
-  /// count times the largest chunk, whatever the context length.
+  /// Staging the plan's slots hold for their chunks (host and device):
+  /// buffers reused by every later chunk through the slot, so bounded by
+  /// the slot count times the largest chunk, whatever the context length
+  /// (host buffers kept from earlier restores may have room for more).
   int64_t stagingBytes = 0;
   /// Bytes of the private fp32 prefill held to recompute chunks that need
   /// an exact context the paged cache does not have (fallbacks, compute

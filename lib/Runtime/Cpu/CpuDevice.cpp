@@ -68,7 +68,9 @@ public:
   int64_t bytes() const override {
     return int64_t(words.capacity() * sizeof(uint16_t));
   }
-  HostWords words;
+  /// Kept across restores, as staging is: a projection's output does not
+  /// fault in afresh per chunk buffer.
+  HostWords words{&keptHeapMemory()};
 };
 
 const HostWords &wordsOf(const DeviceBuffer &buffer) {

@@ -18,9 +18,10 @@
 //               decoder about to write them all.
 //
 // A HostWords owns its block and remembers which memory gave it (a device
-// that cannot allocate leaves it on the heap); swapping two of different
-// memories swaps their blocks with their owners. Not thread-safe: one
-// chunk's buffer is used by one step at a time.
+// that cannot allocate leaves it on the heap); a swap or a move carries the
+// block with its owner and the memory it grows in, so every block goes back
+// where it came from. Not thread-safe: one chunk's buffer is used by one
+// step at a time.
 //
 //===----------------------------------------------------------------------===//
 

@@ -824,8 +824,8 @@ private:
   public:
     Span(CudaDevice &device, const Lane &lane, const char *name)
         : device_(device), lane_(lane), name_(name) {
-      std::lock_guard<std::mutex> lock(device_.spansMutex_);
-      if (!device_.keepSpans_)
+      // Every call makes one: no lock unless spans are kept.
+      if (!device_.keepSpans_.load(std::memory_order_relaxed))
         return;
       if (cudaEventCreate(&start_) != cudaSuccess ||
           cudaEventRecord(start_, lane_.stream) != cudaSuccess)
@@ -1131,7 +1131,7 @@ private:
   };
   std::mutex spansMutex_;
   int keepers_ = 0;
-  bool keepSpans_ = false;
+  std::atomic<bool> keepSpans_{false};
   cudaEvent_t spanBase_ = nullptr;
   Clock::time_point spanBaseHost_;
   std::vector<KeptSpan> spans_;

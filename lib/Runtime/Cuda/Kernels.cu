@@ -52,9 +52,13 @@ __device__ uint16_t toBf16Bits(float x) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 
+/// A 16-bit float (f16 when `f16`, else bf16) as fp32.
+__device__ float widened16(uint16_t bits, bool f16) {
+  return f16 ? __half2float(__ushort_as_half(bits)) : bf16Bits(bits);
+}
 /// An element of `r`'s rows as fp32.
 __device__ float load(const RowLayout &r, uint16_t bits) {
-  return r.f16 ? __half2float(__ushort_as_half(bits)) : bf16Bits(bits);
+  return widened16(bits, r.f16);
 }
 /// `x` rounded to `r`'s element type (nearest even); a finite value beyond
 /// f16's range is recorded in r.outOfRange (it becomes an infinity).
@@ -129,9 +133,7 @@ __global__ void readRowsKernel(RowLayout from, int64_t first, int64_t n,
 
 __global__ void widenKernel(const uint16_t *in, bool f16, int64_t n,
                             float *out) {
-  KVC_GRID_STRIDE(i, n) {
-    out[i] = f16 ? __half2float(__ushort_as_half(in[i])) : bf16Bits(in[i]);
-  }
+  KVC_GRID_STRIDE(i, n) { out[i] = widened16(in[i], f16); }
 }
 
 __global__ void narrowKernel(const float *in, int64_t n, uint16_t *out) {

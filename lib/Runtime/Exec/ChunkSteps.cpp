@@ -107,7 +107,8 @@ bool overlaps(const ChunkRef &ref, const ChunkValue &value) {
 
 } // namespace
 
-StagingSlot::StagingSlot() : objects(keptObjects().take()) {}
+StagingSlot::StagingSlot(HostMemory *memory)
+    : objects(keptObjects().take()), data(memory) {}
 
 StagingSlot::~StagingSlot() { keptObjects().give(objects); }
 
@@ -514,9 +515,8 @@ void ChunkSteps::releaseDevice(ChunkValue &value) {
 StagingSlot *ChunkSteps::takeSpare() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (freeSpares_.empty()) {
-    StagingSlot &made = spares_.emplace_back();
+    StagingSlot &made = spares_.emplace_back(device_.hostMemory());
     made.spare = true;
-    made.data = HostWords(device_.hostMemory());
     return &made;
   }
   StagingSlot *slot = freeSpares_.back();

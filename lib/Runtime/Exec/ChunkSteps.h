@@ -48,10 +48,11 @@ namespace kvc::exec_detail {
 /// every chunk routed through the slot. `busy` and `deviceBusy` turn a plan
 /// that would refill either side early into an error instead of a race.
 struct StagingSlot {
+  /// Decodes into `memory` (the device's host memory; null: the heap's).
   /// Takes fetch buffers kept by earlier restores' slots, and gives its own
   /// back (keptFetchBytes): a fresh buffer's pages fault in as it is read
   /// into, at about the cost of the read on a VM.
-  StagingSlot();
+  explicit StagingSlot(HostMemory *memory);
   ~StagingSlot();
   StagingSlot(const StagingSlot &) = delete;
   StagingSlot &operator=(const StagingSlot &) = delete;

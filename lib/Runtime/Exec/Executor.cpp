@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <mutex>
 
@@ -63,9 +64,9 @@ public:
     KVC_RETURN_IF_ERROR(checkCoverage(n));
     KVC_RETURN_IF_ERROR(checkResident());
     values_.resize(plan_.tasks.size());
-    slots_ = std::make_unique<exec_detail::StagingSlot[]>(plan_.stagingSlots);
+    slots_.clear();
     for (int64_t s = 0; s < plan_.stagingSlots; ++s)
-      slots_[s].data = HostWords(device_.hostMemory());
+      slots_.emplace_back(device_.hostMemory());
     TaskGraph graph;
     for (std::size_t i = 0; i < plan_.tasks.size(); ++i) {
       const BundleTask &task = plan_.tasks[i];
@@ -457,7 +458,7 @@ private:
   Device &device_;
   const std::vector<BundleKernel> *kernels_;
   std::vector<std::shared_ptr<exec_detail::ChunkValue>> values_;
-  std::unique_ptr<exec_detail::StagingSlot[]> slots_;
+  std::deque<exec_detail::StagingSlot> slots_;
   exec_detail::ChunkSteps steps_;
 };
 

@@ -103,6 +103,49 @@ TEST_F(CudaBackendTest, EveryStrategyEqualsAFullPrefill) {
   expectExact({0, layers, 64, 0, /*computeLayers=*/1});
 }
 
+// Calls return once their work is enqueued, ordered on the GPU by events:
+// chunks through one staging slot (each upload after the scatter of the
+// chunk before it in the same buffer, on another stream) and through one
+// projection buffer stay exact, and a layer reported complete is in device
+// memory when the report comes: read then by a copy that no stream of the
+// backend's orders (the legacy stream does not wait for non-blocking
+// ones), it holds what the finished restore holds.
+TEST_F(CudaBackendTest, CallsOrderedByEventsRestoreExactlyAndSettleLayers) {
+  const int64_t layers = model_->config().numLayers;
+  expectExact({0, 0, 16, /*slots=*/1});
+  expectExact({0, layers, 16, /*slots=*/1});
+  expectExact({96, 0, 16, /*slots=*/1});
+
+  BlockTable table = *cache_->allocate(kTokens);
+  const size_t layerBytes =
+      size_t(cache_->config().numBlocks * cache_->blockStride()) *
+      sizeof(uint16_t);
+  std::vector<std::vector<uint16_t>> seen(static_cast<size_t>(layers));
+  LayerProgress progress;
+  for (int64_t l = 0; l < layers; ++l)
+    progress.whenReady(l, [&, l] {
+      seen[size_t(l)].resize(layerBytes / 2);
+      EXPECT_EQ(cudaMemcpy(seen[size_t(l)].data(), cache_->keyCache(l),
+                           layerBytes, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    });
+  RestoreOptions options;
+  options.progress = &progress;
+  StatusOr<RestoreMetrics> metrics =
+      restore(*pools_, makePlan({0, 0, 16, /*slots=*/2}, layers),
+              targetFor(table), options);
+  ASSERT_TRUE(metrics) << metrics.status().toString();
+  for (int64_t l = 0; l < layers; ++l) {
+    std::vector<uint16_t> final(layerBytes / 2);
+    ASSERT_EQ(cudaMemcpy(final.data(), cache_->keyCache(l), layerBytes,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_TRUE(seen[size_t(l)] == final) << "layer " << l;
+  }
+  EXPECT_LT(relativeError(table), 1.0 / 128);
+  cache_->release(table);
+}
+
 // The backend a server or kvc-run opens by name: the registry keeps it for
 // the process. The check is also the process's exit after the restore
 // (ctest runs each test alone): a backend destroyed among the statics

@@ -241,6 +241,125 @@ TEST_F(ExecutorTest, ATraceShowsTheDevicesSpans) {
   cache_->release(table);
 }
 
+/// A device whose scatters return before their work is done, as the CUDA
+/// device's may: each is held until a later call orders after it (an
+/// upload into a buffer, which may be the one it reads; a read or compute
+/// over the cache) or until settle. Its buffers outlive their owners while
+/// a held scatter reads them, as a GPU's are freed after the work using
+/// them.
+class DeferringDevice final : public ForwardingDevice {
+public:
+  class Buffer final : public DeviceBuffer {
+  public:
+    int64_t bytes() const override { return inner->bytes(); }
+    std::shared_ptr<DeviceBuffer> inner{cpuDevice().allocate()};
+  };
+  static DeviceBuffer &innerOf(const DeviceBuffer &buffer) {
+    return *static_cast<const Buffer &>(buffer).inner;
+  }
+
+  std::unique_ptr<DeviceBuffer> allocate() override {
+    return std::make_unique<Buffer>();
+  }
+  Status upload(HostWords &host, bool consume, DeviceBuffer &to) override {
+    KVC_RETURN_IF_ERROR(flush());
+    return ForwardingDevice::upload(host, consume, innerOf(to));
+  }
+  Status scatter(const DeviceBuffer &kv, const ChunkBox &box,
+                 PagedKVCache &cache, const BlockTable &table) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    held_.push_back(
+        [in = static_cast<const Buffer &>(kv).inner, box, &cache, &table] {
+          return cpuDevice().scatter(*in, box, cache, table);
+        });
+    return Status::ok();
+  }
+  Status readBack(const PagedKVCache &cache, const BlockTable &table,
+                  int64_t layer, int64_t first, int64_t n, float *k,
+                  float *v) override {
+    KVC_RETURN_IF_ERROR(flush());
+    return ForwardingDevice::readBack(cache, table, layer, first, n, k, v);
+  }
+  StatusOr<double> project(const ModelCompute &model,
+                           const DeviceBuffer &hidden, DType dtype,
+                           const ChunkBox &box, DeviceBuffer &kv) override {
+    KVC_RETURN_IF_ERROR(flush());
+    return ForwardingDevice::project(model, innerOf(hidden), dtype, box,
+                                     innerOf(kv));
+  }
+  Status prefillInto(const ModelCompute &model, PagedKVCache &cache,
+                     const BlockTable &table, const int32_t *tokens,
+                     int64_t position, int64_t n, int64_t layers,
+                     const LayerWritten &written) override {
+    KVC_RETURN_IF_ERROR(flush());
+    return ForwardingDevice::prefillInto(model, cache, table, tokens, position,
+                                         n, layers, written);
+  }
+  Status settle(const PagedKVCache &) override {
+    ++settles;
+    return flush();
+  }
+  std::atomic<int> settles{0};
+
+private:
+  Status flush() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Status status;
+    for (auto &work : held_)
+      if (status.isOk())
+        status = work();
+    held_.clear();
+    return status;
+  }
+  std::mutex mutex_;
+  std::vector<std::function<Status()>> held_;
+};
+
+// On a device whose calls return before their work is done, a layer
+// reported complete is in the cache when the report comes (the executor
+// settles the device first), and so is every layer when the restore
+// returns; the settles are few: one per completing write, not one per call.
+TEST_F(ExecutorTest, ALayerReportedCompleteIsInTheCacheOfADeviceThatRunsAhead) {
+  const int64_t layers = model_->config().numLayers, kv = model_->kvDim();
+  for (const Split &split : {Split{0, 0, 64, /*slots=*/2}, // KV loads
+                             Split{0, layers, 64},         // projections
+                             Split{128, 0, 64}}) {         // joint
+    SCOPED_TRACE(split.merge * 100 + split.hiddenLayers);
+    DeferringDevice device;
+    BlockTable table = *cache_->allocate(kTokens);
+    RestoreTarget target = targetFor(table);
+    target.device = &device;
+    LayerProgress progress;
+    std::vector<double> errorWhenReported(size_t(layers), 1.0);
+    for (int64_t l = 0; l < layers; ++l)
+      progress.whenReady(l, [&, l] {
+        // Read straight from the host cache, past the device's queue.
+        std::vector<float> k(size_t(kTokens * kv)), v(k.size());
+        if (!cache_->read(table, l, 0, kTokens, k.data(), v.data()).isOk())
+          return;
+        double error = 0, largest = 0;
+        for (size_t i = 0; i < k.size(); ++i)
+          for (auto [got, want] : {std::pair{k[i], reference_.k[l][i]},
+                                   std::pair{v[i], reference_.v[l][i]}}) {
+            error = std::max(error, double(std::fabs(got - want)));
+            largest = std::max(largest, double(std::fabs(want)));
+          }
+        errorWhenReported[size_t(l)] = error / largest;
+      });
+    RestoreOptions options;
+    options.progress = &progress;
+    StatusOr<RestoreMetrics> metrics =
+        restore(*pools_, makePlan(split, layers), target, options);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    for (int64_t l = 0; l < layers; ++l)
+      EXPECT_LT(errorWhenReported[size_t(l)], 1.0 / 128) << "layer " << l;
+    EXPECT_LT(relativeError(table), 1.0 / 128);
+    EXPECT_GE(device.settles.load(), 1);
+    EXPECT_LE(device.settles.load(), layers + 1);
+    cache_->release(table);
+  }
+}
+
 // whenReady runs its callback once: when the layer completes, when the
 // restore ends (on error too), for a layer the restore does not have, and
 // for one registered before the restore started; and, when still waiting,
@@ -270,6 +389,35 @@ TEST(LayerProgressTest, WhenReadyRunsOnceTheLayerIsWrittenOrTheRestoreEnds) {
   }
   EXPECT_EQ(ran[4], 1); // Gone with the progress.
   EXPECT_EQ(ran, (std::vector<int>{1, 1, 1, 1, 1, 0}));
+}
+
+// A write counted with a settle completes its layers only once the settle
+// has succeeded, and calls it only when it completes one; a failed settle
+// is the add's error and leaves the layer incomplete.
+TEST(LayerProgressTest, AWriteCompletesALayerOnlyOnceItsDeviceSettled) {
+  LayerProgress progress;
+  progress.reset(2, 100);
+  int settles = 0;
+  bool readyDuringSettle = true;
+  auto settle = [&] {
+    ++settles;
+    readyDuringSettle = progress.ready(0);
+    return Status::ok();
+  };
+  ASSERT_TRUE(progress.add(0, 2, 60, settle).isOk());
+  EXPECT_EQ(settles, 0);
+  EXPECT_TRUE(progress.ready(0, 60)); // Token counts are of writes enqueued.
+  ASSERT_TRUE(progress.add(0, 1, 40, settle).isOk());
+  EXPECT_EQ(settles, 1);
+  EXPECT_FALSE(readyDuringSettle);
+  EXPECT_TRUE(progress.ready(0));
+  EXPECT_TRUE(progress.completedAt(0).has_value());
+
+  Status failed = progress.add(1, 2, 40, [] { return dataLoss("no device"); });
+  EXPECT_EQ(failed.code(), StatusCode::DataLoss);
+  EXPECT_FALSE(progress.ready(1));
+  progress.finish(failed);
+  EXPECT_EQ(progress.wait(1).code(), StatusCode::DataLoss);
 }
 
 TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {

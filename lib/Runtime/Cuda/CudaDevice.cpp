@@ -1,10 +1,18 @@
 //===- CudaDevice.cpp - Restores into a GPU's memory ----------------------===//
 //
 // Lanes come from a free list and go back after each call, so there are as
-// many streams as calls ever ran at once. Per-call device memory (block
-// tables, activations) comes from CUDA's stream-ordered pool, whose release
-// threshold is raised so that freed memory stays pooled instead of going
-// back to the driver at each synchronization.
+// many streams as calls ever ran at once. Calls are ordered by events, not
+// by waiting on the host: a chunk's buffer holds events after its last
+// write and read (an upload waits on the device for the scatter of the
+// chunk before it), and each cache an event per lane after its last write
+// there, which calls reading the cache on another lane wait for (attention
+// over scattered rows, a save kernel, a read back). A call returns once its
+// work is enqueued, except where the host needs it done: an upload (the
+// caller reuses its host memory), results copied to the host, writes into
+// an f16 cache (the lane reports values beyond its range), and settle. Per-call
+// device memory (block tables, activations) comes from CUDA's stream-ordered
+// pool, whose release threshold is raised so that freed memory stays pooled
+// instead of going back to the driver at each synchronization.
 //
 // Generated restore kernels (a plan bundle's PTX) are loaded with the
 // driver API on first launch, one module per distinct PTX text, in the
@@ -52,12 +60,67 @@ namespace {
 
 using namespace cuda;
 
-/// A chunk in device memory.
+/// A chunk in device memory, and the events that order the calls using it
+/// on different lanes: its last write (an upload, a projection) and its
+/// last read (a scatter, a generated kernel). Calls on one buffer come one
+/// after another from the host (the executor hands a chunk on); only their
+/// work on the device overlaps.
 class CudaBuffer final : public DeviceBuffer {
 public:
+  CudaBuffer() = default;
+  CudaBuffer(const CudaBuffer &) = delete;
+  CudaBuffer &operator=(const CudaBuffer &) = delete;
+  ~CudaBuffer() override {
+    retire();
+    for (cudaEvent_t event : {written_, read_})
+      if (event)
+        cudaEventDestroy(event);
+  }
   int64_t bytes() const override { return int64_t(memory.bytes()); }
+
+  /// Makes it hold at least `bytes`; memory it gives up is freed once the
+  /// calls using it are done.
+  Status reserve(size_t bytes) {
+    if (bytes > memory.bytes())
+      retire();
+    return memory.reserve(bytes);
+  }
+  /// Orders `lane` after the last write (a call that reads the buffer).
+  Status readOn(cudaStream_t lane) const { return after(written_, lane); }
+  /// Orders `lane` after the last read and write (a call that writes it).
+  Status writeOn(cudaStream_t lane) const {
+    KVC_RETURN_IF_ERROR(after(read_, lane));
+    return after(written_, lane);
+  }
+  /// What `lane` enqueued so far reads (or writes) the buffer.
+  Status readBy(cudaStream_t lane) const { return record(read_, lane); }
+  Status writtenBy(cudaStream_t lane) const { return record(written_, lane); }
+
   DeviceArray memory;
   int64_t words = 0; ///< 16-bit words it holds.
+
+private:
+  static Status after(cudaEvent_t event, cudaStream_t lane) {
+    if (!event)
+      return Status::ok();
+    return cudaStatus(cudaStreamWaitEvent(lane, event, 0),
+                      "ordering a chunk's calls");
+  }
+  static Status record(cudaEvent_t &event, cudaStream_t lane) {
+    if (!event)
+      KVC_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+          "creating a chunk's event");
+    return cudaStatus(cudaEventRecord(event, lane), "ordering a chunk's calls");
+  }
+  /// Frees of the memory (on the release stream) wait for its users.
+  void retire() {
+    for (cudaEvent_t event : {written_, read_})
+      if (event && memory.get())
+        (void)cudaStreamWaitEvent(DeviceArray::releaseStream(), event, 0);
+  }
+
+  mutable cudaEvent_t written_ = nullptr, read_ = nullptr;
 };
 
 const CudaBuffer &bufferOf(const DeviceBuffer &buffer) {
@@ -224,6 +287,10 @@ public:
     }
     if (spanBase_)
       cudaEventDestroy(spanBase_);
+    for (const auto &[cache, events] : writes_)
+      for (cudaEvent_t event : events)
+        if (event)
+          cudaEventDestroy(event);
   }
 
   const char *name() const override { return "cuda"; }
@@ -248,9 +315,15 @@ public:
     const int64_t perLayer = config.numBlocks * stride;
     if (config.layers <= 0 || perLayer <= 0)
       return PagedKVCache::view(config, {}, CacheMemory::Device);
-    // Stream-ordered, as every allocation of the backend's: freeing a cache
-    // (a restore's private one included) waits for no other stream.
-    auto memory = std::make_shared<DeviceArray>();
+    // Stream-ordered, as every allocation of the backend's; freed once the
+    // writes into it are done (a restore's private cache may go while a
+    // prefill into it still runs).
+    std::shared_ptr<DeviceArray> memory(new DeviceArray,
+                                        [this](DeviceArray *m) {
+                                          if (m->get())
+                                            (void)settleWrites(m->get());
+                                          delete m;
+                                        });
     const size_t bytes =
         size_t(2 * config.layers * perLayer) * sizeof(uint16_t);
     KVC_RETURN_IF_ERROR(memory->reserve(bytes));
@@ -281,14 +354,18 @@ public:
     Span span(*this, lane, "upload");
     CudaBuffer &buffer = bufferOf(to);
     const size_t bytes = host.size() * sizeof(uint16_t);
-    KVC_RETURN_IF_ERROR(buffer.memory.reserve(bytes));
+    KVC_RETURN_IF_ERROR(buffer.reserve(bytes));
+    KVC_RETURN_IF_ERROR(buffer.writeOn(lane.stream)); // Its last chunk read.
     buffer.words = int64_t(host.size());
+    // The host waits for the copy: the caller reuses its memory (a staging
+    // slot decodes its next chunk there).
     if (host.owner() == &pinned_) {
       // Pinned already: the DMA reads it in place.
       KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.memory.get(), host.data(),
                                                bytes, cudaMemcpyHostToDevice,
                                                lane.stream),
                                "host-to-device copy");
+      KVC_RETURN_IF_ERROR(buffer.writtenBy(lane.stream));
       return lane.sync("host-to-device copy");
     }
     if (!lane.pinned) {
@@ -315,6 +392,7 @@ public:
       KVC_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.halves[half], lane.stream),
                                "recording a copy");
     }
+    KVC_RETURN_IF_ERROR(buffer.writtenBy(lane.stream));
     return lane.sync("host-to-device copy");
   }
 
@@ -334,8 +412,9 @@ public:
                     "states");
     CudaBuffer &out = bufferOf(kv);
     out.words = box.layers() * 2 * tokens * kvDim;
-    KVC_RETURN_IF_ERROR(
-        out.memory.reserve(size_t(out.words) * sizeof(uint16_t)));
+    KVC_RETURN_IF_ERROR(out.reserve(size_t(out.words) * sizeof(uint16_t)));
+    KVC_RETURN_IF_ERROR(in.readOn(lane.stream));
+    KVC_RETURN_IF_ERROR(out.writeOn(lane.stream));
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(states, scratch.take<float>(tokens * h));
     for (int64_t l = 0; l < box.layers(); ++l) {
@@ -353,7 +432,8 @@ public:
       KVC_RETURN_IF_ERROR(gpu.project(lane, box.layerBegin + l, layerStates,
                                       tokens, box.tokenBegin, rows));
     }
-    KVC_RETURN_IF_ERROR(lane.sync("project"));
+    KVC_RETURN_IF_ERROR(in.readBy(lane.stream));
+    KVC_RETURN_IF_ERROR(out.writtenBy(lane.stream));
     return model.projectFlops(tokens, box.layers());
   }
 
@@ -373,6 +453,7 @@ public:
     Span span(*this, lane, "scatter");
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
+    KVC_RETURN_IF_ERROR(in.readOn(lane.stream));
     for (int64_t l = 0; l < box.layers(); ++l) {
       uint16_t *k = const_cast<uint16_t *>(in.memory.get<uint16_t>()) +
                     2 * l * tokens * kvDim;
@@ -383,7 +464,8 @@ public:
                          box.tokenBegin, tokens, lane.stream),
           "scatter");
     }
-    return lane.sync("scatter");
+    KVC_RETURN_IF_ERROR(in.readBy(lane.stream));
+    return wrote(cache, lane, "scatter");
   }
 
   bool launchesKernels() const override { return true; }
@@ -426,6 +508,7 @@ public:
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Span span(*this, lane, "generated save");
+    KVC_RETURN_IF_ERROR(afterWrites(cache, lane));
     KVC_ASSIGN_OR_RETURN(function, functionOf(kernel));
     Scratch scratch(lane);
     // The payloads back to back, each 16-byte aligned.
@@ -490,6 +573,7 @@ public:
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Span span(*this, lane, "generated projection");
+    KVC_RETURN_IF_ERROR(in.readOn(lane.stream));
     KVC_ASSIGN_OR_RETURN(normFunction, functionOf(prologue));
     KVC_ASSIGN_OR_RETURN(ropeFunction, functionOf(epilogue));
     Scratch scratch(lane);
@@ -514,7 +598,8 @@ public:
     scatter.buffer("rope_table", rope,
                    c.maxPositions * c.headDim * int64_t(sizeof(float)));
     KVC_RETURN_IF_ERROR(launch(epilogue, ropeFunction, scatter, lane));
-    KVC_RETURN_IF_ERROR(lane.sync("generated projection"));
+    KVC_RETURN_IF_ERROR(in.readBy(lane.stream));
+    KVC_RETURN_IF_ERROR(wrote(cache, lane, "generated projection"));
     return model.projectFlops(tokens, layers);
   }
 
@@ -540,9 +625,13 @@ public:
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(params,
                          cacheParams(kernel, placed, cache, table, scratch));
+    for (const RestoreChunk &chunk : chunks)
+      KVC_RETURN_IF_ERROR(bufferOf(*chunk.payload).readOn(lane.stream));
     KVC_RETURN_IF_ERROR(
         launch(kernel, function, params, lane, int64_t(placed.size())));
-    return lane.sync("generated restore kernel");
+    for (const RestoreChunk &chunk : chunks)
+      KVC_RETURN_IF_ERROR(bufferOf(*chunk.payload).readBy(lane.stream));
+    return wrote(cache, lane, "generated restore kernel");
   }
 
   Status prefillInto(const ModelCompute &model, const CudaModel &gpu,
@@ -558,17 +647,18 @@ public:
     Span span(*this, lane, "prefill");
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table, lane));
-    // Each layer's K and V are readable once the lane's work up to them is
-    // done: one synchronization per layer, only for a caller that asks.
+    KVC_RETURN_IF_ERROR(afterWrites(cache, lane)); // Attention reads them.
+    // Each layer's K and V are written for the device's later calls once
+    // the lane's work up to them is (an event, for a caller that asks).
     auto shown = [&](int64_t layer, const float *) -> Status {
-      KVC_RETURN_IF_ERROR(lane.sync("prefill"));
+      KVC_RETURN_IF_ERROR(wrote(cache, lane, "prefill"));
       written(layer);
       return Status::ok();
     };
     KVC_RETURN_IF_ERROR(gpu.forward(
         lane, tokens, position, n, layers, layouts, nullptr,
         written ? CudaModel::LayerHook(shown) : CudaModel::LayerHook()));
-    return lane.sync("prefill");
+    return wrote(cache, lane, "prefill");
   }
 
   StatusOr<std::unique_ptr<PrefillStream>>
@@ -601,12 +691,13 @@ public:
     Scratch scratch(lane);
     KVC_ASSIGN_OR_RETURN(fromBlocks, tableOn(scratch, fromTable));
     KVC_ASSIGN_OR_RETURN(toBlocks, tableOn(scratch, toTable));
+    KVC_RETURN_IF_ERROR(afterWrites(from, lane));
     KVC_CUDA_RETURN_IF_ERROR(
         cuda::copyRows(layout(from, layer, fromBlocks, lane),
                        layout(to, layer, toBlocks, lane), first, n,
                        lane.stream),
         "copying rows");
-    return lane.sync("copying rows");
+    return wrote(to, lane, "copying rows");
   }
 
   Status readBack(const PagedKVCache &cache, const BlockTable &table,
@@ -617,6 +708,7 @@ public:
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Span span(*this, lane, "read back");
+    KVC_RETURN_IF_ERROR(afterWrites(cache, lane));
     Scratch scratch(lane);
     const int64_t count = n * cache.kvDim();
     KVC_ASSIGN_OR_RETURN(blocks, tableOn(scratch, table));
@@ -645,6 +737,7 @@ public:
     KVC_ASSIGN_OR_RETURN(lease, acquire());
     Lane &lane = *lease;
     Span span(*this, lane, "decode");
+    KVC_RETURN_IF_ERROR(afterWrites(cache, lane));
     Scratch scratch(lane);
     const int64_t vocab = model.config().vocabSize;
     KVC_ASSIGN_OR_RETURN(layouts, layoutsOf(scratch, cache, table, lane));
@@ -655,6 +748,7 @@ public:
     KVC_RETURN_IF_ERROR(gpu.forward(
         lane, tokens, position, n, model.config().numLayers, layouts, out,
         attend ? CudaModel::LayerHook(gate) : CudaModel::LayerHook()));
+    KVC_RETURN_IF_ERROR(wrote(cache, lane, "decode")); // The step's rows.
     KVC_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(logits, out, size_t(vocab) * sizeof(float),
                         cudaMemcpyDeviceToHost, lane.stream),
@@ -708,11 +802,16 @@ public:
     KVC_RETURN_IF_ERROR(prefillInto(model, gpu, *cache, table,
                                     tokens.data() + position, position, n,
                                     c.numLayers, {}));
+    KVC_RETURN_IF_ERROR(settle(*cache));
     return secondsSince(start);
   }
 
-  /// What a restore's upload reaches: a pageable host chunk through the
-  /// lane's pinned staging.
+  Status settle(const PagedKVCache &cache) override {
+    if (cache.memory() != CacheMemory::Device)
+      return Status::ok();
+    return settleWrites(keyOf(cache));
+  }
+
   StatusOr<std::shared_ptr<StreamSignal>> streamWait(void *stream) override {
     KVC_ASSIGN_OR_RETURN(driver, CudaDriver::get());
     KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
@@ -1107,6 +1206,84 @@ private:
             f16 ? lane.outOfRangeOnDevice : nullptr};
   }
 
+  /// Where the writes into a cache are tracked: its memory (views of one
+  /// memory share them).
+  static const void *keyOf(const PagedKVCache &cache) {
+    return cache.config().layers > 0
+               ? static_cast<const void *>(cache.keyCache(0))
+               : &cache;
+  }
+
+  /// Orders `lane` after every other lane's writes into `cache` so far: a
+  /// call that reads it.
+  Status afterWrites(const PagedKVCache &cache, const Lane &lane) {
+    return afterWrites(keyOf(cache), lane);
+  }
+  Status afterWrites(const void *key, const Lane &lane) {
+    std::lock_guard<std::mutex> lock(writesMutex_);
+    auto found = writes_.find(key);
+    if (found == writes_.end())
+      return Status::ok();
+    const std::vector<cudaEvent_t> &events = found->second;
+    for (size_t id = 0; id < events.size(); ++id)
+      if (events[id] && int(id) != lane.id)
+        KVC_CUDA_RETURN_IF_ERROR(
+            cudaStreamWaitEvent(lane.stream, events[id], 0),
+            "ordering a cache's calls");
+    return Status::ok();
+  }
+
+  /// Counts what `lane` enqueued so far as a write into `cache`, which
+  /// later readers on other lanes wait for (afterWrites, settle). Writes
+  /// into an f16 cache are waited for at once instead: the lane's word
+  /// reports a value beyond f16's range, for this call.
+  Status wrote(const PagedKVCache &cache, const Lane &lane, const char *what) {
+    if (cache.config().dtype == DType::F16)
+      return lane.sync(what);
+    std::lock_guard<std::mutex> lock(writesMutex_);
+    auto [at, added] = writes_.try_emplace(keyOf(cache));
+    if (added && writes_.size() > kTrackedCaches)
+      forgetSettledCaches(at->first);
+    std::vector<cudaEvent_t> &events = at->second;
+    if (int(events.size()) <= lane.id)
+      events.resize(size_t(lane.id) + 1, nullptr);
+    cudaEvent_t &event = events[size_t(lane.id)];
+    if (!event)
+      KVC_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+          "creating a cache's event");
+    return cudaStatus(cudaEventRecord(event, lane.stream), what);
+  }
+
+  /// Waits for every write into the cache at `key` so far (settle).
+  Status settleWrites(const void *key) {
+    KVC_ASSIGN_OR_RETURN(lease, acquire());
+    Lane &lane = *lease;
+    // The lane's own earlier writes are behind it on its stream.
+    KVC_RETURN_IF_ERROR(afterWrites(key, lane));
+    return lane.sync("settling the cache");
+  }
+
+  /// Drops the caches (but `keep`) whose writes are all done: caches come
+  /// and go (a restore's private one, a server's views), their addresses
+  /// reused.
+  void forgetSettledCaches(const void *keep) {
+    for (auto it = writes_.begin(); it != writes_.end();) {
+      bool done = it->first != keep;
+      for (cudaEvent_t event : it->second)
+        done = done && (!event || cudaEventQuery(event) == cudaSuccess);
+      if (!done) {
+        (void)cudaGetLastError(); // NotReady is no error.
+        ++it;
+        continue;
+      }
+      for (cudaEvent_t event : it->second)
+        if (event)
+          cudaEventDestroy(event);
+      it = writes_.erase(it);
+    }
+  }
+
   StatusOr<std::vector<RowLayout>> layoutsOf(Scratch &scratch,
                                              const PagedKVCache &cache,
                                              const BlockTable &table,
@@ -1120,6 +1297,11 @@ private:
 
   CudaDeviceOptions options_;
   const CudaDriver *driver_ = nullptr;
+  /// Per cache (keyOf), each lane's event after its last write into it
+  /// (indexed by Lane::id), guarded by writesMutex_.
+  static constexpr size_t kTrackedCaches = 64;
+  std::mutex writesMutex_;
+  std::map<const void *, std::vector<cudaEvent_t>> writes_;
   WaitWords waitWords_;
   PinnedMemory pinned_;
   std::atomic<int> laneCount_{0};

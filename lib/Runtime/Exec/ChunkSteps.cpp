@@ -135,7 +135,8 @@ ChunkSteps::ChunkSteps(Device &device, const ModelCompute &model,
       ownRunner_(runner ? nullptr : device.createRunner(model)),
       runner_(runner ? runner : ownRunner_.get()), stores_(stores),
       tokens_(tokens), cache_(cache), table_(table), progress_(progress),
-      resident_(resident), prefill_(runner_->prefill(tokens, cache, table)) {}
+      settled_(device, cache), resident_(resident),
+      prefill_(runner_->prefill(tokens, cache, table)) {}
 
 const std::vector<ChunkRef> &
 ChunkSteps::refs(const std::string &tier, Form form, const CodecSpec &codec) {
@@ -473,18 +474,22 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     ++kernelLaunches_;
     kernelChunks_ += int64_t(launched.size());
   }
-  if (progress_)
-    for (ChunkValue *value : values)
-      progress_->add(value->layers.begin, value->layers.end,
-                     value->tokens.size());
+  for (ChunkValue *value : values)
+    KVC_RETURN_IF_ERROR(written({value->tokens.begin, value->tokens.end,
+                                 value->layers.begin, value->layers.end}));
   return Status::ok();
 }
 
 Status ChunkSteps::computeBox(const ChunkBox &box) {
   KVC_RETURN_IF_ERROR(prefill_->compute(box));
-  if (progress_)
-    progress_->add(box.layerBegin, box.layerEnd, box.tokens());
-  return Status::ok();
+  return written(box);
+}
+
+Status ChunkSteps::written(const ChunkBox &box) {
+  if (!progress_)
+    return Status::ok();
+  return progress_->add(box.layerBegin, box.layerEnd, box.tokens(),
+                        [this] { return device_.settle(cache_); });
 }
 
 void ChunkSteps::releaseSlot(ChunkValue &value) {

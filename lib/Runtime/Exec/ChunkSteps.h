@@ -154,6 +154,10 @@ public:
   /// Prefills `box` exactly into the cache (Cake's front, a chunk that
   /// failed to load) and counts it as written.
   Status computeBox(const ChunkBox &box);
+  /// Waits until what the device was given for the cache is in it
+  /// (Device::settle): the restore's end, or a walk that paces itself by
+  /// what is done.
+  Status settle() const { return device_.settle(cache_); }
 
   /// Gives the chunk's held buffers back (after a fault).
   void release(ChunkValue &value);
@@ -178,6 +182,8 @@ private:
   Status decodePayload(ChunkValue &value,
                        const std::vector<std::size_t> &order);
   void releaseSlot(ChunkValue &value);
+  /// Counts `box` as written, settled before it completes a layer.
+  Status written(const ChunkBox &box);
   void releaseDevice(ChunkValue &value);
   /// A free spare slot, made when none is.
   StagingSlot *takeSpare();
@@ -193,6 +199,9 @@ private:
   PagedKVCache &cache_;
   const BlockTable &table_;
   LayerProgress *progress_;
+  /// Whatever the restore's outcome, nothing it enqueued writes the
+  /// server's blocks after it returns.
+  SettleOnExit settled_;
   /// Tokens [0, resident_) are the server's: a loaded chunk across it has
   /// only its rows above it uploaded and written (RestoreOptions::resident).
   int64_t resident_;

@@ -35,6 +35,9 @@ public:
         chunk = front_++;
       }
       KVC_RETURN_IF_ERROR(steps_.computeBox(chunks_[chunk]));
+      // The sides meet where both have finished: the front claims its next
+      // chunk once this one is computed, not once it is enqueued.
+      KVC_RETURN_IF_ERROR(steps_.settle());
       std::lock_guard<std::mutex> lock(mutex_);
       ++computed_;
     }
@@ -205,13 +208,14 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
   KeptSpans spans(deviceOr(target.device), !run.tracePath.empty());
   RunResult result = runGraph(pools, graph);
   KVC_RETURN_IF_ERROR(result.status);
+  KVC_RETURN_IF_ERROR(steps.settle()); // The loaders' last scatters.
 
   DynamicCakeResult out;
   walk.finish(out);
   out.predictedMergeToken = options.predictedMergeToken;
-  out.metrics.makespanSeconds = result.makespan;
+  out.metrics.makespanSeconds = secondsSince(result.begin);
   out.metrics.layerReadySeconds =
-      run.progress->readySeconds(result.begin, result.makespan);
+      run.progress->readySeconds(result.begin, out.metrics.makespanSeconds);
   out.metrics.busySeconds = result.busy;
   if (!run.tracePath.empty())
     KVC_RETURN_IF_ERROR(

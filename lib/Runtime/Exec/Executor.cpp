@@ -526,7 +526,10 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
     return result.status;
   RestoreMetrics metrics;
   KVC_RETURN_IF_ERROR(run.recoverFallbacks(metrics));
-  metrics.makespanSeconds = result.makespan + metrics.fallbackSeconds;
+  // The host's one wait for the device (besides the layers'): the cache
+  // holds what the calls enqueued when the restore returns.
+  KVC_RETURN_IF_ERROR(run.steps().settle());
+  metrics.makespanSeconds = secondsSince(result.begin);
   metrics.layerReadySeconds =
       options.progress->readySeconds(result.begin, metrics.makespanSeconds);
   metrics.busySeconds = result.busy;

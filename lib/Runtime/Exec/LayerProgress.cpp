@@ -17,7 +17,10 @@ void LayerProgress::reset(int64_t layers, int64_t tokens) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     written_.assign(std::max<int64_t>(layers, 0), 0);
-    completed_.assign(written_.size(), std::nullopt);
+    // A restore of no tokens has every layer complete.
+    completed_.assign(written_.size(),
+                      tokens <= 0 ? std::optional(Clock::now()) : std::nullopt);
+    settling_.assign(written_.size(), false);
     tokens_ = tokens;
     started_ = true;
     finished_.reset();
@@ -27,19 +30,51 @@ void LayerProgress::reset(int64_t layers, int64_t tokens) {
 }
 
 void LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens) {
+  (void)add(layerBegin, layerEnd, tokens, {});
+}
+
+Status LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens,
+                          const std::function<Status()> &settle) {
+  std::vector<int64_t> completing;
   std::vector<std::function<void()>> due;
   {
-    const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mutex_);
     for (int64_t l = std::max<int64_t>(layerBegin, 0);
          l < std::min<int64_t>(layerEnd, written_.size()); ++l) {
       written_[l] += tokens;
-      if (!completed_[l] && written_[l] >= tokens_)
+      if (!completed_[l] && !settling_[l] && written_[l] >= tokens_) {
+        settling_[l] = true;
+        completing.push_back(l);
+      }
+    }
+    if (completing.empty() || !settle) {
+      const Clock::time_point now = Clock::now();
+      for (int64_t l : completing)
+        completed_[l] = now;
+      due = dueLocked();
+      completing.clear();
+    }
+  }
+  changed(std::move(due));
+  if (completing.empty())
+    return Status::ok();
+  // Every write counted before this one was enqueued before it: the settle
+  // waits for them too.
+  Status settled = settle();
+  {
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int64_t l : completing) {
+      if (l >= int64_t(completed_.size()))
+        break; // Reset meanwhile: a new restore's layers.
+      settling_[l] = false;
+      if (settled.isOk())
         completed_[l] = now;
     }
     due = dueLocked();
   }
   changed(std::move(due));
+  return settled;
 }
 
 void LayerProgress::finish(const Status &status) {
@@ -89,8 +124,9 @@ void LayerProgress::changed(std::vector<std::function<void()>> due) {
 }
 
 bool LayerProgress::readyLocked(int64_t layer, int64_t tokens) const {
-  return (finished_ && finished_->isOk()) ||
-         written_[layer] >= (tokens < 0 ? tokens_ : tokens);
+  if (finished_ && finished_->isOk())
+    return true;
+  return tokens < 0 ? completed_[layer].has_value() : written_[layer] >= tokens;
 }
 
 Status

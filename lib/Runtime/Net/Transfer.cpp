@@ -434,6 +434,9 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
   const int decoderCount = std::max(1, options.decoders);
   BoundedQueue<Arrival> queue(options.bufferBytes);
   std::vector<std::thread> decoders;
+  // A layer completes once the device has written it (Device::settle).
+  auto settle = [&] { return device.settle(*target.cache); };
+  SettleOnExit settled(device, *target.cache);
   auto decode = [&] {
     std::unique_ptr<DeviceBuffer> buffer = device.allocate();
     HostWords values(device.hostMemory());
@@ -447,13 +450,14 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
         status = device.upload(values, /*consume=*/true, *buffer);
       if (status.isOk())
         status = device.scatter(*buffer, box, *target.cache, *target.table);
+      if (status.isOk() && progress)
+        status =
+            progress->add(box.layerBegin, box.layerEnd, box.tokens(), settle);
       queue.done(arrival.bytes());
       std::lock_guard<std::mutex> lock(mutex);
       if (status.isOk()) {
         missing[arrival.index] = "";
         metrics.received += 1;
-        if (progress)
-          progress->add(box.layerBegin, box.layerEnd, box.tokens());
       } else if (recoverableByRecompute(status)) {
         missing[arrival.index] = status.toString();
       } else if (fatal.isOk()) {
@@ -499,11 +503,13 @@ StatusOr<ReceiveMetrics> receiveStreamed(Link &link,
     const ChunkBox box = boxOf(ref);
     KVC_RETURN_IF_ERROR(session->compute(box));
     if (progress)
-      progress->add(box.layerBegin, box.layerEnd, box.tokens());
+      KVC_RETURN_IF_ERROR(
+          progress->add(box.layerBegin, box.layerEnd, box.tokens(), settle));
     metrics.fallbacks.push_back(
         describeBox(ref) + " recomputed: " +
         (missing[i] ? *missing[i] : notReceived(metrics.lost)));
   }
+  KVC_RETURN_IF_ERROR(settle());
   metrics.fallbackSeconds = secondsSince(recompute);
   return metrics;
 }

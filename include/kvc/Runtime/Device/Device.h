@@ -23,6 +23,9 @@
 //   launchSave    a bundle's generated save kernel: K and V of the cache ->
 //                 stored objects' payloads on the host, in one launch
 //                 (gather, transform, quant)
+//   settle        the host waits until what calls enqueued into a cache is
+//                 done (a call may return before its work is: the CUDA
+//                 device orders its queues by events)
 //   streamWait    a stream of the caller's (a server's forward pass) made
 //                 to wait, without blocking the host, until the host
 //                 raises a signal (a restored layer)
@@ -40,6 +43,16 @@
 // launches generated kernels gets chunks whose plan names one still encoded
 // (only their lossless stage undone on the host); the others arrive
 // decoded to bf16.
+//
+// Ordering: a call that reads what an earlier call wrote (a scatter of an
+// uploaded chunk, a prefill attending to scattered rows) runs after it on
+// the device, on whichever queue either ran; a call that hands results to
+// the host (readBack, launchSave, a prefill stream's layers, a runner's
+// logits) and an upload (whose host memory the caller reuses) return once
+// their work is done. The others may return as soon as their work is
+// enqueued: the host learns it is done in the cache through settle, which
+// the executor calls where the host must know (a layer reported restored,
+// the end of a restore).
 //
 // Ownership: buffers, caches and runners a device returns are the caller's
 // and may outlive nothing but the device. Every call is thread-safe;
@@ -200,6 +213,15 @@ public:
     return Device::canLaunchSave(kernel, cache);
   }
 
+  /// Blocks until every write into `cache` that calls returned so far
+  /// enqueued (on any of the device's queues) is done. DataLoss when one
+  /// wrote a value an f16 cache cannot hold. A device whose calls finish
+  /// their work before they return (the CPU's) has nothing to wait for.
+  virtual Status settle(const PagedKVCache &cache) {
+    (void)cache;
+    return Status::ok();
+  }
+
   /// Makes `stream` (this device's own handle of a stream: a cudaStream_t
   /// on CUDA) wait, without blocking the host, until the returned signal
   /// is raised; work the caller queues on it after this call runs after
@@ -267,6 +289,22 @@ public:
 private:
   Device &device_;
   bool on_, taken_ = false;
+};
+
+/// Settles `cache` on `device` when it goes (Device::settle), on every
+/// path out of a scope: a restore that fails returns only once nothing it
+/// enqueued still writes the cache.
+class SettleOnExit {
+public:
+  SettleOnExit(Device &device, const PagedKVCache &cache)
+      : device_(device), cache_(cache) {}
+  ~SettleOnExit() { (void)device_.settle(cache_); }
+  SettleOnExit(const SettleOnExit &) = delete;
+  SettleOnExit &operator=(const SettleOnExit &) = delete;
+
+private:
+  Device &device_;
+  const PagedKVCache &cache_;
 };
 
 /// The CPU device: host memory, compute the model's own (LlamaModel's

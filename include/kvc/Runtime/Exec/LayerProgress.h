@@ -12,6 +12,12 @@
 // each (token, layer) exactly once (the executor checks that before it
 // starts), and the moment the last of them is counted is kept
 // (completedAt: the executor reports it as RestoreMetrics::layerReadySeconds).
+// A device's calls may return before their work is done (the CUDA device
+// orders its streams by events): a write counted with a `settle` function
+// completes a layer only once `settle` has waited for the device, so that a
+// layer reported complete (wait, whenReady) is in the cache. Token counts
+// (waitTokens) are of writes enqueued, for readers that are ordered after
+// them on the device (a save kernel reading a prefill's layers).
 // finish() ends the restore: on success every layer is complete,
 // on failure every waiter wakes with the restore's error. Thread-safe; it
 // outlives the restore it watches.
@@ -48,6 +54,12 @@ public:
 
   /// Counts `tokens` tokens of layers [layerBegin, layerEnd) as written.
   void add(int64_t layerBegin, int64_t layerEnd, int64_t tokens);
+  /// The same for writes a device may still be doing: when the count
+  /// completes a layer, `settle` (Device::settle) runs first, outside the
+  /// lock, and the layer completes only if it succeeds (its error is
+  /// returned; the restore then fails and finish() wakes the waiters).
+  Status add(int64_t layerBegin, int64_t layerEnd, int64_t tokens,
+             const std::function<Status()> &settle);
 
   /// Ends the restore with `status`.
   void finish(const Status &status);
@@ -67,7 +79,7 @@ public:
       int64_t layer, int64_t tokens,
       std::optional<std::chrono::milliseconds> timeout = std::nullopt) const;
   /// Whether `layer` is complete now (holds `tokens` tokens, when not
-  /// negative).
+  /// negative: written, not necessarily settled).
   bool ready(int64_t layer, int64_t tokens = -1) const;
 
   /// Runs `then` once, when `layer` is complete or the restore has ended
@@ -98,7 +110,10 @@ private:
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
   std::vector<int64_t> written_;
+  /// Set when a layer completes (settled, where its writes needed it).
   std::vector<std::optional<Clock::time_point>> completed_;
+  /// Layers whose completing write is settling.
+  std::vector<bool> settling_;
   int64_t tokens_ = 0;
   bool started_ = false;
   std::optional<Status> finished_;

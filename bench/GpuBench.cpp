@@ -16,8 +16,12 @@
 //            cache (ModelRunner::prefillInto): FLOPs of the projections, MLP
 //            and causal attention per second, and that over the GEMM rate;
 //   project  HCache's projection of the same N tokens' hidden states, every
-//            layer (ModelRunner::project), alone and with their upload: per
-//            token against the prefill's time.
+//            layer (ModelRunner::project), and its K and V scattered into the
+//            paged cache as the prefill's are (Device::scatter), alone and
+//            with their upload: per token against the prefill's time.
+//
+// The backend's calls return once their work is enqueued; each timed run
+// ends with Device::settle on the cache it wrote.
 //
 // Each time is the fastest of R runs after a warm-up. Prints a table and,
 // with --out, writes the numbers as JSON. Exits 77 where no GPU is usable.
@@ -202,6 +206,7 @@ int main(int argc, char **argv) {
     id = int32_t(random() % uint32_t(c.vocabSize));
   const double prefillSeconds = fastest(repeat, [&] {
     check(runner->prefillInto(**cache, *table, ids.data(), 0, tokens, layers));
+    check(backend.settle(**cache));
   });
   // Causal attention: QK^T and PV over position + 1 keys for each query.
   const double attentionFlops = 4.0 * double(c.numHeads * c.headDim) *
@@ -224,6 +229,8 @@ int main(int argc, char **argv) {
       fastest(repeat, [&] { check(backend.upload(hidden, false, *states)); });
   const double projectSeconds = fastest(repeat, [&] {
     check(runner->project(*states, DType::BF16, box, *kv).status());
+    check(backend.scatter(*kv, box, **cache, *table));
+    check(backend.settle(**cache));
   });
 
   std::printf("kvc-gpu-bench: %s, %lld tokens, fastest of %d runs\n",

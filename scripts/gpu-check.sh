@@ -264,24 +264,30 @@ pack)
   # Variants the counts cannot decide between (docs/kernels.md, "Cost per
   # value"), K read once at more registers: unrotated per-channel saves
   # whose groups' tokens 4 lanes hold, and Hadamard saves whose lanes hold
-  # 16 tokens, transformed once; one bundle, checked the same way.
-  variants() { # CODECS OPTIONS BUNDLE
-    python3 "$root/bench/kernels/gen-kernels.py" --saves --codecs "$1" \
+  # 16 tokens, transformed once; and int2 restores at their former 8 items
+  # a thread (106 and 127 registers, against 4 items' 56 and 48); one
+  # bundle, checked the same way.
+  variants() { # KIND CODECS OPTIONS BUNDLE
+    python3 "$root/bench/kernels/gen-kernels.py" "$1" --codecs "$2" \
       --shapes 16x1,256x32,1024x32 >"$root/build/bench/kernel-variants.mlir"
     "$root/build/bin/kvc-opt" "$root/build/bench/kernel-variants.mlir" \
       --kvc-import-model="$root/examples/models/llama-3.1-8b/config.json" \
-      --kvc-lower-kernels="$2" --kvc-kernels-to-ptx \
-      --kvc-emit-bundle=file="$3" -o /dev/null
+      --kvc-lower-kernels="$3" --kvc-kernels-to-ptx \
+      --kvc-emit-bundle=file="$4" -o /dev/null
   }
-  variants '^quant = int[248]$' group-lanes=4 \
+  variants --saves '^quant = int[248]$' group-lanes=4 \
     "$root/build/bench/kernel-variants.json"
-  variants '^transform = hadamard, quant = int[248]$' held-tokens=16 \
+  variants --saves '^transform = hadamard, quant = int[248]$' held-tokens=16 \
     "$root/build/bench/kernel-variants-held.json"
+  variants --restores 'quant = int2$' restore-items=8 \
+    "$root/build/bench/kernel-variants-items.json"
   python3 - "$root/build/bench/kernel-variants.json" \
-    "$root/build/bench/kernel-variants-held.json" <<'EOF'
+    "$root/build/bench/kernel-variants-held.json" \
+    "$root/build/bench/kernel-variants-items.json" <<'EOF'
 import json, sys
 bundle = json.load(open(sys.argv[1]))
-bundle["kernels"] += json.load(open(sys.argv[2]))["kernels"]
+for more in sys.argv[2:]:
+    bundle["kernels"] += json.load(open(more))["kernels"]
 json.dump(bundle, open(sys.argv[1], "w"))
 EOF
   LD_LIBRARY_PATH="$root/build/lib/emulated-cuda" \

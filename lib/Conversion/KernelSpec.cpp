@@ -121,8 +121,14 @@ int64_t KernelSpec::itemsPerThread() const {
   if (kind == KernelKind::Save)
     return 1;
   // A quantized item reads bits() bytes of packed values for the 16 bytes
-  // it writes: enough items that a thread's packed loads add up to 16 bytes.
-  const int64_t packed = bits() ? 16 / bits() : 1;
+  // it writes: enough items that a thread's packed loads add up to 16 bytes,
+  // but at most restoreItems. Each item's values and its channels'
+  // parameters stay in registers until its store: int2's 8 items took 106
+  // registers (127 under Hadamard), leaving an H100 two blocks per SM, and
+  // ran at 55-75% of the copy where int4's 4 (56 and 48 registers) ran at
+  // 79-92% (docs/kernels.md, "Cost per value").
+  const int64_t packed =
+      bits() ? std::min<int64_t>(restoreItems, 16 / bits()) : 1;
   if (!hadamard())
     return packed;
   // Under Hadamard a thread's items are pieces of one head row: the whole
@@ -178,6 +184,8 @@ std::string KernelSpec::symbolName() const {
     name += "gl" + std::to_string(groupLanesOption) + "_";
   if (heldTokens != kDefaultHeldTokens)
     name += "ht" + std::to_string(heldTokens) + "_";
+  if (restoreItems != kDefaultRestoreItems)
+    name += "ri" + std::to_string(restoreItems) + "_";
   return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
          "_h" + std::to_string(kvHeads) + "x" + std::to_string(headDim) + "_b" +
          std::to_string(blockSize);
@@ -208,6 +216,9 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   if (heldTokens != kDefaultHeldTokens)
     fields.push_back(
         b.getNamedAttr("held_tokens", b.getI64IntegerAttr(heldTokens)));
+  if (restoreItems != kDefaultRestoreItems)
+    fields.push_back(
+        b.getNamedAttr("restore_items", b.getI64IntegerAttr(restoreItems)));
   return b.getDictionaryAttr(fields);
 }
 
@@ -250,6 +261,12 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
     if (!held || held.getInt() < 1)
       return failure();
     spec.heldTokens = held.getInt();
+  }
+  if (attr.contains("restore_items")) {
+    auto items = attr.getAs<IntegerAttr>("restore_items");
+    if (!items || !llvm::isPowerOf2_64(items.getInt()) || items.getInt() > 8)
+      return failure();
+    spec.restoreItems = items.getInt();
   }
   if (spec.kind == KernelKind::RmsNorm) {
     auto hidden = attr.getAs<IntegerAttr>("hidden");
@@ -330,6 +347,10 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
   if (options.heldTokens < 1 || options.heldTokens > 16)
     return fail("held-tokens " + Twine(options.heldTokens) +
                 " is not between 1 and 16 (a lane holds at most 128 values)");
+  if (options.restoreItems < 1 || options.restoreItems > 8 ||
+      !llvm::isPowerOf2_64(options.restoreItems))
+    return fail("restore-items " + Twine(options.restoreItems) +
+                " is not 1, 2, 4 or 8");
   if (*kind == KernelKind::RopeScatter) {
     // The GEMM before the kernel writes f32, whatever the hidden states'
     // storage.
@@ -350,6 +371,14 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
         return fail("per-token groups across a warp's lanes need whole "
                     "warps per block (threads " +
                     Twine(threads) + ")");
+  }
+  // The option caps a GPU-form quantized restore thread's items; a spec
+  // records it where it changes them.
+  if (!host && *kind == KernelKind::Restore && spec.bits()) {
+    const int64_t packed = 16 / spec.bits();
+    if (std::min(packed, options.restoreItems) !=
+        std::min(packed, kDefaultRestoreItems))
+      spec.restoreItems = options.restoreItems;
   }
   // The options split and hold the GPU form's per-channel groups of a
   // save; the host form's items hold whole groups.

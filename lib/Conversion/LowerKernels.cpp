@@ -131,7 +131,8 @@ struct KVCLowerKernelsPass
       if (!KernelSpec::kindOf(kernel))
         return WalkResult::advance();
       FailureOr<KernelSpec> spec = KernelSpec::get(
-          kernel, model, {blockSize, threads, host, groupLanes, heldTokens});
+          kernel, model,
+          {blockSize, threads, host, groupLanes, heldTokens, restoreItems});
       if (failed(spec))
         return WalkResult::interrupt();
       if (std::string why = spec->unsupported(); !why.empty()) {

@@ -111,6 +111,12 @@ struct KernelSpec {
   /// form). A spec names it only where it is not the default.
   static constexpr int64_t kDefaultHeldTokens = 8;
   int64_t heldTokens = kDefaultHeldTokens;
+  /// At most this many items a GPU-form restore thread of a quantized
+  /// chunk computes (kvc-lower-kernels' restore-items option): each holds
+  /// its 8 values and their channels' parameters in registers until its
+  /// store. A spec names it only where it is not the default.
+  static constexpr int64_t kDefaultRestoreItems = 4;
+  int64_t restoreItems = kDefaultRestoreItems;
 
   int64_t width() const { return kvHeads * headDim; }
   bool hadamard() const;
@@ -150,7 +156,8 @@ struct KernelSpec {
   /// kvc_rope_scatter_t256_l32_h8x128_b16 or
   /// kvc_rms_norm_bf16_t256_l32_d4096; a save whose group lanes the option
   /// set says so (kvc_save_int4_kc_vt_g32_gl4_t256_l32_h8x128_b16), and
-  /// one whose held tokens it set (_ht16_).
+  /// one whose held tokens it set (_ht16_), a restore whose items per
+  /// thread it set (_ri8_).
   std::string symbolName() const;
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
@@ -169,6 +176,7 @@ struct KernelSpec {
     /// 0: groupLanes() chooses.
     int64_t groupLanes = 0;
     int64_t heldTokens = kDefaultHeldTokens;
+    int64_t restoreItems = kDefaultRestoreItems;
   };
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with an error on the kernel when there is no model or

@@ -105,6 +105,11 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
            "holds in registers, loaded and transformed once (1 to 16); a "
            "longer part is scanned twice. Its kernels' names say so "
            "(_ht16_) where it is not 8">,
+    Option<"restoreItems", "restore-items", "int64_t", /*default=*/"4",
+           "Items (8 values each) a GPU-form restore thread of a quantized "
+           "chunk computes at most, all loaded before the first is stored "
+           "(1, 2, 4 or 8; fewer where its packed values fill 16 bytes "
+           "first). Its kernels' names say so (_ri8_) where it is not 4">,
   ];
   let dependentDialects = [
     "::kvc::compiler::KVCDialect", "::mlir::arith::ArithDialect",

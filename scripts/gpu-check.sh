@@ -264,9 +264,10 @@ pack)
   # Variants the counts cannot decide between (docs/kernels.md, "Cost per
   # value"), K read once at more registers: unrotated per-channel saves
   # whose groups' tokens 4 lanes hold, and Hadamard saves whose lanes hold
-  # 16 tokens, transformed once; and int2 restores at their former 8 items
-  # a thread (106 and 127 registers, against 4 items' 56 and 48); one
-  # bundle, checked the same way.
+  # 16 tokens, transformed once; unrotated per-channel saves whose lanes
+  # issue 4 tokens' loads at a time (50-58 registers against 75-80); and
+  # int2 restores at their former 8 items a thread (106 and 127 registers,
+  # against 4 items' 56 and 48); one bundle, checked the same way.
   variants() { # KIND CODECS OPTIONS BUNDLE
     python3 "$root/bench/kernels/gen-kernels.py" "$1" --codecs "$2" \
       --shapes 16x1,256x32,1024x32 >"$root/build/bench/kernel-variants.mlir"
@@ -279,10 +280,13 @@ pack)
     "$root/build/bench/kernel-variants.json"
   variants --saves '^transform = hadamard, quant = int[248]$' held-tokens=16 \
     "$root/build/bench/kernel-variants-held.json"
+  variants --saves '^quant = int[248]$' scan-loads=4 \
+    "$root/build/bench/kernel-variants-scan.json"
   variants --restores 'quant = int2$' restore-items=8 \
     "$root/build/bench/kernel-variants-items.json"
   python3 - "$root/build/bench/kernel-variants.json" \
     "$root/build/bench/kernel-variants-held.json" \
+    "$root/build/bench/kernel-variants-scan.json" \
     "$root/build/bench/kernel-variants-items.json" <<'EOF'
 import json, sys
 bundle = json.load(open(sys.argv[1]))

@@ -40,9 +40,9 @@ MatrixLayout matrixLayout(const KernelSpec &spec, bool value);
 
 /// How many iterations of a loop of `trips` a GPU-form lane unrolls, its
 /// loads issued before their first use: the largest divisor of `trips` up
-/// to 8 (8 loads of 16 bytes in flight per lane).
-inline int64_t inFlight(int64_t trips) {
-  for (int64_t u = std::min<int64_t>(trips, 8); u > 1; --u)
+/// to `most` (by default 8 loads of 16 bytes in flight per lane).
+inline int64_t inFlight(int64_t trips, int64_t most = 8) {
+  for (int64_t u = std::min(trips, most); u > 1; --u)
     if (trips % u == 0)
       return u;
   return 1;

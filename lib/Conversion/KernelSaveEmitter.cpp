@@ -450,10 +450,12 @@ void ItemEmitter::save(bool value, Value layer, Value item, Value inRange) {
   // unless kvc-lower-kernels' held-tokens says otherwise: a Hadamard
   // group's lanes, groups of 8) is one batch, loaded and transformed once
   // and held for the encoding; a longer one is scanned twice in scf.for
-  // loops (extremes, then values). Lanes past the chunk's last token rescan
-  // that token, so all lanes run every shuffle.
+  // loops (extremes, then values), scanLoads tokens' loads at a time at
+  // most (kvc-lower-kernels' scan-loads). Lanes past the chunk's last token
+  // rescan that token, so all lanes run every shuffle.
   const int64_t S = m.size, share = S / parts;
-  const int64_t unroll = share <= spec.heldTokens ? share : inFlight(share);
+  const int64_t unroll =
+      share <= spec.heldTokens ? share : inFlight(share, spec.scanLoads);
   Value first = add(mul(row, S), mul(part, share));
   auto tokenAt = [&](Value i) -> Value {
     return b.create<arith::MinUIOp>(loc, add(first, i), index(spec.tokens - 1));

@@ -184,6 +184,8 @@ std::string KernelSpec::symbolName() const {
     name += "gl" + std::to_string(groupLanesOption) + "_";
   if (heldTokens != kDefaultHeldTokens)
     name += "ht" + std::to_string(heldTokens) + "_";
+  if (scanLoads != kDefaultScanLoads)
+    name += "sl" + std::to_string(scanLoads) + "_";
   if (restoreItems != kDefaultRestoreItems)
     name += "ri" + std::to_string(restoreItems) + "_";
   return name + "t" + std::to_string(tokens) + "_l" + std::to_string(layers) +
@@ -219,6 +221,9 @@ DictionaryAttr KernelSpec::toAttr(MLIRContext *context) const {
   if (restoreItems != kDefaultRestoreItems)
     fields.push_back(
         b.getNamedAttr("restore_items", b.getI64IntegerAttr(restoreItems)));
+  if (scanLoads != kDefaultScanLoads)
+    fields.push_back(
+        b.getNamedAttr("scan_loads", b.getI64IntegerAttr(scanLoads)));
   return b.getDictionaryAttr(fields);
 }
 
@@ -267,6 +272,12 @@ FailureOr<KernelSpec> KernelSpec::fromAttr(DictionaryAttr attr) {
     if (!items || !llvm::isPowerOf2_64(items.getInt()) || items.getInt() > 8)
       return failure();
     spec.restoreItems = items.getInt();
+  }
+  if (attr.contains("scan_loads")) {
+    auto loads = attr.getAs<IntegerAttr>("scan_loads");
+    if (!loads || loads.getInt() < 1 || loads.getInt() > 8)
+      return failure();
+    spec.scanLoads = loads.getInt();
   }
   if (spec.kind == KernelKind::RmsNorm) {
     auto hidden = attr.getAs<IntegerAttr>("hidden");
@@ -351,6 +362,9 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
       !llvm::isPowerOf2_64(options.restoreItems))
     return fail("restore-items " + Twine(options.restoreItems) +
                 " is not 1, 2, 4 or 8");
+  if (options.scanLoads < 1 || options.scanLoads > 8)
+    return fail("scan-loads " + Twine(options.scanLoads) +
+                " is not between 1 and 8");
   if (*kind == KernelKind::RopeScatter) {
     // The GEMM before the kernel writes f32, whatever the hidden states'
     // storage.
@@ -389,6 +403,7 @@ FailureOr<KernelSpec> KernelSpec::get(KernelOp kernel, ModelAttr model,
     if (!layout.bits || layout.tokenAxis)
       continue;
     spec.heldTokens = options.heldTokens;
+    spec.scanLoads = options.scanLoads;
     if (!groupLanes)
       continue;
     const int64_t rowLanes = spec.hadamard() ? spec.headDim / 8 : 1;

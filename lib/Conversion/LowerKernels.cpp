@@ -130,9 +130,10 @@ struct KVCLowerKernelsPass
       // Other chains stay for the runtime to run step by step.
       if (!KernelSpec::kindOf(kernel))
         return WalkResult::advance();
-      FailureOr<KernelSpec> spec = KernelSpec::get(
-          kernel, model,
-          {blockSize, threads, host, groupLanes, heldTokens, restoreItems});
+      FailureOr<KernelSpec> spec =
+          KernelSpec::get(kernel, model,
+                          {blockSize, threads, host, groupLanes, heldTokens,
+                           restoreItems, scanLoads});
       if (failed(spec))
         return WalkResult::interrupt();
       if (std::string why = spec->unsupported(); !why.empty()) {

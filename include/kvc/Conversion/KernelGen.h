@@ -117,6 +117,13 @@ struct KernelSpec {
   /// store. A spec names it only where it is not the default.
   static constexpr int64_t kDefaultRestoreItems = 4;
   int64_t restoreItems = kDefaultRestoreItems;
+  /// Tokens' loads a GPU-form save lane issues at most before their use
+  /// when it scans a per-channel group's part twice (kvc-lower-kernels'
+  /// scan-loads option): each 16-byte load, widened to 8 floats, is held
+  /// until the lane has reduced (or encoded) it. A spec names it only where
+  /// it is not the default.
+  static constexpr int64_t kDefaultScanLoads = 8;
+  int64_t scanLoads = kDefaultScanLoads;
 
   int64_t width() const { return kvHeads * headDim; }
   bool hadamard() const;
@@ -156,8 +163,8 @@ struct KernelSpec {
   /// kvc_rope_scatter_t256_l32_h8x128_b16 or
   /// kvc_rms_norm_bf16_t256_l32_d4096; a save whose group lanes the option
   /// set says so (kvc_save_int4_kc_vt_g32_gl4_t256_l32_h8x128_b16), and
-  /// one whose held tokens it set (_ht16_), a restore whose items per
-  /// thread it set (_ri8_).
+  /// one whose held tokens it set (_ht16_) or scan loads (_sl4_), a
+  /// restore whose items per thread it set (_ri8_).
   std::string symbolName() const;
 
   /// The spec as the `kvc.entry` dictionary of its function, and back.
@@ -177,6 +184,7 @@ struct KernelSpec {
     int64_t groupLanes = 0;
     int64_t heldTokens = kDefaultHeldTokens;
     int64_t restoreItems = kDefaultRestoreItems;
+    int64_t scanLoads = kDefaultScanLoads;
   };
   /// The spec of a kernel of a generated kind in a module whose #kvc.model
   /// is `model`; fails with an error on the kernel when there is no model or

@@ -110,6 +110,10 @@ def KVCLowerKernelsPass : Pass<"kvc-lower-kernels", "::mlir::ModuleOp"> {
            "chunk computes at most, all loaded before the first is stored "
            "(1, 2, 4 or 8; fewer where its packed values fill 16 bytes "
            "first). Its kernels' names say so (_ri8_) where it is not 4">,
+    Option<"scanLoads", "scan-loads", "int64_t", /*default=*/"8",
+           "Tokens' loads a GPU-form save lane issues at most before their "
+           "use when it scans its part of a per-channel group twice (1 to "
+           "8). Its kernels' names say so (_sl4_) where it is not 8">,
   ];
   let dependentDialects = [
     "::kvc::compiler::KVCDialect", "::mlir::arith::ArithDialect",

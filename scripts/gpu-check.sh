@@ -624,9 +624,11 @@ run)
       --error-exitcode 3 "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
       --iters 1 >"$out/memcheck.txt" 2>&1 || status=$?
     tail -n 3 "$out/memcheck.txt"
-    # memcheck over the backend's restores; racecheck over the kernels that
-    # share memory (tiled attention, generated restores).
-    for check in "memcheck:*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*" \
+    # memcheck over the backend's restores (with calls ordered by events: a
+    # buffer freed under a kernel still reading it is its to find);
+    # racecheck over the kernels that share memory (tiled attention,
+    # generated restores).
+    for check in "memcheck:*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*:*OrderedByEvents*" \
       "racecheck:*TiledAttention*:*GeneratedKernelsDecode*"; do
       tool=${check%%:*}
       timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 3 \

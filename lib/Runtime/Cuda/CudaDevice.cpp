@@ -1,7 +1,9 @@
 //===- CudaDevice.cpp - Restores into a GPU's memory ----------------------===//
 //
-// Lanes come from a free list and go back after each call, so there are as
-// many streams as calls ever ran at once. Calls are ordered by events, not
+// Lanes come from a free list and go back after each call: a thread's next
+// call takes the lane its last had (its work queues there in order), another
+// thread's one with nothing left to run, so there are about as many streams
+// as threads that call the device at once. Calls are ordered by events, not
 // by waiting on the host: a chunk's buffer holds events after its last
 // write and read (an upload waits on the device for the scatter of the
 // chunk before it), and each cache an event per lane after its last write
@@ -900,19 +902,35 @@ private:
     Lane &operator*() { return *lane; }
   };
 
+  /// A free lane for the calling thread: the one its last call had, where
+  /// its work queues in order, else one with nothing left to run, else a
+  /// new one. Calls return before their work is done, so a free lane may
+  /// still be running another thread's (a prefill): an upload queued behind
+  /// it would wait for it.
   StatusOr<LaneLease> acquire() {
     KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
                              "selecting the device");
+    const std::thread::id self = std::this_thread::get_id();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!lanes_.empty()) {
-        std::unique_ptr<Lane> lane = std::move(lanes_.back());
-        lanes_.pop_back();
+      auto take = [&](std::vector<std::unique_ptr<Lane>>::iterator at) {
+        std::unique_ptr<Lane> lane = std::move(*at);
+        lanes_.erase(at);
+        lane->user = self;
         return LaneLease(this, std::move(lane));
+      };
+      for (auto at = lanes_.begin(); at != lanes_.end(); ++at)
+        if ((*at)->user == self)
+          return take(at);
+      for (auto at = lanes_.begin(); at != lanes_.end(); ++at) {
+        if (cudaStreamQuery((*at)->stream) == cudaSuccess)
+          return take(at);
+        (void)cudaGetLastError(); // NotReady is no error.
       }
     }
     KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device));
     lane->id = laneCount_++;
+    lane->user = self;
     return LaneLease(this, std::move(lane));
   }
 

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kvc::cuda {
@@ -132,6 +133,8 @@ private:
 struct Lane {
   /// Which of the device's lanes (its queue in a trace's device spans).
   int id = 0;
+  /// The thread whose call had it last: its next call takes it again.
+  std::thread::id user;
   cudaStream_t stream = nullptr;
   const Cublas *cublas = nullptr;
   cublasHandle_t blas = nullptr;

@@ -49,8 +49,10 @@ Status LayerProgress::add(int64_t layerBegin, int64_t layerEnd, int64_t tokens,
     }
     if (completing.empty() || !settle) {
       const Clock::time_point now = Clock::now();
-      for (int64_t l : completing)
+      for (int64_t l : completing) {
+        settling_[l] = false;
         completed_[l] = now;
+      }
       due = dueLocked();
       completing.clear();
     }

@@ -243,7 +243,7 @@ WaitWords::wait(const CudaDriver &driver, CUstream stream) {
   }
   int index = -1;
   for (int i = 0; i < kWords && index < 0; ++i)
-    if (!held_[i] && (!waited_[i] || cudaEventQuery(passed_[i]) == cudaSuccess))
+    if (!held_[i] && (!waited_[i] || finished(cudaEventQuery(passed_[i]))))
       index = i;
   if (index < 0)
     return Status(StatusCode::Unavailable, "every stream wait word is in use");
@@ -359,24 +359,32 @@ public:
     KVC_RETURN_IF_ERROR(buffer.reserve(bytes));
     KVC_RETURN_IF_ERROR(buffer.writeOn(lane.stream)); // Its last chunk read.
     buffer.words = int64_t(host.size());
-    // The host waits for the copy: the caller reuses its memory (a staging
-    // slot decodes its next chunk there).
     if (host.owner() == &pinned_) {
       // Pinned already: the DMA reads it in place.
       KVC_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffer.memory.get(), host.data(),
                                                bytes, cudaMemcpyHostToDevice,
                                                lane.stream),
                                "host-to-device copy");
-      KVC_RETURN_IF_ERROR(buffer.writtenBy(lane.stream));
-      return lane.sync("host-to-device copy");
+    } else {
+      KVC_RETURN_IF_ERROR(copyThroughStaging(lane, host, buffer));
     }
+    KVC_RETURN_IF_ERROR(buffer.writtenBy(lane.stream));
+    // The host waits for the copy: the caller reuses its memory (a staging
+    // slot decodes its next chunk there).
+    return lane.sync("host-to-device copy");
+  }
+
+  /// Pageable `host` into `to` through the lane's pinned halves, the copy
+  /// into one overlapping the DMA from the other.
+  Status copyThroughStaging(Lane &lane, const HostWords &host, CudaBuffer &to) {
     if (!lane.pinned) {
       KVC_CUDA_RETURN_IF_ERROR(
           cudaHostAlloc(&lane.pinned, 2 * kPinnedHalf, cudaHostAllocDefault),
           "allocating pinned staging");
     }
+    const size_t bytes = host.size() * sizeof(uint16_t);
     const char *from = reinterpret_cast<const char *>(host.data());
-    char *into = buffer.memory.get<char>();
+    char *into = to.memory.get<char>();
     for (size_t offset = 0, piece = 0; offset < bytes;
          offset += kPinnedHalf, ++piece) {
       const size_t size = std::min(kPinnedHalf, bytes - offset);
@@ -394,8 +402,7 @@ public:
       KVC_CUDA_RETURN_IF_ERROR(cudaEventRecord(lane.halves[half], lane.stream),
                                "recording a copy");
     }
-    KVC_RETURN_IF_ERROR(buffer.writtenBy(lane.stream));
-    return lane.sync("host-to-device copy");
+    return Status::ok();
   }
 
   StatusOr<double> project(const ModelCompute &model, const CudaModel &gpu,
@@ -922,11 +929,9 @@ private:
       for (auto at = lanes_.begin(); at != lanes_.end(); ++at)
         if ((*at)->user == self)
           return take(at);
-      for (auto at = lanes_.begin(); at != lanes_.end(); ++at) {
-        if (cudaStreamQuery((*at)->stream) == cudaSuccess)
+      for (auto at = lanes_.begin(); at != lanes_.end(); ++at)
+        if (finished(cudaStreamQuery((*at)->stream)))
           return take(at);
-        (void)cudaGetLastError(); // NotReady is no error.
-      }
     }
     KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device));
     lane->id = laneCount_++;
@@ -1289,9 +1294,8 @@ private:
     for (auto it = writes_.begin(); it != writes_.end();) {
       bool done = it->first != keep;
       for (cudaEvent_t event : it->second)
-        done = done && (!event || cudaEventQuery(event) == cudaSuccess);
+        done = done && (!event || finished(cudaEventQuery(event)));
       if (!done) {
-        (void)cudaGetLastError(); // NotReady is no error.
         ++it;
         continue;
       }

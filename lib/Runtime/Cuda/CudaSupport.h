@@ -42,6 +42,17 @@ inline Status cudaStatus(cudaError_t error, const char *what) {
                     " (" + cudaGetErrorString(error) + ")");
 }
 
+/// Whether a query (cudaStreamQuery, cudaEventQuery) found its work done.
+/// A query of work still running is no error: the last error it set is
+/// cleared.
+inline bool finished(cudaError_t queried) {
+  if (queried == cudaSuccess)
+    return true;
+  if (queried == cudaErrorNotReady)
+    (void)cudaGetLastError();
+  return false;
+}
+
 /// The cuBLAS entry points the backend uses, as function pointers (C's
 /// signatures: cublasGemmEx is overloaded in C++).
 struct Cublas {

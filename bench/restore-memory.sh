@@ -19,8 +19,8 @@ rm -rf "$WORK" && mkdir -p "$WORK"
   --kv-heads 2 --ffn 256 --vocab 1024 --max-positions 32768 --seed 1 > /dev/null
 for TOKENS in 4096 32768; do
   REQUEST=(--model "$WORK/model" --random-tokens $TOKENS --seed 7
-           --store "file://$WORK/store-$TOKENS" --layer-group 1)
-  "$RUN" save "${REQUEST[@]}" --forms kv,hidden > /dev/null
+           --store "file://$WORK/store-$TOKENS")
+  "$RUN" save "${REQUEST[@]}" --layer-group 1 --forms kv,hidden > /dev/null
   for STRATEGY in kv hidden cake; do
     printf '%6d tokens, %-7s' $TOKENS $STRATEGY
     "$RUN" restore "${REQUEST[@]}" --strategy $STRATEGY \

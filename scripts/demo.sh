@@ -56,10 +56,11 @@ rm -rf "$WORK" && mkdir -p "$WORK"
 banner "Generating a small model and saving a $TOKENS-token context (KV and hidden states)"
 "$RUN" gen-model --out "$WORK/model" --layers 4 --hidden 256 --heads 8 \
   --kv-heads 2 --ffn 512 --vocab 1024 --seed 1
-# One object per layer and chunk, so a plan reads exactly the layers it loads.
-STORE=(--store "file://$WORK/store" --layer-group 1)
+# One object per layer and chunk, so a plan reads exactly the layers it loads
+# (the store records the layout; its readers read it there).
+STORE=(--store "file://$WORK/store")
 REQUEST=(--model "$WORK/model" --random-tokens $TOKENS --seed 7)
-"$RUN" save "${REQUEST[@]}" "${STORE[@]}" --forms kv,hidden
+"$RUN" save "${REQUEST[@]}" "${STORE[@]}" --layer-group 1 --forms kv,hidden
 
 banner "Calibrating this machine (kvc-run calibrate) from $TARGET"
 "$RUN" calibrate --model "$WORK/model" --base "$TARGET" --out "$WORK/target.json" \
@@ -99,7 +100,7 @@ banner "Cake's dynamic mode: the same plan, its merge point found at run time"
 # compute put them: earlier on the local store, later on a link throttled to
 # 0.01 Gbps.
 for LINK in "" "?gbps=0.01"; do
-  "$RUN" restore "${REQUEST[@]}" --store "file://$WORK/store$LINK" --layer-group 1 \
+  "$RUN" restore "${REQUEST[@]}" --store "file://$WORK/store$LINK" \
     --bundle "$WORK/plans.json" --plan cake --dynamic --verify
 done
 
@@ -117,7 +118,7 @@ for SCALE in 0.5 1 2; do
     --out "$WORK/target-$SCALE.json" --scratch "$WORK" > "$WORK/calibrate-$SCALE.txt"
   sed -n 's/^fit: /calibrated: /p' "$WORK/calibrate-$SCALE.txt"
   "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store?gbps=$GBPS" \
-    --layer-group 1 --strategy --target "$WORK/target-$SCALE.json" --repeat 5
+    --strategy --target "$WORK/target-$SCALE.json" --repeat 5
 done
 
 banner "Compressed stores: loading KV saved with int8+zstd and with int4+deflate"
@@ -126,7 +127,7 @@ banner "Compressed stores: loading KV saved with int8+zstd and with int4+deflate
 for CODEC in int8+zstd int4+deflate; do
   "$RUN" save "${REQUEST[@]}" --store "file://$WORK/store-$CODEC" --layer-group 1 \
     --forms kv --codec "$CODEC"
-  "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store-$CODEC" --layer-group 1 \
+  "$RUN" compare "${REQUEST[@]}" --store "file://$WORK/store-$CODEC" \
     --strategy kv --target "$WORK/target-1.json" --repeat 5
 done
 echo "(predicted times come from the calibrated target; docs/results.md" \
@@ -141,8 +142,12 @@ banner "A trained model: stories260K restored with the joint plan, then decoding
 "$RUN" import-llama2c --checkpoint "$MODELS/stories260K/stories260K.bin" \
   --tokenizer "$MODELS/stories260K/tok512.bin" --out "$WORK/stories"
 PROMPT="Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
-STORY=(--model "$WORK/stories" --prompt "$PROMPT" --chunk-tokens 8 --layer-group 1)
-"$RUN" save "${STORY[@]}" --store "file://$WORK/stories-store" --forms kv,hidden
+STORY=(--model "$WORK/stories" --prompt "$PROMPT")
+# The saves' layout: 8-token chunks of one layer (the readers read it from
+# the store).
+LAYOUT=(--chunk-tokens 8 --layer-group 1)
+"$RUN" save "${STORY[@]}" "${LAYOUT[@]}" --store "file://$WORK/stories-store" \
+  --forms kv,hidden
 # The continuation decoded from the restored paged cache, and whether a full
 # prefill's says the same.
 "$RUN" generate "${STORY[@]}" --store "file://$WORK/stories-store" \
@@ -153,7 +158,8 @@ banner "A quality budget in next-token KL: int4 KV of the same prompt"
 # model; under a budget below int4's KL the plan recomputes, above it loads.
 "$RUN" profile-codecs --model "$WORK/stories" --prompt "$PROMPT" \
   --out "$WORK/stories-profile.json" | grep -E '^(codec|int4/g32|int8/g32) '
-"$RUN" save "${STORY[@]}" --store "file://$WORK/stories-int4" --forms kv --codec int4
+"$RUN" save "${STORY[@]}" "${LAYOUT[@]}" --store "file://$WORK/stories-int4" \
+  --forms kv --codec int4
 for KL in 0.0001 0.1; do
   echo "-- --max-kl $KL"
   "$RUN" restore "${STORY[@]}" --store "file://$WORK/stories-int4" \

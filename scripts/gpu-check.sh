@@ -641,7 +641,9 @@ run)
   # fp32 GEMMs (--gemm f32, the CPU model's arithmetic), so that every plan
   # is held against the GPU's full prefill and the CPU's cache alike.
   e2e="$dir/e2e"
-  context=(--model "$e2e/model" --random-tokens 1024 --seed 7 --layer-group 1)
+  context=(--model "$e2e/model" --random-tokens 1024 --seed 7)
+  # The saves' layout; readers read it from the store.
+  layout=(--layer-group 1)
   request=("${context[@]}" --store "file://$e2e/store"
     --bundle "$e2e/plans.json")
   cuda=(--backend cuda --gemm f32)
@@ -658,8 +660,8 @@ run)
     { echo "gpu-check: no generated kernel ran in the executor"; status=1; }
   # A server's precision end to end: the context saved through the GPU's
   # prefill with bf16 GEMMs, every plan restored and verified the same way.
-  "$dir/kvc-run" save "${context[@]}" --store "file://$e2e/store-gpu" \
-    --backend cuda --forms kv,hidden 2>&1 | tee "$out/save-gpu.txt" ||
+  "$dir/kvc-run" save "${context[@]}" "${layout[@]}" \
+    --store "file://$e2e/store-gpu" --backend cuda --forms kv,hidden 2>&1 | tee "$out/save-gpu.txt" ||
     status=$?
   "$dir/kvc-run" compare "${context[@]}" --store "file://$e2e/store-gpu" \
     --bundle "$e2e/plans.json" --backend cuda --repeat 3 2>&1 |
@@ -670,7 +672,7 @@ run)
   # encoder); the stores must hold the same bytes.
   for bundle in save-kv-sm_90 save-kv; do
     rm -rf "$e2e/store-$bundle"
-    "$dir/kvc-run" save "${context[@]}" --backend cuda \
+    "$dir/kvc-run" save "${context[@]}" "${layout[@]}" --backend cuda \
       --store "file://$e2e/store-$bundle" --bundle "$e2e/$bundle.json" \
       2>&1 | tee "$out/$bundle.txt" || status=$?
   done
@@ -702,8 +704,8 @@ run)
     dumps=()
     for plan in compute kv hidden cake hcache joint; do
       "$dir/kvc-run" restore --model "$dir/stories260K" --random-tokens 512 \
-        --seed 7 --store "file://$dir/stories260K/store" --chunk-tokens 128 \
-        --layer-group 1 --bundle "$dir/stories260K/plans.json" --plan $plan \
+        --seed 7 --store "file://$dir/stories260K/store" \
+        --bundle "$dir/stories260K/plans.json" --plan $plan \
         --backend cuda --verify \
         --dump-kv "$out/kv-stories-$plan.safetensors" >/dev/null || status=$?
       dumps+=("$out/kv-stories-$plan.safetensors")

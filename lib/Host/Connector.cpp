@@ -100,9 +100,9 @@ uint64_t indexSeed(const std::string &fingerprint, const std::string &tenant) {
 // Requests
 //===----------------------------------------------------------------------===//
 
-/// A plan compiled for one shape.
+/// A plan compiled for one shape, or chosen by the caller.
 struct CompiledPlan {
-  PlanBundle bundle;
+  std::shared_ptr<const PlanBundle> bundle;
   const BundlePlan *plan = nullptr;
 };
 
@@ -271,12 +271,12 @@ struct Connector::State {
                                                  request, planOptions));
     const std::string name = planning::strategyName(strategy);
     auto compiledPlan = std::make_shared<CompiledPlan>();
-    compiledPlan->bundle = std::move(bundle);
-    for (const BundlePlan &plan : compiledPlan->bundle.plans)
+    compiledPlan->bundle = std::make_shared<PlanBundle>(std::move(bundle));
+    for (const BundlePlan &plan : compiledPlan->bundle->plans)
       if (plan.name == name && !compiledPlan->plan)
         compiledPlan->plan = &plan;
-    if (!compiledPlan->plan && compiledPlan->bundle.plans.size() == 1)
-      compiledPlan->plan = &compiledPlan->bundle.plans.front();
+    if (!compiledPlan->plan && compiledPlan->bundle->plans.size() == 1)
+      compiledPlan->plan = &compiledPlan->bundle->plans.front();
     if (!compiledPlan->plan)
       return Status(StatusCode::FailedPrecondition,
                     "connector: the planner returned no plan " + name +
@@ -368,6 +368,68 @@ struct Connector::State {
   bool recentMiss(uint64_t key) const {
     auto it = misses.find(key);
     return it != misses.end() && secondsSince(it->second) < kMissSeconds;
+  }
+
+  /// Whether a load or save may still touch the registered caches.
+  bool cachesInUse() const {
+    auto running = [](const std::shared_ptr<LoadJob> &load,
+                      const std::shared_ptr<SaveJob> &save) {
+      return (load && !load->handle->ended()) || (save && !save->ended);
+    };
+    for (const auto &[id, request] : requests)
+      if (running(request.load, request.save))
+        return true;
+    for (const auto &[id, load] : retiredLoads)
+      if (running(load, nullptr))
+        return true;
+    for (const auto &[id, save] : retiredSaves)
+      if (running(nullptr, save))
+        return true;
+    return false;
+  }
+
+  /// Checks a request's tokens and the server's share of them.
+  Status checkRequest(const std::string &id, int64_t n, int64_t onDevice) {
+    if (n == 0)
+      return invalidArgument("connector: request " + id + " has no tokens");
+    if (onDevice < 0 || onDevice > n)
+      return invalidArgument("connector: " + std::to_string(onDevice) +
+                             " tokens on the device of a request of " +
+                             std::to_string(n));
+    if (Request *old = find(id);
+        old && old->load && !old->load->handle->ended())
+      return Status(StatusCode::FailedPrecondition,
+                    "connector: request " + id + " is loading");
+    return Status::ok();
+  }
+
+  /// Forgets request `id`'s decision and load (a save of the same id goes
+  /// on) and starts it again with `tokens`.
+  Request &renew(const std::string &id, const std::vector<int32_t> &tokens,
+                 int64_t onDevice) {
+    Request &request = requests[id];
+    std::shared_ptr<SaveJob> saving = std::move(request.save);
+    request = Request();
+    request.save = std::move(saving);
+    request.tokens = tokens;
+    request.onDevice = onDevice;
+    return request;
+  }
+
+  /// Of store `store`'s layouts, the one `found` holds the most under.
+  ChunkStore &fullestLayout(const Lookup &found, int store) const {
+    const OpenStore &open = stores[store];
+    ChunkStore *fullest = open.layouts.front().get();
+    int64_t most = 0;
+    for (const Lookup::Held &held : found.held)
+      if (held.store == store && held.match.tokens > most)
+        for (const auto &layout : open.layouts)
+          if (layout->layout().chunkTokens == held.layout.chunkTokens &&
+              layout->layout().layerGroup == held.layout.layerGroup) {
+            fullest = layout.get();
+            most = held.match.tokens;
+          }
+    return *fullest;
   }
 
   Request *find(const std::string &id) {
@@ -493,11 +555,19 @@ Connector::create(ConnectorOptions options) {
     first.layout = options.saveLayout;
     // The first store is written: it may be created, and records the
     // saves' layout.
-    first.access = s == 0 ? TierAccess::Create : TierAccess::Existing;
+    first.access = s == 0 && options.createStores ? TierAccess::Create
+                                                  : TierAccess::Existing;
     KVC_ASSIGN_OR_RETURN(written, openStore(first, *options.model));
-    KVC_ASSIGN_OR_RETURN(tier, storeTier(state->target, written->tier(),
-                                         open.spec.tier));
-    open.tier = tier->name;
+    if (state->target.tiers.empty()) {
+      // Chosen plans only: the store is the tier its spec names.
+      open.tier = !open.spec.tier.empty() ? open.spec.tier
+                  : s == 0                ? std::string("store")
+                                          : "store" + std::to_string(s);
+    } else {
+      KVC_ASSIGN_OR_RETURN(
+          tier, storeTier(state->target, written->tier(), open.spec.tier));
+      open.tier = tier->name;
+    }
     if (!tiers.insert(open.tier).second)
       return invalidArgument("connector: two stores on tier " + open.tier +
                              " (name a tier per store)");
@@ -506,6 +576,7 @@ Connector::create(ConnectorOptions options) {
                                          options.model->fingerprint(),
                                          options.tenant));
     std::shared_ptr<Tier> shared = written->sharedTier();
+    open.shared = shared;
     const bool writes = s == 0;
     open.layouts.push_back(std::move(written));
     for (const StoreLayout &layout : recorded) {
@@ -541,9 +612,10 @@ Status Connector::registerCaches(std::unique_ptr<PagedKVCache> caches) {
   if (config.layers != model.numLayers || config.numKvHeads != model.numKvHeads ||
       config.headDim != model.headDim)
     return invalidArgument("connector: caches of another model's shape");
-  if (state_->caches)
+  if (state_->caches && state_->cachesInUse())
     return Status(StatusCode::FailedPrecondition,
-                  "connector: caches are registered already");
+                  "connector: caches are registered already, and a load or "
+                  "save still uses them");
   if (caches->memory() == CacheMemory::Device &&
       std::string(state_->device->name()) == "cpu")
     return invalidArgument("connector: device caches with the cpu backend");
@@ -562,15 +634,11 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   State &s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   const int64_t n = int64_t(tokens.size());
-  if (n == 0)
-    return invalidArgument("connector: request " + id + " has no tokens");
-  if (tokensOnDevice < 0 || tokensOnDevice > n)
-    return invalidArgument("connector: " + std::to_string(tokensOnDevice) +
-                           " tokens on the device of a request of " +
-                           std::to_string(n));
-  if (Request *old = s.find(id); old && old->load && !old->load->handle->ended())
+  KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
+  if (s.target.tiers.empty())
     return Status(StatusCode::FailedPrecondition,
-                  "connector: request " + id + " is loading");
+                  "connector: decide prices loads for a target machine, and "
+                  "ConnectorOptions::target has no tiers");
   const int64_t onDevice = tokensOnDevice;
   KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
   KVC_ASSIGN_OR_RETURN(all, s.computePrice(n));
@@ -655,12 +723,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
               what};
   }
 
-  Request &request = s.requests[id];
-  std::shared_ptr<SaveJob> saving = std::move(request.save);
-  request = Request();
-  request.save = std::move(saving); // A save of the same id goes on.
-  request.tokens = tokens;
-  request.onDevice = onDevice;
+  Request &request = s.renew(id, tokens, onDevice);
   auto ms = [](double seconds) {
     char text[32];
     std::snprintf(text, sizeof(text), "%.2f ms", seconds * 1e3);
@@ -713,8 +776,115 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   return decision;
 }
 
+StatusOr<Decision> Connector::decide(const std::string &id,
+                                     const std::vector<int32_t> &tokens,
+                                     int64_t tokensOnDevice,
+                                     ChosenPlan chosen) {
+  State &s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const int64_t n = int64_t(tokens.size());
+  KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
+  if (!chosen.bundle)
+    return invalidArgument("connector: no bundle for request " + id);
+  const PlanBundle &bundle = *chosen.bundle;
+  const BundlePlan *plan = chosen.name.empty() && bundle.plans.size() == 1
+                               ? &bundle.plans.front()
+                               : bundle.findPlan(chosen.name);
+  if (!plan)
+    return invalidArgument(
+        chosen.name.empty()
+            ? "connector: the bundle holds " +
+                  std::to_string(bundle.plans.size()) + " plans: name one"
+            : "connector: the bundle has no plan " + chosen.name);
+  // Each tier the plan reads is the store on it, or the only store.
+  KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
+  std::map<std::string, ChunkStore *> stores;
+  for (const BundleTask &task : plan->tasks)
+    for (const BundleStep &step : task.steps) {
+      if (step.kind != StepKind::Fetch || stores.count(step.tier))
+        continue;
+      int index = -1;
+      for (std::size_t i = 0; i < s.stores.size(); ++i)
+        if (s.stores[i].tier == step.tier)
+          index = int(i);
+      if (index < 0 && s.stores.size() == 1)
+        index = 0;
+      if (index < 0)
+        return invalidArgument("connector: plan " + plan->name +
+                               " reads tier " + step.tier +
+                               ", which none of the connector's " +
+                               std::to_string(s.stores.size()) + " stores is");
+      stores[step.tier] = &s.fullestLayout(found, index);
+    }
+  Decision decision;
+  decision.loadTokens = std::max(tokensOnDevice, std::min(plan->tokens.end, n));
+  decision.strategy = plan->name;
+  if (plan->predictedUs)
+    decision.predictedSeconds = double(*plan->predictedUs) * 1e-6;
+  if (!s.target.tiers.empty()) {
+    KVC_ASSIGN_OR_RETURN(all, s.computePrice(n));
+    KVC_ASSIGN_OR_RETURN(resident, s.computePrice(tokensOnDevice));
+    decision.recomputeSeconds = all - resident;
+  }
+  decision.why = "runs plan " + plan->name +
+                 ", chosen by the caller (not "
+                 "priced), over tokens " +
+                 std::to_string(tokensOnDevice) + " to " +
+                 std::to_string(decision.loadTokens);
+  Request &request = s.renew(id, tokens, tokensOnDevice);
+  auto compiled = std::make_shared<CompiledPlan>();
+  compiled->bundle = std::move(chosen.bundle);
+  compiled->plan = plan;
+  request.plan = std::move(compiled);
+  request.stores = std::move(stores);
+  request.decision = decision;
+  return decision;
+}
+
+StatusOr<PlanBundle> Connector::planRequest(const std::vector<int32_t> &tokens,
+                                            PlanOptions options) {
+  State &s = *state_;
+  planning::Request request;
+  request.tokens = int64_t(tokens.size());
+  request.maxKl = options.maxKl;
+  request.forwardTokens = options.forwardTokens;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.target.tiers.empty())
+      return Status(StatusCode::FailedPrecondition,
+                    "connector: planRequest plans for a target machine, and "
+                    "ConnectorOptions::target has no tiers");
+    if (s.stores.empty())
+      return Status(StatusCode::FailedPrecondition,
+                    "connector: no store to plan loads from");
+    KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
+    int store = 0;
+    int64_t most = 0;
+    for (const Lookup::Held &held : found.held)
+      if (held.match.tokens > most) {
+        store = held.store;
+        most = held.match.tokens;
+      }
+    const ChunkStore &layout = s.fullestLayout(found, store);
+    std::vector<PrefixMatch> matches;
+    for (const Lookup::Held &held : found.held)
+      if (held.store == store &&
+          held.layout.chunkTokens == layout.layout().chunkTokens &&
+          held.layout.layerGroup == layout.layout().layerGroup)
+        matches.push_back(held.match);
+    request.sources =
+        sourcesOf(layout, matches, request.tokens, s.stores[store].tier);
+    options.chunkTokens = layout.layout().chunkTokens;
+  }
+  if (options.strategies.empty())
+    options.strategies = planning::strategiesFor(request.sources);
+  // Compiled without the lock: the planner may take seconds.
+  return s.options.planner(*s.options.model, s.target, request, options);
+}
+
 Status Connector::startLoad(const std::string &id,
-                            const std::vector<int32_t> &blockIds) {
+                            const std::vector<int32_t> &blockIds,
+                            const LoadOptions &run) {
   State &s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   Request *request = s.find(id);
@@ -743,12 +913,16 @@ Status Connector::startLoad(const std::string &id,
   job->target.table = &job->table;
   KVC_ASSIGN_OR_RETURN(pools, s.poolsFor(*job->plan->plan));
   RestoreOptions options;
-  options.kernels = &job->plan->bundle.kernels;
+  options.kernels = &job->plan->bundle->kernels;
   options.resident = job->resident;
   options.cancel = &job->cancel;
   options.recomputeFallbacks = s.options.recomputeFailures;
-  KVC_ASSIGN_OR_RETURN(handle, RestoreHandle::start(*pools, *job->plan->plan,
-                                                    job->target, options));
+  options.tracePath = run.tracePath;
+  KVC_ASSIGN_OR_RETURN(
+      handle, run.dynamic ? RestoreHandle::startWalk(*pools, *job->plan->plan,
+                                                     job->target, options)
+                          : RestoreHandle::start(*pools, *job->plan->plan,
+                                                 job->target, options));
   job->handle = std::move(handle);
   request->load = std::move(job);
   return Status::ok();
@@ -980,6 +1154,16 @@ Finished Connector::finished() {
   for (const std::shared_ptr<LoadJob> &job : collect)
     (void)resultOf(*job, s.mutex); // Ended: returns at once.
   return out;
+}
+
+const TargetDesc &Connector::target() const { return state_->target; }
+
+const std::string &Connector::tierOf(int store) const {
+  return state_->stores.at(std::size_t(store)).tier;
+}
+
+const Tier &Connector::storage(int store) const {
+  return *state_->stores.at(std::size_t(store)).shared;
 }
 
 int64_t Connector::plansCompiled() const {

@@ -3,8 +3,8 @@
 #include "kvc/Host/Session.h"
 
 #include "kvc/Planning/Planner.h"
-
 #include "kvc/Runtime/Base/Threads.h"
+#include "kvc/Runtime/Exec/DynamicCake.h"
 
 #include <algorithm>
 #include <tuple>
@@ -52,16 +52,39 @@ destinationFor(Device &device, const ModelCompute &model,
 StatusOr<std::unique_ptr<RestoreHandle>>
 RestoreHandle::start(ResourcePools &pools, const BundlePlan &plan,
                      const RestoreTarget &target, RestoreOptions options) {
+  return start(plan, target, std::move(options),
+               [&pools](const BundlePlan &plan, const RestoreTarget &target,
+                        const RestoreOptions &options) {
+                 return restore(pools, plan, target, options);
+               });
+}
+
+StatusOr<std::unique_ptr<RestoreHandle>>
+RestoreHandle::startWalk(ResourcePools &pools, const BundlePlan &plan,
+                         const RestoreTarget &target, RestoreOptions options) {
+  KVC_ASSIGN_OR_RETURN(walk, dynamicCakeOptions(plan));
+  return start(plan, target, std::move(options),
+               [&pools, walk](const BundlePlan &, const RestoreTarget &target,
+                              const RestoreOptions &options) {
+                 return restoreDynamicCake(pools, target, walk, options);
+               });
+}
+
+StatusOr<std::unique_ptr<RestoreHandle>> RestoreHandle::start(
+    const BundlePlan &plan, const RestoreTarget &target, RestoreOptions options,
+    std::function<StatusOr<RestoreMetrics>(
+        const BundlePlan &, const RestoreTarget &, const RestoreOptions &)>
+        run) {
   std::unique_ptr<RestoreHandle> handle(new RestoreHandle);
   handle->plan_ = plan;
   handle->target_ = target;
   options.progress = &handle->progress_;
   RestoreHandle *self = handle.get();
-  KVC_ASSIGN_OR_RETURN(thread, startThread([self, &pools, options] {
-                         self->result_ =
-                             restore(pools, self->plan_, self->target_, options);
-                         self->ended_ = true;
-                       }));
+  KVC_ASSIGN_OR_RETURN(
+      thread, startThread([self, options, run = std::move(run)] {
+        self->result_ = run(self->plan_, self->target_, options);
+        self->ended_ = true;
+      }));
   handle->thread_ = std::move(thread);
   return handle;
 }

@@ -213,7 +213,8 @@ class Connector:
     def register_caches(self, keys: Sequence[Any],
                         values: Sequence[Any] | None = None,
                         layout: CacheLayout = "separate") -> None:
-        """Hands the Connector the server's KV memory, once.
+        """Hands the Connector the server's KV memory (again, replacing it,
+        only while no load or save runs).
 
         ``keys`` (and ``values``) are per layer, bfloat16 or float16,
         C-contiguous, as vLLM allocates them:

@@ -100,18 +100,17 @@
 // REPLACED-NOT: fallback
 // REPLACED: verify: against a full prefill
 
-// Tests that a store records the layout it was saved with, and a restore
-// without --chunk-tokens and --layer-group reads it; a restore told another
-// layout says which layout holds the request, instead of missing every
-// object.
+// Tests that a store records the layout it was saved with and a restore
+// reads it; a restore is told no layout (the Connector reads the store's),
+// not even the right one.
 // RUN: kvc-run save --model %t/model --store file://%t/layout --random-tokens 1024 --seed 3 --forms kv --chunk-tokens 128 --layer-group 2
 // RUN: ls %t/layout/layouts/* | FileCheck %s --check-prefix=RECORD
 // RECORD: {{^}}128x2{{$}}
 // RUN: kvc-run restore --model %t/model --store file://%t/layout --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=LAYOUT
 // LAYOUT-NOT: fallback
 // LAYOUT: verify: against a full prefill{{.*}}: ok
-// RUN: not kvc-run restore --model %t/model --store file://%t/layout --chunk-tokens 256 --layer-group 4 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake 2>&1 | FileCheck %s --check-prefix=OTHER-LAYOUT
-// OTHER-LAYOUT: kvc-run restore: failed_precondition: the store holds this request saved with --chunk-tokens 128 --layer-group 2, not the 256 and 4 this command reads with; pass those
+// RUN: not kvc-run restore --model %t/model --store file://%t/layout --chunk-tokens 128 --layer-group 2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake 2>&1 | FileCheck %s --check-prefix=OTHER-LAYOUT
+// OTHER-LAYOUT: kvc-run restore: invalid_argument: --chunk-tokens and --layer-group: the Connector reads the store's layout from the store
 
 // RUN: head -c 100 %t/plans.json > %t/truncated.json
 // RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --bundle %t/truncated.json 2>&1 | FileCheck %s --check-prefix=TRUNCATED

@@ -41,6 +41,10 @@ StatusOr<StoreLayout> storeLayout(Args &args);
 StatusOr<std::unique_ptr<ChunkStore>>
 openStore(Args &args, const LlamaModel &model, TierAccess access);
 
+/// Refuses --chunk-tokens and --layer-group in a command whose store the
+/// Connector opens: it reads the layout the store records.
+Status refuseLayoutOptions(Args &args);
+
 /// Tokens from --tokens FILE (whitespace-separated ids below the model's
 /// vocabulary), --random-tokens or --prompt (encoded by the tokenizer.bin of
 /// --model), at most the model's positions and what fits in memory.

@@ -72,6 +72,14 @@ StatusOr<StoreLayout> storeLayout(Args &args) {
   return StoreLayout{chunkTokens, layerGroup};
 }
 
+Status refuseLayoutOptions(Args &args) {
+  if (args.has("chunk-tokens") || args.has("layer-group"))
+    return invalidArgument(
+        "--chunk-tokens and --layer-group: the Connector reads the store's "
+        "layout from the store (they are for a save and cake)");
+  return Status::ok();
+}
+
 StatusOr<std::unique_ptr<ChunkStore>>
 openStore(Args &args, const LlamaModel &model, TierAccess access) {
   host::StoreOptions options;

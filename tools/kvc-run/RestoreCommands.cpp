@@ -3,7 +3,10 @@
 // Restores of a request from a store, by a bundle's plan or plans compiled
 // in-process (--strategy), printed beside the compiler's predictions and
 // verified against a full prefill; compare runs every plan in rounds and
-// prints one table; cake runs Cake's dynamic walk.
+// prints one table; cake runs Cake's dynamic walk. restore, compare and
+// generate go through host::Connector, as a server's loads do: it opens
+// the store (and reads its layout), plans the request (--strategy) and runs
+// each chosen plan into a fresh cache registered with it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -84,15 +87,16 @@ Status reportVerification(const RestoreError &error, const VerifyBound &bound) {
   return status;
 }
 
-/// What restore and compare share: the model, the request, the store and
-/// plans for them (from a bundle, or compiled in-process).
+/// What restore and compare share: the model, the request, the Connector
+/// over the store and plans for them (from a bundle, or compiled
+/// in-process).
 struct RestoreSetup {
   std::shared_ptr<LlamaModel> model;
-  std::unique_ptr<ChunkStore> store;
+  std::unique_ptr<Connector> connector;
   /// The request over them (its tokens, the reference prefill).
   MeasuredRequest request;
   std::string planSource; ///< The bundle's path, or "--strategy", for messages.
-  PlanBundle bundle;
+  std::shared_ptr<const PlanBundle> bundle;
   std::optional<double> maxError; ///< --max-error, when given.
   /// The target planned for (--strategy), for compare's machine check.
   std::optional<TargetDesc> target;
@@ -109,15 +113,16 @@ PlanHook compilerHook() {
 #endif
 }
 
-/// Prints what `store` holds of the request: the planner's sources.
-Status printStored(ChunkStore &store, const std::vector<int32_t> &tokens) {
-  KVC_ASSIGN_OR_RETURN(matches, matchPrefix(store, tokens));
-  const int64_t n = int64_t(tokens.size());
+/// Prints what the stores hold of the request (`found`, of `n` tokens): the
+/// planner's sources.
+void printStored(const Lookup &found, int64_t n) {
   for (Form form : {Form::KV, Form::Hidden})
-    if (std::none_of(matches.begin(), matches.end(),
-                     [&](const PrefixMatch &m) { return m.form == form; }))
+    if (std::none_of(
+            found.held.begin(), found.held.end(),
+            [&](const Lookup::Held &h) { return h.match.form == form; }))
       std::printf("store: no %s of the request\n", name(form));
-  for (const PrefixMatch &match : matches) {
+  for (const Lookup::Held &held : found.held) {
+    const PrefixMatch &match = held.match;
     if (match.tokens < n) {
       std::printf("store: %s for tokens 0 to %lld of %lld (not planned)\n",
                   name(match.form), (long long)match.tokens, (long long)n);
@@ -125,40 +130,37 @@ Status printStored(ChunkStore &store, const std::vector<int32_t> &tokens) {
     }
     std::printf("store: %s for every token, codec %s", name(match.form),
                 match.codec.str().c_str());
-    if (store.layout().layerGroup > 1)
+    if (held.layout.layerGroup > 1)
       std::printf(", %lld layers per object",
-                  (long long)store.layout().layerGroup);
+                  (long long)held.layout.layerGroup);
     std::printf("\n");
   }
-  return Status::ok();
 }
 
-/// --strategy: plans the request in-process for --target, one plan per
-/// strategy; `all` takes every strategy the store's sources allow.
-StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
-                                       ChunkStore &store,
+/// --strategy: plans the request in-process for the connector's target,
+/// one plan per strategy; `all` takes every strategy the store's sources
+/// allow.
+StatusOr<PlanBundle> compileStrategies(Args &args, Connector &connector,
                                        const std::vector<int32_t> &tokens,
-                                       const std::string &list,
-                                       std::optional<TargetDesc> &plannedFor) {
-  PlanHook hook = compilerHook();
-  if (!hook)
-    return unimplemented("--strategy plans with the compiler, which this "
-                         "kvc-run was built without (KVC_BUILD_COMPILER=OFF); "
-                         "compile a bundle with kvc-opt and pass --bundle");
-  KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
-  KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
+                                       const std::string &list) {
   KVC_ASSIGN_OR_RETURN(stagingMiB, args.integer("staging-mib", 256));
   if (stagingMiB <= 0)
     return invalidArgument("--staging-mib must be positive, got " +
                            std::to_string(stagingMiB));
-  KVC_ASSIGN_OR_RETURN(tier, storeTier(target, store.tier(), args.get("tier")));
+  const TargetDesc &target = connector.target();
+  const std::string &tierName = connector.tierOf(0);
+  double readGBs = 0;
+  for (const TierDesc &tier : target.tiers)
+    if (tier.name == tierName)
+      readGBs = tier.readGBs;
   std::printf("planning for %s: the store is tier %s at %.3g GB/s",
-              target.name.c_str(), tier->name.c_str(), tier->readGBs);
+              target.name.c_str(), tierName.c_str(), readGBs);
   // A ?gbps= throttle is in gigabits per second, as links are quoted.
-  if (double gbps = store.tier().throttleGBs())
+  if (double gbps = connector.storage(0).throttleGBs())
     std::printf(" (its ?gbps=%.3g throttle, gigabits per second)", gbps * 8);
   std::printf("\n");
-  KVC_RETURN_IF_ERROR(printStored(store, tokens));
+  KVC_ASSIGN_OR_RETURN(found, connector.lookup(tokens));
+  printStored(found, int64_t(tokens.size()));
   PlanOptions options;
   options.stagingMiB = stagingMiB;
   options.layerWise = args.has("layer-wise");
@@ -181,8 +183,7 @@ StatusOr<PlanBundle> compileStrategies(Args &args, const LlamaModel &model,
   }
   KVC_ASSIGN_OR_RETURN(strategies, planning::parseStrategies(list));
   options.strategies = std::move(strategies);
-  plannedFor = target;
-  return planRestore(hook, model, store, tokens, target, tier->name, options);
+  return connector.planRequest(tokens, options);
 }
 
 /// `defaultStrategy` is what --strategy means when given without a value.
@@ -200,29 +201,50 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
                            " after the request's " + std::to_string(n) +
                            " tokens: the model holds at most " +
                            std::to_string(context) + " positions");
-  KVC_ASSIGN_OR_RETURN(store, openStore(args, *model, TierAccess::Existing));
+  KVC_RETURN_IF_ERROR(refuseLayoutOptions(args));
+  KVC_ASSIGN_OR_RETURN(url, args.required("store"));
   KVC_ASSIGN_OR_RETURN(maxError, maxErrorOption(args));
   setup.maxError = maxError;
   if (args.has("bundle") == args.has("strategy"))
     return invalidArgument("give either --bundle FILE or --strategy");
-  KVC_RETURN_IF_ERROR(matchPrefix(*store, tokens).status());
+  ConnectorOptions options;
+  options.model = model.get();
+  options.stores = {{url, args.get("tier")}};
+  options.createStores = false;
+  options.tenant = args.get("tenant");
+  options.device = &backend();
   if (args.has("strategy")) {
-    setup.planSource = "--strategy";
-    const std::string list =
-        args.get("strategy").empty() ? defaultStrategy : args.get("strategy");
-    KVC_ASSIGN_OR_RETURN(bundle, compileStrategies(args, *model, *store, tokens,
-                                                   list, setup.target));
-    setup.bundle = std::move(bundle);
+    options.planner = compilerHook();
+    if (!options.planner)
+      return unimplemented(
+          "--strategy plans with the compiler, which this kvc-run was built "
+          "without (KVC_BUILD_COMPILER=OFF); compile a bundle with kvc-opt "
+          "and pass --bundle");
+    KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
+    KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
+    options.target = std::move(target);
   } else {
     setup.planSource = args.get("bundle");
     KVC_ASSIGN_OR_RETURN(bundle, readBundleFor(setup.planSource, *model));
-    setup.bundle = std::move(bundle);
+    setup.bundle = std::make_shared<const PlanBundle>(std::move(bundle));
+    // Bundles compiled ahead run as chosen; nothing is planned here.
+    options.planner = bundleHook({});
+  }
+  KVC_ASSIGN_OR_RETURN(connector, Connector::create(std::move(options)));
+  if (args.has("strategy")) {
+    setup.planSource = "--strategy";
+    setup.target = connector->target();
+    const std::string list =
+        args.get("strategy").empty() ? defaultStrategy : args.get("strategy");
+    KVC_ASSIGN_OR_RETURN(bundle,
+                         compileStrategies(args, *connector, tokens, list));
+    setup.bundle = std::make_shared<const PlanBundle>(std::move(bundle));
   }
   setup.model = std::move(model);
-  setup.store = std::move(store);
+  setup.connector = std::move(connector);
+  setup.request.connector = setup.connector.get();
   setup.request.device = &backend();
   setup.request.model = setup.model.get();
-  setup.request.store = setup.store.get();
   setup.request.tokens = std::move(tokens);
   setup.request.forwardTokens = forwardTokens;
   return setup;
@@ -269,53 +291,19 @@ void printFallbacks(const RestoreMetrics &metrics) {
 
 /// Prints a dynamic Cake run: where the sides met, beside `predictedBy`'s
 /// merge point when there is one.
-void printDynamicCake(const DynamicCakeResult &result, std::size_t tokens,
+void printDynamicCake(const RestoreMetrics &metrics, std::size_t tokens,
                       const char *predictedBy) {
+  const CakeWalk walk = metrics.walk.value_or(CakeWalk());
   std::printf("restored %zu tokens with dynamic Cake: %.3f ms; computed %lld "
               "chunks, loaded %lld; merge point at token %lld",
-              tokens, result.metrics.makespanSeconds * 1e3,
-              (long long)result.chunksComputed, (long long)result.chunksLoaded,
-              (long long)result.mergeToken);
-  if (result.predictedMergeToken)
+              tokens, metrics.makespanSeconds * 1e3,
+              (long long)walk.chunksComputed, (long long)walk.chunksLoaded,
+              (long long)walk.mergeToken);
+  if (walk.predictedMergeToken)
     std::printf(" (%s: %lld)", predictedBy,
-                (long long)*result.predictedMergeToken);
+                (long long)*walk.predictedMergeToken);
   std::printf("\n");
-  printFallbacks(result.metrics);
-}
-
-/// restore --dynamic: runs a Cake-shaped plan as Cake's two-sided walk, on
-/// the plan's tier, lanes and codec; the plan's merge point is the
-/// prediction the run reports against.
-/// Runs a Cake-shaped plan as Cake's walk into a fresh paged cache (with
-/// room for `room` tokens more) and prints what it did.
-StatusOr<std::unique_ptr<Destination>> runDynamic(RestoreSetup &setup,
-                                                  const BundlePlan &plan,
-                                                  const RestoreOptions &run,
-                                                  int64_t room) {
-  KVC_ASSIGN_OR_RETURN(options, dynamicCakeOptions(plan));
-  KVC_ASSIGN_OR_RETURN(
-      into, destinationFor(backend(), *setup.model, setup.request.tokens,
-                           setup.store.get(), {options.tier}, room));
-  KVC_ASSIGN_OR_RETURN(pools, backend().createPools(planResources(plan)));
-  KVC_ASSIGN_OR_RETURN(result,
-                       restoreDynamicCake(*pools, into->target, options, run));
-  printDynamicCake(result, setup.request.tokens.size(),
-                   ("plan " + plan.name).c_str());
-  if (!run.tracePath.empty())
-    std::printf("  trace: %s\n", run.tracePath.c_str());
-  return into;
-}
-
-Status restoreDynamic(RestoreSetup &setup, const BundlePlan &plan,
-                      const RestoreOptions &run, bool verify) {
-  KVC_ASSIGN_OR_RETURN(into, runDynamic(setup, plan, run, 0));
-  if (!verify)
-    return Status::ok();
-  KVC_ASSIGN_OR_RETURN(error,
-                       restoreError(*setup.model, setup.request.tokens,
-                                    *into->cache, into->table, backend()));
-  return reportVerification(error,
-                            verifyBound(planCodecs(plan), setup.maxError));
+  printFallbacks(metrics);
 }
 
 /// The bundle's plan `name`, or its only plan when `name` is empty.
@@ -404,24 +392,32 @@ Status restoreCommand(Args &args) {
   if (forwardTokens > 0 && dynamic)
     return invalidArgument("--forward-tokens runs beside a plan's restore, "
                            "not --dynamic");
-  RestoreOptions options;
+  LoadOptions options;
   options.tracePath = args.get("trace");
-  options.kernels = &setup.bundle.kernels;
+  options.dynamic = dynamic;
   KVC_RETURN_IF_ERROR(args.checkUnused());
   KVC_ASSIGN_OR_RETURN(plan,
-                       selectPlan(setup.bundle, setup.planSource, planName));
-  if (dynamic) {
-    if (!dumpPath.empty())
-      return invalidArgument("--dump-kv takes a plan's restore, not --dynamic");
-    return restoreDynamic(setup, *plan, options, verify);
-  }
-  KVC_ASSIGN_OR_RETURN(run, runPlan(setup.request, *plan, options, verify,
-                                    dumpPath.empty() ? -1 : 0));
+                       selectPlan(*setup.bundle, setup.planSource, planName));
+  KVC_ASSIGN_OR_RETURN(run,
+                       runPlan(setup.request, {setup.bundle, plan->name},
+                               options, verify, dumpPath.empty() ? -1 : 0));
   if (!dumpPath.empty())
-    KVC_RETURN_IF_ERROR(writeRestoredKv(
-        dumpPath, *setup.request.device, *setup.request.model,
-        *run.destination->cache, run.destination->table, setup.request.tokens));
+    KVC_RETURN_IF_ERROR(writeRestoredKv(dumpPath, *setup.request.device,
+                                        *setup.request.model, *run.cache,
+                                        run.table, setup.request.tokens));
   const RestoreMetrics &metrics = run.metrics;
+  if (dynamic) {
+    printDynamicCake(metrics, setup.request.tokens.size(),
+                     ("plan " + plan->name).c_str());
+    if (!options.tracePath.empty())
+      std::printf("  trace: %s\n", options.tracePath.c_str());
+    if (!dumpPath.empty())
+      std::printf("  K and V: %s\n", dumpPath.c_str());
+    if (run.error)
+      return reportVerification(*run.error,
+                                verifyBound(planCodecs(*plan), setup.maxError));
+    return Status::ok();
+  }
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
               setup.request.tokens.size(), plan->name.c_str(),
               metrics.makespanSeconds * 1e3);
@@ -493,11 +489,11 @@ Status generateCommand(Args &args) {
   const std::string tokenizerFile = tokenizerPath(args.get("model"));
   GenerateOptions options;
   options.steps = steps;
-  // A server's request through the Connector, unless a bundle's plan or
-  // Cake's walk is asked for by name (the plan instruments).
+  // A server's request through the Connector, or a plan named by --bundle
+  // (or Cake's walk) run through it.
   std::optional<ServedRequest> served;
   std::optional<RestoreSetup> setup;
-  std::shared_ptr<Destination> into;
+  std::optional<PlanRun> run;
   if (!args.has("bundle") && !args.has("dynamic")) {
     if (args.has("plan"))
       return invalidArgument("--plan names a plan of --bundle");
@@ -505,24 +501,26 @@ Status generateCommand(Args &args) {
     served = std::move(request);
   } else {
     std::string planName = args.get("plan");
-    bool dynamic = args.has("dynamic");
+    LoadOptions load;
+    load.dynamic = args.has("dynamic");
     KVC_ASSIGN_OR_RETURN(loaded, loadRestoreSetup(args, "joint"));
     setup = std::move(loaded);
     KVC_RETURN_IF_ERROR(args.checkUnused());
     KVC_ASSIGN_OR_RETURN(
-        plan, selectPlan(setup->bundle, setup->planSource, planName));
-    if (dynamic) {
-      KVC_ASSIGN_OR_RETURN(dest, runDynamic(*setup, *plan, {}, steps));
-      into = std::move(dest);
+        plan, selectPlan(*setup->bundle, setup->planSource, planName));
+    KVC_ASSIGN_OR_RETURN(ran, runPlan(setup->request,
+                                      {setup->bundle, plan->name}, load,
+                                      /*verify=*/false, steps));
+    if (load.dynamic) {
+      printDynamicCake(ran.metrics, setup->request.tokens.size(),
+                       ("plan " + plan->name).c_str());
     } else {
-      KVC_ASSIGN_OR_RETURN(
-          run, runPlan(setup->request, *plan, {}, /*verify=*/false, steps));
       std::printf("restored %zu tokens with plan %s: %.3f ms\n",
                   setup->request.tokens.size(), plan->name.c_str(),
-                  run.metrics.makespanSeconds * 1e3);
-      printFallbacks(run.metrics);
-      into = run.destination;
+                  ran.metrics.makespanSeconds * 1e3);
+      printFallbacks(ran.metrics);
     }
+    run = std::move(ran);
   }
   const LlamaModel &model = served ? *served->model : *setup->model;
   const std::vector<int32_t> &prompt =
@@ -535,11 +533,10 @@ Status generateCommand(Args &args) {
   }
   options.stop = tokenizer ? Tokenizer::kEos : -1;
   KVC_ASSIGN_OR_RETURN(
-      restored,
-      served ? generateAfterRestore(backend(), model, *served->cache,
-                                    served->table, prompt, options)
-             : generateAfterRestore(backend(), model, *into->cache,
-                                    into->table, prompt, options));
+      restored, served ? generateAfterRestore(backend(), model, *served->cache,
+                                              served->table, prompt, options)
+                       : generateAfterRestore(backend(), model, *run->cache,
+                                              run->table, prompt, options));
   KVC_ASSIGN_OR_RETURN(reference,
                        generateAfterPrefill(model, prompt, options));
   auto print = [&](const char *label, const std::vector<int32_t> &ids) {
@@ -605,7 +602,7 @@ Status compareCommand(Args &args) {
   const std::string tracePrefix = args.get("trace");
   const std::string jsonPath = args.get("json");
   KVC_RETURN_IF_ERROR(args.checkUnused());
-  const std::vector<BundlePlan> &plans = setup.bundle.plans;
+  const std::vector<BundlePlan> &plans = setup.bundle->plans;
   // A plan with the schedule of an earlier one is measured once and shown
   // for both (sameSchedules).
   const std::vector<std::size_t> sameAs = sameSchedules(plans);
@@ -614,8 +611,10 @@ Status compareCommand(Args &args) {
   // than later ones on the 2-core VM of docs/results.md), which would
   // otherwise land on one plan.
   if (!plans.empty())
-    KVC_RETURN_IF_ERROR(
-        runPlan(setup.request, plans.front(), {}, /*verify=*/false).status());
+    KVC_RETURN_IF_ERROR(runPlan(setup.request,
+                                {setup.bundle, plans.front().name}, {},
+                                /*verify=*/false)
+                            .status());
   // Each plan `repeat` times, round robin so that a noisy stretch of the
   // machine does not land on one plan. With a target, calibration's
   // reference chunk is timed before each round too: predictions hold while
@@ -642,12 +641,12 @@ Status compareCommand(Args &args) {
       // Every run is verified (after its timing): a run that goes wrong
       // once in a while fails the comparison too. Each traced run writes
       // its own file; the fastest keeps it.
-      RestoreOptions options;
-      options.kernels = &setup.bundle.kernels;
+      LoadOptions options;
       if (!tracePrefix.empty())
         options.tracePath = runTracePath(tracePrefix, plans[i].name, r);
-      KVC_ASSIGN_OR_RETURN(
-          run, runPlan(setup.request, plans[i], options, /*verify=*/true));
+      KVC_ASSIGN_OR_RETURN(run,
+                           runPlan(setup.request, {setup.bundle, plans[i].name},
+                                   options, /*verify=*/true));
       all[i].push_back(std::move(run));
     }
   }

@@ -30,11 +30,7 @@ StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
   KVC_ASSIGN_OR_RETURN(url, args.required("store"));
   KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
-  if (args.has("chunk-tokens") || args.has("layer-group"))
-    return invalidArgument(
-        "--chunk-tokens and --layer-group: the Connector reads the store's "
-        "layout from the store (they are for a save, --bundle and "
-        "--dynamic)");
+  KVC_RETURN_IF_ERROR(refuseLayoutOptions(args));
   ConnectorOptions options;
   options.model = model.get();
   options.stores = {{url, args.get("tier")}};

@@ -635,11 +635,10 @@ const std::vector<Command> &commands() {
        "mem://, file:///DIR or redis://HOST:PORT[/DB], "
        "?gbps=N throttles"},
       {"chunk-tokens", "N",
-       "tokens per stored object (default 256; a reader: as the store "
-       "records)"},
+       "tokens per stored object (default 256; save and cake only: the "
+       "Connector's readers read the store's)"},
       {"layer-group", "N",
-       "layers per stored object (default 4; a reader: as the store "
-       "records)"},
+       "layers per stored object (default 4; save and cake only)"},
       {"tenant", "SALT",
        "the tenant salt of the keys (default none; as saved)"}};
   static const std::vector<Option> plan = {
@@ -719,7 +718,9 @@ const std::vector<Command> &commands() {
       {"inspect-bundle", "prints a plan bundle's plans and kernels",
        std::vector<Option>{{"bundle", "FILE", "the bundle"}} + help,
        inspectBundle},
-      {"restore", "restores a request with one plan and reports it",
+      {"restore",
+       "restores a request with one plan through the Connector and reports "
+       "it",
        request + store + plan +
            std::vector<Option>{
                {"plan", "NAME", "the bundle's plan (default its first)"},

@@ -34,7 +34,7 @@ private:
 
 class DynamicCakeTest : public ExecutorTest {
 protected:
-  StatusOr<DynamicCakeResult> runCake(ChunkStore &store, BlockTable &table) {
+  StatusOr<RestoreMetrics> runCake(ChunkStore &store, BlockTable &table) {
     DynamicCakeOptions options;
     options.predictedMergeToken = 128;
     return restoreDynamicCake(*pools_, targetFor(table, &store), options);
@@ -43,31 +43,30 @@ protected:
   /// Tokens [0, mergeToken) were computed, a chunk at a time from the front,
   /// and the rest loaded: the merge point is where the computed chunks end,
   /// and the bytes read are exactly the objects of the loaded ones.
-  void expectMetAtTheMergePoint(const DynamicCakeResult &result) {
-    EXPECT_EQ(result.mergeToken,
-              std::min(result.chunksComputed * 64, kTokens));
+  void expectMetAtTheMergePoint(const RestoreMetrics &result) {
+    EXPECT_EQ(result.walk->mergeToken,
+              std::min(result.walk->chunksComputed * 64, kTokens));
     int64_t loaded = 0;
     for (const ChunkRef &ref :
          store_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec())) {
       std::string object;
       ASSERT_TRUE(tier_->get(ref.name(), object).isOk()) << ref.name();
-      if (ref.tokenBegin >= result.mergeToken)
+      if (ref.tokenBegin >= result.walk->mergeToken)
         loaded += int64_t(object.size());
     }
-    auto read = result.metrics.bytesRead.find("dram");
-    EXPECT_EQ(read == result.metrics.bytesRead.end() ? 0 : read->second,
-              loaded);
+    auto read = result.bytesRead.find("dram");
+    EXPECT_EQ(read == result.bytesRead.end() ? 0 : read->second, loaded);
   }
 };
 
 TEST_F(DynamicCakeTest, SidesMeetAndTheCacheIsExact) {
   BlockTable table = *cache_->allocate(kTokens);
-  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  StatusOr<RestoreMetrics> result = runCake(*store_, table);
   ASSERT_TRUE(result) << result.status().toString();
   // 300 tokens in 64-token store chunks: 5 chunks, each computed or loaded.
-  EXPECT_EQ(result->chunksComputed + result->chunksLoaded, 5);
-  EXPECT_TRUE(result->metrics.fallbacks.empty());
-  EXPECT_EQ(result->predictedMergeToken, 128);
+  EXPECT_EQ(result->walk->chunksComputed + result->walk->chunksLoaded, 5);
+  EXPECT_TRUE(result->fallbacks.empty());
+  EXPECT_EQ(result->walk->predictedMergeToken, 128);
   expectMetAtTheMergePoint(*result);
   EXPECT_LT(relativeError(table), 1.0 / 128);
 }
@@ -99,11 +98,11 @@ protected:
 // from the compiler's 128 to where the computed chunks end.
 TEST_F(SlowComputeCakeTest, ASlowComputeLeavesChunksToTheLoaders) {
   BlockTable table = *cache_->allocate(kTokens);
-  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  StatusOr<RestoreMetrics> result = runCake(*store_, table);
   ASSERT_TRUE(result) << result.status().toString();
-  EXPECT_EQ(result->chunksComputed + result->chunksLoaded, 5);
-  EXPECT_GE(result->chunksLoaded, 3);
-  EXPECT_LE(result->mergeToken, 128);
+  EXPECT_EQ(result->walk->chunksComputed + result->walk->chunksLoaded, 5);
+  EXPECT_GE(result->walk->chunksLoaded, 3);
+  EXPECT_LE(result->walk->mergeToken, 128);
   expectMetAtTheMergePoint(*result);
   EXPECT_LT(relativeError(table), 1.0 / 128);
 }
@@ -152,10 +151,10 @@ TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
   tier_ = std::make_shared<SlowTier>(tier_, std::chrono::milliseconds(200));
   std::unique_ptr<ChunkStore> slow = makeStore(*model_);
   BlockTable table = *cache_->allocate(kTokens);
-  StatusOr<DynamicCakeResult> result = runCake(*slow, table);
+  StatusOr<RestoreMetrics> result = runCake(*slow, table);
   ASSERT_TRUE(result) << result.status().toString();
-  EXPECT_LE(result->chunksLoaded, 2); // One per io lane at most.
-  EXPECT_GE(result->mergeToken, 192);
+  EXPECT_LE(result->walk->chunksLoaded, 2); // One per io lane at most.
+  EXPECT_GE(result->walk->mergeToken, 192);
   EXPECT_LT(relativeError(table), 1.0 / 128);
 }
 
@@ -165,11 +164,11 @@ TEST_F(DynamicCakeTest, UnloadableChunksAreRecomputed) {
        store_->refs(tokens_.data(), kTokens, Form::KV, CodecSpec()))
     ASSERT_TRUE(tier_->remove(ref.name()).isOk());
   BlockTable table = *cache_->allocate(kTokens);
-  StatusOr<DynamicCakeResult> result = runCake(*store_, table);
+  StatusOr<RestoreMetrics> result = runCake(*store_, table);
   ASSERT_TRUE(result) << result.status().toString();
-  EXPECT_EQ(result->chunksLoaded, 0);
-  EXPECT_EQ(int64_t(result->metrics.fallbacks.size()),
-            5 - result->chunksComputed);
+  EXPECT_EQ(result->walk->chunksLoaded, 0);
+  EXPECT_EQ(int64_t(result->fallbacks.size()),
+            5 - result->walk->chunksComputed);
   EXPECT_LT(relativeError(table), 1.0 / 128);
 }
 

@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <numeric>
 #include <thread>
@@ -348,6 +349,50 @@ TEST_F(ConnectorTest, AStoreSavedInAnotherLayoutIsRead) {
   EXPECT_EQ(again->tokens, 256);
 }
 
+TEST_F(ConnectorTest, ARequestPlannedWholeRunsEveryStrategyByName) {
+  // Saved in another layout than the reader's: planRequest plans in the
+  // layout that holds the request, as kvc-run restore --strategy does.
+  options_.saveLayout = {64, 2};
+  auto writer = connect();
+  ASSERT_TRUE(writer);
+  const std::vector<int32_t> tokens = prompt(256, 9);
+  prefillAndSave(*writer, "a", tokens, blocks(0, 16));
+
+  options_.saveLayout = {128, 1};
+  options_.createStores = false;
+  auto reader = connect();
+  ASSERT_TRUE(reader);
+  host::PlanOptions plans;
+  plans.strategies = {planning::Strategy::Compute, planning::Strategy::Kv,
+                      planning::Strategy::Cake};
+  plans.gpuChip = "none";
+  StatusOr<PlanBundle> planned = reader->planRequest(tokens, plans);
+  ASSERT_TRUE(planned) << planned.status().toString();
+  auto bundle = std::make_shared<const PlanBundle>(std::move(*planned));
+  ASSERT_EQ(bundle->plans.size(), 3u);
+  for (const BundlePlan &plan : bundle->plans) {
+    SCOPED_TRACE(plan.name);
+    // Every token, in the store's 64-token chunks (none left to a server).
+    EXPECT_EQ(plan.tokens.end, 256);
+    for (const BundleTask &task : plan.tasks)
+      for (const BundleStep &step : task.steps)
+        if (step.kind == StepKind::Fetch)
+          EXPECT_EQ((step.tokens.end - step.tokens.begin) % 64, 0);
+    std::fill(memory_.begin(), memory_.end(), 0);
+    StatusOr<Decision> decision =
+        reader->decide(plan.name, tokens, 0, {bundle, plan.name});
+    ASSERT_TRUE(decision) << decision.status().toString();
+    EXPECT_EQ(decision->loadTokens, 256);
+    ASSERT_TRUE(reader->startLoad(plan.name, blocks(20, 16)).isOk());
+    StatusOr<RestoreMetrics> metrics = reader->waitLoad(plan.name);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_TRUE(metrics->fallbacks.empty());
+    expectExact(tokens, blocks(20, 16));
+  }
+  // Nothing was compiled into the plan cache, which priced decisions use.
+  EXPECT_EQ(reader->plansCompiled(), 0);
+}
+
 TEST_F(ConnectorTest, TokensOnTheDeviceAreNotWritten) {
   auto connector = connect();
   ASSERT_TRUE(connector);
@@ -579,11 +624,20 @@ TEST_F(ConnectorTest, BadInputIsRefused) {
   wrong.dtype = DType::F32;
   EXPECT_EQ(viewServerCaches(wrong, model_->config()).status().code(),
             StatusCode::Unimplemented);
+  // Caches registered again replace the first once nothing uses them (the
+  // cancelled save has ended once finished() lists it).
+  bool ended = false;
+  for (int i = 0; i < 400 && !ended; ++i) {
+    Finished done = connector->finished();
+    ended = std::count(done.saves.begin(), done.saves.end(), "c") > 0;
+    if (!ended)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(ended);
   StatusOr<std::unique_ptr<PagedKVCache>> again =
       viewServerCaches(caches(), model_->config());
   ASSERT_TRUE(again);
-  EXPECT_EQ(connector->registerCaches(std::move(*again)).code(),
-            StatusCode::FailedPrecondition);
+  EXPECT_TRUE(connector->registerCaches(std::move(*again)).isOk());
   ConnectorOptions none = options_;
   none.planner = nullptr;
   EXPECT_EQ(Connector::create(none).status().code(),

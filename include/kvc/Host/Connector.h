@@ -29,6 +29,13 @@
 // tenant (recordedLayouts) is opened and looked up; saves go out in
 // ConnectorOptions::saveLayout and record it.
 //
+// Instruments that measure one plan over a whole request rather than serve
+// (kvc-run restore, compare and generate with a named plan, benchmarks) go
+// through the same object: planRequest compiles a restore of every token,
+// decide with a ChosenPlan runs the caller's plan (a bundle's, or one
+// planRequest compiled) through the stores, pools and loads a server's
+// requests use, and registerCaches may give each run a fresh cache.
+//
 // Threading: any thread may call; a request's calls are ordered by the
 // caller. Nothing blocks except waitLayer and waitSave. Ownership: the
 // Connector owns its stores, plans and pools; the server owns its caches
@@ -114,11 +121,18 @@ struct ConnectorOptions {
   /// the chunks a plan computes or recomputes.
   const ModelCompute *model = nullptr;
   std::vector<StoreSpec> stores;
+  /// Whether the first store (the one saves write) may be created where it
+  /// does not exist (a file:// directory); false: every store must exist,
+  /// as a reader expects.
+  bool createStores = true;
   std::string tenant;
   /// Saves' layout and encoding (recorded in the first store).
   StoreLayout saveLayout{256, 1};
   CodecSpec saveCodec;
-  /// The machine plans are priced and compiled for.
+  /// The machine plans are priced and compiled for. decide and
+  /// planRequest need one with tiers; a Connector that only runs chosen
+  /// plans compiled ahead may have none (each store is then the tier
+  /// StoreSpec::tier names).
   TargetDesc target;
   /// Where caches live and work runs; the CPU backend when null.
   Device *device = nullptr;
@@ -170,6 +184,24 @@ struct Decision {
   bool loads() const { return !strategy.empty(); }
 };
 
+/// A plan chosen by the caller rather than priced by decide.
+struct ChosenPlan {
+  /// The bundle holding it (and the kernels it names); the load keeps it.
+  std::shared_ptr<const PlanBundle> bundle;
+  /// Its name in the bundle; empty: the bundle's only plan.
+  std::string name;
+};
+
+/// How startLoad runs a load.
+struct LoadOptions {
+  /// Writes a Chrome trace of the load here when not empty.
+  std::string tracePath;
+  /// Runs a Cake-shaped plan as Cake's two-sided walk (DynamicCake.h):
+  /// compute from the front, load from the back, meeting where this run's
+  /// rates put them; RestoreMetrics::walk says where.
+  bool dynamic = false;
+};
+
 /// The loads and saves that ended since the last call.
 struct Finished {
   /// Loads whose restore ended (ok or not: failedBlocks says what to
@@ -187,7 +219,9 @@ public:
   ~Connector();
 
   /// The server's KV memory, which every load writes and every save reads,
-  /// once, before the first startLoad or saveLayer.
+  /// before the first startLoad or saveLayer; again, replacing it (a
+  /// server that reallocates its memory, an instrument's fresh cache per
+  /// run), only while no load or save runs.
   Status registerCaches(std::unique_ptr<PagedKVCache> caches);
 
   /// What the stores hold of `tokens`. Reads no object's payload.
@@ -200,9 +234,30 @@ public:
                             const std::vector<int32_t> &tokens,
                             int64_t tokensOnDevice);
 
+  /// Decides request `id`'s load as `plan` instead of pricing one: it
+  /// loads tokens [tokensOnDevice, end of the plan's tokens), reading each
+  /// tier the plan fetches from the store on that tier (the only store,
+  /// when the Connector has one), under the layout that holds the most of
+  /// `tokens`. For instruments: the plan may be slower than recomputing,
+  /// and may leave the server no token.
+  StatusOr<Decision> decide(const std::string &id,
+                            const std::vector<int32_t> &tokens,
+                            int64_t tokensOnDevice, ChosenPlan plan);
+
+  /// Plans the restore of every token of `tokens` through the planner, from
+  /// what the store and layout holding most of them hold of them whole: one
+  /// plan per strategy of `options` (none: every strategy those holdings
+  /// allow), in that layout's chunks. Compiles every call (no plan cache):
+  /// for instruments that run a request's plans by name (decide with a
+  /// ChosenPlan), where decide plans loads that leave the server its last
+  /// token.
+  StatusOr<PlanBundle> planRequest(const std::vector<int32_t> &tokens,
+                                   PlanOptions options);
+
   /// Starts the decided load into the blocks `blockIds` (the request's
   /// table from token 0, covering at least its loaded tokens).
-  Status startLoad(const std::string &id, const std::vector<int32_t> &blockIds);
+  Status startLoad(const std::string &id, const std::vector<int32_t> &blockIds,
+                   const LoadOptions &options = {});
   /// Blocks until `layer` holds the loaded tokens (or the load failed, or
   /// `timeout` passed: Unavailable).
   Status waitLayer(const std::string &id, int64_t layer,
@@ -242,6 +297,13 @@ public:
   Status cancel(const std::string &id);
 
   Finished finished();
+
+  /// The target, each store's tier capped at its throttle.
+  const TargetDesc &target() const;
+  /// Store `store` (an index into ConnectorOptions::stores): the target's
+  /// tier it is, and the storage behind it (its URL and throttle).
+  const std::string &tierOf(int store) const;
+  const Tier &storage(int store) const;
 
   /// Plans compiled so far, and decisions answered from the plan cache.
   int64_t plansCompiled() const;

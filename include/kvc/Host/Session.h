@@ -86,6 +86,11 @@ public:
   static StatusOr<std::unique_ptr<RestoreHandle>>
   start(ResourcePools &pools, const BundlePlan &plan,
         const RestoreTarget &target, RestoreOptions options = {});
+  /// The same, running a Cake-shaped `plan` as Cake's two-sided walk
+  /// (restoreDynamicCake); InvalidArgument for a plan of another shape.
+  static StatusOr<std::unique_ptr<RestoreHandle>>
+  startWalk(ResourcePools &pools, const BundlePlan &plan,
+            const RestoreTarget &target, RestoreOptions options = {});
   /// Waits for the restore.
   ~RestoreHandle();
 
@@ -110,6 +115,12 @@ public:
 
 private:
   RestoreHandle() = default;
+  static StatusOr<std::unique_ptr<RestoreHandle>>
+  start(const BundlePlan &plan, const RestoreTarget &target,
+        RestoreOptions options,
+        std::function<StatusOr<RestoreMetrics>(
+            const BundlePlan &, const RestoreTarget &, const RestoreOptions &)>
+            run);
 
   BundlePlan plan_;
   RestoreTarget target_;

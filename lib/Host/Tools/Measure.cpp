@@ -2,56 +2,60 @@
 
 #include "kvc/Host/Tools/Measure.h"
 
+#include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Base/Memory.h"
-#include "kvc/Host/Session.h"
 
 #include <algorithm>
 
 namespace kvc::host {
 
-StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
-                          const RestoreOptions &options, bool verify,
+StatusOr<PlanRun> runPlan(MeasuredRequest &request, const ChosenPlan &plan,
+                          const LoadOptions &options, bool verify,
                           int64_t keepRoom) {
+  static const std::string kId = "measured";
   Device &device = deviceOr(request.device);
-  std::vector<std::string> tiers;
-  for (const BundleTask &task : plan.tasks)
-    for (const BundleStep &step : task.steps)
-      if (step.kind == StepKind::Fetch)
-        tiers.push_back(step.tier);
+  Connector &connector = *request.connector;
   const int64_t n = int64_t(request.tokens.size());
+  if (request.forwardTokens > 0 && n == 0)
+    return invalidArgument("a forward pass after an empty request");
   KVC_ASSIGN_OR_RETURN(
-      into, destinationFor(
-                device, *request.model, request.tokens, request.store, tiers,
-                std::max({keepRoom, request.forwardTokens, int64_t(0)})));
-  KVC_ASSIGN_OR_RETURN(pools, device.createPools(planResources(plan)));
+      cached, device.cacheFor(
+                  request.model->config(),
+                  n + std::max({keepRoom, request.forwardTokens, int64_t(0)})));
+  auto [cache, table] = std::move(cached);
+  PagedKVCache *into = cache.get();
   PlanRun run;
-  run.cacheBytes = into->cache->bytes();
+  run.cacheBytes = into->bytes();
+  KVC_RETURN_IF_ERROR(connector.registerCaches(std::move(cache)));
+  KVC_ASSIGN_OR_RETURN(decision,
+                       connector.decide(kId, request.tokens, 0, plan));
+  if (decision.loadTokens != n)
+    return invalidArgument("plan " + decision.strategy + " restores " +
+                           std::to_string(decision.loadTokens) +
+                           " of the request's " + std::to_string(n) +
+                           " tokens; a measured run restores them all");
   run.residentBefore = residentBytes();
   resetPeakResident();
+  Clock::time_point start = Clock::now();
+  KVC_RETURN_IF_ERROR(connector.startLoad(kId, table.blocks, options));
+  Status forward;
   if (request.forwardTokens > 0) {
-    if (n == 0)
-      return invalidArgument("a forward pass after an empty request");
     std::vector<int32_t> next(size_t(request.forwardTokens));
     for (size_t i = 0; i < next.size(); ++i)
       next[i] = request.tokens[i % size_t(n)];
     std::vector<float> logits(size_t(request.model->config().vocabSize));
-    Clock::time_point start = Clock::now();
-    KVC_ASSIGN_OR_RETURN(restoring,
-                         RestoreHandle::start(*pools, plan, into->target, options));
-    Status forward =
-        device.createRunner(*request.model)
-            ->decode(*into->cache, into->table, n, next.data(),
-                     request.forwardTokens, logits.data(), [&](int64_t layer) {
-                       return restoring->waitLayer(layer);
-                     });
+    forward = device.createRunner(*request.model)
+                  ->decode(*into, table, n, next.data(), request.forwardTokens,
+                           logits.data(), [&](int64_t layer) {
+                             return connector.waitLayer(kId, layer);
+                           });
     run.firstTokenSeconds = secondsSince(start);
-    KVC_ASSIGN_OR_RETURN(metrics, restoring->wait());
-    KVC_RETURN_IF_ERROR(forward);
-    run.metrics = std::move(metrics);
-  } else {
-    KVC_ASSIGN_OR_RETURN(metrics, restore(*pools, plan, into->target, options));
-    run.metrics = std::move(metrics);
   }
+  StatusOr<RestoreMetrics> metrics = connector.waitLoad(kId);
+  (void)connector.cancel(kId); // Ended: forgets it.
+  KVC_RETURN_IF_ERROR(metrics.status());
+  KVC_RETURN_IF_ERROR(forward);
+  run.metrics = std::move(*metrics);
   run.residentPeak = peakResidentBytes();
   if (verify) {
     if (!request.reference) {
@@ -60,13 +64,14 @@ StatusOr<PlanRun> runPlan(MeasuredRequest &request, const BundlePlan &plan,
           fullPrefill(*device.createRunner(*request.model), request.tokens));
       request.reference = std::move(reference);
     }
-    KVC_ASSIGN_OR_RETURN(error,
-                         restoreError(*request.model, *request.reference, n,
-                                      *into->cache, into->table, device));
+    KVC_ASSIGN_OR_RETURN(error, restoreError(*request.model, *request.reference,
+                                             n, *into, table, device));
     run.error = error;
   }
-  if (keepRoom >= 0)
-    run.destination = std::move(into);
+  if (keepRoom >= 0) {
+    run.cache = into;
+    run.table = std::move(table);
+  }
   return run;
 }
 

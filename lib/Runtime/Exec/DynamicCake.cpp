@@ -92,15 +92,16 @@ public:
     return Status::ok();
   }
 
-  void finish(DynamicCakeResult &out) {
+  void finish(RestoreMetrics &out) {
     std::lock_guard<std::mutex> lock(mutex_);
-    out.mergeToken = front_ == 0 ? 0 : chunks_[front_ - 1].tokenEnd;
-    out.chunksComputed = computed_;
-    out.chunksLoaded = loaded_;
-    out.metrics.fallbacks = fallbacks_;
-    out.metrics.bytesRead = steps_.bytesRead();
-    out.metrics.flops = steps_.flops();
-    out.metrics.exactContextBytes = steps_.exactContextBytes();
+    CakeWalk &met = out.walk.emplace();
+    met.mergeToken = front_ == 0 ? 0 : chunks_[front_ - 1].tokenEnd;
+    met.chunksComputed = computed_;
+    met.chunksLoaded = loaded_;
+    out.fallbacks = fallbacks_;
+    out.bytesRead = steps_.bytesRead();
+    out.flops = steps_.flops();
+    out.exactContextBytes = steps_.exactContextBytes();
   }
 
 private:
@@ -161,10 +162,10 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan) {
 
 namespace {
 
-StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
-                                    const RestoreTarget &target,
-                                    const DynamicCakeOptions &options,
-                                    const RestoreOptions &run) {
+StatusOr<RestoreMetrics> runWalk(ResourcePools &pools,
+                                 const RestoreTarget &target,
+                                 const DynamicCakeOptions &options,
+                                 const RestoreOptions &run) {
   KVC_RETURN_IF_ERROR(exec_detail::checkTarget(target));
   auto store = target.stores.find(options.tier);
   if (store == target.stores.end())
@@ -210,13 +211,13 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
   KVC_RETURN_IF_ERROR(result.status);
   KVC_RETURN_IF_ERROR(steps.settle()); // The loaders' last scatters.
 
-  DynamicCakeResult out;
+  RestoreMetrics out;
   walk.finish(out);
-  out.predictedMergeToken = options.predictedMergeToken;
-  out.metrics.makespanSeconds = secondsSince(result.begin);
-  out.metrics.layerReadySeconds =
-      run.progress->readySeconds(result.begin, out.metrics.makespanSeconds);
-  out.metrics.busySeconds = result.busy;
+  out.walk->predictedMergeToken = options.predictedMergeToken;
+  out.makespanSeconds = secondsSince(result.begin);
+  out.layerReadySeconds =
+      run.progress->readySeconds(result.begin, out.makespanSeconds);
+  out.busySeconds = result.busy;
   if (!run.tracePath.empty())
     KVC_RETURN_IF_ERROR(
         writeChromeTrace(graph, result, run.tracePath, spans.take()));
@@ -225,10 +226,10 @@ StatusOr<DynamicCakeResult> runWalk(ResourcePools &pools,
 
 } // namespace
 
-StatusOr<DynamicCakeResult>
-restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
-                   const DynamicCakeOptions &options,
-                   const RestoreOptions &run) {
+StatusOr<RestoreMetrics> restoreDynamicCake(ResourcePools &pools,
+                                            const RestoreTarget &target,
+                                            const DynamicCakeOptions &options,
+                                            const RestoreOptions &run) {
   return exec_detail::trackProgress(
       run.progress, target, [&](LayerProgress &progress) {
         RestoreOptions tracked = run;

@@ -35,17 +35,6 @@ struct DynamicCakeOptions {
   std::optional<int64_t> predictedMergeToken;
 };
 
-struct DynamicCakeResult {
-  RestoreMetrics metrics;
-  /// Tokens [0, mergeToken) were computed, the rest loaded (or recomputed
-  /// after a failed load, listed in metrics.fallbacks).
-  int64_t mergeToken = 0;
-  /// The compiler's merge point, when given (DynamicCakeOptions).
-  std::optional<int64_t> predictedMergeToken;
-  int64_t chunksComputed = 0;
-  int64_t chunksLoaded = 0;
-};
-
 /// The dynamic mode of a compiled Cake plan: the tier and codec its loads
 /// read, and its merge point as the prediction the run reports against
 /// (the walk starts at both ends whatever it is). InvalidArgument unless the
@@ -56,11 +45,12 @@ StatusOr<DynamicCakeOptions> dynamicCakeOptions(const BundlePlan &plan);
 
 /// Restores `target.tokens` with Cake's two-sided walk over the store's
 /// chunks. `pools` needs "compute" and "io:<tier>" workers.
-/// `run` traces the walk and reports layer-wise progress as restore() does.
-StatusOr<DynamicCakeResult>
-restoreDynamicCake(ResourcePools &pools, const RestoreTarget &target,
-                   const DynamicCakeOptions &options,
-                   const RestoreOptions &run = {});
+/// `run` traces the walk and reports layer-wise progress as restore() does;
+/// the metrics' walk says where the sides met.
+StatusOr<RestoreMetrics> restoreDynamicCake(ResourcePools &pools,
+                                            const RestoreTarget &target,
+                                            const DynamicCakeOptions &options,
+                                            const RestoreOptions &run = {});
 
 } // namespace kvc
 

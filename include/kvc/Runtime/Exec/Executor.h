@@ -113,6 +113,16 @@ struct RestoreOptions {
 /// The error of a restore stopped through RestoreOptions::cancel.
 Status restoreCancelled();
 
+/// Where Cake's two-sided walk (DynamicCake.h) met: tokens [0, mergeToken)
+/// were computed, the rest loaded (or recomputed after a failed load).
+struct CakeWalk {
+  int64_t mergeToken = 0;
+  /// The compiler's merge point, when given (DynamicCakeOptions).
+  std::optional<int64_t> predictedMergeToken;
+  int64_t chunksComputed = 0;
+  int64_t chunksLoaded = 0;
+};
+
 struct RestoreMetrics {
   double makespanSeconds = 0; ///< The graph plus any fallback recompute.
   double fallbackSeconds = 0;
@@ -158,6 +168,8 @@ struct RestoreMetrics {
   std::map<std::string, int64_t> predictedBytesRead;
   std::vector<double> predictedLayerReadySeconds;
   double plannedFlops = 0;
+  /// Where the sides met, when the restore was Cake's dynamic walk.
+  std::optional<CakeWalk> walk;
 };
 
 /// True for the errors a recompute recovers from: a chunk missing, damaged,

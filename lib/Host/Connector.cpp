@@ -666,11 +666,13 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   if (onDevice > 0) // Only loads may follow the server's own tokens.
     strategies = {Strategy::Kv, Strategy::Hidden};
   static const std::vector<Strategy> offGrid = {Strategy::Kv};
+  bool loadable = false; // Whether any holding reaches past the server's.
   for (const Lookup::Held &held : found.held) {
     const int64_t ct = held.layout.chunkTokens;
     const int64_t length = std::min(held.match.tokens, n - 1) / ct * ct;
     if (length <= onDevice)
       continue;
+    loadable = true;
     // A server prefix that ends inside a chunk: the chunk is loaded and
     // only its rows past the server's are written, which K and V allow
     // and hidden states (projected per chunk) do not.
@@ -736,11 +738,15 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   if (policy == LoadPolicy::Never) {
     decision.why = "recomputes: the connector never loads (LoadPolicy::Never)";
   } else if (best.store < 0) {
-    decision.why = found.held.empty()
-                       ? "recomputes: the stores hold none of its prefix"
-                       : "recomputes: the stores hold no whole chunk past the "
-                         "server's own " +
-                             std::to_string(onDevice) + " tokens";
+    decision.why =
+        found.held.empty() ? "recomputes: the stores hold none of its prefix"
+        : loadable
+            ? "recomputes: no allowed strategy plans a load of what the "
+              "stores hold (a quality budget, maxKl, can rule out their "
+              "encodings)"
+            : "recomputes: the stores hold no whole chunk past the server's "
+              "own " +
+                  std::to_string(onDevice) + " tokens";
   } else if (policy == LoadPolicy::Cheapest &&
              best.priced.seconds >= decision.recomputeSeconds) {
     decision.why = "recomputes: loading " + std::to_string(best.tokens) +

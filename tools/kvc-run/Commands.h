@@ -70,6 +70,11 @@ void printLoads(const BundlePlan &plan);
 /// largest |K| or |V|, when given.
 StatusOr<std::optional<double>> maxErrorOption(Args &args);
 
+/// --max-kl: the quality budget in next-token KL divergence (nats), judged
+/// by --codec-profile's measures (required with it); infinite when not
+/// given.
+StatusOr<double> maxKlOption(Args &args);
+
 /// Prints when layer 0 and the last layer to complete held every token
 /// (`ready`, seconds per layer), beside the plan's predictions where it has
 /// them: "  layer 0 ready after 90.6 ms (predicted 84.7 ms); every layer

@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 namespace kvc::run {
 
@@ -47,6 +48,20 @@ StatusOr<std::optional<double>> maxErrorOption(Args &args) {
     return invalidArgument("--max-error bounds --verify's check: give "
                            "--verify too");
   return value;
+}
+
+StatusOr<double> maxKlOption(Args &args) {
+  KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
+  if (!maxKl)
+    return std::numeric_limits<double>::infinity();
+  if (!(*maxKl >= 0))
+    return invalidArgument("--max-kl expects a non-negative number, got " +
+                           args.get("max-kl"));
+  if (args.get("codec-profile").empty())
+    return invalidArgument("--max-kl judges codecs by a measured profile: "
+                           "give --codec-profile FILE (kvc-run "
+                           "profile-codecs writes one)");
+  return *maxKl;
 }
 
 StatusOr<std::string> planTracePath(Args &args) {
@@ -170,17 +185,8 @@ StatusOr<PlanBundle> compileStrategies(Args &args, Connector &connector,
   // The CPU backend launches no PTX: its plans need none unless asked.
   options.gpuChip =
       args.get("gpu-chip", &backend() == &cpuDevice() ? "none" : "");
-  KVC_ASSIGN_OR_RETURN(maxKl, args.number("max-kl"));
-  if (maxKl) {
-    if (!(*maxKl >= 0))
-      return invalidArgument("--max-kl expects a non-negative number, got " +
-                             args.get("max-kl"));
-    options.maxKl = *maxKl;
-    if (options.codecProfile.empty())
-      return invalidArgument("--max-kl judges codecs by a measured profile: "
-                             "give --codec-profile FILE (kvc-run "
-                             "profile-codecs writes one)");
-  }
+  KVC_ASSIGN_OR_RETURN(maxKl, maxKlOption(args));
+  options.maxKl = maxKl;
   KVC_ASSIGN_OR_RETURN(strategies, planning::parseStrategies(list));
   options.strategies = std::move(strategies);
   return connector.planRequest(tokens, options);

@@ -40,6 +40,8 @@ StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
   options.planner = compilerHook();
   options.plans.codecProfile = args.get("codec-profile");
   options.plans.gpuChip = args.get("gpu-chip");
+  KVC_ASSIGN_OR_RETURN(maxKl, maxKlOption(args));
+  options.plans.maxKl = maxKl;
   KVC_ASSIGN_OR_RETURN(strategies,
                        planning::parseStrategies(args.get("strategy", "joint")));
   options.plans.strategies = std::move(strategies);

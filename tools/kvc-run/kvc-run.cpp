@@ -785,6 +785,9 @@ const std::vector<Command> &commands() {
                {"on-device", "N",
                 "tokens the server holds already (default 0)"},
                {"codec-profile", "FILE", "a measured codec profile"},
+               {"max-kl", "X",
+                "the quality budget: next-token KL divergence (nats) a "
+                "lossy encoding may add, per --codec-profile"},
                {"gpu-chip", "ARCH",
                 "generate the plans' kernels for ARCH (default the target's "
                 "chip; none: none)"},

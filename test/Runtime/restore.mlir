@@ -119,6 +119,8 @@
 // NOPLAN: holds several plans: name one with --plan
 // RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 512 --bundle %t/plans.json --plan cake 2>&1 | FileCheck %s --check-prefix=LENGTH
 // LENGTH: restore: plan cake covers tokens 0 to 1024, the request has 512
+// RUN: not kvc-run restore --model %t/model --store file://%t/store --random-tokens 2048 --seed 3 --bundle %t/plans.json --plan cake 2>&1 | FileCheck %s --check-prefix=SHORT
+// SHORT: kvc-run restore: invalid_argument: plan cake restores 1024 of the request's 2048 tokens; a measured run restores them all
 
 #kv = #kvc.source<tier = "dram", form = kv, tokens = 0 to 1024, layers = 0 to 4>
 #hid = #kvc.source<tier = "dram", form = hidden, tokens = 0 to 1024, layers = 0 to 4>

@@ -113,8 +113,9 @@ struct RestoreSetup {
   std::string planSource; ///< The bundle's path, or "--strategy", for messages.
   std::shared_ptr<const PlanBundle> bundle;
   std::optional<double> maxError; ///< --max-error, when given.
-  /// The target planned for (--strategy), for compare's machine check.
-  std::optional<TargetDesc> target;
+  /// The connector's target, when --strategy planned for it (compare's
+  /// machine check); null for a bundle.
+  const TargetDesc *target = nullptr;
 };
 
 /// The planning hook kvc-run binds: the compiler in-process.
@@ -239,7 +240,7 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   KVC_ASSIGN_OR_RETURN(connector, Connector::create(std::move(options)));
   if (args.has("strategy")) {
     setup.planSource = "--strategy";
-    setup.target = connector->target();
+    setup.target = &connector->target();
     const std::string list =
         args.get("strategy").empty() ? defaultStrategy : args.get("strategy");
     KVC_ASSIGN_OR_RETURN(bundle,

@@ -126,6 +126,25 @@ protected:
     ASSERT_TRUE(saved) << saved.status().toString();
   }
 
+  /// A Connector on a store that holds `tokens`, saved in `saved` by a
+  /// writer of its own (prefilled into blocks 0..); the reader would save
+  /// in 128x1, and its caches are zeroed.
+  std::unique_ptr<Connector>
+  readerOfStoreSavedIn(StoreLayout saved, const std::vector<int32_t> &tokens) {
+    ConnectorOptions reading = options_;
+    options_.saveLayout = saved;
+    options_.createStores = true;
+    auto writer = connect();
+    if (!writer)
+      return nullptr;
+    prefillAndSave(*writer, "saved", tokens,
+                   blocks(0, (int64_t(tokens.size()) + 15) / 16));
+    options_ = reading;
+    options_.saveLayout = {128, 1};
+    std::fill(memory_.begin(), memory_.end(), 0);
+    return connect();
+  }
+
   /// The cache's rows of `tokens` in `ids` against a full prefill.
   void expectExact(const std::vector<int32_t> &tokens,
                    const std::vector<int32_t> &ids) {
@@ -320,16 +339,9 @@ TEST_F(ConnectorTest, DecisionsOfOneShapeCompileOnce) {
 }
 
 TEST_F(ConnectorTest, AStoreSavedInAnotherLayoutIsRead) {
-  options_.saveLayout = {64, 2};
-  auto writer = connect();
-  ASSERT_TRUE(writer);
-  const std::vector<int32_t> tokens = prompt(300, 7);
-  prefillAndSave(*writer, "a", tokens, blocks(0, 19));
-
   // A reader that would save otherwise finds what the store records.
-  options_.saveLayout = {128, 1};
-  std::fill(memory_.begin(), memory_.end(), 0);
-  auto reader = connect();
+  const std::vector<int32_t> tokens = prompt(300, 7);
+  auto reader = readerOfStoreSavedIn({64, 2}, tokens);
   ASSERT_TRUE(reader);
   StatusOr<Lookup> found = reader->lookup(tokens);
   ASSERT_TRUE(found) << found.status().toString();
@@ -352,15 +364,9 @@ TEST_F(ConnectorTest, AStoreSavedInAnotherLayoutIsRead) {
 TEST_F(ConnectorTest, ARequestPlannedWholeRunsEveryStrategyByName) {
   // Saved in another layout than the reader's: planRequest plans in the
   // layout that holds the request, as kvc-run restore --strategy does.
-  options_.saveLayout = {64, 2};
-  auto writer = connect();
-  ASSERT_TRUE(writer);
   const std::vector<int32_t> tokens = prompt(256, 9);
-  prefillAndSave(*writer, "a", tokens, blocks(0, 16));
-
-  options_.saveLayout = {128, 1};
-  options_.createStores = false;
-  auto reader = connect();
+  options_.createStores = false; // The reader's; the writer creates it.
+  auto reader = readerOfStoreSavedIn({64, 2}, tokens);
   ASSERT_TRUE(reader);
   host::PlanOptions plans;
   plans.strategies = {planning::Strategy::Compute, planning::Strategy::Kv,

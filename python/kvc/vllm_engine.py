@@ -1,0 +1,166 @@
+"""Runs one vLLM engine (``vllm.LLM``, in this process) through a script of
+phases and reports what it generated and what vLLM's counters saw.
+
+This is how kvc's tests and benchmarks drive a real engine: one engine per
+process (vLLM keeps process-wide state), started the way a server starts
+it, with or without kvc's connector::
+
+    python -m kvc.vllm_engine spec.json result.json
+
+``spec.json``::
+
+    {"model": "/models/llama", "dtype": "bfloat16", "block_size": 32,
+     "prefix_caching": false, "max_model_len": 1024,
+     "connector": {"stores": ["file:///tmp/store"], ...},   # or null
+     "failure_policy": "recompute",
+     "phases": [
+       {"generate": [{"tokens": [1, 2, ...], "salt": "a"}, ...],
+        "max_tokens": 8},
+       {"corrupt": "/tmp/store"},      # flips bytes in one stored object
+       {"remove": "/tmp/store"}        # the store goes away
+     ]}
+
+``result.json``: ``{"start_seconds": s, "phases": [{"outputs": [[token,
+...], ...], "seconds": s, "ttft": [s, ...], "counters": {name: delta}} or
+{"error": "..."}]}``. Counters are vLLM's own (``LLM.get_metrics``):
+``vllm:prefix_cache_hits``, ``vllm:external_prefix_cache_hits`` and their
+queries, as the phase changed them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["run_engine", "main"]
+
+_COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+             "vllm:external_prefix_cache_hits",
+             "vllm:external_prefix_cache_queries")
+
+
+def _counters(llm: Any) -> dict[str, float]:
+    values = dict.fromkeys(_COUNTERS, 0.0)
+    for metric in llm.get_metrics():
+        if metric.name in values:
+            values[metric.name] += float(getattr(metric, "value", 0) or 0)
+    return values
+
+
+def corrupt_one_object(store: Path) -> Path:
+    """Flips 16 bytes in the middle of one stored object of a file:// store
+    (not a layout record); returns its path."""
+    objects = sorted(p for p in store.rglob("*")
+                     if p.is_file() and "layouts" not in p.parts)
+    if not objects:
+        raise FileNotFoundError(f"{store} holds no object")
+    victim = objects[len(objects) // 2]
+    data = bytearray(victim.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 16):
+        data[i] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    return victim
+
+
+def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
+    """Starts the engine ``spec`` describes and runs its phases."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm.config import KVTransferConfig
+
+    transfer = None
+    if spec.get("connector") is not None:
+        transfer = KVTransferConfig(
+            kv_connector="KvcConnector", kv_connector_module_path="kvc.vllm",
+            kv_role="kv_both",
+            kv_load_failure_policy=spec.get("failure_policy", "recompute"),
+            kv_connector_extra_config=spec["connector"])
+    began = time.perf_counter()
+    try:
+        llm = _start(spec, transfer)
+    except Exception as error:  # noqa: BLE001 - reported to the caller
+        return {"start_error": f"{type(error).__name__}: {error}"}
+    result: dict[str, Any] = {"start_seconds": time.perf_counter() - began,
+                              "phases": []}
+    for phase in spec["phases"]:
+        if "corrupt" in phase:
+            corrupt_one_object(Path(phase["corrupt"]))
+            result["phases"].append({})
+            continue
+        if "remove" in phase:
+            shutil.rmtree(phase["remove"], ignore_errors=True)
+            result["phases"].append({})
+            continue
+        if "reset_prefix_cache" in phase:
+            llm.reset_prefix_cache()
+            result["phases"].append({})
+            continue
+        result["phases"].append(_generate(llm, phase))
+        if "error" in result["phases"][-1]:
+            break
+    return result
+
+
+def _start(spec: dict[str, Any], transfer: Any) -> Any:
+    from vllm import LLM
+
+    return LLM(model=spec["model"], skip_tokenizer_init=True,
+               dtype=spec.get("dtype", "bfloat16"),
+               block_size=int(spec.get("block_size", 32)),
+               max_model_len=int(spec.get("max_model_len", 1024)),
+               max_num_seqs=int(spec.get("max_num_seqs", 16)),
+               enable_prefix_caching=bool(spec.get("prefix_caching", True)),
+               distributed_executor_backend="uni", enforce_eager=True,
+               disable_log_stats=False, seed=0,
+               kv_transfer_config=transfer)
+
+
+def _generate(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
+    """Generates the phase's prompts (greedy) as one batch."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=p["tokens"],
+                            **({"cache_salt": p["salt"]} if p.get("salt")
+                               else {}))
+               for p in phase["generate"]]
+    params = SamplingParams(max_tokens=int(phase.get("max_tokens", 8)),
+                            temperature=0.0, ignore_eos=True)
+    before = _counters(llm)
+    began = time.perf_counter()
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    except Exception as error:  # noqa: BLE001 - reported to the caller
+        return {"error": f"{type(error).__name__}: {error}"}
+    seconds = time.perf_counter() - began
+    after = _counters(llm)
+    ttft = []
+    for out in outputs:
+        first = getattr(getattr(out, "metrics", None), "first_token_latency",
+                        None)
+        ttft.append(None if first is None else float(first))
+    return {
+        "outputs": [list(o.outputs[0].token_ids) for o in outputs],
+        "finish_reasons": [o.outputs[0].finish_reason for o in outputs],
+        "seconds": seconds, "ttft": ttft,
+        "counters": {k: after[k] - before[k] for k in _COUNTERS}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m kvc.vllm_engine SPEC.json RESULT.json",
+              file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    result = run_engine(spec)
+    Path(args[1]).write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""kvc inside a real vLLM engine: ``vllm.LLM`` (vLLM's CPU build) with
+``KvcConnector`` loaded by module path, against the same engine without a
+connector. Each engine runs in a process of its own (kvc.vllm_engine), as a
+server would start it; the checks are the greedy tokens each returns and
+vLLM's own counters of what it found in its prefix cache and what the
+connector loaded (``vllm:external_prefix_cache_hits``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("vllm")
+
+from helpers import engine_llama_config  # noqa: E402
+
+BLOCK = 32
+CHUNK = 64
+HITS = "vllm:external_prefix_cache_hits"
+LOCAL_HITS = "vllm:prefix_cache_hits"
+
+
+def run_engine(spec: dict[str, Any], tmp_path: Path, name: str) -> dict[str, Any]:
+    """Runs one engine through ``spec``'s phases in a process of its own."""
+    spec = {"block_size": BLOCK, "max_model_len": 1024, **spec}
+    spec_path = tmp_path / f"{name}.spec.json"
+    result_path = tmp_path / f"{name}.result.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "kvc.vllm_engine", spec_path,
+                           result_path], env=env, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode != 0 or not result_path.is_file():
+        raise AssertionError(f"engine {name} exited {done.returncode}:\n"
+                             f"{done.stderr[-6000:]}")
+    return json.loads(result_path.read_text())
+
+
+def prompt_of(seed: int, n: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 256, (n,), generator=g).tolist()
+
+
+def held(n: int) -> int:
+    """The tokens kvc holds and loads of an n-token prompt saved whole:
+    its whole chunks, the prompt's last token left to vLLM."""
+    return (n - 1) // CHUNK * CHUNK
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random GQA Llama (2 layers, 4 heads and 2 KV heads of 32) that
+    transformers writes in bf16."""
+    torch.manual_seed(0)
+    directory = str(tmp_path_factory.mktemp("engine-llama"))
+    model = transformers.LlamaForCausalLM(engine_llama_config(transformers))
+    model.to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+P1 = prompt_of(1, 300)
+P2 = P1[:128] + prompt_of(2, 100)   # shares two chunks with P1
+P3 = prompt_of(3, 200)               # shares nothing
+Q = [prompt_of(10 + i, 150 + 20 * i) for i in range(3)]
+BATCH = [P1, P1[:192] + prompt_of(4, 70), P2, *Q, prompt_of(5, 180),
+         prompt_of(6, 90)]
+ALL = [P1, P2, P3, *Q, *BATCH, P1[:128] + prompt_of(7, 60)]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: str, tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[tuple[int, ...], list[int]]:
+    """The engine's own greedy tokens for every prompt, without kvc."""
+    tmp = tmp_path_factory.mktemp("reference")
+    unique = list({tuple(p): p for p in ALL}.values())
+    result = run_engine({"model": model_dir, "prefix_caching": False,
+                         "phases": [{"generate": [{"tokens": p} for p in unique]}]},
+                        tmp, "reference")
+    outputs = result["phases"][0]["outputs"]
+    return {tuple(p): out for p, out in zip(unique, outputs)}
+
+
+def connector(store: Path, **extra: Any) -> dict[str, Any]:
+    return {"stores": [f"file://{store}"], "chunk_tokens": CHUNK,
+            "policy": "always", "strategies": ["kv"], **extra}
+
+
+def generate(*prompts: list[int], salt: str | None = None) -> dict[str, Any]:
+    return {"generate": [{"tokens": p, **({"salt": salt} if salt else {})}
+                         for p in prompts]}
+
+
+def test_loads_what_it_saved_and_keys_salts(model_dir: str, reference: Any,
+                                            tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    result = run_engine({
+        "model": model_dir, "prefix_caching": False,
+        "connector": connector(store),
+        "phases": [
+            generate(P1, *Q),                    # saved
+            generate(*BATCH),                    # 8 at once, most loaded
+            generate(P1, salt="tenant-b"),       # another salt: nothing
+            generate(P3),                        # nothing stored
+        ]}, tmp_path, "kvc")
+    assert "start_error" not in result, result
+    save, batch, salted, miss = result["phases"]
+    assert save["counters"][HITS] == 0
+    assert save["outputs"] == [reference[tuple(p)] for p in (P1, *Q)]
+    # Every prompt of the batch: vLLM's tokens; kvc loaded the chunks it
+    # holds of each (P1 whole, P1's first 192, P2's two shared, Q whole).
+    assert batch["outputs"] == [reference[tuple(p)] for p in BATCH]
+    expected = held(300) + 192 + 128 + sum(held(len(q)) for q in Q)
+    assert batch["counters"][HITS] == expected
+    assert salted["counters"][HITS] == 0
+    assert salted["outputs"] == [reference[tuple(P1)]]
+    assert miss["counters"][HITS] == 0
+    assert miss["outputs"] == [reference[tuple(P3)]]
+
+
+def test_loads_past_vllms_own_prefix(model_dir: str, reference: Any,
+                                     tmp_path: Path) -> None:
+    # vLLM's prefix cache on (its default): the connector loads only the
+    # chunks past what vLLM already holds.
+    store = tmp_path / "store"
+    shared = P1[:128] + prompt_of(7, 60)
+    result = run_engine({
+        "model": model_dir, "prefix_caching": True,
+        "connector": connector(store),
+        "phases": [
+            generate(P1),              # saved (and held by vLLM)
+            {"reset_prefix_cache": True},
+            generate(shared),          # vLLM holds nothing: kvc loads 128
+            generate(P1),              # vLLM holds 128: kvc loads the rest
+        ]}, tmp_path, "kvc-prefix")
+    assert "start_error" not in result, result
+    save, _, first, second = result["phases"]
+    assert save["outputs"] == [reference[tuple(P1)]]
+    assert first["counters"][HITS] == 128
+    assert first["outputs"] == [reference[tuple(shared)]]
+    assert second["counters"][LOCAL_HITS] == 128
+    assert second["counters"][HITS] == held(300) - 128
+    assert second["outputs"] == [reference[tuple(P1)]]
+
+
+def test_corrupt_chunk_and_lost_store(model_dir: str, reference: Any,
+                                      tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    result = run_engine({
+        "model": model_dir, "prefix_caching": False,
+        "connector": connector(store), "failure_policy": "recompute",
+        "phases": [
+            generate(P1),
+            {"corrupt": str(store)},
+            generate(P1),              # the corrupt chunk recomputed
+            {"remove": str(store)},
+            generate(P1),              # the store gone: vLLM prefills
+        ]}, tmp_path, "kvc-faults")
+    assert "start_error" not in result, result
+    phases = result["phases"]
+    assert phases[2]["outputs"] == [reference[tuple(P1)]]
+    assert phases[4]["outputs"] == [reference[tuple(P1)]]
+
+
+def test_corrupt_chunk_fails_the_request(model_dir: str, reference: Any,
+                                         tmp_path: Path) -> None:
+    # kv_load_failure_policy "fail": the request ends in an error; nothing
+    # is generated from a cache kvc could not fill intact.
+    store = tmp_path / "store"
+    result = run_engine({
+        "model": model_dir, "prefix_caching": False,
+        "connector": connector(store), "failure_policy": "fail",
+        "phases": [generate(P1), {"corrupt": str(store)}, generate(P1)]},
+        tmp_path, "kvc-fail")
+    assert "start_error" not in result, result
+    last = result["phases"][2]
+    assert "error" in last or last["finish_reasons"] == ["error"], last
+    if "outputs" in last:
+        assert last["outputs"][0] != reference[tuple(P1)] or \
+            last["finish_reasons"] == ["error"]
+
+
+def test_float32_cache(model_dir: str, tmp_path: Path) -> None:
+    # An f32 engine: its cache packed for f32, kvc's staging and store in
+    # bf16. The tokens are the f32 engine's own.
+    prompts = [P1, P2]
+    plain = run_engine({"model": model_dir, "dtype": "float32",
+                        "prefix_caching": False,
+                        "phases": [generate(*prompts)]}, tmp_path, "f32-plain")
+    store = tmp_path / "store"
+    result = run_engine({
+        "model": model_dir, "dtype": "float32", "prefix_caching": False,
+        "connector": connector(store),
+        "phases": [generate(P1), generate(*prompts)]}, tmp_path, "f32-kvc")
+    assert "start_error" not in result, result
+    loaded = result["phases"][1]
+    assert loaded["counters"][HITS] == held(300) + 128
+    assert loaded["outputs"] == plain["phases"][0]["outputs"]

@@ -180,6 +180,8 @@ class KvcConnector(KVConnectorBase_V1):
         self._options = options
         # One kvc Connector per tenant, made when a request first needs it.
         self._kvcs: dict[str, Connector] = {}
+        self._caches: list[torch.Tensor] = []
+        self._layout: CacheLayout = "keys_first"
         self._kvc_for(self._tenant)
         self._layers = self._model.layers
         self._chunk_tokens = options["chunk_tokens"]
@@ -191,8 +193,6 @@ class KvcConnector(KVConnectorBase_V1):
         self._prefills: dict[str, SaveSpec] = {}
         self._saving: set[str] = set()
         # Worker side.
-        self._caches: list[torch.Tensor] = []
-        self._layout: CacheLayout = "keys_first"
         self._packed: PackedCpuCache | None = None
         # Requests' staging blocks (a packed CPU cache): per load, its
         # staging table and the layers not yet packed into vLLM's blocks;
@@ -344,6 +344,16 @@ class KvcConnector(KVConnectorBase_V1):
         # A save still copying out of the blocks holds them until the
         # worker reports it (get_finished).
         return req_id in self._saving, None
+
+    def has_pending_push_work(self) -> bool:
+        # Saves still reading finished requests' blocks: the engine keeps
+        # stepping until the workers report them, and frees the blocks then.
+        return bool(self._saving)
+
+    def has_pending_block_frees(self) -> bool:
+        # Under block pressure, vLLM waits for those blocks rather than
+        # preempting a running request.
+        return bool(self._saving)
 
     def take_events(self) -> tuple[()]:
         return ()

@@ -96,13 +96,24 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
             result["phases"].append({})
             continue
         if "reset_prefix_cache" in phase:
-            llm.reset_prefix_cache()
-            result["phases"].append({})
+            result["phases"].append({"reset": _reset_prefix_cache(llm)})
             continue
         result["phases"].append(_generate(llm, phase))
         if "error" in result["phases"][-1]:
             break
     return result
+
+
+def _reset_prefix_cache(llm: Any, steps: int = 1000) -> bool:
+    """Empties vLLM's prefix cache. Blocks a connector's save still holds
+    are freed at a step of the engine, which the offline engine takes only
+    while it has requests: it is stepped until they are."""
+    for _ in range(steps):
+        if llm.reset_prefix_cache():
+            return True
+        llm.llm_engine.step()
+        time.sleep(0.001)
+    return False
 
 
 def _start(spec: dict[str, Any], transfer: Any) -> Any:

@@ -142,8 +142,9 @@ def test_loads_past_vllms_own_prefix(model_dir: str, reference: Any,
             generate(P1),              # vLLM holds 128: kvc loads the rest
         ]}, tmp_path, "kvc-prefix")
     assert "start_error" not in result, result
-    save, _, first, second = result["phases"]
+    save, reset, first, second = result["phases"]
     assert save["outputs"] == [reference[tuple(P1)]]
+    assert reset["reset"]
     assert first["counters"][HITS] == 128
     assert first["outputs"] == [reference[tuple(shared)]]
     assert second["counters"][LOCAL_HITS] == 128

@@ -159,9 +159,10 @@ def main() -> int:
     vllm_config = types.SimpleNamespace(
         parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
                                               pipeline_parallel_size=1),
-        cache_config=types.SimpleNamespace(block_size=BLOCK),
+        cache_config=types.SimpleNamespace(block_size=BLOCK,
+                                           cache_dtype="auto"),
         model_config=types.SimpleNamespace(model=str(model_dir),
-                                           use_mla=False),
+                                           use_mla=False, dtype=dtype),
         kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={
             "stores": [f"file://{store}"], "chunk_tokens": CHUNK,
             "strategies": ["kv"], "device": device, "bundles": args.bundle,

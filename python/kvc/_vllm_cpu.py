@@ -45,8 +45,14 @@ def _write(key: torch.Tensor, value: torch.Tensor, block: torch.Tensor,
 
     _, heads, size, _ = block.shape
     halves = block.view(1, heads, 2 * size, -1).chunk(2, dim=2)
-    ops.cpu_attn_reshape_and_cache(key, value, halves[0], halves[1],
-                                   torch.arange(size, dtype=torch.int64), isa)
+    try:
+        ops.cpu_attn_reshape_and_cache(key, value, halves[0], halves[1],
+                                       torch.arange(size, dtype=torch.int64),
+                                       isa)
+    except RuntimeError as error:
+        raise Error(f"vLLM's CPU cache write ({isa}, {block.dtype}) refused "
+                    f"a block of {heads} heads x {size} tokens: {error}",
+                    "unimplemented") from None
 
 
 def learn_block_layout(dtype: torch.dtype, kv_heads: int, block_size: int,

@@ -192,6 +192,8 @@ class KvcConnector(KVConnectorBase_V1):
         self._pending_loads: dict[str, LoadSpec] = {}
         self._prefills: dict[str, SaveSpec] = {}
         self._saving: set[str] = set()
+        # Finished requests whose blocks a save still holds.
+        self._holding: set[str] = set()
         # Worker side.
         self._packed: PackedCpuCache | None = None
         # Requests' staging blocks (a packed CPU cache): per load, its
@@ -331,6 +333,7 @@ class KvcConnector(KVConnectorBase_V1):
                                 connector_output: "KVConnectorOutput") -> None:
         for req_id in connector_output.finished_sending or ():
             self._saving.discard(req_id)
+            self._holding.discard(req_id)
 
     def request_finished(self, request: "Request", block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
@@ -343,17 +346,19 @@ class KvcConnector(KVConnectorBase_V1):
             _cancel(self._kvc_for(tenant), req_id)
         # A save still copying out of the blocks holds them until the
         # worker reports it (get_finished).
+        if req_id in self._saving:
+            self._holding.add(req_id)
         return req_id in self._saving, None
 
     def has_pending_push_work(self) -> bool:
         # Saves still reading finished requests' blocks: the engine keeps
         # stepping until the workers report them, and frees the blocks then.
-        return bool(self._saving)
+        return bool(self._holding)
 
     def has_pending_block_frees(self) -> bool:
         # Under block pressure, vLLM waits for those blocks rather than
         # preempting a running request.
-        return bool(self._saving)
+        return bool(self._holding)
 
     def take_events(self) -> tuple[()]:
         return ()
@@ -373,7 +378,10 @@ class KvcConnector(KVConnectorBase_V1):
             self._layout = "keys_first"
         elif first.dim() == 5 and first.shape[1] == 2:
             self._layout = "blocks_first"
-        elif first.dim() == 4 and first.device.type == "cpu":
+        elif first.dim() == 4 and first.device.type == "cpu" and \
+                tuple(first.shape[1:]) == (self._model.kv_heads,
+                                           self._block_size,
+                                           2 * self._model.head_dim):
             # vLLM's CPU build: [blocks, heads, block_size, 2 * head_dim],
             # packed per instruction set; kvc works on staging blocks.
             self._packed = PackedCpuCache(
@@ -390,8 +398,10 @@ class KvcConnector(KVConnectorBase_V1):
             raise Error(f"a KV cache of shape {tuple(first.shape)}: kvc reads "
                         "[2, blocks, block_size, heads, head_dim], "
                         "[blocks, 2, block_size, heads, head_dim] and vLLM's "
-                        "CPU [blocks, heads, block_size, 2 * head_dim]",
-                        "unimplemented")
+                        "CPU [blocks, heads, block_size, 2 * head_dim], of "
+                        f"the model's {self._model.kv_heads} KV heads of "
+                        f"{self._model.head_dim} and vLLM's block size "
+                        f"{self._block_size}", "unimplemented")
         self._on_cuda = first.is_cuda
         self._caches = tensors
         for kvc in self._kvcs.values():

@@ -208,6 +208,7 @@ class Engine:
         connector = scheduler.connector
         assert isinstance(connector, KvcConnector)
         assert not connector._saving and not connector._prefills
+        assert not connector._holding
         assert not connector._pending_loads and not connector._on_device
         assert not self.worker._saves_started and not self.worker._loading
         assert not self.worker._receiving

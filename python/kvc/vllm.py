@@ -23,8 +23,10 @@ extra-config keys and what is not supported.
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +40,8 @@ from vllm.logger import init_logger
 
 from ._errors import Error
 from ._vllm_cpu import PackedCpuCache
-from .connector import CacheLayout, Connector, Model
+from .connector import CacheLayout, Connector, Decision, Model, target_json
+from .prefill import PrefillClock, scaled_target
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -51,9 +54,11 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-__all__ = ["KvcConnector", "KvcConnectorMetadata"]
+__all__ = ["KvcConnector", "KvcConnectorMetadata", "DecisionRecord"]
 
 _SAVE_DRAIN_SECONDS = 30.0
+# The measured prefill is applied to the target again when it moves by more.
+_RECALIBRATE_DRIFT = 0.1
 
 
 @dataclass
@@ -81,6 +86,25 @@ class SaveSpec:
     tokens: list[int]
     block_ids: list[int]
     tenant: str = ""
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """What the scheduler side decided for a request, and against what."""
+
+    request_id: str
+    tokens: int
+    tokens_on_device: int
+    load_tokens: int
+    """Tokens resident once the load ends (``tokens_on_device`` when
+    vLLM prefills the rest)."""
+    predicted_seconds: float
+    """The best load's first token, as kvc's planner prices it."""
+    recompute_seconds: float | None
+    """vLLM's prefill of the tokens past its own: measured
+    (:class:`kvc.prefill.PrefillClock`), or the target's price; None while
+    not yet measured."""
+    why: str
 
 
 @dataclass
@@ -127,7 +151,7 @@ class KvcConnector(KVConnectorBase_V1):
             raise Error("kv_connector_extra_config needs 'stores': a list of "
                         "store URLs", "invalid_argument")
         options: dict[str, Any] = {
-            "target": extra.pop("target", "cpu-2core"),
+            "target": json.loads(target_json(extra.pop("target", "cpu-2core"))),
             "chunk_tokens": int(extra.pop("chunk_tokens", 256)),
             "layer_group": int(extra.pop("layer_group", 1)),
             "codec": extra.pop("codec", "raw"),
@@ -137,6 +161,10 @@ class KvcConnector(KVConnectorBase_V1):
         }
         tenant = str(extra.pop("tenant", ""))
         policy = extra.pop("policy", "cheapest")
+        prefill = extra.pop("prefill", "measured")
+        if prefill not in ("measured", "target"):
+            raise Error(f"prefill {prefill!r}: 'measured' (vLLM's own steps) "
+                        "or 'target'", "invalid_argument")
         model = extra.pop("model", vllm_config.model_config.model)
         self._save = bool(extra.pop("save", True))
         self._async = bool(extra.pop("async_load", False))
@@ -170,9 +198,19 @@ class KvcConnector(KVConnectorBase_V1):
         dtype = cache_dtype if cache_dtype != "auto" else \
             str(model_config.dtype).removeprefix("torch.")
         self._tenant = f"{tenant}|dtype={dtype}"
+        # policy cheapest against vLLM's measured prefill: kvc prices the
+        # best load and this class compares it with the prefill (_choose).
+        self._measured = role == KVConnectorRole.SCHEDULER and \
+            policy == "cheapest" and prefill == "measured"
+        self._clock = PrefillClock()
+        self._base_target: dict[str, Any] = options["target"]
+        self._target_factor: float | None = None
+        self._pricer: Connector | None = None
+        self._step: tuple[float, int] | None = None
+        self.decisions: deque[DecisionRecord] = deque(maxlen=4096)
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler decides; the worker loads exactly what it decided.
-            options.update(policy=policy)
+            options.update(policy="always" if self._measured else policy)
         else:
             options.update(policy="always", recompute_failures=False)
         self._model = Model(model)
@@ -264,12 +302,52 @@ class KvcConnector(KVConnectorBase_V1):
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
             return 0, False
+        decision = self._choose(request.request_id, len(prompt),
+                                num_computed_tokens, decision)
         logger.debug("kvc: request %s: %s", request.request_id, decision.why)
         self._on_device[request.request_id] = num_computed_tokens
         if not decision.loads:
             return 0, False
         external = max(0, decision.load_tokens - num_computed_tokens)
         return external, self._async and external > 0
+
+    def _choose(self, request_id: str, prompt_tokens: int, on_device: int,
+                decision: Decision) -> Decision:
+        """``decision`` as it stands against vLLM's measured prefill of the
+        tokens past its own (policy cheapest with ``prefill: measured``:
+        kvc priced its best load, ``decision``, and the load is kept only
+        when its first token comes earlier); recorded in
+        :attr:`decisions`."""
+        recompute: float | None = decision.recompute_seconds
+        if self._measured:
+            recompute = self._clock.seconds(prompt_tokens - on_device) \
+                if self._target_factor is not None else None
+            if not decision.loads:
+                pass
+            elif recompute is None:
+                decision = Decision(on_device, "", decision.predicted_seconds,
+                                    0.0, "recomputes: vLLM's prefill is not "
+                                    f"measured yet ({self._clock.steps} steps "
+                                    "seen)")
+            elif decision.predicted_seconds >= recompute:
+                decision = Decision(
+                    on_device, "", decision.predicted_seconds, recompute,
+                    f"recomputes: loading {decision.load_tokens} tokens by "
+                    f"{decision.strategy} is predicted at "
+                    f"{decision.predicted_seconds * 1e3:.2f} ms, not faster "
+                    f"than vLLM's measured {recompute * 1e3:.2f} ms")
+            else:
+                decision = Decision(
+                    decision.load_tokens, decision.strategy,
+                    decision.predicted_seconds, recompute,
+                    f"{decision.why.split(': first token')[0]}: first token "
+                    f"predicted at {decision.predicted_seconds * 1e3:.2f} ms "
+                    f"against vLLM's measured {recompute * 1e3:.2f} ms")
+        self.decisions.append(DecisionRecord(
+            request_id, prompt_tokens, on_device,
+            decision.load_tokens if decision.loads else on_device,
+            decision.predicted_seconds, recompute, decision.why))
+        return decision
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -310,6 +388,12 @@ class KvcConnector(KVConnectorBase_V1):
                 spec.block_ids.extend(added[0])
             self._save_when_done(meta, req_id, cached.num_computed_tokens[i],
                                  scheduler_output)
+        # The step is timed as a prefill when every request in it computes
+        # prompt tokens (a decode schedules one) and none waits for a load.
+        scheduled = list(scheduler_output.num_scheduled_tokens.values())
+        self._step = (time.perf_counter(), sum(scheduled)) \
+            if self._measured and scheduled and min(scheduled) > 1 and \
+            not meta.loads else None
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids",
                                       None) or [])
         for req_id in meta.preempted:
@@ -331,9 +415,49 @@ class KvcConnector(KVConnectorBase_V1):
 
     def update_connector_output(self,
                                 connector_output: "KVConnectorOutput") -> None:
+        if self._step is not None:
+            began, tokens = self._step
+            self._step = None
+            self._clock.observe(tokens, time.perf_counter() - began)
+            self._calibrate()
         for req_id in connector_output.finished_sending or ():
             self._saving.discard(req_id)
             self._holding.discard(req_id)
+
+    def _calibrate(self) -> None:
+        """Prices vLLM's forward pass, which a layer-wise load runs beside,
+        at its measured speed: the target's compute scaled so that kvc's
+        planner prices a prefill of the steps' typical size as the clock
+        measured it. The scheduler's kvc Connectors are made anew (they
+        hold no load or save) when the scale moves by more than 10%."""
+        tokens = self._clock.typical_tokens()
+        measured = self._clock.seconds(tokens)
+        if measured is None or measured <= 0:
+            return
+        if self._pricer is None:
+            self._pricer = Connector(self._model, ["mem://"],
+                                     target=self._base_target, policy="never",
+                                     chunk_tokens=self._chunk_tokens)
+        try:
+            priced = self._pricer.decide("kvc-prefill-price", [0] * tokens, 0)
+        except Error as error:
+            logger.warning("kvc: pricing a prefill of %d tokens: %s", tokens,
+                           error)
+            return
+        _cancel(self._pricer, "kvc-prefill-price")
+        factor = priced.recompute_seconds / measured
+        if self._target_factor is not None and \
+                abs(factor / self._target_factor - 1) <= _RECALIBRATE_DRIFT:
+            return
+        logger.info("kvc: vLLM prefills %d tokens in %.2f ms (%s prices "
+                    "%.2f ms): its compute is priced %.3gx", tokens,
+                    measured * 1e3, self._base_target.get("name", "the target"),
+                    priced.recompute_seconds * 1e3, factor)
+        self._target_factor = factor
+        self._options["target"] = scaled_target(self._base_target, factor)
+        for kvc in self._kvcs.values():
+            kvc.close()
+        self._kvcs = {}
 
     def request_finished(self, request: "Request", block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:
@@ -538,6 +662,8 @@ class KvcConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         for kvc in self._kvcs.values():
             kvc.close()
+        if self._pricer is not None:
+            self._pricer.close()
 
     # -- Worker helpers -------------------------------------------------------
 

@@ -21,14 +21,18 @@ it, with or without kvc's connector::
      ]}
 
 ``result.json``: ``{"start_seconds": s, "phases": [{"outputs": [[token,
-...], ...], "seconds": s, "ttft": [s, ...], "counters": {name: delta}} or
-{"error": "..."}]}``. Counters are vLLM's own (``LLM.get_metrics``):
+...], ...], "seconds": s, "ttft": [s, ...], "prefill_seconds": [s, ...],
+"decisions": [...], "counters": {name: delta}} or {"error": "..."}]}``:
+per request its first token's latency and its time from scheduled to first
+token (vLLM's request stats), and the decisions the scheduler-side
+connector made in the phase (``kvc.vllm.DecisionRecord``). Counters are vLLM's own (``LLM.get_metrics``):
 ``vllm:prefix_cache_hits``, ``vllm:external_prefix_cache_hits`` and their
 queries, as the phase changed them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -135,12 +139,16 @@ def _generate(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    prompts = [TokensPrompt(prompt_token_ids=p["tokens"],
-                            **({"cache_salt": p["salt"]} if p.get("salt")
-                               else {}))
-               for p in phase["generate"]]
+    prompts = []
+    for p in phase["generate"]:
+        prompt = TokensPrompt(prompt_token_ids=list(p["tokens"]))
+        if p.get("salt"):
+            prompt["cache_salt"] = str(p["salt"])
+        prompts.append(prompt)
     params = SamplingParams(max_tokens=int(phase.get("max_tokens", 8)),
                             temperature=0.0, ignore_eos=True)
+    connector = _scheduler_connector(llm)
+    decided = len(connector.decisions) if connector is not None else 0
     before = _counters(llm)
     began = time.perf_counter()
     try:
@@ -149,16 +157,30 @@ def _generate(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(error).__name__}: {error}"}
     seconds = time.perf_counter() - began
     after = _counters(llm)
-    ttft = []
+    ttft, prefill = [], []
     for out in outputs:
-        first = getattr(getattr(out, "metrics", None), "first_token_latency",
-                        None)
-        ttft.append(None if first is None else float(first))
+        stats = getattr(out, "metrics", None)
+        ttft.append(float(getattr(stats, "first_token_latency", 0) or 0))
+        prefill.append(float(getattr(stats, "first_token_ts", 0) -
+                             getattr(stats, "scheduled_ts", 0)))
+    decisions = [] if connector is None else \
+        [dataclasses.asdict(d) for d in list(connector.decisions)[decided:]]
     return {
         "outputs": [list(o.outputs[0].token_ids) for o in outputs],
         "finish_reasons": [o.outputs[0].finish_reason for o in outputs],
-        "seconds": seconds, "ttft": ttft,
+        "seconds": seconds, "ttft": ttft, "prefill_seconds": prefill,
+        "decisions": decisions,
         "counters": {k: after[k] - before[k] for k in _COUNTERS}}
+
+
+def _scheduler_connector(llm: Any) -> Any:
+    """The engine's scheduler-side KvcConnector (one process: the engine
+    core runs in this one), or None."""
+    from .vllm import KvcConnector
+
+    core = getattr(llm.llm_engine.engine_core, "engine_core", None)
+    connector = getattr(getattr(core, "scheduler", None), "connector", None)
+    return connector if isinstance(connector, KvcConnector) else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,104 @@
+"""The server's own prefill time, as a connector prices recomputation.
+
+A connector that decides between loading KV and letting the server
+recompute it must price the recompute at the server's speed, not at kvc's:
+a load priced against a slower prefill than the server's would be chosen
+where recomputing is faster. :class:`PrefillClock` learns the server's
+prefill from the steps it times (seconds = a + b * tokens, least squares
+over the recent steps that only prefilled), and :func:`scaled_target`
+rescales a target machine's compute so that kvc's planner prices the
+server's forward pass (which a layer-wise load runs beside) at that speed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from typing import Any
+
+__all__ = ["PrefillClock", "scaled_target"]
+
+
+class PrefillClock:
+    """Seconds the server takes to prefill ``n`` tokens, fit to the steps
+    it was seen to take.
+
+    Args:
+        samples: steps kept (the most recent).
+        min_samples: steps needed before :meth:`seconds` answers.
+    """
+
+    def __init__(self, samples: int = 64, min_samples: int = 4) -> None:
+        self._steps: deque[tuple[int, float]] = deque(maxlen=samples)
+        self._min_samples = min_samples
+        self._fit: tuple[float, float] | None = None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """One step that prefilled ``tokens`` tokens in ``seconds``."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        self._steps.append((tokens, seconds))
+        self._fit = None
+
+    @property
+    def ready(self) -> bool:
+        """Whether enough steps of more than one size were seen."""
+        return self._coefficients() is not None
+
+    @property
+    def steps(self) -> int:
+        return len(self._steps)
+
+    def seconds(self, tokens: int) -> float | None:
+        """The predicted seconds of a prefill of ``tokens`` tokens (0 for
+        none); None until :attr:`ready`."""
+        if tokens <= 0:
+            return 0.0
+        fit = self._coefficients()
+        if fit is None:
+            return None
+        intercept, per_token = fit
+        return intercept + per_token * tokens
+
+    def typical_tokens(self) -> int:
+        """The mean size of the steps seen (0 before any)."""
+        if not self._steps:
+            return 0
+        return round(sum(t for t, _ in self._steps) / len(self._steps))
+
+    def _coefficients(self) -> tuple[float, float] | None:
+        if self._fit is not None:
+            return self._fit
+        if len(self._steps) < self._min_samples:
+            return None
+        n = len(self._steps)
+        mean_t = sum(t for t, _ in self._steps) / n
+        mean_s = sum(s for _, s in self._steps) / n
+        var = sum((t - mean_t) ** 2 for t, _ in self._steps)
+        if var <= 0:
+            return None  # One size only: no slope to fit.
+        per_token = sum((t - mean_t) * (s - mean_s)
+                        for t, s in self._steps) / var
+        if per_token <= 0:
+            return None  # Noise larger than the signal: not yet.
+        # A step's fixed cost is never negative.
+        intercept = max(0.0, mean_s - per_token * mean_t)
+        self._fit = (intercept, per_token)
+        return self._fit
+
+
+def scaled_target(target: dict[str, Any], factor: float) -> dict[str, Any]:
+    """``target`` with its compute ``factor`` times as fast (its FLOP rate
+    and memory bandwidth both), named as measured."""
+    if factor <= 0:
+        raise ValueError("factor must be positive")
+    scaled = copy.deepcopy(target)
+    compute = scaled.setdefault("compute", {})
+    for key in ("dense_tflops", "mem_gbs"):
+        if key in compute:
+            compute[key] = float(compute[key]) * factor
+    scaled["name"] = f"{target.get('name', 'target')}+server-prefill"
+    scaled["description"] = (f"{target.get('name', 'target')} with its compute "
+                             f"scaled by {factor:.4g} to the server's measured "
+                             "prefill")
+    return scaled

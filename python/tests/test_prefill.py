@@ -1,0 +1,53 @@
+"""kvc.prefill: the server's prefill learnt from its steps, and a target
+rescaled to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvc.prefill import PrefillClock, scaled_target
+
+
+def test_fits_the_steps_it_saw() -> None:
+    clock = PrefillClock(min_samples=3)
+    assert clock.seconds(100) is None and not clock.ready
+    for tokens in (100, 200, 400, 800):
+        clock.observe(tokens, 0.002 + 1e-4 * tokens)
+    assert clock.ready
+    assert clock.seconds(600) == pytest.approx(0.062)
+    assert clock.seconds(0) == 0.0
+    assert clock.typical_tokens() == 375
+
+
+def test_needs_more_than_one_size_and_a_positive_slope() -> None:
+    clock = PrefillClock(min_samples=2)
+    clock.observe(256, 0.01)
+    clock.observe(256, 0.02)
+    assert not clock.ready  # one size: no slope
+    clock = PrefillClock(min_samples=2)
+    clock.observe(100, 0.02)
+    clock.observe(200, 0.01)
+    assert not clock.ready  # noise: shorter steps took longer
+    clock.observe(0, 1.0)  # ignored
+    assert clock.steps == 2
+
+
+def test_keeps_the_recent_steps() -> None:
+    clock = PrefillClock(samples=4, min_samples=2)
+    for tokens in (100, 200, 300, 400):
+        clock.observe(tokens, 1e-3 * tokens)
+    for tokens in (100, 200, 300, 400):
+        clock.observe(tokens, 2e-3 * tokens)
+    assert clock.seconds(1000) == pytest.approx(2.0)
+
+
+def test_scaled_target() -> None:
+    target = {"name": "cpu", "compute": {"dense_tflops": 1.0, "mem_gbs": 10.0,
+                                         "kind": "cpu"}, "tiers": [{"a": 1}]}
+    scaled = scaled_target(target, 0.5)
+    assert scaled["compute"] == {"dense_tflops": 0.5, "mem_gbs": 5.0,
+                                 "kind": "cpu"}
+    assert scaled["tiers"] == target["tiers"]
+    assert target["compute"]["dense_tflops"] == 1.0  # not changed
+    with pytest.raises(ValueError):
+        scaled_target(target, 0)

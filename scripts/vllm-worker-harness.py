@@ -170,6 +170,17 @@ def main() -> int:
             # Its file:// tier is "ssd", as --bundle's plans name it.
             "target": "h100-sxm"}))
     worker = KvcConnector(vllm_config, KVConnectorRole.WORKER, None)
+    # vLLM's scheduler side, stood in for: it decides each load (the worker
+    # runs the decision as it stands).
+    extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+    scheduler = kvc.Connector(str(model_dir), extra["stores"], policy="always",
+                              chunk_tokens=CHUNK, strategies=["kv"],
+                              target=extra["target"], bundles=args.bundle)
+
+    def decided(request_id: str, tokens: list[int]) -> Any:
+        decision = scheduler.decide(request_id, tokens, 0)
+        scheduler.cancel(request_id)
+        return decision
     # The worker logs each load's metrics at debug level: kept by request.
     loads: dict[str, dict[str, Any]] = {}
 
@@ -262,7 +273,7 @@ def main() -> int:
     # 2. Request b: the same prompt's whole chunks loaded into its blocks.
     loaded = (length - 1) // CHUNK * CHUNK
     meta = KvcConnectorMetadata(loads=[LoadSpec(
-        "b", prompt[:loaded + 1], loaded, 0, tables["b"])])
+        "b", prompt[:-1], loaded, 0, tables["b"], decided("b", prompt[:-1]))])
     sync()
     start = time.perf_counter()
     _, _, errors = step(meta, set())
@@ -344,7 +355,7 @@ def main() -> int:
     # 4. Request c: a corrupt object is reported, never served.
     corrupt_one_object(store)
     meta = KvcConnectorMetadata(loads=[LoadSpec(
-        "c", prompt[:loaded + 1], loaded, 0, tables["c"])])
+        "c", prompt[:-1], loaded, 0, tables["c"], decided("c", prompt[:-1]))])
     _, _, errors = step(meta, set())
     good = bool(errors) and errors <= set(tables["c"])
     ok &= good
@@ -352,6 +363,7 @@ def main() -> int:
           f"{sorted(errors)} reported for recompute: "
           f"{'ok' if good else 'FAILED'}")
     worker.shutdown()
+    scheduler.close()
     print(f"harness: {'ok' if ok else 'FAILED'}")
     return 0 if ok else 1
 

@@ -160,6 +160,10 @@ struct Priced {
 
 std::string codecKey(const CodecSpec &codec) { return codec.str(); }
 
+/// decide prices loads of all a holding holds and, for the strategies that
+/// only load, of its first 1/k .. (k-1)/k.
+constexpr int64_t kLoadFractions = 8;
+
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -405,6 +409,61 @@ struct Connector::State {
 
   /// Forgets request `id`'s decision and load (a save of the same id goes
   /// on) and starts it again with `tokens`.
+  /// A load of tokens [0, length) of an n-token request from `held`: the
+  /// planner's request (every form and encoding the store holds of it in
+  /// that layout), its shape's key, and what it reads, in words.
+  struct Candidate {
+    planning::Request request;
+    std::string key;
+    std::string what;
+  };
+  Candidate candidate(const Lookup &found, const Lookup::Held &held,
+                      int64_t length, int64_t n, int64_t onDevice) const {
+    const int64_t ct = held.layout.chunkTokens;
+    Candidate out;
+    out.request.tokens = length;
+    out.request.maxKl = options.plans.maxKl;
+    // The server's own pass: its tokens rounded up to a chunk, so that
+    // requests of one shape share a plan.
+    out.request.forwardTokens = (n - length + ct - 1) / ct * ct;
+    // The plan restores [0, length); the server's own tokens only narrow
+    // the strategies (and are skipped when it runs): requests share it.
+    out.key = std::to_string(length) + "|" +
+              std::to_string(out.request.forwardTokens) + "|" +
+              (onDevice == 0 ? "0" : onDevice % ct ? "in" : "at") + "|" +
+              std::to_string(held.store) + "|" + std::to_string(ct) + "x" +
+              std::to_string(held.layout.layerGroup);
+    for (const Lookup::Held &other : found.held) {
+      if (other.store != held.store ||
+          other.layout.chunkTokens != held.layout.chunkTokens ||
+          other.layout.layerGroup != held.layout.layerGroup ||
+          other.match.tokens < length)
+        continue;
+      planning::Source source;
+      source.tier = stores[held.store].tier;
+      source.form = other.match.form;
+      source.codec = other.match.codec;
+      source.box = {0, length, 0, options.model->config().numLayers};
+      source.tokenGroup = ct;
+      source.layerGroup = other.layout.layerGroup;
+      out.request.sources.push_back(source);
+      out.key += "|" + std::string(name(source.form)) + ":" +
+                 codecKey(source.codec);
+      out.what += std::string(out.what.empty() ? "" : ", ") +
+                  name(source.form) + " " + source.codec.str();
+    }
+    return out;
+  }
+
+  /// Store `store`'s chunks in `layout`, or null where it has none open.
+  ChunkStore *layoutOf(int store, const StoreLayout &layout) const {
+    for (const auto &open : stores[store].layouts)
+      if (open->layout().chunkTokens == layout.chunkTokens &&
+          open->layout().layerGroup == layout.layerGroup)
+        return open.get();
+    return nullptr;
+  }
+
   Request &renew(const std::string &id, const std::vector<int32_t> &tokens,
                  int64_t onDevice) {
     Request &request = requests[id];
@@ -630,7 +689,8 @@ StatusOr<Lookup> Connector::lookup(const std::vector<int32_t> &tokens) {
 
 StatusOr<Decision> Connector::decide(const std::string &id,
                                      const std::vector<int32_t> &tokens,
-                                     int64_t tokensOnDevice) {
+                                     int64_t tokensOnDevice,
+                                     std::optional<double> recomputeSeconds) {
   State &s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   const int64_t n = int64_t(tokens.size());
@@ -641,11 +701,16 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                   "ConnectorOptions::target has no tiers");
   const int64_t onDevice = tokensOnDevice;
   KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
-  KVC_ASSIGN_OR_RETURN(all, s.computePrice(n));
-  KVC_ASSIGN_OR_RETURN(resident, s.computePrice(onDevice));
   Decision decision;
   decision.loadTokens = onDevice;
-  decision.recomputeSeconds = decision.predictedSeconds = all - resident;
+  if (recomputeSeconds) {
+    decision.recomputeSeconds = *recomputeSeconds;
+  } else {
+    KVC_ASSIGN_OR_RETURN(all, s.computePrice(n));
+    KVC_ASSIGN_OR_RETURN(resident, s.computePrice(onDevice));
+    decision.recomputeSeconds = all - resident;
+  }
+  decision.predictedSeconds = decision.recomputeSeconds;
 
   // Candidates: per store and layout, each prefix length its holdings end
   // at (whole chunks, leaving the server at least one token), loaded from
@@ -669,8 +734,8 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   bool loadable = false; // Whether any holding reaches past the server's.
   for (const Lookup::Held &held : found.held) {
     const int64_t ct = held.layout.chunkTokens;
-    const int64_t length = std::min(held.match.tokens, n - 1) / ct * ct;
-    if (length <= onDevice)
+    const int64_t whole = std::min(held.match.tokens, n - 1) / ct * ct;
+    if (whole <= onDevice)
       continue;
     loadable = true;
     // A server prefix that ends inside a chunk: the chunk is loaded and
@@ -678,51 +743,36 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     // and hidden states (projected per chunk) do not.
     const std::vector<Strategy> &allowed =
         onDevice % ct == 0 ? strategies : offGrid;
-    planning::Request request;
-    request.tokens = length;
-    request.maxKl = s.options.plans.maxKl;
-    // The server's own pass: its tokens rounded up to a chunk, so that
-    // requests of one shape share a plan.
-    request.forwardTokens = (n - length + ct - 1) / ct * ct;
-    std::string key = std::to_string(length) + "|" +
-                      std::to_string(request.forwardTokens) + "|" +
-                      // The plan restores [0, length); the server's own
-                      // tokens only narrow the strategies (and are skipped
-                      // when it runs): requests share it.
-                      (onDevice == 0 ? "0" : onDevice % ct ? "in" : "at") +
-                      "|" +
-                      std::to_string(held.store) + "|" +
-                      std::to_string(ct) + "x" +
-                      std::to_string(held.layout.layerGroup);
-    std::string what;
-    for (const Lookup::Held &other : found.held) {
-      if (other.store != held.store ||
-          other.layout.chunkTokens != held.layout.chunkTokens ||
-          other.layout.layerGroup != held.layout.layerGroup ||
-          other.match.tokens < length)
-        continue;
-      planning::Source source;
-      source.tier = s.stores[held.store].tier;
-      source.form = other.match.form;
-      source.codec = other.match.codec;
-      source.box = {0, length, 0, s.options.model->config().numLayers};
-      source.tokenGroup = ct;
-      source.layerGroup = other.layout.layerGroup;
-      request.sources.push_back(source);
-      key += "|" + std::string(name(source.form)) + ":" + codecKey(source.codec);
-      what += std::string(what.empty() ? "" : ", ") + name(source.form) + " " +
-              source.codec.str();
-    }
+    // All it holds, and, for the strategies that only load (the others
+    // choose their own split of the tokens), shorter prefixes in eighths:
+    // the server computes the rest beside the load, and where the link is
+    // slow a shorter load meets its pass sooner.
+    std::vector<Strategy> loadOnly;
     for (Strategy strategy : allowed)
-      key += std::string("|") + planning::strategyName(strategy);
-    auto cached = s.prices.find(key);
-    if (cached == s.prices.end()) {
-      KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, allowed));
-      cached = s.prices.emplace(key, priced).first;
+      if (strategy == Strategy::Kv || strategy == Strategy::Hidden)
+        loadOnly.push_back(strategy);
+    std::vector<std::pair<int64_t, const std::vector<Strategy> *>> lengths = {
+        {whole, &allowed}};
+    if (s.options.policy == LoadPolicy::Cheapest && !loadOnly.empty())
+      for (int64_t eighth = kLoadFractions - 1; eighth > 0; --eighth) {
+        const int64_t length = whole * eighth / kLoadFractions / ct * ct;
+        if (length > onDevice && length < lengths.back().first)
+          lengths.emplace_back(length, &loadOnly);
+      }
+    for (const auto &[length, tried] : lengths) {
+      auto [request, key, what] =
+          s.candidate(found, held, length, n, onDevice);
+      for (Strategy strategy : *tried)
+        key += std::string("|") + planning::strategyName(strategy);
+      auto cached = s.prices.find(key);
+      if (cached == s.prices.end()) {
+        KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, *tried));
+        cached = s.prices.emplace(key, priced).first;
+      }
+      if (cached->second.seconds < best.priced.seconds)
+        best = {cached->second, length, held.store, held.layout, request, key,
+                what};
     }
-    if (cached->second.seconds < best.priced.seconds)
-      best = {cached->second, length, held.store, held.layout, request, key,
-              what};
   }
 
   Request &request = s.renew(id, tokens, onDevice);
@@ -760,6 +810,8 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     decision.loadTokens = best.tokens;
     decision.strategy = planning::strategyName(best.priced.strategy);
     decision.predictedSeconds = best.priced.seconds;
+    decision.store = best.store;
+    decision.layout = best.layout;
     // A plan of strategy kv or hidden loads every token it restores; the
     // others compute some of them beside the loads.
     decision.why = "restores " + std::to_string(best.tokens) + " of " +
@@ -771,14 +823,72 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     if (best.priced.seconds >= decision.recomputeSeconds)
       decision.why += ", loaded all the same (LoadPolicy::Always)";
     request.plan = std::move(plan);
-    ChunkStore *store = nullptr;
-    for (const auto &layout : s.stores[best.store].layouts)
-      if (layout->layout().chunkTokens == best.layout.chunkTokens &&
-          layout->layout().layerGroup == best.layout.layerGroup)
-        store = layout.get();
-    request.stores[s.stores[best.store].tier] = store;
+    request.stores[s.stores[best.store].tier] =
+        s.layoutOf(best.store, best.layout);
   }
   request.decision = decision;
+  return decision;
+}
+
+StatusOr<Decision> Connector::decide(const std::string &id,
+                                     const std::vector<int32_t> &tokens,
+                                     int64_t tokensOnDevice,
+                                     const Decided &decided) {
+  State &s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  const int64_t n = int64_t(tokens.size());
+  KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
+  std::optional<planning::Strategy> strategy =
+      planning::parseStrategy(decided.strategy);
+  if (!strategy)
+    return invalidArgument("connector: no strategy " + decided.strategy);
+  if (decided.store < 0 || decided.store >= int(s.stores.size()) ||
+      !s.layoutOf(decided.store, decided.layout))
+    return invalidArgument(
+        "connector: no store " + std::to_string(decided.store) +
+        " in layout " + std::to_string(decided.layout.chunkTokens) + "x" +
+        std::to_string(decided.layout.layerGroup));
+  const int64_t ct = decided.layout.chunkTokens;
+  if (decided.loadTokens <= tokensOnDevice || decided.loadTokens >= n + 1 ||
+      decided.loadTokens % ct)
+    return invalidArgument("connector: a decided load of " +
+                           std::to_string(decided.loadTokens) +
+                           " tokens, not whole chunks past the server's " +
+                           std::to_string(tokensOnDevice) + " of " +
+                           std::to_string(n));
+  KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
+  const Lookup::Held *holding = nullptr;
+  for (const Lookup::Held &held : found.held)
+    if (held.store == decided.store &&
+        held.layout.chunkTokens == ct &&
+        held.layout.layerGroup == decided.layout.layerGroup &&
+        held.match.tokens >= decided.loadTokens)
+      holding = &held;
+  if (!holding)
+    return Status(StatusCode::NotFound,
+                  "connector: store " + s.stores[decided.store].spec.url +
+                      " no longer holds the " +
+                      std::to_string(decided.loadTokens) +
+                      " tokens decided for request " + id);
+  auto [request, key, what] =
+      s.candidate(found, *holding, decided.loadTokens, n, tokensOnDevice);
+  key += std::string("|as:") + planning::strategyName(*strategy);
+  KVC_ASSIGN_OR_RETURN(plan, s.planFor(key, request, ct, *strategy));
+  Decision decision;
+  decision.loadTokens = decided.loadTokens;
+  decision.strategy = planning::strategyName(*strategy);
+  decision.store = decided.store;
+  decision.layout = decided.layout;
+  decision.why = "runs the decision it was given: restores " +
+                 std::to_string(decided.loadTokens) + " of " +
+                 std::to_string(n) + " tokens by " + decision.strategy +
+                 " (" + what + " stored in " +
+                 s.stores[decided.store].spec.url + ")";
+  Request &entry = s.renew(id, tokens, tokensOnDevice);
+  entry.plan = std::move(plan);
+  entry.stores[s.stores[decided.store].tier] =
+      s.layoutOf(decided.store, decided.layout);
+  entry.decision = decision;
   return decision;
 }
 

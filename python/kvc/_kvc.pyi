@@ -44,6 +44,9 @@ class Decision:
     predicted_seconds: float
     recompute_seconds: float
     why: str
+    store: int
+    chunk_tokens: int
+    layer_group: int
     loads: bool
 
 class Connector:
@@ -58,7 +61,12 @@ class Connector:
                         layout: str) -> None: ...
     def lookup(self, tokens: Sequence[int]) -> Lookup: ...
     def decide(self, id: str, tokens: Sequence[int],
-               tokens_on_device: int) -> Decision: ...
+               tokens_on_device: int,
+               recompute_seconds: float | None = None) -> Decision: ...
+    def decide_as(self, id: str, tokens: Sequence[int],
+                  tokens_on_device: int, load_tokens: int, strategy: str,
+                  store: int, chunk_tokens: int,
+                  layer_group: int) -> Decision: ...
     def start_load(self, id: str, block_ids: Sequence[int]) -> None: ...
     def wait_layer(self, id: str, layer: int,
                    timeout: float | None) -> None: ...

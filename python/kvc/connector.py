@@ -142,6 +142,12 @@ class Decision:
     predicted_seconds: float
     recompute_seconds: float
     why: str
+    store: int = -1
+    """The store the load reads (an index into the Connector's stores);
+    -1 when nothing loads."""
+    chunk_tokens: int = 0
+    layer_group: int = 0
+    """The layout of the holding it reads."""
 
     @property
     def loads(self) -> bool:
@@ -241,13 +247,31 @@ class Connector:
             from_index=found.from_index)
 
     def decide(self, request_id: str, tokens: Tokens,
-               tokens_on_device: int = 0) -> Decision:
+               tokens_on_device: int = 0,
+               recompute_seconds: float | None = None) -> Decision:
         """Decides how much of request ``request_id``'s prompt ``tokens`` to
         load, when the server's own cache already holds its first
-        ``tokens_on_device``. Remembers the request until :meth:`cancel`."""
-        d = self._get().decide(request_id, token_list(tokens), tokens_on_device)
-        return Decision(d.load_tokens, d.strategy, d.predicted_seconds,
-                        d.recompute_seconds, d.why)
+        ``tokens_on_device``. ``recompute_seconds``: what recomputing the
+        tokens past those takes the server, where it measures it (policy
+        ``cheapest`` loads only what is predicted faster); None: the
+        target's price. Remembers the request until :meth:`cancel`."""
+        return _decision(self._get().decide(
+            request_id, token_list(tokens), tokens_on_device,
+            recompute_seconds))
+
+    def decide_as(self, request_id: str, tokens: Tokens,
+                  tokens_on_device: int, decided: Decision) -> Decision:
+        """Runs another Connector's decision (a server's scheduler's, over
+        the same stores) for request ``request_id``: the plan of its
+        strategy over its holding, nothing priced or chosen again. Raises
+        :class:`kvc.Error` (``not_found``) where the holding no longer
+        covers the decided tokens."""
+        if not decided.loads:
+            raise Error("a decision that loads nothing", "invalid_argument")
+        return _decision(self._get().decide_as(
+            request_id, token_list(tokens), tokens_on_device,
+            decided.load_tokens, decided.strategy, decided.store,
+            decided.chunk_tokens, decided.layer_group))
 
     def start_load(self, request_id: str, block_ids: Sequence[int]) -> None:
         """Starts the decided load into ``block_ids`` (the request's block
@@ -328,6 +352,12 @@ class Connector:
         if self._connector is None:
             raise Error("the connector is closed", "failed_precondition")
         return self._connector
+
+
+def _decision(d: Any) -> Decision:
+    return Decision(d.load_tokens, d.strategy, d.predicted_seconds,
+                    d.recompute_seconds, d.why, d.store, d.chunk_tokens,
+                    d.layer_group)
 
 
 def compile_restore(model: Model, store: str, tokens: Tokens, *,

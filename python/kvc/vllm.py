@@ -63,16 +63,18 @@ _RECALIBRATE_DRIFT = 0.1
 
 @dataclass
 class LoadSpec:
-    """A request's load this step: its prompt up to one token past the
-    loaded ones (kvc, like vLLM, leaves the server at least one token to
-    compute), how many it loads and how many vLLM already holds, and its
-    block table."""
+    """A request's load this step: its prompt but the last token (kvc, like
+    vLLM, leaves the server at least one token to compute), how many it
+    loads and how many vLLM already holds, its block table, and how (the
+    scheduler's decision: the worker decides nothing again)."""
 
     request_id: str
     tokens: list[int]
     loaded: int
     tokens_on_device: int
     block_ids: list[int]
+    decision: Decision
+    """The scheduler's decision, which the worker runs as it stands."""
     tenant: str = ""
     asynchronous: bool = False
     cancelled: bool = False
@@ -198,19 +200,17 @@ class KvcConnector(KVConnectorBase_V1):
         dtype = cache_dtype if cache_dtype != "auto" else \
             str(model_config.dtype).removeprefix("torch.")
         self._tenant = f"{tenant}|dtype={dtype}"
-        # policy cheapest against vLLM's measured prefill: kvc prices the
-        # best load and this class compares it with the prefill (_choose).
+        # policy cheapest against vLLM's measured prefill (PrefillClock).
         self._measured = role == KVConnectorRole.SCHEDULER and \
             policy == "cheapest" and prefill == "measured"
         self._clock = PrefillClock()
         self._base_target: dict[str, Any] = options["target"]
         self._target_factor: float | None = None
-        self._pricer: Connector | None = None
         self._step: tuple[float, int] | None = None
         self.decisions: deque[DecisionRecord] = deque(maxlen=4096)
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler decides; the worker loads exactly what it decided.
-            options.update(policy="always" if self._measured else policy)
+            options.update(policy=policy)
         else:
             options.update(policy="always", recompute_failures=False)
         self._model = Model(model)
@@ -227,6 +227,7 @@ class KvcConnector(KVConnectorBase_V1):
         # get_num_new_matched_tokens found vLLM holds.
         self._tenants: dict[str, str] = {}
         self._on_device: dict[str, int] = {}
+        self._decided: dict[str, Decision] = {}
         self._pending_loads: dict[str, LoadSpec] = {}
         self._prefills: dict[str, SaveSpec] = {}
         self._saving: set[str] = set()
@@ -295,59 +296,48 @@ class KvcConnector(KVConnectorBase_V1):
         tenant = self._tenants.get(request.request_id)
         if tenant is None or len(tokens) <= num_computed_tokens:
             return 0, False
+        recompute = None
+        if self._measured:
+            # Priced against vLLM's measured prefill of what it would
+            # compute: nothing loads until that is measured.
+            recompute = self._clock.seconds(len(prompt) - num_computed_tokens) \
+                if self._target_factor is not None else None
+            if recompute is None:
+                self._record(request.request_id, len(prompt),
+                             num_computed_tokens, None, None,
+                             "recomputes: vLLM's prefill is not measured yet "
+                             f"({self._clock.steps} steps seen)")
+                return 0, False
         try:
             decision = self._kvc_for(tenant).decide(
-                request.request_id, tokens, num_computed_tokens)
+                request.request_id, tokens, num_computed_tokens, recompute)
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
             return 0, False
-        decision = self._choose(request.request_id, len(prompt),
-                                num_computed_tokens, decision)
-        logger.debug("kvc: request %s: %s", request.request_id, decision.why)
+        why = decision.why.replace("recomputing", "vLLM's measured prefill of") \
+            if self._measured else decision.why
+        self._record(request.request_id, len(prompt), num_computed_tokens,
+                     decision, recompute if self._measured else
+                     decision.recompute_seconds, why)
+        logger.debug("kvc: request %s: %s", request.request_id, why)
         self._on_device[request.request_id] = num_computed_tokens
         if not decision.loads:
             return 0, False
+        self._decided[request.request_id] = decision
         external = max(0, decision.load_tokens - num_computed_tokens)
         return external, self._async and external > 0
 
-    def _choose(self, request_id: str, prompt_tokens: int, on_device: int,
-                decision: Decision) -> Decision:
-        """``decision`` as it stands against vLLM's measured prefill of the
-        tokens past its own (policy cheapest with ``prefill: measured``:
-        kvc priced its best load, ``decision``, and the load is kept only
-        when its first token comes earlier); recorded in
-        :attr:`decisions`."""
-        recompute: float | None = decision.recompute_seconds
-        if self._measured:
-            recompute = self._clock.seconds(prompt_tokens - on_device) \
-                if self._target_factor is not None else None
-            if not decision.loads:
-                pass
-            elif recompute is None:
-                decision = Decision(on_device, "", decision.predicted_seconds,
-                                    0.0, "recomputes: vLLM's prefill is not "
-                                    f"measured yet ({self._clock.steps} steps "
-                                    "seen)")
-            elif decision.predicted_seconds >= recompute:
-                decision = Decision(
-                    on_device, "", decision.predicted_seconds, recompute,
-                    f"recomputes: loading {decision.load_tokens} tokens by "
-                    f"{decision.strategy} is predicted at "
-                    f"{decision.predicted_seconds * 1e3:.2f} ms, not faster "
-                    f"than vLLM's measured {recompute * 1e3:.2f} ms")
-            else:
-                decision = Decision(
-                    decision.load_tokens, decision.strategy,
-                    decision.predicted_seconds, recompute,
-                    f"{decision.why.split(': first token')[0]}: first token "
-                    f"predicted at {decision.predicted_seconds * 1e3:.2f} ms "
-                    f"against vLLM's measured {recompute * 1e3:.2f} ms")
+    def _record(self, request_id: str, prompt_tokens: int, on_device: int,
+                decision: Decision | None, recompute: float | None,
+                why: str) -> None:
+        loads = decision is not None and decision.loads
         self.decisions.append(DecisionRecord(
             request_id, prompt_tokens, on_device,
-            decision.load_tokens if decision.loads else on_device,
-            decision.predicted_seconds, recompute, decision.why))
-        return decision
+            decision.load_tokens if decision is not None and loads
+            else on_device,
+            decision.predicted_seconds if decision is not None else 0.0,
+            recompute, why))
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -357,8 +347,9 @@ class KvcConnector(KVConnectorBase_V1):
         on_device = self._on_device.get(request.request_id, 0)
         loaded = on_device + num_external_tokens
         self._pending_loads[request.request_id] = LoadSpec(
-            request.request_id, list(request.prompt_token_ids or [])[:loaded + 1],
+            request.request_id, list(request.prompt_token_ids or [])[:-1],
             loaded, on_device, list(blocks.get_block_ids()[0]),
+            self._decided[request.request_id],
             tenant=self._tenants[request.request_id], asynchronous=self._async)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput"
@@ -434,17 +425,17 @@ class KvcConnector(KVConnectorBase_V1):
         measured = self._clock.seconds(tokens)
         if measured is None or measured <= 0:
             return
-        if self._pricer is None:
-            self._pricer = Connector(self._model, ["mem://"],
-                                     target=self._base_target, policy="never",
-                                     chunk_tokens=self._chunk_tokens)
+        # The planner prices the server's pass over the tokens a load leaves
+        # it as one chunk: the same as a prefill of one chunk of them all.
+        chunk = -(-tokens // 16) * 16
         try:
-            priced = self._pricer.decide("kvc-prefill-price", [0] * tokens, 0)
+            with Connector(self._model, ["mem://"], target=self._base_target,
+                           policy="never", chunk_tokens=chunk) as pricer:
+                priced = pricer.decide("kvc-prefill-price", [0] * tokens, 0)
         except Error as error:
             logger.warning("kvc: pricing a prefill of %d tokens: %s", tokens,
                            error)
             return
-        _cancel(self._pricer, "kvc-prefill-price")
         factor = priced.recompute_seconds / measured
         if self._target_factor is not None and \
                 abs(factor / self._target_factor - 1) <= _RECALIBRATE_DRIFT:
@@ -465,6 +456,7 @@ class KvcConnector(KVConnectorBase_V1):
         self._prefills.pop(req_id, None)
         self._pending_loads.pop(req_id, None)
         self._on_device.pop(req_id, None)
+        self._decided.pop(req_id, None)
         tenant = self._tenants.pop(req_id, None)
         if tenant is not None:
             _cancel(self._kvc_for(tenant), req_id)
@@ -539,12 +531,9 @@ class KvcConnector(KVConnectorBase_V1):
             kvc = self._kvc_for(load.tenant)
             self._kvc_of[load.request_id] = kvc
             try:
-                decision = kvc.decide(load.request_id, load.tokens,
-                                      load.tokens_on_device)
-                if decision.load_tokens < load.loaded:
-                    raise Error(f"the stores hold {decision.load_tokens} of the "
-                                f"{load.loaded} tokens the scheduler "
-                                "decided to load", "not_found")
+                # As the scheduler decided: nothing is priced again.
+                kvc.decide_as(load.request_id, load.tokens,
+                              load.tokens_on_device, load.decision)
                 kvc.start_load(load.request_id, self._load_table(load))
                 if load.asynchronous:
                     self._receiving[load.request_id] = load
@@ -662,8 +651,7 @@ class KvcConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         for kvc in self._kvcs.values():
             kvc.close()
-        if self._pricer is not None:
-            self._pricer.close()
+
 
     # -- Worker helpers -------------------------------------------------------
 

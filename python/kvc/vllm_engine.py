@@ -13,6 +13,7 @@ it, with or without kvc's connector::
      "prefix_caching": false, "max_model_len": 1024,
      "connector": {"stores": ["file:///tmp/store"], ...},   # or null
      "failure_policy": "recompute",
+     "transfer": null,     # or another connector's KVTransferConfig fields
      "phases": [
        {"generate": [{"tokens": [1, 2, ...], "salt": "a"}, ...],
         "max_tokens": 8},
@@ -77,7 +78,9 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm.config import KVTransferConfig
 
     transfer = None
-    if spec.get("connector") is not None:
+    if spec.get("transfer") is not None:
+        transfer = KVTransferConfig(**spec["transfer"])
+    elif spec.get("connector") is not None:
         transfer = KVTransferConfig(
             kv_connector="KvcConnector", kv_connector_module_path="kvc.vllm",
             kv_role="kv_both",

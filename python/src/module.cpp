@@ -427,6 +427,11 @@ NB_MODULE(_kvc, m) {
       .def_ro("predicted_seconds", &host::Decision::predictedSeconds)
       .def_ro("recompute_seconds", &host::Decision::recomputeSeconds)
       .def_ro("why", &host::Decision::why)
+      .def_ro("store", &host::Decision::store)
+      .def_prop_ro("chunk_tokens",
+                   [](const host::Decision &d) { return d.layout.chunkTokens; })
+      .def_prop_ro("layer_group",
+                   [](const host::Decision &d) { return d.layout.layerGroup; })
       .def_prop_ro("loads", &host::Decision::loads);
 
   nb::class_<PyConnector>(m, "Connector")
@@ -457,10 +462,28 @@ NB_MODULE(_kvc, m) {
       .def(
           "decide",
           [](PyConnector &c, const std::string &id,
-             const std::vector<int32_t> &tokens, int64_t onDevice) {
-            return take(c.get().decide(id, tokens, onDevice));
+             const std::vector<int32_t> &tokens, int64_t onDevice,
+             std::optional<double> recomputeSeconds) {
+            return take(c.get().decide(id, tokens, onDevice, recomputeSeconds));
           },
-          "id"_a, "tokens"_a, "tokens_on_device"_a, Release())
+          "id"_a, "tokens"_a, "tokens_on_device"_a,
+          "recompute_seconds"_a = nb::none(), Release())
+      .def(
+          "decide_as",
+          [](PyConnector &c, const std::string &id,
+             const std::vector<int32_t> &tokens, int64_t onDevice,
+             int64_t loadTokens, const std::string &strategy, int store,
+             int64_t chunkTokens, int64_t layerGroup) {
+            host::Decided decided;
+            decided.loadTokens = loadTokens;
+            decided.strategy = strategy;
+            decided.store = store;
+            decided.layout = {chunkTokens, layerGroup};
+            return take(c.get().decide(id, tokens, onDevice, decided));
+          },
+          "id"_a, "tokens"_a, "tokens_on_device"_a, "load_tokens"_a,
+          "strategy"_a, "store"_a, "chunk_tokens"_a, "layer_group"_a,
+          Release())
       .def(
           "start_load",
           [](PyConnector &c, const std::string &id,

@@ -7,6 +7,7 @@ prefill writes."""
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -283,15 +284,61 @@ def test_an_abort_during_an_asynchronous_load(model_dir: str,
 def test_kvc_declines_when_recomputing_is_faster(model_dir: str,
                                                  tmp_path: Path) -> None:
     # A store behind a very slow link: the Cheapest policy leaves the prompt
-    # to vLLM's prefill.
-    engine = Engine(model_dir, [f"file://{tmp_path}/store?gbps=0.0001"])
+    # to vLLM's prefill (priced by the target: this harness's forward pass
+    # is not vLLM's, test_vllm_engine.py prices a real one); and one that
+    # loads faster than the target's prefill is loaded.
     prompt = prompt_of(1, 200)
-    engine.add("a", prompt)
+    for gbps, loaded in ((0.0001, 0), (100, 192)):
+        engine = Engine(model_dir, [f"file://{tmp_path}/store?gbps={gbps}"],
+                        prefill="target")
+        engine.add("a", prompt)
+        engine.run()
+        engine.add("b", prompt)
+        engine.run()
+        assert engine.loaded["b"] == loaded
+        engine.assert_empty()
+
+
+def test_the_worker_runs_the_schedulers_decision(model_dir: str,
+                                                 tmp_path: Path,
+                                                 caplog: Any) -> None:
+    # The scheduler decides b's load while the store holds two of its
+    # chunks; a third is stored before the worker starts the load. The
+    # worker loads the two it was told to (vLLM computes the rest), and
+    # never decides again.
+    store = f"file://{tmp_path}/store"
+    engine = Engine(model_dir, [store], policy="always", strategies=["kv"])
+    prompt = prompt_of(1, 200)
+    engine.add("a", prompt[:129])
     engine.run()
     engine.add("b", prompt)
-    engine.run()
-    assert engine.loaded["b"] == 0
-    engine.assert_empty()
+    out = engine.scheduler.schedule()
+    (load,) = out.kv_connector_metadata.loads
+    assert (load.loaded, load.decision.load_tokens) == (128, 128)
+    other = Engine(model_dir, [store], policy="always", strategies=["kv"])
+    other.add("c", prompt)
+    other.run()
+    assert other.loaded["c"] == 128  # and it saved the third chunk
+
+    def no_second_decision(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the worker decided again")
+
+    for tenant_kvc in engine.worker._kvcs.values():
+        tenant_kvc.decide = no_second_decision  # type: ignore[method-assign]
+    engine.worker.bind_connector_metadata(out.kv_connector_metadata)
+    with caplog.at_level(logging.DEBUG, logger="kvc.vllm"):
+        engine.worker.start_load_kv(None)  # type: ignore[arg-type]
+        engine.worker.wait_for_save()
+    engine.worker.clear_connector_metadata()
+    loaded = [r.args for r in caplog.records
+              if r.msg == "kvc: request %s loaded: %s"]
+    assert loaded and loaded[0][0] == "b"
+    # Two chunks of every layer (objects of one size each), nothing more.
+    sizes = {p.stat().st_size for p in (tmp_path / "store").rglob("*")
+             if p.is_file() and "layouts" not in p.parts}
+    assert len(sizes) == 1
+    assert sum(loaded[0][1]["bytes_read"].values()) == \
+        2 * LAYERS * sizes.pop(), loaded[0][1]
 
 
 def test_a_corrupt_chunk_is_recomputed_by_vllm(model_dir: str,

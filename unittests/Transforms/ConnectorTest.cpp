@@ -315,6 +315,115 @@ TEST_F(ConnectorTest, ASlowStoreIsNotLoadedFrom) {
   EXPECT_FALSE(refused->loads()) << refused->why;
 }
 
+TEST_F(ConnectorTest, AServersMeasuredRecomputeIsWhatLoadsAreWeighedAgainst) {
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(700, 7);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 44));
+  StatusOr<Decision> priced = connector->decide("b", tokens, 0);
+  ASSERT_TRUE(priced) << priced.status().toString();
+  ASSERT_TRUE(priced->loads()) << priced->why;
+  // A server that recomputes in a tenth of the best load's time: nothing
+  // loads, and the decision says against what.
+  const double fast = priced->predictedSeconds / 10;
+  StatusOr<Decision> declined = connector->decide("b", tokens, 0, fast);
+  ASSERT_TRUE(declined) << declined.status().toString();
+  EXPECT_FALSE(declined->loads()) << declined->why;
+  EXPECT_EQ(declined->recomputeSeconds, fast);
+  EXPECT_EQ(declined->store, -1);
+  // One that recomputes slowly: loaded.
+  StatusOr<Decision> loaded =
+      connector->decide("b", tokens, 0, priced->predictedSeconds * 10);
+  ASSERT_TRUE(loaded) << loaded.status().toString();
+  EXPECT_TRUE(loaded->loads()) << loaded->why;
+  EXPECT_EQ(loaded->store, 0);
+  EXPECT_EQ(loaded->layout.chunkTokens, 128);
+}
+
+TEST_F(ConnectorTest, AShorterPrefixIsLoadedWhereTheLinkIsSlow) {
+  const std::string url = options_.stores[0].url;
+  auto writer = connect();
+  ASSERT_TRUE(writer);
+  const std::vector<int32_t> tokens = prompt(1100, 8);
+  prefillAndSave(*writer, "a", tokens, blocks(0, 69));
+  // Loads only (kv): at the target's own link all 1024 stored tokens load;
+  // behind a link where loading them all takes longer than recomputing,
+  // a shorter prefix, whose load the server's pass over the rest hides,
+  // is the earliest first token.
+  options_.plans.strategies = {planning::Strategy::Kv};
+  auto fast = connect();
+  ASSERT_TRUE(fast);
+  StatusOr<Decision> all = fast->decide("b", tokens, 0);
+  ASSERT_TRUE(all) << all.status().toString();
+  EXPECT_EQ(all->loadTokens, 1024) << all->why;
+  double slowest = 0;
+  for (const char *gbps : {"1", "0.5", "0.3", "0.2", "0.1"}) {
+    options_.stores = {{url + "?gbps=" + gbps, ""}};
+    auto slow = Connector::create(options_);
+    ASSERT_TRUE(slow) << slow.status().toString();
+    StatusOr<Decision> some = (*slow)->decide("b", tokens, 0);
+    ASSERT_TRUE(some) << some.status().toString();
+    EXPECT_LE(some->predictedSeconds, some->recomputeSeconds) << some->why;
+    if (some->loads() && some->loadTokens < 1024) {
+      EXPECT_EQ(some->loadTokens % 128, 0);
+      slowest = std::max(slowest, some->recomputeSeconds);
+    }
+  }
+  EXPECT_GT(slowest, 0) << "no link made a shorter prefix the best load";
+}
+
+TEST_F(ConnectorTest, ADecisionRunsAsItStandsInAnotherConnector) {
+  auto scheduler = connect();
+  ASSERT_TRUE(scheduler);
+  const std::vector<int32_t> tokens = prompt(700, 9);
+  // The store holds the first 256 tokens when the scheduler decides.
+  std::vector<int32_t> head(tokens.begin(), tokens.begin() + 300);
+  prefillAndSave(*scheduler, "head", head, blocks(0, 19));
+  StatusOr<Decision> decided = scheduler->decide("b", tokens, 0);
+  ASSERT_TRUE(decided) << decided.status().toString();
+  ASSERT_EQ(decided->loadTokens, 256) << decided->why;
+  // Then all of it; the worker runs the decision it was given, 256 tokens.
+  prefillAndSave(*scheduler, "whole", tokens, blocks(20, 44));
+  auto worker = connect();
+  ASSERT_TRUE(worker);
+  std::fill(memory_.begin(), memory_.end(), 0);
+  Decided as{decided->loadTokens, decided->strategy, decided->store,
+             decided->layout};
+  StatusOr<Decision> ran = worker->decide("b", tokens, 0, as);
+  ASSERT_TRUE(ran) << ran.status().toString();
+  EXPECT_EQ(ran->loadTokens, 256);
+  EXPECT_EQ(ran->strategy, decided->strategy);
+  ASSERT_TRUE(worker->startLoad("b", blocks(100, 44)).isOk());
+  ASSERT_TRUE(worker->waitLoad("b"));
+  // Tokens past 256 untouched: the server computes them.
+  const ModelConfig &c = model_->config();
+  const int64_t row = c.numKvHeads * c.headDim;
+  const uint16_t *block17 = memory_.data() + (100 + 16) * 16 * row;
+  EXPECT_TRUE(std::all_of(block17, block17 + 16 * row,
+                          [](uint16_t v) { return v == 0; }));
+  prefill(tokens, 256, blocks(100, 44));
+  expectExact(tokens, blocks(100, 44));
+
+  // A holding that no longer covers it, and decisions it cannot run.
+  Decided beyond = as;
+  beyond.loadTokens = 768;
+  EXPECT_EQ(worker->decide("c", tokens, 0, beyond).status().code(),
+            StatusCode::InvalidArgument); // past the request's tokens
+  options_.stores = {{freshStore(), ""}};
+  auto empty = connect();
+  ASSERT_TRUE(empty);
+  EXPECT_EQ(empty->decide("c", tokens, 0, as).status().code(),
+            StatusCode::NotFound);
+  Decided unknown = as;
+  unknown.strategy = "teleport";
+  EXPECT_EQ(worker->decide("c", tokens, 0, unknown).status().code(),
+            StatusCode::InvalidArgument);
+  unknown = as;
+  unknown.store = 3;
+  EXPECT_EQ(worker->decide("c", tokens, 0, unknown).status().code(),
+            StatusCode::InvalidArgument);
+}
+
 TEST_F(ConnectorTest, DecisionsOfOneShapeCompileOnce) {
   auto connector = connect();
   ASSERT_TRUE(connector);

@@ -181,7 +181,24 @@ struct Decision {
   double recomputeSeconds = 0;
   /// Why, in a sentence.
   std::string why;
+  /// The holding the load reads: the store (an index into
+  /// ConnectorOptions::stores) and its layout; -1 when nothing loads.
+  int store = -1;
+  StoreLayout layout;
   bool loads() const { return !strategy.empty(); }
+};
+
+/// A decision made elsewhere (a server's scheduler, by decide) for another
+/// Connector over the same stores (its worker's) to run as it stands:
+/// nothing is priced or chosen again.
+struct Decided {
+  /// Tokens [0, loadTokens) resident once the load ends.
+  int64_t loadTokens = 0;
+  /// The plan's strategy (planning::strategyName).
+  std::string strategy;
+  /// The holding it reads, as Decision::store and Decision::layout.
+  int store = 0;
+  StoreLayout layout;
 };
 
 /// A plan chosen by the caller rather than priced by decide.
@@ -229,10 +246,23 @@ public:
 
   /// Decides request `id`'s load: `tokens` is its prompt and
   /// `tokensOnDevice` how many of them the server's own cache holds.
+  /// `recomputeSeconds`, when the server measures it, is what recomputing
+  /// the tokens past its own takes it (LoadPolicy::Cheapest loads only
+  /// what is predicted faster); else the planner prices it on the target.
   /// Remembers the request (and replaces an undecided or finished one).
+  StatusOr<Decision>
+  decide(const std::string &id, const std::vector<int32_t> &tokens,
+         int64_t tokensOnDevice,
+         std::optional<double> recomputeSeconds = std::nullopt);
+
+  /// Decides request `id`'s load as `decided` (another Connector's
+  /// decision): the plan of that strategy over that holding, compiled once
+  /// per shape, and no price. NotFound where the holding no longer covers
+  /// the tokens; InvalidArgument for a store, layout or strategy this
+  /// Connector does not have.
   StatusOr<Decision> decide(const std::string &id,
                             const std::vector<int32_t> &tokens,
-                            int64_t tokensOnDevice);
+                            int64_t tokensOnDevice, const Decided &decided);
 
   /// Decides request `id`'s load as `plan` instead of pricing one: it
   /// loads tokens [tokensOnDevice, end of the plan's tokens), reading each

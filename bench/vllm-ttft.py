@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""bench/vllm-ttft.py - time to first token inside a real vLLM engine.
+
+Runs vLLM's CPU engine (``vllm.LLM``, one process per point through
+``python -m kvc.vllm_engine``) on two workloads and reports, per point,
+the mean, P50 and P90 time to first token of the reusing round, the share
+of its prompt tokens loaded from outside vLLM (vLLM's own
+``external_prefix_cache_hits``) and its prompt throughput:
+
+- ``longdoc``: N documents of L tokens; a first round asks one question of
+  each (and stores it), a second round asks another (LMCache's long-doc QA);
+- ``prefix``: P shared prefixes, several requests per prefix with their own
+  suffixes (``vllm bench serve --dataset-name prefix_repetition``); the
+  first request of each prefix stores it.
+
+Between the rounds vLLM's own prefix cache is emptied (the KV was evicted,
+or another replica computed it): the second round reuses only what a
+connector holds. Rows: vLLM recomputing (no connector); kvc loading all it
+holds (``policy: always``); kvc deciding (``policy: cheapest`` against
+vLLM's measured prefill); vLLM's shipped ``ExampleConnector``; LMCache
+(not run: its vLLM connector refuses a CPU engine). kvc's store is a
+file:// directory behind its ``?gbps=`` throttle at each bandwidth; every
+engine first prefills warm-up prompts of several lengths (so that kvc has
+measured vLLM's prefill, and every row runs warm).
+
+    .venv/bin/python bench/vllm-ttft.py --out docs/results/vllm-ttft
+    .venv/bin/python bench/vllm-ttft.py --toy --out /tmp/ttft   # make check
+
+Writes ``results.json`` (every point's raw per-request numbers) and
+``table.md`` to ``--out``. Needs kvc's package importable (PYTHONPATH=
+build/python) and vLLM's CPU build (the project's .venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LMCACHE_WHY = ("not run: LMCache 0.5.6's vLLM connector refuses vLLM's CPU "
+               "platform (\"No supported cpu connector found\"), and the "
+               "lent GPU machine has no vLLM")
+
+
+@dataclass(frozen=True)
+class Scale:
+    hidden: int
+    layers: int
+    doc_tokens: int
+    question_tokens: int
+    prefixes: int
+    per_prefix: int
+    concurrency: tuple[int, ...]
+    gbps: tuple[str, ...]
+    batches: int
+    """Rounds of ``concurrency`` requests per point (samples)."""
+
+
+FULL = Scale(hidden=512, layers=4, doc_tokens=1536, question_tokens=64,
+             prefixes=4, per_prefix=4, concurrency=(1, 4, 16),
+             gbps=("0.1", "0.4", "2", "inf"), batches=3)
+TOY = Scale(hidden=128, layers=2, doc_tokens=256, question_tokens=32,
+            prefixes=2, per_prefix=2, concurrency=(2,), gbps=("inf",),
+            batches=1)
+
+
+def write_model(directory: Path, scale: Scale) -> None:
+    """A random GQA Llama (heads of 64, KV heads half the heads), bf16."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=scale.hidden,
+        intermediate_size=2 * scale.hidden,
+        num_hidden_layers=scale.layers,
+        num_attention_heads=max(2, scale.hidden // 64),
+        num_key_value_heads=max(1, scale.hidden // 128),
+        max_position_embeddings=4096, initializer_range=0.3)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(directory)
+
+
+def tokens(seed: int, n: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(1, 256) for _ in range(n)]
+
+
+def workload(name: str, scale: Scale, concurrency: int
+             ) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """The storing round's prompts and the reusing round's batches (each
+    ``concurrency`` prompts submitted together)."""
+    seed = 1000 * concurrency
+    q = scale.question_tokens
+    if name == "longdoc":
+        count = concurrency * scale.batches
+        docs = [tokens(seed + i, scale.doc_tokens) for i in range(count)]
+        store = [d + tokens(seed + 500 + i, q) for i, d in enumerate(docs)]
+        reuse = [d + tokens(seed + 700 + i, q) for i, d in enumerate(docs)]
+    else:
+        prefixes = [tokens(seed + i, scale.doc_tokens)
+                    for i in range(scale.prefixes)]
+        store = [p + tokens(seed + 500 + i, q) for i, p in enumerate(prefixes)]
+        reuse = [prefixes[i % len(prefixes)] + tokens(seed + 900 + i, q)
+                 for i in range(concurrency * scale.batches)]
+    batches = [reuse[i:i + concurrency] for i in range(0, len(reuse),
+                                                       concurrency)]
+    return store, batches
+
+
+def warmup(scale: Scale) -> list[dict[str, Any]]:
+    """Prompts of several lengths, one at a time: every engine runs them
+    first (kvc measures vLLM's prefill from them)."""
+    lengths = [scale.doc_tokens * k // 8 for k in (1, 3, 5, 8, 2, 6, 4, 7)]
+    return [{"generate": [{"tokens": tokens(77 + i, n)}], "max_tokens": 1}
+            for i, n in enumerate(lengths)]
+
+
+def engine_connector(row: str, store: Path, gbps: str) -> dict[str, Any]:
+    """The spec keys that give the engine ``row``'s connector."""
+    if row == "recompute":
+        return {}
+    if row == "example":
+        return {"transfer": {"kv_connector": "ExampleConnector",
+                             "kv_role": "kv_both", "kv_connector_extra_config":
+                             {"shared_storage_path": str(store)}}}
+    throttle = "" if gbps == "inf" else f"?gbps={gbps}"
+    return {"connector": {
+        "stores": [f"file://{store}{throttle}"], "chunk_tokens": 256,
+        "strategies": ["kv"],
+        "policy": "always" if row == "kvc-all" else "cheapest"}}
+
+
+def run_point(model: Path, scale: Scale, name: str, row: str, gbps: str,
+              work: Path) -> dict[str, Any]:
+    """One engine: warm-up, then per concurrency the storing round, an
+    emptied prefix cache, and the reusing round."""
+    store = work / f"store-{name}-{row}-{gbps}"
+    phases: list[dict[str, Any]] = warmup(scale)
+    rounds = []
+    for c in scale.concurrency:
+        first, batches = workload(name, scale, c)
+        phases.append({"generate": [{"tokens": p} for p in first],
+                       "max_tokens": 1})
+        phases.append({"reset_prefix_cache": True})
+        rounds.append((c, len(phases), len(batches)))
+        phases += [{"generate": [{"tokens": p} for p in batch],
+                    "max_tokens": 1} for batch in batches]
+    spec: dict[str, Any] = {
+        "model": str(model), "prefix_caching": True, "block_size": 32,
+        "max_model_len": scale.doc_tokens + 2 * scale.question_tokens + 64,
+        "max_num_seqs": max(scale.concurrency), "phases": phases,
+        **engine_connector(row, store, gbps)}
+    spec_path = work / f"{name}-{row}-{gbps}.spec.json"
+    result_path = work / f"{name}-{row}-{gbps}.result.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE",
+                                                     "2"))
+    began = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "kvc.vllm_engine", spec_path,
+                           result_path], env=env, capture_output=True,
+                          text=True)
+    if done.returncode != 0 or not result_path.is_file():
+        return {"error": done.stderr[-3000:]}
+    result = json.loads(result_path.read_text())
+    if "start_error" in result:
+        return {"error": result["start_error"]}
+    points = {}
+    for c, start, count in rounds:
+        reuse = result["phases"][start:start + count]
+        if any("error" in p for p in reuse) or len(reuse) < count:
+            points[str(c)] = {"error": next((p["error"] for p in reuse
+                                             if "error" in p), "missing")}
+            continue
+        ttft = [t for p in reuse for t in p["ttft"]]
+        prompt = sum(len(x) for _, batches in [workload(name, scale, c)]
+                     for batch in batches for x in batch)
+        hits = sum(p["counters"]["vllm:external_prefix_cache_hits"]
+                   for p in reuse)
+        seconds = sum(p["seconds"] for p in reuse)
+        decisions = [d for p in reuse for d in p.get("decisions", [])]
+        points[str(c)] = {
+            "ttft": ttft, "hit_rate": hits / prompt,
+            "tokens_per_second": prompt / seconds,
+            "loads": sum(1 for d in decisions if d["load_tokens"] >
+                         d["tokens_on_device"]),
+            "decisions": len(decisions)}
+    return {"points": points, "seconds": time.perf_counter() - began}
+
+
+def summarize(ttft: list[float]) -> tuple[float, float, float]:
+    ordered = sorted(ttft)
+    p90 = ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+    return statistics.fmean(ordered), statistics.median(ordered), p90
+
+
+ROWS = [("recompute", "vLLM recomputing (no connector)"),
+        ("kvc-all", "kvc, loading all it holds"),
+        ("kvc-decide", "kvc, deciding"),
+        ("example", "vLLM ExampleConnector")]
+
+
+def table(results: dict[str, Any], scale: Scale) -> str:
+    lines = ["| workload | row | store Gbps | concurrency | mean TTFT ms | "
+             "P50 ms | P90 ms | hit rate | prompt tok/s | loads/requests |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for key, point in results.items():
+        name, row, gbps = key.split("|")
+        label = dict(ROWS)[row]
+        if "error" in point:
+            lines.append(f"| {name} | {label} | {gbps} | - | error: "
+                         f"{point['error'].splitlines()[-1][:80]} |||||")
+            continue
+        for c, p in point["points"].items():
+            if "error" in p:
+                lines.append(f"| {name} | {label} | {gbps} | {c} | error |||||")
+                continue
+            mean, p50, p90 = summarize(p["ttft"])
+            loads = f"{p['loads']}/{p['decisions']}" if p["decisions"] else "-"
+            lines.append(f"| {name} | {label} | {gbps} | {c} | "
+                         f"{mean * 1e3:.1f} | {p50 * 1e3:.1f} | "
+                         f"{p90 * 1e3:.1f} | {p['hit_rate']:.2f} | "
+                         f"{p['tokens_per_second']:.0f} | {loads} |")
+    for name in ("longdoc", "prefix"):
+        lines.append(f"| {name} | LMCache | - | - | {LMCACHE_WHY} |||||")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--toy", action="store_true",
+                        help="one bandwidth, two documents, a tiny model")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rows", default=",".join(r for r, _ in ROWS))
+    parser.add_argument("--workloads", default="longdoc,prefix")
+    args = parser.parse_args()
+    scale = TOY if args.toy else FULL
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="kvc-ttft-") as tmp:
+        work = Path(tmp)
+        model = work / "model"
+        write_model(model, scale)
+        for name in args.workloads.split(","):
+            for row in args.rows.split(","):
+                kvc_row = row.startswith("kvc")
+                for gbps in scale.gbps if kvc_row else ("inf",):
+                    print(f"vllm-ttft: {name} {row} {gbps} Gbps", flush=True)
+                    results[f"{name}|{row}|{gbps}"] = run_point(
+                        model, scale, name, row, gbps, work)
+                    (args.out / "results.json").write_text(json.dumps(
+                        {"scale": scale.__dict__, "results": results},
+                        indent=1))
+    (args.out / "table.md").write_text(table(results, scale))
+    print(table(results, scale))
+    failed = [k for k, v in results.items() if "error" in v or any(
+        "error" in p for p in v["points"].values())]
+    if failed:
+        print(f"vllm-ttft: failed points: {failed}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

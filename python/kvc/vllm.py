@@ -206,6 +206,7 @@ class KvcConnector(KVConnectorBase_V1):
         self._clock = PrefillClock()
         self._base_target: dict[str, Any] = options["target"]
         self._target_factor: float | None = None
+        self._forward_prices: dict[int, float] = {}
         self._step: tuple[float, int] | None = None
         self.decisions: deque[DecisionRecord] = deque(maxlen=4096)
         if role == KVConnectorRole.SCHEDULER:
@@ -421,34 +422,45 @@ class KvcConnector(KVConnectorBase_V1):
         planner prices a prefill of the steps' typical size as the clock
         measured it. The scheduler's kvc Connectors are made anew (they
         hold no load or save) when the scale moves by more than 10%."""
-        tokens = self._clock.typical_tokens()
+        # The steps' typical size, to 64 tokens (its price is kept).
+        tokens = -(-self._clock.typical_tokens() // 64) * 64
         measured = self._clock.seconds(tokens)
         if measured is None or measured <= 0:
             return
-        # The planner prices the server's pass over the tokens a load leaves
-        # it as one chunk: the same as a prefill of one chunk of them all.
-        chunk = -(-tokens // 16) * 16
-        try:
-            with Connector(self._model, ["mem://"], target=self._base_target,
-                           policy="never", chunk_tokens=chunk) as pricer:
-                priced = pricer.decide("kvc-prefill-price", [0] * tokens, 0)
-        except Error as error:
-            logger.warning("kvc: pricing a prefill of %d tokens: %s", tokens,
-                           error)
+        priced = self._forward_price(tokens)
+        if priced is None:
             return
-        factor = priced.recompute_seconds / measured
+        factor = priced / measured
         if self._target_factor is not None and \
                 abs(factor / self._target_factor - 1) <= _RECALIBRATE_DRIFT:
             return
         logger.info("kvc: vLLM prefills %d tokens in %.2f ms (%s prices "
                     "%.2f ms): its compute is priced %.3gx", tokens,
                     measured * 1e3, self._base_target.get("name", "the target"),
-                    priced.recompute_seconds * 1e3, factor)
+                    priced * 1e3, factor)
         self._target_factor = factor
         self._options["target"] = scaled_target(self._base_target, factor)
         for kvc in self._kvcs.values():
             kvc.close()
         self._kvcs = {}
+
+    def _forward_price(self, tokens: int) -> float | None:
+        """The base target's price of vLLM's pass over ``tokens`` tokens as
+        the planner prices the pass a load leaves it: one chunk of them all
+        (cached per size)."""
+        if tokens not in self._forward_prices:
+            chunk = -(-tokens // 16) * 16
+            try:
+                with Connector(self._model, ["mem://"],
+                               target=self._base_target, policy="never",
+                               chunk_tokens=chunk) as pricer:
+                    self._forward_prices[tokens] = pricer.decide(
+                        "kvc-prefill-price", [0] * tokens, 0).recompute_seconds
+            except Error as error:
+                logger.warning("kvc: pricing a prefill of %d tokens: %s",
+                               tokens, error)
+                return None
+        return self._forward_prices[tokens]
 
     def request_finished(self, request: "Request", block_ids: list[int]
                          ) -> tuple[bool, dict[str, Any] | None]:

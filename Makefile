@@ -6,7 +6,7 @@ CMAKE_FLAGS ?=
 # The project-local Python environment (scripts/python-env.sh).
 VENV ?= $(CURDIR)/.venv
 
-.PHONY: all deps python-env configure build check demo docs clean
+.PHONY: all deps python-env configure build check demo docs clean bench-vllm-ttft
 
 all: build
 
@@ -39,6 +39,14 @@ check: python-env configure
 # Regenerates the ODS reference in docs/ from the .td files.
 docs: configure
 	cmake --build $(BUILD) --target kvc-update-docs
+
+# Time to first token inside vLLM's CPU engine: vLLM alone, kvc, vLLM's
+# ExampleConnector, two workloads, several bandwidths and concurrencies
+# (docs/results.md; about half an hour on 2 cores).
+bench-vllm-ttft: python-env configure
+	cmake -S . -B $(BUILD) -DKVC_PYTHON=ON -DPython_EXECUTABLE=$(VENV)/bin/python
+	cmake --build $(BUILD) -j $(JOBS) --target _kvc kvc-python-sources
+	PYTHONPATH=$(BUILD)/python $(VENV)/bin/python bench/vllm-ttft.py --out docs/results/vllm-ttft
 
 demo: build
 	@bash scripts/demo.sh $(BUILD)

@@ -241,6 +241,9 @@ class KvcConnector(KVConnectorBase_V1):
         # per save, its staging table.
         self._load_staging: dict[str, tuple[list[int], set[int]]] = {}
         self._save_staging: dict[str, list[int]] = {}
+        # Requests whose save kvc runs (as its request _save_id(id)), until
+        # it is waited for or stopped.
+        self._save_ids: set[str] = set()
         self._kvc_of: dict[str, Connector] = {}
         self._loading: list[LoadSpec] = []
         self._receiving: dict[str, LoadSpec] = {}
@@ -555,7 +558,7 @@ class KvcConnector(KVConnectorBase_V1):
                 logger.warning("kvc: request %s: load not started: %s",
                                load.request_id, error)
                 self._fail(load)
-                self._forget(load.request_id)
+                self._forget_load(load.request_id)
                 if load.asynchronous:
                     self._loads_ended.add(load.request_id)
 
@@ -590,14 +593,18 @@ class KvcConnector(KVConnectorBase_V1):
         for save in meta.saves:
             kvc = self._kvc_for(save.tenant)
             self._kvc_of[save.request_id] = kvc
+            if save.request_id in self._saves_copied:
+                continue  # Refused at an earlier layer.
             try:
                 blocks = self._save_table(save, layer)
-                kvc.save_layer(save.request_id, save.tokens, layer, blocks)
+                kvc.save_layer(_save_id(save.request_id), save.tokens, layer,
+                               blocks)
+                self._save_ids.add(save.request_id)
                 self._saves_started.add(save.request_id)
             except Error as error:
                 logger.warning("kvc: request %s: layer %d not saved: %s",
                                save.request_id, layer, error)
-                self._forget(save.request_id)
+                self._forget_save(save.request_id)
                 # Nothing reads its blocks: reported done once it finishes,
                 # so that the scheduler frees them.
                 self._saves_started.add(save.request_id)
@@ -615,7 +622,7 @@ class KvcConnector(KVConnectorBase_V1):
             if req_id in self._saves_started:
                 # Its blocks are about to be reused: stop the save and wait
                 # until it no longer reads them.
-                self._forget(req_id)
+                self._forget_save(req_id)
                 self._drain(req_id)
 
     def get_finished(self, finished_req_ids: set[str]
@@ -625,14 +632,15 @@ class KvcConnector(KVConnectorBase_V1):
             # Aborted while loading: stopped, and reported once it ended
             # (vLLM holds the blocks until then).
             self._receiving[req_id].cancelled = True
-            self._forget(req_id)
+            self._forget_load(req_id)
         self._poll()
         done = {r for r in self._saves_copied if r in self._finished_requests}
         for req_id in done:
             kvc = self._kvc_of.get(req_id)
-            if kvc is not None:
+            if kvc is not None and req_id in self._save_ids:
+                self._save_ids.discard(req_id)
                 try:
-                    kvc.wait_save(req_id)
+                    kvc.wait_save(_save_id(req_id))
                 except Error as error:
                     logger.warning("kvc: request %s: save failed: %s", req_id,
                                    error)
@@ -750,19 +758,31 @@ class KvcConnector(KVConnectorBase_V1):
             logger.warning("kvc: request %s: load failed: %s",
                            load.request_id, error)
             self._fail(load)
-        self._release_load(load.request_id)
-        if load.request_id not in self._saves_started:
-            # A request that also saves this step is forgotten once its
-            # save is done (get_finished).
-            self._forget(load.request_id)
+        self._forget_load(load.request_id)
 
     def _forget(self, req_id: str) -> None:
-        kvc = self._kvc_of.pop(req_id, None)
+        """Forgets the request's load and save."""
+        self._forget_load(req_id)
+        self._forget_save(req_id)
+        self._kvc_of.pop(req_id, None)
+
+    def _forget_load(self, req_id: str) -> None:
+        """Stops the request's load (its own request in kvc: its save goes
+        on) and returns its staging blocks."""
+        kvc = self._kvc_of.get(req_id)
         if kvc is not None:
             _cancel(kvc, req_id)
-        staging = self._save_staging.pop(req_id, None)
-        if staging is not None and self._packed is not None:
-            self._packed.give(staging)
+        self._release_load(req_id)
+
+    def _forget_save(self, req_id: str) -> None:
+        """Stops the request's save. Its staging blocks come back when kvc
+        no longer reads them (_poll), or now if it never did."""
+        kvc = self._kvc_of.get(req_id)
+        if kvc is not None and req_id in self._save_ids:
+            self._save_ids.discard(req_id)
+            _cancel(kvc, _save_id(req_id))
+        elif self._packed is not None and req_id in self._save_staging:
+            self._packed.give(self._save_staging.pop(req_id))
 
     def _fail(self, load: LoadSpec) -> None:
         """Every block the load was to write past vLLM's own tokens."""
@@ -775,8 +795,13 @@ class KvcConnector(KVConnectorBase_V1):
         asynchronous loads that ended."""
         for kvc in self._kvcs.values():
             finished = kvc.finished()
-            self._saves_copied.update(
-                r for r in finished.saves if r in self._saves_started)
+            for save_id in finished.saves:
+                req_id = save_id.removesuffix(_SAVE_SUFFIX)
+                # It reads neither vLLM's blocks nor its staging blocks.
+                if self._packed is not None and req_id in self._save_staging:
+                    self._packed.give(self._save_staging.pop(req_id))
+                if req_id in self._saves_started:
+                    self._saves_copied.add(req_id)
             self._loads_ended.update(
                 r for r in finished.loads if r in self._receiving)
 
@@ -790,6 +815,15 @@ class KvcConnector(KVConnectorBase_V1):
             time.sleep(0.001)
         self._saves_copied.discard(req_id)
         self._saves_started.discard(req_id)
+
+
+_SAVE_SUFFIX = "/save"
+
+
+def _save_id(req_id: str) -> str:
+    """The request a vLLM request's save is in kvc: apart from its load,
+    so that either can end or fail without the other."""
+    return req_id + _SAVE_SUFFIX
 
 
 def _cancel(kvc: Connector, req_id: str) -> None:

@@ -17,6 +17,8 @@ it, with or without kvc's connector::
      "phases": [
        {"generate": [{"tokens": [1, 2, ...], "salt": "a"}, ...],
         "max_tokens": 8},
+       {"abort": {"generate": [...], "steps": 3, "abort": [0]},
+        "max_tokens": 8},              # aborts prompt 0 after 3 steps
        {"corrupt": "/tmp/store"},      # flips bytes in one stored object
        {"remove": "/tmp/store"}        # the store goes away
      ]}
@@ -46,7 +48,7 @@ __all__ = ["run_engine", "main"]
 
 _COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
              "vllm:external_prefix_cache_hits",
-             "vllm:external_prefix_cache_queries")
+             "vllm:external_prefix_cache_queries", "vllm:num_preemptions")
 
 
 def _counters(llm: Any) -> dict[str, float]:
@@ -102,6 +104,9 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(phase["remove"], ignore_errors=True)
             result["phases"].append({})
             continue
+        if "abort" in phase:
+            result["phases"].append(_abort(llm, phase))
+            continue
         if "reset_prefix_cache" in phase:
             result["phases"].append({"reset": _reset_prefix_cache(llm)})
             continue
@@ -134,6 +139,7 @@ def _start(spec: dict[str, Any], transfer: Any) -> Any:
                enable_prefix_caching=bool(spec.get("prefix_caching", True)),
                distributed_executor_backend="uni", enforce_eager=True,
                disable_log_stats=False, seed=0,
+               num_gpu_blocks_override=spec.get("num_gpu_blocks"),
                kv_transfer_config=transfer)
 
 
@@ -174,6 +180,45 @@ def _generate(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
         "seconds": seconds, "ttft": ttft, "prefill_seconds": prefill,
         "decisions": decisions,
         "counters": {k: after[k] - before[k] for k in _COUNTERS}}
+
+
+def _abort(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
+    """Adds the phase's prompts, steps the engine ``steps`` times, aborts
+    the prompts at ``abort`` (indices), and steps until every request
+    ended and no block is held; each request's tokens (None: aborted)
+    and vLLM's free blocks against its pool's."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=int(phase.get("max_tokens", 8)),
+                            temperature=0.0, ignore_eos=True)
+    engine = llm.llm_engine
+    ids = [f"abort-{i}-{time.monotonic_ns()}" for i in range(
+        len(phase["abort"]["generate"]))]
+    for rid, p in zip(ids, phase["abort"]["generate"]):
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=p["tokens"]),
+                           params)
+    outputs: dict[str, list[int]] = {}
+    for _ in range(int(phase["abort"]["steps"])):
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+    engine.abort_request([ids[i] for i in phase["abort"]["abort"]])
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = list(out.outputs[0].token_ids)
+    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager \
+        .block_pool
+    for _ in range(1000):  # saves still holding blocks free at a step
+        if pool.get_num_free_blocks() == pool.num_gpu_blocks - 1:
+            break
+        engine.step()
+        time.sleep(0.001)
+    return {"outputs": [outputs.get(rid) if i not in phase["abort"]["abort"]
+                        else None for i, rid in enumerate(ids)],
+            "free_blocks": pool.get_num_free_blocks(),
+            "blocks": pool.num_gpu_blocks}
 
 
 def _scheduler_connector(llm: Any) -> Any:

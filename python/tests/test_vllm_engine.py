@@ -284,3 +284,71 @@ def test_prices_vllms_own_prefill(larger_model_dir: str,
         "connector": {**slow_store, "prefill": "target"},
         "phases": [generate(prompt)]}, tmp_path, "priced-by-target")
     assert by_target["phases"][0]["counters"][HITS] == held(800)
+
+
+def test_aborts_mid_load_and_mid_save(model_dir: str, reference: Any,
+                                      tmp_path: Path) -> None:
+    # Requests aborted while kvc saves them (first phase) and while it
+    # loads them (a slow link, asynchronous loads): every block comes back
+    # to vLLM, the others finish with vLLM's tokens, and a later request
+    # loads what was stored intact.
+    store = tmp_path / "store"
+    slow = connector(tmp_path / "slow-store")
+    result = run_engine({
+        "model": model_dir, "prefix_caching": False,
+        "connector": connector(store),
+        "phases": [
+            {"abort": {"generate": [{"tokens": P1}, {"tokens": P2}],
+                       "steps": 1, "abort": [0]}},
+            generate(P1, P2),
+        ]}, tmp_path, "kvc-abort-save")
+    assert "start_error" not in result, result
+    aborted, after = result["phases"]
+    assert aborted["free_blocks"] == aborted["blocks"] - 1
+    assert aborted["outputs"][1] == reference[tuple(P2)]
+    assert after["outputs"] == [reference[tuple(P1)], reference[tuple(P2)]]
+
+    loading = run_engine({
+        "model": model_dir, "prefix_caching": False,
+        "connector": {**slow, "async_load": True},
+        "phases": [
+            generate(P1, P2),
+            {"reset_prefix_cache": True},
+        ]}, tmp_path, "kvc-fill-slow")
+    assert "start_error" not in loading, loading
+    throttled = {**slow, "async_load": True,
+                 "stores": [f"file://{tmp_path / 'slow-store'}?gbps=0.002"]}
+    result = run_engine({
+        "model": model_dir, "prefix_caching": False, "connector": throttled,
+        "phases": [
+            {"abort": {"generate": [{"tokens": P1}, {"tokens": P2}],
+                       "steps": 2, "abort": [0]}},
+            generate(P3),
+        ]}, tmp_path, "kvc-abort-load")
+    assert "start_error" not in result, result
+    aborted, after = result["phases"]
+    assert aborted["free_blocks"] == aborted["blocks"] - 1
+    assert aborted["outputs"][1] == reference[tuple(P2)]
+    assert after["outputs"] == [reference[tuple(P3)]]
+
+
+def test_preemption_under_block_pressure(model_dir: str, tmp_path: Path) -> None:
+    # Too few blocks for eight long decodes: vLLM preempts and recomputes
+    # while kvc loads and saves; every request ends with the tokens the
+    # engine alone gives under the same pressure.
+    prompts = [P1, P2, *Q, P1[:192] + prompt_of(8, 40), prompt_of(9, 120),
+               prompt_of(10, 160)]
+    phases = [generate(P1, *Q), {"reset_prefix_cache": True},
+              {**generate(*prompts), "max_tokens": 96}]
+    plain = run_engine({"model": model_dir, "prefix_caching": True,
+                        "num_gpu_blocks": 40, "phases": phases},
+                       tmp_path, "pressure-plain")
+    store = tmp_path / "store"
+    result = run_engine({"model": model_dir, "prefix_caching": True,
+                         "num_gpu_blocks": 40, "connector": connector(store),
+                         "phases": phases}, tmp_path, "pressure-kvc")
+    assert "start_error" not in result, result
+    last = result["phases"][2]
+    assert last["counters"]["vllm:num_preemptions"] > 0
+    assert last["counters"][HITS] > 0
+    assert last["outputs"] == plain["phases"][2]["outputs"]

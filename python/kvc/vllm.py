@@ -27,6 +27,7 @@ import json
 import re
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +245,8 @@ class KvcConnector(KVConnectorBase_V1):
         # Requests whose save kvc runs (as its request _save_id(id)), until
         # it is waited for or stopped.
         self._save_ids: set[str] = set()
+        self._save_waiter = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kvc-save-wait")
         self._kvc_of: dict[str, Connector] = {}
         self._loading: list[LoadSpec] = []
         self._receiving: dict[str, LoadSpec] = {}
@@ -638,12 +641,10 @@ class KvcConnector(KVConnectorBase_V1):
         for req_id in done:
             kvc = self._kvc_of.get(req_id)
             if kvc is not None and req_id in self._save_ids:
+                # Its writes may take long behind a slow link: waited for
+                # off the forward pass.
                 self._save_ids.discard(req_id)
-                try:
-                    kvc.wait_save(_save_id(req_id))
-                except Error as error:
-                    logger.warning("kvc: request %s: save failed: %s", req_id,
-                                   error)
+                self._save_waiter.submit(_wait_save, kvc, req_id)
             self._forget(req_id)
             self._saves_copied.discard(req_id)
             self._saves_started.discard(req_id)
@@ -669,6 +670,7 @@ class KvcConnector(KVConnectorBase_V1):
         return errors
 
     def shutdown(self) -> None:
+        self._save_waiter.shutdown(wait=True)
         for kvc in self._kvcs.values():
             kvc.close()
 
@@ -824,6 +826,14 @@ def _save_id(req_id: str) -> str:
     """The request a vLLM request's save is in kvc: apart from its load,
     so that either can end or fail without the other."""
     return req_id + _SAVE_SUFFIX
+
+
+def _wait_save(kvc: Connector, req_id: str) -> None:
+    """Waits for the writes of ``req_id``'s save (on the save waiter)."""
+    try:
+        kvc.wait_save(_save_id(req_id))
+    except Error as error:
+        logger.warning("kvc: request %s: save failed: %s", req_id, error)
 
 
 def _cancel(kvc: Connector, req_id: str) -> None:

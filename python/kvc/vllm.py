@@ -1,4 +1,4 @@
-"""kvc as a vLLM KV connector (``KVConnectorBase_V1``, vLLM 0.33).
+"""kvc as a vLLM KV connector (``KVConnectorBase_V1``, vLLM 0.32).
 
 vLLM loads it from its ``kv_transfer_config``::
 

@@ -469,3 +469,31 @@ def test_a_save_kvc_refuses_still_frees_its_blocks(model_dir: str,
     engine.add("a", prompt_of(1, 200))
     engine.run()
     engine.assert_empty()
+
+
+def test_tenants_key_salts_adapters_and_dtype(model_dir: str,
+                                              tmp_path: Path) -> None:
+    # What keys a request's chunks: the connector's tenant and the engine's
+    # dtype, the request's cache salt and LoRA adapter; a multimodal
+    # request is not keyed (neither loaded nor saved).
+    from types import SimpleNamespace
+
+    from vllm.lora.request import LoRARequest
+
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"], tenant="acme")
+    connector = engine.scheduler.connector
+
+    def tenant(**fields: Any) -> str | None:
+        request = SimpleNamespace(**{"mm_features": None, "cache_salt": None,
+                                     "lora_request": None, **fields})
+        return connector._tenant_of(request)
+
+    plain = tenant()
+    assert plain == "acme|dtype=float32"
+    keys = {plain, tenant(cache_salt="s1"), tenant(cache_salt="s2"),
+            tenant(lora_request=LoRARequest("a", 1, "/adapters/a")),
+            tenant(lora_request=LoRARequest("b", 2, "/adapters/b")),
+            tenant(cache_salt="s1",
+                   lora_request=LoRARequest("a", 1, "/adapters/a"))}
+    assert len(keys) == 6
+    assert tenant(mm_features=[object()]) is None

@@ -13,9 +13,9 @@ of its prompt tokens loaded from outside vLLM (vLLM's own
   suffixes (``vllm bench serve --dataset-name prefix_repetition``); the
   first request of each prefix stores it.
 
-Between the rounds vLLM's own prefix cache is emptied (the KV was evicted,
-or another replica computed it): the second round reuses only what a
-connector holds. Rows: vLLM recomputing (no connector); kvc loading all it
+Between the rounds the connector's saves are let finish and vLLM's own
+prefix cache is emptied (the KV was evicted, or another replica computed
+it): the second round reuses only what a connector holds. Rows: vLLM recomputing (no connector); kvc loading all it
 holds (``policy: always``); kvc deciding (``policy: cheapest`` against
 vLLM's measured prefill); vLLM's shipped ``ExampleConnector``; LMCache
 (not run: its vLLM connector refuses a CPU engine). kvc's store is a
@@ -152,6 +152,7 @@ def run_point(model: Path, scale: Scale, name: str, row: str, gbps: str,
         first, batches = workload(name, scale, c)
         phases.append({"generate": [{"tokens": p} for p in first],
                        "max_tokens": 1})
+        phases.append({"settle": True})  # the connector's saves written
         phases.append({"reset_prefix_cache": True})
         rounds.append((c, len(phases), len(batches)))
         phases += [{"generate": [{"tokens": p} for p in batch],

@@ -664,6 +664,21 @@ class KvcConnector(KVConnectorBase_V1):
         self._loads_ended.clear()
         return (done or None), (received or None)
 
+    def flush_saves(self, timeout: float = 300.0) -> bool:
+        """Waits until the writes of every save reported done so far have
+        ended (for benchmarks and tests that read the store next); whether
+        they did within ``timeout`` seconds."""
+        try:
+            self._save_waiter.submit(lambda: None).result(timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    @property
+    def saves_in_flight(self) -> int:
+        """Saves whose requests have not been reported done yet."""
+        return len(self._saves_started)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         self._end_loads()
         errors, self._load_errors = self._load_errors, set()

@@ -19,6 +19,7 @@ it, with or without kvc's connector::
         "max_tokens": 8},
        {"abort": {"generate": [...], "steps": 3, "abort": [0]},
         "max_tokens": 8},              # aborts prompt 0 after 3 steps
+       {"settle": true},               # kvc's saves written
        {"corrupt": "/tmp/store"},      # flips bytes in one stored object
        {"remove": "/tmp/store"}        # the store goes away
      ]}
@@ -110,6 +111,9 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         if "reset_prefix_cache" in phase:
             result["phases"].append({"reset": _reset_prefix_cache(llm)})
             continue
+        if "settle" in phase:
+            result["phases"].append({"settled": _settle(llm)})
+            continue
         result["phases"].append(_generate(llm, phase))
         if "error" in result["phases"][-1]:
             break
@@ -126,6 +130,27 @@ def _reset_prefix_cache(llm: Any, steps: int = 1000) -> bool:
         llm.llm_engine.step()
         time.sleep(0.001)
     return False
+
+
+def _settle(llm: Any, seconds: float = 300.0) -> bool:
+    """Steps the engine until kvc's worker reported every save done, then
+    waits for their writes: what was saved is in the store."""
+    from vllm.distributed.kv_transfer import (get_kv_transfer_group,
+                                              has_kv_transfer_group)
+
+    from .vllm import KvcConnector
+
+    if not has_kv_transfer_group():
+        return True
+    worker = get_kv_transfer_group()
+    if not isinstance(worker, KvcConnector):
+        return True
+    deadline = time.monotonic() + seconds
+    while worker.saves_in_flight and time.monotonic() < deadline:
+        llm.llm_engine.step()
+        time.sleep(0.001)
+    return not worker.saves_in_flight and \
+        worker.flush_saves(max(0.0, deadline - time.monotonic()))
 
 
 def _start(spec: dict[str, Any], transfer: Any) -> Any:

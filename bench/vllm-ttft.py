@@ -66,7 +66,7 @@ class Scale:
 
 FULL = Scale(hidden=512, layers=4, doc_tokens=1536, question_tokens=64,
              prefixes=4, per_prefix=4, concurrency=(1, 4, 16),
-             gbps=("0.1", "0.4", "2", "inf"), batches=3)
+             gbps=("0.1", "0.5", "1", "2", "inf"), batches=3)
 TOY = Scale(hidden=128, layers=2, doc_tokens=256, question_tokens=32,
             prefixes=2, per_prefix=2, concurrency=(2,), gbps=("inf",),
             batches=1)

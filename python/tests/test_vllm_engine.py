@@ -191,18 +191,23 @@ def test_corrupt_chunk_fails_the_request(model_dir: str, reference: Any,
             last["finish_reasons"] == ["error"]
 
 
-def test_float32_cache(model_dir: str, tmp_path: Path) -> None:
-    # An f32 engine: its cache packed for f32, kvc's staging and store in
-    # bf16. The tokens are the f32 engine's own.
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_float32_and_float16_caches(model_dir: str, tmp_path: Path,
+                                    dtype: str) -> None:
+    # An f32 engine (its cache packed for f32, kvc's staging and store in
+    # bf16) and an f16 one (staged and stored in f16): the tokens are the
+    # engine's own.
     prompts = [P1, P2]
-    plain = run_engine({"model": model_dir, "dtype": "float32",
+    plain = run_engine({"model": model_dir, "dtype": dtype,
                         "prefix_caching": False,
-                        "phases": [generate(*prompts)]}, tmp_path, "f32-plain")
+                        "phases": [generate(*prompts)]}, tmp_path,
+                       f"{dtype}-plain")
     store = tmp_path / "store"
     result = run_engine({
-        "model": model_dir, "dtype": "float32", "prefix_caching": False,
+        "model": model_dir, "dtype": dtype, "prefix_caching": False,
         "connector": connector(store),
-        "phases": [generate(P1), generate(*prompts)]}, tmp_path, "f32-kvc")
+        "phases": [generate(P1), generate(*prompts)]}, tmp_path,
+        f"{dtype}-kvc")
     assert "start_error" not in result, result
     loaded = result["phases"][1]
     assert loaded["counters"][HITS] == held(300) + 128

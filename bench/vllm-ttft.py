@@ -26,8 +26,8 @@ measured vLLM's prefill, and every row runs warm).
     .venv/bin/python bench/vllm-ttft.py --out docs/results/vllm-ttft
     .venv/bin/python bench/vllm-ttft.py --toy --out /tmp/ttft   # make check
 
-Writes ``results.json`` (every point's raw per-request numbers) and
-``table.md`` to ``--out``. Needs kvc's package importable (PYTHONPATH=
+Writes ``results.json`` (every point's raw per-request numbers),
+``table.md`` and ``ttft.svg`` (P50 TTFT against bandwidth) to ``--out``. Needs kvc's package importable (PYTHONPATH=
 build/python) and vLLM's CPU build (the project's .venv).
 """
 
@@ -238,6 +238,56 @@ def table(results: dict[str, Any], scale: Scale) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: dict[str, Any], scale: Scale, path: Path) -> None:
+    """P50 TTFT against the store's bandwidth, per row, one panel per
+    workload and concurrency: an SVG (log scale), written by hand."""
+    import math
+
+    colors = {"recompute": "#444444", "kvc-all": "#1f77b4",
+              "kvc-decide": "#d62728", "example": "#2ca02c"}
+    bands = list(scale.gbps)
+    panels = [(n, c) for n in ("longdoc", "prefix") for c in scale.concurrency]
+    width, height, pad = 300, 220, 50
+    values = [summarize(p["ttft"])[1] for v in results.values()
+              if "points" in v for p in v["points"].values() if "ttft" in p]
+    if not values:
+        return
+    low, high = math.log10(min(values)) - 0.1, math.log10(max(values)) + 0.1
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(panels)}"'
+           f' height="{height + 40}" font-family="sans-serif" font-size="10">']
+    for i, (name, c) in enumerate(panels):
+        x0 = i * width
+        out.append(f'<text x="{x0 + pad}" y="14">{name}, concurrency {c}: '
+                   'P50 TTFT (ms, log)</text>')
+        def xy(band: int, seconds: float) -> tuple[float, float]:
+            x = x0 + pad + band * (width - pad - 10) / max(1, len(bands) - 1)
+            y = 20 + (high - math.log10(seconds)) / (high - low) * (height - 40)
+            return x, y
+        for b, gbps in enumerate(bands):
+            x, _ = xy(b, 1.0)
+            out.append(f'<text x="{x - 8:.0f}" y="{height + 5}">{gbps}</text>')
+        for e in range(math.ceil(low), math.floor(high) + 1):
+            _, y = xy(0, 10.0 ** e)
+            out.append(f'<text x="{x0 + 5}" y="{y:.0f}">{10.0 ** e * 1e3:g}</text>')
+        out.append(f'<text x="{x0 + pad}" y="{height + 20}">store Gbps</text>')
+        for row, color in colors.items():
+            points = []
+            for b, gbps in enumerate(bands):
+                key = f"{name}|{row}|{gbps if row.startswith('kvc') else 'inf'}"
+                p = results.get(key, {}).get("points", {}).get(str(c))
+                if p and "ttft" in p:
+                    points.append(xy(b, summarize(p["ttft"])[1]))
+            if points:
+                line = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+                out.append(f'<polyline fill="none" stroke="{color}" '
+                           f'stroke-width="2" points="{line}"/>')
+        for j, (row, color) in enumerate(colors.items()):
+            out.append(f'<text x="{x0 + pad + 5}" y="{30 + 12 * j}" '
+                       f'fill="{color}">{dict(ROWS)[row]}</text>')
+    out.append("</svg>")
+    path.write_text("\n".join(out) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--toy", action="store_true",
@@ -264,6 +314,7 @@ def main() -> int:
                         {"scale": scale.__dict__, "results": results},
                         indent=1))
     (args.out / "table.md").write_text(table(results, scale))
+    plot(results, scale, args.out / "ttft.svg")
     print(table(results, scale))
     failed = [k for k, v in results.items() if "error" in v or any(
         "error" in p for p in v["points"].values())]

@@ -8,6 +8,9 @@ prefill from the steps it times (seconds = a + b * tokens, least squares
 over the recent steps that only prefilled), and :func:`scaled_target`
 rescales a target machine's compute so that kvc's planner prices the
 server's forward pass (which a layer-wise load runs beside) at that speed.
+:class:`LoadClock` holds what the planner does not see of the server's
+loads (its own copies, its threads' contention with the forward pass):
+the ratio of the steps that loaded to what was predicted of them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import copy
 from collections import deque
 from typing import Any
 
-__all__ = ["PrefillClock", "scaled_target"]
+__all__ = ["LoadClock", "PrefillClock", "scaled_target"]
 
 
 class PrefillClock:
@@ -85,6 +88,42 @@ class PrefillClock:
         intercept = max(0.0, mean_s - per_token * mean_t)
         self._fit = (intercept, per_token)
         return self._fit
+
+
+class LoadClock:
+    """How long the server's steps that load took against their predicted
+    first token: the median ratio over the recent ones, 1 until
+    ``min_samples`` were seen.
+
+    Args:
+        samples: steps kept (the most recent).
+        min_samples: steps needed before the ratio moves from 1.
+    """
+
+    def __init__(self, samples: int = 32, min_samples: int = 2) -> None:
+        self._ratios: deque[float] = deque(maxlen=samples)
+        self._min_samples = min_samples
+
+    def observe(self, predicted: float, seconds: float) -> None:
+        """A step whose loads were predicted at ``predicted`` seconds took
+        ``seconds``."""
+        if predicted > 0 and seconds > 0:
+            self._ratios.append(seconds / predicted)
+
+    @property
+    def ratio(self) -> float:
+        """Measured over predicted seconds of a step that loads."""
+        if len(self._ratios) < self._min_samples:
+            return 1.0
+        ordered = sorted(self._ratios)
+        middle = len(ordered) // 2
+        if len(ordered) % 2:
+            return ordered[middle]
+        return (ordered[middle - 1] + ordered[middle]) / 2
+
+    @property
+    def steps(self) -> int:
+        return len(self._ratios)
 
 
 def scaled_target(target: dict[str, Any], factor: float) -> dict[str, Any]:

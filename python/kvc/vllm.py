@@ -42,7 +42,7 @@ from vllm.logger import init_logger
 from ._errors import Error
 from ._vllm_cpu import PackedCpuCache
 from .connector import CacheLayout, Connector, Decision, Model, target_json
-from .prefill import PrefillClock, scaled_target
+from .prefill import LoadClock, PrefillClock, scaled_target
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -108,6 +108,10 @@ class DecisionRecord:
     (:class:`kvc.prefill.PrefillClock`), or the target's price; None while
     not yet measured."""
     why: str
+    load_ratio: float = 1.0
+    """How much longer than predicted the engine's loads were measured to
+    take (:class:`kvc.prefill.LoadClock`); the load was weighed at
+    ``predicted_seconds * load_ratio``."""
 
 
 @dataclass
@@ -205,10 +209,13 @@ class KvcConnector(KVConnectorBase_V1):
         self._measured = role == KVConnectorRole.SCHEDULER and \
             policy == "cheapest" and prefill == "measured"
         self._clock = PrefillClock()
+        self._load_clock = LoadClock()
         self._base_target: dict[str, Any] = options["target"]
         self._target_factor: float | None = None
         self._forward_prices: dict[int, float] = {}
-        self._step: tuple[float, int] | None = None
+        # The step being timed: when it began, its prompt tokens, and the
+        # predicted seconds of its loads (0: it loads nothing).
+        self._step: tuple[float, int, float] | None = None
         self.decisions: deque[DecisionRecord] = deque(maxlen=4096)
         if role == KVConnectorRole.SCHEDULER:
             # The scheduler decides; the worker loads exactly what it decided.
@@ -306,7 +313,10 @@ class KvcConnector(KVConnectorBase_V1):
         recompute = None
         if self._measured:
             # Priced against vLLM's measured prefill of what it would
-            # compute: nothing loads until that is measured.
+            # compute: nothing loads until that is measured. The planner's
+            # load is weighed as the loads measured against their
+            # predictions ran: predicted x ratio < recompute, which C++
+            # sees as predicted < recompute / ratio.
             recompute = self._clock.seconds(len(prompt) - num_computed_tokens) \
                 if self._target_factor is not None else None
             if recompute is None:
@@ -315,18 +325,27 @@ class KvcConnector(KVConnectorBase_V1):
                              "recomputes: vLLM's prefill is not measured yet "
                              f"({self._clock.steps} steps seen)")
                 return 0, False
+        ratio = self._load_clock.ratio if self._measured else 1.0
         try:
             decision = self._kvc_for(tenant).decide(
-                request.request_id, tokens, num_computed_tokens, recompute)
+                request.request_id, tokens, num_computed_tokens,
+                None if recompute is None else recompute / ratio)
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
             return 0, False
-        why = decision.why.replace("recomputing", "vLLM's measured prefill of") \
-            if self._measured else decision.why
+        why = decision.why
+        if self._measured:
+            why = (f"{why.split(': first token')[0].split(' is predicted')[0]}"
+                   f": first token predicted at "
+                   f"{decision.predicted_seconds * ratio * 1e3:.2f} ms "
+                   f"(the planner's {decision.predicted_seconds * 1e3:.2f} ms "
+                   f"x {ratio:.2f}, as loads ran) against vLLM's measured "
+                   f"prefill of {len(prompt) - num_computed_tokens} tokens, "
+                   f"{recompute * 1e3:.2f} ms")
         self._record(request.request_id, len(prompt), num_computed_tokens,
                      decision, recompute if self._measured else
-                     decision.recompute_seconds, why)
+                     decision.recompute_seconds, why, ratio)
         logger.debug("kvc: request %s: %s", request.request_id, why)
         self._on_device[request.request_id] = num_computed_tokens
         if not decision.loads:
@@ -337,14 +356,14 @@ class KvcConnector(KVConnectorBase_V1):
 
     def _record(self, request_id: str, prompt_tokens: int, on_device: int,
                 decision: Decision | None, recompute: float | None,
-                why: str) -> None:
+                why: str, load_ratio: float = 1.0) -> None:
         loads = decision is not None and decision.loads
         self.decisions.append(DecisionRecord(
             request_id, prompt_tokens, on_device,
             decision.load_tokens if decision is not None and loads
             else on_device,
             decision.predicted_seconds if decision is not None else 0.0,
-            recompute, why))
+            recompute, why, load_ratio))
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -386,12 +405,18 @@ class KvcConnector(KVConnectorBase_V1):
                 spec.block_ids.extend(added[0])
             self._save_when_done(meta, req_id, cached.num_computed_tokens[i],
                                  scheduler_output)
-        # The step is timed as a prefill when every request in it computes
-        # prompt tokens (a decode schedules one) and none waits for a load.
+        # A step is timed when every request in it computes prompt tokens (a
+        # decode schedules one) and no load runs between steps: as a
+        # prefill (PrefillClock) when it loads nothing, else against its
+        # loads' predicted first token (LoadClock).
         scheduled = list(scheduler_output.num_scheduled_tokens.values())
-        self._step = (time.perf_counter(), sum(scheduled)) \
-            if self._measured and scheduled and min(scheduled) > 1 and \
-            not meta.loads else None
+        synchronous = [load.decision.predicted_seconds for load in meta.loads
+                       if not load.asynchronous]
+        self._step = None
+        if self._measured and scheduled and min(scheduled) > 1 and \
+                len(synchronous) == len(meta.loads):
+            self._step = (time.perf_counter(), sum(scheduled),
+                          max(synchronous, default=0.0))
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids",
                                       None) or [])
         for req_id in meta.preempted:
@@ -414,10 +439,14 @@ class KvcConnector(KVConnectorBase_V1):
     def update_connector_output(self,
                                 connector_output: "KVConnectorOutput") -> None:
         if self._step is not None:
-            began, tokens = self._step
+            began, tokens, predicted = self._step
             self._step = None
-            self._clock.observe(tokens, time.perf_counter() - began)
-            self._calibrate()
+            seconds = time.perf_counter() - began
+            if predicted > 0:
+                self._load_clock.observe(predicted, seconds)
+            else:
+                self._clock.observe(tokens, seconds)
+                self._calibrate()
         for req_id in connector_output.finished_sending or ():
             self._saving.discard(req_id)
             self._holding.discard(req_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvc.prefill import PrefillClock, scaled_target
+from kvc.prefill import LoadClock, PrefillClock, scaled_target
 
 
 def test_fits_the_steps_it_saw() -> None:
@@ -51,3 +51,19 @@ def test_scaled_target() -> None:
     assert target["compute"]["dense_tflops"] == 1.0  # not changed
     with pytest.raises(ValueError):
         scaled_target(target, 0)
+
+
+def test_load_clock_is_the_median_ratio_once_seen() -> None:
+    clock = LoadClock(samples=4, min_samples=2)
+    assert clock.ratio == 1.0
+    clock.observe(0.010, 0.030)
+    assert clock.ratio == 1.0  # one step: not yet
+    clock.observe(0.010, 0.020)
+    assert clock.ratio == pytest.approx(2.5)
+    clock.observe(0.010, 0.100)  # an outlier moves the median little
+    assert clock.ratio == pytest.approx(3.0)
+    clock.observe(0.0, 1.0)  # ignored
+    assert clock.steps == 3
+    for _ in range(4):
+        clock.observe(0.010, 0.010)
+    assert clock.ratio == pytest.approx(1.0)  # the recent ones

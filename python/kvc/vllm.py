@@ -335,14 +335,18 @@ class KvcConnector(KVConnectorBase_V1):
                            request.request_id, error)
             return 0, False
         why = decision.why
-        if self._measured:
-            why = (f"{why.split(': first token')[0].split(' is predicted')[0]}"
-                   f": first token predicted at "
-                   f"{decision.predicted_seconds * ratio * 1e3:.2f} ms "
-                   f"(the planner's {decision.predicted_seconds * 1e3:.2f} ms "
-                   f"x {ratio:.2f}, as loads ran) against vLLM's measured "
-                   f"prefill of {len(prompt) - num_computed_tokens} tokens, "
-                   f"{recompute * 1e3:.2f} ms")
+        if recompute is not None and " predicted at " in why:
+            # Say it in the measured terms it was weighed in.
+            head = why.split(" is predicted at ")[0].split(": first token")[0]
+            load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms (the "
+                    f"planner's {decision.predicted_seconds * 1e3:.2f} ms x "
+                    f"{ratio:.2f}, as loads ran)")
+            prefill = (f"vLLM's measured prefill of "
+                       f"{len(prompt) - num_computed_tokens} tokens, "
+                       f"{recompute * 1e3:.2f} ms")
+            why = f"{head}: first token predicted at {load} against {prefill}" \
+                if decision.loads else \
+                f"{head} is predicted at {load}, not faster than {prefill}"
         self._record(request.request_id, len(prompt), num_computed_tokens,
                      decision, recompute if self._measured else
                      decision.recompute_seconds, why, ratio)
@@ -390,7 +394,8 @@ class KvcConnector(KVConnectorBase_V1):
             prompt = list(new.prompt_token_ids or [])
             tenant = self._tenants.get(new.req_id)
             if self._save and tenant is not None and \
-                    len(prompt) >= self._chunk_tokens:
+                    len(prompt) >= self._chunk_tokens and \
+                    not self._stored_whole(tenant, prompt):
                 self._prefills[new.req_id] = SaveSpec(new.req_id, prompt,
                                                       blocks, tenant)
                 self._save_when_done(meta, new.req_id, new.num_computed_tokens,
@@ -425,6 +430,16 @@ class KvcConnector(KVConnectorBase_V1):
             self._prefills.pop(req_id, None)
             self._saving.discard(req_id)
         return meta
+
+    def _stored_whole(self, tenant: str, prompt: list[int]) -> bool:
+        """Whether the stores hold every whole chunk of ``prompt`` already
+        (a save would write nothing: the workers are not asked to copy
+        it out)."""
+        whole = len(prompt) // self._chunk_tokens * self._chunk_tokens
+        try:
+            return self._kvc_for(tenant).lookup(prompt).tokens >= whole
+        except Error:
+            return False
 
     def _save_when_done(self, meta: KvcConnectorMetadata, req_id: str,
                         computed: int, out: "SchedulerOutput") -> None:

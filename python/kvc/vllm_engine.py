@@ -14,6 +14,7 @@ it, with or without kvc's connector::
      "connector": {"stores": ["file:///tmp/store"], ...},   # or null
      "failure_policy": "recompute",
      "transfer": null,     # or another connector's KVTransferConfig fields
+     "settle": true,       # kvc's saves written after each generate phase
      "phases": [
        {"generate": [{"tokens": [1, 2, ...], "salt": "a"}, ...],
         "max_tokens": 8},
@@ -117,6 +118,9 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         result["phases"].append(_generate(llm, phase))
         if "error" in result["phases"][-1]:
             break
+        if spec.get("settle", True):
+            # What the phase saved is in the store before the next one.
+            _settle(llm)
     return result
 
 

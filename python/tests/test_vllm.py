@@ -272,6 +272,7 @@ def test_an_abort_during_an_asynchronous_load(model_dir: str,
     prompt = prompt_of(1, 200)
     engine.add("a", prompt)
     engine.run()
+    assert engine.worker.flush_saves()  # written behind the slow link
     engine.add("b", prompt)
     engine.step()
     assert "b" in engine.worker._receiving

@@ -253,23 +253,31 @@ def plot(results: dict[str, Any], scale: Scale, path: Path) -> None:
     if not values:
         return
     low, high = math.log10(min(values)) - 0.1, math.log10(max(values)) + 0.1
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * len(panels)}"'
-           f' height="{height + 40}" font-family="sans-serif" font-size="10">']
+    columns = len(scale.concurrency)
+    rows = -(-len(panels) // columns)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width * columns}"'
+           f' height="{(height + 40) * rows}" font-family="sans-serif" '
+           'font-size="10">']
     for i, (name, c) in enumerate(panels):
-        x0 = i * width
-        out.append(f'<text x="{x0 + pad}" y="14">{name}, concurrency {c}: '
-                   'P50 TTFT (ms, log)</text>')
+        x0, y0 = (i % columns) * width, (i // columns) * (height + 40)
+        out.append(f'<text x="{x0 + pad}" y="{y0 + 14}">{name}, concurrency '
+                   f'{c}: P50 TTFT (ms, log)</text>')
+
         def xy(band: int, seconds: float) -> tuple[float, float]:
             x = x0 + pad + band * (width - pad - 10) / max(1, len(bands) - 1)
-            y = 20 + (high - math.log10(seconds)) / (high - low) * (height - 40)
+            y = y0 + 20 + (high - math.log10(seconds)) / (high - low) * \
+                (height - 40)
             return x, y
         for b, gbps in enumerate(bands):
             x, _ = xy(b, 1.0)
-            out.append(f'<text x="{x - 8:.0f}" y="{height + 5}">{gbps}</text>')
+            out.append(f'<text x="{x - 8:.0f}" y="{y0 + height + 5}">{gbps}'
+                       '</text>')
         for e in range(math.ceil(low), math.floor(high) + 1):
             _, y = xy(0, 10.0 ** e)
-            out.append(f'<text x="{x0 + 5}" y="{y:.0f}">{10.0 ** e * 1e3:g}</text>')
-        out.append(f'<text x="{x0 + pad}" y="{height + 20}">store Gbps</text>')
+            out.append(f'<text x="{x0 + 5}" y="{y:.0f}">{10.0 ** e * 1e3:g}'
+                       '</text>')
+        out.append(f'<text x="{x0 + pad}" y="{y0 + height + 20}">store Gbps'
+                   '</text>')
         for row, color in colors.items():
             points = []
             for b, gbps in enumerate(bands):
@@ -282,7 +290,7 @@ def plot(results: dict[str, Any], scale: Scale, path: Path) -> None:
                 out.append(f'<polyline fill="none" stroke="{color}" '
                            f'stroke-width="2" points="{line}"/>')
         for j, (row, color) in enumerate(colors.items()):
-            out.append(f'<text x="{x0 + pad + 5}" y="{30 + 12 * j}" '
+            out.append(f'<text x="{x0 + pad + 5}" y="{y0 + 30 + 12 * j}" '
                        f'fill="{color}">{dict(ROWS)[row]}</text>')
     out.append("</svg>")
     path.write_text("\n".join(out) + "\n")
@@ -295,8 +303,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", default=",".join(r for r, _ in ROWS))
     parser.add_argument("--workloads", default="longdoc,prefix")
+    parser.add_argument("--replot", action="store_true",
+                        help="redraw table.md and ttft.svg from --out's "
+                        "results.json")
     args = parser.parse_args()
     scale = TOY if args.toy else FULL
+    if args.replot:
+        saved = json.loads((args.out / "results.json").read_text())
+        (args.out / "table.md").write_text(table(saved["results"], scale))
+        plot(saved["results"], scale, args.out / "ttft.svg")
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="kvc-ttft-") as tmp:

@@ -26,8 +26,10 @@ measured vLLM's prefill, and every row runs warm).
     .venv/bin/python bench/vllm-ttft.py --out docs/results/vllm-ttft
     .venv/bin/python bench/vllm-ttft.py --toy --out /tmp/ttft   # make check
 
-Writes ``results.json`` (every point's raw per-request numbers),
-``table.md`` and ``ttft.svg`` (P50 TTFT against bandwidth) to ``--out``. Needs kvc's package importable (PYTHONPATH=
+Writes ``results.json`` (every point's raw per-request numbers and kvc's
+decisions), ``table.md`` (the points, and kvc deciding's predictions
+against what was measured) and ``ttft.svg`` (P50 TTFT against bandwidth)
+to ``--out``. Needs kvc's package importable (PYTHONPATH=
 build/python) and vLLM's CPU build (the project's .venv).
 """
 
@@ -193,6 +195,8 @@ def run_point(model: Path, scale: Scale, name: str, row: str, gbps: str,
         decisions = [d for p in reuse for d in p.get("decisions", [])]
         points[str(c)] = {
             "ttft": ttft, "hit_rate": hits / prompt,
+            "prefill_seconds": [t for p in reuse for t in p["prefill_seconds"]],
+            "decided": decisions,
             "tokens_per_second": prompt / seconds,
             "loads": sum(1 for d in decisions if d["load_tokens"] >
                          d["tokens_on_device"]),
@@ -235,6 +239,44 @@ def table(results: dict[str, Any], scale: Scale) -> str:
                          f"{p['tokens_per_second']:.0f} | {loads} |")
     for name in ("longdoc", "prefix"):
         lines.append(f"| {name} | LMCache | - | - | {LMCACHE_WHY} |||||")
+    return "\n".join(lines) + "\n"
+
+
+def predictions(results: dict[str, Any]) -> str:
+    """kvc deciding's predictions against what the same run measured, at
+    the lowest concurrency (1: one request a step): vLLM's prefill as the connector
+    measured and predicted it, against vLLM alone's measured prefill of the
+    same prompts; and each loading decision's predicted first token (the
+    planner's, times the load clock's ratio) against its measured prefill."""
+    lines = ["| workload | store Gbps | predicted recompute ms | vLLM alone's "
+             "prefill ms | error | loads | predicted load ms | measured ms |"
+             " error |", "|---|---|---|---|---|---|---|---|---|"]
+    for key, point in results.items():
+        name, row, gbps = key.split("|")
+        lowest = min(point.get("points", {"0": 0}), key=int)
+        p = point.get("points", {}).get(lowest)
+        alone = results.get(f"{name}|recompute|inf", {}).get("points", {}
+                                                              ).get(lowest)
+        if row != "kvc-decide" or not p or "decided" not in p or not alone:
+            continue
+        predicted = [d["recompute_seconds"] for d in p["decided"]
+                     if d["recompute_seconds"]]
+        measured = statistics.fmean(alone["prefill_seconds"])
+        loads = [(d["predicted_seconds"] * d.get("load_ratio", 1.0), t)
+                 for d, t in zip(p["decided"], p["prefill_seconds"])
+                 if d["load_tokens"] > d["tokens_on_device"]]
+        cells = ["-"] * 3
+        if loads:
+            guess = statistics.fmean(g for g, _ in loads)
+            real = statistics.fmean(t for _, t in loads)
+            cells = [f"{guess * 1e3:.1f}", f"{real * 1e3:.1f}",
+                     f"{guess / real - 1:+.0%}"]
+        if predicted:
+            guess = statistics.fmean(predicted)
+            lines.append(f"| {name} | {gbps} | {guess * 1e3:.1f} | "
+                         f"{measured * 1e3:.1f} | {guess / measured - 1:+.0%} "
+                         f"| {len(loads)}/{len(p['decided'])} | "
+                         + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -310,7 +352,8 @@ def main() -> int:
     scale = TOY if args.toy else FULL
     if args.replot:
         saved = json.loads((args.out / "results.json").read_text())
-        (args.out / "table.md").write_text(table(saved["results"], scale))
+        (args.out / "table.md").write_text(table(saved["results"], scale) +
+                                           "\n" + predictions(saved["results"]))
         plot(saved["results"], scale, args.out / "ttft.svg")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -329,7 +372,8 @@ def main() -> int:
                     (args.out / "results.json").write_text(json.dumps(
                         {"scale": scale.__dict__, "results": results},
                         indent=1))
-    (args.out / "table.md").write_text(table(results, scale))
+    (args.out / "table.md").write_text(table(results, scale) + "\n" +
+                                       predictions(results))
     plot(results, scale, args.out / "ttft.svg")
     print(table(results, scale))
     failed = [k for k, v in results.items() if "error" in v or any(

@@ -100,7 +100,7 @@ class LoadClock:
         min_samples: steps needed before the ratio moves from 1.
     """
 
-    def __init__(self, samples: int = 32, min_samples: int = 2) -> None:
+    def __init__(self, samples: int = 32, min_samples: int = 1) -> None:
         self._ratios: deque[float] = deque(maxlen=samples)
         self._min_samples = min_samples
 

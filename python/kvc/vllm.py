@@ -110,8 +110,9 @@ class DecisionRecord:
     why: str
     load_ratio: float = 1.0
     """How much longer than predicted the engine's loads were measured to
-    take (:class:`kvc.prefill.LoadClock`); the load was weighed at
-    ``predicted_seconds * load_ratio``."""
+    take (:class:`kvc.prefill.LoadClock`), times the loads decided before it
+    for the same step plus one (they share the links); the load was weighed
+    at ``predicted_seconds * load_ratio``."""
 
 
 @dataclass
@@ -325,7 +326,10 @@ class KvcConnector(KVConnectorBase_V1):
                              "recomputes: vLLM's prefill is not measured yet "
                              f"({self._clock.steps} steps seen)")
                 return 0, False
-        ratio = self._load_clock.ratio if self._measured else 1.0
+        # Loads decided for this step share the stores' links: each is
+        # weighed as if it waited for those before it.
+        ratio = self._load_clock.ratio * (1 + len(self._pending_loads)) \
+            if self._measured else 1.0
         try:
             decision = self._kvc_for(tenant).decide(
                 request.request_id, tokens, num_computed_tokens,
@@ -340,7 +344,7 @@ class KvcConnector(KVConnectorBase_V1):
             head = why.split(" is predicted at ")[0].split(": first token")[0]
             load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms (the "
                     f"planner's {decision.predicted_seconds * 1e3:.2f} ms x "
-                    f"{ratio:.2f}, as loads ran)")
+                    f"{ratio:.2f}, as loads ran, beside this step's others)")
             prefill = (f"vLLM's measured prefill of "
                        f"{len(prompt) - num_computed_tokens} tokens, "
                        f"{recompute * 1e3:.2f} ms")
@@ -420,8 +424,9 @@ class KvcConnector(KVConnectorBase_V1):
         self._step = None
         if self._measured and scheduled and min(scheduled) > 1 and \
                 len(synchronous) == len(meta.loads):
+            # A step's loads share the links: it is predicted at their sum.
             self._step = (time.perf_counter(), sum(scheduled),
-                          max(synchronous, default=0.0))
+                          sum(synchronous))
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids",
                                       None) or [])
         for req_id in meta.preempted:

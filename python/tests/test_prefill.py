@@ -54,7 +54,7 @@ def test_scaled_target() -> None:
 
 
 def test_load_clock_is_the_median_ratio_once_seen() -> None:
-    clock = LoadClock(samples=4, min_samples=2)
+    clock = LoadClock(samples=4, min_samples=2)  # (1 by default)
     assert clock.ratio == 1.0
     clock.observe(0.010, 0.030)
     assert clock.ratio == 1.0  # one step: not yet

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from kvc.vllm_engine import corrupt_one_object
-
 __all__ = ["corrupt_one_object", "engine_llama_config", "tiny_llama_config"]
+
+
+def corrupt_one_object(store: Path) -> Path:
+    """Flips 16 bytes in the middle of one stored object of a file:// store
+    (kvc.vllm_engine's, imported when called: scripts that import these
+    helpers find kvc only later)."""
+    from kvc.vllm_engine import corrupt_one_object as corrupt
+
+    return corrupt(store)
 
 
 def tiny_llama_config(transformers: Any) -> Any:

@@ -171,11 +171,12 @@ class Engine:
                 invalid_block_ids=errors)))
         return out
 
-    def run(self, seconds: float = 300) -> None:
+    def run(self, seconds: float = 300, settle: bool = True) -> None:
         """Steps until no request is left (vLLM's engine loop keeps stepping
-        while a finished request's save still holds its blocks). ``seconds``
-        guards against a hang only: a loaded CI machine may take tens of
-        seconds."""
+        while a finished request's save still holds its blocks), then (with
+        ``settle``) waits for the saves' writes, which the worker waits for
+        off the forward pass. ``seconds`` guards against a hang only: a
+        loaded CI machine may take tens of seconds."""
         deadline = time.monotonic() + seconds
         while self.scheduler.requests or self.worker._saves_started:
             if time.monotonic() > deadline:
@@ -184,6 +185,8 @@ class Engine:
             out = self.step()
             if not out.num_scheduled_tokens:
                 time.sleep(0.001)
+        if settle:
+            assert self.worker.flush_saves(seconds)
 
     def loaded_error(self, request_id: str) -> float:
         """The largest difference of the loaded tokens' K and V from a full
@@ -271,8 +274,7 @@ def test_an_abort_during_an_asynchronous_load(model_dir: str,
                     policy="always", strategies=["kv"], async_load=True)
     prompt = prompt_of(1, 200)
     engine.add("a", prompt)
-    engine.run()
-    assert engine.worker.flush_saves()  # written behind the slow link
+    engine.run()  # and written behind the slow link
     engine.add("b", prompt)
     engine.step()
     assert "b" in engine.worker._receiving

@@ -260,15 +260,16 @@ def test_prices_vllms_own_prefill(larger_model_dir: str,
     assert loaded["outputs"] == stored["outputs"]
 
     # A target that prices kvc's compute ten times slower than vLLM's, and
-    # the store behind a link where a load of the prompt takes ~0.3 s:
-    # priced against the target, the load looks faster than recomputing
-    # (and is slower); against vLLM's measured prefill, vLLM prefills.
+    # the store behind a link where a load of one chunk (64 tokens) takes
+    # longer than vLLM's prefill of the whole prompt: priced against the
+    # target, loads look faster than recomputing (and are slower); against
+    # vLLM's measured prefill, vLLM prefills.
     target = json.loads((Path(kvc.__file__).parent / "targets" /
                          "cpu-2core.json").read_text())
     target["compute"]["dense_tflops"] /= 10
     target["compute"]["mem_gbs"] /= 10
     (tmp_path / "slow-compute.json").write_text(json.dumps(target))
-    slow_store = {"stores": [f"file://{store}?gbps=0.08"],
+    slow_store = {"stores": [f"file://{store}?gbps=0.005"],
                   "chunk_tokens": CHUNK, "save": False, "strategies": ["kv"],
                   "target": str(tmp_path / "slow-compute.json")}
     slow = run_engine({
@@ -288,7 +289,8 @@ def test_prices_vllms_own_prefill(larger_model_dir: str,
         "max_model_len": 2048,
         "connector": {**slow_store, "prefill": "target"},
         "phases": [generate(prompt)]}, tmp_path, "priced-by-target")
-    assert by_target["phases"][0]["counters"][HITS] == held(800)
+    assert by_target["phases"][0]["counters"][HITS] > 0
+    assert by_target["phases"][0]["outputs"] == stored["outputs"]
 
 
 def test_aborts_mid_load_and_mid_save(model_dir: str, reference: Any,

@@ -682,9 +682,12 @@ class KvcConnector(KVConnectorBase_V1):
         self._finished_requests |= finished_req_ids
         for req_id in finished_req_ids & self._receiving.keys():
             # Aborted while loading: stopped, and reported once it ended
-            # (vLLM holds the blocks until then).
+            # (vLLM holds the blocks until then; its staging blocks come
+            # back then too, as it may write them until it ends).
             self._receiving[req_id].cancelled = True
-            self._forget_load(req_id)
+            kvc = self._kvc_of.get(req_id)
+            if kvc is not None:
+                _cancel(kvc, req_id)
         self._poll()
         done = {r for r in self._saves_copied if r in self._finished_requests}
         for req_id in done:
@@ -705,7 +708,9 @@ class KvcConnector(KVConnectorBase_V1):
             if req_id in self._loads_ended:
                 load = self._receiving.pop(req_id)
                 if load.cancelled:
-                    self._release_load(req_id)
+                    self._forget_load(req_id)
+                    if req_id not in self._saves_started:
+                        self._kvc_of.pop(req_id, None)
                 else:
                     self._end_load(load)
                 received.add(req_id)

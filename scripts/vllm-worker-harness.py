@@ -70,6 +70,9 @@ def stub_vllm() -> None:
     class KVConnectorMetadata:
         pass
 
+    class KVConnectorWorkerMetadata:
+        pass
+
     class KVConnectorBase_V1:
         """What vLLM's base class does for a connector's worker side: it
         keeps the config and the metadata it is bound each step."""
@@ -95,6 +98,8 @@ def stub_vllm() -> None:
     base.KVConnectorRole = KVConnectorRole  # type: ignore[attr-defined]
     base.KVConnectorMetadata = KVConnectorMetadata  # type: ignore[attr-defined]
     base.KVConnectorBase_V1 = KVConnectorBase_V1  # type: ignore[attr-defined]
+    base.KVConnectorWorkerMetadata = \
+        KVConnectorWorkerMetadata  # type: ignore[attr-defined]
     log = types.ModuleType("vllm.logger")
     log.init_logger = logging.getLogger  # type: ignore[attr-defined]
     names = ["vllm", "vllm.distributed", "vllm.distributed.kv_transfer",

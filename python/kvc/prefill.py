@@ -4,8 +4,8 @@ A connector that decides between loading KV and letting the server
 recompute it must price the recompute at the server's speed, not at kvc's:
 a load priced against a slower prefill than the server's would be chosen
 where recomputing is faster. :class:`PrefillClock` learns the server's
-prefill from the steps it times (seconds = a + b * tokens, least squares
-over the recent steps that only prefilled), and :func:`scaled_target`
+prefill from the steps it times (seconds = a + b * tokens, a Theil-Sen
+fit over the recent steps that only prefilled), and :func:`scaled_target`
 rescales a target machine's compute so that kvc's planner prices the
 server's forward pass (which a layer-wise load runs beside) at that speed.
 :class:`LoadClock` holds what the planner does not see of the server's
@@ -74,20 +74,30 @@ class PrefillClock:
             return self._fit
         if len(self._steps) < self._min_samples:
             return None
-        n = len(self._steps)
-        mean_t = sum(t for t, _ in self._steps) / n
-        mean_s = sum(s for _, s in self._steps) / n
-        var = sum((t - mean_t) ** 2 for t, _ in self._steps)
-        if var <= 0:
+        # Theil-Sen: the median of the slopes between steps of different
+        # sizes, so that a step the host stalled in (a page fault, another
+        # process) does not tilt the line as it would a least-squares fit.
+        steps = list(self._steps)
+        slopes = [(s2 - s1) / (t2 - t1)
+                  for i, (t1, s1) in enumerate(steps)
+                  for t2, s2 in steps[i + 1:] if t2 != t1]
+        if not slopes:
             return None  # One size only: no slope to fit.
-        per_token = sum((t - mean_t) * (s - mean_s)
-                        for t, s in self._steps) / var
+        per_token = _median(slopes)
         if per_token <= 0:
             return None  # Noise larger than the signal: not yet.
         # A step's fixed cost is never negative.
-        intercept = max(0.0, mean_s - per_token * mean_t)
+        intercept = max(0.0, _median([s - per_token * t for t, s in steps]))
         self._fit = (intercept, per_token)
         return self._fit
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class LoadClock:
@@ -115,11 +125,7 @@ class LoadClock:
         """Measured over predicted seconds of a step that loads."""
         if len(self._ratios) < self._min_samples:
             return 1.0
-        ordered = sorted(self._ratios)
-        middle = len(ordered) // 2
-        if len(ordered) % 2:
-            return ordered[middle]
-        return (ordered[middle - 1] + ordered[middle]) / 2
+        return _median(list(self._ratios))
 
     @property
     def steps(self) -> int:

@@ -11,7 +11,8 @@ The scheduler side asks a kvc Connector what the stores hold of a prompt
 and whether loading beats vLLM's own prefill (``get_num_new_matched_tokens``);
 the worker side loads the decided tokens layer by layer into vLLM's paged
 KV memory while the forward pass runs (``wait_for_layer_load``) and saves
-each prompt's whole chunks as its prefill writes them (``save_kv_layer``).
+each prompt's whole chunks once its prefill wrote them (``wait_for_save``,
+after the forward pass; the copies and writes run in the background).
 Blocks a load could not fill intact are reported to vLLM, which recomputes
 them. Every request's chunks are keyed by its tenant: the configured
 tenant, the cache's dtype, vLLM's ``cache_salt`` and the LoRA adapter, so
@@ -36,6 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
 )
 from vllm.logger import init_logger
 
@@ -55,7 +57,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-__all__ = ["KvcConnector", "KvcConnectorMetadata", "DecisionRecord"]
+__all__ = ["KvcConnector", "KvcConnectorMetadata", "KvcWorkerMetadata",
+           "DecisionRecord"]
 
 _SAVE_DRAIN_SECONDS = 30.0
 # The measured prefill is applied to the target again when it moves by more.
@@ -109,10 +112,14 @@ class DecisionRecord:
     not yet measured."""
     why: str
     load_ratio: float = 1.0
-    """How much longer than predicted the engine's loads were measured to
-    take (:class:`kvc.prefill.LoadClock`), times the loads decided before it
-    for the same step plus one (they share the links); the load was weighed
+    """How much longer than predicted the engine's steps that loaded were
+    measured to take (:class:`kvc.prefill.LoadClock`): the load was weighed
     at ``predicted_seconds * load_ratio``."""
+    budget_seconds: float | None = None
+    """What the load could take and still end no later than recomputing
+    would, beside the loads and prefills decided before it for the same
+    step (``recompute_seconds`` when it is the step's first); None when
+    priced by the target."""
 
 
 @dataclass
@@ -122,6 +129,24 @@ class KvcConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KvcWorkerMetadata(KVConnectorWorkerMetadata):
+    """What the workers tell the scheduler side after a step."""
+
+    save_seconds: float = 0.0
+    """Seconds the step spent handing its saves to kvc (on vLLM's CPU
+    build, copying them out of vLLM's blocks): kvc's own work, which the
+    scheduler takes out of the step's time before it prices vLLM's prefill
+    from it."""
+
+    def aggregate(self, other: KVConnectorWorkerMetadata
+                  ) -> KVConnectorWorkerMetadata:
+        # Ranks run side by side: the step waited for the slowest.
+        theirs = other.save_seconds if isinstance(other, KvcWorkerMetadata) \
+            else 0.0
+        return KvcWorkerMetadata(max(self.save_seconds, theirs))
 
 
 def _layer_index(name: str) -> int:
@@ -211,6 +236,9 @@ class KvcConnector(KVConnectorBase_V1):
             policy == "cheapest" and prefill == "measured"
         self._clock = PrefillClock()
         self._load_clock = LoadClock()
+        # The step being scheduled: the link's predicted seconds of the
+        # loads decided so far, and the tokens vLLM computes for them.
+        self._step_work: tuple[float, int] = (0.0, 0)
         self._base_target: dict[str, Any] = options["target"]
         self._target_factor: float | None = None
         self._forward_prices: dict[int, float] = {}
@@ -265,6 +293,8 @@ class KvcConnector(KVConnectorBase_V1):
         self._saves_copied: set[str] = set()
         self._finished_requests: set[str] = set()
         self._on_cuda = False
+        # The step's time in wait_for_save's saves (build_connector_worker_meta).
+        self._save_seconds = 0.0
 
     def _kvc_for(self, tenant: str) -> Connector:
         """The kvc Connector of ``tenant``, made (and, on a worker, given
@@ -311,14 +341,13 @@ class KvcConnector(KVConnectorBase_V1):
         tenant = self._tenants.get(request.request_id)
         if tenant is None or len(tokens) <= num_computed_tokens:
             return 0, False
-        recompute = None
+        recompute = budget = None
+        ratio = 1.0
         if self._measured:
             # Priced against vLLM's measured prefill of what it would
-            # compute: nothing loads until that is measured. The planner's
-            # load is weighed as the loads measured against their
-            # predictions ran: predicted x ratio < recompute, which C++
-            # sees as predicted < recompute / ratio.
-            recompute = self._clock.seconds(len(prompt) - num_computed_tokens) \
+            # compute: nothing loads until that is measured.
+            computed = len(prompt) - num_computed_tokens
+            recompute = self._clock.seconds(computed) \
                 if self._target_factor is not None else None
             if recompute is None:
                 self._record(request.request_id, len(prompt),
@@ -326,34 +355,56 @@ class KvcConnector(KVConnectorBase_V1):
                              "recomputes: vLLM's prefill is not measured yet "
                              f"({self._clock.steps} steps seen)")
                 return 0, False
-        # Loads decided for this step share the stores' links: each is
-        # weighed as if it waited for those before it.
-        ratio = self._load_clock.ratio * (1 + len(self._pending_loads)) \
-            if self._measured else 1.0
+            # The step runs its loads on the stores' link beside its
+            # prefills on the CPU or GPU, and its requests' first tokens
+            # come when the longer of the two ends. Loading this request
+            # beats recomputing it when its load, behind the step's loads
+            # decided so far, ends before the step's prefills with it
+            # recomputed would: the load may take what recomputing would
+            # add past the link's busy time. The planner's load is weighed
+            # as steps that loaded ran against their prediction (ratio):
+            # predicted x ratio < budget, which C++ sees as predicted <
+            # budget / ratio.
+            link, queued = self._step_work
+            compute = self._clock.seconds(queued + computed) or 0.0
+            budget = max(link, compute) - link
+            ratio = self._load_clock.ratio
         try:
             decision = self._kvc_for(tenant).decide(
                 request.request_id, tokens, num_computed_tokens,
-                None if recompute is None else recompute / ratio)
+                None if budget is None else budget / ratio)
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
             return 0, False
         why = decision.why
-        if recompute is not None and " predicted at " in why:
-            # Say it in the measured terms it was weighed in.
-            head = why.split(" is predicted at ")[0].split(": first token")[0]
-            load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms (the "
-                    f"planner's {decision.predicted_seconds * 1e3:.2f} ms x "
-                    f"{ratio:.2f}, as loads ran, beside this step's others)")
-            prefill = (f"vLLM's measured prefill of "
-                       f"{len(prompt) - num_computed_tokens} tokens, "
-                       f"{recompute * 1e3:.2f} ms")
-            why = f"{head}: first token predicted at {load} against {prefill}" \
-                if decision.loads else \
-                f"{head} is predicted at {load}, not faster than {prefill}"
+        if budget is not None and recompute is not None:
+            link, queued = self._step_work
+            loads = decision.loads
+            # What vLLM computes of this request: past the load, or all.
+            self._step_work = (
+                link + (decision.predicted_seconds * ratio if loads else 0.0),
+                queued + len(prompt) - (decision.load_tokens if loads
+                                        else num_computed_tokens))
+            if " predicted at " in why:
+                # Say it in the measured terms it was weighed in.
+                head = why.split(" is predicted at ")[0] \
+                    .split(": first token")[0]
+                load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms "
+                        f"(the planner's {decision.predicted_seconds * 1e3:.2f}"
+                        f" ms x {ratio:.2f}, as loads ran)")
+                against = (f"{budget * 1e3:.2f} ms: vLLM's measured prefill "
+                           f"of its {len(prompt) - num_computed_tokens} tokens "
+                           f"is {recompute * 1e3:.2f} ms alone"
+                           + (f", and this step already loads for "
+                              f"{link * 1e3:.2f} ms and prefills {queued} "
+                              "tokens" if link or queued else ""))
+                why = f"{head}: load predicted at {load} within {against}" \
+                    if loads else \
+                    f"{head}: load predicted at {load}, not within {against}"
         self._record(request.request_id, len(prompt), num_computed_tokens,
                      decision, recompute if self._measured else
-                     decision.recompute_seconds, why, ratio)
+                     decision.recompute_seconds, why, ratio, budget)
         logger.debug("kvc: request %s: %s", request.request_id, why)
         self._on_device[request.request_id] = num_computed_tokens
         if not decision.loads:
@@ -364,14 +415,15 @@ class KvcConnector(KVConnectorBase_V1):
 
     def _record(self, request_id: str, prompt_tokens: int, on_device: int,
                 decision: Decision | None, recompute: float | None,
-                why: str, load_ratio: float = 1.0) -> None:
+                why: str, load_ratio: float = 1.0,
+                budget: float | None = None) -> None:
         loads = decision is not None and decision.loads
         self.decisions.append(DecisionRecord(
             request_id, prompt_tokens, on_device,
             decision.load_tokens if decision is not None and loads
             else on_device,
             decision.predicted_seconds if decision is not None else 0.0,
-            recompute, why, load_ratio))
+            recompute, why, load_ratio, budget))
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -389,6 +441,7 @@ class KvcConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: "SchedulerOutput"
                              ) -> KVConnectorMetadata:
         meta = KvcConnectorMetadata()
+        self._step_work = (0.0, 0)  # The next step's scheduling begins.
         # Loads of this step's allocations: a synchronous one's request runs
         # this step; an asynchronous one's waits until the worker reports it.
         meta.loads = list(self._pending_loads.values())
@@ -417,14 +470,14 @@ class KvcConnector(KVConnectorBase_V1):
         # A step is timed when every request in it computes prompt tokens (a
         # decode schedules one) and no load runs between steps: as a
         # prefill (PrefillClock) when it loads nothing, else against its
-        # loads' predicted first token (LoadClock).
+        # predicted time (LoadClock): the longer of its loads, one after
+        # another on the link, and its prefills.
         scheduled = list(scheduler_output.num_scheduled_tokens.values())
         synchronous = [load.decision.predicted_seconds for load in meta.loads
                        if not load.asynchronous]
         self._step = None
         if self._measured and scheduled and min(scheduled) > 1 and \
                 len(synchronous) == len(meta.loads):
-            # A step's loads share the links: it is predicted at their sum.
             self._step = (time.perf_counter(), sum(scheduled),
                           sum(synchronous))
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids",
@@ -461,9 +514,14 @@ class KvcConnector(KVConnectorBase_V1):
         if self._step is not None:
             began, tokens, predicted = self._step
             self._step = None
-            seconds = time.perf_counter() - began
+            # vLLM's step, without what kvc's saves added to it.
+            worker = connector_output.kv_connector_worker_meta
+            saved = worker.save_seconds \
+                if isinstance(worker, KvcWorkerMetadata) else 0.0
+            seconds = time.perf_counter() - began - saved
             if predicted > 0:
-                self._load_clock.observe(predicted, seconds)
+                computed = self._clock.seconds(tokens) or 0.0
+                self._load_clock.observe(max(predicted, computed), seconds)
             else:
                 self._clock.observe(tokens, seconds)
                 self._calibrate()
@@ -634,14 +692,30 @@ class KvcConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
                       attn_metadata: Any, **kwargs: Any) -> None:
+        # Saved in wait_for_save, after the forward pass: kvc's copies and
+        # writes never run beside it (on a CPU they slow it down, and
+        # vLLM's prefill would be priced at that slower speed). The blocks
+        # stay as written: the scheduler holds them until the save ends.
+        return
+
+    def wait_for_save(self) -> None:
+        # The step's saves copy out and write in the background; the
+        # scheduler holds their blocks until get_finished reports them.
         meta = self._metadata()
-        if not meta.saves:
-            return
-        if self._on_cuda:
-            # kvc reads the blocks on its own stream: the layer's writes on
-            # vLLM's stream must have landed.
-            torch.cuda.current_stream().synchronize()
-        layer = _layer_index(layer_name)
+        if meta.saves:
+            began = time.perf_counter()
+            try:
+                if self._on_cuda:
+                    # kvc reads the blocks on its own stream: the forward
+                    # pass's writes on vLLM's stream must have landed.
+                    torch.cuda.current_stream().synchronize()
+                for layer in range(self._layers):
+                    self._save_layer(meta, layer)
+            finally:
+                self._save_seconds += time.perf_counter() - began
+        self._end_loads()
+
+    def _save_layer(self, meta: KvcConnectorMetadata, layer: int) -> None:
         for save in meta.saves:
             kvc = self._kvc_for(save.tenant)
             self._kvc_of[save.request_id] = kvc
@@ -662,10 +736,9 @@ class KvcConnector(KVConnectorBase_V1):
                 self._saves_started.add(save.request_id)
                 self._saves_copied.add(save.request_id)
 
-    def wait_for_save(self) -> None:
-        # Saves copy out and write in the background; the scheduler holds
-        # their blocks until get_finished reports them.
-        self._end_loads()
+    def build_connector_worker_meta(self) -> KvcWorkerMetadata | None:
+        seconds, self._save_seconds = self._save_seconds, 0.0
+        return KvcWorkerMetadata(seconds) if seconds > 0 else None
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata
                            ) -> None:

@@ -14,9 +14,11 @@ it, with or without kvc's connector::
      "connector": {"stores": ["file:///tmp/store"], ...},   # or null
      "failure_policy": "recompute",
      "transfer": null,     # or another connector's KVTransferConfig fields
+     "lora": {"max_rank": 8, "adapters": {"a": "/adapters/a"}},  # or absent
      "settle": true,       # kvc's saves written after each generate phase
      "phases": [
-       {"generate": [{"tokens": [1, 2, ...], "salt": "a"}, ...],
+       {"generate": [{"tokens": [1, 2, ...], "salt": "a", "lora": "a"},
+                     ...],
         "max_tokens": 8},
        {"abort": {"generate": [...], "steps": 3, "abort": [0]},
         "max_tokens": 8},              # aborts prompt 0 after 3 steps
@@ -115,7 +117,8 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         if "settle" in phase:
             result["phases"].append({"settled": _settle(llm)})
             continue
-        result["phases"].append(_generate(llm, phase))
+        result["phases"].append(_generate(
+            llm, phase, (spec.get("lora") or {}).get("adapters", {})))
         if "error" in result["phases"][-1]:
             break
         if spec.get("settle", True):
@@ -160,6 +163,10 @@ def _settle(llm: Any, seconds: float = 300.0) -> bool:
 def _start(spec: dict[str, Any], transfer: Any) -> Any:
     from vllm import LLM
 
+    lora = spec.get("lora")
+    adapters: dict[str, Any] = {} if lora is None else dict(
+        enable_lora=True, max_lora_rank=int(lora.get("max_rank", 8)),
+        max_loras=max(1, len(lora["adapters"])))
     return LLM(model=spec["model"], skip_tokenizer_init=True,
                dtype=spec.get("dtype", "bfloat16"),
                block_size=int(spec.get("block_size", 32)),
@@ -169,20 +176,26 @@ def _start(spec: dict[str, Any], transfer: Any) -> Any:
                distributed_executor_backend="uni", enforce_eager=True,
                disable_log_stats=False, seed=0,
                num_gpu_blocks_override=spec.get("num_gpu_blocks"),
-               kv_transfer_config=transfer)
+               kv_transfer_config=transfer, **adapters)
 
 
-def _generate(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
+def _generate(llm: Any, phase: dict[str, Any],
+              adapters: dict[str, str]) -> dict[str, Any]:
     """Generates the phase's prompts (greedy) as one batch."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
-    prompts = []
+    prompts, loras = [], []
+    names = sorted(adapters)
     for p in phase["generate"]:
         prompt = TokensPrompt(prompt_token_ids=list(p["tokens"]))
         if p.get("salt"):
             prompt["cache_salt"] = str(p["salt"])
         prompts.append(prompt)
+        name = p.get("lora")
+        loras.append(None if name is None else LoRARequest(
+            name, names.index(name) + 1, adapters[name]))
     params = SamplingParams(max_tokens=int(phase.get("max_tokens", 8)),
                             temperature=0.0, ignore_eos=True)
     connector = _scheduler_connector(llm)
@@ -190,7 +203,8 @@ def _generate(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:
     before = _counters(llm)
     began = time.perf_counter()
     try:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False,
+                               lora_request=loras if any(loras) else None)
     except Exception as error:  # noqa: BLE001 - reported to the caller
         return {"error": f"{type(error).__name__}: {error}"}
     seconds = time.perf_counter() - began

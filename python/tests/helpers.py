@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["corrupt_one_object", "engine_llama_config", "tiny_llama_config"]
+__all__ = ["corrupt_one_object", "engine_llama_config", "tiny_llama_config",
+           "write_lora_adapter"]
 
 
 def corrupt_one_object(store: Path) -> Path:
@@ -35,3 +36,34 @@ def engine_llama_config(transformers: Any) -> Any:
         vocab_size=256, hidden_size=128, intermediate_size=256,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=2048, initializer_range=0.3)
+
+
+def write_lora_adapter(directory: Path, config: Any, seed: int,
+                       rank: int = 8) -> Path:
+    """A random LoRA adapter (PEFT's files: adapter_config.json and
+    adapter_model.safetensors) on every layer's k_proj and v_proj of a
+    Llama of ``config``: it changes the KV the model computes."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    kv = config.num_key_value_heads * (config.hidden_size //
+                                       config.num_attention_heads)
+    tensors = {}
+    for layer in range(config.num_hidden_layers):
+        for module in ("k_proj", "v_proj"):
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(
+                rank, config.hidden_size, generator=g) * 0.3
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(
+                kv, rank, generator=g) * 0.3
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    (directory / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": rank,
+        "target_modules": ["k_proj", "v_proj"], "bias": "none",
+        "lora_dropout": 0.0, "fan_in_fan_out": False,
+        "task_type": "CAUSAL_LM"}))
+    return directory

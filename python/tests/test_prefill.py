@@ -32,6 +32,16 @@ def test_needs_more_than_one_size_and_a_positive_slope() -> None:
     assert clock.steps == 2
 
 
+def test_a_stalled_step_does_not_tilt_the_fit() -> None:
+    clock = PrefillClock(min_samples=3)
+    for tokens in (100, 200, 300, 400, 500, 600, 700):
+        clock.observe(tokens, 0.002 + 1e-4 * tokens)
+    clock.observe(800, 3 * (0.002 + 1e-4 * 800))  # the host stalled
+    # A least-squares line through these prices 800 tokens 83% high.
+    assert clock.seconds(800) == pytest.approx(0.082, rel=0.02)
+    assert clock.seconds(100) == pytest.approx(0.012, rel=0.02)
+
+
 def test_keeps_the_recent_steps() -> None:
     clock = PrefillClock(samples=4, min_samples=2)
     for tokens in (100, 200, 300, 400):

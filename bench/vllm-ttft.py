@@ -121,11 +121,12 @@ def workload(name: str, scale: Scale, concurrency: int
 
 
 def warmup(scale: Scale) -> list[dict[str, Any]]:
-    """Prompts of several lengths, one at a time: every engine runs them
-    first (kvc measures vLLM's prefill from them)."""
+    """Prompts of several lengths, one at a time, each length twice (the
+    first step of a size picks vLLM's CPU kernels for it): every engine
+    runs them first, and kvc measures vLLM's prefill from them."""
     lengths = [scale.doc_tokens * k // 8 for k in (1, 3, 5, 8, 2, 6, 4, 7)]
     return [{"generate": [{"tokens": tokens(77 + i, n)}], "max_tokens": 1}
-            for i, n in enumerate(lengths)]
+            for i, n in enumerate(lengths + lengths)]
 
 
 def engine_connector(row: str, store: Path, gbps: str) -> dict[str, Any]:
@@ -201,7 +202,9 @@ def run_point(model: Path, scale: Scale, name: str, row: str, gbps: str,
             "loads": sum(1 for d in decisions if d["load_tokens"] >
                          d["tokens_on_device"]),
             "decisions": len(decisions)}
-    return {"points": points, "seconds": time.perf_counter() - began}
+    return {"points": points, "seconds": time.perf_counter() - began,
+            "prefill_steps": result.get("prefill_steps"),
+            "prefill_fit": result.get("prefill_fit")}
 
 
 def summarize(ttft: list[float]) -> tuple[float, float, float]:
@@ -345,6 +348,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rows", default=",".join(r for r, _ in ROWS))
     parser.add_argument("--workloads", default="longdoc,prefix")
+    parser.add_argument("--gbps", help="the store bandwidths of the kvc rows "
+                        "(default: the scale's)")
     parser.add_argument("--replot", action="store_true",
                         help="redraw table.md and ttft.svg from --out's "
                         "results.json")
@@ -365,7 +370,8 @@ def main() -> int:
         for name in args.workloads.split(","):
             for row in args.rows.split(","):
                 kvc_row = row.startswith("kvc")
-                for gbps in scale.gbps if kvc_row else ("inf",):
+                bands = args.gbps.split(",") if args.gbps else scale.gbps
+                for gbps in bands if kvc_row else ("inf",):
                     print(f"vllm-ttft: {name} {row} {gbps} Gbps", flush=True)
                     results[f"{name}|{row}|{gbps}"] = run_point(
                         model, scale, name, row, gbps, work)

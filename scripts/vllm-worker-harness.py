@@ -272,6 +272,11 @@ def main() -> int:
             return 1
         time.sleep(0.01)
         sending, _ = worker.get_finished(set())
+    # Reported once copied out of the blocks; its writes end off the
+    # forward pass: in the store before request b is decided.
+    if not worker.flush_saves(60):
+        print("harness: FAILED: request a's writes never ended")
+        return 1
     stored = sum(1 for p in store.rglob("*") if p.is_file())
     print(f"harness: request a saved ({stored} files in the store)")
 

@@ -5,7 +5,9 @@ recompute it must price the recompute at the server's speed, not at kvc's:
 a load priced against a slower prefill than the server's would be chosen
 where recomputing is faster. :class:`PrefillClock` learns the server's
 prefill from the steps it times (seconds = a + b * tokens, a Theil-Sen
-fit over the recent steps that only prefilled), and :func:`scaled_target`
+fit through the fastest of the recent steps of each size that only
+prefilled, those beside which none of kvc's saves ran when they are
+enough), and :func:`scaled_target`
 rescales a target machine's compute so that kvc's planner prices the
 server's forward pass (which a layer-wise load runs beside) at that speed.
 :class:`LoadClock` holds what the planner does not see of the server's
@@ -28,19 +30,22 @@ class PrefillClock:
 
     Args:
         samples: steps kept (the most recent).
-        min_samples: steps needed before :meth:`seconds` answers.
+        min_samples: step sizes needed before :meth:`seconds` answers.
     """
 
     def __init__(self, samples: int = 64, min_samples: int = 4) -> None:
-        self._steps: deque[tuple[int, float]] = deque(maxlen=samples)
+        self._steps: deque[tuple[int, float, bool]] = deque(maxlen=samples)
         self._min_samples = min_samples
         self._fit: tuple[float, float] | None = None
 
-    def observe(self, tokens: int, seconds: float) -> None:
-        """One step that prefilled ``tokens`` tokens in ``seconds``."""
+    def observe(self, tokens: int, seconds: float, clean: bool = True) -> None:
+        """One step that prefilled ``tokens`` tokens in ``seconds``;
+        ``clean`` unless the connector's own work (a save's copies and
+        writes) ran beside it, which the fit uses only while the clean
+        steps are too few to fit."""
         if tokens <= 0 or seconds <= 0:
             return
-        self._steps.append((tokens, seconds))
+        self._steps.append((tokens, seconds, clean))
         self._fit = None
 
     @property
@@ -51,6 +56,11 @@ class PrefillClock:
     @property
     def steps(self) -> int:
         return len(self._steps)
+
+    @property
+    def samples(self) -> list[tuple[int, float, bool]]:
+        """The steps kept: (tokens, seconds, clean) each, oldest first."""
+        return list(self._steps)
 
     def seconds(self, tokens: int) -> float | None:
         """The predicted seconds of a prefill of ``tokens`` tokens (0 for
@@ -63,33 +73,59 @@ class PrefillClock:
         intercept, per_token = fit
         return intercept + per_token * tokens
 
+    @property
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b) of seconds = a + b * tokens; None until :attr:`ready`."""
+        return self._coefficients()
+
     def typical_tokens(self) -> int:
         """The mean size of the steps seen (0 before any)."""
         if not self._steps:
             return 0
-        return round(sum(t for t, _ in self._steps) / len(self._steps))
+        return round(sum(t for t, _, _ in self._steps) / len(self._steps))
 
     def _coefficients(self) -> tuple[float, float] | None:
-        if self._fit is not None:
-            return self._fit
-        if len(self._steps) < self._min_samples:
-            return None
-        # Theil-Sen: the median of the slopes between steps of different
-        # sizes, so that a step the host stalled in (a page fault, another
-        # process) does not tilt the line as it would a least-squares fit.
-        steps = list(self._steps)
-        slopes = [(s2 - s1) / (t2 - t1)
-                  for i, (t1, s1) in enumerate(steps)
-                  for t2, s2 in steps[i + 1:] if t2 != t1]
-        if not slopes:
-            return None  # One size only: no slope to fit.
-        per_token = _median(slopes)
-        if per_token <= 0:
-            return None  # Noise larger than the signal: not yet.
-        # A step's fixed cost is never negative.
-        intercept = max(0.0, _median([s - per_token * t for t, s in steps]))
-        self._fit = (intercept, per_token)
+        if self._fit is None:
+            clean = [(t, s) for t, s, ok in self._steps if ok]
+            self._fit = _theil_sen(_fastest(clean), self._min_samples) or \
+                _theil_sen(_fastest([(t, s) for t, s, _ in self._steps]),
+                           self._min_samples)
         return self._fit
+
+
+def _fastest(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Per size, the fastest step: the first step of a size pays one-time
+    costs (a CPU build picks and JIT-compiles its kernels per shape) and a
+    slower repeat was slowed by something else, so the engine's speed at a
+    size is the fastest it was seen to go (which errs towards recomputing,
+    the safe side)."""
+    best: dict[int, float] = {}
+    for tokens, seconds in steps:
+        best[tokens] = min(seconds, best.get(tokens, seconds))
+    return sorted(best.items())
+
+
+def _theil_sen(steps: list[tuple[int, float]], min_samples: int
+               ) -> tuple[float, float] | None:
+    """(a, b) of seconds = a + b * tokens through ``steps``: the median of
+    the slopes between steps of different sizes, so that a step the host
+    stalled in (a page fault, another process) does not tilt the line as it
+    would a least-squares fit; None for fewer than ``min_samples`` steps,
+    one size only, or a slope that is not positive (noise larger than the
+    signal)."""
+    if len(steps) < min_samples:
+        return None
+    slopes = [(s2 - s1) / (t2 - t1)
+              for i, (t1, s1) in enumerate(steps)
+              for t2, s2 in steps[i + 1:] if t2 != t1]
+    if not slopes:
+        return None
+    per_token = _median(slopes)
+    if per_token <= 0:
+        return None
+    # A step's fixed cost is never negative.
+    intercept = max(0.0, _median([s - per_token * t for t, s in steps]))
+    return intercept, per_token
 
 
 def _median(values: list[float]) -> float:

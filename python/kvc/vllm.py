@@ -28,7 +28,7 @@ import json
 import re
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -140,13 +140,18 @@ class KvcWorkerMetadata(KVConnectorWorkerMetadata):
     build, copying them out of vLLM's blocks): kvc's own work, which the
     scheduler takes out of the step's time before it prices vLLM's prefill
     from it."""
+    saving: bool = False
+    """Whether a save's copies or writes ran in the background during the
+    step: they may have slowed it (on a CPU they share its cores), so the
+    step prices vLLM's prefill only while no cleaner one does."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata
                   ) -> KVConnectorWorkerMetadata:
+        if not isinstance(other, KvcWorkerMetadata):
+            return self
         # Ranks run side by side: the step waited for the slowest.
-        theirs = other.save_seconds if isinstance(other, KvcWorkerMetadata) \
-            else 0.0
-        return KvcWorkerMetadata(max(self.save_seconds, theirs))
+        return KvcWorkerMetadata(max(self.save_seconds, other.save_seconds),
+                                 self.saving or other.saving)
 
 
 def _layer_index(name: str) -> int:
@@ -293,8 +298,17 @@ class KvcConnector(KVConnectorBase_V1):
         self._saves_copied: set[str] = set()
         self._finished_requests: set[str] = set()
         self._on_cuda = False
-        # The step's time in wait_for_save's saves (build_connector_worker_meta).
+        # The step's time in wait_for_save's saves, and whether earlier
+        # saves ran beside its forward pass (build_connector_worker_meta).
         self._save_seconds = 0.0
+        self._saving_beside = False
+        # Saves' writes being waited for off the forward pass.
+        self._writes: set[Future[None]] = set()
+
+    @property
+    def prefill_clock(self) -> PrefillClock:
+        """vLLM's prefill as the scheduler side measured it."""
+        return self._clock
 
     def _kvc_for(self, tenant: str) -> Connector:
         """The kvc Connector of ``tenant``, made (and, on a worker, given
@@ -516,14 +530,16 @@ class KvcConnector(KVConnectorBase_V1):
             self._step = None
             # vLLM's step, without what kvc's saves added to it.
             worker = connector_output.kv_connector_worker_meta
-            saved = worker.save_seconds \
-                if isinstance(worker, KvcWorkerMetadata) else 0.0
-            seconds = time.perf_counter() - began - saved
+            ours = worker if isinstance(worker, KvcWorkerMetadata) \
+                else KvcWorkerMetadata()
+            seconds = time.perf_counter() - began - ours.save_seconds
             if predicted > 0:
-                computed = self._clock.seconds(tokens) or 0.0
-                self._load_clock.observe(max(predicted, computed), seconds)
+                if not ours.saving:
+                    computed = self._clock.seconds(tokens) or 0.0
+                    self._load_clock.observe(max(predicted, computed),
+                                             seconds)
             else:
-                self._clock.observe(tokens, seconds)
+                self._clock.observe(tokens, seconds, clean=not ours.saving)
                 self._calibrate()
         for req_id in connector_output.finished_sending or ():
             self._saving.discard(req_id)
@@ -698,10 +714,16 @@ class KvcConnector(KVConnectorBase_V1):
         # stay as written: the scheduler holds them until the save ends.
         return
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata
+                                ) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._saving_beside = self._saves_running()
+
     def wait_for_save(self) -> None:
         # The step's saves copy out and write in the background; the
         # scheduler holds their blocks until get_finished reports them.
         meta = self._metadata()
+        self._saving_beside |= self._saves_running()
         if meta.saves:
             began = time.perf_counter()
             try:
@@ -738,7 +760,16 @@ class KvcConnector(KVConnectorBase_V1):
 
     def build_connector_worker_meta(self) -> KvcWorkerMetadata | None:
         seconds, self._save_seconds = self._save_seconds, 0.0
-        return KvcWorkerMetadata(seconds) if seconds > 0 else None
+        saving, self._saving_beside = self._saving_beside, False
+        return KvcWorkerMetadata(seconds, saving) \
+            if saving or seconds > 0 else None
+
+    def _saves_running(self) -> bool:
+        """Whether a save's copies or writes may be running (saves run as
+        one stretch: running when the step began or before its own saves
+        were handed over, they ran beside its forward pass)."""
+        return bool(self._save_ids) or \
+            any(not write.done() for write in list(self._writes))
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata
                            ) -> None:
@@ -769,7 +800,9 @@ class KvcConnector(KVConnectorBase_V1):
                 # Its writes may take long behind a slow link: waited for
                 # off the forward pass.
                 self._save_ids.discard(req_id)
-                self._save_waiter.submit(_wait_save, kvc, req_id)
+                write = self._save_waiter.submit(_wait_save, kvc, req_id)
+                self._writes.add(write)
+                write.add_done_callback(self._writes.discard)
             self._forget(req_id)
             self._saves_copied.discard(req_id)
             self._saves_started.discard(req_id)

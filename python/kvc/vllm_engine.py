@@ -34,7 +34,10 @@ per request its first token's latency and its time from scheduled to first
 token (vLLM's request stats), and the decisions the scheduler-side
 connector made in the phase (``kvc.vllm.DecisionRecord``). Counters are vLLM's own (``LLM.get_metrics``):
 ``vllm:prefix_cache_hits``, ``vllm:external_prefix_cache_hits`` and their
-queries, as the phase changed them.
+queries, as the phase changed them. With kvc's connector, also
+``prefill_steps`` (the steps its scheduler side timed vLLM's prefill by:
+``[tokens, seconds]`` each) and ``prefill_fit`` (``[a, b]``: seconds =
+a + b * tokens, or null).
 """
 
 from __future__ import annotations
@@ -124,6 +127,12 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         if spec.get("settle", True):
             # What the phase saved is in the store before the next one.
             _settle(llm)
+    connector = _scheduler_connector(llm)
+    if connector is not None:
+        # The prefill steps kvc priced vLLM by, and the fit through them.
+        clock = connector.prefill_clock
+        result["prefill_steps"] = clock.samples
+        result["prefill_fit"] = clock.fit
     return result
 
 

@@ -19,6 +19,16 @@ def test_fits_the_steps_it_saw() -> None:
     assert clock.typical_tokens() == 375
 
 
+def test_a_size_is_as_fast_as_its_fastest_step() -> None:
+    clock = PrefillClock(min_samples=3)
+    for tokens in (100, 200, 400):
+        clock.observe(tokens, 0.004 + 2e-4 * tokens)  # first sight: slow
+    for tokens in (100, 200, 400, 200):
+        clock.observe(tokens, 0.002 + 1e-4 * tokens)
+    clock.observe(400, 0.5)  # slowed by something else
+    assert clock.seconds(800) == pytest.approx(0.082)
+
+
 def test_needs_more_than_one_size_and_a_positive_slope() -> None:
     clock = PrefillClock(min_samples=2)
     clock.observe(256, 0.01)
@@ -40,6 +50,19 @@ def test_a_stalled_step_does_not_tilt_the_fit() -> None:
     # A least-squares line through these prices 800 tokens 83% high.
     assert clock.seconds(800) == pytest.approx(0.082, rel=0.02)
     assert clock.seconds(100) == pytest.approx(0.012, rel=0.02)
+
+
+def test_prefers_steps_no_save_ran_beside() -> None:
+    clock = PrefillClock(min_samples=3)
+    for tokens in (300, 400, 500, 600):  # saves beside: twice as slow
+        clock.observe(tokens, 2e-4 * tokens, clean=False)
+    assert clock.seconds(1000) == pytest.approx(0.2)  # all there is
+    for tokens in (100, 200):
+        clock.observe(tokens, 1e-4 * tokens)
+    assert clock.seconds(1000) > 0.15  # too few clean: all of them
+    clock.observe(300, 1e-4 * 300)
+    assert clock.seconds(1000) == pytest.approx(0.1)  # the clean ones
+    assert [clean for _, _, clean in clock.samples] == [False] * 4 + [True] * 3
 
 
 def test_keeps_the_recent_steps() -> None:

@@ -241,7 +241,7 @@ struct Connector::State {
   /// The best of `strategies` for `request`, by the first token.
   StatusOr<Priced> price(const planning::Request &request,
                          int64_t chunkTokens,
-                         const std::vector<planning::Strategy> &strategies) {
+                         const std::vector<planning::Strategy> &strategies) const {
     planning::PlanOptions planOptions = options.plans;
     planOptions.chunkTokens = chunkTokens;
     planOptions.layerWise = true;
@@ -256,16 +256,23 @@ struct Connector::State {
     return best;
   }
 
-  /// The plan of `strategy` for `request`, compiled once per shape `key`.
-  StatusOr<std::shared_ptr<const CompiledPlan>>
-  planFor(const std::string &key, const planning::Request &request,
-          int64_t chunkTokens, planning::Strategy strategy) {
+  /// The plan compiled for shape `key`, or null.
+  std::shared_ptr<const CompiledPlan> cachedPlan(const std::string &key) {
     for (auto it = plans.begin(); it != plans.end(); ++it)
       if (it->first == key) {
         plans.splice(plans.begin(), plans, it);
         ++hits;
         return it->second;
       }
+    return nullptr;
+  }
+
+  /// The plan of `strategy` for `request`, compiled. Touches nothing the
+  /// lock guards (the options, model and target are fixed at create):
+  /// called without it, so that a compile does not hold up other requests.
+  StatusOr<std::shared_ptr<const CompiledPlan>>
+  compilePlan(const planning::Request &request, int64_t chunkTokens,
+              planning::Strategy strategy) const {
     PlanOptions planOptions = options.plans;
     planOptions.strategies = {strategy};
     planOptions.chunkTokens = chunkTokens;
@@ -285,11 +292,55 @@ struct Connector::State {
       return Status(StatusCode::FailedPrecondition,
                     "connector: the planner returned no plan " + name +
                         " for " + std::to_string(request.tokens) + " tokens");
+    return std::shared_ptr<const CompiledPlan>(std::move(compiledPlan));
+  }
+
+  /// Keeps `plan` as shape `key`'s; the one kept first if another request
+  /// compiled the same shape meanwhile.
+  std::shared_ptr<const CompiledPlan>
+  keepPlan(const std::string &key, std::shared_ptr<const CompiledPlan> plan) {
+    if (std::shared_ptr<const CompiledPlan> kept = cachedPlan(key))
+      return kept;
     ++compiled;
-    plans.emplace_front(key, compiledPlan);
+    plans.emplace_front(key, plan);
     if (plans.size() > std::max<std::size_t>(options.planCacheEntries, 1))
       plans.pop_back();
-    return std::shared_ptr<const CompiledPlan>(compiledPlan);
+    return plan;
+  }
+
+  /// The plan of `strategy` for `request`, compiled once per shape `key`:
+  /// `lock` (held on `mutex`) is let go while it compiles.
+  StatusOr<std::shared_ptr<const CompiledPlan>>
+  planFor(std::unique_lock<std::mutex> &lock, const std::string &key,
+          const planning::Request &request, int64_t chunkTokens,
+          planning::Strategy strategy) {
+    if (std::shared_ptr<const CompiledPlan> kept = cachedPlan(key))
+      return kept;
+    lock.unlock();
+    StatusOr<std::shared_ptr<const CompiledPlan>> plan =
+        compilePlan(request, chunkTokens, strategy);
+    lock.lock();
+    if (!plan.isOk())
+      return plan.status();
+    return keepPlan(key, std::move(*plan));
+  }
+
+  /// The price of `request`'s loads by the best of `strategies`, priced
+  /// once per shape `key`: `lock` (held on `mutex`) is let go while the
+  /// planner prices it.
+  StatusOr<Priced> priceFor(std::unique_lock<std::mutex> &lock,
+                            const std::string &key,
+                            const planning::Request &request,
+                            int64_t chunkTokens,
+                            const std::vector<planning::Strategy> &strategies) {
+    if (auto cached = prices.find(key); cached != prices.end())
+      return cached->second;
+    lock.unlock();
+    StatusOr<Priced> priced = price(request, chunkTokens, strategies);
+    lock.lock();
+    if (!priced.isOk())
+      return priced.status();
+    return prices.emplace(key, *priced).first->second;
   }
 
   /// The stores' answers for `tokens`, from the index when it knows the
@@ -692,7 +743,8 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                                      int64_t tokensOnDevice,
                                      std::optional<double> recomputeSeconds) {
   State &s = *state_;
-  std::lock_guard<std::mutex> lock(s.mutex);
+  // Held but while the planner prices and compiles (priceFor, planFor).
+  std::unique_lock<std::mutex> lock(s.mutex);
   const int64_t n = int64_t(tokens.size());
   KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
   if (s.target.tiers.empty())
@@ -764,17 +816,27 @@ StatusOr<Decision> Connector::decide(const std::string &id,
           s.candidate(found, held, length, n, onDevice);
       for (Strategy strategy : *tried)
         key += std::string("|") + planning::strategyName(strategy);
-      auto cached = s.prices.find(key);
-      if (cached == s.prices.end()) {
-        KVC_ASSIGN_OR_RETURN(priced, s.price(request, ct, *tried));
-        cached = s.prices.emplace(key, priced).first;
-      }
-      if (cached->second.seconds < best.priced.seconds)
-        best = {cached->second, length, held.store, held.layout, request, key,
-                what};
+      KVC_ASSIGN_OR_RETURN(priced, s.priceFor(lock, key, request, ct, *tried));
+      if (priced.seconds < best.priced.seconds)
+        best = {priced, length, held.store, held.layout, request, key, what};
     }
   }
 
+  std::shared_ptr<const CompiledPlan> plan;
+  const LoadPolicy policy = s.options.policy;
+  const bool loads =
+      policy != LoadPolicy::Never && best.store >= 0 &&
+      !(policy == LoadPolicy::Cheapest &&
+        best.priced.seconds >= decision.recomputeSeconds);
+  if (loads) {
+    KVC_ASSIGN_OR_RETURN(compiled,
+                         s.planFor(lock, best.key, best.request,
+                                   best.layout.chunkTokens,
+                                   best.priced.strategy));
+    plan = std::move(compiled);
+  }
+  // The lock was let go: the request may have started loading meanwhile.
+  KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
   Request &request = s.renew(id, tokens, onDevice);
   auto ms = [](double seconds) {
     char text[32];
@@ -784,7 +846,6 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   const std::string recompute =
       ms(decision.recomputeSeconds) + " recomputing " +
       std::to_string(n - onDevice) + " tokens";
-  const LoadPolicy policy = s.options.policy;
   if (policy == LoadPolicy::Never) {
     decision.why = "recomputes: the connector never loads (LoadPolicy::Never)";
   } else if (best.store < 0) {
@@ -804,9 +865,6 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                    " is predicted at " +
                    ms(best.priced.seconds) + ", not faster than " + recompute;
   } else {
-    KVC_ASSIGN_OR_RETURN(plan, s.planFor(best.key, best.request,
-                                         best.layout.chunkTokens,
-                                         best.priced.strategy));
     decision.loadTokens = best.tokens;
     decision.strategy = planning::strategyName(best.priced.strategy);
     decision.predictedSeconds = best.priced.seconds;
@@ -835,7 +893,8 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                                      int64_t tokensOnDevice,
                                      const Decided &decided) {
   State &s = *state_;
-  std::lock_guard<std::mutex> lock(s.mutex);
+  // Held but while the plan compiles (planFor).
+  std::unique_lock<std::mutex> lock(s.mutex);
   const int64_t n = int64_t(tokens.size());
   KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
   std::optional<planning::Strategy> strategy =
@@ -873,7 +932,9 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   auto [request, key, what] =
       s.candidate(found, *holding, decided.loadTokens, n, tokensOnDevice);
   key += std::string("|as:") + planning::strategyName(*strategy);
-  KVC_ASSIGN_OR_RETURN(plan, s.planFor(key, request, ct, *strategy));
+  KVC_ASSIGN_OR_RETURN(plan, s.planFor(lock, key, request, ct, *strategy));
+  // The lock was let go: the request may have started loading meanwhile.
+  KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
   Decision decision;
   decision.loadTokens = decided.loadTokens;
   decision.strategy = planning::strategyName(*strategy);

@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <numeric>
 #include <thread>
 
@@ -445,6 +447,48 @@ TEST_F(ConnectorTest, DecisionsOfOneShapeCompileOnce) {
   ASSERT_TRUE(connector->waitLoad("d"));
   prefill(d, 256, blocks(40, 19));
   expectExact(d, blocks(40, 19));
+}
+
+TEST_F(ConnectorTest, ACompilingPlanHoldsUpNoOtherRequest) {
+  // The first plan's compile waits until the test lets it go (20 s at
+  // most): meanwhile other requests are looked up and decided.
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true}, timedOut{false};
+  PlanHook compile = compilerPlanHook();
+  options_.planner = [&, compile](const ModelCompute &model,
+                                  const TargetDesc &target,
+                                  const planning::Request &request,
+                                  const PlanOptions &options) {
+    if (first.exchange(false)) {
+      entered.set_value();
+      if (released.wait_for(std::chrono::seconds(20)) !=
+          std::future_status::ready)
+        timedOut = true;
+    }
+    return compile(model, target, request, options);
+  };
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> stored = prompt(300, 5);
+  prefillAndSave(*connector, "a", stored, blocks(0, 19));
+  std::thread cold([&] {
+    StatusOr<Decision> decided = connector->decide("c", stored, 0);
+    ASSERT_TRUE(decided) << decided.status().toString();
+    EXPECT_EQ(decided->loadTokens, 256);
+  });
+  entered.get_future().wait();
+  StatusOr<Lookup> found = connector->lookup(stored);
+  ASSERT_TRUE(found) << found.status().toString();
+  EXPECT_EQ(found->tokens, 256);
+  StatusOr<Decision> miss = connector->decide("e", prompt(100, 9), 0);
+  ASSERT_TRUE(miss) << miss.status().toString();
+  EXPECT_EQ(miss->loadTokens, 0);
+  EXPECT_FALSE(timedOut) << "the lookup waited for another request's compile";
+  release.set_value();
+  cold.join();
+  EXPECT_FALSE(timedOut);
+  EXPECT_EQ(connector->plansCompiled(), 1);
 }
 
 TEST_F(ConnectorTest, AStoreSavedInAnotherLayoutIsRead) {

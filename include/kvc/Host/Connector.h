@@ -23,7 +23,10 @@
 // Decisions are priced with the planner (no compiler), and the plan each
 // shape needs (loaded tokens, the server's tokens rounded up to a chunk,
 // the stores' forms and encodings) is compiled once through the PlanHook
-// and cached: on a warm cache neither decide nor startLoad compiles.
+// and cached: on a warm cache neither decide nor startLoad compiles. The
+// planner's pricing and the compile run outside the Connector's lock, so
+// that one request's compile holds up no other's lookup or decision (two
+// requests of a new shape may both compile it; the first plan is kept).
 //
 // A store describes itself: every layout it records for the model and
 // tenant (recordedLayouts) is opened and looked up; saves go out in

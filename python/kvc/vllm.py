@@ -115,11 +115,6 @@ class DecisionRecord:
     """How much longer than predicted the engine's steps that loaded were
     measured to take (:class:`kvc.prefill.LoadClock`): the load was weighed
     at ``predicted_seconds * load_ratio``."""
-    budget_seconds: float | None = None
-    """What the load could take and still end no later than recomputing
-    would, beside the loads and prefills decided before it for the same
-    step (``recompute_seconds`` when it is the step's first); None when
-    priced by the target."""
 
 
 @dataclass
@@ -241,9 +236,6 @@ class KvcConnector(KVConnectorBase_V1):
             policy == "cheapest" and prefill == "measured"
         self._clock = PrefillClock()
         self._load_clock = LoadClock()
-        # The step being scheduled: the link's predicted seconds of the
-        # loads decided so far, and the tokens vLLM computes for them.
-        self._step_work: tuple[float, int] = (0.0, 0)
         self._base_target: dict[str, Any] = options["target"]
         self._target_factor: float | None = None
         self._forward_prices: dict[int, float] = {}
@@ -355,13 +347,12 @@ class KvcConnector(KVConnectorBase_V1):
         tenant = self._tenants.get(request.request_id)
         if tenant is None or len(tokens) <= num_computed_tokens:
             return 0, False
-        recompute = budget = None
+        recompute = None
         ratio = 1.0
         if self._measured:
             # Priced against vLLM's measured prefill of what it would
             # compute: nothing loads until that is measured.
-            computed = len(prompt) - num_computed_tokens
-            recompute = self._clock.seconds(computed) \
+            recompute = self._clock.seconds(len(prompt) - num_computed_tokens) \
                 if self._target_factor is not None else None
             if recompute is None:
                 self._record(request.request_id, len(prompt),
@@ -369,56 +360,37 @@ class KvcConnector(KVConnectorBase_V1):
                              "recomputes: vLLM's prefill is not measured yet "
                              f"({self._clock.steps} steps seen)")
                 return 0, False
-            # The step runs its loads on the stores' link beside its
-            # prefills on the CPU or GPU, and its requests' first tokens
-            # come when the longer of the two ends. Loading this request
-            # beats recomputing it when its load, behind the step's loads
-            # decided so far, ends before the step's prefills with it
-            # recomputed would: the load may take what recomputing would
-            # add past the link's busy time. The planner's load is weighed
-            # as steps that loaded ran against their prediction (ratio):
-            # predicted x ratio < budget, which C++ sees as predicted <
-            # budget / ratio.
-            link, queued = self._step_work
-            compute = self._clock.seconds(queued + computed) or 0.0
-            budget = max(link, compute) - link
+            # Each request of a step is weighed alone: its load against its
+            # prefill (a step's loads and the prefills of its other requests
+            # run one after the other: _step_seconds). The planner's load is
+            # weighed as steps that loaded ran against their prediction:
+            # predicted x ratio < recompute, which C++ sees as predicted <
+            # recompute / ratio.
             ratio = self._load_clock.ratio
         try:
             decision = self._kvc_for(tenant).decide(
                 request.request_id, tokens, num_computed_tokens,
-                None if budget is None else budget / ratio)
+                None if recompute is None else recompute / ratio)
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
             return 0, False
         why = decision.why
-        if budget is not None and recompute is not None:
-            link, queued = self._step_work
-            loads = decision.loads
-            # What vLLM computes of this request: past the load, or all.
-            self._step_work = (
-                link + (decision.predicted_seconds * ratio if loads else 0.0),
-                queued + len(prompt) - (decision.load_tokens if loads
-                                        else num_computed_tokens))
-            if " predicted at " in why:
-                # Say it in the measured terms it was weighed in.
-                head = why.split(" is predicted at ")[0] \
-                    .split(": first token")[0]
-                load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms "
-                        f"(the planner's {decision.predicted_seconds * 1e3:.2f}"
-                        f" ms x {ratio:.2f}, as loads ran)")
-                against = (f"{budget * 1e3:.2f} ms: vLLM's measured prefill "
-                           f"of its {len(prompt) - num_computed_tokens} tokens "
-                           f"is {recompute * 1e3:.2f} ms alone"
-                           + (f", and this step already loads for "
-                              f"{link * 1e3:.2f} ms and prefills {queued} "
-                              "tokens" if link or queued else ""))
-                why = f"{head}: load predicted at {load} within {against}" \
-                    if loads else \
-                    f"{head}: load predicted at {load}, not within {against}"
+        if recompute is not None and " predicted at " in why:
+            # Say it in the measured terms it was weighed in.
+            head = why.split(" is predicted at ")[0].split(": first token")[0]
+            load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms (the "
+                    f"planner's {decision.predicted_seconds * 1e3:.2f} ms x "
+                    f"{ratio:.2f}, as loads ran)")
+            prefill = (f"vLLM's measured prefill of "
+                       f"{len(prompt) - num_computed_tokens} tokens, "
+                       f"{recompute * 1e3:.2f} ms")
+            why = f"{head}: first token predicted at {load} against {prefill}" \
+                if decision.loads else \
+                f"{head} is predicted at {load}, not faster than {prefill}"
         self._record(request.request_id, len(prompt), num_computed_tokens,
                      decision, recompute if self._measured else
-                     decision.recompute_seconds, why, ratio, budget)
+                     decision.recompute_seconds, why, ratio)
         logger.debug("kvc: request %s: %s", request.request_id, why)
         self._on_device[request.request_id] = num_computed_tokens
         if not decision.loads:
@@ -429,15 +401,14 @@ class KvcConnector(KVConnectorBase_V1):
 
     def _record(self, request_id: str, prompt_tokens: int, on_device: int,
                 decision: Decision | None, recompute: float | None,
-                why: str, load_ratio: float = 1.0,
-                budget: float | None = None) -> None:
+                why: str, load_ratio: float = 1.0) -> None:
         loads = decision is not None and decision.loads
         self.decisions.append(DecisionRecord(
             request_id, prompt_tokens, on_device,
             decision.load_tokens if decision is not None and loads
             else on_device,
             decision.predicted_seconds if decision is not None else 0.0,
-            recompute, why, load_ratio, budget))
+            recompute, why, load_ratio))
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -455,7 +426,6 @@ class KvcConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: "SchedulerOutput"
                              ) -> KVConnectorMetadata:
         meta = KvcConnectorMetadata()
-        self._step_work = (0.0, 0)  # The next step's scheduling begins.
         # Loads of this step's allocations: a synchronous one's request runs
         # this step; an asynchronous one's waits until the worker reports it.
         meta.loads = list(self._pending_loads.values())
@@ -484,16 +454,17 @@ class KvcConnector(KVConnectorBase_V1):
         # A step is timed when every request in it computes prompt tokens (a
         # decode schedules one) and no load runs between steps: as a
         # prefill (PrefillClock) when it loads nothing, else against its
-        # predicted time (LoadClock): the longer of its loads, one after
-        # another on the link, and its prefills.
-        scheduled = list(scheduler_output.num_scheduled_tokens.values())
-        synchronous = [load.decision.predicted_seconds for load in meta.loads
-                       if not load.asynchronous]
+        # predicted seconds (LoadClock, _step_seconds).
+        scheduled = scheduler_output.num_scheduled_tokens
+        synchronous = [load for load in meta.loads if not load.asynchronous]
         self._step = None
-        if self._measured and scheduled and min(scheduled) > 1 and \
+        if self._measured and scheduled and min(scheduled.values()) > 1 and \
                 len(synchronous) == len(meta.loads):
-            self._step = (time.perf_counter(), sum(scheduled),
-                          sum(synchronous))
+            # Tokens the loads' requests compute are in their predictions.
+            others = sum(scheduled.values()) - sum(
+                scheduled.get(load.request_id, 0) for load in meta.loads)
+            self._step = (time.perf_counter(), sum(scheduled.values()),
+                          self._step_seconds(meta.loads, others))
         meta.preempted = list(getattr(scheduler_output, "preempted_req_ids",
                                       None) or [])
         for req_id in meta.preempted:
@@ -502,6 +473,19 @@ class KvcConnector(KVConnectorBase_V1):
             self._prefills.pop(req_id, None)
             self._saving.discard(req_id)
         return meta
+
+    def _step_seconds(self, loads: list[LoadSpec], others: int) -> float:
+        """A step's predicted seconds when it loads: its loads' predicted
+        first tokens, one after another (they share the stores' link), then
+        the prefill of the ``others`` tokens its other requests compute.
+        Measured in this engine (docs/results.md): a step's loads and its
+        other requests' prefills did not overlap (three loads of 100 ms and
+        a 74 ms prefill took 180 ms), as vLLM's pass waits at each layer for
+        every load's rows of it."""
+        if not loads:
+            return 0.0
+        return sum(load.decision.predicted_seconds for load in loads) + \
+            (self._clock.seconds(others) or 0.0)
 
     def _stored_whole(self, tenant: str, prompt: list[int]) -> bool:
         """Whether the stores hold every whole chunk of ``prompt`` already
@@ -535,9 +519,7 @@ class KvcConnector(KVConnectorBase_V1):
             seconds = time.perf_counter() - began - ours.save_seconds
             if predicted > 0:
                 if not ours.saving:
-                    computed = self._clock.seconds(tokens) or 0.0
-                    self._load_clock.observe(max(predicted, computed),
-                                             seconds)
+                    self._load_clock.observe(predicted, seconds)
             else:
                 self._clock.observe(tokens, seconds, clean=not ours.saving)
                 self._calibrate()

@@ -27,8 +27,9 @@ measured vLLM's prefill, and every row runs warm).
     .venv/bin/python bench/vllm-ttft.py --toy --out /tmp/ttft   # make check
 
 Writes ``results.json`` (every point's raw per-request numbers and kvc's
-decisions), ``table.md`` (the points, and kvc deciding's predictions
-against what was measured) and ``ttft.svg`` (P50 TTFT against bandwidth)
+decisions), ``table.md`` (the points; kvc deciding's predictions against
+what was measured; and kvc deciding against the better of the other two
+rows, with each row's spread over its batches) and ``ttft.svg`` (P50 TTFT against bandwidth)
 to ``--out``. Needs kvc's package importable (PYTHONPATH=
 build/python) and vLLM's CPU build (the project's .venv).
 """
@@ -68,7 +69,7 @@ class Scale:
 
 FULL = Scale(hidden=512, layers=4, doc_tokens=1536, question_tokens=64,
              prefixes=4, per_prefix=4, concurrency=(1, 4, 16),
-             gbps=("0.1", "0.5", "1", "2", "inf"), batches=3)
+             gbps=("0.1", "0.5", "1", "2", "inf"), batches=5)
 TOY = Scale(hidden=128, layers=2, doc_tokens=256, question_tokens=32,
             prefixes=2, per_prefix=2, concurrency=(2,), gbps=("inf",),
             batches=1)
@@ -283,6 +284,42 @@ def predictions(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def versus(results: dict[str, Any], scale: Scale) -> str:
+    """kvc deciding against the better of vLLM recomputing and kvc loading
+    all it holds, per point (mean TTFT), with the spread of each row's
+    batch means (the run's noise: min-max over its batches)."""
+    lines = ["| workload | concurrency | store Gbps | recompute ms | load-all ms"
+             " | kvc deciding ms | deciding / better of the two | recompute /"
+             " deciding |", "|---|---|---|---|---|---|---|---|"]
+
+    def cell(key: str, c: str) -> tuple[float, str] | None:
+        p = results.get(key, {}).get("points", {}).get(c)
+        if not p or "ttft" not in p:
+            return None
+        ttft = p["ttft"]
+        size = int(c)
+        means = [statistics.fmean(ttft[i:i + size])
+                 for i in range(0, len(ttft), size)]
+        mean = statistics.fmean(ttft)
+        return mean, (f"{mean * 1e3:.1f} ({min(means) * 1e3:.0f}-"
+                      f"{max(means) * 1e3:.0f})")
+
+    for name in ("longdoc", "prefix"):
+        for c in map(str, scale.concurrency):
+            alone = cell(f"{name}|recompute|inf", c)
+            for gbps in scale.gbps:
+                every = cell(f"{name}|kvc-all|{gbps}", c)
+                decide = cell(f"{name}|kvc-decide|{gbps}", c)
+                if not alone or not every or not decide:
+                    continue
+                better = min(alone[0], every[0])
+                lines.append(f"| {name} | {c} | {gbps} | {alone[1]} | "
+                             f"{every[1]} | {decide[1]} | "
+                             f"{decide[0] / better:.2f} | "
+                             f"{alone[0] / decide[0]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict[str, Any], scale: Scale, path: Path) -> None:
     """P50 TTFT against the store's bandwidth, per row, one panel per
     workload and concurrency: an SVG (log scale), written by hand."""
@@ -357,8 +394,10 @@ def main() -> int:
     scale = TOY if args.toy else FULL
     if args.replot:
         saved = json.loads((args.out / "results.json").read_text())
-        (args.out / "table.md").write_text(table(saved["results"], scale) +
-                                           "\n" + predictions(saved["results"]))
+        (args.out / "table.md").write_text(
+            table(saved["results"], scale) + "\n" +
+            predictions(saved["results"]) + "\n" +
+            versus(saved["results"], scale))
         plot(saved["results"], scale, args.out / "ttft.svg")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
@@ -379,7 +418,8 @@ def main() -> int:
                         {"scale": scale.__dict__, "results": results},
                         indent=1))
     (args.out / "table.md").write_text(table(results, scale) + "\n" +
-                                       predictions(results))
+                                       predictions(results) + "\n" +
+                                       versus(results, scale))
     plot(results, scale, args.out / "ttft.svg")
     print(table(results, scale))
     failed = [k for k, v in results.items() if "error" in v or any(

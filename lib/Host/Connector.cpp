@@ -964,6 +964,9 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   if (!chosen.bundle)
     return invalidArgument("connector: no bundle for request " + id);
   const PlanBundle &bundle = *chosen.bundle;
+  KVC_RETURN_IF_ERROR(
+      checkCompiledFor(bundle, s.options.model->fingerprint())
+          .withContext("connector: request " + id));
   const BundlePlan *plan = chosen.name.empty() && bundle.plans.size() == 1
                                ? &bundle.plans.front()
                                : bundle.findPlan(chosen.name);
@@ -1364,15 +1367,22 @@ PlanHook bundleHook(std::vector<PlanBundle> bundles) {
                                    options.strategies.end(),
                                    *strategy) != options.strategies.end();
     };
+    Status otherModel;
     for (const PlanBundle &bundle : *held)
       for (const BundlePlan &plan : bundle.plans)
         if (plan.tokens.begin == 0 && plan.tokens.end == request.tokens &&
             wanted(plan.name)) {
+          if (Status fits = checkCompiledFor(bundle, model.fingerprint());
+              !fits.isOk()) {
+            otherModel = fits; // Never run: say so if nothing else fits.
+            continue;
+          }
           PlanBundle one = bundle;
           one.plans = {plan};
-          (void)model;
           return one;
         }
+    if (!otherModel.isOk())
+      return otherModel;
     return Status(StatusCode::NotFound,
                   "no bundle holds a plan of " +
                       std::to_string(request.tokens) + " tokens");

@@ -144,4 +144,4 @@ kvc.plan @hcache tokens 0 to 1024 layers 0 to 4 {
 // NAMED: {{^[0-9a-f]{64}$}}
 // RUN: kvc-run gen-model --out %t/twin --layers 4 --hidden 128 --heads 4 --kv-heads 2 --ffn 256 --vocab 512 --seed 2
 // RUN: not kvc-run restore --model %t/twin --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan compute 2>&1 | FileCheck %s --check-prefix=TWIN
-// TWIN: kvc-run restore: failed_precondition: {{.*}}plans.json was compiled for model {{[0-9a-f]+}}, not {{[0-9a-f]+}}
+// TWIN: kvc-run restore: failed_precondition: {{.*}}plans.json: the plan bundle was compiled for model {{[0-9a-f]+}}, not {{[0-9a-f]+}}

@@ -317,12 +317,8 @@ void printDynamicCake(const RestoreMetrics &metrics, std::size_t tokens,
 StatusOr<PlanBundle> readBundleFor(const std::string &path,
                                    const LlamaModel &model) {
   KVC_ASSIGN_OR_RETURN(bundle, readPlanBundle(path));
-  const std::string &compiledFor = bundle.modelFingerprint;
-  if (!compiledFor.empty() && compiledFor != model.fingerprint())
-    return Status(StatusCode::FailedPrecondition,
-                  path + " was compiled for model " +
-                      compiledFor.substr(0, 16) + ", not " +
-                      model.fingerprint().substr(0, 16));
+  KVC_RETURN_IF_ERROR(
+      checkCompiledFor(bundle, model.fingerprint()).withContext(path));
   return bundle;
 }
 

@@ -552,6 +552,42 @@ TEST_F(ConnectorTest, ARequestPlannedWholeRunsEveryStrategyByName) {
   EXPECT_EQ(reader->plansCompiled(), 0);
 }
 
+TEST_F(ConnectorTest, ABundleOfAnotherModelIsNeverRun) {
+  const std::vector<int32_t> tokens = prompt(256, 9);
+  options_.createStores = false; // The reader's; the writer creates it.
+  auto reader = readerOfStoreSavedIn({64, 2}, tokens);
+  ASSERT_TRUE(reader);
+  host::PlanOptions plans;
+  plans.strategies = {planning::Strategy::Kv};
+  plans.gpuChip = "none";
+  StatusOr<PlanBundle> planned = reader->planRequest(tokens, plans);
+  ASSERT_TRUE(planned) << planned.status().toString();
+  PlanBundle other = *planned;
+  other.modelFingerprint = "0123456789abcdef-another-model";
+  // Chosen by the caller.
+  StatusOr<Decision> chosen = reader->decide(
+      "chosen", tokens, 0, {std::make_shared<const PlanBundle>(other), ""});
+  ASSERT_FALSE(chosen);
+  EXPECT_EQ(chosen.status().code(), StatusCode::FailedPrecondition);
+  EXPECT_NE(chosen.status().message().find("compiled for model 0123456789abcdef"),
+            std::string::npos)
+      << chosen.status().toString();
+  // Looked up by a server's planner over bundles compiled ahead.
+  planning::Request request;
+  request.tokens = 256;
+  EXPECT_EQ(bundleHook({other})(*model_, options_.target, request, plans)
+                .status()
+                .code(),
+            StatusCode::FailedPrecondition);
+  EXPECT_TRUE(bundleHook({other, *planned})(*model_, options_.target,
+                                            request, plans));
+  // The same bundle, this model's: it runs.
+  StatusOr<Decision> ours = reader->decide(
+      "ours", tokens, 0,
+      {std::make_shared<const PlanBundle>(std::move(*planned)), ""});
+  ASSERT_TRUE(ours) << ours.status().toString();
+}
+
 TEST_F(ConnectorTest, TokensOnTheDeviceAreNotWritten) {
   auto connector = connect();
   ASSERT_TRUE(connector);

@@ -272,7 +272,8 @@ public:
   /// tier the plan fetches from the store on that tier (the only store,
   /// when the Connector has one), under the layout that holds the most of
   /// `tokens`. For instruments: the plan may be slower than recomputing,
-  /// and may leave the server no token.
+  /// and may leave the server no token. A bundle compiled for another
+  /// model's weights is refused (checkCompiledFor).
   StatusOr<Decision> decide(const std::string &id,
                             const std::vector<int32_t> &tokens,
                             int64_t tokensOnDevice, ChosenPlan plan);
@@ -349,7 +350,9 @@ private:
 };
 
 /// A PlanHook over bundles compiled ahead: for each request, the first plan
-/// of the strategy asked for whose tokens are the request's.
+/// of the strategy asked for whose tokens are the request's, in a bundle
+/// compiled for the model's weights (one of another model's is never run:
+/// FailedPrecondition when only such a bundle has the plan).
 PlanHook bundleHook(std::vector<PlanBundle> bundles);
 
 } // namespace kvc::host

@@ -573,6 +573,17 @@ Status validateEntry(const PlanBundle &bundle, const BundleTask &task,
 
 } // namespace
 
+Status checkCompiledFor(const PlanBundle &bundle,
+                        const std::string &fingerprint) {
+  const std::string &compiledFor = bundle.modelFingerprint;
+  if (compiledFor.empty() || compiledFor == fingerprint)
+    return Status::ok();
+  return Status(StatusCode::FailedPrecondition,
+                "the plan bundle was compiled for model " +
+                    compiledFor.substr(0, 16) + ", not " +
+                    fingerprint.substr(0, 16));
+}
+
 Status validatePlanBundle(const PlanBundle &bundle) {
   if (bundle.version < kOldestPlanBundleVersion ||
       bundle.version > kPlanBundleVersion)

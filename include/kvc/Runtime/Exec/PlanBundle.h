@@ -135,6 +135,12 @@ StatusOr<PlanBundle> readPlanBundle(const std::string &path);
 /// The semantic checks parsePlanBundle runs, for bundles built in memory.
 Status validatePlanBundle(const PlanBundle &bundle);
 
+/// FailedPrecondition when `bundle` was compiled for another model's
+/// weights than those of `fingerprint` (a bundle that names none fits any
+/// model): its plans' shapes and kernels may not be this model's.
+Status checkCompiledFor(const PlanBundle &bundle,
+                        const std::string &fingerprint);
+
 } // namespace kvc
 
 #endif // KVC_RUNTIME_EXEC_PLANBUNDLE_H

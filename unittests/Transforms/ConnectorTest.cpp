@@ -147,6 +147,17 @@ protected:
     return connect();
   }
 
+  /// planRequest's plans of `strategies` for every token of `tokens`
+  /// (kernels for no GPU).
+  static StatusOr<PlanBundle>
+  planWhole(Connector &reader, const std::vector<int32_t> &tokens,
+            std::vector<planning::Strategy> strategies) {
+    host::PlanOptions plans;
+    plans.strategies = std::move(strategies);
+    plans.gpuChip = "none";
+    return reader.planRequest(tokens, plans);
+  }
+
   /// The cache's rows of `tokens` in `ids` against a full prefill.
   void expectExact(const std::vector<int32_t> &tokens,
                    const std::vector<int32_t> &ids) {
@@ -521,11 +532,10 @@ TEST_F(ConnectorTest, ARequestPlannedWholeRunsEveryStrategyByName) {
   options_.createStores = false; // The reader's; the writer creates it.
   auto reader = readerOfStoreSavedIn({64, 2}, tokens);
   ASSERT_TRUE(reader);
-  host::PlanOptions plans;
-  plans.strategies = {planning::Strategy::Compute, planning::Strategy::Kv,
-                      planning::Strategy::Cake};
-  plans.gpuChip = "none";
-  StatusOr<PlanBundle> planned = reader->planRequest(tokens, plans);
+  StatusOr<PlanBundle> planned =
+      planWhole(*reader, tokens,
+                {planning::Strategy::Compute, planning::Strategy::Kv,
+                 planning::Strategy::Cake});
   ASSERT_TRUE(planned) << planned.status().toString();
   auto bundle = std::make_shared<const PlanBundle>(std::move(*planned));
   ASSERT_EQ(bundle->plans.size(), 3u);
@@ -557,10 +567,8 @@ TEST_F(ConnectorTest, ABundleOfAnotherModelIsNeverRun) {
   options_.createStores = false; // The reader's; the writer creates it.
   auto reader = readerOfStoreSavedIn({64, 2}, tokens);
   ASSERT_TRUE(reader);
-  host::PlanOptions plans;
-  plans.strategies = {planning::Strategy::Kv};
-  plans.gpuChip = "none";
-  StatusOr<PlanBundle> planned = reader->planRequest(tokens, plans);
+  StatusOr<PlanBundle> planned =
+      planWhole(*reader, tokens, {planning::Strategy::Kv});
   ASSERT_TRUE(planned) << planned.status().toString();
   PlanBundle other = *planned;
   other.modelFingerprint = "0123456789abcdef-another-model";
@@ -575,6 +583,8 @@ TEST_F(ConnectorTest, ABundleOfAnotherModelIsNeverRun) {
   // Looked up by a server's planner over bundles compiled ahead.
   planning::Request request;
   request.tokens = 256;
+  host::PlanOptions plans;
+  plans.strategies = {planning::Strategy::Kv};
   EXPECT_EQ(bundleHook({other})(*model_, options_.target, request, plans)
                 .status()
                 .code(),

@@ -13,15 +13,19 @@ server's forward pass (which a layer-wise load runs beside) at that speed.
 :class:`LoadClock` holds what the planner does not see of the server's
 loads (its own copies, its threads' contention with the forward pass):
 the ratio of the steps that loaded to what was predicted of them.
+:func:`mean_first_token` runs a queue of requests through the server's
+token-budgeted steps, so that a load is weighed by what it does to every
+request waiting beside it, not to its own request alone.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LoadClock", "PrefillClock", "scaled_target"]
+__all__ = ["LoadClock", "PrefillClock", "mean_first_token", "scaled_target"]
 
 
 class PrefillClock:
@@ -166,6 +170,56 @@ class LoadClock:
     @property
     def steps(self) -> int:
         return len(self._ratios)
+
+
+def mean_first_token(requests: Sequence[tuple[int, float]], budget: int,
+                     prefill: Callable[[int], float]) -> float:
+    """The mean seconds from now to the first token of ``requests`` as a
+    vLLM-like scheduler runs them: in order, each step taking requests
+    until ``budget`` tokens are scheduled (a request that does not fit is
+    split and finishes in a later step, first in it), a request's first
+    token at the end of the step that computes its last prompt token.
+
+    A request is (tokens, load seconds): the tokens it computes (at least
+    one), and 0 for a request the server prefills, or the seconds its
+    synchronous load adds to the step it joins. A step takes the sum of its
+    loads, then ``prefill`` of the tokens its prefilling requests compute
+    (a loading request's own tokens are in its load's seconds): loads and
+    prefills of one step ran one after the other in vLLM's CPU engine
+    (docs/results.md), and the loads of a step all hold up its end.
+    """
+    if not requests:
+        return 0.0
+    budget = max(1, budget)
+    total = 0.0
+    clock = 0.0
+    following = 0
+    carried: tuple[int, int] | None = None  # (request, tokens left)
+    while following < len(requests) or carried is not None:
+        room = budget
+        loads = 0.0
+        prefilled = 0
+        finished = 0
+        while room > 0 and (carried is not None or following < len(requests)):
+            if carried is not None:
+                index, left = carried
+                carried = None
+            else:
+                index = following
+                following += 1
+                left = max(1, requests[index][0])
+                loads += requests[index][1]
+            taken = min(left, room)
+            room -= taken
+            if requests[index][1] <= 0:
+                prefilled += taken
+            if taken < left:
+                carried = (index, left - taken)
+            else:
+                finished += 1
+        clock += loads + (prefill(prefilled) if prefilled else 0.0)
+        total += clock * finished
+    return total / len(requests)
 
 
 def scaled_target(target: dict[str, Any], factor: float) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from vllm.logger import init_logger
 from ._errors import Error
 from ._vllm_cpu import PackedCpuCache
 from .connector import CacheLayout, Connector, Decision, Model, target_json
-from .prefill import LoadClock, PrefillClock, scaled_target
+from .prefill import LoadClock, PrefillClock, mean_first_token, scaled_target
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -63,6 +63,9 @@ __all__ = ["KvcConnector", "KvcConnectorMetadata", "KvcWorkerMetadata",
 _SAVE_DRAIN_SECONDS = 30.0
 # The measured prefill is applied to the target again when it moves by more.
 _RECALIBRATE_DRIFT = 0.1
+# Requests behind a load that its pricing runs through vLLM's steps; those
+# further back are each held up by the load's or the prefill's seconds.
+_QUEUE_HORIZON = 128
 
 
 @dataclass
@@ -264,6 +267,18 @@ class KvcConnector(KVConnectorBase_V1):
         self._on_device: dict[str, int] = {}
         self._decided: dict[str, Decision] = {}
         self._pending_loads: dict[str, LoadSpec] = {}
+        # vLLM's queue as a load is weighed against it (_queue_seconds):
+        # its token budget per step; requests not yet scheduled, in arrival
+        # order, and how many of their tokens the stores hold; what this
+        # step's pass took so far, as (tokens, load seconds); the prompt
+        # tokens of requests prefilled in parts, and what they have left
+        # this step.
+        self._budget = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        self._waiting: dict[str, "Request"] = {}
+        self._stored: dict[str, int] = {}
+        self._this_step: list[tuple[int, float]] = []
+        self._partial: dict[str, int] = {}
+        self._carried: list[int] = []
         self._prefills: dict[str, SaveSpec] = {}
         self._saving: set[str] = set()
         # Finished requests whose blocks a save still holds.
@@ -334,6 +349,7 @@ class KvcConnector(KVConnectorBase_V1):
     # ==============================
 
     def on_new_request(self, request: "Request") -> None:
+        self._waiting[request.request_id] = request
         tenant = self._tenant_of(request)
         if tenant is not None:
             self._tenants[request.request_id] = tenant
@@ -345,7 +361,9 @@ class KvcConnector(KVConnectorBase_V1):
         # vLLM computes at least the prompt's last token itself.
         tokens = prompt[:len(prompt) - 1]
         tenant = self._tenants.get(request.request_id)
+        prefill = (len(prompt) - num_computed_tokens, 0.0)
         if tenant is None or len(tokens) <= num_computed_tokens:
+            self._this_step.append(prefill)
             return 0, False
         recompute = None
         ratio = 1.0
@@ -359,13 +377,13 @@ class KvcConnector(KVConnectorBase_V1):
                              num_computed_tokens, None, None,
                              "recomputes: vLLM's prefill is not measured yet "
                              f"({self._clock.steps} steps seen)")
+                self._this_step.append(prefill)
                 return 0, False
-            # Each request of a step is weighed alone: its load against its
-            # prefill (a step's loads and the prefills of its other requests
-            # run one after the other: _step_seconds). The planner's load is
-            # weighed as steps that loaded ran against their prediction:
-            # predicted x ratio < recompute, which C++ sees as predicted <
-            # recompute / ratio.
+            # A request's load is weighed against its prefill, then against
+            # what it would do to the requests beside it (_queue_seconds).
+            # The planner's load is weighed as steps that loaded ran against
+            # their prediction: predicted x ratio < recompute, which C++
+            # sees as predicted < recompute / ratio.
             ratio = self._load_clock.ratio
         try:
             decision = self._kvc_for(tenant).decide(
@@ -374,26 +392,34 @@ class KvcConnector(KVConnectorBase_V1):
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
+            self._this_step.append(prefill)
             return 0, False
-        why = decision.why
-        if recompute is not None and " predicted at " in why:
-            # Say it in the measured terms it was weighed in.
-            head = why.split(" is predicted at ")[0].split(": first token")[0]
-            load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms (the "
-                    f"planner's {decision.predicted_seconds * 1e3:.2f} ms x "
-                    f"{ratio:.2f}, as loads ran)")
-            prefill = (f"vLLM's measured prefill of "
-                       f"{len(prompt) - num_computed_tokens} tokens, "
-                       f"{recompute * 1e3:.2f} ms")
-            why = f"{head}: first token predicted at {load} against {prefill}" \
-                if decision.loads else \
-                f"{head} is predicted at {load}, not faster than {prefill}"
+        why = decision.why if recompute is None else \
+            _in_measured_terms(decision, ratio, prefill[0], recompute)
+        load = (len(prompt) - decision.load_tokens,
+                decision.predicted_seconds * ratio)
+        loads = decision.loads
+        if loads and recompute is not None and not self._async:
+            queued = self._queue_seconds(request.request_id, load, prefill)
+            if queued is not None and queued[1] <= queued[0]:
+                # Its load would hold up the requests beside it for longer
+                # than its prefill would.
+                _cancel(self._kvc_for(tenant), request.request_id)
+                loads = False
+                waiting = queued[2]
+                why = (f"recomputes: its load ({load[1] * 1e3:.2f} ms) "
+                       f"would hold up the {waiting} requests of vLLM's "
+                       f"queue: their mean first token "
+                       f"{queued[0] / waiting * 1e3:.2f} ms against "
+                       f"{queued[1] / waiting * 1e3:.2f} ms if vLLM "
+                       "prefills it")
         self._record(request.request_id, len(prompt), num_computed_tokens,
                      decision, recompute if self._measured else
-                     decision.recompute_seconds, why, ratio)
+                     decision.recompute_seconds, why, ratio, loads)
         logger.debug("kvc: request %s: %s", request.request_id, why)
         self._on_device[request.request_id] = num_computed_tokens
-        if not decision.loads:
+        self._this_step.append(load if loads else prefill)
+        if not loads:
             return 0, False
         self._decided[request.request_id] = decision
         external = max(0, decision.load_tokens - num_computed_tokens)
@@ -401,14 +427,88 @@ class KvcConnector(KVConnectorBase_V1):
 
     def _record(self, request_id: str, prompt_tokens: int, on_device: int,
                 decision: Decision | None, recompute: float | None,
-                why: str, load_ratio: float = 1.0) -> None:
-        loads = decision is not None and decision.loads
+                why: str, load_ratio: float = 1.0,
+                loads: bool | None = None) -> None:
+        if loads is None:
+            loads = decision is not None and decision.loads
         self.decisions.append(DecisionRecord(
             request_id, prompt_tokens, on_device,
             decision.load_tokens if decision is not None and loads
             else on_device,
             decision.predicted_seconds if decision is not None else 0.0,
             recompute, why, load_ratio))
+
+    def _queue_seconds(self, request_id: str, load: tuple[int, float],
+                       prefill: tuple[int, float]
+                       ) -> tuple[float, float, int] | None:
+        """The summed first-token seconds of vLLM's queue from this step on
+        (the prefills carried into it, the requests its pass took so far,
+        this one, and those waiting behind it) if this request loads, and
+        if vLLM prefills it, and how many requests that is; None when no
+        other request is in it.
+
+        A synchronous load holds up the end of the step it joins, and every
+        request behind it; a prefill takes the step's token budget and holds
+        up those behind it only (:func:`mean_first_token`). So whether a
+        load pays depends on how many of the requests behind it load too:
+        if this one loads, the best number of them (the first 1, 2, 4, ...
+        of those the stores hold) is taken, each load priced as this one
+        per token; if it does not, none of them is (each will weigh itself
+        when vLLM asks). Past the first ``_QUEUE_HORIZON`` requests behind
+        it, each is held up by the load's seconds or the prefill's
+        per-token ones."""
+        behind: list[tuple[tuple[int, float], tuple[int, float] | None]] = []
+        after = False
+        beyond = 0
+        per_token_load = load[1] / max(1, prefill[0] - load[0])
+        for waiting in list(self._waiting):
+            if after and len(behind) < _QUEUE_HORIZON:
+                tokens, stored = self._stored_of(waiting)
+                behind.append(((tokens, 0.0), None if stored <= 0 else
+                               (tokens - stored, per_token_load * stored)))
+            elif after:
+                beyond += 1
+            after = after or waiting == request_id
+        ahead = [(tokens, 0.0) for tokens in self._carried] + self._this_step
+        if not ahead and not behind:
+            return None
+        count = len(ahead) + 1 + len(behind)
+
+        def clock(tokens: int) -> float:
+            return self._clock.seconds(tokens) or 0.0
+
+        def total(own: tuple[int, float], loading: int) -> float:
+            queue = ahead + [own]
+            for prefilled, loaded in behind:
+                if loaded is not None and loading > 0:
+                    queue.append(loaded)
+                    loading -= 1
+                else:
+                    queue.append(prefilled)
+            return count * mean_first_token(queue, self._budget, clock)
+
+        loadable = sum(loaded is not None for _, loaded in behind)
+        counts = {0, loadable}
+        counts.update(1 << i for i in range(loadable.bit_length()))
+        with_load = min(total(load, k) for k in counts if k <= loadable)
+        per_token = (self._clock.fit or (0.0, 0.0))[1]
+        return (with_load + beyond * load[1],
+                total(prefill, 0) + beyond * per_token * prefill[0],
+                count + beyond)
+
+    def _stored_of(self, request_id: str) -> tuple[int, int]:
+        """A waiting request's prompt tokens, and how many of them the
+        stores hold (looked up once)."""
+        request = self._waiting[request_id]
+        prompt = list(request.prompt_token_ids or [])
+        if request_id not in self._stored:
+            tenant = self._tenants.get(request_id)
+            try:
+                self._stored[request_id] = 0 if tenant is None else \
+                    self._kvc_for(tenant).lookup(prompt[:-1]).tokens
+            except Error:
+                self._stored[request_id] = 0
+        return len(prompt), self._stored[request_id]
 
     def update_state_after_alloc(self, request: "Request",
                                  blocks: "KVCacheBlocks",
@@ -430,6 +530,7 @@ class KvcConnector(KVConnectorBase_V1):
         # this step; an asynchronous one's waits until the worker reports it.
         meta.loads = list(self._pending_loads.values())
         self._pending_loads.clear()
+        self._queue_after(scheduler_output)
         for new in scheduler_output.scheduled_new_reqs:
             blocks = list(new.block_ids[0])
             prompt = list(new.prompt_token_ids or [])
@@ -473,6 +574,29 @@ class KvcConnector(KVConnectorBase_V1):
             self._prefills.pop(req_id, None)
             self._saving.discard(req_id)
         return meta
+
+    def _queue_after(self, out: "SchedulerOutput") -> None:
+        """vLLM's queue as this step leaves it (_queue_seconds)."""
+        self._this_step = []
+        self._carried = []
+        left: dict[str, int] = {}
+        for new in out.scheduled_new_reqs:
+            self._waiting.pop(new.req_id, None)
+            self._stored.pop(new.req_id, None)
+            self._partial[new.req_id] = len(new.prompt_token_ids or [])
+            left[new.req_id] = self._partial[new.req_id] - \
+                new.num_computed_tokens
+        cached = out.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if req_id in self._partial:
+                left[req_id] = self._partial[req_id] - \
+                    cached.num_computed_tokens[i]
+        for req_id, tokens in left.items():
+            tokens -= out.num_scheduled_tokens.get(req_id, 0)
+            if tokens > 0:
+                self._carried.append(tokens)
+            else:
+                del self._partial[req_id]
 
     def _step_seconds(self, loads: list[LoadSpec], others: int) -> float:
         """A step's predicted seconds when it loads: its loads' predicted
@@ -578,6 +702,9 @@ class KvcConnector(KVConnectorBase_V1):
         req_id = request.request_id
         self._prefills.pop(req_id, None)
         self._pending_loads.pop(req_id, None)
+        self._waiting.pop(req_id, None)
+        self._stored.pop(req_id, None)
+        self._partial.pop(req_id, None)
         self._on_device.pop(req_id, None)
         self._decided.pop(req_id, None)
         tenant = self._tenants.pop(req_id, None)
@@ -977,6 +1104,23 @@ class KvcConnector(KVConnectorBase_V1):
 
 
 _SAVE_SUFFIX = "/save"
+
+
+def _in_measured_terms(decision: Decision, ratio: float, tokens: int,
+                       recompute: float) -> str:
+    """The decision's reason, in the measured terms it was weighed in."""
+    why = decision.why
+    if " predicted at " not in why:
+        return why
+    head = why.split(" is predicted at ")[0].split(": first token")[0]
+    load = (f"{decision.predicted_seconds * ratio * 1e3:.2f} ms (the "
+            f"planner's {decision.predicted_seconds * 1e3:.2f} ms x "
+            f"{ratio:.2f}, as loads ran)")
+    prefill = (f"vLLM's measured prefill of {tokens} tokens, "
+               f"{recompute * 1e3:.2f} ms")
+    return f"{head}: first token predicted at {load} against {prefill}" \
+        if decision.loads else \
+        f"{head} is predicted at {load}, not faster than {prefill}"
 
 
 def _save_id(req_id: str) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvc.prefill import LoadClock, PrefillClock, scaled_target
+from kvc.prefill import (LoadClock, PrefillClock, mean_first_token,
+                         scaled_target)
 
 
 def test_fits_the_steps_it_saw() -> None:
@@ -100,3 +101,34 @@ def test_load_clock_is_the_median_ratio_once_seen() -> None:
     for _ in range(4):
         clock.observe(0.010, 0.010)
     assert clock.ratio == pytest.approx(1.0)  # the recent ones
+
+
+def _per_token(tokens: int) -> float:
+    return 0.001 * tokens
+
+
+def test_mean_first_token_of_prefills_in_budgeted_steps() -> None:
+    # One request: its prefill.
+    assert mean_first_token([(300, 0.0)], 1000, _per_token) == \
+        pytest.approx(0.3)
+    # Three of 300 tokens in steps of 400 tokens: the second is split
+    # across the first two steps and first in the second, the third across
+    # the second and third; first tokens at the ends of steps 1, 2 and 3
+    # (0.4 s, 0.4 s and 0.1 s).
+    assert mean_first_token([(300, 0.0)] * 3, 400, _per_token) == \
+        pytest.approx((0.4 + 0.8 + 0.9) / 3)
+    assert mean_first_token([], 400, _per_token) == 0.0
+
+
+def test_a_load_holds_up_its_whole_step() -> None:
+    # A load joins the step it is taken in: the prefill beside it finishes
+    # after it too (its own tokens are in its seconds, not the budget's
+    # time).
+    assert mean_first_token([(10, 0.05), (300, 0.0)], 1000, _per_token) == \
+        pytest.approx(0.35)
+    # A load taken in a later step holds up that step only.
+    assert mean_first_token([(300, 0.0), (10, 0.05)], 300, _per_token) == \
+        pytest.approx((0.3 + 0.35) / 2)
+    # Every load of a step before any of its first tokens.
+    assert mean_first_token([(10, 0.05)] * 4, 1000, _per_token) == \
+        pytest.approx(0.2)

@@ -273,7 +273,8 @@ class KvcConnector(KVConnectorBase_V1):
         # step's pass took so far, as (tokens, load seconds); the prompt
         # tokens of requests prefilled in parts, and what they have left
         # this step.
-        self._budget = int(vllm_config.scheduler_config.max_num_batched_tokens)
+        self._budget = int(vllm_config.scheduler_config.max_num_batched_tokens) \
+            if role == KVConnectorRole.SCHEDULER else 0
         self._waiting: dict[str, "Request"] = {}
         self._stored: dict[str, int] = {}
         self._this_step: list[tuple[int, float]] = []

@@ -82,6 +82,10 @@ StatusOr<double> maxKlOption(Args &args);
 void printLayerReadiness(const std::vector<double> &ready,
                          const std::vector<double> &predicted = {});
 
+/// Prints the restore's host traffic (HostTraffic) per byte it loaded into
+/// the cache; nothing when it loaded none.
+void printHostTraffic(const HostTraffic &traffic);
+
 /// Prints the chunks generated kernels wrote on the device, and why any
 /// whose task names one were decoded on the host.
 void printKernels(const RestoreMetrics &metrics);

@@ -92,6 +92,28 @@ void printLayerReadiness(const std::vector<double> &ready,
   std::printf("\n");
 }
 
+void printHostTraffic(const HostTraffic &traffic) {
+  if (!traffic.delivered)
+    return;
+  std::printf("  host     read %.3f MB, copied %.3f MB, decoded %.3f MB for "
+              "%.3f MB loaded into the cache: %.2f host bytes a byte\n",
+              double(traffic.read) * 1e-6, double(traffic.copied) * 1e-6,
+              double(traffic.decoded) * 1e-6, double(traffic.delivered) * 1e-6,
+              traffic.perByte());
+}
+
+namespace {
+
+nlohmann::json hostTrafficJson(const HostTraffic &traffic) {
+  return {{"read_bytes", traffic.read},
+          {"copied_bytes", traffic.copied},
+          {"decoded_bytes", traffic.decoded},
+          {"delivered_bytes", traffic.delivered},
+          {"host_bytes_per_byte", traffic.perByte()}};
+}
+
+} // namespace
+
 Status reportVerification(const RestoreError &error, const VerifyBound &bound) {
   Status status = checkVerification(error, bound);
   std::printf("verify: against a full prefill, max error %.3g", error.max);
@@ -456,6 +478,7 @@ Status restoreCommand(Args &args) {
     std::printf("  read %-10s %.3f MB", tier.c_str(), double(bytes) * 1e-6);
     predicted(metrics.predictedBytesRead, tier, 1e-6, "MB");
   }
+  printHostTraffic(metrics.hostTraffic);
   printLayerReadiness(metrics.layerReadySeconds,
                       metrics.predictedLayerReadySeconds);
   if (run.firstTokenSeconds)
@@ -728,6 +751,7 @@ Status compareCommand(Args &args) {
                           {"fastest_ms", m.makespanSeconds * 1e3},
                           {"median_ms", medians[i] * 1e3},
                           {"read_mb", double(bytes) * 1e-6},
+                          {"host_traffic", hostTrafficJson(m.hostTraffic)},
                           {"gflop", m.flops * 1e-9},
                           {"fallbacks", m.fallbacks.size()},
                           {"max_error", runs[i].error->max},

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <numeric>
@@ -485,6 +487,86 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   // Without fallbacks the run computes exactly what the plan says.
   EXPECT_TRUE(metrics->fallbacks.empty());
   EXPECT_DOUBLE_EQ(metrics->plannedFlops, metrics->flops);
+}
+
+// A raw chunk is read once, into the staging the device writes the cache
+// from, and checked there: the host moves each loaded byte once (plus each
+// object's header), from the memory and the file tiers. An int8 chunk's
+// stored bytes are read once and dequantized once.
+TEST_F(ExecutorTest, ARawChunkIsCopiedOnceOnTheHost) {
+  const int64_t layers = model_->config().numLayers;
+  const int64_t delivered =
+      kTokens * layers * 2 * model_->kvDim() * int64_t(sizeof(uint16_t));
+  const std::string directory = ::testing::TempDir() + "/kvc-one-copy";
+  std::filesystem::remove_all(directory);
+  for (const std::string &url : {std::string("mem://"), "file://" + directory})
+    for (const char *codec : {"raw", "int8"}) {
+      SCOPED_TRACE(url + " " + codec);
+      tier_ = std::shared_ptr<Tier>(std::move(openTier(url).value()));
+      std::unique_ptr<ChunkStore> store = storeIn(*parseCodecSpec(codec));
+      int64_t stored = 0, objects = 0;
+      for (const ChunkRef &ref : store->refs(tokens_.data(), kTokens, Form::KV,
+                                             *parseCodecSpec(codec))) {
+        std::string bytes;
+        ASSERT_TRUE(tier_->get(ref.name(), bytes).isOk()) << ref.name();
+        stored += int64_t(bytes.size());
+        ++objects;
+      }
+      BundlePlan plan = makePlan({0, 0, 64}, layers);
+      for (BundleTask &task : plan.tasks)
+        if (task.steps[0].kind == StepKind::Fetch)
+          task.steps[0].codec = *parseCodecSpec(codec);
+      BlockTable table = *cache_->allocate(kTokens);
+      StatusOr<RestoreMetrics> metrics = run(plan, table, store.get());
+      ASSERT_TRUE(metrics) << metrics.status().toString();
+      EXPECT_TRUE(metrics->fallbacks.empty());
+      const HostTraffic &traffic = metrics->hostTraffic;
+      EXPECT_EQ(traffic.delivered, delivered);
+      EXPECT_EQ(traffic.read, stored);
+      EXPECT_EQ(traffic.copied, 0);
+      if (std::string(codec) == "raw") {
+        EXPECT_EQ(traffic.decoded, 0);
+        EXPECT_EQ(stored, delivered + objects * int64_t(kChunkHeaderBytes));
+        EXPECT_LT(traffic.perByte(), 1.01);
+        EXPECT_LT(relativeError(table), 1.0 / 128);
+      } else {
+        EXPECT_EQ(traffic.decoded, delivered);
+        EXPECT_LT(stored, delivered * 3 / 5);
+      }
+      cache_->release(table);
+    }
+  std::filesystem::remove_all(directory);
+}
+
+// A raw object read in place is checked as one read whole would be: a
+// flipped payload byte, a truncated or lengthened object are each refused
+// (and the chunk recomputed), with the reason a whole read gives.
+TEST_F(ExecutorTest, AnObjectReadInPlaceIsCheckedAsAWholeOne) {
+  const int64_t layers = model_->config().numLayers;
+  struct Damage {
+    const char *what;
+    std::function<void(std::string &)> apply;
+  };
+  for (const Damage &damage :
+       {Damage{"checksum mismatch",
+               [](std::string &b) { b[b.size() - 3] ^= 0x10; }},
+        Damage{"header says", [](std::string &b) { b.resize(b.size() - 2); }},
+        Damage{"trailing bytes", [](std::string &b) { b += "xx"; }}}) {
+    SCOPED_TRACE(damage.what);
+    useModel(DType::BF16);
+    std::string name = victim(*store_, tokens_), bytes;
+    ASSERT_TRUE(tier_->get(name, bytes).isOk());
+    damage.apply(bytes);
+    ASSERT_TRUE(tier_->put(name, bytes).isOk());
+    BlockTable table = *cache_->allocate(kTokens);
+    StatusOr<RestoreMetrics> metrics = run(makePlan({0, 0, 64}, layers), table);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    ASSERT_EQ(metrics->fallbacks.size(), 1u);
+    EXPECT_NE(metrics->fallbacks[0].find(damage.what), std::string::npos)
+        << metrics->fallbacks[0];
+    EXPECT_LT(relativeError(table), 1.0 / 128);
+    cache_->release(table);
+  }
 }
 
 /// The CPU runner of a model, its prefills counted: a server's own runner.

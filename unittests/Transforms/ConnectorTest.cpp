@@ -544,9 +544,11 @@ TEST_F(ConnectorTest, ARequestPlannedWholeRunsEveryStrategyByName) {
     // Every token, in the store's 64-token chunks (none left to a server).
     EXPECT_EQ(plan.tokens.end, 256);
     for (const BundleTask &task : plan.tasks)
-      for (const BundleStep &step : task.steps)
-        if (step.kind == StepKind::Fetch)
+      for (const BundleStep &step : task.steps) {
+        if (step.kind == StepKind::Fetch) {
           EXPECT_EQ((step.tokens.end - step.tokens.begin) % 64, 0);
+        }
+      }
     std::fill(memory_.begin(), memory_.end(), 0);
     StatusOr<Decision> decision =
         reader->decide(plan.name, tokens, 0, {bundle, plan.name});

@@ -149,8 +149,11 @@ std::vector<int32_t> calibrationTokens(const ModelConfig &config, int64_t n) {
 /// A restore's upload where no decode step ran before it
 /// (ChunkSteps::decodeElements): the model's layers (at most 32) as one
 /// chunk of `tokens` tokens stored raw, an object a layer, every object
-/// checked and copied out at once on the host workers into the device's
-/// host memory (as a restore's staging slots), then copied to the device.
+/// checked at once on the host workers where a file or memory tier read it
+/// in place (ChunkObjects::checkInPlace, the model's KV in bf16 as the
+/// cache holds it), or checked and copied out into the device's host
+/// memory (a model of another dtype, converted), then copied to the
+/// device.
 class UploadProbe {
 public:
   static StatusOr<std::unique_ptr<UploadProbe>>
@@ -176,16 +179,30 @@ public:
     }
     probe->out_ = HostWords(device.hostMemory());
     probe->out_.resize(size_t(words));
+    probe->inPlace_ = config.dtype == DType::BF16;
+    if (probe->inPlace_)
+      for (std::size_t o = 0; o < probe->refs_.size(); ++o) {
+        // As a read in place leaves it: the payload at its place.
+        std::string &object = probe->stored_[o];
+        std::memcpy(probe->at(o), object.data() + kChunkHeaderBytes,
+                    object.size() - kChunkHeaderBytes);
+        object.resize(kChunkHeaderBytes);
+      }
     return probe;
   }
 
-  /// Checks and copies out every object once.
+  /// Checks every object once, in place or copying it out.
   Status check() {
     std::vector<Status> checked(refs_.size(), Status::ok());
     hostWorkers().forEach(refs_.size(), [&](std::size_t o) {
-      checked[o] = objects_.decode(
-          refs_[o], stored_[o],
-          out_.data() + int64_t(o) * objects_.shape(refs_[o]).numel());
+      const int64_t numel = objects_.shape(refs_[o]).numel();
+      checked[o] =
+          inPlace_
+              ? objects_.checkInPlace(
+                    refs_[o], stored_[o],
+                    std::string_view(reinterpret_cast<const char *>(at(o)),
+                                     std::size_t(numel) * sizeof(uint16_t)))
+              : objects_.decode(refs_[o], stored_[o], at(o));
     });
     for (const Status &status : checked)
       KVC_RETURN_IF_ERROR(status);
@@ -212,11 +229,18 @@ public:
 private:
   explicit UploadProbe(ChunkObjects objects) : objects_(std::move(objects)) {}
 
+  /// Object `o`'s place in the chunk: its layer's K and V.
+  uint16_t *at(std::size_t o) {
+    return out_.data() + int64_t(o) * objects_.shape(refs_[o]).numel();
+  }
+
   ChunkObjects objects_;
   std::vector<ChunkRef> refs_;
+  /// Each object; only its header when the payload was read in place.
   std::vector<std::string> stored_;
   HostWords out_; ///< In the device's host memory, as a restore's slots.
   int64_t bytes_ = 0;
+  bool inPlace_ = false;
 };
 
 } // namespace
@@ -383,10 +407,12 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
     target.link.d2hGBs = link; // A save's copies: not measured beside.
     target.host.checkGBs = *checkBeside;
     std::fprintf(log,
-                 "upload check: %.2f GB/s of stored objects checked and "
-                 "copied out on %d host threads (%.2f GB/s beside a store's "
-                 "reads)\n",
-                 check, hostWorkers().workers() + 1, *checkBeside);
+                 "upload check: %.2f GB/s of stored objects checked %s on "
+                 "%d host threads (%.2f GB/s beside a store's reads)\n",
+                 check,
+                 config.dtype == DType::BF16 ? "where they were read"
+                                             : "and copied out",
+                 hostWorkers().workers() + 1, *checkBeside);
   }
   std::error_code ignored;
   std::filesystem::remove_all(scratch + "beside", ignored);

@@ -171,27 +171,92 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   value.objects.swap(slot->objects);
   value.data.swap(slot->data);
   ChunkStore &store = *stores_.at(value.tier);
-  int64_t bytes = 0;
-  value.objectCount = 0;
-  for (const ChunkRef &ref : refs(value.tier, value.form, value.codec)) {
-    if (!overlaps(ref, value))
-      continue;
-    if (value.objectCount == value.objects.size())
-      value.objects.emplace_back();
-    auto &[stored, buffer] = value.objects[value.objectCount++];
-    stored = ref;
-    Status got = store.tier().get(ref.name(), buffer);
-    if (got.code() == StatusCode::NotFound)
-      return withStoredEncodings(store, ref, got);
-    KVC_RETURN_IF_ERROR(got);
-    bytes += int64_t(buffer.size());
-  }
-  if (value.objectCount == 0)
+  std::vector<const ChunkRef *> covering;
+  for (const ChunkRef &ref : refs(value.tier, value.form, value.codec))
+    if (overlaps(ref, value))
+      covering.push_back(&ref);
+  if (covering.empty())
     return notFound("no stored object covers the chunk");
+  value.landed.assign(covering.size(), false);
+  HostTraffic traffic;
+  KVC_ASSIGN_OR_RETURN(inPlace, fetchInPlace(value, store, covering, traffic));
+  if (!inPlace) {
+    value.objectCount = 0;
+    for (const ChunkRef *ref : covering) {
+      if (value.objectCount == value.objects.size())
+        value.objects.emplace_back();
+      auto &[stored, buffer] = value.objects[value.objectCount++];
+      stored = *ref;
+      Status got = store.tier().get(ref->name(), buffer);
+      if (got.code() == StatusCode::NotFound)
+        return withStoredEncodings(store, *ref, got);
+      KVC_RETURN_IF_ERROR(got);
+      traffic.read += int64_t(buffer.size());
+    }
+  }
   value.encoded = true;
   std::lock_guard<std::mutex> lock(mutex_);
-  bytesRead_[value.tier] += bytes;
+  bytesRead_[value.tier] += traffic.read;
+  traffic_ += traffic;
   return Status::ok();
+}
+
+StatusOr<bool>
+ChunkSteps::fetchInPlace(ChunkValue &value, ChunkStore &store,
+                         const std::vector<const ChunkRef *> &covering,
+                         HostTraffic &traffic) {
+  const DType dtype = dtypeOf(value.form);
+  if (value.kernel || !value.codec.isRaw() || store.model().dtype != dtype ||
+      !store.tier().readsInPlace())
+    return false;
+  // In token then layer order: the chunk's tokens, its layers back to back.
+  int64_t layer = value.layers.begin;
+  for (const ChunkRef *ref : covering) {
+    if (ref->tokenBegin != value.tokens.begin ||
+        ref->tokenEnd != value.tokens.end || ref->layerBegin != layer)
+      return false;
+    layer = ref->layerEnd;
+  }
+  if (layer != value.layers.end)
+    return false;
+  // A layer's matrices, [tokens][width] each, as decodeElements lays them.
+  const int64_t matrices = value.form == Form::KV ? 2 : 1;
+  const int64_t layerBytes = matrices * value.tokens.size() *
+                             width(value.form) * wordsPer(dtype) *
+                             int64_t(sizeof(uint16_t));
+  value.data.resizeForOverwrite(std::size_t(value.layers.size() * layerBytes) /
+                                sizeof(uint16_t));
+  char *data = reinterpret_cast<char *>(value.data.data());
+  value.objectCount = 0;
+  for (const ChunkRef *ref : covering) {
+    if (value.objectCount == value.objects.size())
+      value.objects.emplace_back();
+    const std::size_t o = value.objectCount++;
+    auto &[stored, header] = value.objects[o];
+    stored = *ref;
+    header.resize(kChunkHeaderBytes);
+    const ByteSpan payload{
+        data + (ref->layerBegin - value.layers.begin) * layerBytes,
+        std::size_t((ref->layerEnd - ref->layerBegin) * layerBytes)};
+    StatusOr<size_t> got = store.tier().getInto(
+        ref->name(), {{header.data(), header.size()}, payload});
+    if (got.status().code() == StatusCode::NotFound)
+      return withStoredEncodings(store, *ref, got.status());
+    KVC_RETURN_IF_ERROR(got.status());
+    if (*got == kChunkHeaderBytes + payload.size) {
+      value.landed[o] = true;
+      traffic.read += int64_t(*got);
+      continue;
+    }
+    // Not as long as a raw object of the chunk: read whole, for decode to
+    // say why (truncated, trailing bytes, another encoding).
+    Status whole = store.tier().get(ref->name(), header);
+    if (whole.code() == StatusCode::NotFound)
+      return withStoredEncodings(store, *ref, whole);
+    KVC_RETURN_IF_ERROR(whole);
+    traffic.read += int64_t(header.size());
+  }
+  return true;
 }
 
 namespace {
@@ -245,9 +310,15 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
   size_t bytes = 0;
   value.data.clear();
   value.data.reserve(size_t(value.kernel->payloadBytes + 1) / 2);
+  HostTraffic traffic;
   for (std::size_t o : order) {
     auto &[ref, stored] = value.objects[o];
     KVC_RETURN_IF_ERROR(store.payload(ref, stored, inner));
+    // Out of the object (its lossless stage undone, or copied), then here.
+    (ref.codec.lossless == CodecSpec::Lossless::None ? traffic.copied
+                                                     : traffic.decoded) +=
+        int64_t(inner.size());
+    traffic.copied += int64_t(inner.size());
     value.data.resizeForOverwrite((bytes + inner.size() + 1) / 2);
     value.data[value.data.size() - 1] = 0; // An odd byte's pad.
     std::memcpy(reinterpret_cast<char *>(value.data.data()) + bytes,
@@ -262,6 +333,8 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
                       std::to_string(bytes));
   value.encoded = false;
   value.payload = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  traffic_ += traffic;
   return Status::ok();
 }
 
@@ -297,24 +370,41 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
   // them out, decode in place, at once: each checks its checksum, copies
   // its payload and looks for non-finite values (a raw chunk's whole decode,
   // on the upload lane when the plan has no decode step for it).
+  // Objects read in place (fetchInPlace) are only checked, where they are.
   std::vector<Status> decoded(value.objectCount, Status::ok());
   hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
     const auto &[ref, bytes] = value.objects[o];
-    if (inPlace(ref))
-      decoded[o] = decodeAs(
-          store, ref, bytes, dtype,
-          value.data.data() +
-              (ref.layerBegin - value.layers.begin) * mats * tokens * w * words);
+    uint16_t *at = value.data.data() + (ref.layerBegin - value.layers.begin) *
+                                           mats * tokens * w * words;
+    if (value.landed[o])
+      decoded[o] = store.checkInPlace(
+          ref, bytes,
+          std::string_view(reinterpret_cast<const char *>(at),
+                           std::size_t(ref.layerEnd - ref.layerBegin) * mats *
+                               tokens * w * words * sizeof(uint16_t)));
+    else if (inPlace(ref))
+      decoded[o] = decodeAs(store, ref, bytes, dtype, at);
   });
+  // What the decode wrote: copies of raw payloads in the chunk's own type,
+  // values of every other encoding.
+  HostTraffic traffic;
+  auto wrote = [&](const ChunkRef &ref, int64_t bytes) {
+    (ref.codec.isRaw() && store.model().dtype == dtype ? traffic.copied
+                                                       : traffic.decoded) +=
+        bytes;
+  };
   std::vector<uint16_t> object;
   for (std::size_t o = 0; o < value.objectCount; ++o) {
     auto &[ref, bytes] = value.objects[o];
     const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
     if (inPlace(ref)) {
       KVC_RETURN_IF_ERROR(decoded[o]);
+      if (!value.landed[o])
+        wrote(ref, store.shape(ref).numel() * words * 2);
     } else {
       object.resize(store.shape(ref).numel() * words);
       KVC_RETURN_IF_ERROR(decodeAs(store, ref, bytes, dtype, object.data()));
+      wrote(ref, int64_t(object.size()) * 2);
       // Copy the rows of the object inside the value's box.
       const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);
       const int64_t t1 = std::min(ref.tokenEnd, value.tokens.end);
@@ -331,9 +421,12 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
                            (t0 - ref.tokenBegin)) *
                               w * words,
                       size_t((t1 - t0) * w * words) * sizeof(uint16_t));
+      traffic.copied += (l1 - l0) * mats * (t1 - t0) * w * words * 2;
     }
   }
   value.encoded = false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  traffic_ += traffic;
   return Status::ok();
 }
 
@@ -362,6 +455,10 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
     for (int64_t h = 0; h < halves; ++h)
       std::memmove(data + h * keep * kvDim, data + (h * all + skip) * kvDim,
                    std::size_t(keep * kvDim) * sizeof(uint16_t));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      traffic_.copied += halves * keep * kvDim * int64_t(sizeof(uint16_t));
+    }
     value.data.resize(std::size_t(halves * keep * kvDim));
     value.tokens.begin = resident_;
   }
@@ -405,6 +502,7 @@ Status ChunkSteps::project(ChunkValue &value) {
     value.form = Form::KV;
     value.inCache = true;
     std::lock_guard<std::mutex> lock(mutex_);
+    traffic_.delivered += cacheBytes(value.box());
     flops_ += flops;
     ++kernelLaunches_;
     ++kernelChunks_;
@@ -464,13 +562,19 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     KVC_RETURN_IF_ERROR(
         device_.scatter(*value->device, value->box(), cache_, table_));
     release(*value);
+    std::lock_guard<std::mutex> lock(mutex_);
+    traffic_.delivered += cacheBytes(value->box());
   }
   if (!launched.empty()) {
     KVC_RETURN_IF_ERROR(device_.launchRestore(*launched.front()->kernel, chunks,
                                               cache_, table_));
-    for (ChunkValue *value : launched)
+    int64_t delivered = 0;
+    for (ChunkValue *value : launched) {
+      delivered += cacheBytes(value->box());
       release(*value);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
+    traffic_.delivered += delivered;
     ++kernelLaunches_;
     kernelChunks_ += int64_t(launched.size());
   }
@@ -576,6 +680,19 @@ double ChunkSteps::flops() const {
 std::map<std::string, int64_t> ChunkSteps::bytesRead() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytesRead_;
+}
+
+HostTraffic ChunkSteps::traffic() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return traffic_;
+}
+
+int64_t ChunkSteps::cacheBytes(const ChunkBox &box) const {
+  const int64_t tokens =
+      box.tokenEnd -
+      std::max(box.tokenBegin, std::min(resident_, box.tokenEnd));
+  return tokens * (box.layerEnd - box.layerBegin) * 2 * cache_.kvDim() *
+         int64_t(sizeof(uint16_t));
 }
 
 } // namespace kvc::exec_detail

@@ -87,6 +87,10 @@ struct ChunkValue {
   std::vector<std::pair<ChunkRef, std::string>> objects;
   std::size_t objectCount = 0;
   bool encoded = false;
+  /// Per object, whether it was read in place (Tier::getInto): its header
+  /// in `objects`, its payload already at its place in `data`, awaiting
+  /// only its checks.
+  std::vector<bool> landed;
   HostWords data;
   /// The chunk on the device once uploaded: the slot's buffer, or its own.
   DeviceBuffer *device = nullptr;
@@ -173,8 +177,19 @@ public:
   std::vector<std::string> kernelsNotLaunched() const;
   int64_t exactContextBytes() const { return prefill_->exactContextBytes(); }
   std::map<std::string, int64_t> bytesRead() const;
+  HostTraffic traffic() const;
 
 private:
+  /// Reads the chunk's objects in place, each payload where decode would
+  /// put it, when it is raw in the chunk's own element type, its objects
+  /// tile its box, and the tier reads in place; false (nothing read) when
+  /// not. Objects whose size is not what the header and payload make are
+  /// read whole instead, for decode to say why.
+  StatusOr<bool> fetchInPlace(ChunkValue &value, ChunkStore &store,
+                              const std::vector<const ChunkRef *> &covering,
+                              HostTraffic &traffic);
+  /// Bytes of `box`'s K and V in the cache.
+  int64_t cacheBytes(const ChunkBox &box) const;
   DType dtypeOf(Form form) const;
   int64_t width(Form form) const;
   Status decodeElements(ChunkValue &value);
@@ -213,6 +228,7 @@ private:
       refs_;
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;
+  HostTraffic traffic_;
   int64_t kernelLaunches_ = 0, kernelChunks_ = 0;
   std::vector<std::string> kernelsNotLaunched_;
   /// Staging for chunks their plan gave no slot, kept for the next such

@@ -100,6 +100,7 @@ public:
     met.chunksLoaded = loaded_;
     out.fallbacks = fallbacks_;
     out.bytesRead = steps_.bytesRead();
+    out.hostTraffic = steps_.traffic();
     out.flops = steps_.flops();
     out.exactContextBytes = steps_.exactContextBytes();
   }

@@ -534,6 +534,7 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
       options.progress->readySeconds(result.begin, metrics.makespanSeconds);
   metrics.busySeconds = result.busy;
   metrics.bytesRead = run.steps().bytesRead();
+  metrics.hostTraffic = run.steps().traffic();
   metrics.flops = run.steps().flops();
   metrics.kernelLaunches = run.steps().kernelLaunches();
   metrics.kernelChunks = run.steps().kernelChunks();

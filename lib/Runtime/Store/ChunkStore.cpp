@@ -4,6 +4,8 @@
 
 #include "kvc/Runtime/Base/Sha256.h"
 
+#include <libdeflate.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -280,6 +282,39 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
       ref, payloadNonFinite(std::string_view(reinterpret_cast<const char *>(out),
                                              size_t(n) * sizeof(uint16_t)),
                             shape(ref), CodecSpec(), DType::BF16));
+}
+
+Status ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
+                                  std::string_view payload) const {
+  KVC_ASSIGN_OR_RETURN(h, readChunkHeader(header));
+  if (!h.codec.isRaw())
+    return Status(StatusCode::Internal,
+                  ref.name() + ": checked in place, but stored as " +
+                      h.codec.str());
+  KVC_RETURN_IF_ERROR(checkChunk(h, expected(ref)).withContext(ref.name()));
+  if (h.dtype != model_.dtype)
+    return chunkError(ChunkFault::WrongModel,
+                      ref.name() + ": chunk stores " + dtypeName(h.dtype) +
+                          ", the model " + dtypeName(model_.dtype));
+  if (payload.size() != h.payloadBytes)
+    return chunkError(
+        ChunkFault::Truncated,
+        ref.name() + ": chunk payload of " + std::to_string(payload.size()) +
+            " bytes, header says " + std::to_string(h.payloadBytes));
+  // A block is checksummed, then scanned while it is still in the cache.
+  constexpr size_t kBlock = size_t(64) << 10;
+  const ChunkShape chunk = shape(ref);
+  uint32_t crc = 0;
+  int64_t nonFinite = 0;
+  for (size_t at = 0; at < payload.size(); at += kBlock) {
+    std::string_view block = payload.substr(at, kBlock);
+    crc = libdeflate_crc32(crc, block.data(), block.size());
+    nonFinite += payloadNonFinite(block, chunk, h.codec, h.dtype);
+  }
+  if (crc != h.payloadCrc)
+    return chunkError(ChunkFault::Corrupt,
+                      ref.name() + ": chunk payload checksum mismatch");
+  return refuseNonFinite(ref, nonFinite);
 }
 
 Status ChunkObjects::payload(const ChunkRef &ref, std::string_view bytes,

@@ -10,19 +10,21 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <list>
 #include <map>
 #include <mutex>
-#include <thread>
-#include <cerrno>
-#include <csignal>
-#include <cstdlib>
-#include <cstring>
-#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
+#include <thread>
 #include <unistd.h>
 #include <unordered_map>
 
@@ -37,6 +39,36 @@ std::vector<Status> Tier::getMany(const std::vector<std::string> &names,
   for (size_t i = 0; i < names.size(); ++i)
     out.push_back(get(names[i], buffers[i]));
   return out;
+}
+
+namespace {
+
+size_t totalSize(const std::vector<ByteSpan> &parts) {
+  size_t total = 0;
+  for (const ByteSpan &part : parts)
+    total += part.size;
+  return total;
+}
+
+/// Copies `bytes` into `parts` when they are as long; their length.
+size_t copyInto(std::string_view bytes, const std::vector<ByteSpan> &parts) {
+  if (bytes.size() != totalSize(parts))
+    return bytes.size();
+  const char *from = bytes.data();
+  for (const ByteSpan &part : parts) {
+    std::memcpy(part.data, from, part.size);
+    from += part.size;
+  }
+  return bytes.size();
+}
+
+} // namespace
+
+StatusOr<size_t> Tier::getInto(const std::string &name,
+                               const std::vector<ByteSpan> &parts) {
+  thread_local std::string buffer;
+  KVC_RETURN_IF_ERROR(get(name, buffer));
+  return copyInto(buffer, parts);
 }
 
 namespace {
@@ -80,6 +112,17 @@ public:
     buffer.assign(it->second.bytes);
     return Status::ok();
   }
+
+  StatusOr<size_t> getInto(const std::string &name,
+                           const std::vector<ByteSpan> &parts) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(name);
+    if (it == objects_.end())
+      return missing(url_, name);
+    lru_.splice(lru_.begin(), lru_, it->second.position);
+    return copyInto(it->second.bytes, parts);
+  }
+  bool readsInPlace() const override { return true; }
 
   StatusOr<bool> exists(const std::string &name) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -183,44 +226,33 @@ public:
   }
 
   Status get(const std::string &name, std::string &buffer) override {
-    fs::path path = root_ / name;
-    // Non-blocking: opening a FIFO for reading would wait for a writer.
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-      return errno == ENOENT ? missing(url_, name)
-                             : unavailable(path.string() + ": " +
-                                           std::strerror(errno));
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
-      return unavailable(path.string() + ": " + std::strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd);
-      return chunkError(ChunkFault::Corrupt,
-                        path.string() + ": not a regular file");
-    }
-    // One object is read whole and once: tell the kernel to read ahead.
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    if (capacityBytes_ > 0) { // A use: the last to be evicted.
-      const timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
-      ::futimens(fd, times);
-    }
-    buffer.resize(size_t(st.st_size));
-    size_t done = 0;
-    while (done < buffer.size()) {
-      ssize_t n = ::read(fd, buffer.data() + done, buffer.size() - done);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        break;
-      done += size_t(n);
-    }
+    size_t size = 0;
+    KVC_ASSIGN_OR_RETURN(fd, openObject(name, size));
+    buffer.resize(size);
+    const size_t done = readFully(fd, {{buffer.data(), size}});
     ::close(fd);
-    if (done != buffer.size())
-      return chunkError(ChunkFault::Truncated, path.string() + ": short read");
+    if (done != size)
+      return chunkError(ChunkFault::Truncated,
+                        (root_ / name).string() + ": short read");
     return Status::ok();
   }
+
+  StatusOr<size_t> getInto(const std::string &name,
+                           const std::vector<ByteSpan> &parts) override {
+    size_t size = 0;
+    KVC_ASSIGN_OR_RETURN(fd, openObject(name, size));
+    if (size != totalSize(parts)) {
+      ::close(fd);
+      return size;
+    }
+    const size_t done = readFully(fd, parts);
+    ::close(fd);
+    if (done != size)
+      return chunkError(ChunkFault::Truncated,
+                        (root_ / name).string() + ": short read");
+    return size;
+  }
+  bool readsInPlace() const override { return true; }
 
   StatusOr<bool> exists(const std::string &name) override {
     std::error_code error;
@@ -345,6 +377,71 @@ private:
     return chunkError(ChunkFault::Unavailable, url_ + ": " + message);
   }
 
+  /// Opens object `name` for reading, a regular file of `size` bytes.
+  StatusOr<int> openObject(const std::string &name, size_t &size) {
+    fs::path path = root_ / name;
+    // Non-blocking: opening a FIFO for reading would wait for a writer.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+      return errno == ENOENT
+                 ? missing(url_, name)
+                 : unavailable(path.string() + ": " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      Status failed = unavailable(path.string() + ": " + std::strerror(errno));
+      ::close(fd);
+      return failed;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return chunkError(ChunkFault::Corrupt,
+                        path.string() + ": not a regular file");
+    }
+    // One object is read whole and once: tell the kernel to read ahead.
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    if (capacityBytes_ > 0) { // A use: the last to be evicted.
+      const timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
+      ::futimens(fd, times);
+    }
+    size = size_t(st.st_size);
+    return fd;
+  }
+
+  /// Reads `fd` from its start into `parts` with preadv (straight into
+  /// them, each byte once); the bytes read, short at the file's end.
+  static size_t readFully(int fd, std::vector<ByteSpan> parts) {
+    size_t done = 0;
+    std::size_t first = 0;
+    while (first < parts.size()) {
+      std::vector<iovec> vectors;
+      for (std::size_t i = first; i < parts.size() && vectors.size() < IOV_MAX;
+           ++i)
+        if (parts[i].size)
+          vectors.push_back({parts[i].data, parts[i].size});
+      if (vectors.empty())
+        break;
+      ssize_t n =
+          ::preadv(fd, vectors.data(), int(vectors.size()), off_t(done));
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n <= 0)
+        break;
+      done += size_t(n);
+      // Past the parts read whole; into the one read in part.
+      for (size_t left = size_t(n); first < parts.size() && left > 0;) {
+        const size_t taken = std::min(left, parts[first].size);
+        parts[first].data += taken;
+        parts[first].size -= taken;
+        left -= taken;
+        if (parts[first].size == 0)
+          ++first;
+      }
+      while (first < parts.size() && parts[first].size == 0)
+        ++first;
+    }
+    return done;
+  }
+
   std::string url_;
   fs::path root_;
   std::atomic<uint64_t> counter_{0};
@@ -380,6 +477,16 @@ public:
       wait(started, buffer.size());
     return status;
   }
+  /// Into the caller's memory as the inner tier reads, throttled alike.
+  StatusOr<size_t> getInto(const std::string &name,
+                           const std::vector<ByteSpan> &parts) override {
+    const Clock::time_point started = Clock::now();
+    StatusOr<size_t> size = inner().getInto(name, parts);
+    if (size.isOk())
+      wait(started, *size);
+    return size;
+  }
+  bool readsInPlace() const override { return inner().readsInPlace(); }
   std::vector<Status> getMany(const std::vector<std::string> &names,
                               std::vector<std::string> &buffers) override {
     const Clock::time_point started = Clock::now();

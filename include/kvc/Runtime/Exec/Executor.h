@@ -123,11 +123,44 @@ struct CakeWalk {
   int64_t chunksLoaded = 0;
 };
 
+/// Bytes a restore's loads moved through host memory, by what moved them.
+/// A raw chunk read in place moves each byte once on the host (read), then
+/// the device writes it into the cache (delivered: a GPU's DMA and scatter,
+/// a CPU's one copy into the paged blocks).
+struct HostTraffic {
+  /// Stored bytes the tiers put into host memory (a file's read, a memory
+  /// tier's copy, a network reply).
+  int64_t read = 0;
+  /// Host-to-host copies of bytes already read: a tier's second copy (one
+  /// that does not read in place, Tier::readsInPlace), a raw payload
+  /// copied out of its object, rows moved within a chunk.
+  int64_t copied = 0;
+  /// Bytes decoders wrote: dequantized, decompressed or converted values.
+  int64_t decoded = 0;
+  /// Loaded K and V the device wrote into the cache, 16-bit words.
+  int64_t delivered = 0;
+
+  /// Host bytes moved per byte delivered: (read + copied + decoded) /
+  /// delivered; 0 when nothing was delivered.
+  double perByte() const {
+    return delivered ? double(read + copied + decoded) / double(delivered)
+                     : 0.0;
+  }
+  HostTraffic &operator+=(const HostTraffic &other) {
+    read += other.read;
+    copied += other.copied;
+    decoded += other.decoded;
+    delivered += other.delivered;
+    return *this;
+  }
+};
+
 struct RestoreMetrics {
   double makespanSeconds = 0; ///< The graph plus any fallback recompute.
   double fallbackSeconds = 0;
   std::map<std::string, double> busySeconds;
   std::map<std::string, int64_t> bytesRead; ///< Per tier.
+  HostTraffic hostTraffic;
   double flops = 0;
   /// Staging the plan's slots hold for their chunks (host and device):
   /// buffers reused by every later chunk through the slot, so bounded by

@@ -23,6 +23,12 @@
 
 namespace kvc {
 
+/// Caller memory an object is read into (Tier::getInto).
+struct ByteSpan {
+  char *data = nullptr;
+  size_t size = 0;
+};
+
 class Tier {
 public:
   virtual ~Tier();
@@ -35,6 +41,17 @@ public:
   virtual Status put(const std::string &name, std::string_view bytes) = 0;
   /// Reads `name` into `buffer` (reusing its capacity).
   virtual Status get(const std::string &name, std::string &buffer) = 0;
+  /// Reads `name` into `parts`, one after another, when the object's size
+  /// is their total, and returns its size; when that differs, what `parts`
+  /// hold is unspecified (the caller reads the object with get() to say
+  /// why). Lets a reader put a stored object's payload where it is used,
+  /// its header elsewhere. Tiers that readInPlace() copy each byte once,
+  /// into `parts`; the others read with get() and copy from there.
+  virtual StatusOr<size_t> getInto(const std::string &name,
+                                   const std::vector<ByteSpan> &parts);
+  /// Whether getInto() copies each byte once (a file's preadv, a memory
+  /// tier's memcpy) rather than through get()'s buffer.
+  virtual bool readsInPlace() const { return false; }
   /// Reads several objects, pipelined where the tier can; one Status each.
   virtual std::vector<Status> getMany(const std::vector<std::string> &names,
                                       std::vector<std::string> &buffers);
@@ -49,7 +66,10 @@ public:
 };
 
 /// A tier that passes every call to another: the base of tiers that change
-/// one behaviour of a store (a throttle; tests' delays and gates).
+/// one behaviour of a store (a throttle; tests' delays and gates). getInto()
+/// is not passed on: it reads through get(), so that a tier that changes
+/// get() (checks a seal, delays, fails) changes it too, unless it says how
+/// its getInto() keeps its behaviour.
 class ForwardingTier : public Tier {
 public:
   explicit ForwardingTier(std::shared_ptr<Tier> inner)
@@ -79,6 +99,7 @@ public:
 
 protected:
   Tier &inner() { return *inner_; }
+  const Tier &inner() const { return *inner_; }
 
 private:
   std::shared_ptr<Tier> inner_;

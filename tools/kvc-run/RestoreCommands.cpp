@@ -96,10 +96,11 @@ void printHostTraffic(const HostTraffic &traffic) {
   if (!traffic.delivered)
     return;
   std::printf("  host     read %.3f MB, copied %.3f MB, decoded %.3f MB for "
-              "%.3f MB loaded into the cache: %.2f host bytes a byte\n",
+              "%.3f MB loaded into the cache (%.3f MB of it by the device "
+              "from staging): %.2f host bytes a byte\n",
               double(traffic.read) * 1e-6, double(traffic.copied) * 1e-6,
               double(traffic.decoded) * 1e-6, double(traffic.delivered) * 1e-6,
-              traffic.perByte());
+              double(traffic.scattered) * 1e-6, traffic.perByte());
 }
 
 namespace {
@@ -109,6 +110,7 @@ nlohmann::json hostTrafficJson(const HostTraffic &traffic) {
           {"copied_bytes", traffic.copied},
           {"decoded_bytes", traffic.decoded},
           {"delivered_bytes", traffic.delivered},
+          {"scattered_bytes", traffic.scattered},
           {"host_bytes_per_byte", traffic.perByte()}};
 }
 

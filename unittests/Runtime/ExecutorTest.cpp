@@ -138,6 +138,16 @@ TEST_F(ExecutorTest, StagingSlotsAreReusedAcrossChunksAndRounds) {
                                         4096));
 }
 
+/// `plan` loading objects stored with `codec`. Raw KV chunks that tile the
+/// store's objects are read straight into a CPU cache; int8 ones are
+/// dequantized into staging, which the device scatters.
+static BundlePlan loading(BundlePlan plan, const CodecSpec &codec) {
+  for (BundleTask &task : plan.tasks)
+    if (task.steps[0].kind == StepKind::Fetch)
+      task.steps[0].codec = codec;
+  return plan;
+}
+
 /// `plan` (makePlan's: fetch, decompress, copy, scatter a chunk) with each
 /// chunk's fetch after the scatter before it; its chunks.
 static int64_t oneChunkAtATime(BundlePlan &plan) {
@@ -191,14 +201,16 @@ TEST_F(ExecutorTest, ASecondRestoreReusesTheFirstsStagingMemory) {
     HostMemory *hostMemory() override { return &memory; }
     KeptHostMemory memory;
   } device;
-  const BundlePlan plan =
-      makePlan({0, 0, 64, /*slots=*/2}, model_->config().numLayers);
+  const CodecSpec int8 = *parseCodecSpec("int8");
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  const BundlePlan plan = loading(
+      makePlan({0, 0, 64, /*slots=*/2}, model_->config().numLayers), int8);
   for (int round = 0; round < 2; ++round) {
     BlockTable table = *cache_->allocate(kTokens);
-    RestoreTarget target = targetFor(table);
+    RestoreTarget target = targetFor(table, store.get());
     target.device = &device;
     ASSERT_TRUE(restore(*pools_, plan, target).isOk());
-    EXPECT_LT(relativeError(table), 1.0 / 128);
+    EXPECT_LT(relativeError(table), 1.0 / 32); // int8's error.
     cache_->release(table);
     EXPECT_EQ(device.memory.obtained(), 2) << "round " << round;
     EXPECT_GT(device.memory.keptBytes(), 0u);
@@ -211,9 +223,12 @@ TEST_F(ExecutorTest, ASecondRestoreReusesTheFirstsStagingMemory) {
 TEST_F(ExecutorTest, ATraceShowsTheDevicesSpans) {
   CountingDevice counting;
   BlockTable table = *cache_->allocate(kTokens);
-  RestoreTarget target = targetFor(table);
+  const CodecSpec int8 = *parseCodecSpec("int8"); // Scattered by the device.
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  RestoreTarget target = targetFor(table, store.get());
   target.device = &counting;
-  const BundlePlan plan = makePlan({0, 0, 64}, model_->config().numLayers);
+  const BundlePlan plan =
+      loading(makePlan({0, 0, 64}, model_->config().numLayers), int8);
   ASSERT_TRUE(restore(*pools_, plan, target).isOk());
   EXPECT_EQ(counting.keptSpans, 0);
 
@@ -425,14 +440,17 @@ TEST(LayerProgressTest, AWriteCompletesALayerOnlyOnceItsDeviceSettled) {
 TEST_F(ExecutorTest, RefillingADeviceBufferEarlyIsAnErrorNotARace) {
   // One slot; the first chunk's scatter made to wait for the second chunk's
   // copy, which so lands in the device buffer the first still holds.
-  BundlePlan plan = makePlan({0, 0, 64, /*slots=*/1},
-                             model_->config().numLayers);
+  // Int8 chunks, which go through the slot's device buffer.
+  const CodecSpec int8 = *parseCodecSpec("int8");
+  std::unique_ptr<ChunkStore> store = storeIn(int8);
+  BundlePlan plan = loading(
+      makePlan({0, 0, 64, /*slots=*/1}, model_->config().numLayers), int8);
   ASSERT_EQ(plan.tasks[3].steps.back().kind, StepKind::Scatter);
   ASSERT_EQ(plan.tasks[6].steps.front().kind, StepKind::TransferToDevice);
   plan.tasks[6].after = {5};
   plan.tasks[3].after = {2, 6};
   BlockTable table = *cache_->allocate(kTokens);
-  StatusOr<RestoreMetrics> metrics = run(plan, table);
+  StatusOr<RestoreMetrics> metrics = run(plan, table, store.get());
   ASSERT_FALSE(metrics);
   EXPECT_EQ(metrics.status().code(), StatusCode::Internal);
   EXPECT_NE(metrics.status().message().find("refilled before its chunk was "
@@ -489,10 +507,11 @@ TEST_F(ExecutorTest, ReportsMetrics) {
   EXPECT_DOUBLE_EQ(metrics->plannedFlops, metrics->flops);
 }
 
-// A raw chunk is read once, into the staging the device writes the cache
-// from, and checked there: the host moves each loaded byte once (plus each
-// object's header), from the memory and the file tiers. An int8 chunk's
-// stored bytes are read once and dequantized once.
+// A raw chunk is read once, straight into the CPU cache's rows, and checked
+// there: the host moves each loaded byte once (plus each object's header),
+// from the memory and the file tiers, and nothing is left to scatter. An
+// int8 chunk's stored bytes are read once and dequantized once into
+// staging, which the device scatters.
 TEST_F(ExecutorTest, ARawChunkIsCopiedOnceOnTheHost) {
   const int64_t layers = model_->config().numLayers;
   const int64_t delivered =
@@ -512,10 +531,8 @@ TEST_F(ExecutorTest, ARawChunkIsCopiedOnceOnTheHost) {
         stored += int64_t(bytes.size());
         ++objects;
       }
-      BundlePlan plan = makePlan({0, 0, 64}, layers);
-      for (BundleTask &task : plan.tasks)
-        if (task.steps[0].kind == StepKind::Fetch)
-          task.steps[0].codec = *parseCodecSpec(codec);
+      const BundlePlan plan =
+          loading(makePlan({0, 0, 64}, layers), *parseCodecSpec(codec));
       BlockTable table = *cache_->allocate(kTokens);
       StatusOr<RestoreMetrics> metrics = run(plan, table, store.get());
       ASSERT_TRUE(metrics) << metrics.status().toString();
@@ -526,11 +543,13 @@ TEST_F(ExecutorTest, ARawChunkIsCopiedOnceOnTheHost) {
       EXPECT_EQ(traffic.copied, 0);
       if (std::string(codec) == "raw") {
         EXPECT_EQ(traffic.decoded, 0);
+        EXPECT_EQ(traffic.scattered, 0);
         EXPECT_EQ(stored, delivered + objects * int64_t(kChunkHeaderBytes));
         EXPECT_LT(traffic.perByte(), 1.01);
         EXPECT_LT(relativeError(table), 1.0 / 128);
       } else {
         EXPECT_EQ(traffic.decoded, delivered);
+        EXPECT_EQ(traffic.scattered, delivered);
         EXPECT_LT(stored, delivered * 3 / 5);
       }
       cache_->release(table);

@@ -200,8 +200,8 @@ public:
           inPlace_
               ? objects_.checkInPlace(
                     refs_[o], stored_[o],
-                    std::string_view(reinterpret_cast<const char *>(at(o)),
-                                     std::size_t(numel) * sizeof(uint16_t)))
+                    {std::string_view(reinterpret_cast<const char *>(at(o)),
+                                      std::size_t(numel) * sizeof(uint16_t))})
               : objects_.decode(refs_[o], stored_[o], at(o));
     });
     for (const Status &status : checked)

@@ -4,6 +4,7 @@
 
 #include "kvc/Runtime/Base/Half.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -141,6 +142,23 @@ Status PagedKVCache::checkRange(const BlockTable &table, int64_t layerBegin,
 int64_t PagedKVCache::rowOf(const BlockTable &table, int64_t token) const {
   return int64_t(table.blocks[token / config_.blockSize]) * stride_ +
          token % config_.blockSize * kvDim();
+}
+
+StatusOr<std::vector<ByteSpan>>
+PagedKVCache::hostRows(const BlockTable &table, int64_t layer, bool values,
+                       int64_t first, int64_t n) {
+  KVC_RETURN_IF_ERROR(checkHost());
+  KVC_RETURN_IF_ERROR(checkRange(table, layer, first, n));
+  uint16_t *base = values ? layers_[layer].values : layers_[layer].keys;
+  const int64_t block = config_.blockSize;
+  std::vector<ByteSpan> spans;
+  for (int64_t t = first; t < first + n;) {
+    const int64_t rows = std::min(block - t % block, first + n - t);
+    spans.push_back({reinterpret_cast<char *>(base + rowOf(table, t)),
+                     std::size_t(rows * kvDim()) * sizeof(uint16_t)});
+    t += rows;
+  }
+  return spans;
 }
 
 template <typename T, typename StoreFn>

@@ -178,8 +178,14 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   if (covering.empty())
     return notFound("no stored object covers the chunk");
   value.landed.assign(covering.size(), false);
+  value.intoCache = false;
   HostTraffic traffic;
-  KVC_ASSIGN_OR_RETURN(inPlace, fetchInPlace(value, store, covering, traffic));
+  KVC_ASSIGN_OR_RETURN(inPlace,
+                       fetchIntoCache(value, store, covering, traffic));
+  if (!inPlace) {
+    KVC_ASSIGN_OR_RETURN(staged, fetchInPlace(value, store, covering, traffic));
+    inPlace = staged;
+  }
   if (!inPlace) {
     value.objectCount = 0;
     for (const ChunkRef *ref : covering) {
@@ -201,12 +207,10 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   return Status::ok();
 }
 
-StatusOr<bool>
-ChunkSteps::fetchInPlace(ChunkValue &value, ChunkStore &store,
-                         const std::vector<const ChunkRef *> &covering,
-                         HostTraffic &traffic) {
-  const DType dtype = dtypeOf(value.form);
-  if (value.kernel || !value.codec.isRaw() || store.model().dtype != dtype ||
+bool ChunkSteps::readsInPlace(const ChunkValue &value, ChunkStore &store,
+                              const std::vector<const ChunkRef *> &covering) {
+  if (value.kernel || !value.codec.isRaw() ||
+      store.model().dtype != dtypeOf(value.form) ||
       !store.tier().readsInPlace())
     return false;
   // In token then layer order: the chunk's tokens, its layers back to back.
@@ -217,45 +221,95 @@ ChunkSteps::fetchInPlace(ChunkValue &value, ChunkStore &store,
       return false;
     layer = ref->layerEnd;
   }
-  if (layer != value.layers.end)
+  return layer == value.layers.end;
+}
+
+StatusOr<std::size_t> ChunkSteps::readInto(ChunkValue &value, ChunkStore &store,
+                                           const ChunkRef &ref,
+                                           const std::vector<ByteSpan> &payload,
+                                           HostTraffic &traffic) {
+  if (value.objectCount == value.objects.size())
+    value.objects.emplace_back();
+  const std::size_t o = value.objectCount++;
+  auto &[stored, header] = value.objects[o];
+  stored = ref;
+  header.resize(kChunkHeaderBytes);
+  std::vector<ByteSpan> parts{{header.data(), header.size()}};
+  parts.insert(parts.end(), payload.begin(), payload.end());
+  StatusOr<size_t> got = store.tier().getInto(ref.name(), parts);
+  if (got.status().code() == StatusCode::NotFound)
+    return withStoredEncodings(store, ref, got.status());
+  KVC_RETURN_IF_ERROR(got.status());
+  std::size_t size = header.size();
+  for (const ByteSpan &part : payload)
+    size += part.size;
+  if (*got == size) {
+    value.landed[o] = true;
+    traffic.read += int64_t(*got);
+    return o;
+  }
+  // Not as long as a raw object of the chunk: read whole, for decode to
+  // say why (truncated, trailing bytes, another encoding).
+  Status whole = store.tier().get(ref.name(), header);
+  if (whole.code() == StatusCode::NotFound)
+    return withStoredEncodings(store, ref, whole);
+  KVC_RETURN_IF_ERROR(whole);
+  traffic.read += int64_t(header.size());
+  return o;
+}
+
+StatusOr<bool>
+ChunkSteps::fetchIntoCache(ChunkValue &value, ChunkStore &store,
+                           const std::vector<const ChunkRef *> &covering,
+                           HostTraffic &traffic) {
+  if (value.form != Form::KV || cache_.memory() != CacheMemory::Host ||
+      cache_.config().dtype != dtypeOf(Form::KV) ||
+      value.tokens.begin < resident_ || !readsInPlace(value, store, covering))
+    return false;
+  value.objectCount = 0;
+  for (const ChunkRef *ref : covering) {
+    KVC_ASSIGN_OR_RETURN(rows, cacheRows(*ref));
+    KVC_RETURN_IF_ERROR(readInto(value, store, *ref, rows, traffic).status());
+  }
+  value.intoCache = true;
+  return true;
+}
+
+StatusOr<std::vector<ByteSpan>> ChunkSteps::cacheRows(const ChunkRef &ref) {
+  std::vector<ByteSpan> rows;
+  for (int64_t layer = ref.layerBegin; layer < ref.layerEnd; ++layer)
+    for (bool values : {false, true}) {
+      KVC_ASSIGN_OR_RETURN(
+          spans, cache_.hostRows(table_, layer, values, ref.tokenBegin,
+                                 ref.tokenEnd - ref.tokenBegin));
+      rows.insert(rows.end(), spans.begin(), spans.end());
+    }
+  return rows;
+}
+
+StatusOr<bool>
+ChunkSteps::fetchInPlace(ChunkValue &value, ChunkStore &store,
+                         const std::vector<const ChunkRef *> &covering,
+                         HostTraffic &traffic) {
+  if (!readsInPlace(value, store, covering))
     return false;
   // A layer's matrices, [tokens][width] each, as decodeElements lays them.
   const int64_t matrices = value.form == Form::KV ? 2 : 1;
   const int64_t layerBytes = matrices * value.tokens.size() *
-                             width(value.form) * wordsPer(dtype) *
+                             width(value.form) * wordsPer(dtypeOf(value.form)) *
                              int64_t(sizeof(uint16_t));
   value.data.resizeForOverwrite(std::size_t(value.layers.size() * layerBytes) /
                                 sizeof(uint16_t));
   char *data = reinterpret_cast<char *>(value.data.data());
   value.objectCount = 0;
-  for (const ChunkRef *ref : covering) {
-    if (value.objectCount == value.objects.size())
-      value.objects.emplace_back();
-    const std::size_t o = value.objectCount++;
-    auto &[stored, header] = value.objects[o];
-    stored = *ref;
-    header.resize(kChunkHeaderBytes);
-    const ByteSpan payload{
-        data + (ref->layerBegin - value.layers.begin) * layerBytes,
-        std::size_t((ref->layerEnd - ref->layerBegin) * layerBytes)};
-    StatusOr<size_t> got = store.tier().getInto(
-        ref->name(), {{header.data(), header.size()}, payload});
-    if (got.status().code() == StatusCode::NotFound)
-      return withStoredEncodings(store, *ref, got.status());
-    KVC_RETURN_IF_ERROR(got.status());
-    if (*got == kChunkHeaderBytes + payload.size) {
-      value.landed[o] = true;
-      traffic.read += int64_t(*got);
-      continue;
-    }
-    // Not as long as a raw object of the chunk: read whole, for decode to
-    // say why (truncated, trailing bytes, another encoding).
-    Status whole = store.tier().get(ref->name(), header);
-    if (whole.code() == StatusCode::NotFound)
-      return withStoredEncodings(store, *ref, whole);
-    KVC_RETURN_IF_ERROR(whole);
-    traffic.read += int64_t(header.size());
-  }
+  for (const ChunkRef *ref : covering)
+    KVC_RETURN_IF_ERROR(
+        readInto(
+            value, store, *ref,
+            {{data + (ref->layerBegin - value.layers.begin) * layerBytes,
+              std::size_t((ref->layerEnd - ref->layerBegin) * layerBytes)}},
+            traffic)
+            .status());
   return true;
 }
 
@@ -293,6 +347,8 @@ std::string payloadOrder(const ChunkValue &value,
 } // namespace
 
 Status ChunkSteps::decode(ChunkValue &value) {
+  if (value.intoCache)
+    return checkInCache(value);
   if (value.kernel) {
     std::vector<std::size_t> order;
     std::string why = payloadOrder(value, order);
@@ -301,6 +357,39 @@ Status ChunkSteps::decode(ChunkValue &value) {
     kernelNotLaunched(value.kernel->name + ": " + why);
   }
   return decodeElements(value);
+}
+
+Status ChunkSteps::checkInCache(ChunkValue &value) {
+  ChunkStore &store = *stores_.at(value.tier);
+  std::vector<Status> checked(value.objectCount, Status::ok());
+  hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
+    const auto &[ref, bytes] = value.objects[o];
+    if (!value.landed[o]) {
+      // Read whole: its size is no raw object's, which decode says.
+      std::vector<uint16_t> scratch(std::size_t(store.shape(ref).numel()));
+      checked[o] = store.decode(ref, bytes, scratch.data());
+      if (checked[o].isOk())
+        checked[o] = chunkError(ChunkFault::Corrupt,
+                                ref.name() + ": not the size of its chunk");
+      return;
+    }
+    StatusOr<std::vector<ByteSpan>> rows = cacheRows(ref);
+    if (!rows) {
+      checked[o] = rows.status();
+      return;
+    }
+    std::vector<std::string_view> payload;
+    for (const ByteSpan &row : *rows)
+      payload.emplace_back(row.data, row.size);
+    checked[o] = store.checkInPlace(ref, bytes, payload);
+  });
+  for (const Status &status : checked)
+    KVC_RETURN_IF_ERROR(status);
+  value.encoded = false;
+  value.inCache = true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  traffic_.delivered += cacheBytes(value.box());
+  return Status::ok();
 }
 
 Status ChunkSteps::decodePayload(ChunkValue &value,
@@ -379,9 +468,9 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
     if (value.landed[o])
       decoded[o] = store.checkInPlace(
           ref, bytes,
-          std::string_view(reinterpret_cast<const char *>(at),
-                           std::size_t(ref.layerEnd - ref.layerBegin) * mats *
-                               tokens * w * words * sizeof(uint16_t)));
+          {std::string_view(reinterpret_cast<const char *>(at),
+                            std::size_t(ref.layerEnd - ref.layerBegin) * mats *
+                                tokens * w * words * sizeof(uint16_t))});
     else if (inPlace(ref))
       decoded[o] = decodeAs(store, ref, bytes, dtype, at);
   });
@@ -437,6 +526,10 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
   // decompress for raw data).
   if (value.encoded)
     KVC_RETURN_IF_ERROR(decode(value));
+  if (value.intoCache) { // In the cache already: nothing to upload.
+    releaseSlot(value);
+    return Status::ok();
+  }
   if (value.tokens.begin < resident_ && resident_ < value.tokens.end) {
     if (value.form != Form::KV || value.payload)
       return Status(StatusCode::Internal,
@@ -503,6 +596,7 @@ Status ChunkSteps::project(ChunkValue &value) {
     value.inCache = true;
     std::lock_guard<std::mutex> lock(mutex_);
     traffic_.delivered += cacheBytes(value.box());
+    traffic_.scattered += cacheBytes(value.box());
     flops_ += flops;
     ++kernelLaunches_;
     ++kernelChunks_;
@@ -564,6 +658,7 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     release(*value);
     std::lock_guard<std::mutex> lock(mutex_);
     traffic_.delivered += cacheBytes(value->box());
+    traffic_.scattered += cacheBytes(value->box());
   }
   if (!launched.empty()) {
     KVC_RETURN_IF_ERROR(device_.launchRestore(*launched.front()->kernel, chunks,
@@ -575,6 +670,7 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     traffic_.delivered += delivered;
+    traffic_.scattered += delivered;
     ++kernelLaunches_;
     kernelChunks_ += int64_t(launched.size());
   }

@@ -88,9 +88,13 @@ struct ChunkValue {
   std::size_t objectCount = 0;
   bool encoded = false;
   /// Per object, whether it was read in place (Tier::getInto): its header
-  /// in `objects`, its payload already at its place in `data`, awaiting
-  /// only its checks.
+  /// in `objects`, its payload already at its place in `data` (or in the
+  /// paged cache's rows, with `intoCache`), awaiting only its checks.
   std::vector<bool> landed;
+  /// Whether the objects were read straight into the paged cache's rows
+  /// (ChunkSteps::fetchIntoCache): the decode checks them there, and
+  /// nothing is left to upload or scatter.
+  bool intoCache = false;
   HostWords data;
   /// The chunk on the device once uploaded: the slot's buffer, or its own.
   DeviceBuffer *device = nullptr;
@@ -180,14 +184,34 @@ public:
   HostTraffic traffic() const;
 
 private:
-  /// Reads the chunk's objects in place, each payload where decode would
-  /// put it, when it is raw in the chunk's own element type, its objects
-  /// tile its box, and the tier reads in place; false (nothing read) when
-  /// not. Objects whose size is not what the header and payload make are
-  /// read whole instead, for decode to say why.
+  /// Whether the chunk's objects can be read in place: raw, in the chunk's
+  /// own element type, tiling its box, from a tier that reads in place.
+  bool readsInPlace(const ChunkValue &value, ChunkStore &store,
+                    const std::vector<const ChunkRef *> &covering);
+  /// Reads `ref` into the chunk's next object: its header there, its
+  /// payload into `payload`; read whole instead when its size is not what
+  /// the two make, for the decode to say why. The object's index.
+  StatusOr<std::size_t> readInto(ChunkValue &value, ChunkStore &store,
+                                 const ChunkRef &ref,
+                                 const std::vector<ByteSpan> &payload,
+                                 HostTraffic &traffic);
+  /// Reads the chunk's K and V objects straight into the paged cache's
+  /// rows when the cache is in host memory in bf16 and they read in place
+  /// (the chunk above the server's resident tokens): each byte once, no
+  /// staging, no scatter. False (nothing read) when not.
+  StatusOr<bool> fetchIntoCache(ChunkValue &value, ChunkStore &store,
+                                const std::vector<const ChunkRef *> &covering,
+                                HostTraffic &traffic);
+  /// The cache rows of `ref`'s payload, in its order: per layer, K's then
+  /// V's rows of its tokens.
+  StatusOr<std::vector<ByteSpan>> cacheRows(const ChunkRef &ref);
+  /// Reads them in place into the staging's `data`, where decode would
+  /// put them; false (nothing read) when they do not read in place.
   StatusOr<bool> fetchInPlace(ChunkValue &value, ChunkStore &store,
                               const std::vector<const ChunkRef *> &covering,
                               HostTraffic &traffic);
+  /// The checks of a chunk read into the cache; it is in the cache then.
+  Status checkInCache(ChunkValue &value);
   /// Bytes of `box`'s K and V in the cache.
   int64_t cacheBytes(const ChunkBox &box) const;
   DType dtypeOf(Form form) const;

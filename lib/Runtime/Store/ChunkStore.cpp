@@ -284,8 +284,9 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
                             shape(ref), CodecSpec(), DType::BF16));
 }
 
-Status ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
-                                  std::string_view payload) const {
+Status
+ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
+                           const std::vector<std::string_view> &payload) const {
   KVC_ASSIGN_OR_RETURN(h, readChunkHeader(header));
   if (!h.codec.isRaw())
     return Status(StatusCode::Internal,
@@ -296,21 +297,25 @@ Status ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
     return chunkError(ChunkFault::WrongModel,
                       ref.name() + ": chunk stores " + dtypeName(h.dtype) +
                           ", the model " + dtypeName(model_.dtype));
-  if (payload.size() != h.payloadBytes)
-    return chunkError(
-        ChunkFault::Truncated,
-        ref.name() + ": chunk payload of " + std::to_string(payload.size()) +
-            " bytes, header says " + std::to_string(h.payloadBytes));
+  size_t bytes = 0;
+  for (std::string_view part : payload)
+    bytes += part.size();
+  if (bytes != h.payloadBytes)
+    return chunkError(ChunkFault::Truncated,
+                      ref.name() + ": chunk payload of " +
+                          std::to_string(bytes) + " bytes, header says " +
+                          std::to_string(h.payloadBytes));
   // A block is checksummed, then scanned while it is still in the cache.
   constexpr size_t kBlock = size_t(64) << 10;
   const ChunkShape chunk = shape(ref);
   uint32_t crc = 0;
   int64_t nonFinite = 0;
-  for (size_t at = 0; at < payload.size(); at += kBlock) {
-    std::string_view block = payload.substr(at, kBlock);
-    crc = libdeflate_crc32(crc, block.data(), block.size());
-    nonFinite += payloadNonFinite(block, chunk, h.codec, h.dtype);
-  }
+  for (std::string_view part : payload)
+    for (size_t at = 0; at < part.size(); at += kBlock) {
+      std::string_view block = part.substr(at, kBlock);
+      crc = libdeflate_crc32(crc, block.data(), block.size());
+      nonFinite += payloadNonFinite(block, chunk, h.codec, h.dtype);
+    }
   if (crc != h.payloadCrc)
     return chunkError(ChunkFault::Corrupt,
                       ref.name() + ": chunk payload checksum mismatch");

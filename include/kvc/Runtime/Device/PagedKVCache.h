@@ -31,6 +31,7 @@
 #ifndef KVC_RUNTIME_DEVICE_PAGEDKVCACHE_H
 #define KVC_RUNTIME_DEVICE_PAGEDKVCACHE_H
 
+#include "kvc/Runtime/Base/ByteSpan.h"
 #include "kvc/Runtime/Base/Status.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
 
@@ -130,6 +131,14 @@ public:
   /// Reads them back as fp32 (for verification and the CPU attention).
   Status read(const BlockTable &table, int64_t layer, int64_t first,
               int64_t n, float *k, float *v) const;
+
+  /// The host memory of tokens first.. first+n of `layer`'s key cache (or
+  /// its value cache), one span per run of rows within a block, in token
+  /// order: where a reader puts stored rows as they are, each byte once.
+  /// FailedPrecondition on a device cache; checkRange's errors.
+  StatusOr<std::vector<ByteSpan>> hostRows(const BlockTable &table,
+                                           int64_t layer, bool values,
+                                           int64_t first, int64_t n);
 
   /// The raw caches of `layer`: block b's [block_size, num_kv_heads,
   /// head_dim] elements (bf16 or f16 bits, config().dtype) start

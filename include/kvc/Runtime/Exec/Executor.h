@@ -124,9 +124,9 @@ struct CakeWalk {
 };
 
 /// Bytes a restore's loads moved through host memory, by what moved them.
-/// A raw chunk read in place moves each byte once on the host (read), then
-/// the device writes it into the cache (delivered: a GPU's DMA and scatter,
-/// a CPU's one copy into the paged blocks).
+/// A raw chunk read in place moves each byte once on the host (read): into
+/// pinned staging, which the device then copies into the cache (scattered:
+/// a GPU's DMA), or on a CPU straight into the paged cache's rows.
 struct HostTraffic {
   /// Stored bytes the tiers put into host memory (a file's read, a memory
   /// tier's copy, a network reply).
@@ -137,8 +137,12 @@ struct HostTraffic {
   int64_t copied = 0;
   /// Bytes decoders wrote: dequantized, decompressed or converted values.
   int64_t decoded = 0;
-  /// Loaded K and V the device wrote into the cache, 16-bit words.
+  /// Loaded K and V in the cache, 16-bit words.
   int64_t delivered = 0;
+  /// Of those, what the device copied there from staging (its upload and
+  /// scatter; a generated kernel's decode): none where the host read them
+  /// into the cache itself.
+  int64_t scattered = 0;
 
   /// Host bytes moved per byte delivered: (read + copied + decoded) /
   /// delivered; 0 when nothing was delivered.
@@ -151,6 +155,7 @@ struct HostTraffic {
     copied += other.copied;
     decoded += other.decoded;
     delivered += other.delivered;
+    scattered += other.scattered;
     return *this;
   }
 };

@@ -99,13 +99,14 @@ public:
                 uint16_t *out) const;
 
   /// Checks a raw object read in place (Tier::getInto): `header` its
-  /// header's bytes, `payload` its payload where it landed. The checks of
-  /// decode() (header, range, model and dtype, length, checksum, values
-  /// NaN or infinite), the checksum and the values in one pass over the
-  /// payload, a cache-sized block at a time, which is never copied.
-  /// Internal for an object that is not raw.
+  /// header's bytes, `payload` its payload where it landed, in parts (a
+  /// staging buffer's one, or a paged cache's rows). The checks of decode()
+  /// (header, range, model and dtype, length, checksum, values NaN or
+  /// infinite), the checksum and the values in one pass over the payload,
+  /// a cache-sized block at a time, which is never copied. Internal for an
+  /// object that is not raw.
   Status checkInPlace(const ChunkRef &ref, std::string_view header,
-                      std::string_view payload) const;
+                      const std::vector<std::string_view> &payload) const;
 
   /// Checks them the same way and undoes only the lossless stage
   /// (decompressChunk): the payload a generated restore kernel reads.

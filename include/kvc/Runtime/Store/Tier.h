@@ -14,6 +14,7 @@
 #ifndef KVC_RUNTIME_STORE_TIER_H
 #define KVC_RUNTIME_STORE_TIER_H
 
+#include "kvc/Runtime/Base/ByteSpan.h"
 #include "kvc/Runtime/Base/Status.h"
 
 #include <memory>
@@ -22,12 +23,6 @@
 #include <vector>
 
 namespace kvc {
-
-/// Caller memory an object is read into (Tier::getInto).
-struct ByteSpan {
-  char *data = nullptr;
-  size_t size = 0;
-};
 
 class Tier {
 public:

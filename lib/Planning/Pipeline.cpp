@@ -35,21 +35,25 @@ private:
 
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
                                        bool toCache, StepKind from) {
-  Journey journey(from, {form, codec, /*onDevice=*/false, /*asStored=*/true});
+  Journey journey(from, {form, codec, /*onDevice=*/false, /*asStored=*/true,
+                         /*asLoaded=*/true});
   ChunkState next = journey.state();
   next.asStored = false; // Whatever reads them next checks them.
   if (codec.lossless != CodecSpec::Lossless::None) {
     next.codec.lossless = CodecSpec::Lossless::None;
+    next.asLoaded = false;
     journey.then(StepKind::Decompress, next);
   }
   next.onDevice = true;
   journey.then(StepKind::TransferToDevice, next);
   if (codec.quant != CodecSpec::Quant::None) {
     next.codec.quant = CodecSpec::Quant::None;
+    next.asLoaded = false;
     journey.then(StepKind::Dequant, next);
   }
   if (codec.transform != CodecSpec::Transform::None) {
     next.codec = CodecSpec();
+    next.asLoaded = false;
     journey.then(StepKind::Untransform, next);
   }
   if (toCache) {
@@ -144,6 +148,14 @@ double stagingBytes(const CostModel &cost, Form form, const CodecSpec &codec,
          cost.quantizedBytes(form, codec, box.tokens(), box.layers());
 }
 
+bool readsIntoCache(const CostModel &cost, const ChunkState &state,
+                    const TierDesc *tier) {
+  return cost.target().compute.kind == ComputeDesc::Kind::CPU &&
+         state.asLoaded && state.form == Form::KV && state.codec.isRaw() &&
+         cost.model().dtype == DType::BF16 && tier &&
+         tier->kind != TierDesc::Kind::Remote;
+}
+
 StepCost stepCost(const CostModel &cost, const PipelineStep &step,
                   const Box &box, const TierDesc *tier) {
   const int64_t tokens = box.tokens(), layers = box.layers();
@@ -163,10 +175,13 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
     c.seconds = cost.hostDecodeSeconds(step.in.codec, encoded(step.out));
     break;
   case StepKind::TransferToDevice:
-    c.seconds = cost.h2dSeconds(encoded(step.in));
+    // A chunk read into the cache has nothing to upload.
+    c.seconds = readsIntoCache(cost, step.in, tier)
+                    ? 0
+                    : cost.h2dSeconds(encoded(step.in));
     // Without a decompress before it (a chunk stored with no lossless
-    // stage), the upload checks the stored objects and copies them out
-    // first (ChunkSteps::toDevice).
+    // stage), the upload checks the stored objects first
+    // (ChunkSteps::toDevice).
     if (step.in.asStored)
       c.seconds += cost.uploadCheckSeconds(encoded(step.in));
     break;
@@ -181,7 +196,9 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
     c.seconds = cost.computeSeconds(c.flops, tokens);
     break;
   case StepKind::Scatter:
-    c.seconds = cost.scatterSeconds(raw(step.in));
+    c.seconds = readsIntoCache(cost, step.in, tier)
+                    ? 0
+                    : cost.scatterSeconds(raw(step.in));
     break;
   case StepKind::ChunkCompute:
     c.flops = cost.prefillFlops(box.t0, box.t1, layers);

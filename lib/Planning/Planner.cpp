@@ -83,8 +83,15 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
       double quantized = cost_.quantizedBytes(source.form, source.codec, 1, 1);
       c.fetch = stored / (tier->readGBs * 1e9);
       c.fetchLatency = tier->latencyUs * 1e-6 / double(tier->lanes);
-      c.copy = quantized / (target.link.h2dGBs * 1e9);
-      c.copyLatency = target.link.latencyUs * 1e-6;
+      const ChunkState loaded{source.form, source.codec, false, true, true};
+      if (readsIntoCache(cost_, loaded, tier)) {
+        // Read into the cache: checked there, not uploaded.
+        c.copy = cost_.uploadCheckSeconds(stored);
+        c.copyLatency = 0;
+      } else {
+        c.copy = quantized / (target.link.h2dGBs * 1e9);
+        c.copyLatency = target.link.latencyUs * 1e-6;
+      }
       // Host decoding and the device steps are linear in tokens x layers
       // (projection at the GEMM rate of a chunk's rows): their steps' costs
       // over one chunk of one layer, per token.

@@ -199,6 +199,43 @@ planning::Box kvc::compiler::getBox(RangeAttr tokens, RangeAttr layers) {
           layers.getEnd()};
 }
 
+namespace {
+
+/// `value` as the body of the task that produced it yields it, or as a
+/// kernel's body is given it, through tasks that pass it on (itself
+/// otherwise).
+Value yielded(Value value) {
+  while (true) {
+    if (auto argument = dyn_cast<BlockArgument>(value)) {
+      auto kernel = dyn_cast<KernelOp>(argument.getOwner()->getParentOp());
+      if (!kernel)
+        return value;
+      value = kernel.getInputs()[argument.getArgNumber()];
+      continue;
+    }
+    auto task = dyn_cast_or_null<TaskOp>(value.getDefiningOp());
+    if (!task)
+      return value;
+    auto yield = cast<YieldOp>(task.getBody().front().getTerminator());
+    value = yield->getOperand(cast<OpResult>(value).getResultNumber() - 1);
+  }
+}
+
+/// The fetch whose stored bytes `value` still is, moved by uploads only
+/// (across the tasks that yield it), if any.
+FetchOp fetchedAsIs(Value value) {
+  while (true) {
+    Operation *producer = yielded(value).getDefiningOp();
+    if (auto fetch = dyn_cast_or_null<FetchOp>(producer))
+      return fetch;
+    if (!isa_and_nonnull<TransferToDeviceOp>(producer))
+      return {};
+    value = producer->getOperand(0);
+  }
+}
+
+} // namespace
+
 StepCost kvc::compiler::getStepCost(Operation *step,
                                     const planning::CostModel &cost) {
   if (isa<KernelOp, TaskOp>(step)) {
@@ -220,20 +257,15 @@ StepCost kvc::compiler::getStepCost(Operation *step,
     return {};
   // The step as Pipeline.h describes it: what it reads and what it
   // produces, over its chunk's tokens and layers; a chunk a fetch or a recv
-  // produced is as stored (through the task that yields it, if any).
+  // produced is as stored (through the task that yields it, if any), and
+  // one a fetch produced and uploads only moved is as loaded.
   auto stateOf = [](Value value) {
     auto chunk = cast<ChunkType>(value.getType());
-    Operation *producer = value.getDefiningOp();
-    if (auto task = dyn_cast_or_null<TaskOp>(producer)) {
-      auto result = cast<OpResult>(value);
-      auto yield = cast<YieldOp>(task.getBody().front().getTerminator());
-      producer =
-          yield->getOperand(result.getResultNumber() - 1).getDefiningOp();
-    }
-    return planning::ChunkState{toVocabulary(chunk.getForm()),
-                                getCodecSpec(chunk.getCodec()),
-                                chunk.getSpace() == Space::device,
-                                isa_and_nonnull<FetchOp, RecvOp>(producer)};
+    Operation *producer = yielded(value).getDefiningOp();
+    return planning::ChunkState{
+        toVocabulary(chunk.getForm()), getCodecSpec(chunk.getCodec()),
+        chunk.getSpace() == Space::device,
+        isa_and_nonnull<FetchOp, RecvOp>(producer), bool(fetchedAsIs(value))};
   };
   Value chunk = step->getNumOperands() ? step->getOperand(0) : Value();
   Value result = step->getNumResults() ? step->getResult(0) : Value();
@@ -246,6 +278,12 @@ StepCost kvc::compiler::getStepCost(Operation *step,
               : getBox(cast<ChunkType>((chunk ? chunk : result).getType()));
   const kvc::TierDesc *tier = nullptr;
   if (auto fetch = dyn_cast<FetchOp>(step))
+    tier = cost.target().findTier(fetch.getSource().getTier().str());
+  // An upload or scatter of stored bytes: priced by where they were read
+  // (planning::readsIntoCache).
+  if (FetchOp fetch = isa<TransferToDeviceOp, ScatterOp>(step) && chunk
+                          ? fetchedAsIs(chunk)
+                          : FetchOp())
     tier = cost.target().findTier(fetch.getSource().getTier().str());
   if (auto store = dyn_cast<StoreOp>(step))
     tier = cost.target().findTier(store.getTier().str());

@@ -36,24 +36,21 @@ private:
 std::vector<PipelineStep> restoreSteps(Form form, const CodecSpec &codec,
                                        bool toCache, StepKind from) {
   Journey journey(from, {form, codec, /*onDevice=*/false, /*asStored=*/true,
-                         /*asLoaded=*/true});
+                         /*fromStore=*/form == Form::KV});
   ChunkState next = journey.state();
   next.asStored = false; // Whatever reads them next checks them.
   if (codec.lossless != CodecSpec::Lossless::None) {
     next.codec.lossless = CodecSpec::Lossless::None;
-    next.asLoaded = false;
     journey.then(StepKind::Decompress, next);
   }
   next.onDevice = true;
   journey.then(StepKind::TransferToDevice, next);
   if (codec.quant != CodecSpec::Quant::None) {
     next.codec.quant = CodecSpec::Quant::None;
-    next.asLoaded = false;
     journey.then(StepKind::Dequant, next);
   }
   if (codec.transform != CodecSpec::Transform::None) {
     next.codec = CodecSpec();
-    next.asLoaded = false;
     journey.then(StepKind::Untransform, next);
   }
   if (toCache) {
@@ -148,12 +145,9 @@ double stagingBytes(const CostModel &cost, Form form, const CodecSpec &codec,
          cost.quantizedBytes(form, codec, box.tokens(), box.layers());
 }
 
-bool readsIntoCache(const CostModel &cost, const ChunkState &state,
-                    const TierDesc *tier) {
+bool writesCacheRows(const CostModel &cost, const ChunkState &state) {
   return cost.target().compute.kind == ComputeDesc::Kind::CPU &&
-         state.asLoaded && state.form == Form::KV && state.codec.isRaw() &&
-         cost.model().dtype == DType::BF16 && tier &&
-         tier->kind != TierDesc::Kind::Remote;
+         state.fromStore && state.form == Form::KV;
 }
 
 StepCost stepCost(const CostModel &cost, const PipelineStep &step,
@@ -176,9 +170,8 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
     break;
   case StepKind::TransferToDevice:
     // A chunk read into the cache has nothing to upload.
-    c.seconds = readsIntoCache(cost, step.in, tier)
-                    ? 0
-                    : cost.h2dSeconds(encoded(step.in));
+    c.seconds =
+        writesCacheRows(cost, step.in) ? 0 : cost.h2dSeconds(encoded(step.in));
     // Without a decompress before it (a chunk stored with no lossless
     // stage), the upload checks the stored objects first
     // (ChunkSteps::toDevice).
@@ -196,9 +189,8 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
     c.seconds = cost.computeSeconds(c.flops, tokens);
     break;
   case StepKind::Scatter:
-    c.seconds = readsIntoCache(cost, step.in, tier)
-                    ? 0
-                    : cost.scatterSeconds(raw(step.in));
+    c.seconds =
+        writesCacheRows(cost, step.in) ? 0 : cost.scatterSeconds(raw(step.in));
     break;
   case StepKind::ChunkCompute:
     c.flops = cost.prefillFlops(box.t0, box.t1, layers);

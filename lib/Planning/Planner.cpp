@@ -83,10 +83,12 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
       double quantized = cost_.quantizedBytes(source.form, source.codec, 1, 1);
       c.fetch = stored / (tier->readGBs * 1e9);
       c.fetchLatency = tier->latencyUs * 1e-6 / double(tier->lanes);
-      const ChunkState loaded{source.form, source.codec, false, true, true};
-      if (readsIntoCache(cost_, loaded, tier)) {
-        // Read into the cache: checked there, not uploaded.
-        c.copy = cost_.uploadCheckSeconds(stored);
+      const ChunkState loaded{source.form, source.codec, false, true,
+                              source.form == Form::KV};
+      if (writesCacheRows(cost_, loaded)) {
+        // Read or decoded into the cache: nothing uploaded (a raw chunk is
+        // checked there).
+        c.copy = source.codec.isRaw() ? cost_.uploadCheckSeconds(stored) : 0;
         c.copyLatency = 0;
       } else {
         c.copy = quantized / (target.link.h2dGBs * 1e9);

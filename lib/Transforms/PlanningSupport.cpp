@@ -221,14 +221,17 @@ Value yielded(Value value) {
   }
 }
 
-/// The fetch whose stored bytes `value` still is, moved by uploads only
-/// (across the tasks that yield it), if any.
-FetchOp fetchedAsIs(Value value) {
+/// The fetch of stored K and V that `value` comes from, moved and decoded
+/// at most (not projected), across the tasks and kernels that carry it.
+FetchOp fetchedKv(Value value) {
   while (true) {
     Operation *producer = yielded(value).getDefiningOp();
     if (auto fetch = dyn_cast_or_null<FetchOp>(producer))
-      return fetch;
-    if (!isa_and_nonnull<TransferToDeviceOp>(producer))
+      return cast<ChunkType>(fetch.getResult().getType()).getForm() == Form::kv
+                 ? fetch
+                 : FetchOp();
+    if (!isa_and_nonnull<TransferToDeviceOp, DecompressOp, DequantOp,
+                         UntransformOp>(producer))
       return {};
     value = producer->getOperand(0);
   }
@@ -258,14 +261,14 @@ StepCost kvc::compiler::getStepCost(Operation *step,
   // The step as Pipeline.h describes it: what it reads and what it
   // produces, over its chunk's tokens and layers; a chunk a fetch or a recv
   // produced is as stored (through the task that yields it, if any), and
-  // one a fetch produced and uploads only moved is as loaded.
+  // one that holds a fetch's K and V, decoded at most, is from a store.
   auto stateOf = [](Value value) {
     auto chunk = cast<ChunkType>(value.getType());
     Operation *producer = yielded(value).getDefiningOp();
     return planning::ChunkState{
         toVocabulary(chunk.getForm()), getCodecSpec(chunk.getCodec()),
         chunk.getSpace() == Space::device,
-        isa_and_nonnull<FetchOp, RecvOp>(producer), bool(fetchedAsIs(value))};
+        isa_and_nonnull<FetchOp, RecvOp>(producer), bool(fetchedKv(value))};
   };
   Value chunk = step->getNumOperands() ? step->getOperand(0) : Value();
   Value result = step->getNumResults() ? step->getResult(0) : Value();
@@ -279,14 +282,6 @@ StepCost kvc::compiler::getStepCost(Operation *step,
   const kvc::TierDesc *tier = nullptr;
   if (auto fetch = dyn_cast<FetchOp>(step))
     tier = cost.target().findTier(fetch.getSource().getTier().str());
-  // An upload or scatter of stored bytes: priced by where they were read
-  // (planning::readsIntoCache).
-  if (FetchOp fetch = isa<TransferToDeviceOp, ScatterOp>(step) && chunk
-                          ? fetchedAsIs(chunk)
-                          : FetchOp())
-    tier = cost.target().findTier(fetch.getSource().getTier().str());
-  if (auto store = dyn_cast<StoreOp>(step))
-    tier = cost.target().findTier(store.getTier().str());
   return {planning::stepCost(cost, pipelineStep, extent, tier).seconds,
           planning::stepPriority(*kind)};
 }

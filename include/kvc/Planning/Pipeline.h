@@ -40,18 +40,16 @@ struct ChunkState {
   /// The stored objects as a fetch or a recv read them: no decompress has
   /// checked and copied them out yet (an upload of them does).
   bool asStored = false;
-  /// The stored bytes themselves, neither decoded nor projected since the
-  /// fetch: a host whose cache is its own memory reads raw K and V straight
-  /// into it (readsIntoCache), with no upload or scatter after.
-  bool asLoaded = false;
+  /// K and V as a store held them, decoded at most (not projected from
+  /// hidden states): a host whose cache is its own memory reads or decodes
+  /// them straight into it (writesCacheRows), with no upload or scatter.
+  bool fromStore = false;
 };
 
-/// Whether a chunk in `state` fetched from `tier` is read straight into the
-/// paged cache by the runtime (ChunkSteps::fetchIntoCache): raw K and V in
-/// the model's bf16, from a local tier, on a target whose cache is host
-/// memory (a CPU).
-bool readsIntoCache(const CostModel &cost, const ChunkState &state,
-                    const TierDesc *tier);
+/// Whether a chunk in `state` goes into the paged cache by its read or its
+/// decode on the host (ChunkSteps::fetchIntoCache, decodeIntoCache):
+/// stored K and V, on a target whose cache is host memory (a CPU).
+bool writesCacheRows(const CostModel &cost, const ChunkState &state);
 
 /// One step of a chunk's journey and the data it reads and produces (a
 /// fetch reads nothing: its `in` is its `out`; a scatter produces nothing:

@@ -733,7 +733,7 @@ private:
 template <int Bits>
 void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
                        const ChunkShape &shape, CodecSpec::Axis axis,
-                       uint16_t *out) {
+                       uint16_t *const *out) {
   const int64_t rows = shape.tokens, cols = shape.width;
   const uint8_t *packed = src + 4 * g.count;
   const QuantParams params(src, g.count);
@@ -743,9 +743,8 @@ void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
     const int64_t perRow = (cols + g.size - 1) / g.size;
     for (int64_t r = 0; r < rows; ++r)
       perGroup(packed, r * cols, cols,
-               {&params.scale[r * perRow], &params.minimum[r * perRow],
-                g.size},
-               out + r * cols);
+               {&params.scale[r * perRow], &params.minimum[r * perRow], g.size},
+               out[r]);
     return;
   }
   // One scale and minimum per column, shared by a block of `g.size` rows.
@@ -753,8 +752,7 @@ void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
   for (int64_t r = 0; r < rows; ++r) {
     int64_t block = (r / g.size) * cols;
     perValue(packed, r * cols, cols,
-             {&params.scale[block], &params.minimum[block], 0},
-             out + r * cols);
+             {&params.scale[block], &params.minimum[block], 0}, out[r]);
   }
 }
 
@@ -762,14 +760,15 @@ void dequantMatrixBf16(const uint8_t *src, const Grouping &g,
 /// codes' table (a group's values in order, as dequantizeMatrix).
 void e4m3MatrixBf16(const uint8_t *src, const Grouping &g,
                     const ChunkShape &shape, CodecSpec::Axis axis,
-                    uint16_t *out) {
+                    uint16_t *const *rows) {
   const QuantParams params(src, g.count);
   const uint8_t *codes = src + 4 * g.count;
   const float *value = e4m3Values();
+  const int64_t cols = shape.width;
   int64_t n = 0;
   GroupWalk{shape, axis, g.size}.forEach([&](int64_t group, int64_t i) {
-    out[i] = toBf16(params.minimum[group] +
-                    params.scale[group] * value[codes[n++]]);
+    rows[i / cols][i % cols] =
+        toBf16(params.minimum[group] + params.scale[group] * value[codes[n++]]);
   });
 }
 
@@ -778,31 +777,46 @@ void e4m3MatrixBf16(const uint8_t *src, const Grouping &g,
 Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
                          const CodecSpec &codec, DType storage,
                          uint16_t *out) {
+  std::vector<uint16_t *> rows(std::size_t(shape.matrices() * shape.tokens));
+  for (std::size_t r = 0; r < rows.size(); ++r)
+    rows[r] = out + int64_t(r) * shape.width;
+  return decodeChunkToBf16Rows(bytes, shape, codec, storage, rows);
+}
+
+Status decodeChunkToBf16Rows(std::string_view bytes, const ChunkShape &shape,
+                             const CodecSpec &codec, DType storage,
+                             const std::vector<uint16_t *> &rows) {
+  const int64_t width = shape.width;
+  if (int64_t(rows.size()) != shape.matrices() * shape.tokens)
+    return Status(StatusCode::Internal,
+                  "decode: " + std::to_string(rows.size()) + " rows for " +
+                      std::to_string(shape.matrices() * shape.tokens));
   const bool quantized = codec.quant != CodecSpec::Quant::None;
   if (codec.transform != CodecSpec::Transform::None ||
       (!quantized && storage != DType::BF16)) {
     std::vector<float> values(shape.numel());
     KVC_RETURN_IF_ERROR(
         decodeChunk(bytes, shape, codec, storage, values.data()));
-    for (int64_t i = 0; i < shape.numel(); ++i)
-      out[i] = floatToBf16(values[i]);
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      for (int64_t c = 0; c < width; ++c)
+        rows[r][c] = floatToBf16(values[int64_t(r) * width + c]);
     return Status::ok();
   }
   KVC_RETURN_IF_ERROR(checkCodec(codec, shape));
   std::string inflated;
   KVC_ASSIGN_OR_RETURN(inner, innerOf(bytes, shape, codec, storage, inflated));
-  const int64_t expected = int64_t(inner.size());
   if (!quantized) { // bf16 already.
-    std::memcpy(out, inner.data(), size_t(expected));
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      std::memcpy(rows[r], inner.data() + int64_t(r) * width * 2,
+                  std::size_t(width) * sizeof(uint16_t));
     return Status::ok();
   }
   const uint8_t *src = reinterpret_cast<const uint8_t *>(inner.data());
-  const int64_t perMatrix = shape.tokens * shape.width;
   const bool e4m3 = codesOf(codec) == CodeKind::E4M3;
   for (int64_t m = 0; m < shape.matrices(); ++m) {
     CodecSpec::Axis axis = matrixAxis(codec, shape, m);
     Grouping g = grouping(codec, shape, axis);
-    uint16_t *dst = out + m * perMatrix;
+    uint16_t *const *dst = rows.data() + m * shape.tokens;
     if (e4m3) {
       e4m3MatrixBf16(src, g, shape, axis, dst);
       src += quantizedMatrixBytes(codec, shape, m);

@@ -207,21 +207,31 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   return Status::ok();
 }
 
-bool ChunkSteps::readsInPlace(const ChunkValue &value, ChunkStore &store,
-                              const std::vector<const ChunkRef *> &covering) {
-  if (value.kernel || !value.codec.isRaw() ||
-      store.model().dtype != dtypeOf(value.form) ||
-      !store.tier().readsInPlace())
-    return false;
+bool ChunkSteps::tiles(const ChunkValue &value,
+                       const std::vector<const ChunkRef *> &refs) const {
   // In token then layer order: the chunk's tokens, its layers back to back.
   int64_t layer = value.layers.begin;
-  for (const ChunkRef *ref : covering) {
+  for (const ChunkRef *ref : refs) {
     if (ref->tokenBegin != value.tokens.begin ||
         ref->tokenEnd != value.tokens.end || ref->layerBegin != layer)
       return false;
     layer = ref->layerEnd;
   }
   return layer == value.layers.end;
+}
+
+bool ChunkSteps::readsInPlace(const ChunkValue &value, ChunkStore &store,
+                              const std::vector<const ChunkRef *> &covering) {
+  return !value.kernel && value.codec.isRaw() &&
+         store.model().dtype == dtypeOf(value.form) &&
+         store.tier().readsInPlace() && tiles(value, covering);
+}
+
+bool ChunkSteps::writesCacheRows(const ChunkValue &value) const {
+  return value.form == Form::KV && !value.kernel &&
+         cache_.memory() == CacheMemory::Host &&
+         cache_.config().dtype == dtypeOf(Form::KV) &&
+         value.tokens.begin >= resident_;
 }
 
 StatusOr<std::size_t> ChunkSteps::readInto(ChunkValue &value, ChunkStore &store,
@@ -262,9 +272,7 @@ StatusOr<bool>
 ChunkSteps::fetchIntoCache(ChunkValue &value, ChunkStore &store,
                            const std::vector<const ChunkRef *> &covering,
                            HostTraffic &traffic) {
-  if (value.form != Form::KV || cache_.memory() != CacheMemory::Host ||
-      cache_.config().dtype != dtypeOf(Form::KV) ||
-      value.tokens.begin < resident_ || !readsInPlace(value, store, covering))
+  if (!writesCacheRows(value) || !readsInPlace(value, store, covering))
     return false;
   value.objectCount = 0;
   for (const ChunkRef *ref : covering) {
@@ -356,7 +364,59 @@ Status ChunkSteps::decode(ChunkValue &value) {
       return decodePayload(value, order);
     kernelNotLaunched(value.kernel->name + ": " + why);
   }
+  std::vector<const ChunkRef *> refs;
+  for (std::size_t o = 0; o < value.objectCount; ++o)
+    refs.push_back(&value.objects[o].first);
+  if (writesCacheRows(value) && tiles(value, refs))
+    return decodeIntoCache(value);
   return decodeElements(value);
+}
+
+namespace {
+
+/// What a decode of `ref` wrote into `traffic`: a copy of a raw payload in
+/// the chunk's own type, or values it decoded.
+void countDecode(HostTraffic &traffic, const ChunkStore &store,
+                 const ChunkRef &ref, DType dtype, int64_t bytes) {
+  (ref.codec.isRaw() && store.model().dtype == dtype ? traffic.copied
+                                                     : traffic.decoded) +=
+      bytes;
+}
+
+} // namespace
+
+Status ChunkSteps::decodeIntoCache(ChunkValue &value) {
+  ChunkStore &store = *stores_.at(value.tier);
+  std::vector<Status> decoded(value.objectCount, Status::ok());
+  hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
+    const auto &[ref, bytes] = value.objects[o];
+    StatusOr<std::vector<ByteSpan>> spans = cacheRows(ref);
+    if (!spans) {
+      decoded[o] = spans.status();
+      return;
+    }
+    // Row r of matrix m at rows[m * tokens + r], as the decoder writes.
+    const std::size_t rowBytes = std::size_t(cache_.kvDim()) * sizeof(uint16_t);
+    std::vector<uint16_t *> rows;
+    for (const ByteSpan &span : *spans)
+      for (std::size_t at = 0; at < span.size; at += rowBytes)
+        rows.push_back(reinterpret_cast<uint16_t *>(span.data + at));
+    decoded[o] = store.decode(ref, bytes, rows);
+  });
+  HostTraffic traffic;
+  for (std::size_t o = 0; o < value.objectCount; ++o) {
+    KVC_RETURN_IF_ERROR(decoded[o]);
+    const ChunkRef &ref = value.objects[o].first;
+    countDecode(traffic, store, ref, DType::BF16,
+                store.shape(ref).numel() * int64_t(sizeof(uint16_t)));
+  }
+  value.encoded = false;
+  value.intoCache = true;
+  value.inCache = true;
+  traffic.delivered = cacheBytes(value.box());
+  std::lock_guard<std::mutex> lock(mutex_);
+  traffic_ += traffic;
+  return Status::ok();
 }
 
 Status ChunkSteps::checkInCache(ChunkValue &value) {
@@ -478,9 +538,7 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
   // values of every other encoding.
   HostTraffic traffic;
   auto wrote = [&](const ChunkRef &ref, int64_t bytes) {
-    (ref.codec.isRaw() && store.model().dtype == dtype ? traffic.copied
-                                                       : traffic.decoded) +=
-        bytes;
+    countDecode(traffic, store, ref, dtype, bytes);
   };
   std::vector<uint16_t> object;
   for (std::size_t o = 0; o < value.objectCount; ++o) {

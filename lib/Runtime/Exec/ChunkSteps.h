@@ -91,9 +91,10 @@ struct ChunkValue {
   /// in `objects`, its payload already at its place in `data` (or in the
   /// paged cache's rows, with `intoCache`), awaiting only its checks.
   std::vector<bool> landed;
-  /// Whether the objects were read straight into the paged cache's rows
-  /// (ChunkSteps::fetchIntoCache): the decode checks them there, and
-  /// nothing is left to upload or scatter.
+  /// Whether the chunk goes straight into the paged cache's rows: read
+  /// there (ChunkSteps::fetchIntoCache; the decode checks it there) or
+  /// decoded there (decodeIntoCache). Nothing is left to upload or
+  /// scatter.
   bool intoCache = false;
   HostWords data;
   /// The chunk on the device once uploaded: the slot's buffer, or its own.
@@ -184,10 +185,23 @@ public:
   HostTraffic traffic() const;
 
 private:
+  /// Whether `refs`, in token then layer order, hold exactly the chunk's
+  /// tokens and its layers back to back.
+  bool tiles(const ChunkValue &value,
+             const std::vector<const ChunkRef *> &refs) const;
   /// Whether the chunk's objects can be read in place: raw, in the chunk's
   /// own element type, tiling its box, from a tier that reads in place.
   bool readsInPlace(const ChunkValue &value, ChunkStore &store,
                     const std::vector<const ChunkRef *> &covering);
+  /// Whether the host writes the chunk's K and V into the paged cache's
+  /// rows itself, by its read or its decode: a cache in host memory in
+  /// bf16, the chunk above the server's resident tokens, no generated
+  /// kernel.
+  bool writesCacheRows(const ChunkValue &value) const;
+  /// Decodes objects that tile the chunk straight into the cache's rows
+  /// (dequantized, decompressed, or copied out of a raw object read whole);
+  /// the chunk is in the cache then.
+  Status decodeIntoCache(ChunkValue &value);
   /// Reads `ref` into the chunk's next object: its header there, its
   /// payload into `payload`; read whole instead when its size is not what
   /// the two make, for the decode to say why. The object's index.

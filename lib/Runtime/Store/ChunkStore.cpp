@@ -284,6 +284,24 @@ Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
                             shape(ref), CodecSpec(), DType::BF16));
 }
 
+Status ChunkObjects::decode(const ChunkRef &ref, std::string_view bytes,
+                            const std::vector<uint16_t *> &rows) const {
+  const ChunkShape chunk = shape(ref);
+  KVC_RETURN_IF_ERROR(
+      checkAndDecode(ref, bytes, expected(ref), model_.dtype,
+                     [&](std::string_view payload, const ChunkHeader &header) {
+                       return decodeChunkToBf16Rows(
+                           payload, chunk, header.codec, header.dtype, rows);
+                     }));
+  int64_t nonFinite = 0;
+  for (const uint16_t *row : rows)
+    nonFinite += payloadNonFinite(
+        std::string_view(reinterpret_cast<const char *>(row),
+                         std::size_t(chunk.width) * sizeof(uint16_t)),
+        chunk, CodecSpec(), DType::BF16);
+  return refuseNonFinite(ref, nonFinite);
+}
+
 Status
 ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
                            const std::vector<std::string_view> &payload) const {

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kvc {
 
@@ -95,6 +96,11 @@ StatusOr<std::string> compressPayload(std::string_view payload,
 /// loop per group, raw bf16 chunks by a copy; others decode to fp32 first.
 Status decodeChunkToBf16(std::string_view bytes, const ChunkShape &shape,
                          const CodecSpec &codec, DType storage, uint16_t *out);
+/// The same into `rows`: row r of matrix m (shape.width values) at
+/// rows[m * shape.tokens + r], as a paged cache's blocks hold them.
+Status decodeChunkToBf16Rows(std::string_view bytes, const ChunkShape &shape,
+                             const CodecSpec &codec, DType storage,
+                             const std::vector<uint16_t *> &rows);
 
 //===--- Stages, exposed for tests and benchmarks ------------------------===//
 

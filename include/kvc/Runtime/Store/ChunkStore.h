@@ -97,6 +97,10 @@ public:
   /// The same into bf16 values (decodeChunkToBf16).
   Status decode(const ChunkRef &ref, std::string_view bytes,
                 uint16_t *out) const;
+  /// The same into rows wherever they are (decodeChunkToBf16Rows): a paged
+  /// cache's, row r of matrix m at rows[m * tokens + r].
+  Status decode(const ChunkRef &ref, std::string_view bytes,
+                const std::vector<uint16_t *> &rows) const;
 
   /// Checks a raw object read in place (Tier::getInto): `header` its
   /// header's bytes, `payload` its payload where it landed, in parts (a

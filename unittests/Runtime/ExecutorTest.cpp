@@ -19,6 +19,7 @@
 #include <numeric>
 #include <set>
 #include <thread>
+#include <unistd.h>
 
 using namespace kvc;
 using namespace kvc::exec_test;
@@ -513,7 +514,10 @@ TEST_F(ExecutorTest, ARawChunkIsCopiedOnceOnTheHost) {
   const int64_t layers = model_->config().numLayers;
   const int64_t delivered =
       kTokens * layers * 2 * model_->kvDim() * int64_t(sizeof(uint16_t));
-  const std::string directory = ::testing::TempDir() + "/kvc-one-copy";
+  // This process's own: ctest runs the binary under several OpenBLAS
+  // kernels side by side.
+  const std::string directory =
+      ::testing::TempDir() + "/kvc-one-copy-" + std::to_string(::getpid());
   std::filesystem::remove_all(directory);
   for (const std::string &url : {std::string("mem://"), "file://" + directory})
     for (const char *codec : {"raw", "int8"}) {

@@ -358,14 +358,24 @@ class KvcConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request",
                                    num_computed_tokens: int
                                    ) -> tuple[int | None, bool]:
+        external, asynchronous, taken = self._match(request,
+                                                    num_computed_tokens)
+        # What this step's pass took, as the next request's load sees it.
+        self._this_step.append(taken)
+        return external, asynchronous
+
+    def _match(self, request: "Request", num_computed_tokens: int
+               ) -> tuple[int, bool, tuple[int, float]]:
+        """The tokens kvc loads for ``request`` past vLLM's own, whether
+        asynchronously, and what the request takes of the step, as
+        (tokens it computes, its load's seconds)."""
         prompt = list(request.prompt_token_ids or [])
         # vLLM computes at least the prompt's last token itself.
         tokens = prompt[:len(prompt) - 1]
         tenant = self._tenants.get(request.request_id)
         prefill = (len(prompt) - num_computed_tokens, 0.0)
         if tenant is None or len(tokens) <= num_computed_tokens:
-            self._this_step.append(prefill)
-            return 0, False
+            return 0, False, prefill
         recompute = None
         ratio = 1.0
         if self._measured:
@@ -378,8 +388,7 @@ class KvcConnector(KVConnectorBase_V1):
                              num_computed_tokens, None, None,
                              "recomputes: vLLM's prefill is not measured yet "
                              f"({self._clock.steps} steps seen)")
-                self._this_step.append(prefill)
-                return 0, False
+                return 0, False, prefill
             # A request's load is weighed against its prefill, then against
             # what it would do to the requests beside it (_queue_seconds).
             # The planner's load is weighed as steps that loaded ran against
@@ -393,8 +402,7 @@ class KvcConnector(KVConnectorBase_V1):
         except Error as error:
             logger.warning("kvc: request %s: %s; vLLM prefills it",
                            request.request_id, error)
-            self._this_step.append(prefill)
-            return 0, False
+            return 0, False, prefill
         why = decision.why if recompute is None else \
             _in_measured_terms(decision, ratio, prefill[0], recompute)
         load = (len(prompt) - decision.load_tokens,
@@ -419,12 +427,11 @@ class KvcConnector(KVConnectorBase_V1):
                      decision.recompute_seconds, why, ratio, loads)
         logger.debug("kvc: request %s: %s", request.request_id, why)
         self._on_device[request.request_id] = num_computed_tokens
-        self._this_step.append(load if loads else prefill)
         if not loads:
-            return 0, False
+            return 0, False, prefill
         self._decided[request.request_id] = decision
         external = max(0, decision.load_tokens - num_computed_tokens)
-        return external, self._async and external > 0
+        return external, self._async and external > 0, load
 
     def _record(self, request_id: str, prompt_tokens: int, on_device: int,
                 decision: Decision | None, recompute: float | None,

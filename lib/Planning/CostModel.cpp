@@ -230,6 +230,12 @@ double CostModel::uploadCheckSeconds(double storedBytes) const {
                                    : 0;
 }
 
+double CostModel::readCheckSeconds(double storedBytes) const {
+  return target_.host.readCheckGBs > 0
+             ? storedBytes / (target_.host.readCheckGBs * 1e9)
+             : 0;
+}
+
 double CostModel::d2hSeconds(double bytes) const {
   return target_.link.latencyUs * 1e-6 + bytes / (target_.link.d2hGBs * 1e9);
 }

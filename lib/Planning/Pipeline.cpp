@@ -150,6 +150,12 @@ bool writesCacheRows(const CostModel &cost, const ChunkState &state) {
          state.fromStore && state.form == Form::KV;
 }
 
+bool checksAsRead(const CostModel &cost, const ChunkState &state,
+                  const TierDesc *tier) {
+  return writesCacheRows(cost, state) && state.codec.isRaw() && tier &&
+         tier->kind != TierDesc::Kind::Remote;
+}
+
 StepCost stepCost(const CostModel &cost, const PipelineStep &step,
                   const Box &box, const TierDesc *tier) {
   const int64_t tokens = box.tokens(), layers = box.layers();
@@ -164,6 +170,8 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
   case StepKind::Fetch:
     c.bytesRead = encoded(step.out);
     c.seconds = tier ? cost.readSeconds(*tier, c.bytesRead) : 0;
+    if (checksAsRead(cost, step.out, tier))
+      c.seconds += cost.readCheckSeconds(c.bytesRead);
     break;
   case StepKind::Decompress:
     c.seconds = cost.hostDecodeSeconds(step.in.codec, encoded(step.out));
@@ -174,8 +182,8 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
         writesCacheRows(cost, step.in) ? 0 : cost.h2dSeconds(encoded(step.in));
     // Without a decompress before it (a chunk stored with no lossless
     // stage), the upload checks the stored objects first
-    // (ChunkSteps::toDevice).
-    if (step.in.asStored)
+    // (ChunkSteps::toDevice), unless their fetch did.
+    if (step.in.asStored && !checksAsRead(cost, step.in, tier))
       c.seconds += cost.uploadCheckSeconds(encoded(step.in));
     break;
   case StepKind::Dequant:

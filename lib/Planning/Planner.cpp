@@ -85,9 +85,14 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
       c.fetchLatency = tier->latencyUs * 1e-6 / double(tier->lanes);
       const ChunkState loaded{source.form, source.codec, false, true,
                               source.form == Form::KV};
-      if (writesCacheRows(cost_, loaded)) {
-        // Read or decoded into the cache: nothing uploaded (a raw chunk is
-        // checked there).
+      if (checksAsRead(cost_, loaded, tier)) {
+        // Read into the cache and checked by the lane that read it (a
+        // lane's share of the tier's bandwidth, as `fetch` is).
+        c.fetch += cost_.readCheckSeconds(stored) / double(tier->lanes);
+        c.copy = c.copyLatency = 0;
+      } else if (writesCacheRows(cost_, loaded)) {
+        // Read whole, or decoded into the cache: nothing uploaded (a raw
+        // chunk is checked and copied there).
         c.copy = source.codec.isRaw() ? cost_.uploadCheckSeconds(stored) : 0;
         c.copyLatency = 0;
       } else {

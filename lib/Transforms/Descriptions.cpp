@@ -96,7 +96,7 @@ TargetAttr kvc::compiler::getTargetAttr(MLIRContext *context,
   auto host =
       HostAttr::get(context, target.host.cores, f64(target.host.dramGiB),
                     f64(target.host.nicGBs), f64(target.host.handoffUs),
-                    f64(target.host.checkGBs));
+                    f64(target.host.checkGBs), f64(target.host.readCheckGBs));
   auto link = LinkAttr::get(context, f64(target.link.h2dGBs),
                             f64(target.link.d2hGBs),
                             f64(target.link.latencyUs));
@@ -134,8 +134,9 @@ kvc::TargetDesc kvc::compiler::getTargetDesc(TargetAttr target) {
   desc.compute.attentionTflops = f64(c.getAttentionTflops());
   desc.compute.chip = c.getChip().str();
   HostAttr h = target.getHost();
-  desc.host = {h.getCores(), f64(h.getDramGib()), f64(h.getNicGbs()),
-               f64(h.getHandoffUs()), f64(h.getCheckGbs())};
+  desc.host = {h.getCores(),         f64(h.getDramGib()),
+               f64(h.getNicGbs()),   f64(h.getHandoffUs()),
+               f64(h.getCheckGbs()), f64(h.getReadCheckGbs())};
   LinkAttr l = target.getLink();
   desc.link = {f64(l.getH2dGbs()), f64(l.getD2hGbs()), f64(l.getLatencyUs())};
   for (Attribute attr : target.getTiers()) {

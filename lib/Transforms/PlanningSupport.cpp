@@ -279,8 +279,12 @@ StepCost kvc::compiler::getStepCost(Operation *step,
   planning::Box extent =
       compute ? getBox(compute.getTokens(), compute.getLayers())
               : getBox(cast<ChunkType>((chunk ? chunk : result).getType()));
+  // A fetch's tier, or the one the step's chunk was fetched from.
   const kvc::TierDesc *tier = nullptr;
-  if (auto fetch = dyn_cast<FetchOp>(step))
+  auto fetch = dyn_cast<FetchOp>(step);
+  if (!fetch && chunk)
+    fetch = dyn_cast_or_null<FetchOp>(yielded(chunk).getDefiningOp());
+  if (fetch)
     tier = cost.target().findTier(fetch.getSource().getTier().str());
   return {planning::stepCost(cost, pipelineStep, extent, tier).seconds,
           planning::stepPriority(*kind)};

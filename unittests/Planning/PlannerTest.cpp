@@ -260,6 +260,39 @@ TEST(Pipeline, ACpuWritesStoredKvStraightIntoItsCache) {
   EXPECT_GT(cost(onCpu, Form::Hidden, "raw", K::Scatter), 0.0);
 }
 
+TEST(Pipeline, ARawChunkReadIntoACpuCacheIsCheckedByItsFetch) {
+  // A local tier's raw K and V land in a CPU's cache and the lane that read
+  // them checks them (ChunkSteps::fetchIntoCache): the fetch costs the read
+  // and host.read_check_gbs, the upload nothing. A remote store's objects
+  // are read whole and the upload checks them; a GPU's fetch only reads.
+  using K = StepKind;
+  ModelConfig m = model(4, 32, 8, 128);
+  TargetDesc cpu = target("cpu-2core");
+  cpu.host.readCheckGBs = 40;
+  cpu.host.checkGBs = 20;
+  const CostModel onCpu(m, cpu, CodecProfile::defaults()),
+      onGpu(m, target("a100-40gb"), CodecProfile::defaults());
+  const Box box{0, 256, 0, 4};
+  auto cost = [&](const CostModel &model, const char *tier, StepKind kind) {
+    for (const PipelineStep &step : restoreSteps(Form::KV, CodecSpec(), true))
+      if (step.kind == kind)
+        return stepCost(model, step, box, model.target().findTier(tier))
+            .seconds;
+    return -1.0;
+  };
+  const double bytes = onCpu.encodedBytes(Form::KV, CodecSpec(), 256, 4);
+  const TierDesc &disk = *cpu.findTier("disk"), &redis = *cpu.findTier("redis");
+  EXPECT_DOUBLE_EQ(cost(onCpu, "disk", K::Fetch),
+                   onCpu.readSeconds(disk, bytes) + bytes / 40e9);
+  EXPECT_EQ(cost(onCpu, "disk", K::TransferToDevice), 0.0);
+  EXPECT_DOUBLE_EQ(cost(onCpu, "redis", K::Fetch),
+                   onCpu.readSeconds(redis, bytes));
+  EXPECT_DOUBLE_EQ(cost(onCpu, "redis", K::TransferToDevice), bytes / 20e9);
+  const TierDesc &ssd = *onGpu.target().findTier("ssd");
+  EXPECT_DOUBLE_EQ(cost(onGpu, "ssd", K::Fetch),
+                   onGpu.readSeconds(ssd, bytes));
+}
+
 TEST(Pipeline, TheSimulatorPricesAChunkAsItsSteps) {
   // One chunk of hidden states, compressed: nothing overlaps, so the
   // simulated time is the sum of its steps' costs, the scatter priced on

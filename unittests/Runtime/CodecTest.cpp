@@ -206,15 +206,29 @@ TEST(Codec, PlainPayloadsCountEveryNonFiniteValue) {
     auto put = [&](int64_t i, uint32_t bits) {
       std::memcpy(payload.data() + 1 + i * size, &bits, size_t(size));
     };
-    for (int64_t i = 0; i < n; ++i)
-      put(i, c.finite[size_t(i) % c.finite.size()]);
-    EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype), 0)
-        << dtypeName(c.dtype);
-    for (std::size_t k = 0; k < at.size(); ++k)
-      put(at[k], c.nonFinite[k % c.nonFinite.size()]);
-    EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype),
-              int64_t(at.size()))
-        << dtypeName(c.dtype);
+    // Each scan the CPU has: the widest, AVX2's, the portable loop.
+    for (ScanVectors scan :
+         {ScanVectors::Widest, ScanVectors::Avx2, ScanVectors::None}) {
+      limitScanVectors(scan);
+      for (int64_t i = 0; i < n; ++i)
+        put(i, c.finite[size_t(i) % c.finite.size()]);
+      EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype), 0)
+          << dtypeName(c.dtype) << " scan " << int(scan);
+      for (std::size_t k = 0; k < at.size(); ++k)
+        put(at[k], c.nonFinite[k % c.nonFinite.size()]);
+      EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype),
+                int64_t(at.size()))
+          << dtypeName(c.dtype) << " scan " << int(scan);
+      // One alone, anywhere in a block: the scan, not the count, finds it.
+      for (int64_t i : at) {
+        for (int64_t j = 0; j < n; ++j)
+          put(j, c.finite[size_t(j) % c.finite.size()]);
+        put(i, c.nonFinite[0]);
+        EXPECT_EQ(payloadNonFinite(view, shape, CodecSpec(), c.dtype), 1)
+            << dtypeName(c.dtype) << " scan " << int(scan) << " at " << i;
+      }
+    }
+    limitScanVectors(ScanVectors::Widest);
   }
 }
 

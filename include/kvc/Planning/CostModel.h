@@ -112,6 +112,10 @@ public:
   /// (no decompress before it): `host.check_gbs`, nothing where the target
   /// gives none.
   double uploadCheckSeconds(double storedBytes) const;
+  /// One fetch lane's check of `storedBytes` of raw objects it has just
+  /// read into the cache (checksAsRead): `host.read_check_gbs`, nothing
+  /// where the target gives none.
+  double readCheckSeconds(double storedBytes) const;
   double d2hSeconds(double bytes) const;
   /// One write of `bytes` on one lane of `tier`.
   double writeSeconds(const TierDesc &tier, double bytes) const;

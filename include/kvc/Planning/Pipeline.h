@@ -51,6 +51,14 @@ struct ChunkState {
 /// stored K and V, on a target whose cache is host memory (a CPU).
 bool writesCacheRows(const CostModel &cost, const ChunkState &state);
 
+/// Whether the fetch of a chunk in `state` from `tier` reads its raw
+/// objects straight into the cache's rows and checks each as it lands
+/// (ChunkSteps::fetchIntoCache): writesCacheRows, raw, from a tier that
+/// reads in place (memory and disk; a remote store's replies are read
+/// whole, then copied and checked as an upload checks them).
+bool checksAsRead(const CostModel &cost, const ChunkState &state,
+                  const TierDesc *tier);
+
 /// One step of a chunk's journey and the data it reads and produces (a
 /// fetch reads nothing: its `in` is its `out`; a scatter produces nothing:
 /// its `out` is its `in`).
@@ -112,7 +120,8 @@ struct StepCost {
 };
 
 /// The cost of `step` over `box` on `cost`'s target; fetches and stores
-/// read or write `tier` (a step on an unknown tier costs nothing there).
+/// read or write `tier` (a step on an unknown tier costs nothing there), and
+/// the steps after a fetch get the tier it read (checksAsRead).
 StepCost stepCost(const CostModel &cost, const PipelineStep &step,
                   const Box &box, const TierDesc *tier = nullptr);
 

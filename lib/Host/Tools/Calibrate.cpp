@@ -72,7 +72,7 @@ public:
       probe->names_.push_back("calibrate-" + std::to_string(i));
       KVC_RETURN_IF_ERROR(probe->tier_->put(probe->names_.back(), payload));
     }
-    if (probe->lanes_ == 1 && probe->tier_->readsInPlace())
+    if (probe->tier_->readsInPlace())
       probe->arena_.assign(probe->names_.size() * kBytes, '\0');
     return probe;
   }
@@ -86,14 +86,15 @@ public:
     if (!arena_.empty()) {
       // Each object into a place of its own, as a restore reads into a
       // cache's rows or its staging: memory the reads did not just warm
-      // (the arena is past a CPU's last-level cache), its pages faulted in.
-      for (std::size_t i = 0; i < names_.size(); ++i) {
+      // (the arena is past a CPU's last-level cache), its pages faulted in;
+      // `lanes` readers side by side, as a restore's fetch lanes.
+      return eachLane([&](std::size_t i) -> Status {
         KVC_ASSIGN_OR_RETURN(
             size, tier_->getInto(names_[i], {{&arena_[i * kBytes], kBytes}}));
         if (size != kBytes)
           return dataLoss("calibrate: " + names_[i] + " changed size");
-      }
-      return Status::ok();
+        return Status::ok();
+      });
     }
     if (lanes_ == 1) {
       std::string buffer;
@@ -140,6 +141,25 @@ private:
 
   TierProbe(std::unique_ptr<Tier> tier, int lanes)
       : tier_(std::move(tier)), lanes_(lanes) {}
+
+  /// `read` of every object index, on `lanes_` threads taking the next.
+  Status eachLane(const std::function<Status(std::size_t)> &read) {
+    std::mutex failure;
+    Status status;
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> readers;
+    for (int l = 0; l < lanes_; ++l)
+      readers.emplace_back([&] {
+        for (std::size_t i; (i = next++) < names_.size();)
+          if (Status read_ = read(i); !read_.isOk()) {
+            std::lock_guard<std::mutex> lock(failure);
+            status = read_;
+          }
+      });
+    for (std::thread &reader : readers)
+      reader.join();
+    return status;
+  }
 
   std::unique_ptr<Tier> tier_;
   int lanes_;
@@ -257,6 +277,123 @@ private:
   HostWords out_; ///< In the device's host memory, as a restore's slots.
   int64_t bytes_ = 0;
   bool inPlace_ = false;
+};
+
+/// A restore's fetch of raw K and V into a CPU's cache
+/// (ChunkSteps::fetchIntoCache): the model's KV (at most 32 layers) stored
+/// raw in a tier that reads in place, an object a layer of `tokens` tokens,
+/// copies of them past a CPU's last-level cache (256 MiB), read by `lanes`
+/// threads side by side, each object into a place of its own and checked
+/// there as it lands (ChunkObjects::checkInPlace). What a lane spends on
+/// the checks, per byte, is what the cost model adds to its reads
+/// (host.read_check_gbs).
+class ReadCheckProbe {
+public:
+  static StatusOr<std::unique_ptr<ReadCheckProbe>>
+  create(const std::string &url, const ModelCompute &model, int64_t tokens,
+         int lanes) {
+    KVC_ASSIGN_OR_RETURN(tier, openTier(url));
+    ModelConfig shape = model.config();
+    shape.numLayers = std::min<int64_t>(shape.numLayers, 32);
+    auto probe = std::unique_ptr<ReadCheckProbe>(new ReadCheckProbe(
+        std::move(tier),
+        ChunkObjects(shape, model.fingerprint(), "", StoreLayout{tokens, 1}),
+        std::max(1, lanes)));
+    const std::vector<int32_t> prompt = calibrationTokens(shape, tokens);
+    const std::vector<ChunkRef> refs =
+        probe->objects_.refs(prompt.data(), tokens, Form::KV, CodecSpec());
+    std::vector<std::string> stored;
+    std::vector<float> values;
+    size_t bytes = 0;
+    for (const ChunkRef &ref : refs) {
+      values.resize(size_t(probe->objects_.shape(ref).numel()));
+      for (size_t i = 0; i < values.size(); ++i)
+        values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
+      KVC_ASSIGN_OR_RETURN(object, probe->objects_.encode(ref, values.data()));
+      bytes += object.size();
+      stored.push_back(std::move(object));
+    }
+    const size_t copies = std::max<size_t>(1, (size_t(256) << 20) / bytes);
+    size_t at = 0;
+    for (size_t i = 0; i < copies * refs.size(); ++i) {
+      const std::string &object = stored[i % refs.size()];
+      Object o{"calibrate-check-" + std::to_string(i), refs[i % refs.size()],
+               at, object.size() - kChunkHeaderBytes};
+      KVC_RETURN_IF_ERROR(probe->tier_->put(o.name, object));
+      probe->checked_ += o.payload;
+      at += o.payload;
+      probe->stored_.push_back(std::move(o));
+    }
+    probe->arena_.assign(at, '\0');
+    return probe;
+  }
+  ~ReadCheckProbe() {
+    for (const Object &o : stored_)
+      (void)tier_->remove(o.name);
+  }
+
+  /// GB/s a lane checks: the bytes checked over the seconds the lanes
+  /// spent checking them, the best of 3 rounds of reading every object.
+  StatusOr<double> checkGBs() {
+    double best = 0;
+    for (int round = 0; round < 3; ++round) {
+      std::mutex mutex;
+      Status status;
+      double checking = 0;
+      std::atomic<std::size_t> next{0};
+      std::vector<std::thread> lanes;
+      for (int l = 0; l < lanes_; ++l)
+        lanes.emplace_back([&] {
+          std::string header(kChunkHeaderBytes, '\0');
+          double seconds = 0;
+          Status lane;
+          for (std::size_t i; lane.isOk() && (i = next++) < stored_.size();)
+            lane = readAndCheck(stored_[i], header, seconds);
+          std::lock_guard<std::mutex> lock(mutex);
+          checking += seconds;
+          if (!lane.isOk())
+            status = lane;
+        });
+      for (std::thread &lane : lanes)
+        lane.join();
+      KVC_RETURN_IF_ERROR(status);
+      best = std::max(best, double(checked_) / checking / 1e9);
+    }
+    return best;
+  }
+
+private:
+  struct Object {
+    std::string name;
+    ChunkRef ref;
+    size_t at = 0, payload = 0; ///< Its payload's place in the arena.
+  };
+
+  ReadCheckProbe(std::unique_ptr<Tier> tier, ChunkObjects objects, int lanes)
+      : tier_(std::move(tier)), objects_(std::move(objects)), lanes_(lanes) {}
+
+  /// What the fetch does with one object: read, then checked where it
+  /// landed, the check's time added to `seconds`.
+  Status readAndCheck(const Object &o, std::string &header, double &seconds) {
+    char *payload = &arena_[o.at];
+    KVC_ASSIGN_OR_RETURN(size,
+                         tier_->getInto(o.name, {{header.data(), header.size()},
+                                                 {payload, o.payload}}));
+    if (size != header.size() + o.payload)
+      return dataLoss("calibrate: " + o.name + " changed size");
+    Clock::time_point start = Clock::now();
+    KVC_RETURN_IF_ERROR(objects_.checkInPlace(
+        o.ref, header, {std::string_view(payload, o.payload)}));
+    seconds += secondsSince(start);
+    return Status::ok();
+  }
+
+  std::unique_ptr<Tier> tier_;
+  ChunkObjects objects_;
+  int lanes_;
+  std::vector<Object> stored_;
+  std::string arena_;
+  size_t checked_ = 0;
 };
 
 } // namespace
@@ -452,12 +589,49 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
                  target.host.handoffUs);
   }
 
-  // Tiers: a local one's reads alone and beside a restore's uploads.
+  // The check a fetch lane runs on raw K and V it has read into a CPU's
+  // cache (the model's in bf16, as the cache holds them): on the lanes of
+  // the first disk tier, else of the memory tier.
+  if (target.compute.kind == ComputeDesc::Kind::CPU &&
+      config.dtype == DType::BF16) {
+    auto firstOf = [&](TierDesc::Kind kind) -> const TierDesc * {
+      for (const TierDesc &tier : target.tiers)
+        if (tier.kind == kind)
+          return &tier;
+      return nullptr;
+    };
+    const TierDesc *local = firstOf(TierDesc::Kind::Disk);
+    if (!local)
+      local = firstOf(TierDesc::Kind::DRAM);
+    if (local) {
+      const std::string url = local->kind == TierDesc::Kind::Disk
+                                  ? "file://" + scratch + "read-check"
+                                  : "mem://";
+      StatusOr<double> rate = 0.0;
+      {
+        auto probe = ReadCheckProbe::create(
+            url, model, referenceChunkTokens(config), int(local->lanes));
+        if (!probe)
+          return probe.status().withContext("read check");
+        rate = (*probe)->checkGBs();
+      }
+      std::filesystem::remove_all(scratch + "read-check", ignored);
+      KVC_RETURN_IF_ERROR(rate.status().withContext("read check"));
+      target.host.readCheckGBs = *rate;
+      std::fprintf(log,
+                   "read check: %.2f GB/s a lane of K and V it read into the "
+                   "cache, on tier %s's %lld lanes\n",
+                   *rate, local->name.c_str(), (long long)local->lanes);
+    }
+  }
+
+  // Tiers: a local one's reads alone and beside a restore's uploads, on
+  // its lanes.
   {
     std::unique_ptr<DeviceBuffer> uploaded = device.allocate();
     for (TierDesc &tier : target.tiers) {
       std::string url;
-      int lanes = 1;
+      const int lanes = std::max<int>(1, int(tier.lanes));
       const bool remote = tier.kind == TierDesc::Kind::Remote;
       if (tier.kind == TierDesc::Kind::DRAM) {
         url = "mem://";
@@ -465,7 +639,6 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
         url = "file://" + scratch + tier.name;
       } else if (auto given = remotes.find(tier.name); given != remotes.end()) {
         url = given->second;
-        lanes = std::max<int>(1, int(tier.lanes));
       }
       if (url.empty()) {
         std::fprintf(log,

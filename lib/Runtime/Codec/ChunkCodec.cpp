@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -354,12 +355,81 @@ Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
 
 namespace {
 
+/// Whether any of `n` raw values at `at` (unaligned) has all of `mask`'s bits
+/// set: 16-bit words (`Bits` 16) or 32-bit ones. A restore scans every value
+/// it loads and nearly never finds one, so the scan only says whether: 32
+/// words a compare with AVX-512BW (AVX2: 16), 64-byte loads of a block the
+/// checksum has just brought into the CPU's cache.
+template <int Bits>
+__attribute__((target("avx512bw"))) bool
+anyAllSetAvx512(const char *at, int64_t n, uint32_t mask) {
+  constexpr int64_t kLanes = 512 / Bits;
+  const __m512i m = Bits == 16 ? _mm512_set1_epi16(short(mask))
+                               : _mm512_set1_epi32(int(mask));
+  uint64_t hits = 0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m512i v = _mm512_and_si512(_mm512_loadu_si512(at + i * (Bits / 8)), m);
+    hits |= Bits == 16 ? uint64_t(_mm512_cmpeq_epi16_mask(v, m))
+                       : uint64_t(_mm512_cmpeq_epi32_mask(v, m));
+  }
+  for (; i < n; ++i) {
+    uint32_t word = 0;
+    std::memcpy(&word, at + i * (Bits / 8), Bits / 8);
+    hits |= (word & mask) == mask;
+  }
+  return hits != 0;
+}
+
+template <int Bits>
+__attribute__((target("avx2"))) bool anyAllSetAvx2(const char *at, int64_t n,
+                                                   uint32_t mask) {
+  constexpr int64_t kLanes = 256 / Bits;
+  const __m256i m = Bits == 16 ? _mm256_set1_epi16(short(mask))
+                               : _mm256_set1_epi32(int(mask));
+  __m256i hits = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    __m256i v =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                             at + i * (Bits / 8))),
+                         m);
+    hits = _mm256_or_si256(hits, Bits == 16 ? _mm256_cmpeq_epi16(v, m)
+                                            : _mm256_cmpeq_epi32(v, m));
+  }
+  bool any = !_mm256_testz_si256(hits, hits);
+  for (; i < n; ++i) {
+    uint32_t word = 0;
+    std::memcpy(&word, at + i * (Bits / 8), Bits / 8);
+    any |= (word & mask) == mask;
+  }
+  return any;
+}
+
+std::atomic<ScanVectors> scanLimit{ScanVectors::Widest};
+
+template <int Bits> bool anyAllSet(const char *at, int64_t n, uint32_t mask) {
+  static const bool avx512 = __builtin_cpu_supports("avx512bw");
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  const ScanVectors limit = scanLimit.load(std::memory_order_relaxed);
+  if (avx512 && limit == ScanVectors::Widest)
+    return anyAllSetAvx512<Bits>(at, n, mask);
+  if (avx2 && limit != ScanVectors::None)
+    return anyAllSetAvx2<Bits>(at, n, mask);
+  uint32_t hits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t word = 0;
+    std::memcpy(&word, at + i * (Bits / 8), Bits / 8);
+    hits |= uint32_t((word & mask) == mask);
+  }
+  return hits != 0;
+}
+
 /// How many of `n` raw values at `at` (unaligned) are NaN or infinite: 16-bit
-/// floats whose exponent bits are all set, or 32-bit ones. Every chunk a
-/// restore loads passes here, so the loop is one the compiler vectorizes:
-/// values copied a block at a time into an aligned buffer and counted into
-/// a 32-bit counter per block (a 64-bit count per element, or a branch per
-/// element, keeps it scalar: a third of the rate on an AVX2 CPU).
+/// floats whose exponent bits are all set, or 32-bit ones. A block at a
+/// time: whether it holds any (anyAllSet), and only then how many, counted
+/// in a loop the compiler vectorizes (values copied into an aligned buffer,
+/// a 32-bit counter per block).
 int64_t countNonFinite(const char *at, int64_t n, DType storage) {
   constexpr int64_t kBlock = 4096;
   const int64_t size = dtypeBytes(storage);
@@ -371,10 +441,14 @@ int64_t countNonFinite(const char *at, int64_t n, DType storage) {
     const int64_t m = std::min(kBlock, n - begin);
     uint32_t block = 0;
     if (size == 4) {
+      if (!anyAllSet<32>(at + 4 * begin, m, 0x7F800000u))
+        continue;
       std::memcpy(words, at + 4 * begin, size_t(m) * 4);
       for (int64_t i = 0; i < m; ++i)
         block += uint32_t((words[i] & 0x7F800000u) == 0x7F800000u);
     } else {
+      if (!anyAllSet<16>(at + 2 * begin, m, exponent))
+        continue;
       std::memcpy(halves, at + 2 * begin, size_t(m) * 2);
       for (int64_t i = 0; i < m; ++i)
         block += uint32_t((halves[i] & exponent) == exponent);
@@ -385,6 +459,8 @@ int64_t countNonFinite(const char *at, int64_t n, DType storage) {
 }
 
 } // namespace
+
+void limitScanVectors(ScanVectors widest) { scanLimit.store(widest); }
 
 int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
                          const CodecSpec &codec, DType storage) {

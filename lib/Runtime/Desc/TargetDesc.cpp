@@ -80,7 +80,10 @@ Status parseHost(const Json &obj, const std::string &path, HostDesc &h) {
       readNumber(obj, path, "nic_gbs", h.nicGBs, Presence::Optional));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "handoff_us", h.handoffUs, Presence::Optional));
-  return readNumber(obj, path, "check_gbs", h.checkGBs, Presence::Optional);
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, path, "check_gbs", h.checkGBs, Presence::Optional));
+  return readNumber(obj, path, "read_check_gbs", h.readCheckGBs,
+                    Presence::Optional);
 }
 
 Status parseLink(const Json &obj, const std::string &path, LinkDesc &l) {
@@ -162,6 +165,8 @@ Status TargetDesc::validate() const {
   KVC_RETURN_IF_ERROR(checkPositive(host.nicGBs, "host.nic_gbs", true));
   KVC_RETURN_IF_ERROR(checkPositive(host.handoffUs, "host.handoff_us", true));
   KVC_RETURN_IF_ERROR(checkPositive(host.checkGBs, "host.check_gbs", true));
+  KVC_RETURN_IF_ERROR(
+      checkPositive(host.readCheckGBs, "host.read_check_gbs", true));
   KVC_RETURN_IF_ERROR(checkPositive(link.h2dGBs, "link.h2d_gbs"));
   KVC_RETURN_IF_ERROR(checkPositive(link.d2hGBs, "link.d2h_gbs"));
   KVC_RETURN_IF_ERROR(checkPositive(link.latencyUs, "link.latency_us", true));
@@ -290,6 +295,8 @@ std::string printTargetDesc(const TargetDesc &target) {
     obj["host"]["handoff_us"] = target.host.handoffUs;
   if (target.host.checkGBs > 0)
     obj["host"]["check_gbs"] = target.host.checkGBs;
+  if (target.host.readCheckGBs > 0)
+    obj["host"]["read_check_gbs"] = target.host.readCheckGBs;
   obj["link"] = {{"h2d_gbs", target.link.h2dGBs},
                  {"d2h_gbs", target.link.d2hGBs},
                  {"latency_us", target.link.latencyUs}};

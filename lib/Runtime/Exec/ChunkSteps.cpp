@@ -277,7 +277,18 @@ ChunkSteps::fetchIntoCache(ChunkValue &value, ChunkStore &store,
   value.objectCount = 0;
   for (const ChunkRef *ref : covering) {
     KVC_ASSIGN_OR_RETURN(rows, cacheRows(*ref));
-    KVC_RETURN_IF_ERROR(readInto(value, store, *ref, rows, traffic).status());
+    KVC_ASSIGN_OR_RETURN(o, readInto(value, store, *ref, rows, traffic));
+    if (!value.landed[o])
+      continue; // Read whole: checkInCache says why.
+    // Checked by the thread that read it, while the object is in its
+    // core's cache: a second pass over the cache's rows later would read
+    // them from memory again, and the fetch lanes (as many as the host has
+    // cores) check side by side.
+    std::vector<std::string_view> payload;
+    for (const ByteSpan &row : rows)
+      payload.emplace_back(row.data, row.size);
+    KVC_RETURN_IF_ERROR(
+        store.checkInPlace(*ref, value.objects[o].second, payload));
   }
   value.intoCache = true;
   return true;
@@ -420,31 +431,18 @@ Status ChunkSteps::decodeIntoCache(ChunkValue &value) {
 }
 
 Status ChunkSteps::checkInCache(ChunkValue &value) {
+  // Each object that landed was checked as it was read (fetchIntoCache).
   ChunkStore &store = *stores_.at(value.tier);
-  std::vector<Status> checked(value.objectCount, Status::ok());
-  hostWorkers().forEach(value.objectCount, [&](std::size_t o) {
+  for (std::size_t o = 0; o < value.objectCount; ++o) {
     const auto &[ref, bytes] = value.objects[o];
-    if (!value.landed[o]) {
-      // Read whole: its size is no raw object's, which decode says.
-      std::vector<uint16_t> scratch(std::size_t(store.shape(ref).numel()));
-      checked[o] = store.decode(ref, bytes, scratch.data());
-      if (checked[o].isOk())
-        checked[o] = chunkError(ChunkFault::Corrupt,
-                                ref.name() + ": not the size of its chunk");
-      return;
-    }
-    StatusOr<std::vector<ByteSpan>> rows = cacheRows(ref);
-    if (!rows) {
-      checked[o] = rows.status();
-      return;
-    }
-    std::vector<std::string_view> payload;
-    for (const ByteSpan &row : *rows)
-      payload.emplace_back(row.data, row.size);
-    checked[o] = store.checkInPlace(ref, bytes, payload);
-  });
-  for (const Status &status : checked)
-    KVC_RETURN_IF_ERROR(status);
+    if (value.landed[o])
+      continue;
+    // Read whole: its size is no raw object's, which decode says.
+    std::vector<uint16_t> scratch(std::size_t(store.shape(ref).numel()));
+    KVC_RETURN_IF_ERROR(store.decode(ref, bytes, scratch.data()));
+    return chunkError(ChunkFault::Corrupt,
+                      ref.name() + ": not the size of its chunk");
+  }
   value.encoded = false;
   value.inCache = true;
   std::lock_guard<std::mutex> lock(mutex_);

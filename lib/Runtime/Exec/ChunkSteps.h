@@ -88,11 +88,12 @@ struct ChunkValue {
   std::size_t objectCount = 0;
   bool encoded = false;
   /// Per object, whether it was read in place (Tier::getInto): its header
-  /// in `objects`, its payload already at its place in `data` (or in the
-  /// paged cache's rows, with `intoCache`), awaiting only its checks.
+  /// in `objects`, its payload already at its place in `data`, awaiting
+  /// only its checks, or in the paged cache's rows (`intoCache`), checked
+  /// by the fetch as it landed.
   std::vector<bool> landed;
   /// Whether the chunk goes straight into the paged cache's rows: read
-  /// there (ChunkSteps::fetchIntoCache; the decode checks it there) or
+  /// there and checked as it lands (ChunkSteps::fetchIntoCache) or
   /// decoded there (decodeIntoCache). Nothing is left to upload or
   /// scatter.
   bool intoCache = false;
@@ -212,7 +213,8 @@ private:
   /// Reads the chunk's K and V objects straight into the paged cache's
   /// rows when the cache is in host memory in bf16 and they read in place
   /// (the chunk above the server's resident tokens): each byte once, no
-  /// staging, no scatter. False (nothing read) when not.
+  /// staging, no scatter, each object checked (checksum, non-finite
+  /// values) as it lands. False (nothing read) when not.
   StatusOr<bool> fetchIntoCache(ChunkValue &value, ChunkStore &store,
                                 const std::vector<const ChunkRef *> &covering,
                                 HostTraffic &traffic);
@@ -224,7 +226,9 @@ private:
   StatusOr<bool> fetchInPlace(ChunkValue &value, ChunkStore &store,
                               const std::vector<const ChunkRef *> &covering,
                               HostTraffic &traffic);
-  /// The checks of a chunk read into the cache; it is in the cache then.
+  /// Settles a chunk read into the cache, its objects checked as they
+  /// landed: why an object read whole (of another size) fails; else the
+  /// chunk is in the cache.
   Status checkInCache(ChunkValue &value);
   /// Bytes of `box`'s K and V in the cache.
   int64_t cacheBytes(const ChunkBox &box) const;

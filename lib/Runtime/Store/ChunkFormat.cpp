@@ -2,7 +2,7 @@
 
 #include "kvc/Runtime/Store/ChunkFormat.h"
 
-#include <libdeflate.h>
+#include <isa-l/crc.h>
 
 #include <algorithm>
 #include <cstring>
@@ -167,11 +167,14 @@ private:
   size_t at_ = 0;
 };
 
-uint32_t crc32(std::string_view bytes) {
-  return libdeflate_crc32(0, bytes.data(), bytes.size());
-}
+uint32_t crc32(std::string_view bytes) { return chunkCrc32(0, bytes); }
 
 } // namespace
+
+uint32_t chunkCrc32(uint32_t crc, std::string_view bytes) {
+  return crc32_gzip_refl(
+      crc, reinterpret_cast<const unsigned char *>(bytes.data()), bytes.size());
+}
 
 std::string packChunk(ChunkHeader h, std::string_view payload) {
   h.payloadBytes = payload.size();

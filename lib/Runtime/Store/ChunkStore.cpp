@@ -4,8 +4,6 @@
 
 #include "kvc/Runtime/Base/Sha256.h"
 
-#include <libdeflate.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -331,7 +329,7 @@ ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
   for (std::string_view part : payload)
     for (size_t at = 0; at < part.size(); at += kBlock) {
       std::string_view block = part.substr(at, kBlock);
-      crc = libdeflate_crc32(crc, block.data(), block.size());
+      crc = chunkCrc32(crc, block);
       nonFinite += payloadNonFinite(block, chunk, h.codec, h.dtype);
     }
   if (crc != h.payloadCrc)

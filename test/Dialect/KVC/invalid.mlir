@@ -266,6 +266,11 @@ module attributes {kvc.example = #kvc.host<cores = 2, dram_gib = 24, nic_gbs = 0
 
 // -----
 
+// expected-error @+1 {{read_check_gbs must not be negative}}
+module attributes {kvc.example = #kvc.host<cores = 2, dram_gib = 24, nic_gbs = 0, read_check_gbs = -1>} {}
+
+// -----
+
 // expected-error @+1 {{read_gbs must be positive, got 0}}
 module attributes {kvc.example = #kvc.tier<name = "ssd", kind = disk, read_gbs = 0, write_gbs = 1, latency_us = 1>} {}
 

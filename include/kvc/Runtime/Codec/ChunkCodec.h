@@ -82,6 +82,12 @@ Status decompressChunk(std::string_view bytes, const ChunkShape &shape,
 int64_t payloadNonFinite(std::string_view payload, const ChunkShape &shape,
                          const CodecSpec &codec, DType storage);
 
+/// The widest vectors payloadNonFinite's scan uses: the CPU's widest
+/// (AVX-512BW, else AVX2, else none) unless limited, which tests do to run
+/// each on a CPU that has them all.
+enum class ScanVectors { Widest, Avx2, None };
+void limitScanVectors(ScanVectors widest);
+
 /// Applies the lossless stage alone to `payload`, encodeChunk's bytes
 /// before that stage (what a generated save kernel writes): encodeChunk's
 /// result for the same values. DataLoss unless the payload is exactly as

@@ -63,6 +63,12 @@ struct HostDesc {
   /// host workers). kvc-run calibrate measures it; 0 when not given, and
   /// then not priced.
   double checkGBs = 0;
+  /// Bytes a second one fetch lane checks of a raw object it has just read
+  /// into a CPU's cache rows (its checksum and non-finite values, while the
+  /// object is in the core's cache: ChunkSteps::fetchIntoCache), on top of
+  /// the read. kvc-run calibrate measures it; 0 when not given, and then
+  /// not priced.
+  double readCheckGBs = 0;
 };
 
 /// The host<->device link (PCIe; a memcpy for a CPU target).

@@ -195,7 +195,8 @@ LogicalResult ComputeAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 LogicalResult HostAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                int64_t cores, llvm::APFloat dramGib,
                                llvm::APFloat nicGbs, llvm::APFloat handoffUs,
-                               llvm::APFloat checkGbs) {
+                               llvm::APFloat checkGbs,
+                               llvm::APFloat readCheckGbs) {
   if (failed(requirePositive(emitError, "cores", cores)) ||
       failed(requirePositive(emitError, "dram_gib", dramGib.convertToDouble())))
     return failure();
@@ -205,6 +206,8 @@ LogicalResult HostAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return emitError() << "handoff_us must not be negative";
   if (checkGbs.convertToDouble() < 0)
     return emitError() << "check_gbs must not be negative";
+  if (readCheckGbs.convertToDouble() < 0)
+    return emitError() << "read_check_gbs must not be negative";
   return success();
 }
 

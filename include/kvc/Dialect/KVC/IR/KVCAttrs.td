@@ -163,7 +163,10 @@ def KVC_HostAttr : KVC_Attr<"Host", "host"> {
                      "resource releases it", "0.0">:$handoff_us,
     KVC_F64Parameter<"GB/s of stored objects an upload checks and copies "
                      "out on the host where no decode step did (0: not "
-                     "priced)", "0.0">:$check_gbs
+                     "priced)", "0.0">:$check_gbs,
+    KVC_F64Parameter<"GB/s one fetch lane checks of a raw object it has "
+                     "just read into a CPU's cache (0: not priced)",
+                     "0.0">:$read_check_gbs
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

@@ -84,7 +84,7 @@ void printLayerReadiness(const std::vector<double> &ready,
 
 /// Prints the restore's host traffic (HostTraffic) per byte it loaded into
 /// the cache; nothing when it loaded none.
-void printHostTraffic(const HostTraffic &traffic);
+void printHostTraffic(const RestoreMetrics &metrics);
 
 /// Prints the chunks generated kernels wrote on the device, and why any
 /// whose task names one were decoded on the host.

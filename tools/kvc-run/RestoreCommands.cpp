@@ -92,7 +92,8 @@ void printLayerReadiness(const std::vector<double> &ready,
   std::printf("\n");
 }
 
-void printHostTraffic(const HostTraffic &traffic) {
+void printHostTraffic(const RestoreMetrics &metrics) {
+  const HostTraffic &traffic = metrics.hostTraffic;
   if (!traffic.delivered)
     return;
   std::printf("  host     read %.3f MB, copied %.3f MB, decoded %.3f MB for "
@@ -101,17 +102,35 @@ void printHostTraffic(const HostTraffic &traffic) {
               double(traffic.read) * 1e-6, double(traffic.copied) * 1e-6,
               double(traffic.decoded) * 1e-6, double(traffic.delivered) * 1e-6,
               double(traffic.scattered) * 1e-6, traffic.perByte());
+  // By step: the bytes each moved, in MB.
+  std::printf("  by step ");
+  const char *separator = "";
+  for (const auto &[step, moved] : metrics.hostTrafficByStep) {
+    std::printf("%s%s", separator, step.c_str());
+    for (const auto &[name, bytes] : moved.counters())
+      if (bytes)
+        std::printf(" %s %.3f", name.c_str(), double(bytes) * 1e-6);
+    separator = "; ";
+  }
+  std::printf(" (MB)\n");
 }
 
 namespace {
 
 nlohmann::json hostTrafficJson(const HostTraffic &traffic) {
-  return {{"read_bytes", traffic.read},
-          {"copied_bytes", traffic.copied},
-          {"decoded_bytes", traffic.decoded},
-          {"delivered_bytes", traffic.delivered},
-          {"scattered_bytes", traffic.scattered},
-          {"host_bytes_per_byte", traffic.perByte()}};
+  nlohmann::json out;
+  for (const auto &[name, bytes] : traffic.counters())
+    out[name + "_bytes"] = bytes;
+  out["host_bytes_per_byte"] = traffic.perByte();
+  return out;
+}
+
+/// The restore's host traffic, and by step.
+nlohmann::json hostTrafficJson(const RestoreMetrics &metrics) {
+  nlohmann::json out = hostTrafficJson(metrics.hostTraffic);
+  for (const auto &[step, traffic] : metrics.hostTrafficByStep)
+    out["by_step"][step] = hostTrafficJson(traffic);
+  return out;
 }
 
 } // namespace
@@ -480,7 +499,7 @@ Status restoreCommand(Args &args) {
     std::printf("  read %-10s %.3f MB", tier.c_str(), double(bytes) * 1e-6);
     predicted(metrics.predictedBytesRead, tier, 1e-6, "MB");
   }
-  printHostTraffic(metrics.hostTraffic);
+  printHostTraffic(metrics);
   printLayerReadiness(metrics.layerReadySeconds,
                       metrics.predictedLayerReadySeconds);
   if (run.firstTokenSeconds)
@@ -753,7 +772,7 @@ Status compareCommand(Args &args) {
                           {"fastest_ms", m.makespanSeconds * 1e3},
                           {"median_ms", medians[i] * 1e3},
                           {"read_mb", double(bytes) * 1e-6},
-                          {"host_traffic", hostTrafficJson(m.hostTraffic)},
+                          {"host_traffic", hostTrafficJson(m)},
                           {"gflop", m.flops * 1e-9},
                           {"fallbacks", m.fallbacks.size()},
                           {"max_error", runs[i].error->max},

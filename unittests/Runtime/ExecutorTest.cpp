@@ -559,6 +559,68 @@ TEST_F(ExecutorTest, ARawChunkIsCopiedOnceOnTheHost) {
   std::filesystem::remove_all(directory);
 }
 
+// What a restore moves on the host is counted by the plan step that moved
+// it (RestoreMetrics::hostTrafficByStep) and by task in its trace (each
+// task event's args): raw K and V are read into the cache by the fetch and
+// the decompress step finds them there; int8 is read by the fetch and
+// decoded into the cache by the decompress step.
+TEST_F(ExecutorTest, HostTrafficIsCountedByStepAndInTheTrace) {
+  const int64_t layers = model_->config().numLayers;
+  const int64_t delivered =
+      kTokens * layers * 2 * model_->kvDim() * int64_t(sizeof(uint16_t));
+  for (const char *codec : {"raw", "int8"}) {
+    SCOPED_TRACE(codec);
+    tier_ = std::shared_ptr<Tier>(std::move(openTier("mem://").value()));
+    std::unique_ptr<ChunkStore> store = storeIn(*parseCodecSpec(codec));
+    const BundlePlan plan =
+        loading(makePlan({0, 0, 64}, layers), *parseCodecSpec(codec));
+    BlockTable table = *cache_->allocate(kTokens);
+    RestoreOptions options;
+    options.tracePath = ::testing::TempDir() + "/kvc-traffic-" +
+                        std::to_string(::getpid()) + ".json";
+    StatusOr<RestoreMetrics> metrics =
+        restore(*pools_, plan, targetFor(table, store.get()), options);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    const HostTraffic &total = metrics->hostTraffic;
+    const auto &byStep = metrics->hostTrafficByStep;
+    ASSERT_EQ(byStep.count("fetch"), 1u);
+    ASSERT_EQ(byStep.count("decompress"), 1u);
+    const HostTraffic &fetch = byStep.at("fetch"),
+                      &decode = byStep.at("decompress");
+    EXPECT_EQ(fetch.read, total.read);
+    EXPECT_EQ(fetch.delivered + fetch.decoded + fetch.copied, 0);
+    EXPECT_EQ(decode.read, 0);
+    EXPECT_EQ(decode.delivered, delivered);
+    EXPECT_EQ(decode.decoded, std::string(codec) == "raw" ? 0 : delivered);
+    HostTraffic sum;
+    for (const auto &[step, traffic] : byStep)
+      sum += traffic;
+    EXPECT_EQ(sum.counters(), total.counters());
+
+    // The trace: the fetches' events hold every byte read, the others
+    // every byte delivered.
+    std::ifstream in(options.tracePath);
+    const nlohmann::json trace = nlohmann::json::parse(in);
+    int64_t read = 0, inCache = 0;
+    for (const nlohmann::json &event : trace) {
+      if (event["ph"] != "X" || event["cat"] == "device")
+        continue;
+      const std::string name = event["name"];
+      const nlohmann::json &args = event["args"];
+      if (args.contains("read_bytes")) {
+        EXPECT_EQ(name.rfind("fetch", 0), 0u) << name;
+        read += args["read_bytes"].get<int64_t>();
+      }
+      if (args.contains("delivered_bytes"))
+        inCache += args["delivered_bytes"].get<int64_t>();
+    }
+    EXPECT_EQ(read, total.read);
+    EXPECT_EQ(inCache, delivered);
+    std::remove(options.tracePath.c_str());
+    cache_->release(table);
+  }
+}
+
 // A raw object read in place is checked as one read whole would be: a
 // flipped payload byte, a truncated or lengthened object are each refused
 // (and the chunk recomputed), with the reason a whole read gives.

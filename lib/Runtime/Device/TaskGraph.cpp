@@ -326,7 +326,8 @@ StatusOr<double> measureHandoff(ResourcePools &pools, const std::string &a,
 
 Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
                         const std::string &path,
-                        const std::vector<DeviceSpan> &device) {
+                        const std::vector<DeviceSpan> &device,
+                        const TaskCounters &counters) {
   using Json = nlohmann::json;
   Json events = Json::array();
   // One trace thread per (resource, worker), named, in resource order.
@@ -358,6 +359,11 @@ Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
     if (!t.ran)
       continue;
     const GraphTask &task = graph.tasks[i];
+    Json args = {{"task", i}};
+    if (i < counters.size())
+      for (const auto &[name, value] : counters[i])
+        if (value != 0)
+          args[name] = value;
     events.push_back({{"ph", "X"},
                       {"name", task.name},
                       {"cat", task.resource},
@@ -365,7 +371,7 @@ Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
                       {"tid", threads[{task.resource, t.worker}]},
                       {"ts", t.start * 1e6},
                       {"dur", (t.end - t.start) * 1e6},
-                      {"args", {{"task", i}}}});
+                      {"args", std::move(args)}});
   }
   for (const DeviceSpan &span : device) {
     using Seconds = std::chrono::duration<double>;

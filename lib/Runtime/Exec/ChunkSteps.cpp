@@ -201,9 +201,9 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
     }
   }
   value.encoded = true;
+  account(value, traffic);
   std::lock_guard<std::mutex> lock(mutex_);
   bytesRead_[value.tier] += traffic.read;
-  traffic_ += traffic;
   return Status::ok();
 }
 
@@ -425,8 +425,7 @@ Status ChunkSteps::decodeIntoCache(ChunkValue &value) {
   value.intoCache = true;
   value.inCache = true;
   traffic.delivered = cacheBytes(value.box());
-  std::lock_guard<std::mutex> lock(mutex_);
-  traffic_ += traffic;
+  account(value, traffic);
   return Status::ok();
 }
 
@@ -445,8 +444,9 @@ Status ChunkSteps::checkInCache(ChunkValue &value) {
   }
   value.encoded = false;
   value.inCache = true;
-  std::lock_guard<std::mutex> lock(mutex_);
-  traffic_.delivered += cacheBytes(value.box());
+  HostTraffic traffic;
+  traffic.delivered = cacheBytes(value.box());
+  account(value, traffic);
   return Status::ok();
 }
 
@@ -480,8 +480,7 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
                       std::to_string(bytes));
   value.encoded = false;
   value.payload = true;
-  std::lock_guard<std::mutex> lock(mutex_);
-  traffic_ += traffic;
+  account(value, traffic);
   return Status::ok();
 }
 
@@ -570,8 +569,7 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
     }
   }
   value.encoded = false;
-  std::lock_guard<std::mutex> lock(mutex_);
-  traffic_ += traffic;
+  account(value, traffic);
   return Status::ok();
 }
 
@@ -604,10 +602,9 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
     for (int64_t h = 0; h < halves; ++h)
       std::memmove(data + h * keep * kvDim, data + (h * all + skip) * kvDim,
                    std::size_t(keep * kvDim) * sizeof(uint16_t));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      traffic_.copied += halves * keep * kvDim * int64_t(sizeof(uint16_t));
-    }
+    HostTraffic moved;
+    moved.copied = halves * keep * kvDim * int64_t(sizeof(uint16_t));
+    account(value, moved);
     value.data.resize(std::size_t(halves * keep * kvDim));
     value.tokens.begin = resident_;
   }
@@ -650,9 +647,8 @@ Status ChunkSteps::project(ChunkValue &value) {
     release(value);
     value.form = Form::KV;
     value.inCache = true;
+    accountScatter(value);
     std::lock_guard<std::mutex> lock(mutex_);
-    traffic_.delivered += cacheBytes(value.box());
-    traffic_.scattered += cacheBytes(value.box());
     flops_ += flops;
     ++kernelLaunches_;
     ++kernelChunks_;
@@ -712,21 +708,16 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     KVC_RETURN_IF_ERROR(
         device_.scatter(*value->device, value->box(), cache_, table_));
     release(*value);
-    std::lock_guard<std::mutex> lock(mutex_);
-    traffic_.delivered += cacheBytes(value->box());
-    traffic_.scattered += cacheBytes(value->box());
+    accountScatter(*value);
   }
   if (!launched.empty()) {
     KVC_RETURN_IF_ERROR(device_.launchRestore(*launched.front()->kernel, chunks,
                                               cache_, table_));
-    int64_t delivered = 0;
     for (ChunkValue *value : launched) {
-      delivered += cacheBytes(value->box());
       release(*value);
+      accountScatter(*value);
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    traffic_.delivered += delivered;
-    traffic_.scattered += delivered;
     ++kernelLaunches_;
     kernelChunks_ += int64_t(launched.size());
   }
@@ -837,6 +828,24 @@ std::map<std::string, int64_t> ChunkSteps::bytesRead() const {
 HostTraffic ChunkSteps::traffic() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return traffic_;
+}
+
+std::map<StepKind, HostTraffic> ChunkSteps::trafficByStep() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return trafficByStep_;
+}
+
+void ChunkSteps::account(ChunkValue &value, const HostTraffic &traffic) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  traffic_ += traffic;
+  trafficByStep_[value.step] += traffic;
+  value.traffic += traffic;
+}
+
+void ChunkSteps::accountScatter(ChunkValue &value) {
+  HostTraffic traffic;
+  traffic.delivered = traffic.scattered = cacheBytes(value.box());
+  account(value, traffic);
 }
 
 int64_t ChunkSteps::cacheBytes(const ChunkBox &box) const {

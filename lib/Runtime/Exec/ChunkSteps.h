@@ -125,6 +125,10 @@ struct ChunkValue {
   /// prefill chunk's KV into its cache, and their scatter has nothing left
   /// to copy.
   bool inCache = false;
+  /// The plan step working on the chunk (set where the executor runs one),
+  /// whose host traffic ChunkSteps counts, and what its steps moved.
+  StepKind step = StepKind::Fetch;
+  HostTraffic traffic;
 
   ChunkBox box() const {
     return {tokens.begin, tokens.end, layers.begin, layers.end};
@@ -184,6 +188,8 @@ public:
   int64_t exactContextBytes() const { return prefill_->exactContextBytes(); }
   std::map<std::string, int64_t> bytesRead() const;
   HostTraffic traffic() const;
+  /// The same, by the plan step that moved it (ChunkValue::step).
+  std::map<StepKind, HostTraffic> trafficByStep() const;
 
 private:
   /// Whether `refs`, in token then layer order, hold exactly the chunk's
@@ -230,6 +236,10 @@ private:
   /// landed: why an object read whole (of another size) fails; else the
   /// chunk is in the cache.
   Status checkInCache(ChunkValue &value);
+  /// Counts `traffic` for the restore, the chunk's step and the chunk.
+  void account(ChunkValue &value, const HostTraffic &traffic);
+  /// Counts the chunk's K and V as delivered to the cache by the device.
+  void accountScatter(ChunkValue &value);
   /// Bytes of `box`'s K and V in the cache.
   int64_t cacheBytes(const ChunkBox &box) const;
   DType dtypeOf(Form form) const;
@@ -271,6 +281,7 @@ private:
   double flops_ = 0;
   std::map<std::string, int64_t> bytesRead_;
   HostTraffic traffic_;
+  std::map<StepKind, HostTraffic> trafficByStep_;
   int64_t kernelLaunches_ = 0, kernelChunks_ = 0;
   std::vector<std::string> kernelsNotLaunched_;
   /// Staging for chunks their plan gave no slot, kept for the next such

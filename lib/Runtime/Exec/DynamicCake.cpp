@@ -62,11 +62,16 @@ public:
       value.layers = {chunks_[chunk].layerBegin, chunks_[chunk].layerEnd};
       value.tier = options_.tier;
       value.codec = options_.codec;
+      value.step = StepKind::Fetch;
       Status status = steps_.fetch(value, nullptr);
-      if (status.isOk())
+      if (status.isOk()) {
+        value.step = StepKind::Decompress;
         status = steps_.decode(value);
-      if (status.isOk())
+      }
+      if (status.isOk()) {
+        value.step = StepKind::Scatter;
         status = steps_.scatter(value);
+      }
       std::lock_guard<std::mutex> lock(mutex_);
       if (status.isOk()) {
         ++loaded_;
@@ -101,6 +106,8 @@ public:
     out.fallbacks = fallbacks_;
     out.bytesRead = steps_.bytesRead();
     out.hostTraffic = steps_.traffic();
+    for (const auto &[kind, traffic] : steps_.trafficByStep())
+      out.hostTrafficByStep[name(kind)] = traffic;
     out.flops = steps_.flops();
     out.exactContextBytes = steps_.exactContextBytes();
   }

@@ -64,6 +64,7 @@ public:
     KVC_RETURN_IF_ERROR(checkCoverage(n));
     KVC_RETURN_IF_ERROR(checkResident());
     values_.resize(plan_.tasks.size());
+    taskTraffic_.assign(plan_.tasks.size(), {});
     slots_.clear();
     for (int64_t s = 0; s < plan_.stagingSlots; ++s)
       slots_.emplace_back(device_.hostMemory());
@@ -323,6 +324,16 @@ public:
   }
 
   const exec_detail::ChunkSteps &steps() const { return steps_; }
+  /// Each task's host traffic, for its trace event.
+  TaskCounters taskCounters() const {
+    TaskCounters counters;
+    for (const HostTraffic &traffic : taskTraffic_) {
+      counters.emplace_back();
+      for (const auto &[name, bytes] : traffic.counters())
+        counters.back().emplace_back(name + "_bytes", bytes);
+    }
+    return counters;
+  }
 
   /// Bytes of staging the slots hold for their chunks, host and device:
   /// the last chunk's on the host, the largest's on the device (device
@@ -357,9 +368,11 @@ private:
   Status runSteps(std::size_t index, std::size_t count) {
     const BundleTask &task = plan_.tasks[index];
     exec_detail::ChunkValue &value = *values_[index];
+    const HostTraffic before = value.traffic;
     for (std::size_t i = 0; i < count && value.fault.empty(); ++i)
       KVC_RETURN_IF_ERROR(
           recover(value, runStep(task.steps[i], value, task.slot)));
+    taskTraffic_[index] += value.traffic - before;
     return Status::ok();
   }
 
@@ -374,22 +387,34 @@ private:
     if (cancelled())
       return restoreCancelled();
     std::vector<exec_detail::ChunkValue *> launch;
+    std::vector<int64_t> launchedTasks;
     for (int64_t index : tasks) {
       if (belowResident(index))
         continue;
       const BundleTask &task = plan_.tasks[index];
       exec_detail::ChunkValue &value = *values_[index];
       KVC_RETURN_IF_ERROR(runSteps(index, task.steps.size() - 1));
+      // The last step's upload and its share of the launch.
+      value.step = task.steps.back().kind;
+      const HostTraffic before = value.traffic;
       if (value.fault.empty())
         KVC_RETURN_IF_ERROR(wholeChunk(task.steps.back(), value));
       if (value.fault.empty())
         KVC_RETURN_IF_ERROR(recover(value, steps_.toDevice(value)));
-      if (value.fault.empty())
+      if (value.fault.empty()) {
         launch.push_back(&value);
+        launchedTasks.push_back(index);
+      }
+      taskTraffic_[index] += value.traffic - before;
     }
     if (launch.empty())
       return Status::ok();
+    std::vector<HostTraffic> before;
+    for (exec_detail::ChunkValue *value : launch)
+      before.push_back(value->traffic);
     Status status = steps_.scatter(launch);
+    for (std::size_t i = 0; i < launch.size(); ++i)
+      taskTraffic_[launchedTasks[i]] += launch[i]->traffic - before[i];
     for (exec_detail::ChunkValue *value : launch)
       KVC_RETURN_IF_ERROR(recover(*value, status));
     return Status::ok();
@@ -421,6 +446,7 @@ private:
 
   Status runStep(const BundleStep &step, exec_detail::ChunkValue &value,
                  std::optional<int64_t> slot) {
+    value.step = step.kind;
     switch (step.kind) {
     case StepKind::Fetch:
     case StepKind::Recv:
@@ -458,6 +484,8 @@ private:
   Device &device_;
   const std::vector<BundleKernel> *kernels_;
   std::vector<std::shared_ptr<exec_detail::ChunkValue>> values_;
+  /// By task (as the graph's), the host traffic of the steps it ran.
+  std::vector<HostTraffic> taskTraffic_;
   std::deque<exec_detail::StagingSlot> slots_;
   exec_detail::ChunkSteps steps_;
 };
@@ -535,6 +563,8 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
   metrics.busySeconds = result.busy;
   metrics.bytesRead = run.steps().bytesRead();
   metrics.hostTraffic = run.steps().traffic();
+  for (const auto &[kind, traffic] : run.steps().trafficByStep())
+    metrics.hostTrafficByStep[name(kind)] = traffic;
   metrics.flops = run.steps().flops();
   metrics.kernelLaunches = run.steps().kernelLaunches();
   metrics.kernelChunks = run.steps().kernelChunks();
@@ -545,8 +575,8 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
     metrics.predictedSeconds = double(*plan.predictedUs) * 1e-6;
   addPredictions(plan, *target.model, metrics);
   if (!options.tracePath.empty())
-    KVC_RETURN_IF_ERROR(
-        writeChromeTrace(*graph, result, options.tracePath, spans.take()));
+    KVC_RETURN_IF_ERROR(writeChromeTrace(*graph, result, options.tracePath,
+                                         spans.take(), run.taskCounters()));
   return metrics;
 }
 

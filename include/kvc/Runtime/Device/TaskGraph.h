@@ -46,6 +46,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace kvc {
@@ -166,13 +167,19 @@ struct DeviceSpan {
   Clock::time_point start, end;
 };
 
+/// Numbers a task's trace event carries besides its index (a restore's
+/// host bytes the task moved), by task; none when empty.
+using TaskCounters = std::vector<std::vector<std::pair<std::string, int64_t>>>;
+
 /// Writes a run as a Chrome trace (JSON array format): one thread per
-/// resource worker, one complete event per task that ran; and one thread
-/// per device queue with the device's spans of the run (`device`), so that
-/// the trace shows when the device worked beside when the host asked it to.
+/// resource worker, one complete event per task that ran, with its
+/// `counters` (the non-zero ones) in its args; and one thread per device
+/// queue with the device's spans of the run (`device`), so that the trace
+/// shows when the device worked beside when the host asked it to.
 Status writeChromeTrace(const TaskGraph &graph, const RunResult &result,
                         const std::string &path,
-                        const std::vector<DeviceSpan> &device = {});
+                        const std::vector<DeviceSpan> &device = {},
+                        const TaskCounters &counters = {});
 
 } // namespace kvc
 

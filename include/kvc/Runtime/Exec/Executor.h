@@ -61,6 +61,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvc {
@@ -158,6 +159,24 @@ struct HostTraffic {
     scattered += other.scattered;
     return *this;
   }
+  HostTraffic operator-(const HostTraffic &other) const {
+    HostTraffic out = *this;
+    out.read -= other.read;
+    out.copied -= other.copied;
+    out.decoded -= other.decoded;
+    out.delivered -= other.delivered;
+    out.scattered -= other.scattered;
+    return out;
+  }
+  /// Bytes of each kind by name (`read`, `copied`, ...: `read_bytes` and
+  /// so on in compare --json and a trace's task events).
+  std::vector<std::pair<std::string, int64_t>> counters() const {
+    return {{"read", read},
+            {"copied", copied},
+            {"decoded", decoded},
+            {"delivered", delivered},
+            {"scattered", scattered}};
+  }
 };
 
 struct RestoreMetrics {
@@ -166,6 +185,10 @@ struct RestoreMetrics {
   std::map<std::string, double> busySeconds;
   std::map<std::string, int64_t> bytesRead; ///< Per tier.
   HostTraffic hostTraffic;
+  /// The same by the plan step that moved it (`fetch`, `decompress`,
+  /// `transfer_to_device`, `scatter`, ...: a step's own work and what it
+  /// ran for it, an upload's decode of a chunk no decompress read).
+  std::map<std::string, HostTraffic> hostTrafficByStep;
   double flops = 0;
   /// Staging the plan's slots hold for their chunks (host and device):
   /// buffers reused by every later chunk through the slot, so bounded by

@@ -63,7 +63,7 @@ StatusOr<TierDesc *> storeTier(TargetDesc &target, const Tier &store,
     if (name.empty() ? tier.kind != kind : tier.name != name)
       continue;
     if (double gbs = store.throttleGBs(); gbs > 0)
-      tier.readGBs = std::min(tier.readGBs, gbs);
+      tier.throttleGBs = gbs;
     return &tier;
   }
   return invalidArgument("target " + target.name + " has no " +

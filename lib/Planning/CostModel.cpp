@@ -161,9 +161,21 @@ double CostModel::encodedBytes(Form form, const CodecSpec &codec,
   return quantizedBytes(form, codec, tokens, layers);
 }
 
+double CostModel::readGBs(const TierDesc &tier) {
+  return tier.throttleGBs > 0 ? std::min(tier.readGBs, tier.throttleGBs)
+                              : tier.readGBs;
+}
+
 double CostModel::readSeconds(const TierDesc &tier, double bytes) const {
-  double laneBandwidth = tier.readGBs * 1e9 / double(tier.lanes);
+  double laneBandwidth = readGBs(tier) * 1e9 / double(tier.lanes);
   return tier.latencyUs * 1e-6 + bytes / laneBandwidth;
+}
+
+double CostModel::readCheckedSeconds(const TierDesc &tier, double bytes) const {
+  const double lanes = double(tier.lanes);
+  const double shared = lanes / (readGBs(tier) * 1e9);
+  const double alone = lanes / (tier.readGBs * 1e9) + readCheckSeconds(1);
+  return tier.latencyUs * 1e-6 + bytes * std::max(shared, alone);
 }
 
 double CostModel::stageRate(CodecStage stage, bool decode,

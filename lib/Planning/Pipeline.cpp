@@ -169,9 +169,10 @@ StepCost stepCost(const CostModel &cost, const PipelineStep &step,
   switch (step.kind) {
   case StepKind::Fetch:
     c.bytesRead = encoded(step.out);
-    c.seconds = tier ? cost.readSeconds(*tier, c.bytesRead) : 0;
-    if (checksAsRead(cost, step.out, tier))
-      c.seconds += cost.readCheckSeconds(c.bytesRead);
+    c.seconds = !tier ? 0
+                : checksAsRead(cost, step.out, tier)
+                    ? cost.readCheckedSeconds(*tier, c.bytesRead)
+                    : cost.readSeconds(*tier, c.bytesRead);
     break;
   case StepKind::Decompress:
     c.seconds = cost.hostDecodeSeconds(step.in.codec, encoded(step.out));

@@ -81,14 +81,16 @@ Planner::Planner(const CostModel &cost, Request request, PlanOptions options)
       c.tier = int(tier - target.tiers.data());
       double stored = cost_.storedBytes(source.form, source.codec, 1, 1);
       double quantized = cost_.quantizedBytes(source.form, source.codec, 1, 1);
-      c.fetch = stored / (tier->readGBs * 1e9);
+      c.fetch = stored / (CostModel::readGBs(*tier) * 1e9);
       c.fetchLatency = tier->latencyUs * 1e-6 / double(tier->lanes);
       const ChunkState loaded{source.form, source.codec, false, true,
                               source.form == Form::KV};
       if (checksAsRead(cost_, loaded, tier)) {
-        // Read into the cache and checked by the lane that read it (a
-        // lane's share of the tier's bandwidth, as `fetch` is).
-        c.fetch += cost_.readCheckSeconds(stored) / double(tier->lanes);
+        // Read into the cache and checked by the lane that read it: a
+        // lane's read with its check, over the lanes as `fetch` is.
+        const double lane =
+            cost_.readCheckedSeconds(*tier, stored) - tier->latencyUs * 1e-6;
+        c.fetch = lane / double(tier->lanes);
         c.copy = c.copyLatency = 0;
       } else if (writesCacheRows(cost_, loaded)) {
         // Read whole, or decoded into the cache: nothing uploaded (a raw

@@ -61,8 +61,9 @@ int freeBase(int count) {
 
 } // namespace
 
-RedisCluster::RedisCluster(std::string dir, int masters, int replicas)
-    : dir_(std::move(dir)), wantMasters_(masters) {
+RedisCluster::RedisCluster(std::string dir, int masters, int replicas,
+                           bool fullCoverage)
+    : dir_(std::move(dir)), wantMasters_(masters), fullCoverage_(fullCoverage) {
   if (system("command -v redis-server >/dev/null 2>&1 && "
              "command -v redis-cli >/dev/null 2>&1") != 0)
     return;
@@ -213,7 +214,8 @@ void RedisCluster::start(int node) {
            "--cluster-replica-validity-factor", "0",
            "--repl-diskless-sync-delay", "0", "--save", "", "--appendonly",
            "no", "--dir", dir_.c_str(), "--logfile", log.c_str(), "--loglevel",
-           "warning", nullptr);
+           "warning", "--cluster-require-full-coverage",
+           fullCoverage_ ? "yes" : "no", nullptr);
     _exit(127);
   }
   pids_[node] = pid;

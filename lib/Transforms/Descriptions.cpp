@@ -105,7 +105,8 @@ TargetAttr kvc::compiler::getTargetAttr(MLIRContext *context,
     tiers.push_back(TierAttr::get(
         context, t.name,
         symbolize<TierKind>(symbolizeTierKind, kvc::tierKindName(t.kind)),
-        f64(t.readGBs), f64(t.writeGBs), f64(t.latencyUs), t.lanes));
+        f64(t.readGBs), f64(t.writeGBs), f64(t.latencyUs), t.lanes,
+        f64(t.throttleGBs)));
   for (const kvc::CodecRateDesc &r : target.codecs)
     codecs.push_back(CodecRateAttr::get(
         context, fromVocabulary(r.stage),
@@ -145,7 +146,7 @@ kvc::TargetDesc kvc::compiler::getTargetDesc(TargetAttr target) {
         {t.getName().str(),
          fromName(kvc::tierKindName, 3, stringifyTierKind(t.getKind())),
          f64(t.getReadGbs()), f64(t.getWriteGbs()), f64(t.getLatencyUs()),
-         t.getLanes()});
+         t.getLanes(), f64(t.getThrottleGbs())});
   }
   for (Attribute attr : target.getCodecs()) {
     auto r = cast<CodecRateAttr>(attr);

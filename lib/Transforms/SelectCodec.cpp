@@ -179,7 +179,8 @@ struct KVCSelectCodecPass
       const kvc::TierDesc *tier = cost.target().findTier(s.tier);
       double stored = cost.storedBytes(s.form, s.codec, 1, 1);
       double quantized = cost.quantizedBytes(s.form, s.codec, 1, 1);
-      double io = tier ? stored / (tier->readGBs * 1e9) : kInf;
+      double io =
+          tier ? stored / (planning::CostModel::readGBs(*tier) * 1e9) : kInf;
       return std::max({io, cost.hostDecodeSeconds(s.codec, quantized),
                        quantized / (cost.target().link.h2dGBs * 1e9)});
     };

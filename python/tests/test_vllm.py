@@ -8,6 +8,7 @@ prefill writes."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ import kvc  # noqa: E402
 from helpers import corrupt_one_object, tiny_llama_config  # noqa: E402
 from kvc.prefill import PrefillClock  # noqa: E402
 from kvc.vllm import KvcConnector  # noqa: E402
+
+# The Redis Cluster the lit tests start (test/lit-tools/redis_cluster.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"
+                       / "lit-tools"))
+from redis_cluster import RedisCluster  # noqa: E402
 
 BLOCK = 16
 BLOCKS = 96
@@ -417,6 +423,30 @@ def test_a_store_that_went_away(model_dir: str, tmp_path: Path) -> None:
     engine.run()
     assert engine.loaded["b"] == 0
     engine.assert_empty()
+
+
+def test_a_cluster_master_gone(model_dir: str) -> None:
+    """A Redis Cluster of three masters without replicas loses one after
+    the save: kvc loads what the two that answer hold, vLLM is told which
+    blocks failed and recomputes them, and the cache is exact."""
+    if not RedisCluster.available():
+        pytest.skip("no redis-server")
+    with RedisCluster() as cluster:
+        engine = Engine(model_dir,
+                        [f"redis-cluster://{cluster.nodes}?timeout_ms=500"],
+                        policy="always", strategies=["kv"])
+        prompt = prompt_of(3, 512)
+        engine.add("a", prompt)
+        engine.run()
+        cluster.kill(0)
+        engine.add("b", prompt)
+        engine.run()
+        # vLLM counted kvc's tokens as external hits, and recomputed from
+        # the first block a dead master held.
+        assert engine.loaded["b"] > 0
+        assert engine.invalid
+        assert engine.loaded_error("b") < 1 / 64
+        engine.assert_empty()
 
 
 def test_an_abort_during_a_save_leaves_nothing_behind(model_dir: str,

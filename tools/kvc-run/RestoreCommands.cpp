@@ -211,7 +211,7 @@ StatusOr<PlanBundle> compileStrategies(Args &args, Connector &connector,
   double readGBs = 0;
   for (const TierDesc &tier : target.tiers)
     if (tier.name == tierName)
-      readGBs = tier.readGBs;
+      readGBs = planning::CostModel::readGBs(tier);
   std::printf("planning for %s: the store is tier %s at %.3g GB/s",
               target.name.c_str(), tierName.c_str(), readGBs);
   // A ?gbps= throttle is in gigabits per second, as links are quoted.
@@ -331,8 +331,24 @@ void printKernels(const SaveMetrics &metrics) {
 /// exact context it held to do so (after printKernels).
 void printFallbacks(const RestoreMetrics &metrics) {
   printKernels(metrics);
-  for (const std::string &event : metrics.fallbacks)
-    std::printf("  fallback: %s\n", event.c_str());
+  // Chunks that failed for one reason (a node gone: every chunk it held),
+  // on one line with it: "<chunk>; <chunk> recomputed: <reason>".
+  std::vector<std::pair<std::string, std::string>> byReason;
+  for (const std::string &event : metrics.fallbacks) {
+    std::size_t at = std::string::npos;
+    for (const char *verb : {" recomputed: ", " left unwritten: "})
+      at = std::min(at, event.find(verb));
+    const std::string chunk = event.substr(0, at),
+                      reason = at == std::string::npos ? "" : event.substr(at);
+    auto same = std::find_if(byReason.begin(), byReason.end(),
+                             [&](const auto &r) { return r.second == reason; });
+    if (same == byReason.end())
+      byReason.push_back({chunk, reason});
+    else
+      same->first += "; " + chunk;
+  }
+  for (const auto &[chunks, reason] : byReason)
+    std::printf("  fallback: %s%s\n", chunks.c_str(), reason.c_str());
   if (metrics.exactContextBytes > 0)
     std::printf("  exact context %.3f MB (a private prefill the fallbacks "
                 "recomputed over)\n",

@@ -288,6 +288,17 @@ TEST(Pipeline, ARawChunkReadIntoACpuCacheIsCheckedByItsFetch) {
   EXPECT_DOUBLE_EQ(cost(onCpu, "redis", K::Fetch),
                    onCpu.readSeconds(redis, bytes));
   EXPECT_DOUBLE_EQ(cost(onCpu, "redis", K::TransferToDevice), bytes / 20e9);
+  // Throttled below what a lane alone reads and checks, the lanes share
+  // the throttle: one lane's check hides under the other's read.
+  TargetDesc throttled = cpu;
+  throttled.tiers[size_t(&disk - cpu.tiers.data())].readGBs = 20;
+  throttled.tiers[size_t(&disk - cpu.tiers.data())].throttleGBs = 12.5;
+  const CostModel slowed(m, throttled, CodecProfile::defaults());
+  const TierDesc &capped = *throttled.findTier("disk");
+  EXPECT_DOUBLE_EQ(cost(slowed, "disk", K::Fetch),
+                   slowed.readSeconds(capped, bytes));
+  EXPECT_DOUBLE_EQ(slowed.readSeconds(capped, bytes),
+                   capped.latencyUs * 1e-6 + bytes / (12.5e9 / 2));
   const TierDesc &ssd = *onGpu.target().findTier("ssd");
   EXPECT_DOUBLE_EQ(cost(onGpu, "ssd", K::Fetch),
                    onGpu.readSeconds(ssd, bytes));

@@ -8,11 +8,12 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kvc/Host/CompilerHook.h"
 #include "kvc/Host/Connector.h"
+#include "kvc/Host/CompilerHook.h"
 #include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
+#include "kvc/Testing/RedisCluster.h"
 
 #include "../Runtime/ForwardingDevice.h"
 #include "../Runtime/TestModel.h"
@@ -24,7 +25,9 @@
 #include <chrono>
 #include <future>
 #include <numeric>
+#include <set>
 #include <thread>
+#include <unistd.h>
 
 namespace kvc::host {
 namespace {
@@ -277,6 +280,81 @@ TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
                               [](uint16_t v) { return v == 0; }));
       prefill(tokens, 128, ids); // The server recomputes from there.
     }
+    expectExact(tokens, ids);
+  }
+}
+
+// A Redis Cluster of masters without replicas that loses one, serving the
+// others' slots: a decision asks the masters that answer, prices the
+// request as stored, and the load loads what they hold and recomputes what
+// the dead one held; the cache is exact. A master killed before the
+// request, then one killed while it loads.
+TEST_F(ConnectorTest, AClusterMasterGoneIsRecomputedAndTheRestLoaded) {
+  for (bool during : {false, true}) {
+    SCOPED_TRACE(during ? "killed during the load" : "killed before");
+    test::RedisCluster cluster(
+        test::tempPath("connector-cluster-" + std::to_string(getpid())), 3,
+        /*replicas=*/0, /*fullCoverage=*/false);
+    if (!cluster.ready())
+      GTEST_SKIP() << "no redis cluster (redis-server and redis-cli needed)";
+    options_.stores = {{cluster.url("?timeout_ms=500"), ""}};
+    options_.createStores = true;
+    // An object a chunk, all layers: a third of them on each master.
+    options_.saveLayout = {128, model_->config().numLayers};
+    std::fill(memory_.begin(), memory_.end(), 0);
+    auto writer = connect();
+    ASSERT_TRUE(writer);
+    const std::vector<int32_t> tokens = prompt(1024, 5);
+    prefillAndSave(*writer, "a", tokens, blocks(0, 64));
+    writer.reset();
+    std::fill(memory_.begin(), memory_.end(), 0);
+    const int victim = cluster.masters()[0];
+    if (!during)
+      cluster.kill(victim);
+
+    // Read slowly enough when killed during the load that it is under way.
+    if (during)
+      options_.stores = {{cluster.url("?timeout_ms=500&gbps=0.002"), ""}};
+    auto connector = connect(); // Knows nothing yet: asks the store.
+    ASSERT_TRUE(connector);
+    // Its own decision; on the slow link, which it would leave to the
+    // server, the KV plan of every token.
+    StatusOr<Decision> decision = Status(StatusCode::Internal, "undecided");
+    if (during) {
+      StatusOr<PlanBundle> planned =
+          planWhole(*connector, tokens, {planning::Strategy::Kv});
+      ASSERT_TRUE(planned) << planned.status().toString();
+      decision = connector->decide(
+          "b", tokens, 0,
+          {std::make_shared<const PlanBundle>(std::move(*planned)), ""});
+    } else {
+      decision = connector->decide("b", tokens, 0);
+    }
+    ASSERT_TRUE(decision) << decision.status().toString();
+    ASSERT_TRUE(decision->loads()) << decision->why;
+    // Whole chunks (the Connector leaves the server its last token).
+    EXPECT_EQ(decision->loadTokens, during ? 1024 : 896) << decision->why;
+    const std::vector<int32_t> ids = blocks(100, 64);
+    ASSERT_TRUE(connector->startLoad("b", ids).isOk());
+    if (during) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      cluster.kill(victim);
+    }
+    StatusOr<RestoreMetrics> metrics = connector->waitLoad("b");
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    // Some chunks recomputed, the rest loaded from the live masters.
+    EXPECT_FALSE(metrics->fallbacks.empty());
+    std::set<int64_t> recomputed;
+    for (const BundleRange &range : metrics->fallbackTokens)
+      recomputed.insert(range.begin);
+    EXPECT_LT(recomputed.size(), 7u);
+    ASSERT_EQ(metrics->bytesRead.size(), 1u);
+    EXPECT_GT(metrics->bytesRead.begin()->second, 0);
+    StatusOr<std::vector<int32_t>> failed = connector->failedBlocks("b");
+    ASSERT_TRUE(failed);
+    EXPECT_TRUE(failed->empty());
+    if (decision->loadTokens < 1024)
+      prefill(tokens, decision->loadTokens, ids);
     expectExact(tokens, ids);
   }
 }

@@ -97,8 +97,17 @@ public:
 
   //===--- Seconds on the host and the link --------------------------------===//
 
-  /// One request of `bytes` on one lane of `tier`.
+  /// What `tier`'s lanes read a second in all: its bandwidth, or its
+  /// store's throttle where slower.
+  static double readGBs(const TierDesc &tier);
+  /// One request of `bytes` on one lane of `tier`: its share of readGBs.
   double readSeconds(const TierDesc &tier, double bytes) const;
+  /// One lane's read of `bytes` of raw objects into a CPU's cache, each
+  /// checked as it lands (planning::checksAsRead): its share of readGBs,
+  /// or, where a lane alone is slower (a lane's share of the tier's own
+  /// bandwidth, then its check), that: while one lane checks, the others
+  /// read faster, up to a throttle's rate.
+  double readCheckedSeconds(const TierDesc &tier, double bytes) const;
   /// Host decoding of a chunk whose quantized size is `quantizedBytes` on
   /// the decode resource. For a GPU target, the lossless stage spread over
   /// every host core (the decode pool the CUDA backend is to have); for a

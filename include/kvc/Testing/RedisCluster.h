@@ -21,8 +21,12 @@ class RedisCluster {
 public:
   /// `masters` masters with `replicas` replicas each, their files under
   /// `dir` (made, and removed by stop()). ready() says whether it came up
-  /// (redis-server and redis-cli are needed).
-  RedisCluster(std::string dir, int masters = 3, int replicas = 1);
+  /// (redis-server and redis-cli are needed). Without `fullCoverage` the
+  /// nodes serve their slots while another's are down (Redis'
+  /// cluster-require-full-coverage no), as a cluster without replicas is
+  /// run.
+  RedisCluster(std::string dir, int masters = 3, int replicas = 1,
+               bool fullCoverage = true);
   ~RedisCluster();
   RedisCluster(const RedisCluster &) = delete;
   RedisCluster &operator=(const RedisCluster &) = delete;
@@ -60,6 +64,7 @@ private:
 
   std::string dir_;
   int wantMasters_;
+  bool fullCoverage_;
   int base_ = 0;
   std::vector<pid_t> pids_;
   bool ready_ = false;

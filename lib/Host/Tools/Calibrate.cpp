@@ -668,11 +668,15 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
         std::fprintf(log, "tier %s (the store given): %.2f GB/s read\n",
                      tier.name.c_str(), *alone);
       } else {
-        tier.readGBs = *beside;
+        // A CPU's restore uploads nothing beside its reads (K and V are
+        // read into its cache, an upload of staging is a swap): alone.
+        const bool cpu = target.compute.kind == ComputeDesc::Kind::CPU;
+        tier.readGBs = cpu ? *alone : *beside;
         std::fprintf(log,
                      "tier %s (%s): %.2f GB/s read (%.2f GB/s beside a "
-                     "restore's uploads)\n",
-                     tier.name.c_str(), url.c_str(), *alone, *beside);
+                     "restore's uploads%s)\n",
+                     tier.name.c_str(), url.c_str(), *alone, *beside,
+                     cpu ? ", which a CPU's restore does not run" : "");
       }
     }
   }

@@ -104,6 +104,8 @@ Status parseTier(const Json &obj, const std::string &path, TierDesc &t) {
       readNumber(obj, path, "write_gbs", t.writeGBs, Presence::Required));
   KVC_RETURN_IF_ERROR(
       readNumber(obj, path, "latency_us", t.latencyUs, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, path, "throttle_gbs", t.throttleGBs, Presence::Optional));
   return readInt(obj, path, "lanes", t.lanes, Presence::Optional);
 }
 
@@ -185,6 +187,8 @@ Status TargetDesc::validate() const {
     KVC_RETURN_IF_ERROR(checkPositive(tier.writeGBs, path + ".write_gbs"));
     KVC_RETURN_IF_ERROR(
         checkPositive(tier.latencyUs, path + ".latency_us", true));
+    KVC_RETURN_IF_ERROR(
+        checkPositive(tier.throttleGBs, path + ".throttle_gbs", true));
     if (tier.lanes <= 0)
       return invalidArgument(path + ".lanes: expected a positive integer");
   }
@@ -301,13 +305,16 @@ std::string printTargetDesc(const TargetDesc &target) {
                  {"d2h_gbs", target.link.d2hGBs},
                  {"latency_us", target.link.latencyUs}};
   Json tiers = Json::array();
-  for (const TierDesc &t : target.tiers)
+  for (const TierDesc &t : target.tiers) {
     tiers.push_back({{"name", t.name},
                      {"kind", tierKindName(t.kind)},
                      {"read_gbs", t.readGBs},
                      {"write_gbs", t.writeGBs},
                      {"latency_us", t.latencyUs},
                      {"lanes", t.lanes}});
+    if (t.throttleGBs > 0)
+      tiers.back()["throttle_gbs"] = t.throttleGBs;
+  }
   obj["tiers"] = std::move(tiers);
   Json codecs = Json::array();
   for (const CodecRateDesc &r : target.codecs) {

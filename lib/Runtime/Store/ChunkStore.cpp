@@ -360,13 +360,33 @@ ChunkStore::stored(const int32_t *tokens, int64_t count, Form form) {
   std::vector<ChunkRef> objects = refs(tokens, count, form, CodecSpec());
   if (objects.empty())
     return extents;
-  KVC_ASSIGN_OR_RETURN(codecs, encodings(objects.front()));
+  // The encodings the first object is stored in; when a listing finds none
+  // and the first object's node does not answer (a cluster's master gone),
+  // the next object's.
+  std::vector<CodecSpec> codecs;
+  for (const ChunkRef &ref : objects) {
+    KVC_ASSIGN_OR_RETURN(found, encodings(ref));
+    codecs = std::move(found);
+    if (!codecs.empty())
+      break;
+    StatusOr<bool> answered = tier_->exists(ref.name());
+    if (answered.isOk())
+      break; // Not stored.
+    if (answered.status().code() != StatusCode::Unavailable)
+      return answered.status();
+  }
   for (const CodecSpec &codec : codecs) {
     StoredExtent extent{0, codec};
     for (ChunkRef ref : objects) {
       ref.codec = codec;
-      KVC_ASSIGN_OR_RETURN(exists, tier_->exists(ref.name()));
-      if (!exists) {
+      StatusOr<bool> exists = tier_->exists(ref.name());
+      // An object whose node does not answer now is skipped: the extent
+      // reaches past it to the objects found beyond, and a load that
+      // cannot read it recomputes its chunk.
+      if (!exists.isOk() && exists.status().code() == StatusCode::Unavailable)
+        continue;
+      KVC_RETURN_IF_ERROR(exists.status());
+      if (!*exists) {
         extent.tokens = std::min(extent.tokens, ref.tokenBegin);
         break;
       }

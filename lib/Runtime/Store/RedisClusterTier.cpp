@@ -11,8 +11,10 @@
 // per node (RedisNode::getMany) and run on all nodes at once, so that a
 // restore reads at the cluster's aggregate bandwidth.
 //
-// Failures stay values: a key whose node is down is Unavailable (a restore
-// recomputes its chunk), and every wait is bounded by the nodes' timeouts.
+// Failures stay values: a key whose node is down, or whose slot the cluster
+// does not serve (CLUSTERDOWN), is Unavailable (a restore recomputes its
+// chunk, and loads the others), a listing holds what the masters that
+// answer hold, and every wait is bounded by the nodes' timeouts.
 //
 //===----------------------------------------------------------------------===//
 
@@ -59,6 +61,11 @@ struct Redirect {
   bool ask = false;
   std::string node;
 };
+
+/// Whether a reply said the cluster does not serve the key's slot now.
+bool clusterDown(const Status &status) {
+  return status.message().find("redis error: CLUSTERDOWN") != std::string::npos;
+}
 
 std::optional<Redirect> redirectOf(const Status &status) {
   const std::string &text = status.message();
@@ -232,16 +239,44 @@ public:
       for (const std::vector<std::string> &group : groups_)
         masters.push_back(group.front());
     }
+    // What the masters that answer hold: a master that cannot be reached
+    // (dead with no replica to take over, frozen) holds nothing for now,
+    // and its chunks are recomputed, as its keys' reads fail. Unavailable
+    // only when none answers.
     std::set<std::string> names;
+    Status last = Status::ok();
+    bool answered = false;
     for (const std::string &address : masters) {
-      KVC_ASSIGN_OR_RETURN(node, nodeAt(address));
-      KVC_ASSIGN_OR_RETURN(listed, node->list(prefix));
-      names.insert(listed.begin(), listed.end());
+      StatusOr<std::vector<std::string>> listed =
+          isDown(address) ? StatusOr<std::vector<std::string>>(chunkError(
+                                ChunkFault::Unavailable,
+                                url_ + ": node " + address +
+                                    " did not answer within the last second"))
+                          : listing(address, prefix);
+      if (!listed.isOk()) {
+        last = listed.status();
+        continue;
+      }
+      answered = true;
+      names.insert(listed->begin(), listed->end());
     }
+    if (!answered && !masters.empty())
+      return last;
     return std::vector<std::string>(names.begin(), names.end());
   }
 
 private:
+  /// The names under `prefix` on the node at `address`; a node that does
+  /// not answer is skipped for a second (markDown).
+  StatusOr<std::vector<std::string>> listing(const std::string &address,
+                                             const std::string &prefix) {
+    KVC_ASSIGN_OR_RETURN(node, nodeAt(address));
+    StatusOr<std::vector<std::string>> listed = node->list(prefix);
+    if (!listed.isOk())
+      markDown(address);
+    return listed;
+  }
+
   Status masterGet(const std::string &name, std::string &buffer) {
     return routed(name, [&](RedisNode &node, bool ask) {
       return ask ? node.askingGet(name, buffer) : node.get(name, buffer);
@@ -302,7 +337,10 @@ private:
         redirect = redirectOf(status);
         if (redirect && redirect->ask)
           continue;
-        if (!redirect)
+        // CLUSTERDOWN: the node answers but the cluster does not serve the
+        // slot (its master gone with no replica, with full coverage not
+        // required): the key is unavailable, the node's other keys are not.
+        if (!redirect && !clusterDown(status))
           markDown(*address);
       }
       if (attempt + 1 == kAttempts)

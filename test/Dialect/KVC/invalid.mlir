@@ -1035,6 +1035,11 @@ module attributes {kvc.example = #kvc.tier<name = "ssd", kind = disk, read_gbs =
 
 // -----
 
+// expected-error @+1 {{throttle_gbs must not be negative}}
+module attributes {kvc.example = #kvc.tier<name = "ssd", kind = disk, read_gbs = 1, write_gbs = 1, latency_us = 3, throttle_gbs = -1>} {}
+
+// -----
+
 // expected-error @+1 {{target name must not be empty}}
 module attributes {kvc.target = #kvc.target<name = "",
     compute = <kind = gpu, name = "g", dense_tflops = 1, mem_gbs = 1, mem_gib = 1, restore_share = 1>,

@@ -87,6 +87,11 @@ struct TierDesc {
   double writeGBs = 0;
   double latencyUs = 0; ///< Per request.
   int64_t lanes = 1;    ///< Independent devices or connections.
+  /// A store's own throttle (`?gbps=`): reads over all lanes at most this
+  /// fast, though a lane alone still reads no faster than its share of
+  /// readGBs; 0: none. Where a request is planned for a throttled store,
+  /// its tier's (Host's storeTier).
+  double throttleGBs = 0;
 };
 
 /// Per-core throughput of one codec stage, in GB/s of uncompressed data

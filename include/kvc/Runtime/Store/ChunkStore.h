@@ -146,7 +146,11 @@ public:
   /// Per encoding of the first object of `form` for `tokens`, the longest
   /// prefix of `tokens` whose every object of `form` exists in it: what a
   /// planner may load (a chunk that turns out corrupt is still caught when
-  /// read). Empty when the first object is not stored at all.
+  /// read). Empty when the first object is not stored at all. An object
+  /// whose node does not answer (Unavailable: a cluster's master gone) is
+  /// passed over, found neither stored nor missing: the prefix reaches the
+  /// objects found beyond it, and a load that cannot read it recomputes its
+  /// chunk; when the first does not answer, the encodings are the next's.
   StatusOr<std::vector<StoredExtent>> stored(const int32_t *tokens,
                                              int64_t count, Form form);
 

@@ -225,7 +225,7 @@ LogicalResult LinkAttr::verify(function_ref<InFlightDiagnostic()> emitError,
 LogicalResult TierAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                StringRef name, TierKind, llvm::APFloat readGbs,
                                llvm::APFloat writeGbs, llvm::APFloat latencyUs,
-                               int64_t lanes) {
+                               int64_t lanes, llvm::APFloat throttleGbs) {
   if (name.empty())
     return emitError() << "tier name must not be empty";
   if (failed(requirePositive(emitError, "read_gbs", readGbs.convertToDouble())) ||
@@ -235,6 +235,8 @@ LogicalResult TierAttr::verify(function_ref<InFlightDiagnostic()> emitError,
     return failure();
   if (latencyUs.convertToDouble() < 0)
     return emitError() << "latency_us must not be negative";
+  if (throttleGbs.convertToDouble() < 0)
+    return emitError() << "throttle_gbs must not be negative";
   return success();
 }
 

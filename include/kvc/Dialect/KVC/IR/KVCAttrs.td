@@ -195,7 +195,9 @@ def KVC_TierAttr : KVC_Attr<"Tier", "tier"> {
     KVC_F64Parameter<"GB/s">:$read_gbs,
     KVC_F64Parameter<"GB/s">:$write_gbs,
     KVC_F64Parameter<"us">:$latency_us,
-    DefaultValuedParameter<"int64_t", "1">:$lanes
+    DefaultValuedParameter<"int64_t", "1">:$lanes,
+    KVC_F64Parameter<"GB/s a store's own throttle holds its reads to over "
+                     "all lanes (0: none)", "0.0">:$throttle_gbs
   );
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;

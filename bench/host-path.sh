@@ -48,10 +48,12 @@ direct() {
     dd if="$f" of=/dev/null bs=1M iflag=direct status=none
   done
 }
-drop() { # the store's files out of the page cache
+drop() { # the store's files out of the page cache (written back first:
+  # the kernel drops no dirty page, and a save's pages are dirty for a while)
   python3 -c 'import os, sys
 for path in sys.argv[1:]:
     fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)' "${FILES[@]}"
 }

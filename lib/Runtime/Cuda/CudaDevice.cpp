@@ -49,6 +49,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -115,11 +116,21 @@ private:
           "creating a chunk's event");
     return cudaStatus(cudaEventRecord(event, lane), "ordering a chunk's calls");
   }
-  /// Frees of the memory (on the release stream) wait for its users.
+  /// Frees of the memory (on the release stream) wait for its users; where
+  /// the stream cannot be made to wait, the host waits, and where that
+  /// fails too the memory is abandoned, never freed under a reader.
   void retire() {
-    for (cudaEvent_t event : {written_, read_})
-      if (event && memory.get())
-        (void)cudaStreamWaitEvent(DeviceArray::releaseStream(), event, 0);
+    for (cudaEvent_t event : {written_, read_}) {
+      if (!event || !memory.get() ||
+          cudaStreamWaitEvent(DeviceArray::releaseStream(), event, 0) ==
+              cudaSuccess)
+        continue;
+      (void)cudaGetLastError();
+      if (cudaEventSynchronize(event) != cudaSuccess) {
+        (void)cudaGetLastError();
+        memory.abandon();
+      }
+    }
   }
 
   mutable cudaEvent_t written_ = nullptr, read_ = nullptr;
@@ -148,9 +159,21 @@ public:
 protected:
   void *obtain(size_t bytes) override {
     void *block = nullptr;
-    if (cudaSetDevice(device_) != cudaSuccess ||
-        cudaHostAlloc(&block, bytes, cudaHostAllocPortable) != cudaSuccess) {
-      (void)cudaGetLastError(); // The caller falls back to the heap.
+    cudaError_t error = cudaSetDevice(device_);
+    if (error == cudaSuccess)
+      error = cudaHostAlloc(&block, bytes, cudaHostAllocPortable);
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();
+      // The caller falls back to the heap, whose copies to the device run
+      // at a fraction of a pinned buffer's: said once a process.
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::fprintf(stderr,
+                     "kvc: warning: cuda backend: cannot pin %zu bytes of "
+                     "host memory (%s); staging falls back to pageable "
+                     "memory, whose uploads are slower\n",
+                     bytes, cudaGetErrorString(error));
+      });
       return nullptr;
     }
     return block;

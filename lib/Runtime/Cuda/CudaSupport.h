@@ -116,6 +116,12 @@ public:
     bytes_ = bytes;
     return Status::ok();
   }
+  /// Forgets the memory without freeing it: where its free cannot be
+  /// ordered after its users, a leak is safer than a free under a reader.
+  void abandon() {
+    data_ = nullptr;
+    bytes_ = 0;
+  }
   void reset() {
     if (data_)
       cudaFreeAsync(data_, releaseStream());

@@ -100,12 +100,6 @@ double CostModel::kvWrittenSeconds(int64_t t0, int64_t t1) const {
                         t1 - t0);
 }
 
-double CostModel::deviceDecodeSeconds(const CodecSpec &codec,
-                                      double rawBytes) const {
-  return dequantSeconds(codec, rawBytes) + untransformSeconds(codec, rawBytes) +
-         scatterSeconds(rawBytes);
-}
-
 double CostModel::dequantSeconds(const CodecSpec &codec,
                                  double rawBytes) const {
   if (codec.quant == CodecSpec::Quant::None)

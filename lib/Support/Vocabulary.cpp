@@ -40,14 +40,8 @@ const char *name(CodecStage stage) { return kCodecStageNames[int(stage)]; }
 std::optional<Form> parseForm(std::string_view text) {
   return enumFromName<Form>(name, kNumForms, text);
 }
-std::optional<Resource> parseResource(std::string_view text) {
-  return enumFromName<Resource>(name, kNumResources, text);
-}
 std::optional<StepKind> parseStepKind(std::string_view text) {
   return enumFromName<StepKind>(name, kNumStepKinds, text);
-}
-std::optional<CodecStage> parseCodecStage(std::string_view text) {
-  return enumFromName<CodecStage>(name, kNumCodecStages, text);
 }
 
 std::string poolName(Resource resource, std::string_view tier) {

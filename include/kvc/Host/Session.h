@@ -101,7 +101,6 @@ public:
       std::optional<std::chrono::milliseconds> timeout = std::nullopt) const {
     return progress_.wait(layer, timeout);
   }
-  bool layerReady(int64_t layer) const { return progress_.ready(layer); }
   /// Runs `then` when `layer` holds every token or the restore has ended
   /// (LayerProgress::whenReady).
   void whenLayerReady(int64_t layer, std::function<void()> then) {

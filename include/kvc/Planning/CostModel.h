@@ -68,9 +68,6 @@ public:
   /// K and V are written: its Q, K and V projections (the rest of the
   /// layer, attention included, comes after).
   double kvWrittenSeconds(int64_t t0, int64_t t1) const;
-  /// Seconds to dequantize/untransform (per `codec`) and scatter `rawBytes`
-  /// of decoded output on the device: the sum of the three below.
-  double deviceDecodeSeconds(const CodecSpec &codec, double rawBytes) const;
   /// Dequantizing `codec`'s quantization into `rawBytes` on the device (on
   /// a CPU target, one core; nothing when a lossless stage precedes it,
   /// whose host decoding dequantizes too).

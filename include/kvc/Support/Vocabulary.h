@@ -70,9 +70,7 @@ const char *name(CodecStage stage);
 
 /// The enumerator a name names, or nothing.
 std::optional<Form> parseForm(std::string_view name);
-std::optional<Resource> parseResource(std::string_view name);
 std::optional<StepKind> parseStepKind(std::string_view name);
-std::optional<CodecStage> parseCodecStage(std::string_view name);
 
 /// The pool a task on `resource` runs in: IO has one pool per storage tier
 /// ("io:ssd"), every other resource one pool ("decode").

@@ -9,28 +9,6 @@
 
 namespace kvc {
 
-const char *chunkFaultName(ChunkFault fault) {
-  switch (fault) {
-  case ChunkFault::None:
-    return "none";
-  case ChunkFault::Missing:
-    return "missing";
-  case ChunkFault::Corrupt:
-    return "corrupt";
-  case ChunkFault::Truncated:
-    return "truncated";
-  case ChunkFault::WrongModel:
-    return "wrong model";
-  case ChunkFault::WrongKey:
-    return "wrong key";
-  case ChunkFault::WrongRange:
-    return "wrong range";
-  case ChunkFault::Unavailable:
-    return "unavailable";
-  }
-  return "unknown";
-}
-
 ChunkFault chunkFault(const Status &status) {
   return status.isOk() ? ChunkFault::None : ChunkFault(status.detail());
 }

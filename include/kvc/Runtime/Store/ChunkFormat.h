@@ -36,7 +36,6 @@ enum class ChunkFault {
   Unavailable, ///< The tier cannot be reached (Unavailable).
 };
 
-const char *chunkFaultName(ChunkFault fault);
 /// The fault a store Status carries (None for other errors or ok).
 ChunkFault chunkFault(const Status &status);
 Status chunkError(ChunkFault fault, std::string message);

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <numeric>
 #include <thread>
 #include <unistd.h>
 
@@ -50,6 +51,46 @@ private:
   std::atomic<bool> stop_{false};
   std::thread thread_; // Last: it starts once stop_ exists.
 };
+
+/// Runs `work` over items [0, count) on `lanes` threads side by side, each
+/// taking the next `batch` items ([first, end), on lane `lane`) until none
+/// are left, as a restore's fetch lanes take chunks; the last failure.
+Status onLanes(int lanes, std::size_t count, std::size_t batch,
+               const std::function<Status(std::size_t first, std::size_t end,
+                                          int lane)> &work) {
+  std::mutex failure;
+  Status status;
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> threads;
+  for (int l = 0; l < lanes; ++l)
+    threads.emplace_back([&, l] {
+      for (std::size_t first; (first = next.fetch_add(batch)) < count;)
+        if (Status done = work(first, std::min(count, first + batch), l);
+            !done.isOk()) {
+          std::lock_guard<std::mutex> lock(failure);
+          status = done;
+        }
+    });
+  for (std::thread &thread : threads)
+    thread.join();
+  return status;
+}
+
+/// The objects of calibration's stored KV: each of `refs` encoded from the
+/// same fixed values (finite, spread over [-1, 1]).
+StatusOr<std::vector<std::string>>
+encodedKv(const ChunkObjects &objects, const std::vector<ChunkRef> &refs) {
+  std::vector<std::string> encoded;
+  std::vector<float> values;
+  for (const ChunkRef &ref : refs) {
+    values.resize(size_t(objects.shape(ref).numel()));
+    for (size_t i = 0; i < values.size(); ++i)
+      values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
+    KVC_ASSIGN_OR_RETURN(object, objects.encode(ref, values.data()));
+    encoded.push_back(std::move(object));
+  }
+  return encoded;
+}
 
 /// Objects in a store, read as a restore reads them: objects of a stored
 /// chunk's size (4 MiB: 256 tokens of 4 layers of 8 KV heads of 128 in
@@ -88,13 +129,16 @@ public:
       // cache's rows or its staging: memory the reads did not just warm
       // (the arena is past a CPU's last-level cache), its pages faulted in;
       // `lanes` readers side by side, as a restore's fetch lanes.
-      return eachLane([&](std::size_t i) -> Status {
-        KVC_ASSIGN_OR_RETURN(
-            size, tier_->getInto(names_[i], {{&arena_[i * kBytes], kBytes}}));
-        if (size != kBytes)
-          return dataLoss("calibrate: " + names_[i] + " changed size");
-        return Status::ok();
-      });
+      return onLanes(
+          lanes_, names_.size(), 1,
+          [&](std::size_t i, std::size_t, int) -> Status {
+            KVC_ASSIGN_OR_RETURN(
+                size,
+                tier_->getInto(names_[i], {{&arena_[i * kBytes], kBytes}}));
+            if (size != kBytes)
+              return dataLoss("calibrate: " + names_[i] + " changed size");
+            return Status::ok();
+          });
     }
     if (lanes_ == 1) {
       std::string buffer;
@@ -102,27 +146,18 @@ public:
         KVC_RETURN_IF_ERROR(tier_->get(name, buffer));
       return Status::ok();
     }
-    const int objects = int(names_.size());
-    std::mutex failure;
-    Status status;
-    std::atomic<int> next{0};
-    std::vector<std::thread> readers;
-    for (int l = 0; l < lanes_; ++l)
-      readers.emplace_back([&] {
-        std::vector<std::string> batch, buffers;
-        for (int first; (first = next.fetch_add(8)) < objects;) {
-          batch.assign(names_.begin() + first,
-                       names_.begin() + std::min(objects, first + 8));
-          for (Status &read : tier_->getMany(batch, buffers))
-            if (!read.isOk()) {
-              std::lock_guard<std::mutex> lock(failure);
+    // Pipelined batches of 8, as a remote store's readers fetch.
+    return onLanes(
+        lanes_, names_.size(), 8,
+        [&](std::size_t first, std::size_t end, int) -> Status {
+          std::vector<std::string> buffers;
+          Status status;
+          for (Status &read : tier_->getMany(
+                   {names_.begin() + first, names_.begin() + end}, buffers))
+            if (!read.isOk())
               status = read;
-            }
-        }
-      });
-    for (std::thread &reader : readers)
-      reader.join();
-    return status;
+          return status;
+        });
   }
 
   /// GB/s of reads: the best of 3 rounds.
@@ -141,25 +176,6 @@ private:
 
   TierProbe(std::unique_ptr<Tier> tier, int lanes)
       : tier_(std::move(tier)), lanes_(lanes) {}
-
-  /// `read` of every object index, on `lanes_` threads taking the next.
-  Status eachLane(const std::function<Status(std::size_t)> &read) {
-    std::mutex failure;
-    Status status;
-    std::atomic<std::size_t> next{0};
-    std::vector<std::thread> readers;
-    for (int l = 0; l < lanes_; ++l)
-      readers.emplace_back([&] {
-        for (std::size_t i; (i = next++) < names_.size();)
-          if (Status read_ = read(i); !read_.isOk()) {
-            std::lock_guard<std::mutex> lock(failure);
-            status = read_;
-          }
-      });
-    for (std::thread &reader : readers)
-      reader.join();
-    return status;
-  }
 
   std::unique_ptr<Tier> tier_;
   int lanes_;
@@ -202,16 +218,12 @@ public:
     const std::vector<int32_t> prompt = calibrationTokens(config, tokens);
     probe->refs_ =
         probe->objects_.refs(prompt.data(), tokens, Form::KV, CodecSpec());
-    std::vector<float> values;
+    KVC_ASSIGN_OR_RETURN(stored, encodedKv(probe->objects_, probe->refs_));
+    probe->stored_ = std::move(stored);
     int64_t words = 0;
-    for (const ChunkRef &ref : probe->refs_) {
-      values.resize(size_t(probe->objects_.shape(ref).numel()));
-      for (size_t i = 0; i < values.size(); ++i)
-        values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
-      KVC_ASSIGN_OR_RETURN(object, probe->objects_.encode(ref, values.data()));
-      probe->bytes_ += int64_t(object.size());
-      words += probe->objects_.shape(ref).numel();
-      probe->stored_.push_back(std::move(object));
+    for (std::size_t o = 0; o < probe->refs_.size(); ++o) {
+      probe->bytes_ += int64_t(probe->stored_[o].size());
+      words += probe->objects_.shape(probe->refs_[o]).numel();
     }
     probe->out_ = HostWords(device.hostMemory());
     probe->out_.resize(size_t(words));
@@ -302,17 +314,10 @@ public:
     const std::vector<int32_t> prompt = calibrationTokens(shape, tokens);
     const std::vector<ChunkRef> refs =
         probe->objects_.refs(prompt.data(), tokens, Form::KV, CodecSpec());
-    std::vector<std::string> stored;
-    std::vector<float> values;
+    KVC_ASSIGN_OR_RETURN(stored, encodedKv(probe->objects_, refs));
     size_t bytes = 0;
-    for (const ChunkRef &ref : refs) {
-      values.resize(size_t(probe->objects_.shape(ref).numel()));
-      for (size_t i = 0; i < values.size(); ++i)
-        values[i] = float(int64_t(i * 2654435761u % 2001) - 1000) * 1e-3f;
-      KVC_ASSIGN_OR_RETURN(object, probe->objects_.encode(ref, values.data()));
+    for (const std::string &object : stored)
       bytes += object.size();
-      stored.push_back(std::move(object));
-    }
     const size_t copies = std::max<size_t>(1, (size_t(256) << 20) / bytes);
     size_t at = 0;
     for (size_t i = 0; i < copies * refs.size(); ++i) {
@@ -337,27 +342,19 @@ public:
   StatusOr<double> checkGBs() {
     double best = 0;
     for (int round = 0; round < 3; ++round) {
-      std::mutex mutex;
-      Status status;
-      double checking = 0;
-      std::atomic<std::size_t> next{0};
-      std::vector<std::thread> lanes;
-      for (int l = 0; l < lanes_; ++l)
-        lanes.emplace_back([&] {
-          std::string header(kChunkHeaderBytes, '\0');
-          double seconds = 0;
-          Status lane;
-          for (std::size_t i; lane.isOk() && (i = next++) < stored_.size();)
-            lane = readAndCheck(stored_[i], header, seconds);
-          std::lock_guard<std::mutex> lock(mutex);
-          checking += seconds;
-          if (!lane.isOk())
-            status = lane;
-        });
-      for (std::thread &lane : lanes)
-        lane.join();
-      KVC_RETURN_IF_ERROR(status);
-      best = std::max(best, double(checked_) / checking / 1e9);
+      // Per lane: its header buffer and the seconds it spent checking.
+      std::vector<std::string> headers(size_t(lanes_),
+                                       std::string(kChunkHeaderBytes, '\0'));
+      std::vector<double> checking(size_t(lanes_), 0.0);
+      KVC_RETURN_IF_ERROR(onLanes(
+          lanes_, stored_.size(), 1, [&](std::size_t i, std::size_t, int lane) {
+            return readAndCheck(stored_[i], headers[size_t(lane)],
+                                checking[size_t(lane)]);
+          }));
+      best = std::max(
+          best, double(checked_) /
+                    std::accumulate(checking.begin(), checking.end(), 0.0) /
+                    1e9);
     }
     return best;
   }

@@ -101,6 +101,17 @@ std::string tempDir(const std::string &name) {
 
 class EveryTier : public ::testing::TestWithParam<std::string> {
 protected:
+  /// The tier under test, opened for each test (skipped where its server
+  /// cannot run).
+  void SetUp() override {
+    tier_ = open();
+    if (!tier_)
+      GTEST_SKIP() << "redis-server (and redis-cli) are not installed";
+  }
+
+  std::unique_ptr<Tier> tier_;
+
+private:
   std::unique_ptr<Tier> open() {
     std::string kind = GetParam();
     if (kind == "redis" && !redis().running())
@@ -118,9 +129,7 @@ protected:
 };
 
 TEST_P(EveryTier, PutGetListRemove) {
-  std::unique_ptr<Tier> tier = open();
-  if (!tier)
-    GTEST_SKIP() << "redis-server (and redis-cli) are not installed";
+  Tier *tier = tier_.get();
   std::string binary("a\0b\xff", 4);
   ASSERT_TRUE(tier->put("p1/kv/0-4", binary).isOk());
   ASSERT_TRUE(tier->put("p1/hidden/0-4", "hidden").isOk());
@@ -147,9 +156,7 @@ TEST_P(EveryTier, PutGetListRemove) {
 // its own, and otherwise says its size (the reader then reads it whole);
 // a missing object is Missing, as for get.
 TEST_P(EveryTier, GetIntoFillsThePartsOrSaysTheSize) {
-  std::unique_ptr<Tier> tier = open();
-  if (!tier)
-    GTEST_SKIP() << "redis-server (and redis-cli) are not installed";
+  Tier *tier = tier_.get();
   std::string bytes("header|pay\0load", 15);
   ASSERT_TRUE(tier->put("o/kv/0-4", bytes).isOk());
   std::string head(7, '?'), tail(8, '?');

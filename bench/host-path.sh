@@ -13,6 +13,11 @@
 #                                   cat's 128 KiB read()s into one buffer:
 #                                   one copy out of the page cache)
 #   dd                              the same bytes as one file, 1 MiB blocks
+# From memory (the store copied into a `mem://?from=` tier at open):
+#   kvc-run compare --strategy kv   as above, from the memory tier
+#   memcpy                          the same bytes copied from one buffer
+#                                   to another on one thread (glibc's
+#                                   memmove through ctypes)
 # Cold (the files dropped from the page cache before each run with
 # posix_fadvise DONTNEED, no root needed):
 #   kvc-run restore --strategy kv   as above, a process a run
@@ -58,7 +63,7 @@ for path in sys.argv[1:]:
     os.close(fd)' "${FILES[@]}"
 }
 
-WARM=() COLD=()
+WARM=() COLD=() MEMORY=()
 for TOKENS in $TOKENS_LIST; do
   STORE="$WORK/store-$TOKENS"
   REQUEST=(--model "$WORK/model" --random-tokens "$TOKENS" --seed 7
@@ -75,6 +80,31 @@ for TOKENS in $TOKENS_LIST; do
   rm -f "$WORK/all-$TOKENS"
   WARM+=("$TOKENS $BYTES $WORK/compare-$TOKENS.json $CAT $DD")
 
+  "$RUN" compare --model "$WORK/model" --random-tokens "$TOKENS" --seed 7 \
+    --store "mem://?capacity_mb=4096&from=$STORE" --strategy kv \
+    --target targets/cpu-2core.json --repeat "$REPEAT" \
+    --json "$WORK/compare-mem-$TOKENS.json" > "$WORK/compare-mem-$TOKENS.txt"
+  MEMCPY=$(python3 - "$REPEAT" "${FILES[@]}" <<'PY'
+import ctypes
+import sys
+import time
+
+repeat, paths = int(sys.argv[1]), sys.argv[2:]
+source = b"".join(open(path, "rb").read() for path in paths)
+size = len(source)
+target = (ctypes.c_char * size)()
+ctypes.memmove(target, source, size)  # Its pages touched, as a cache's are.
+best = None
+for _ in range(repeat):
+    start = time.perf_counter_ns()
+    ctypes.memmove(target, source, size)
+    ns = time.perf_counter_ns() - start
+    best = ns if best is None else min(best, ns)
+print(best)
+PY
+)
+  MEMORY+=("$TOKENS $BYTES $WORK/compare-mem-$TOKENS.json $MEMCPY")
+
   KVC_MS=()
   for _ in $(seq "$REPEAT"); do
     drop
@@ -87,31 +117,51 @@ for TOKENS in $TOKENS_LIST; do
   COLD+=("$TOKENS $BYTES $DIRECT ${KVC_MS[*]}")
 done
 
-python3 - "${WARM[@]}" -- "${COLD[@]}" <<'EOF'
+python3 - "${WARM[@]}" -- "${COLD[@]}" -- "${MEMORY[@]}" <<'EOF'
 import json
 import sys
 
 args = sys.argv[1:]
 bar = args.index("--")
+bar2 = args.index("--", bar + 1)
+
+
+def kv_load(path):
+    """The KV plan's fastest time in ms and host traffic line of a compare."""
+    kv = next(r for r in json.load(open(path))["plans"] if r["plan"] == "kv")
+    traffic = kv["host_traffic"]
+    return kv["fastest_ms"], (
+        f"{traffic['host_bytes_per_byte']:.2f} host bytes a byte (read "
+        f"{traffic['read_bytes'] / 1e6:.1f} MB, copied "
+        f"{traffic['copied_bytes'] / 1e6:.1f} MB, decoded "
+        f"{traffic['decoded_bytes'] / 1e6:.1f} MB)")
+
+
 print(f"warm, the fastest of each; GB/s")
 print(f"{'tokens':>7} {'MB':>7} {'kvc ms':>8} {'kvc':>6} {'cat':>6} "
       f"{'dd':>6} {'kvc/cat':>7} {'kvc/dd':>6}  host traffic")
 for row in args[:bar]:
     tokens, size, path, cat_ns, dd_ns = row.split()
     size = int(size)
-    kv = next(r for r in json.load(open(path))["plans"] if r["plan"] == "kv")
-    ms, traffic = kv["fastest_ms"], kv["host_traffic"]
+    ms, traffic = kv_load(path)
     kvc, cat, dd = size / ms / 1e6, size / int(cat_ns), size / int(dd_ns)
     print(f"{tokens:>7} {size / 1e6:7.1f} {ms:8.2f} {kvc:6.2f} {cat:6.2f} "
-          f"{dd:6.2f} {kvc / cat:7.2f} {kvc / dd:6.2f}  "
-          f"{traffic['host_bytes_per_byte']:.2f} host bytes a byte (read "
-          f"{traffic['read_bytes'] / 1e6:.1f} MB, copied "
-          f"{traffic['copied_bytes'] / 1e6:.1f} MB, decoded "
-          f"{traffic['decoded_bytes'] / 1e6:.1f} MB)")
+          f"{dd:6.2f} {kvc / cat:7.2f} {kvc / dd:6.2f}  {traffic}")
+print("from a mem:// tier, against memcpy of the same bytes; the fastest of "
+      "each; GB/s")
+print(f"{'tokens':>7} {'MB':>7} {'kvc ms':>8} {'kvc':>6} {'memcpy':>6} "
+      f"{'kvc/memcpy':>10}  host traffic")
+for row in args[bar2 + 1:]:
+    tokens, size, path, memcpy_ns = row.split()
+    size = int(size)
+    ms, traffic = kv_load(path)
+    kvc, memcpy = size / ms / 1e6, size / int(memcpy_ns)
+    print(f"{tokens:>7} {size / 1e6:7.1f} {ms:8.2f} {kvc:6.2f} {memcpy:6.2f} "
+          f"{kvc / memcpy:10.2f}  {traffic}")
 print("cold, the page cache dropped before each run; the fastest of each; GB/s")
 print(f"{'tokens':>7} {'MB':>7} {'kvc ms':>8} {'kvc':>6} {'direct':>6} "
       f"{'kvc/direct':>10}")
-for row in args[bar + 1:]:
+for row in args[bar + 1:bar2]:
     tokens, size, direct_ns, *kvc_ms = row.split()
     size, ms = int(size), min(float(x) for x in kvc_ms)
     kvc, direct = size / ms / 1e6, size / int(direct_ns)

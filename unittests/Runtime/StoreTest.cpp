@@ -371,6 +371,36 @@ TEST(MemTier, EvictsLeastRecentlyUsed) {
   EXPECT_FALSE(tier->put("big", std::string(64, 'x')).isOk());
 }
 
+// `mem://?from=DIR` holds what the file store at DIR holds, byte for byte,
+// and refuses a store it cannot hold whole rather than evict part of it.
+TEST(MemTier, IsFilledFromAFileStore) {
+  const std::string dir = tempDir("fill-from");
+  auto file = std::move(*openTier("file://" + dir));
+  ASSERT_TRUE(file->put("k/kv/0-1", std::string(4096, 'a')).isOk());
+  ASSERT_TRUE(file->put("k/layout", "layout").isOk());
+  StatusOr<std::unique_ptr<Tier>> memory = openTier("mem://?from=" + dir);
+  ASSERT_TRUE(memory) << memory.status().toString();
+  EXPECT_EQ(*(*memory)->list(""), *file->list(""));
+  std::string bytes;
+  ASSERT_TRUE((*memory)->get("k/kv/0-1", bytes).isOk());
+  EXPECT_EQ(bytes, std::string(4096, 'a'));
+  ASSERT_TRUE((*memory)->get("k/layout", bytes).isOk());
+  EXPECT_EQ(bytes, "layout");
+
+  Status small =
+      openTier("mem://?capacity_mb=0.001&from=" + dir).status(); // 1 KiB.
+  EXPECT_EQ(small.code(), StatusCode::FailedPrecondition) << small.toString();
+  EXPECT_NE(small.message().find("capacity"), std::string::npos);
+  EXPECT_EQ(openTier("mem://?from=" + dir + "/none").status().code(),
+            StatusCode::NotFound);
+  EXPECT_EQ(openTier("mem://?from=relative").status().code(),
+            StatusCode::InvalidArgument);
+  // Only a memory tier is filled.
+  EXPECT_EQ(openTier("file://" + dir + "?from=" + dir).status().code(),
+            StatusCode::InvalidArgument);
+  fs::remove_all(dir);
+}
+
 TEST(FileTier, WritesAtomically) {
   std::string dir = tempDir("atomic");
   auto tier = std::move(*openTier("file://" + dir));

@@ -87,40 +87,34 @@ public:
       : url_(std::move(url)), capacity_(capacity) {}
 
   const std::string &url() const override { return url_; }
+  size_t capacity() const { return capacity_; }
 
   Status put(const std::string &name, std::string_view bytes) override {
     if (bytes.size() > capacity_)
       return Status(StatusCode::FailedPrecondition,
                     url_ + ": object of " + std::to_string(bytes.size()) +
                         " bytes exceeds the tier's capacity");
+    auto stored = std::make_shared<const std::string>(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     eraseLocked(name);
     while (used_ + bytes.size() > capacity_ && !lru_.empty())
       eraseLocked(lru_.back());
     lru_.push_front(name);
-    objects_[name] = {std::string(bytes), lru_.begin()};
+    objects_[name] = {std::move(stored), lru_.begin()};
     used_ += bytes.size();
     return Status::ok();
   }
 
   Status get(const std::string &name, std::string &buffer) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = objects_.find(name);
-    if (it == objects_.end())
-      return missing(url_, name);
-    lru_.splice(lru_.begin(), lru_, it->second.position);
-    buffer.assign(it->second.bytes);
+    KVC_ASSIGN_OR_RETURN(bytes, find(name));
+    buffer.assign(*bytes);
     return Status::ok();
   }
 
   StatusOr<size_t> getInto(const std::string &name,
                            const std::vector<ByteSpan> &parts) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = objects_.find(name);
-    if (it == objects_.end())
-      return missing(url_, name);
-    lru_.splice(lru_.begin(), lru_, it->second.position);
-    return copyInto(it->second.bytes, parts);
+    KVC_ASSIGN_OR_RETURN(bytes, find(name));
+    return copyInto(*bytes, parts);
   }
   bool readsInPlace() const override { return true; }
 
@@ -146,17 +140,29 @@ public:
   }
 
 private:
+  /// The bytes of `name`, marked used. Copied out after the lock is let go,
+  /// so that readers copy side by side; the object outlives its removal or
+  /// replacement while a reader holds it.
+  StatusOr<std::shared_ptr<const std::string>> find(const std::string &name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(name);
+    if (it == objects_.end())
+      return missing(url_, name);
+    lru_.splice(lru_.begin(), lru_, it->second.position);
+    return it->second.bytes;
+  }
+
   void eraseLocked(const std::string &name) {
     auto it = objects_.find(name);
     if (it == objects_.end())
       return;
-    used_ -= it->second.bytes.size();
+    used_ -= it->second.bytes->size();
     lru_.erase(it->second.position);
     objects_.erase(it);
   }
 
   struct Object {
-    std::string bytes;
+    std::shared_ptr<const std::string> bytes;
     std::list<std::string>::iterator position;
   };
   std::string url_;
@@ -166,6 +172,31 @@ private:
   std::list<std::string> lru_;
   std::unordered_map<std::string, Object> objects_;
 };
+
+/// Copies every object of the file store at `directory` into `memory`;
+/// refused when they do not all fit (the tier would evict some of them).
+Status fillMemory(MemTier &memory, const std::string &directory) {
+  if (directory.empty() || directory[0] != '/')
+    return invalidArgument("from=" + directory +
+                           ": a file store's absolute path, as from=/tmp/kv");
+  KVC_ASSIGN_OR_RETURN(source,
+                       openTier("file://" + directory, TierAccess::Existing));
+  KVC_ASSIGN_OR_RETURN(names, source->list(""));
+  std::string bytes;
+  size_t total = 0;
+  for (const std::string &name : names) {
+    KVC_RETURN_IF_ERROR(source->get(name, bytes));
+    total += bytes.size();
+    if (total > memory.capacity())
+      return Status(StatusCode::FailedPrecondition,
+                    "from=" + directory + ": the store holds more than the " +
+                        "tier's capacity of " +
+                        std::to_string(memory.capacity() >> 20) +
+                        " MiB (set capacity_mb)");
+    KVC_RETURN_IF_ERROR(memory.put(name, bytes));
+  }
+  return Status::ok();
+}
 
 /// Local disk: one file per object under a root directory. Writes go to a
 /// temporary file that is renamed into place, so a crash never leaves half
@@ -626,13 +657,24 @@ StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
   } else if (const char *env = std::getenv("KVC_STORE_KEY_FILE")) {
     keyFile = env;
   }
+  // A memory tier filled at open with a file store's objects (a server's
+  // DRAM tier warmed from its disk).
+  std::string fillFrom;
+  if (auto it = query.find("from");
+      it != query.end() && base.rfind("mem://", 0) == 0) {
+    fillFrom = it->second;
+    query.erase(it);
+  }
   if (!query.empty())
     return invalidArgument(url + ": unknown option " + query.begin()->first);
 
   std::unique_ptr<Tier> tier;
   if (base.rfind("mem://", 0) == 0) {
-    tier = std::make_unique<MemTier>(
+    auto memory = std::make_unique<MemTier>(
         url, size_t((capacityMb > 0 ? capacityMb : 1024) * (1 << 20)));
+    if (!fillFrom.empty())
+      KVC_RETURN_IF_ERROR(fillMemory(*memory, fillFrom).withContext(url));
+    tier = std::move(memory);
   } else if (base.rfind("file://", 0) == 0) {
     std::string dir = base.substr(7);
     if (dir.empty() || dir[0] != '/')

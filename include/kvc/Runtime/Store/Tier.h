@@ -5,7 +5,9 @@
 // rename), or a Redis server (`redis://HOST:PORT[/DB]`, binary-safe,
 // pipelined reads, timeouts). Any URL may end in `?gbps=N` to throttle the
 // tier to N gigabits per second (shared by all its users), as the Cake paper
-// emulated 7-100 Gbps links; `mem://` also takes `capacity_mb=N`. Tiers are
+// emulated 7-100 Gbps links; `mem://` also takes `capacity_mb=N` and
+// `from=DIR` (filled at open with the objects of the file store at DIR, as a
+// server warms its DRAM tier from disk). Tiers are
 // safe to use from many threads. Errors are values: an unreachable server is
 // Unavailable (ChunkFault::Unavailable), a missing object NotFound.
 //

@@ -1097,6 +1097,7 @@ Status Connector::startLoad(const std::string &id,
   options.resident = job->resident;
   options.cancel = &job->cancel;
   options.recomputeFallbacks = s.options.recomputeFailures;
+  options.removeDamaged = true; // The next save of its chunk writes it.
   options.tracePath = run.tracePath;
   KVC_ASSIGN_OR_RETURN(
       handle, run.dynamic ? RestoreHandle::startWalk(*pools, *job->plan->plan,

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -157,6 +158,31 @@ int RedisCluster::masterOf(int slot) const {
 void RedisCluster::kill(int node) { signal(node, SIGKILL, true); }
 void RedisCluster::freeze(int node) { signal(node, SIGSTOP, false); }
 void RedisCluster::thaw(int node) { signal(node, SIGCONT, false); }
+
+bool RedisCluster::restart(int node) {
+  if (pids_[node] > 0)
+    return false;
+  start(node);
+  return cli(node, "PING").rfind("PONG", 0) == 0;
+}
+
+bool RedisCluster::migrate(int from, int to, int slots) {
+  auto id = [&](int node) {
+    std::string out = cli(node, "CLUSTER MYID");
+    while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back())))
+      out.pop_back();
+    return out;
+  };
+  const std::string source = id(from), target = id(to);
+  if (source.empty() || target.empty())
+    return false;
+  return system(("redis-cli --cluster reshard 127.0.0.1:" +
+                 std::to_string(port(from)) + " --cluster-from " + source +
+                 " --cluster-to " + target + " --cluster-slots " +
+                 std::to_string(slots) + " --cluster-yes >>" + dir_ +
+                 "/reshard.log 2>&1")
+                    .c_str()) == 0;
+}
 
 bool RedisCluster::waitHealthy(int seconds) const {
   for (int tries = 0; tries < seconds * 10; ++tries) {

@@ -233,6 +233,8 @@ TEST_F(ConnectorTest, APartialPrefixIsLoadedInPartAndComputedInPart) {
   expectExact(tokens, ids);
 }
 
+// A damaged chunk is recomputed (by kvc or left to the server), its object
+// removed from the store; saved again, the chunk is whole and loads.
 TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "kvc recomputes" : "the server recomputes");
@@ -244,14 +246,20 @@ TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
     const std::vector<int32_t> tokens = prompt(400, 3);
     prefillAndSave(*connector, "a", tokens, blocks(0, 25));
 
-    // Layer 2 of the second chunk (tokens 128 to 256) damaged in the store.
+    // Layer 2 of the second chunk (tokens 128 to 256) damaged in the
+    // store: a byte of its payload flipped, its header whole (a save that
+    // finds it still sees it stored).
     StatusOr<std::unique_ptr<ChunkStore>> store = openStore(
         {options_.stores[0].url, {128, 1}, "", TierAccess::Existing}, *model_);
     ASSERT_TRUE(store) << store.status().toString();
+    std::string damaged, bytes;
     for (const ChunkRef &ref :
          (*store)->refs(tokens.data(), 384, Form::KV, CodecSpec()))
       if (ref.tokenBegin == 128 && ref.layerBegin == 2) {
-        ASSERT_TRUE((*store)->tier().put(ref.name(), "not a chunk").isOk());
+        damaged = ref.name();
+        ASSERT_TRUE((*store)->tier().get(damaged, bytes).isOk());
+        bytes[bytes.size() - 100] ^= 0x5a;
+        ASSERT_TRUE((*store)->tier().put(damaged, bytes).isOk());
       }
 
     StatusOr<Decision> decision = connector->decide("b", tokens, 0);
@@ -264,23 +272,35 @@ TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
     ASSERT_EQ(metrics->fallbacks.size(), 1u);
     ASSERT_EQ(metrics->fallbackTokens.size(), 1u);
     EXPECT_EQ(metrics->fallbackTokens[0].begin, 128);
+    // The damaged object is gone from the store, so that the next save of
+    // its chunk writes it instead of finding it stored.
+    EXPECT_NE(metrics->fallbacks[0].find("removed from the store"),
+              std::string::npos)
+        << metrics->fallbacks[0];
+    EXPECT_FALSE(*(*store)->tier().exists(damaged));
     StatusOr<std::vector<int32_t>> failed = connector->failedBlocks("b");
     ASSERT_TRUE(failed);
     if (recompute) {
       EXPECT_TRUE(failed->empty());
       prefill(tokens, 384, ids);
     } else {
-      // Blocks 8 to 15 of the table hold tokens 128 to 256, left unwritten
-      // in layer 2 (the cache was zero).
+      // Blocks 8 to 15 of the table hold tokens 128 to 256, not loaded in
+      // layer 2 (they may hold what the damaged object wrote as it was read
+      // in place: the server recomputes them).
       EXPECT_EQ(*failed, blocks(108, 8));
-      const ModelConfig &c = model_->config();
-      const int64_t block = 16 * c.numKvHeads * c.headDim;
-      const uint16_t *k2 = memory_.data() + 2 * 2 * kBlocks * block;
-      EXPECT_TRUE(std::all_of(k2 + 108 * block, k2 + 116 * block,
-                              [](uint16_t v) { return v == 0; }));
       prefill(tokens, 128, ids); // The server recomputes from there.
     }
     expectExact(tokens, ids);
+
+    // Saved again, the chunk is whole and loads.
+    prefillAndSave(*connector, "c", tokens, blocks(0, 25));
+    EXPECT_TRUE(*(*store)->tier().exists(damaged));
+    StatusOr<Decision> again = connector->decide("d", tokens, 0);
+    ASSERT_TRUE(again && again->loads());
+    ASSERT_TRUE(connector->startLoad("d", ids).isOk());
+    metrics = connector->waitLoad("d");
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    EXPECT_TRUE(metrics->fallbacks.empty());
   }
 }
 

@@ -48,6 +48,15 @@ public:
   void kill(int node);
   void freeze(int node);
   void thaw(int node);
+  /// Starts a killed node again on its port: it rejoins with its slots
+  /// (its cluster config is kept) and no data (the nodes persist nothing).
+  /// Whether it answers.
+  bool restart(int node);
+  /// Whether `node` is running (started and not killed).
+  bool running(int node) const { return pids_[node] > 0; }
+  /// Moves `slots` slots and the keys they hold from master `from` to
+  /// master `to` (redis-cli --cluster reshard); whether it did.
+  bool migrate(int from, int to, int slots);
 
   /// Waits until every running node says the cluster is ok, every running
   /// replica is in sync and `masters` (the constructor's) nodes are

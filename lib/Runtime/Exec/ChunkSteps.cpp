@@ -179,6 +179,7 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
     return notFound("no stored object covers the chunk");
   value.landed.assign(covering.size(), false);
   value.intoCache = false;
+  value.damaged.clear();
   HostTraffic traffic;
   KVC_ASSIGN_OR_RETURN(inPlace,
                        fetchIntoCache(value, store, covering, traffic));
@@ -288,7 +289,8 @@ ChunkSteps::fetchIntoCache(ChunkValue &value, ChunkStore &store,
     for (const ByteSpan &row : rows)
       payload.emplace_back(row.data, row.size);
     KVC_RETURN_IF_ERROR(
-        store.checkInPlace(*ref, value.objects[o].second, payload));
+        noteDamage(value, *ref,
+                   store.checkInPlace(*ref, value.objects[o].second, payload)));
   }
   value.intoCache = true;
   return true;
@@ -416,8 +418,8 @@ Status ChunkSteps::decodeIntoCache(ChunkValue &value) {
   });
   HostTraffic traffic;
   for (std::size_t o = 0; o < value.objectCount; ++o) {
-    KVC_RETURN_IF_ERROR(decoded[o]);
     const ChunkRef &ref = value.objects[o].first;
+    KVC_RETURN_IF_ERROR(noteDamage(value, ref, decoded[o]));
     countDecode(traffic, store, ref, DType::BF16,
                 store.shape(ref).numel() * int64_t(sizeof(uint16_t)));
   }
@@ -438,9 +440,11 @@ Status ChunkSteps::checkInCache(ChunkValue &value) {
       continue;
     // Read whole: its size is no raw object's, which decode says.
     std::vector<uint16_t> scratch(std::size_t(store.shape(ref).numel()));
-    KVC_RETURN_IF_ERROR(store.decode(ref, bytes, scratch.data()));
-    return chunkError(ChunkFault::Corrupt,
-                      ref.name() + ": not the size of its chunk");
+    KVC_RETURN_IF_ERROR(
+        noteDamage(value, ref, store.decode(ref, bytes, scratch.data())));
+    return noteDamage(value, ref,
+                      chunkError(ChunkFault::Corrupt,
+                                 ref.name() + ": not the size of its chunk"));
   }
   value.encoded = false;
   value.inCache = true;
@@ -448,6 +452,28 @@ Status ChunkSteps::checkInCache(ChunkValue &value) {
   traffic.delivered = cacheBytes(value.box());
   account(value, traffic);
   return Status::ok();
+}
+
+Status ChunkSteps::noteDamage(ChunkValue &value, const ChunkRef &ref,
+                              Status status) {
+  const ChunkFault fault = chunkFault(status);
+  if (fault == ChunkFault::Corrupt || fault == ChunkFault::Truncated)
+    value.damaged.push_back(ref);
+  return status;
+}
+
+std::string ChunkSteps::removeDamaged(ChunkValue &value) {
+  if (value.damaged.empty())
+    return "";
+  Tier &tier = stores_.at(value.tier)->tier();
+  std::string failed;
+  for (const ChunkRef &ref : value.damaged)
+    if (Status removed = tier.remove(ref.name()); !removed.isOk())
+      failed = removed.toString();
+  value.damaged.clear();
+  return failed.empty() ? " (removed from the store, for a save to write "
+                          "again)"
+                        : " (not removed from the store: " + failed + ")";
 }
 
 Status ChunkSteps::decodePayload(ChunkValue &value,
@@ -460,7 +486,8 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
   HostTraffic traffic;
   for (std::size_t o : order) {
     auto &[ref, stored] = value.objects[o];
-    KVC_RETURN_IF_ERROR(store.payload(ref, stored, inner));
+    KVC_RETURN_IF_ERROR(
+        noteDamage(value, ref, store.payload(ref, stored, inner)));
     // Out of the object (its lossless stage undone, or copied), then here.
     (ref.codec.lossless == CodecSpec::Lossless::None ? traffic.copied
                                                      : traffic.decoded) +=
@@ -542,12 +569,13 @@ Status ChunkSteps::decodeElements(ChunkValue &value) {
     auto &[ref, bytes] = value.objects[o];
     const int64_t refTokens = ref.tokenEnd - ref.tokenBegin;
     if (inPlace(ref)) {
-      KVC_RETURN_IF_ERROR(decoded[o]);
+      KVC_RETURN_IF_ERROR(noteDamage(value, ref, decoded[o]));
       if (!value.landed[o])
         wrote(ref, store.shape(ref).numel() * words * 2);
     } else {
       object.resize(store.shape(ref).numel() * words);
-      KVC_RETURN_IF_ERROR(decodeAs(store, ref, bytes, dtype, object.data()));
+      KVC_RETURN_IF_ERROR(noteDamage(
+          value, ref, decodeAs(store, ref, bytes, dtype, object.data())));
       wrote(ref, int64_t(object.size()) * 2);
       // Copy the rows of the object inside the value's box.
       const int64_t t0 = std::max(ref.tokenBegin, value.tokens.begin);

@@ -120,6 +120,9 @@ struct ChunkValue {
   bool payload = false;
   /// Why the chunk will be recomputed instead ("" while it is fine).
   std::string fault;
+  /// Its objects a check found damaged (a checksum, a length, values), for
+  /// RestoreOptions::removeDamaged.
+  std::vector<ChunkRef> damaged;
   /// Computed chunks are in the paged cache already: their prefill wrote
   /// each layer's KV there as it went, as a server's attention writes a
   /// prefill chunk's KV into its cache, and their scatter has nothing left
@@ -191,7 +194,15 @@ public:
   /// The same, by the plan step that moved it (ChunkValue::step).
   std::map<StepKind, HostTraffic> trafficByStep() const;
 
+  /// Removes `value`'s damaged objects from their store, so that a later
+  /// save writes them again (RestoreOptions::removeDamaged); what it did,
+  /// for the chunk's fault ("" when none was damaged).
+  std::string removeDamaged(ChunkValue &value);
+
 private:
+  /// `status`, the check of `ref`'s object; damage noted on `value`.
+  static Status noteDamage(ChunkValue &value, const ChunkRef &ref,
+                           Status status);
   /// Whether `refs`, in token then layer order, hold exactly the chunk's
   /// tokens and its layers back to back.
   bool tiles(const ChunkValue &value,

@@ -360,6 +360,8 @@ private:
     if (status.isOk() || !recoverableByRecompute(status))
       return status;
     value.fault = status.toString();
+    if (options_.removeDamaged)
+      value.fault += steps_.removeDamaged(value);
     steps_.release(value);
     return Status::ok();
   }

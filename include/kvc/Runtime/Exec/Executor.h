@@ -109,6 +109,11 @@ struct RestoreOptions {
   /// with the target's model) before the restore ends; when false they are
   /// left unwritten for the caller, in RestoreMetrics::fallbackTokens.
   bool recomputeFallbacks = true;
+  /// Whether an object a check finds damaged (its checksum, its length,
+  /// its values) is removed from its store, so that the next save of its
+  /// chunk writes it again instead of finding it stored (a server's loads:
+  /// host::Connector sets it); its chunk is recomputed either way.
+  bool removeDamaged = false;
 };
 
 /// The error of a restore stopped through RestoreOptions::cancel.

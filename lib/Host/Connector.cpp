@@ -343,6 +343,25 @@ struct Connector::State {
     return prices.emplace(key, *priced).first->second;
   }
 
+  /// Store `s`'s holding `match` of `tokens` in `store`, with what of it
+  /// answers now (Lookup::Held::answering): the parts of a tier known not
+  /// to answer (Tier::answers) are asked nothing.
+  static Lookup::Held answering(ChunkStore &store, int s,
+                                const std::vector<int32_t> &tokens,
+                                const PrefixMatch &match) {
+    Lookup::Held held{s, store.layout(), match, match.tokens, 0};
+    Tier &tier = store.tier();
+    if (match.tokens <= 0 || !tier.partlyDown())
+      return held;
+    for (const ChunkRef &ref :
+         store.refs(tokens.data(), match.tokens, match.form, match.codec))
+      if (!tier.answers(ref.name())) {
+        held.answering = std::min(held.answering, ref.tokenBegin);
+        held.unreachableEnd = std::max(held.unreachableEnd, ref.tokenEnd);
+      }
+    return held;
+  }
+
   /// The stores' answers for `tokens`, from the index when it knows the
   /// whole request, else from the stores (what they hold recorded).
   StatusOr<Lookup> lookupLocked(const std::vector<int32_t> &tokens) {
@@ -375,9 +394,9 @@ struct Connector::State {
               break;
             ++run;
           }
-          out.held.push_back({int(s),
-                              stores[s].layouts[l]->layout(),
-                              {held.form, int64_t(run) * ct, held.codec}});
+          out.held.push_back(
+              answering(*stores[s].layouts[l], int(s), tokens,
+                        {held.form, int64_t(run) * ct, held.codec}));
           // Every whole chunk, or as far as the stores held lately.
           whole |= run == keys.size() || recentMiss(keys[run]);
         }
@@ -399,8 +418,8 @@ struct Connector::State {
             for (const StoredExtent &extent : *extents) {
               if (extent.tokens <= 0)
                 continue;
-              out.held.push_back(
-                  {int(s), store.layout(), {form, extent.tokens, extent.codec}});
+              out.held.push_back(answering(
+                  store, int(s), tokens, {form, extent.tokens, extent.codec}));
               const std::vector<uint64_t> &keys = keysByChunk[ct];
               for (int64_t c = 0; c < extent.tokens / ct; ++c)
                 index.add(keys[c], {int(s), int(l), form, extent.codec});
@@ -811,12 +830,25 @@ StatusOr<Decision> Connector::decide(const std::string &id,
         if (length > onDevice && length < lengths.back().first)
           lengths.emplace_back(length, &loadOnly);
       }
+    // Where part of the store does not answer, the load of what answers
+    // before it too; a longer one recomputes the chunks it cannot read, at
+    // the price of computing up to the last of them (their exact context).
+    const int64_t answering = std::min(held.answering, whole) / ct * ct;
+    if (answering < whole && answering > onDevice &&
+        std::none_of(lengths.begin(), lengths.end(),
+                     [&](const auto &l) { return l.first == answering; }))
+      lengths.emplace_back(answering, &allowed);
     for (const auto &[length, tried] : lengths) {
       auto [request, key, what] =
           s.candidate(found, held, length, n, onDevice);
       for (Strategy strategy : *tried)
         key += std::string("|") + planning::strategyName(strategy);
       KVC_ASSIGN_OR_RETURN(priced, s.priceFor(lock, key, request, ct, *tried));
+      if (length > answering) {
+        KVC_ASSIGN_OR_RETURN(
+            recompute, s.computePrice(std::min(length, held.unreachableEnd)));
+        priced.seconds += recompute;
+      }
       if (priced.seconds < best.priced.seconds)
         best = {priced, length, held.store, held.layout, request, key, what};
     }

@@ -162,6 +162,14 @@ struct Lookup {
     int store = 0;
     StoreLayout layout;
     PrefixMatch match;
+    /// Of match.tokens, those before the first chunk with an object on a
+    /// part of its store known not to answer now (Tier::answers: a
+    /// cluster's master that failed its last command), and the end of the
+    /// last such chunk: a load past `answering` recomputes the chunks up to
+    /// `unreachableEnd`, which decide prices. match.tokens and 0 when every
+    /// part answers.
+    int64_t answering = 0;
+    int64_t unreachableEnd = 0;
   };
   std::vector<Held> held;
   /// The longest of them.

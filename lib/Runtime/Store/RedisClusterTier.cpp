@@ -265,6 +265,28 @@ public:
     return std::vector<std::string>(names.begin(), names.end());
   }
 
+  bool partlyDown() override {
+    std::lock_guard<std::mutex> lock(nodesMutex_);
+    const Clock::time_point now = Clock::now();
+    return std::any_of(down_.begin(), down_.end(),
+                       [&](const auto &node) { return now < node.second; });
+  }
+
+  bool answers(const std::string &name) override {
+    std::vector<std::string> group;
+    {
+      std::shared_lock<std::shared_mutex> lock(mapMutex_);
+      const int index = slots_[redisHashSlot(name)];
+      if (index < 0)
+        return true; // Not known: the read will say.
+      group = groups_[index];
+    }
+    if (!readReplicas_)
+      group.resize(1); // Its master.
+    return std::any_of(group.begin(), group.end(),
+                       [&](const std::string &node) { return !isDown(node); });
+  }
+
 private:
   /// The names under `prefix` on the node at `address`; a node that does
   /// not answer is skipped for a second (markDown).

@@ -60,6 +60,14 @@ public:
   /// The bandwidth a `?gbps=N` throttle holds transfers to, in GB/s; 0 when
   /// the tier is not throttled.
   virtual double throttleGBs() const { return 0; }
+  /// Whether a part of the tier is known not to answer now (a cluster's
+  /// node that failed its last command, held down for a second); the tier
+  /// is not asked.
+  virtual bool partlyDown() { return false; }
+  /// While partlyDown(): whether the part that holds `name` answers, as far
+  /// as the tier knows without asking (what a decision may price as
+  /// loadable).
+  virtual bool answers(const std::string &name) { return true; }
 };
 
 /// A tier that passes every call to another: the base of tiers that change
@@ -93,6 +101,10 @@ public:
     return inner_->list(prefix);
   }
   double throttleGBs() const override { return inner_->throttleGBs(); }
+  bool partlyDown() override { return inner_->partlyDown(); }
+  bool answers(const std::string &name) override {
+    return inner_->answers(name);
+  }
 
 protected:
   Tier &inner() { return *inner_; }

@@ -79,6 +79,9 @@ public:
     auto it = chunks_.find(key);
     return it == chunks_.end() ? nullptr : &it->second;
   }
+  /// Forgets what it knew of the chunk `key`: the next lookup of it asks
+  /// the stores.
+  void forget(uint64_t key) { chunks_.erase(key); }
 
 private:
   static constexpr std::size_t kMaxChunks = std::size_t(1) << 20;
@@ -109,6 +112,9 @@ struct CompiledPlan {
 /// A running (or ended) load.
 struct LoadJob {
   std::vector<int32_t> tokens; ///< The loaded prefix.
+  /// Its chunks' index keys (PrefixIndex::keys), of `chunkTokens` each.
+  std::vector<uint64_t> keys;
+  int64_t chunkTokens = 0;
   BlockTable table;
   int64_t resident = 0;
   std::shared_ptr<const CompiledPlan> plan;
@@ -1114,6 +1120,8 @@ Status Connector::startLoad(const std::string &id,
   KVC_ASSIGN_OR_RETURN(table, s.tableFor(blockIds, tokens));
   auto job = std::make_shared<LoadJob>();
   job->tokens.assign(request->tokens.begin(), request->tokens.begin() + tokens);
+  job->chunkTokens = request->decision->layout.chunkTokens;
+  job->keys = PrefixIndex::keys(job->tokens, job->chunkTokens, s.seed);
   job->table = std::move(table);
   job->resident = request->onDevice;
   job->plan = request->plan;
@@ -1157,8 +1165,12 @@ StatusOr<std::shared_ptr<LoadJob>> loadOf(std::mutex &mutex,
   return it->second.load;
 }
 
-/// The load's result, waiting for it once.
-const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, std::mutex &mutex) {
+/// The load's result, waiting for it once. The index forgets the chunks
+/// the load found gone from their store (missing, or damaged and removed):
+/// the next lookup asks the stores what they hold, rather than every later
+/// load failing on them.
+const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, PrefixIndex &index,
+                                         std::mutex &mutex) {
   std::lock_guard<std::mutex> collecting(job.waiting);
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -1167,8 +1179,24 @@ const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, std::mutex &mutex) {
   }
   StatusOr<RestoreMetrics> result = job.handle->wait();
   std::lock_guard<std::mutex> lock(mutex);
-  if (!job.result)
-    job.result = std::move(result);
+  if (job.result)
+    return *job.result;
+  if (result.isOk()) {
+    const RestoreMetrics &metrics = *result;
+    for (std::size_t f = 0;
+         f < metrics.fallbackTokens.size() && f < metrics.fallbackFaults.size();
+         ++f) {
+      const ChunkFault fault = metrics.fallbackFaults[f];
+      if (fault != ChunkFault::Missing && fault != ChunkFault::Corrupt &&
+          fault != ChunkFault::Truncated)
+        continue;
+      const BundleRange &range = metrics.fallbackTokens[f];
+      for (int64_t c = range.begin / job.chunkTokens;
+           c * job.chunkTokens < range.end && c < int64_t(job.keys.size()); ++c)
+        index.forget(job.keys[c]);
+    }
+  }
+  job.result = std::move(result);
   return *job.result;
 }
 
@@ -1196,7 +1224,7 @@ Status Connector::waitLayerOn(const std::string &id, int64_t layer,
 
 StatusOr<RestoreMetrics> Connector::waitLoad(const std::string &id) {
   KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
-  return resultOf(*job, state_->mutex);
+  return resultOf(*job, state_->index, state_->mutex);
 }
 
 StatusOr<std::vector<int32_t>>
@@ -1365,7 +1393,7 @@ Finished Connector::finished() {
       }
   }
   for (const std::shared_ptr<LoadJob> &job : collect)
-    (void)resultOf(*job, s.mutex); // Ended: returns at once.
+    (void)resultOf(*job, s.index, s.mutex); // Ended: returns at once.
   return out;
 }
 

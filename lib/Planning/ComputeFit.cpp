@@ -4,16 +4,35 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 namespace kvc::planning {
 
-void ComputeFit::applyTo(ComputeDesc &compute) const {
-  compute.denseTflops =
-      denseFlops / (1e12 * compute.gemmPeakFraction * compute.restoreShare);
+Status ComputeFit::applyTo(ComputeDesc &compute) const {
+  // What the GEMMs reached with the whole device, in TFLOP/s.
+  const double reached = denseFlops / (1e12 * compute.restoreShare);
+  const double peak = compute.denseTflops;
+  if (compute.kind == ComputeDesc::Kind::GPU && peak > 0) {
+    if (reached > peak * 1.02) {
+      char message[256];
+      std::snprintf(message, sizeof(message),
+                    "calibration: the prefills fit GEMMs at %.0f TFLOP/s, "
+                    "above the device's peak of %.0f (compute.dense_tflops): "
+                    "a timing that cannot be; nothing written",
+                    reached, peak);
+      return Status(StatusCode::FailedPrecondition, message);
+    }
+    compute.gemmPeakFraction =
+        std::max(compute.gemmPeakFraction, std::min(1.0, reached / peak));
+    compute.denseTflops = reached / compute.gemmPeakFraction;
+  } else {
+    compute.denseTflops = reached / compute.gemmPeakFraction;
+  }
   compute.gemmHalfTokens = halfTokens;
   compute.attentionTflops =
       attentionFlops > 0 ? attentionFlops / (1e12 * compute.restoreShare) : 0;
+  return Status::ok();
 }
 
 ComputeFit fitComputeRates(const CostModel &cost,

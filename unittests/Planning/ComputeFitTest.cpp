@@ -65,7 +65,7 @@ TEST(ComputeFit, RecoversTheRatesThatPricedTheSamples) {
   EXPECT_EQ(fit.halfTokens, 8);
   EXPECT_LT(fit.worstError, 1e-9);
   TargetDesc fitted = cpuTarget(1, 100, 1);
-  fit.applyTo(fitted.compute);
+  ASSERT_TRUE(fit.applyTo(fitted.compute).isOk());
   EXPECT_NEAR(fitted.compute.denseTflops, 0.1, 1e-9);
   EXPECT_NEAR(fitted.compute.attentionTflops, 0.013, 1e-9);
   CostModel refit(smallModel(), fitted, CodecProfile::defaults());
@@ -82,7 +82,7 @@ TEST(ComputeFit, PricesAttentionAsGemmsWhenTheSamplesDo) {
   EXPECT_EQ(fit.halfTokens, 16);
   EXPECT_LT(fit.worstError, 1e-9);
   TargetDesc fitted = cpuTarget(1, 100, 1);
-  fit.applyTo(fitted.compute);
+  ASSERT_TRUE(fit.applyTo(fitted.compute).isOk());
   EXPECT_EQ(fitted.compute.attentionTflops, 0);
   EXPECT_NEAR(fitted.compute.denseTflops, 0.05, 1e-9);
 }
@@ -100,3 +100,43 @@ TEST(ComputeFit, ReportsASampleItCannotFit) {
 }
 
 } // namespace
+
+// A GPU's dense_tflops is its chip's peak: a fit that reached more than
+// gemm_peak_fraction of it raises the fraction (and prices what it
+// measured), one below keeps the fraction, and one above the peak itself
+// is refused.
+TEST(ComputeFit, KeepsAGpusPeakAndRefusesAFitAboveIt) {
+  ComputeFit fit;
+  fit.denseFlops = 860e12; // Reached: 87% of a 989 TFLOP/s peak.
+  fit.halfTokens = 64;
+  ComputeDesc gpu;
+  gpu.kind = ComputeDesc::Kind::GPU;
+  gpu.denseTflops = 989;
+  gpu.gemmPeakFraction = 0.75;
+  ASSERT_TRUE(fit.applyTo(gpu).isOk());
+  EXPECT_DOUBLE_EQ(gpu.denseTflops, 989);
+  EXPECT_NEAR(gpu.gemmPeakFraction * gpu.denseTflops, 860, 1e-9);
+
+  fit.denseFlops = 500e12;
+  gpu.gemmPeakFraction = 0.75;
+  ASSERT_TRUE(fit.applyTo(gpu).isOk());
+  EXPECT_DOUBLE_EQ(gpu.gemmPeakFraction, 0.75);
+  EXPECT_NEAR(gpu.gemmPeakFraction * gpu.denseTflops, 500, 1e-9);
+
+  fit.denseFlops = 1200e12;
+  gpu.denseTflops = 989;
+  Status refused = fit.applyTo(gpu);
+  EXPECT_EQ(refused.code(), StatusCode::FailedPrecondition);
+  EXPECT_NE(refused.message().find("above the device's peak"),
+            std::string::npos);
+
+  // A CPU's dense_tflops is an estimate: what the fit reached, over the
+  // fraction.
+  ComputeDesc cpu;
+  cpu.kind = ComputeDesc::Kind::CPU;
+  cpu.denseTflops = 0.05;
+  cpu.gemmPeakFraction = 0.5;
+  fit.denseFlops = 0.2e12;
+  ASSERT_TRUE(fit.applyTo(cpu).isOk());
+  EXPECT_NEAR(cpu.denseTflops, 0.4, 1e-9);
+}

@@ -304,6 +304,47 @@ TEST_F(ConnectorTest, ACorruptChunkIsLeftToTheServerOrRecomputed) {
   }
 }
 
+// A load that finds a chunk's object gone makes the index forget the
+// chunk: the next decision asks the store, which holds the prefix before
+// it, and loads that, with nothing to recompute.
+TEST_F(ConnectorTest, AChunkFoundGoneIsForgottenByTheIndex) {
+  options_.stores = {{freshStore(), ""}};
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(400, 6);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 25));
+  StatusOr<std::unique_ptr<ChunkStore>> store = openStore(
+      {options_.stores[0].url, {128, 1}, "", TierAccess::Existing}, *model_);
+  ASSERT_TRUE(store) << store.status().toString();
+  for (const ChunkRef &ref :
+       (*store)->refs(tokens.data(), 384, Form::KV, CodecSpec()))
+    if (ref.tokenBegin == 256 && ref.layerBegin == 1)
+      ASSERT_TRUE((*store)->tier().remove(ref.name()).isOk());
+  const std::vector<int32_t> ids = blocks(100, 25);
+  for (const std::string id : {"b", "c"}) {
+    SCOPED_TRACE(id);
+    StatusOr<Lookup> lookup = connector->lookup(tokens);
+    ASSERT_TRUE(lookup) << lookup.status().toString();
+    StatusOr<Decision> decision = connector->decide(id, tokens, 0);
+    ASSERT_TRUE(decision && decision->loads());
+    ASSERT_TRUE(connector->startLoad(id, ids).isOk());
+    StatusOr<RestoreMetrics> metrics = connector->waitLoad(id);
+    ASSERT_TRUE(metrics) << metrics.status().toString();
+    if (id == "b") { // The index held all three chunks.
+      EXPECT_TRUE(lookup->fromIndex);
+      EXPECT_EQ(decision->loadTokens, 384) << decision->why;
+      ASSERT_EQ(metrics->fallbackFaults.size(), 1u);
+      EXPECT_EQ(metrics->fallbackFaults[0], ChunkFault::Missing);
+    } else { // The store asked: the two chunks before the one gone.
+      EXPECT_FALSE(lookup->fromIndex);
+      EXPECT_EQ(decision->loadTokens, 256) << decision->why;
+      EXPECT_TRUE(metrics->fallbacks.empty());
+    }
+    prefill(tokens, decision->loadTokens, ids);
+    expectExact(tokens, ids);
+  }
+}
+
 // A Redis Cluster of masters without replicas that loses one, serving the
 // others' slots. Killed before the request: a decision asks the masters
 // that answer and prices the chunks on the dead one as unreadable (a load

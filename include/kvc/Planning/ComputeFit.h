@@ -43,8 +43,12 @@ struct ComputeFit {
   double worstError = 0;     ///< max |fitted / measured - 1| over samples.
 
   /// Writes the fit into `compute` in the target's units (keeping its
-  /// gemm_peak_fraction and restore_share, which the rates are net of).
-  void applyTo(ComputeDesc &compute) const;
+  /// restore_share, which the rates are net of). A CPU's dense rate is
+  /// what its gemm_peak_fraction makes of the fit. A GPU's dense_tflops is
+  /// its chip's peak: kept, with the fraction raised to what the fit
+  /// reached where that is above it (cuBLAS near its peak), and a fit above
+  /// the peak itself refused (FailedPrecondition: a timing that cannot be).
+  Status applyTo(ComputeDesc &compute) const;
 };
 
 /// Fits `samples` (at least two, every one positive) with the FLOP counts of

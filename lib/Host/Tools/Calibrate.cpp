@@ -441,9 +441,17 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
   const ModelConfig &config = model.config();
   planning::CostModel cost(config, target, planning::CodecProfile::defaults());
 
+  // What is measured is this device's compute: a CPU's (whose cache is
+  // host memory) is one whatever the target said; a GPU keeps its chip,
+  // whose kernels the plans generate, and its peak (ComputeFit::applyTo).
   ComputeDesc &c = target.compute;
-  c.kind = ComputeDesc::Kind::CPU;
-  c.chip.clear(); // What is measured is this CPU.
+  {
+    KVC_ASSIGN_OR_RETURN(probe, device.cacheFor(config, 16));
+    if (probe.first->memory() == CacheMemory::Host) {
+      c.kind = ComputeDesc::Kind::CPU;
+      c.chip.clear();
+    }
+  }
 
   // Prefill: chunks of 16-512 tokens from position 0 (the GEMM efficiency
   // curve) and the reference chunk after longer and longer prefixes (its
@@ -491,7 +499,7 @@ calibrate(Device &device, const ModelCompute &model, TargetDesc target,
     samples[i].seconds =
         *std::min_element(timings[i].begin(), timings[i].end());
   planning::ComputeFit fit = planning::fitComputeRates(cost, samples);
-  fit.applyTo(c);
+  KVC_RETURN_IF_ERROR(fit.applyTo(c));
   planning::CostModel fitted(config, target,
                              planning::CodecProfile::defaults());
   std::fprintf(log, "prefill, fastest of %d rounds:\n", kRounds);

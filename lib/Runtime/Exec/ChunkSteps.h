@@ -118,8 +118,10 @@ struct ChunkValue {
   /// `kernel` (the objects after their lossless stage, back to back)
   /// instead of decoded elements.
   bool payload = false;
-  /// Why the chunk will be recomputed instead ("" while it is fine).
+  /// Why the chunk will be recomputed instead ("" while it is fine), and
+  /// the store's fault that said so.
   std::string fault;
+  ChunkFault faultKind = ChunkFault::None;
   /// Its objects a check found damaged (a checksum, a length, values), for
   /// RestoreOptions::removeDamaged.
   std::vector<ChunkRef> damaged;

@@ -318,6 +318,7 @@ public:
                                        : " left unwritten: ") +
           value->fault);
       metrics.fallbackTokens.push_back(value->tokens);
+      metrics.fallbackFaults.push_back(value->faultKind);
     }
     metrics.fallbackSeconds = secondsSince(start);
     return Status::ok();
@@ -360,6 +361,7 @@ private:
     if (status.isOk() || !recoverableByRecompute(status))
       return status;
     value.fault = status.toString();
+    value.faultKind = chunkFault(status);
     if (options_.removeDamaged)
       value.fault += steps_.removeDamaged(value);
     steps_.release(value);

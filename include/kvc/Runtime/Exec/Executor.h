@@ -208,8 +208,11 @@ struct RestoreMetrics {
   /// One line per chunk recomputed instead of loaded (or, without
   /// RestoreOptions::recomputeFallbacks, left unwritten), with why.
   std::vector<std::string> fallbacks;
-  /// The tokens of those chunks, one range per chunk, in plan order.
+  /// The tokens of those chunks, one range per chunk, in plan order, and
+  /// the fault that failed each (ChunkFault::None for an error that names
+  /// none).
   std::vector<BundleRange> fallbackTokens;
+  std::vector<ChunkFault> fallbackFaults;
   /// Chunks generated kernels wrote into the cache on the device: restore
   /// kernels decoding stored KV, projections' epilogues.
   int64_t kernelChunks = 0;

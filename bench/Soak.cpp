@@ -166,6 +166,8 @@ struct Soak {
   /// First-token times by the fault last injected when each request began.
   std::map<std::string, std::vector<double>> byFault;
   std::string current = "none"; ///< The fault last injected.
+  /// Resident memory every 30 seconds: whether it stays bounded.
+  std::vector<std::pair<double, int64_t>> rss;
 
   Phase &phase() { return phases[faulting.load() ? 1 : 0]; }
   /// Counts `what` happened; reasons that differ only in an object's key,
@@ -566,7 +568,10 @@ StatusOr<int> run(const Flags &flags) {
     {
       std::lock_guard<std::mutex> lock(soak.mutex);
       Phase &phase = soak.phase();
-      phase.peakRssBytes = std::max(phase.peakRssBytes, residentBytes());
+      const int64_t resident = residentBytes();
+      phase.peakRssBytes = std::max(phase.peakRssBytes, resident);
+      if (at >= 30.0 * double(soak.rss.size()))
+        soak.rss.emplace_back(at, resident);
     }
     if (at < flags.faultFree)
       continue;
@@ -596,6 +601,13 @@ StatusOr<int> run(const Flags &flags) {
   }
   std::printf("saves: %lld, %lld failed\n", (long long)soak.saves,
               (long long)soak.savesFailed);
+  std::printf("resident memory every 30 s, MB:");
+  nlohmann::json rss = nlohmann::json::array();
+  for (const auto &[at, bytes] : soak.rss) {
+    std::printf(" %.0f", double(bytes) / (1 << 20));
+    rss.push_back({{"seconds", at}, {"mb", double(bytes) / (1 << 20)}});
+  }
+  std::printf("\n");
   std::map<std::string, int64_t> injected;
   for (const std::string &fault : soak.faults)
     ++injected[fault.substr(0, fault.find(':'))];
@@ -642,6 +654,7 @@ StatusOr<int> run(const Flags &flags) {
                           {"saves_failed", soak.savesFailed},
                           {"injected", soak.faults},
                           {"by_fault", byFault},
+                          {"rss", rss},
                           {"reasons", soak.why}};
     std::ofstream file(flags.json);
     file << out.dump(1) << "\n";

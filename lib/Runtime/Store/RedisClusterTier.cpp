@@ -29,6 +29,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <thread>
@@ -98,8 +99,12 @@ public:
   const std::string &url() const override { return url_; }
 
   /// Reads the slot map from the first node that answers.
-  Status refresh() {
+  /// Reads the slot map again; not when another refresh ended after
+  /// `unlessSince` (readers that failed together ask once).
+  Status refresh(std::optional<Clock::time_point> unlessSince = std::nullopt) {
     std::unique_lock<std::mutex> refreshing(refreshMutex_);
+    if (unlessSince && refreshed_.load() > *unlessSince)
+      return Status::ok();
     std::vector<std::string> candidates = seeds_;
     {
       std::shared_lock<std::shared_mutex> lock(mapMutex_);
@@ -109,6 +114,11 @@ public:
               candidates.end())
             candidates.push_back(node);
     }
+    // Nodes that did not answer lately are asked last: a frozen one would
+    // hold every refresh for its timeout.
+    std::stable_partition(
+        candidates.begin(), candidates.end(),
+        [&](const std::string &address) { return !isDown(address); });
     Status last = chunkError(ChunkFault::Unavailable,
                              url_ + ": no cluster node to ask for slots");
     for (const std::string &address : candidates) {
@@ -119,6 +129,7 @@ public:
       }
       StatusOr<std::vector<RedisSlotRange>> ranges = (*node)->clusterSlots();
       if (!ranges.isOk()) {
+        markDown(address);
         last = ranges.status();
         continue;
       }
@@ -340,6 +351,7 @@ private:
     Status status = Status::ok();
     std::optional<Redirect> redirect;
     for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      const Clock::time_point asked = Clock::now();
       StatusOr<std::string> address =
           redirect ? StatusOr<std::string>(redirect->node) : masterOf(name);
       const bool ask = redirect && redirect->ask;
@@ -372,7 +384,7 @@ private:
       // When the map still names the same silent node, fail now: a restore
       // recomputes the chunk sooner than the cluster fails over.
       const std::string before = address.isOk() ? *address : "";
-      if (!refresh().isOk()) {
+      if (!refresh(asked).isOk()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
         continue;
       }

@@ -56,9 +56,8 @@ matchPrefix(ChunkStore &store, const std::vector<int32_t> &tokens) {
 StatusOr<TierDesc *> storeTier(TargetDesc &target, const Tier &store,
                                const std::string &name) {
   const std::string &url = store.url();
-  TierDesc::Kind kind = url.rfind("mem://", 0) == 0    ? TierDesc::Kind::DRAM
-                        : url.rfind("file://", 0) == 0 ? TierDesc::Kind::Disk
-                                                       : TierDesc::Kind::Remote;
+  KVC_ASSIGN_OR_RETURN(scheme, tierSchemeOf(url));
+  const TierDesc::Kind kind = scheme.kind;
   for (TierDesc &tier : target.tiers) {
     if (name.empty() ? tier.kind != kind : tier.name != name)
       continue;

@@ -371,6 +371,51 @@ TEST(MemTier, EvictsLeastRecentlyUsed) {
   EXPECT_FALSE(tier->put("big", std::string(64, 'x')).isOk());
 }
 
+// A tier of a new scheme is one TierScheme registered: openTier opens its
+// URLs (the scheme's own options taken, any other refused before it opens,
+// credentials kept out of its name, gbps and key_file as for every tier),
+// and its kind is what a target prices it as.
+TEST(TierScheme, ANewSchemeOpensThroughTheRegistry) {
+  struct Seen {
+    std::string location, size, user;
+    int opened = 0;
+  };
+  auto seen = std::make_shared<Seen>();
+  registerTierScheme({"toy",
+                      TierDesc::Kind::DRAM,
+                      "toy://NAME",
+                      {"size"},
+                      true,
+                      [seen](TierUrl &url) -> StatusOr<std::unique_ptr<Tier>> {
+                        ++seen->opened;
+                        seen->location = url.location;
+                        seen->size = url.take("size").value_or("");
+                        seen->user = url.user;
+                        return openTier("mem://");
+                      }});
+  StatusOr<std::unique_ptr<Tier>> tier =
+      openTier("toy://alice:secret@shelf?size=3&gbps=100");
+  ASSERT_TRUE(tier) << tier.status().toString();
+  EXPECT_EQ(seen->location, "shelf");
+  EXPECT_EQ(seen->size, "3");
+  EXPECT_EQ(seen->user, "alice");
+  EXPECT_EQ((*tier)->url(), "toy://shelf?size=3&gbps=100"); // The throttle's.
+  EXPECT_DOUBLE_EQ((*tier)->throttleGBs(), 12.5);
+  ASSERT_TRUE((*tier)->put("a", "1").isOk());
+
+  Status unknown = openTier("toy://shelf?colour=red").status();
+  EXPECT_EQ(unknown.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(unknown.message().find("unknown option colour"), std::string::npos);
+  EXPECT_EQ(seen->opened, 1); // Refused before it opened.
+  StatusOr<TierScheme> scheme = tierSchemeOf("toy://shelf");
+  ASSERT_TRUE(scheme);
+  EXPECT_EQ(scheme->kind, TierDesc::Kind::DRAM);
+  Status none = openTier("nope://x").status();
+  EXPECT_EQ(none.code(), StatusCode::InvalidArgument);
+  EXPECT_NE(none.message().find("toy://NAME"), std::string::npos);
+  EXPECT_NE(none.message().find("file:///DIR"), std::string::npos);
+}
+
 // `mem://?from=DIR` holds what the file store at DIR holds, byte for byte,
 // and refuses a store it cannot hold whole rather than evict part of it.
 TEST(MemTier, IsFilledFromAFileStore) {

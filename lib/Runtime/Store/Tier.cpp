@@ -575,163 +575,224 @@ std::map<std::string, std::string> parseQuery(const std::string &query) {
 
 namespace {
 
-/// Takes `[user[:password]@]` out of a redis URL into `auth` (else from
-/// $KVC_REDIS_USER and $KVC_REDIS_PASSWORD), so that no message and no
-/// tier's name holds it.
-void takeCredentials(std::string &url, RedisAuth &auth) {
-  const bool redis = url.rfind("redis://", 0) == 0 ||
-                     url.rfind("redis-cluster://", 0) == 0;
-  if (!redis)
-    return;
+/// Takes `[user[:password]@]` out of `url` into `user` and `password`, so
+/// that no message and no tier's name holds it.
+void takeCredentials(std::string &url, std::string &user,
+                     std::string &password) {
   const size_t from = url.find("://") + 3;
   const size_t end = url.find_first_of("/?", from);
   const size_t at = url.rfind('@', end == std::string::npos ? url.size() : end);
-  if (at != std::string::npos && at >= from) {
-    const std::string info = url.substr(from, at - from);
-    const size_t colon = info.find(':');
-    auth.user = colon == std::string::npos ? "" : info.substr(0, colon);
-    auth.password = colon == std::string::npos ? info : info.substr(colon + 1);
-    url.erase(from, at + 1 - from);
+  if (at == std::string::npos || at < from)
     return;
+  const std::string info = url.substr(from, at - from);
+  const size_t colon = info.find(':');
+  user = colon == std::string::npos ? "" : info.substr(0, colon);
+  password = colon == std::string::npos ? info : info.substr(colon + 1);
+  url.erase(from, at + 1 - from);
+}
+
+/// The options of the redis schemes, shared by their nodes; credentials
+/// from the URL, else from $KVC_REDIS_USER and $KVC_REDIS_PASSWORD.
+StatusOr<RedisOptions> redisOptions(TierUrl &url) {
+  RedisOptions options;
+  KVC_ASSIGN_OR_RETURN(timeoutMs, url.number("timeout_ms", 10000));
+  KVC_ASSIGN_OR_RETURN(replicas, url.number("replicas", 0));
+  KVC_ASSIGN_OR_RETURN(ttl, url.number("ttl_s", 0));
+  options.commandTimeoutMs = int(timeoutMs);
+  options.waitReplicas = int(replicas);
+  options.ttlSeconds = int64_t(ttl);
+  options.auth = {url.user, url.password};
+  if (url.user.empty() && url.password.empty()) {
+    if (const char *password = std::getenv("KVC_REDIS_PASSWORD"))
+      options.auth.password = password;
+    if (const char *user = std::getenv("KVC_REDIS_USER"))
+      options.auth.user = user;
   }
-  if (const char *password = std::getenv("KVC_REDIS_PASSWORD"))
-    auth.password = password;
-  if (const char *user = std::getenv("KVC_REDIS_USER"))
-    auth.user = user;
+  return options;
+}
+
+StatusOr<std::unique_ptr<Tier>> openMemTier(TierUrl &url) {
+  KVC_ASSIGN_OR_RETURN(capacityMb, url.number("capacity_mb", 1024));
+  // A memory tier filled at open with a file store's objects (a server's
+  // DRAM tier warmed from its disk).
+  const std::optional<std::string> from = url.take("from");
+  auto memory =
+      std::make_unique<MemTier>(url.url, size_t(capacityMb * (1 << 20)));
+  if (from)
+    KVC_RETURN_IF_ERROR(fillMemory(*memory, *from).withContext(url.url));
+  return std::unique_ptr<Tier>(std::move(memory));
+}
+
+StatusOr<std::unique_ptr<Tier>> openFileTier(TierUrl &url) {
+  KVC_ASSIGN_OR_RETURN(capacityMb, url.number("capacity_mb", 0));
+  const std::string &dir = url.location;
+  if (dir.empty() || dir[0] != '/')
+    return invalidArgument(url.url + ": file URLs need an absolute path, as "
+                                     "file:///tmp/kv");
+  std::error_code error;
+  if (url.access == TierAccess::Existing) {
+    if (!fs::is_directory(dir, error))
+      return Status(StatusCode::NotFound,
+                    url.url + ": no store at " + dir +
+                        " (a file:// store is a directory a save created)");
+  } else {
+    // The directory is made by the first write, so a save refused before
+    // it writes leaves nothing behind; what must exist is a writable place
+    // to make it.
+    fs::path existing = fs::path(dir);
+    while (!fs::exists(existing, error) && existing.has_parent_path() &&
+           existing != existing.parent_path())
+      existing = existing.parent_path();
+    if (!fs::is_directory(existing, error) ||
+        ::access(existing.c_str(), W_OK | X_OK) != 0)
+      return chunkError(ChunkFault::Unavailable,
+                        existing == fs::path(dir)
+                            ? url.url + ": " + dir + " is not writable"
+                            : url.url + ": cannot create " + dir + ": " +
+                                  existing.string() +
+                                  " is no writable directory");
+  }
+  auto file = std::make_unique<FileTier>(url.url, fs::path(dir),
+                                         int64_t(capacityMb * (1 << 20)));
+  file->removeStaleTemporaries();
+  return std::unique_ptr<Tier>(std::move(file));
+}
+
+StatusOr<std::unique_ptr<Tier>> openRedisUrl(TierUrl &url) {
+  KVC_ASSIGN_OR_RETURN(options, redisOptions(url));
+  return openRedisTier(url.url, url.location, std::move(options));
+}
+
+StatusOr<std::unique_ptr<Tier>> openRedisClusterUrl(TierUrl &url) {
+  KVC_ASSIGN_OR_RETURN(options, redisOptions(url));
+  bool readReplicas = false;
+  if (std::optional<std::string> read = url.take("read")) {
+    if (*read != "replicas" && *read != "masters")
+      return invalidArgument(url.url + ": read must be replicas or masters");
+    readReplicas = *read == "replicas";
+  }
+  return openRedisClusterTier(url.url, url.location, std::move(options),
+                              readReplicas);
+}
+
+/// The schemes openTier knows: the built-in ones first, then those
+/// registered (registerTierScheme).
+struct TierSchemes {
+  std::mutex mutex;
+  std::vector<TierScheme> schemes = {
+      {"mem",
+       TierDesc::Kind::DRAM,
+       "mem://",
+       {"capacity_mb", "from"},
+       false,
+       openMemTier},
+      {"file",
+       TierDesc::Kind::Disk,
+       "file:///DIR",
+       {"capacity_mb"},
+       false,
+       openFileTier},
+      {"redis",
+       TierDesc::Kind::Remote,
+       "redis://HOST:PORT[/DB]",
+       {"timeout_ms", "replicas", "ttl_s"},
+       true,
+       openRedisUrl},
+      {"redis-cluster",
+       TierDesc::Kind::Remote,
+       "redis-cluster://HOST:PORT[,HOST:PORT...]",
+       {"timeout_ms", "replicas", "ttl_s", "read"},
+       true,
+       openRedisClusterUrl},
+  };
+};
+
+TierSchemes &tierSchemes() {
+  static TierSchemes *schemes = new TierSchemes;
+  return *schemes;
 }
 
 } // namespace
 
+std::optional<std::string> TierUrl::take(const std::string &key) {
+  auto it = options.find(key);
+  if (it == options.end())
+    return std::nullopt;
+  std::string value = std::move(it->second);
+  options.erase(it);
+  return value;
+}
+
+StatusOr<double> TierUrl::number(const std::string &key, double fallback) {
+  std::optional<std::string> text = take(key);
+  if (!text)
+    return fallback;
+  char *end = nullptr;
+  const double value = std::strtod(text->c_str(), &end);
+  if (end == text->c_str() || *end || !(value > 0))
+    return invalidArgument(url + ": " + key + " must be a positive number");
+  return value;
+}
+
+void registerTierScheme(TierScheme scheme) {
+  TierSchemes &all = tierSchemes();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  for (TierScheme &known : all.schemes)
+    if (known.scheme == scheme.scheme) {
+      known = std::move(scheme);
+      return;
+    }
+  all.schemes.push_back(std::move(scheme));
+}
+
+StatusOr<TierScheme> tierSchemeOf(const std::string &url) {
+  const size_t colon = url.find("://");
+  TierSchemes &all = tierSchemes();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  std::string known;
+  for (const TierScheme &scheme : all.schemes) {
+    if (colon != std::string::npos &&
+        url.compare(0, colon, scheme.scheme) == 0 &&
+        colon == scheme.scheme.size())
+      return scheme;
+    known += (known.empty() ? "" : ", ") + scheme.form;
+  }
+  return invalidArgument(url + ": unknown tier (expected " + known + ")");
+}
+
 StatusOr<std::unique_ptr<Tier>> openTier(const std::string &given,
                                          TierAccess access) {
-  std::string url = given;
-  RedisAuth auth;
-  takeCredentials(url, auth);
-  size_t q = url.find('?');
-  std::string base = url.substr(0, q);
-  std::map<std::string, std::string> query =
-      q == std::string::npos ? std::map<std::string, std::string>{}
-                             : parseQuery(url.substr(q + 1));
-  auto number = [&](const char *key, double &out) -> Status {
-    auto it = query.find(key);
-    if (it == query.end())
-      return Status::ok();
-    char *end = nullptr;
-    out = std::strtod(it->second.c_str(), &end);
-    if (end == it->second.c_str() || *end || !(out > 0))
-      return invalidArgument(url + ": " + key + " must be a positive number");
-    query.erase(it);
-    return Status::ok();
-  };
-  double gbps = 0, capacityMb = 0, timeoutMs = 10000, replicas = 0, ttlS = 0;
-  KVC_RETURN_IF_ERROR(number("gbps", gbps));
-  KVC_RETURN_IF_ERROR(number("capacity_mb", capacityMb));
-  const bool redis = base.rfind("redis://", 0) == 0 ||
-                     base.rfind("redis-cluster://", 0) == 0;
-  bool readReplicas = false;
-  if (redis) {
-    KVC_RETURN_IF_ERROR(number("timeout_ms", timeoutMs));
-    KVC_RETURN_IF_ERROR(number("replicas", replicas));
-    KVC_RETURN_IF_ERROR(number("ttl_s", ttlS));
-    if (auto it = query.find("read"); it != query.end()) {
-      if (it->second != "replicas" && it->second != "masters")
-        return invalidArgument(url + ": read must be replicas or masters");
-      if (base.rfind("redis-cluster://", 0) != 0)
-        return invalidArgument(url + ": read=" + it->second +
-                               " is for redis-cluster:// tiers");
-      readReplicas = it->second == "replicas";
-      query.erase(it);
-    }
-  }
-  RedisOptions redisOptions;
-  redisOptions.commandTimeoutMs = int(timeoutMs);
-  redisOptions.waitReplicas = int(replicas);
-  redisOptions.ttlSeconds = int64_t(ttlS);
-  redisOptions.auth = std::move(auth);
-  // A deployment key seals every object (SealedTier.h): from the URL, or
-  // for every store from the environment.
+  KVC_ASSIGN_OR_RETURN(scheme, tierSchemeOf(given));
+  TierUrl url;
+  url.url = given;
+  url.access = access;
+  if (scheme.credentials)
+    takeCredentials(url.url, url.user, url.password);
+  const size_t q = url.url.find('?');
+  url.location = url.url.substr(0, q).substr(scheme.scheme.size() + 3);
+  if (q != std::string::npos)
+    url.options = parseQuery(url.url.substr(q + 1));
+  // The options of every scheme: a throttle, and a deployment key that
+  // seals every object (SealedTier.h), from the URL or for every store
+  // from the environment.
+  KVC_ASSIGN_OR_RETURN(gbps, url.number("gbps", 0));
   std::string keyFile;
-  if (auto it = query.find("key_file"); it != query.end()) {
-    keyFile = it->second;
-    query.erase(it);
-  } else if (const char *env = std::getenv("KVC_STORE_KEY_FILE")) {
+  if (std::optional<std::string> key = url.take("key_file"))
+    keyFile = *key;
+  else if (const char *env = std::getenv("KVC_STORE_KEY_FILE"))
     keyFile = env;
-  }
-  // A memory tier filled at open with a file store's objects (a server's
-  // DRAM tier warmed from its disk).
-  std::string fillFrom;
-  if (auto it = query.find("from");
-      it != query.end() && base.rfind("mem://", 0) == 0) {
-    fillFrom = it->second;
-    query.erase(it);
-  }
-  if (!query.empty())
-    return invalidArgument(url + ": unknown option " + query.begin()->first);
-
-  std::unique_ptr<Tier> tier;
-  if (base.rfind("mem://", 0) == 0) {
-    auto memory = std::make_unique<MemTier>(
-        url, size_t((capacityMb > 0 ? capacityMb : 1024) * (1 << 20)));
-    if (!fillFrom.empty())
-      KVC_RETURN_IF_ERROR(fillMemory(*memory, fillFrom).withContext(url));
-    tier = std::move(memory);
-  } else if (base.rfind("file://", 0) == 0) {
-    std::string dir = base.substr(7);
-    if (dir.empty() || dir[0] != '/')
-      return invalidArgument(url + ": file URLs need an absolute path, as "
-                                   "file:///tmp/kv");
-    std::error_code error;
-    if (access == TierAccess::Existing) {
-      if (!fs::is_directory(dir, error))
-        return Status(StatusCode::NotFound,
-                      url + ": no store at " + dir +
-                          " (a file:// store is a directory a save created)");
-    } else {
-      // The directory is made by the first write, so a save refused before
-      // it writes leaves nothing behind; what must exist is a writable
-      // place to make it.
-      fs::path existing = fs::path(dir);
-      while (!fs::exists(existing, error) && existing.has_parent_path() &&
-             existing != existing.parent_path())
-        existing = existing.parent_path();
-      if (!fs::is_directory(existing, error) ||
-          ::access(existing.c_str(), W_OK | X_OK) != 0)
-        return chunkError(ChunkFault::Unavailable,
-                          existing == fs::path(dir)
-                              ? url + ": " + dir + " is not writable"
-                              : url + ": cannot create " + dir + ": " +
-                                    existing.string() +
-                                    " is no writable directory");
-    }
-    auto file = std::make_unique<FileTier>(url, fs::path(dir),
-                                           int64_t(capacityMb * (1 << 20)));
-    file->removeStaleTemporaries();
-    tier = std::move(file);
-  } else if (base.rfind("redis://", 0) == 0) {
-    StatusOr<std::unique_ptr<Tier>> opened =
-        openRedisTier(url, base.substr(8), std::move(redisOptions));
-    if (!opened.isOk())
-      return opened.status();
-    tier = std::move(*opened);
-  } else if (base.rfind("redis-cluster://", 0) == 0) {
-    StatusOr<std::unique_ptr<Tier>> opened =
-        openRedisClusterTier(url, base.substr(16), std::move(redisOptions),
-                             readReplicas);
-    if (!opened.isOk())
-      return opened.status();
-    tier = std::move(*opened);
-  } else {
-    return invalidArgument(url + ": unknown tier (expected mem://, "
-                                 "file:///DIR, redis://HOST:PORT[/DB] or "
-                                 "redis-cluster://HOST:PORT[,HOST:PORT...])");
-  }
+  for (const auto &[option, value] : url.options)
+    if (std::find(scheme.options.begin(), scheme.options.end(), option) ==
+        scheme.options.end())
+      return invalidArgument(url.url + ": unknown option " + option);
+  KVC_ASSIGN_OR_RETURN(tier, scheme.open(url));
   if (!keyFile.empty()) {
     KVC_ASSIGN_OR_RETURN(key, readDeploymentKey(keyFile));
     KVC_ASSIGN_OR_RETURN(sealed, sealTier(std::move(tier), std::move(key)));
     tier = std::move(sealed);
   }
   if (gbps > 0)
-    return throttleTier(std::move(tier), gbps, url);
+    return throttleTier(std::move(tier), gbps, url.url);
   return tier;
 }
 

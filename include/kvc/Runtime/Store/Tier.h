@@ -7,9 +7,11 @@
 // tier to N gigabits per second (shared by all its users), as the Cake paper
 // emulated 7-100 Gbps links; `mem://` also takes `capacity_mb=N` and
 // `from=DIR` (filled at open with the objects of the file store at DIR, as a
-// server warms its DRAM tier from disk). Tiers are
-// safe to use from many threads. Errors are values: an unreachable server is
-// Unavailable (ChunkFault::Unavailable), a missing object NotFound.
+// server warms its DRAM tier from disk). A URL's scheme picks what opens it
+// (TierScheme: the built-in ones above and redis-cluster://; a new tier
+// registers its own with registerTierScheme). Tiers are safe to use from
+// many threads. Errors are values: an unreachable server is Unavailable
+// (ChunkFault::Unavailable), a missing object NotFound.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,8 +20,12 @@
 
 #include "kvc/Runtime/Base/ByteSpan.h"
 #include "kvc/Runtime/Base/Status.h"
+#include "kvc/Runtime/Desc/TargetDesc.h"
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,7 +126,46 @@ private:
 /// a store that holds nothing).
 enum class TierAccess { Create, Existing };
 
-/// Opens the tier a URL names.
+/// A store URL taken apart for the scheme that opens it: "SCHEME://
+/// [USER[:PASSWORD]@]LOCATION[?OPTIONS]".
+struct TierUrl {
+  std::string url;            ///< The URL without credentials, for messages.
+  std::string location;       ///< "/tmp/kv", "127.0.0.1:6379/0".
+  std::string user, password; ///< For a scheme that takes credentials.
+  TierAccess access = TierAccess::Create;
+  /// The query's options the scheme has not taken yet.
+  std::map<std::string, std::string> options;
+
+  /// Takes option `key`: its value, or none.
+  std::optional<std::string> take(const std::string &key);
+  /// Takes option `key`, a positive number; `fallback` when absent.
+  StatusOr<double> number(const std::string &key, double fallback);
+};
+
+/// What opens the URLs of one scheme. The built-in ones: mem, file, redis,
+/// redis-cluster; a new tier registers its own (registerTierScheme).
+struct TierScheme {
+  std::string scheme;  ///< "file", as in file:///tmp/kv.
+  TierDesc::Kind kind; ///< The kind of target tier it is priced as.
+  std::string form;    ///< "file:///DIR", for messages.
+  /// The options it takes (besides every scheme's gbps and key_file); any
+  /// other is refused before it opens.
+  std::vector<std::string> options;
+  /// Whether "USER[:PASSWORD]@" before the location are credentials
+  /// (kept out of every message and tier name).
+  bool credentials = false;
+  /// Opens `url`, taking its options from it.
+  std::function<StatusOr<std::unique_ptr<Tier>>(TierUrl &url)> open;
+};
+
+/// Adds `scheme` to those openTier knows (replacing one of its name).
+void registerTierScheme(TierScheme scheme);
+/// The scheme that opens `url`; InvalidArgument, naming those known, for
+/// none.
+StatusOr<TierScheme> tierSchemeOf(const std::string &url);
+
+/// Opens the tier a URL names, by its scheme (tierSchemeOf); a `?gbps=N`
+/// throttle and a `key_file` seal hold for every scheme.
 StatusOr<std::unique_ptr<Tier>>
 openTier(const std::string &url, TierAccess access = TierAccess::Create);
 

@@ -805,9 +805,18 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   std::vector<Strategy> strategies = s.options.plans.strategies;
   if (strategies.empty())
     strategies = planning::allStrategies();
-  if (onDevice > 0) // Only loads may follow the server's own tokens.
-    strategies = {Strategy::Kv, Strategy::Hidden};
-  static const std::vector<Strategy> offGrid = {Strategy::Kv};
+  // Only loads may follow the server's own tokens; a server prefix that
+  // ends inside a chunk only loads of K and V (below).
+  std::vector<Strategy> offGrid;
+  if (onDevice > 0) {
+    strategies.clear();
+    for (Strategy strategy : planning::allStrategies())
+      if (planning::strategyOnlyLoads(strategy)) {
+        strategies.push_back(strategy);
+        if (planning::strategyNeeds(strategy) == Form::KV)
+          offGrid.push_back(strategy);
+      }
+  }
   bool loadable = false; // Whether any holding reaches past the server's.
   for (const Lookup::Held &held : found.held) {
     const int64_t ct = held.layout.chunkTokens;
@@ -826,7 +835,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     // slow a shorter load meets its pass sooner.
     std::vector<Strategy> loadOnly;
     for (Strategy strategy : allowed)
-      if (strategy == Strategy::Kv || strategy == Strategy::Hidden)
+      if (planning::strategyOnlyLoads(strategy))
         loadOnly.push_back(strategy);
     std::vector<std::pair<int64_t, const std::vector<Strategy> *>> lengths = {
         {whole, &allowed}};

@@ -746,15 +746,17 @@ struct StrategyRow {
   Strategy strategy;
   const char *name;
   std::optional<Form> needs;
+  bool onlyLoads; ///< strategyOnlyLoads.
+  bool baseline;  ///< isBaseline.
 };
 
 constexpr StrategyRow kStrategies[] = {
-    {Strategy::Compute, "compute", std::nullopt},
-    {Strategy::Kv, "kv", Form::KV},
-    {Strategy::Hidden, "hidden", Form::Hidden},
-    {Strategy::Cake, "cake", Form::KV},
-    {Strategy::HCache, "hcache", Form::Hidden},
-    {Strategy::Joint, "joint", std::nullopt},
+    {Strategy::Compute, "compute", std::nullopt, false, true},
+    {Strategy::Kv, "kv", Form::KV, true, true},
+    {Strategy::Hidden, "hidden", Form::Hidden, true, true},
+    {Strategy::Cake, "cake", Form::KV, false, true},
+    {Strategy::HCache, "hcache", Form::Hidden, false, true},
+    {Strategy::Joint, "joint", std::nullopt, false, false},
 };
 
 } // namespace
@@ -782,6 +784,14 @@ std::optional<Strategy> parseStrategy(std::string_view name) {
 
 std::optional<Form> strategyNeeds(Strategy strategy) {
   return kStrategies[int(strategy)].needs;
+}
+
+bool strategyOnlyLoads(Strategy strategy) {
+  return kStrategies[int(strategy)].onlyLoads;
+}
+
+bool isBaseline(Strategy strategy) {
+  return kStrategies[int(strategy)].baseline;
 }
 
 StatusOr<std::vector<Strategy>> parseStrategies(std::string_view list) {
@@ -836,10 +846,11 @@ std::optional<Evaluation> Planner::plan(Strategy strategy) const {
 }
 
 std::vector<Evaluation> Planner::baselines() const {
-  std::vector<Evaluation> out{computeOnly()};
-  for (auto e : {kvOnly(), hiddenOnly(), cake(), hcache()})
-    if (e)
-      out.push_back(std::move(*e));
+  std::vector<Evaluation> out;
+  for (const StrategyRow &row : kStrategies)
+    if (row.baseline)
+      if (std::optional<Evaluation> e = plan(row.strategy))
+        out.push_back(std::move(*e));
   return out;
 }
 

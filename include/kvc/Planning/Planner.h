@@ -39,7 +39,7 @@ namespace kvc::planning {
 
 /// The strategies a restore is planned by: the papers' baselines and the
 /// joint search. One table (Planner.cpp) names them and says which stored
-/// form each needs.
+/// form each needs, whether it only loads and whether it is a baseline.
 enum class Strategy { Compute, Kv, Hidden, Cake, HCache, Joint };
 
 /// Every strategy, in the order above.
@@ -55,6 +55,12 @@ StatusOr<std::vector<Strategy>> parseStrategies(std::string_view list);
 /// The form a strategy loads (none: it loads nothing, or whatever is
 /// stored).
 std::optional<Form> strategyNeeds(Strategy strategy);
+/// Whether plans of `strategy` load every token they restore (kv, hidden):
+/// the others compute some of them, choosing their own split.
+bool strategyOnlyLoads(Strategy strategy);
+/// Whether `strategy` is one of the single techniques the joint search is
+/// held against (Planner::baselines): every one but joint.
+bool isBaseline(Strategy strategy);
 /// The strategies whose loads `sources` allow, in the order above.
 std::vector<Strategy> strategiesFor(const std::vector<Source> &sources);
 

@@ -73,7 +73,10 @@ public:
   /// While partlyDown(): whether the part that holds `name` answers, as far
   /// as the tier knows without asking (what a decision may price as
   /// loadable).
-  virtual bool answers(const std::string &name) { return true; }
+  virtual bool answers(const std::string &name) {
+    (void)name;
+    return true;
+  }
 };
 
 /// A tier that passes every call to another: the base of tiers that change

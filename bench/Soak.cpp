@@ -39,6 +39,7 @@
 #include "kvc/Host/Connector.h"
 #include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Base/Clock.h"
+#include "kvc/Runtime/Base/Memory.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
 #include "kvc/Runtime/Exec/Executor.h"
 #include "kvc/Runtime/Model/Blas.h"
@@ -138,13 +139,6 @@ struct Phase {
                            std::size_t(p * double(sorted.size())))];
   }
 };
-
-int64_t residentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * ::sysconf(_SC_PAGESIZE);
-}
 
 /// The soak's shared state: what the threads report into.
 struct Soak {

@@ -112,9 +112,7 @@ struct CompiledPlan {
 /// A running (or ended) load.
 struct LoadJob {
   std::vector<int32_t> tokens; ///< The loaded prefix.
-  /// Its chunks' index keys (PrefixIndex::keys), of `chunkTokens` each.
-  std::vector<uint64_t> keys;
-  int64_t chunkTokens = 0;
+  int64_t chunkTokens = 0;     ///< Its store layout's.
   BlockTable table;
   int64_t resident = 0;
   std::shared_ptr<const CompiledPlan> plan;
@@ -1130,7 +1128,6 @@ Status Connector::startLoad(const std::string &id,
   auto job = std::make_shared<LoadJob>();
   job->tokens.assign(request->tokens.begin(), request->tokens.begin() + tokens);
   job->chunkTokens = request->decision->layout.chunkTokens;
-  job->keys = PrefixIndex::keys(job->tokens, job->chunkTokens, s.seed);
   job->table = std::move(table);
   job->resident = request->onDevice;
   job->plan = request->plan;
@@ -1179,7 +1176,7 @@ StatusOr<std::shared_ptr<LoadJob>> loadOf(std::mutex &mutex,
 /// the next lookup asks the stores what they hold, rather than every later
 /// load failing on them.
 const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, PrefixIndex &index,
-                                         std::mutex &mutex) {
+                                         uint64_t seed, std::mutex &mutex) {
   std::lock_guard<std::mutex> collecting(job.waiting);
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -1191,6 +1188,8 @@ const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, PrefixIndex &index,
   if (job.result)
     return *job.result;
   if (result.isOk()) {
+    // The keys are computed only for a load that lost chunks: the rare case.
+    std::vector<uint64_t> keys;
     const RestoreMetrics &metrics = *result;
     for (std::size_t f = 0;
          f < metrics.fallbackTokens.size() && f < metrics.fallbackFaults.size();
@@ -1199,10 +1198,12 @@ const StatusOr<RestoreMetrics> &resultOf(LoadJob &job, PrefixIndex &index,
       if (fault != ChunkFault::Missing && fault != ChunkFault::Corrupt &&
           fault != ChunkFault::Truncated)
         continue;
+      if (keys.empty())
+        keys = PrefixIndex::keys(job.tokens, job.chunkTokens, seed);
       const BundleRange &range = metrics.fallbackTokens[f];
       for (int64_t c = range.begin / job.chunkTokens;
-           c * job.chunkTokens < range.end && c < int64_t(job.keys.size()); ++c)
-        index.forget(job.keys[c]);
+           c * job.chunkTokens < range.end && c < int64_t(keys.size()); ++c)
+        index.forget(keys[c]);
     }
   }
   job.result = std::move(result);
@@ -1233,7 +1234,7 @@ Status Connector::waitLayerOn(const std::string &id, int64_t layer,
 
 StatusOr<RestoreMetrics> Connector::waitLoad(const std::string &id) {
   KVC_ASSIGN_OR_RETURN(job, loadOf(state_->mutex, state_->requests, id));
-  return resultOf(*job, state_->index, state_->mutex);
+  return resultOf(*job, state_->index, state_->seed, state_->mutex);
 }
 
 StatusOr<std::vector<int32_t>>
@@ -1402,7 +1403,7 @@ Finished Connector::finished() {
       }
   }
   for (const std::shared_ptr<LoadJob> &job : collect)
-    (void)resultOf(*job, s.index, s.mutex); // Ended: returns at once.
+    (void)resultOf(*job, s.index, s.seed, s.mutex); // Ended: at once.
   return out;
 }
 

@@ -25,10 +25,8 @@ Status ComputeFit::applyTo(ComputeDesc &compute) const {
     }
     compute.gemmPeakFraction =
         std::max(compute.gemmPeakFraction, std::min(1.0, reached / peak));
-    compute.denseTflops = reached / compute.gemmPeakFraction;
-  } else {
-    compute.denseTflops = reached / compute.gemmPeakFraction;
   }
+  compute.denseTflops = reached / compute.gemmPeakFraction;
   compute.gemmHalfTokens = halfTokens;
   compute.attentionTflops =
       attentionFlops > 0 ? attentionFlops / (1e12 * compute.restoreShare) : 0;

@@ -747,7 +747,9 @@ struct StrategyRow {
   const char *name;
   std::optional<Form> needs;
   bool onlyLoads; ///< strategyOnlyLoads.
-  bool baseline;  ///< isBaseline.
+  /// One of the single techniques the joint search is held against
+  /// (Planner::baselines): every one but joint.
+  bool baseline;
 };
 
 constexpr StrategyRow kStrategies[] = {
@@ -788,10 +790,6 @@ std::optional<Form> strategyNeeds(Strategy strategy) {
 
 bool strategyOnlyLoads(Strategy strategy) {
   return kStrategies[int(strategy)].onlyLoads;
-}
-
-bool isBaseline(Strategy strategy) {
-  return kStrategies[int(strategy)].baseline;
 }
 
 StatusOr<std::vector<Strategy>> parseStrategies(std::string_view list) {

@@ -58,9 +58,6 @@ std::optional<Form> strategyNeeds(Strategy strategy);
 /// Whether plans of `strategy` load every token they restore (kv, hidden):
 /// the others compute some of them, choosing their own split.
 bool strategyOnlyLoads(Strategy strategy);
-/// Whether `strategy` is one of the single techniques the joint search is
-/// held against (Planner::baselines): every one but joint.
-bool isBaseline(Strategy strategy);
 /// The strategies whose loads `sources` allow, in the order above.
 std::vector<Strategy> strategiesFor(const std::vector<Source> &sources);
 

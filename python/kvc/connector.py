@@ -74,7 +74,7 @@ def token_list(tokens: Tokens) -> list[int]:
 
 class Model:
     """A model kvc computes with (config.json and safetensors weights, as
-    transformers saves a Llama, Mistral or Qwen2 model). The Connector
+    transformers saves a Llama, Mistral, Qwen2 or Qwen3 model). The Connector
     recomputes with it what a plan computes rather than loads."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:

@@ -68,12 +68,16 @@ def _counters(llm: Any) -> dict[str, float]:
 
 def corrupt_one_object(store: Path) -> Path:
     """Flips 16 bytes in the middle of one stored object of a file:// store
-    (not a layout record); returns its path."""
+    (not a layout record), one of a whole chunk (the largest: a prompt's
+    partial last chunk, which a load of whole chunks never reads, is
+    smaller); returns its path."""
     objects = sorted(p for p in store.rglob("*")
                      if p.is_file() and "layouts" not in p.parts)
     if not objects:
         raise FileNotFoundError(f"{store} holds no object")
-    victim = objects[len(objects) // 2]
+    largest = max(p.stat().st_size for p in objects)
+    whole = [p for p in objects if p.stat().st_size == largest]
+    victim = whole[len(whole) // 2]
     data = bytearray(victim.read_bytes())
     for i in range(len(data) // 2, len(data) // 2 + 16):
         data[i] ^= 0xFF

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["corrupt_one_object", "engine_llama_config", "tiny_llama_config",
-           "write_lora_adapter"]
+__all__ = ["corrupt_one_object", "engine_llama_config", "family_model",
+           "tiny_llama_config", "write_lora_adapter"]
 
 
 def corrupt_one_object(store: Path) -> Path:
@@ -26,6 +26,38 @@ def tiny_llama_config(transformers: Any) -> Any:
         vocab_size=256, hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=1024, initializer_range=0.3)
+
+
+def family_model(transformers: Any, torch: Any, family: str,
+                 shape: Any) -> Any:
+    """A random model of ``family`` ("llama", "qwen2", "qwen3") of the
+    Llama config ``shape``'s sizes (:func:`tiny_llama_config`,
+    :func:`engine_llama_config`), with what sets the family apart drawn at
+    random too (transformers starts biases at zero and norms at one, which
+    would hide a missing one): Qwen2's q/k/v biases; Qwen3's per-head q/k
+    norms, and its ``attention_bias`` (q/k/v/o biases) turned on."""
+    shape = shape.to_dict()
+    keep = ("vocab_size", "hidden_size", "intermediate_size",
+            "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "max_position_embeddings", "initializer_range")
+    fields = {key: shape[key] for key in keep}
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields))
+    elif family == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**fields))
+    elif family == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            head_dim=fields["hidden_size"] // fields["num_attention_heads"],
+            attention_bias=True, **fields))
+    else:
+        raise ValueError(f"unknown family {family!r}")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 0.3)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.normal_(1.0, 0.3)
+    return model
 
 
 def engine_llama_config(transformers: Any) -> Any:

@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("vllm")
 
-from helpers import engine_llama_config, write_lora_adapter  # noqa: E402
+from helpers import (engine_llama_config, family_model,  # noqa: E402
+                     write_lora_adapter)
 
 BLOCK = 32
 CHUNK = 64
@@ -221,6 +222,33 @@ def test_corrupt_chunk_fails_the_request(model_dir: str, reference: Any,
     if "outputs" in last:
         assert last["outputs"][0] != reference[tuple(P1)] or \
             last["finish_reasons"] == ["error"]
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_qwen_models(family: str, tmp_path: Path) -> None:
+    # vLLM's own Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, here
+    # with attention_bias) over the engine Llama's sizes, their biases and
+    # norms random: kvc reads the model, saves vLLM's KV and loads it back;
+    # the tokens are the engine's own.
+    torch.manual_seed(0)
+    directory = tmp_path / family
+    model = family_model(transformers, torch, family,
+                         engine_llama_config(transformers))
+    model.to(torch.bfloat16).save_pretrained(directory)
+    prompts = [P1, P2]
+    plain = run_engine({"model": str(directory), "prefix_caching": False,
+                        "phases": [generate(*prompts)]}, tmp_path,
+                       f"{family}-plain")
+    result = run_engine({
+        "model": str(directory), "prefix_caching": False,
+        "connector": connector(tmp_path / "store"),
+        "phases": [generate(P1), generate(*prompts)]}, tmp_path,
+        f"{family}-kvc")
+    assert "start_error" not in result, result
+    saved, loaded = result["phases"]
+    assert saved["counters"][HITS] == 0
+    assert loaded["counters"][HITS] == held(300) + 128
+    assert loaded["outputs"] == plain["phases"][0]["outputs"]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

@@ -21,7 +21,7 @@
 // Tests that malformed JSON, unsupported architectures, missing fields,
 // missing files and a missing path are errors that name the problem.
 // MALFORMED: error: {{.*}}malformed/config.json: invalid JSON: parse error at line 6
-// UNSUP: error: {{.*}}unsupported/config.json: attention_bias: biased projections are not supported
+// UNSUP: error: {{.*}}unsupported/config.json: mlp_bias: biased MLP projections are not supported
 // MISSING: error: {{.*}}missing-field/config.json: num_attention_heads: missing required field
 // NOFILE: error: {{.*}}no-such-model/config.json: cannot open file
 // NOPATH: error: kvc-import-model needs a path: --kvc-import-model=FILE.json

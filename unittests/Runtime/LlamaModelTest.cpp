@@ -201,6 +201,72 @@ TEST(LlamaModel, ReportsMissingAndMisshapenTensors) {
             std::string::npos);
 }
 
+/// `modelDir()`'s model as a Qwen2 (its config's model_type changed) with
+/// `tensors`: biases of zero are a Llama's projections.
+StatusOr<std::unique_ptr<LlamaModel>> asQwen2(const TensorMap &tensors) {
+  std::string dir = test::tempPath("llama-model-qwen2");
+  std::filesystem::create_directories(dir);
+  std::ifstream in(modelDir() + "/config.json");
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  const std::string from = "\"model_type\": \"llama\"";
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << text;
+  text.replace(at, from.size(), "\"model_type\": \"qwen2\"");
+  std::ofstream(dir + "/config.json") << text;
+  KVC_RETURN_IF_ERROR(
+      writeSafetensors(dir + "/model.safetensors", tensors, DType::F32));
+  return LlamaModel::load(dir);
+}
+
+// Qwen2's q, k and v projections are biased: its checkpoint must hold the
+// biases, a zero bias computes the Llama's KV, and K moves with k's bias
+// (transformers checks the values: python/tests/test_transformers.py).
+TEST(LlamaModel, Qwen2ReadsAndAddsItsBiases) {
+  auto llama = std::move(*LlamaModel::load(modelDir()));
+  TensorMap tensors = *loadSafetensors(modelDir());
+  const int64_t q = llama->config().hiddenSize, kv = llama->kvDim();
+  for (int64_t l = 0; l < 3; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    tensors[p + "q_proj.bias"] = Tensor{{q}, std::vector<float>(q)};
+    tensors[p + "k_proj.bias"] = Tensor{{kv}, std::vector<float>(kv)};
+    tensors[p + "v_proj.bias"] = Tensor{{kv}, std::vector<float>(kv)};
+  }
+  auto zero = asQwen2(tensors);
+  ASSERT_TRUE(zero.isOk()) << zero.status().toString();
+  EXPECT_TRUE((*zero)->config().qkvBias);
+  EXPECT_NE((*zero)->fingerprint(), llama->fingerprint());
+  std::vector<int32_t> t = tokens(40, 5);
+  LlamaModel::Cache expected = llama->newCache(), cache = (*zero)->newCache();
+  ASSERT_TRUE(llama->prefill(expected, t.data(), 40).isOk());
+  ASSERT_TRUE((*zero)->prefill(cache, t.data(), 40).isOk());
+  for (int64_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(cache.k[l], expected.k[l]) << "layer " << l;
+    EXPECT_EQ(cache.v[l], expected.v[l]) << "layer " << l;
+  }
+
+  // V's bias is added to every token's V as it is.
+  std::vector<float> bias(kv);
+  for (int64_t i = 0; i < kv; ++i)
+    bias[i] = float(i % 7) - 3.0f;
+  tensors["model.layers.0.self_attn.v_proj.bias"] = Tensor{{kv}, bias};
+  auto biased = asQwen2(tensors);
+  ASSERT_TRUE(biased.isOk()) << biased.status().toString();
+  LlamaModel::Cache moved = (*biased)->newCache();
+  ASSERT_TRUE((*biased)->prefill(moved, t.data(), 40).isOk());
+  for (int64_t i = 0; i < 40 * kv; i += 13)
+    EXPECT_NEAR(moved.v[0][i], expected.v[0][i] + bias[i % kv],
+                kOneBf16Step * 8)
+        << "element " << i;
+
+  tensors.erase("model.layers.2.self_attn.k_proj.bias");
+  auto missing = asQwen2(tensors);
+  ASSERT_FALSE(missing.isOk());
+  EXPECT_NE(missing.status().message().find("layers.2.self_attn.k_proj.bias"),
+            std::string::npos)
+      << missing.status().toString();
+}
+
 // A model loaded without its fp32 host weights names itself as the loaded
 // model does and views its checkpoint as stored (what a GPU copies); its
 // first host-side compute makes the weights and computes what the eagerly

@@ -56,6 +56,79 @@ TEST(ModelConfig, Llama31_8B_GQA) {
   EXPECT_EQ(model->hiddenBytesPerTokenLayer(), 2 * model->kvBytesPerTokenLayer());
 }
 
+TEST(ModelConfig, Qwen25_7B_BiasesQKVAndIgnoresItsUnusedWindow) {
+  StatusOr<ModelConfig> model =
+      loadModelConfig(modelPath("qwen2.5-7b/config.json"));
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ(model->modelType, "qwen2");
+  EXPECT_EQ(model->headDim, 128);
+  EXPECT_EQ(model->numKvHeads, 4);
+  EXPECT_DOUBLE_EQ(model->ropeTheta, 1000000.0);
+  EXPECT_TRUE(model->qkvBias);
+  EXPECT_FALSE(model->outputBias);
+  EXPECT_FALSE(model->qkNorm);
+}
+
+TEST(ModelConfig, Qwen3_8B_NormsQAndK) {
+  StatusOr<ModelConfig> model =
+      loadModelConfig(modelPath("qwen3-8b/config.json"));
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ(model->modelType, "qwen3");
+  EXPECT_EQ(model->numLayers, 36);
+  EXPECT_EQ(model->numKvHeads, 8);
+  EXPECT_TRUE(model->qkNorm);
+  EXPECT_FALSE(model->qkvBias);
+  EXPECT_FALSE(model->outputBias);
+}
+
+TEST(ModelConfig, AttentionBiasBiasesEveryAttentionProjection) {
+  StatusOr<ModelConfig> model =
+      parseModelConfig(config(R"("attention_bias": true)"), "m");
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_TRUE(model->qkvBias);
+  EXPECT_TRUE(model->outputBias);
+}
+
+/// transformers >= 5 writes RoPE's base and scaling in `rope_parameters`;
+/// a Llama 3.1 saved so is the Llama 3.1 of the older spelling.
+TEST(ModelConfig, RopeParametersOfTransformers5) {
+  StatusOr<ModelConfig> model =
+      parseModelConfig(config(R"("rope_parameters": {"rope_theta": 500000.0,
+          "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192})"),
+                       "m");
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  StatusOr<ModelConfig> older =
+      loadModelConfig(modelPath("llama-3.1-8b/config.json"));
+  ASSERT_TRUE(older.isOk()) << older.status().toString();
+  EXPECT_DOUBLE_EQ(model->ropeTheta, 500000.0);
+  EXPECT_EQ(model->ropeScaling.kind, RopeScaling::Kind::Llama3);
+  EXPECT_DOUBLE_EQ(model->ropeScaling.factor, older->ropeScaling.factor);
+  EXPECT_DOUBLE_EQ(model->ropeScaling.lowFreqFactor,
+                   older->ropeScaling.lowFreqFactor);
+  EXPECT_DOUBLE_EQ(model->ropeScaling.highFreqFactor,
+                   older->ropeScaling.highFreqFactor);
+  EXPECT_EQ(model->ropeScaling.originalMaxPositions, 8192);
+
+  StatusOr<ModelConfig> plain =
+      parseModelConfig(config(R"("rope_parameters": {"rope_theta": 1000.0,
+          "rope_type": "default"})"),
+                       "m");
+  ASSERT_TRUE(plain.isOk()) << plain.status().toString();
+  EXPECT_DOUBLE_EQ(plain->ropeTheta, 1000.0);
+  EXPECT_EQ(plain->ropeScaling.kind, RopeScaling::Kind::None);
+}
+
+/// A window no shorter than the context is full attention (transformers'
+/// MistralConfig writes 4096 by default).
+TEST(ModelConfig, AWindowAsLongAsTheContextIsFullAttention) {
+  StatusOr<ModelConfig> model = parseModelConfig(
+      config(R"("model_type": "mistral", "sliding_window": 4096)"), "m");
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_FALSE(model->qkvBias);
+}
+
 TEST(ModelConfig, DefaultsFromMissingOptionalFields) {
   StatusOr<ModelConfig> model = parseModelConfig(
       R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
@@ -110,8 +183,7 @@ INSTANTIATE_TEST_SUITE_P(
                   StatusCode::Unimplemented, "model_type: \"gpt2\""},
         BadConfig{"UnknownDType", config(R"("torch_dtype": "int8")"),
                   StatusCode::InvalidArgument, "unknown dtype \"int8\""},
-        BadConfig{"KvHeadsDoNotDivide",
-                  config(R"("num_key_value_heads": 3)"),
+        BadConfig{"KvHeadsDoNotDivide", config(R"("num_key_value_heads": 3)"),
                   StatusCode::InvalidArgument,
                   "num_key_value_heads: 3 does not divide"},
         BadConfig{"HeadDimMismatch", config(R"("head_dim": 64)"),
@@ -119,12 +191,28 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"ZeroLayers", config(R"("num_hidden_layers": 0)"),
                   StatusCode::InvalidArgument,
                   "num_hidden_layers: expected a positive integer"},
-        BadConfig{"Bias", config(R"("attention_bias": true)"),
-                  StatusCode::Unimplemented, "attention_bias"},
+        BadConfig{"MlpBias", config(R"("mlp_bias": true)"),
+                  StatusCode::Unimplemented, "mlp_bias"},
         BadConfig{"Gelu", config(R"("hidden_act": "gelu")"),
                   StatusCode::Unimplemented, "hidden_act"},
-        BadConfig{"SlidingWindow", config(R"("sliding_window": 4096)"),
+        BadConfig{"SlidingWindow", config(R"("sliding_window": 1024)"),
                   StatusCode::Unimplemented, "sliding_window"},
+        BadConfig{"QwenSlidingWindow",
+                  config(R"("model_type": "qwen2", "use_sliding_window": true,
+                      "sliding_window": 1024)"),
+                  StatusCode::Unimplemented, "sliding_window"},
+        BadConfig{"SlidingLayers", config(R"("layer_types": ["full_attention",
+                      "sliding_attention"])"),
+                  StatusCode::Unimplemented, "layer_types"},
+        BadConfig{"RopeParametersWithoutType",
+                  config(R"("rope_parameters": {"rope_theta": 1000.0})"),
+                  StatusCode::InvalidArgument,
+                  "rope_parameters.type: missing required field"},
+        BadConfig{"UnknownRopeParameters",
+                  config(R"("rope_parameters": {"rope_type": "yarn",
+                      "factor": 4})"),
+                  StatusCode::Unimplemented,
+                  "rope_parameters.rope_type: \"yarn\""},
         BadConfig{"UnknownRopeScaling",
                   config(R"("rope_scaling": {"type": "yarn", "factor": 4})"),
                   StatusCode::Unimplemented, "rope_scaling.type: \"yarn\""}),

@@ -569,6 +569,7 @@ public:
   Status canLaunchProject(const BundleKernel &prologue,
                           const BundleKernel &epilogue, const ModelConfig &c,
                           bool bf16Gemms, const PagedKVCache &cache) const {
+    KVC_RETURN_IF_ERROR(CudaModel::supports(c));
     KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
     KVC_RETURN_IF_ERROR(loads(prologue));
     if (!bf16Gemms)

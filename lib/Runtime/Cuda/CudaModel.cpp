@@ -75,12 +75,26 @@ Status CudaModel::upload(const std::vector<const TensorView *> &parts,
   return copyStored(parts, bf16(), to.data.get<char>());
 }
 
+Status CudaModel::supports(const ModelConfig &c) {
+  if (c.qkvBias || c.outputBias || c.qkNorm)
+    return unimplemented(
+        "cuda backend: " + c.modelType + "'s attention (" +
+        (c.qkNorm ? "per-head q/k norms" : "biased projections") +
+        ") is computed on the CPU backend only");
+  return Status::ok();
+}
+
 StatusOr<std::unique_ptr<CudaModel>>
 CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
   // From the checkpoint as stored: the model's fp32 host weights are
   // neither used nor made.
-  std::unique_ptr<CudaModel> gpu(new CudaModel(model.config(), precision));
   const ModelConfig &c = model.config();
+  if (c.qkvBias || c.outputBias || c.qkNorm)
+    return unimplemented(
+        "cuda backend: " + c.modelType + "'s attention (" +
+        (c.qkNorm ? "per-head q/k norms" : "biased projections") +
+        ") is computed on the CPU backend only");
+  std::unique_ptr<CudaModel> gpu(new CudaModel(model.config(), precision));
   const int64_t h = c.hiddenSize;
   KVC_RETURN_IF_ERROR(
       uploadFloats({&model.storedEmbedding()}, gpu->embedding_));
@@ -107,6 +121,7 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
 
 StatusOr<std::unique_ptr<CudaModel>>
 CudaModel::borrow(const ModelConfig &c, const CudaLlamaWeights &weights) {
+  KVC_RETURN_IF_ERROR(supports(c));
   if (int64_t(weights.layers.size()) != c.numLayers)
     return invalidArgument(
         "cuda runner: weights of " + std::to_string(weights.layers.size()) +

@@ -58,6 +58,11 @@ Status ModelConfig::validate() const {
 
 namespace {
 
+bool isSupportedModelType(const std::string &type) {
+  return type == "llama" || type == "mistral" || type == "qwen2" ||
+         type == "qwen3";
+}
+
 Status parseDType(const Json &obj, ModelConfig &config) {
   // Transformers >= 4.56 writes `dtype`; older releases `torch_dtype`.
   const char *key = obj.contains("dtype") ? "dtype" : "torch_dtype";
@@ -75,63 +80,100 @@ Status parseDType(const Json &obj, ModelConfig &config) {
   return Status::ok();
 }
 
-Status parseRopeScaling(const Json &obj, ModelConfig &config) {
-  auto it = obj.find("rope_scaling");
+/// RoPE's base and scaling: transformers >= 5 writes both in
+/// `rope_parameters` ({"rope_theta", "rope_type", and the type's fields});
+/// older releases `rope_theta` beside `rope_scaling` ({"type" or
+/// "rope_type", ...}, or null). A file with either is read the same way.
+Status parseRope(const Json &obj, ModelConfig &config) {
+  const char *key =
+      obj.contains("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  KVC_RETURN_IF_ERROR(
+      readNumber(obj, "", "rope_theta", config.ropeTheta, Presence::Optional));
+  auto it = obj.find(key);
   if (it == obj.end() || it->is_null())
-    return Status::ok();
-  KVC_RETURN_IF_ERROR(expectObject(*it, "rope_scaling"));
+    return checkPositive(config.ropeTheta, "rope_theta");
+  KVC_RETURN_IF_ERROR(expectObject(*it, key));
   const Json &scaling = *it;
+  KVC_RETURN_IF_ERROR(readNumber(scaling, key, "rope_theta", config.ropeTheta,
+                                 Presence::Optional));
+  KVC_RETURN_IF_ERROR(checkPositive(config.ropeTheta, "rope_theta"));
   std::string type;
   const char *typeKey = scaling.contains("rope_type") ? "rope_type" : "type";
   KVC_RETURN_IF_ERROR(
-      readString(scaling, "rope_scaling", typeKey, type, Presence::Required));
+      readString(scaling, key, typeKey, type, Presence::Required));
   RopeScaling &rope = config.ropeScaling;
-  KVC_RETURN_IF_ERROR(readNumber(scaling, "rope_scaling", "factor",
-                                 rope.factor, Presence::Required));
   if (type == "default") {
     rope.kind = RopeScaling::Kind::None;
-  } else if (type == "linear") {
+    return Status::ok();
+  }
+  KVC_RETURN_IF_ERROR(
+      readNumber(scaling, key, "factor", rope.factor, Presence::Required));
+  if (type == "linear") {
     rope.kind = RopeScaling::Kind::Linear;
   } else if (type == "llama3") {
     rope.kind = RopeScaling::Kind::Llama3;
-    KVC_RETURN_IF_ERROR(readNumber(scaling, "rope_scaling", "low_freq_factor",
+    KVC_RETURN_IF_ERROR(readNumber(scaling, key, "low_freq_factor",
                                    rope.lowFreqFactor, Presence::Required));
-    KVC_RETURN_IF_ERROR(readNumber(scaling, "rope_scaling", "high_freq_factor",
+    KVC_RETURN_IF_ERROR(readNumber(scaling, key, "high_freq_factor",
                                    rope.highFreqFactor, Presence::Required));
-    KVC_RETURN_IF_ERROR(readInt(scaling, "rope_scaling",
+    KVC_RETURN_IF_ERROR(readInt(scaling, key,
                                 "original_max_position_embeddings",
-                                rope.originalMaxPositions,
-                                Presence::Required));
+                                rope.originalMaxPositions, Presence::Required));
   } else {
-    return unimplemented("rope_scaling." + std::string(typeKey) + ": \"" +
-                         type +
+    return unimplemented(std::string(key) + "." + typeKey + ": \"" + type +
                          "\" is not supported (kvc implements linear and "
                          "llama3)");
   }
-  return checkPositive(rope.factor, "rope_scaling.factor");
+  return checkPositive(rope.factor, std::string(key) + ".factor");
+}
+
+/// The attention's extras by family: Qwen2 biases q, k and v; Llama's,
+/// Mistral's and Qwen3's `attention_bias` biases q, k, v and o; Qwen3
+/// normalizes each head of q and k.
+Status parseAttention(const Json &obj, ModelConfig &config) {
+  bool bias = false;
+  KVC_RETURN_IF_ERROR(
+      readBool(obj, "", "attention_bias", bias, Presence::Optional));
+  config.qkvBias = bias || config.modelType == "qwen2";
+  config.outputBias = bias && config.modelType != "qwen2";
+  config.qkNorm = config.modelType == "qwen3";
+  return Status::ok();
 }
 
 /// Rejects architecture features that the Llama data path does not model.
-Status rejectUnsupported(const Json &obj) {
+Status rejectUnsupported(const Json &obj, const ModelConfig &config) {
   std::string act = "silu";
   KVC_RETURN_IF_ERROR(readString(obj, "", "hidden_act", act,
                                  Presence::Optional));
   if (act != "silu")
     return unimplemented("hidden_act: \"" + act +
                          "\" is not supported (Llama-family models use silu)");
-  for (const char *key : {"attention_bias", "mlp_bias"}) {
-    bool bias = false;
-    KVC_RETURN_IF_ERROR(readBool(obj, "", key, bias, Presence::Optional));
-    if (bias)
-      return unimplemented(std::string(key) +
-                           ": biased projections are not supported");
-  }
-  int64_t window = 0;
+  bool bias = false;
+  KVC_RETURN_IF_ERROR(readBool(obj, "", "mlp_bias", bias, Presence::Optional));
+  if (bias)
+    return unimplemented("mlp_bias: biased MLP projections are not supported");
+  // Qwen's configs name a window their attention does not use unless
+  // `use_sliding_window`; a window as long as the context changes nothing.
+  bool windowed = true;
   KVC_RETURN_IF_ERROR(
-      readInt(obj, "", "sliding_window", window, Presence::Optional));
-  if (window != 0)
-    return unimplemented("sliding_window: sliding-window attention is not "
-                         "supported");
+      readBool(obj, "", "use_sliding_window", windowed, Presence::Optional));
+  int64_t window = 0;
+  if (windowed)
+    KVC_RETURN_IF_ERROR(
+        readInt(obj, "", "sliding_window", window, Presence::Optional));
+  if (window > 0 && window < config.maxPositions)
+    return unimplemented("sliding_window: sliding-window attention (a window "
+                         "of " +
+                         std::to_string(window) + " in a context of " +
+                         std::to_string(config.maxPositions) +
+                         ") is not supported");
+  auto types = obj.find("layer_types");
+  if (windowed && types != obj.end() && types->is_array())
+    for (const Json &type : *types)
+      if (type.is_string() && type.get<std::string>() != "full_attention")
+        return unimplemented("layer_types: \"" + type.get<std::string>() +
+                             "\" layers are not supported (kvc implements "
+                             "full_attention)");
   return Status::ok();
 }
 
@@ -151,11 +193,10 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view text,
       readString(obj, "", "_name_or_path", config.name, Presence::Optional));
   KVC_RETURN_IF_ERROR(
       readString(obj, "", "model_type", config.modelType, Presence::Required));
-  if (config.modelType != "llama" && config.modelType != "mistral")
+  if (!isSupportedModelType(config.modelType))
     return unimplemented("model_type: \"" + config.modelType +
                          "\" is not a supported Llama-family model (expected "
-                         "llama or mistral)");
-  KVC_RETURN_IF_ERROR(rejectUnsupported(obj));
+                         "llama, mistral, qwen2 or qwen3)");
 
   struct {
     const char *key;
@@ -178,14 +219,14 @@ StatusOr<ModelConfig> parseModelConfig(std::string_view text,
   KVC_RETURN_IF_ERROR(
       readInt(obj, "", "head_dim", config.headDim, Presence::Optional));
   config.rmsNormEps = 1e-6; // LlamaConfig's default.
-  KVC_RETURN_IF_ERROR(
-      readNumber(obj, "", "rope_theta", config.ropeTheta, Presence::Optional));
   KVC_RETURN_IF_ERROR(readNumber(obj, "", "rms_norm_eps", config.rmsNormEps,
                                  Presence::Optional));
   KVC_RETURN_IF_ERROR(readBool(obj, "", "tie_word_embeddings",
                                config.tieWordEmbeddings, Presence::Optional));
   KVC_RETURN_IF_ERROR(parseDType(obj, config));
-  KVC_RETURN_IF_ERROR(parseRopeScaling(obj, config));
+  KVC_RETURN_IF_ERROR(parseRope(obj, config));
+  KVC_RETURN_IF_ERROR(parseAttention(obj, config));
+  KVC_RETURN_IF_ERROR(rejectUnsupported(obj, config));
   KVC_RETURN_IF_ERROR(config.validate());
   return config;
 }

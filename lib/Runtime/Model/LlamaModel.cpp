@@ -24,6 +24,14 @@ void linear(const float *x, const std::vector<float> &w, int64_t n,
               int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
 }
 
+/// y[n][out] += bias[out], for a projection that has one (empty: none).
+void addBias(const std::vector<float> &bias, int64_t n, float *y) {
+  const int64_t out = int64_t(bias.size());
+  for (int64_t i = 0; i < n && out; ++i)
+    for (int64_t j = 0; j < out; ++j)
+      y[i * out + j] += bias[j];
+}
+
 /// A model's fingerprint: its shape and the digest of its weights.
 std::string fingerprintOf(const ModelConfig &c,
                           const std::string &weightsDigest) {
@@ -36,6 +44,8 @@ std::string fingerprintOf(const ModelConfig &c,
       .update(uint64_t(c.headDim))
       .update(uint64_t(c.intermediateSize))
       .update(std::to_string(c.ropeTheta))
+      .update(uint64_t(c.qkvBias) | uint64_t(c.outputBias) << 1 |
+              uint64_t(c.qkNorm) << 2)
       .update(weightsDigest);
   return toHex(hash.finish());
 }
@@ -64,8 +74,10 @@ Status view(const Checkpoint &checkpoint, const std::string &name,
   return Status::ok();
 }
 
-/// `view` as fp32.
+/// `view` as fp32; empty for a tensor the model does not have.
 std::vector<float> floatsOf(const TensorView &view) {
+  if (!view.data)
+    return {};
   std::vector<float> out(size_t(view.numel()));
   view.toFloats(0, view.numel(), out.data());
   return out;
@@ -106,6 +118,19 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string &dir,
     KVC_RETURN_IF_ERROR(view(t, p + "mlp.gate_proj.weight", {f, h}, L.gate));
     KVC_RETURN_IF_ERROR(view(t, p + "mlp.up_proj.weight", {f, h}, L.up));
     KVC_RETURN_IF_ERROR(view(t, p + "mlp.down_proj.weight", {h, f}, L.down));
+    if (c.qkvBias) {
+      KVC_RETURN_IF_ERROR(view(t, p + "self_attn.q_proj.bias", {q}, L.qBias));
+      KVC_RETURN_IF_ERROR(view(t, p + "self_attn.k_proj.bias", {kv}, L.kBias));
+      KVC_RETURN_IF_ERROR(view(t, p + "self_attn.v_proj.bias", {kv}, L.vBias));
+    }
+    if (c.outputBias)
+      KVC_RETURN_IF_ERROR(view(t, p + "self_attn.o_proj.bias", {h}, L.oBias));
+    if (c.qkNorm) {
+      KVC_RETURN_IF_ERROR(
+          view(t, p + "self_attn.q_norm.weight", {c.headDim}, L.qNorm));
+      KVC_RETURN_IF_ERROR(
+          view(t, p + "self_attn.k_norm.weight", {c.headDim}, L.kNorm));
+    }
   }
   KVC_RETURN_IF_ERROR(
       view(t, "model.norm.weight", {h}, model->storedFinalNorm_));
@@ -140,7 +165,13 @@ const LlamaModel &LlamaModel::hostWeights() const {
                              {&to.mlpNorm, &from.mlpNorm},
                              {&to.gate, &from.gate},
                              {&to.up, &from.up},
-                             {&to.down, &from.down}})
+                             {&to.down, &from.down},
+                             {&to.qBias, &from.qBias},
+                             {&to.kBias, &from.kBias},
+                             {&to.vBias, &from.vBias},
+                             {&to.oBias, &from.oBias},
+                             {&to.qNorm, &from.qNorm},
+                             {&to.kNorm, &from.kNorm}})
         *out = floatsOf(*in);
     }
     hasHostWeights_ = true;
@@ -164,6 +195,21 @@ void LlamaModel::rmsNorm(const float *x, const std::vector<float> &weight,
                weight.data(), out);
 }
 
+void LlamaModel::keys(const Layer &L, const float *normed, int64_t n,
+                      const float *rotations, float *k, float *v) const {
+  const int64_t h = config_.hiddenSize;
+  linear(normed, L.k, n, h, kvDim(), k);
+  linear(normed, L.v, n, h, kvDim(), v);
+  addBias(L.kBias, n, k);
+  addBias(L.vBias, n, v);
+  if (!L.kNorm.empty())
+    kvc::rmsNorm(k, n * config_.numKvHeads, config_.headDim,
+                 float(config_.rmsNormEps), L.kNorm.data(), k);
+  applyRope(k, n, config_.numKvHeads, config_.headDim, rotations);
+  roundToBf16(k, n * kvDim());
+  roundToBf16(v, n * kvDim());
+}
+
 void LlamaModel::ropeTable(int64_t position, int64_t n, float *out) const {
   ropeCosSin(invFreq_, position, n, out);
 }
@@ -174,13 +220,9 @@ void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,
   const int64_t h = config_.hiddenSize;
   std::vector<float> normed(n * h);
   rmsNorm(hidden, L.attnNorm, n, normed.data());
-  linear(normed.data(), L.k, n, h, kvDim(), k);
-  linear(normed.data(), L.v, n, h, kvDim(), v);
   std::vector<float> rotations(n * config_.headDim);
   ropeTable(position, n, rotations.data());
-  applyRope(k, n, config_.numKvHeads, config_.headDim, rotations.data());
-  roundToBf16(k, n * kvDim());
-  roundToBf16(v, n * kvDim());
+  keys(L, normed.data(), n, rotations.data(), k, v);
 }
 
 Status LlamaModel::prefill(KVContext &context, int64_t position,
@@ -248,12 +290,12 @@ Status LlamaModel::forward(KVContext &context, int64_t position,
     const Layer &L = layers_[l];
     rmsNorm(x.data(), L.attnNorm, n, normed.data());
     linear(normed.data(), L.q, n, h, q, qs.data());
-    linear(normed.data(), L.k, n, h, kv, k.data());
-    linear(normed.data(), L.v, n, h, kv, v.data());
+    addBias(L.qBias, n, qs.data());
+    if (!L.qNorm.empty())
+      kvc::rmsNorm(qs.data(), n * heads, c.headDim, float(c.rmsNormEps),
+                   L.qNorm.data(), qs.data());
     applyRope(qs.data(), n, heads, c.headDim, rotations.data());
-    applyRope(k.data(), n, kvHeads, c.headDim, rotations.data());
-    roundToBf16(k.data(), n * kv);
-    roundToBf16(v.data(), n * kv);
+    keys(L, normed.data(), n, rotations.data(), k.data(), v.data());
     if (onLayer)
       onLayer({l, pos0, n, x.data(), k.data(), v.data()});
     KVC_RETURN_IF_ERROR(context.append(l, pos0, n, k.data(), v.data()));
@@ -264,6 +306,7 @@ Status LlamaModel::forward(KVContext &context, int64_t position,
         },
         attn.data()));
     linear(attn.data(), L.o, n, q, h, tmp.data());
+    addBias(L.oBias, n, tmp.data());
     for (int64_t i = 0; i < n * h; ++i)
       x[i] += tmp[i];
 

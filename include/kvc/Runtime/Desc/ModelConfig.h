@@ -38,7 +38,7 @@ struct RopeScaling {
 
 struct ModelConfig {
   std::string name;      ///< `_name_or_path`, or the caller's default.
-  std::string modelType; ///< llama | mistral | qwen2
+  std::string modelType; ///< llama | mistral | qwen2 | qwen3
   int64_t numLayers = 0;
   int64_t hiddenSize = 0;
   int64_t numHeads = 0;
@@ -52,6 +52,12 @@ struct ModelConfig {
   DType dtype = DType::BF16;
   RopeScaling ropeScaling;
   bool tieWordEmbeddings = false;
+  /// Biases on the q, k and v projections (Qwen2; `attention_bias`).
+  bool qkvBias = false;
+  /// A bias on the output projection (`attention_bias` outside Qwen2).
+  bool outputBias = false;
+  /// RMSNorm over each head of q and k before RoPE (Qwen3's q_norm, k_norm).
+  bool qkNorm = false;
 
   /// Checks that the shape is one kvc can run: positive sizes, kv_heads
   /// dividing heads, heads * head_dim == hidden. Messages name the fields.
@@ -69,9 +75,11 @@ struct ModelConfig {
 
 /// Parses the text of a Hugging Face config.json. `defaultName` names the
 /// model when the file has no `_name_or_path`. Missing required fields, wrong
-/// JSON types and features kvc does not implement (biases, sliding windows,
-/// unknown rope scaling, non-SiLU activations) are InvalidArgument or
-/// Unimplemented errors naming the field.
+/// JSON types and features kvc does not implement (MLP biases, sliding
+/// windows shorter than the context, unknown rope scaling, non-SiLU
+/// activations) are InvalidArgument or Unimplemented errors naming the field.
+/// RoPE's base and scaling are read from transformers 5's `rope_parameters`
+/// or the older `rope_theta` and `rope_scaling`.
 StatusOr<ModelConfig> parseModelConfig(std::string_view json,
                                        std::string_view defaultName);
 

@@ -1,7 +1,8 @@
 //===- LlamaModel.h - The CPU reference model -------------------*- C++ -*-===//
 //
 // A Llama-family model (RMSNorm, RoPE with the config's base and scaling,
-// grouped-query attention with a causal mask over the prefix, SwiGLU MLP)
+// grouped-query attention with a causal mask over the prefix, SwiGLU MLP;
+// Qwen2's q/k/v biases, Qwen3's per-head q/k norms, `attention_bias`)
 // read from a Hugging Face checkpoint and run in fp32 on the CPU, GEMMs in
 // OpenBLAS. It prefills tokens chunk by chunk and hands each layer's input
 // hidden states, K (after RoPE) and V to the caller; it also projects stored
@@ -81,6 +82,9 @@ public:
   /// made on first use when loaded without them.
   struct Layer {
     std::vector<float> attnNorm, q, k, v, o, mlpNorm, gate, up, down;
+    /// Empty where the model has none (ModelConfig::qkvBias, outputBias,
+    /// qkNorm): the projections' biases, q's and k's per-head norms.
+    std::vector<float> qBias, kBias, vBias, oBias, qNorm, kNorm;
   };
   const Layer &layer(int64_t l) const { return hostWeights().layers_[l]; }
   const std::vector<float> &embedding() const { return hostWeights().embed_; }
@@ -99,6 +103,8 @@ public:
   /// same shapes; BF16, F16 or F32): what a device copies to its memory.
   struct StoredLayer {
     TensorView attnNorm, q, k, v, o, mlpNorm, gate, up, down;
+    /// No data where the model has none.
+    TensorView qBias, kBias, vBias, oBias, qNorm, kNorm;
   };
   const StoredLayer &storedLayer(int64_t l) const { return stored_[l]; }
   const TensorView &storedEmbedding() const { return storedEmbed_; }
@@ -112,6 +118,10 @@ private:
   const LlamaModel &hostWeights() const;
   void rmsNorm(const float *x, const std::vector<float> &weight, int64_t n,
                float *out) const;
+  /// Layer `L`'s K (biased, normed per head, rotated) and V (biased) of `n`
+  /// tokens' normed hidden states, rounded to bf16 as the cache holds them.
+  void keys(const Layer &L, const float *normed, int64_t n,
+            const float *rotations, float *k, float *v) const;
   /// prefill, leaving the hidden states leaving the last layer in `x`
   /// ([n][hidden]) when every layer runs.
   Status forward(KVContext &context, int64_t position, const int32_t *tokens,

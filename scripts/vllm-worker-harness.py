@@ -41,6 +41,7 @@ them).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import importlib.util
 import logging
@@ -102,13 +103,42 @@ def stub_vllm() -> None:
         KVConnectorWorkerMetadata  # type: ignore[attr-defined]
     log = types.ModuleType("vllm.logger")
     log.init_logger = logging.getLogger  # type: ignore[attr-defined]
+
+    # KV events and stats: the scheduler side's, which the worker side's
+    # module defines beside it.
+    events = types.ModuleType("vllm.distributed.kv_events")
+
+    class KVCacheEvent:
+        def __init__(self, **fields: Any) -> None:
+            self.__dict__.update(fields)
+
+    events.KVCacheEvent = KVCacheEvent  # type: ignore[attr-defined]
+    events.BlockStored = type("BlockStored", (KVCacheEvent,), {})  # type: ignore[attr-defined]
+    events.BlockRemoved = type("BlockRemoved", (KVCacheEvent,), {})  # type: ignore[attr-defined]
+    utils = types.ModuleType("vllm.v1.core.kv_cache_utils")
+    utils.maybe_convert_block_hash = lambda h: h  # type: ignore[attr-defined]
+    metrics = types.ModuleType(
+        "vllm.distributed.kv_transfer.kv_connector.v1.metrics")
+
+    @dataclasses.dataclass
+    class KVConnectorStats:
+        data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    class KVConnectorPromMetrics:
+        def __init__(self, *args: Any) -> None:
+            pass
+
+    metrics.KVConnectorStats = KVConnectorStats  # type: ignore[attr-defined]
+    metrics.KVConnectorPromMetrics = KVConnectorPromMetrics  # type: ignore[attr-defined]
+    metrics.PromMetric = metrics.PromMetricT = Any  # type: ignore[attr-defined]
     names = ["vllm", "vllm.distributed", "vllm.distributed.kv_transfer",
              "vllm.distributed.kv_transfer.kv_connector",
-             "vllm.distributed.kv_transfer.kv_connector.v1"]
+             "vllm.distributed.kv_transfer.kv_connector.v1", "vllm.v1",
+             "vllm.v1.core"]
     for name in names:
         sys.modules[name] = types.ModuleType(name)
-    sys.modules[base.__name__] = base
-    sys.modules[log.__name__] = log
+    for module in (base, log, events, utils, metrics):
+        sys.modules[module.__name__] = module
 
 
 def main() -> int:

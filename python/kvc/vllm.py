@@ -18,14 +18,22 @@ them. Every request's chunks are keyed by its tenant: the configured
 tenant, the cache's dtype, vLLM's ``cache_salt`` and the LoRA adapter, so
 that requests of different salts or adapters never share KV. On vLLM's CPU
 build, whose caches are packed per instruction set, kvc loads and saves
-through staging blocks (:mod:`kvc._vllm_cpu`). docs/vllm.md lists the
-extra-config keys and what is not supported.
+through staging blocks (:mod:`kvc._vllm_cpu`).
+
+For a KV-aware router, the scheduler side publishes vLLM's KV events
+(``take_events``): ``BlockStored`` with vLLM's block hashes once a save's
+objects are written (medium ``STORAGE``, or ``CPU`` when every store is a
+``mem://`` tier), ``BlockRemoved`` for the blocks of chunks a load could
+not read. Its stats (``get_kv_connector_stats``, :mod:`kvc.vllm_metrics`)
+are logged by vLLM and exported as Prometheus counters ``vllm:kvc_*``.
+docs/vllm.md lists the extra-config keys and what is not supported.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,12 +47,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     KVConnectorWorkerMetadata,
 )
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
 from ._errors import Error
 from ._vllm_cpu import PackedCpuCache
 from .connector import CacheLayout, Connector, Decision, Model, target_json
 from .prefill import LoadClock, PrefillClock, mean_first_token, scaled_target
+from .vllm_metrics import KvcConnectorStats, KvcPromMetrics
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -142,14 +153,27 @@ class KvcWorkerMetadata(KVConnectorWorkerMetadata):
     """Whether a save's copies or writes ran in the background during the
     step: they may have slowed it (on a CPU they share its cores), so the
     step prices vLLM's prefill only while no cleaner one does."""
+    saves_ended: dict[str, bool] = field(default_factory=dict)
+    """Requests whose saves' writes ended since the last step, and whether
+    every object was written (the scheduler announces them: KV events)."""
+    lost: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    """Per request loaded this step, the token ranges its load could not
+    read from the stores."""
 
     def aggregate(self, other: KVConnectorWorkerMetadata
                   ) -> KVConnectorWorkerMetadata:
         if not isinstance(other, KvcWorkerMetadata):
             return self
-        # Ranks run side by side: the step waited for the slowest.
+        # Ranks run side by side: the step waited for the slowest; a save
+        # is written when every rank's is.
+        ended = dict(self.saves_ended)
+        for req_id, ok in other.saves_ended.items():
+            ended[req_id] = ended.get(req_id, True) and ok
+        lost = {r: list(v) for r, v in self.lost.items()}
+        for req_id, ranges in other.lost.items():
+            lost.setdefault(req_id, []).extend(ranges)
         return KvcWorkerMetadata(max(self.save_seconds, other.save_seconds),
-                                 self.saving or other.saving)
+                                 self.saving or other.saving, ended, lost)
 
 
 def _layer_index(name: str) -> int:
@@ -253,6 +277,8 @@ class KvcConnector(KVConnectorBase_V1):
             options.update(policy="always", recompute_failures=False)
         self._model = Model(model)
         self._stores = list(stores)
+        self._medium = "CPU" if all(str(u).startswith("mem://")
+                                    for u in self._stores) else "STORAGE"
         self._options = options
         # One kvc Connector per tenant, made when a request first needs it.
         self._kvcs: dict[str, Connector] = {}
@@ -284,6 +310,15 @@ class KvcConnector(KVConnectorBase_V1):
         self._saving: set[str] = set()
         # Finished requests whose blocks a save still holds.
         self._holding: set[str] = set()
+        # KV events and stats. Scheduler side: the live requests (their
+        # block hashes), the BlockStored of each save sent to the workers
+        # until they report its writes, and the events not yet taken.
+        self._requests: dict[str, "Request"] = {}
+        self._announce: dict[str, BlockStored] = {}
+        self._events: list[KVCacheEvent] = []
+        # Both sides' counters (workers: also updated by the save waiter).
+        self._stats = KvcConnectorStats()
+        self._stats_lock = threading.Lock()
         # Worker side.
         self._packed: PackedCpuCache | None = None
         # Requests' staging blocks (a packed CPU cache): per load, its
@@ -304,6 +339,10 @@ class KvcConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._saves_started: set[str] = set()
         self._saves_copied: set[str] = set()
+        # Saves whose writes ended (the save waiter's thread adds), and the
+        # ranges this step's loads could not read: for the scheduler.
+        self._saves_ended: dict[str, bool] = {}
+        self._lost: dict[str, list[tuple[int, int]]] = {}
         self._finished_requests: set[str] = set()
         self._on_cuda = False
         # The step's time in wait_for_save's saves, and whether earlier
@@ -351,6 +390,7 @@ class KvcConnector(KVConnectorBase_V1):
 
     def on_new_request(self, request: "Request") -> None:
         self._waiting[request.request_id] = request
+        self._requests[request.request_id] = request
         tenant = self._tenant_of(request)
         if tenant is not None:
             self._tenants[request.request_id] = tenant
@@ -439,6 +479,11 @@ class KvcConnector(KVConnectorBase_V1):
                 loads: bool | None = None) -> None:
         if loads is None:
             loads = decision is not None and decision.loads
+        with self._stats_lock:
+            self._stats.decided(
+                decision.strategy if decision is not None and loads else None,
+                max(0, decision.load_tokens - on_device)
+                if decision is not None and loads else 0)
         self.decisions.append(DecisionRecord(
             request_id, prompt_tokens, on_device,
             decision.load_tokens if decision is not None and loads
@@ -581,6 +626,7 @@ class KvcConnector(KVConnectorBase_V1):
             # (handle_preemptions), and reports nothing for it.
             self._prefills.pop(req_id, None)
             self._saving.discard(req_id)
+            self._announce.pop(req_id, None)
         return meta
 
     def _queue_after(self, out: "SchedulerOutput") -> None:
@@ -638,6 +684,34 @@ class KvcConnector(KVConnectorBase_V1):
         meta.saves.append(SaveSpec(req_id, spec.tokens, list(spec.block_ids),
                                    spec.tenant))
         self._saving.add(req_id)
+        stored = self._stored_event(req_id, spec.tokens)
+        if stored is not None:
+            self._announce[req_id] = stored
+
+    def _block_hashes(self, req_id: str, first: int, last: int) -> list[Any]:
+        """vLLM's hashes of the request's blocks [first, last), as its KV
+        events carry them (those it has computed)."""
+        request = self._requests.get(req_id)
+        hashes = list(getattr(request, "block_hashes", None) or [])
+        return [maybe_convert_block_hash(h) for h in hashes[first:last]]
+
+    def _stored_event(self, req_id: str, tokens: list[int]
+                      ) -> BlockStored | None:
+        """The BlockStored of a save of ``tokens``: the blocks of its whole
+        chunks (what kvc stores), with vLLM's hashes of them."""
+        blocks = len(tokens) // self._chunk_tokens * self._chunk_tokens // \
+            self._block_size
+        hashes = self._block_hashes(req_id, 0, blocks)
+        if len(hashes) < blocks or not blocks:
+            return None
+        lora = getattr(self._requests[req_id], "lora_request", None)
+        return BlockStored(
+            block_hashes=hashes, parent_block_hash=None,
+            token_ids=list(tokens[:blocks * self._block_size]),
+            block_size=self._block_size,
+            lora_id=None if lora is None else lora.lora_int_id,
+            medium=self._medium,
+            lora_name=None if lora is None else lora.lora_name)
 
     def update_connector_output(self,
                                 connector_output: "KVConnectorOutput") -> None:
@@ -658,6 +732,68 @@ class KvcConnector(KVConnectorBase_V1):
         for req_id in connector_output.finished_sending or ():
             self._saving.discard(req_id)
             self._holding.discard(req_id)
+        worker = connector_output.kv_connector_worker_meta
+        if isinstance(worker, KvcWorkerMetadata):
+            self._note_events(worker)
+
+    def _note_events(self, worker: KvcWorkerMetadata) -> None:
+        """KV events of what the workers reported: saves written, chunks
+        the loads could not read."""
+        for req_id, written in worker.saves_ended.items():
+            stored = self._announce.pop(req_id, None)
+            if written and stored is not None:
+                self._events.append(stored)
+        for req_id, ranges in worker.lost.items():
+            blocks: set[int] = set()
+            for begin, end in ranges:
+                blocks.update(range(begin // self._block_size,
+                                    -(-end // self._block_size)))
+            hashes = [h for b in sorted(blocks)
+                      for h in self._block_hashes(req_id, b, b + 1)]
+            if hashes:
+                self._events.append(BlockRemoved(block_hashes=hashes,
+                                                 medium=self._medium))
+
+    def take_events(self) -> list[KVCacheEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def get_kv_connector_stats(self) -> KvcConnectorStats | None:
+        with self._stats_lock:
+            if self._stats.is_empty():
+                return None
+            stats, self._stats = self._stats, KvcConnectorStats()
+        return stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None
+                                 ) -> KvcConnectorStats:
+        return KvcConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig",
+                           metric_types: dict[Any, Any], labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]
+                           ) -> KvcPromMetrics:
+        return KvcPromMetrics(vllm_config, metric_types, labelnames,
+                              per_engine_labelvalues)
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig"
+                                    ) -> str | None:
+        # On a GPU, kvc reads and writes a block's rows token by token, each
+        # token's heads side by side: [block_size, heads, head_dim] (NHD).
+        # vLLM's CPU build packs its own layout, which kvc stages.
+        if vllm_config.device_config.device_type == "cpu":
+            return None
+        return "NHD"
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]
+                                         ) -> bool:
+        # Loads are waited for layer by layer (wait_for_layer_load), which
+        # a replayed CUDA graph would skip.
+        return True
 
     def _calibrate(self) -> None:
         """Prices vLLM's forward pass, which a layer-wise load runs beside,
@@ -715,6 +851,7 @@ class KvcConnector(KVConnectorBase_V1):
         self._partial.pop(req_id, None)
         self._on_device.pop(req_id, None)
         self._decided.pop(req_id, None)
+        self._requests.pop(req_id, None)
         tenant = self._tenants.pop(req_id, None)
         if tenant is not None:
             _cancel(self._kvc_for(tenant), req_id)
@@ -733,9 +870,6 @@ class KvcConnector(KVConnectorBase_V1):
         # Under block pressure, vLLM waits for those blocks rather than
         # preempting a running request.
         return bool(self._holding)
-
-    def take_events(self) -> tuple[()]:
-        return ()
 
     # ==============================
     # Worker side
@@ -878,8 +1012,23 @@ class KvcConnector(KVConnectorBase_V1):
     def build_connector_worker_meta(self) -> KvcWorkerMetadata | None:
         seconds, self._save_seconds = self._save_seconds, 0.0
         saving, self._saving_beside = self._saving_beside, False
-        return KvcWorkerMetadata(seconds, saving) \
-            if saving or seconds > 0 else None
+        with self._stats_lock:
+            ended, self._saves_ended = self._saves_ended, {}
+        lost, self._lost = self._lost, {}
+        return KvcWorkerMetadata(seconds, saving, ended, lost) \
+            if saving or seconds > 0 or ended or lost else None
+
+    def _wait_save(self, kvc: Connector, req_id: str) -> None:
+        """Waits for the writes of ``req_id``'s save (on the save waiter)
+        and notes how it ended, for the scheduler and the stats."""
+        try:
+            metrics: dict[str, Any] | None = kvc.wait_save(_save_id(req_id))
+        except Error as error:
+            logger.warning("kvc: request %s: save failed: %s", req_id, error)
+            metrics = None
+        with self._stats_lock:
+            self._stats.saved(metrics)
+            self._saves_ended[req_id] = metrics is not None
 
     def _saves_running(self) -> bool:
         """Whether a save's copies or writes may be running (saves run as
@@ -917,7 +1066,7 @@ class KvcConnector(KVConnectorBase_V1):
                 # Its writes may take long behind a slow link: waited for
                 # off the forward pass.
                 self._save_ids.discard(req_id)
-                write = self._save_waiter.submit(_wait_save, kvc, req_id)
+                write = self._save_waiter.submit(self._wait_save, kvc, req_id)
                 self._writes.add(write)
                 write.add_done_callback(self._writes.discard)
             self._forget(req_id)
@@ -1048,10 +1197,16 @@ class KvcConnector(KVConnectorBase_V1):
                 failed = [where[b] for b in failed]
             self._pack(load, list(range(self._layers)))
             self._load_errors.update(failed)
+            lost = [(int(b), int(e)) for b, e in metrics.get("fallback_tokens", [])]
+            if lost:
+                self._lost[load.request_id] = lost
         except Error as error:
             logger.warning("kvc: request %s: load failed: %s",
                            load.request_id, error)
+            metrics = None
             self._fail(load)
+        with self._stats_lock:
+            self._stats.loaded(load.loaded - load.tokens_on_device, metrics)
         self._forget_load(load.request_id)
 
     def _forget(self, req_id: str) -> None:
@@ -1135,14 +1290,6 @@ def _save_id(req_id: str) -> str:
     """The request a vLLM request's save is in kvc: apart from its load,
     so that either can end or fail without the other."""
     return req_id + _SAVE_SUFFIX
-
-
-def _wait_save(kvc: Connector, req_id: str) -> None:
-    """Waits for the writes of ``req_id``'s save (on the save waiter)."""
-    try:
-        kvc.wait_save(_save_id(req_id))
-    except Error as error:
-        logger.warning("kvc: request %s: save failed: %s", req_id, error)
 
 
 def _cancel(kvc: Connector, req_id: str) -> None:

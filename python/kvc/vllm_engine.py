@@ -16,6 +16,7 @@ it, with or without kvc's connector::
      "transfer": null,     # or another connector's KVTransferConfig fields
      "lora": {"max_rank": 8, "adapters": {"a": "/adapters/a"}},  # or absent
      "settle": true,       # kvc's saves written after each generate phase
+     "kv_events": false,   # vLLM publishes KV events; the phases report them
      "phases": [
        {"generate": [{"tokens": [1, 2, ...], "salt": "a", "lora": "a"},
                      ...],
@@ -34,10 +35,15 @@ per request its first token's latency and its time from scheduled to first
 token (vLLM's request stats), and the decisions the scheduler-side
 connector made in the phase (``kvc.vllm.DecisionRecord``). Counters are vLLM's own (``LLM.get_metrics``):
 ``vllm:prefix_cache_hits``, ``vllm:external_prefix_cache_hits`` and their
-queries, as the phase changed them. With kvc's connector, also
+queries, and kvc's ``vllm:kvc_*`` (``vllm:kvc_decisions{strategy=S}`` per
+strategy), as the phase changed them. With ``kv_events``, each phase's
+``events``: the KV events a subscriber received during it (``{"type":
+"stored" | "removed" | "cleared", "medium": ..., "block_hashes": [...],
+"tokens": n}``). With kvc's connector, also
 ``prefill_steps`` (the steps its scheduler side timed vLLM's prefill by:
 ``[tokens, seconds]`` each) and ``prefill_fit`` (``[a, b]``: seconds =
-a + b * tokens, or null).
+a + b * tokens, or null), and ``counters``: every counter as the run
+left it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,11 +66,83 @@ _COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
 
 
 def _counters(llm: Any) -> dict[str, float]:
+    """vLLM's counters of _COUNTERS and kvc's (``vllm:kvc_*``; a
+    histogram's as ``NAME_count`` and ``NAME_sum``), summed over their
+    labels but ``strategy``, which names its own."""
     values = dict.fromkeys(_COUNTERS, 0.0)
     for metric in llm.get_metrics():
-        if metric.name in values:
-            values[metric.name] += float(getattr(metric, "value", 0) or 0)
+        name = metric.name
+        if name.startswith("vllm:kvc_") and "strategy" in metric.labels:
+            name += "{strategy=%s}" % metric.labels["strategy"]
+        if hasattr(metric, "count"):  # a histogram: its count and sum
+            if name.startswith("vllm:kvc_"):
+                for part in ("count", "sum"):
+                    key = f"{name}_{part}"
+                    values[key] = values.get(key, 0.0) + \
+                        float(getattr(metric, part))
+        elif name in values or name.startswith("vllm:kvc_"):
+            values[name] = values.get(name, 0.0) + \
+                float(getattr(metric, "value", 0) or 0)
     return values
+
+
+class _EventSubscriber:
+    """A KV-aware router's view of the engine: subscribes to vLLM's KV event
+    publisher (ZMQ) and keeps what it receives, decoded."""
+
+    def __init__(self, endpoint: str) -> None:
+        import threading
+
+        import zmq
+
+        self._socket: Any = zmq.Context.instance().socket(zmq.SUB)
+        self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self._socket.connect(endpoint)
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._running = True
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        import msgspec
+        from vllm.distributed.kv_events import KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        while self._running:
+            if not self._socket.poll(50):
+                continue
+            _, _, payload = self._socket.recv_multipart()
+            batch = decoder.decode(payload)
+            with self._lock:
+                self._events.extend(_event_json(e) for e in batch.events)
+
+    def take(self, settle: float = 0.5) -> list[dict[str, Any]]:
+        """What arrived so far, after ``settle`` seconds for the last."""
+        time.sleep(settle)
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def close(self) -> None:
+        self._running = False
+        self._thread.join()
+        self._socket.close(linger=0)
+
+
+def _event_json(event: Any) -> dict[str, Any]:
+    def hashes() -> list[Any]:
+        return [h.hex() if isinstance(h, bytes) else h
+                for h in event.block_hashes]
+
+    kind = type(event).__name__
+    if kind == "BlockStored":
+        return {"type": "stored", "medium": event.medium,
+                "block_hashes": hashes(), "tokens": len(event.token_ids)}
+    if kind == "BlockRemoved":
+        return {"type": "removed", "medium": event.medium,
+                "block_hashes": hashes()}
+    return {"type": "cleared"}
 
 
 def corrupt_one_object(store: Path) -> Path:
@@ -100,37 +179,25 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
             kv_load_failure_policy=spec.get("failure_policy", "recompute"),
             kv_connector_extra_config=spec["connector"])
     began = time.perf_counter()
+    subscriber = None
+    if spec.get("kv_events"):
+        endpoint = f"ipc://{tempfile.mkdtemp(prefix='kvc-events-')}/events"
+        subscriber = _EventSubscriber(endpoint)
+        spec = {**spec, "kv_events_endpoint": endpoint}
     try:
         llm = _start(spec, transfer)
     except Exception as error:  # noqa: BLE001 - reported to the caller
         return {"start_error": f"{type(error).__name__}: {error}"}
     result: dict[str, Any] = {"start_seconds": time.perf_counter() - began,
                               "phases": []}
-    for phase in spec["phases"]:
-        if "corrupt" in phase:
-            corrupt_one_object(Path(phase["corrupt"]))
-            result["phases"].append({})
-            continue
-        if "remove" in phase:
-            shutil.rmtree(phase["remove"], ignore_errors=True)
-            result["phases"].append({})
-            continue
-        if "abort" in phase:
-            result["phases"].append(_abort(llm, phase))
-            continue
-        if "reset_prefix_cache" in phase:
-            result["phases"].append({"reset": _reset_prefix_cache(llm)})
-            continue
-        if "settle" in phase:
-            result["phases"].append({"settled": _settle(llm)})
-            continue
-        result["phases"].append(_generate(
-            llm, phase, (spec.get("lora") or {}).get("adapters", {})))
-        if "error" in result["phases"][-1]:
-            break
-        if spec.get("settle", True):
-            # What the phase saved is in the store before the next one.
-            _settle(llm)
+    try:
+        _run_phases(llm, spec, result, subscriber)
+    finally:
+        if subscriber is not None:
+            subscriber.close()
+    # Counters as the run left them (some move between phases: a save's
+    # writes end while the engine settles).
+    result["counters"] = _counters(llm)
     connector = _scheduler_connector(llm)
     if connector is not None:
         # The prefill steps kvc priced vLLM by, and the fit through them.
@@ -138,6 +205,45 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
         result["prefill_steps"] = clock.samples
         result["prefill_fit"] = clock.fit
     return result
+
+
+def _run_phases(llm: Any, spec: dict[str, Any], result: dict[str, Any],
+                subscriber: _EventSubscriber | None) -> None:
+    """Runs the spec's phases (until one fails), each with the KV events
+    that arrived during it."""
+    for phase in spec["phases"]:
+        _run_phase(llm, spec, phase, result)
+        if subscriber is not None and result["phases"]:
+            result["phases"][-1]["events"] = subscriber.take()
+        if "error" in result["phases"][-1]:
+            break
+
+
+def _run_phase(llm: Any, spec: dict[str, Any], phase: dict[str, Any],
+               result: dict[str, Any]) -> None:
+    """Runs one phase, its report appended to ``result``'s phases."""
+    if "corrupt" in phase:
+        corrupt_one_object(Path(phase["corrupt"]))
+        result["phases"].append({})
+        return
+    if "remove" in phase:
+        shutil.rmtree(phase["remove"], ignore_errors=True)
+        result["phases"].append({})
+        return
+    if "abort" in phase:
+        result["phases"].append(_abort(llm, phase))
+        return
+    if "reset_prefix_cache" in phase:
+        result["phases"].append({"reset": _reset_prefix_cache(llm)})
+        return
+    if "settle" in phase:
+        result["phases"].append({"settled": _settle(llm)})
+        return
+    result["phases"].append(_generate(
+        llm, phase, (spec.get("lora") or {}).get("adapters", {})))
+    if "error" not in result["phases"][-1] and spec.get("settle", True):
+        # What the phase saved is in the store before the next one.
+        _settle(llm)
 
 
 def _reset_prefix_cache(llm: Any, steps: int = 1000) -> bool:
@@ -175,7 +281,11 @@ def _settle(llm: Any, seconds: float = 300.0) -> bool:
 
 def _start(spec: dict[str, Any], transfer: Any) -> Any:
     from vllm import LLM
+    from vllm.config import KVEventsConfig
 
+    events = None if not spec.get("kv_events_endpoint") else KVEventsConfig(
+        enable_kv_cache_events=True, publisher="zmq",
+        endpoint=spec["kv_events_endpoint"])
     lora = spec.get("lora")
     adapters: dict[str, Any] = {} if lora is None else dict(
         enable_lora=True, max_lora_rank=int(lora.get("max_rank", 8)),
@@ -189,7 +299,8 @@ def _start(spec: dict[str, Any], transfer: Any) -> Any:
                distributed_executor_backend="uni", enforce_eager=True,
                disable_log_stats=False, seed=0,
                num_gpu_blocks_override=spec.get("num_gpu_blocks"),
-               kv_transfer_config=transfer, **adapters)
+               kv_transfer_config=transfer, kv_events_config=events,
+               **adapters)
 
 
 def _generate(llm: Any, phase: dict[str, Any],
@@ -235,7 +346,7 @@ def _generate(llm: Any, phase: dict[str, Any],
         "finish_reasons": [o.outputs[0].finish_reason for o in outputs],
         "seconds": seconds, "ttft": ttft, "prefill_seconds": prefill,
         "decisions": decisions,
-        "counters": {k: after[k] - before[k] for k in _COUNTERS}}
+        "counters": {k: v - before.get(k, 0.0) for k, v in after.items()}}
 
 
 def _abort(llm: Any, phase: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,10 @@ prefill writes."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -497,6 +500,105 @@ def test_bad_configurations_are_clear_errors(model_dir: str,
         Engine(model_dir, [f"file://{tmp_path}/s"], colour="blue")
     with pytest.raises(Exception, match="multiple of vLLM's block size"):
         Engine(model_dir, [f"file://{tmp_path}/s"], chunk_tokens=40)
+
+
+def _documented_refusals() -> dict[str, str]:
+    """docs/vllm.md's table of what the connector refuses at start: what,
+    and the message (``N`` a number, ``...`` anything)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    table = text.split("## Refused at start, by name", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (.+?) \| (.+?) \|$", table, re.M)
+    return {what: message for what, message in rows
+            if what != "what" and not set(what) <= set("-")}
+
+
+def _message_pattern(documented: str) -> str:
+    """A documented message as a pattern: each `quoted` part, in order,
+    ``N`` and ``M`` standing for numbers and ``...`` for anything."""
+    parts = re.findall(r"`([^`]+)`", documented)
+    assert parts, documented
+    wildcards = {"...": ".*", "N": r"\d+", "M": r"\d+"}
+    return ".*".join(
+        "".join(wildcards.get(piece) or re.escape(piece)
+                for piece in re.split(r"(\.\.\.|\b[NM]\b)", part))
+        for part in parts)
+
+
+def test_the_refusals_are_the_documented_ones(model_dir: str,
+                                             tmp_path: Path) -> None:
+    # Every row of docs/vllm.md's refusal table is raised, with its message,
+    # by the configuration it names; and every refusal the tests know is in
+    # the table.
+    engine = Engine(model_dir, [f"file://{tmp_path}/store"])
+    config, groups = engine.config, engine.kv_cache_config
+
+    def start(vllm_config: Any = config, kv_cache_config: Any = groups) -> None:
+        KvcConnector(vllm_config, KVConnectorRole.SCHEDULER, kv_cache_config)
+
+    def tensor_parallel(mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(config.parallel_config, "tensor_parallel_size", 2)
+        start()
+
+    def pipeline_parallel(mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(config.parallel_config, "pipeline_parallel_size", 2)
+        start()
+
+    def mla(mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(type(config.model_config), "use_mla",
+                   property(lambda self: True))
+        start()
+
+    def fp8(mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(config.cache_config, "cache_dtype", "fp8_e4m3")
+        start()
+
+    def sliding(mp: pytest.MonkeyPatch) -> None:
+        start(kv_cache_config=KVCacheConfig(
+            num_blocks=BLOCKS, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(engine.names, SlidingWindowSpec(
+                block_size=BLOCK, num_kv_heads=KV_HEADS, head_size=HEAD_DIM,
+                dtype=torch.bfloat16, sliding_window=64))]))
+
+    def unreadable(mp: pytest.MonkeyPatch) -> None:
+        other = tmp_path / "gpt2"
+        shutil.copytree(model_dir, other)
+        settings = json.loads((other / "config.json").read_text())
+        (other / "config.json").write_text(json.dumps(
+            {**settings, "model_type": "gpt2"}))
+        mp.setitem(config.kv_transfer_config.kv_connector_extra_config,
+                   "model", str(other))
+        start()
+
+    def shape(mp: pytest.MonkeyPatch) -> None:
+        engine.worker.register_kv_caches({
+            name: torch.zeros(BLOCKS, BLOCK, KV_HEADS, HEAD_DIM,
+                              dtype=torch.bfloat16) for name in engine.names})
+
+    def layers(mp: pytest.MonkeyPatch) -> None:
+        engine.worker.register_kv_caches(
+            {engine.names[0]: engine.caches[engine.names[0]]})
+
+    triggers = {
+        "tensor parallelism > 1": tensor_parallel,
+        "pipeline parallelism > 1": pipeline_parallel,
+        "MLA models (DeepSeek's latent KV)": mla,
+        "an fp8 KV cache (`kv_cache_dtype fp8*`)": fp8,
+        "hybrid, sliding-window or state-space models": sliding,
+        "a model kvc cannot read": unreadable,
+        "caches of another shape": shape,
+        "caches of another layer count": layers,
+    }
+    documented = _documented_refusals()
+    assert set(documented) == set(triggers)
+    for what, trigger in triggers.items():
+        with pytest.MonkeyPatch.context() as mp, \
+                pytest.raises(kvc.Error) as raised:
+            trigger(mp)
+        if what == "a model kvc cannot read":
+            assert 'model_type: "gpt2"' in str(raised.value), raised.value
+        else:
+            assert re.search(_message_pattern(documented[what]),
+                             str(raised.value)), (what, str(raised.value))
 
 
 def test_worker_calls_before_registration_and_unsupported_models(

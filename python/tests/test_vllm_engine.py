@@ -224,6 +224,59 @@ def test_corrupt_chunk_fails_the_request(model_dir: str, reference: Any,
             last["finish_reasons"] == ["error"]
 
 
+def test_kv_events_and_metrics(model_dir: str, reference: Any,
+                               tmp_path: Path) -> None:
+    # A KV-aware router's view: a ZMQ subscriber to vLLM's KV events sees
+    # kvc's saved blocks under vLLM's own block hashes (medium STORAGE) and
+    # the blocks of a chunk a load found corrupt removed; vLLM's
+    # Prometheus registry holds kvc's counters.
+    store = tmp_path / "store"
+    result = run_engine({
+        "model": model_dir, "prefix_caching": True, "kv_events": True,
+        "connector": connector(store), "failure_policy": "recompute",
+        "phases": [
+            generate(P1),                 # saved
+            {"reset_prefix_cache": True},
+            {"corrupt": str(store)},
+            generate(P1),                 # loaded, one chunk recomputed
+        ]}, tmp_path, "kvc-events")
+    assert "start_error" not in result, result
+    phases = result["phases"]
+    assert phases[3]["outputs"] == [reference[tuple(P1)]]
+    events = [e for phase in phases for e in phase["events"]]
+    # vLLM's own blocks of P1, in order: the hashes a router knows.
+    vllm_blocks = [h for e in phases[0]["events"]
+                   if e["type"] == "stored" and e["medium"] == "GPU"
+                   for h in e["block_hashes"]]
+    stored = [e for e in events
+              if e["type"] == "stored" and e["medium"] == "STORAGE"]
+    assert len(stored) == 1, events
+    chunks = held(300) // BLOCK
+    assert stored[0]["block_hashes"] == vllm_blocks[:chunks]
+    assert stored[0]["tokens"] == held(300)
+    removed = [e for e in events
+               if e["type"] == "removed" and e["medium"] == "STORAGE"]
+    assert len(removed) == 1, events
+    assert len(removed[0]["block_hashes"]) == CHUNK // BLOCK
+    assert set(removed[0]["block_hashes"]) <= set(stored[0]["block_hashes"])
+
+    def total(name: str) -> float:
+        return result["counters"].get(name, 0.0)
+
+    assert total("vllm:kvc_decisions{strategy=recompute}") == 1
+    assert total("vllm:kvc_decisions{strategy=kv}") == 1
+    assert total("vllm:kvc_hit_tokens") == held(300)
+    assert total("vllm:kvc_loads") == 1
+    assert total("vllm:kvc_loaded_tokens") == held(300)
+    assert total("vllm:kvc_fallback_tokens") == CHUNK
+    assert total("vllm:kvc_load_bytes") > 0
+    assert total("vllm:kvc_load_seconds_count") == 1
+    assert total("vllm:kvc_load_seconds_sum") > 0
+    assert total("vllm:kvc_saves") == 1
+    assert total("vllm:kvc_saved_objects") == held(300) // CHUNK * 2
+    assert total("vllm:kvc_failed_saves") == total("vllm:kvc_failed_loads") == 0
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_qwen_models(family: str, tmp_path: Path) -> None:
     # vLLM's own Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, here

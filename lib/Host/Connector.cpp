@@ -1133,6 +1133,7 @@ Status Connector::startLoad(const std::string &id,
   job->plan = request->plan;
   job->target.device = s.device;
   job->target.model = s.options.model;
+  job->target.runner = s.options.runner;
   job->target.stores = request->stores;
   job->target.tokens = &job->tokens;
   job->target.cache = s.caches.get();

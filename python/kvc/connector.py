@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from . import _kvc
 from ._errors import Error
@@ -38,6 +38,9 @@ Tokens = Sequence[int]
 
 CacheLayout = Literal["separate", "keys_first", "blocks_first"]
 Policy = Literal["cheapest", "always", "never"]
+Prefill = Callable[[list[int], int, int, list[tuple[Any, Any]]],
+                   Sequence[tuple[Any, Any]]]
+"""The server's prefill (:meth:`Connector.prefill_with`)."""
 
 _TARGETS = Path(__file__).resolve().parent / "targets"
 
@@ -327,6 +330,28 @@ class Connector:
 
     # -- State ----------------------------------------------------------------
 
+    # -- The server's model -----------------------------------------------------
+
+    def prefill_with(self, prefill: Prefill | None) -> None:
+        """Makes the server's own model compute what a plan computes or
+        recomputes, instead of kvc's: ``prefill(tokens, position, layers,
+        past)`` runs ``tokens`` at positions ``position``.. through the
+        model's first ``layers`` layers over the context ``past`` (per
+        layer, K and V float32 arrays ``[position, kv_heads, head_dim]``)
+        and returns per layer their K and V ``[len(tokens), kv_heads,
+        head_dim]`` (float arrays or CPU tensors), which kvc writes into the
+        cache. It is called from kvc's threads, with the GIL held, while a
+        load runs; an exception fails the chunk it computed. None: kvc's
+        model again. Caches in host memory only (a GPU cache's chunks stay
+        kvc's). :class:`kvc.transformers.CacheClient` sets transformers'
+        forward."""
+        self._get().set_prefill(prefill)
+
+    @property
+    def prefills_served(self) -> int:
+        """Prefills the server's model ran for kvc (:meth:`prefill_with`)."""
+        return int(self._get().prefills_served)
+
     @property
     def plans_compiled(self) -> int:
         return self._get().plans_compiled
@@ -336,9 +361,11 @@ class Connector:
         return self._get().plan_cache_hits
 
     def close(self) -> None:
-        """Waits for what runs and releases the stores and the caches."""
+        """Waits for what runs and releases the stores, the caches and the
+        server's prefill."""
         if self._connector is not None:
             self._connector.close()
+            self._connector.set_prefill(None)
             self._connector = None
             self._caches = ()
 

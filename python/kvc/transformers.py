@@ -11,13 +11,16 @@ paged memory. :class:`PagedMemory` is that memory, in vLLM's layout, and
     model.generate(prompt[None], past_key_values=restored.cache, ...)
 
 ``generate`` continues from the restored tokens and prefills the rest of
-the prompt itself, as it does after any cached prefix.
+the prompt itself, as it does after any cached prefix. What a plan computes
+or recomputes is transformers' own forward too (the server's prefill,
+:meth:`kvc.Connector.prefill_with`), not kvc's model.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -104,14 +107,17 @@ class CacheClient:
     """Saves transformers' KV through a :class:`~kvc.Connector` and
     restores it into a ``DynamicCache``.
 
-    The Connector's model must be the transformers model's (kvc computes
-    with it what a plan recomputes). ``memory`` defaults to room for
+    The Connector's model must be the transformers model's. What a plan
+    computes or recomputes, transformers computes (``server_prefill``, the
+    default: :meth:`prefill`, set as the Connector's prefill), or kvc with
+    its own model (False). ``memory`` defaults to room for
     ``capacity_tokens`` tokens in float16 on the CPU.
     """
 
     def __init__(self, model: Any, connector: Connector,
                  memory: PagedMemory | None = None,
-                 capacity_tokens: int = 8192) -> None:
+                 capacity_tokens: int = 8192,
+                 server_prefill: bool = True) -> None:
         config = model.config
         kv_heads = getattr(config, "num_key_value_heads", None) or \
             config.num_attention_heads
@@ -131,6 +137,57 @@ class CacheClient:
         self.memory = memory or PagedMemory(
             layers, kv_heads, head_dim, -(-capacity_tokens // 16))
         connector.register_caches(self.memory.keys, self.memory.values)
+        if server_prefill:
+            # Held weakly: the Connector outlives no client it calls back.
+            me = weakref.ref(self)
+
+            def prefill(tokens: list[int], position: int, layers: int,
+                        past: list[tuple[Any, Any]]
+                        ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                client = me()
+                if client is None:
+                    raise Error("the CacheClient is gone", "failed_precondition")
+                return client.prefill(tokens, position, layers, past)
+
+            connector.prefill_with(prefill)
+
+    @torch.no_grad()
+    def prefill(self, tokens: list[int], position: int, layers: int,
+                past: list[tuple[Any, Any]]
+                ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """transformers' forward of ``tokens`` at positions ``position``..
+        over the context ``past`` (per layer computed, K and V
+        ``[position, kv_heads, head_dim]``): their K and V of the first
+        ``layers`` layers, ``[len(tokens), kv_heads, head_dim]`` (what kvc
+        asks of the server's model, :meth:`kvc.Connector.prefill_with`).
+        The context is copied into a ``DynamicCache``, which transformers'
+        attention reads; the layers kvc does not ask for hold zeros there
+        (no layer's output depends on a deeper one)."""
+        from transformers import DynamicCache
+
+        model = self.model
+        device, dtype = model.device, model.dtype
+        if position > 0:
+            _, _, kv_heads, head_dim = self.memory.keys[0].shape
+            zeros = torch.zeros(1, kv_heads, position, head_dim,
+                                device=device, dtype=dtype)
+            context = [
+                tuple(torch.as_tensor(x).permute(1, 0, 2)[None].to(device, dtype)
+                      for x in past[layer]) if layer < layers else (zeros, zeros)
+                for layer in range(len(self.memory.keys))]
+            cache = DynamicCache(context, config=model.config)
+        else:
+            cache = DynamicCache(config=model.config)
+        ids = torch.tensor([tokens], device=device)
+        positions = torch.arange(position, position + len(tokens),
+                                 device=device)[None]
+        model(ids, past_key_values=cache, position_ids=positions,
+              use_cache=True)
+        def new(x: torch.Tensor) -> torch.Tensor:
+            return x[0, :, position:].transpose(0, 1).float().cpu().contiguous()
+
+        return [(new(k), new(v))
+                for k, v in (_layer_kv(cache, layer) for layer in range(layers))]
 
     @torch.no_grad()
     def save(self, request_id: str, input_ids: Any,

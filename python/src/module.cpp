@@ -24,6 +24,8 @@
 #endif
 #include "kvc/Runtime/Device/Registry.h"
 
+#include "ServerRunner.h"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -224,10 +226,21 @@ host::PlanHook plannerNamed(const std::vector<std::string> &bundles) {
 #endif
 }
 
-/// A Connector and what it must outlive: its model.
+/// A Connector and what it must outlive: its model and its runner (the
+/// server's prefill, when set: Connector.prefill_with).
 struct PyConnector {
   std::shared_ptr<LlamaModel> model;
+  std::unique_ptr<python::ServerRunner> runner;
   std::unique_ptr<host::Connector> connector;
+
+  ~PyConnector() {
+    // Its loads may be calling back into Python (the server's prefill):
+    // they end without the GIL held here.
+    if (connector && PyGILState_Check()) {
+      nb::gil_scoped_release release;
+      connector.reset();
+    }
+  }
 
   host::Connector &get() {
     if (!connector)
@@ -249,6 +262,8 @@ createConnector(const PyModel &model, const std::vector<std::string> &stores,
                 const std::string &device, int64_t planCacheEntries) {
   if (!model.model)
     throw StatusError{invalidArgument("no model")};
+  auto created = std::make_shared<PyConnector>();
+  created->model = model.model;
   host::ConnectorOptions options;
   options.model = model.model.get();
   for (const std::string &url : stores)
@@ -258,6 +273,9 @@ createConnector(const PyModel &model, const std::vector<std::string> &stores,
   options.saveCodec = take(parseCodecSpec(codec));
   options.target = targetFrom(targetJson);
   options.device = &backendNamed(device);
+  created->runner =
+      std::make_unique<python::ServerRunner>(*options.device, *options.model);
+  options.runner = created->runner.get();
   options.planner = plannerNamed(bundles);
   options.plans.strategies = strategiesNamed(strategies);
   options.plans.stagingMiB = stagingMiB;
@@ -270,8 +288,6 @@ createConnector(const PyModel &model, const std::vector<std::string> &stores,
   if (planCacheEntries <= 0)
     throw StatusError{invalidArgument("plan_cache_entries must be positive")};
   options.planCacheEntries = std::size_t(planCacheEntries);
-  auto created = std::make_shared<PyConnector>();
-  created->model = model.model;
   created->connector = take(host::Connector::create(std::move(options)));
   return created;
 }
@@ -482,8 +498,7 @@ NB_MODULE(_kvc, m) {
             return take(c.get().decide(id, tokens, onDevice, decided));
           },
           "id"_a, "tokens"_a, "tokens_on_device"_a, "load_tokens"_a,
-          "strategy"_a, "store"_a, "chunk_tokens"_a, "layer_group"_a,
-          Release())
+          "strategy"_a, "store"_a, "chunk_tokens"_a, "layer_group"_a, Release())
       .def(
           "start_load",
           [](PyConnector &c, const std::string &id,
@@ -555,6 +570,14 @@ NB_MODULE(_kvc, m) {
             return std::make_pair(f.loads, f.saves);
           },
           Release())
+      .def(
+          "set_prefill",
+          [](PyConnector &c, nb::object fn) {
+            c.runner->setPrefill(std::move(fn));
+          },
+          "fn"_a.none())
+      .def_prop_ro("prefills_served",
+                   [](PyConnector &c) { return c.runner->served(); })
       .def_prop_ro("plans_compiled",
                    [](PyConnector &c) { return c.get().plansCompiled(); })
       .def_prop_ro("plan_cache_hits",

@@ -92,6 +92,72 @@ def test_every_strategy_restores_what_transformers_decodes_from(
     assert restored.decision.strategy == strategy
     assert restored.tokens == 192  # three whole chunks of the 200
     assert generate_after(model, prompt, restored.cache) == reference
+    # What the plan computed, transformers computed (the server's prefill).
+    computes = strategy in ("compute", "cake", "hcache")
+    assert (connector.prefills_served > 0) == computes or strategy == "joint"
+
+
+@pytest.mark.parametrize("server_prefill", [True, False])
+def test_the_server_computes_what_a_plan_computes(
+        subject: tuple[str, object, list[int]], tmp_path: Path,
+        server_prefill: bool) -> None:
+    # transformers' model with one layer's values negated is not the model in
+    # the directory kvc reads: a plan that computes matches transformers'
+    # own decoding only when transformers computed it.
+    directory, _, prompt = subject
+    model = load(directory)
+    with torch.no_grad():
+        model.model.layers[0].self_attn.v_proj.weight.neg_()
+    reference = generate_after(model, prompt, None)
+    # The stores hold the prompt (saved by kvc's model): compute is chosen.
+    connector = kvc.Connector(directory,
+                              [saved_store(tmp_path, directory, prompt)],
+                              strategies=["compute"], policy="always",
+                              chunk_tokens=CHUNK)
+    client = CacheClient(model, connector, capacity_tokens=512,
+                         server_prefill=server_prefill)
+    restored = client.restore("r", prompt)
+    assert restored.decision.strategy == "compute" and restored.tokens == 192
+    kl, _ = next_token_quality(model, restored, prompt, reference)
+    print(f"server_prefill={server_prefill}: KL {kl:.3g} nats")
+    if server_prefill:
+        assert connector.prefills_served > 0
+        assert kl < 1e-3
+    else:
+        assert connector.prefills_served == 0
+        assert kl > 1e-2
+
+
+def test_a_server_prefill_that_raises_fails_the_load(
+        subject: tuple[str, object, list[int]], tmp_path: Path) -> None:
+    directory, model, prompt = subject
+    connector = kvc.Connector(directory,
+                              [saved_store(tmp_path, directory, prompt)],
+                              strategies=["compute"], policy="always",
+                              chunk_tokens=CHUNK)
+    client = CacheClient(model, connector, capacity_tokens=512)
+
+    def broken(*args: object) -> object:
+        raise RuntimeError("the server's model is out of memory")
+
+    def load() -> None:
+        decision = connector.decide("r", prompt, 0)
+        assert decision.loads
+        blocks = client.memory.allocate(decision.load_tokens)
+        try:
+            connector.start_load("r", blocks)
+            connector.wait_load("r")
+        finally:
+            connector.cancel("r")
+            client.memory.free(blocks)
+
+    connector.prefill_with(broken)
+    with pytest.raises(kvc.Error, match="out of memory"):
+        load()
+    # A result other than a (K, V) pair per layer is refused, named.
+    connector.prefill_with(lambda *args: [])
+    with pytest.raises(kvc.Error, match="one \\(K, V\\) pair per layer"):
+        load()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -139,6 +139,11 @@ struct ConnectorOptions {
   TargetDesc target;
   /// Where caches live and work runs; the CPU backend when null.
   Device *device = nullptr;
+  /// The runner of `model` on `device` that computes what a plan computes
+  /// or recomputes: the server's own (a runner over the server's model, as
+  /// the Python package's Connector.prefill_with makes), which must
+  /// outlive the Connector; the device's runner of `model` when null.
+  ModelRunner *runner = nullptr;
   /// Compiles a plan (compilerPlanHook, or bundleHook over bundles compiled
   /// ahead); required.
   PlanHook planner;

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -28,6 +29,7 @@ import torch
 
 from ._errors import Error
 from .connector import Connector, Decision, token_list
+from .prefill import PrefillClock
 
 __all__ = ["CacheClient", "PagedMemory", "Restored", "next_token_quality"]
 
@@ -112,6 +114,11 @@ class CacheClient:
     default: :meth:`prefill`, set as the Connector's prefill), or kvc with
     its own model (False). ``memory`` defaults to room for
     ``capacity_tokens`` tokens in float16 on the CPU.
+
+    Loads are weighed against transformers' own prefill as measured
+    (:attr:`prefill_clock`, fit to the prefills it runs here: saves'
+    and the server prefills kvc asks for), once it has seen enough; until
+    then, against the Connector target's price.
     """
 
     def __init__(self, model: Any, connector: Connector,
@@ -137,6 +144,7 @@ class CacheClient:
         self.memory = memory or PagedMemory(
             layers, kv_heads, head_dim, -(-capacity_tokens // 16))
         connector.register_caches(self.memory.keys, self.memory.values)
+        self.prefill_clock = PrefillClock()
         if server_prefill:
             # Held weakly: the Connector outlives no client it calls back.
             me = weakref.ref(self)
@@ -181,8 +189,10 @@ class CacheClient:
         ids = torch.tensor([tokens], device=device)
         positions = torch.arange(position, position + len(tokens),
                                  device=device)[None]
+        began = time.perf_counter()
         model(ids, past_key_values=cache, position_ids=positions,
               use_cache=True)
+        self.prefill_clock.observe(len(tokens), time.perf_counter() - began)
         def new(x: torch.Tensor) -> torch.Tensor:
             return x[0, :, position:].transpose(0, 1).float().cpu().contiguous()
 
@@ -197,7 +207,10 @@ class CacheClient:
         tokens = token_list(input_ids)
         if cache is None:
             ids = torch.tensor([tokens], device=self.model.device)
+            began = time.perf_counter()
             cache = self.model(ids, use_cache=True).past_key_values
+            self.prefill_clock.observe(len(tokens),
+                                       time.perf_counter() - began)
         blocks = self.memory.allocate(len(tokens))
         announced = False
         try:
@@ -227,7 +240,8 @@ class CacheClient:
         from transformers import DynamicCache
 
         tokens = token_list(input_ids)
-        decision = self.connector.decide(request_id, tokens, 0)
+        decision = self.connector.decide(
+            request_id, tokens, 0, self.prefill_clock.seconds(len(tokens)))
         blocks: list[int] = []
         metrics: dict[str, Any] | None = None
         failed: list[int] = []

@@ -160,6 +160,26 @@ def test_a_server_prefill_that_raises_fails_the_load(
         load()
 
 
+@pytest.mark.parametrize("seconds_per_token,loads", [(1e-12, False),
+                                                     (1.0, True)])
+def test_loads_are_weighed_against_transformers_prefill(
+        subject: tuple[str, object, list[int]], tmp_path: Path,
+        seconds_per_token: float, loads: bool) -> None:
+    # The client's measured prefill decides: one that takes no time is
+    # never beaten by a load, one of a second a token always is (the
+    # target's price alone would decide both the same way).
+    directory, model, prompt = subject
+    connector = kvc.Connector(directory,
+                              [saved_store(tmp_path, directory, prompt)],
+                              strategies=["kv"], chunk_tokens=CHUNK)
+    client = CacheClient(model, connector, capacity_tokens=512)
+    assert client.prefill_clock.seconds(len(prompt)) is None
+    for tokens in (32, 64, 128, 256):
+        client.prefill_clock.observe(tokens, tokens * seconds_per_token)
+    restored = client.restore("r", prompt)
+    assert restored.decision.loads == loads, restored.decision.why
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_partial_prefix_is_loaded_and_the_rest_computed(
         subject: tuple[str, object, list[int]], tmp_path: Path,

@@ -226,7 +226,12 @@ class KvcConnector(KVConnectorBase_V1):
             raise Error(f"prefill {prefill!r}: 'measured' (vLLM's own steps) "
                         "or 'target'", "invalid_argument")
         model = extra.pop("model", vllm_config.model_config.model)
-        self._save = bool(extra.pop("save", True))
+        # P/D disaggregation over shared stores: a producer (kv_role
+        # kv_producer) saves and loads nothing, a consumer loads and saves
+        # nothing; kv_both does both.
+        transfer = self._kv_transfer_config
+        self._save = bool(extra.pop("save", True)) and transfer.is_kv_producer
+        self._loads = transfer.is_kv_consumer
         self._async = bool(extra.pop("async_load", False))
         # Off until a GPU has run it (docs/vllm.md): the host waits.
         self._stream_waits = bool(extra.pop("stream_waits", False))
@@ -415,6 +420,11 @@ class KvcConnector(KVConnectorBase_V1):
         tenant = self._tenants.get(request.request_id)
         prefill = (len(prompt) - num_computed_tokens, 0.0)
         if tenant is None or len(tokens) <= num_computed_tokens:
+            return 0, False, prefill
+        if not self._loads:
+            self._record(request.request_id, len(prompt), num_computed_tokens,
+                         None, None, "recomputes: a producer (kv_role "
+                         "kv_producer) loads nothing")
             return 0, False, prefill
         recompute = None
         ratio = 1.0

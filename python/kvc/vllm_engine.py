@@ -12,6 +12,7 @@ it, with or without kvc's connector::
     {"model": "/models/llama", "dtype": "bfloat16", "block_size": 32,
      "prefix_caching": false, "max_model_len": 1024,
      "connector": {"stores": ["file:///tmp/store"], ...},   # or null
+     "role": "kv_both",    # the connector's kv_role (kv_producer, kv_consumer)
      "failure_policy": "recompute",
      "transfer": null,     # or another connector's KVTransferConfig fields
      "lora": {"max_rank": 8, "adapters": {"a": "/adapters/a"}},  # or absent
@@ -175,7 +176,7 @@ def run_engine(spec: dict[str, Any]) -> dict[str, Any]:
     elif spec.get("connector") is not None:
         transfer = KVTransferConfig(
             kv_connector="KvcConnector", kv_connector_module_path="kvc.vllm",
-            kv_role="kv_both",
+            kv_role=spec.get("role", "kv_both"),
             kv_load_failure_policy=spec.get("failure_policy", "recompute"),
             kv_connector_extra_config=spec["connector"])
     began = time.perf_counter()

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,81 @@ def test_kv_events_and_metrics(model_dir: str, reference: Any,
     assert total("vllm:kvc_saves") == 1
     assert total("vllm:kvc_saved_objects") == held(300) // CHUNK * 2
     assert total("vllm:kvc_failed_saves") == total("vllm:kvc_failed_loads") == 0
+
+
+def stored_objects(store: Path) -> list[Path]:
+    return sorted(p for p in store.rglob("*")
+                  if p.is_file() and "layouts" not in p.parts
+                  and ".tmp" not in p.parts)
+
+
+def test_prefill_decode_disaggregation(model_dir: str, reference: Any,
+                                       tmp_path: Path) -> None:
+    # P/D over a shared store: a producer engine (kv_role kv_producer)
+    # prefills and saves, loading nothing; a consumer (kv_consumer) loads
+    # what it saved and decodes, saving nothing. The consumer's tokens are
+    # a single engine's.
+    store = tmp_path / "store"
+    producer = run_engine({
+        "model": model_dir, "prefix_caching": False, "role": "kv_producer",
+        "connector": connector(store),
+        "phases": [{**generate(P1, *Q), "max_tokens": 1},
+                   {**generate(P1), "max_tokens": 1}]}, tmp_path, "producer")
+    assert "start_error" not in producer, producer
+    assert producer["phases"][1]["counters"][HITS] == 0  # loads nothing
+    saved = stored_objects(store)
+    assert saved
+    consumer = run_engine({
+        "model": model_dir, "prefix_caching": False, "role": "kv_consumer",
+        "connector": connector(store),
+        "phases": [generate(P1, *Q), generate(P3)]}, tmp_path, "consumer")
+    assert "start_error" not in consumer, consumer
+    loaded, missed = consumer["phases"]
+    assert loaded["outputs"] == [reference[tuple(p)] for p in (P1, *Q)]
+    assert loaded["counters"][HITS] == held(300) + sum(held(len(q)) for q in Q)
+    assert missed["outputs"] == [reference[tuple(P3)]]
+    assert stored_objects(store) == saved  # the consumer saved nothing
+
+
+def test_a_producer_killed_mid_save_leaves_the_consumer_exact(
+        model_dir: str, reference: Any, tmp_path: Path) -> None:
+    # The producer is killed (SIGKILL) once its first object is written,
+    # its other writes still crossing a slow link: the consumer loads the
+    # whole chunks it finds and computes the rest; its tokens are a single
+    # engine's.
+    store = tmp_path / "store"
+    slow = {**connector(store), "stores": [f"file://{store}?gbps=0.0005"]}
+    spec = tmp_path / "producer.spec.json"
+    spec.write_text(json.dumps({
+        "block_size": BLOCK, "max_model_len": 1024, "model": model_dir,
+        "prefix_caching": False, "role": "kv_producer", "connector": slow,
+        "phases": [{**generate(P1), "max_tokens": 1}]}))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
+    producer = subprocess.Popen(
+        [sys.executable, "-m", "kvc.vllm_engine", spec,
+         tmp_path / "producer.result.json"], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not stored_objects(store):
+            assert producer.poll() is None, "the producer ended first"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        producer.kill()
+        producer.wait()
+    found = len(stored_objects(store))
+    assert 0 < found < held(300) // CHUNK * 2  # some, not all
+    consumer = run_engine({
+        "model": model_dir, "prefix_caching": False, "role": "kv_consumer",
+        "connector": connector(store), "phases": [generate(P1)]},
+        tmp_path, "consumer")
+    assert "start_error" not in consumer, consumer
+    phase = consumer["phases"][0]
+    assert phase["outputs"] == [reference[tuple(P1)]]
+    assert phase["counters"][HITS] % CHUNK == 0
+    assert phase["counters"][HITS] < held(300)
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])

@@ -30,7 +30,8 @@ def tiny_llama_config(transformers: Any) -> Any:
 
 def family_model(transformers: Any, torch: Any, family: str,
                  shape: Any) -> Any:
-    """A random model of ``family`` ("llama", "qwen2", "qwen3") of the
+    """A random model of ``family`` ("llama", "qwen2", "qwen2-yarn",
+    "qwen3") of the
     Llama config ``shape``'s sizes (:func:`tiny_llama_config`,
     :func:`engine_llama_config`), with what sets the family apart drawn at
     random too (transformers starts biases at zero and norms at one, which
@@ -45,6 +46,12 @@ def family_model(transformers: Any, torch: Any, family: str,
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields))
     elif family == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**fields))
+    elif family == "qwen2-yarn":
+        # Qwen2.5's long-context RoPE (YaRN) over a context of 256.
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+            rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                             "original_max_position_embeddings": 256,
+                             "rope_theta": 10000.0}, **fields))
     elif family == "qwen3":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
             head_dim=fields["hidden_size"] // fields["num_attention_heads"],

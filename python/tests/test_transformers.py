@@ -32,7 +32,8 @@ def load(directory: str) -> object:
 
 
 @pytest.fixture(scope="module",
-                params=["stories260K", "generated", "qwen2", "qwen3"])
+                params=["stories260K", "generated", "qwen2", "qwen2-yarn",
+                        "qwen3"])
 def subject(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object, list[int]]:
     """(model directory, transformers model, a 200-token prompt it wrote)."""
@@ -53,6 +54,11 @@ def subject(request: pytest.FixtureRequest,
         prompt = model.generate(torch.tensor([[1]]), max_new_tokens=199,
                                 do_sample=False, min_new_tokens=199)[0]
     return directory, model, prompt.tolist()
+
+
+def _layer(cache: object, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    entry = cache.layers[layer]  # type: ignore[attr-defined]
+    return entry.keys, entry.values
 
 
 def generate_after(model: object, prompt: list[int],
@@ -185,7 +191,23 @@ def test_a_partial_prefix_is_loaded_and_the_rest_computed(
         subject: tuple[str, object, list[int]], tmp_path: Path,
         dtype: str) -> None:
     directory, model, prompt = subject
-    reference = generate_after(model, prompt, None)
+    # The prefix as it comes back: transformers' K and V rounded to the
+    # memory's dtype, stored in bf16 (kvc's KV dtype) and loaded into the
+    # memory again. transformers continues from that as it does from the
+    # restored cache (that rounding alone flips a near-tied token of the
+    # random YaRN model in f16).
+    cast = getattr(torch, dtype)
+
+    def stored(x: torch.Tensor) -> torch.Tensor:
+        return x.to(cast).to(torch.bfloat16).to(cast).to(x.dtype)
+
+    from transformers import DynamicCache
+    with torch.no_grad():
+        prefix = model(torch.tensor([prompt[:128]]), use_cache=True)
+    layers = [_layer(prefix.past_key_values, i)
+              for i in range(model.config.num_hidden_layers)]
+    reference = generate_after(model, prompt, DynamicCache(
+        [(stored(k), stored(v)) for k, v in layers], config=model.config))
     connector = kvc.Connector(directory, [f"file://{tmp_path}/s"],
                               policy="always", strategies=["kv"],
                               chunk_tokens=CHUNK)

@@ -1,10 +1,11 @@
 //===- LlamaModelTest.cpp - Tests for the reference model -----------------===//
 
-#include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
 #include "kvc/Runtime/Base/Half.h"
+#include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/GenModel.h"
 #include "kvc/Runtime/Model/RmsNorm.h"
+#include "kvc/Runtime/Model/Rope.h"
 
 #include "TestModel.h"
 #include "Tolerance.h"
@@ -358,6 +359,38 @@ TEST(Safetensors, RejectsTruncatedFiles) {
   auto loaded = loadSafetensors(dir);
   ASSERT_FALSE(loaded.isOk());
   EXPECT_EQ(loaded.status().code(), StatusCode::DataLoss);
+}
+
+// YaRN (Qwen2.5's and Qwen3's long-context scaling) as transformers 5.19's
+// _compute_yarn_parameters computes it for this config: its inverse
+// frequencies and the factor its cosines and sines are scaled by.
+TEST(Rope, YarnIsTransformers) {
+  StatusOr<ModelConfig> config = parseModelConfig(
+      R"({"model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 64,
+          "num_attention_heads": 4, "num_key_value_heads": 2,
+          "intermediate_size": 128, "vocab_size": 256,
+          "max_position_embeddings": 1024, "dtype": "float32",
+          "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 256, "rope_theta": 10000.0}})",
+      "m");
+  ASSERT_TRUE(config.isOk()) << config.status().toString();
+  const std::vector<double> expected = {1,
+                                        0.25693506,
+                                        0.0625,
+                                        0.0138349654,
+                                        0.00249999994,
+                                        0.000790569466,
+                                        0.000250000012,
+                                        7.90569466e-05};
+  std::vector<float> inv = ropeFrequencies(*config);
+  ASSERT_EQ(inv.size(), expected.size());
+  for (size_t i = 0; i < inv.size(); ++i)
+    EXPECT_NEAR(inv[i], expected[i], 1e-6 * expected[i]) << "frequency " << i;
+  EXPECT_NEAR(ropeAttentionScale(*config), 1.138629436111989, 1e-6);
+  std::vector<float> row(16);
+  ropeCosSin(inv, 3, 1, row.data(), ropeAttentionScale(*config));
+  EXPECT_NEAR(row[0], std::cos(3.0) * 1.138629436111989, 1e-6);
+  EXPECT_NEAR(row[8], std::sin(3.0) * 1.138629436111989, 1e-6);
 }
 
 TEST(Half, RoundTripsAndRounds) {

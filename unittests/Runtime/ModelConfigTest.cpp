@@ -209,13 +209,14 @@ INSTANTIATE_TEST_SUITE_P(
                   StatusCode::InvalidArgument,
                   "rope_parameters.type: missing required field"},
         BadConfig{"UnknownRopeParameters",
-                  config(R"("rope_parameters": {"rope_type": "yarn",
+                  config(R"("rope_parameters": {"rope_type": "longrope",
                       "factor": 4})"),
                   StatusCode::Unimplemented,
-                  "rope_parameters.rope_type: \"yarn\""},
-        BadConfig{"UnknownRopeScaling",
-                  config(R"("rope_scaling": {"type": "yarn", "factor": 4})"),
-                  StatusCode::Unimplemented, "rope_scaling.type: \"yarn\""}),
+                  "rope_parameters.rope_type: \"longrope\""},
+        BadConfig{
+            "UnknownRopeScaling",
+            config(R"("rope_scaling": {"type": "longrope", "factor": 4})"),
+            StatusCode::Unimplemented, "rope_scaling.type: \"longrope\""}),
     [](const ::testing::TestParamInfo<BadConfig> &info) {
       return std::string(info.param.name);
     });

@@ -234,7 +234,7 @@ StatusOr<const float *> CudaModel::fullRopeTable() const {
         size_t((c.maxPositions + kRows - 1) / kRows), [&](size_t block) {
           const int64_t first = int64_t(block) * kRows;
           ropeCosSin(invFreq_, first, std::min(kRows, c.maxPositions - first),
-                     table.data() + first * c.headDim);
+                     table.data() + first * c.headDim, ropeAttentionScale(c));
         });
     KVC_RETURN_IF_ERROR(ropeTable_.reserve(table.size() * sizeof(float)));
     KVC_CUDA_RETURN_IF_ERROR(cudaMemcpy(ropeTable_.get(), table.data(),

@@ -4,7 +4,9 @@
 
 #include "Json.h"
 
+#include <cmath>
 #include <filesystem>
+#include <utility>
 
 namespace kvc {
 
@@ -80,6 +82,46 @@ Status parseDType(const Json &obj, ModelConfig &config) {
   return Status::ok();
 }
 
+/// YaRN's fields (transformers' _compute_yarn_parameters): the context
+/// it was trained for (the model's when absent), the ramp's bounds, and the
+/// factor the cosines and sines are scaled by (given, or from `factor`,
+/// `mscale` and `mscale_all_dim`).
+Status parseYarn(const Json &scaling, const char *key, ModelConfig &config) {
+  RopeScaling &rope = config.ropeScaling;
+  rope.kind = RopeScaling::Kind::Yarn;
+  rope.originalMaxPositions = config.maxPositions;
+  KVC_RETURN_IF_ERROR(readInt(scaling, key, "original_max_position_embeddings",
+                              rope.originalMaxPositions, Presence::Optional));
+  for (auto [field, out] : {std::pair{"beta_fast", &rope.betaFast},
+                            std::pair{"beta_slow", &rope.betaSlow}})
+    if (scaling.contains(field) && !scaling[field].is_null())
+      KVC_RETURN_IF_ERROR(
+          readNumber(scaling, key, field, *out, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      readBool(scaling, key, "truncate", rope.truncate, Presence::Optional));
+  auto mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  double m = 0, mAll = 0;
+  for (auto [field, out] :
+       {std::pair{"mscale", &m}, std::pair{"mscale_all_dim", &mAll}})
+    if (scaling.contains(field) && !scaling[field].is_null())
+      KVC_RETURN_IF_ERROR(
+          readNumber(scaling, key, field, *out, Presence::Required));
+  rope.attentionFactor =
+      m != 0 && mAll != 0 ? mscale(rope.factor, m) / mscale(rope.factor, mAll)
+                          : mscale(rope.factor, 1);
+  if (scaling.contains("attention_factor") &&
+      !scaling["attention_factor"].is_null())
+    KVC_RETURN_IF_ERROR(readNumber(scaling, key, "attention_factor",
+                                   rope.attentionFactor, Presence::Required));
+  KVC_RETURN_IF_ERROR(
+      checkPositive(double(rope.originalMaxPositions),
+                    std::string(key) + ".original_max_position_embeddings"));
+  return checkPositive(rope.attentionFactor,
+                       std::string(key) + ".attention_factor");
+}
+
 /// RoPE's base and scaling: transformers >= 5 writes both in
 /// `rope_parameters` ({"rope_theta", "rope_type", and the type's fields});
 /// older releases `rope_theta` beside `rope_scaling` ({"type" or
@@ -119,10 +161,12 @@ Status parseRope(const Json &obj, ModelConfig &config) {
     KVC_RETURN_IF_ERROR(readInt(scaling, key,
                                 "original_max_position_embeddings",
                                 rope.originalMaxPositions, Presence::Required));
+  } else if (type == "yarn") {
+    KVC_RETURN_IF_ERROR(parseYarn(scaling, key, config));
   } else {
     return unimplemented(std::string(key) + "." + typeKey + ": \"" + type +
-                         "\" is not supported (kvc implements linear and "
-                         "llama3)");
+                         "\" is not supported (kvc implements linear, llama3 "
+                         "and yarn)");
   }
   return checkPositive(rope.factor, std::string(key) + ".factor");
 }

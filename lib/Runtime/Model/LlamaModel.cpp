@@ -32,6 +32,17 @@ void addBias(const std::vector<float> &bias, int64_t n, float *y) {
       y[i * out + j] += bias[j];
 }
 
+/// The rope scaling's fields, as text: a model rotated otherwise computes
+/// other keys.
+std::string ropeScalingKey(const RopeScaling &s) {
+  std::string key = std::to_string(int(s.kind));
+  for (double field : {s.factor, s.lowFreqFactor, s.highFreqFactor,
+                       double(s.originalMaxPositions), s.betaFast, s.betaSlow,
+                       double(s.truncate), s.attentionFactor})
+    key += "," + std::to_string(field);
+  return key;
+}
+
 /// A model's fingerprint: its shape and the digest of its weights.
 std::string fingerprintOf(const ModelConfig &c,
                           const std::string &weightsDigest) {
@@ -46,6 +57,7 @@ std::string fingerprintOf(const ModelConfig &c,
       .update(std::to_string(c.ropeTheta))
       .update(uint64_t(c.qkvBias) | uint64_t(c.outputBias) << 1 |
               uint64_t(c.qkNorm) << 2)
+      .update(ropeScalingKey(c.ropeScaling))
       .update(weightsDigest);
   return toHex(hash.finish());
 }
@@ -211,7 +223,7 @@ void LlamaModel::keys(const Layer &L, const float *normed, int64_t n,
 }
 
 void LlamaModel::ropeTable(int64_t position, int64_t n, float *out) const {
-  ropeCosSin(invFreq_, position, n, out);
+  ropeCosSin(invFreq_, position, n, out, ropeAttentionScale(config_));
 }
 
 void LlamaModel::project(int64_t layer, const float *hidden, int64_t n,

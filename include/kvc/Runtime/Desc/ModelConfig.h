@@ -28,12 +28,16 @@ int64_t dtypeBytes(DType dtype);
 
 /// RoPE frequency scaling (`rope_scaling` in config.json).
 struct RopeScaling {
-  enum class Kind { None, Linear, Llama3 };
+  enum class Kind { None, Linear, Llama3, Yarn };
   Kind kind = Kind::None;
   double factor = 1.0;
   double lowFreqFactor = 1.0;            // llama3 only
   double highFreqFactor = 1.0;           // llama3 only
-  int64_t originalMaxPositions = 0;      // llama3 only
+  int64_t originalMaxPositions = 0;      // llama3 and yarn
+  double betaFast = 32, betaSlow = 1;    // yarn only
+  bool truncate = true;                  // yarn only
+  /// What yarn multiplies the cosines and sines by (1 otherwise).
+  double attentionFactor = 1.0;
 };
 
 struct ModelConfig {

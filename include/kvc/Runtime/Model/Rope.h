@@ -23,10 +23,15 @@ namespace kvc {
 /// (Hugging Face's rope_init functions).
 std::vector<float> ropeFrequencies(const ModelConfig &config);
 
+/// What `config`'s rope scaling multiplies the cosines and sines by
+/// (YaRN's attention factor; 1 for the others).
+float ropeAttentionScale(const ModelConfig &config);
+
 /// Rows position .. position + n of the table: `out` holds n rows of
-/// 2 * invFreq.size() floats, the cosines then the sines.
+/// 2 * invFreq.size() floats, the cosines then the sines, each times
+/// `scale` (ropeAttentionScale).
 void ropeCosSin(const std::vector<float> &invFreq, int64_t position, int64_t n,
-                float *out);
+                float *out, float scale = 1.0f);
 
 /// Rotates `n` tokens of `heads` heads of `headDim` values in place, token i
 /// by table row i (`cosSin`, as ropeCosSin writes it):

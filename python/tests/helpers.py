@@ -30,8 +30,8 @@ def tiny_llama_config(transformers: Any) -> Any:
 
 def family_model(transformers: Any, torch: Any, family: str,
                  shape: Any) -> Any:
-    """A random model of ``family`` ("llama", "qwen2", "qwen2-yarn",
-    "qwen3") of the
+    """A random model of ``family`` ("llama", "llama3-rope", "mistral",
+    "qwen2", "qwen2-yarn", "qwen3") of the
     Llama config ``shape``'s sizes (:func:`tiny_llama_config`,
     :func:`engine_llama_config`), with what sets the family apart drawn at
     random too (transformers starts biases at zero and norms at one, which
@@ -46,6 +46,18 @@ def family_model(transformers: Any, torch: Any, family: str,
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**fields))
     elif family == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**fields))
+    elif family == "llama3-rope":
+        # Llama 3.1's RoPE scaling, as transformers 5 writes it
+        # (rope_parameters).
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            rope_parameters={"rope_type": "llama3", "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 128,
+                             "rope_theta": 500000.0}, **fields))
+    elif family == "mistral":
+        # Mistral's window (transformers' default 4096) spans the context.
+        model = transformers.MistralForCausalLM(
+            transformers.MistralConfig(**fields))
     elif family == "qwen2-yarn":
         # Qwen2.5's long-context RoPE (YaRN) over a context of 256.
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(

@@ -32,8 +32,8 @@ def load(directory: str) -> object:
 
 
 @pytest.fixture(scope="module",
-                params=["stories260K", "generated", "qwen2", "qwen2-yarn",
-                        "qwen3"])
+                params=["stories260K", "generated", "llama3-rope", "mistral",
+                        "qwen2", "qwen2-yarn", "qwen3"])
 def subject(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object, list[int]]:
     """(model directory, transformers model, a 200-token prompt it wrote)."""
@@ -239,13 +239,27 @@ def test_a_corrupt_chunk_is_never_served(
                               recompute_failures=recompute)
     client = CacheClient(model, connector, capacity_tokens=512)
     restored = client.restore("r", prompt)
-    if recompute:
-        assert restored.metrics and restored.metrics["fallbacks"]
-        assert restored.tokens == 192 and not restored.failed_blocks
-    else:
+    if not recompute:
         assert restored.failed_blocks
         assert restored.tokens < 192
-    assert generate_after(model, prompt, restored.cache) == reference
+        assert generate_after(model, prompt, restored.cache) == reference
+        return
+    assert restored.metrics and restored.metrics["fallbacks"]
+    assert restored.tokens == 192 and not restored.failed_blocks
+    # The corrupt chunk was recomputed by transformers (in the memory's
+    # f16) beside chunks kvc's model saved (bf16): every row is within a
+    # few bf16 steps of transformers' own prefill, which a served corrupt
+    # chunk is not. (Such a mixed cache may flip a near-tied greedy token
+    # of a random model, so the tokens are not compared.)
+    with torch.no_grad():
+        full = model(torch.tensor([prompt[:192]]), use_cache=True)
+    for layer in range(model.config.num_hidden_layers):
+        for got, want in zip(_layer(restored.cache, layer),
+                             _layer(full.past_key_values, layer)):
+            error = (got - want).abs().max() / want.abs().max()
+            assert error < 0.05, (layer, float(error))
+    kl, _ = next_token_quality(model, restored, prompt, reference)
+    assert kl < 5e-3, kl
 
 
 def test_a_store_that_went_away_leaves_transformers_to_prefill(

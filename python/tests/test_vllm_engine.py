@@ -353,12 +353,12 @@ def test_a_producer_killed_mid_save_leaves_the_consumer_exact(
     assert phase["counters"][HITS] < held(300)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_qwen_models(family: str, tmp_path: Path) -> None:
-    # vLLM's own Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, here
-    # with attention_bias) over the engine Llama's sizes, their biases and
-    # norms random: kvc reads the model, saves vLLM's KV and loads it back;
-    # the tokens are the engine's own.
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_model_families(family: str, tmp_path: Path) -> None:
+    # vLLM's own Mistral, Qwen2 (q/k/v biases) and Qwen3 (per-head q/k
+    # norms, here with attention_bias) over the engine Llama's sizes, their
+    # biases and norms random: kvc reads the model, saves vLLM's KV and
+    # loads it back; the tokens are the engine's own.
     torch.manual_seed(0)
     directory = tmp_path / family
     model = family_model(transformers, torch, family,

@@ -146,9 +146,10 @@ TEST_F(DynamicCakeTest, CompiledCakePlansConfigureTheWalk) {
 }
 
 TEST_F(DynamicCakeTest, ASlowStoreMovesTheMergePointBack) {
-  // Every read takes 200 ms: each loading lane gets through the chunk it
-  // claimed first while compute takes the rest.
-  tier_ = std::make_shared<SlowTier>(tier_, std::chrono::milliseconds(200));
+  // Every read takes a second: each loading lane gets through the chunk it
+  // claimed first while compute takes the rest (three chunks of a small
+  // model: milliseconds, a loaded host's hundreds of them included).
+  tier_ = std::make_shared<SlowTier>(tier_, std::chrono::milliseconds(1000));
   std::unique_ptr<ChunkStore> slow = makeStore(*model_);
   BlockTable table = *cache_->allocate(kTokens);
   StatusOr<RestoreMetrics> result = runCake(*slow, table);

@@ -249,8 +249,12 @@ class KvcConnector(KVConnectorBase_V1):
         if kv_cache_config is not None:  # vLLM gives it; older callers may not.
             groups = kv_cache_config.kv_cache_groups
             spec = groups[0].kv_cache_spec if len(groups) == 1 else None
-            if spec is None or type(spec).__name__ != "FullAttentionSpec" or \
-                    getattr(spec, "sliding_window", None):
+            # A window as long as the context (Mistral's 4096 in a shorter
+            # one) is full attention.
+            window = getattr(spec, "sliding_window", None)
+            if spec is None or type(spec).__name__ not in (
+                    "FullAttentionSpec", "SlidingWindowSpec") or \
+                    (window and window < model_config.max_model_len):
                 raise _refuse("hybrid, sliding-window or state-space models "
                               "(every layer must be full attention)")
         if options["chunk_tokens"] % self._block_size:

@@ -183,9 +183,11 @@ class CacheClient:
                 tuple(torch.as_tensor(x).permute(1, 0, 2)[None].to(device, dtype)
                       for x in past[layer]) if layer < layers else (zeros, zeros)
                 for layer in range(len(self.memory.keys))]
-            cache = DynamicCache(context, config=model.config)
+            # Without the config: layers that keep every token (a sliding
+            # window's layers would drop the new tokens' first ones).
+            cache = DynamicCache(context)
         else:
-            cache = DynamicCache(config=model.config)
+            cache = DynamicCache()
         ids = torch.tensor([tokens], device=device)
         positions = torch.arange(position, position + len(tokens),
                                  device=device)[None]
@@ -206,9 +208,14 @@ class CacheClient:
         of transformers' own when None. Returns the save's metrics."""
         tokens = token_list(input_ids)
         if cache is None:
+            from transformers import DynamicCache
+
             ids = torch.tensor([tokens], device=self.model.device)
             began = time.perf_counter()
-            cache = self.model(ids, use_cache=True).past_key_values
+            # A cache that keeps every token (a sliding window's keeps the
+            # window's only).
+            cache = self.model(ids, past_key_values=DynamicCache(),
+                               use_cache=True).past_key_values
             self.prefill_clock.observe(len(tokens),
                                        time.perf_counter() - began)
         blocks = self.memory.allocate(len(tokens))

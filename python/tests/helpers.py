@@ -31,7 +31,7 @@ def tiny_llama_config(transformers: Any) -> Any:
 def family_model(transformers: Any, torch: Any, family: str,
                  shape: Any) -> Any:
     """A random model of ``family`` ("llama", "llama3-rope", "mistral",
-    "qwen2", "qwen2-yarn", "qwen3") of the
+    "mistral-window", "qwen2", "qwen2-yarn", "qwen3") of the
     Llama config ``shape``'s sizes (:func:`tiny_llama_config`,
     :func:`engine_llama_config`), with what sets the family apart drawn at
     random too (transformers starts biases at zero and norms at one, which
@@ -54,6 +54,10 @@ def family_model(transformers: Any, torch: Any, family: str,
                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 128,
                              "rope_theta": 500000.0}, **fields))
+    elif family == "mistral-window":
+        # Mistral 7B v0.1's sliding window, here 64 tokens.
+        model = transformers.MistralForCausalLM(
+            transformers.MistralConfig(sliding_window=64, **fields))
     elif family == "mistral":
         # Mistral's window (transformers' default 4096) spans the context.
         model = transformers.MistralForCausalLM(

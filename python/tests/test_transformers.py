@@ -33,7 +33,7 @@ def load(directory: str) -> object:
 
 @pytest.fixture(scope="module",
                 params=["stories260K", "generated", "llama3-rope", "mistral",
-                        "qwen2", "qwen2-yarn", "qwen3"])
+                        "mistral-window", "qwen2", "qwen2-yarn", "qwen3"])
 def subject(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> tuple[str, object, list[int]]:
     """(model directory, transformers model, a 200-token prompt it wrote)."""
@@ -70,6 +70,26 @@ def generate_after(model: object, prompt: list[int],
     return out[0, len(prompt):].tolist()
 
 
+# Logits closer than this are a tie bf16's rounding of K and V may break
+# either way; a wrong cache moves them by far more.
+NEAR_TIE = 0.05
+
+
+def assert_continues(model: object, prompt: list[int], cache: object,
+                     reference: list[int]) -> None:
+    """``generate`` from ``cache`` continues with ``reference``'s greedy
+    tokens, or leaves them first at a token transformers' own logits tie
+    within NEAR_TIE (the random models have such ties)."""
+    got = generate_after(model, prompt, cache)
+    if got == reference:
+        return
+    i = next(i for i, (a, b) in enumerate(zip(got, reference)) if a != b)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + reference[:i]])).logits[0, -1]
+    margin = float(logits[reference[i]] - logits[got[i]])
+    assert margin < NEAR_TIE, (i, got, reference, margin)
+
+
 def saved_store(tmp_path: Path, directory: str, prompt: list[int],
                 forms: str = "kv") -> str:
     """A file store holding ``prompt``, saved by kvc-run (kvc's prefill)."""
@@ -97,7 +117,7 @@ def test_every_strategy_restores_what_transformers_decodes_from(
     assert restored.decision.loads, restored.decision.why
     assert restored.decision.strategy == strategy
     assert restored.tokens == 192  # three whole chunks of the 200
-    assert generate_after(model, prompt, restored.cache) == reference
+    assert_continues(model, prompt, restored.cache, reference)
     # What the plan computed, transformers computed (the server's prefill).
     computes = strategy in ("compute", "cake", "hcache")
     assert (connector.prefills_served > 0) == computes or strategy == "joint"
@@ -223,7 +243,7 @@ def test_a_partial_prefix_is_loaded_and_the_rest_computed(
     assert connector.lookup(prompt).tokens == 128
     restored = client.restore("b", prompt)
     assert restored.decision.load_tokens == 128 and restored.tokens == 128
-    assert generate_after(model, prompt, restored.cache) == reference
+    assert_continues(model, prompt, restored.cache, reference)
 
 
 @pytest.mark.parametrize("recompute", [True, False])
@@ -242,7 +262,7 @@ def test_a_corrupt_chunk_is_never_served(
     if not recompute:
         assert restored.failed_blocks
         assert restored.tokens < 192
-        assert generate_after(model, prompt, restored.cache) == reference
+        assert_continues(model, prompt, restored.cache, reference)
         return
     assert restored.metrics and restored.metrics["fallbacks"]
     assert restored.tokens == 192 and not restored.failed_blocks
@@ -299,7 +319,8 @@ def test_codec_quality_on_transformers_logits(
     kl, agree = next_token_quality(model, restored, prompt,
                                    generate_after(model, prompt, None))
     print(f"{codec}: KL {kl:.3g} nats, top-1 agreement {agree:.3f}")
-    assert kl <= max_kl and agree >= min_agree
+    # 18 of 20 positions is 0.9 in float32: 0.89999998.
+    assert kl <= max_kl and agree >= min_agree - 1e-6
 
 
 def test_a_save_that_fails_raises_its_own_error(

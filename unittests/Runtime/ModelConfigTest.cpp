@@ -127,6 +127,21 @@ TEST(ModelConfig, AWindowAsLongAsTheContextIsFullAttention) {
       config(R"("model_type": "mistral", "sliding_window": 4096)"), "m");
   ASSERT_TRUE(model.isOk()) << model.status().toString();
   EXPECT_FALSE(model->qkvBias);
+  EXPECT_EQ(model->slidingWindow, 0);
+}
+
+/// Mistral's window slides in every layer; kvc's attention slides it.
+TEST(ModelConfig, AMistralWindowShorterThanTheContextSlides) {
+  StatusOr<ModelConfig> model = parseModelConfig(
+      config(R"("model_type": "mistral", "sliding_window": 1024)"), "m");
+  ASSERT_TRUE(model.isOk()) << model.status().toString();
+  EXPECT_EQ(model->slidingWindow, 1024);
+  StatusOr<ModelConfig> full = parseModelConfig(
+      config(R"("model_type": "mistral", "sliding_window": 1024,
+          "layer_types": ["full_attention", "full_attention"])"),
+      "m");
+  ASSERT_TRUE(full.isOk()) << full.status().toString();
+  EXPECT_EQ(full->slidingWindow, 0);
 }
 
 TEST(ModelConfig, DefaultsFromMissingOptionalFields) {
@@ -195,8 +210,6 @@ INSTANTIATE_TEST_SUITE_P(
                   StatusCode::Unimplemented, "mlp_bias"},
         BadConfig{"Gelu", config(R"("hidden_act": "gelu")"),
                   StatusCode::Unimplemented, "hidden_act"},
-        BadConfig{"SlidingWindow", config(R"("sliding_window": 1024)"),
-                  StatusCode::Unimplemented, "sliding_window"},
         BadConfig{"QwenSlidingWindow",
                   config(R"("model_type": "qwen2", "use_sliding_window": true,
                       "sliding_window": 1024)"),

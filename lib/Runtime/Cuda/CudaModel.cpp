@@ -76,6 +76,11 @@ Status CudaModel::upload(const std::vector<const TensorView *> &parts,
 }
 
 Status CudaModel::supports(const ModelConfig &c) {
+  if (c.slidingWindow > 0)
+    return unimplemented("cuda backend: sliding-window attention (a window "
+                         "of " +
+                         std::to_string(c.slidingWindow) +
+                         ") is computed on the CPU backend only");
   if (c.qkvBias || c.outputBias || c.qkNorm)
     return unimplemented(
         "cuda backend: " + c.modelType + "'s attention (" +

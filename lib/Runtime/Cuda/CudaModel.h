@@ -39,8 +39,9 @@ enum class GemmPrecision { F32, BF16 };
 class CudaModel {
 public:
   /// Whether the GPU's forward and generated projections compute a model
-  /// of `config`: not Qwen2's biases or Qwen3's q/k norms (the CPU backend
-  /// computes those), Unimplemented naming what is missing.
+  /// of `config`: not Qwen2's biases, Qwen3's q/k norms or sliding windows
+  /// (the CPU backend computes those), Unimplemented naming what is
+  /// missing.
   static Status supports(const ModelConfig &config);
   /// Copies `model`'s weights to the current device, from its checkpoint
   /// as stored (its fp32 host weights are neither used nor made).

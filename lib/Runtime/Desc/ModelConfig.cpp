@@ -184,8 +184,9 @@ Status parseAttention(const Json &obj, ModelConfig &config) {
   return Status::ok();
 }
 
-/// Rejects architecture features that the Llama data path does not model.
-Status rejectUnsupported(const Json &obj, const ModelConfig &config) {
+/// Rejects architecture features that the Llama data path does not model,
+/// and reads the window every layer's attention slides (Mistral's).
+Status rejectUnsupported(const Json &obj, ModelConfig &config) {
   std::string act = "silu";
   KVC_RETURN_IF_ERROR(readString(obj, "", "hidden_act", act,
                                  Presence::Optional));
@@ -197,27 +198,40 @@ Status rejectUnsupported(const Json &obj, const ModelConfig &config) {
   if (bias)
     return unimplemented("mlp_bias: biased MLP projections are not supported");
   // Qwen's configs name a window their attention does not use unless
-  // `use_sliding_window`; a window as long as the context changes nothing.
+  // `use_sliding_window`, and then only in some layers.
   bool windowed = true;
   KVC_RETURN_IF_ERROR(
       readBool(obj, "", "use_sliding_window", windowed, Presence::Optional));
+  if (windowed && obj.contains("use_sliding_window") &&
+      config.modelType.rfind("qwen", 0) == 0)
+    return unimplemented("use_sliding_window: " + config.modelType +
+                         "'s sliding windows, which differ by layer, are not "
+                         "supported");
   int64_t window = 0;
   if (windowed)
     KVC_RETURN_IF_ERROR(
         readInt(obj, "", "sliding_window", window, Presence::Optional));
-  if (window > 0 && window < config.maxPositions)
-    return unimplemented("sliding_window: sliding-window attention (a window "
-                         "of " +
-                         std::to_string(window) + " in a context of " +
-                         std::to_string(config.maxPositions) +
-                         ") is not supported");
   auto types = obj.find("layer_types");
-  if (windowed && types != obj.end() && types->is_array())
-    for (const Json &type : *types)
-      if (type.is_string() && type.get<std::string>() != "full_attention")
-        return unimplemented("layer_types: \"" + type.get<std::string>() +
+  if (windowed && types != obj.end() && types->is_array()) {
+    bool full = false, sliding = false;
+    for (const Json &type : *types) {
+      const std::string name = type.is_string() ? type.get<std::string>() : "";
+      full |= name == "full_attention";
+      sliding |= name == "sliding_attention";
+      if (name != "full_attention" && name != "sliding_attention")
+        return unimplemented("layer_types: \"" + name +
                              "\" layers are not supported (kvc implements "
-                             "full_attention)");
+                             "full_attention and sliding_attention)");
+    }
+    if (full && sliding)
+      return unimplemented("layer_types: models mixing full-attention and "
+                           "sliding-window layers are not supported");
+    if (!sliding)
+      window = 0;
+  }
+  // A window as long as the context changes nothing.
+  config.slidingWindow =
+      window > 0 && window < config.maxPositions ? window : 0;
   return Status::ok();
 }
 

@@ -10,8 +10,8 @@
 namespace kvc {
 
 CausalAttention::CausalAttention(int64_t heads, int64_t kvHeads,
-                                 int64_t headDim)
-    : heads_(heads), kvHeads_(kvHeads), d_(headDim),
+                                 int64_t headDim, int64_t window)
+    : heads_(heads), kvHeads_(kvHeads), d_(headDim), window_(window),
       scores_(kQueryBlock * kKeyBlock) {}
 
 Status CausalAttention::run(const float *q, int64_t pos0, int64_t n,
@@ -23,7 +23,12 @@ Status CausalAttention::run(const float *q, int64_t pos0, int64_t n,
   max_.assign(heads_ * n, -INFINITY);
   sum_.assign(heads_ * n, 0.0);
   std::fill(out, out + n * qStride, 0.0f);
-  for (int64_t k0 = 0; k0 < pos0 + n; k0 += kKeyBlock) {
+  // The first key of position p's window (0 without one).
+  auto firstKey = [&](int64_t p) {
+    return window_ > 0 ? std::max<int64_t>(0, p - window_ + 1) : 0;
+  };
+  for (int64_t k0 = firstKey(pos0) / kKeyBlock * kKeyBlock; k0 < pos0 + n;
+       k0 += kKeyBlock) {
     KeyValueRows block;
     KVC_RETURN_IF_ERROR(
         source(k0, std::min(kKeyBlock, pos0 + n - k0), block));
@@ -46,20 +51,23 @@ Status CausalAttention::run(const float *q, int64_t pos0, int64_t n,
           float *row = scores_.data() + i * kKeyBlock;
           float &max = max_[hd * n + q0 + i];
           double &sum = sum_[hd * n + q0 + i];
-          // Keys [k0, k0 + visible) are causal for this row.
-          int64_t visible =
-              std::clamp<int64_t>(pos0 + q0 + i + 1 - k0, 0, cols);
+          // Keys [k0 + hidden, k0 + visible) are causal for this row and in
+          // its window.
+          const int64_t p = pos0 + q0 + i;
+          int64_t visible = std::clamp<int64_t>(p + 1 - k0, 0, cols);
+          int64_t hidden = std::clamp<int64_t>(firstKey(p) - k0, 0, visible);
           float peak = max;
-          for (int64_t j = 0; j < visible; ++j)
+          for (int64_t j = hidden; j < visible; ++j)
             peak = std::max(peak, row[j]);
           float correction = max == -INFINITY ? 0.0f : std::exp(max - peak);
           double blockSum = 0;
-          for (int64_t j = 0; j < visible; ++j) {
+          for (int64_t j = hidden; j < visible; ++j) {
             row[j] = std::exp(row[j] - peak);
             blockSum += row[j];
           }
+          std::fill(row, row + hidden, 0.0f);
           std::fill(row + visible, row + cols, 0.0f);
-          if (visible > 0) {
+          if (visible > hidden) {
             sum = sum * correction + blockSum;
             max = peak;
             for (int64_t c = 0; c < d_; ++c)

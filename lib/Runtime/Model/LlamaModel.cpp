@@ -58,6 +58,7 @@ std::string fingerprintOf(const ModelConfig &c,
       .update(uint64_t(c.qkvBias) | uint64_t(c.outputBias) << 1 |
               uint64_t(c.qkNorm) << 2)
       .update(ropeScalingKey(c.ropeScaling))
+      .update(uint64_t(c.slidingWindow))
       .update(weightsDigest);
   return toHex(hash.finish());
 }
@@ -291,7 +292,7 @@ Status LlamaModel::forward(KVContext &context, int64_t position,
   x.assign(n * h, 0.0f);
   std::vector<float> normed(n * h), qs(n * q), k(n * kv), v(n * kv),
       attn(n * q), tmp(n * h), gate(n * f), up(n * f);
-  CausalAttention attention(heads, kvHeads, c.headDim);
+  CausalAttention attention(heads, kvHeads, c.headDim, c.slidingWindow);
   // The chunk's RoPE rows, shared by every layer's queries and keys.
   std::vector<float> rotations(n * c.headDim);
   ropeTable(pos0, n, rotations.data());

@@ -62,6 +62,9 @@ struct ModelConfig {
   bool outputBias = false;
   /// RMSNorm over each head of q and k before RoPE (Qwen3's q_norm, k_norm).
   bool qkNorm = false;
+  /// The keys each token attends to, itself included, in every layer
+  /// (Mistral's `sliding_window`); 0: all before it.
+  int64_t slidingWindow = 0;
 
   /// Checks that the shape is one kvc can run: positive sizes, kv_heads
   /// dividing heads, heads * head_dim == hidden. Messages name the fields.
@@ -79,9 +82,9 @@ struct ModelConfig {
 
 /// Parses the text of a Hugging Face config.json. `defaultName` names the
 /// model when the file has no `_name_or_path`. Missing required fields, wrong
-/// JSON types and features kvc does not implement (MLP biases, sliding
-/// windows shorter than the context, unknown rope scaling, non-SiLU
-/// activations) are InvalidArgument or Unimplemented errors naming the field.
+/// JSON types and features kvc does not implement (MLP biases, windows
+/// that differ by layer, unknown rope scaling, non-SiLU activations) are
+/// InvalidArgument or Unimplemented errors naming the field.
 /// RoPE's base and scaling are read from transformers 5's `rope_parameters`
 /// or the older `rope_theta` and `rope_scaling`.
 StatusOr<ModelConfig> parseModelConfig(std::string_view json,

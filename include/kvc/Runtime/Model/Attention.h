@@ -40,18 +40,21 @@ public:
       std::function<Status(int64_t first, int64_t count, KeyValueRows &rows)>;
 
   /// Scratch for `heads` query heads sharing `kvHeads` key/value heads of
-  /// `headDim` values.
-  CausalAttention(int64_t heads, int64_t kvHeads, int64_t headDim);
+  /// `headDim` values; each query attends to the `window` keys up to its
+  /// own (0: every key before it).
+  CausalAttention(int64_t heads, int64_t kvHeads, int64_t headDim,
+                  int64_t window = 0);
 
-  /// out[i] = softmax(q[i] . K[0, pos0 + i]^T / sqrt(headDim)) V[0, pos0 + i]
-  /// for the n query rows i at positions pos0 + i and every head: `q` and
-  /// `out` are [n][heads * headDim], K and V the source's tokens
-  /// [0, pos0 + n).
+  /// out[i] = softmax(q[i] . K[lo, pos0 + i]^T / sqrt(headDim))
+  /// V[lo, pos0 + i] for the n query rows i at positions pos0 + i and every
+  /// head, lo the first key of the row's window (0 without one): `q` and
+  /// `out` are [n][heads * headDim], K and V the source's tokens; key
+  /// blocks wholly before every row's window are not asked for.
   Status run(const float *q, int64_t pos0, int64_t n, const Source &source,
              float *out);
 
 private:
-  int64_t heads_, kvHeads_, d_;
+  int64_t heads_, kvHeads_, d_, window_;
   std::vector<float> scores_, max_;
   std::vector<double> sum_;
 };

@@ -229,9 +229,11 @@ class KvcConnector(KVConnectorBase_V1):
         # P/D disaggregation over shared stores: a producer (kv_role
         # kv_producer) saves and loads nothing, a consumer loads and saves
         # nothing; kv_both does both.
-        transfer = self._kv_transfer_config
-        self._save = bool(extra.pop("save", True)) and transfer.is_kv_producer
-        self._loads = transfer.is_kv_consumer
+        kv_role = getattr(self._kv_transfer_config, "kv_role", None) or \
+            "kv_both"
+        self._save = bool(extra.pop("save", True)) and \
+            kv_role in ("kv_producer", "kv_both")
+        self._loads = kv_role in ("kv_consumer", "kv_both")
         self._async = bool(extra.pop("async_load", False))
         # Off until a GPU has run it (docs/vllm.md): the host waits.
         self._stream_waits = bool(extra.pop("stream_waits", False))

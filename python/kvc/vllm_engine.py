@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_engine", "main"]
+__all__ = ["corrupt_one_object", "main", "run_engine", "stored_objects"]
 
 _COUNTERS = ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
              "vllm:external_prefix_cache_hits",
@@ -146,13 +146,20 @@ def _event_json(event: Any) -> dict[str, Any]:
     return {"type": "cleared"}
 
 
+def stored_objects(store: Path) -> list[Path]:
+    """The stored objects of a file:// store's directory, in name order:
+    not its layout records, nor writes still in its temporary folder."""
+    return sorted(p for p in store.rglob("*")
+                  if p.is_file() and "layouts" not in p.parts
+                  and ".tmp" not in p.parts)
+
+
 def corrupt_one_object(store: Path) -> Path:
     """Flips 16 bytes in the middle of one stored object of a file:// store
     (not a layout record), one of a whole chunk (the largest: a prompt's
     partial last chunk, which a load of whole chunks never reads, is
     smaller); returns its path."""
-    objects = sorted(p for p in store.rglob("*")
-                     if p.is_file() and "layouts" not in p.parts)
+    objects = stored_objects(store)
     if not objects:
         raise FileNotFoundError(f"{store} holds no object")
     largest = max(p.stat().st_size for p in objects)

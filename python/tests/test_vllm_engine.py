@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import kvc
+from kvc.vllm_engine import stored_objects
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -276,12 +277,6 @@ def test_kv_events_and_metrics(model_dir: str, reference: Any,
     assert total("vllm:kvc_saves") == 1
     assert total("vllm:kvc_saved_objects") == held(300) // CHUNK * 2
     assert total("vllm:kvc_failed_saves") == total("vllm:kvc_failed_loads") == 0
-
-
-def stored_objects(store: Path) -> list[Path]:
-    return sorted(p for p in store.rglob("*")
-                  if p.is_file() and "layouts" not in p.parts
-                  and ".tmp" not in p.parts)
 
 
 def test_prefill_decode_disaggregation(model_dir: str, reference: Any,

@@ -1,10 +1,12 @@
 //===- Connector.cpp - The one object a server calls ----------------------===//
 //
 // State: the stores (one ChunkStore per recorded layout of each), a local
-// prefix index, two caches keyed by a request's shape (the priced decision,
-// the compiled plan), the pools per set of lanes, and the requests. One
-// mutex guards them; loads and saves run on threads of their own and are
-// waited for without it.
+// prefix index, two caches keyed by a request's shape (PlanShape: the priced
+// decision with the plan it chose, the compiled plan), the pools per set of
+// lanes, and the requests. One mutex guards them; loads and saves run on
+// threads of their own and are waited for without it. A cold decision
+// searches each candidate's plan once (pricing it) and compiles the one it
+// keeps as chosen (PricedPlan), outside the mutex.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,8 +20,10 @@
 
 #include <algorithm>
 #include <list>
+#include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 namespace kvc::host {
@@ -156,13 +160,83 @@ struct Request {
   std::shared_ptr<SaveJob> save;
 };
 
-/// A decision's price for one shape: the best strategy and its seconds.
+/// A decision's price for one shape: the best strategy, its seconds and
+/// the plan the planner chose for it (what planFor compiles).
 struct Priced {
   planning::Strategy strategy = planning::Strategy::Compute;
   double seconds = std::numeric_limits<double>::infinity();
+  std::shared_ptr<const planning::Evaluation> evaluation;
 };
 
-std::string codecKey(const CodecSpec &codec) { return codec.str(); }
+/// What a load is priced and its plan compiled for: requests of one shape
+/// (another prompt of the same lengths, read from the same holding) share
+/// both.
+struct PlanShape {
+  /// Where the server's own tokens end: none, at a chunk's edge, inside one
+  /// (which narrows the strategies to loads of K and V).
+  enum class Server { None, AtChunk, InChunk };
+
+  int64_t tokens = 0;        ///< Restored: [0, tokens).
+  int64_t forwardTokens = 0; ///< The server's pass, rounded up to a chunk.
+  Server server = Server::None;
+  int store = -1;
+  int64_t chunkTokens = 0, layerGroup = 0;
+  /// The forms and encodings it may read (Source::form, the codec's name).
+  std::vector<std::pair<Form, std::string>> sources;
+  /// The strategies priced, or the one a caller decided.
+  std::vector<planning::Strategy> strategies;
+  bool decided = false; ///< A caller's Decided, not priced.
+
+  bool operator<(const PlanShape &o) const {
+    auto tie = [](const PlanShape &x) {
+      return std::tie(x.tokens, x.forwardTokens, x.server, x.store,
+                      x.chunkTokens, x.layerGroup, x.sources, x.strategies,
+                      x.decided);
+    };
+    return tie(*this) < tie(o);
+  }
+};
+
+/// Values by key, most recently used first, at most `capacity` of them.
+template <typename K, typename V> class LruCache {
+public:
+  explicit LruCache(std::size_t capacity)
+      : capacity_(std::max<std::size_t>(capacity, 1)) {}
+  // Moved, the list's nodes (which the index points at) move with it.
+  LruCache(LruCache &&) = default;
+  LruCache &operator=(LruCache &&) = default;
+
+  /// The value of `key` (now the most recently used), or null.
+  const V *find(const K &key) {
+    auto it = index_.find(key);
+    if (it == index_.end())
+      return nullptr;
+    order_.splice(order_.begin(), order_, it->second);
+    return &it->second->second;
+  }
+  /// Keeps `value` as `key`'s, or the value kept first if there is one;
+  /// drops the least recently used past the capacity.
+  const V &insert(const K &key, V value) {
+    if (const V *kept = find(key))
+      return *kept;
+    order_.emplace_front(key, std::move(value));
+    index_.emplace(key, order_.begin());
+    if (order_.size() > capacity_) {
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    return order_.front().second;
+  }
+
+private:
+  std::size_t capacity_;
+  std::list<std::pair<K, V>> order_;
+  std::map<K, typename std::list<std::pair<K, V>>::iterator> index_;
+};
+
+/// Prices kept per compiled plan: decide prices several candidates (up to
+/// kLoadFractions lengths a holding) for each plan it compiles.
+constexpr std::size_t kPricesPerPlan = 16;
 
 /// decide prices loads of all a holding holds and, for the strategies that
 /// only load, of its first 1/k .. (k-1)/k.
@@ -185,7 +259,7 @@ struct Connector::State {
   ConnectorOptions options;
   Device *device = nullptr;
   TargetDesc target; ///< With each store's tier capped at its throttle.
-  std::unique_ptr<planning::CostModel> cost;
+  std::shared_ptr<const planning::CostModel> cost;
   std::vector<OpenStore> stores;
   ChunkStore *saveStore = nullptr;
   uint64_t seed = 0;
@@ -198,12 +272,11 @@ struct Connector::State {
   std::unordered_map<uint64_t, Clock::time_point> misses;
   static constexpr double kMissSeconds = 1.0;
   std::unique_ptr<PagedKVCache> caches;
-  std::map<std::string, Priced> prices;
+  /// Sized at create from ConnectorOptions::planCacheEntries.
+  LruCache<PlanShape, Priced> prices{1};
   std::map<int64_t, double> computeSeconds;
-  /// Compiled plans by shape, most recently used first.
-  std::list<std::pair<std::string, std::shared_ptr<const CompiledPlan>>>
-      plans;
-  std::map<std::string, std::unique_ptr<ResourcePools>> pools;
+  LruCache<PlanShape, std::shared_ptr<const CompiledPlan>> plans{1};
+  std::map<std::map<std::string, int>, std::unique_ptr<ResourcePools>> pools;
   std::map<std::string, Request> requests;
   /// Cancelled requests' jobs, until they end.
   std::vector<std::pair<std::string, std::shared_ptr<LoadJob>>> retiredLoads;
@@ -212,10 +285,7 @@ struct Connector::State {
 
   StatusOr<ResourcePools *> poolsFor(const BundlePlan &plan) {
     std::map<std::string, int> lanes = planResources(plan);
-    std::string key;
-    for (const auto &[name, count] : lanes)
-      key += name + "=" + std::to_string(count) + ";";
-    auto &slot = pools[key];
+    std::unique_ptr<ResourcePools> &slot = pools[lanes];
     if (!slot) {
       KVC_ASSIGN_OR_RETURN(created, device->createPools(lanes));
       slot = std::move(created);
@@ -255,35 +325,42 @@ struct Connector::State {
     for (planning::Strategy strategy : strategies) {
       std::optional<planning::Evaluation> evaluation = planner.plan(strategy);
       if (evaluation && evaluation->firstTokenSeconds < best.seconds)
-        best = {strategy, evaluation->firstTokenSeconds};
+        best = {strategy, evaluation->firstTokenSeconds,
+                std::make_shared<const planning::Evaluation>(
+                    std::move(*evaluation))};
     }
     return best;
   }
 
-  /// The plan compiled for shape `key`, or null.
-  std::shared_ptr<const CompiledPlan> cachedPlan(const std::string &key) {
-    for (auto it = plans.begin(); it != plans.end(); ++it)
-      if (it->first == key) {
-        plans.splice(plans.begin(), plans, it);
-        ++hits;
-        return it->second;
-      }
-    return nullptr;
+  /// The plan compiled for `shape`, or null.
+  std::shared_ptr<const CompiledPlan> cachedPlan(const PlanShape &shape) {
+    const std::shared_ptr<const CompiledPlan> *kept = plans.find(shape);
+    if (!kept)
+      return nullptr;
+    ++hits;
+    return *kept;
   }
 
-  /// The plan of `strategy` for `request`, compiled. Touches nothing the
-  /// lock guards (the options, model and target are fixed at create):
-  /// called without it, so that a compile does not hold up other requests.
+  /// The plan of `strategy` for `request`, compiled: `chosen` (decide's
+  /// pricing) as it is, or, without one, as the planner chooses. Touches
+  /// nothing the lock guards (the options, model, target and cost model are
+  /// fixed at create): called without it, so that a compile does not hold
+  /// up other requests.
   StatusOr<std::shared_ptr<const CompiledPlan>>
   compilePlan(const planning::Request &request, int64_t chunkTokens,
-              planning::Strategy strategy) const {
+              planning::Strategy strategy,
+              std::shared_ptr<const planning::Evaluation> chosen) const {
     PlanOptions planOptions = options.plans;
     planOptions.strategies = {strategy};
     planOptions.chunkTokens = chunkTokens;
     planOptions.layerWise = true;
     planOptions.forwardTokens = request.forwardTokens;
+    std::optional<PricedPlan> given;
+    if (chosen)
+      given = PricedPlan{cost, *chosen};
     KVC_ASSIGN_OR_RETURN(bundle, options.planner(*options.model, target,
-                                                 request, planOptions));
+                                                 request, planOptions,
+                                                 given ? &*given : nullptr));
     const std::string name = planning::strategyName(strategy);
     auto compiledPlan = std::make_shared<CompiledPlan>();
     compiledPlan->bundle = std::make_shared<PlanBundle>(std::move(bundle));
@@ -299,52 +376,50 @@ struct Connector::State {
     return std::shared_ptr<const CompiledPlan>(std::move(compiledPlan));
   }
 
-  /// Keeps `plan` as shape `key`'s; the one kept first if another request
+  /// Keeps `plan` as `shape`'s; the one kept first if another request
   /// compiled the same shape meanwhile.
   std::shared_ptr<const CompiledPlan>
-  keepPlan(const std::string &key, std::shared_ptr<const CompiledPlan> plan) {
-    if (std::shared_ptr<const CompiledPlan> kept = cachedPlan(key))
+  keepPlan(const PlanShape &shape, std::shared_ptr<const CompiledPlan> plan) {
+    if (std::shared_ptr<const CompiledPlan> kept = cachedPlan(shape))
       return kept;
     ++compiled;
-    plans.emplace_front(key, plan);
-    if (plans.size() > std::max<std::size_t>(options.planCacheEntries, 1))
-      plans.pop_back();
-    return plan;
+    return plans.insert(shape, std::move(plan));
   }
 
-  /// The plan of `strategy` for `request`, compiled once per shape `key`:
-  /// `lock` (held on `mutex`) is let go while it compiles.
+  /// The plan of `strategy` for `request` (`chosen` by decide's pricing,
+  /// if it was priced), compiled once per `shape`: `lock` (held on
+  /// `mutex`) is let go while it compiles.
   StatusOr<std::shared_ptr<const CompiledPlan>>
-  planFor(std::unique_lock<std::mutex> &lock, const std::string &key,
+  planFor(std::unique_lock<std::mutex> &lock, const PlanShape &shape,
           const planning::Request &request, int64_t chunkTokens,
-          planning::Strategy strategy) {
-    if (std::shared_ptr<const CompiledPlan> kept = cachedPlan(key))
+          planning::Strategy strategy,
+          std::shared_ptr<const planning::Evaluation> chosen = nullptr) {
+    if (std::shared_ptr<const CompiledPlan> kept = cachedPlan(shape))
       return kept;
     lock.unlock();
     StatusOr<std::shared_ptr<const CompiledPlan>> plan =
-        compilePlan(request, chunkTokens, strategy);
+        compilePlan(request, chunkTokens, strategy, std::move(chosen));
     lock.lock();
     if (!plan.isOk())
       return plan.status();
-    return keepPlan(key, std::move(*plan));
+    return keepPlan(shape, std::move(*plan));
   }
 
-  /// The price of `request`'s loads by the best of `strategies`, priced
-  /// once per shape `key`: `lock` (held on `mutex`) is let go while the
+  /// The price of `request`'s loads by the best of `shape`'s strategies,
+  /// priced once per shape: `lock` (held on `mutex`) is let go while the
   /// planner prices it.
   StatusOr<Priced> priceFor(std::unique_lock<std::mutex> &lock,
-                            const std::string &key,
-                            const planning::Request &request,
-                            int64_t chunkTokens,
-                            const std::vector<planning::Strategy> &strategies) {
-    if (auto cached = prices.find(key); cached != prices.end())
-      return cached->second;
+                            const PlanShape &shape,
+                            const planning::Request &request) {
+    if (const Priced *cached = prices.find(shape))
+      return *cached;
     lock.unlock();
-    StatusOr<Priced> priced = price(request, chunkTokens, strategies);
+    StatusOr<Priced> priced =
+        price(request, shape.chunkTokens, shape.strategies);
     lock.lock();
     if (!priced.isOk())
       return priced.status();
-    return prices.emplace(key, *priced).first->second;
+    return prices.insert(shape, std::move(*priced));
   }
 
   /// Store `s`'s holding `match` of `tokens` in `store`, with what of it
@@ -485,10 +560,11 @@ struct Connector::State {
   /// on) and starts it again with `tokens`.
   /// A load of tokens [0, length) of an n-token request from `held`: the
   /// planner's request (every form and encoding the store holds of it in
-  /// that layout), its shape's key, and what it reads, in words.
+  /// that layout), its shape (strategies left to the caller), and what it
+  /// reads, in words.
   struct Candidate {
     planning::Request request;
-    std::string key;
+    PlanShape shape;
     std::string what;
   };
   Candidate candidate(const Lookup &found, const Lookup::Held &held,
@@ -502,11 +578,15 @@ struct Connector::State {
     out.request.forwardTokens = (n - length + ct - 1) / ct * ct;
     // The plan restores [0, length); the server's own tokens only narrow
     // the strategies (and are skipped when it runs): requests share it.
-    out.key = std::to_string(length) + "|" +
-              std::to_string(out.request.forwardTokens) + "|" +
-              (onDevice == 0 ? "0" : onDevice % ct ? "in" : "at") + "|" +
-              std::to_string(held.store) + "|" + std::to_string(ct) + "x" +
-              std::to_string(held.layout.layerGroup);
+    PlanShape &shape = out.shape;
+    shape.tokens = length;
+    shape.forwardTokens = out.request.forwardTokens;
+    shape.server = onDevice == 0   ? PlanShape::Server::None
+                   : onDevice % ct ? PlanShape::Server::InChunk
+                                   : PlanShape::Server::AtChunk;
+    shape.store = held.store;
+    shape.chunkTokens = ct;
+    shape.layerGroup = held.layout.layerGroup;
     for (const Lookup::Held &other : found.held) {
       if (other.store != held.store ||
           other.layout.chunkTokens != held.layout.chunkTokens ||
@@ -521,8 +601,7 @@ struct Connector::State {
       source.tokenGroup = ct;
       source.layerGroup = other.layout.layerGroup;
       out.request.sources.push_back(source);
-      out.key += "|" + std::string(name(source.form)) + ":" +
-                 codecKey(source.codec);
+      shape.sources.emplace_back(source.form, source.codec.str());
       out.what += std::string(out.what.empty() ? "" : ", ") +
                   name(source.form) + " " + source.codec.str();
     }
@@ -730,8 +809,11 @@ Connector::create(ConnectorOptions options) {
                                  planning::CodecProfile::defaults())
                            : planning::CodecProfile::load(
                                  options.plans.codecProfile));
-  state->cost = std::make_unique<planning::CostModel>(
+  state->cost = std::make_shared<const planning::CostModel>(
       options.model->config(), state->target, std::move(profile));
+  state->plans = decltype(state->plans)(options.planCacheEntries);
+  state->prices =
+      decltype(state->prices)(options.planCacheEntries * kPricesPerPlan);
   state->options = std::move(options);
   return std::unique_ptr<Connector>(new Connector(std::move(state)));
 }
@@ -796,7 +878,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
     int store = -1;
     StoreLayout layout;
     planning::Request request;
-    std::string key;
+    PlanShape shape;
     std::string what;
   } best;
   using planning::Strategy;
@@ -852,18 +934,17 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                      [&](const auto &l) { return l.first == answering; }))
       lengths.emplace_back(answering, &allowed);
     for (const auto &[length, tried] : lengths) {
-      auto [request, key, what] =
+      auto [request, shape, what] =
           s.candidate(found, held, length, n, onDevice);
-      for (Strategy strategy : *tried)
-        key += std::string("|") + planning::strategyName(strategy);
-      KVC_ASSIGN_OR_RETURN(priced, s.priceFor(lock, key, request, ct, *tried));
+      shape.strategies = *tried;
+      KVC_ASSIGN_OR_RETURN(priced, s.priceFor(lock, shape, request));
       if (length > answering) {
         KVC_ASSIGN_OR_RETURN(
             recompute, s.computePrice(std::min(length, held.unreachableEnd)));
         priced.seconds += recompute;
       }
       if (priced.seconds < best.priced.seconds)
-        best = {priced, length, held.store, held.layout, request, key, what};
+        best = {priced, length, held.store, held.layout, request, shape, what};
     }
   }
 
@@ -874,10 +955,10 @@ StatusOr<Decision> Connector::decide(const std::string &id,
       !(policy == LoadPolicy::Cheapest &&
         best.priced.seconds >= decision.recomputeSeconds);
   if (loads) {
-    KVC_ASSIGN_OR_RETURN(compiled,
-                         s.planFor(lock, best.key, best.request,
-                                   best.layout.chunkTokens,
-                                   best.priced.strategy));
+    KVC_ASSIGN_OR_RETURN(compiled, s.planFor(lock, best.shape, best.request,
+                                             best.layout.chunkTokens,
+                                             best.priced.strategy,
+                                             best.priced.evaluation));
     plan = std::move(compiled);
   }
   // The lock was let go: the request may have started loading meanwhile.
@@ -974,10 +1055,11 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                       " no longer holds the " +
                       std::to_string(decided.loadTokens) +
                       " tokens decided for request " + id);
-  auto [request, key, what] =
+  auto [request, shape, what] =
       s.candidate(found, *holding, decided.loadTokens, n, tokensOnDevice);
-  key += std::string("|as:") + planning::strategyName(*strategy);
-  KVC_ASSIGN_OR_RETURN(plan, s.planFor(lock, key, request, ct, *strategy));
+  shape.strategies = {*strategy};
+  shape.decided = true;
+  KVC_ASSIGN_OR_RETURN(plan, s.planFor(lock, shape, request, ct, *strategy));
   // The lock was let go: the request may have started loading meanwhile.
   KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
   Decision decision;
@@ -1104,7 +1186,8 @@ StatusOr<PlanBundle> Connector::planRequest(const std::vector<int32_t> &tokens,
   if (options.strategies.empty())
     options.strategies = planning::strategiesFor(request.sources);
   // Compiled without the lock: the planner may take seconds.
-  return s.options.planner(*s.options.model, s.target, request, options);
+  return s.options.planner(*s.options.model, s.target, request, options,
+                           /*chosen=*/nullptr);
 }
 
 Status Connector::startLoad(const std::string &id,
@@ -1431,8 +1514,8 @@ int64_t Connector::planCacheHits() const {
 PlanHook bundleHook(std::vector<PlanBundle> bundles) {
   auto held = std::make_shared<std::vector<PlanBundle>>(std::move(bundles));
   return [held](const ModelCompute &model, const TargetDesc &,
-                const planning::Request &request,
-                const PlanOptions &options) -> StatusOr<PlanBundle> {
+                const planning::Request &request, const PlanOptions &options,
+                const PricedPlan *) -> StatusOr<PlanBundle> {
     auto wanted = [&](const std::string &name) {
       std::optional<planning::Strategy> strategy = planning::parseStrategy(name);
       return strategy && std::find(options.strategies.begin(),

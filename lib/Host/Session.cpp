@@ -27,7 +27,7 @@ planRestore(const PlanHook &hook, const ModelCompute &model, ChunkStore &store,
   resolved.chunkTokens = store.layout().chunkTokens;
   if (resolved.strategies.empty())
     resolved.strategies = planning::strategiesFor(request.sources);
-  return hook(model, target, request, resolved);
+  return hook(model, target, request, resolved, /*chosen=*/nullptr);
 }
 
 StatusOr<std::unique_ptr<Destination>>

@@ -5,6 +5,7 @@
 #include "kvc/Planning/Pipeline.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -825,7 +826,14 @@ std::vector<Strategy> strategiesFor(const std::vector<Source> &sources) {
   return out;
 }
 
+namespace {
+std::atomic<int64_t> plansMadeInProcess{0};
+} // namespace
+
+int64_t Planner::plansMade() { return plansMadeInProcess.load(); }
+
 std::optional<Evaluation> Planner::plan(Strategy strategy) const {
+  plansMadeInProcess.fetch_add(1, std::memory_order_relaxed);
   switch (strategy) {
   case Strategy::Compute:
     return computeOnly();

@@ -1,9 +1,11 @@
 //===- EmitBundle.cpp - kvc-emit-bundle: plans for the runtime ------------===//
 //
-// Writes the module's exec-level plans as a plan bundle (docs/plan-bundle.md),
-// the one format the runtime reads (kvc/Runtime/Exec/PlanBundle.h). Tasks are
-// numbered in program order, which kvc-schedule makes a topological order;
-// the runtime re-validates everything written here.
+// Builds the module's exec-level plans as the runtime's plan bundle
+// (kvc/Runtime/Exec/PlanBundle.h) and writes it as JSON (docs/plan-bundle.md),
+// the one format the runtime reads. Tasks are numbered in program order,
+// which kvc-schedule makes a topological order. An in-process compile takes
+// the built bundle as it is and validates it; a bundle read from a file is
+// parsed and validated by the runtime.
 //
 //===----------------------------------------------------------------------===//
 
@@ -36,12 +38,8 @@ using namespace kvc::compiler;
 
 namespace {
 
-void writeRange(llvm::json::OStream &json, StringRef key, int64_t begin,
-                int64_t end) {
-  json.attributeArray(key, [&] {
-    json.value(begin);
-    json.value(end);
-  });
+kvc::BundleRange rangeOf(RangeAttr range) {
+  return {range.getBegin(), range.getEnd()};
 }
 
 /// The chunk a step works on: the one it produces for the steps that create
@@ -56,32 +54,30 @@ ChunkType stepChunk(Operation *step) {
   return {};
 }
 
-LogicalResult writeStep(llvm::json::OStream &json, Operation *step) {
+FailureOr<kvc::BundleStep> buildStep(Operation *step) {
   ChunkType chunk = stepChunk(step);
-  if (!chunk)
+  std::optional<kvc::StepKind> kind = getStepKind(step);
+  if (!chunk || !kind)
     return step->emitOpError("has no chunk to describe in a plan bundle");
-  json.object([&] {
-    json.attribute("op", step->getName().stripDialect());
-    json.attribute("form", stringifyForm(chunk.getForm()));
-    writeRange(json, "tokens", chunk.getTokens().getBegin(),
-               chunk.getTokens().getEnd());
-    writeRange(json, "layers", chunk.getLayers().getBegin(),
-               chunk.getLayers().getEnd());
-    json.attribute("codec", getCodecSpec(chunk.getCodec()).str());
-    if (auto store = dyn_cast<StoreOp>(step))
-      json.attribute("tier", store.getTier());
-    if (auto send = dyn_cast<SendOp>(step))
-      json.attribute("node", send.getNode());
-    if (auto recv = dyn_cast<RecvOp>(step))
-      json.attribute("node", recv.getNode());
-    if (auto fetch = dyn_cast<FetchOp>(step)) {
-      json.attribute("tier", fetch.getSource().getTier());
-      if (auto bytes =
-              fetch->getAttrOfType<IntegerAttr>(KVCDialect::kBytesAttrName))
-        json.attribute("predicted_bytes", bytes.getInt());
-    }
-  });
-  return success();
+  kvc::BundleStep out;
+  out.kind = *kind;
+  out.form = toVocabulary(chunk.getForm());
+  out.tokens = rangeOf(chunk.getTokens());
+  out.layers = rangeOf(chunk.getLayers());
+  out.codec = getCodecSpec(chunk.getCodec());
+  if (auto store = dyn_cast<StoreOp>(step))
+    out.tier = store.getTier().str();
+  if (auto send = dyn_cast<SendOp>(step))
+    out.node = send.getNode().str();
+  if (auto recv = dyn_cast<RecvOp>(step))
+    out.node = recv.getNode().str();
+  if (auto fetch = dyn_cast<FetchOp>(step)) {
+    out.tier = fetch.getSource().getTier().str();
+    if (auto bytes =
+            fetch->getAttrOfType<IntegerAttr>(KVCDialect::kBytesAttrName))
+      out.predictedBytes = bytes.getInt();
+  }
+  return out;
 }
 
 /// A generated kernel with its code: kvc-lower-kernels' function after
@@ -120,23 +116,29 @@ FailureOr<llvm::StringMap<GeneratedKernel>> generatedKernels(ModuleOp module) {
   return kernels;
 }
 
-LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
+FailureOr<kvc::BundleKernel> buildKernel(GeneratedKernel kernel) {
   gpu::LaunchFuncOp launch = kernel.launch;
   auto object = dyn_cast<gpu::ObjectAttr>(kernel.binary.getObjects()[0]);
   auto target = object ? dyn_cast<NVVM::NVVMTargetAttr>(object.getTarget())
                        : NVVM::NVVMTargetAttr();
   if (!target || object.getFormat() != gpu::CompilationTarget::Assembly)
     return kernel.binary.emitOpError("holds no PTX for an NVVM target");
+  const KernelSpec &spec = kernel.spec;
+  kvc::BundleKernel out;
+  out.name = kernel.func.getSymName().str();
+  out.kind = spec.kind;
+  out.function = launch.getKernelName().getValue().str();
+  out.format = "ptx";
+  out.target = target.getChip().str();
   // The PTX text ends with a NUL byte.
-  StringRef ptx = object.getObject().getValue().rtrim('\0');
-  SmallVector<StringRef> args;
+  out.binary = object.getObject().getValue().rtrim('\0').str();
   for (Value operand : launch.getKernelOperands()) {
     auto arg = dyn_cast<BlockArgument>(operand);
     if (!arg || arg.getOwner()->getParentOp() != kernel.func)
       return launch.emitOpError("passes a value that is not an argument of "
                                 "its function; the bundle cannot name it");
-    args.push_back(
-        kvc::bundleKernelArgNames(kernel.spec.kind)[arg.getArgNumber()]);
+    out.args.push_back(
+        kvc::bundleKernelArgNames(spec.kind)[arg.getArgNumber()]);
   }
   // The grid's y is the launch's chunks, computed from the size of the
   // chunks argument alone; the bundle records it as 1, and the runtime sets
@@ -151,8 +153,8 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
       auto source = dim ? dyn_cast<BlockArgument>(dim.getSource()) : nullptr;
       if (source) {
         if (source.getOwner()->getParentOp() != kernel.func ||
-            kvc::bundleKernelArgNames(
-                kernel.spec.kind)[source.getArgNumber()] != "chunks")
+            kvc::bundleKernelArgNames(spec.kind)[source.getArgNumber()] !=
+                "chunks")
           return false;
         readsChunks = true;
         continue;
@@ -164,153 +166,231 @@ LogicalResult writeKernel(llvm::json::OStream &json, GeneratedKernel kernel) {
     }
     return readsChunks;
   };
-  auto dims = [&](gpu::KernelDim3 dim3, StringRef key) -> LogicalResult {
-    SmallVector<int64_t> sizes;
-    for (Value v : {dim3.x, dim3.y, dim3.z}) {
+  auto dims = [&](gpu::KernelDim3 dim3, bool grid,
+                  std::array<int64_t, 3> &sizes) -> LogicalResult {
+    Value values[] = {dim3.x, dim3.y, dim3.z};
+    for (auto [i, v] : llvm::enumerate(values)) {
       std::optional<int64_t> c = getConstantIntValue(v);
-      if (!c && key == "grid" && v == dim3.y && isChunkCount(v))
+      if (!c && grid && i == 1 && isChunkCount(v))
         c = 1;
       if (!c)
         return launch.emitOpError("has a launch size that is not a constant");
-      sizes.push_back(*c);
+      sizes[i] = *c;
     }
-    json.attributeArray(key, [&] {
-      for (int64_t size : sizes)
-        json.value(size);
-    });
     return success();
   };
-  const KernelSpec &spec = kernel.spec;
-  kvc::CodecSpec codec = getCodecSpec(spec.codec);
-  LogicalResult result = success();
-  json.object([&] {
-    json.attribute("name", kernel.func.getSymName());
-    json.attribute("kind", kvc::bundleKernelKindName(spec.kind));
-    json.attribute("function", launch.getKernelName().getValue());
-    json.attribute("format", "ptx");
-    json.attribute("target", target.getChip());
-    if (failed(dims(launch.getGridSizeOperandValues(), "grid")) ||
-        failed(dims(launch.getBlockSizeOperandValues(), "block")))
-      result = failure();
-    json.attributeArray("args", [&] {
-      for (StringRef arg : args)
-        json.value(arg);
-    });
-    json.attribute("tokens", spec.tokens);
-    json.attribute("layers", spec.layers);
-    json.attribute("kv_heads", spec.kvHeads);
-    json.attribute("head_dim", spec.headDim);
-    json.attribute("block_size", spec.blockSize);
-    if (spec.kind == KernelKind::RmsNorm) {
-      json.attribute("hidden", spec.hidden);
-      json.attribute("eps", spec.eps);
-    }
-    std::string storage;
-    llvm::raw_string_ostream(storage) << spec.storage;
-    json.attribute("storage", storage);
-    json.attribute("codec", codec.str());
-    json.attribute("key_axis", kvc::axisName(codec.keyAxis));
-    json.attribute("value_axis", kvc::axisName(codec.valueAxis));
-    json.attribute("payload_bytes", spec.payloadBytes());
-    json.attribute("binary", ptx);
-  });
-  return result;
+  if (failed(
+          dims(launch.getGridSizeOperandValues(), /*grid=*/true, out.grid)) ||
+      failed(
+          dims(launch.getBlockSizeOperandValues(), /*grid=*/false, out.block)))
+    return failure();
+  out.tokens = spec.tokens;
+  out.layers = spec.layers;
+  out.kvHeads = spec.kvHeads;
+  out.headDim = spec.headDim;
+  out.blockSize = spec.blockSize;
+  if (spec.kind == KernelKind::RmsNorm) {
+    out.hidden = spec.hidden;
+    out.eps = spec.eps;
+  }
+  out.storage.clear();
+  llvm::raw_string_ostream(out.storage) << spec.storage;
+  out.codec = getCodecSpec(spec.codec);
+  out.payloadBytes = spec.payloadBytes();
+  return out;
 }
 
-LogicalResult writeTask(llvm::json::OStream &json, TaskOp task, int64_t id,
-                        const llvm::DenseMap<Operation *, int64_t> &ids,
-                        const llvm::StringMap<GeneratedKernel> &kernels) {
+FailureOr<kvc::BundleTask>
+buildTask(TaskOp task, int64_t id,
+          const llvm::DenseMap<Operation *, int64_t> &ids,
+          const llvm::StringMap<GeneratedKernel> &kernels) {
   auto idsOf = [&](auto values) {
-    SmallVector<int64_t> out;
+    std::vector<int64_t> out;
     for (Value value : values)
       if (auto found = ids.find(value.getDefiningOp()); found != ids.end())
         if (!llvm::is_contained(out, found->second))
           out.push_back(found->second);
     return out;
   };
-  LogicalResult result = success();
+  kvc::BundleTask out;
+  out.id = id;
+  out.resource = toVocabulary(task.getResource());
+  out.lane = task.getLane();
+  out.after = idsOf(task.getDeps());
+  out.inputs = idsOf(stepInputs(task));
+  out.slot = task.getSlot();
+  if (auto time =
+          task->getAttrOfType<DenseI64ArrayAttr>(KVCDialect::kTimeAttrName);
+      time && time.size() == 2)
+    out.predictedNs = std::make_pair(time[0], time[1]);
+  SmallVector<Operation *> steps;
+  for (Operation &op : task.getBody().front()) {
+    if (auto kernel = dyn_cast<KernelOp>(op)) {
+      out.kernel = kernel.getKernelName().str();
+      if (auto entry = kernel->getAttrOfType<FlatSymbolRefAttr>(
+              KVCDialect::kEntryAttrName);
+          entry && kernels.count(entry.getValue()))
+        out.entry = entry.getValue().str();
+      if (auto prologue = kernel->getAttrOfType<FlatSymbolRefAttr>(
+              KVCDialect::kPrologueAttrName);
+          prologue && kernels.count(prologue.getValue()))
+        out.prologue = prologue.getValue().str();
+      for (Operation &inner : kernel.getBody().front())
+        if (!isa<YieldOp>(inner))
+          steps.push_back(&inner);
+    } else if (!isa<YieldOp>(op)) {
+      steps.push_back(&op);
+    }
+  }
+  for (Operation *step : steps) {
+    FailureOr<kvc::BundleStep> built = buildStep(step);
+    if (failed(built))
+      return failure();
+    out.steps.push_back(std::move(*built));
+  }
+  return out;
+}
+
+FailureOr<kvc::BundlePlan>
+buildPlan(PlanOp plan, const llvm::StringMap<GeneratedKernel> &kernels) {
+  llvm::DenseMap<Operation *, int64_t> ids;
+  kvc::BundlePlan out;
+  out.name = plan.getSymName().str();
+  out.tokens = rangeOf(plan.getTokens());
+  out.layers = rangeOf(plan.getLayers());
+  out.predictedUs = plan.getPredictedUs();
+  out.prefillStep = plan.getPrefillStep();
+  for (Operation &op : plan.getBody().front()) {
+    auto task = cast<TaskOp>(op); // Checked by buildPlanBundle.
+    if (std::optional<int64_t> slot = task.getSlot())
+      out.stagingSlots = std::max(out.stagingSlots, *slot + 1);
+    ids[task] = int64_t(ids.size());
+  }
+  for (Operation &op : plan.getBody().front()) {
+    FailureOr<kvc::BundleTask> task =
+        buildTask(cast<TaskOp>(op), ids[&op], ids, kernels);
+    if (failed(task))
+      return failure();
+    out.tasks.push_back(std::move(*task));
+  }
+  return out;
+}
+
+void writeRange(llvm::json::OStream &json, StringRef key,
+                const kvc::BundleRange &range) {
+  json.attributeArray(key, [&] {
+    json.value(range.begin);
+    json.value(range.end);
+  });
+}
+
+void writeTriple(llvm::json::OStream &json, StringRef key,
+                 const std::array<int64_t, 3> &values) {
+  json.attributeArray(key, [&] {
+    for (int64_t value : values)
+      json.value(value);
+  });
+}
+
+void writeStep(llvm::json::OStream &json, const kvc::BundleStep &step) {
   json.object([&] {
-    json.attribute("id", id);
-    json.attribute("resource", stringifyResource(task.getResource()));
-    json.attribute("lane", task.getLane());
+    json.attribute("op", kvc::name(step.kind));
+    json.attribute("form", kvc::name(step.form));
+    writeRange(json, "tokens", step.tokens);
+    writeRange(json, "layers", step.layers);
+    json.attribute("codec", step.codec.str());
+    if (!step.tier.empty())
+      json.attribute("tier", step.tier);
+    if (!step.node.empty())
+      json.attribute("node", step.node);
+    if (step.predictedBytes)
+      json.attribute("predicted_bytes", *step.predictedBytes);
+  });
+}
+
+void writeTask(llvm::json::OStream &json, const kvc::BundleTask &task) {
+  json.object([&] {
+    json.attribute("id", task.id);
+    json.attribute("resource", kvc::name(task.resource));
+    json.attribute("lane", task.lane);
     json.attributeArray("after", [&] {
-      for (int64_t dep : idsOf(task.getDeps()))
+      for (int64_t dep : task.after)
         json.value(dep);
     });
     json.attributeArray("inputs", [&] {
-      for (int64_t input : idsOf(stepInputs(task)))
+      for (int64_t input : task.inputs)
         json.value(input);
     });
-    if (std::optional<int64_t> slot = task.getSlot())
-      json.attribute("slot", *slot);
-    if (auto time = task->getAttrOfType<DenseI64ArrayAttr>(
-            KVCDialect::kTimeAttrName);
-        time && time.size() == 2)
-      writeRange(json, "predicted_ns", time[0], time[1]);
-    SmallVector<Operation *> steps;
-    for (Operation &op : task.getBody().front()) {
-      if (auto kernel = dyn_cast<KernelOp>(op)) {
-        json.attribute("kernel", kernel.getKernelName());
-        if (auto entry = kernel->getAttrOfType<FlatSymbolRefAttr>(
-                KVCDialect::kEntryAttrName);
-            entry && kernels.count(entry.getValue()))
-          json.attribute("entry", entry.getValue());
-        if (auto prologue = kernel->getAttrOfType<FlatSymbolRefAttr>(
-                KVCDialect::kPrologueAttrName);
-            prologue && kernels.count(prologue.getValue()))
-          json.attribute("prologue", prologue.getValue());
-        for (Operation &inner : kernel.getBody().front())
-          if (!isa<YieldOp>(inner))
-            steps.push_back(&inner);
-      } else if (!isa<YieldOp>(op)) {
-        steps.push_back(&op);
-      }
-    }
+    if (task.slot)
+      json.attribute("slot", *task.slot);
+    if (task.predictedNs)
+      writeRange(json, "predicted_ns",
+                 {task.predictedNs->first, task.predictedNs->second});
+    if (!task.kernel.empty())
+      json.attribute("kernel", task.kernel);
+    if (!task.entry.empty())
+      json.attribute("entry", task.entry);
+    if (!task.prologue.empty())
+      json.attribute("prologue", task.prologue);
     json.attributeArray("steps", [&] {
-      for (Operation *step : steps)
-        if (failed(writeStep(json, step)))
-          result = failure();
+      for (const kvc::BundleStep &step : task.steps)
+        writeStep(json, step);
     });
   });
-  return result;
 }
 
-LogicalResult writePlan(llvm::json::OStream &json, PlanOp plan,
-                        const llvm::StringMap<GeneratedKernel> &kernels) {
-  llvm::DenseMap<Operation *, int64_t> ids;
-  int64_t slots = 0;
-  for (Operation &op : plan.getBody().front()) {
-    auto task = cast<TaskOp>(op); // Checked by the pass.
-    if (std::optional<int64_t> slot = task.getSlot())
-      slots = std::max(slots, *slot + 1);
-    ids[task] = int64_t(ids.size());
-  }
-  LogicalResult result = success();
+void writePlan(llvm::json::OStream &json, const kvc::BundlePlan &plan) {
   json.object([&] {
-    json.attribute("name", plan.getSymName());
-    writeRange(json, "tokens", plan.getTokens().getBegin(),
-               plan.getTokens().getEnd());
-    writeRange(json, "layers", plan.getLayers().getBegin(),
-               plan.getLayers().getEnd());
-    if (std::optional<int64_t> predicted = plan.getPredictedUs())
-      json.attribute("predicted_us", *predicted);
-    if (std::optional<int64_t> step = plan.getPrefillStep())
-      json.attribute("prefill_step", *step);
-    json.attribute("staging_slots", slots);
+    json.attribute("name", plan.name);
+    writeRange(json, "tokens", plan.tokens);
+    writeRange(json, "layers", plan.layers);
+    if (plan.predictedUs)
+      json.attribute("predicted_us", *plan.predictedUs);
+    if (plan.prefillStep)
+      json.attribute("prefill_step", *plan.prefillStep);
+    json.attribute("staging_slots", plan.stagingSlots);
     json.attributeArray("tasks", [&] {
-      for (Operation &op : plan.getBody().front())
-        if (failed(writeTask(json, cast<TaskOp>(op), ids[&op], ids, kernels)))
-          result = failure();
+      for (const kvc::BundleTask &task : plan.tasks)
+        writeTask(json, task);
     });
   });
-  return result;
+}
+
+void writeKernel(llvm::json::OStream &json, const kvc::BundleKernel &kernel) {
+  json.object([&] {
+    json.attribute("name", kernel.name);
+    json.attribute("kind", kvc::bundleKernelKindName(kernel.kind));
+    json.attribute("function", kernel.function);
+    json.attribute("format", kernel.format);
+    json.attribute("target", kernel.target);
+    writeTriple(json, "grid", kernel.grid);
+    writeTriple(json, "block", kernel.block);
+    json.attributeArray("args", [&] {
+      for (const std::string &arg : kernel.args)
+        json.value(arg);
+    });
+    json.attribute("tokens", kernel.tokens);
+    json.attribute("layers", kernel.layers);
+    json.attribute("kv_heads", kernel.kvHeads);
+    json.attribute("head_dim", kernel.headDim);
+    json.attribute("block_size", kernel.blockSize);
+    if (kernel.kind == kvc::BundleKernel::Kind::RmsNorm) {
+      json.attribute("hidden", kernel.hidden);
+      json.attribute("eps", kernel.eps);
+    }
+    json.attribute("storage", kernel.storage);
+    json.attribute("codec", kernel.codec.str());
+    json.attribute("key_axis", kvc::axisName(kernel.codec.keyAxis));
+    json.attribute("value_axis", kvc::axisName(kernel.codec.valueAxis));
+    json.attribute("payload_bytes", kernel.payloadBytes);
+    json.attribute("binary", kernel.binary);
+  });
 }
 
 } // namespace
 
-LogicalResult kvc::compiler::writePlanBundle(ModuleOp module,
-                                             raw_ostream &out) {
-  // Check every plan before writing anything.
+FailureOr<kvc::PlanBundle> kvc::compiler::buildPlanBundle(ModuleOp module) {
+  // Check every plan before building any.
   SmallVector<PlanOp> plans(module.getOps<PlanOp>());
   for (PlanOp plan : plans)
     for (Operation &op : plan.getBody().front())
@@ -326,34 +406,51 @@ LogicalResult kvc::compiler::writePlanBundle(ModuleOp module,
   if (failed(kernels))
     return failure();
 
-  std::string buffer;
-  llvm::raw_string_ostream os(buffer);
-  LogicalResult result = success();
+  kvc::PlanBundle bundle;
+  if (auto model = module->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName))
+    bundle.modelFingerprint = model.getFingerprint().str();
+  for (PlanOp plan : plans) {
+    FailureOr<kvc::BundlePlan> built = buildPlan(plan, *kernels);
+    if (failed(built))
+      return failure();
+    bundle.plans.push_back(std::move(*built));
+  }
+  for (const auto &kernel : *kernels) {
+    FailureOr<kvc::BundleKernel> built = buildKernel(kernel.getValue());
+    if (failed(built))
+      return failure();
+    bundle.kernels.push_back(std::move(*built));
+  }
+  return bundle;
+}
+
+void kvc::compiler::writePlanBundle(const kvc::PlanBundle &bundle,
+                                    raw_ostream &out) {
   {
-    llvm::json::OStream json(os, /*IndentSize=*/1);
+    llvm::json::OStream json(out, /*IndentSize=*/1);
     json.object([&] {
       json.attribute("format", "kvc-plan-bundle");
-      json.attribute("version", kvc::kPlanBundleVersion);
-      StringRef fingerprint;
-      if (auto model =
-              module->getAttrOfType<ModelAttr>(KVCDialect::kModelAttrName))
-        fingerprint = model.getFingerprint();
-      json.attribute("model_fingerprint", fingerprint);
+      json.attribute("version", bundle.version);
+      json.attribute("model_fingerprint", bundle.modelFingerprint);
       json.attributeArray("plans", [&] {
-        for (PlanOp plan : plans)
-          if (failed(writePlan(json, plan, *kernels)))
-            result = failure();
+        for (const kvc::BundlePlan &plan : bundle.plans)
+          writePlan(json, plan);
       });
       json.attributeArray("kernels", [&] {
-        for (const auto &kernel : *kernels)
-          if (failed(writeKernel(json, kernel.getValue())))
-            result = failure();
+        for (const kvc::BundleKernel &kernel : bundle.kernels)
+          writeKernel(json, kernel);
       });
     });
   }
-  if (failed(result))
+  out << "\n";
+}
+
+LogicalResult kvc::compiler::writePlanBundle(ModuleOp module,
+                                             raw_ostream &out) {
+  FailureOr<kvc::PlanBundle> bundle = buildPlanBundle(module);
+  if (failed(bundle))
     return failure();
-  out << buffer << "\n";
+  writePlanBundle(*bundle, out);
   return success();
 }
 

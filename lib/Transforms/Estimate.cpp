@@ -124,7 +124,7 @@ struct KVCEstimatePass
       if (failed(forEachPlan(
               getOperation(), getArgument(), planOptions(),
               [&](PlanOp plan) { return receives(plan) == receivers; },
-              estimate)))
+              estimate, given.get())))
         return signalPassFailure();
   }
 
@@ -248,3 +248,9 @@ struct KVCEstimatePass
 };
 
 } // namespace
+
+std::unique_ptr<Pass> kvc::compiler::createKVCEstimatePass(
+    const KVCEstimatePassOptions &options,
+    std::shared_ptr<const PlanningContext> given) {
+  return createPlanningPass<KVCEstimatePass>(options, std::move(given));
+}

@@ -165,11 +165,12 @@ struct KVCExpandPass
   void runOnOperation() override {
     if (failed(expandIntents()))
       return signalPassFailure();
-    if (failed(forEachPlan(getOperation(), getArgument(), planOptions(),
-                           holdsSegments,
-                           [&](PlanOp plan, const PlanningContext &context) {
-                             return expand(plan, context);
-                           })))
+    if (failed(forEachPlan(
+            getOperation(), getArgument(), planOptions(), holdsSegments,
+            [&](PlanOp plan, const PlanningContext &context) {
+              return expand(plan, context);
+            },
+            given.get())))
       signalPassFailure();
   }
 
@@ -180,8 +181,8 @@ struct KVCExpandPass
     SmallVector<TransferOp> transfers(getOperation().getOps<TransferOp>());
     if (saves.empty() && transfers.empty())
       return success();
-    FailureOr<PlanningContext> context =
-        getPlanningContext(getOperation(), getArgument(), planOptions());
+    FailureOr<PlanningContext> context = getPlanningContext(
+        getOperation(), getArgument(), planOptions(), given.get());
     if (failed(context))
       return failure();
     for (SaveOp save : saves)
@@ -339,3 +340,9 @@ struct KVCExpandPass
 };
 
 } // namespace
+
+std::unique_ptr<Pass> kvc::compiler::createKVCExpandPass(
+    const KVCExpandPassOptions &options,
+    std::shared_ptr<const PlanningContext> given) {
+  return createPlanningPass<KVCExpandPass>(options, std::move(given));
+}

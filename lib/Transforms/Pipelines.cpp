@@ -15,15 +15,20 @@ using namespace kvc::compiler;
 /// What both pipelines run once their plans are chosen: per-chunk dataflow,
 /// fused kernels, tasks with predicted times and, for the target's GPU chip
 /// or `gpuChip` ("none": no kernels), the kernels as PTX.
-static void buildLowering(OpPassManager &pm,
-                          const kvc::planning::PlanOptions &options) {
+void kvc::compiler::buildLoweringPipeline(
+    OpPassManager &pm, const kvc::planning::PlanOptions &options,
+    std::shared_ptr<const PlanningContext> given) {
   pm.addPass(
-      createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(options)));
+      createKVCExpandPass(toPassOptions<KVCExpandPassOptions>(options), given));
   pm.addPass(createKVCFusePass());
-  pm.addPass(
-      createKVCSchedulePass(toPassOptions<KVCSchedulePassOptions>(options)));
-  pm.addPass(
-      createKVCEstimatePass(toPassOptions<KVCEstimatePassOptions>(options)));
+  pm.addPass(createKVCSchedulePass(
+      toPassOptions<KVCSchedulePassOptions>(options), given));
+  pm.addPass(createKVCEstimatePass(
+      toPassOptions<KVCEstimatePassOptions>(options), given));
+  // No chip: the target's, which the module says. "none" leaves the module
+  // as it is; the pass is not added, nor the GPU dialects it loads.
+  if (options.gpuChip == "none")
+    return;
   KVCGenerateKernelsPassOptions kernels;
   kernels.chip = options.gpuChip;
   pm.addPass(createKVCGenerateKernelsPass(kernels));
@@ -72,7 +77,7 @@ void kvc::compiler::buildRestorePipeline(
   plan.strategy = options.strategy;
   plan.allowSloMiss = options.allowSloMiss;
   pm.addPass(createKVCPlanPass(plan));
-  buildLowering(pm, planning);
+  buildLoweringPipeline(pm, planning);
 }
 
 void kvc::compiler::buildSavePipeline(OpPassManager &pm,
@@ -80,7 +85,7 @@ void kvc::compiler::buildSavePipeline(OpPassManager &pm,
   const kvc::planning::PlanOptions planning = options.planOptions();
   pm.addPass(createKVCSelectCodecPass(
       toPassOptions<KVCSelectCodecPassOptions>(planning)));
-  buildLowering(pm, planning);
+  buildLoweringPipeline(pm, planning);
 }
 
 namespace {

@@ -13,7 +13,10 @@ namespace planning = kvc::planning;
 
 FailureOr<PlanningContext>
 kvc::compiler::getPlanningContext(Operation *op, StringRef passArgument,
-                                  const planning::PlanOptions &options) {
+                                  const planning::PlanOptions &options,
+                                  const PlanningContext *given) {
+  if (given)
+    return *given;
   ModelAttr model = lookupModel(op);
   TargetAttr target = lookupTarget(op);
   if (!model)
@@ -33,7 +36,7 @@ kvc::compiler::getPlanningContext(Operation *op, StringRef passArgument,
     profile = std::move(*loaded);
   }
   PlanningContext context;
-  context.cost = std::make_unique<planning::CostModel>(
+  context.cost = std::make_shared<const planning::CostModel>(
       getModelConfig(model), getTargetDesc(target), std::move(profile));
   context.options = options;
   context.layers = model.getLayers();
@@ -44,7 +47,8 @@ kvc::compiler::getPlanningContext(Operation *op, StringRef passArgument,
 LogicalResult kvc::compiler::forEachPlan(
     ModuleOp module, StringRef passArgument,
     const planning::PlanOptions &options, function_ref<bool(PlanOp)> select,
-    function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn) {
+    function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn,
+    const PlanningContext *given) {
   SmallVector<PlanOp> plans;
   module.walk([&](PlanOp plan) {
     if (select(plan))
@@ -53,7 +57,7 @@ LogicalResult kvc::compiler::forEachPlan(
   if (plans.empty())
     return success();
   FailureOr<PlanningContext> context =
-      getPlanningContext(module, passArgument, options);
+      getPlanningContext(module, passArgument, options, given);
   if (failed(context))
     return failure();
   for (PlanOp plan : plans)

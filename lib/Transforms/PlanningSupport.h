@@ -15,15 +15,19 @@
 #include "kvc/Dialect/KVC/IR/KVCOps.h"
 #include "kvc/Planning/Pipeline.h"
 #include "kvc/Planning/Planner.h"
+#include "kvc/Transforms/Passes.h"
 
 #include <memory>
 #include <optional>
 
 namespace kvc::compiler {
 
-/// The planning library's view of a module.
+/// The planning library's view of a module: built by each pass that plans
+/// from the module's `kvc.model` and `kvc.target`, or given to it by an
+/// in-process compile that priced the plan already (compileChosen), whose
+/// cost model the passes then share.
 struct PlanningContext {
-  std::unique_ptr<kvc::planning::CostModel> cost;
+  std::shared_ptr<const kvc::planning::CostModel> cost;
   kvc::planning::PlanOptions options;
   int64_t layers = 0;
   Type elementType;
@@ -44,6 +48,10 @@ template <typename DerivedT, template <typename> class GeneratedBaseT>
 struct PlanningPass : public GeneratedBaseT<DerivedT> {
   using GeneratedBaseT<DerivedT>::GeneratedBaseT;
 
+  /// The context its caller built (createPlanningPass), or null: each run
+  /// builds one from the module.
+  std::shared_ptr<const PlanningContext> given;
+
   /// Its cost-model options as the planner's options.
   kvc::planning::PlanOptions planOptions() const {
     kvc::planning::PlanOptions options;
@@ -55,21 +63,54 @@ struct PlanningPass : public GeneratedBaseT<DerivedT> {
   }
 };
 
-/// Builds the cost model from the `kvc.model` and `kvc.target` around `op`
-/// and `options`' codec profile (built-in when empty). Reports what is
-/// missing on `op` and fails.
+/// A planning pass of type `PassT` with `options`, planning with `given`
+/// (null: a context built from the module on each run).
+template <typename PassT, typename OptionsT>
+std::unique_ptr<Pass>
+createPlanningPass(const OptionsT &options,
+                   std::shared_ptr<const PlanningContext> given) {
+  auto pass = std::make_unique<PassT>(options);
+  pass->given = std::move(given);
+  return pass;
+}
+
+/// The passes that plan with a context given (their generated constructors
+/// build their own).
+std::unique_ptr<Pass>
+createKVCExpandPass(const KVCExpandPassOptions &options,
+                    std::shared_ptr<const PlanningContext> given);
+std::unique_ptr<Pass>
+createKVCSchedulePass(const KVCSchedulePassOptions &options,
+                      std::shared_ptr<const PlanningContext> given);
+std::unique_ptr<Pass>
+createKVCEstimatePass(const KVCEstimatePassOptions &options,
+                      std::shared_ptr<const PlanningContext> given);
+
+/// `given` when there is one; else builds the cost model from the
+/// `kvc.model` and `kvc.target` around `op` and `options`' codec profile
+/// (built-in when empty), reporting what is missing on `op` and failing.
 FailureOr<PlanningContext>
 getPlanningContext(Operation *op, StringRef passArgument,
-                   const kvc::planning::PlanOptions &options);
+                   const kvc::planning::PlanOptions &options,
+                   const PlanningContext *given = nullptr);
 
 /// Calls `fn` on every plan of `module` that `select` accepts, with the
-/// planning context built once (only when some plan is selected). Fails at
-/// the first failure.
+/// planning context (`given`, or one built once, only when some plan is
+/// selected). Fails at the first failure.
 LogicalResult
 forEachPlan(ModuleOp module, StringRef passArgument,
             const kvc::planning::PlanOptions &options,
             function_ref<bool(PlanOp)> select,
-            function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn);
+            function_ref<LogicalResult(PlanOp, const PlanningContext &)> fn,
+            const PlanningContext *given = nullptr);
+
+/// The passes that lower chosen plans (kvc-expand, kvc-fuse, kvc-schedule,
+/// kvc-estimate, kvc-generate-kernels), planning with `given` when set:
+/// what kvc-restore-pipeline and kvc-save-pipeline run after choosing, and
+/// what an in-process compile of a chosen plan runs alone.
+void buildLoweringPipeline(OpPassManager &pm,
+                           const kvc::planning::PlanOptions &options,
+                           std::shared_ptr<const PlanningContext> given = {});
 
 /// The tier a step reads or writes: its fetch's or its store's (inside a
 /// task or kernel too); empty for steps that touch no tier.

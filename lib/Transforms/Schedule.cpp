@@ -44,12 +44,13 @@ struct KVCSchedulePass
       return !holdsSegments(plan) && plan.getBody().getOps<TaskOp>().empty() &&
              !plan.getBody().front().empty();
     };
-    if (failed(forEachPlan(getOperation(), getArgument(), planOptions(),
-                           dataflow,
-                           [&](PlanOp plan, const PlanningContext &context) {
-                             schedule(plan, context);
-                             return success();
-                           })))
+    if (failed(forEachPlan(
+            getOperation(), getArgument(), planOptions(), dataflow,
+            [&](PlanOp plan, const PlanningContext &context) {
+              schedule(plan, context);
+              return success();
+            },
+            given.get())))
       signalPassFailure();
   }
 
@@ -172,3 +173,9 @@ struct KVCSchedulePass
 };
 
 } // namespace
+
+std::unique_ptr<Pass> kvc::compiler::createKVCSchedulePass(
+    const KVCSchedulePassOptions &options,
+    std::shared_ptr<const PlanningContext> given) {
+  return createPlanningPass<KVCSchedulePass>(options, std::move(given));
+}

@@ -2,14 +2,20 @@
 //
 // compileRestore, as a server binds it through a PlanHook: one plan per
 // strategy, and with a GPU chip every kernel those plans launch in the
-// bundle's table, once.
+// bundle's table, once; compileChosen, which lowers a plan priced already
+// without searching again; and the bundle built in memory, which is what its
+// JSON reads back as.
 //
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Transforms/CompileRestore.h"
 
+#include "kvc/Planning/CostModel.h"
 #include "kvc/Runtime/Desc/ModelConfig.h"
 #include "kvc/Runtime/Desc/TargetDesc.h"
+#include "kvc/Transforms/EmitBundle.h"
+
+#include "llvm/Support/raw_ostream.h"
 
 #include <gtest/gtest.h>
 
@@ -121,6 +127,81 @@ TEST_F(CompileRestoreTest, AKernelWithoutAGeneratedFormIsLeftToTheRuntime) {
   EXPECT_GT(projections, 0);
   EXPECT_TRUE(bundle->kernels.empty());
   EXPECT_TRUE(validatePlanBundle(*bundle).isOk());
+}
+
+// The Connector prices a request with the planner, then compiles the plan it
+// chose: compileChosen lowers that plan on the caller's cost model, and the
+// result is the plan kvc-plan would have searched for, without searching.
+TEST_F(CompileRestoreTest, AChosenPlanIsCompiledWithoutSearchingAgain) {
+  CompileRestoreOptions options;
+  options.plan.chunkTokens = 64;
+  options.plan.layerWise = true;
+  options.plan.gpuChip = "sm_90";
+  auto cost = std::make_shared<const planning::CostModel>(
+      model_, target_, planning::CodecProfile::defaults());
+  for (planning::Strategy strategy :
+       {planning::Strategy::Kv, planning::Strategy::Joint}) {
+    const std::string name = planning::strategyName(strategy);
+    SCOPED_TRACE(name);
+    options.plan.strategies = {strategy};
+    planning::Planner planner(*cost, request_, options.plan);
+    ASSERT_TRUE(planner.validate().isOk());
+    std::optional<planning::Evaluation> chosen = planner.plan(strategy);
+    ASSERT_TRUE(chosen);
+
+    const int64_t searched = planning::Planner::plansMade();
+    StatusOr<PlanBundle> compiled =
+        compileChosen(model_, "fp", cost, request_, name, *chosen, options);
+    ASSERT_TRUE(compiled) << compiled.status().toString();
+    EXPECT_EQ(planning::Planner::plansMade(), searched)
+        << "compileChosen searched for the plan again";
+    ASSERT_EQ(compiled->plans.size(), 1u);
+    EXPECT_EQ(compiled->plans.front().name, name);
+    EXPECT_EQ(compiled->modelFingerprint, "fp");
+    EXPECT_TRUE(validatePlanBundle(*compiled).isOk());
+
+    // What the pipeline's own search compiles for the same request.
+    StatusOr<PlanBundle> searchedFor =
+        compileRestore(model_, "fp", target_, request_, options);
+    ASSERT_TRUE(searchedFor) << searchedFor.status().toString();
+    EXPECT_GT(planning::Planner::plansMade(), searched);
+    const BundlePlan &plan = compiled->plans.front();
+    const BundlePlan &reference = searchedFor->plans.front();
+    EXPECT_TRUE(plan.sameSchedule(reference));
+    EXPECT_EQ(plan.predictedUs, reference.predictedUs);
+    ASSERT_EQ(compiled->kernels.size(), searchedFor->kernels.size());
+    for (std::size_t i = 0; i < compiled->kernels.size(); ++i)
+      EXPECT_EQ(compiled->kernels[i].binary, searchedFor->kernels[i].binary);
+    // Loads of stored K and V launch generated kernels.
+    if (strategy == planning::Strategy::Kv)
+      EXPECT_FALSE(compiled->kernels.empty());
+  }
+}
+
+// The bundle an in-process compile hands the runtime is the bundle its
+// JSON (kvc-emit-bundle's) reads back as: written, parsed and written again,
+// the text is the same.
+TEST_F(CompileRestoreTest, TheBundleBuiltInMemoryIsTheOneItsJsonReads) {
+  CompileRestoreOptions options;
+  options.plan.strategies = {planning::Strategy::Kv, planning::Strategy::Joint};
+  options.plan.chunkTokens = 64;
+  options.plan.gpuChip = "sm_90";
+  StatusOr<PlanBundle> bundle =
+      compileRestore(model_, "fp", target_, request_, options);
+  ASSERT_TRUE(bundle) << bundle.status().toString();
+  ASSERT_FALSE(bundle->kernels.empty());
+  std::string written;
+  llvm::raw_string_ostream os(written);
+  compiler::writePlanBundle(*bundle, os);
+  StatusOr<PlanBundle> read = parsePlanBundle(written);
+  ASSERT_TRUE(read) << read.status().toString();
+  std::string again;
+  llvm::raw_string_ostream os2(again);
+  compiler::writePlanBundle(*read, os2);
+  EXPECT_EQ(written, again);
+  ASSERT_EQ(read->plans.size(), bundle->plans.size());
+  for (std::size_t i = 0; i < read->plans.size(); ++i)
+    EXPECT_TRUE(read->plans[i].sameSchedule(bundle->plans[i]));
 }
 
 TEST_F(CompileRestoreTest, AnUnknownChipIsAnError) {

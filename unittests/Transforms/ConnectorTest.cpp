@@ -631,17 +631,17 @@ TEST_F(ConnectorTest, ACompilingPlanHoldsUpNoOtherRequest) {
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> first{true}, timedOut{false};
   PlanHook compile = compilerPlanHook();
-  options_.planner = [&, compile](const ModelCompute &model,
-                                  const TargetDesc &target,
-                                  const planning::Request &request,
-                                  const PlanOptions &options) {
+  options_.planner = [&, compile](
+                         const ModelCompute &model, const TargetDesc &target,
+                         const planning::Request &request,
+                         const PlanOptions &options, const PricedPlan *chosen) {
     if (first.exchange(false)) {
       entered.set_value();
       if (released.wait_for(std::chrono::seconds(20)) !=
           std::future_status::ready)
         timedOut = true;
     }
-    return compile(model, target, request, options);
+    return compile(model, target, request, options, chosen);
   };
   auto connector = connect();
   ASSERT_TRUE(connector);
@@ -664,6 +664,63 @@ TEST_F(ConnectorTest, ACompilingPlanHoldsUpNoOtherRequest) {
   cold.join();
   EXPECT_FALSE(timedOut);
   EXPECT_EQ(connector->plansCompiled(), 1);
+}
+
+// decide prices every candidate with the planner and hands the plan it
+// keeps to the compiler, which lowers it as chosen: the compile searches
+// for nothing, and the load it compiled restores the cache exactly.
+// The compiled plans kept are the shapes decided last: with room for one,
+// a shape decided again after another is compiled again; with room for two,
+// it is found.
+TEST_F(ConnectorTest, ThePlanCacheKeepsTheShapesDecidedLast) {
+  options_.policy = LoadPolicy::Always;
+  const std::vector<int32_t> stored = prompt(300, 5);
+  std::vector<int32_t> longer = stored;
+  longer.insert(longer.end(), 100, 3); // The server's pass: 192 tokens.
+  for (std::size_t entries : {1, 2}) {
+    SCOPED_TRACE(entries);
+    options_.planCacheEntries = entries;
+    auto connector = connect();
+    ASSERT_TRUE(connector);
+    prefillAndSave(*connector, "a", stored, blocks(0, 19));
+    for (const char *id : {"b", "c", "d"}) {
+      StatusOr<Decision> decision =
+          connector->decide(id, *id == 'c' ? longer : stored, 0);
+      ASSERT_TRUE(decision && decision->loads()) << id;
+    }
+    EXPECT_EQ(connector->plansCompiled(), entries == 1 ? 3 : 2);
+    EXPECT_EQ(connector->planCacheHits(), entries == 1 ? 0 : 1);
+  }
+}
+
+TEST_F(ConnectorTest, ADecisionCompilesThePlanItPricedWithoutSearchingAgain) {
+  PlanHook compile = compilerPlanHook();
+  int64_t calls = 0, priced = 0, searchedInCompile = 0;
+  options_.planner =
+      [&, compile](const ModelCompute &model, const TargetDesc &target,
+                   const planning::Request &request, const PlanOptions &options,
+                   const PricedPlan *chosen) {
+        ++calls;
+        priced += chosen != nullptr;
+        const int64_t before = planning::Planner::plansMade();
+        StatusOr<PlanBundle> bundle =
+            compile(model, target, request, options, chosen);
+        searchedInCompile += planning::Planner::plansMade() - before;
+        return bundle;
+      };
+  auto connector = connect();
+  ASSERT_TRUE(connector);
+  const std::vector<int32_t> tokens = prompt(300, 5);
+  prefillAndSave(*connector, "a", tokens, blocks(0, 19));
+  StatusOr<Decision> decision = connector->decide("b", tokens, 0);
+  ASSERT_TRUE(decision && decision->loads()) << decision.status().toString();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(priced, 1);
+  EXPECT_EQ(searchedInCompile, 0);
+  ASSERT_TRUE(connector->startLoad("b", blocks(50, 19)).isOk());
+  ASSERT_TRUE(connector->waitLoad("b"));
+  prefill(tokens, decision->loadTokens, blocks(50, 19));
+  expectExact(tokens, blocks(50, 19));
 }
 
 TEST_F(ConnectorTest, AStoreSavedInAnotherLayoutIsRead) {
@@ -751,12 +808,13 @@ TEST_F(ConnectorTest, ABundleOfAnotherModelIsNeverRun) {
   request.tokens = 256;
   host::PlanOptions plans;
   plans.strategies = {planning::Strategy::Kv};
-  EXPECT_EQ(bundleHook({other})(*model_, options_.target, request, plans)
-                .status()
-                .code(),
-            StatusCode::FailedPrecondition);
-  EXPECT_TRUE(bundleHook({other, *planned})(*model_, options_.target,
-                                            request, plans));
+  EXPECT_EQ(
+      bundleHook({other})(*model_, options_.target, request, plans, nullptr)
+          .status()
+          .code(),
+      StatusCode::FailedPrecondition);
+  EXPECT_TRUE(bundleHook({other, *planned})(*model_, options_.target, request,
+                                            plans, nullptr));
   // The same bundle, this model's: it runs.
   StatusOr<Decision> ours = reader->decide(
       "ours", tokens, 0,

@@ -17,18 +17,27 @@
 
 namespace kvc::host {
 
-/// Compiles each request with compileRestore; `warn` receives the
+/// Compiles each request with compileRestore, or a plan chosen already with
+/// compileChosen (named after its one strategy); `warn` receives the
 /// compiler's warnings (a fused kernel left to the runtime, and why).
 inline PlanHook
 compilerPlanHook(std::function<void(const std::string &)> warn = {}) {
   return [warn](const ModelCompute &model, const TargetDesc &target,
-                const planning::Request &request, const PlanOptions &options) {
+                const planning::Request &request, const PlanOptions &options,
+                const PricedPlan *chosen) {
     CompileRestoreOptions compile;
     compile.plan = options;
     std::vector<std::string> warnings;
     compile.warnings = &warnings;
-    StatusOr<PlanBundle> bundle = compileRestore(
-        model.config(), model.fingerprint(), target, request, compile);
+    StatusOr<PlanBundle> bundle =
+        chosen ? compileChosen(
+                     model.config(), model.fingerprint(), chosen->cost, request,
+                     options.strategies.size() == 1
+                         ? planning::strategyName(options.strategies.front())
+                         : chosen->evaluation.plan.strategy,
+                     chosen->evaluation, compile)
+               : compileRestore(model.config(), model.fingerprint(), target,
+                                request, compile);
     if (warn)
       for (const std::string &warning : warnings)
         warn(warning);

@@ -48,11 +48,23 @@ struct PlanOptions : planning::PlanOptions {
   double maxKl = std::numeric_limits<double>::infinity();
 };
 
+/// A plan the caller's planner chose already, and the cost model that
+/// priced it (the model's on the target's machine): the Connector's decide,
+/// which prices every candidate, hands the one it keeps to the PlanHook.
+struct PricedPlan {
+  std::shared_ptr<const planning::CostModel> cost;
+  planning::Evaluation evaluation;
+};
+
 /// Compiles a restore of `request` for `target`: one plan per strategy of
-/// `options` (never empty), chunks of `options.chunkTokens`.
+/// `options` (never empty), chunks of `options.chunkTokens`; given `chosen`
+/// (`options` then names one strategy), that plan as it was chosen, not
+/// searched for again (compilerPlanHook), or the one compiled ahead for the
+/// strategy (bundleHook).
 using PlanHook = std::function<StatusOr<PlanBundle>(
     const ModelCompute &model, const TargetDesc &target,
-    const planning::Request &request, const PlanOptions &options)>;
+    const planning::Request &request, const PlanOptions &options,
+    const PricedPlan *chosen)>;
 
 /// Plans the restore of `tokens` from what `store` holds (on `tier` of
 /// `target`) through `hook`, in the store's chunks; no strategies in

@@ -189,6 +189,9 @@ public:
   /// The plan of `strategy`: one of the above; none where the request
   /// stores nothing the strategy loads.
   std::optional<Evaluation> plan(Strategy strategy) const;
+  /// Calls of plan() in this process, by every planner: what a test counts
+  /// to hold that a plan chosen once is not searched for again.
+  static int64_t plansMade();
   /// The best point of the space by simulating all of it (for tests).
   Evaluation exhaustive() const;
   /// The analytic part of the joint search alone: the point of the whole

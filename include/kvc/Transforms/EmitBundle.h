@@ -1,8 +1,9 @@
 //===- EmitBundle.h - Plans as a runtime plan bundle ------------*- C++ -*-===//
 //
-// The writer behind kvc-emit-bundle, for hosts that compile in-process
-// (kvc/Transforms/CompileRestore.h): the module's scheduled plans as a plan
-// bundle (docs/plan-bundle.md), the one format the runtime reads.
+// The builder and writer behind kvc-emit-bundle: the module's scheduled plans
+// as the runtime's plan bundle, built in memory (what an in-process compile,
+// kvc/Transforms/CompileRestore.h, hands the runtime) and written as JSON
+// (docs/plan-bundle.md), the one format the runtime reads from files.
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,12 +12,21 @@
 
 #include "kvc/Support/MLIR.h"
 
+#include "kvc/Runtime/Exec/PlanBundle.h"
+
 #include "mlir/IR/BuiltinOps.h"
 
 namespace kvc::compiler {
 
-/// Writes every `kvc.plan` of `module` as one bundle; fails, with a
-/// diagnostic and before writing anything, when a plan is not scheduled.
+/// Every `kvc.plan` of `module` as one bundle, with the module's model
+/// fingerprint and its generated kernels; fails, with a diagnostic, when a
+/// plan is not scheduled or a kernel cannot be described.
+FailureOr<kvc::PlanBundle> buildPlanBundle(ModuleOp module);
+
+/// Writes `bundle` as the JSON parsePlanBundle reads.
+void writePlanBundle(const kvc::PlanBundle &bundle, raw_ostream &os);
+
+/// buildPlanBundle, then writePlanBundle: nothing written on failure.
 LogicalResult writePlanBundle(ModuleOp module, raw_ostream &os);
 
 } // namespace kvc::compiler

@@ -99,25 +99,13 @@ Status parseStep(const Json &obj, const std::string &path, BundleStep &step) {
   step.codec = *spec;
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "tier", step.tier, Presence::Optional));
-  if ((step.kind == StepKind::Fetch || step.kind == StepKind::Store) &&
-      step.tier.empty())
-    return invalidArgument(fieldPath(path, "tier") + ": a " + name(step.kind) +
-                           " must name its tier");
   KVC_RETURN_IF_ERROR(
       readString(obj, path, "node", step.node, Presence::Optional));
-  if ((step.kind == StepKind::Send || step.kind == StepKind::Recv) &&
-      step.node.empty())
-    return invalidArgument(fieldPath(path, "node") + ": a " + name(step.kind) +
-                           " must name its node");
   int64_t bytes = -1;
   KVC_RETURN_IF_ERROR(
       readInt(obj, path, "predicted_bytes", bytes, Presence::Optional));
-  if (obj.contains("predicted_bytes")) {
-    if (bytes < 0 || step.kind != StepKind::Fetch)
-      return invalidArgument(fieldPath(path, "predicted_bytes") +
-                             ": expected a fetch's bytes, >= 0");
+  if (obj.contains("predicted_bytes"))
     step.predictedBytes = bytes;
-  }
   return Status::ok();
 }
 
@@ -128,8 +116,6 @@ Status parseTask(const Json &obj, const std::string &path, BundleTask &task) {
                                          kNumResources, task.resource));
   KVC_RETURN_IF_ERROR(
       readInt(obj, path, "lane", task.lane, Presence::Required));
-  if (task.lane < 0)
-    return invalidArgument(fieldPath(path, "lane") + ": must be >= 0");
   KVC_RETURN_IF_ERROR(
       readIntArray(obj, path, "after", task.after, Presence::Optional));
   KVC_RETURN_IF_ERROR(
@@ -148,16 +134,13 @@ Status parseTask(const Json &obj, const std::string &path, BundleTask &task) {
   KVC_RETURN_IF_ERROR(readIntArray(obj, path, "predicted_ns", predicted,
                                    Presence::Optional));
   if (!predicted.empty()) {
-    if (predicted.size() != 2 || predicted[0] < 0 ||
-        predicted[1] < predicted[0])
+    if (predicted.size() != 2)
       return invalidArgument(fieldPath(path, "predicted_ns") +
                              ": expected [start, finish] with start <= finish");
     task.predictedNs = std::make_pair(predicted[0], predicted[1]);
   }
   const Json *steps;
   KVC_RETURN_IF_ERROR(readArray(obj, path, "steps", steps, Presence::Required));
-  if (steps->empty())
-    return invalidArgument(fieldPath(path, "steps") + ": a task runs steps");
   for (std::size_t i = 0; i < steps->size(); ++i) {
     task.steps.emplace_back();
     KVC_RETURN_IF_ERROR(parseStep((*steps)[i],
@@ -215,6 +198,24 @@ private:
   std::vector<uint64_t> bits_;
 };
 
+/// What a step names besides its chunk: a fetch's or a store's tier, a
+/// send's or a recv's node, a fetch's predicted bytes.
+Status validateStep(const BundleStep &step, const std::string &path) {
+  if ((step.kind == StepKind::Fetch || step.kind == StepKind::Store) &&
+      step.tier.empty())
+    return invalidArgument(fieldPath(path, "tier") + ": a " + name(step.kind) +
+                           " must name its tier");
+  if ((step.kind == StepKind::Send || step.kind == StepKind::Recv) &&
+      step.node.empty())
+    return invalidArgument(fieldPath(path, "node") + ": a " + name(step.kind) +
+                           " must name its node");
+  if (step.predictedBytes &&
+      (*step.predictedBytes < 0 || step.kind != StepKind::Fetch))
+    return invalidArgument(fieldPath(path, "predicted_bytes") +
+                           ": expected a fetch's bytes, >= 0");
+  return Status::ok();
+}
+
 Status validatePlan(const BundlePlan &plan, const std::string &path) {
   if (plan.name.empty())
     return invalidArgument(fieldPath(path, "name") + ": must not be empty");
@@ -261,8 +262,18 @@ Status validatePlan(const BundlePlan &plan, const std::string &path) {
                                      : " does not exist"));
       return Status::ok();
     };
+    if (task.lane < 0)
+      return invalidArgument(fieldPath(taskPath, "lane") + ": must be >= 0");
     KVC_RETURN_IF_ERROR(checkRefs(task.after, "after"));
     KVC_RETURN_IF_ERROR(checkRefs(task.inputs, "inputs"));
+    if (task.predictedNs &&
+        (task.predictedNs->first < 0 ||
+         task.predictedNs->second < task.predictedNs->first))
+      return invalidArgument(fieldPath(taskPath, "predicted_ns") +
+                             ": expected [start, finish] with start <= finish");
+    if (task.steps.empty())
+      return invalidArgument(fieldPath(taskPath, "steps") +
+                             ": a task runs steps");
     if (task.slot && (*task.slot < 0 || *task.slot >= plan.stagingSlots))
       return invalidArgument(fieldPath(taskPath, "slot") + ": slot " +
                              std::to_string(*task.slot) +
@@ -272,6 +283,7 @@ Status validatePlan(const BundlePlan &plan, const std::string &path) {
     for (std::size_t s = 0; s < task.steps.size(); ++s) {
       const BundleStep &step = task.steps[s];
       std::string stepPath = indexPath(fieldPath(taskPath, "steps"), s);
+      KVC_RETURN_IF_ERROR(validateStep(step, stepPath));
       if (step.tokens.begin < plan.tokens.begin ||
           step.tokens.end > plan.tokens.end)
         return invalidArgument(fieldPath(stepPath, "tokens") +

@@ -146,37 +146,62 @@ struct CoverageFault {
 };
 
 /// Returns the first gap of `blocks` over `whole` (and, when `checkOverlap`,
-/// the first cell two blocks share), scanning a grid of block boundaries.
+/// the first cell two blocks share), scanning a grid of block boundaries in
+/// token-major order. Each cell's cover count comes from one 2-D prefix sum
+/// over the grid: O(blocks + cells), where counting every block per cell
+/// made a long plan's verification quadratic.
 std::optional<CoverageFault> findCoverageFault(ArrayRef<Tile> blocks,
                                                Tile whole,
                                                bool checkOverlap) {
+  SmallVector<Tile> clamped;
   SmallVector<int64_t> ts = {whole.t0, whole.t1}, ls = {whole.l0, whole.l1};
   for (const Tile &b : blocks) {
-    ts.append({std::clamp(b.t0, whole.t0, whole.t1),
-               std::clamp(b.t1, whole.t0, whole.t1)});
-    ls.append({std::clamp(b.l0, whole.l0, whole.l1),
-               std::clamp(b.l1, whole.l0, whole.l1)});
+    Tile c = {std::clamp(b.t0, whole.t0, whole.t1),
+              std::clamp(b.t1, whole.t0, whole.t1),
+              std::clamp(b.l0, whole.l0, whole.l1),
+              std::clamp(b.l1, whole.l0, whole.l1)};
+    clamped.push_back(c);
+    ts.append({c.t0, c.t1});
+    ls.append({c.l0, c.l1});
   }
   llvm::sort(ts);
   llvm::sort(ls);
   ts.erase(std::unique(ts.begin(), ts.end()), ts.end());
   ls.erase(std::unique(ls.begin(), ls.end()), ls.end());
 
-  auto coverCount = [&](size_t ti, size_t li) {
-    int count = 0;
-    for (const Tile &b : blocks)
-      if (b.t0 <= ts[ti] && ts[ti + 1] <= b.t1 && b.l0 <= ls[li] &&
-          ls[li + 1] <= b.l1)
-        ++count;
-    return count;
+  // counts[ti][li]: the blocks covering cell [ts[ti], ts[ti+1]) x
+  // [ls[li], ls[li+1]), from +1/-1 at each block's corners summed over both
+  // axes.
+  const size_t rows = ts.size(), cols = ls.size();
+  SmallVector<int64_t> counts(rows * cols, 0);
+  auto at = [&](size_t ti, size_t li) -> int64_t & {
+    return counts[ti * cols + li];
   };
-  for (size_t ti = 0; ti + 1 < ts.size(); ++ti) {
-    for (size_t li = 0; li + 1 < ls.size(); ++li) {
-      int count = coverCount(ti, li);
+  auto index = [](ArrayRef<int64_t> axis, int64_t value) {
+    return size_t(llvm::lower_bound(axis, value) - axis.begin());
+  };
+  for (const Tile &c : clamped) {
+    if (c.t0 >= c.t1 || c.l0 >= c.l1)
+      continue; // Outside `whole`: covers none of its cells.
+    const size_t t0 = index(ts, c.t0), t1 = index(ts, c.t1);
+    const size_t l0 = index(ls, c.l0), l1 = index(ls, c.l1);
+    ++at(t0, l0);
+    --at(t1, l0);
+    --at(t0, l1);
+    ++at(t1, l1);
+  }
+  for (size_t ti = 0; ti < rows; ++ti)
+    for (size_t li = 0; li < cols; ++li)
+      at(ti, li) += (ti ? at(ti - 1, li) : 0) + (li ? at(ti, li - 1) : 0) -
+                    (ti && li ? at(ti - 1, li - 1) : 0);
+
+  for (size_t ti = 0; ti + 1 < rows; ++ti) {
+    for (size_t li = 0; li + 1 < cols; ++li) {
+      const int64_t count = at(ti, li);
       if (count == 0) {
         // Extend the gap over the following uncovered layers.
         size_t lj = li + 1;
-        while (lj + 1 < ls.size() && coverCount(ti, lj) == 0)
+        while (lj + 1 < cols && at(ti, lj) == 0)
           ++lj;
         return CoverageFault{CoverageFault::Gap, ts[ti], ts[ti + 1], ls[li],
                              ls[lj]};

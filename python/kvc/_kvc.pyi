@@ -49,14 +49,27 @@ class Decision:
     layer_group: int
     loads: bool
 
+class ConnectorSpec:
+    """A Connector's options by name (kvc::host::ConnectorSpec)."""
+    stores: list[str]
+    tenant: str
+    chunk_tokens: int
+    layer_group: int
+    codec: str
+    strategies: str
+    policy: str
+    recompute_failures: bool
+    staging_mib: int
+    codec_profile: str
+    gpu_chip: str
+    max_kl: float
+    plan_cache_entries: int
+    def __init__(self) -> None: ...
+
 class Connector:
     @staticmethod
-    def create(model: Model, stores: Sequence[str], target_json: str,
-               tenant: str, chunk_tokens: int, layer_group: int, codec: str,
-               strategies: Sequence[str], policy: str,
-               recompute_failures: bool, staging_mib: int,
-               codec_profile: str, max_kl: float, bundles: Sequence[str],
-               device: str, plan_cache_entries: int) -> Connector: ...
+    def create(model: Model, spec: ConnectorSpec, target_json: str,
+               bundles: Sequence[str], device: str) -> Connector: ...
     def register_caches(self, keys: Sequence[Any], values: Sequence[Any],
                         layout: str) -> None: ...
     def lookup(self, tokens: Sequence[int]) -> Lookup: ...

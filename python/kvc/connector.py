@@ -211,11 +211,22 @@ class Connector:
     ) -> None:
         self.model = model if isinstance(model, Model) else Model(model)
         self._caches: tuple[Any, ...] = ()
+        spec = _kvc.ConnectorSpec()
+        spec.stores = list(stores)
+        spec.tenant = tenant
+        spec.chunk_tokens = chunk_tokens
+        spec.layer_group = layer_group
+        spec.codec = codec
+        spec.strategies = ",".join(strategies)
+        spec.policy = policy
+        spec.recompute_failures = recompute_failures
+        spec.staging_mib = staging_mib
+        spec.codec_profile = codec_profile
+        spec.max_kl = max_kl
+        spec.plan_cache_entries = plan_cache_entries
         self._connector: _kvc.Connector | None = _kvc.Connector.create(
-            self.model._model, list(stores), target_json(target), tenant,
-            chunk_tokens, layer_group, codec, list(strategies), policy,
-            recompute_failures, staging_mib, codec_profile, max_kl,
-            [os.fspath(b) for b in bundles], device, plan_cache_entries)
+            self.model._model, spec, target_json(target),
+            [os.fspath(b) for b in bundles], device)
 
     # -- Set-up ---------------------------------------------------------------
 

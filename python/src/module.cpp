@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kvc/Host/Connector.h"
+#include "kvc/Host/ConnectorSpec.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/Blas.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
@@ -199,17 +200,6 @@ strategiesNamed(const std::vector<std::string> &names) {
   return out;
 }
 
-host::LoadPolicy policyNamed(const std::string &name) {
-  if (name == "cheapest")
-    return host::LoadPolicy::Cheapest;
-  if (name == "always")
-    return host::LoadPolicy::Always;
-  if (name == "never")
-    return host::LoadPolicy::Never;
-  throw StatusError{invalidArgument(
-      "policy expects cheapest, always or never, got " + name)};
-}
-
 host::PlanHook plannerNamed(const std::vector<std::string> &bundles) {
   if (!bundles.empty()) {
     std::vector<PlanBundle> read;
@@ -250,44 +240,26 @@ struct PyConnector {
   }
 };
 
+/// A Connector of `model` on the device named `device`, priced for the
+/// target `targetJson` holds, planned by the compiler or over `bundles`,
+/// with the options `spec` names (connectorOptions parses them, as for
+/// kvc-run).
 std::shared_ptr<PyConnector>
-createConnector(const PyModel &model, const std::vector<std::string> &stores,
-                const std::string &targetJson, const std::string &tenant,
-                int64_t chunkTokens, int64_t layerGroup,
-                const std::string &codec,
-                const std::vector<std::string> &strategies,
-                const std::string &policy, bool recomputeFailures,
-                int64_t stagingMiB, const std::string &codecProfile,
-                double maxKl, const std::vector<std::string> &bundles,
-                const std::string &device, int64_t planCacheEntries) {
+createConnector(const PyModel &model, const host::ConnectorSpec &spec,
+                const std::string &targetJson,
+                const std::vector<std::string> &bundles,
+                const std::string &device) {
   if (!model.model)
     throw StatusError{invalidArgument("no model")};
   auto created = std::make_shared<PyConnector>();
   created->model = model.model;
-  host::ConnectorOptions options;
-  options.model = model.model.get();
-  for (const std::string &url : stores)
-    options.stores.push_back({url, ""});
-  options.tenant = tenant;
-  options.saveLayout = {chunkTokens, layerGroup};
-  options.saveCodec = take(parseCodecSpec(codec));
-  options.target = targetFrom(targetJson);
-  options.device = &backendNamed(device);
+  Device &backend = backendNamed(device);
+  host::ConnectorOptions options = take(
+      host::connectorOptions(spec, *model.model, backend,
+                             targetFrom(targetJson), plannerNamed(bundles)));
   created->runner =
-      std::make_unique<python::ServerRunner>(*options.device, *options.model);
+      std::make_unique<python::ServerRunner>(backend, *options.model);
   options.runner = created->runner.get();
-  options.planner = plannerNamed(bundles);
-  options.plans.strategies = strategiesNamed(strategies);
-  options.plans.stagingMiB = stagingMiB;
-  options.plans.codecProfile = codecProfile;
-  options.plans.maxKl = maxKl;
-  if (device == "cpu")
-    options.plans.gpuChip = "none";
-  options.recomputeFailures = recomputeFailures;
-  options.policy = policyNamed(policy);
-  if (planCacheEntries <= 0)
-    throw StatusError{invalidArgument("plan_cache_entries must be positive")};
-  options.planCacheEntries = std::size_t(planCacheEntries);
   created->connector = take(host::Connector::create(std::move(options)));
   return created;
 }
@@ -450,13 +422,38 @@ NB_MODULE(_kvc, m) {
                    [](const host::Decision &d) { return d.layout.layerGroup; })
       .def_prop_ro("loads", &host::Decision::loads);
 
+  using host::ConnectorSpec;
+  nb::class_<ConnectorSpec>(m, "ConnectorSpec")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "stores",
+          [](const ConnectorSpec &s) {
+            std::vector<std::string> urls;
+            for (const host::StoreSpec &store : s.stores)
+              urls.push_back(store.url);
+            return urls;
+          },
+          [](ConnectorSpec &s, const std::vector<std::string> &urls) {
+            s.stores.clear();
+            for (const std::string &url : urls)
+              s.stores.push_back({url, ""});
+          })
+      .def_rw("tenant", &ConnectorSpec::tenant)
+      .def_rw("chunk_tokens", &ConnectorSpec::chunkTokens)
+      .def_rw("layer_group", &ConnectorSpec::layerGroup)
+      .def_rw("codec", &ConnectorSpec::codec)
+      .def_rw("strategies", &ConnectorSpec::strategies)
+      .def_rw("policy", &ConnectorSpec::policy)
+      .def_rw("recompute_failures", &ConnectorSpec::recomputeFailures)
+      .def_rw("staging_mib", &ConnectorSpec::stagingMiB)
+      .def_rw("codec_profile", &ConnectorSpec::codecProfile)
+      .def_rw("gpu_chip", &ConnectorSpec::gpuChip)
+      .def_rw("max_kl", &ConnectorSpec::maxKl)
+      .def_rw("plan_cache_entries", &ConnectorSpec::planCacheEntries);
+
   nb::class_<PyConnector>(m, "Connector")
-      .def_static("create", &createConnector, "model"_a, "stores"_a,
-                  "target_json"_a, "tenant"_a, "chunk_tokens"_a,
-                  "layer_group"_a, "codec"_a, "strategies"_a, "policy"_a,
-                  "recompute_failures"_a, "staging_mib"_a, "codec_profile"_a,
-                  "max_kl"_a, "bundles"_a, "device"_a, "plan_cache_entries"_a,
-                  Release())
+      .def_static("create", &createConnector, "model"_a, "spec"_a,
+                  "target_json"_a, "bundles"_a, "device"_a, Release())
       .def(
           "register_caches",
           [](PyConnector &c, const std::vector<AnyArray> &keys,

@@ -167,6 +167,45 @@ def test_bad_requests_are_refused(model: kvc.Model) -> None:
         c.lookup([[1, 2]])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("policy", "sometimes", "policy expects cheapest, always or never"),
+    ("strategies", ["kv", "teleport"], "strategies: unknown strategy"),
+    ("codec", "int9", "codec"),
+    ("chunk_tokens", 0, "chunk_tokens must be positive"),
+    ("layer_group", -1, "layer_group must be positive"),
+    ("staging_mib", 0, "staging_mib must be positive"),
+    ("plan_cache_entries", 0, "plan_cache_entries must be positive"),
+    ("max_kl", -0.5, "max_kl must be 0 or more"),
+])
+def test_options_are_parsed_by_name(model: kvc.Model, option: str,
+                                    value: object, message: str) -> None:
+    # Every option goes through kvc::host::connectorOptions, as kvc-run's.
+    with pytest.raises(kvc.Error, match=message) as error:
+        connector(model, "mem://", **{option: value})
+    assert error.value.code == "invalid_argument"
+
+
+def saved_prompt(model: kvc.Model, **options: object) -> tuple[
+        kvc.Connector, list[int]]:
+    """A Connector over a fresh ``mem://`` store holding one saved prompt of
+    129 tokens (two whole chunks), and the prompt."""
+    c = connector(model, "mem://", **options)
+    keys, values = server_caches(model)
+    c.register_caches(keys, values)
+    tokens = list(range(1, 130))
+    for layer in range(model.layers):
+        c.save_layer("a", tokens, layer, [0, 1, 2, 3, 4, 5, 6, 7])
+    c.wait_save("a")
+    return c, tokens
+
+
+def test_named_options_reach_the_connector(model: kvc.Model) -> None:
+    c, tokens = saved_prompt(model, policy="never", strategies=["kv", "cake"],
+                             plan_cache_entries=1)
+    decision = c.decide("b", tokens, 0)
+    assert not decision.loads and "never loads" in decision.why
+
+
 def test_the_waits_release_the_gil(model: kvc.Model) -> None:
     # A load over a slow link: Python threads run while wait_load blocks.
     c = connector(model, "mem://?gbps=0.02", policy="always",
@@ -204,13 +243,7 @@ def test_the_waits_release_the_gil(model: kvc.Model) -> None:
 
 
 def test_plans_are_cached_by_shape(model: kvc.Model) -> None:
-    c = connector(model, "mem://", policy="always", strategies=["kv"])
-    keys, values = server_caches(model)
-    c.register_caches(keys, values)
-    tokens = list(range(1, 130))
-    for layer in range(model.layers):
-        c.save_layer("a", tokens, layer, [0, 1, 2, 3, 4, 5, 6, 7])
-    c.wait_save("a")
+    c, tokens = saved_prompt(model, policy="always", strategies=["kv"])
     c.decide("b", tokens, 0)
     compiled = c.plans_compiled
     c.decide("c", tokens, 0)

@@ -12,10 +12,11 @@
 
 #include "Commands.h"
 
+#include "kvc/Host/ConnectorSpec.h"
+#include "kvc/Host/Session.h"
 #include "kvc/Host/Tools/Calibrate.h"
 #include "kvc/Host/Tools/Generate.h"
 #include "kvc/Host/Tools/Measure.h"
-#include "kvc/Host/Session.h"
 #include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Base/Clock.h"
 #include "kvc/Runtime/Exec/DynamicCake.h"
@@ -257,29 +258,32 @@ StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
   setup.maxError = maxError;
   if (args.has("bundle") == args.has("strategy"))
     return invalidArgument("give either --bundle FILE or --strategy");
-  ConnectorOptions options;
-  options.model = model.get();
-  options.stores = {{url, args.get("tier")}};
-  options.createStores = false;
-  options.tenant = args.get("tenant");
-  options.device = &backend();
+  ConnectorSpec spec;
+  spec.stores = {{url, args.get("tier")}};
+  spec.createStores = false;
+  spec.tenant = args.get("tenant");
+  TargetDesc target;
+  PlanHook planner;
   if (args.has("strategy")) {
-    options.planner = compilerHook();
-    if (!options.planner)
+    planner = compilerHook();
+    if (!planner)
       return unimplemented(
           "--strategy plans with the compiler, which this kvc-run was built "
           "without (KVC_BUILD_COMPILER=OFF); compile a bundle with kvc-opt "
           "and pass --bundle");
     KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
-    KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
-    options.target = std::move(target);
+    KVC_ASSIGN_OR_RETURN(loaded, loadTargetDesc(targetPath));
+    target = std::move(loaded);
   } else {
     setup.planSource = args.get("bundle");
     KVC_ASSIGN_OR_RETURN(bundle, readBundleFor(setup.planSource, *model));
     setup.bundle = std::make_shared<const PlanBundle>(std::move(bundle));
     // Bundles compiled ahead run as chosen; nothing is planned here.
-    options.planner = bundleHook({});
+    planner = bundleHook({});
   }
+  KVC_ASSIGN_OR_RETURN(options,
+                       connectorOptions(spec, *model, backend(),
+                                        std::move(target), std::move(planner)));
   KVC_ASSIGN_OR_RETURN(connector, Connector::create(std::move(options)));
   if (args.has("strategy")) {
     setup.planSource = "--strategy";

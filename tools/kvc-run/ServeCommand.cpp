@@ -13,6 +13,7 @@
 #include "Commands.h"
 
 #include "kvc/Host/Connector.h"
+#include "kvc/Host/ConnectorSpec.h"
 #include "kvc/Runtime/Base/Clock.h"
 
 #include <cstdio>
@@ -31,28 +32,18 @@ StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
   KVC_ASSIGN_OR_RETURN(targetPath, args.required("target"));
   KVC_ASSIGN_OR_RETURN(target, loadTargetDesc(targetPath));
   KVC_RETURN_IF_ERROR(refuseLayoutOptions(args));
-  ConnectorOptions options;
-  options.model = model.get();
-  options.stores = {{url, args.get("tier")}};
-  options.tenant = args.get("tenant");
-  options.target = target;
-  options.device = &backend();
-  options.planner = compilerHook();
-  options.plans.codecProfile = args.get("codec-profile");
-  options.plans.gpuChip = args.get("gpu-chip");
+  ConnectorSpec spec;
+  spec.stores = {{url, args.get("tier")}};
+  spec.tenant = args.get("tenant");
+  spec.codecProfile = args.get("codec-profile");
+  spec.gpuChip = args.get("gpu-chip");
   KVC_ASSIGN_OR_RETURN(maxKl, maxKlOption(args));
-  options.plans.maxKl = maxKl;
-  KVC_ASSIGN_OR_RETURN(strategies,
-                       planning::parseStrategies(args.get("strategy", "joint")));
-  options.plans.strategies = std::move(strategies);
-  const std::string policy = args.get("policy", "cheapest");
-  if (policy == "always")
-    options.policy = LoadPolicy::Always;
-  else if (policy == "never")
-    options.policy = LoadPolicy::Never;
-  else if (policy != "cheapest")
-    return invalidArgument("--policy expects cheapest, always or never, got " +
-                           policy);
+  spec.maxKl = maxKl;
+  spec.strategies = args.get("strategy", "joint");
+  spec.policy = args.get("policy", "cheapest");
+  KVC_ASSIGN_OR_RETURN(options,
+                       connectorOptions(spec, *model, backend(),
+                                        std::move(target), compilerHook()));
   KVC_RETURN_IF_ERROR(args.checkUnused());
   const int64_t n = int64_t(tokens.size());
   if (onDevice < 0 || onDevice >= n)

@@ -318,8 +318,9 @@ TEST_F(ConnectorTest, AChunkFoundGoneIsForgottenByTheIndex) {
   ASSERT_TRUE(store) << store.status().toString();
   for (const ChunkRef &ref :
        (*store)->refs(tokens.data(), 384, Form::KV, CodecSpec()))
-    if (ref.tokenBegin == 256 && ref.layerBegin == 1)
+    if (ref.tokenBegin == 256 && ref.layerBegin == 1) {
       ASSERT_TRUE((*store)->tier().remove(ref.name()).isOk());
+    }
   const std::vector<int32_t> ids = blocks(100, 25);
   for (const std::string id : {"b", "c"}) {
     SCOPED_TRACE(id);

@@ -10,6 +10,7 @@
 #define KVC_RUNTIME_BASE_BYTESPAN_H
 
 #include <cstddef>
+#include <vector>
 
 namespace kvc {
 
@@ -17,6 +18,14 @@ struct ByteSpan {
   char *data = nullptr;
   std::size_t size = 0;
 };
+
+/// The bytes `parts` hold together.
+inline std::size_t totalSize(const std::vector<ByteSpan> &parts) {
+  std::size_t total = 0;
+  for (const ByteSpan &part : parts)
+    total += part.size;
+  return total;
+}
 
 } // namespace kvc
 

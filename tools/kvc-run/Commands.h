@@ -7,6 +7,7 @@
 
 #include "kvc/Host/Connector.h"
 #include "kvc/Host/Session.h"
+#include "kvc/Host/Tools/Measure.h"
 #include "kvc/Host/Tools/Verify.h"
 #include "kvc/Runtime/Exec/PlanBundle.h"
 #include "kvc/Runtime/Model/LlamaModel.h"
@@ -14,7 +15,10 @@
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Store/ChunkStore.h"
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <memory>
+#include <optional>
 
 namespace kvc::run {
 
@@ -133,8 +137,48 @@ Status cakeCommand(Args &args);
 Status serveCommand(Args &args);
 
 /// transfer-send and transfer-recv (TransferCommands.cpp).
+Status gridCommand(Args &args);
 Status transferSendCommand(Args &args);
 Status transferRecvCommand(Args &args);
+
+/// What restore and compare share: the model, the request, the Connector
+/// over the store and plans for them (from a bundle, or compiled
+/// in-process).
+struct RestoreSetup {
+  std::shared_ptr<LlamaModel> model;
+  std::unique_ptr<host::Connector> connector;
+  /// The request over them (its tokens, the reference prefill).
+  host::MeasuredRequest request;
+  std::string planSource; ///< The bundle's path, or "--strategy", for messages.
+  std::shared_ptr<const PlanBundle> bundle;
+  std::optional<double> maxError; ///< --max-error, when given.
+  /// The connector's target, when --strategy planned for it (compare's
+  /// machine check); null for a bundle.
+  const TargetDesc *target = nullptr;
+};
+
+/// The model, the request and its plans from restore's and compare's
+/// options; `defaultStrategy` is what --strategy means without a value.
+StatusOr<RestoreSetup> loadRestoreSetup(Args &args,
+                                        const std::string &defaultStrategy);
+
+/// The restore's host traffic, and by step (compare --json).
+nlohmann::json hostTrafficJson(const RestoreMetrics &metrics);
+
+/// A command: what it does, its options and its implementation.
+struct Command {
+  const char *name, *summary;
+  std::vector<Option> options;
+  Status (*run)(Args &);
+};
+
+/// kvc-run's commands, as its usage lists them (kvc-run.cpp).
+const std::vector<Command> &commands();
+
+/// Runs command `name` with `words` as its options, its standard output
+/// going to `outputPath` (none: this process's).
+Status runStep(const std::string &name, const std::vector<std::string> &words,
+               const std::string &outputPath);
 
 } // namespace kvc::run
 

@@ -173,8 +173,9 @@ TEST_F(CompileRestoreTest, AChosenPlanIsCompiledWithoutSearchingAgain) {
     for (std::size_t i = 0; i < compiled->kernels.size(); ++i)
       EXPECT_EQ(compiled->kernels[i].binary, searchedFor->kernels[i].binary);
     // Loads of stored K and V launch generated kernels.
-    if (strategy == planning::Strategy::Kv)
+    if (strategy == planning::Strategy::Kv) {
       EXPECT_FALSE(compiled->kernels.empty());
+    }
   }
 }
 

@@ -58,6 +58,9 @@ std::optional<Form> strategyNeeds(Strategy strategy);
 /// Whether plans of `strategy` load every token they restore (kv, hidden):
 /// the others compute some of them, choosing their own split.
 bool strategyOnlyLoads(Strategy strategy);
+/// Whether the joint search is held against `strategy` (Planner::baselines):
+/// every single technique, not the joint plan itself.
+bool strategyIsBaseline(Strategy strategy);
 /// The strategies whose loads `sources` allow, in the order above.
 std::vector<Strategy> strategiesFor(const std::vector<Source> &sources);
 

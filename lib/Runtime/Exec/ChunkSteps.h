@@ -44,6 +44,9 @@
 
 namespace kvc::exec_detail {
 
+/// 16-bit words per element of `dtype`.
+inline int64_t wordsPer(DType dtype) { return dtype == DType::F32 ? 2 : 1; }
+
 /// Buffers for one chunk in flight, allocated on first use and reused by
 /// every chunk routed through the slot. `busy` and `deviceBusy` turn a plan
 /// that would refill either side early into an error instead of a race.

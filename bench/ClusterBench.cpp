@@ -74,7 +74,7 @@ StatusOr<Result> measure(Tier &tier, const Options &o) {
     for (std::thread &t : writers)
       t.join();
     if (failed)
-      return Status(StatusCode::Unavailable, tier.url() + ": a write failed");
+      return unavailable(tier.url() + ": a write failed");
   }
   result.writeGBs = double(bytes) * o.objects / secondsSince(start) * 1e-9;
   for (int round = 0; round < o.repeat; ++round) {
@@ -99,7 +99,7 @@ StatusOr<Result> measure(Tier &tier, const Options &o) {
     for (std::thread &t : readers)
       t.join();
     if (failed)
-      return Status(StatusCode::Unavailable, tier.url() + ": a read failed");
+      return unavailable(tier.url() + ": a read failed");
     result.readGBs.push_back(double(bytes) * o.objects / secondsSince(start) *
                              1e-9);
   }

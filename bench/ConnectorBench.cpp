@@ -303,8 +303,8 @@ Status run(const Flags &flags) {
     KVC_ASSIGN_OR_RETURN(first, connector->decide("cold", request, 0));
     const double cold = secondsSince(start);
     if (!first.loads())
-      return Status(StatusCode::FailedPrecondition,
-                    "the unthrottled store is not loaded from: " + first.why);
+      return failedPrecondition("the unthrottled store is not loaded from: " +
+                                first.why);
     KVC_RETURN_IF_ERROR(connector->cancel("cold"));
     std::vector<double> warm;
     for (int i = 0; i < 50; ++i) {
@@ -394,13 +394,12 @@ Status run(const Flags &flags) {
     std::ofstream file(flags.json);
     file << out.dump(1) << "\n";
     if (!file)
-      return Status(StatusCode::Unavailable, flags.json + ": cannot write");
+      return unavailable(flags.json + ": cannot write");
   }
   if (worse)
-    return Status(StatusCode::Internal,
-                  std::to_string(worse) +
-                      " link(s) where the connector was slower than the "
-                      "better of loading and recomputing");
+    return internalError(std::to_string(worse) +
+                         " link(s) where the connector was slower than the "
+                         "better of loading and recomputing");
   return Status::ok();
 }
 

@@ -653,7 +653,7 @@ StatusOr<int> run(const Flags &flags) {
     std::ofstream file(flags.json);
     file << out.dump(1) << "\n";
     if (!file)
-      return Status(StatusCode::Unavailable, flags.json + ": cannot write");
+      return unavailable(flags.json + ": cannot write");
   }
   return failed == 0 && wrong == 0 ? 0 : 1;
 }

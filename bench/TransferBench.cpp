@@ -59,7 +59,7 @@ StatusOr<double> transfer(const Setup &setup, double gbs,
   const int port = listener->port();
   ChunkObjects objects(setup.model->config(), setup.model->fingerprint(), "",
                        setup.layout);
-  StatusOr<ReceiveMetrics> received = Status(StatusCode::Internal, "unset");
+  StatusOr<ReceiveMetrics> received = internalError("unset");
   std::thread receiver([&] {
     StatusOr<std::unique_ptr<Link>> link =
         listener->accept(Milliseconds(10000));
@@ -100,7 +100,7 @@ StatusOr<double> transfer(const Setup &setup, double gbs,
   KVC_RETURN_IF_ERROR(sentStatus);
   KVC_RETURN_IF_ERROR(received.status());
   if (!received->fallbacks.empty())
-    return Status(StatusCode::Internal, "the transfer recomputed chunks");
+    return internalError("the transfer recomputed chunks");
   return received->seconds;
 }
 

@@ -101,7 +101,7 @@ std::vector<std::string> record(const LlamaModel &model,
                                 const std::vector<int32_t> &tokens,
                                 const CodecSpec &codec) {
   auto [sending, receiving] = MemoryLink::pair();
-  StatusOr<SendStats> sent = Status(StatusCode::Internal, "not sent");
+  StatusOr<SendStats> sent = internalError("not sent");
   std::thread sender([&, &sending = sending] {
     SendOptions options;
     options.codec = codec;

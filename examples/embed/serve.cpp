@@ -52,7 +52,7 @@ struct ServerCache {
     BlockTable table;
     for (int64_t t = 0; t < tokens; t += config.blockSize) {
       if (freeBlocks.empty())
-        return Status(StatusCode::FailedPrecondition, "out of KV blocks");
+        return failedPrecondition("out of KV blocks");
       table.blocks.push_back(freeBlocks.back());
       freeBlocks.pop_back();
     }
@@ -60,9 +60,7 @@ struct ServerCache {
   }
 };
 
-Status fail(const std::string &message) {
-  return Status(StatusCode::Internal, message);
-}
+Status fail(const std::string &message) { return internalError(message); }
 
 Status serve(const std::string &targetPath, std::string modelDir) {
   // Without a model, a generated one: written to a directory of this

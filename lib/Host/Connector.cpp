@@ -176,9 +176,9 @@ Status Connector::registerCaches(std::unique_ptr<PagedKVCache> caches) {
       config.numKvHeads != model.numKvHeads || config.headDim != model.headDim)
     return invalidArgument("connector: caches of another model's shape");
   if (state_->caches && state_->cachesInUse())
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: caches are registered already, and a load or "
-                  "save still uses them");
+    return failedPrecondition(
+        "connector: caches are registered already, and a load or "
+        "save still uses them");
   if (caches->memory() == CacheMemory::Device &&
       std::string(state_->device->name()) == "cpu")
     return invalidArgument("connector: device caches with the cpu backend");
@@ -234,9 +234,8 @@ PlanHook bundleHook(std::vector<PlanBundle> bundles) {
         }
     if (!otherModel.isOk())
       return otherModel;
-    return Status(StatusCode::NotFound, "no bundle holds a plan of " +
-                                            std::to_string(request.tokens) +
-                                            " tokens");
+    return notFound("no bundle holds a plan of " +
+                    std::to_string(request.tokens) + " tokens");
   };
 }
 

@@ -91,9 +91,9 @@ StatusOr<std::shared_ptr<const CompiledPlan>> Connector::State::compilePlan(
   if (!compiledPlan->plan && compiledPlan->bundle->plans.size() == 1)
     compiledPlan->plan = &compiledPlan->bundle->plans.front();
   if (!compiledPlan->plan)
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: the planner returned no plan " + name + " for " +
-                      std::to_string(request.tokens) + " tokens");
+    return failedPrecondition("connector: the planner returned no plan " +
+                              name + " for " + std::to_string(request.tokens) +
+                              " tokens");
   return std::shared_ptr<const CompiledPlan>(std::move(compiledPlan));
 }
 
@@ -289,9 +289,9 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   const int64_t n = int64_t(tokens.size());
   KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
   if (s.target.tiers.empty())
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: decide prices loads for a target machine, and "
-                  "ConnectorOptions::target has no tiers");
+    return failedPrecondition(
+        "connector: decide prices loads for a target machine, and "
+        "ConnectorOptions::target has no tiers");
   const int64_t onDevice = tokensOnDevice;
   KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
   Decision decision;
@@ -482,11 +482,10 @@ StatusOr<Decision> Connector::decide(const std::string &id,
         held.match.tokens >= decided.loadTokens)
       holding = &held;
   if (!holding)
-    return Status(StatusCode::NotFound,
-                  "connector: store " + s.stores[decided.store].spec.url +
-                      " no longer holds the " +
-                      std::to_string(decided.loadTokens) +
-                      " tokens decided for request " + id);
+    return notFound("connector: store " + s.stores[decided.store].spec.url +
+                    " no longer holds the " +
+                    std::to_string(decided.loadTokens) +
+                    " tokens decided for request " + id);
   auto [request, shape, what] =
       s.candidate(found, *holding, decided.loadTokens, n, tokensOnDevice);
   shape.strategies = {*strategy};
@@ -588,12 +587,11 @@ StatusOr<PlanBundle> Connector::planRequest(const std::vector<int32_t> &tokens,
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.target.tiers.empty())
-      return Status(StatusCode::FailedPrecondition,
-                    "connector: planRequest plans for a target machine, and "
-                    "ConnectorOptions::target has no tiers");
+      return failedPrecondition(
+          "connector: planRequest plans for a target machine, and "
+          "ConnectorOptions::target has no tiers");
     if (s.stores.empty())
-      return Status(StatusCode::FailedPrecondition,
-                    "connector: no store to plan loads from");
+      return failedPrecondition("connector: no store to plan loads from");
     KVC_ASSIGN_OR_RETURN(found, s.lookupLocked(tokens));
     int store = 0;
     int64_t most = 0;

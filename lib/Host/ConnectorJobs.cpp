@@ -20,14 +20,13 @@ Status Connector::startLoad(const std::string &id,
   std::lock_guard<std::mutex> lock(s.mutex);
   Request *request = s.find(id);
   if (!request || !request->decision)
-    return Status(StatusCode::NotFound, "connector: no decided request " + id);
+    return notFound("connector: no decided request " + id);
   if (!request->decision->loads())
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: request " + id + " loads nothing (" +
-                      request->decision->why + ")");
+    return failedPrecondition("connector: request " + id + " loads nothing (" +
+                              request->decision->why + ")");
   if (request->load)
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: request " + id + " was started already");
+    return failedPrecondition("connector: request " + id +
+                              " was started already");
   const int64_t tokens = request->decision->loadTokens;
   KVC_ASSIGN_OR_RETURN(table, s.tableFor(blockIds, tokens));
   auto job = std::make_shared<LoadJob>();
@@ -70,10 +69,9 @@ StatusOr<std::shared_ptr<LoadJob>> loadOf(std::mutex &mutex,
   std::lock_guard<std::mutex> lock(mutex);
   auto it = all.find(id);
   if (it == all.end())
-    return Status(StatusCode::NotFound, "connector: no request " + id);
+    return notFound("connector: no request " + id);
   if (!it->second.load)
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: request " + id + " has no load");
+    return failedPrecondition("connector: request " + id + " has no load");
   return it->second.load;
 }
 
@@ -174,8 +172,7 @@ Status Connector::saveLayer(const std::string &id,
   State &s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   if (!s.saveStore)
-    return Status(StatusCode::FailedPrecondition,
-                  "connector: no store to save to");
+    return failedPrecondition("connector: no store to save to");
   const int64_t layers = s.options.model->config().numLayers;
   if (layer < 0 || layer >= layers)
     return invalidArgument("connector: no layer " + std::to_string(layer) +
@@ -242,13 +239,13 @@ StatusOr<SaveMetrics> Connector::waitSave(const std::string &id) {
     std::lock_guard<std::mutex> lock(state_->mutex);
     Request *request = state_->find(id);
     if (!request || !request->save)
-      return Status(StatusCode::NotFound, "connector: no save of " + id);
+      return notFound("connector: no save of " + id);
     job = request->save;
     for (std::size_t l = 0; l < job->given.size(); ++l)
       if (!job->given[l])
-        return Status(StatusCode::FailedPrecondition,
-                      "connector: the save of " + id + " waits for layer " +
-                          std::to_string(l) + " (saveLayer)");
+        return failedPrecondition("connector: the save of " + id +
+                                  " waits for layer " + std::to_string(l) +
+                                  " (saveLayer)");
     request->save.reset();
   }
   if (job->thread.joinable())
@@ -260,7 +257,7 @@ Status Connector::cancel(const std::string &id) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   auto it = state_->requests.find(id);
   if (it == state_->requests.end())
-    return Status(StatusCode::NotFound, "connector: no request " + id);
+    return notFound("connector: no request " + id);
   Request &request = it->second;
   if (request.load) {
     request.load->cancel = true;

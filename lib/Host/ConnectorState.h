@@ -369,8 +369,7 @@ struct Connector::State {
                              std::to_string(n));
     if (Request *old = find(id);
         old && old->load && !old->load->handle->ended())
-      return Status(StatusCode::FailedPrecondition,
-                    "connector: request " + id + " is loading");
+      return failedPrecondition("connector: request " + id + " is loading");
     return Status::ok();
   }
 
@@ -434,8 +433,8 @@ struct Connector::State {
   StatusOr<BlockTable> tableFor(const std::vector<int32_t> &ids,
                                 int64_t tokens) const {
     if (!caches)
-      return Status(StatusCode::FailedPrecondition,
-                    "connector: no caches registered (registerCaches)");
+      return failedPrecondition(
+          "connector: no caches registered (registerCaches)");
     const PagedCacheConfig &config = caches->config();
     const int64_t needed = (tokens + config.blockSize - 1) / config.blockSize;
     if (int64_t(ids.size()) < needed)

@@ -96,8 +96,7 @@ RestoreHandle::~RestoreHandle() {
 
 StatusOr<RestoreMetrics> RestoreHandle::wait() {
   if (!thread_.joinable())
-    return Status(StatusCode::FailedPrecondition,
-                  "the restore was waited for already");
+    return failedPrecondition("the restore was waited for already");
   thread_.join();
   return std::move(result_);
 }

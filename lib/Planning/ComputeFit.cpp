@@ -21,7 +21,7 @@ Status ComputeFit::applyTo(ComputeDesc &compute) const {
                     "above the device's peak of %.0f (compute.dense_tflops): "
                     "a timing that cannot be; nothing written",
                     reached, peak);
-      return Status(StatusCode::FailedPrecondition, message);
+      return failedPrecondition(message);
     }
     compute.gemmPeakFraction =
         std::max(compute.gemmPeakFraction, std::min(1.0, reached / peak));

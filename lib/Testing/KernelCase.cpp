@@ -75,10 +75,10 @@ StatusOr<KernelCase> KernelCase::make(const KernelShape &shape,
                                       int64_t firstToken, int64_t firstLayer,
                                       uint32_t seed, int64_t chunks) {
   if (shape.codec.lossless != CodecSpec::Lossless::None)
-    return Status(StatusCode::InvalidArgument,
-                  "a kernel reads payloads after their lossless stage");
+    return invalidArgument(
+        "a kernel reads payloads after their lossless stage");
   if (chunks < 1)
-    return Status(StatusCode::InvalidArgument, "a launch over no chunk");
+    return invalidArgument("a launch over no chunk");
   KernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
   std::mt19937 rng(seed);
@@ -144,8 +144,8 @@ StatusOr<KernelCase> KernelCase::makeSave(const KernelShape &shape,
                                           int64_t firstToken,
                                           int64_t firstLayer, uint32_t seed) {
   if (shape.codec.lossless != CodecSpec::Lossless::None)
-    return Status(StatusCode::InvalidArgument,
-                  "a kernel writes payloads before their lossless stage");
+    return invalidArgument(
+        "a kernel writes payloads before their lossless stage");
   KernelCase c(shape, firstToken, firstLayer);
   const ChunkShape chunk = shape.chunkShape();
   std::mt19937 rng(seed);
@@ -170,8 +170,7 @@ StatusOr<KernelCase> KernelCase::makeRmsNorm(const KernelShape &shape,
                                              int64_t firstLayer,
                                              uint32_t seed) {
   if (shape.hidden < 8 || shape.hidden % 8)
-    return Status(StatusCode::InvalidArgument,
-                  "rms_norm rows are whole 8-value pieces");
+    return invalidArgument("rms_norm rows are whole 8-value pieces");
   KernelCase c(shape, /*firstToken=*/0, firstLayer);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -50,10 +50,10 @@ StatusOr<KernelCase> caseFor(const BundleKernel &k, int64_t chunks) {
   if (!made)
     return made.status().withContext("case of " + k.name);
   if (chunks == 1 && int64_t(made->payload().size()) != k.payloadBytes)
-    return Status(StatusCode::FailedPrecondition,
-                  k.name + ": the case's payload is " +
-                      std::to_string(made->payload().size()) +
-                      " bytes, the kernel's " + std::to_string(k.payloadBytes));
+    return failedPrecondition(k.name + ": the case's payload is " +
+                              std::to_string(made->payload().size()) +
+                              " bytes, the kernel's " +
+                              std::to_string(k.payloadBytes));
   return made;
 }
 
@@ -157,8 +157,8 @@ PtxDevice::~PtxDevice() {
 StatusOr<uint64_t> PtxDevice::allocate(size_t bytes) {
   void *memory = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (!memory)
-    return Status(StatusCode::Unavailable,
-                  "out of host memory for " + std::to_string(bytes) + " bytes");
+    return unavailable("out of host memory for " + std::to_string(bytes) +
+                       " bytes");
   allocations_.push_back({reinterpret_cast<uint64_t>(memory), bytes});
   return allocations_.back().base;
 }

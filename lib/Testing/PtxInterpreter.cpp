@@ -1235,10 +1235,10 @@ Status PtxModule::launch(std::string_view name, Dim3 grid, Dim3 block,
           }
           std::string error = runner.run(lanes);
           if (!error.empty())
-            return Status(StatusCode::FailedPrecondition,
-                          e.name + ": block (" + std::to_string(ctaid[0]) +
-                              ", " + std::to_string(ctaid[1]) + ", " +
-                              std::to_string(ctaid[2]) + "), " + error);
+            return failedPrecondition(e.name + ": block (" +
+                                      std::to_string(ctaid[0]) + ", " +
+                                      std::to_string(ctaid[1]) + ", " +
+                                      std::to_string(ctaid[2]) + "), " + error);
         }
       }
   impl_->stats.mix = instructionMix(e, executedAt);

@@ -100,8 +100,8 @@ Status ServerRunner::serve(PagedKVCache &cache, const BlockTable &table,
   {
     nb::gil_scoped_acquire gil;
     if (!prefill_.is_valid() || prefill_.is_none())
-      return Status(StatusCode::FailedPrecondition,
-                    "the server's prefill was removed during a restore");
+      return failedPrecondition(
+          "the server's prefill was removed during a restore");
     try {
       nb::list tokenList, past;
       for (int64_t i = 0; i < n; ++i)
@@ -127,9 +127,8 @@ Status ServerRunner::serve(PagedKVCache &cache, const BlockTable &table,
       }
       ++served_;
     } catch (nb::python_error &error) {
-      return Status(StatusCode::Internal,
-                    std::string("the server's prefill raised: ") +
-                        error.what());
+      return internalError(std::string("the server's prefill raised: ") +
+                           error.what());
     }
   }
   for (int64_t l = 0; l < layers; ++l)

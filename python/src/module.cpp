@@ -138,8 +138,8 @@ host::ServerCaches serverCaches(const std::vector<AnyArray> &keys,
   if (dtype == nb::dtype<uint16_t>() || dtype.bits != 16 ||
       (dtype.code != uint8_t(nb::dlpack::dtype_code::Bfloat) &&
        dtype.code != uint8_t(nb::dlpack::dtype_code::Float)))
-    throw StatusError{Status(StatusCode::Unimplemented,
-                             "cache tensors must be bfloat16 or float16")};
+    throw StatusError{
+        unimplemented("cache tensors must be bfloat16 or float16")};
   caches.dtype = dtype.code == uint8_t(nb::dlpack::dtype_code::Bfloat)
                      ? DType::BF16
                      : DType::F16;
@@ -147,8 +147,8 @@ host::ServerCaches serverCaches(const std::vector<AnyArray> &keys,
   if (deviceType == nb::device::cuda::value)
     caches.memory = CacheMemory::Device;
   else if (deviceType != nb::device::cpu::value)
-    throw StatusError{Status(StatusCode::Unimplemented,
-                             "cache tensors must be in CPU or CUDA memory")};
+    throw StatusError{
+        unimplemented("cache tensors must be in CPU or CUDA memory")};
   const std::size_t at = separate ? 0 : 1;
   if (caches.layout == host::CacheLayout::KeysFirst && first.shape(0) != 2)
     throw StatusError{invalidArgument(
@@ -234,8 +234,7 @@ struct PyConnector {
 
   host::Connector &get() {
     if (!connector)
-      throw StatusError{Status(StatusCode::FailedPrecondition,
-                               "the connector is closed")};
+      throw StatusError{failedPrecondition("the connector is closed")};
     return *connector;
   }
 };

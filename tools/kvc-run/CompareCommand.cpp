@@ -238,8 +238,7 @@ Status compareCommand(Args &args) {
                 .dump(1)
          << "\n";
     if (!json)
-      return Status(StatusCode::Unavailable,
-                    jsonPath + ": cannot write the comparison");
+      return unavailable(jsonPath + ": cannot write the comparison");
   }
   return worst;
 }

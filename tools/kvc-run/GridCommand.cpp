@@ -137,8 +137,7 @@ Status gridCommand(Args &args) {
                 .dump(1)
          << "\n";
     if (!md || !json)
-      return Status(StatusCode::Unavailable,
-                    prefix + ".md: cannot write the grid's results");
+      return unavailable(prefix + ".md: cannot write the grid's results");
     return Status::ok();
   };
   auto timed = [&](const std::string &name,
@@ -223,7 +222,7 @@ Status runStep(const std::string &name, const std::vector<std::string> &words,
   auto command = std::find_if(all.begin(), all.end(),
                               [&](const Command &c) { return name == c.name; });
   if (command == all.end())
-    return Status(StatusCode::Internal, "no command " + name);
+    return internalError("no command " + name);
   std::vector<std::string> owned = words;
   std::vector<char *> argv;
   for (std::string &word : owned)
@@ -237,8 +236,7 @@ Status runStep(const std::string &name, const std::vector<std::string> &words,
   if (saved < 0 || !file) {
     if (saved >= 0)
       ::close(saved);
-    return Status(StatusCode::Unavailable,
-                  outputPath + ": cannot write: " + std::strerror(errno));
+    return unavailable(outputPath + ": cannot write: " + std::strerror(errno));
   }
   ::dup2(::fileno(file), STDOUT_FILENO);
   Status status = command->run(args);

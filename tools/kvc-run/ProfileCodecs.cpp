@@ -103,7 +103,7 @@ Status runCodecProfile(const LlamaModel &model, const std::vector<int32_t> &ids,
   std::ofstream out(outPath);
   out << planning::CodecProfile(entries).print();
   if (!out)
-    return Status(StatusCode::Unavailable, outPath + ": cannot write profile");
+    return unavailable(outPath + ": cannot write profile");
   std::printf("wrote %zu entries to %s\n", entries.size(), outPath.c_str());
   return Status::ok();
 }

@@ -112,7 +112,7 @@ Status checkFits(const ModelConfig &model, int64_t tokens) {
                   "machine has %.1f GiB available",
                   (long long)tokens, needed / double(1 << 30),
                   double(available) / double(1 << 30));
-    return Status(StatusCode::FailedPrecondition, text);
+    return failedPrecondition(text);
   }
   return Status::ok();
 }

@@ -86,9 +86,8 @@ StatusOr<ServedRequest> serveRequest(Args &args, int64_t onDevice,
     metrics = std::move(loaded);
     KVC_ASSIGN_OR_RETURN(failed, connector->failedBlocks("request"));
     if (!failed.empty())
-      return Status(StatusCode::Internal,
-                    "serve: " + std::to_string(failed.size()) +
-                        " blocks left to recompute");
+      return internalError("serve: " + std::to_string(failed.size()) +
+                           " blocks left to recompute");
   }
   const double loadSeconds = secondsSince(start);
   KVC_RETURN_IF_ERROR(prefill(decision.loadTokens, n));

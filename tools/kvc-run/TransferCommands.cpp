@@ -55,10 +55,10 @@ Status writeAtomically(const std::string &path, const std::string &text) {
     std::ofstream out(partial);
     out << text << "\n";
     if (!out.flush())
-      return Status(StatusCode::Unavailable, "cannot write " + partial);
+      return unavailable("cannot write " + partial);
   }
   if (std::rename(partial.c_str(), path.c_str()) != 0)
-    return Status(StatusCode::Unavailable, "cannot write " + path);
+    return unavailable("cannot write " + path);
   return Status::ok();
 }
 

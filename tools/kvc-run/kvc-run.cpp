@@ -284,10 +284,9 @@ Status storeCommand(Args &args, bool list, bool removeFailed) {
     std::printf("removed %lld objects that fail their checks\n",
                 (long long)report.removed);
   else if (!report.failed.empty())
-    return Status(StatusCode::DataLoss,
-                  std::to_string(report.failed.size()) +
-                      " objects fail their checks (kvc-run store gc removes "
-                      "them)");
+    return dataLoss(std::to_string(report.failed.size()) +
+                    " objects fail their checks (kvc-run store gc removes "
+                    "them)");
   return Status::ok();
 }
 

@@ -120,7 +120,7 @@ TEST(CausalAttention, ReportsTheSourcesError) {
   Status status = attention.run(
       q.data(), 0, 1,
       [](int64_t, int64_t, KeyValueRows &) {
-        return Status(StatusCode::Internal, "no such block");
+        return internalError("no such block");
       },
       out.data());
   EXPECT_EQ(status.code(), StatusCode::Internal);

@@ -38,7 +38,7 @@ TEST(BackendRegistry, ADriverRegistersByName) {
                  [&](const DeviceOptions &options) -> StatusOr<Device *> {
                    ++opened;
                    if (options.device != 0)
-                     return Status(StatusCode::Unavailable, "no such device");
+                     return unavailable("no such device");
                    return &cpuDevice();
                  });
   registerDriver("test-driver", [](const DeviceOptions &) {

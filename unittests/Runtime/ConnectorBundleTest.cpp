@@ -148,8 +148,8 @@ TEST_F(ConnectorBundleTest, SavesThenLoadsRequestsAtOnceThroughABundle) {
       const std::string id = "r" + std::to_string(r);
       StatusOr<Decision> decision = connector_->decide(id, tokens, 0);
       if (!decision || decision->loadTokens != 256) {
-        results[r] = decision ? Status(StatusCode::Internal, decision->why)
-                              : decision.status();
+        results[r] =
+            decision ? internalError(decision->why) : decision.status();
         return;
       }
       results[r] = connector_->startLoad(id, blocks(20 + r * 20, 19));

@@ -842,8 +842,8 @@ public:
 
 private:
   static Status down() {
-    return Status(StatusCode::Unavailable, "redis://10.0.0.1:6379: connection "
-                                           "refused");
+    return unavailable("redis://10.0.0.1:6379: connection "
+                       "refused");
   }
   std::string url_ = "redis://10.0.0.1:6379";
 };
@@ -934,7 +934,7 @@ protected:
   LayerProgress progress_;
   RestoreOptions options_;
   StatusOr<RestoreMetrics> metrics_ =
-      Status(StatusCode::Internal, "the restore has not ended");
+      internalError("the restore has not ended");
 };
 
 // A server waits for layer i of a restore while later layers still load, to

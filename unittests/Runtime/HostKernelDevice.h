@@ -89,8 +89,7 @@ public:
                      int64_t position, int64_t n, int64_t layers,
                      const LayerWritten &written) override {
     if (position == failPrefillAt)
-      return Status(StatusCode::Unavailable,
-                    "prefill failed at " + std::to_string(position));
+      return unavailable("prefill failed at " + std::to_string(position));
     LayerWritten shown;
     if (written)
       shown = [&](int64_t layer) {
@@ -173,7 +172,7 @@ public:
                           const PagedKVCache &cache) const override {
     KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
     if (prologue.hidden != model.config().hiddenSize)
-      return Status(StatusCode::FailedPrecondition, "another hidden size");
+      return failedPrecondition("another hidden size");
     return Status::ok();
   }
 

@@ -388,8 +388,7 @@ TEST_F(KernelLaunchTest, SaveBatchesLaunchWhatThePrefillHasWritten) {
   ASSERT_TRUE(source.canGatherPayload(kernel).isOk());
   kernels_.saveLaunches = 0;
   std::vector<std::string> payloads;
-  StatusOr<int64_t> launches =
-      Status(StatusCode::Internal, "the gather has not ended");
+  StatusOr<int64_t> launches = internalError("the gather has not ended");
   std::thread saver([&] {
     launches = source.gatherPayloads(kernel, *store_, refs, payloads);
   });

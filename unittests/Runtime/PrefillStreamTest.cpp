@@ -74,7 +74,7 @@ TEST_F(PrefillStreamTest, ASaveWhoseStreamCannotOpenEndsWithItsError) {
   std::unique_ptr<ChunkStore> store = makeStore(*model_);
   SaveOptions options;
   options.device = &counting_;
-  counting_.refusal = Status(StatusCode::Unavailable, "no device memory");
+  counting_.refusal = unavailable("no device memory");
   StatusOr<SaveStats> saved = saveContext(*model_, *store, tokens_, options);
   counting_.refusal = Status::ok();
   ASSERT_FALSE(saved);

@@ -43,7 +43,7 @@ TEST_F(KernelLaunchTest, AReceivePlanLaunchesTheKernelsItNames) {
   for (bool kernels : {true, false}) {
     SCOPED_TRACE(kernels ? "with the kernel table" : "without");
     auto [sending, receiving] = MemoryLink::pair();
-    StatusOr<SendStats> sent = Status(StatusCode::Internal, "not sent");
+    StatusOr<SendStats> sent = internalError("not sent");
     std::thread sender([&, &sending = sending] {
       SendOptions options;
       options.codec = int8;
@@ -100,7 +100,7 @@ TEST_F(KernelLaunchTest, ASendPlanLaunchesTheSaveKernelsItNames) {
       options->kernels = &bundle->kernels;
     kernels_.saves = 0;
     auto [sending, receiving] = MemoryLink::pair();
-    StatusOr<SendStats> sent = Status(StatusCode::Internal, "not sent");
+    StatusOr<SendStats> sent = internalError("not sent");
     std::thread sender([&, &sending = sending] {
       sent = sendContext(*model_, objects, tokens_, sending, *options);
       sending.close();

@@ -184,7 +184,7 @@ TEST_F(RedisClusterTest, AMasterKilledInTheMiddleOfARestore) {
       clusterStore("?timeout_ms=2000&replicas=1&gbps=0.01");
   ASSERT_TRUE(store);
   const int victim = cluster_->masters()[1];
-  StatusOr<RestoreMetrics> during = Status(StatusCode::Internal, "not run");
+  StatusOr<RestoreMetrics> during = internalError("not run");
   std::thread restoring([&] { during = restoreFrom(*store); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   cluster_->kill(victim);

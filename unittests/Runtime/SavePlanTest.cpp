@@ -184,7 +184,7 @@ TEST_F(SavePlanTest, AFailedSaveLeavesNothingBehind) {
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_EQ(test::chunkObjects(*disk_).size(), 2u);
-  filling.finish(Status(StatusCode::Unavailable, "the prefill died"));
+  filling.finish(unavailable("the prefill died"));
   saver.join();
   ASSERT_FALSE(saved.isOk());
   EXPECT_NE(saved.status().message().find("the prefill died"),

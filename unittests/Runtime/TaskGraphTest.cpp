@@ -78,7 +78,7 @@ TEST(TaskGraphTest, RunsIndependentTasksOnAResourcesLanesAtOnce) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (arrived.load() < 2)
       if (std::chrono::steady_clock::now() > deadline)
-        return Status(StatusCode::Internal, "the other lane never ran");
+        return internalError("the other lane never ran");
     return Status::ok();
   };
   TaskGraph graph;
@@ -93,9 +93,8 @@ TEST(TaskGraphTest, StopsAtTheFirstFailure) {
   auto pools = makePools();
   std::atomic<int> ran{0};
   TaskGraph graph;
-  int64_t bad = graph.add({"fetch 0", "io", {}, [](int) {
-                             return Status(StatusCode::DataLoss, "bad chunk");
-                           }});
+  int64_t bad = graph.add(
+      {"fetch 0", "io", {}, [](int) { return dataLoss("bad chunk"); }});
   graph.add({"decode 0", "decode", {bad}, [&](int) {
                ++ran;
                return Status::ok();
@@ -207,7 +206,7 @@ TEST(TaskGraphTest, AFailingBatchFailsTheRun) {
   TaskGraph graph = gatedBatches(3, batches, m);
   std::atomic<int> after{0};
   graph.batches["k"] = [](int, const std::vector<int64_t> &) {
-    return Status(StatusCode::Internal, "launch failed");
+    return internalError("launch failed");
   };
   graph.add({"after", "io", {3}, [&](int) {
                ++after;

@@ -631,7 +631,7 @@ TEST_F(TransferTest, TheSenderPrefillsOnItsBackend) {
       options = *compiled;
     }
     auto [sending, receiving] = MemoryLink::pair();
-    StatusOr<SendStats> sent = Status(StatusCode::Internal, "not sent");
+    StatusOr<SendStats> sent = internalError("not sent");
     std::thread sender([&, &sending = sending] {
       sent = sendContext(*model_, objects, tokens_, sending, options);
       sending.close();
@@ -817,7 +817,7 @@ public:
     return Status::ok();
   }
   StatusOr<std::string> receive(Milliseconds) override {
-    return Status(StatusCode::Unavailable, "a sink");
+    return unavailable("a sink");
   }
   std::string describe() const override { return "sink"; }
   size_t bytes = 0;

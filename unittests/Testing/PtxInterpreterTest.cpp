@@ -131,8 +131,9 @@ TEST(PtxInterpreterTest, StatsCountWhatEveryLaneExecuted) {
   uint64_t total = 0;
   for (size_t i = 0; i < stats.mix.size(); ++i) {
     total += stats.mix[i].second;
-    if (i)
+    if (i) {
       EXPECT_GE(stats.mix[i - 1].second, stats.mix[i].second);
+    }
   }
   EXPECT_EQ(total, stats.instructions);
 }

@@ -402,7 +402,7 @@ TEST_F(ConnectorTest, AClusterMasterGoneIsRecomputedAndTheRestLoaded) {
     ASSERT_TRUE(connector);
     // Its own decision; on the slow link, which it would leave to the
     // server, the KV plan of every token.
-    StatusOr<Decision> decision = Status(StatusCode::Internal, "undecided");
+    StatusOr<Decision> decision = internalError("undecided");
     if (during) {
       StatusOr<PlanBundle> planned =
           planWhole(*connector, tokens, {planning::Strategy::Kv});
@@ -1179,8 +1179,8 @@ TEST_F(ConnectorTest, RequestsFromManyThreadsAreEachExact) {
       const std::string id = "r" + std::to_string(r);
       StatusOr<Decision> decision = connector->decide(id, requests[r], 0);
       if (!decision || !decision->loads()) {
-        results[r] = decision ? Status(StatusCode::Internal, decision->why)
-                              : decision.status();
+        results[r] =
+            decision ? internalError(decision->why) : decision.status();
         return;
       }
       Status started = connector->startLoad(id, blocks(130 + r * 27, 27));

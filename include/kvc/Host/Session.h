@@ -137,8 +137,7 @@ private:
   RestoreTarget target_;
   LayerProgress progress_;
   std::atomic<bool> ended_{false};
-  StatusOr<RestoreMetrics> result_ =
-      Status(StatusCode::Internal, "the restore has not ended");
+  StatusOr<RestoreMetrics> result_ = internalError("the restore has not ended");
   std::thread thread_;
 };
 

@@ -49,9 +49,9 @@ public:
     if (!in_->ready.wait_for(lock, timeout, [&] {
           return !in_->messages.empty() || in_->closed;
         }))
-      return Status(StatusCode::Unavailable, "memory link: timed out");
+      return unavailable("memory link: timed out");
     if (in_->messages.empty())
-      return Status(StatusCode::Unavailable, "memory link: the peer hung up");
+      return unavailable("memory link: the peer hung up");
     std::string message = std::move(in_->messages.front());
     in_->messages.pop_front();
     return message;

@@ -685,9 +685,9 @@ Status decodeChunkToBf16Rows(std::string_view bytes, const ChunkShape &shape,
                              const std::vector<uint16_t *> &rows) {
   const int64_t width = shape.width;
   if (int64_t(rows.size()) != shape.matrices() * shape.tokens)
-    return Status(StatusCode::Internal,
-                  "decode: " + std::to_string(rows.size()) + " rows for " +
-                      std::to_string(shape.matrices() * shape.tokens));
+    return internalError("decode: " + std::to_string(rows.size()) +
+                         " rows for " +
+                         std::to_string(shape.matrices() * shape.tokens));
   const bool quantized = codec.quant != CodecSpec::Quant::None;
   if (codec.transform != CodecSpec::Transform::None ||
       (!quantized && storage != DType::BF16)) {

@@ -67,7 +67,7 @@ StatusOr<std::string> compressBytes(std::string_view raw,
       size_t n = libdeflate_deflate_compress(c, raw.data(), raw.size(),
                                              out.data(), out.size());
       if (n == 0)
-        return Status(StatusCode::Internal, "deflate failed");
+        return internalError("deflate failed");
       out.resize(n);
       if (double(n) <= (1.0 - kMinDeflateGain) * double(raw.size()))
         break;
@@ -79,8 +79,7 @@ StatusOr<std::string> compressBytes(std::string_view raw,
     size_t n = ZSTD_compressCCtx(coderContexts().zstdC.get(), out.data(),
                                  out.size(), raw.data(), raw.size(), 1);
     if (ZSTD_isError(n))
-      return Status(StatusCode::Internal,
-                    std::string("zstd: ") + ZSTD_getErrorName(n));
+      return internalError(std::string("zstd: ") + ZSTD_getErrorName(n));
     out.resize(n);
     return out;
   }
@@ -89,12 +88,12 @@ StatusOr<std::string> compressBytes(std::string_view raw,
     int n = LZ4_compress_default(raw.data(), out.data(), int(raw.size()),
                                  int(out.size()));
     if (n <= 0)
-      return Status(StatusCode::Internal, "lz4 failed");
+      return internalError("lz4 failed");
     out.resize(n);
     return out;
   }
   }
-  return Status(StatusCode::Internal, "unknown coder");
+  return internalError("unknown coder");
 }
 
 Status decompressBytes(std::string_view packed, CodecSpec::Lossless coder,

@@ -107,9 +107,9 @@ public:
     const int64_t h = model.config().hiddenSize, kvDim = model.kvDim();
     const HostWords &in = wordsOf(hidden);
     if (int64_t(in.size()) != box.layers() * tokens * h * wordsPer(dtype))
-      return Status(StatusCode::Internal,
-                    "project: the buffer does not hold the chunk's hidden "
-                    "states");
+      return internalError(
+          "project: the buffer does not hold the chunk's hidden "
+          "states");
     HostWords &out = wordsOf(kv);
     out.resizeForOverwrite(box.layers() * 2 * tokens * kvDim);
     std::vector<float> states(tokens * h), k(tokens * kvDim), v(tokens * kvDim);
@@ -211,9 +211,9 @@ public:
     const int64_t kvDim = cache.kvDim(), tokens = box.tokens();
     const HostWords &words = wordsOf(kv);
     if (int64_t(words.size()) != box.layers() * 2 * tokens * kvDim)
-      return Status(StatusCode::Internal,
-                    "scatter: the buffer does not hold the chunk's KV (a "
-                    "plan step is missing before it)");
+      return internalError(
+          "scatter: the buffer does not hold the chunk's KV (a "
+          "plan step is missing before it)");
     for (int64_t l = 0; l < box.layers(); ++l)
       KVC_RETURN_IF_ERROR(
           cache.write(table, box.layerBegin + l, box.tokenBegin, tokens,

@@ -38,7 +38,7 @@ WaitWords::wait(const CudaDriver &driver, CUstream stream) {
     if (!held_[i] && (!waited_[i] || finished(cudaEventQuery(passed_[i]))))
       index = i;
   if (index < 0)
-    return Status(StatusCode::Unavailable, "every stream wait word is in use");
+    return unavailable("every stream wait word is in use");
   if (!passed_[index])
     KVC_CUDA_RETURN_IF_ERROR(
         cudaEventCreateWithFlags(&passed_[index], cudaEventDisableTiming),
@@ -170,9 +170,8 @@ Status CudaDevice::scatter(const DeviceBuffer &kv, const ChunkBox &box,
   const int64_t kvDim = cache.kvDim(), tokens = box.tokens();
   const CudaBuffer &in = bufferOf(kv);
   if (in.words != box.layers() * 2 * tokens * kvDim)
-    return Status(StatusCode::Internal,
-                  "scatter: the buffer does not hold the chunk's KV (a "
-                  "plan step is missing before it)");
+    return internalError("scatter: the buffer does not hold the chunk's KV (a "
+                         "plan step is missing before it)");
   KVC_RETURN_IF_ERROR(cache.checkRange(table, box.layerBegin, box.layerEnd,
                                        box.tokenBegin, tokens));
   KVC_ASSIGN_OR_RETURN(lease, acquire());

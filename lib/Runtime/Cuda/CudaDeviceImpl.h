@@ -192,9 +192,9 @@ private:
 
 inline Status needDevice(const PagedKVCache &cache) {
   if (cache.memory() != CacheMemory::Device)
-    return Status(StatusCode::FailedPrecondition,
-                  "cuda backend: the paged cache is in host memory (create "
-                  "it with the backend, or view device memory)");
+    return failedPrecondition(
+        "cuda backend: the paged cache is in host memory (create "
+        "it with the backend, or view device memory)");
   if (cache.config().dtype != DType::BF16 && cache.config().dtype != DType::F16)
     return unimplemented(std::string("cuda backend: a paged cache of ") +
                          dtypeName(cache.config().dtype) +

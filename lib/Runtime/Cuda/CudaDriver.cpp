@@ -17,18 +17,16 @@ StatusOr<CudaDriver> load() {
   void *library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!library) {
     const char *error = dlerror();
-    return Status(StatusCode::Unavailable,
-                  std::string("no CUDA driver: ") +
-                      (error ? error : "libcuda.so.1 not found"));
+    return unavailable(std::string("no CUDA driver: ") +
+                       (error ? error : "libcuda.so.1 not found"));
   }
   CudaDriver driver;
 #define KVC_CUDA_LOAD(name)                                                    \
-  driver.name = reinterpret_cast<decltype(driver.name)>(                      \
+  driver.name = reinterpret_cast<decltype(driver.name)>(                       \
       dlsym(library, KVC_CUDA_SYMBOL_NAME(name)));                             \
   if (!driver.name)                                                            \
-    return Status(StatusCode::Unavailable,                                     \
-                  "the CUDA driver has no " KVC_CUDA_SYMBOL_NAME(name)         \
-                  " (too old for kvc)");
+    return unavailable("the CUDA driver has no " KVC_CUDA_SYMBOL_NAME(         \
+        name) " (too old for kvc)");
   KVC_CUDA_DRIVER_ENTRY_POINTS(KVC_CUDA_LOAD)
 #undef KVC_CUDA_LOAD
 #define KVC_CUDA_LOAD_OPTIONAL(name)                                           \
@@ -40,9 +38,8 @@ StatusOr<CudaDriver> load() {
   if (init != CUDA_SUCCESS) {
     const char *name = nullptr;
     driver.cuGetErrorName(init, &name);
-    return Status(StatusCode::Unavailable,
-                  std::string("the CUDA driver cannot start: cuInit: ") +
-                      (name ? name : "unknown error"));
+    return unavailable(std::string("the CUDA driver cannot start: cuInit: ") +
+                       (name ? name : "unknown error"));
   }
   return driver;
 }
@@ -61,6 +58,6 @@ Status CudaDriver::check(CUresult result, const char *what) const {
     return Status::ok();
   const char *name = nullptr;
   cuGetErrorName(result, &name);
-  return Status(StatusCode::Internal,
-                std::string(what) + ": " + (name ? name : "unknown error"));
+  return internalError(std::string(what) + ": " +
+                       (name ? name : "unknown error"));
 }

@@ -13,9 +13,8 @@ namespace kvc::cuda {
 
 Status CudaDevice::loads(const BundleKernel &kernel) {
   if (kernel.format != "ptx")
-    return Status(StatusCode::FailedPrecondition,
-                  "kernel \"" + kernel.name + "\" is " + kernel.format +
-                      "; the cuda backend loads ptx");
+    return failedPrecondition("kernel \"" + kernel.name + "\" is " +
+                              kernel.format + "; the cuda backend loads ptx");
   return Status::ok();
 }
 
@@ -31,8 +30,8 @@ Status CudaDevice::canLaunchSave(const BundleKernel &kernel,
   KVC_RETURN_IF_ERROR(needDevice(cache));
   KVC_RETURN_IF_ERROR(loads(kernel));
   if (kernel.kind != BundleKernel::Kind::Save)
-    return Status(StatusCode::FailedPrecondition,
-                  "kernel \"" + kernel.name + "\" is no save kernel");
+    return failedPrecondition("kernel \"" + kernel.name +
+                              "\" is no save kernel");
   return kernelArgsFor(kernel, cache).status();
 }
 
@@ -44,9 +43,8 @@ Status CudaDevice::launchSave(const BundleKernel &kernel,
   KVC_RETURN_IF_ERROR(canLaunchSave(kernel, cache));
   for (const ChunkBox &box : boxes)
     if (kernel.tokens != box.tokens() || kernel.layers != box.layers())
-      return Status(StatusCode::Internal, "launchSave: kernel \"" +
-                                              kernel.name +
-                                              "\" does not encode this chunk");
+      return internalError("launchSave: kernel \"" + kernel.name +
+                           "\" does not encode this chunk");
   KVC_ASSIGN_OR_RETURN(lease, acquire());
   Lane &lane = *lease;
   Span span(*this, lane, "generated save");
@@ -83,15 +81,14 @@ Status CudaDevice::canLaunchProject(const BundleKernel &prologue,
   KVC_RETURN_IF_ERROR(canLaunch(epilogue, cache));
   KVC_RETURN_IF_ERROR(loads(prologue));
   if (!bf16Gemms)
-    return Status(StatusCode::FailedPrecondition,
-                  "the model's GEMMs take fp32 inputs; the prologue writes "
-                  "bf16");
+    return failedPrecondition(
+        "the model's GEMMs take fp32 inputs; the prologue writes "
+        "bf16");
   if (prologue.hidden != c.hiddenSize || prologue.layers != epilogue.layers ||
       prologue.tokens != epilogue.tokens)
-    return Status(StatusCode::FailedPrecondition,
-                  "prologue \"" + prologue.name +
-                      "\" normalizes another shape than the model's "
-                      "hidden states or its epilogue's chunk");
+    return failedPrecondition("prologue \"" + prologue.name +
+                              "\" normalizes another shape than the model's "
+                              "hidden states or its epilogue's chunk");
   return Status::ok();
 }
 
@@ -109,9 +106,9 @@ StatusOr<double> CudaDevice::launchProject(
   if (epilogue.tokens != tokens || epilogue.layers != layers ||
       2 * in.words != layers * tokens * h * dtypeBytes(dtype) ||
       epilogue.payloadBytes != layers * 2 * tokens * kvDim * 4)
-    return Status(StatusCode::Internal,
-                  "launchProject: kernels \"" + prologue.name + "\" and \"" +
-                      epilogue.name + "\" do not project this chunk");
+    return internalError("launchProject: kernels \"" + prologue.name +
+                         "\" and \"" + epilogue.name +
+                         "\" do not project this chunk");
   KVC_ASSIGN_OR_RETURN(rope, gpu.fullRopeTable());
   KVC_ASSIGN_OR_RETURN(lease, acquire());
   Lane &lane = *lease;
@@ -156,9 +153,8 @@ Status CudaDevice::launchRestore(const BundleKernel &kernel,
     if (kernel.tokens != chunk.box.tokens() ||
         kernel.layers != chunk.box.layers() ||
         2 * in.words < kernel.payloadBytes)
-      return Status(StatusCode::Internal,
-                    "launchRestore: kernel \"" + kernel.name +
-                        "\" does not decode this chunk's payload");
+      return internalError("launchRestore: kernel \"" + kernel.name +
+                           "\" does not decode this chunk's payload");
     placed.push_back({in.memory.get<char>(), chunk.box});
   }
   KVC_ASSIGN_OR_RETURN(lease, acquire()); // The device's context current.

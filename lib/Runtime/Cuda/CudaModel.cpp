@@ -253,8 +253,7 @@ StatusOr<const float *> CudaModel::fullRopeTable() const {
 Status CudaModel::projectKV(Lane &lane, int64_t layer, const uint16_t *x,
                             int64_t n, float *k, float *v) const {
   if (!bf16())
-    return Status(StatusCode::FailedPrecondition,
-                  "projectKV: the model's GEMMs take fp32 inputs");
+    return failedPrecondition("projectKV: the model's GEMMs take fp32 inputs");
   const ModelConfig &c = config_;
   const int64_t q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim;
   const Layer &L = layers_[layer];

@@ -24,9 +24,8 @@ StatusOr<double> CudaDevice::project(const ModelCompute &model,
   const int64_t wordsPer = dtype == DType::F32 ? 2 : 1;
   const CudaBuffer &in = bufferOf(hidden);
   if (in.words != box.layers() * tokens * h * wordsPer)
-    return Status(StatusCode::Internal,
-                  "project: the buffer does not hold the chunk's hidden "
-                  "states");
+    return internalError("project: the buffer does not hold the chunk's hidden "
+                         "states");
   CudaBuffer &out = bufferOf(kv);
   out.words = box.layers() * 2 * tokens * kvDim;
   KVC_RETURN_IF_ERROR(out.reserve(size_t(out.words) * sizeof(uint16_t)));
@@ -191,9 +190,9 @@ CudaDevice::borrowWeights(const ModelConfig &config,
 StatusOr<const CudaModel *> CudaDevice::modelFor(const ModelCompute &model) {
   const auto *llama = dynamic_cast<const LlamaModel *>(&model);
   if (!llama)
-    return Status(StatusCode::Unimplemented,
-                  "cuda backend: it computes with kvc's LlamaModel only; "
-                  "restore through loads, or with the CPU backend");
+    return unimplemented(
+        "cuda backend: it computes with kvc's LlamaModel only; "
+        "restore through loads, or with the CPU backend");
   std::lock_guard<std::mutex> lock(modelsMutex_);
   std::unique_ptr<CudaModel> &gpu = models_[{llama, llama->fingerprint()}];
   if (!gpu) {

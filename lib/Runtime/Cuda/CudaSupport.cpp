@@ -22,9 +22,8 @@ StatusOr<Cublas> loadCublas() {
       dlopen("libcublas.so." KVC_CUBLAS_SONAME_VERSION, RTLD_NOW | RTLD_LOCAL);
   if (!library) {
     const char *error = dlerror();
-    return Status(StatusCode::Unavailable,
-                  std::string("cuda backend: no cuBLAS: ") +
-                      (error ? error : "libcublas not found"));
+    return unavailable(std::string("cuda backend: no cuBLAS: ") +
+                       (error ? error : "libcublas not found"));
   }
   Cublas cublas;
 #define KVC_CUBLAS_LOAD(name, type)                                            \
@@ -98,9 +97,8 @@ Status Lane::sync(const char *what) const {
   if (!*outOfRange)
     return Status::ok();
   *outOfRange = 0;
-  return Status(StatusCode::DataLoss,
-                std::string(what) +
-                    ": a value beyond f16's range (65504) for an f16 cache");
+  return dataLoss(std::string(what) +
+                  ": a value beyond f16's range (65504) for an f16 cache");
 }
 
 Lane::~Lane() {

@@ -80,9 +80,8 @@ struct Cublas {
 inline Status blasStatus(cublasStatus_t status, const char *what) {
   if (status == CUBLAS_STATUS_SUCCESS)
     return Status::ok();
-  return Status(StatusCode::Internal,
-                std::string("cublas: ") + what + ": " +
-                    (*Cublas::get())->cublasGetStatusName(status));
+  return internalError(std::string("cublas: ") + what + ": " +
+                       (*Cublas::get())->cublasGetStatusName(status));
 }
 
 #define KVC_CUDA_RETURN_IF_ERROR(expr, what)                                   \

@@ -47,9 +47,9 @@ StatusOr<Device *> openCuda(const DeviceOptions &options) {
   if (wanted.device != openedWith.device ||
       (wanted.gemm != CudaDeviceOptions::Gemm::Auto &&
        wanted.gemm != openedWith.gemm))
-    return Status(StatusCode::FailedPrecondition,
-                  "backend cuda: already open with other options (one "
-                  "device and GEMM precision per process)");
+    return failedPrecondition(
+        "backend cuda: already open with other options (one "
+        "device and GEMM precision per process)");
   return opened;
 }
 

@@ -10,8 +10,8 @@ namespace kvc {
 namespace {
 
 Status unaddressable(const std::string &why) {
-  return Status(StatusCode::FailedPrecondition,
-                "a generated kernel cannot address this cache: " + why);
+  return failedPrecondition("a generated kernel cannot address this cache: " +
+                            why);
 }
 
 /// Elements from `from` to `to` (either order).
@@ -87,9 +87,9 @@ KernelCacheArgs::blocks(const BlockTable &table) const {
   for (std::size_t i = 0; i < out.size(); ++i) {
     const int64_t scaled = int64_t(table.blocks[i]) * blockScale;
     if (scaled > std::numeric_limits<int32_t>::max())
-      return Status(StatusCode::FailedPrecondition,
-                    "block " + std::to_string(table.blocks[i]) +
-                        " lies beyond a generated kernel's int32 block table");
+      return failedPrecondition(
+          "block " + std::to_string(table.blocks[i]) +
+          " lies beyond a generated kernel's int32 block table");
     out[i] = int32_t(scaled);
   }
   return out;
@@ -134,20 +134,19 @@ StatusOr<KernelCacheArgs> kernelArgsFor(const BundleKernel &kernel,
                                         const PagedKVCache &cache) {
   const PagedCacheConfig &config = cache.config();
   if (kernel.kind == BundleKernel::Kind::RmsNorm)
-    return Status(StatusCode::FailedPrecondition,
-                  "kernel \"" + kernel.name + "\" is a " +
-                      bundleKernelKindName(kernel.kind) +
-                      " kernel, which addresses no cache");
+    return failedPrecondition("kernel \"" + kernel.name + "\" is a " +
+                              bundleKernelKindName(kernel.kind) +
+                              " kernel, which addresses no cache");
   if (kernel.kvHeads != config.numKvHeads || kernel.headDim != config.headDim ||
       kernel.blockSize != config.blockSize)
-    return Status(StatusCode::FailedPrecondition,
-                  "kernel \"" + kernel.name + "\" writes " +
-                      std::to_string(kernel.kvHeads) + " KV heads of " +
-                      std::to_string(kernel.headDim) + " in blocks of " +
-                      std::to_string(kernel.blockSize) + "; the cache holds " +
-                      std::to_string(config.numKvHeads) + " of " +
-                      std::to_string(config.headDim) + " in blocks of " +
-                      std::to_string(config.blockSize));
+    return failedPrecondition(
+        "kernel \"" + kernel.name + "\" writes " +
+        std::to_string(kernel.kvHeads) + " KV heads of " +
+        std::to_string(kernel.headDim) + " in blocks of " +
+        std::to_string(kernel.blockSize) + "; the cache holds " +
+        std::to_string(config.numKvHeads) + " of " +
+        std::to_string(config.headDim) + " in blocks of " +
+        std::to_string(config.blockSize));
   return kernelCacheArgs(cache);
 }
 

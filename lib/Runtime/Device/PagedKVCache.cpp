@@ -47,9 +47,8 @@ PagedKVCache::create(const PagedCacheConfig &config) {
   try {
     cache->owned_.assign(2 * config.layers, std::vector<uint16_t>(perLayer));
   } catch (const std::bad_alloc &) {
-    return Status(StatusCode::Unavailable,
-                  "paged cache: cannot allocate " +
-                      std::to_string(4 * config.layers * perLayer) + " bytes");
+    return unavailable("paged cache: cannot allocate " +
+                       std::to_string(4 * config.layers * perLayer) + " bytes");
   }
   for (int64_t l = 0; l < config.layers; ++l)
     cache->layers_.push_back(
@@ -88,10 +87,9 @@ StatusOr<BlockTable> PagedKVCache::allocate(int64_t tokens) {
   const int64_t needed = (tokens + config_.blockSize - 1) / config_.blockSize;
   std::lock_guard<std::mutex> lock(mutex_);
   if (needed > int64_t(free_.size()))
-    return Status(StatusCode::Unavailable,
-                  "paged cache: " + std::to_string(tokens) + " tokens need " +
-                      std::to_string(needed) + " blocks, " +
-                      std::to_string(free_.size()) + " are free");
+    return unavailable("paged cache: " + std::to_string(tokens) +
+                       " tokens need " + std::to_string(needed) + " blocks, " +
+                       std::to_string(free_.size()) + " are free");
   BlockTable table;
   table.blocks.assign(free_.end() - needed, free_.end());
   free_.resize(free_.size() - needed);
@@ -111,9 +109,9 @@ int64_t PagedKVCache::freeBlocks() const {
 
 Status PagedKVCache::checkHost() const {
   if (memory_ == CacheMemory::Device)
-    return Status(StatusCode::FailedPrecondition,
-                  "paged cache: the cache is in device memory; the host "
-                  "reaches it through its backend");
+    return failedPrecondition(
+        "paged cache: the cache is in device memory; the host "
+        "reaches it through its backend");
   return Status::ok();
 }
 
@@ -194,9 +192,8 @@ bool storeF16(uint16_t *dst, int64_t count, ToFloat value) {
 }
 
 Status outOfF16Range() {
-  return Status(StatusCode::DataLoss,
-                "paged cache: a value beyond f16's range (65504) for an f16 "
-                "cache");
+  return dataLoss("paged cache: a value beyond f16's range (65504) for an f16 "
+                  "cache");
 }
 
 } // namespace

@@ -199,11 +199,10 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
     bytes += inner.size();
   }
   if (int64_t(bytes) != value.kernel->payloadBytes)
-    return Status(StatusCode::Internal,
-                  "restore: kernel \"" + value.kernel->name + "\" reads " +
-                      std::to_string(value.kernel->payloadBytes) +
-                      " payload bytes; the chunk's objects hold " +
-                      std::to_string(bytes));
+    return internalError(
+        "restore: kernel \"" + value.kernel->name + "\" reads " +
+        std::to_string(value.kernel->payloadBytes) +
+        " payload bytes; the chunk's objects hold " + std::to_string(bytes));
   value.encoded = false;
   value.payload = true;
   account(value, traffic);

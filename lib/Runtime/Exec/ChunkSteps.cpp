@@ -145,9 +145,9 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
   if (!slot)
     slot = takeSpare();
   if (slot->busy.exchange(true))
-    return Status(StatusCode::Internal,
-                  "restore: a staging slot was refilled before its chunk "
-                  "was copied out");
+    return internalError(
+        "restore: a staging slot was refilled before its chunk "
+        "was copied out");
   value.slot = slot;
   value.objects.swap(slot->objects);
   value.data.swap(slot->data);
@@ -328,18 +328,18 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
   }
   if (value.tokens.begin < resident_ && resident_ < value.tokens.end) {
     if (value.form != Form::KV || value.payload)
-      return Status(StatusCode::Internal,
-                    "restore: a chunk across the resident tokens that is not "
-                    "decoded K and V");
+      return internalError(
+          "restore: a chunk across the resident tokens that is not "
+          "decoded K and V");
     // Keep the rows above the server's tokens: the buffer is
     // [layer][K, V][token][kvDim], each row moved down in place.
     const int64_t all = value.tokens.size(),
                   skip = resident_ - value.tokens.begin, keep = all - skip,
                   kvDim = cache_.kvDim(), halves = 2 * value.layers.size();
     if (int64_t(value.data.size()) != halves * all * kvDim)
-      return Status(StatusCode::Internal,
-                    "restore: a chunk across the resident tokens holds " +
-                        std::to_string(value.data.size()) + " elements");
+      return internalError(
+          "restore: a chunk across the resident tokens holds " +
+          std::to_string(value.data.size()) + " elements");
     uint16_t *data = value.data.data();
     for (int64_t h = 0; h < halves; ++h)
       std::memmove(data + h * keep * kvDim, data + (h * all + skip) * kvDim,
@@ -359,9 +359,8 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
   }
   StagingSlot &slot = *value.slot;
   if (slot.deviceBusy.exchange(true))
-    return Status(StatusCode::Internal,
-                  "restore: the device buffer of a staging slot was "
-                  "refilled before its chunk was scattered");
+    return internalError("restore: the device buffer of a staging slot was "
+                         "refilled before its chunk was scattered");
   if (!slot.device)
     slot.device = device_.allocate();
   value.deviceSlot = &slot;
@@ -376,8 +375,8 @@ Status ChunkSteps::toDevice(ChunkValue &value) {
 
 Status ChunkSteps::project(ChunkValue &value) {
   if (value.form != Form::Hidden)
-    return Status(StatusCode::Internal,
-                  "restore: project of a chunk that holds no hidden states");
+    return internalError(
+        "restore: project of a chunk that holds no hidden states");
   KVC_RETURN_IF_ERROR(toDevice(value));
   if (value.epilogue) {
     // The generated kernels write K and V into the cache: the scatter that
@@ -436,13 +435,13 @@ Status ChunkSteps::scatter(const std::vector<ChunkValue *> &values) {
     if (value->inCache)
       continue;
     if (value->form != Form::KV)
-      return Status(StatusCode::Internal,
-                    "restore: scatter of hidden states (missing project)");
+      return internalError(
+          "restore: scatter of hidden states (missing project)");
     KVC_RETURN_IF_ERROR(toDevice(*value));
     if (value->payload) {
       if (value->kernel != values.front()->kernel)
-        return Status(StatusCode::Internal,
-                      "restore: one launch of chunks of different kernels");
+        return internalError(
+            "restore: one launch of chunks of different kernels");
       launched.push_back(value);
       chunks.push_back({value->device, value->box()});
       continue;

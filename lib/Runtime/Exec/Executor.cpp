@@ -586,9 +586,7 @@ StatusOr<RestoreMetrics> runRestore(ResourcePools &pools,
 
 } // namespace
 
-Status restoreCancelled() {
-  return Status(StatusCode::Unavailable, "the restore was cancelled");
-}
+Status restoreCancelled() { return unavailable("the restore was cancelled"); }
 
 StatusOr<RestoreMetrics> restore(ResourcePools &pools, const BundlePlan &plan,
                                  const RestoreTarget &target,

@@ -151,9 +151,9 @@ Status LayerProgress::waitTokens(
     return changed_.wait_until(lock, deadline, done);
   };
   auto late = [&] {
-    return Status(StatusCode::Unavailable,
-                  "layer " + std::to_string(layer) + " not written after " +
-                      std::to_string(timeout->count()) + " ms");
+    return unavailable("layer " + std::to_string(layer) +
+                       " not written after " +
+                       std::to_string(timeout->count()) + " ms");
   };
   if (!waitFor([&] { return started_; }))
     return late();

@@ -590,10 +590,9 @@ Status checkCompiledFor(const PlanBundle &bundle,
   const std::string &compiledFor = bundle.modelFingerprint;
   if (compiledFor.empty() || compiledFor == fingerprint)
     return Status::ok();
-  return Status(StatusCode::FailedPrecondition,
-                "the plan bundle was compiled for model " +
-                    compiledFor.substr(0, 16) + ", not " +
-                    fingerprint.substr(0, 16));
+  return failedPrecondition("the plan bundle was compiled for model " +
+                            compiledFor.substr(0, 16) + ", not " +
+                            fingerprint.substr(0, 16));
 }
 
 Status validatePlanBundle(const PlanBundle &bundle) {

@@ -50,7 +50,7 @@ Status generateModel(const std::string &dir, const GenModelOptions &o) {
                   "to generate; %.1f GiB is available",
                   parameters, needed / double(1 << 30),
                   double(available) / double(1 << 30));
-    return Status(StatusCode::FailedPrecondition, text);
+    return failedPrecondition(text);
   }
 
   std::mt19937_64 rng(o.seed);
@@ -100,7 +100,7 @@ Status writeModelDirectory(const std::string &dir, const ModelConfig &c,
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   if (error)
-    return Status(StatusCode::Unavailable, dir + ": " + error.message());
+    return unavailable(dir + ": " + error.message());
   const char *dtypeName = c.dtype == DType::BF16  ? "bfloat16"
                           : c.dtype == DType::F16 ? "float16"
                                                   : "float32";
@@ -125,7 +125,7 @@ Status writeModelDirectory(const std::string &dir, const ModelConfig &c,
     std::ofstream out(root / "config.json");
     out << config.dump(2) << "\n";
     if (!out)
-      return Status(StatusCode::Unavailable, dir + ": cannot write config.json");
+      return unavailable(dir + ": cannot write config.json");
   }
   return writeSafetensors((root / "model.safetensors").string(), tensors,
                           c.dtype);

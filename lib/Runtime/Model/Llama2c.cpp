@@ -150,8 +150,8 @@ StatusOr<ModelConfig> importLlama2c(const std::string &checkpoint,
         tokenizer, std::filesystem::path(dir) / "tokenizer.bin",
         std::filesystem::copy_options::overwrite_existing, error);
     if (error)
-      return Status(StatusCode::Unavailable,
-                    dir + ": cannot copy the tokenizer: " + error.message());
+      return unavailable(dir +
+                         ": cannot copy the tokenizer: " + error.message());
   }
   return c;
 }

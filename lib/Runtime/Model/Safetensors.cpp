@@ -307,7 +307,7 @@ Status writeSafetensors(const std::string &path, const TensorMap &tensors,
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out)
-      return Status(StatusCode::Unavailable, tmp + ": cannot create file");
+      return unavailable(tmp + ": cannot create file");
     uint64_t size = headerText.size();
     for (int i = 0; i < 8; ++i)
       out.put(char(size >> (8 * i)));
@@ -323,12 +323,12 @@ Status writeSafetensors(const std::string &path, const TensorMap &tensors,
         }
       }
     if (!out)
-      return Status(StatusCode::Unavailable, tmp + ": write failed");
+      return unavailable(tmp + ": write failed");
   }
   std::error_code error;
   fs::rename(tmp, path, error);
   if (error)
-    return Status(StatusCode::Unavailable, path + ": " + error.message());
+    return unavailable(path + ": " + error.message());
   return Status::ok();
 }
 

@@ -89,8 +89,8 @@ StatusOr<Json> receiveJson(Link &link, Kind want, Milliseconds timeout) {
   if (kind == Kind::Refuse && want != Kind::Refuse) {
     std::string reason;
     (void)readString(json, "refuse", "reason", reason, Presence::Optional);
-    return Status(StatusCode::FailedPrecondition,
-                  "transfer refused by " + link.describe() + ": " + reason);
+    return failedPrecondition("transfer refused by " + link.describe() + ": " +
+                              reason);
   }
   if (kind != want)
     return dataLoss(std::string("transfer: expected a ") + kindName(want) +
@@ -283,7 +283,7 @@ StatusOr<StoreLayout> checkHello(const Json &hello, const ChunkObjects &local,
   KVC_RETURN_IF_ERROR(readInt(hello, "hello", "layer_group", layout.layerGroup,
                               Presence::Required));
   auto refuse = [](std::string why) {
-    return Status(StatusCode::FailedPrecondition, std::move(why));
+    return failedPrecondition(std::move(why));
   };
   if (protocol != kProtocolVersion)
     return refuse("the sender speaks protocol " + std::to_string(protocol) +
@@ -587,7 +587,7 @@ StatusOr<ReceiveMetrics> receivePlanned(Link &link, const ChunkObjects &objects,
   restoreOptions.kernels = options.kernels;
 
   StatusOr<RestoreMetrics> restored =
-      Status(StatusCode::Internal, "the receive plan has not ended");
+      internalError("the receive plan has not ended");
   auto run = [&] {
     restored = restore(*pools, plan, planned, restoreOptions);
     // Later arrivals (all of them, if the plan failed) have no recv left to
@@ -631,10 +631,9 @@ StatusOr<ReceiveMetrics> receiveChunks(Link &link, const ChunkObjects &local,
   if (layout.isOk() && options.layout &&
       (layout->chunkTokens != options.layout->chunkTokens ||
        layout->layerGroup != options.layout->layerGroup))
-    layout = Status(StatusCode::FailedPrecondition,
-                    "the sender streams objects of " + describeLayout(*layout) +
-                        ", this node's plan receives " +
-                        describeLayout(*options.layout));
+    layout = failedPrecondition(
+        "the sender streams objects of " + describeLayout(*layout) +
+        ", this node's plan receives " + describeLayout(*options.layout));
   if (!layout.isOk()) {
     sendLast(link, Kind::Refuse, {{"reason", layout.status().message()}},
              options.timeout);

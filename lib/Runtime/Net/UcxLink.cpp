@@ -35,8 +35,7 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr uint64_t kMaxMessageBytes = uint64_t(1) << 31;
 
 Status ucxError(const std::string &what, ucs_status_t status) {
-  return Status(StatusCode::Unavailable,
-                what + ": " + ucs_status_string(status));
+  return unavailable(what + ": " + ucs_status_string(status));
 }
 
 /// A UCP context and its worker; UCX calls on the worker hold `mutex`.
@@ -105,8 +104,7 @@ StatusOr<sockaddr_storage> resolve(const std::string &host, int port,
   int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(),
                        &hints, &found);
   if (rc != 0 || !found)
-    return Status(StatusCode::Unavailable,
-                  "cannot resolve " + host + ": " + gai_strerror(rc));
+    return unavailable("cannot resolve " + host + ": " + gai_strerror(rc));
   sockaddr_storage address{};
   std::memcpy(&address, found->ai_addr, found->ai_addrlen);
   length = found->ai_addrlen;
@@ -269,20 +267,17 @@ private:
       return Status::ok();
     broken_ = true;
     if (status == UCS_ERR_TIMED_OUT)
-      return Status(StatusCode::Unavailable,
-                    std::string("ucx: timed out ") + what + " " + peer_);
+      return unavailable(std::string("ucx: timed out ") + what + " " + peer_);
     return brokenError(what, status);
   }
 
   Status brokenError(const char *what, ucs_status_t status = UCS_OK) {
     ucs_status_t why =
         failure_ != UCS_OK ? ucs_status_t(failure_.load()) : status;
-    return Status(StatusCode::Unavailable,
-                  std::string("ucx: ") + what + " " + peer_ +
-                      ": the link is down (" +
-                      (why != UCS_OK ? ucs_status_string(why)
-                                     : "after an earlier error") +
-                      ")");
+    return unavailable(
+        std::string("ucx: ") + what + " " + peer_ + ": the link is down (" +
+        (why != UCS_OK ? ucs_status_string(why) : "after an earlier error") +
+        ")");
   }
 
   std::shared_ptr<Worker> worker_;
@@ -322,9 +317,9 @@ public:
       listener_ = nullptr;
       // UCX reports an address already in use as "Device is busy".
       if (s == UCS_ERR_BUSY)
-        return Status(StatusCode::Unavailable,
-                      "ucx: listening: the address is already in use (another "
-                      "listener holds the port)");
+        return unavailable(
+            "ucx: listening: the address is already in use (another "
+            "listener holds the port)");
       return ucxError("ucx: listening", s);
     }
     ucp_listener_attr_t attr{};
@@ -355,10 +350,9 @@ public:
       if (request)
         break;
       if (SteadyClock::now() >= deadline)
-        return Status(StatusCode::Unavailable,
-                      "ucx: no sender connected to port " +
-                          std::to_string(port_) + " in " +
-                          std::to_string(timeout.count()) + " ms");
+        return unavailable("ucx: no sender connected to port " +
+                           std::to_string(port_) + " in " +
+                           std::to_string(timeout.count()) + " ms");
       worker_->progressOrSleep(deadline);
     }
     std::string peer = "peer";

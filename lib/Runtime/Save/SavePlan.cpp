@@ -83,8 +83,8 @@ StatusOr<int64_t> PagedCacheSource::gatherPayloads(
     std::vector<std::string> out;
     KVC_RETURN_IF_ERROR(device_.launchSave(kernel, cache_, table_, boxes, out));
     if (out.size() != boxes.size())
-      return Status(StatusCode::Internal,
-                    "save: a launch returned another number of payloads");
+      return internalError(
+          "save: a launch returned another number of payloads");
     for (std::size_t i = 0; i < out.size(); ++i)
       payloads[next + i] = std::move(out[i]);
     next = end;
@@ -104,10 +104,10 @@ Status PrefillSnapshots::gather(const ChunkObjects &objects,
                                 const ChunkRef &ref, std::vector<float> &out) {
   KVC_RETURN_IF_ERROR(kept_.take(
       {ref.form, ref.tokenBegin, ref.layerBegin}, out,
-      Status(StatusCode::FailedPrecondition,
-             "save: the prefill computed no " + std::string(name(ref.form)) +
-                 " of tokens " + std::to_string(ref.tokenBegin) + " of layer " +
-                 std::to_string(ref.layerBegin))));
+      failedPrecondition("save: the prefill computed no " +
+                         std::string(name(ref.form)) + " of tokens " +
+                         std::to_string(ref.tokenBegin) + " of layer " +
+                         std::to_string(ref.layerBegin))));
   if (out.size() != size_t(objects.shape(ref).numel()))
     return invalidArgument("save: the prefill handed over an object of " +
                            std::to_string(out.size()) + " values");
@@ -356,8 +356,7 @@ private:
   /// A gather that names no save kernel (those run in batches, runBatch).
   Status gather(SaveValue &value) {
     if (value.kernel)
-      return Status(StatusCode::Internal,
-                    "save: a save kernel's gather outside its batch");
+      return internalError("save: a save kernel's gather outside its batch");
     KVC_RETURN_IF_ERROR(
         target_.source->gather(*objects_, value.ref, value.values));
     gathered();
@@ -499,7 +498,7 @@ StatusOr<double> prefillCounting(Device &device, const LlamaModel &model,
   Clock::time_point start = Clock::now();
   for (int64_t s0 = 0; s0 < n; s0 += span) {
     if (stop)
-      return Status(StatusCode::FailedPrecondition, "the save failed");
+      return failedPrecondition("the save failed");
     if (stream.cancel && stream.cancel->load())
       return saveInterrupted();
     const int64_t s1 = std::min(n, s0 + span);
@@ -531,8 +530,7 @@ StatusOr<SaveMetrics> runDuringPrefill(Device &device, const LlamaModel &model,
   // The save ends before the prefill only when it fails: then nothing is
   // left to prefill for, and `failed` frees a prefill waiting on the save.
   std::atomic<bool> saveEnded{false};
-  StatusOr<SaveMetrics> saved =
-      Status(StatusCode::Internal, "the save has not ended");
+  StatusOr<SaveMetrics> saved = internalError("the save has not ended");
   auto startSave = [&](std::function<void(const Status &)> failed) {
     return startThread([&, failed] {
       saved = save(*pools, plan, target, run);
@@ -575,7 +573,7 @@ StatusOr<SaveMetrics> runDuringPrefill(Device &device, const LlamaModel &model,
         model, objects, tokens, prefill,
         [&](const ChunkRef &ref, const float *values) -> StatusOr<bool> {
           if (saveEnded)
-            return Status(StatusCode::FailedPrecondition, "the save failed");
+            return failedPrecondition("the save failed");
           snapshots.put(ref, values, size_t(objects.shape(ref).numel()));
           return true;
         });

@@ -317,8 +317,6 @@ StatusOr<SaveStats> streamContext(const LlamaModel &model,
   return stats;
 }
 
-Status saveInterrupted() {
-  return Status(StatusCode::Unavailable, "the save was interrupted");
-}
+Status saveInterrupted() { return unavailable("the save was interrupted"); }
 
 } // namespace kvc

@@ -305,9 +305,8 @@ ChunkObjects::checkInPlace(const ChunkRef &ref, std::string_view header,
                            const std::vector<std::string_view> &payload) const {
   KVC_ASSIGN_OR_RETURN(h, readChunkHeader(header));
   if (!h.codec.isRaw())
-    return Status(StatusCode::Internal,
-                  ref.name() + ": checked in place, but stored as " +
-                      h.codec.str());
+    return internalError(ref.name() + ": checked in place, but stored as " +
+                         h.codec.str());
   KVC_RETURN_IF_ERROR(checkChunk(h, expected(ref)).withContext(ref.name()));
   if (h.dtype != model_.dtype)
     return chunkError(ChunkFault::WrongModel,

@@ -325,9 +325,8 @@ StatusOr<std::unique_ptr<Tier>> openFileTier(TierUrl &url) {
   std::error_code error;
   if (url.access == TierAccess::Existing) {
     if (!fs::is_directory(dir, error))
-      return Status(StatusCode::NotFound,
-                    url.url + ": no store at " + dir +
-                        " (a file:// store is a directory a save created)");
+      return notFound(url.url + ": no store at " + dir +
+                      " (a file:// store is a directory a save created)");
   } else {
     // The directory is made by the first write, so a save refused before
     // it writes leaves nothing behind; what must exist is a writable place

@@ -166,10 +166,10 @@ public:
                              options_.auth.password.size()),
           [&](const std::string &) {
             // Not the server's words: they may quote what it was sent.
-            return Status(StatusCode::InvalidArgument,
-                          url_ + ": redis refused the credentials (AUTH): a "
-                                 "wrong password or user, or one it does "
-                                 "not know");
+            return invalidArgument(url_ +
+                                   ": redis refused the credentials (AUTH): a "
+                                   "wrong password or user, or one it does "
+                                   "not know");
           }));
     if (options_.readOnly)
       KVC_RETURN_IF_ERROR(setUp(
@@ -177,13 +177,13 @@ public:
             return unavailable("READONLY refused: " + why);
           }));
     if (options_.db != 0)
-      KVC_RETURN_IF_ERROR(setUp(
-          redisCommand(context_, "SELECT %d", options_.db),
-          [&](const std::string &why) {
-            return Status(StatusCode::InvalidArgument,
-                          url_ + ": database " + std::to_string(options_.db) +
-                              " refused by the server: " + why);
-          }));
+      KVC_RETURN_IF_ERROR(
+          setUp(redisCommand(context_, "SELECT %d", options_.db),
+                [&](const std::string &why) {
+                  return invalidArgument(url_ + ": database " +
+                                         std::to_string(options_.db) +
+                                         " refused by the server: " + why);
+                }));
     return Status::ok();
   }
 

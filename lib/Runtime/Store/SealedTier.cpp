@@ -43,8 +43,7 @@ Status seal(const std::string &key, std::string_view name,
       written == kSealBytes;
   EVP_MAC_CTX_free(context);
   EVP_MAC_free(hmac);
-  return ok ? Status::ok()
-            : Status(StatusCode::Internal, "HMAC-SHA256 failed (OpenSSL)");
+  return ok ? Status::ok() : internalError("HMAC-SHA256 failed (OpenSSL)");
 }
 
 class SealedTier final : public ForwardingTier {
@@ -116,8 +115,7 @@ StatusOr<std::unique_ptr<Tier>> sealTier(std::unique_ptr<Tier> inner,
 StatusOr<std::string> readDeploymentKey(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    return Status(StatusCode::NotFound,
-                  "cannot read the deployment key file " + path);
+    return notFound("cannot read the deployment key file " + path);
   std::string key((std::istreambuf_iterator<char>(in)),
                   std::istreambuf_iterator<char>());
   while (!key.empty() && (key.back() == '\n' || key.back() == '\r'))

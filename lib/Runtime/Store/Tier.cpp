@@ -79,9 +79,9 @@ public:
 
   Status put(const std::string &name, std::string_view bytes) override {
     if (bytes.size() > capacity_)
-      return Status(StatusCode::FailedPrecondition,
-                    url_ + ": object of " + std::to_string(bytes.size()) +
-                        " bytes exceeds the tier's capacity");
+      return failedPrecondition(url_ + ": object of " +
+                                std::to_string(bytes.size()) +
+                                " bytes exceeds the tier's capacity");
     auto stored = std::make_shared<const std::string>(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     eraseLocked(name);
@@ -176,11 +176,10 @@ Status fillMemory(MemTier &memory, const std::string &directory) {
     KVC_RETURN_IF_ERROR(source->get(name, bytes));
     total += bytes.size();
     if (total > memory.capacity())
-      return Status(StatusCode::FailedPrecondition,
-                    "from=" + directory + ": the store holds more than the " +
-                        "tier's capacity of " +
-                        std::to_string(memory.capacity() >> 20) +
-                        " MiB (set capacity_mb)");
+      return failedPrecondition(
+          "from=" + directory + ": the store holds more than the " +
+          "tier's capacity of " + std::to_string(memory.capacity() >> 20) +
+          " MiB (set capacity_mb)");
     KVC_RETURN_IF_ERROR(memory.put(name, bytes));
   }
   return Status::ok();

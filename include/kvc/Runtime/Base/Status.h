@@ -71,6 +71,15 @@ inline Status unimplemented(std::string message) {
 inline Status dataLoss(std::string message) {
   return Status(StatusCode::DataLoss, std::move(message));
 }
+inline Status failedPrecondition(std::string message) {
+  return Status(StatusCode::FailedPrecondition, std::move(message));
+}
+inline Status unavailable(std::string message) {
+  return Status(StatusCode::Unavailable, std::move(message));
+}
+inline Status internalError(std::string message) {
+  return Status(StatusCode::Internal, std::move(message));
+}
 
 /// Either a value or the Status that explains why there is none.
 template <typename T> class [[nodiscard]] StatusOr {

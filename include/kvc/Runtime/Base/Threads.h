@@ -42,8 +42,7 @@ StatusOr<std::thread> startThread(Fn &&fn, Args &&...args) {
   try {
     return std::thread(std::forward<Fn>(fn), std::forward<Args>(args)...);
   } catch (const std::system_error &e) {
-    return Status(StatusCode::Unavailable,
-                  std::string("cannot start a thread: ") + e.what());
+    return unavailable(std::string("cannot start a thread: ") + e.what());
   }
 }
 

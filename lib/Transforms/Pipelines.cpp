@@ -44,6 +44,7 @@ kvc::planning::PlanOptions RestorePipelineOptions::planOptions() const {
   options.chunkTokens = chunkTokens;
   options.stagingMiB = stagingMiB;
   options.layerWise = layerWise;
+  options.candidates = candidates;
   options.codecProfile = codecProfile;
   options.gpuChip = gpuChip;
   return options;
@@ -55,6 +56,7 @@ void RestorePipelineOptions::wrap(const kvc::planning::PlanOptions &options,
   chunkTokens = options.chunkTokens;
   stagingMiB = options.stagingMiB;
   layerWise = options.layerWise;
+  candidates = options.candidates;
   codecProfile = options.codecProfile;
   gpuChip = options.gpuChip;
 }

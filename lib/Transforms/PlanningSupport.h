@@ -39,7 +39,7 @@ struct PlanningContext {
 template <typename PassOptionsT>
 PassOptionsT toPassOptions(const kvc::planning::PlanOptions &options) {
   return {options.codecProfile, options.chunkTokens, options.stagingMiB,
-          options.layerWise};
+          options.layerWise, options.candidates};
 }
 
 /// A pass that plans, on its generated base (whose options include
@@ -59,6 +59,7 @@ struct PlanningPass : public GeneratedBaseT<DerivedT> {
     options.chunkTokens = this->chunkTokens;
     options.stagingMiB = this->stagingMiB;
     options.layerWise = this->layerWise;
+    options.candidates = this->candidates;
     return options;
   }
 };

@@ -179,6 +179,53 @@ TEST_F(CompileRestoreTest, AChosenPlanIsCompiledWithoutSearchingAgain) {
   }
 }
 
+// The planner's candidates (how many of the analytic search's points it
+// simulates) reach the pipeline's search: for each count, the compiled
+// joint plan is the one the planner chooses with it, and the counts here
+// choose different plans (else this would not tell).
+TEST_F(CompileRestoreTest, TheSearchsCandidatesReachThePipeline) {
+  // Llama 3.1 8B's 32 layers over a remote tier: a space where simulating
+  // more of the analytic search's points finds another plan.
+  StatusOr<ModelConfig> model = loadModelConfig(
+      KVC_SOURCE_DIR "/examples/models/llama-3.1-8b/config.json");
+  ASSERT_TRUE(model) << model.status().toString();
+  auto cost = std::make_shared<const planning::CostModel>(
+      *model, target_, planning::CodecProfile::defaults());
+  planning::Request request;
+  request.tokens = 8192;
+  for (Form form : {Form::KV, Form::Hidden}) {
+    planning::Source source;
+    source.tier = "remote";
+    source.form = form;
+    source.box = {0, request.tokens, 0, model->numLayers};
+    source.tokenGroup = 256;
+    request.sources.push_back(source);
+  }
+  CompileRestoreOptions options;
+  options.plan.strategies = {planning::Strategy::Joint};
+  options.plan.chunkTokens = 256;
+  options.plan.gpuChip = "none";
+  std::vector<BundlePlan> plans;
+  for (int candidates : {1, 64}) {
+    SCOPED_TRACE(std::to_string(candidates) + " candidates");
+    options.plan.candidates = candidates;
+    planning::Planner planner(*cost, request, options.plan);
+    std::optional<planning::Evaluation> chosen =
+        planner.plan(planning::Strategy::Joint);
+    ASSERT_TRUE(chosen);
+    StatusOr<PlanBundle> planned =
+        compileChosen(*model, "", cost, request, "joint", *chosen, options);
+    StatusOr<PlanBundle> searched =
+        compileRestore(*model, "", target_, request, options);
+    ASSERT_TRUE(planned) << planned.status().toString();
+    ASSERT_TRUE(searched) << searched.status().toString();
+    EXPECT_TRUE(searched->plans.front().sameSchedule(planned->plans.front()));
+    plans.push_back(searched->plans.front());
+  }
+  EXPECT_FALSE(plans[0].sameSchedule(plans[1]))
+      << "the candidates no longer change this request's plan";
+}
+
 // The bundle an in-process compile hands the runtime is the bundle its
 // JSON (kvc-emit-bundle's) reads back as: written, parsed and written again,
 // the text is the same.

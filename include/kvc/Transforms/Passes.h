@@ -45,6 +45,11 @@ struct RestorePipelineOptions
       llvm::cl::desc("Issue loads layer by layer, as deep as the stored "
                      "objects, so the first layers complete early"),
       llvm::cl::init(false)};
+  PassOptions::Option<int> candidates{
+      *this, "candidates",
+      llvm::cl::desc("Analytic candidates the planner's search times with "
+                     "the simulator"),
+      llvm::cl::init(4)};
   PassOptions::Option<bool> report{
       *this, "report",
       llvm::cl::desc("Print the baselines beside the chosen plan"),

@@ -91,6 +91,9 @@ defvar KVC_CostModelOptions = [
          "complete early; saves and transfers issue their objects layer "
          "group by layer group, as a prefill of the whole request in one "
          "step completes them">,
+  Option<"candidates", "candidates", "int", /*default=*/"4",
+         "Analytic candidates the planner's search times with the "
+         "simulator">,
 ];
 
 /// Options every pass that plans a kvc.restore takes.

@@ -78,7 +78,7 @@ StatusOr<std::shared_ptr<const CompiledPlan>> Connector::State::compilePlan(
   planOptions.forwardTokens = request.forwardTokens;
   std::optional<PricedPlan> given;
   if (chosen)
-    given = PricedPlan{cost, *chosen};
+    given = PricedPlan{cost, strategy, std::move(chosen)};
   KVC_ASSIGN_OR_RETURN(bundle,
                        options.planner(*options.model, target, request,
                                        planOptions, given ? &*given : nullptr));
@@ -440,9 +440,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
         ms(best.priced.seconds) + " against " + recompute;
     if (best.priced.seconds >= decision.recomputeSeconds)
       decision.why += ", loaded all the same (LoadPolicy::Always)";
-    request.plan = std::move(plan);
-    request.stores[s.stores[best.store].tier] =
-        s.layoutOf(best.store, best.layout);
+    s.loadBy(request, std::move(plan), best.store, best.layout);
   }
   request.decision = decision;
   return decision;
@@ -489,7 +487,6 @@ StatusOr<Decision> Connector::decide(const std::string &id,
   auto [request, shape, what] =
       s.candidate(found, *holding, decided.loadTokens, n, tokensOnDevice);
   shape.strategies = {*strategy};
-  shape.decided = true;
   KVC_ASSIGN_OR_RETURN(plan, s.planFor(lock, shape, request, ct, *strategy));
   // The lock was let go: the request may have started loading meanwhile.
   KVC_RETURN_IF_ERROR(s.checkRequest(id, n, tokensOnDevice));
@@ -503,9 +500,7 @@ StatusOr<Decision> Connector::decide(const std::string &id,
                  std::to_string(n) + " tokens by " + decision.strategy + " (" +
                  what + " stored in " + s.stores[decided.store].spec.url + ")";
   Request &entry = s.renew(id, tokens, tokensOnDevice);
-  entry.plan = std::move(plan);
-  entry.stores[s.stores[decided.store].tier] =
-      s.layoutOf(decided.store, decided.layout);
+  s.loadBy(entry, std::move(plan), decided.store, decided.layout);
   entry.decision = decision;
   return decision;
 }

@@ -184,13 +184,11 @@ struct PlanShape {
   std::vector<std::pair<Form, std::string>> sources;
   /// The strategies priced, or the one a caller decided.
   std::vector<planning::Strategy> strategies;
-  bool decided = false; ///< A caller's Decided, not priced.
 
   bool operator<(const PlanShape &o) const {
     auto tie = [](const PlanShape &x) {
       return std::tie(x.tokens, x.forwardTokens, x.server, x.store,
-                      x.chunkTokens, x.layerGroup, x.sources, x.strategies,
-                      x.decided);
+                      x.chunkTokens, x.layerGroup, x.sources, x.strategies);
     };
     return tie(*this) < tie(o);
   }
@@ -392,6 +390,13 @@ struct Connector::State {
           open->layout().layerGroup == layout.layerGroup)
         return open.get();
     return nullptr;
+  }
+
+  /// `request` loads by `plan` from store `store`'s chunks in `layout`.
+  void loadBy(Request &request, std::shared_ptr<const CompiledPlan> plan,
+              int store, const StoreLayout &layout) const {
+    request.plan = std::move(plan);
+    request.stores[stores[store].tier] = layoutOf(store, layout);
   }
 
   /// Forgets request `id`'s decision and load (a save of the same id goes

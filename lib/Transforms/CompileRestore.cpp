@@ -111,8 +111,7 @@ public:
     if (succeeded(pm.run(module)) && succeeded(verify(module)))
       bundle = buildPlanBundle(module);
     if (failed(bundle))
-      return kvc::Status(kvc::StatusCode::FailedPrecondition,
-                         "compiling " + what + ": " + errors_);
+      return kvc::failedPrecondition("compiling " + what + ": " + errors_);
     if (kvc::Status valid = kvc::validatePlanBundle(*bundle); !valid.isOk())
       return valid.withContext("the compiled " + what);
     return std::move(*bundle);

@@ -18,7 +18,7 @@
 namespace kvc::host {
 
 /// Compiles each request with compileRestore, or a plan chosen already with
-/// compileChosen (named after its one strategy); `warn` receives the
+/// compileChosen (named after its strategy); `warn` receives the
 /// compiler's warnings (a fused kernel left to the runtime, and why).
 inline PlanHook
 compilerPlanHook(std::function<void(const std::string &)> warn = {}) {
@@ -30,14 +30,12 @@ compilerPlanHook(std::function<void(const std::string &)> warn = {}) {
     std::vector<std::string> warnings;
     compile.warnings = &warnings;
     StatusOr<PlanBundle> bundle =
-        chosen ? compileChosen(
-                     model.config(), model.fingerprint(), chosen->cost, request,
-                     options.strategies.size() == 1
-                         ? planning::strategyName(options.strategies.front())
-                         : chosen->evaluation.plan.strategy,
-                     chosen->evaluation, compile)
-               : compileRestore(model.config(), model.fingerprint(), target,
-                                request, compile);
+        chosen
+            ? compileChosen(model.config(), model.fingerprint(), chosen->cost,
+                            request, planning::strategyName(chosen->strategy),
+                            *chosen->evaluation, compile)
+            : compileRestore(model.config(), model.fingerprint(), target,
+                             request, compile);
     if (warn)
       for (const std::string &warning : warnings)
         warn(warning);

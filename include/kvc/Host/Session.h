@@ -53,12 +53,14 @@ struct PlanOptions : planning::PlanOptions {
 /// which prices every candidate, hands the one it keeps to the PlanHook.
 struct PricedPlan {
   std::shared_ptr<const planning::CostModel> cost;
-  planning::Evaluation evaluation;
+  /// The strategy whose plan it is (the bundle's plan is named after it).
+  planning::Strategy strategy = planning::Strategy::Joint;
+  std::shared_ptr<const planning::Evaluation> evaluation;
 };
 
 /// Compiles a restore of `request` for `target`: one plan per strategy of
 /// `options` (never empty), chunks of `options.chunkTokens`; given `chosen`
-/// (`options` then names one strategy), that plan as it was chosen, not
+/// (`options` then names its strategy), that plan as it was chosen, not
 /// searched for again (compilerPlanHook), or the one compiled ahead for the
 /// strategy (bundleHook).
 using PlanHook = std::function<StatusOr<PlanBundle>(

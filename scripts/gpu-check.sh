@@ -60,9 +60,10 @@
 #                                     calibrated with it: $OUT/h100-8b.json;
 #                                     kvc-gpu-bench (uploads against pinned
 #                                     copies, prefill's MFU, projection
-#                                     against prefill) and the same prefill
-#                                     in transformers (SDPA) at 2048 and
-#                                     8192 tokens;
+#                                     against prefill) at BENCH_TOKENS
+#                                     (8192), and the server's recompute
+#                                     (transformers' SDPA prefill) at
+#                                     MAIN_TOKENS;
 #   scripts/gpu-check.sh main-plan TARGET [DIR]
 #                                     here or there (the pack's kvc-opt
 #                                     links its compiler statically and
@@ -78,11 +79,15 @@
 #                                     2), a trace of a joint restore.
 #
 #   scripts/gpu-check.sh main-grid [DIR]
-#                                     there: the main job in one process
-#                                     (kvc-run grid: calibrate, save, plan
-#                                     every strategy with the compiler the
-#                                     pack carries, compare each link), then
-#                                     kvc-gpu-bench and PyTorch's prefill;
+#                                     there: transformers' SDPA prefill of
+#                                     each context (the server's
+#                                     recompute), the main job in one
+#                                     process (kvc-run grid: calibrate,
+#                                     save, plan every strategy with the
+#                                     compiler the pack carries, compare
+#                                     each link), every plan beside SDPA
+#                                     ($OUT/main-vs-sdpa.md), then
+#                                     kvc-gpu-bench;
 #   scripts/gpu-check.sh toy [DIR]   here (make check): pack, the pack held
 #                                     to 64 MiB, then all on the CPU backend
 #                                     with a toy model;
@@ -111,10 +116,11 @@
 #                                     as each step ends).
 #                                     MAIN_LAYERS=N keeps N of the model's
 #                                     layers (default 8; MAIN_LAYERS= all),
-#                                     MAIN_REPEAT runs of each plan (1);
-#                                     GRID_S (default 240), PYTHON_S (150),
-#                                     BENCH_S (30), SANITIZER_S (30) and
-#                                     ALL_S (480) bound the grid, the
+#                                     MAIN_REPEAT runs of each plan (3);
+#                                     GRID_S (default 330), SDPA_S (120),
+#                                     PYTHON_S (150), BENCH_S (30),
+#                                     SANITIZER_S (30) and ALL_S (540)
+#                                     bound the grid, SDPA's prefills, the
 #                                     worker harness, each hardware bench,
 #                                     each sanitizer run and the whole
 #                                     (seconds);
@@ -195,23 +201,34 @@ main_model() {
   fi
 }
 
-# There: the backend against the hardware and PyTorch, the main job's model,
-# at 2048 and 8192 tokens; a failure sets $status.
+# There: the backend against the hardware (uploads against pinned copies,
+# prefill's MFU, projection against prefill), the main job's model, at
+# BENCH_TOKENS (default 8192); a failure sets $status.
 hardware_bench() {
   local tokens
   if [ "$backend" = cpu ]; then
     echo "hardware bench: skipped on the CPU backend" | tee "$out/gpu-bench.txt"
     return
   fi
-  for tokens in 2048 8192; do
+  for tokens in ${BENCH_TOKENS:-8192}; do
     timeout "${BENCH_S:-0}" \
       "$dir/kvc-gpu-bench" --model "$model" --tokens $tokens \
       --out "$out/gpu-bench-$tokens.json" 2>&1 |
       tee "$out/gpu-bench-$tokens.txt" || status=$?
-    timeout "${BENCH_S:-0}" \
-      python3 "$dir/prefill-torch.py" --model "$model" --tokens $tokens 2>&1 |
-      tee "$out/prefill-torch-$tokens.txt" || status=$?
   done
+}
+
+# There: the server's recompute of each context of MAIN_TOKENS, timed on
+# the same GPU with the main job's model: transformers' SDPA prefill
+# (bench/prefill-torch.py, SDPA_REPEAT runs a context, default 5, within
+# SDPA_S seconds, default 120), $OUT/sdpa.json; exit 77 (no GPU, no
+# PyTorch) is no failure.
+sdpa_recompute() {
+  local code=0
+  timeout "${SDPA_S:-120}" python3 "$dir/prefill-torch.py" --model "$model" \
+    --tokens "${MAIN_TOKENS// /,}" --repeat "${SDPA_REPEAT:-5}" \
+    --json "$out/sdpa.json" 2>&1 | tee "$out/sdpa.txt" || code=$?
+  [ "$code" = 0 ] || [ "$code" = 77 ] || status=$code
 }
 
 # There: DIR absolute, the outputs' folder, the packed libraries found (and
@@ -362,10 +379,11 @@ EOF
     --kvc-emit-bundle=file="$dir/python-kit/plans.json" -o /dev/null
   tar -C "$dir" -cf - python-kit | xz -9 -T2 >"$dir/python-kit.tar.xz"
   rm -rf "$dir/python-kit"
-  # OpenBLAS and the compiler are most of it: xz brings OpenBLAS from 36 to
-  # 4 MB, and kvc-run and kvc-opt (59 and 49 MB, mostly the same MLIR and
-  # LLVM code) to 18 MB in one stream; prepare unpacks them there.
-  xz -f -T2 "$dir/libopenblas.so.0"
+  # The libraries and the compiler are most of it: xz brings OpenBLAS from
+  # 36 to 4 MB (the libraries from 53 to 8), and kvc-run and kvc-opt (59
+  # and 49 MB, mostly the same MLIR and LLVM code) to 18 MB in one stream;
+  # prepare unpacks them there.
+  find "$dir" -maxdepth 1 -name 'lib*.so*' ! -name '*.xz' -exec xz -f -T2 {} +
   tar -C "$dir" -cf - kvc-run kvc-opt | xz -9e -T1 >"$dir/compiler.tar.xz"
   rm "$dir/kvc-run" "$dir/kvc-opt"
   # The end-to-end restores: a generated model's context saved in every
@@ -464,7 +482,8 @@ EOF
       --target "$root/targets/cpu-2core.json" --store mem:// --steps 60 |
       sed -n 's/^after the restore: //p' >"$dir/stories260K/expected.txt"
   fi
-  cp "$root/scripts/hf-reference.py" "$root/scripts/gen-weights.py" "$dir/"
+  cp "$root/scripts/hf-reference.py" "$root/scripts/gen-weights.py" \
+    "$root/bench/main-vs-sdpa.py" "$dir/"
   # The main job's model (main-plan adds its plans).
   mkdir -p "$dir/main"
   cp "$root/examples/models/llama-3.1-8b/config.json" "$dir/main/"
@@ -544,6 +563,7 @@ main-calibrate | main)
       --base "$dir/e2e/h100-sxm.json" --out "$out/h100-8b.json" \
       --scratch "$work" 2>&1 | tee "$out/main-calibrate.txt" || status=$?
     hardware_bench
+    sdpa_recompute
     exit "$status"
   fi
   for tokens in $MAIN_TOKENS; do
@@ -844,19 +864,26 @@ tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
   exit "$status"
   ;;
 main-grid)
-  # There: the main job in one process (kvc-run grid: the model read once,
-  # the GPU calibrated, each context saved through its prefill, every
-  # strategy planned in-process for each link and compared, every run
-  # verified; $OUT/main.md and .json as each cell ends), then the backend
-  # against the hardware and PyTorch with the same model.
+  # There: the server's recompute of each context (transformers' SDPA
+  # prefill, $OUT/sdpa.json), then the main job in one process (kvc-run
+  # grid: the model read once, the GPU calibrated, each context saved
+  # through its prefill, every strategy planned in-process for each link
+  # and compared MAIN_REPEAT times, every run verified; $OUT/main.md and
+  # .json as each cell ends), every plan beside SDPA
+  # ($OUT/main-vs-sdpa.md, cells not reached listed as not run), then the
+  # backend against the hardware with the same model.
   prepare
   main_model
   status=0
+  sdpa_recompute
   timeout "${GRID_S:-0}" \
     "$dir/kvc-run" grid --backend "$backend" --model "$model" --calibrate \
     --target "$dir/e2e/h100-sxm.json" --tokens "${MAIN_TOKENS// /,}" \
-    --links "${MAIN_LINKS// /,}" --repeat "${MAIN_REPEAT:-2}" \
+    --links "${MAIN_LINKS// /,}" --repeat "${MAIN_REPEAT:-3}" \
     --prefill-tokens 2048 --work "$work" --out "$out/main" || status=$?
+  python3 "$dir/main-vs-sdpa.py" --grid "$out/main.json" \
+    --sdpa "$out/sdpa.json" --tokens "${MAIN_TOKENS// /,}" \
+    --links "${MAIN_LINKS// /,}" --out "$out/main-vs-sdpa.md" || status=$?
   hardware_bench
   exit "$status"
   ;;
@@ -881,12 +908,13 @@ all)
   # sanitizer run, and the whole (ALL_S: a step still running then is
   # stopped, what it wrote kept). The main job's model keeps 8 of its 32
   # layers and each plan runs once unless told otherwise: all of it does
-  # not fit a device call (docs/cuda-backend.md, "The main job").
+  # not fit a device call (docs/cuda-backend.md, "The main job"). Each
+  # plan runs 3 times: a median and a spread.
   [ -n "$main_layers_given" ] || MAIN_LAYERS=8
-  export GRID_S=${GRID_S:-240} BENCH_S=${BENCH_S:-30} \
+  export GRID_S=${GRID_S:-330} BENCH_S=${BENCH_S:-30} \
     SANITIZER_S=${SANITIZER_S:-30} KERNEL_ITERS=${KERNEL_ITERS:-50} \
-    MAIN_LAYERS MAIN_REPEAT=${MAIN_REPEAT:-1}
-  local_limit=${ALL_S:-480}
+    MAIN_LAYERS MAIN_REPEAT=${MAIN_REPEAT:-3}
+  local_limit=${ALL_S:-540}
   status=0
   step() {
     local started=$SECONDS code=0 left=$((local_limit - SECONDS))
@@ -935,26 +963,35 @@ toy)
     tail -n 40 "$root/build/gpu-toy-pack.log"
     exit 1
   }
+  # The device tool carries the pack and the repository's tracked files.
   size=$(du -sb "$dir" | cut -f1)
+  tree=$(cd "$root" && git ls-files -z 2>/dev/null | xargs -0 -r du -cb |
+    tail -n 1 | cut -f1)
   limit=$((64 << 20))
-  echo "toy: the pack is $size bytes of the $limit the device tool carries"
-  [ "$size" -le "$limit" ] || {
-    echo "toy: the pack exceeds what the device tool carries"
+  echo "toy: the pack ($size bytes) and the tracked files (${tree:-0}) of" \
+    "the $limit bytes the device tool carries"
+  [ $((size + ${tree:-0})) -le "$limit" ] || {
+    echo "toy: the pack and the tree exceed what the device tool carries"
     exit 1
   }
   OUT="$dir/results" GPU_CHECK_BACKEND=cpu KVC_PYTHON="$root/.venv/bin/python" \
     MAIN_LAYERS=2 MAIN_TOKENS="256 512" \
-    MAIN_LINKS="7 100" MAIN_REPEAT=1 MAIN_WORK="$dir/work" \
+    MAIN_LINKS="7 100" MAIN_REPEAT=2 MAIN_WORK="$dir/work" \
     bash "$0" all "$dir"
-  python3 - "$dir/results/main.json" <<'PY'
+  python3 - "$dir/results/main.json" "$dir/results/main-vs-sdpa.md" <<'PY'
 import json, sys
 cells = json.load(open(sys.argv[1]))["cells"]
+table = open(sys.argv[2]).read()
 failed = [c for c in cells if c["status"] != "ok"]
 steps = [c["step"] for c in cells]
 assert steps.count("compare") == 4 and "calibrate" in steps, steps
 assert not failed, failed
 assert all(len(c["plans"]) == 6 for c in cells if c["step"] == "compare"), cells
-print(f"toy: the grid ran {len(cells)} steps, all ok")
+# Every plan's two runs reach the table beside SDPA's (not run here: no GPU).
+assert all(len(p["runs_ms"]) == 2 for c in cells if c["step"] == "compare"
+           for p in c["plans"]), cells
+assert table.count("2 runs) | not run |") == 24, table
+print(f"toy: the grid ran {len(cells)} steps, all ok; every plan beside SDPA")
 PY
   ;;
 *)

@@ -12,16 +12,18 @@
 // and HCache's layer split (hidden states projected for three layers, KV for
 // the fourth); the plans' 128-token chunks straddle the store's 256-token
 // objects. Each measure is printed beside the plan's value: FLOPs, and the
-// busy time and bytes kvc-estimate predicted.
+// busy time and bytes kvc-estimate predicted. A plan that recomputes through
+// L layers is held to sqrt(1 + L) bf16 roundings on average (4 layers:
+// 0.00873; a projection: 0.00552), one that loads to one (0.00391).
 // COMPUTE: restored 1024 tokens with plan compute: {{.*}} ms measured, {{.*}} ms predicted, [[GFLOP:[0-9.]+]] GFLOP (plan: [[GFLOP]])
 // COMPUTE: busy compute {{[0-9.]+}} ms (predicted {{[0-9.]+}} ms)
-// COMPUTE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// COMPUTE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00873): ok
 // CAKE: busy io:dram {{[0-9.]+}} ms (predicted {{[0-9.]+}} ms)
 // CAKE: read dram {{[0-9.]+}} MB (predicted {{[0-9.]+}} MB)
 // CAKE: trace: {{.*}}trace.json
-// CAKE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// CAKE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00873): ok
 // HCACHE-NOT: fallback
-// HCACHE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// HCACHE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00552): ok
 
 // Tests --dump-kv: the restored K and V of every layer and the request's
 // tokens, in safetensors, for another implementation to hold its own KV
@@ -52,7 +54,7 @@
 // once the KV objects are deleted, below).
 // RUN: kvc-run cake --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --predicted-merge 384 --verify | FileCheck %s --check-prefix=DYNAMIC
 // DYNAMIC: restored 1024 tokens with dynamic Cake: {{.*}}; merge point at token {{[0-9]+}} (compiler: 384)
-// DYNAMIC-NEXT: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// DYNAMIC-NEXT: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00873): ok
 
 // Tests that a compiled Cake plan runs in the dynamic mode on its own tier
 // and lanes, starting from its merge point (384) as the prediction, and
@@ -70,10 +72,10 @@
 // RUN: rm -r %t/store/*/kv/0-4
 // RUN: kvc-run restore --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=FALLBACK
 // FALLBACK: fallback: kv tokens 384 to 512, layers 0 to 4 recomputed: not_found: {{.*}}/raw (the plan loads it as raw; the store holds no encoding of it)
-// FALLBACK: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// FALLBACK: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00873): ok
 // RUN: kvc-run cake --model %t/model --store file://%t/store --random-tokens 1024 --seed 3 --verify | FileCheck %s --check-prefix=DYNAMIC-GONE
 // DYNAMIC-GONE: restored 1024 tokens with dynamic Cake: {{.*}} loaded 0;
-// DYNAMIC-GONE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// DYNAMIC-GONE: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00873): ok
 
 // Tests that a truncated bundle, a missing plan and a request of another
 // length are refused with clear errors.
@@ -85,7 +87,7 @@
 // RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --verify | FileCheck %s --check-prefix=OTHER-CODEC
 // RUN: kvc-run restore --model %t/model --store file://%t/int2 --random-tokens 1024 --seed 3 --bundle %t/plans.json --plan cake --dynamic --verify | FileCheck %s --check-prefix=OTHER-CODEC
 // OTHER-CODEC: fallback: kv tokens {{.*}} recomputed: not_found: {{.*}}: no object {{[0-9a-f]+}}/kv/{{[0-9]+-[0-9]+}}/raw (the plan loads it as raw; the store holds it as int2/g32)
-// OTHER-CODEC: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00391): ok
+// OTHER-CODEC: verify: against a full prefill, max error {{.*}} (bound 0.00781), relative L2 {{.*}} (bound 0.00873): ok
 
 // Tests that saving the context raw beside its int2 objects keeps both
 // encodings and says so, after which the plan loads raw with no fallback,

@@ -29,6 +29,14 @@ using namespace kvc::host;
 
 namespace {
 
+/// `seconds` in milliseconds.
+std::vector<double> milliseconds(const std::vector<double> &seconds) {
+  std::vector<double> ms;
+  for (double s : seconds)
+    ms.push_back(s * 1e3);
+  return ms;
+}
+
 /// Where compare writes the trace of `plan`'s run `round`.
 std::string runTracePath(const std::string &prefix, const std::string &plan,
                          int64_t round) {
@@ -48,8 +56,7 @@ Status keepFastestTrace(const std::string &prefix, const std::string &plan,
   std::filesystem::rename(runTracePath(prefix, plan, int64_t(fastest)), kept,
                           error);
   if (error)
-    return Status(
-        StatusCode::Internal,
+    return internalError(
         kept + ": cannot keep the fastest run's trace: " + error.message());
   for (std::size_t r = 0; r < runs.size(); ++r)
     if (r != fastest)
@@ -148,10 +155,12 @@ Status compareCommand(Args &args) {
   // beside it (summarize says why).
   std::vector<PlanRun> runs;
   std::vector<double> medians;
+  std::vector<std::vector<double>> runSeconds;
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (sameAs[i] != i) {
       runs.push_back(runs[sameAs[i]]);
       medians.push_back(medians[sameAs[i]]);
+      runSeconds.push_back(runSeconds[sameAs[i]]);
       continue;
     }
     if (!tracePrefix.empty())
@@ -159,6 +168,7 @@ Status compareCommand(Args &args) {
     // The table shows (and verification holds) the worst error of them all.
     PlanSummary summary = summarize(std::move(all[i]));
     medians.push_back(summary.medianSeconds);
+    runSeconds.push_back(std::move(summary.runSeconds));
     runs.push_back(std::move(summary.fastest));
     runs.back().error = summary.worstError;
   }
@@ -193,6 +203,7 @@ Status compareCommand(Args &args) {
     nlohmann::json row = {{"plan", plans[i].name},
                           {"fastest_ms", m.makespanSeconds * 1e3},
                           {"median_ms", medians[i] * 1e3},
+                          {"runs_ms", milliseconds(runSeconds[i])},
                           {"read_mb", double(bytes) * 1e-6},
                           {"host_traffic", hostTrafficJson(m)},
                           {"gflop", m.flops * 1e-9},
@@ -206,8 +217,8 @@ Status compareCommand(Args &args) {
     table.push_back(std::move(row));
     if (worst.isOk())
       worst =
-          checkVerification(*runs[i].error,
-                            verifyBound(planCodecs(plans[i]), setup.maxError))
+          checkVerification(*runs[i].error, planBound(plans[i], runs[i].metrics,
+                                                      setup.maxError))
               .withContext("plan " + plans[i].name);
   }
   for (std::size_t i = 0; i < plans.size(); ++i)

@@ -464,7 +464,7 @@ Status restoreCommand(Args &args) {
       std::printf("  K and V: %s\n", dumpPath.c_str());
     if (run.error)
       return reportVerification(*run.error,
-                                verifyBound(planCodecs(*plan), setup.maxError));
+                                planBound(*plan, metrics, setup.maxError));
     return Status::ok();
   }
   std::printf("restored %zu tokens with plan %s: %.3f ms measured",
@@ -525,7 +525,7 @@ Status restoreCommand(Args &args) {
     std::printf("  K and V: %s\n", dumpPath.c_str());
   if (run.error)
     return reportVerification(*run.error,
-                              verifyBound(planCodecs(*plan), setup.maxError));
+                              planBound(*plan, metrics, setup.maxError));
   return Status::ok();
 }
 
@@ -662,7 +662,9 @@ Status cakeCommand(Args &args) {
     return Status::ok();
   KVC_ASSIGN_OR_RETURN(error, restoreError(*model, tokens, *into->cache,
                                            into->table, backend()));
-  return reportVerification(error, verifyBound({codec}, maxError));
+  // Cake computes from the front through every layer.
+  return reportVerification(
+      error, verifyBound({codec}, maxError, model->config().numLayers));
 }
 
 } // namespace kvc::run

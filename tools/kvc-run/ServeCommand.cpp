@@ -132,7 +132,9 @@ Status serveCommand(Args &args) {
   if (served.decision.loads())
     for (const Lookup::Held &held : served.found.held)
       codecs.push_back(held.match.codec);
-  Status checked = checkVerification(error, verifyBound(codecs, maxError));
+  // The server recomputes the rest of the request through every layer.
+  Status checked = checkVerification(
+      error, verifyBound(codecs, maxError, served.model->config().numLayers));
   std::printf("verify: against a full prefill, max error %.3g, relative L2 "
               "%.3g: %s\n",
               error.max, error.relativeL2,

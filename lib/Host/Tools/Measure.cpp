@@ -93,12 +93,14 @@ PlanSummary summarize(std::vector<PlanRun> runs) {
   std::sort(runs.begin(), runs.end(), [](const PlanRun &a, const PlanRun &b) {
     return a.metrics.makespanSeconds < b.metrics.makespanSeconds;
   });
-  for (const PlanRun &run : runs)
+  for (const PlanRun &run : runs) {
+    summary.runSeconds.push_back(run.metrics.makespanSeconds);
     if (run.error) {
       summary.worstError.max = std::max(summary.worstError.max, run.error->max);
       summary.worstError.relativeL2 =
           std::max(summary.worstError.relativeL2, run.error->relativeL2);
     }
+  }
   summary.medianSeconds = runs[runs.size() / 2].metrics.makespanSeconds;
   summary.fastest = std::move(runs.front());
   return summary;

@@ -6,14 +6,17 @@
 #include "kvc/Runtime/Model/Safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvc::host {
 
 VerifyBound verifyBound(const std::vector<CodecSpec> &codecs,
-                        std::optional<double> maxError) {
+                        std::optional<double> maxError, int64_t depth) {
   const planning::CodecProfile &profile = planning::CodecProfile::defaults();
   VerifyBound bound;
-  bound.relativeL2 = profile.restoreErrorBound(codecs);
+  bound.relativeL2 =
+      profile.restoreErrorBound(codecs) +
+      (std::sqrt(1.0 + double(std::max<int64_t>(depth, 0))) - 1.0) / 256;
   bool lossy =
       std::any_of(codecs.begin(), codecs.end(), [&](const CodecSpec &codec) {
         return profile.quality(codec) > 0;
@@ -35,6 +38,24 @@ std::vector<CodecSpec> planCodecs(const BundlePlan &plan) {
       if (step.kind == StepKind::Fetch)
         codecs.push_back(step.codec);
   return codecs;
+}
+
+int64_t planDepth(const BundlePlan &plan) {
+  int64_t depth = 0;
+  for (const BundleTask &task : plan.tasks)
+    for (const BundleStep &step : task.steps) {
+      if (step.kind == StepKind::ChunkCompute)
+        depth = std::max(depth, step.layers.end);
+      else if (step.kind == StepKind::Project)
+        depth = std::max<int64_t>(depth, 1);
+    }
+  return depth;
+}
+
+VerifyBound planBound(const BundlePlan &plan, const RestoreMetrics &run,
+                      std::optional<double> maxError) {
+  return verifyBound(planCodecs(plan), maxError,
+                     run.fallbacks.empty() ? planDepth(plan) : plan.layers.end);
 }
 
 Status checkVerification(const RestoreError &error, const VerifyBound &bound) {

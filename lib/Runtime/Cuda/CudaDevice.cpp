@@ -10,29 +10,92 @@
 namespace kvc {
 namespace cuda {
 
-StatusOr<std::shared_ptr<StreamSignal>>
-WaitWords::wait(const CudaDriver &driver, CUstream stream) {
+Status WaitWords::start(const CudaDriver &driver) {
   if (!driver.cuStreamWaitValue32)
     return unimplemented("the CUDA driver has no cuStreamWaitValue32");
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!host_) {
-    void *host = nullptr;
-    KVC_CUDA_RETURN_IF_ERROR(
-        cudaHostAlloc(&host, kWords * sizeof(uint32_t),
-                      cudaHostAllocMapped | cudaHostAllocPortable),
-        "allocating stream wait words");
-    void *device = nullptr;
-    if (cudaError_t error = cudaHostGetDevicePointer(&device, host, 0);
-        error != cudaSuccess) {
-      cudaFreeHost(host);
-      return cudaStatus(error, "mapping stream wait words");
-    }
-    host_ = static_cast<volatile uint32_t *>(host);
-    device_ = reinterpret_cast<CUdeviceptr>(device);
-    passed_.assign(kWords, nullptr);
-    held_.assign(kWords, false);
-    waited_.assign(kWords, false);
+  void *host = nullptr;
+  KVC_CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(&host, kWords * sizeof(uint32_t),
+                    cudaHostAllocMapped | cudaHostAllocPortable),
+      "allocating stream wait words");
+  void *device = nullptr;
+  if (cudaError_t error = cudaHostGetDevicePointer(&device, host, 0);
+      error != cudaSuccess) {
+    cudaFreeHost(host);
+    return cudaStatus(error, "mapping stream wait words");
   }
+  host_ = static_cast<volatile uint32_t *>(host);
+  device_ = reinterpret_cast<CUdeviceptr>(device);
+  passed_.assign(kWords, nullptr);
+  held_.assign(kWords, false);
+  waited_.assign(kWords, false);
+  return probe(driver);
+}
+
+Status WaitWords::probe(const CudaDriver &driver) {
+  cudaStream_t stream = nullptr;
+  KVC_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+      "creating the stream wait probe's stream");
+  cudaEvent_t passed = nullptr;
+  if (cudaError_t error =
+          cudaEventCreateWithFlags(&passed, cudaEventDisableTiming);
+      error != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return cudaStatus(error, "creating the stream wait probe's event");
+  }
+  auto release = [&] {
+    cudaEventDestroy(passed);
+    cudaStreamDestroy(stream);
+  };
+  __atomic_store_n(host_, 0u, __ATOMIC_RELEASE);
+  CUresult waited = driver.cuStreamWaitValue32(
+      reinterpret_cast<CUstream>(stream), device_, 1, CU_STREAM_WAIT_VALUE_GEQ);
+  if (waited != CUDA_SUCCESS) {
+    release();
+    if (waited == CUDA_ERROR_NOT_SUPPORTED)
+      return unimplemented("this GPU's streams cannot wait on memory");
+    return driver.check(waited, "cuStreamWaitValue32");
+  }
+  if (cudaError_t error = cudaEventRecord(passed, stream);
+      error != cudaSuccess) {
+    __atomic_store_n(host_, 1u, __ATOMIC_RELEASE);
+    release();
+    return cudaStatus(error, "recording the stream wait probe's event");
+  }
+  using namespace std::chrono_literals;
+  auto passedWithin = [&](std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    do {
+      if (finished(cudaEventQuery(passed)))
+        return true;
+      std::this_thread::sleep_for(100us);
+    } while (std::chrono::steady_clock::now() < until);
+    return false;
+  };
+  if (passedWithin(20ms)) {
+    release();
+    return unimplemented("this GPU's stream waits on memory pass before the "
+                         "host raises their word: the host waits instead");
+  }
+  __atomic_store_n(host_, 1u, __ATOMIC_RELEASE);
+  if (!passedWithin(1000ms)) {
+    // The probe's stream may never pass: it is left as it is (destroying
+    // it would free its event under the wait), and nothing else uses it.
+    return unimplemented("this GPU's streams do not see the host raise a "
+                         "stream wait's word (a probe's stream waited 1 s "
+                         "after it was raised): the host waits instead");
+  }
+  release();
+  return Status::ok();
+}
+
+StatusOr<std::shared_ptr<StreamSignal>>
+WaitWords::wait(const CudaDriver &driver, CUstream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!started_)
+    started_ = start(driver);
+  KVC_RETURN_IF_ERROR(*started_);
   int index = -1;
   for (int i = 0; i < kWords && index < 0; ++i)
     if (!held_[i] && (!waited_[i] || finished(cudaEventQuery(passed_[i]))))

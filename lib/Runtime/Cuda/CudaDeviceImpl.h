@@ -59,10 +59,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -205,6 +207,11 @@ inline Status needDevice(const PagedKVCache &cache) {
 /// Words of mapped pinned memory that callers' streams wait on
 /// (cuStreamWaitValue32 until a word is 1), each reused once its signal is
 /// gone and its stream has passed the wait (an event recorded after it).
+/// Before the first wait a probe checks on a stream of its own that a wait
+/// holds until the host writes its word and then passes: where the GPU
+/// does not see the host's writes (an H200 machine's streams never passed,
+/// 2026-11-29), every wait is Unimplemented and the caller waits on the
+/// host instead of a server's stream hanging.
 class WaitWords {
 public:
   static constexpr int kWords = 1024;
@@ -223,7 +230,14 @@ public:
 private:
   class Signal;
 
+  /// The words mapped and probed, once; the probe's verdict after.
+  Status start(const CudaDriver &driver);
+  /// Whether a stream's wait on word 0 holds until the host raises it and
+  /// then passes (within a second).
+  Status probe(const CudaDriver &driver);
+
   std::mutex mutex_;
+  std::optional<Status> started_;
   volatile uint32_t *host_ = nullptr;
   CUdeviceptr device_ = 0;
   std::vector<cudaEvent_t> passed_;

@@ -75,11 +75,12 @@ std::vector<std::size_t> sameSchedules(const std::vector<BundlePlan> &plans);
 /// prediction, as calibration takes the fastest of its rounds: a
 /// co-tenant's load slows runs for seconds at a time, and the fastest is
 /// the one it did not slow), the median beside it, and the worst error of
-/// them all.
+/// them all, and every run's time (fastest first: the spread).
 struct PlanSummary {
   PlanRun fastest;
   double medianSeconds = 0;
   RestoreError worstError;
+  std::vector<double> runSeconds;
 };
 PlanSummary summarize(std::vector<PlanRun> runs);
 

@@ -20,22 +20,39 @@
 namespace kvc::host {
 
 /// The relative L2 error of each layer's K and V that the loaded codecs
-/// allow (their stated quality plus bf16 rounding), and the largest error:
-/// the caller's bound when given, else twice bf16 rounding for a plan that
-/// loads nothing lossy, where one wrong value must not hide in an average.
+/// allow (their stated quality plus bf16 rounding, and the rounding a bf16
+/// recompute accumulates), and the largest error: the caller's bound when
+/// given, else twice bf16 rounding for a plan that loads nothing lossy,
+/// where one wrong value must not hide in an average.
 struct VerifyBound {
   double relativeL2 = 0;
   std::optional<double> max;
   const char *maxFrom = ""; ///< What set `max`, for messages.
 };
 
-/// The bound for a restore loading `codecs`; `maxError` (relative to the
-/// largest |K| or |V| of the prefill) when the caller sets one.
+/// The bound for a restore loading `codecs` that recomputes K and V through
+/// at most `depth` layers (0: it computes none; a projection of stored
+/// hidden states: 1; a chunk computed through layers 0..L: L); `maxError`
+/// (relative to the largest |K| or |V| of the prefill) when the caller sets
+/// one. A recompute rounds as the full prefill does but over other GEMM
+/// shapes (chunks), so their bf16 roundings differ at each layer and the
+/// differences add up through the residual stream: sqrt(1 + depth) times
+/// bf16's 2^-8 (on an H200, a projection came within 0.0036 and 8 layers
+/// of 256-token chunks within 0.0066 of the full prefill).
 VerifyBound verifyBound(const std::vector<CodecSpec> &codecs,
-                        std::optional<double> maxError = std::nullopt);
+                        std::optional<double> maxError = std::nullopt,
+                        int64_t depth = 0);
 
 /// The codecs of the chunks `plan` loads.
 std::vector<CodecSpec> planCodecs(const BundlePlan &plan);
+
+/// How many layers deep `plan` recomputes K and V (see verifyBound).
+int64_t planDepth(const BundlePlan &plan);
+
+/// verifyBound for `plan`'s codecs and depth, the plan's every layer deep
+/// where `run` recomputed chunks it was to load (its fallbacks).
+VerifyBound planBound(const BundlePlan &plan, const RestoreMetrics &run,
+                      std::optional<double> maxError = std::nullopt);
 
 /// DataLoss when `error` exceeds `bound`.
 Status checkVerification(const RestoreError &error, const VerifyBound &bound);

@@ -69,7 +69,7 @@ void hcacheTable() {
   std::printf("### HCache Table 3: layer schedules\n\n");
   std::printf("4096-token context, hidden states and KV both stored raw on "
               "the SSDs.\n\n");
-  std::printf("| model | machine | HCache (paper) | kvc-partition-layers | "
+  std::printf("| model | machine | HCache (paper) | kvc-plan{strategy=hcache} | "
               "predicted | hidden-only | KV-only | kvc-plan (joint) |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   struct Row {
@@ -122,7 +122,7 @@ void cakeTable() {
   std::printf("### Cake Table 3: speedup over IO-only \\ compute-only\n\n");
   std::printf("LongAlpaca-13B (Llama-2-13B shape), 16K tokens, 512-token "
               "chunks, raw fp16 KV behind a link of the given bandwidth. "
-              "Each cell: paper, then kvc-choose-merge-point's prediction "
+              "Each cell: paper, then kvc-plan{strategy=cake}'s prediction "
               "(and the merge point, in tokens computed).\n\n");
   const double gbps[] = {7, 25, 32, 56, 100};
   const double utils[] = {0.125, 0.5, 0.875, 1.0};

@@ -1,9 +1,8 @@
 //===- PlanRestore.h - What the restore planners share ----------*- C++ -*-===//
 //
-// kvc-choose-merge-point, kvc-partition-layers and kvc-plan (one file each)
-// share everything but the strategy: each turns every kvc.restore of the
-// module into a kvc.plan of the same name, chosen by the planning library
-// for the module's model and target.
+// kvc-plan's body: it turns every kvc.restore of the module into a kvc.plan
+// of the same name, chosen by the planning library for the module's model
+// and target (the joint plan, or the baseline its strategy names).
 //
 //===----------------------------------------------------------------------===//
 
@@ -35,7 +34,7 @@ std::string formatReport(const kvc::planning::Planner &planner,
                          const kvc::planning::Request &request,
                          const std::vector<kvc::planning::Evaluation> &rows);
 
-/// Shared body: plan every kvc.restore with `DerivedT::choose`.
+/// The body: plan every kvc.restore with `DerivedT::choose`.
 template <typename DerivedT, template <typename> class GeneratedBaseT>
 struct PlanRestorePass : public PlanningPass<DerivedT, GeneratedBaseT> {
   using PlanningPass<DerivedT, GeneratedBaseT>::PlanningPass;

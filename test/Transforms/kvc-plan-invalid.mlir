@@ -2,6 +2,7 @@
 // RUN: not kvc-opt %s --split-input-file --kvc-plan 2>&1 | FileCheck %s --check-prefix=NOMODEL
 // RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-plan 2>&1 | FileCheck %s --check-prefix=NOTARGET
 // RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=hcache 2>&1 | FileCheck %s --check-prefix=STRATEGY
+// RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=cake 2>&1 | FileCheck %s --check-prefix=CAKE
 // RUN: not kvc-opt %s --split-input-file --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=magic 2>&1 | FileCheck %s --check-prefix=UNKNOWN
 
 // NOMODEL: error: kvc-plan needs the model: attach one with --kvc-import-model=PATH/config.json
@@ -32,7 +33,9 @@ kvc.restore @kv_only tokens 0 to 4096 from [
 
 // -----
 
-// Tests that a request no plan serves within its SLO is an error.
+// Tests that a request no plan serves within its SLO is an error, and that
+// Cake's split needs stored KV.
+// CAKE: error: 'kvc.restore' op has no usable KV source for strategy "cake"
 // expected-error @+2 {{'kvc.restore' op the best joint plan takes}}
 // expected-note @+1 {{allow-slo-miss keeps it with a warning}}
 kvc.restore @hurry tokens 0 to 4096 from [] {slo_ms = 1.0}

@@ -135,72 +135,6 @@ def KVCSelectCodecPass : Pass<"kvc-select-codec", "::mlir::ModuleOp"> {
   let options = KVC_CostModelOptions;
 }
 
-def KVCChooseMergePointPass : Pass<"kvc-choose-merge-point", "::mlir::ModuleOp"> {
-  let summary = "Plans restores the Cake way: compute the front, load KV for the back";
-  let description = [{
-    Cake's split of tokens: recompute tokens `[0, m)` from the front while
-    KV for `[m, T)` loads from the back, with `m` on the chunk grid where
-    both finish together by the simulator. Later tokens cost more to compute
-    (attention grows with position), so the meeting point is chosen over the
-    whole grid rather than by a closed form. Unlike Cake, it falls back to a
-    single resource when mixing would be slower (m = T when loading is
-    hopeless, m = 0 when it is fast). Each `kvc.restore` becomes a
-    `kvc.plan` of the same name; without a usable KV source every token is
-    computed and a remark says so.
-
-    Before (Llama-2-7B on a machine whose link loads all KV in about the time
-    recomputing it takes):
-    ```mlir
-    kvc.restore @chat tokens 0 to 4096 from [
-        #kvc.source<tier = "net", form = kv, tokens = 0 to 4096, layers = 0 to 32>]
-    ```
-    After:
-    ```mlir
-    kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "cake" predicted 159916 us {
-      kvc.segment compute tokens 0 to 2048 layers 0 to 32
-      kvc.segment load_kv tokens 2048 to 4096 layers 0 to 32
-          from #kvc.source<tier = "net", form = kv, tokens = 0 to 4096, layers = 0 to 32>
-    }
-    ```
-  }];
-  let dependentDialects = ["::kvc::compiler::KVCDialect"];
-  let options = KVC_RestorePlanningOptions;
-}
-
-def KVCPartitionLayersPass : Pass<"kvc-partition-layers", "::mlir::ModuleOp"> {
-  let summary = "Plans restores the HCache way: hidden states for most layers, a complement for the rest";
-  let description = [{
-    HCache's split of layers: hidden states for layers `[k, L)`, projected to
-    K and V on the device, and a complement for `[0, k)`: KV loads when
-    projection (compute) is the bottleneck, recomputing the first layers from
-    tokens when IO is. HCache solves for k in closed form (§4.1.2) from
-    per-layer times; this pass chooses the complement and k with the
-    simulator, which also sees pipeline fill, lanes and staging limits.
-    Loads begin and end where the sources' stored objects do (`layer_group`
-    of `#kvc.source`), as a load reads whole objects; every planning pass
-    keeps to that. Without a usable hidden-state source it uses the best
-    plan without one and says so in a remark.
-
-    Before (Llama-2-7B on HCache's A100-40GB with four SSDs):
-    ```mlir
-    kvc.restore @chat tokens 0 to 4096 from [
-        #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
-        #kvc.source<tier = "ssd", form = kv, tokens = 0 to 4096, layers = 0 to 32>]
-    ```
-    After:
-    ```mlir
-    kvc.plan @chat tokens 0 to 4096 layers 0 to 32 strategy "hcache" predicted 47448 us {
-      kvc.segment load_kv tokens 0 to 4096 layers 0 to 3
-          from #kvc.source<tier = "ssd", form = kv, tokens = 0 to 4096, layers = 0 to 32>
-      kvc.segment load_hidden tokens 0 to 4096 layers 3 to 32
-          from #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>
-    }
-    ```
-  }];
-  let dependentDialects = ["::kvc::compiler::KVCDialect"];
-  let options = KVC_RestorePlanningOptions;
-}
-
 def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
   let summary = "Plans restores jointly over tokens, layers and codecs";
   let description = [{
@@ -220,6 +154,21 @@ def KVCPlanPass : Pass<"kvc-plan", "::mlir::ModuleOp"> {
     (every restore-planning pass takes this option).
     `strategy` plans one baseline instead (`kvc-run compare` runs them all);
     a request that stores nothing the baseline loads is an error.
+
+    `strategy=cake` is Cake's split of tokens: recompute `[0, m)` from the
+    front while KV for `[m, T)` loads from the back, with `m` on the chunk
+    grid where both finish together by the simulator (later tokens cost
+    more to compute, so the whole grid is searched rather than a closed
+    form); unlike Cake it falls back to one resource when mixing would be
+    slower (m = T when loading is hopeless, m = 0 when it is fast).
+    `strategy=hcache` is HCache's split of layers: hidden states for layers
+    `[k, L)`, projected to K and V on the device, and a complement for
+    `[0, k)`, KV loads when projection is the bottleneck and recomputing the
+    first layers from tokens when IO is; k is chosen with the simulator
+    (HCache solves for it in closed form, section 4.1.2), which also sees
+    pipeline fill, lanes and staging limits. Loads begin and end where the
+    sources' stored objects do (`layer_group` of `#kvc.source`): a load
+    reads whole objects.
 
     Before (Llama-2-7B on an A100-40GB, hidden states on the SSDs and int8
     KV in host DRAM):

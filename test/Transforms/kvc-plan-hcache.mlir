@@ -1,8 +1,7 @@
-// RUN: kvc-opt %s --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-partition-layers | FileCheck %s --check-prefix=A100
-// RUN: sed s/ssd/net/g %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers | FileCheck %s --check-prefix=IOBOUND
-// RUN: sed 's/layers = 0 to 32>/layers = 0 to 32, layer_group = 4>/' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-partition-layers | FileCheck %s --check-prefix=GROUPED
-// RUN: sed -e s/ssd/net/g -e 's/layers = 0 to 32>/layers = 0 to 32, layer_group = 4>/' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers | FileCheck %s --check-prefix=GROUPED-IOBOUND
-// RUN: sed -e s/ssd/net/g -e '/form = hidden/d' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-partition-layers 2>&1 | FileCheck %s --check-prefix=NOHIDDEN
+// RUN: kvc-opt %s --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=hcache | FileCheck %s --check-prefix=A100
+// RUN: sed s/ssd/net/g %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-plan=strategy=hcache | FileCheck %s --check-prefix=IOBOUND
+// RUN: sed 's/layers = 0 to 32>/layers = 0 to 32, layer_group = 4>/' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%kvc_src/targets/a100-40gb.json --kvc-plan=strategy=hcache | FileCheck %s --check-prefix=GROUPED
+// RUN: sed -e s/ssd/net/g -e 's/layers = 0 to 32>/layers = 0 to 32, layer_group = 4>/' %s | kvc-opt --kvc-import-model=%kvc_src/examples/models/llama-2-7b/config.json --kvc-attach-target=%inputs/balanced.json --kvc-plan=strategy=hcache | FileCheck %s --check-prefix=GROUPED-IOBOUND
 
 // Tests that on HCache's testbed (Llama-2-7B on an A100-40GB with four SSDs),
 // where projecting hidden states is the bottleneck, a few layers load KV to
@@ -27,11 +26,6 @@
 // GROUPED-IOBOUND-NEXT:    kvc.segment compute tokens 0 to 4096 layers 0 to 8
 // GROUPED-IOBOUND-NEXT:    kvc.segment load_hidden tokens 0 to 4096 layers 8 to 32 from
 
-// Tests that without hidden states the pass says so and uses the best plan
-// it has.
-// NOHIDDEN: remark: no usable hidden-state source: using the best plan without one
-// NOHIDDEN-LABEL: kvc.plan @chat
-// NOHIDDEN-SAME:    strategy "compute"
 kvc.restore @chat tokens 0 to 4096 from [
     #kvc.source<tier = "ssd", form = hidden, tokens = 0 to 4096, layers = 0 to 32>,
     #kvc.source<tier = "ssd", form = kv, tokens = 0 to 4096, layers = 0 to 32>]

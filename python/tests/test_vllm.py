@@ -188,7 +188,7 @@ class Engine:
         off the forward pass. ``seconds`` guards against a hang only: a
         loaded CI machine may take tens of seconds."""
         deadline = time.monotonic() + seconds
-        while self.scheduler.requests or self.worker._saves_started:
+        while self.scheduler.requests or self.worker.connector_worker._saves_started:
             if time.monotonic() > deadline:
                 raise AssertionError(f"requests left after {seconds} s: "
                                      f"{list(self.scheduler.requests)}")
@@ -219,15 +219,16 @@ class Engine:
         assert len(scheduler.waiting) == 0
         pool = scheduler.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == self.blocks - 1  # all but the null one
-        connector = scheduler.connector
-        assert isinstance(connector, KvcConnector)
+        assert isinstance(scheduler.connector, KvcConnector)
+        connector = scheduler.connector.connector_scheduler
+        assert connector is not None
         assert not connector._saving and not connector._prefills
         assert not connector._holding
         assert not connector._pending_loads and not connector._on_device
         assert not connector._waiting and not connector._stored
         assert not connector._partial
-        assert not self.worker._saves_started and not self.worker._loading
-        assert not self.worker._receiving
+        assert not self.worker.connector_worker._saves_started and not self.worker.connector_worker._loading
+        assert not self.worker.connector_worker._receiving
 
 
 def prompt_of(seed: int, n: int) -> list[int]:
@@ -289,7 +290,7 @@ def test_an_abort_during_an_asynchronous_load(model_dir: str,
     engine.run()  # and written behind the slow link
     engine.add("b", prompt)
     engine.step()
-    assert "b" in engine.worker._receiving
+    assert "b" in engine.worker.connector_worker._receiving
     engine.scheduler.finish_requests("b", RequestStatus.FINISHED_ABORTED)
     engine.run()
     assert "b" not in engine.loaded
@@ -328,8 +329,9 @@ def test_a_load_that_holds_up_the_queue_is_left_to_vllm(
     prompt = prompt_of(1, 200)
     engine.add("a", prompt)
     engine.run()
-    scheduler = engine.scheduler.connector
-    assert isinstance(scheduler, KvcConnector)
+    assert isinstance(engine.scheduler.connector, KvcConnector)
+    scheduler = engine.scheduler.connector.connector_scheduler
+    assert scheduler is not None
     # vLLM's prefill as if measured at 2 ms + 0.1 ms a token (and not
     # re-measured from this harness's steps).
     scheduler._clock = PrefillClock()
@@ -381,7 +383,7 @@ def test_the_worker_runs_the_schedulers_decision(model_dir: str,
     def no_second_decision(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the worker decided again")
 
-    for tenant_kvc in engine.worker._kvcs.values():
+    for tenant_kvc in engine.worker.connector_worker._kvcs.values():
         tenant_kvc.decide = no_second_decision  # type: ignore[method-assign]
     engine.worker.bind_connector_metadata(out.kv_connector_metadata)
     with caplog.at_level(logging.DEBUG, logger="kvc.vllm"):
@@ -469,7 +471,7 @@ def test_an_abort_during_a_save_leaves_nothing_behind(model_dir: str,
     engine.add("aborted", prompt_of(1, 200), max_tokens=50)
     engine.step()
     engine.step()
-    assert engine.worker._saves_started == {"aborted"}
+    assert engine.worker.connector_worker._saves_started == {"aborted"}
     engine.scheduler.finish_requests("aborted", RequestStatus.FINISHED_ABORTED)
     assert engine.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() \
         < engine.blocks - 1
@@ -488,13 +490,13 @@ def test_a_preemption_during_a_save_leaves_nothing_behind(
     engine.add("p", prompt_of(1, 200), max_tokens=40)
     preempted = False
     deadline = time.monotonic() + 60
-    while engine.scheduler.requests or engine.worker._saves_started:
+    while engine.scheduler.requests or engine.worker.connector_worker._saves_started:
         assert time.monotonic() < deadline
-        saving = "p" in engine.worker._saves_started
+        saving = "p" in engine.worker.connector_worker._saves_started
         out = engine.step()
         if "p" in (out.preempted_req_ids or ()):
             # Preempted while its save was running: stopped and forgotten.
-            assert saving and "p" not in engine.worker._saves_started
+            assert saving and "p" not in engine.worker.connector_worker._saves_started
             preempted = True
     assert preempted
     engine.assert_empty()
@@ -675,7 +677,7 @@ def test_tenants_key_salts_adapters_and_dtype(model_dir: str,
     def tenant(**fields: Any) -> str | None:
         request = SimpleNamespace(**{"mm_features": None, "cache_salt": None,
                                      "lora_request": None, **fields})
-        return connector._tenant_of(request)
+        return connector.connector_scheduler._tenant_of(request)
 
     plain = tenant()
     assert plain == "acme|dtype=float32"

@@ -1,0 +1,490 @@
+"""The worker side of kvc's vLLM connector (:mod:`kvc.vllm`): loads the
+scheduler's decisions into vLLM's paged KV memory layer by layer while the
+forward pass runs, saves prompts' whole chunks after it (copies and writes
+in the background), and reports the blocks a load could not fill.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+
+from ._errors import Error
+from ._vllm_common import (
+    SAVE_SUFFIX,
+    ConnectorSide,
+    KvcConnectorMetadata,
+    KvcWorkerMetadata,
+    LoadSpec,
+    SaveSpec,
+    cancel,
+    layer_index,
+    save_id,
+)
+from ._vllm_cpu import PackedCpuCache
+from .connector import Connector
+
+if TYPE_CHECKING:
+    from vllm.config import KVTransferConfig, VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+# Under the connector's name, as vLLM's users configure it.
+logger = init_logger("kvc.vllm")
+
+_SAVE_DRAIN_SECONDS = 30.0
+
+
+class WorkerSide(ConnectorSide):
+    """The connector's worker side (:class:`kvc.vllm.KvcConnector`
+    delegates to it); ``metadata`` gives the step's
+    :class:`KvcConnectorMetadata` as vLLM bound it."""
+
+    def __init__(self, vllm_config: "VllmConfig",
+                 transfer: "KVTransferConfig",
+                 kv_cache_config: "KVCacheConfig | None",
+                 metadata: Callable[[], KVConnectorMetadata]) -> None:
+        super().__init__(vllm_config, KVConnectorRole.WORKER, transfer,
+                         kv_cache_config)
+        self._get_connector_metadata = metadata
+        self._packed: PackedCpuCache | None = None
+        # Requests' staging blocks (a packed CPU cache): per load, its
+        # staging table and the layers not yet packed into vLLM's blocks;
+        # per save, its staging table.
+        self._load_staging: dict[str, tuple[list[int], set[int]]] = {}
+        self._save_staging: dict[str, list[int]] = {}
+        # Requests whose save kvc runs (as its request save_id(id)), until
+        # it is waited for or stopped.
+        self._save_ids: set[str] = set()
+        self._save_waiter = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="kvc-save-wait")
+        self._kvc_of: dict[str, Connector] = {}
+        self._loading: list[LoadSpec] = []
+        self._receiving: dict[str, LoadSpec] = {}
+        self._loads_ended: set[str] = set()
+        self._registered = False
+        self._load_errors: set[int] = set()
+        self._saves_started: set[str] = set()
+        self._saves_copied: set[str] = set()
+        # Saves whose writes ended (the save waiter's thread adds), and the
+        # ranges this step's loads could not read: for the scheduler.
+        self._saves_ended: dict[str, bool] = {}
+        self._lost: dict[str, list[tuple[int, int]]] = {}
+        self._finished_requests: set[str] = set()
+        self._on_cuda = False
+        # The step's time in wait_for_save's saves, and whether earlier
+        # saves ran beside its forward pass (build_connector_worker_meta).
+        self._save_seconds = 0.0
+        self._saving_beside = False
+        # Saves' writes being waited for off the forward pass.
+        self._writes: set[Future[None]] = set()
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        by_layer = sorted(kv_caches.items(), key=lambda kv: layer_index(kv[0]))
+        tensors = [t for _, t in by_layer]
+        if len(tensors) != self._layers:
+            raise Error(f"vLLM registered {len(tensors)} KV caches for a model "
+                        f"of {self._layers} layers", "failed_precondition")
+        first = tensors[0]
+        if first.dim() == 5 and first.shape[0] == 2:
+            self._layout = "keys_first"
+        elif first.dim() == 5 and first.shape[1] == 2:
+            self._layout = "blocks_first"
+        elif first.dim() == 4 and first.device.type == "cpu" and \
+                tuple(first.shape[1:]) == (self._model.kv_heads,
+                                           self._block_size,
+                                           2 * self._model.head_dim):
+            # vLLM's CPU build: [blocks, heads, block_size, 2 * head_dim],
+            # packed per instruction set; kvc works on staging blocks.
+            self._packed = PackedCpuCache(
+                tensors, _cpu_attention_isa(self._vllm_config, by_layer[0][0],
+                                            first),
+                self._staging_blocks)
+            if self._packed.lossy:
+                logger.warning("kvc: vLLM's KV cache is %s; kvc stores it as "
+                               "%s (rounded)", first.dtype,
+                               self._packed.staging_dtype)
+            self._layout = "blocks_first"
+            tensors = self._packed.staging
+        else:
+            raise Error(f"a KV cache of shape {tuple(first.shape)}: kvc reads "
+                        "[2, blocks, block_size, heads, head_dim], "
+                        "[blocks, 2, block_size, heads, head_dim] and vLLM's "
+                        "CPU [blocks, heads, block_size, 2 * head_dim], of "
+                        f"the model's {self._model.kv_heads} KV heads of "
+                        f"{self._model.head_dim} and vLLM's block size "
+                        f"{self._block_size}", "unimplemented")
+        self._on_cuda = first.is_cuda
+        self._caches = tensors
+        for kvc in self._kvcs.values():
+            kvc.register_caches(tensors, layout=self._layout)
+        self._registered = True
+
+    def start_load_kv(self, forward_context: "ForwardContext",
+                      **kwargs: Any) -> None:
+        meta = self._metadata()
+        for load in meta.loads:
+            kvc = self._kvc_for(load.tenant)
+            self._kvc_of[load.request_id] = kvc
+            try:
+                # As the scheduler decided: nothing is priced again.
+                kvc.decide_as(load.request_id, load.tokens,
+                              load.tokens_on_device, load.decision)
+                kvc.start_load(load.request_id, self._load_table(load))
+                if load.asynchronous:
+                    self._receiving[load.request_id] = load
+                else:
+                    self._loading.append(load)
+            except Error as error:
+                logger.warning("kvc: request %s: load not started: %s",
+                               load.request_id, error)
+                self._fail(load)
+                self._forget_load(load.request_id)
+                if load.asynchronous:
+                    self._loads_ended.add(load.request_id)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        layer = layer_index(layer_name)
+        # With stream_waits on a GPU, vLLM's stream waits for the layer (a
+        # wait on device memory the load raises), not the host: the forward
+        # pass queues on. Else the host waits.
+        stream = torch.cuda.current_stream().cuda_stream \
+            if self._on_cuda and self._stream_waits else None
+        for load in self._loading:
+            kvc = self._kvc_of[load.request_id]
+            try:
+                if stream is None:
+                    kvc.wait_layer(load.request_id, layer)
+                else:
+                    kvc.wait_layer_on(load.request_id, layer, stream)
+            except Error:
+                pass  # The load's failed blocks are collected after it.
+            self._pack(load, [layer])
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor,
+                      attn_metadata: Any, **kwargs: Any) -> None:
+        # Saved in wait_for_save, after the forward pass: kvc's copies and
+        # writes never run beside it (on a CPU they slow it down, and
+        # vLLM's prefill would be priced at that slower speed). The blocks
+        # stay as written: the scheduler holds them until the save ends.
+        return
+
+    def bind_connector_metadata(self) -> None:
+        """vLLM bound the step's metadata: whether saves were running as
+        the step began."""
+        self._saving_beside = self._saves_running()
+
+    def wait_for_save(self) -> None:
+        # The step's saves copy out and write in the background; the
+        # scheduler holds their blocks until get_finished reports them.
+        meta = self._metadata()
+        self._saving_beside |= self._saves_running()
+        if meta.saves:
+            began = time.perf_counter()
+            try:
+                if self._on_cuda:
+                    # kvc reads the blocks on its own stream: the forward
+                    # pass's writes on vLLM's stream must have landed.
+                    torch.cuda.current_stream().synchronize()
+                for layer in range(self._layers):
+                    self._save_layer(meta, layer)
+            finally:
+                self._save_seconds += time.perf_counter() - began
+        self._end_loads()
+
+    def _save_layer(self, meta: KvcConnectorMetadata, layer: int) -> None:
+        for save in meta.saves:
+            kvc = self._kvc_for(save.tenant)
+            self._kvc_of[save.request_id] = kvc
+            if save.request_id in self._saves_copied:
+                continue  # Refused at an earlier layer.
+            try:
+                blocks = self._save_table(save, layer)
+                kvc.save_layer(save_id(save.request_id), save.tokens, layer,
+                               blocks)
+                self._save_ids.add(save.request_id)
+                self._saves_started.add(save.request_id)
+            except Error as error:
+                logger.warning("kvc: request %s: layer %d not saved: %s",
+                               save.request_id, layer, error)
+                self._forget_save(save.request_id)
+                # Nothing reads its blocks: reported done once it finishes,
+                # so that the scheduler frees them.
+                self._saves_started.add(save.request_id)
+                self._saves_copied.add(save.request_id)
+
+    def build_connector_worker_meta(self) -> KvcWorkerMetadata | None:
+        seconds, self._save_seconds = self._save_seconds, 0.0
+        saving, self._saving_beside = self._saving_beside, False
+        with self._stats_lock:
+            ended, self._saves_ended = self._saves_ended, {}
+        lost, self._lost = self._lost, {}
+        return KvcWorkerMetadata(seconds, saving, ended, lost) \
+            if saving or seconds > 0 or ended or lost else None
+
+    def _wait_save(self, kvc: Connector, req_id: str) -> None:
+        """Waits for the writes of ``req_id``'s save (on the save waiter)
+        and notes how it ended, for the scheduler and the stats."""
+        try:
+            metrics: dict[str, Any] | None = kvc.wait_save(save_id(req_id))
+        except Error as error:
+            logger.warning("kvc: request %s: save failed: %s", req_id, error)
+            metrics = None
+        with self._stats_lock:
+            self._stats.saved(metrics)
+            self._saves_ended[req_id] = metrics is not None
+
+    def _saves_running(self) -> bool:
+        """Whether a save's copies or writes may be running (saves run as
+        one stretch: running when the step began or before its own saves
+        were handed over, they ran beside its forward pass)."""
+        return bool(self._save_ids) or \
+            any(not write.done() for write in list(self._writes))
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata
+                           ) -> None:
+        assert isinstance(kv_connector_metadata, KvcConnectorMetadata)
+        for req_id in kv_connector_metadata.preempted:
+            if req_id in self._saves_started:
+                # Its blocks are about to be reused: stop the save and wait
+                # until it no longer reads them.
+                self._forget_save(req_id)
+                self._drain(req_id)
+
+    def get_finished(self, finished_req_ids: set[str]
+                     ) -> tuple[set[str] | None, set[str] | None]:
+        self._finished_requests |= finished_req_ids
+        for req_id in finished_req_ids & self._receiving.keys():
+            # Aborted while loading: stopped, and reported once it ended
+            # (vLLM holds the blocks until then; its staging blocks come
+            # back then too, as it may write them until it ends).
+            self._receiving[req_id].cancelled = True
+            kvc = self._kvc_of.get(req_id)
+            if kvc is not None:
+                cancel(kvc, req_id)
+        self._poll()
+        done = {r for r in self._saves_copied if r in self._finished_requests}
+        for req_id in done:
+            kvc = self._kvc_of.get(req_id)
+            if kvc is not None and req_id in self._save_ids:
+                # Its writes may take long behind a slow link: waited for
+                # off the forward pass.
+                self._save_ids.discard(req_id)
+                write = self._save_waiter.submit(self._wait_save, kvc, req_id)
+                self._writes.add(write)
+                write.add_done_callback(self._writes.discard)
+            self._forget(req_id)
+            self._saves_copied.discard(req_id)
+            self._saves_started.discard(req_id)
+            self._finished_requests.discard(req_id)
+        # Finished requests that saved nothing need no report.
+        self._finished_requests &= self._saves_started
+        received = set()
+        for req_id in list(self._receiving):
+            if req_id in self._loads_ended:
+                load = self._receiving.pop(req_id)
+                if load.cancelled:
+                    self._forget_load(req_id)
+                    if req_id not in self._saves_started:
+                        self._kvc_of.pop(req_id, None)
+                else:
+                    self._end_load(load)
+                received.add(req_id)
+        received |= self._loads_ended - received
+        self._loads_ended.clear()
+        return (done or None), (received or None)
+
+    def flush_saves(self, timeout: float = 300.0) -> bool:
+        """Waits until the writes of every save reported done so far have
+        ended (for benchmarks and tests that read the store next); whether
+        they did within ``timeout`` seconds."""
+        try:
+            self._save_waiter.submit(lambda: None).result(timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    @property
+    def saves_in_flight(self) -> int:
+        """Saves whose requests have not been reported done yet."""
+        return len(self._saves_started)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        self._end_loads()
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def shutdown(self) -> None:
+        self._save_waiter.shutdown(wait=True)
+        for kvc in self._kvcs.values():
+            kvc.close()
+
+    def _metadata(self) -> KvcConnectorMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvcConnectorMetadata)
+        if (meta.loads or meta.saves) and not self._registered:
+            raise Error("vLLM's KV caches are not registered "
+                        "(register_kv_caches)", "failed_precondition")
+        return meta
+
+    def _load_table(self, load: LoadSpec) -> list[int]:
+        """The block table kvc loads ``load`` into: vLLM's, or staging
+        blocks in its place (a packed CPU cache)."""
+        if self._packed is None:
+            return load.block_ids
+        needed = -(-load.loaded // self._block_size)
+        staging = self._packed.take(needed)
+        if staging is None:
+            raise Error(f"{needed} staging blocks are not free "
+                        "(staging_blocks)", "resource_exhausted")
+        self._load_staging[load.request_id] = (staging, set(range(self._layers)))
+        return staging
+
+    def _save_table(self, save: SaveSpec, layer: int) -> list[int]:
+        """The block table kvc saves ``layer`` of ``save`` from: vLLM's, or
+        staging blocks that now hold the layer (a packed CPU cache)."""
+        if self._packed is None:
+            return save.block_ids
+        needed = -(-len(save.tokens) // self._block_size)
+        staging = self._save_staging.get(save.request_id)
+        if staging is None:
+            staging = self._packed.take(needed)
+            if staging is None:
+                raise Error(f"{needed} staging blocks are not free "
+                            "(staging_blocks)", "resource_exhausted")
+            self._save_staging[save.request_id] = staging
+        self._packed.unpack(layer, save.block_ids[:needed], staging)
+        return staging
+
+    def _pack(self, load: LoadSpec, layers: list[int]) -> None:
+        """Packs ``layers`` of ``load`` from staging into vLLM's blocks
+        (a packed CPU cache), each once: the blocks past the tokens vLLM
+        held."""
+        staged = self._load_staging.get(load.request_id)
+        if staged is None or self._packed is None:
+            return
+        staging, unpacked = staged
+        first = load.tokens_on_device // self._block_size
+        for layer in layers:
+            if layer in unpacked:
+                unpacked.discard(layer)
+                self._packed.pack(layer, staging[first:],
+                                  load.block_ids[first:len(staging)])
+
+    def _release_load(self, req_id: str) -> None:
+        staged = self._load_staging.pop(req_id, None)
+        if staged is not None and self._packed is not None:
+            self._packed.give(staged[0])
+
+    def _end_loads(self) -> None:
+        """Waits for this step's synchronous loads."""
+        for load in self._loading:
+            self._end_load(load)
+        self._loading = []
+
+    def _end_load(self, load: LoadSpec) -> None:
+        """Waits for ``load``, packs what it wrote into vLLM's blocks, and
+        collects the blocks it left unwritten."""
+        kvc = self._kvc_of[load.request_id]
+        try:
+            metrics = kvc.wait_load(load.request_id)
+            logger.debug("kvc: request %s loaded: %s", load.request_id,
+                         metrics)
+            failed = kvc.failed_blocks(load.request_id)
+            staged = self._load_staging.get(load.request_id)
+            if staged is not None:
+                # Staging ids back to vLLM's.
+                where = {s: b for s, b in zip(staged[0], load.block_ids)}
+                failed = [where[b] for b in failed]
+            self._pack(load, list(range(self._layers)))
+            self._load_errors.update(failed)
+            lost = [(int(b), int(e)) for b, e in metrics.get("fallback_tokens", [])]
+            if lost:
+                self._lost[load.request_id] = lost
+        except Error as error:
+            logger.warning("kvc: request %s: load failed: %s",
+                           load.request_id, error)
+            metrics = None
+            self._fail(load)
+        with self._stats_lock:
+            self._stats.loaded(load.loaded - load.tokens_on_device, metrics)
+        self._forget_load(load.request_id)
+
+    def _forget(self, req_id: str) -> None:
+        """Forgets the request's load and save."""
+        self._forget_load(req_id)
+        self._forget_save(req_id)
+        self._kvc_of.pop(req_id, None)
+
+    def _forget_load(self, req_id: str) -> None:
+        """Stops the request's load (its own request in kvc: its save goes
+        on) and returns its staging blocks."""
+        kvc = self._kvc_of.get(req_id)
+        if kvc is not None:
+            cancel(kvc, req_id)
+        self._release_load(req_id)
+
+    def _forget_save(self, req_id: str) -> None:
+        """Stops the request's save. Its staging blocks come back when kvc
+        no longer reads them (_poll), or now if it never did."""
+        kvc = self._kvc_of.get(req_id)
+        if kvc is not None and req_id in self._save_ids:
+            self._save_ids.discard(req_id)
+            cancel(kvc, save_id(req_id))
+        elif self._packed is not None and req_id in self._save_staging:
+            self._packed.give(self._save_staging.pop(req_id))
+
+    def _fail(self, load: LoadSpec) -> None:
+        """Every block the load was to write past vLLM's own tokens."""
+        first = load.tokens_on_device // self._block_size
+        last = -(-load.loaded // self._block_size)
+        self._load_errors.update(load.block_ids[first:last])
+
+    def _poll(self) -> None:
+        """Collects the saves that no longer read their blocks and the
+        asynchronous loads that ended."""
+        for kvc in self._kvcs.values():
+            finished = kvc.finished()
+            for save_id in finished.saves:
+                req_id = save_id.removesuffix(SAVE_SUFFIX)
+                # It reads neither vLLM's blocks nor its staging blocks.
+                if self._packed is not None and req_id in self._save_staging:
+                    self._packed.give(self._save_staging.pop(req_id))
+                if req_id in self._saves_started:
+                    self._saves_copied.add(req_id)
+            self._loads_ended.update(
+                r for r in finished.loads if r in self._receiving)
+
+    def _drain(self, req_id: str) -> None:
+        deadline = time.monotonic() + _SAVE_DRAIN_SECONDS
+        while req_id not in self._saves_copied:
+            self._poll()
+            if time.monotonic() > deadline:
+                raise Error(f"request {req_id}: a cancelled save still reads "
+                            "its blocks", "internal")
+            time.sleep(0.001)
+        self._saves_copied.discard(req_id)
+        self._saves_started.discard(req_id)
+
+
+def _cpu_attention_isa(vllm_config: "VllmConfig", layer_name: str,
+                       cache: torch.Tensor) -> str:
+    """The instruction set vLLM's CPU attention writes ``cache`` for: the
+    one its metadata builder gave the layer, else the one it would pick."""
+    layers = vllm_config.compilation_config.static_forward_context
+    isa = getattr(layers.get(layer_name), "isa", None)
+    if isa:
+        return str(isa)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    _, _, block_size, width = cache.shape
+    return str(_get_attn_isa(cache.dtype, block_size, width // 2,
+                             str(vllm_config.cache_config.cache_dtype)))

@@ -120,6 +120,11 @@ TEST_F(KernelLaunchTest, RawChunksAreScatteredByTheKernel) {
   ASSERT_TRUE(metrics) << metrics.status().toString();
   EXPECT_EQ(metrics->kernelChunks, 3); // Tokens 128 to 300.
   EXPECT_LT(error, 1.0 / 128);
+  // Read in place into the memory the upload reads, and checked there: the
+  // kernel's payload is the raw chunk, so nothing is copied on the host.
+  EXPECT_GT(metrics->hostTraffic.read, 0);
+  EXPECT_EQ(metrics->hostTraffic.copied, 0);
+  EXPECT_EQ(metrics->hostTraffic.decoded, 0);
 }
 
 TEST_F(KernelLaunchTest, InterleavedCachesAreAddressedThroughAScaledTable) {

@@ -69,6 +69,21 @@ std::string payloadOrder(const ChunkValue &value,
 Status ChunkSteps::decode(ChunkValue &value) {
   if (value.intoCache)
     return checkInCache(value);
+  if (value.kernel && value.readInPlace) {
+    // A raw chunk read in place is its kernel's payload already: checked
+    // where it landed, nothing copied (an object read whole is decoded to
+    // its place, or found damaged).
+    KVC_RETURN_IF_ERROR(decodeElements(value));
+    if (int64_t(value.data.size() * sizeof(uint16_t)) !=
+        value.kernel->payloadBytes)
+      return internalError(
+          "restore: kernel \"" + value.kernel->name + "\" reads " +
+          std::to_string(value.kernel->payloadBytes) +
+          " payload bytes; the chunk holds " +
+          std::to_string(value.data.size() * sizeof(uint16_t)));
+    value.payload = true;
+    return Status::ok();
+  }
   if (value.kernel) {
     std::vector<std::size_t> order;
     std::string why = payloadOrder(value, order);

@@ -183,6 +183,7 @@ Status ChunkSteps::fetch(ChunkValue &value, StagingSlot *slot) {
     }
   }
   value.encoded = true;
+  value.readInPlace = inPlace;
   account(value, traffic);
   std::lock_guard<std::mutex> lock(mutex_);
   bytesRead_[value.tier] += traffic.read;
@@ -204,8 +205,9 @@ bool ChunkSteps::tiles(const ChunkValue &value,
 
 bool ChunkSteps::readsInPlace(const ChunkValue &value, ChunkStore &store,
                               const std::vector<const ChunkRef *> &covering) {
-  return !value.kernel && value.codec.isRaw() &&
-         store.model().dtype == dtypeOf(value.form) &&
+  // A raw chunk's payload is its elements as the chunk lays them out: read
+  // in place, it is also what its generated kernel reads.
+  return value.codec.isRaw() && store.model().dtype == dtypeOf(value.form) &&
          store.tier().readsInPlace() && tiles(value, covering);
 }
 

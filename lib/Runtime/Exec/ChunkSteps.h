@@ -95,6 +95,9 @@ struct ChunkValue {
   /// only its checks, or in the paged cache's rows (`intoCache`), checked
   /// by the fetch as it landed.
   std::vector<bool> landed;
+  /// Whether the fetch read the chunk's objects in place (into `data`, or
+  /// into the cache's rows: `intoCache`), so that `objects` hold headers.
+  bool readInPlace = false;
   /// Whether the chunk goes straight into the paged cache's rows: read
   /// there and checked as it lands (ChunkSteps::fetchIntoCache) or
   /// decoded there (decodeIntoCache). Nothing is left to upload or

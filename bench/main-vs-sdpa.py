@@ -33,14 +33,19 @@ def spread(runs: List[float]) -> str:
 
 
 def load_json(path: Optional[str]) -> Optional[dict]:
+    """The JSON object at ``path``; None (and a line on stderr) when there
+    is none to read."""
     if not path:
         return None
     try:
         with open(path) as f:
             return json.load(f)
+    except FileNotFoundError:
+        print(f"main-vs-sdpa: no {path}: its cells are listed as not run",
+              file=sys.stderr)
     except (OSError, ValueError) as error:
         print(f"main-vs-sdpa: {path}: {error}", file=sys.stderr)
-        return None
+    return None
 
 
 def plan_runs(plan: dict) -> List[float]:

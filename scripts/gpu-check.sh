@@ -88,9 +88,10 @@
 #                                     each link), every plan beside SDPA
 #                                     ($OUT/main-vs-sdpa.md), then
 #                                     kvc-gpu-bench;
-#   scripts/gpu-check.sh toy [DIR]   here (make check): pack, the pack held
-#                                     to 64 MiB, then all on the CPU backend
-#                                     with a toy model;
+#   scripts/gpu-check.sh toy [DIR]   here (make check): pack, the pack and
+#                                     the tracked files held to 64 MiB,
+#                                     then all on the CPU backend with a
+#                                     toy model;
 #   scripts/gpu-check.sh connector [DIR]
 #                                     there: a server's request through the
 #                                     Connector (kvc-run serve) on the

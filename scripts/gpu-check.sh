@@ -119,10 +119,12 @@
 #                                     layers (default 8; MAIN_LAYERS= all),
 #                                     MAIN_REPEAT runs of each plan (3);
 #                                     GRID_S (default 330), SDPA_S (120),
-#                                     PYTHON_S (150), BENCH_S (30),
+#                                     PYTHON_S (90), TESTS_S (120),
+#                                     BENCH_S (30),
 #                                     SANITIZER_S (30) and ALL_S (540)
 #                                     bound the grid, SDPA's prefills, the
-#                                     worker harness, each hardware bench,
+#                                     worker harness, the CUDA backend's
+#                                     tests, each hardware bench,
 #                                     each sanitizer run and the whole
 #                                     (seconds);
 #                                     KERNEL_ITERS (50) times each kernel.
@@ -630,7 +632,10 @@ run)
   export KVC_EXEC_KERNELS="$dir/exec-kernels.json"
   export KVC_EXEC_RESTORES="$dir/exec-restores.json"
   export KVC_EXEC_SAVES="$dir/exec-saves.json"
-  "$dir/KVCCudaBackendTests" 2>&1 | tee "$out/cuda-backend-tests.txt" ||
+  # Within TESTS_S seconds (default 120): a test that hangs (a stream wait
+  # the GPU never passed, on the H200) must not spend the steps after.
+  timeout "${TESTS_S:-120}" "$dir/KVCCudaBackendTests" 2>&1 |
+    tee "$out/cuda-backend-tests.txt" ||
     status=$?
   "$dir/kvc-kernel-bench" --bundle "$dir/kernels.json" \
     --iters "${KERNEL_ITERS:-200}" --out "$out/kernel-bench.json" |
@@ -842,12 +847,12 @@ tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
   [ "$backend" = cpu ] && device_flag=--cpu
   # Caches of a bf16 model, then of an fp16 one (the runtime's kernels
   # write f16; the generated ones are left out). Both within PYTHON_S
-  # (default 150 s): a layer wait on the stream that is never let go must
+  # (default 90 s): a layer wait on the stream that is never let go must
   # not spend the call's time for the steps after.
   status=0 started=$SECONDS
   : >"$out/python-harness.txt"
   for dtype in bfloat16 float16; do
-    left=$((${PYTHON_S:-150} - (SECONDS - started)))
+    left=$((${PYTHON_S:-90} - (SECONDS - started)))
     if [ "$left" -le 0 ]; then
       echo "harness: $dtype not run (PYTHON_S spent)" |
         tee -a "$out/python-harness.txt"

@@ -651,10 +651,12 @@ run)
       --iters 1 >"$out/memcheck.txt" 2>&1 || status=$?
     tail -n 3 "$out/memcheck.txt"
     # memcheck over the backend's restores (with calls ordered by events: a
-    # buffer freed under a kernel still reading it is its to find);
+    # buffer freed under a kernel still reading it is its to find) and the
+    # tests no sanitizer has run yet (fp16 caches, the stream wait's probe,
+    # the server's runner, checkpoint weights, the GPU's spans);
     # racecheck over the kernels that share memory (tiled attention,
     # generated restores).
-    for check in "memcheck:*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*:*OrderedByEvents*" \
+    for check in "memcheck:*EveryStrategy*:*Concurrent*:*Generated*:*Pipelines*:*OrderedByEvents*:*Fp16*:*StreamWait*:*Runner*:*HostWeights*:*Trace*" \
       "racecheck:*TiledAttention*:*GeneratedKernelsDecode*"; do
       tool=${check%%:*}
       timeout "$limit" "$sanitizer" --tool "$tool" --error-exitcode 3 \

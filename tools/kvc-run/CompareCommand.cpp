@@ -154,23 +154,20 @@ Status compareCommand(Args &args) {
   // The fastest run is held against the prediction, the median shown
   // beside it (summarize says why).
   std::vector<PlanRun> runs;
-  std::vector<double> medians;
-  std::vector<std::vector<double>> runSeconds;
+  std::vector<PlanSummary> summaries; // Their fastest runs moved to `runs`.
   for (std::size_t i = 0; i < all.size(); ++i) {
     if (sameAs[i] != i) {
       runs.push_back(runs[sameAs[i]]);
-      medians.push_back(medians[sameAs[i]]);
-      runSeconds.push_back(runSeconds[sameAs[i]]);
+      summaries.push_back(summaries[sameAs[i]]);
       continue;
     }
     if (!tracePrefix.empty())
       KVC_RETURN_IF_ERROR(keepFastestTrace(tracePrefix, plans[i].name, all[i]));
     // The table shows (and verification holds) the worst error of them all.
     PlanSummary summary = summarize(std::move(all[i]));
-    medians.push_back(summary.medianSeconds);
-    runSeconds.push_back(std::move(summary.runSeconds));
     runs.push_back(std::move(summary.fastest));
     runs.back().error = summary.worstError;
+    summaries.push_back(std::move(summary));
   }
   std::printf("%-10s %12s %10s %6s %10s %10s %9s %6s %10s %9s", "plan",
               "predicted ms", "fastest ms", "off", "median ms", "read MB",
@@ -194,16 +191,16 @@ Status compareCommand(Args &args) {
     }
     std::printf("%-10s %12s %10.3f %6s %10.3f %10.3f %9.3f %6zu %10.3g %9.3g",
                 plans[i].name.c_str(), predicted, m.makespanSeconds * 1e3, off,
-                medians[i] * 1e3, double(bytes) * 1e-6, m.flops * 1e-9,
-                m.fallbacks.size(), runs[i].error->max,
+                summaries[i].medianSeconds() * 1e3, double(bytes) * 1e-6,
+                m.flops * 1e-9, m.fallbacks.size(), runs[i].error->max,
                 runs[i].error->relativeL2);
     for (const PlanRun &base : runs)
       std::printf(" %9.2fx", base.metrics.makespanSeconds / m.makespanSeconds);
     std::printf("\n");
     nlohmann::json row = {{"plan", plans[i].name},
                           {"fastest_ms", m.makespanSeconds * 1e3},
-                          {"median_ms", medians[i] * 1e3},
-                          {"runs_ms", milliseconds(runSeconds[i])},
+                          {"median_ms", summaries[i].medianSeconds() * 1e3},
+                          {"runs_ms", milliseconds(summaries[i].runSeconds)},
                           {"read_mb", double(bytes) * 1e-6},
                           {"host_traffic", hostTrafficJson(m)},
                           {"gflop", m.flops * 1e-9},

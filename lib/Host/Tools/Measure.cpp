@@ -101,7 +101,6 @@ PlanSummary summarize(std::vector<PlanRun> runs) {
           std::max(summary.worstError.relativeL2, run.error->relativeL2);
     }
   }
-  summary.medianSeconds = runs[runs.size() / 2].metrics.makespanSeconds;
   summary.fastest = std::move(runs.front());
   return summary;
 }

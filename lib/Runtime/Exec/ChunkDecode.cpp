@@ -64,6 +64,17 @@ std::string payloadOrder(const ChunkValue &value,
   return "";
 }
 
+/// InternalError unless `bytes`, what the chunk holds for its kernel, are
+/// the payload the kernel reads.
+Status holdsPayload(const ChunkValue &value, int64_t bytes) {
+  if (bytes == value.kernel->payloadBytes)
+    return Status::ok();
+  return internalError("restore: kernel \"" + value.kernel->name + "\" reads " +
+                       std::to_string(value.kernel->payloadBytes) +
+                       " payload bytes; the chunk's objects hold " +
+                       std::to_string(bytes));
+}
+
 } // namespace
 
 Status ChunkSteps::decode(ChunkValue &value) {
@@ -74,13 +85,8 @@ Status ChunkSteps::decode(ChunkValue &value) {
     // where it landed, nothing copied (an object read whole is decoded to
     // its place, or found damaged).
     KVC_RETURN_IF_ERROR(decodeElements(value));
-    if (int64_t(value.data.size() * sizeof(uint16_t)) !=
-        value.kernel->payloadBytes)
-      return internalError(
-          "restore: kernel \"" + value.kernel->name + "\" reads " +
-          std::to_string(value.kernel->payloadBytes) +
-          " payload bytes; the chunk holds " +
-          std::to_string(value.data.size() * sizeof(uint16_t)));
+    KVC_RETURN_IF_ERROR(
+        holdsPayload(value, int64_t(value.data.size() * sizeof(uint16_t))));
     value.payload = true;
     return Status::ok();
   }
@@ -213,11 +219,7 @@ Status ChunkSteps::decodePayload(ChunkValue &value,
                 inner.data(), inner.size());
     bytes += inner.size();
   }
-  if (int64_t(bytes) != value.kernel->payloadBytes)
-    return internalError(
-        "restore: kernel \"" + value.kernel->name + "\" reads " +
-        std::to_string(value.kernel->payloadBytes) +
-        " payload bytes; the chunk's objects hold " + std::to_string(bytes));
+  KVC_RETURN_IF_ERROR(holdsPayload(value, int64_t(bytes)));
   value.encoded = false;
   value.payload = true;
   account(value, traffic);

@@ -78,9 +78,12 @@ std::vector<std::size_t> sameSchedules(const std::vector<BundlePlan> &plans);
 /// them all, and every run's time (fastest first: the spread).
 struct PlanSummary {
   PlanRun fastest;
-  double medianSeconds = 0;
   RestoreError worstError;
   std::vector<double> runSeconds;
+
+  double medianSeconds() const {
+    return runSeconds.empty() ? 0 : runSeconds[runSeconds.size() / 2];
+  }
 };
 PlanSummary summarize(std::vector<PlanRun> runs);
 

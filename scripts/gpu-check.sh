@@ -21,7 +21,9 @@
 #                                     ../shared/models) with the tokens kvc
 #                                     decodes from BOS;
 #   scripts/gpu-check.sh run [DIR]    there, from the repository root with
-#                                     DIR beside it: checks every kernel bit
+#                                     DIR beside it: probes which stream
+#                                     waits the GPU releases
+#                                     (kvc-stream-wait-probe), checks every kernel bit
 #                                     for bit and times it against the copy
 #                                     (the variants too),
 #                                     reruns the checks under
@@ -40,6 +42,8 @@
 #                                     stories260K) against transformers'
 #                                     (scripts/hf-reference.py), and writes
 #                                     the outputs to $OUT (else DIR/results);
+#                                     RUN_FROM=e2e starts at the restores
+#                                     (a run that ALL_S cut, resumed);
 #   scripts/gpu-check.sh profile [DIR]
 #                                     there: Nsight Compute (ncu) over one
 #                                     launch of each kernel of the bundle

@@ -50,7 +50,7 @@ LD_LIBRARY_PATH="$root/build/lib/emulated-cuda" \
 cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DKVC_BUILD_COMPILER=OFF >/dev/null
 ninja -C "$root/build-gpu" KVCCudaBackendTests kvc-gpu-bench KVCHost \
-  KVCCudaRegister
+  KVCCudaRegister kvc-stream-wait-probe
 # kvc-run and kvc-opt with the compiler linked from MLIR's and LLVM's
 # archives (cmake/StaticCompiler.cmake): they plan there, where there is
 # no LLVM, so calibrate -> plan -> run is one call.
@@ -68,11 +68,11 @@ cp "$root/build/bench/kvc-kernel-bench" "$root/build/bench/kernels.json" \
   "$root/bench/kernels/ncu-summary.py" \
   "$root/build-gpu/unittests/KVCCudaBackendTests" \
   "$root/build-gpu/bench/kvc-gpu-bench" "$root/bench/prefill-torch.py" \
-  "$dir/"
+  "$root/build-gpu/bench/kvc-stream-wait-probe" "$dir/"
 cp "$root/build-static/bin/kvc-run" "$root/build-static/bin/kvc-opt" "$dir/"
 # The device tool carries at most 64 MiB: no symbols.
 strip "$dir/kvc-run" "$dir/kvc-opt" "$dir/KVCCudaBackendTests" \
-  "$dir/kvc-kernel-bench" "$dir/kvc-gpu-bench"
+  "$dir/kvc-kernel-bench" "$dir/kvc-gpu-bench" "$dir/kvc-stream-wait-probe"
 # Libraries outside the C/C++ runtime and CUDA: a GPU machine's image may
 # lack them.
 for binary in "$dir/kvc-kernel-bench" "$dir/kvc-run" \

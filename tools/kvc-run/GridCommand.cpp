@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -190,14 +191,16 @@ Status gridCommand(Args &args) {
       if (!status.isOk())
         continue;
     }
+    const int64_t fastest = *std::max_element(links.begin(), links.end());
     for (std::size_t l = 0; l < links.size(); ++l) {
       const std::string gbps = std::to_string(links[l]);
       std::vector<std::string> words = common;
       words.insert(words.end(),
                    {"--store", store + "?gbps=" + gbps, "--strategy",
                     "--target", target, "--repeat", std::to_string(repeat)});
-      // A trace of each plan's fastest run at the last link.
-      if (l + 1 == links.size())
+      // A trace of each plan's fastest run at the fastest link, where the
+      // load and the compute overlap most.
+      if (links[l] == fastest)
         words.insert(words.end(), {"--trace", prefix + "-trace-" + request});
       const std::string cell = prefix + "-" + request + "-" + gbps;
       words.insert(words.end(), {"--json", cell + ".json"});

@@ -24,12 +24,16 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 
 using namespace kvc;
@@ -296,24 +300,78 @@ TEST_F(CudaBackendTest, DecodeGivesTheCpuModelsLogits) {
   EXPECT_LT(error, peak / 128) << "largest logit " << peak;
 }
 
+/// Ends the process with where it was when a test step outlives its
+/// limit: a stream that never passes a wait would hang every later
+/// device-wide synchronization (the fixture's frees), and the tests after
+/// it with them.
+class Watchdog {
+public:
+  explicit Watchdog(std::chrono::seconds limit)
+      : thread_([this, limit] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!done_cv_.wait_for(lock, limit, [&] { return done_; })) {
+            std::fprintf(stderr, "watchdog: hung after %lld s at: %s\n",
+                         static_cast<long long>(limit.count()), phase_.c_str());
+            std::_Exit(1);
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_one();
+    thread_.join();
+  }
+  void phase(std::string what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    phase_ = std::move(what);
+  }
+
+private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::string phase_ = "start";
+  std::thread thread_;
+};
+
+/// Whether `stream` passes everything queued on it within `limit`.
+bool passesWithin(cudaStream_t stream, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  do {
+    if (cudaStreamQuery(stream) != cudaErrorNotReady)
+      return true;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 // A stream of the caller's waits on a signal without the host blocking: a
 // memset queued behind the wait runs only once the host raises it; the
-// wait words are reused once their stream has passed them.
+// wait words are reused once their stream has passed them. Every wait is
+// bounded: a stream that does not pass fails the test, and the watchdog
+// ends the process, saying where, rather than let it hang.
 TEST_F(CudaBackendTest, AStreamWaitHoldsTheStreamUntilRaised) {
+  Watchdog watchdog(std::chrono::seconds(20));
+  using namespace std::chrono_literals;
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   void *word = nullptr;
   ASSERT_EQ(cudaMalloc(&word, sizeof(int)), cudaSuccess);
   ASSERT_EQ(cudaMemsetAsync(word, 0, sizeof(int), stream), cudaSuccess);
+  watchdog.phase("the first wait (the probe)");
   StatusOr<std::shared_ptr<StreamSignal>> signal = gpu->streamWait(stream);
   if (signal.status().code() == StatusCode::Unimplemented)
     GTEST_SKIP() << signal.status().toString();
   ASSERT_TRUE(signal) << signal.status().toString();
   ASSERT_EQ(cudaMemsetAsync(word, 1, sizeof(int), stream), cudaSuccess);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(50ms);
   EXPECT_EQ(cudaStreamQuery(stream), cudaErrorNotReady);
+  watchdog.phase("the first wait, raised");
   (*signal)->raise();
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_TRUE(passesWithin(stream, 2000ms))
+      << "the stream did not pass a raised wait";
   int host = 0;
   ASSERT_EQ(cudaMemcpy(&host, word, sizeof(int), cudaMemcpyDeviceToHost),
             cudaSuccess);
@@ -322,13 +380,16 @@ TEST_F(CudaBackendTest, AStreamWaitHoldsTheStreamUntilRaised) {
   // More waits than there are words, each raised (by its signal going)
   // before the next: every one is made.
   for (int i = 0; i < 3000; ++i) {
+    watchdog.phase("wait " + std::to_string(i) + " of 3000");
     StatusOr<std::shared_ptr<StreamSignal>> next = gpu->streamWait(stream);
     ASSERT_TRUE(next) << i << ": " << next.status().toString();
     if (i % 100 == 99) {
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      ASSERT_TRUE(passesWithin(stream, 2000ms))
+          << "the stream did not pass wait " << i;
     }
   }
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  watchdog.phase("the last waits");
+  EXPECT_TRUE(passesWithin(stream, 2000ms));
   cudaFree(word);
   cudaStreamDestroy(stream);
 }

@@ -79,15 +79,32 @@ Status WaitWords::probe(const CudaDriver &driver) {
                          "host raises their word: the host waits instead");
   }
   __atomic_store_n(host_, 1u, __ATOMIC_RELEASE);
-  if (!passedWithin(1000ms)) {
-    // The probe's stream may never pass: it is left as it is (destroying
-    // it would free its event under the wait), and nothing else uses it.
-    return unimplemented("this GPU's streams do not see the host raise a "
-                         "stream wait's word (a probe's stream waited 1 s "
-                         "after it was raised): the host waits instead");
+  if (passedWithin(1000ms)) {
+    release();
+    return Status::ok();
   }
-  release();
-  return Status::ok();
+  // The GPU did not see the host's store. A stream left waiting would hang
+  // every later device-wide synchronization (a cudaFree), so the word is
+  // raised again from the GPU, on a stream of its own.
+  std::string why = "this GPU's streams do not see the host raise a stream "
+                    "wait's word (a probe's stream waited 1 s after it was "
+                    "raised): the host waits instead";
+  cudaStream_t raiser = nullptr;
+  if (driver.cuStreamWriteValue32 &&
+      cudaStreamCreateWithFlags(&raiser, cudaStreamNonBlocking) ==
+          cudaSuccess &&
+      driver.cuStreamWriteValue32(reinterpret_cast<CUstream>(raiser), device_,
+                                  1, 0) == CUDA_SUCCESS &&
+      passedWithin(1000ms)) {
+    cudaStreamSynchronize(raiser);
+    cudaStreamDestroy(raiser);
+    release();
+    return unimplemented(why + "; a write from the GPU released it");
+  }
+  // Both left as they are: destroying the waiting stream would free its
+  // event under the wait, and nothing else uses either.
+  return unimplemented(why + "; nor did a write from the GPU release it (a "
+                             "device-wide synchronization will hang)");
 }
 
 StatusOr<std::shared_ptr<StreamSignal>>
@@ -366,7 +383,7 @@ Status CudaDevice::start() {
                     "the device's memory pool");
 }
 
-StatusOr<CudaDevice::LaneLease> CudaDevice::acquire() {
+StatusOr<CudaDevice::LaneLease> CudaDevice::acquire(LaneUse use) {
   KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device),
                            "selecting the device");
   const std::thread::id self = std::this_thread::get_id();
@@ -379,13 +396,13 @@ StatusOr<CudaDevice::LaneLease> CudaDevice::acquire() {
       return LaneLease(this, std::move(lane));
     };
     for (auto at = lanes_.begin(); at != lanes_.end(); ++at)
-      if ((*at)->user == self)
+      if ((*at)->use == use && (*at)->user == self)
         return take(at);
     for (auto at = lanes_.begin(); at != lanes_.end(); ++at)
-      if (finished(cudaStreamQuery((*at)->stream)))
+      if ((*at)->use == use && finished(cudaStreamQuery((*at)->stream)))
         return take(at);
   }
-  KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device));
+  KVC_ASSIGN_OR_RETURN(lane, Lane::create(options_.device, use));
   lane->id = laneCount_++;
   lane->user = self;
   return LaneLease(this, std::move(lane));

@@ -402,12 +402,12 @@ private:
     Lane &operator*() { return *lane; }
   };
 
-  /// A free lane for the calling thread: the one its last call had, where
-  /// its work queues in order, else one with nothing left to run, else a
-  /// new one. Calls return before their work is done, so a free lane may
-  /// still be running another thread's (a prefill): an upload queued behind
-  /// it would wait for it.
-  StatusOr<LaneLease> acquire();
+  /// A free lane of `use` for the calling thread: the one its last call of
+  /// that use had, where its work queues in order, else one with nothing
+  /// left to run, else a new one. Calls return before their work is done,
+  /// so a free lane may still be running another thread's: an upload
+  /// queued behind it would wait for it.
+  StatusOr<LaneLease> acquire(LaneUse use = LaneUse::Load);
 
   /// `lane`'s work from construction to destruction as a device span,
   /// while spans are kept (keepSpans): events recorded on its stream
@@ -480,7 +480,7 @@ private:
             " tokens exceed the request's " + std::to_string(capacity_));
       const ModelConfig &c = gpu_.config();
       const int64_t h = c.hiddenSize, kvDim = cache_->kvDim();
-      KVC_ASSIGN_OR_RETURN(lease, backend_.acquire());
+      KVC_ASSIGN_OR_RETURN(lease, backend_.acquire(LaneUse::Compute));
       Lane &lane = *lease;
       Scratch scratch(lane);
       KVC_ASSIGN_OR_RETURN(layouts,

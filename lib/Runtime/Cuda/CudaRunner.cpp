@@ -62,7 +62,7 @@ Status CudaDevice::prefillInto(const ModelCompute &model, const CudaModel &gpu,
   if (layers < 0)
     layers = model.config().numLayers;
   KVC_RETURN_IF_ERROR(cache.checkRange(table, 0, layers, 0, position + n));
-  KVC_ASSIGN_OR_RETURN(lease, acquire());
+  KVC_ASSIGN_OR_RETURN(lease, acquire(LaneUse::Compute));
   Lane &lane = *lease;
   Span span(*this, lane, "prefill");
   Scratch scratch(lane);
@@ -106,7 +106,7 @@ Status CudaDevice::decode(const ModelCompute &model, const CudaModel &gpu,
     return invalidArgument("logits need at least one token");
   KVC_RETURN_IF_ERROR(
       cache.checkRange(table, 0, cache.config().layers, 0, position + n));
-  KVC_ASSIGN_OR_RETURN(lease, acquire());
+  KVC_ASSIGN_OR_RETURN(lease, acquire(LaneUse::Compute));
   Lane &lane = *lease;
   Span span(*this, lane, "decode");
   KVC_RETURN_IF_ERROR(afterWrites(cache, lane));

@@ -62,11 +62,16 @@ cudaStream_t DeviceArray::releaseStream() {
   return stream;
 }
 
-StatusOr<std::unique_ptr<Lane>> Lane::create(int device) {
+StatusOr<std::unique_ptr<Lane>> Lane::create(int device, LaneUse use) {
   auto lane = std::make_unique<Lane>();
+  lane->use = use;
   KVC_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "selecting the device");
+  int least = 0, greatest = 0;
+  KVC_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                           "reading the device's stream priorities");
   KVC_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&lane->stream, cudaStreamNonBlocking),
+      cudaStreamCreateWithPriority(&lane->stream, cudaStreamNonBlocking,
+                                   use == LaneUse::Load ? greatest : least),
       "creating a stream");
   for (cudaEvent_t &event : lane->halves)
     KVC_CUDA_RETURN_IF_ERROR(

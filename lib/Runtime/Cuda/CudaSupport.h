@@ -145,10 +145,19 @@ private:
   size_t bytes_ = 0;
 };
 
+/// What a lane's stream carries. A restore's loads (uploads, scatters,
+/// generated kernels, projections) run beside its prefill on one GPU: their
+/// streams are of the device's greatest priority, so that the block
+/// scheduler runs a load's small kernels as SMs free up instead of behind
+/// every prefill kernel queued before them; prefills and decodes keep the
+/// default.
+enum class LaneUse { Load, Compute };
+
 /// A stream with its cuBLAS handle and a pinned host buffer for copies.
 struct Lane {
   /// Which of the device's lanes (its queue in a trace's device spans).
   int id = 0;
+  LaneUse use = LaneUse::Load;
   /// The thread whose call had it last: its next call takes it again.
   std::thread::id user;
   cudaStream_t stream = nullptr;
@@ -165,7 +174,7 @@ struct Lane {
   volatile unsigned *outOfRange = nullptr;
   unsigned *outOfRangeOnDevice = nullptr;
 
-  static StatusOr<std::unique_ptr<Lane>> create(int device);
+  static StatusOr<std::unique_ptr<Lane>> create(int device, LaneUse use);
   ~Lane();
   /// Waits for everything enqueued on the stream: DataLoss when it wrote a
   /// value an f16 cache cannot hold (as the CPU's cache refuses it).

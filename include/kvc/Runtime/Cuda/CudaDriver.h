@@ -54,7 +54,9 @@ struct CudaDriver {
   X(cuEventElapsedTime)
 // Entry points kvc does without where a driver lacks them (the emulated
 // driver of the tests does): null then.
-#define KVC_CUDA_DRIVER_OPTIONAL_ENTRY_POINTS(X) X(cuStreamWaitValue32)
+#define KVC_CUDA_DRIVER_OPTIONAL_ENTRY_POINTS(X)                               \
+  X(cuStreamWaitValue32)                                                       \
+  X(cuStreamWriteValue32)
 #define KVC_CUDA_DRIVER_FIELD(name) decltype(&::name) name = nullptr;
   KVC_CUDA_DRIVER_ENTRY_POINTS(KVC_CUDA_DRIVER_FIELD)
   KVC_CUDA_DRIVER_OPTIONAL_ENTRY_POINTS(KVC_CUDA_DRIVER_FIELD)

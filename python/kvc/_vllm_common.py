@@ -21,6 +21,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from ._errors import Error
+from ._vllm_cpu import FP8_FORMATS
 from .connector import CacheLayout, Connector, Decision, Model, target_json
 from .vllm_metrics import KvcConnectorStats
 
@@ -184,8 +185,14 @@ class ConnectorSide:
         if getattr(model_config, "use_mla", False):
             raise _refuse("MLA models (latent KV)")
         cache_dtype = str(vllm_config.cache_config.cache_dtype)
-        if cache_dtype not in ("auto", "bfloat16", "float16", "float32"):
-            raise _refuse(f"a {cache_dtype} KV cache (cache_dtype)")
+        # fp8 caches are loaded and saved through vLLM's own CPU cache write
+        # (_vllm_cpu.py); kvc's CUDA device writes bf16 and f16 only.
+        if cache_dtype not in ("auto", "bfloat16", "float16", "float32") \
+                and (cache_dtype not in FP8_FORMATS or
+                     options["device"] != "cpu"):
+            raise _refuse(f"a {cache_dtype} KV cache (cache_dtype) on "
+                          f"device {options['device']}")
+        self._cache_dtype = cache_dtype
         if kv_cache_config is not None:  # vLLM gives it; older callers may not.
             groups = kv_cache_config.kv_cache_groups
             spec = groups[0].kv_cache_spec if len(groups) == 1 else None
@@ -202,8 +209,9 @@ class ConnectorSide:
                         f"multiple of vLLM's block size {self._block_size}",
                         "invalid_argument")
         # Stored chunks are keyed by the tenant, the weights (the model's
-        # fingerprint) and the dtype the engine computes KV in; per request
-        # also by its salt and adapter (_tenant_of).
+        # fingerprint) and the dtype the engine keeps KV in (an fp8 engine's
+        # values are not a bf16 engine's); per request also by its salt and
+        # adapter (_tenant_of).
         dtype = cache_dtype if cache_dtype != "auto" else \
             str(model_config.dtype).removeprefix("torch.")
         self._tenant = f"{tenant}|dtype={dtype}"

@@ -29,7 +29,7 @@ from ._vllm_common import (
     layer_index,
     save_id,
 )
-from ._vllm_cpu import PackedCpuCache
+from ._vllm_cpu import FP8_FORMATS, PackedCpuCache, Scales
 from .connector import Connector
 
 if TYPE_CHECKING:
@@ -94,6 +94,10 @@ class WorkerSide(ConnectorSide):
             raise Error(f"vLLM registered {len(tensors)} KV caches for a model "
                         f"of {self._layers} layers", "failed_precondition")
         first = tensors[0]
+        if self._cache_dtype in FP8_FORMATS and first.device.type != "cpu":
+            raise Error(f"a {self._cache_dtype} KV cache on {first.device}: "
+                        "kvc loads fp8 caches in vLLM's CPU build only",
+                        "unimplemented")
         if first.dim() == 5 and first.shape[0] == 2:
             self._layout = "keys_first"
         elif first.dim() == 5 and first.shape[1] == 2:
@@ -107,11 +111,12 @@ class WorkerSide(ConnectorSide):
             self._packed = PackedCpuCache(
                 tensors, _cpu_attention_isa(self._vllm_config, by_layer[0][0],
                                             first),
-                self._staging_blocks)
+                self._staging_blocks, self._cache_dtype,
+                _kv_scales(self._vllm_config, [n for n, _ in by_layer]))
             if self._packed.lossy:
-                logger.warning("kvc: vLLM's KV cache is %s; kvc stores it as "
-                               "%s (rounded)", first.dtype,
-                               self._packed.staging_dtype)
+                logger.warning("kvc: vLLM's KV cache is %s (%s); kvc stores "
+                               "it as %s (rounded)", first.dtype,
+                               self._cache_dtype, self._packed.staging_dtype)
             self._layout = "blocks_first"
             tensors = self._packed.staging
         else:
@@ -486,5 +491,24 @@ def _cpu_attention_isa(vllm_config: "VllmConfig", layer_name: str,
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     _, _, block_size, width = cache.shape
-    return str(_get_attn_isa(cache.dtype, block_size, width // 2,
+    # An fp8 cache's uint8 says nothing of the model's dtype, which the
+    # choice reads.
+    dtype, model_dtype = cache.dtype, vllm_config.model_config.dtype
+    if dtype == torch.uint8 and isinstance(model_dtype, torch.dtype):
+        dtype = model_dtype
+    return str(_get_attn_isa(dtype, block_size, width // 2,
                              str(vllm_config.cache_config.cache_dtype)))
+
+
+def _kv_scales(vllm_config: "VllmConfig", names: list[str]
+               ) -> Callable[[int], Scales]:
+    """Layer -> its attention layer's (k_scale, v_scale), read when asked:
+    vLLM may set them after the caches are registered (from a checkpoint,
+    or computed on the first forward pass)."""
+    layers = vllm_config.compilation_config.static_forward_context
+
+    def scales(layer: int) -> Scales:
+        attention = layers.get(names[layer])
+        return (float(getattr(attention, "_k_scale_float", 1.0)),
+                float(getattr(attention, "_v_scale_float", 1.0)))
+    return scales

@@ -10,6 +10,7 @@ it, with or without kvc's connector::
 ``spec.json``::
 
     {"model": "/models/llama", "dtype": "bfloat16", "block_size": 32,
+     "kv_cache_dtype": "auto",   # or fp8 (E4M3), fp8_e5m2
      "prefix_caching": false, "max_model_len": 1024,
      "connector": {"stores": ["file:///tmp/store"], ...},   # or null
      "role": "kv_both",    # the connector's kv_role (kv_producer, kv_consumer)
@@ -300,6 +301,7 @@ def _start(spec: dict[str, Any], transfer: Any) -> Any:
         max_loras=max(1, len(lora["adapters"])))
     return LLM(model=spec["model"], skip_tokenizer_init=True,
                dtype=spec.get("dtype", "bfloat16"),
+               kv_cache_dtype=spec.get("kv_cache_dtype", "auto"),
                block_size=int(spec.get("block_size", 32)),
                max_model_len=int(spec.get("max_model_len", 1024)),
                max_num_seqs=int(spec.get("max_num_seqs", 16)),

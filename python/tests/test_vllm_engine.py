@@ -398,6 +398,40 @@ def test_float32_and_float16_caches(model_dir: str, tmp_path: Path,
     assert loaded["outputs"] == plain["phases"][0]["outputs"]
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
+def test_fp8_caches(model_dir: str, tmp_path: Path,
+                    kv_cache_dtype: str) -> None:
+    # An fp8 cache (E4M3, E5M2): loads packed by vLLM's own cache write,
+    # saves decoded from its codes. The tokens are the fp8 engine's own, and
+    # a store saved by the bf16 engine is not the fp8 engine's (its values
+    # are not the ones the fp8 engine keeps): it finds nothing there.
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+        _get_attn_isa(torch.bfloat16, BLOCK, 32, kv_cache_dtype)
+    except NotImplementedError as error:
+        # vLLM's CPU attention runs fp8 caches with AVX-512 or AMX only.
+        pytest.skip(f"vLLM refuses {kv_cache_dtype} caches here: {error}")
+    prompts = [P1, P2]
+    fp8 = {"model": model_dir, "prefix_caching": False,
+           "kv_cache_dtype": kv_cache_dtype}
+    plain = run_engine({**fp8, "phases": [generate(*prompts)]}, tmp_path,
+                       f"{kv_cache_dtype}-plain")
+    store = tmp_path / "store"
+    run_engine({"model": model_dir, "prefix_caching": False,
+                "connector": connector(store), "phases": [generate(P3)]},
+               tmp_path, "bf16-saves")
+    result = run_engine({
+        **fp8, "connector": connector(store),
+        "phases": [generate(P3), generate(P1), generate(*prompts)]},
+        tmp_path, f"{kv_cache_dtype}-kvc")
+    assert "start_error" not in result, result
+    other, saved, loaded = result["phases"]
+    assert other["counters"][HITS] == 0
+    assert saved["counters"][HITS] == 0
+    assert loaded["counters"][HITS] == held(300) + 128
+    assert loaded["outputs"] == plain["phases"][0]["outputs"]
+
+
 @pytest.fixture(scope="module")
 def larger_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A random Llama whose prefill on this CPU takes tens of

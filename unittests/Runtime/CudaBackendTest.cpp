@@ -172,6 +172,17 @@ TEST_F(CudaBackendTest, ModelsOfEveryDTypeRestoreExactly) {
   }
 }
 
+// A Qwen3 with biased projections and per-head q/k norms on the GPU:
+// every strategy within bf16 rounding of the CPU model's prefill (the
+// forward, the projection and the generated projections add the biases and
+// norm the heads before RoPE).
+TEST_F(CudaBackendTest, AQwen3WithBiasesRestoresEveryStrategy) {
+  useQwen3WithBiases();
+  expectEveryStrategyExact();
+  useBf16Gemms();
+  expectExact({0, model_->config().numLayers, 64}); // hidden, bf16 GEMMs
+}
+
 TEST_F(CudaBackendTest, LostAndCorruptChunksAreRecomputedExactly) {
   ASSERT_TRUE(tier_->remove(victim(*store_, tokens_)).isOk());
   expectExact({0, 0, 64}, /*expectedFallbacks=*/1);

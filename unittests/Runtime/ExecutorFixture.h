@@ -14,6 +14,8 @@
 #include "kvc/Runtime/Base/Half.h"
 #include "kvc/Runtime/Codec/ChunkCodec.h"
 #include "kvc/Runtime/Exec/Executor.h"
+#include "kvc/Runtime/Model/GenModel.h"
+#include "kvc/Runtime/Model/Safetensors.h"
 #include "kvc/Runtime/Save/SavePlan.h"
 #include "kvc/Runtime/Save/Saver.h"
 
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -357,8 +360,51 @@ protected:
   /// Makes the test's model a fresh one in `dtype`, with its context saved
   /// to a new store and its full prefill as the reference.
   void useModel(DType dtype) {
-    auto model = LlamaModel::load(test::generateTestModel(
-        std::string("exec-") + dtypeName(dtype), 7, 4, 128, dtype));
+    useModelAt(test::generateTestModel(std::string("exec-") + dtypeName(dtype),
+                                       7, 4, 128, dtype));
+  }
+
+  /// The test's model as a Qwen3 with `attention_bias` (random q, k, v and
+  /// output biases and per-head q and k norms on the generated weights): a
+  /// restore that drops any of them computes other K and V.
+  void useQwen3WithBiases() {
+    const std::string base = test::generateTestModel("exec-qwen-base", 7);
+    auto llama = LlamaModel::load(base);
+    ASSERT_TRUE(llama) << llama.status().toString();
+    StatusOr<TensorMap> tensors = loadSafetensors(base);
+    ASSERT_TRUE(tensors) << tensors.status().toString();
+    const ModelConfig &c = (*llama)->config();
+    const int64_t q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim;
+    std::mt19937 random(11);
+    auto values = [&](int64_t n, float center, float spread) {
+      std::uniform_real_distribution<float> draw(center - spread,
+                                                 center + spread);
+      Tensor t{{n}, std::vector<float>(size_t(n))};
+      for (float &x : t.data)
+        x = draw(random);
+      return t;
+    };
+    for (int64_t l = 0; l < c.numLayers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      (*tensors)[p + "q_proj.bias"] = values(q, 0, 0.5f);
+      (*tensors)[p + "k_proj.bias"] = values(kv, 0, 0.5f);
+      (*tensors)[p + "v_proj.bias"] = values(kv, 0, 0.5f);
+      (*tensors)[p + "o_proj.bias"] = values(c.hiddenSize, 0, 0.5f);
+      (*tensors)[p + "q_norm.weight"] = values(c.headDim, 1, 0.5f);
+      (*tensors)[p + "k_norm.weight"] = values(c.headDim, 1, 0.5f);
+    }
+    const std::string dir = test::tempPath("exec-qwen3");
+    ASSERT_TRUE(writeModelDirectory(dir, c, *tensors,
+                                    R"({"model_type": "qwen3",
+                                        "attention_bias": true})")
+                    .isOk());
+    useModelAt(dir);
+    ASSERT_TRUE(model_->config().qkvBias && model_->config().outputBias &&
+                model_->config().qkNorm);
+  }
+
+  void useModelAt(const std::string &dir) {
+    auto model = LlamaModel::load(dir);
     ASSERT_TRUE(model) << model.status().toString();
     model_ = std::move(model).value();
     tokens_.resize(kTokens);

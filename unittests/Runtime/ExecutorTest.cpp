@@ -26,6 +26,13 @@ using namespace kvc::exec_test;
 
 namespace {
 
+// A Qwen3 with biased projections and per-head q/k norms: every strategy
+// restores it (projections and computed chunks apply both).
+TEST_F(ExecutorTest, AQwen3WithBiasesRestoresEveryStrategy) {
+  useQwen3WithBiases();
+  expectEveryStrategyExact();
+}
+
 TEST_F(ExecutorTest, ModelsOfEveryDTypeRestoreExactly) {
   for (DType dtype : {DType::F16, DType::F32}) {
     SCOPED_TRACE(dtypeName(dtype));

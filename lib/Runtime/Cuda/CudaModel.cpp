@@ -81,11 +81,6 @@ Status CudaModel::supports(const ModelConfig &c) {
                          "of " +
                          std::to_string(c.slidingWindow) +
                          ") is computed on the CPU backend only");
-  if (c.qkvBias || c.outputBias || c.qkNorm)
-    return unimplemented(
-        "cuda backend: " + c.modelType + "'s attention (" +
-        (c.qkNorm ? "per-head q/k norms" : "biased projections") +
-        ") is computed on the CPU backend only");
   return Status::ok();
 }
 
@@ -94,11 +89,7 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
   // From the checkpoint as stored: the model's fp32 host weights are
   // neither used nor made.
   const ModelConfig &c = model.config();
-  if (c.qkvBias || c.outputBias || c.qkNorm)
-    return unimplemented(
-        "cuda backend: " + c.modelType + "'s attention (" +
-        (c.qkNorm ? "per-head q/k norms" : "biased projections") +
-        ") is computed on the CPU backend only");
+  KVC_RETURN_IF_ERROR(supports(c));
   std::unique_ptr<CudaModel> gpu(new CudaModel(model.config(), precision));
   const int64_t h = c.hiddenSize;
   KVC_RETURN_IF_ERROR(
@@ -116,6 +107,15 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
     Layer &to = gpu->layers_[l];
     KVC_RETURN_IF_ERROR(uploadFloats({&from.attnNorm}, to.attnNorm));
     KVC_RETURN_IF_ERROR(uploadFloats({&from.mlpNorm}, to.mlpNorm));
+    if (c.qkvBias)
+      KVC_RETURN_IF_ERROR(
+          uploadFloats({&from.qBias, &from.kBias, &from.vBias}, to.qkvBias));
+    if (c.outputBias)
+      KVC_RETURN_IF_ERROR(uploadFloats({&from.oBias}, to.oBias));
+    if (c.qkNorm) {
+      KVC_RETURN_IF_ERROR(uploadFloats({&from.qNorm}, to.qNorm));
+      KVC_RETURN_IF_ERROR(uploadFloats({&from.kNorm}, to.kNorm));
+    }
     KVC_RETURN_IF_ERROR(gpu->upload({&from.q, &from.k, &from.v}, h, to.qkv));
     KVC_RETURN_IF_ERROR(gpu->upload({&from.o}, c.numHeads * c.headDim, to.o));
     KVC_RETURN_IF_ERROR(gpu->upload({&from.gate, &from.up}, h, to.gateUp));
@@ -127,6 +127,10 @@ CudaModel::create(const LlamaModel &model, GemmPrecision precision) {
 StatusOr<std::unique_ptr<CudaModel>>
 CudaModel::borrow(const ModelConfig &c, const CudaLlamaWeights &weights) {
   KVC_RETURN_IF_ERROR(supports(c));
+  if (c.qkvBias || c.outputBias || c.qkNorm)
+    return unimplemented("cuda runner: " + c.modelType + "'s " +
+                         (c.qkNorm ? "per-head q/k norms" : "biases") +
+                         " are not among a server's weights kvc borrows");
   if (int64_t(weights.layers.size()) != c.numLayers)
     return invalidArgument(
         "cuda runner: weights of " + std::to_string(weights.layers.size()) +
@@ -258,7 +262,39 @@ Status CudaModel::projectKV(Lane &lane, int64_t layer, const uint16_t *x,
   const int64_t q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim;
   const Layer &L = layers_[layer];
   KVC_RETURN_IF_ERROR(gemm(lane, x, L.qkv, q, kv, n, k, false));
-  return gemm(lane, x, L.qkv, q + kv, kv, n, v, false);
+  KVC_RETURN_IF_ERROR(gemm(lane, x, L.qkv, q + kv, kv, n, v, false));
+  if (L.qkvBias.get()) {
+    const float *bias = L.qkvBias.get<float>();
+    KVC_CUDA_RETURN_IF_ERROR(addBias(k, n, kv, bias + q, kv, lane.stream),
+                             "K's bias");
+    KVC_CUDA_RETURN_IF_ERROR(addBias(v, n, kv, bias + q + kv, kv, lane.stream),
+                             "V's bias");
+  }
+  if (L.kNorm.get())
+    KVC_CUDA_RETURN_IF_ERROR(headNorm(k, n, kv, c.numKvHeads, c.headDim,
+                                      L.kNorm.get<float>(), float(c.rmsNormEps),
+                                      lane.stream),
+                             "K's per-head norm");
+  return Status::ok();
+}
+
+Status CudaModel::biasAndNormHeads(const Layer &L, float *qkv, int64_t n,
+                                   int64_t width, cudaStream_t stream) const {
+  const ModelConfig &c = config_;
+  const int64_t q = c.numHeads * c.headDim;
+  if (L.qkvBias.get())
+    KVC_CUDA_RETURN_IF_ERROR(
+        addBias(qkv, n, width, L.qkvBias.get<float>(), width, stream),
+        "Q's, K's and V's biases");
+  if (!L.qNorm.get())
+    return Status::ok();
+  const float eps = float(c.rmsNormEps);
+  KVC_CUDA_RETURN_IF_ERROR(headNorm(qkv, n, width, c.numHeads, c.headDim,
+                                    L.qNorm.get<float>(), eps, stream),
+                           "Q's per-head norm");
+  return cudaStatus(headNorm(qkv + q, n, width, c.numKvHeads, c.headDim,
+                             L.kNorm.get<float>(), eps, stream),
+                    "K's per-head norm");
 }
 
 Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
@@ -306,6 +342,7 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
     KVC_CUDA_RETURN_IF_ERROR(
         rmsNorm(x, L.attnNorm.get<float>(), n, h, eps, in, low, s), "RMSNorm");
     KVC_RETURN_IF_ERROR(gemm(lane, in, L.qkv, 0, width, n, qkv, false));
+    KVC_RETURN_IF_ERROR(biasAndNormHeads(L, qkv, n, width, s));
     KVC_CUDA_RETURN_IF_ERROR(
         rope(qkv, n, width, c.numHeads, c.headDim, rotations, s), "RoPE");
     KVC_CUDA_RETURN_IF_ERROR(storeKV(qkv, n, width, q, q + kv, c.numKvHeads,
@@ -319,6 +356,9 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
                                        low, /*tensorCores=*/low, s),
                              "attention");
     KVC_RETURN_IF_ERROR(gemm(lane, in, L.o, 0, h, n, x, true));
+    if (L.oBias.get())
+      KVC_CUDA_RETURN_IF_ERROR(addBias(x, n, h, L.oBias.get<float>(), h, s),
+                               "the output projection's bias");
     KVC_CUDA_RETURN_IF_ERROR(
         rmsNorm(x, L.mlpNorm.get<float>(), n, h, eps, in, low, s), "RMSNorm");
     KVC_RETURN_IF_ERROR(gemm(lane, in, L.gateUp, 0, 2 * f, n, gateUp, false));
@@ -353,6 +393,15 @@ Status CudaModel::project(Lane &lane, int64_t layer, const float *hidden,
                            "RMSNorm");
   // W_k and W_v are adjacent rows of the fused QKV matrix: one GEMM.
   KVC_RETURN_IF_ERROR(gemm(lane, normed, L.qkv, q, 2 * kv, n, y, false));
+  if (L.qkvBias.get())
+    KVC_CUDA_RETURN_IF_ERROR(
+        addBias(y, n, 2 * kv, L.qkvBias.get<float>() + q, 2 * kv, lane.stream),
+        "K's and V's biases");
+  if (L.kNorm.get())
+    KVC_CUDA_RETURN_IF_ERROR(headNorm(y, n, 2 * kv, c.numKvHeads, c.headDim,
+                                      L.kNorm.get<float>(), float(c.rmsNormEps),
+                                      lane.stream),
+                             "K's per-head norm");
   return cudaStatus(storeKV(y, n, 2 * kv, 0, kv, c.numKvHeads, c.headDim,
                             rotations, out, 0, lane.stream),
                     "storing K and V");

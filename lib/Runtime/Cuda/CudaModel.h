@@ -39,9 +39,9 @@ enum class GemmPrecision { F32, BF16 };
 class CudaModel {
 public:
   /// Whether the GPU's forward and generated projections compute a model
-  /// of `config`: not Qwen2's biases, Qwen3's q/k norms or sliding windows
-  /// (the CPU backend computes those), Unimplemented naming what is
-  /// missing.
+  /// of `config`: Qwen2's biases and Qwen3's q/k norms they do, sliding
+  /// windows not (the CPU backend computes those), Unimplemented naming
+  /// what is missing.
   static Status supports(const ModelConfig &config);
   /// Copies `model`'s weights to the current device, from its checkpoint
   /// as stored (its fp32 host weights are neither used nor made).
@@ -49,7 +49,8 @@ public:
                                                      GemmPrecision precision);
   /// A model of `config` over `weights` the caller holds on the current
   /// device (bf16; they must outlive it): only the norms are copied, to
-  /// fp32. Refuses weights it cannot address.
+  /// fp32. Refuses weights it cannot address, and models with biases or
+  /// per-head norms (the server's weights carry none).
   static StatusOr<std::unique_ptr<CudaModel>>
   borrow(const ModelConfig &config, const CudaLlamaWeights &weights);
 
@@ -101,11 +102,19 @@ private:
   };
   struct Layer {
     DeviceArray attnNorm, mlpNorm; ///< fp32.
-    Matrix qkv;                    ///< [q | k | v] rows.
+    /// fp32, empty where the model has none: [q | k | v]'s biases, the
+    /// output projection's, Qwen3's per-head q and k norms.
+    DeviceArray qkvBias, oBias, qNorm, kNorm;
+    Matrix qkv; ///< [q | k | v] rows.
     Matrix o;
     Matrix gateUp; ///< [gate | up] rows.
     Matrix down;
   };
+
+  /// A projection's [q | k | v] rows ([n][width]) biased and Q's and K's
+  /// heads normed, where the model has them (before RoPE).
+  Status biasAndNormHeads(const Layer &L, float *qkv, int64_t n, int64_t width,
+                          cudaStream_t stream) const;
 
   CudaModel(const ModelConfig &config, GemmPrecision precision)
       : config_(config), invFreq_(ropeFrequencies(config)),

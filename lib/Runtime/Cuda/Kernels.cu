@@ -160,6 +160,31 @@ __global__ void rmsNormKernel(const float *x, const float *weight, int64_t h,
         bf16Out);
 }
 
+__global__ void addBiasKernel(float *rows, int64_t n, int64_t rowStride,
+                              const float *bias, int64_t width) {
+  KVC_GRID_STRIDE(i, n * width) {
+    rows[i / width * rowStride + i % width] += bias[i % width];
+  }
+}
+
+// A warp per head of a row (kThreads / 32 heads a block).
+__global__ void headNormKernel(float *rows, int64_t n, int64_t rowStride,
+                               int64_t heads, int64_t headDim,
+                               const float *weight, float eps) {
+  const int64_t head = int64_t(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (head >= n * heads)
+    return;
+  const int lane = threadIdx.x % 32;
+  float *x = rows + head / heads * rowStride + head % heads * headDim;
+  float sum = 0;
+  for (int64_t j = lane; j < headDim; j += 32)
+    sum += x[j] * x[j];
+  sum = warpSum(sum);
+  const float scale = 1.0f / sqrtf(sum / float(headDim) + eps);
+  for (int64_t j = lane; j < headDim; j += 32)
+    x[j] = (x[j] * scale) * weight[j];
+}
+
 __global__ void embedKernel(const int32_t *tokens, int64_t n,
                             const float *table, int64_t h, float *x) {
   KVC_GRID_STRIDE(i, n * h) {
@@ -541,6 +566,26 @@ cudaError_t rmsNorm(const float *x, const float *weight, int64_t n, int64_t h,
     return cudaSuccess;
   rmsNormKernel<<<unsigned(n), kThreads, 0, stream>>>(x, weight, h, eps, out,
                                                       bf16Out);
+  return cudaGetLastError();
+}
+
+cudaError_t addBias(float *rows, int64_t n, int64_t rowStride,
+                    const float *bias, int64_t width, cudaStream_t stream) {
+  if (n <= 0 || width <= 0)
+    return cudaSuccess;
+  addBiasKernel<<<gridFor(n * width), kThreads, 0, stream>>>(rows, n, rowStride,
+                                                             bias, width);
+  return cudaGetLastError();
+}
+
+cudaError_t headNorm(float *rows, int64_t n, int64_t rowStride, int64_t heads,
+                     int64_t headDim, const float *weight, float eps,
+                     cudaStream_t stream) {
+  if (n <= 0 || heads <= 0)
+    return cudaSuccess;
+  constexpr int64_t kHeads = kThreads / 32;
+  headNormKernel<<<unsigned((n * heads + kHeads - 1) / kHeads), kThreads, 0,
+                   stream>>>(rows, n, rowStride, heads, headDim, weight, eps);
   return cudaGetLastError();
 }
 

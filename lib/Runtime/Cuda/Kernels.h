@@ -59,6 +59,19 @@ cudaError_t narrow(const float *in, int64_t n, uint16_t *out,
 cudaError_t rmsNorm(const float *x, const float *weight, int64_t n, int64_t h,
                     float eps, void *out, bool bf16Out, cudaStream_t stream);
 
+/// rows[t * rowStride + j] += bias[j] for j < width and every t < n (a
+/// projection's bias: Qwen2's q, k and v, `attention_bias`'s output).
+cudaError_t addBias(float *rows, int64_t n, int64_t rowStride,
+                    const float *bias, int64_t width, cudaStream_t stream);
+
+/// RMSNorm in place over each of `heads` heads of `headDim` values in each
+/// of `n` rows (`rowStride` floats apart, the heads from their start), with
+/// one weight for every head (Qwen3's q_norm and k_norm): x / rms(x) *
+/// weight, fp32.
+cudaError_t headNorm(float *rows, int64_t n, int64_t rowStride, int64_t heads,
+                     int64_t headDim, const float *weight, float eps,
+                     cudaStream_t stream);
+
 /// The token embedding rows of `tokens` ([n], device) into x ([n][h]).
 cudaError_t embed(const int32_t *tokens, int64_t n, const float *table,
                   int64_t h, float *x, cudaStream_t stream);

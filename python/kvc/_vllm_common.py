@@ -138,9 +138,10 @@ class ConnectorSide:
                  kv_cache_config: "KVCacheConfig | None") -> None:
         self._vllm_config = vllm_config
         parallel = vllm_config.parallel_config
-        if parallel.tensor_parallel_size != 1:
-            raise _refuse(f"tensor parallelism (tensor_parallel_size "
-                          f"{parallel.tensor_parallel_size})")
+        # Tensor parallelism: each rank holds kv_heads / tp of the heads;
+        # rank 0's worker loads and saves whole objects for all of them
+        # (_vllm_worker.py), so that engines of every TP size share them.
+        self._tp = int(parallel.tensor_parallel_size)
         if parallel.pipeline_parallel_size != 1:
             raise _refuse(f"pipeline parallelism (pipeline_parallel_size "
                           f"{parallel.pipeline_parallel_size})")
@@ -223,6 +224,15 @@ class ConnectorSide:
         else:
             options.update(policy="always", recompute_failures=False)
         self._model = Model(model)
+        if self._tp > 1:
+            if options["device"] != "cpu" or self._async:
+                raise _refuse(f"tensor parallelism (tensor_parallel_size "
+                              f"{self._tp}) on device {options['device']}"
+                              f"{' with async_load' if self._async else ''}")
+            if self._model.kv_heads % self._tp:
+                raise _refuse(f"tensor parallelism (tensor_parallel_size "
+                              f"{self._tp}) over {self._model.kv_heads} KV "
+                              "heads")
         self._stores = list(stores)
         self._medium = "CPU" if all(str(u).startswith("mem://")
                                     for u in self._stores) else "STORAGE"
@@ -231,12 +241,19 @@ class ConnectorSide:
         self._kvcs: dict[str, Connector] = {}
         self._caches: list[torch.Tensor] = []
         self._layout: CacheLayout = "keys_first"
-        self._kvc_for(self._tenant)
+        if self._leads():
+            self._kvc_for(self._tenant)
         self._layers = self._model.layers
         self._chunk_tokens = options["chunk_tokens"]
         # Both sides' counters (workers: also updated by the save waiter).
         self._stats = KvcConnectorStats()
         self._stats_lock = threading.Lock()
+
+    def _leads(self) -> bool:
+        """Whether this side runs kvc Connectors: the scheduler, and the
+        worker of tensor-parallel rank 0 (the others only exchange their
+        heads with it)."""
+        return True
 
     def _kvc_for(self, tenant: str) -> Connector:
         """The kvc Connector of ``tenant``, made (and, on a worker, given

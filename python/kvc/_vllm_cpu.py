@@ -152,12 +152,18 @@ class PackedCpuCache:
         scales: where the cache is fp8, layer -> its (k_scale, v_scale) as
             vLLM's attention layer holds them now (asked at each pack and
             unpack); None: 1.0 for both.
+        staging_heads: the KV heads staging blocks hold (a tensor-parallel
+            rank's caches hold heads ``first_head`` on of them); None: the
+            caches' own.
+        first_head: the staging head the caches' first head is.
     """
 
     def __init__(self, caches: list[torch.Tensor], isa: str,
                  staging_blocks: int | None = None,
                  kv_cache_dtype: str = "auto",
-                 scales: Callable[[int], Scales] | None = None) -> None:
+                 scales: Callable[[int], Scales] | None = None,
+                 staging_heads: int | None = None,
+                 first_head: int = 0) -> None:
         first = caches[0]
         blocks, heads, size, width = first.shape
         if width % 2:
@@ -193,7 +199,12 @@ class PackedCpuCache:
         # bf16, an fp8 one's values in bf16.
         self.staging_dtype = torch.bfloat16 if self.fp8 else \
             _STAGING_DTYPES[first.dtype]
-        self.staging = [torch.zeros(count, 2, size, heads, width // 2,
+        staged = heads if staging_heads is None else int(staging_heads)
+        if not 0 <= first_head <= staged - heads:
+            raise Error(f"heads {first_head}.. of {staged} staged: the caches "
+                        f"hold {heads}", "invalid_argument")
+        self.heads = slice(first_head, first_head + heads)
+        self.staging = [torch.zeros(count, 2, size, staged, width // 2,
                                     dtype=self.staging_dtype)
                         for _ in caches]
         self._free = list(range(count - 1, -1, -1))
@@ -223,24 +234,31 @@ class PackedCpuCache:
              block_ids: list[int]) -> None:
         """Writes staging blocks ``staging_ids`` of ``layer`` into vLLM's
         blocks ``block_ids`` (pairwise)."""
+        if block_ids:
+            staged = self.staging[layer][torch.tensor(staging_ids)]
+            self.pack_values(layer, staged[:, :, :, self.heads], block_ids)
+
+    def pack_values(self, layer: int, values: torch.Tensor,
+                    block_ids: list[int]) -> None:
+        """Writes ``values`` (``[blocks, 2, block_size, heads, head_dim]``
+        of the caches' heads) into vLLM's blocks ``block_ids`` of
+        ``layer``."""
         if not block_ids:
             return
         cache = self.caches[layer]
         if self.fp8:
             # vLLM's own write, with the layer's scales: the codes its
             # forward pass would write for these K and V.
-            staged = self.staging[layer][torch.tensor(staging_ids)]
-            heads, dim = staged.shape[-2:]
-            keys = staged[:, 0].reshape(-1, heads, dim).contiguous()
-            values = staged[:, 1].reshape(-1, heads, dim).contiguous()
+            heads, dim = values.shape[-2:]
+            keys = values[:, 0].reshape(-1, heads, dim).contiguous()
+            values = values[:, 1].reshape(-1, heads, dim).contiguous()
             slots = (torch.tensor(block_ids, dtype=torch.int64)[:, None] *
                      self.block_size +
                      torch.arange(self.block_size, dtype=torch.int64)).reshape(-1)
             _write(keys, values, cache, slots, self.isa, self.kv_cache_dtype,
                    self._scales(layer))
             return
-        source = self.staging[layer].view(self.staging[layer].shape[0], -1)
-        packed = source[torch.tensor(staging_ids)][:, self.index]
+        packed = values.reshape(values.shape[0], -1)[:, self.index]
         flat = cache.view(cache.shape[0], -1)
         flat[torch.tensor(block_ids)] = packed.to(cache.dtype)
 
@@ -248,8 +266,14 @@ class PackedCpuCache:
                staging_ids: list[int]) -> None:
         """Reads vLLM's blocks ``block_ids`` of ``layer`` into staging
         blocks ``staging_ids`` (pairwise)."""
-        if not block_ids:
-            return
+        if block_ids:
+            self.staging[layer][torch.tensor(staging_ids), :, :, self.heads] = \
+                self.unpack_values(layer, block_ids)
+
+    def unpack_values(self, layer: int, block_ids: list[int]) -> torch.Tensor:
+        """vLLM's blocks ``block_ids`` of ``layer`` as ``[blocks, 2,
+        block_size, heads, head_dim]`` of the caches' heads, in the staging
+        dtype."""
         cache = self.caches[layer].view(self.caches[layer].shape[0], -1)
         tokens = cache[torch.tensor(block_ids)][:, self.inverse]
         if self.fp8:
@@ -258,5 +282,6 @@ class PackedCpuCache:
             half = tokens.shape[1] // 2
             tokens[:, :half] *= k_scale
             tokens[:, half:] *= v_scale
-        target = self.staging[layer].view(self.staging[layer].shape[0], -1)
-        target[torch.tensor(staging_ids)] = tokens.to(self.staging_dtype)
+        _, heads, size, width = self.caches[layer].shape
+        return tokens.to(self.staging_dtype).view(len(block_ids), 2, size,
+                                                  heads, width // 2)

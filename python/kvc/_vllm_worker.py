@@ -7,6 +7,7 @@ in the background), and reports the blocks a load could not fill.
 from __future__ import annotations
 
 import time
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -56,6 +57,10 @@ class WorkerSide(ConnectorSide):
                          kv_cache_config)
         self._get_connector_metadata = metadata
         self._packed: PackedCpuCache | None = None
+        # Tensor parallelism (tp > 1): the loads started on rank 0 and, on
+        # the other ranks, each load's staging block count and the layers
+        # not yet packed into vLLM's blocks.
+        self._rank_loads: dict[str, tuple[int, set[int]]] = {}
         # Requests' staging blocks (a packed CPU cache): per load, its
         # staging table and the layers not yet packed into vLLM's blocks;
         # per save, its staging table.
@@ -87,6 +92,13 @@ class WorkerSide(ConnectorSide):
         # Saves' writes being waited for off the forward pass.
         self._writes: set[Future[None]] = set()
 
+    def _leads(self) -> bool:
+        return self._tp_rank() == 0
+
+    def _tp_rank(self) -> int:
+        """This worker's tensor-parallel rank (0 without parallelism)."""
+        return 0 if self._tp == 1 else int(_tp_group().rank_in_group)
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         by_layer = sorted(kv_caches.items(), key=lambda kv: layer_index(kv[0]))
         tensors = [t for _, t in by_layer]
@@ -94,6 +106,15 @@ class WorkerSide(ConnectorSide):
             raise Error(f"vLLM registered {len(tensors)} KV caches for a model "
                         f"of {self._layers} layers", "failed_precondition")
         first = tensors[0]
+        # A tensor-parallel rank holds its share of the KV heads; rank 0
+        # stages all of them.
+        heads = self._model.kv_heads // self._tp
+        if self._tp > 1 and not (first.dim() == 4 and
+                                 first.device.type == "cpu"):
+            raise Error(f"tensor parallelism (tensor_parallel_size {self._tp})"
+                        f" over caches of shape {tuple(first.shape)} on "
+                        f"{first.device}: kvc runs it in vLLM's CPU build "
+                        "only", "unimplemented")
         if self._cache_dtype in FP8_FORMATS and first.device.type != "cpu":
             raise Error(f"a {self._cache_dtype} KV cache on {first.device}: "
                         "kvc loads fp8 caches in vLLM's CPU build only",
@@ -103,16 +124,19 @@ class WorkerSide(ConnectorSide):
         elif first.dim() == 5 and first.shape[1] == 2:
             self._layout = "blocks_first"
         elif first.dim() == 4 and first.device.type == "cpu" and \
-                tuple(first.shape[1:]) == (self._model.kv_heads,
-                                           self._block_size,
+                tuple(first.shape[1:]) == (heads, self._block_size,
                                            2 * self._model.head_dim):
             # vLLM's CPU build: [blocks, heads, block_size, 2 * head_dim],
-            # packed per instruction set; kvc works on staging blocks.
+            # packed per instruction set; kvc works on staging blocks (rank
+            # 0's hold every head; the other ranks' are never used).
+            leads = self._leads()
             self._packed = PackedCpuCache(
                 tensors, _cpu_attention_isa(self._vllm_config, by_layer[0][0],
                                             first),
-                self._staging_blocks, self._cache_dtype,
-                _kv_scales(self._vllm_config, [n for n, _ in by_layer]))
+                self._staging_blocks if leads else 1, self._cache_dtype,
+                _kv_scales(self._vllm_config, [n for n, _ in by_layer]),
+                staging_heads=self._model.kv_heads,
+                first_head=self._tp_rank() * heads)
             if self._packed.lossy:
                 logger.warning("kvc: vLLM's KV cache is %s (%s); kvc stores "
                                "it as %s (rounded)", first.dtype,
@@ -136,7 +160,7 @@ class WorkerSide(ConnectorSide):
     def start_load_kv(self, forward_context: "ForwardContext",
                       **kwargs: Any) -> None:
         meta = self._metadata()
-        for load in meta.loads:
+        for load in meta.loads if self._leads() else []:
             kvc = self._kvc_for(load.tenant)
             self._kvc_of[load.request_id] = kvc
             try:
@@ -155,6 +179,18 @@ class WorkerSide(ConnectorSide):
                 self._forget_load(load.request_id)
                 if load.asynchronous:
                     self._loads_ended.add(load.request_id)
+        if self._tp > 1 and meta.loads:
+            # Every rank packs the loads rank 0 started, each layer from
+            # rank 0's staging blocks (_pack).
+            started = _tp_group().broadcast_object(
+                {load.request_id: len(self._load_staging[load.request_id][0])
+                 for load in self._loading} if self._leads() else None)
+            if not self._leads():
+                self._loading = [load for load in meta.loads
+                                 if load.request_id in started]
+                self._rank_loads = {
+                    req_id: (count, set(range(self._layers)))
+                    for req_id, count in started.items()}
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         layer = layer_index(layer_name)
@@ -164,9 +200,12 @@ class WorkerSide(ConnectorSide):
         stream = torch.cuda.current_stream().cuda_stream \
             if self._on_cuda and self._stream_waits else None
         for load in self._loading:
-            kvc = self._kvc_of[load.request_id]
+            kvc = self._kvc_of.get(load.request_id)
             try:
-                if stream is None:
+                # Rank 0 loads; the other ranks wait for its blocks (_pack).
+                if kvc is None:
+                    pass
+                elif stream is None:
                     kvc.wait_layer(load.request_id, layer)
                 else:
                     kvc.wait_layer_on(load.request_id, layer, stream)
@@ -207,12 +246,26 @@ class WorkerSide(ConnectorSide):
 
     def _save_layer(self, meta: KvcConnectorMetadata, layer: int) -> None:
         for save in meta.saves:
+            try:
+                values = self._gather_heads(save, layer)
+            except Error as error:
+                logger.error("kvc: request %s: not saved: %s", save.request_id,
+                             error)
+                self._forget_save(save.request_id)
+                self._saves_started.add(save.request_id)
+                self._saves_copied.add(save.request_id)
+                continue
+            if not self._leads():
+                # Its blocks are read: reported done once it finishes.
+                self._saves_started.add(save.request_id)
+                self._saves_copied.add(save.request_id)
+                continue
             kvc = self._kvc_for(save.tenant)
             self._kvc_of[save.request_id] = kvc
             if save.request_id in self._saves_copied:
                 continue  # Refused at an earlier layer.
             try:
-                blocks = self._save_table(save, layer)
+                blocks = self._save_table(save, layer, values)
                 kvc.save_layer(save_id(save.request_id), save.tokens, layer,
                                blocks)
                 self._save_ids.add(save.request_id)
@@ -225,6 +278,31 @@ class WorkerSide(ConnectorSide):
                 # so that the scheduler frees them.
                 self._saves_started.add(save.request_id)
                 self._saves_copied.add(save.request_id)
+
+    def _gather_heads(self, save: SaveSpec, layer: int
+                      ) -> torch.Tensor | None:
+        """With tensor parallelism, ``layer`` of ``save``'s blocks, every
+        rank's heads gathered on rank 0 (``[blocks, 2, block_size,
+        kv_heads, head_dim]``; None on the other ranks); without, None."""
+        if self._tp == 1 or self._packed is None:
+            return None
+        needed = -(-len(save.tokens) // self._block_size)
+        group = _tp_group()
+        # Each rank's tag first: ranks out of step (one failed a step the
+        # others ran) would hand rank 0 another request's heads. All-gathers,
+        # not gathers: vLLM's CPU gather lets a sender run ahead of rank 0,
+        # and back-to-back gathers then lose a rank's data (a hang, seen).
+        tags = group.all_gather(_tag(save.request_id, layer, needed), dim=0)
+        values = group.all_gather(
+            self._packed.unpack_values(layer, save.block_ids[:needed]), dim=3)
+        if not self._leads():
+            return None
+        if not bool((tags.view(self._tp, -1) ==
+                     tags.view(self._tp, -1)[0]).all()):
+            raise Error(f"request {save.request_id}: layer {layer}: the "
+                        "tensor-parallel ranks are out of step (their saves' "
+                        "tags differ)", "internal")
+        return values
 
     def build_connector_worker_meta(self) -> KvcWorkerMetadata | None:
         seconds, self._save_seconds = self._save_seconds, 0.0
@@ -353,9 +431,11 @@ class WorkerSide(ConnectorSide):
         self._load_staging[load.request_id] = (staging, set(range(self._layers)))
         return staging
 
-    def _save_table(self, save: SaveSpec, layer: int) -> list[int]:
+    def _save_table(self, save: SaveSpec, layer: int,
+                    values: torch.Tensor | None = None) -> list[int]:
         """The block table kvc saves ``layer`` of ``save`` from: vLLM's, or
-        staging blocks that now hold the layer (a packed CPU cache)."""
+        staging blocks that now hold the layer (a packed CPU cache): its
+        blocks unpacked, or ``values``, every rank's heads of them."""
         if self._packed is None:
             return save.block_ids
         needed = -(-len(save.tokens) // self._block_size)
@@ -366,23 +446,56 @@ class WorkerSide(ConnectorSide):
                 raise Error(f"{needed} staging blocks are not free "
                             "(staging_blocks)", "resource_exhausted")
             self._save_staging[save.request_id] = staging
-        self._packed.unpack(layer, save.block_ids[:needed], staging)
+        if values is None:
+            self._packed.unpack(layer, save.block_ids[:needed], staging)
+        else:
+            self._packed.staging[layer][torch.tensor(staging)] = values
         return staging
 
     def _pack(self, load: LoadSpec, layers: list[int]) -> None:
         """Packs ``layers`` of ``load`` from staging into vLLM's blocks
         (a packed CPU cache), each once: the blocks past the tokens vLLM
-        held."""
-        staged = self._load_staging.get(load.request_id)
-        if staged is None or self._packed is None:
+        held. With tensor parallelism every rank packs its heads of rank
+        0's staging blocks, which rank 0 sends to all."""
+        if self._packed is None:
             return
-        staging, unpacked = staged
+        if self._leads():
+            staged = self._load_staging.get(load.request_id)
+            if staged is None:
+                return
+            staging, unpacked = staged
+            count = len(staging)
+        else:
+            count, unpacked = self._rank_loads[load.request_id]
         first = load.tokens_on_device // self._block_size
         for layer in layers:
-            if layer in unpacked:
-                unpacked.discard(layer)
+            if layer not in unpacked:
+                continue
+            unpacked.discard(layer)
+            if self._tp == 1:
                 self._packed.pack(layer, staging[first:],
-                                  load.block_ids[first:len(staging)])
+                                  load.block_ids[first:count])
+                continue
+            if count <= first:
+                continue
+            group = _tp_group()
+            tag = _tag(load.request_id, layer, count)
+            theirs = group.broadcast(tag.clone(), src=0)
+            blocks = self._packed.staging[layer][torch.tensor(staging[first:])] \
+                if self._leads() else torch.empty(
+                    (count - first, *self._packed.staging[layer].shape[1:]),
+                    dtype=self._packed.staging_dtype)
+            group.broadcast(blocks, src=0)
+            if not torch.equal(theirs, tag):
+                # Out of step with rank 0: these are not the request's
+                # blocks. vLLM recomputes them (the ranks' errors are one).
+                logger.error("kvc: request %s: layer %d: the tensor-parallel "
+                             "ranks are out of step; its blocks are "
+                             "recomputed", load.request_id, layer)
+                self._fail(load)
+                continue
+            self._packed.pack_values(layer, blocks[:, :, :, self._packed.heads],
+                                     load.block_ids[first:count])
 
     def _release_load(self, req_id: str) -> None:
         staged = self._load_staging.pop(req_id, None)
@@ -390,7 +503,11 @@ class WorkerSide(ConnectorSide):
             self._packed.give(staged[0])
 
     def _end_loads(self) -> None:
-        """Waits for this step's synchronous loads."""
+        """Waits for this step's synchronous loads (on a tensor-parallel
+        rank but 0, forgets them: rank 0 reports their failed blocks)."""
+        if not self._leads():
+            self._loading, self._rank_loads = [], {}
+            return
         for load in self._loading:
             self._end_load(load)
         self._loading = []
@@ -409,7 +526,11 @@ class WorkerSide(ConnectorSide):
                 # Staging ids back to vLLM's.
                 where = {s: b for s, b in zip(staged[0], load.block_ids)}
                 failed = [where[b] for b in failed]
-            self._pack(load, list(range(self._layers)))
+            if self._tp == 1:
+                self._pack(load, list(range(self._layers)))
+            elif staged is not None and staged[1]:
+                # A layer vLLM never waited for: the ranks did not pack it.
+                self._fail(load)
             self._load_errors.update(failed)
             lost = [(int(b), int(e)) for b, e in metrics.get("fallback_tokens", [])]
             if lost:
@@ -512,3 +633,19 @@ def _kv_scales(vllm_config: "VllmConfig", names: list[str]
         return (float(getattr(attention, "_k_scale_float", 1.0)),
                 float(getattr(attention, "_v_scale_float", 1.0)))
     return scales
+
+
+def _tag(req_id: str, layer: int, blocks: int) -> torch.Tensor:
+    """What tensor-parallel ranks exchange before a request's layer: equal
+    on every rank in step (fp32, exact: vLLM's CPU gather takes no
+    integers)."""
+    crc = zlib.crc32(req_id.encode())
+    return torch.tensor([crc >> 16, crc & 0xFFFF, layer, blocks],
+                        dtype=torch.float32)
+
+
+def _tp_group() -> Any:
+    """vLLM's tensor-parallel group of this worker."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group()

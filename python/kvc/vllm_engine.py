@@ -11,6 +11,7 @@ it, with or without kvc's connector::
 
     {"model": "/models/llama", "dtype": "bfloat16", "block_size": 32,
      "kv_cache_dtype": "auto",   # or fp8 (E4M3), fp8_e5m2
+     "tensor_parallel_size": 1,  # > 1: worker processes, a core each
      "prefix_caching": false, "max_model_len": 1024,
      "connector": {"stores": ["file:///tmp/store"], ...},   # or null
      "role": "kv_both",    # the connector's kv_role (kv_producer, kv_consumer)
@@ -299,14 +300,23 @@ def _start(spec: dict[str, Any], transfer: Any) -> Any:
     adapters: dict[str, Any] = {} if lora is None else dict(
         enable_lora=True, max_lora_rank=int(lora.get("max_rank", 8)),
         max_loras=max(1, len(lora["adapters"])))
+    tp = int(spec.get("tensor_parallel_size", 1))
+    if tp > 1:
+        # vLLM's CPU workers bind their threads to NUMA nodes, one each
+        # unless told which cores: here a core of this process's each.
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+            str(cores[rank % len(cores)]) for rank in range(tp)))
     return LLM(model=spec["model"], skip_tokenizer_init=True,
+               tensor_parallel_size=tp,
                dtype=spec.get("dtype", "bfloat16"),
                kv_cache_dtype=spec.get("kv_cache_dtype", "auto"),
                block_size=int(spec.get("block_size", 32)),
                max_model_len=int(spec.get("max_model_len", 1024)),
                max_num_seqs=int(spec.get("max_num_seqs", 16)),
                enable_prefix_caching=bool(spec.get("prefix_caching", True)),
-               distributed_executor_backend="uni", enforce_eager=True,
+               distributed_executor_backend="uni" if tp == 1 else "mp",
+               enforce_eager=True,
                disable_log_stats=False, seed=0,
                num_gpu_blocks_override=spec.get("num_gpu_blocks"),
                kv_transfer_config=transfer, kv_events_config=events,

@@ -547,6 +547,8 @@ def test_the_refusals_are_the_documented_ones(model_dir: str,
 
     def tensor_parallel(mp: pytest.MonkeyPatch) -> None:
         mp.setattr(config.parallel_config, "tensor_parallel_size", 2)
+        mp.setitem(config.kv_transfer_config.kv_connector_extra_config,
+                   "device", "cuda")
         start()
 
     def pipeline_parallel(mp: pytest.MonkeyPatch) -> None:
@@ -591,7 +593,7 @@ def test_the_refusals_are_the_documented_ones(model_dir: str,
             {engine.names[0]: engine.caches[engine.names[0]]})
 
     triggers = {
-        "tensor parallelism > 1": tensor_parallel,
+        "tensor parallelism on a GPU or with `async_load`": tensor_parallel,
         "pipeline parallelism > 1": pipeline_parallel,
         "MLA models (DeepSeek's latent KV)": mla,
         "an fp8 KV cache on a GPU (`kv_cache_dtype fp8*`, kvc's device cuda)":

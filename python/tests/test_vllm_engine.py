@@ -398,6 +398,35 @@ def test_float32_and_float16_caches(model_dir: str, tmp_path: Path,
     assert loaded["outputs"] == plain["phases"][0]["outputs"]
 
 
+def test_tensor_parallel_engines_share_stores(model_dir: str, reference: Any,
+                                              tmp_path: Path) -> None:
+    # Tensor parallelism (2 ranks, a KV head each): rank 0's worker loads
+    # and saves whole objects, rank 1 receives and sends its heads through
+    # vLLM's group. What a TP=1 engine saved loads at TP=2, and what the
+    # TP=2 engine saved loads at TP=1; the tokens are each engine's own.
+    tp2 = {"model": model_dir, "prefix_caching": False,
+           "tensor_parallel_size": 2}
+    plain = run_engine({**tp2, "phases": [generate(P1, P2)]}, tmp_path,
+                       "tp2-plain")
+    store = tmp_path / "store"
+    run_engine({"model": model_dir, "prefix_caching": False,
+                "connector": connector(store), "phases": [generate(P1)]},
+               tmp_path, "tp1-saves")
+    result = run_engine({**tp2, "connector": connector(store),
+                         "phases": [generate(P1, P2), generate(P3)]},
+                        tmp_path, "tp2-kvc")
+    assert "start_error" not in result, result
+    loaded, saved = result["phases"]
+    assert loaded["counters"][HITS] == held(300) + 128
+    assert loaded["outputs"] == plain["phases"][0]["outputs"]
+    assert saved["counters"][HITS] == 0
+    back = run_engine({"model": model_dir, "prefix_caching": False,
+                       "connector": connector(store),
+                       "phases": [generate(P3)]}, tmp_path, "tp1-loads")
+    assert back["phases"][0]["counters"][HITS] == held(200)
+    assert back["phases"][0]["outputs"] == [reference[tuple(P3)]]
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e5m2"])
 def test_fp8_caches(model_dir: str, tmp_path: Path,
                     kv_cache_dtype: str) -> None:

@@ -2,6 +2,15 @@
 scheduler's decisions into vLLM's paged KV memory layer by layer while the
 forward pass runs, saves prompts' whole chunks after it (copies and writes
 in the background), and reports the blocks a load could not fill.
+
+With tensor parallelism (vLLM's CPU build) only rank 0 runs kvc, on
+staging blocks of every KV head. Every rank takes part in the same
+exchanges, decided by the step's metadata and by what rank 0 sends first
+(the loads it started): per layer of a load, rank 0's staging blocks go to
+every rank, which packs its heads (``_pack``); per layer of a save, every
+rank's heads come to rank 0 (``_gather_heads``). Each exchange carries a
+tag (the request, the layer, the blocks), so that ranks out of step never
+pack or store another request's heads.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ Blocks a load could not fill intact are reported to vLLM, which recomputes
 them. Every request's chunks are keyed by its tenant: the configured
 tenant, the cache's dtype, vLLM's ``cache_salt`` and the LoRA adapter, so
 that requests of different salts or adapters never share KV. On vLLM's CPU
-build, whose caches are packed per instruction set, kvc loads and saves
-through staging blocks (:mod:`kvc._vllm_cpu`).
+build, whose caches are packed per instruction set (fp8 ones too), kvc
+loads and saves through staging blocks (:mod:`kvc._vllm_cpu`); with
+tensor parallelism there, rank 0's worker loads and saves whole objects
+and exchanges each rank's heads with it (:mod:`kvc._vllm_worker`).
 
 For a KV-aware router, the scheduler side publishes vLLM's KV events
 (``take_events``): ``BlockStored`` with vLLM's block hashes once a save's

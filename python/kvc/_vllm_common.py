@@ -142,6 +142,11 @@ class ConnectorSide:
         # rank 0's worker loads and saves whole objects for all of them
         # (_vllm_worker.py), so that engines of every TP size share them.
         self._tp = int(parallel.tensor_parallel_size)
+        self._tp_rank = 0
+        if role == KVConnectorRole.WORKER and self._tp > 1:
+            from vllm.distributed.parallel_state import get_tp_group
+
+            self._tp_rank = int(get_tp_group().rank_in_group)
         if parallel.pipeline_parallel_size != 1:
             raise _refuse(f"pipeline parallelism (pipeline_parallel_size "
                           f"{parallel.pipeline_parallel_size})")
@@ -253,7 +258,7 @@ class ConnectorSide:
         """Whether this side runs kvc Connectors: the scheduler, and the
         worker of tensor-parallel rank 0 (the others only exchange their
         heads with it)."""
-        return True
+        return self._tp_rank == 0
 
     def _kvc_for(self, tenant: str) -> Connector:
         """The kvc Connector of ``tenant``, made (and, on a worker, given

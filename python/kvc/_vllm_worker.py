@@ -101,13 +101,6 @@ class WorkerSide(ConnectorSide):
         # Saves' writes being waited for off the forward pass.
         self._writes: set[Future[None]] = set()
 
-    def _leads(self) -> bool:
-        return self._tp_rank() == 0
-
-    def _tp_rank(self) -> int:
-        """This worker's tensor-parallel rank (0 without parallelism)."""
-        return 0 if self._tp == 1 else int(_tp_group().rank_in_group)
-
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         by_layer = sorted(kv_caches.items(), key=lambda kv: layer_index(kv[0]))
         tensors = [t for _, t in by_layer]
@@ -145,7 +138,7 @@ class WorkerSide(ConnectorSide):
                 self._staging_blocks if leads else 1, self._cache_dtype,
                 _kv_scales(self._vllm_config, [n for n, _ in by_layer]),
                 staging_heads=self._model.kv_heads,
-                first_head=self._tp_rank() * heads)
+                first_head=self._tp_rank * heads)
             if self._packed.lossy:
                 logger.warning("kvc: vLLM's KV cache is %s (%s); kvc stores "
                                "it as %s (rounded)", first.dtype,
@@ -261,13 +254,10 @@ class WorkerSide(ConnectorSide):
                 logger.error("kvc: request %s: not saved: %s", save.request_id,
                              error)
                 self._forget_save(save.request_id)
-                self._saves_started.add(save.request_id)
-                self._saves_copied.add(save.request_id)
+                self._read_for_save(save.request_id)
                 continue
             if not self._leads():
-                # Its blocks are read: reported done once it finishes.
-                self._saves_started.add(save.request_id)
-                self._saves_copied.add(save.request_id)
+                self._read_for_save(save.request_id)
                 continue
             kvc = self._kvc_for(save.tenant)
             self._kvc_of[save.request_id] = kvc
@@ -283,10 +273,14 @@ class WorkerSide(ConnectorSide):
                 logger.warning("kvc: request %s: layer %d not saved: %s",
                                save.request_id, layer, error)
                 self._forget_save(save.request_id)
-                # Nothing reads its blocks: reported done once it finishes,
-                # so that the scheduler frees them.
-                self._saves_started.add(save.request_id)
-                self._saves_copied.add(save.request_id)
+                self._read_for_save(save.request_id)
+
+    def _read_for_save(self, req_id: str) -> None:
+        """Nothing reads ``req_id``'s blocks for its save any more (it was
+        refused, or this rank's heads went to rank 0): reported done once
+        the request finishes, so that the scheduler frees them."""
+        self._saves_started.add(req_id)
+        self._saves_copied.add(req_id)
 
     def _gather_heads(self, save: SaveSpec, layer: int
                       ) -> torch.Tensor | None:

@@ -263,38 +263,30 @@ Status CudaModel::projectKV(Lane &lane, int64_t layer, const uint16_t *x,
   const Layer &L = layers_[layer];
   KVC_RETURN_IF_ERROR(gemm(lane, x, L.qkv, q, kv, n, k, false));
   KVC_RETURN_IF_ERROR(gemm(lane, x, L.qkv, q + kv, kv, n, v, false));
-  if (L.qkvBias.get()) {
-    const float *bias = L.qkvBias.get<float>();
-    KVC_CUDA_RETURN_IF_ERROR(addBias(k, n, kv, bias + q, kv, lane.stream),
-                             "K's bias");
-    KVC_CUDA_RETURN_IF_ERROR(addBias(v, n, kv, bias + q + kv, kv, lane.stream),
-                             "V's bias");
-  }
-  if (L.kNorm.get())
-    KVC_CUDA_RETURN_IF_ERROR(headNorm(k, n, kv, c.numKvHeads, c.headDim,
-                                      L.kNorm.get<float>(), float(c.rmsNormEps),
-                                      lane.stream),
-                             "K's per-head norm");
-  return Status::ok();
+  KVC_RETURN_IF_ERROR(biasAndNormHeads(L, k, n, kv, q, kv, lane.stream));
+  return biasAndNormHeads(L, v, n, kv, q + kv, kv, lane.stream);
 }
 
-Status CudaModel::biasAndNormHeads(const Layer &L, float *qkv, int64_t n,
-                                   int64_t width, cudaStream_t stream) const {
+Status CudaModel::biasAndNormHeads(const Layer &L, float *rows, int64_t n,
+                                   int64_t stride, int64_t from, int64_t width,
+                                   cudaStream_t stream) const {
   const ModelConfig &c = config_;
-  const int64_t q = c.numHeads * c.headDim;
+  const int64_t q = c.numHeads * c.headDim, kv = c.numKvHeads * c.headDim;
   if (L.qkvBias.get())
     KVC_CUDA_RETURN_IF_ERROR(
-        addBias(qkv, n, width, L.qkvBias.get<float>(), width, stream),
-        "Q's, K's and V's biases");
-  if (!L.qNorm.get())
-    return Status::ok();
+        addBias(rows, n, stride, L.qkvBias.get<float>() + from, width, stream),
+        "the projection's biases");
   const float eps = float(c.rmsNormEps);
-  KVC_CUDA_RETURN_IF_ERROR(headNorm(qkv, n, width, c.numHeads, c.headDim,
-                                    L.qNorm.get<float>(), eps, stream),
-                           "Q's per-head norm");
-  return cudaStatus(headNorm(qkv + q, n, width, c.numKvHeads, c.headDim,
-                             L.kNorm.get<float>(), eps, stream),
-                    "K's per-head norm");
+  if (L.qNorm.get() && from == 0 && width >= q)
+    KVC_CUDA_RETURN_IF_ERROR(headNorm(rows, n, stride, c.numHeads, c.headDim,
+                                      L.qNorm.get<float>(), eps, stream),
+                             "Q's per-head norm");
+  if (L.kNorm.get() && from <= q && from + width >= q + kv)
+    KVC_CUDA_RETURN_IF_ERROR(headNorm(rows + (q - from), n, stride,
+                                      c.numKvHeads, c.headDim,
+                                      L.kNorm.get<float>(), eps, stream),
+                             "K's per-head norm");
+  return Status::ok();
 }
 
 Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
@@ -342,7 +334,7 @@ Status CudaModel::forward(Lane &lane, const int32_t *tokens, int64_t position,
     KVC_CUDA_RETURN_IF_ERROR(
         rmsNorm(x, L.attnNorm.get<float>(), n, h, eps, in, low, s), "RMSNorm");
     KVC_RETURN_IF_ERROR(gemm(lane, in, L.qkv, 0, width, n, qkv, false));
-    KVC_RETURN_IF_ERROR(biasAndNormHeads(L, qkv, n, width, s));
+    KVC_RETURN_IF_ERROR(biasAndNormHeads(L, qkv, n, width, 0, width, s));
     KVC_CUDA_RETURN_IF_ERROR(
         rope(qkv, n, width, c.numHeads, c.headDim, rotations, s), "RoPE");
     KVC_CUDA_RETURN_IF_ERROR(storeKV(qkv, n, width, q, q + kv, c.numKvHeads,
@@ -393,15 +385,8 @@ Status CudaModel::project(Lane &lane, int64_t layer, const float *hidden,
                            "RMSNorm");
   // W_k and W_v are adjacent rows of the fused QKV matrix: one GEMM.
   KVC_RETURN_IF_ERROR(gemm(lane, normed, L.qkv, q, 2 * kv, n, y, false));
-  if (L.qkvBias.get())
-    KVC_CUDA_RETURN_IF_ERROR(
-        addBias(y, n, 2 * kv, L.qkvBias.get<float>() + q, 2 * kv, lane.stream),
-        "K's and V's biases");
-  if (L.kNorm.get())
-    KVC_CUDA_RETURN_IF_ERROR(headNorm(y, n, 2 * kv, c.numKvHeads, c.headDim,
-                                      L.kNorm.get<float>(), float(c.rmsNormEps),
-                                      lane.stream),
-                             "K's per-head norm");
+  KVC_RETURN_IF_ERROR(
+      biasAndNormHeads(L, y, n, 2 * kv, q, 2 * kv, lane.stream));
   return cudaStatus(storeKV(y, n, 2 * kv, 0, kv, c.numKvHeads, c.headDim,
                             rotations, out, 0, lane.stream),
                     "storing K and V");

@@ -111,9 +111,12 @@ private:
     Matrix down;
   };
 
-  /// A projection's [q | k | v] rows ([n][width]) biased and Q's and K's
-  /// heads normed, where the model has them (before RoPE).
-  Status biasAndNormHeads(const Layer &L, float *qkv, int64_t n, int64_t width,
+  /// Columns from.. from + width of a projection's [q | k | v] rows (`n`
+  /// rows `stride` floats apart, the columns from their start) biased, and
+  /// Q's and K's heads among them normed, where the model has them (before
+  /// RoPE): the forward pass's whole rows, a projection's K and V.
+  Status biasAndNormHeads(const Layer &L, float *rows, int64_t n,
+                          int64_t stride, int64_t from, int64_t width,
                           cudaStream_t stream) const;
 
   CudaModel(const ModelConfig &config, GemmPrecision precision)

@@ -27,10 +27,24 @@ using namespace kvc::exec_test;
 namespace {
 
 // A Qwen3 with biased projections and per-head q/k norms: every strategy
-// restores it (projections and computed chunks apply both).
+// restores it, and its K and V biases and K's norms move layer 0's K and V
+// (which nothing else before them changes) far from the Llama it was drawn
+// from, so that the CUDA backend's test of the same model holds its
+// kernels to them.
 TEST_F(ExecutorTest, AQwen3WithBiasesRestoresEveryStrategy) {
   useQwen3WithBiases();
   expectEveryStrategyExact();
+  const LlamaModel::Cache qwen = reference_;
+  useModel(DType::BF16); // The same generated weights, without them.
+  double moved = 0, total = 0;
+  for (std::size_t i = 0; i < qwen.k[0].size(); ++i) {
+    const double k = qwen.k[0][i] - reference_.k[0][i];
+    const double v = qwen.v[0][i] - reference_.v[0][i];
+    moved += k * k + v * v;
+    total += double(qwen.k[0][i]) * qwen.k[0][i] +
+             double(qwen.v[0][i]) * qwen.v[0][i];
+  }
+  EXPECT_GT(std::sqrt(moved / total), 0.1);
 }
 
 TEST_F(ExecutorTest, ModelsOfEveryDTypeRestoreExactly) {
